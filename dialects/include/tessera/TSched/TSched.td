@@ -1,0 +1,158 @@
+//===- TSched.td - Tessera Schedule IR ---------------------*- tablegen -*-===//
+//
+// Schedule IR: the per-rank program. Buffers are builtin memrefs; kernels are
+// launched on streams; collectives are asynchronous (start -> token -> wait)
+// so that communication overlaps independent compute; events order streams.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef TESSERA_TSCHED_TD
+#define TESSERA_TSCHED_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def TSched_Dialect : Dialect {
+  let name = "tsched";
+  let summary = "Tessera Schedule IR: streams, launches, async collectives, buffers";
+  let description = [{
+    Schedule IR is the per-rank program the runtime executes. A function body
+    allocates buffers (`memref`s), launches kernels on streams, starts
+    collectives on a communication stream and waits for them where their
+    result is first needed.
+
+    ```mlir
+    %compute = tsched.stream "compute"
+    %comm = tsched.stream "comm"
+    %h = tsched.alloc : memref<8x8xf32>
+    tsched.launch @mlp_k0 on %compute ins(%x, %w1 : memref<8x16xf32>, memref<16x8xf32>) outs(%h : memref<8x8xf32>)
+    %e = tsched.event_record %compute
+    tsched.event_wait %e on %comm
+    %t = tsched.collective_start <all_reduce> %y -> %y on %comm over @mesh["tp"] {reduction = #tgraph.reduction<sum>} : memref<8x16xf32> -> memref<8x16xf32>
+    tsched.collective_wait %t on %compute
+    ```
+  }];
+  let cppNamespace = "::tessera::tsched";
+  let useDefaultTypePrinterParser = 1;
+  let useDefaultAttributePrinterParser = 1;
+  let dependentDialects = ["::tessera::tgraph::TGraphDialect"];
+}
+
+def TSched_StreamType : TypeDef<TSched_Dialect, "Stream"> {
+  let mnemonic = "stream";
+  let summary = "an ordered queue of work (a CUDA stream on GPU)";
+}
+def TSched_EventType : TypeDef<TSched_Dialect, "Event"> {
+  let mnemonic = "event";
+  let summary = "a point in a stream other streams can wait for";
+}
+def TSched_TokenType : TypeDef<TSched_Dialect, "Token"> {
+  let mnemonic = "token";
+  let summary = "an in-flight asynchronous collective";
+}
+
+def TSched_CollectiveKind : I32EnumAttr<"CollectiveKind", "collective operation", [
+    I32EnumAttrCase<"all_reduce", 0>, I32EnumAttrCase<"all_gather", 1>,
+    I32EnumAttrCase<"reduce_scatter", 2>]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::tsched";
+}
+def TSched_CollectiveKindAttr
+    : EnumAttr<TSched_Dialect, TSched_CollectiveKind, "collective"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+// The reduction kind is Graph IR's `#tgraph.reduction<...>`.
+def TSched_ReductionAttr : Attr<
+    CPred<"::llvm::isa<::tessera::tgraph::ReductionKindAttr>($_self)">,
+    "#tgraph.reduction attribute"> {
+  let storageType = "::tessera::tgraph::ReductionKindAttr";
+  let returnType = "::tessera::tgraph::ReductionKind";
+  let convertFromStorage = "$_self.getValue()";
+}
+
+class TSched_Op<string mnemonic, list<Trait> traits = []>
+    : Op<TSched_Dialect, mnemonic, traits>;
+
+def TSched_StreamOp : TSched_Op<"stream"> {
+  let summary = "create a named stream";
+  let arguments = (ins StrAttr:$name);
+  let results = (outs TSched_StreamType:$stream);
+  let assemblyFormat = "$name attr-dict";
+}
+
+def TSched_AllocOp : TSched_Op<"alloc", [MemoryEffects<[MemAlloc]>]> {
+  let summary = "allocate a buffer";
+  let arguments = (ins);
+  let results = (outs AnyStaticShapeMemRef:$buffer);
+  let assemblyFormat = "attr-dict `:` type($buffer)";
+}
+
+def TSched_FreeOp : TSched_Op<"free", [MemoryEffects<[MemFree]>]> {
+  let summary = "release a buffer";
+  let arguments = (ins AnyStaticShapeMemRef:$buffer);
+  let assemblyFormat = "$buffer attr-dict `:` type($buffer)";
+}
+
+def TSched_LaunchOp : TSched_Op<"launch",
+    [AttrSizedOperandSegments, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "launch a kernel on a stream";
+  let description = [{
+    `ins` are read, `outs` are written. The kernel is either a function on
+    tensors (inputs = `ins`, results = `outs`; before Tile IR lowering) or a
+    `ttile.kernel` whose arguments are `ins` followed by `outs`.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$kernel, TSched_StreamType:$stream,
+                       Variadic<AnyStaticShapeMemRef>:$ins,
+                       Variadic<AnyStaticShapeMemRef>:$outs);
+  let assemblyFormat = [{
+    $kernel `on` $stream (`ins` `(` $ins^ `:` type($ins) `)`)?
+    `outs` `(` $outs `:` type($outs) `)` attr-dict
+  }];
+}
+
+def TSched_CollectiveStartOp : TSched_Op<"collective_start",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "start an asynchronous collective on a stream";
+  let description = [{
+    Reads `src` and writes `dst` (they may be the same buffer for all_reduce).
+    `dst` must not be read until the returned token is waited on.
+    Attributes: `reduction` (`#tgraph.reduction<...>`, for all_reduce and
+    reduce_scatter), `dim` (for all_gather and reduce_scatter) and
+    `deterministic` (fixed reduction order).
+  }];
+  let arguments = (ins TSched_CollectiveKindAttr:$kind,
+                       AnyStaticShapeMemRef:$src, AnyStaticShapeMemRef:$dst,
+                       TSched_StreamType:$stream, FlatSymbolRefAttr:$mesh,
+                       StrAttr:$axis, OptionalAttr<TSched_ReductionAttr>:$reduction,
+                       OptionalAttr<I64Attr>:$dim, UnitAttr:$deterministic);
+  let results = (outs TSched_TokenType:$token);
+  let assemblyFormat = [{
+    $kind $src `->` $dst `on` $stream `over` $mesh `[` $axis `]` attr-dict
+    `:` type($src) `->` type($dst)
+  }];
+}
+
+def TSched_CollectiveWaitOp : TSched_Op<"collective_wait"> {
+  let summary = "make a stream wait until a collective has completed";
+  let arguments = (ins TSched_TokenType:$token, TSched_StreamType:$stream);
+  let assemblyFormat = "$token `on` $stream attr-dict";
+}
+
+def TSched_EventRecordOp : TSched_Op<"event_record"> {
+  let summary = "record an event at the current point of a stream";
+  let arguments = (ins TSched_StreamType:$stream);
+  let results = (outs TSched_EventType:$event);
+  let assemblyFormat = "$stream attr-dict";
+}
+
+def TSched_EventWaitOp : TSched_Op<"event_wait"> {
+  let summary = "make a stream wait for an event";
+  let arguments = (ins TSched_EventType:$event, TSched_StreamType:$stream);
+  let assemblyFormat = "$event `on` $stream attr-dict";
+}
+
+#endif // TESSERA_TSCHED_TD

@@ -1,0 +1,187 @@
+//===- TTile.td - Tessera Tile IR --------------------------*- tablegen -*-===//
+//
+// Tile IR: kernels written over tiles. A kernel runs once per point of its
+// grid (`ttile.program_id`); each instance loads tiles from global buffers,
+// computes on them (mma/dot, elementwise, reductions) and stores tiles back.
+// The emitters turn a kernel into C++ (CPU: the grid becomes loops) or CUDA
+// C++ (GPU: the grid becomes blocks, `block` threads cooperate on each tile).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef TESSERA_TTILE_TD
+#define TESSERA_TTILE_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/FunctionInterfaces.td"
+include "mlir/Interfaces/CallInterfaces.td"
+
+def TTile_Dialect : Dialect {
+  let name = "ttile";
+  let summary = "Tessera Tile IR: tiled kernels";
+  let description = [{
+    Tile IR holds the kernels of a program. Tile values have the type
+    `!ttile.tile<16x32xf32>`; loops over the reduction dimension use upstream
+    `scf.for` with tiles as loop-carried values.
+
+    ```mlir
+    ttile.kernel @relu(%x: memref<8x16xf32>, %y: memref<8x16xf32>) attributes {grid = array<i64: 2>, block = array<i64: 128>} {
+      %pid = ttile.program_id 0
+      %c4 = arith.constant 4 : index
+      %c0 = arith.constant 0 : index
+      %row = arith.muli %pid, %c4 : index
+      %t = ttile.load %x[%row, %c0] : memref<8x16xf32> -> !ttile.tile<4x16xf32>
+      %r = ttile.relu %t : !ttile.tile<4x16xf32>
+      ttile.store %r, %y[%row, %c0] : !ttile.tile<4x16xf32>, memref<8x16xf32>
+      ttile.return
+    }
+    ```
+  }];
+  let cppNamespace = "::tessera::ttile";
+  let useDefaultTypePrinterParser = 1;
+  let dependentDialects = ["::tessera::tgraph::TGraphDialect"];
+}
+
+def TTile_TileType : TypeDef<TTile_Dialect, "Tile"> {
+  let mnemonic = "tile";
+  let summary = "a statically shaped tile of elements held by one kernel instance";
+  let parameters = (ins ArrayRefParameter<"int64_t">:$shape, "::mlir::Type":$elementType);
+  let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+}
+
+def TTile_ReductionAttr : Attr<
+    CPred<"::llvm::isa<::tessera::tgraph::ReductionKindAttr>($_self)">,
+    "#tgraph.reduction attribute"> {
+  let storageType = "::tessera::tgraph::ReductionKindAttr";
+  let returnType = "::tessera::tgraph::ReductionKind";
+  let convertFromStorage = "$_self.getValue()";
+}
+
+class TTile_Op<string mnemonic, list<Trait> traits = []>
+    : Op<TTile_Dialect, mnemonic, traits>;
+
+def TTile_KernelOp : TTile_Op<"kernel", [
+    FunctionOpInterface, IsolatedFromAbove]> {
+  let summary = "a tiled kernel launched over a grid";
+  let description = [{
+    Arguments are global buffers (`memref`s): the launch's inputs, then its
+    outputs. `grid` is the number of kernel instances per dimension; `block`
+    is the number of threads cooperating on one instance on the GPU.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<FunctionType>:$function_type,
+                       DenseI64ArrayAttr:$grid, DenseI64ArrayAttr:$block,
+                       OptionalAttr<DictArrayAttr>:$arg_attrs,
+                       OptionalAttr<DictArrayAttr>:$res_attrs);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    // FunctionOpInterface
+    ::mlir::Region *getCallableRegion() { return &getBody(); }
+    ::llvm::ArrayRef<::mlir::Type> getArgumentTypes() { return getFunctionType().getInputs(); }
+    ::llvm::ArrayRef<::mlir::Type> getResultTypes() { return getFunctionType().getResults(); }
+    bool isDeclaration() { return isExternal(); }
+  }];
+}
+
+def TTile_ReturnOp : TTile_Op<"return", [Pure, HasParent<"KernelOp">, Terminator]> {
+  let summary = "end of a kernel";
+  let assemblyFormat = "attr-dict";
+}
+
+def TTile_ProgramIdOp : TTile_Op<"program_id", [Pure, HasParent<"KernelOp">]> {
+  let summary = "this instance's coordinate along a grid dimension";
+  let arguments = (ins I64Attr:$dim);
+  let results = (outs Index:$result);
+  let assemblyFormat = "$dim attr-dict";
+  let hasVerifier = 1;
+}
+
+def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
+  let summary = "load a tile from a buffer at element offsets";
+  let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$offsets);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = [{
+    $source `[` $offsets `]` attr-dict `:` type($source) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_StoreOp : TTile_Op<"store", [MemoryEffects<[MemWrite]>]> {
+  let summary = "store a tile into a buffer at element offsets";
+  let arguments = (ins TTile_TileType:$value, AnyStaticShapeMemRef:$dest,
+                       Variadic<Index>:$offsets);
+  let assemblyFormat = [{
+    $value `,` $dest `[` $offsets `]` attr-dict `:` type($value) `,` type($dest)
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_FillOp : TTile_Op<"fill", [Pure]> {
+  let summary = "a tile with every element equal to `value`";
+  let arguments = (ins F64Attr:$value);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$value attr-dict `:` type($result)";
+}
+
+def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
+  let summary = "tile matrix multiply-accumulate: result = acc + lhs x rhs";
+  let description = [{
+    ```mlir
+    %c = ttile.dot %a, %b, %acc : !ttile.tile<16x32xf32>, !ttile.tile<32x16xf32> -> !ttile.tile<16x16xf32>
+    ```
+  }];
+  let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_TileType:$acc);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $acc attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+class TTile_BinaryOp<string mnemonic, string what>
+    : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = "elementwise " # what # " of two tiles";
+  let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+def TTile_AddOp : TTile_BinaryOp<"add", "sum">;
+def TTile_MulOp : TTile_BinaryOp<"mul", "product">;
+def TTile_MaxOp : TTile_BinaryOp<"max", "maximum">;
+
+class TTile_UnaryOp<string mnemonic, string what>
+    : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = what # " of each element of a tile";
+  let arguments = (ins TTile_TileType:$input);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+def TTile_ReluOp : TTile_UnaryOp<"relu", "max(x, 0)">;
+def TTile_ExpOp : TTile_UnaryOp<"exp", "exp(x)">;
+
+def TTile_ReduceOp : TTile_Op<"reduce", [Pure]> {
+  let summary = "reduce a tile along one dimension (kept with size 1)";
+  let description = [{
+    ```mlir
+    %r = ttile.reduce %t {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+    ```
+  }];
+  let arguments = (ins TTile_TileType:$input, TTile_ReductionAttr:$kind, I64Attr:$dim);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def TTile_BarrierOp : TTile_Op<"barrier"> {
+  let summary = "synchronize the threads of one kernel instance";
+  let assemblyFormat = "attr-dict";
+}
+
+#endif // TESSERA_TTILE_TD

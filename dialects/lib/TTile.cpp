@@ -1,0 +1,182 @@
+//===- TTile.cpp - Tessera Tile IR dialect --------------------------------===//
+
+#include "tessera/TTile/TTile.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/FunctionImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace tessera::ttile;
+
+#include "tessera/TTile/TTileDialect.cpp.inc"
+#define GET_TYPEDEF_CLASSES
+#include "tessera/TTile/TTileTypes.cpp.inc"
+#define GET_OP_CLASSES
+#include "tessera/TTile/TTileOps.cpp.inc"
+
+void TTileDialect::initialize() {
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "tessera/TTile/TTileTypes.cpp.inc"
+      >();
+  addOperations<
+#define GET_OP_LIST
+#include "tessera/TTile/TTileOps.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// TileType: !ttile.tile<16x32xf32>
+//===----------------------------------------------------------------------===//
+
+Type TileType::parse(AsmParser &parser) {
+  SmallVector<int64_t> shape;
+  Type element;
+  SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseLess() ||
+      parser.parseDimensionList(shape, /*allowDynamic=*/false, /*withTrailingX=*/true) ||
+      parser.parseType(element) || parser.parseGreater())
+    return {};
+  return TileType::getChecked([&] { return parser.emitError(loc); },
+                              parser.getContext(), shape, element);
+}
+
+void TileType::print(AsmPrinter &printer) const {
+  printer << "<";
+  for (int64_t d : getShape())
+    printer << d << "x";
+  printer << getElementType() << ">";
+}
+
+LogicalResult TileType::verify(function_ref<InFlightDiagnostic()> emitError,
+                               ArrayRef<int64_t> shape, Type elementType) {
+  if (shape.empty())
+    return emitError() << "a tile needs at least one dimension";
+  for (int64_t d : shape)
+    if (d < 1)
+      return emitError() << "tile dimensions must be >= 1, got " << d;
+  if (!elementType.isIntOrFloat())
+    return emitError() << "tile elements must be integers or floats, got " << elementType;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// KernelOp
+//===----------------------------------------------------------------------===//
+
+ParseResult KernelOp::parse(OpAsmParser &parser, OperationState &result) {
+  auto buildType = [](Builder &builder, ArrayRef<Type> args, ArrayRef<Type> results,
+                      function_interface_impl::VariadicFlag, std::string &) {
+    return builder.getFunctionType(args, results);
+  };
+  return function_interface_impl::parseFunctionOp(
+      parser, result, /*allowVariadic=*/false, getFunctionTypeAttrName(result.name),
+      buildType, getArgAttrsAttrName(result.name), getResAttrsAttrName(result.name));
+}
+
+void KernelOp::print(OpAsmPrinter &p) {
+  function_interface_impl::printFunctionOp(p, *this, /*isVariadic=*/false,
+                                           getFunctionTypeAttrName(),
+                                           getArgAttrsAttrName(), getResAttrsAttrName());
+}
+
+LogicalResult KernelOp::verify() {
+  if (!getFunctionType().getResults().empty())
+    return emitOpError("kernel @") << getSymName()
+                                   << " must not return values; write results to its buffer arguments";
+  for (auto [i, type] : llvm::enumerate(getFunctionType().getInputs())) {
+    auto memref = llvm::dyn_cast<MemRefType>(type);
+    if (!memref || !memref.hasStaticShape())
+      return emitOpError("argument #") << i << " of kernel @" << getSymName()
+                                       << " must be a statically shaped memref, got " << type;
+  }
+  if (getGrid().empty() || getGrid().size() > 3)
+    return emitOpError("'grid' must have 1 to 3 dimensions");
+  for (int64_t g : getGrid())
+    if (g < 1)
+      return emitOpError("'grid' sizes must be >= 1, got ") << g;
+  int64_t threads = 1;
+  for (int64_t b : getBlock()) {
+    if (b < 1)
+      return emitOpError("'block' sizes must be >= 1, got ") << b;
+    threads *= b;
+  }
+  if (getBlock().empty() || getBlock().size() > 3 || threads > 1024)
+    return emitOpError("'block' must have 1 to 3 dimensions and at most 1024 threads");
+  if (getBody().empty())
+    return emitOpError("kernel @") << getSymName() << " must have a body";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult ProgramIdOp::verify() {
+  auto kernel = (*this)->getParentOfType<KernelOp>();
+  int64_t rank = kernel ? static_cast<int64_t>(kernel.getGrid().size()) : 0;
+  if (getDim() < 0 || getDim() >= rank)
+    return emitOpError("dim ") << getDim() << " is out of range for a grid of rank " << rank;
+  return success();
+}
+
+/// A tile access must name one offset per buffer dimension, agree on element
+/// type, and use a tile that divides the buffer (no partial tiles yet).
+static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType buffer,
+                                      size_t numOffsets, StringRef bufferName) {
+  if (numOffsets != static_cast<size_t>(buffer.getRank()))
+    return op->emitOpError("needs ") << buffer.getRank() << " offsets for '" << bufferName
+                                     << "' " << buffer << ", got " << numOffsets;
+  if (tile.getShape().size() != static_cast<size_t>(buffer.getRank()))
+    return op->emitOpError("tile ") << tile << " and '" << bufferName << "' " << buffer
+                                    << " must have the same rank";
+  if (tile.getElementType() != buffer.getElementType())
+    return op->emitOpError("tile ") << tile << " and '" << bufferName << "' " << buffer
+                                    << " have different element types";
+  for (auto [t, b] : llvm::zip(tile.getShape(), buffer.getShape()))
+    if (b % t != 0)
+      return op->emitOpError("tile ") << tile << " does not evenly divide '" << bufferName
+                                      << "' " << buffer;
+  return success();
+}
+
+LogicalResult LoadOp::verify() {
+  return verifyTileAccess(*this, getResult().getType(), getSource().getType(),
+                          getOffsets().size(), "source");
+}
+
+LogicalResult StoreOp::verify() {
+  return verifyTileAccess(*this, getValue().getType(), getDest().getType(),
+                          getOffsets().size(), "dest");
+}
+
+LogicalResult DotOp::verify() {
+  TileType a = getLhs().getType(), b = getRhs().getType(), c = getAcc().getType();
+  if (a.getShape().size() != 2 || b.getShape().size() != 2 || c.getShape().size() != 2)
+    return emitOpError("'lhs', 'rhs' and 'acc' must be 2-D tiles");
+  if (a.getElementType() != b.getElementType())
+    return emitOpError("'lhs' ") << a << " and 'rhs' " << b << " have different element types";
+  if (a.getShape()[1] != b.getShape()[0])
+    return emitOpError("contraction dimensions differ: 'lhs' ")
+           << a << " vs 'rhs' " << b;
+  if (c.getShape()[0] != a.getShape()[0] || c.getShape()[1] != b.getShape()[1])
+    return emitOpError("'acc' ") << c << " must be " << a.getShape()[0] << "x"
+                                 << b.getShape()[1] << " for 'lhs' " << a << " and 'rhs' " << b;
+  return success();
+}
+
+LogicalResult ReduceOp::verify() {
+  TileType in = getInput().getType(), out = getResult().getType();
+  int64_t rank = in.getShape().size();
+  if (getDim() < 0 || getDim() >= rank)
+    return emitOpError("dim ") << getDim() << " is out of range for 'input' " << in;
+  SmallVector<int64_t> want(in.getShape());
+  want[getDim()] = 1;
+  if (out.getShape() != ArrayRef<int64_t>(want) || out.getElementType() != in.getElementType())
+    return emitOpError("result ") << out << " must be 'input' " << in
+                                  << " with dimension " << getDim() << " reduced to 1";
+  return success();
+}

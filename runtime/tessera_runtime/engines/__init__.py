@@ -1,0 +1,78 @@
+"""Execution engines: where buffers live and how kernels run.
+
+The executor only talks to this interface, so a GPU engine (e.g. cupy
+arrays + a CUDA module, streams and events) can be added next to the CPU
+engine without touching the executor. Buffers are opaque to the executor
+beyond `.shape` and `.dtype`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class EngineError(RuntimeError):
+    """A kernel library or kernel is missing, or a launch/event is invalid."""
+
+
+class Event(ABC):
+    """Marks a point in a stream; `event_wait` orders another stream after it."""
+
+
+class Engine(ABC):
+    name: str = "?"
+    #: path of the loaded kernel library (for error messages), or None
+    kernel_library = None
+
+    # -- memory ---------------------------------------------------------------
+    @abstractmethod
+    def alloc(self, shape, dtype):
+        """An uninitialized C-contiguous buffer of `shape` and numpy `dtype`."""
+
+    @abstractmethod
+    def free(self, buffer) -> None:
+        """Release `buffer`; the executor never touches it again."""
+
+    @abstractmethod
+    def from_host(self, array):
+        """A buffer holding a copy of host array `array` that the program may
+        write to (the caller's array is never modified)."""
+
+    @abstractmethod
+    def to_host(self, buffer):
+        """`buffer` as a host numpy array."""
+
+    # -- kernels -----------------------------------------------------------------
+    @abstractmethod
+    def load_kernels(self, path) -> None:
+        """Load the kernel library at `path`."""
+
+    @abstractmethod
+    def has_kernel(self, kernel: str) -> bool: ...
+
+    @abstractmethod
+    def launch(self, kernel: str, args, stream=None) -> None:
+        """Enqueue `kernel(arg0, arg1, ...)` on `stream` with the buffers'
+        data pointers, in order."""
+
+    # -- streams and events ------------------------------------------------------
+    def stream(self, name: str):
+        """The engine handle for the program stream called `name`."""
+        return name
+
+    @abstractmethod
+    def record_event(self, stream) -> Event: ...
+
+    @abstractmethod
+    def wait_event(self, event: Event, stream) -> None: ...
+
+    def synchronize(self) -> None:
+        """Block until all enqueued work has finished."""
+
+
+def get_engine(name: str) -> Engine:
+    """A fresh engine by the name used in manifest.json (`engine`, `kernels`)."""
+    if name == "cpu":
+        from .cpu import CPUEngine
+        return CPUEngine()
+    raise EngineError(f"engine {name!r} is not available in this runtime (available: ['cpu'])")

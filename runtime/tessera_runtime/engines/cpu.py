@@ -1,0 +1,106 @@
+"""CPU engine: numpy buffers and a ctypes-loaded kernel library.
+
+Kernels are `extern "C" void KERNEL(void*, void*, ...)` taking data pointers
+in launch-argument order. Launches are synchronous, so every stream is
+trivially in order and a recorded event is complete when it is recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from . import Engine, EngineError, Event
+
+
+class CPUEvent(Event):
+    def __init__(self, stream):
+        self.stream = stream
+        self.completed = True   # launches are synchronous
+
+    def __repr__(self) -> str:
+        return f"CPUEvent(stream={self.stream!r})"
+
+
+class CPUEngine(Engine):
+    name = "cpu"
+
+    def __init__(self):
+        self._lib = None
+        self.kernel_library = None
+        self._kernels: dict[str, object] = {}
+
+    # -- memory -----------------------------------------------------------------
+    def alloc(self, shape, dtype):
+        return np.empty(tuple(shape), dtype=np.dtype(dtype))
+
+    def free(self, buffer) -> None:
+        pass  # numpy memory is reclaimed when the executor drops its reference
+
+    def from_host(self, array):
+        # Copy: a program may write its argument buffers (in-place kernels,
+        # in-place all_reduce), and that must not leak into the caller's array.
+        return np.array(array, order="C", copy=True)
+
+    def to_host(self, buffer):
+        return buffer
+
+    # -- kernels -------------------------------------------------------------------
+    def load_kernels(self, path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise EngineError(f"kernel library not found: {path}")
+        try:
+            # Absolute path: a bare relative name would make dlopen search
+            # the system library path instead of the bundle.
+            self._lib = ctypes.CDLL(str(path.resolve()))
+        except OSError as e:
+            raise EngineError(f"cannot load kernel library {path}: {e}") from None
+        self.kernel_library = path
+        self._kernels.clear()
+
+    def _kernel(self, kernel: str):
+        fn = self._kernels.get(kernel)
+        if fn is None:
+            if self._lib is None:
+                raise EngineError(f"kernel '{kernel}': no kernel library is loaded")
+            try:
+                fn = getattr(self._lib, kernel)
+            except AttributeError:
+                raise EngineError(f"kernel '{kernel}' not found in kernel library "
+                                  f"{self.kernel_library}") from None
+            fn.restype = None
+            self._kernels[kernel] = fn
+        return fn
+
+    def has_kernel(self, kernel: str) -> bool:
+        try:
+            self._kernel(kernel)
+        except EngineError:
+            return False
+        return True
+
+    def launch(self, kernel: str, args, stream=None) -> None:
+        fn = self._kernel(kernel)
+        ptrs = []
+        for i, a in enumerate(args):
+            # The kernel indexes raw memory with compiled-in row-major
+            # strides: anything but a C-contiguous numpy array would be
+            # read/written wrongly.
+            if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+                raise EngineError(f"kernel '{kernel}' arg {i}: expected a C-contiguous "
+                                  f"numpy array, got {type(a).__name__}")
+            ptrs.append(ctypes.c_void_p(a.ctypes.data))
+        fn(*ptrs)
+
+    # -- events ----------------------------------------------------------------------
+    def record_event(self, stream) -> CPUEvent:
+        return CPUEvent(stream)
+
+    def wait_event(self, event, stream) -> None:
+        if not isinstance(event, CPUEvent):
+            raise EngineError(f"event_wait on stream {stream!r}: {event!r} is not a CPU event")
+        if not event.completed:   # cannot happen with synchronous launches
+            raise EngineError(f"event_wait on stream {stream!r}: {event!r} never completed")

@@ -1,0 +1,261 @@
+"""Interpreter for program.json `instructions` (a serialized Schedule IR).
+
+The program is straight-line code, so it is verified once, symbolically, when
+the executor is built: every value is defined before use and not used after
+`free`, shapes/dtypes of collectives agree with the mesh, a collective's `dst`
+is not read (by a launch, another collective or `return`) and its buffers are
+not freed before its `collective_wait`, and every started collective is
+waited before `return`. A bad program therefore fails at load time on every
+rank alike, instead of half-way through a run with collectives in flight
+(which would hang the other ranks).
+
+The executor only uses the `Engine` and `Communicator` interfaces and the
+`.shape` / `.dtype` of buffers, so other engines plug in unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .bundle import Instr, ProgramSpec
+
+
+class ScheduleError(ValueError):
+    """The schedule program is inconsistent (found before anything runs)."""
+
+
+class InputError(ValueError):
+    """`Program.run` was called with the wrong number/shape/dtype of inputs."""
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def _fmt(shape, dtype) -> str:
+    return f"{list(shape)} {np.dtype(dtype).name}"
+
+
+class ScheduleExecutor:
+    def __init__(self, program: ProgramSpec, engine, communicators: dict):
+        self.program = program
+        self.engine = engine
+        self.comms = communicators
+        self._source = str(program.path)
+        for i, axis in enumerate(program.mesh.axes):
+            comm = communicators.get(axis)
+            if comm is None:
+                raise ScheduleError(f"no communicator for mesh axis '{axis}'")
+            if comm.size != program.mesh.shape[i]:
+                raise ScheduleError(f"communicator for axis '{axis}' has size {comm.size}, "
+                                    f"mesh says {program.mesh.shape[i]}")
+        # References to collectives abandoned by a failed run: MPI may still
+        # be writing into their buffers, so they must stay alive.
+        self._abandoned: list = []
+        self._verify()
+
+    # ------------------------------------------------------------------
+    # Static verification
+    # ------------------------------------------------------------------
+    def _err(self, ins: Instr | None, msg: str) -> ScheduleError:
+        where = ins.where() if ins is not None else "program"
+        return ScheduleError(f"{self._source}: {where}: {msg}")
+
+    def _verify(self) -> None:
+        p = self.program
+        kind: dict[str, str] = {}           # value -> "buffer" | "event" | "token"
+        meta: dict[str, tuple] = {}         # buffer -> (shape, dtype)
+        freed: dict[str, int] = {}          # buffer -> index of its free
+        pending: dict[str, Instr] = {}      # token -> collective_start
+        streams = set(p.streams)
+
+        def define(name, k, ins):
+            if name in kind:
+                raise self._err(ins, f"'{name}' is defined twice")
+            kind[name] = k
+
+        def use(name, k, ins, role):
+            if name not in kind:
+                raise self._err(ins, f"{role} '{name}' is not defined")
+            if kind[name] != k:
+                raise self._err(ins, f"{role} '{name}' is {_a(kind[name])}, expected {_a(k)}")
+            if name in freed:
+                raise self._err(ins, f"{role} '{name}' is used after its free at "
+                                     f"instructions[{freed[name]}]")
+
+        def in_flight(name, roles):
+            for tok, start in pending.items():
+                for role in roles:
+                    if start[role] == name:
+                        return tok, role
+            return None
+
+        def not_in_flight(name, ins, what, roles=("dst",)):
+            hit = in_flight(name, roles)
+            if hit:
+                raise self._err(ins, f"{what} '{name}', the {hit[1]} of collective "
+                                     f"'{hit[0]}', before its collective_wait")
+
+        for spec in p.inputs:
+            define(spec.value, "buffer", None)
+            meta[spec.value] = (spec.local_shape, spec.dtype)
+
+        returned = False
+        for ins in p.instructions:
+            if returned:
+                raise self._err(ins, "instruction after return")
+            if "stream" in ins.fields and ins["stream"] not in streams:
+                raise self._err(ins, f"unknown stream '{ins['stream']}' "
+                                     f"(program streams: {p.streams})")
+            op = ins.op
+            if op == "alloc":
+                define(ins["result"], "buffer", ins)
+                meta[ins["result"]] = (ins["shape"], ins["dtype"])
+            elif op == "free":
+                use(ins["buffer"], "buffer", ins, "buffer")
+                not_in_flight(ins["buffer"], ins, "frees", ("src", "dst"))
+                freed[ins["buffer"]] = ins.index
+            elif op == "launch":
+                if not self.engine.has_kernel(ins["kernel"]):
+                    raise self._err(ins, f"kernel '{ins['kernel']}' not found in kernel "
+                                         f"library {self.engine.kernel_library}")
+                for a in ins["args"]:
+                    use(a, "buffer", ins, "arg")
+                    not_in_flight(a, ins, "reads")
+            elif op == "event_record":
+                define(ins["result"], "event", ins)
+            elif op == "event_wait":
+                use(ins["event"], "event", ins, "event")
+            elif op == "collective_start":
+                use(ins["src"], "buffer", ins, "src")
+                use(ins["dst"], "buffer", ins, "dst")
+                not_in_flight(ins["src"], ins, "reads")
+                not_in_flight(ins["dst"], ins, "writes", ("src", "dst"))
+                self._check_collective_shapes(ins, meta[ins["src"]], meta[ins["dst"]])
+                define(ins["result"], "token", ins)
+                pending[ins["result"]] = ins
+            elif op == "collective_wait":
+                tok = ins["token"]
+                use(tok, "token", ins, "token")
+                if tok not in pending:
+                    raise self._err(ins, f"token '{tok}' was already waited")
+                del pending[tok]
+            elif op == "return":
+                self._check_return(ins, use, not_in_flight, meta)
+                if pending:
+                    raise self._err(ins, "return with collectives never waited: " +
+                                    ", ".join(f"'{t}' (started at {s.where()})"
+                                              for t, s in pending.items()))
+                returned = True
+        if not returned:
+            raise self._err(None, "no 'return' instruction")
+
+    def _check_collective_shapes(self, ins: Instr, src, dst) -> None:
+        (sshape, sdt), (dshape, ddt) = src, dst
+        if sdt != ddt:
+            raise self._err(ins, f"src dtype {sdt.name} != dst dtype {ddt.name}")
+        kind, axis, dim = ins["collective"], ins["axis"], ins["dim"]
+        if axis not in self.program.mesh.axes:
+            raise self._err(ins, f"axis '{axis}' is not a mesh axis "
+                                 f"{list(self.program.mesh.axes)}")
+        n = self.program.mesh.axis_size(axis)
+        if kind != "all_reduce" and not 0 <= dim < len(sshape):
+            raise self._err(ins, f"dim {dim} is out of range for rank-{len(sshape)} "
+                                 f"src '{ins['src']}'")
+        if kind == "all_reduce":
+            expect = sshape
+        elif kind == "all_gather":
+            expect = sshape[:dim] + (sshape[dim] * n,) + sshape[dim + 1:]
+        else:  # reduce_scatter
+            if sshape[dim] % n:
+                raise self._err(ins, f"reduce_scatter: src '{ins['src']}' dim {dim} "
+                                     f"(size {sshape[dim]}) is not divisible by the "
+                                     f"{n} ranks of axis '{axis}'")
+            expect = sshape[:dim] + (sshape[dim] // n,) + sshape[dim + 1:]
+        if dshape != expect:
+            raise self._err(ins, f"{kind} over axis '{axis}' (size {n}, dim {dim}): "
+                                 f"src '{ins['src']}' is {list(sshape)} so dst "
+                                 f"'{ins['dst']}' must be {list(expect)}, got {list(dshape)}")
+
+    def _check_return(self, ins: Instr, use, not_in_flight, meta) -> None:
+        values, outputs = ins["values"], self.program.outputs
+        if len(values) != len(outputs):
+            raise self._err(ins, f"returns {len(values)} values but the program "
+                                 f"declares {len(outputs)} outputs")
+        for v, spec in zip(values, outputs):
+            use(v, "buffer", ins, "returned value")
+            not_in_flight(v, ins, "returns")
+            if v != spec.value:
+                raise self._err(ins, f"returns '{v}' where output '{spec.name}' "
+                                     f"declares value '{spec.value}'")
+            shape, dtype = meta[v]
+            if (shape, dtype) != (spec.local_shape, spec.dtype):
+                raise self._err(ins, f"output '{spec.name}' ('{v}') is {_fmt(shape, dtype)}, "
+                                     f"declared {_fmt(spec.local_shape, spec.dtype)}")
+
+    # ------------------------------------------------------------------
+    # Execution
+    # ------------------------------------------------------------------
+    def check_inputs(self, local_inputs) -> None:
+        specs = self.program.inputs
+        if len(local_inputs) != len(specs):
+            raise InputError(f"expected {len(specs)} inputs "
+                             f"({', '.join(s.name for s in specs)}), got {len(local_inputs)}")
+        for spec, arr in zip(specs, local_inputs):
+            if not (hasattr(arr, "shape") and hasattr(arr, "dtype")):
+                raise InputError(f"input '{spec.name}': expected an array of "
+                                 f"{_fmt(spec.local_shape, spec.dtype)}, got {type(arr).__name__}")
+            if tuple(arr.shape) != spec.local_shape:
+                raise InputError(f"input '{spec.name}': expected local shape "
+                                 f"{list(spec.local_shape)}, got {list(arr.shape)}")
+            if np.dtype(arr.dtype) != spec.dtype:
+                raise InputError(f"input '{spec.name}': expected dtype {spec.dtype.name}, "
+                                 f"got {np.dtype(arr.dtype).name}")
+
+    def run(self, local_inputs) -> list:
+        self.check_inputs(local_inputs)
+        eng = self.engine
+        values = {spec.value: eng.from_host(arr)
+                  for spec, arr in zip(self.program.inputs, local_inputs)}
+        pending: dict = {}
+        try:
+            for ins in self.program.instructions:
+                op = ins.op
+                if op == "alloc":
+                    values[ins["result"]] = eng.alloc(ins["shape"], ins["dtype"])
+                elif op == "free":
+                    eng.free(values.pop(ins["buffer"]))
+                elif op == "launch":
+                    eng.launch(ins["kernel"], [values[a] for a in ins["args"]],
+                               eng.stream(ins["stream"]))
+                elif op == "event_record":
+                    values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
+                elif op == "event_wait":
+                    eng.wait_event(values[ins["event"]], eng.stream(ins["stream"]))
+                elif op == "collective_start":
+                    pending[ins["result"]] = self._start_collective(ins, values)
+                elif op == "collective_wait":
+                    pending.pop(ins["token"]).wait()
+                elif op == "return":
+                    # Verified statically; re-checked because returning with
+                    # a collective in flight would hand out garbage.
+                    if pending:
+                        raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
+                    eng.synchronize()
+                    return [eng.to_host(values[v]) for v in ins["values"]]
+        finally:
+            if pending:
+                self._abandoned.extend(pending.values())
+        raise ScheduleError(f"{self._source}: no 'return' instruction")
+
+    def _start_collective(self, ins: Instr, values: dict):
+        comm = self.comms[ins["axis"]]
+        src, dst = values[ins["src"]], values[ins["dst"]]
+        stream = self.engine.stream(ins["stream"])
+        kind = ins["collective"]
+        if kind == "all_reduce":
+            return comm.all_reduce(src, dst, ins["reduction"], ins["deterministic"], stream=stream)
+        if kind == "all_gather":
+            return comm.all_gather(src, dst, ins["dim"], stream=stream)
+        return comm.reduce_scatter(src, dst, ins["dim"], ins["reduction"],
+                                   ins["deterministic"], stream=stream)

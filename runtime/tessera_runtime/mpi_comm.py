@@ -1,0 +1,173 @@
+"""MPI communicator over mpi4py (host buffers: numpy arrays).
+
+Imported lazily by the runtime, only when a mesh has more than one rank or
+MPI is requested, because importing mpi4py initializes MPI.
+
+All collectives use the nonblocking MPI calls so that a collective started
+on the comm stream progresses while compute launches run; completion (and
+any unpacking into a non-contiguous block layout) happens in `Work.wait()`.
+
+Deterministic reductions: MPI gives no guarantee on the order in which it
+combines contributions, so floating-point results may differ between ranks
+or runs. With `deterministic=True` every rank instead receives all the
+contributions it needs and reduces them itself in a fixed binary tree over
+rank order, ((r0+r1)+(r2+r3)), which makes the result bitwise identical on
+every rank and from run to run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mpi4py import MPI
+
+from .comm import Communicator, CommError, SelfCommunicator, Work
+from .mesh import MeshInfo
+
+_OPS = {
+    "sum": (MPI.SUM, np.add),
+    "max": (MPI.MAX, np.maximum),
+    "min": (MPI.MIN, np.minimum),
+    "prod": (MPI.PROD, np.multiply),
+}
+
+
+class MPIWork(Work):
+    """A pending MPI request plus what to do once it completes.
+
+    Holds references to every buffer MPI is using so none of them can be
+    garbage-collected while the request is in flight.
+    """
+
+    def __init__(self, request, finish=None, keepalive=()):
+        self._request = request
+        self._finish = finish
+        self._keepalive = keepalive
+        self._done = False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        self._request.Wait()
+        if self._finish is not None:
+            self._finish()
+        self._done = True
+        self._finish = self._keepalive = None
+
+
+def tree_reduce(blocks, ufunc, out) -> None:
+    """out = reduction of blocks[0..n) in a fixed pairwise tree over their order.
+
+    ((b0 op b1) op (b2 op b3)) ...; an odd block at the end of a level is
+    carried up unchanged. Elementwise ufuncs are exact per element, so a fixed
+    pairing gives a fixed result.
+    """
+    level = list(blocks)
+    while len(level) > 1:
+        nxt = [ufunc(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    out[...] = level[0]
+
+
+def _leading_is_trivial(shape, dim: int) -> bool:
+    """True if blocks along `dim` are already contiguous in C order (all
+    dimensions before `dim` have size 1), so no packing is needed."""
+    return math.prod(shape[:dim]) == 1
+
+
+def _check_host(*arrays) -> None:
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+            raise CommError(f"MPI collectives need C-contiguous numpy buffers, got "
+                            f"{type(a).__name__} (contiguous="
+                            f"{getattr(getattr(a, 'flags', None), 'c_contiguous', None)})")
+
+
+class MPICommunicator(Communicator):
+    """Collectives over an mpi4py communicator (ranks in communicator order)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work:
+        _check_host(src, dst)
+        op, ufunc = _OPS[reduction]
+        if deterministic:
+            contrib = np.empty((self.size,) + src.shape, src.dtype)
+            req = self.comm.Iallgather(src, contrib)
+            return MPIWork(req, lambda: tree_reduce(contrib, ufunc, dst), (src, dst, contrib))
+        if src is dst:
+            req = self.comm.Iallreduce(MPI.IN_PLACE, dst, op)
+        else:
+            if np.may_share_memory(src, dst):
+                raise CommError("all_reduce: src and dst overlap without being the same buffer")
+            req = self.comm.Iallreduce(src, dst, op)
+        return MPIWork(req, keepalive=(src, dst))
+
+    def _all_gather(self, src, dst, dim, stream) -> Work:
+        _check_host(src, dst)
+        if _leading_is_trivial(src.shape, dim):
+            # Rank blocks are contiguous slabs of dst: gather straight into it.
+            return MPIWork(self.comm.Iallgather(src, dst), keepalive=(src, dst))
+        # Gather rank blocks contiguously, then interleave them into dst along
+        # `dim` once they have arrived.
+        blocks = np.empty((self.size,) + src.shape, src.dtype)
+        req = self.comm.Iallgather(src, blocks)
+        return MPIWork(req, lambda: np.concatenate(blocks, axis=dim, out=dst),
+                       (src, dst, blocks))
+
+    def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
+        _check_host(src, dst)
+        op, ufunc = _OPS[reduction]
+        n = self.size
+        # MPI scatters contiguous blocks in rank order: lay src out as
+        # (n, *dst.shape) with block k = k-th slice of src along `dim`.
+        if _leading_is_trivial(src.shape, dim):
+            blocks = src.reshape((n,) + dst.shape)          # a view, no copy
+        else:
+            blocks = np.stack(np.split(src, n, axis=dim))  # packed copy
+        if deterministic:
+            # Receive every rank's contribution to *our* block only (an
+            # all-to-all of blocks), then reduce them in fixed rank order.
+            contrib = np.empty((n,) + dst.shape, dst.dtype)
+            req = self.comm.Ialltoall(blocks, contrib)
+            return MPIWork(req, lambda: tree_reduce(contrib, ufunc, dst),
+                           (src, dst, blocks, contrib))
+        req = self.comm.Ireduce_scatter_block(blocks, dst, op)
+        return MPIWork(req, keepalive=(src, dst, blocks))
+
+
+def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
+    """One communicator per mesh axis for this process.
+
+    Ranks that share every other coordinate form the group of an axis:
+    Comm.Split with color = the group index and key = the coordinate along
+    the axis, so the sub-communicator rank equals the axis coordinate. Every
+    rank of `comm` must call this (Split is collective) with the same mesh.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank = comm.Get_rank()
+    coords = mesh_info.coords(rank)
+    out: dict = {}
+    for i, axis in enumerate(mesh_info.axes):
+        if mesh_info.shape[i] == 1:
+            out[axis] = SelfCommunicator()   # same decision on every rank
+            continue
+        sub = comm.Split(mesh_info.axis_color(axis, rank), coords[i])
+        if sub.Get_size() != mesh_info.shape[i] or sub.Get_rank() != coords[i]:
+            raise CommError(f"axis '{axis}': split communicator has rank "
+                            f"{sub.Get_rank()}/{sub.Get_size()}, expected "
+                            f"{coords[i]}/{mesh_info.shape[i]}")
+        out[axis] = MPICommunicator(sub)
+    return out

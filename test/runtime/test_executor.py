@@ -1,0 +1,300 @@
+"""ScheduleExecutor on hand-written single-rank bundles with real C++ kernels."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tessera_runtime as rt
+from runtime_bundle_util import compile_kernels, kernels_cpp, tensor, write_bundle
+from tessera_runtime import BundleError, InputError, MeshError, ScheduleError
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """libkernels.so with matmul_4x8x3 (c = a @ b) and relu_12 (in place)."""
+    src = kernels_cpp(matmuls=[(4, 8, 3)], relus=[12])
+    return compile_kernels(src, tmp_path_factory.mktemp("kernels"))
+
+
+def base_program() -> dict:
+    """relu(a @ b), then every collective once over a size-1 'tp' axis."""
+    return {
+        "mesh": {"name": "mesh", "axes": ["tp"], "shape": [1], "devices": [0]},
+        "inputs": [tensor("a", "%arg0", [4, 8]), tensor("b", "%arg1", [8, 3])],
+        "outputs": [tensor("y", "%1", [4, 3]), tensor("g", "%2", [4, 3]),
+                    tensor("s", "%3", [4, 3])],
+        "streams": ["compute", "comm"],
+        "instructions": [
+            {"op": "alloc", "result": "%0", "shape": [4, 3], "dtype": "float32"},
+            {"op": "launch", "kernel": "matmul_4x8x3", "stream": "compute",
+             "args": ["%arg0", "%arg1", "%0"]},
+            {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%0"]},
+            {"op": "event_record", "result": "%e0", "stream": "compute"},
+            {"op": "event_wait", "event": "%e0", "stream": "comm"},
+            {"op": "alloc", "result": "%1", "shape": [4, 3], "dtype": "float32"},
+            {"op": "collective_start", "result": "%t0", "stream": "comm",
+             "collective": "all_reduce", "axis": "tp", "reduction": "sum",
+             "deterministic": False, "dim": 0, "src": "%0", "dst": "%1"},
+            {"op": "collective_wait", "token": "%t0", "stream": "compute"},
+            {"op": "collective_start", "result": "%t1", "stream": "comm",
+             "collective": "all_reduce", "axis": "tp", "reduction": "max",
+             "deterministic": True, "src": "%1", "dst": "%1"},
+            {"op": "collective_wait", "token": "%t1", "stream": "compute"},
+            {"op": "alloc", "result": "%2", "shape": [4, 3], "dtype": "float32"},
+            {"op": "collective_start", "result": "%t2", "stream": "comm",
+             "collective": "all_gather", "axis": "tp", "dim": 1, "src": "%1", "dst": "%2"},
+            {"op": "alloc", "result": "%3", "shape": [4, 3], "dtype": "float32"},
+            {"op": "collective_start", "result": "%t3", "stream": "comm",
+             "collective": "reduce_scatter", "axis": "tp", "reduction": "sum",
+             "deterministic": True, "dim": 0, "src": "%1", "dst": "%3"},
+            {"op": "collective_wait", "token": "%t3", "stream": "compute"},
+            {"op": "collective_wait", "token": "%t2", "stream": "compute"},
+            {"op": "free", "buffer": "%0"},
+            {"op": "return", "values": ["%1", "%2", "%3"]},
+        ],
+    }
+
+
+def make(tmp_path, lib, program=None, name="p.tsb"):
+    return write_bundle(tmp_path / name, program or base_program(), lib)
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((4, 8), dtype=np.float32),
+            rng.standard_normal((8, 3), dtype=np.float32)]
+
+
+def test_run_matches_numpy(tmp_path, lib):
+    prog = rt.load_bundle(make(tmp_path, lib))
+    assert prog.rank == 0 and prog.rank_coords == (0,)
+    assert [t.name for t in prog.inputs] == ["a", "b"]
+    assert [t.local_shape for t in prog.outputs] == [(4, 3)] * 3
+    for seed in range(3):   # fresh random inputs, fresh buffers every run
+        a, b = inputs(seed)
+        a0 = a.copy()
+        outs = prog.run([a, b])
+        expect = np.maximum(a @ b, 0)
+        assert len(outs) == 3
+        for o in outs:
+            assert o.dtype == np.float32 and o.shape == (4, 3)
+            np.testing.assert_allclose(o, expect, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(a, a0)
+
+
+def test_inputs_are_not_modified(tmp_path, lib):
+    # relu in place on the *argument* buffer: the caller's array is untouched.
+    p = {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
+         "inputs": [tensor("x", "%arg0", [3, 4])],
+         "outputs": [tensor("x_relu", "%arg0", [3, 4])],
+         "streams": ["compute"],
+         "instructions": [
+             {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%arg0"]},
+             {"op": "return", "values": ["%arg0"]}]}
+    prog = rt.load_bundle(make(tmp_path, lib, p))
+    assert prog.rank_coords == ()
+    x = np.random.default_rng(1).standard_normal((3, 4), dtype=np.float32)
+    x0 = x.copy()
+    (y,) = prog.run([x])
+    np.testing.assert_array_equal(y, np.maximum(x0, 0))
+    np.testing.assert_array_equal(x, x0)
+
+
+def test_non_contiguous_input_is_accepted(tmp_path, lib):
+    prog = rt.load_bundle(make(tmp_path, lib))
+    a, b = inputs(5)
+    bt = np.asfortranarray(b)
+    out = prog.run([a, bt])
+    np.testing.assert_allclose(out[0], np.maximum(a @ b, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_shard_inputs_single_rank(tmp_path, lib):
+    prog = rt.load_bundle(make(tmp_path, lib))
+    a, b = inputs()
+    sa, sb = prog.shard_inputs([a, b])
+    np.testing.assert_array_equal(sa, a)
+    np.testing.assert_array_equal(sb, b)
+
+
+# ---------------------------------------------------------------- input errors
+
+def test_wrong_input_shape_names_the_input(tmp_path, lib):
+    prog = rt.load_bundle(make(tmp_path, lib))
+    a, _ = inputs()
+    with pytest.raises(InputError, match=r"input 'b': expected local shape \[8, 3\], got \[8, 4\]"):
+        prog.run([a, np.zeros((8, 4), np.float32)])
+
+
+def test_wrong_input_dtype_names_the_input(tmp_path, lib):
+    prog = rt.load_bundle(make(tmp_path, lib))
+    a, b = inputs()
+    with pytest.raises(InputError, match="input 'a': expected dtype float32, got float64"):
+        prog.run([a.astype(np.float64), b])
+
+
+def test_wrong_input_count(tmp_path, lib):
+    prog = rt.load_bundle(make(tmp_path, lib))
+    with pytest.raises(InputError, match=r"expected 2 inputs \(a, b\), got 1"):
+        prog.run([inputs()[0]])
+    with pytest.raises(InputError, match="input 'a': expected an array"):
+        prog.run([[1.0], inputs()[1]])
+
+
+# -------------------------------------------------------------- kernel errors
+
+def test_missing_kernel_names_kernel_and_library(tmp_path, lib):
+    p = base_program()
+    p["instructions"][2]["kernel"] = "gelu_12"
+    with pytest.raises(ScheduleError) as ei:
+        rt.load_bundle(make(tmp_path, lib, p))
+    msg = str(ei.value)
+    assert "kernel 'gelu_12' not found" in msg
+    assert str(tmp_path / "p.tsb" / "kernels" / "libkernels.so") in msg
+    assert "instructions[2]" in msg
+
+
+def test_missing_kernel_library(tmp_path, lib):
+    root = make(tmp_path, lib)
+    (root / "kernels" / "libkernels.so").unlink()
+    with pytest.raises(BundleError, match="kernels.cpu.*kernel library not found"):
+        rt.load_bundle(root)
+    root2 = write_bundle(tmp_path / "nolib.tsb", base_program(), None)
+    with pytest.raises(BundleError, match=r"manifest.json: field 'kernels.cpu': missing"):
+        rt.load_bundle(root2)
+
+
+# ------------------------------------------------------ manifest/program errors
+
+def test_missing_bundle_and_manifest(tmp_path, lib):
+    with pytest.raises(BundleError, match="bundle directory not found"):
+        rt.load_bundle(tmp_path / "nope.tsb")
+    root = make(tmp_path, lib)
+    (root / "manifest.json").unlink()
+    with pytest.raises(BundleError, match=r"bundle manifest not found: .*manifest.json"):
+        rt.load_bundle(root)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.pop("entry"), r"manifest.json: field 'entry': missing"),
+    (lambda m: m.update(format="onnx"), r"manifest.json: field 'format': expected 'tessera-bundle'"),
+    (lambda m: m.update(version=2), r"manifest.json: field 'version': unsupported version 2"),
+    (lambda m: m.update(program=3), r"manifest.json: field 'program': expected str"),
+    (lambda m: m.update(program="missing.json"), r"bundle program not found: .*missing.json"),
+])
+def test_bad_manifest(tmp_path, lib, edit, match):
+    root = make(tmp_path, lib)
+    m = json.loads((root / "manifest.json").read_text())
+    edit(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match=match):
+        rt.load_bundle(root)
+
+
+def test_invalid_json(tmp_path, lib):
+    root = make(tmp_path, lib)
+    (root / "program.json").write_text("{not json")
+    with pytest.raises(BundleError, match=r"program.json: invalid JSON"):
+        rt.load_bundle(root)
+
+
+def _edit(fn):
+    p = base_program()
+    fn(p)
+    return p
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda p: p.pop("instructions"), r"program.json: field 'instructions': missing"),
+    (lambda p: p["instructions"][1].pop("kernel"), r"field 'instructions\[1\].kernel': missing"),
+    (lambda p: p["instructions"][0].update(dtype="float33"), r"'instructions\[0\].dtype': unknown dtype"),
+    (lambda p: p["instructions"][0].update(op="malloc"), r"'instructions\[0\].op': unknown op 'malloc'"),
+    (lambda p: p["instructions"][6].update(reduction="mean"), r"'instructions\[6\].reduction': unknown reduction"),
+    (lambda p: p["instructions"][11].pop("dim"), r"'instructions\[11\].dim': missing"),
+    (lambda p: p["inputs"][1].pop("local_shape"), r"'inputs\[1\].local_shape': missing"),
+    (lambda p: p["inputs"][0].update(local_shape=[2, 8]), r"'inputs\[0\].local_shape': \[2, 8\] does not match"),
+    (lambda p: p["inputs"][0]["sharding"].update(dims=[["dp"], []]), r"'inputs\[0\].sharding': axis 'dp' is not a mesh axis"),
+    (lambda p: p["mesh"].update(shape=[2]), r"field 'mesh': mesh 'mesh': shape \[2\] needs 2 devices"),
+])
+def test_bad_program_fields(tmp_path, lib, edit, match):
+    with pytest.raises(BundleError, match=match):
+        rt.load_bundle(make(tmp_path, lib, _edit(edit)))
+
+
+# ------------------------------------------------------- schedule verification
+
+def _insert(p, index, *instrs):
+    p["instructions"][index:index] = list(instrs)
+
+
+@pytest.mark.parametrize("edit, match", [
+    # use of an undefined value
+    (lambda p: p["instructions"][1]["args"].__setitem__(1, "%9"), r"instructions\[1\] \(launch matmul_4x8x3\): arg '%9' is not defined"),
+    # a launch reads a collective's dst before collective_wait
+    (lambda p: _insert(p, 7, {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%1"]}),
+     r"reads '%1', the dst of collective '%t0', before its collective_wait"),
+    # returning a dst that was never waited / a collective never waited
+    (lambda p: p["instructions"].pop(14), r"returns '%3', the dst of collective '%t3', before its collective_wait"),
+    (lambda p: _insert(p, 16,
+                       {"op": "alloc", "result": "%9", "shape": [4, 3], "dtype": "float32"},
+                       {"op": "collective_start", "result": "%t9", "stream": "comm",
+                        "collective": "all_reduce", "axis": "tp", "reduction": "sum",
+                        "src": "%1", "dst": "%9"}),
+     r"return with collectives never waited: '%t9' \(started at instructions\[17\]"),
+    # waiting twice, waiting an event
+    (lambda p: _insert(p, 8, {"op": "collective_wait", "token": "%t0", "stream": "comm"}), r"token '%t0' was already waited"),
+    (lambda p: p["instructions"][7].update(token="%e0"), r"token '%e0' is an event, expected a token"),
+    # use after free, free of an in-flight buffer, double definition
+    (lambda p: _insert(p, 2, {"op": "free", "buffer": "%0"}), r"arg '%0' is used after its free at instructions\[2\]"),
+    (lambda p: _insert(p, 7, {"op": "free", "buffer": "%0"}), r"frees '%0', the src of collective '%t0'"),
+    (lambda p: p["instructions"][5].update(result="%0"), r"'%0' is defined twice"),
+    # collective shapes / axes / streams
+    (lambda p: p["instructions"][10].update(shape=[4, 6]), r"all_gather over axis 'tp' \(size 1, dim 1\): src '%1' is \[4, 3\] so dst '%2' must be \[4, 3\], got \[4, 6\]"),
+    (lambda p: p["instructions"][6].update(axis="dp"), r"axis 'dp' is not a mesh axis"),
+    (lambda p: p["instructions"][1].update(stream="copy"), r"unknown stream 'copy'"),
+    # return / outputs consistency
+    (lambda p: p["instructions"][-1].update(values=["%1", "%2"]), r"returns 2 values but the program declares 3 outputs"),
+    (lambda p: p["instructions"][-1].update(values=["%1", "%3", "%2"]), r"returns '%3' where output 'g' declares value '%2'"),
+    (lambda p: p["outputs"][0].update(dtype="float64"), r"output 'y' \('%1'\) is \[4, 3\] float32, declared \[4, 3\] float64"),
+    (lambda p: p["instructions"].pop(), r"no 'return' instruction"),
+    (lambda p: p["instructions"].append({"op": "free", "buffer": "%1"}), r"instruction after return"),
+])
+def test_schedule_verification(tmp_path, lib, edit, match):
+    p = base_program()
+    edit(p)
+    with pytest.raises(ScheduleError, match=match):
+        rt.load_bundle(make(tmp_path, lib, p))
+
+
+def test_multi_device_mesh_without_mpi(tmp_path, lib):
+    p = base_program()
+    p["mesh"] = {"name": "mesh", "axes": ["tp"], "shape": [2], "devices": [0, 1]}
+    with pytest.raises(MeshError, match=r"has 2 devices.*mpiexec -n 2"):
+        rt.load_bundle(make(tmp_path, lib, p), use_mpi=False)
+
+
+def test_custom_communicators(tmp_path, lib):
+    """The executor only needs the Communicator interface (what NCCL will implement)."""
+    calls = []
+
+    class Recording(rt.SelfCommunicator):
+        def _all_reduce(self, src, dst, reduction, deterministic, stream):
+            calls.append(("all_reduce", reduction, deterministic, stream))
+            return super()._all_reduce(src, dst, reduction, deterministic, stream)
+
+    prog = rt.load_bundle(make(tmp_path, lib), communicators={"tp": Recording()}, rank=0)
+    prog.run(inputs())
+    assert calls == [("all_reduce", "sum", False, "comm"), ("all_reduce", "max", True, "comm")]
+
+
+def test_world_from_env(monkeypatch):
+    for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    assert rt.world() == (0, 1)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert rt.world() == (3, 4)
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert rt.world() == (1, 2)
