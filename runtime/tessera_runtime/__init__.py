@@ -16,7 +16,6 @@ importing it initializes MPI.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from .bundle import Bundle, BundleError, TensorSpec, read_bundle
 from .comm import Communicator, SelfCommunicator, Work

@@ -286,9 +286,11 @@ def read_program(path: Path) -> ProgramSpec:
     if mesh_raw is None:
         mesh = MeshInfo.single()   # a non-distributed program may omit the mesh
     else:
+        # `shape` may be left out when `devices` is nested (it is implied).
+        shape = r.get(mesh_raw, "shape", "mesh", list, default=None)
         try:
             mesh = MeshInfo(axes=r.str_list(r.get(mesh_raw, "axes", "mesh", list), "mesh.axes"),
-                            shape=r.get(mesh_raw, "shape", "mesh", list, default=None),
+                            shape=None if shape is None else r.shape(shape, "mesh.shape"),
                             devices=r.get(mesh_raw, "devices", "mesh", list),
                             name=r.get(mesh_raw, "name", "mesh", str, default="mesh"))
         except MeshError as e:

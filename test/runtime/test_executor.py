@@ -298,3 +298,44 @@ def test_world_from_env(monkeypatch):
     monkeypatch.setenv("PMI_RANK", "1")
     monkeypatch.setenv("PMI_SIZE", "2")
     assert rt.world() == (1, 2)
+
+
+# ------------------------------------------------ engine / communicator units
+
+def test_cpu_engine(lib, tmp_path):
+    from tessera_runtime.engines import EngineError
+    from tessera_runtime.engines.cpu import CPUEngine
+    eng = CPUEngine()
+    with pytest.raises(EngineError, match="kernel library not found: .*nope.so"):
+        eng.load_kernels(tmp_path / "nope.so")
+    eng.load_kernels(lib)
+    assert eng.has_kernel("relu_12") and not eng.has_kernel("relu_13")
+    x = eng.alloc((3, 4), "float32")
+    x[...] = np.arange(-6, 6, dtype=np.float32).reshape(3, 4)
+    eng.launch("relu_12", [x], eng.stream("compute"))
+    np.testing.assert_array_equal(x, np.maximum(np.arange(-6, 6).reshape(3, 4), 0))
+    with pytest.raises(EngineError, match="arg 0: expected a C-contiguous numpy array"):
+        eng.launch("relu_12", [np.zeros((4, 6), np.float32)[:, :3]])
+    with pytest.raises(EngineError, match=r"kernel 'gelu' not found in kernel library .*libkernels.so"):
+        eng.launch("gelu", [x])
+    ev = eng.record_event("compute")
+    eng.wait_event(ev, "comm")             # completed at record: a validated no-op
+    with pytest.raises(EngineError, match="is not a CPU event"):
+        eng.wait_event("%e0", "comm")
+
+
+def test_self_communicator_validates_shapes():
+    from tessera_runtime.comm import CommError
+    c = rt.SelfCommunicator()
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(CommError, match="src shape"):
+        c.all_reduce(a, np.empty((3, 2), np.float32))
+    with pytest.raises(CommError, match="dtype"):
+        c.all_gather(a, np.empty((2, 3), np.float64), dim=0)
+    with pytest.raises(CommError, match="dim 2 out of range"):
+        c.reduce_scatter(a, np.empty((2, 3), np.float32), dim=2)
+    with pytest.raises(CommError, match="unknown reduction"):
+        c.all_reduce(a, a, "mean")
+    out = np.empty((2, 3), np.float32)
+    c.all_gather(a, out, dim=1).wait()
+    np.testing.assert_array_equal(out, a)

@@ -5,7 +5,6 @@ import ast
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 from runtime_bundle_util import (RUNTIME_DIR, compile_kernels, kernels_cpp, subprocess_env,
                                  tensor, write_bundle)

@@ -229,12 +229,12 @@ def TGraph_ShardOp : TGraph_Op<"shard", [Pure, SameOperandsAndResultType,
     partitioner inserts whatever collectives move the operand's layout to it.
 
     ```mlir
-    %1 = tgraph.shard %0 to <@mesh, [[], ["tp"]]> : tensor<8x16xf32>
+    %1 = tgraph.shard %0 : tensor<8x16xf32> to #tgraph.sharding<@mesh, [[], ["tp"]]>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, TGraph_ShardingAttr:$sharding);
   let results = (outs AnyRankedTensor:$result);
-  let assemblyFormat = "$input `to` $sharding attr-dict `:` type($result)";
+  let assemblyFormat = "$input `:` type($result) `to` qualified($sharding) attr-dict";
 }
 
 #endif // TESSERA_TGRAPH_TD

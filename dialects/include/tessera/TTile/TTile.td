@@ -108,7 +108,7 @@ def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
   let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$offsets);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
-    $source `[` $offsets `]` attr-dict `:` type($source) `->` type($result)
+    $source `[` $offsets `]` attr-dict `:` qualified(type($source)) `->` qualified(type($result))
   }];
   let hasVerifier = 1;
 }
@@ -118,7 +118,7 @@ def TTile_StoreOp : TTile_Op<"store", [MemoryEffects<[MemWrite]>]> {
   let arguments = (ins TTile_TileType:$value, AnyStaticShapeMemRef:$dest,
                        Variadic<Index>:$offsets);
   let assemblyFormat = [{
-    $value `,` $dest `[` $offsets `]` attr-dict `:` type($value) `,` type($dest)
+    $value `,` $dest `[` $offsets `]` attr-dict `:` qualified(type($value)) `,` qualified(type($dest))
   }];
   let hasVerifier = 1;
 }
@@ -127,7 +127,7 @@ def TTile_FillOp : TTile_Op<"fill", [Pure]> {
   let summary = "a tile with every element equal to `value`";
   let arguments = (ins F64Attr:$value);
   let results = (outs TTile_TileType:$result);
-  let assemblyFormat = "$value attr-dict `:` type($result)";
+  let assemblyFormat = "$value attr-dict `:` qualified(type($result))";
 }
 
 def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
@@ -140,7 +140,7 @@ def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
   let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_TileType:$acc);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
-    $lhs `,` $rhs `,` $acc attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+    $lhs `,` $rhs `,` $acc attr-dict `:` qualified(type($lhs)) `,` qualified(type($rhs)) `->` qualified(type($result))
   }];
   let hasVerifier = 1;
 }
@@ -150,7 +150,7 @@ class TTile_BinaryOp<string mnemonic, string what>
   let summary = "elementwise " # what # " of two tiles";
   let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs);
   let results = (outs TTile_TileType:$result);
-  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` qualified(type($result))";
 }
 def TTile_AddOp : TTile_BinaryOp<"add", "sum">;
 def TTile_MulOp : TTile_BinaryOp<"mul", "product">;
@@ -161,7 +161,7 @@ class TTile_UnaryOp<string mnemonic, string what>
   let summary = what # " of each element of a tile";
   let arguments = (ins TTile_TileType:$input);
   let results = (outs TTile_TileType:$result);
-  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let assemblyFormat = "$input attr-dict `:` qualified(type($result))";
 }
 def TTile_ReluOp : TTile_UnaryOp<"relu", "max(x, 0)">;
 def TTile_ExpOp : TTile_UnaryOp<"exp", "exp(x)">;
@@ -175,7 +175,7 @@ def TTile_ReduceOp : TTile_Op<"reduce", [Pure]> {
   }];
   let arguments = (ins TTile_TileType:$input, TTile_ReductionAttr:$kind, I64Attr:$dim);
   let results = (outs TTile_TileType:$result);
-  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let assemblyFormat = "$input attr-dict `:` qualified(type($input)) `->` qualified(type($result))";
   let hasVerifier = 1;
 }
 

@@ -1,0 +1,74 @@
+"""Small helpers shared by the pass modules in `tessera_passes`."""
+
+from __future__ import annotations
+
+from tessera_mlir import ir
+
+
+class PassError(Exception):
+    """A user-facing failure at an IR location; passes turn it into a diagnostic."""
+
+    def __init__(self, message: str, location: ir.Location | None = None):
+        super().__init__(message)
+        self.location = location
+
+
+def run_reporting(pass_, body) -> None:
+    """Runs `body()`; a PassError becomes an error diagnostic plus pass failure."""
+    try:
+        body()
+    except PassError as err:
+        loc = err.location or ir.Location.unknown()
+        loc.emit_error(str(err))
+        pass_.signal_pass_failure()
+
+
+def functions(module_op: ir.Operation):
+    """The func.func ops (with bodies) directly inside `module_op`."""
+    block = module_op.regions[0].blocks[0]
+    for op in block.operations:
+        if op.operation.name == "func.func" and len(op.operation.regions[0].blocks):
+            yield op.operation
+
+
+def ops_of(func_op: ir.Operation) -> list[ir.Operation]:
+    return [o.operation for o in func_op.regions[0].blocks[0].operations]
+
+
+def arg_attr_dicts(func_op: ir.Operation, key: str) -> list[ir.DictAttr]:
+    attrs = func_op.attributes
+    n = len(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs if key == "arg_attrs"
+            else ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).results)
+    if key in attrs:
+        return [ir.DictAttr(a) for a in ir.ArrayAttr(attrs[key])]
+    return [ir.DictAttr.get({}) for _ in range(n)]
+
+
+def set_dict_entry(d: ir.DictAttr, name: str, value: ir.Attribute | None) -> ir.DictAttr:
+    entries = {n.name: n.attr for n in d}
+    if value is None:
+        entries.pop(name, None)
+    else:
+        entries[name] = value
+    return ir.DictAttr.get(entries)
+
+
+def function_type(func_op: ir.Operation) -> ir.FunctionType:
+    return ir.FunctionType(ir.TypeAttr(func_op.attributes["function_type"]).value)
+
+
+def set_function_type(func_op: ir.Operation, inputs, results) -> None:
+    func_op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(inputs), list(results)))
+
+
+def value_name(value: ir.Value) -> str:
+    """`%arg0`/`%3`-style name for messages."""
+    return value.get_name()
+
+
+def source_of(loc: ir.Location) -> str:
+    """`file.py:12` for a file location (possibly wrapped in a name), else ''."""
+    text = str(loc)
+    import re
+    m = re.search(r'"([^"]+)":(\d+):\d+', text)
+    return f"{m.group(1)}:{m.group(2)}" if m else ""

@@ -1,0 +1,239 @@
+"""MPI worker for test_mpi_collectives.py; run as `mpiexec -n N python THIS MODE ...`.
+
+Modes:
+  collectives      every collective over COMM_WORLD (any N)
+  mesh2x2          N=4: axis communicators of a 2x2 (dp, tp) mesh, plus COMM_WORLD
+  program BUNDLE   load BUNDLE with tessera_runtime, run it, compare with numpy
+
+Every rank computes the expected results itself with numpy (it can regenerate
+any rank's contribution from its seed). Prints `PASS rank=R NAME` per check and
+`DONE rank=R checks=K` at the end (each record ends with ';'); any failure aborts the whole MPI job so the
+other ranks do not hang in a collective.
+"""
+
+import hashlib
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+
+def _abort(exc_type, exc, tb):
+    traceback.print_exception(exc_type, exc, tb)
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
+sys.excepthook = _abort
+
+import tessera_runtime as rt                                      # noqa: E402
+from tessera_runtime.comm import SelfCommunicator                 # noqa: E402
+from tessera_runtime.mesh import MeshInfo                         # noqa: E402
+from tessera_runtime.mpi_comm import MPICommunicator, make_axis_communicators  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+ME = WORLD.Get_rank()
+_passed = 0
+
+UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
+def passed(name: str) -> None:
+    global _passed
+    _passed += 1
+    # ';' ends a record: mpiexec may interleave the ranks' output mid-line
+    print(f"PASS rank={ME} {name};", flush=True)
+
+
+def data(seed: int, world_rank: int, shape, kind: str = "normal", dtype=np.float32):
+    """The contribution of `world_rank` to check `seed` (any rank can rebuild it)."""
+    rng = np.random.default_rng([seed, world_rank])
+    if kind == "prod":      # near 1 so products neither overflow nor vanish
+        return (0.75 + 0.5 * rng.random(shape)).astype(dtype)
+    x = rng.standard_normal(shape)
+    if kind == "wide":      # magnitudes over 8 decades: sums depend on the order
+        x *= 10.0 ** rng.uniform(-4, 4, shape)
+    if np.dtype(dtype).kind == "i":
+        x = np.round(x * 100)
+    return x.astype(dtype)
+
+
+def fixed_tree(blocks, ufunc):
+    """Expected deterministic reduction, written independently of the runtime:
+    combine b[i] with b[i + stride] for stride 1, 2, 4, ... -> ((b0 b1)(b2 b3))."""
+    b = [x.copy() for x in blocks]
+    stride = 1
+    while stride < len(b):
+        for i in range(0, len(b), 2 * stride):
+            if i + stride < len(b):
+                b[i] = ufunc(b[i], b[i + stride])
+        stride *= 2
+    return b[0]
+
+
+def same_on_all_ranks(comm, arr) -> bool:
+    digest = np.frombuffer(hashlib.sha256(np.ascontiguousarray(arr).tobytes()).digest(), np.uint8)
+    everyone = np.empty((comm.size, digest.size), np.uint8)
+    comm.comm.Allgather(digest, everyone)
+    return bool((everyone == digest).all())
+
+
+def check_collectives(comm, group, tag: str) -> None:
+    """All collectives of `comm`, whose members are world ranks `group` in order."""
+    n = comm.size
+    assert n == len(group) and comm.rank == group.index(ME), (tag, comm.rank, group)
+    seed = [0]
+
+    def contributions(shape, kind="normal", dtype=np.float32):
+        seed[0] += 1
+        return data(seed[0], ME, shape, kind, dtype), [data(seed[0], g, shape, kind, dtype)
+                                                        for g in group]
+
+    # all_reduce: every reduction, a few dtypes, and in place
+    for red in ("sum", "max", "min", "prod"):
+        for dtype in (np.float32, np.float64, np.int32):
+            src, all_src = contributions((5, 7), "prod" if red == "prod" else "normal", dtype)
+            dst = np.empty_like(src)
+            comm.all_reduce(src, dst, red).wait()
+            expect = UFUNCS[red].reduce(np.stack(all_src), axis=0)
+            np.testing.assert_allclose(dst, expect, rtol=1e-5, atol=1e-5)
+            passed(f"{tag}:all_reduce {red} {np.dtype(dtype).name}")
+    src, all_src = contributions((3, 4))
+    buf = src.copy()
+    comm.all_reduce(buf, buf, "sum").wait()
+    np.testing.assert_allclose(buf, np.sum(all_src, axis=0), rtol=1e-5, atol=1e-5)
+    passed(f"{tag}:all_reduce in place")
+
+    # all_gather along every dim of a 3-D buffer (dim 0 needs no packing)
+    for dim in (0, 1, 2):
+        src, all_src = contributions((2, 3, 4))
+        shape = list(src.shape)
+        shape[dim] *= n
+        dst = np.empty(shape, np.float32)
+        comm.all_gather(src, dst, dim).wait()
+        np.testing.assert_array_equal(dst, np.concatenate(all_src, axis=dim))
+        passed(f"{tag}:all_gather dim={dim}")
+
+    # reduce_scatter along dims 0 and 1
+    for red in ("sum", "max"):
+        for dim in (0, 1):
+            src, all_src = contributions((8, 12))
+            shape = list(src.shape)
+            shape[dim] //= n
+            dst = np.empty(shape, np.float32)
+            comm.reduce_scatter(src, dst, dim, red).wait()
+            full = UFUNCS[red].reduce(np.stack(all_src), axis=0)
+            np.testing.assert_allclose(dst, np.split(full, n, axis=dim)[comm.rank],
+                                       rtol=1e-5, atol=1e-5)
+            passed(f"{tag}:reduce_scatter {red} dim={dim}")
+
+    # deterministic: the fixed tree over rank order, bit for bit, on every
+    # rank and on every repetition
+    for red in ("sum", "prod", "max"):
+        src, all_src = contributions((64, 33), "prod" if red == "prod" else "wide")
+        expect = fixed_tree(all_src, UFUNCS[red])
+        results = []
+        for _ in range(3):
+            dst = np.empty_like(src)
+            comm.all_reduce(src, dst, red, deterministic=True).wait()
+            results.append(dst)
+        for r in results:
+            assert np.array_equal(r.view(np.uint32), expect.view(np.uint32)), f"{tag} {red}"
+        assert same_on_all_ranks(comm, results[0])
+        passed(f"{tag}:deterministic all_reduce {red} bitwise identical")
+    for dim in (0, 1):
+        src, all_src = contributions((8, 12), "wide")
+        shape = list(src.shape)
+        shape[dim] //= n
+        dst = np.empty(shape, np.float32)
+        comm.reduce_scatter(src, dst, dim, "sum", deterministic=True).wait()
+        expect = np.split(fixed_tree(all_src, np.add), n, axis=dim)[comm.rank]
+        assert np.array_equal(dst.view(np.uint32), expect.view(np.uint32))
+        passed(f"{tag}:deterministic reduce_scatter dim={dim} bitwise")
+    buf, all_src = contributions((16, 9), "wide")
+    comm.all_reduce(buf, buf, "sum", deterministic=True).wait()
+    assert np.array_equal(buf.view(np.uint32), fixed_tree(all_src, np.add).view(np.uint32))
+    assert same_on_all_ranks(comm, buf)
+    passed(f"{tag}:deterministic all_reduce in place")
+
+    # several collectives in flight at once, completed in reverse order
+    a, all_a = contributions((6, 4))
+    b, all_b = contributions((2, 5))
+    c, all_c = contributions((4, 8))
+    ra, rb, rc = np.empty_like(a), np.empty((2, 5 * n), np.float32), np.empty((4, 8 // n), np.float32)
+    works = [comm.all_reduce(a, ra, "sum"), comm.all_gather(b, rb, 1),
+             comm.reduce_scatter(c, rc, 1, "sum", deterministic=True)]
+    for w in reversed(works):
+        w.wait()
+    works[0].wait()   # waiting twice is a no-op
+    np.testing.assert_allclose(ra, np.sum(all_a, axis=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(rb, np.concatenate(all_b, axis=1))
+    np.testing.assert_array_equal(rc, np.split(fixed_tree(all_c, np.add), n, axis=1)[comm.rank])
+    passed(f"{tag}:overlapping collectives")
+
+
+def mode_collectives() -> None:
+    check_collectives(MPICommunicator(WORLD), list(range(WORLD.size)), "world")
+
+
+def mode_mesh2x2() -> None:
+    assert WORLD.size == 4
+    # permuted devices: rank 1 sits at (1, 0), rank 2 at (0, 1)
+    mesh = MeshInfo(["dp", "tp", "pp"], shape=[2, 2, 1], devices=[0, 2, 1, 3])
+    comms = make_axis_communicators(mesh)
+    assert isinstance(comms["pp"], SelfCommunicator)
+    expected_groups = {"dp": {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]},
+                       "tp": {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}}
+    for axis in ("dp", "tp"):
+        group = mesh.axis_group(axis, ME)
+        assert group == expected_groups[axis][ME], (axis, group)
+        check_collectives(comms[axis], group, axis)
+
+    # collectives on both axes in flight at the same time
+    x = data(99, ME, (4, 4))
+    sdp, stp = np.empty_like(x), np.empty_like(x)
+    w1 = comms["dp"].all_reduce(x, sdp, "sum")
+    w2 = comms["tp"].all_reduce(x, stp, "sum", deterministic=True)
+    w2.wait()
+    w1.wait()
+    for out, axis in ((sdp, "dp"), (stp, "tp")):
+        np.testing.assert_allclose(out, sum(data(99, g, (4, 4)) for g in mesh.axis_group(axis, ME)),
+                                   rtol=1e-5, atol=1e-5)
+    passed("mesh:both axes in flight")
+    mode_collectives()   # size 4: a two-level tree
+
+
+def mode_program(path: str) -> None:
+    prog = rt.load_bundle(path)
+    assert prog.rank == ME
+    assert prog.rank_coords == prog.mesh.coords(ME)
+    rng = np.random.default_rng(1234)               # same global inputs everywhere
+    x = rng.standard_normal(prog.inputs[0].global_shape).astype(np.float32)
+    w = rng.standard_normal(prog.inputs[1].global_shape).astype(np.float32)
+    xw = x.astype(np.float64) @ w.astype(np.float64)
+    expect_global = {"tp_mlp": {"y": np.maximum(xw, 0), "z": xw, "g": xw},
+                     "dp_tp_mlp": {"y": xw, "full": xw}}[prog.entry]
+    for rep in range(2):                            # fresh buffers each run
+        outs = prog.run(prog.shard_inputs([x, w]))
+        for spec, out in zip(prog.outputs, outs):
+            assert out.shape == spec.local_shape and out.dtype == spec.dtype
+            want = expect_global[spec.name][prog.mesh.local_slices(
+                spec.global_shape, spec.sharding.dims, ME)]
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+            if not any(spec.sharding.dims):         # replicated: same bits everywhere
+                assert same_on_all_ranks(MPICommunicator(WORLD), out), spec.name
+            passed(f"program {prog.entry}:{spec.name} run={rep}")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "collectives":
+        mode_collectives()
+    elif mode == "mesh2x2":
+        mode_mesh2x2()
+    elif mode == "program":
+        mode_program(sys.argv[2])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    print(f"DONE rank={ME} checks={_passed};", flush=True)
