@@ -66,6 +66,14 @@ def value_name(value: ir.Value) -> str:
     return value.get_name()
 
 
+def location_name(loc: ir.Location) -> str | None:
+    """The name of a NameLoc (`loc("w1"(...))`), which the frontend uses to
+    record Python parameter names; None for other locations."""
+    import re
+    m = re.match(r'loc\("([^"]+)"(?:\(|\)$)', str(loc))
+    return m.group(1) if m else None
+
+
 def source_of(loc: ir.Location) -> str:
     """`file.py:12` for a file location (possibly wrapped in a name), else ''."""
     text = str(loc)

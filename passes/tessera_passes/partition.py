@@ -20,7 +20,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions,
-                                            function_type, ops_of, run_reporting,
+                                            function_type, location_name, ops_of, run_reporting,
                                             set_dict_entry, set_function_type)
 from tessera_compiler.sharding import Mesh, Sharding, meshes_of, rule_for, RULES
 
@@ -156,10 +156,7 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
 
 def _arg_label(arg: ir.Value) -> str:
     """The Python parameter name when the frontend recorded one (a NameLoc)."""
-    text = str(arg.location)
-    if text.startswith('loc("'):
-        return text[5:].split('"', 1)[0]
-    return arg.get_name()
+    return location_name(arg.location) or arg.get_name()
 
 
 def run(op, pass_):

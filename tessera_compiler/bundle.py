@@ -1,0 +1,176 @@
+"""Writes a compiled program as a bundle the runtime can execute without the
+compiler (format: docs/bundle-format.md). No pickle: JSON, text and binaries.
+
+`program.json` is a one-to-one serialization of the Schedule IR function:
+every tsched op becomes one instruction, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tessera_mlir import ir
+
+from .codegen.build import build_cpu_library
+from .passes_common import location_name
+from .pipeline import Levels
+from .sharding import Sharding, meshes_of
+
+FORMAT_VERSION = 1
+
+
+def _dtype(element: ir.Type) -> str:
+    return {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
+            "i32": "int32", "i64": "int64", "i8": "int8", "i1": "bool"}[str(element)]
+
+
+def _arg_name(arg: ir.Value, index: int) -> str:
+    return location_name(arg.location) or f"arg{index}"
+
+
+class _Namer:
+    def __init__(self):
+        self.names = {}
+
+    def __call__(self, value: ir.Value, prefix: str = "%") -> str:
+        if value not in self.names:
+            self.names[value] = f"{prefix}{len(self.names)}"
+        return self.names[value]
+
+
+def _schedule_function(module: ir.Module) -> ir.Operation:
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "tsched.kernel" not in op.attributes and any(
+                o.operation.name.startswith("tsched.") for o in op.regions[0].blocks[0].operations):
+            return op
+    raise ValueError("module has no Schedule IR function")
+
+
+def _tensor_spec(name, value_name, memref: ir.MemRefType, sharding: Sharding | None, mesh):
+    local = list(memref.shape)
+    spec = {"name": name, "value": value_name, "dtype": _dtype(memref.element_type),
+            "local_shape": local, "global_shape": local}
+    if sharding is not None:
+        spec["global_shape"] = [n * mesh.parts(axes) for n, axes in zip(local, sharding.dims)]
+        spec["sharding"] = {"dims": [list(d) for d in sharding.dims],
+                            "partial": list(sharding.partial)}
+    return spec
+
+
+def _dict_attrs(func_op: ir.Operation, key: str, n: int):
+    if key in func_op.attributes:
+        return [ir.DictAttr(a) for a in ir.ArrayAttr(func_op.attributes[key])]
+    return [None] * n
+
+
+def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
+    func_op = _schedule_function(module)
+    entry = func_op.regions[0].blocks[0]
+    meshes = meshes_of(module)
+    mesh = next(iter(meshes.values())) if meshes else None
+    name = _Namer()
+
+    def sharding_of(d):
+        return Sharding.from_attr(d["tsched.sharding"]) if d is not None and "tsched.sharding" in d else None
+
+    arg_dicts = _dict_attrs(func_op, "arg_attrs", len(entry.arguments))
+    inputs = [_tensor_spec(_arg_name(a, i), name(a, "%arg"), ir.MemRefType(a.type),
+                           sharding_of(d), mesh)
+              for i, (a, d) in enumerate(zip(entry.arguments, arg_dicts))]
+    # Arguments get their own numbering: %arg0, %arg1, ...
+    for i, a in enumerate(entry.arguments):
+        name.names[a] = f"%arg{i}"
+        inputs[i]["value"] = f"%arg{i}"
+
+    instructions, outputs = [], []
+    streams = []
+    for op in entry.operations:
+        op = op.operation
+        kind = op.name
+        ins = {}
+        if kind == "tsched.stream":
+            stream = ir.StringAttr(op.attributes["name"]).value
+            streams.append(stream)
+            name.names[op.results[0]] = stream
+            continue
+        if kind == "tsched.alloc":
+            t = ir.MemRefType(op.results[0].type)
+            ins = {"op": "alloc", "result": name(op.results[0]), "shape": list(t.shape),
+                   "dtype": _dtype(t.element_type)}
+        elif kind == "tsched.free":
+            ins = {"op": "free", "buffer": name(op.operands[0])}
+        elif kind == "tsched.launch":
+            view = op.opview
+            ins = {"op": "launch", "kernel": ir.FlatSymbolRefAttr(op.attributes["kernel"]).value,
+                   "stream": name.names[view.stream],
+                   "args": [name(v) for v in list(view.ins) + list(view.outs)]}
+        elif kind == "tsched.event_record":
+            ins = {"op": "event_record", "result": name(op.results[0]),
+                   "stream": name.names[op.operands[0]]}
+        elif kind == "tsched.event_wait":
+            ins = {"op": "event_wait", "event": name(op.operands[0]),
+                   "stream": name.names[op.operands[1]]}
+        elif kind == "tsched.collective_start":
+            view = op.opview
+            attrs = op.attributes
+            ins = {"op": "collective_start", "result": name(op.results[0]),
+                   "stream": name.names[view.stream],
+                   "collective": str(attrs["kind"]).split("<")[1].rstrip(">"),
+                   "axis": ir.StringAttr(attrs["axis"]).value,
+                   "deterministic": "deterministic" in attrs,
+                   "src": name(view.src), "dst": name(view.dst)}
+            if "reduction" in attrs:
+                ins["reduction"] = str(attrs["reduction"]).split("<")[1].rstrip(">")
+            if "dim" in attrs:
+                ins["dim"] = ir.IntegerAttr(attrs["dim"]).value
+        elif kind == "tsched.collective_wait":
+            ins = {"op": "collective_wait", "token": name(op.operands[0]),
+                   "stream": name.names[op.operands[1]]}
+        elif kind == "func.return":
+            res_dicts = _dict_attrs(func_op, "res_attrs", len(op.operands))
+            for i, (v, d) in enumerate(zip(op.operands, res_dicts)):
+                outputs.append(_tensor_spec(f"result{i}", name(v), ir.MemRefType(v.type),
+                                            sharding_of(d), mesh))
+            ins = {"op": "return", "values": [name(v) for v in op.operands]}
+        else:
+            raise ValueError(f"cannot serialize '{kind}' into a bundle program")
+        instructions.append(ins)
+
+    program = {"entry": ir.StringAttr(func_op.attributes["sym_name"]).value,
+               "inputs": inputs, "outputs": outputs, "streams": streams,
+               "instructions": instructions}
+    if mesh is not None:
+        size = 1
+        for s in mesh.shape:
+            size *= s
+        program["mesh"] = {"name": mesh.name, "axes": list(mesh.axes), "shape": list(mesh.shape),
+                           "devices": devices if devices is not None else list(range(size))}
+    return program
+
+
+def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = None) -> Path:
+    """Writes `levels` (a fully lowered program) as a bundle directory at `path`."""
+    path = Path(path)
+    if path.exists():
+        shutil.rmtree(path)
+    (path / "ir").mkdir(parents=True)
+    (path / "kernels").mkdir()
+    program = program_json(levels.module, devices)
+    for stage in ("graph", "partitioned", "schedule", "tile"):
+        (path / "ir" / f"{stage}.mlir").write_text(getattr(levels, stage))
+    (path / "kernels" / "kernels.cpp").write_text(levels.cpp)
+    (path / "kernels" / "kernels.cu").write_text(levels.cuda)
+    shutil.copyfile(build_cpu_library(levels.cpp), path / "kernels" / "libkernels.so")
+    (path / "program.json").write_text(json.dumps(program, indent=1))
+    manifest = {
+        "format": "tessera-bundle", "version": FORMAT_VERSION, "entry": program["entry"],
+        "engine": "cpu", "program": "program.json",
+        "kernels": {"cpu": "kernels/libkernels.so"},
+        "sources": {"cpp": "kernels/kernels.cpp", "cuda": "kernels/kernels.cu"},
+        "ir": {s: f"ir/{s}.mlir" for s in ("graph", "partitioned", "schedule", "tile")},
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return path

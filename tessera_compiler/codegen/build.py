@@ -1,0 +1,85 @@
+"""Compiles generated kernel sources, cached on disk by content.
+
+The cache key is the hash of (source, compiler, flags, compiler version), so
+a changed emitter, flag or toolchain never reuses a stale binary. Writes are
+atomic (compile to a temporary name, then rename), so ranks compiling the same
+kernels at once do not see half-written files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC"]
+NVCC_FLAGS = ["-arch=sm_90", "-std=c++17"]
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TESSERA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tessera")
+    path = Path(root) / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def host_compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise KernelBuildError("no C++ compiler found: install g++ or set CXX")
+    return cxx
+
+
+@lru_cache(maxsize=None)
+def _version(tool: str) -> str:
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True)
+    return out.stdout.splitlines()[0] if out.stdout else tool
+
+
+def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext: str) -> Path:
+    key = hashlib.sha256("\0".join([source, tool, _version(tool), *flags]).encode()).hexdigest()[:24]
+    target = cache_dir() / f"{key}{out_ext}"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        src = Path(tmp) / f"kernels{suffix}"
+        src.write_text(source)
+        out = Path(tmp) / f"out{out_ext}"
+        proc = subprocess.run([tool, *flags, str(src), "-o", str(out)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise KernelBuildError(f"{Path(tool).name} failed on generated kernels "
+                                   f"({src.name}):\n{proc.stderr[-4000:]}")
+        os.replace(out, target)
+    return target
+
+
+def build_cpu_library(source: str) -> Path:
+    """Compiles C++ kernels into a shared library; returns its cached path."""
+    return _cached_build(source, ".cpp", host_compiler(), CXX_FLAGS, ".so")
+
+
+def nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def build_cuda_object(source: str) -> Path:
+    """Compiles CUDA kernels for sm_90 into an object file (a compile check
+    until the GPU engine loads cubins)."""
+    tool = nvcc()
+    if tool is None:
+        raise KernelBuildError("nvcc not found")
+    return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-c"], ".o")

@@ -1,0 +1,336 @@
+"""Emits C++ (CPU) and CUDA C++ (GPU) from Tile IR.
+
+Every `ttile.kernel` becomes an `extern "C"` function taking one `void*` per
+buffer argument (inputs, then outputs; shapes are static and compiled in).
+
+* CPU: the grid becomes nested loops over program ids; tiles are local arrays.
+* CUDA: each grid point is a thread block (`blockIdx`); tiles live in shared
+  memory and the `block` threads split every loop over a tile's elements,
+  with `__syncthreads()` between tile operations.
+
+Tile values are SSA; each gets its own array, declared once at the top of the
+kernel. `scf.for` loop-carried tiles get arrays that `scf.yield` copies into.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tessera_mlir import ir
+
+_CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
+           "i64": "int64_t", "i8": "int8_t", "i1": "bool"}
+
+
+class EmitError(Exception):
+    def __init__(self, message, location=None):
+        super().__init__(message)
+        self.location = location
+
+
+def ctype(t: ir.Type) -> str:
+    key = str(t)
+    if key not in _CTYPES:
+        raise EmitError(f"element type {key} is not supported by the C++ emitter yet")
+    return _CTYPES[key]
+
+
+@dataclass
+class Tile:
+    name: str
+    shape: list[int]
+    ctype: str
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def tile_of(t: ir.Type) -> tuple[list[int], str]:
+    text = str(t)  # !ttile.tile<8x16xf32>
+    body = text[len("!ttile.tile<"):-1]
+    *dims, elt = body.split("x")
+    return [int(d) for d in dims], elt
+
+
+@dataclass
+class KernelEmitter:
+    cuda: bool
+    lines: list[str] = field(default_factory=list)
+    names: dict = field(default_factory=dict)
+    tiles: dict = field(default_factory=dict)
+    counter: int = 0
+    indent: int = 1
+
+    # -- helpers -----------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.indent + text)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.line("__syncthreads();")
+
+    def for_each(self, n: int, body) -> None:
+        """`body(e)` for every element index e < n, split over threads on GPU."""
+        e = self.fresh("e")
+        if self.cuda:
+            self.line(f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += blockDim.x) {{")
+        else:
+            self.line(f"for (int64_t {e} = 0; {e} < {n}; ++{e}) {{")
+        self.indent += 1
+        body(e)
+        self.indent -= 1
+        self.line("}")
+        self.sync()
+
+    def new_tile(self, value: ir.Value) -> Tile:
+        shape, elt = tile_of(value.type)
+        tile = Tile(self.fresh("t"), shape, _CTYPES[elt])
+        self.tiles[tile.name] = tile
+        self.names[value] = tile
+        return tile
+
+    def scalar(self, value: ir.Value) -> str:
+        return self.names[value]
+
+    # -- kernel ------------------------------------------------------------
+    def emit_kernel(self, kernel: ir.Operation) -> str:
+        attrs = kernel.attributes
+        name = ir.StringAttr(attrs["sym_name"]).value
+        grid = list(ir.DenseI64ArrayAttr(attrs["grid"]))
+        block_shape = list(ir.DenseI64ArrayAttr(attrs["block"]))
+        entry = kernel.regions[0].blocks[0]
+        params, prologue = [], []
+        buffers = {}
+        for i, arg in enumerate(entry.arguments):
+            mt = ir.MemRefType(arg.type)
+            ct = ctype(mt.element_type)
+            params.append(f"void* arg{i}_")
+            prologue.append(f"{ct}* __restrict__ arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
+            self.names[arg] = f"arg{i}"
+            buffers[f"arg{i}"] = list(mt.shape)
+        self.buffers = buffers
+        body_lines_start = len(self.lines)
+        if not self.cuda:
+            for d, g in enumerate(grid):
+                self.line(f"for (int64_t pid{d} = 0; pid{d} < {g}; ++pid{d}) {{")
+                self.indent += 1
+        else:
+            axes = "xyz"
+            for d in range(len(grid)):
+                self.line(f"const int64_t pid{d} = blockIdx.{axes[d]};")
+        for op in entry.operations:
+            self.emit_op(op.operation)
+        if not self.cuda:
+            for _ in grid:
+                self.indent -= 1
+                self.line("}")
+        body = self.lines[body_lines_start:]
+        storage = "__shared__ " if self.cuda else ""
+        decls = [f"  {storage}{t.ctype} {t.name}[{t.size}];  // tile {'x'.join(map(str, t.shape))}"
+                 for t in self.tiles.values()]
+        qualifier = 'extern "C" __global__ void' if self.cuda else 'extern "C" void'
+        launch = (f"// launch: grid ({', '.join(map(str, grid))}), block ({', '.join(map(str, block_shape))})"
+                  if self.cuda else f"// grid ({', '.join(map(str, grid))}) run as loops")
+        head = [f"// ttile.kernel @{name}", launch,
+                f"{qualifier} {name}({', '.join(params)}) {{"]
+        return "\n".join(head + ["  " + p for p in prologue] + decls + body + ["}"]) + "\n"
+
+    # -- ops ---------------------------------------------------------------
+    def emit_op(self, op: ir.Operation) -> None:
+        name = op.name
+        handler = getattr(self, "op_" + name.replace(".", "_"), None)
+        if handler is None:
+            raise EmitError(f"the kernel emitter does not support '{name}'", op.location)
+        handler(op)
+
+    def op_ttile_program_id(self, op):
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        self.names[op.results[0]] = f"pid{dim}"
+
+    def op_arith_constant(self, op):
+        v = self.fresh("c")
+        value = op.attributes["value"]
+        if not isinstance(op.results[0].type, (ir.IndexType, ir.IntegerType)):
+            raise EmitError("only integer/index constants are supported in kernels", op.location)
+        self.line(f"const int64_t {v} = {ir.IntegerAttr(value).value};")
+        self.names[op.results[0]] = v
+
+    def _index_binary(self, op, sym):
+        v = self.fresh("i")
+        a, b = (self.scalar(x) for x in op.operands)
+        self.line(f"const int64_t {v} = {a} {sym} {b};")
+        self.names[op.results[0]] = v
+
+    def op_arith_muli(self, op):
+        self._index_binary(op, "*")
+
+    def op_arith_addi(self, op):
+        self._index_binary(op, "+")
+
+    def op_arith_subi(self, op):
+        self._index_binary(op, "-")
+
+    def op_ttile_fill(self, op):
+        t = self.new_tile(op.results[0])
+        value = ir.FloatAttr(op.attributes["value"]).value
+        self.for_each(t.size, lambda e: self.line(f"{t.name}[{e}] = ({t.ctype}){value!r};"))
+
+    def _tile_access(self, op, tile: Tile, buf: str, offsets, load: bool):
+        shape = self.buffers[buf]
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        tstrides = [math.prod(tile.shape[d + 1:]) for d in range(len(tile.shape))]
+
+        def body(e):
+            idx = []
+            for d in range(len(shape)):
+                coord = f"(({e} / {tstrides[d]}) % {tile.shape[d]})"
+                idx.append(f"({offsets[d]} + {coord}) * {strides[d]}")
+            addr = " + ".join(idx)
+            if load:
+                self.line(f"{tile.name}[{e}] = {buf}[{addr}];")
+            else:
+                self.line(f"{buf}[{addr}] = {tile.name}[{e}];")
+        self.for_each(tile.size, body)
+
+    def op_ttile_load(self, op):
+        t = self.new_tile(op.results[0])
+        buf = self.names[op.operands[0]]
+        offsets = [self.scalar(v) for v in list(op.operands)[1:]]
+        self._tile_access(op, t, buf, offsets, load=True)
+
+    def op_ttile_store(self, op):
+        t = self.names[op.operands[0]]
+        buf = self.names[op.operands[1]]
+        offsets = [self.scalar(v) for v in list(op.operands)[2:]]
+        self._tile_access(op, t, buf, offsets, load=False)
+
+    def op_ttile_dot(self, op):
+        a, b, acc = (self.names[v] for v in op.operands)
+        r = self.new_tile(op.results[0])
+        M, K = a.shape
+        N = b.shape[1]
+        acc_t = r.ctype
+        if self.cuda:
+            def body(e):
+                self.line(f"const int64_t i = {e} / {N}, j = {e} % {N};")
+                self.line(f"{acc_t} s = {acc.name}[{e}];")
+                self.line(f"for (int64_t k = 0; k < {K}; ++k) s += ({acc_t}){a.name}[i * {K} + k] * ({acc_t}){b.name}[k * {N} + j];")
+                self.line(f"{r.name}[{e}] = s;")
+            self.for_each(M * N, body)
+        else:
+            # i-k-j order: the inner loop runs along contiguous rows of b and r.
+            self.line(f"for (int64_t e = 0; e < {M * N}; ++e) {r.name}[e] = {acc.name}[e];")
+            self.line(f"for (int64_t i = 0; i < {M}; ++i)")
+            self.line(f"  for (int64_t k = 0; k < {K}; ++k) {{")
+            self.line(f"    const {acc_t} av = ({acc_t}){a.name}[i * {K} + k];")
+            self.line(f"    for (int64_t j = 0; j < {N}; ++j) {r.name}[i * {N} + j] += av * ({acc_t}){b.name}[k * {N} + j];")
+            self.line("  }")
+
+    def _elementwise(self, op, expr):
+        srcs = [self.names[v] for v in op.operands]
+        r = self.new_tile(op.results[0])
+        self.for_each(r.size, lambda e: self.line(
+            f"{r.name}[{e}] = {expr(*[f'{s.name}[{e}]' for s in srcs])};"))
+
+    def op_ttile_add(self, op):
+        self._elementwise(op, lambda a, b: f"{a} + {b}")
+
+    def op_ttile_mul(self, op):
+        self._elementwise(op, lambda a, b: f"{a} * {b}")
+
+    def op_ttile_max(self, op):
+        self._elementwise(op, lambda a, b: f"({a} > {b} ? {a} : {b})")
+
+    def op_ttile_relu(self, op):
+        self._elementwise(op, lambda a: f"({a} > 0 ? {a} : 0)")
+
+    def op_ttile_exp(self, op):
+        self._elementwise(op, lambda a: f"std::exp({a})" if not self.cuda else f"expf({a})")
+
+    def op_ttile_reduce(self, op):
+        src = self.names[op.operands[0]]
+        r = self.new_tile(op.results[0])
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+        combine = {"sum": "acc + x", "prod": "acc * x", "max": "(x > acc ? x : acc)",
+                   "min": "(x < acc ? x : acc)"}[kind]
+        inner = math.prod(src.shape[dim + 1:])
+        n = src.shape[dim]
+
+        def body(e):
+            self.line(f"const int64_t outer = {e} / {inner}, inner = {e} % {inner};")
+            self.line(f"{r.ctype} acc = {src.name}[outer * {n * inner} + inner];")
+            self.line(f"for (int64_t q = 1; q < {n}; ++q) {{ const {r.ctype} x = {src.name}[outer * {n * inner} + q * {inner} + inner]; acc = {combine}; }}")
+            self.line(f"{r.name}[{e}] = acc;")
+        self.for_each(r.size, body)
+
+    def op_ttile_barrier(self, op):
+        if self.cuda:
+            self.line("__syncthreads();")
+
+    def op_ttile_return(self, op):
+        pass
+
+    def op_scf_for(self, op):
+        lb, ub, step, *inits = op.operands
+        carried = []
+        for init, arg, res in zip(inits, op.regions[0].blocks[0].arguments[1:], op.results):
+            t = self.new_tile(arg)
+            src = self.names[init]
+            self.for_each(t.size, lambda e, t=t, src=src: self.line(f"{t.name}[{e}] = {src.name}[{e}];"))
+            self.names[res] = t
+            carried.append(t)
+        iv = self.fresh("k")
+        self.names[op.regions[0].blocks[0].arguments[0]] = iv
+        self.line(f"for (int64_t {iv} = {self.scalar(lb)}; {iv} < {self.scalar(ub)}; {iv} += {self.scalar(step)}) {{")
+        self.indent += 1
+        self.carried_stack = getattr(self, "carried_stack", []) + [carried]
+        for inner in op.regions[0].blocks[0].operations:
+            self.emit_op(inner.operation)
+        self.carried_stack.pop()
+        self.indent -= 1
+        self.line("}")
+
+    def op_scf_yield(self, op):
+        for t, v in zip(self.carried_stack[-1], op.operands):
+            src = self.names[v]
+            self.for_each(t.size, lambda e, t=t, src=src: self.line(f"{t.name}[{e}] = {src.name}[{e}];"))
+
+
+def kernels_of(module: ir.Module) -> list[ir.Operation]:
+    return [op.operation for op in module.body.operations if op.operation.name == "ttile.kernel"]
+
+
+_CPP_PRELUDE = """\
+// Generated by Tessera from Tile IR (ttile). Do not edit.
+#include <cmath>
+#include <cstdint>
+"""
+
+_CUDA_PRELUDE = """\
+// Generated by Tessera from Tile IR (ttile). Do not edit.
+#include <cstdint>
+"""
+
+
+def _emit(module: ir.Module, cuda: bool) -> str:
+    parts = [_CUDA_PRELUDE if cuda else _CPP_PRELUDE]
+    for kernel in kernels_of(module):
+        parts.append(KernelEmitter(cuda=cuda).emit_kernel(kernel))
+    return "\n".join(parts)
+
+
+def emit_cpp(module: ir.Module) -> str:
+    """C++ for the CPU engine: one `extern "C"` function per ttile.kernel."""
+    return _emit(module, cuda=False)
+
+
+def emit_cuda(module: ir.Module) -> str:
+    """CUDA C++: one `extern "C" __global__` kernel per ttile.kernel."""
+    return _emit(module, cuda=True)

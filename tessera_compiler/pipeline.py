@@ -1,0 +1,85 @@
+"""Runs Graph IR through every level and keeps the IR of each one.
+
+  graph        traced Graph IR (global shapes)
+  partitioned  after tessera-propagate-sharding, tessera-partition
+  schedule     after tessera-lower-to-schedule
+  tile         after tessera-lower-to-tile (the schedule plus ttile kernels)
+  cpp / cuda   kernel sources emitted from the Tile IR
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tessera_mlir import ir, passmanager
+
+import tessera_passes
+
+from .codegen import emit_cpp, emit_cuda
+
+STAGES = [
+    ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize"]),
+    ("schedule", ["tessera-lower-to-schedule"]),
+    ("tile", ["tessera-lower-to-tile", "canonicalize", "cse"]),
+]
+
+
+class CompileError(Exception):
+    """A compile failure with MLIR's diagnostics (file:line: message)."""
+
+
+@dataclass
+class Levels:
+    graph: str
+    partitioned: str = ""
+    schedule: str = ""
+    tile: str = ""
+    cpp: str = ""
+    cuda: str = ""
+    module: ir.Module | None = field(default=None, repr=False)
+
+    def items(self):
+        return [("graph", self.graph), ("partitioned", self.partitioned),
+                ("schedule", self.schedule), ("tile", self.tile),
+                ("cpp", self.cpp), ("cuda", self.cuda)]
+
+
+def add_passes(pm: passmanager.PassManager, flags) -> None:
+    for flag in flags:
+        if flag in tessera_passes.PASSES:
+            info = tessera_passes.get(flag)
+            pm.add(info.load(), name=flag, argument=flag, description=info.summary)
+        else:
+            pm.add(flag)
+
+
+def _format_diagnostics(err: ir.MLIRError) -> str:
+    lines = []
+    for d in err.error_diagnostics:
+        lines.append(f"{_where(d.location)}error: {d.message}")
+        for note in d.notes:
+            lines.append(f"{_where(note.location)}note: {note.message}")
+    return "\n".join(lines) or str(err)
+
+
+def _where(loc: ir.Location) -> str:
+    from .passes_common import source_of
+    src = source_of(loc)
+    return f"{src}: " if src else ""
+
+
+def lower(module: ir.Module) -> Levels:
+    """Lowers `module` (Graph IR) in place through every level."""
+    levels = Levels(graph=str(module))
+    for stage, flags in STAGES:
+        pm = passmanager.PassManager("builtin.module", context=module.context)
+        add_passes(pm, flags)
+        try:
+            pm.run(module.operation)
+        except ir.MLIRError as err:
+            raise CompileError(_format_diagnostics(err)) from None
+        setattr(levels, stage, str(module))
+    levels.cpp = emit_cpp(module)
+    levels.cuda = emit_cuda(module)
+    levels.module = module
+    return levels
