@@ -13,10 +13,12 @@ class PassError(Exception):
         self.location = location
 
 
-def run_reporting(pass_, body) -> None:
-    """Runs `body()`; a PassError becomes an error diagnostic plus pass failure."""
+def run_reporting(op: ir.Operation, pass_, body) -> None:
+    """Runs `body()` with `op`'s context and location as the defaults for IR
+    building; a PassError becomes an error diagnostic plus pass failure."""
     try:
-        body()
+        with op.context, op.location:
+            body()
     except PassError as err:
         loc = err.location or ir.Location.unknown()
         loc.emit_error(str(err))

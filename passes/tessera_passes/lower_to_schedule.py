@@ -200,4 +200,4 @@ def run(op, pass_):
                     o.name.startswith("tgraph.") for o in ops_of(f)):
                 continue
             lower_function(op, f)
-    run_reporting(pass_, body)
+    run_reporting(op, pass_, body)

@@ -304,4 +304,4 @@ def run(op, pass_):
                 tiled = tile_kernel(kernel, module_block)
                 tiled.move_before(kernel)
             kernel.erase()
-    run_reporting(pass_, body)
+    run_reporting(op, pass_, body)

@@ -168,4 +168,4 @@ def run(op, pass_):
             mesh = function_mesh(f, meshes)
             if mesh is not None:
                 partition_function(f, mesh)
-    run_reporting(pass_, body)
+    run_reporting(op, pass_, body)

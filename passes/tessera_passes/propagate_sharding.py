@@ -91,4 +91,4 @@ def run(op, pass_):
             mesh = function_mesh(f, meshes)
             if mesh is not None:
                 propagate(f, mesh)
-    run_reporting(pass_, body)
+    run_reporting(op, pass_, body)

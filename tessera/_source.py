@@ -1,0 +1,39 @@
+"""Finding the user's source line for error messages and IR locations."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from dataclasses import dataclass
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    filename: str
+    line: int
+    text: str = ""
+
+    def __str__(self) -> str:
+        return f"{os.path.relpath(self.filename) if not self.filename.startswith('<') else self.filename}:{self.line}"
+
+
+def user_frame() -> SourceLine:
+    """The innermost stack frame outside the tessera package."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR + os.sep):
+            info = inspect.getframeinfo(frame, context=1)
+            text = info.code_context[0].strip() if info.code_context else ""
+            return SourceLine(frame.f_code.co_filename, frame.f_lineno, text)
+        frame = frame.f_back
+    return SourceLine("<unknown>", 0)
+
+
+def assigned_name(src: SourceLine) -> str | None:
+    """`W1` for a source line `W1 = dist.from_numpy(...)`."""
+    m = re.match(r"\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)", src.text)
+    return m.group(1) if m else None

@@ -1,0 +1,354 @@
+"""Device meshes, ShardSpecs and distributed tensors (`tessera.dist`).
+
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    W1 = dist.from_numpy(w1, layout=dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh=mesh)
+
+A program runs as one process per device (rank r is device r), started with
+`tessera launch -n N script.py` or `mpiexec -n N`. Every process runs the same
+script; a DTensor holds this rank's shard of the global tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera_runtime import world
+from tessera_runtime.mesh import MeshError, MeshInfo
+
+from ._source import SourceLine, assigned_name, user_frame
+from .errors import LaunchError, ShardingError
+
+__all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "tensor"]
+
+_DTYPES = {"f32": np.float32, "float32": np.float32, "fp32": np.float32,
+           "f64": np.float64, "float64": np.float64,
+           "f16": np.float16, "float16": np.float16, "fp16": np.float16,
+           "int32": np.int32, "i32": np.int32, "int64": np.int64}
+
+
+def _np_dtype(dtype) -> np.dtype:
+    if dtype is None:
+        return np.dtype(np.float32)
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise TypeError(f"unsupported dtype '{dtype}' (supported: {', '.join(sorted(_DTYPES))})")
+        return np.dtype(_DTYPES[dtype])
+    return np.dtype(dtype)
+
+
+def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
+    """Splits n devices into k axes as evenly as possible, larger axes first:
+    16 over 2 axes is 4 x 4, 48 over 3 is 4 x 4 x 3."""
+    shape = []
+    for i in range(k):
+        left = k - i
+        if left == 1:
+            shape.append(n)
+            break
+        target = n ** (1.0 / left)
+        size = next(d for d in range(max(1, math.ceil(target - 1e-9)), n + 1) if n % d == 0)
+        shape.append(size)
+        n //= size
+    return tuple(shape)
+
+
+class Mesh:
+    """A Cartesian mesh of devices with named axes.
+
+    `devices` is a range or flat list (the shape is then `shape=`, or an even
+    split over the axes) or a nested list whose nesting gives the shape
+    (`[[0, 1], [2, 3]]` is 2 x 2).
+    """
+
+    def __init__(self, axes, devices=None, shape=None, name: str = "mesh"):
+        axes = [axes] if isinstance(axes, str) else list(axes)
+        if not axes:
+            raise MeshError("a mesh needs at least one axis")
+        if devices is None:
+            devices = range(math.prod(shape)) if shape else range(world()[1])
+        devices = list(devices) if isinstance(devices, range) else devices
+        nested = bool(devices) and isinstance(devices[0], (list, tuple, range))
+        if not nested and shape is None:
+            shape = _balanced_shape(len(devices), len(axes))
+        self._info = MeshInfo(axes, shape=shape, devices=devices, name=name)
+
+    # -- descriptions -------------------------------------------------------
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self._info.axes
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(zip(self._info.axes, self._info.shape))
+
+    @property
+    def size(self) -> int:
+        return self._info.num_devices
+
+    @property
+    def device_ids(self) -> list[int]:
+        return list(self._info.devices)
+
+    @property
+    def name(self) -> str:
+        return self._info.name
+
+    @property
+    def info(self) -> MeshInfo:
+        return self._info
+
+    @property
+    def topology(self) -> str:
+        """`tp mesh, 2` or `tp × dp mesh, 4 × 4`."""
+        return (" × ".join(self.axes) + " mesh, "
+                + " × ".join(str(s) for s in self._info.shape))
+
+    def axis_size(self, axis: str) -> int:
+        return self._info.axis_size(axis)
+
+    @property
+    def rank(self) -> int | None:
+        """This process' world rank when the running job is this mesh; None otherwise
+        (e.g. a single process looking at a 2-device mesh, as `graph.trace` does)."""
+        rank, size = world()
+        if size == self.size and rank in self._info.devices:
+            return rank
+        return None
+
+    def require_rank(self, what: str) -> int:
+        rank, size = world()
+        if self.rank is None:
+            raise LaunchError(
+                f"{what} needs the {self.topology} to run as {self.size} processes, but this "
+                f"process is rank {rank} of {size}; start the script with "
+                f"`tessera launch -n {self.size} SCRIPT` (or `mpiexec -n {self.size} python SCRIPT`)")
+        return self.rank
+
+    def __repr__(self) -> str:
+        return f"Mesh(axes={list(self.axes)}, shape={list(self._info.shape)})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mesh) and self._info == other._info
+
+    def __hash__(self) -> int:
+        return hash((self.axes, self._info.shape, self._info.devices))
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a tensor is laid out over a mesh.
+
+    `partition[i]` names a tensor dimension ("row" = second-to-last, "col" = last,
+    or an integer index) that is split over mesh axis `mesh_axes[i]`. A
+    dimension may be split over several axes (outermost first). Empty: replicated.
+    `partial` lists axes over which the value is a pending sum.
+    """
+
+    partition: tuple = ()
+    mesh_axes: tuple = ()
+    partial: tuple = ()
+
+    def __post_init__(self):
+        for name in ("partition", "mesh_axes", "partial"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int)):
+                value = (value,)
+            object.__setattr__(self, name, tuple(value))
+        if len(self.partition) != len(self.mesh_axes):
+            raise ShardingError(f"ShardSpec: partition {self.partition} and mesh_axes "
+                                f"{self.mesh_axes} must have the same length")
+
+    @staticmethod
+    def replicated() -> "ShardSpec":
+        return ShardSpec()
+
+    def dims_for(self, rank: int, mesh: Mesh, what: str = "tensor") -> list[tuple[str, ...]]:
+        """Mesh axes splitting each of a rank-`rank` tensor's dimensions."""
+        dims: list[list[str]] = [[] for _ in range(rank)]
+        used = set()
+        for part, axis in zip(self.partition, self.mesh_axes):
+            if axis not in mesh.axes:
+                raise ShardingError(f"{what}: mesh axis '{axis}' is not in the {mesh.topology} "
+                                    f"(axes: {', '.join(mesh.axes)})")
+            if axis in used:
+                raise ShardingError(f"{what}: mesh axis '{axis}' is used twice in {self}")
+            used.add(axis)
+            dims[self._dim_index(part, rank, what)].append(axis)
+        for axis in self.partial:
+            if axis not in mesh.axes or axis in used:
+                raise ShardingError(f"{what}: partial axis '{axis}' must be a mesh axis not "
+                                    f"used to split a dimension")
+        return [tuple(d) for d in dims]
+
+    @staticmethod
+    def _dim_index(part, rank: int, what: str) -> int:
+        if part == "row":
+            index = rank - 2 if rank >= 2 else 0
+        elif part == "col":
+            index = rank - 1
+        elif isinstance(part, int):
+            index = part if part >= 0 else rank + part
+        else:
+            raise ShardingError(f"{what}: partition entry {part!r} must be 'row', 'col' or a dimension index")
+        if not 0 <= index < rank:
+            raise ShardingError(f"{what}: partition entry {part!r} names dimension {index}, "
+                                f"but the tensor has rank {rank}")
+        return index
+
+    @staticmethod
+    def from_dims(dims, partial=()) -> "ShardSpec":
+        partition, axes = [], []
+        for d, names in enumerate(dims):
+            for a in names:
+                partition.append(d)
+                axes.append(a)
+        return ShardSpec(tuple(partition), tuple(axes), tuple(partial))
+
+
+def check_divisible(shape, dims, mesh: Mesh, what: str, where: SourceLine | None) -> None:
+    for d, (size, axes) in enumerate(zip(shape, dims)):
+        parts = math.prod(mesh.axis_size(a) for a in axes)
+        if size % parts:
+            axis_text = " × ".join(f"'{a}' (size {mesh.axis_size(a)})" for a in axes)
+            raise ShardingError(f"{what}: dimension {d} (size {size}) is not divisible by mesh "
+                                f"axis {axis_text}" + (f"  [{where}]" if where else ""))
+
+
+class DTensor:
+    """A tensor distributed over a mesh: its global shape and layout, and this
+    rank's local shard."""
+
+    def __init__(self, local: np.ndarray | None, shape, dtype, layout: ShardSpec, mesh: Mesh,
+                 name: str | None = None, global_value: np.ndarray | None = None):
+        self._local = local
+        self._global = global_value
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.layout = layout
+        self.mesh = mesh
+        self.name = name
+        self.dims = layout.dims_for(len(self.shape), mesh, name or "tensor")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return self.mesh.info.local_shape(self.shape, self.dims)
+
+    def local(self) -> np.ndarray:
+        """This rank's shard."""
+        if self._local is None:
+            self.mesh.require_rank(f"DTensor '{self.name or 'tensor'}'.local()")
+        return self._local
+
+    def numpy(self) -> np.ndarray:
+        """The global value, on every rank (a collective when the tensor is split
+        or partial: every rank of the mesh must call it)."""
+        if self._local is None:
+            if self._global is not None:
+                return self._global.copy()
+            self.mesh.require_rank(f"DTensor '{self.name or 'tensor'}'.numpy()")
+        if all(not d for d in self.dims) and not self.layout.partial:
+            return self._local.copy()
+        return _assemble(self)
+
+    def __repr__(self) -> str:
+        return (f"DTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"layout={_describe(self.dims, self.layout.partial)}, mesh={self.mesh.topology!r})")
+
+
+def _describe(dims, partial=()) -> str:
+    text = "[" + ", ".join("*".join(d) if d else "-" for d in dims) + "]"
+    return text + (f" partial({', '.join(partial)})" if partial else "")
+
+
+def _assemble(t: DTensor) -> np.ndarray:
+    """Gathers every rank's shard (MPI Allgather on raw buffers) into the global value."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    local = np.ascontiguousarray(t._local)
+    parts = np.empty((comm.Get_size(),) + local.shape, dtype=local.dtype)
+    comm.Allgather(local, parts)
+    out = np.zeros(t.shape, dtype=t.dtype)
+    info = t.mesh.info
+    partial = [info.axis_index(a) for a in t.layout.partial]
+    done = set()
+    for rank in t.mesh.device_ids:
+        index = info.local_slices(t.shape, t.dims, rank)
+        key = tuple((s.start, s.stop) for s in index)
+        if key in done:
+            continue
+        done.add(key)
+        if not partial:
+            out[index] = parts[rank]
+            continue
+        # A pending sum: add the summands of the ranks that differ from this one
+        # only along the partial axes.
+        base = info.coords(rank)
+        members = [r for r in t.mesh.device_ids
+                   if all(c == b for i, (c, b) in enumerate(zip(info.coords(r), base))
+                          if i not in partial)]
+        out[index] = np.sum([parts[r] for r in members], axis=0, dtype=t.dtype)
+    return out
+
+
+def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
+               name: str | None = None) -> DTensor:
+    """Distributes a numpy array (the same global value on every rank) over `mesh`."""
+    where = user_frame()
+    name = name or assigned_name(where) or "tensor"
+    if mesh is None:
+        raise ShardingError(f"{name}: dist.from_numpy needs mesh=  [{where}]")
+    layout = layout or ShardSpec()
+    array = np.asarray(array)
+    dims = layout.dims_for(array.ndim, mesh, name)
+    check_divisible(array.shape, dims, mesh, name, where)
+    rank = mesh.rank
+    if rank is None:
+        # Not running on this mesh (a single process inspecting it): keep the value.
+        return DTensor(None, array.shape, array.dtype, layout, mesh, name, global_value=array)
+    local = np.ascontiguousarray(array[mesh.info.local_slices(array.shape, dims, rank)])
+    return DTensor(local, array.shape, array.dtype, layout, mesh, name)
+
+
+def tensor(shape, layout: ShardSpec | None = None, mesh: Mesh | None = None, dtype="f32",
+           init: str = "zeros", seed: int = 0, name: str | None = None) -> DTensor:
+    """A new distributed tensor: `init="zeros"` or `"random"` (normal, seeded, the same
+    global value whatever the mesh)."""
+    where = user_frame()
+    name = name or assigned_name(where) or "tensor"
+    np_dtype = _np_dtype(dtype)
+    if init == "zeros":
+        value = np.zeros(shape, dtype=np_dtype)
+    elif init == "random":
+        value = np.random.default_rng(seed).standard_normal(shape).astype(np_dtype)
+    else:
+        raise ValueError(f"{name}: init must be 'zeros' or 'random', got {init!r}")
+    return from_numpy(value, layout=layout, mesh=mesh, name=name)
+
+
+def install_abort_on_error() -> None:
+    """Makes an uncaught exception on any rank abort the whole MPI job, so other
+    ranks never wait forever in a collective for a rank that died."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        try:
+            from mpi4py import MPI
+            if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+                sys.stderr.write(f"[tessera] rank {MPI.COMM_WORLD.Get_rank()} failed: "
+                                 f"{kind.__name__}: {value}; aborting all ranks\n")
+                sys.stderr.flush()
+                MPI.COMM_WORLD.Abort(1)
+        except ImportError:
+            pass
+
+    if getattr(sys.excepthook, "__name__", "") != "hook":
+        sys.excepthook = hook
