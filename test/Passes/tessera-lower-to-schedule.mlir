@@ -1,0 +1,67 @@
+// RUN: tessera-opt %s --split-input-file --tessera-lower-to-schedule --verify-diagnostics | FileCheck %s
+
+// Inputs are partitioned Graph IR (per-rank shapes, explicit collectives), as
+// tessera-partition leaves it.
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// The collective starts on the comm stream right after the launch producing its
+// operand (ordered by an event), the independent matmul and relu are launched
+// while it is in flight, and the wait sits right before the first use.
+// CHECK-LABEL: func.func @overlap
+// CHECK-SAME: %arg0: memref<4x4xf32> {tsched.sharding = #tgraph.sharding<@mesh, {{\[\[}}], ["tp"]]>}
+// CHECK: %[[COMPUTE:.*]] = tsched.stream "compute"
+// CHECK: %[[COMM:.*]] = tsched.stream "comm"
+// CHECK: %[[P:.*]] = tsched.alloc : memref<4x6xf32>
+// CHECK: tsched.launch @overlap_matmul_0 on %[[COMPUTE]] ins(%arg0, %arg1 : memref<4x4xf32>, memref<4x6xf32>) outs(%[[P]] : memref<4x6xf32>)
+// CHECK: %[[E:.*]] = tsched.event_record %[[COMPUTE]]
+// CHECK: tsched.event_wait %[[E]] on %[[COMM]]
+// CHECK: %[[Y:.*]] = tsched.alloc : memref<4x6xf32>
+// CHECK: %[[T:.*]] = tsched.collective_start <all_reduce> %[[P]] -> %[[Y]] on %[[COMM]] over @mesh["tp"] {reduction = #tgraph.reduction<sum>}
+// CHECK: tsched.launch @overlap_matmul_1 on %[[COMPUTE]]
+// CHECK: tsched.launch @overlap_relu_2 on %[[COMPUTE]]
+// CHECK: tsched.collective_wait %[[T]] on %[[COMPUTE]]
+// CHECK: tsched.free %[[P]]
+// CHECK: return %[[Y]], %{{.*}} : memref<4x6xf32>, memref<4x6xf32>
+// Each compute op became a kernel on tensors.
+// CHECK: func.func private @overlap_matmul_0(%{{.*}}: tensor<4x4xf32>, %{{.*}}: tensor<4x6xf32>) -> tensor<4x6xf32> attributes {tsched.kernel}
+// CHECK-NEXT: tgraph.matmul
+// CHECK: func.func private @overlap_relu_2
+// CHECK-NEXT: tgraph.relu
+func.func @overlap(%x: tensor<4x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                   %a: tensor<4x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                   %y: tensor<4x6xf32>, %b: tensor<6x6xf32>) -> (tensor<4x6xf32>, tensor<4x6xf32>)
+    attributes {tgraph.partitioned} {
+  %0 = tgraph.matmul %x, %a : tensor<4x4xf32>, tensor<4x6xf32> -> tensor<4x6xf32>
+  %1 = tgraph.matmul %y, %b : tensor<4x6xf32>, tensor<6x6xf32> -> tensor<4x6xf32>
+  %2 = tgraph.relu %1 : tensor<4x6xf32>
+  // Partitioning placed the reduction next to its consumer; lowering hoists it.
+  %3 = tgraph.all_reduce <sum> %0 on @mesh["tp"] : tensor<4x6xf32>
+  return %3, %2 : tensor<4x6xf32>, tensor<4x6xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// A gather of a function argument starts before any compute and needs no event.
+// CHECK-LABEL: func.func @gather_arg
+// CHECK: tsched.stream "comm"
+// CHECK-NOT: tsched.event_record
+// CHECK: tsched.collective_start <all_gather> %arg0 -> %{{.*}} over @mesh["tp"] {dim = 1 : i64} : memref<4x3xf32> -> memref<4x6xf32>
+// CHECK: tsched.launch @gather_arg_relu_0
+// CHECK: tsched.collective_wait
+// CHECK-NEXT: return
+func.func @gather_arg(%x: tensor<4x3xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                      %y: tensor<4x6xf32>) -> (tensor<4x6xf32>, tensor<4x6xf32>) attributes {tgraph.partitioned} {
+  %0 = tgraph.relu %y : tensor<4x6xf32>
+  %1 = tgraph.all_gather %x on @mesh["tp"] dim 1 : tensor<4x3xf32> -> tensor<4x6xf32>
+  return %1, %0 : tensor<4x6xf32>, tensor<4x6xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @+1 {{run tessera-partition before tessera-lower-to-schedule}}
+func.func @not_partitioned(%x: tensor<4x6xf32>) -> tensor<4x6xf32> {
+  %0 = tgraph.relu %x : tensor<4x6xf32>
+  return %0 : tensor<4x6xf32>
+}
