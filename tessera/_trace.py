@@ -10,6 +10,7 @@ Python parameter, so diagnostics from any later pass point back at the program.
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from dataclasses import dataclass
 
@@ -89,6 +90,13 @@ def require_tracing(op_name: str, *operands) -> SourceLine:
     return src
 
 
+def symbol_name(fn) -> str:
+    """A C- and MLIR-safe symbol for a Python function (`<lambda>` -> `lambda`);
+    it prefixes kernel names, which become C symbols."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", getattr(fn, "__name__", "fn")).strip("_") or "fn"
+    return name if not name[0].isdigit() else f"fn_{name}"
+
+
 def trace_function(fn, specs: list[ArgSpec], mesh) -> tuple[ir.Module, list[Traced]]:
     """Graph IR for `fn` called on arguments described by `specs`."""
     ctx = new_context()
@@ -101,7 +109,7 @@ def trace_function(fn, specs: list[ArgSpec], mesh) -> tuple[ir.Module, list[Trac
             tgraph.MeshOp(mesh.name, ir.ArrayAttr.get([ir.StringAttr.get(a) for a in mesh.axes]),
                           ir.DenseI64ArrayAttr.get(list(mesh.info.shape)))
             arg_types = [ir.RankedTensorType.get(list(s.shape), element_type(s.dtype)) for s in specs]
-            f = func.FuncOp(fn.__name__, (arg_types, []))
+            f = func.FuncOp(symbol_name(fn), (arg_types, []))
             entry = f.add_entry_block(arg_locs=[ir.Location.name(s.name, childLoc=fn_loc)
                                                 for s in specs])
             f.attributes["arg_attrs"] = ir.ArrayAttr.get([

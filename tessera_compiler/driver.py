@@ -453,21 +453,58 @@ def verify_expected(chunk_text: str, diagnostics: Iterable[Diag],
 _SINGLE_OP_RE = re.compile(r"source must contain a single top-level operation, found: \d+")
 
 
-def _wrap_in_module(chunk: Chunk) -> str:
-    """``chunk.text`` inside ``module { ... }``, with the opening put on a line
-    that holds no code so that no location moves (line 1 of a chunk that
-    starts with code is the only exception: its columns shift by 8)."""
-    text = chunk.text
-    lines = text.split("\n")
-    insert_at = 0
-    for i, line in enumerate(lines):
-        s = line.strip()
-        if not s or s.startswith("//"):
-            insert_at = i
-            break
-        break  # first line holds code: fall back to line 1
-    lines[insert_at] = "module {" + lines[insert_at]
-    return "\n".join(lines) + "\n}\n"
+_MODULE_OPEN = "module {"
+
+
+def _wrap_in_module(chunk: Chunk) -> tuple[str, int]:
+    """``chunk.text`` inside ``module { ... }``.  The opening goes on a line
+    that holds no code (a padding, blank or comment line before the first op)
+    so that no location moves.  Only when the chunk starts with code on line 1
+    does line 1 shift right; returns ``(text, shift)`` with the number of
+    columns line 1 moved by (0 normally)."""
+    lines = chunk.text.split("\n")
+    first = lines[0].strip()
+    shift = 0 if (not first or first.startswith("//")) else len(_MODULE_OPEN)
+    lines[0] = _MODULE_OPEN + lines[0]
+    return "\n".join(lines) + "\n}\n", shift
+
+
+def _unshift_location(ir, loc, source_name: str, shift: int):
+    """``loc`` moved back left by ``shift`` columns if it is on line 1 of
+    ``source_name``, else ``None``."""
+    try:
+        if (loc.is_a_file() and loc.start_line == 1 and loc.filename == source_name
+                and loc.start_col > shift):
+            return ir.Location.file(source_name, 1, loc.start_col - shift, context=loc.context)
+    except Exception:  # pragma: no cover - defensive
+        return None
+    return None
+
+
+def _unshift_ir(ir, op, source_name: str, shift: int) -> None:
+    """Moves every line-1 location in ``op`` back by ``shift`` columns."""
+
+    def fix(o):
+        o = o.operation
+        new = _unshift_location(ir, o.location, source_name, shift)
+        if new is not None:
+            o.location = new
+        for region in o.regions:
+            for block in region.blocks:
+                for arg in block.arguments:
+                    new = _unshift_location(ir, arg.location, source_name, shift)
+                    if new is not None:
+                        arg.set_location(new)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(fix, ir.WalkOrder.PRE_ORDER)
+
+
+def _unshift_diag(d: Diag, source_name: str, shift: int) -> None:
+    if d.filename == source_name and d.line == 1 and d.col is not None and d.col > shift:
+        d.col -= shift
+    for n in d.notes:
+        _unshift_diag(n, source_name, shift)
 
 
 class ParsedModule:
@@ -497,15 +534,23 @@ def parse_chunk(ir, context, chunk: Chunk, collector: DiagnosticCollector,
                 return None
             # Zero or several top-level ops: parse them inside a module.
             del collector.diagnostics[before:]
+            text, shift = _wrap_in_module(chunk)
             try:
-                op = ir.Operation.parse(_wrap_in_module(chunk), source_name=chunk.source_name)
+                op = ir.Operation.parse(text, source_name=chunk.source_name)
             except ir.MLIRError as e2:
                 collector.add_mlir_error(e2)
                 if len(collector.diagnostics) == before:
                     collector.error(f"could not parse input: {e2.message}")
                 return None
-            op.operation.location = ir.Location.file(chunk.source_name, 0, 0)
-            return ParsedModule(op.operation)
+            finally:
+                if shift:
+                    for d in collector.diagnostics[before:]:
+                        _unshift_diag(d, chunk.source_name, shift)
+            op = op.operation
+            if shift:
+                _unshift_ir(ir, op, chunk.source_name, shift)
+            op.location = ir.Location.file(chunk.source_name, 0, 0)
+            return ParsedModule(op)
         op = op.operation
         if op.name == "builtin.module":
             return ParsedModule(op)
@@ -576,10 +621,12 @@ def process_chunks(chunks: Sequence[Chunk], process: ProcessFn, options: DriverO
                     except ir.MLIRError as e:
                         collector.add_mlir_error(e)
                         if not collector.has_errors:
-                            collector.error(e.message)
+                            collector.error(f"{e.message} (no error diagnostic was reported)",
+                                            chunk.source_name, 0, 0)
                         out = None
-                if out is None and not collector.has_errors and not options.verify_diagnostics:
-                    collector.error(f"{tool} failed without reporting an error")
+                if out is None and not collector.has_errors:
+                    collector.error(f"{tool} failed without reporting an error",
+                                    chunk.source_name, 0, 0)
         except Exception as e:  # a bug in the tool or a pass: no traceback for users
             stderr.flush()
             stderr.write(internal_error_message(tool, e))

@@ -29,10 +29,11 @@ class EmitError(Exception):
         self.location = location
 
 
-def ctype(t: ir.Type) -> str:
+def ctype(t: ir.Type | str, location: ir.Location | None = None) -> str:
     key = str(t)
     if key not in _CTYPES:
-        raise EmitError(f"element type {key} is not supported by the C++ emitter yet")
+        raise EmitError(f"element type {key} is not supported by the kernel emitter yet",
+                        location)
     return _CTYPES[key]
 
 
@@ -90,7 +91,7 @@ class KernelEmitter:
 
     def new_tile(self, value: ir.Value) -> Tile:
         shape, elt = tile_of(value.type)
-        tile = Tile(self.fresh("t"), shape, _CTYPES[elt])
+        tile = Tile(self.fresh("t"), shape, ctype(elt, value.location))
         self.tiles[tile.name] = tile
         self.names[value] = tile
         return tile
@@ -109,7 +110,7 @@ class KernelEmitter:
         buffers = {}
         for i, arg in enumerate(entry.arguments):
             mt = ir.MemRefType(arg.type)
-            ct = ctype(mt.element_type)
+            ct = ctype(mt.element_type, kernel.location)
             params.append(f"void* arg{i}_")
             prologue.append(f"{ct}* __restrict__ arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
             self.names[arg] = f"arg{i}"
@@ -303,8 +304,11 @@ class KernelEmitter:
             self.for_each(t.size, lambda e, t=t, src=src: self.line(f"{t.name}[{e}] = {src.name}[{e}];"))
 
 
-def kernels_of(module: ir.Module) -> list[ir.Operation]:
-    return [op.operation for op in module.body.operations if op.operation.name == "ttile.kernel"]
+def kernels_of(module) -> list[ir.Operation]:
+    """The ttile.kernel ops of a module (an `ir.Module` or its operation)."""
+    op = module.operation if isinstance(module, ir.Module) else module
+    return [k.operation for k in op.regions[0].blocks[0].operations
+            if k.operation.name == "ttile.kernel"]
 
 
 _CPP_PRELUDE = """\

@@ -1,0 +1,68 @@
+"""`tessera-translate`: Tile IR to kernel source, like `mlir-translate`.
+
+    tessera-translate --ttile-to-cpp  kernels.mlir -o kernels.cpp
+    tessera-translate --ttile-to-cuda kernels.mlir -o kernels.cu
+
+Input handling (`--split-input-file`, `--verify-diagnostics`, `-o`) is shared
+with tessera-opt (tessera_compiler/driver.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import driver
+
+TRANSLATIONS = {
+    "ttile-to-cpp": "C++ for the CPU engine: one extern \"C\" function per ttile.kernel (grid as loops)",
+    "ttile-to-cuda": "CUDA C++: one extern \"C\" __global__ kernel per ttile.kernel (tiles in shared memory)",
+}
+
+
+def _translate(name: str):
+    def process(module_op, chunk, context, collector):
+        from .codegen.tile_emitter import EmitError, emit_cpp, emit_cuda
+        try:
+            return (emit_cpp if name == "ttile-to-cpp" else emit_cuda)(module_op)
+        except EmitError as err:
+            if err.location is not None:
+                err.location.emit_error(str(err))
+            else:
+                collector.error(str(err))
+            return None
+    return process
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tessera-translate",
+        description="Translate Tile IR (ttile) to kernel source.",
+        epilog="Translations:\n" + "\n".join(f"  --{k:16} {v}" for k, v in TRANSLATIONS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group(required=True)
+    for name, summary in TRANSLATIONS.items():
+        group.add_argument(f"--{name}", dest="translation", action="store_const", const=name,
+                           help=summary)
+    parser.add_argument("input", nargs="?", default="-", help="input .mlir file ('-': stdin)")
+    parser.add_argument("-o", dest="output", default="-", help="output file (default: stdout)")
+    parser.add_argument("--split-input-file", action="store_true",
+                        help="translate each '// -----'-separated chunk on its own")
+    parser.add_argument("--verify-diagnostics", action="store_true",
+                        help="check diagnostics against expected-error comments")
+    opts = parser.parse_args(argv)
+    try:
+        chunks = driver.read_chunks(opts.input, opts.split_input_file)
+    except driver.InputError as err:
+        print(f"tessera-translate: {err}", file=sys.stderr)
+        return 1
+    options = driver.DriverOptions(split_input_file=opts.split_input_file,
+                                   verify_diagnostics=opts.verify_diagnostics)
+    code, text = driver.process_chunks(chunks, _translate(opts.translation), options,
+                                       tool="tessera-translate")
+    driver.write_output(text, opts.output)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

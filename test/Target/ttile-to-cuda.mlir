@@ -1,0 +1,61 @@
+// RUN: tessera-translate --ttile-to-cuda %s --split-input-file --verify-diagnostics | FileCheck %s
+
+// The same kernel for the GPU: program ids are block indices, tiles live in
+// shared memory, every loop over a tile's elements is split over the block's
+// threads and followed by a barrier.
+// CHECK: extern "C" __global__ void everything(void* arg0_, void* arg1_, void* arg2_, void* arg3_) {
+// CHECK-DAG: __shared__ float [[ACC:t[0-9]+]][16];  // tile 4x4
+// CHECK: const int64_t pid0 = blockIdx.x;
+// CHECK: for (int64_t [[E:e[0-9]+]] = threadIdx.x; [[E]] < 16; [[E]] += blockDim.x) {
+// CHECK-NEXT: [[ACC]][[[E]]] = (float)0.0;
+// CHECK-NEXT: }
+// CHECK-NEXT: __syncthreads();
+// CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
+// dot: each thread computes whole output elements
+// CHECK: for (int64_t k = 0; k < 2; ++k) s +=
+// CHECK: expf(
+// CHECK: for (int64_t q = 1; q < 4; ++q)
+tgraph.mesh @unused axes = ["x"] shape = [1]
+ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x4xf32>, %r: memref<8x1xf32>)
+    attributes {grid = array<i64: 2>, block = array<i64: 64>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c2 = arith.constant 2 : index
+  %c4 = arith.constant 4 : index
+  %row = arith.muli %pid, %c4 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<4x4xf32>
+  %acc = scf.for %k = %c0 to %c4 step %c2 iter_args(%it = %acc0) -> (!ttile.tile<4x4xf32>) {
+    %ta = ttile.load %a[%row, %k] : memref<8x4xf32> -> !ttile.tile<4x2xf32>
+    %tb = ttile.load %b[%k, %c0] : memref<4x4xf32> -> !ttile.tile<2x4xf32>
+    %d = ttile.dot %ta, %tb, %it : !ttile.tile<4x2xf32>, !ttile.tile<2x4xf32> -> !ttile.tile<4x4xf32>
+    scf.yield %d : !ttile.tile<4x4xf32>
+  }
+  %r0 = ttile.relu %acc : !ttile.tile<4x4xf32>
+  %s = ttile.add %r0, %acc : !ttile.tile<4x4xf32>
+  %m = ttile.mul %s, %s : !ttile.tile<4x4xf32>
+  %x = ttile.max %m, %s : !ttile.tile<4x4xf32>
+  %e = ttile.exp %x : !ttile.tile<4x4xf32>
+  ttile.barrier
+  ttile.store %e, %c[%row, %c0] : !ttile.tile<4x4xf32>, memref<8x4xf32>
+  %red = ttile.reduce %e {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x4xf32> -> !ttile.tile<4x1xf32>
+  ttile.store %red, %r[%row, %c0] : !ttile.tile<4x1xf32>, memref<8x1xf32>
+  ttile.return
+}
+
+// -----
+
+// expected-error @+1 {{element type bf16 is not supported by the kernel emitter yet}}
+ttile.kernel @half_precision(%a: memref<4x4xbf16>, %b: memref<4x4xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %a[%c0, %c0] : memref<4x4xbf16> -> !ttile.tile<4x4xbf16>
+  ttile.store %t, %b[%c0, %c0] : !ttile.tile<4x4xbf16>, memref<4x4xbf16>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @float_scalar(%a: memref<4xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @+1 {{only integer/index constants are supported in kernels}}
+  %f = arith.constant 1.0 : f32
+  ttile.return
+}

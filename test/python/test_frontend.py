@@ -1,0 +1,147 @@
+"""The Python API in one process: meshes, ShardSpecs, DTensors, tracing, errors."""
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import dist, op
+from tessera.errors import LaunchError, ShapeError, ShardingError
+
+
+def test_mesh_topology_and_shapes():
+    assert dist.Mesh(axes=["tp"], devices=range(2)).topology == "tp mesh, 2"
+    square = dist.Mesh(axes=["tp", "dp"], devices=range(16))
+    assert square.topology == "tp × dp mesh, 4 × 4"
+    assert square.size == 16 and square.device_ids == list(range(16))
+    nested = dist.Mesh(axes=["tp", "dp"], devices=[[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert nested.shape == {"tp": 2, "dp": 4}
+    assert dist.Mesh(axes=["tp", "dp"], devices=[[0, 1], [2, 3]]).shape == {"tp": 2, "dp": 2}
+    assert dist.Mesh(axes=["dp", "tp", "pp"], devices=range(48)).shape == {"dp": 4, "tp": 4, "pp": 3}
+
+
+def test_mesh_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="needs 6 devices"):
+        dist.Mesh(axes=["a", "b"], devices=range(4), shape=(2, 3))
+
+
+def test_shardspec_maps_row_and_col_to_dimensions():
+    mesh = dist.Mesh(axes=["tp", "dp"], devices=[[0, 1], [2, 3]])
+    spec = dist.ShardSpec(partition=("row", "col"), mesh_axes=("tp", "dp"))
+    assert spec.dims_for(2, mesh) == [("tp",), ("dp",)]
+    assert spec.dims_for(3, mesh) == [(), ("tp",), ("dp",)]
+    assert dist.ShardSpec().dims_for(2, mesh) == [(), ()]
+
+
+@pytest.mark.parametrize("spec, message", [
+    (dist.ShardSpec(partition=("col",), mesh_axes=("xx",)), "mesh axis 'xx' is not in the tp mesh"),
+    (dist.ShardSpec(partition=("row", "col"), mesh_axes=("tp", "tp")), "mesh axis 'tp' is used twice"),
+    (dist.ShardSpec(partition=("diag",), mesh_axes=("tp",)), "partition entry 'diag'"),
+    (dist.ShardSpec(partition=(5,), mesh_axes=("tp",)), "names dimension 5, but the tensor has rank 2"),
+])
+def test_shardspec_errors_name_the_tensor(spec, message):
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    with pytest.raises(ShardingError, match=message) as err:
+        W = dist.from_numpy(np.zeros((4, 4), np.float32), layout=spec, mesh=mesh)  # noqa: F841
+    assert str(err.value).startswith("W:")
+
+
+def test_indivisible_dimension_names_tensor_dimension_axis_and_line():
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    with pytest.raises(ShardingError) as err:
+        W1 = dist.from_numpy(np.zeros((16, 15), np.float32),  # noqa: F841
+                             layout=dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh=mesh)
+    text = str(err.value)
+    assert "W1: dimension 1 (size 15) is not divisible by mesh axis 'tp' (size 2)" in text
+    assert "test_frontend.py:" in text
+
+
+def test_dist_tensor_zeros_and_seeded_random():
+    mesh = dist.Mesh(axes=["tp"], devices=range(1))
+    z = dist.tensor((4, 6), layout=dist.ShardSpec(), mesh=mesh, dtype="f32")
+    assert z.shape == (4, 6) and z.dtype == np.float32 and not z.numpy().any()
+    a = dist.tensor((4, 6), mesh=mesh, init="random", seed=3)
+    b = dist.tensor((4, 6), mesh=mesh, init="random", seed=3)
+    c = dist.tensor((4, 6), mesh=mesh, init="random", seed=4)
+    assert np.array_equal(a.numpy(), b.numpy()) and not np.array_equal(a.numpy(), c.numpy())
+    assert a.numpy().std() > 0.5
+
+
+def _mlp(x, w1, w2):
+    return op.matmul(op.relu(op.matmul(x, w1)), w2)
+
+
+def _tp_inputs(mesh, rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    w1 = rng.standard_normal((16, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 16)).astype(np.float32)
+    return (dist.from_numpy(x, mesh=mesh),
+            dist.from_numpy(w1, dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh),
+            dist.from_numpy(w2, dist.ShardSpec(partition=("row",), mesh_axes=("tp",)), mesh))
+
+
+def test_graph_trace_returns_every_level_without_running():
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))      # 2 devices, 1 process: trace only
+    trace = ts.graph.trace(_mlp, *_tp_inputs(mesh, np.random.default_rng()), mesh=mesh)
+    assert "tgraph.matmul" in trace.graph and "tensor<16x32xf32>" in trace.graph
+    assert trace.partitioned.count("tgraph.all_reduce") == 1
+    assert "tensor<16x16xf32>" in trace.partitioned            # local shard of w1
+    assert "tsched.collective_start <all_reduce>" in trace.schedule
+    assert "ttile.kernel @_mlp_matmul_0_relu" in trace.tile   # relu fused into the epilogue
+    assert 'extern "C" void _mlp_matmul_0_relu' in trace.cpp
+    assert "__global__" in trace.cuda
+    assert "// ===== _mlp: tile =====" in str(trace)
+
+
+def test_calling_on_a_mesh_larger_than_the_job_explains_how_to_launch():
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    mlp = ts.compile(_mlp, mesh=mesh)
+    with pytest.raises(LaunchError, match=r"tessera launch -n 2"):
+        mlp(*_tp_inputs(mesh, np.random.default_rng()))
+
+
+@pytest.mark.parametrize("shape", [(8, 16, 32), (5, 7, 3), (33, 65, 17), (64, 96, 40)])
+def test_single_device_compile_matches_numpy(shape):
+    """Runs the generated C++ kernels in-process (1-device mesh, no MPI)."""
+    m, k, n = shape
+    rng = np.random.default_rng()
+    mesh = dist.Mesh(axes=["x"], devices=range(1))
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (n, k)))
+    b = rng.standard_normal((m, k)).astype(np.float32)
+
+    @ts.compile(mesh=mesh)
+    def block(x, w1, w2, b):
+        return op.add(op.matmul(op.relu(op.matmul(x, w1)), w2), b)
+
+    y = block(x, w1, w2, b).numpy()
+    ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2 + b
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_op_shape_errors_name_op_shapes_and_line():
+    mesh = dist.Mesh(axes=["x"], devices=range(1))
+
+    @ts.compile(mesh=mesh)
+    def bad(a, b):
+        return op.matmul(a, b)
+
+    with pytest.raises(ShapeError) as err:
+        bad(np.zeros((4, 5), np.float32), np.zeros((6, 3), np.float32))
+    text = str(err.value)
+    assert "op.matmul: contraction dimensions differ: lhs (4, 5) has K = 5, rhs (6, 3) has K = 6" in text
+    assert "test_frontend.py:" in text
+
+
+def test_ops_outside_compile_are_rejected():
+    with pytest.raises(RuntimeError, match="outside a function compiled by tessera.compile"):
+        op.relu(np.zeros(3))
+
+
+def test_save_writes_a_bundle(tmp_path):
+    mesh = dist.Mesh(axes=["x"], devices=range(1))
+    f = ts.compile(lambda a: op.relu(a), mesh=mesh)     # "<lambda>" must become a valid symbol
+    with pytest.raises(RuntimeError, match="has not been called yet"):
+        f.save(tmp_path / "f.tsb")
+    f(np.ones((4, 4), np.float32))
+    saved = f.save(tmp_path / "f.tsb")
+    assert sorted(p.name for p in saved.iterdir()) == ["ir", "kernels", "manifest.json", "program.json"]
+    assert 'extern "C" void lambda_relu_0' in (saved / "kernels" / "kernels.cpp").read_text()
