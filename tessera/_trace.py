@@ -93,7 +93,7 @@ def require_tracing(op_name: str, *operands) -> SourceLine:
 def symbol_name(fn) -> str:
     """A C- and MLIR-safe symbol for a Python function (`<lambda>` -> `lambda`);
     it prefixes kernel names, which become C symbols."""
-    name = re.sub(r"[^A-Za-z0-9_]", "_", getattr(fn, "__name__", "fn")).strip("_") or "fn"
+    name = re.sub(r"[^A-Za-z0-9_]", "", getattr(fn, "__name__", "fn")) or "fn"
     return name if not name[0].isdigit() else f"fn_{name}"
 
 
