@@ -31,6 +31,20 @@ def test_tp_mlp_matches_numpy_on_two_ranks(run_mpi, shape, tmp_path):
         assert r["repeat_identical"]
 
 
+def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    proc = run_mpi(4, WORKERS / "mesh2d_worker.py", seed, tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result.rank*.json"))]
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    for r in results:
+        assert r["ok"], f"seed {seed}, rank {r['rank']}"
+        assert r["x_local"] == [4, 12]
+        # partial over tp reduced on tp; rows split over dp gathered on dp
+        assert r["collectives"] == ['tgraph.all_reduce <sum> @mesh["tp"]',
+                                    'tgraph.all_gather @mesh["dp"]'], r["collectives"]
+
+
 def test_indivisible_dimension_fails_on_every_rank_without_hanging(run_mpi):
     proc = run_mpi(2, WORKERS / "indivisible_worker.py", timeout=60)
     assert proc.returncode != 0

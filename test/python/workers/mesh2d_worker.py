@@ -1,0 +1,36 @@
+"""The MLP on a 2-D dp x tp mesh (4 ranks): rows of x split over dp, w1 columns and
+w2 rows over tp. The result is a partial sum over tp with rows split over dp, so
+the compiler reduces over tp and gathers over dp; each on its own axis' communicator."""
+
+import json
+import sys
+
+import numpy as np
+
+import tessera as ts
+from tessera import dist, op
+
+seed, out_dir = int(sys.argv[1]), sys.argv[2]
+mesh = dist.Mesh(axes=["dp", "tp"], devices=[[0, 1], [2, 3]])
+rng = np.random.default_rng(seed)
+x = rng.standard_normal((8, 12)).astype(np.float32)
+w1 = rng.standard_normal((12, 16)).astype(np.float32)
+w2 = rng.standard_normal((16, 12)).astype(np.float32)
+X = dist.from_numpy(x, dist.ShardSpec(partition=("row",), mesh_axes=("dp",)), mesh)
+W1 = dist.from_numpy(w1, dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh)
+W2 = dist.from_numpy(w2, dist.ShardSpec(partition=("row",), mesh_axes=("tp",)), mesh)
+
+
+@ts.compile(mesh=mesh)
+def mlp(x, w1, w2):
+    return op.matmul(op.relu(op.matmul(x, w1)), w2)
+
+
+Y = mlp(X, W1, W2)
+ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
+partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
+with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
+    json.dump({"rank": mesh.rank, "x_local": list(X.local().shape),
+               "ok": bool(np.allclose(Y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())),
+               "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
+                               for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)
