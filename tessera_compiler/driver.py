@@ -277,7 +277,8 @@ class DiagnosticCollector:
         self.detach()
 
 
-def _snippet(lines: Sequence[str], line: int, col: int) -> str:
+def _snippet(lines: Sequence[str], line: int, col: int, length: int = 1) -> str:
+    """The source line and a caret under ``col`` (``^~~~`` for ``length``)."""
     if not (1 <= line <= len(lines)):
         return ""
     text = lines[line - 1].rstrip("\r")
@@ -285,23 +286,26 @@ def _snippet(lines: Sequence[str], line: int, col: int) -> str:
         return ""
     caret_col = max(col, 1)
     prefix = "".join(c if c == "\t" else " " for c in text[: caret_col - 1])
-    return f"{text}\n{prefix}^\n"
+    return f"{text}\n{prefix}^{'~' * max(length - 1, 0)}\n"
 
 
 def format_diagnostic(d: Diag, sources: Optional[dict[str, Sequence[str]]] = None, *,
                       notes: bool = True, severity: Optional[str] = None,
-                      message: Optional[str] = None) -> str:
+                      message: Optional[str] = None, snippet: bool = True) -> str:
     """Renders ``d`` like mlir-opt: ``file:line:col: error: message``, the
     source line and a caret when ``sources`` (filename -> lines) has the file,
-    then the notes.  Ends with a newline."""
+    then the notes (a note at its diagnostic's own location shows no source
+    line again).  Ends with a newline."""
     sev = severity or d.severity
     msg = message if message is not None else d.message
     out = f"{d.location_prefix()}: {sev}: {msg}\n"
-    if sources and d.has_file_location and d.filename in sources:
+    if snippet and sources and d.has_file_location and d.filename in sources:
         out += _snippet(sources[d.filename], d.line, d.col or 1)
     if notes:
+        here = (d.filename, d.line, d.col)
         for n in d.notes:
-            out += format_diagnostic(n, sources)
+            same = d.has_file_location and (n.filename, n.line, n.col) == here
+            out += format_diagnostic(n, sources, snippet=not same)
     return out
 
 
@@ -442,7 +446,7 @@ def verify_expected(chunk_text: str, diagnostics: Iterable[Diag],
             failures.append(
                 f"{name}:{e.directive_line}:{e.directive_col}: error: expected {e.severity} "
                 f"\"{e.substring}\" was not produced\n"
-                + _snippet(lines, e.directive_line, e.directive_col))
+                + _snippet(lines, e.directive_line, e.directive_col, len(e.substring)))
     return failures
 
 
@@ -457,11 +461,11 @@ _MODULE_OPEN = "module {"
 
 
 def _wrap_in_module(chunk: Chunk) -> tuple[str, int]:
-    """``chunk.text`` inside ``module { ... }``.  The opening goes on a line
-    that holds no code (a padding, blank or comment line before the first op)
-    so that no location moves.  Only when the chunk starts with code on line 1
-    does line 1 shift right; returns ``(text, shift)`` with the number of
-    columns line 1 moved by (0 normally)."""
+    """``chunk.text`` inside ``module { ... }``, the opening put at the start
+    of line 1.  That line is normally padding, blank or a comment (a RUN
+    line), so no location moves; when it holds code, its columns shift right:
+    returns ``(text, shift)`` with that shift (0 normally), which the caller
+    undoes on the parsed IR and the diagnostics."""
     lines = chunk.text.split("\n")
     first = lines[0].strip()
     shift = 0 if (not first or first.startswith("//")) else len(_MODULE_OPEN)

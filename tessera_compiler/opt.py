@@ -355,8 +355,6 @@ def parse_args(argv: list[str]) -> Options:
                 opts.help = True
             elif name == "o" or name == "output":
                 opts.output = value_of(arg, inline)
-            elif arg.startswith("-o") and not arg.startswith("--") and len(arg) > 2 and not eq:
-                opts.output = arg[2:]
             elif name in ("pass-pipeline", "p"):
                 opts.elements.extend(parse_pass_pipeline(value_of(arg, inline)))
             elif name == "split-input-file":

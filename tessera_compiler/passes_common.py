@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tessera_mlir import ir
 
 
@@ -38,9 +40,11 @@ def ops_of(func_op: ir.Operation) -> list[ir.Operation]:
 
 
 def arg_attr_dicts(func_op: ir.Operation, key: str) -> list[ir.DictAttr]:
+    """The argument (`key="arg_attrs"`) or result (`"res_attrs"`) attribute
+    dictionaries of a function, empty ones where it has none."""
     attrs = func_op.attributes
-    n = len(ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).inputs if key == "arg_attrs"
-            else ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value).results)
+    ftype = function_type(func_op)
+    n = len(ftype.inputs if key == "arg_attrs" else ftype.results)
     if key in attrs:
         return [ir.DictAttr(a) for a in ir.ArrayAttr(attrs[key])]
     return [ir.DictAttr.get({}) for _ in range(n)]
@@ -63,15 +67,9 @@ def set_function_type(func_op: ir.Operation, inputs, results) -> None:
     func_op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(inputs), list(results)))
 
 
-def value_name(value: ir.Value) -> str:
-    """`%arg0`/`%3`-style name for messages."""
-    return value.get_name()
-
-
 def location_name(loc: ir.Location) -> str | None:
     """The name of a NameLoc (`loc("w1"(...))`), which the frontend uses to
     record Python parameter names; None for other locations."""
-    import re
     m = re.match(r'loc\("([^"]+)"(?:\(|\)$)', str(loc))
     return m.group(1) if m else None
 
@@ -79,6 +77,5 @@ def location_name(loc: ir.Location) -> str | None:
 def source_of(loc: ir.Location) -> str:
     """`file.py:12` for a file location (possibly wrapped in a name), else ''."""
     text = str(loc)
-    import re
     m = re.search(r'"([^"]+)":(\d+):\d+', text)
     return f"{m.group(1)}:{m.group(2)}" if m else ""

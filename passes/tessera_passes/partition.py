@@ -19,12 +19,12 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
-from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions,
+from tessera_compiler.passes_common import (PassError, arg_attr_dicts,
                                             function_type, location_name, ops_of, run_reporting,
                                             set_dict_entry, set_function_type)
-from tessera_compiler.sharding import Mesh, Sharding, meshes_of, rule_for, RULES
+from tessera_compiler.sharding import Mesh, Sharding, rule_for, RULES
 
-from .propagate_sharding import (SHARDING, argument_shardings, function_mesh,
+from .propagate_sharding import (SHARDING, argument_shardings, distributed_functions,
                                  result_shardings)
 
 
@@ -161,11 +161,6 @@ def _arg_label(arg: ir.Value) -> str:
 
 def run(op, pass_):
     def body():
-        meshes = meshes_of(op)
-        for f in functions(op):
-            if "tgraph.partitioned" in f.attributes:
-                continue
-            mesh = function_mesh(f, meshes)
-            if mesh is not None:
-                partition_function(f, mesh)
+        for f, mesh in distributed_functions(op):
+            partition_function(f, mesh)
     run_reporting(op, pass_, body)

@@ -82,13 +82,19 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
     return shardings
 
 
+def distributed_functions(module_op: ir.Operation):
+    """(function, mesh) for each not-yet-partitioned function that runs on a mesh."""
+    meshes = meshes_of(module_op)
+    for f in list(functions(module_op)):
+        if "tgraph.partitioned" in f.attributes:
+            continue
+        mesh = function_mesh(f, meshes)
+        if mesh is not None:
+            yield f, mesh
+
+
 def run(op, pass_):
     def body():
-        meshes = meshes_of(op)
-        for f in functions(op):
-            if "tgraph.partitioned" in f.attributes:
-                continue
-            mesh = function_mesh(f, meshes)
-            if mesh is not None:
-                propagate(f, mesh)
+        for f, mesh in distributed_functions(op):
+            propagate(f, mesh)
     run_reporting(op, pass_, body)

@@ -1,0 +1,405 @@
+// RUN: tessera-opt %s -split-input-file -verify-diagnostics
+
+//===----------------------------------------------------------------------===//
+// tgraph.mesh
+//===----------------------------------------------------------------------===//
+
+// expected-error @below {{'tgraph.mesh' op mesh @m must have at least one axis}}
+tgraph.mesh @m axes = [] shape = []
+
+// -----
+
+// expected-error @below {{mesh @m names 2 axes but gives 1 sizes}}
+tgraph.mesh @m axes = ["dp", "tp"] shape = [2]
+
+// -----
+
+// expected-error @below {{mesh axis names must not be empty}}
+tgraph.mesh @m axes = [""] shape = [2]
+
+// -----
+
+// expected-error @below {{mesh axis 'tp' appears twice}}
+tgraph.mesh @m axes = ["tp", "tp"] shape = [2, 2]
+
+// -----
+
+// expected-error @below {{mesh axis 'tp' has size 0; sizes must be >= 1}}
+tgraph.mesh @m axes = ["tp"] shape = [0]
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// #tgraph.sharding (the attribute itself)
+//===----------------------------------------------------------------------===//
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding dimension entries must list mesh axis names (strings), got 1}}
+func.func @f(%x: tensor<8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[1]]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding entry for dimension 1 must be a list of mesh axes, got "tp"}}
+func.func @f(%x: tensor<8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], "tp"]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// expected-error @below {{mesh axis 'tp' is used more than once in one sharding}}
+func.func @f(%x: tensor<8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], ["tp"]]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{mesh axis 'tp' is used more than once in one sharding}}
+func.func @f(%x: tensor<8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []], partial = ["tp"]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding 'partial' must list mesh axis names (strings), got 3}}
+func.func @f(%x: tensor<8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], []], partial = [3]>}) { return }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Shardings of function arguments and results
+//===----------------------------------------------------------------------===//
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding on argument #0 needs a ranked tensor, got 'i32'}}
+func.func @f(%x: i32 {tgraph.sharding = #tgraph.sharding<@mesh, []>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding of argument #1 has 1 dimension entries but the tensor 'tensor<8x16xf32>' has rank 2}}
+func.func @f(%x: tensor<8xf32>, %y: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[]]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding of argument #0 refers to unknown mesh @nope}}
+func.func @f(%x: tensor<8xf32> {tgraph.sharding = #tgraph.sharding<@nope, [[]]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding of argument #0 splits dimension 1 over axis 'dp', which mesh @mesh does not have}}
+func.func @f(%x: tensor<8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["dp"]]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 4]
+// expected-error @below {{dimension 0 of argument #0 (size 12) is not divisible by the 8 shards its sharding asks for}}
+func.func @f(%x: tensor<12x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp", "tp"], []]>}) { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{sharding of result #0 has a partial sum over axis 'dp', which mesh @mesh does not have}}
+func.func @f(%x: tensor<8xf32>) -> (tensor<8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[]], partial = ["dp"]>}) { return %x : tensor<8xf32> }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @below {{dimension 0 of result #0 (size 3) is not divisible by the 2 shards its sharding asks for}}
+func.func @f(%x: tensor<3xf32>) -> (tensor<3xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"]]>}) { return %x : tensor<3xf32> }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error-re @below {{'{{"?}}tgraph.sharding{{"?}}' must be a #tgraph.sharding attribute}}
+func.func @f(%x: tensor<8xf32> {tgraph.sharding = "tp"}) { return }
+
+// -----
+
+// expected-error-re @below {{unknown argument attribute '{{"?}}tgraph.layout{{"?}}'}}
+func.func @f(%x: tensor<8xf32> {tgraph.layout = 1}) { return }
+
+// -----
+
+// expected-error-re @below {{unknown result attribute '{{"?}}tgraph.layout{{"?}}'}}
+func.func @f(%x: tensor<8xf32>) -> (tensor<8xf32> {tgraph.layout = 1}) { return %x : tensor<8xf32> }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Discardable tgraph attributes on operations
+//===----------------------------------------------------------------------===//
+
+// expected-error @below {{'tgraph.partitioned' must be a unit attribute}}
+func.func @f() attributes {tgraph.partitioned = 1 : i32} { return }
+
+// -----
+
+// expected-error-re @below {{unknown tgraph attribute '{{"?}}tgraph.bogus{{"?}}'}}
+func.func @f() attributes {tgraph.bogus} { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error-re @below {{'{{"?}}tgraph.sharding{{"?}}' needs an op with exactly one result}}
+func.func @f() attributes {tgraph.sharding = #tgraph.sharding<@mesh, []>} { return }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 4]
+func.func @f(%a: tensor<6x4xf32>, %b: tensor<4x6xf32>) -> tensor<6x6xf32> {
+  // expected-error @below {{dimension 1 of the result (size 6) is not divisible by the 4 shards its sharding asks for}}
+  %0 = tgraph.matmul %a, %b {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>} : tensor<6x4xf32>, tensor<4x6xf32> -> tensor<6x6xf32>
+  return %0 : tensor<6x6xf32>
+}
+
+// -----
+
+// Divisibility is not checked after partitioning: shapes are per-rank there.
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @partitioned(%x: tensor<3xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"]]>}) attributes {tgraph.partitioned} { return }
+// But the mesh axes still have to exist.
+// expected-error @below {{sharding of argument #0 splits dimension 0 over axis 'dp', which mesh @mesh does not have}}
+func.func @partitioned2(%x: tensor<3xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"]]>}) attributes {tgraph.partitioned} { return }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// tgraph.matmul
+//===----------------------------------------------------------------------===//
+
+func.func @f(%a: tensor<8xf32>, %b: tensor<8x4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.matmul' op operands must have rank >= 2, got 'lhs' 'tensor<8xf32>' and 'rhs' 'tensor<8x4xf32>'}}
+  %0 = tgraph.matmul %a, %b : tensor<8xf32>, tensor<8x4xf32> -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<2x8x16xf32>, %b: tensor<16x4xf32>) -> tensor<2x8x4xf32> {
+  // expected-error @below {{must have the same rank}}
+  %0 = tgraph.matmul %a, %b : tensor<2x8x16xf32>, tensor<16x4xf32> -> tensor<2x8x4xf32>
+  return %0 : tensor<2x8x4xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<8x16xf32>, %b: tensor<16x4xf16>) -> tensor<8x4xf32> {
+  // expected-error @below {{element types differ: 'lhs' 'f32', 'rhs' 'f16', result 'f32'}}
+  %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<16x4xf16> -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<2x8x16xf32>, %b: tensor<3x16x4xf32>) -> tensor<2x8x4xf32> {
+  // expected-error @below {{batch dimension 0 differs: 'lhs' 2x8x16, 'rhs' 3x16x4, result 2x8x4}}
+  %0 = tgraph.matmul %a, %b : tensor<2x8x16xf32>, tensor<3x16x4xf32> -> tensor<2x8x4xf32>
+  return %0 : tensor<2x8x4xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<8x16xf32>, %b: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  // expected-error @below {{contraction dimensions differ: 'lhs' has shape 8x16 (K = 16) but 'rhs' has shape 8x16 (K = 8)}}
+  %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<8x16xf32>, %b: tensor<16x4xf32>) -> tensor<8x8xf32> {
+  // expected-error @below {{result shape 8x8 does not match 'lhs' 8x16 x 'rhs' 16x4}}
+  %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<16x4xf32> -> tensor<8x8xf32>
+  return %0 : tensor<8x8xf32>
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Elementwise ops
+//===----------------------------------------------------------------------===//
+
+func.func @f(%a: tensor<8xf32>, %b: tensor<4xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.add' op requires the same type for all operands and results}}
+  %0 = "tgraph.add"(%a, %b) : (tensor<8xf32>, tensor<4xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+func.func @f(%a: vector<8xf32>) -> vector<8xf32> {
+  // expected-error @below {{'tgraph.relu' op operand #0 must be ranked tensor of any type values, but got 'vector<8xf32>'}}
+  %0 = "tgraph.relu"(%a) : (vector<8xf32>) -> vector<8xf32>
+  return %0 : vector<8xf32>
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Collectives
+//===----------------------------------------------------------------------===//
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.all_reduce' op refers to unknown mesh @nope}}
+  %0 = tgraph.all_reduce <sum> %x on @nope["tp"] : tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.all_reduce' op mesh @mesh has no axis 'dp'}}
+  %0 = tgraph.all_reduce <max> %x on @mesh["dp"] : tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{expected ::tessera::tgraph::ReductionKind to be one of: sum, max, min, prod}}
+  // expected-error @below {{failed to parse TGraph_ReductionKindAttr parameter 'value'}}
+  %0 = tgraph.all_reduce <mean> %x on @mesh["tp"] : tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x16xf32> {
+  // expected-error @below {{'tgraph.all_gather' op mesh @mesh has no axis 'dp'}}
+  %0 = tgraph.all_gather %x on @mesh["dp"] dim 1 : tensor<8x4xf32> -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x8xf32> {
+  // expected-error @below {{'tgraph.all_gather' op gathered dimension 1 must be 4 x 4 = 16, got 8}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 1 : tensor<8x4xf32> -> tensor<8x8xf32>
+  return %0 : tensor<8x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<4x16xf32> {
+  // expected-error @below {{'tgraph.all_gather' op dimension 0 of result (4) must equal that of 'input' (8)}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 1 : tensor<8x4xf32> -> tensor<4x16xf32>
+  return %0 : tensor<4x16xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x4x4xf32> {
+  // expected-error @below {{'tgraph.all_gather' op result 'tensor<8x4x4xf32>' must have the rank and element type of 'input' 'tensor<8x4xf32>'}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 1 : tensor<8x4xf32> -> tensor<8x4x4xf32>
+  return %0 : tensor<8x4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x16xf16> {
+  // expected-error @below {{must have the rank and element type of 'input'}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 1 : tensor<8x4xf32> -> tensor<8x16xf16>
+  return %0 : tensor<8x16xf16>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
+  // expected-error @below {{'tgraph.all_gather' op dim 2 is out of range for 'input' 'tensor<8x4xf32>'}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 2 : tensor<8x4xf32> -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
+  // expected-error @below {{'tgraph.all_gather' op dim -1 is out of range}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim -1 : tensor<8x4xf32> -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<8x1xf32> {
+  // expected-error @below {{'tgraph.reduce_scatter' op refers to unknown mesh @nope}}
+  %0 = tgraph.reduce_scatter <sum> %x on @nope["tp"] dim 1 : tensor<8x4xf32> -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<6x4xf32>) -> tensor<1x4xf32> {
+  // expected-error @below {{'tgraph.reduce_scatter' op scattered dimension 0 of 'input' (6) must split evenly into 4 blocks of 1}}
+  %0 = tgraph.reduce_scatter <sum> %x on @mesh["tp"] dim 0 : tensor<6x4xf32> -> tensor<1x4xf32>
+  return %0 : tensor<1x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.reduce_scatter' op scattered dimension 0 of 'input' (8) must split evenly into 4 blocks of 4}}
+  %0 = tgraph.reduce_scatter <sum> %x on @mesh["tp"] dim 0 : tensor<8x4xf32> -> tensor<4x4xf32>
+  return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>) -> tensor<2x2xf32> {
+  // expected-error @below {{'tgraph.reduce_scatter' op dimension 1 of result (2) must equal that of 'input' (4)}}
+  %0 = tgraph.reduce_scatter <sum> %x on @mesh["tp"] dim 0 : tensor<8x4xf32> -> tensor<2x2xf32>
+  return %0 : tensor<2x2xf32>
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// tgraph.shard
+//===----------------------------------------------------------------------===//
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.shard' op sharding of the annotated value refers to unknown mesh @nope}}
+  %0 = tgraph.shard %x : tensor<8xf32> to #tgraph.sharding<@nope, [[]]>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.shard' op sharding of the annotated value has 2 dimension entries but the tensor 'tensor<8xf32>' has rank 1}}
+  %0 = tgraph.shard %x : tensor<8xf32> to #tgraph.sharding<@mesh, [[], []]>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<6xf32>) -> tensor<6xf32> {
+  // expected-error @below {{'tgraph.shard' op dimension 0 of the annotated value (size 6) is not divisible by the 4 shards its sharding asks for}}
+  %0 = tgraph.shard %x : tensor<6xf32> to #tgraph.sharding<@mesh, [["tp"]]>
+  return %0 : tensor<6xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.shard' op sharding of the annotated value splits dimension 0 over axis 'dp', which mesh @mesh does not have}}
+  %0 = tgraph.shard %x : tensor<8xf32> to #tgraph.sharding<@mesh, [["dp"]]>
+  return %0 : tensor<8xf32>
+}

@@ -1,0 +1,66 @@
+// RUN: tessera-opt %s | tessera-opt | FileCheck %s
+// RUN: tessera-opt %s --mlir-print-op-generic | tessera-opt | FileCheck %s
+
+// Every tgraph op, attribute and argument/result/op attribute in its custom
+// form, printed, re-parsed and printed again.
+
+// CHECK: tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 4]
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 4]
+// CHECK: tgraph.mesh @line axes = ["x"] shape = [8]
+tgraph.mesh @line axes = ["x"] shape = [8]
+
+// CHECK-LABEL: func.func @ops(
+// CHECK-SAME: %[[X:.*]]: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}["dp"], []]>},
+// CHECK-SAME: %[[W:.*]]: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}[], ["tp"]]>},
+// CHECK-SAME: %[[B:.*]]: tensor<4x8x16xf32>, %[[C:.*]]: tensor<4x16x8xf32>, %[[D:.*]]: tensor<?x16xf32> {tgraph.sharding = #tgraph.sharding<@line, {{\[}}["x"], []]>})
+// CHECK-SAME: -> (tensor<8x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}["dp"], []], partial = ["tp"]>})
+func.func @ops(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], []]>},
+               %w: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+               %b: tensor<4x8x16xf32>, %c: tensor<4x16x8xf32>,
+               %d: tensor<?x16xf32> {tgraph.sharding = #tgraph.sharding<@line, [["x"], []]>})
+    -> (tensor<8x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], []], partial = ["tp"]>}) {
+  // CHECK: %[[MM:.*]] = tgraph.matmul %[[X]], %[[W]] {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}["dp"], ["tp"]]>} : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+  %0 = tgraph.matmul %x, %w {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>} : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+  // CHECK: %[[ADD:.*]] = tgraph.add %[[MM]], %[[MM]] : tensor<8x32xf32>
+  %1 = tgraph.add %0, %0 : tensor<8x32xf32>
+  // CHECK: %[[RELU:.*]] = tgraph.relu %[[ADD]] : tensor<8x32xf32>
+  %2 = tgraph.relu %1 : tensor<8x32xf32>
+  // CHECK: tgraph.matmul %[[B]], %[[C]] : tensor<4x8x16xf32>, tensor<4x16x8xf32> -> tensor<4x8x8xf32>
+  %3 = tgraph.matmul %b, %c : tensor<4x8x16xf32>, tensor<4x16x8xf32> -> tensor<4x8x8xf32>
+  // CHECK: %[[P:.*]] = tgraph.shard %[[RELU]] : tensor<8x32xf32> to #tgraph.sharding<@mesh, {{\[}}[], []], partial = ["tp"]>
+  %4 = tgraph.shard %2 : tensor<8x32xf32> to #tgraph.sharding<@mesh, [[], []], partial = ["tp"]>
+  // CHECK: %[[S:.*]] = tgraph.shard %[[P]] : tensor<8x32xf32> to #tgraph.sharding<@mesh, {{\[}}["dp", "tp"], []]>
+  %5 = tgraph.shard %4 : tensor<8x32xf32> to #tgraph.sharding<@mesh, [["dp", "tp"], []]>
+  // CHECK: return %[[S]] : tensor<8x32xf32>
+  return %5 : tensor<8x32xf32>
+}
+
+// After partitioning, shapes are per-rank and need not divide by the mesh.
+// CHECK-LABEL: func.func @collectives(
+// CHECK-SAME: %[[A:.*]]: tensor<8x16xf32>, %[[O:.*]]: tensor<3xf32> {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}["tp"]]>})
+// CHECK-SAME: attributes {tgraph.partitioned}
+func.func @collectives(%x: tensor<8x16xf32>, %odd: tensor<3xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"]]>}) -> tensor<8x16xf32> attributes {tgraph.partitioned} {
+  // CHECK: %[[R0:.*]] = tgraph.all_reduce <sum> %[[A]] on @mesh["tp"] : tensor<8x16xf32>
+  %0 = tgraph.all_reduce <sum> %x on @mesh["tp"] : tensor<8x16xf32>
+  // CHECK: %[[R1:.*]] = tgraph.all_reduce <max> %[[R0]] on @mesh["dp"] deterministic : tensor<8x16xf32>
+  %1 = tgraph.all_reduce <max> %0 on @mesh["dp"] deterministic : tensor<8x16xf32>
+  // CHECK: %[[R2:.*]] = tgraph.all_reduce <min> %[[R1]] on @line["x"] : tensor<8x16xf32>
+  %2 = tgraph.all_reduce <min> %1 on @line["x"] : tensor<8x16xf32>
+  // CHECK: %[[R3:.*]] = tgraph.all_reduce <prod> %[[R2]] on @mesh["tp"] : tensor<8x16xf32>
+  %3 = tgraph.all_reduce <prod> %2 on @mesh["tp"] : tensor<8x16xf32>
+  // CHECK: %[[G:.*]] = tgraph.all_gather %[[R3]] on @mesh["tp"] dim 1 : tensor<8x16xf32> -> tensor<8x64xf32>
+  %4 = tgraph.all_gather %3 on @mesh["tp"] dim 1 : tensor<8x16xf32> -> tensor<8x64xf32>
+  // CHECK: %[[RS:.*]] = tgraph.reduce_scatter <sum> %[[G]] on @mesh["tp"] dim 1 : tensor<8x64xf32> -> tensor<8x16xf32>
+  %5 = tgraph.reduce_scatter <sum> %4 on @mesh["tp"] dim 1 : tensor<8x64xf32> -> tensor<8x16xf32>
+  // CHECK: %[[RS2:.*]] = tgraph.reduce_scatter <max> %[[RS]] on @mesh["dp"] dim 0 deterministic : tensor<8x16xf32> -> tensor<4x16xf32>
+  %6 = tgraph.reduce_scatter <max> %5 on @mesh["dp"] dim 0 deterministic : tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: %[[G2:.*]] = tgraph.all_gather %[[RS2]] on @mesh["dp"] dim 0 : tensor<4x16xf32> -> tensor<8x16xf32>
+  %7 = tgraph.all_gather %6 on @mesh["dp"] dim 0 : tensor<4x16xf32> -> tensor<8x16xf32>
+  // CHECK: return %[[G2]] : tensor<8x16xf32>
+  return %7 : tensor<8x16xf32>
+}
+
+// The reduction kind attribute on its own.
+// CHECK-LABEL: func.func private @reductions()
+// CHECK-SAME: kinds = [#tgraph.reduction<sum>, #tgraph.reduction<max>, #tgraph.reduction<min>, #tgraph.reduction<prod>]
+func.func private @reductions() attributes {kinds = [#tgraph.reduction<sum>, #tgraph.reduction<max>, #tgraph.reduction<min>, #tgraph.reduction<prod>]}

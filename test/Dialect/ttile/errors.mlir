@@ -1,0 +1,349 @@
+// RUN: tessera-opt %s -split-input-file -verify-diagnostics -allow-unregistered-dialect
+
+//===----------------------------------------------------------------------===//
+// !ttile.tile
+//===----------------------------------------------------------------------===//
+
+// expected-error @below {{a tile needs at least one dimension}}
+func.func private @f(!ttile.tile<f32>)
+
+// -----
+
+// expected-error @below {{tile dimensions must be >= 1, got 0}}
+func.func private @f(!ttile.tile<0x4xf32>)
+
+// -----
+
+// expected-error @below {{tile elements must be integers or floats, got 'index'}}
+func.func private @f(!ttile.tile<4xindex>)
+
+// -----
+
+// expected-error @below {{expected static shape}}
+func.func private @f(!ttile.tile<?x4xf32>)
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// ttile.kernel
+//===----------------------------------------------------------------------===//
+
+// expected-error @below {{'ttile.kernel' op kernel @k must not return values; write results to its buffer arguments}}
+ttile.kernel @k(%a: memref<8xf32>) -> memref<8xf32> attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op argument #1 of kernel @k must be a statically shaped memref, got 'tensor<8xf32>'}}
+ttile.kernel @k(%a: memref<8xf32>, %b: tensor<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op argument #0 of kernel @k must be a statically shaped memref, got 'memref<?xf32>'}}
+ttile.kernel @k(%a: memref<?xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'grid' must have 1 to 3 dimensions}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64>, block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'grid' must have 1 to 3 dimensions}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1, 1, 1, 1>, block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'grid' sizes must be >= 1, got 0}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 2, 0>, block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'block' sizes must be >= 1, got -1}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: -1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'block' must have 1 to 3 dimensions and at most 1024 threads}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 64, 32>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'block' must have 1 to 3 dimensions and at most 1024 threads}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op requires attribute 'grid'}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {block = array<i64: 1>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op region #0 ('body') failed to verify constraint: region with 1 blocks}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  // expected-error @below {{'ttile.return' op expects parent op 'ttile.kernel'}}
+  "test.region"() ({ ttile.return }) : () -> ()
+  ttile.return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// ttile.program_id
+//===----------------------------------------------------------------------===//
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 4>, block = array<i64: 1>} {
+  // expected-error @below {{'ttile.program_id' op dim 1 is out of range for a grid of rank 1}}
+  %0 = ttile.program_id 1
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 4>, block = array<i64: 1>} {
+  // A negative dim is rejected too (the message shows it as an unsigned number).
+  // expected-error-re @below {{'ttile.program_id' op dim {{-1|18446744073709551615}} is out of range for a grid of rank 1}}
+  %0 = ttile.program_id -1
+  ttile.return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @below {{'ttile.program_id' op expects parent op 'ttile.kernel'}}
+  %0 = ttile.program_id 0
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// ttile.load / ttile.store
+//===----------------------------------------------------------------------===//
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op needs 2 offsets for 'source' 'memref<8x16xf32>', got 1}}
+  %t = ttile.load %a[%c0] : memref<8x16xf32> -> !ttile.tile<4x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op tile '!ttile.tile<16xf32>' and 'source' 'memref<8x16xf32>' must have the same rank}}
+  %t = ttile.load %a[%c0, %c0] : memref<8x16xf32> -> !ttile.tile<16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op tile '!ttile.tile<4x16xf16>' and 'source' 'memref<8x16xf32>' have different element types}}
+  %t = ttile.load %a[%c0, %c0] : memref<8x16xf32> -> !ttile.tile<4x16xf16>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op tile '!ttile.tile<3x16xf32>' does not evenly divide 'source' 'memref<8x16xf32>'}}
+  %t = ttile.load %a[%c0, %c0] : memref<8x16xf32> -> !ttile.tile<3x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op tile '!ttile.tile<16x16xf32>' does not evenly divide 'source' 'memref<8x16xf32>'}}
+  %t = ttile.load %a[%c0, %c0] : memref<8x16xf32> -> !ttile.tile<16x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.fill 0.0 : !ttile.tile<4x16xf32>
+  // expected-error @below {{'ttile.store' op needs 2 offsets for 'dest' 'memref<8x16xf32>', got 3}}
+  ttile.store %t, %a[%c0, %c0, %c0] : !ttile.tile<4x16xf32>, memref<8x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.fill 0.0 : !ttile.tile<4x16xi32>
+  // expected-error @below {{'ttile.store' op tile '!ttile.tile<4x16xi32>' and 'dest' 'memref<8x16xf32>' have different element types}}
+  ttile.store %t, %a[%c0, %c0] : !ttile.tile<4x16xi32>, memref<8x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.fill 0.0 : !ttile.tile<4x5xf32>
+  // expected-error @below {{'ttile.store' op tile '!ttile.tile<4x5xf32>' does not evenly divide 'dest' 'memref<8x16xf32>'}}
+  ttile.store %t, %a[%c0, %c0] : !ttile.tile<4x5xf32>, memref<8x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.fill 0.0 : !ttile.tile<8xf32>
+  // expected-error @below {{'ttile.store' op tile '!ttile.tile<8xf32>' and 'dest' 'memref<8x16xf32>' must have the same rank}}
+  ttile.store %t, %a[%c0, %c0] : !ttile.tile<8xf32>, memref<8x16xf32>
+  ttile.return
+}
+
+// -----
+
+func.func @f(%a: memref<?x16xf32>) {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op operand #0 must be statically shaped memref of any type values, but got 'memref<?x16xf32>'}}
+  %t = ttile.load %a[%c0, %c0] : memref<?x16xf32> -> !ttile.tile<4x16xf32>
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// ttile.dot
+//===----------------------------------------------------------------------===//
+
+func.func @f(%a: !ttile.tile<4x8x2xf32>, %b: !ttile.tile<8x16xf32>, %c: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.dot' op 'lhs', 'rhs' and 'acc' must be 2-D tiles}}
+  %0 = ttile.dot %a, %b, %c : !ttile.tile<4x8x2xf32>, !ttile.tile<8x16xf32> -> !ttile.tile<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x8xf16>, %b: !ttile.tile<8x16xf32>, %c: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.dot' op 'lhs' '!ttile.tile<4x8xf16>' and 'rhs' '!ttile.tile<8x16xf32>' have different element types}}
+  %0 = ttile.dot %a, %b, %c : !ttile.tile<4x8xf16>, !ttile.tile<8x16xf32> -> !ttile.tile<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x8xf32>, %b: !ttile.tile<16x16xf32>, %c: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.dot' op contraction dimensions differ: 'lhs' '!ttile.tile<4x8xf32>' vs 'rhs' '!ttile.tile<16x16xf32>'}}
+  %0 = ttile.dot %a, %b, %c : !ttile.tile<4x8xf32>, !ttile.tile<16x16xf32> -> !ttile.tile<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x8xf32>, %b: !ttile.tile<8x16xf32>, %c: !ttile.tile<4x8xf32>) {
+  // expected-error @below {{'ttile.dot' op 'acc' '!ttile.tile<4x8xf32>' must be 4x16 for 'lhs' '!ttile.tile<4x8xf32>' and 'rhs' '!ttile.tile<8x16xf32>'}}
+  %0 = ttile.dot %a, %b, %c : !ttile.tile<4x8xf32>, !ttile.tile<8x16xf32> -> !ttile.tile<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x8xf32>, %b: !ttile.tile<8x16xf32>, %c: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.dot' op failed to verify that all of {acc, result} have same type}}
+  %0 = "ttile.dot"(%a, %b, %c) : (!ttile.tile<4x8xf32>, !ttile.tile<8x16xf32>, !ttile.tile<4x16xf32>) -> !ttile.tile<4x16xf16>
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Elementwise ops and ttile.reduce
+//===----------------------------------------------------------------------===//
+
+func.func @f(%a: !ttile.tile<4x8xf32>, %b: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.add' op requires the same type for all operands and results}}
+  %0 = "ttile.add"(%a, %b) : (!ttile.tile<4x8xf32>, !ttile.tile<4x16xf32>) -> !ttile.tile<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4xf32>) {
+  // expected-error @below {{'ttile.exp' op operand #0 must be a statically shaped tile of elements held by one kernel instance, but got 'tensor<4xf32>'}}
+  %0 = "ttile.exp"(%a) : (tensor<4xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.reduce' op dim 2 is out of range for 'input' '!ttile.tile<4x16xf32>'}}
+  %0 = ttile.reduce %a {kind = #tgraph.reduction<sum>, dim = 2 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.reduce' op result '!ttile.tile<4x16xf32>' must be 'input' '!ttile.tile<4x16xf32>' with dimension 1 reduced to 1}}
+  %0 = ttile.reduce %a {kind = #tgraph.reduction<max>, dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.reduce' op result '!ttile.tile<4x1xf16>' must be 'input' '!ttile.tile<4x16xf32>' with dimension 1 reduced to 1}}
+  %0 = ttile.reduce %a {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x16xf32>) {
+  // expected-error-re @below {{'ttile.reduce' op dim {{-1|18446744073709551615}} is out of range for 'input' '!ttile.tile<4x16xf32>'}}
+  %0 = ttile.reduce %a {kind = #tgraph.reduction<sum>, dim = -1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.reduce' op requires attribute 'kind'}}
+  %0 = ttile.reduce %a {dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<4x16xf32>) {
+  // expected-error @below {{'ttile.reduce' op attribute 'kind' failed to satisfy constraint: #tgraph.reduction attribute}}
+  %0 = ttile.reduce %a {kind = "sum", dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+  return
+}

@@ -1,0 +1,80 @@
+// RUN: tessera-opt %s | tessera-opt | FileCheck %s
+// RUN: tessera-opt %s --mlir-print-op-generic | tessera-opt | FileCheck %s
+
+// Every ttile op and the tile type in their custom form, printed, re-parsed
+// and printed again.
+
+// CHECK-LABEL: ttile.kernel @matmul(
+// CHECK-SAME: %[[A:[^:]*]]: memref<8x16xf32>, %[[B:[^:]*]]: memref<16x32xf32>, %[[BIAS:[^:]*]]: memref<8x32xf32>, %[[C:[^:]*]]: memref<8x32xf32>)
+// CHECK-SAME: attributes {block = array<i64: 8, 16>, grid = array<i64: 2, 2>}
+ttile.kernel @matmul(%a: memref<8x16xf32>, %b: memref<16x32xf32>, %bias: memref<8x32xf32>, %c: memref<8x32xf32>) attributes {grid = array<i64: 2, 2>, block = array<i64: 8, 16>} {
+  // CHECK: %[[PM:.*]] = ttile.program_id 0
+  %pm = ttile.program_id 0
+  // CHECK: %[[PN:.*]] = ttile.program_id 1
+  %pn = ttile.program_id 1
+  %c0 = arith.constant 0 : index
+  %c4 = arith.constant 4 : index
+  %c8 = arith.constant 8 : index
+  %c16 = arith.constant 16 : index
+  // CHECK: %[[ROW:.*]] = arith.muli %[[PM]]
+  %row = arith.muli %pm, %c4 : index
+  // CHECK: %[[COL:.*]] = arith.muli %[[PN]]
+  %col = arith.muli %pn, %c16 : index
+  // CHECK: %[[ZERO:.*]] = ttile.fill 0.000000e+00 : !ttile.tile<4x16xf32>
+  %zero = ttile.fill 0.0 : !ttile.tile<4x16xf32>
+  // CHECK: %[[ACC:.*]] = scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[ACC0:.*]] = %[[ZERO]]) -> (!ttile.tile<4x16xf32>) {
+  %acc = scf.for %k = %c0 to %c16 step %c8 iter_args(%acc0 = %zero) -> (!ttile.tile<4x16xf32>) {
+    // CHECK: %[[TA:.*]] = ttile.load %[[A]][%[[ROW]], %[[K]]] : memref<8x16xf32> -> !ttile.tile<4x8xf32>
+    %ta = ttile.load %a[%row, %k] : memref<8x16xf32> -> !ttile.tile<4x8xf32>
+    // CHECK: %[[TB:.*]] = ttile.load %[[B]][%[[K]], %[[COL]]] : memref<16x32xf32> -> !ttile.tile<8x16xf32>
+    %tb = ttile.load %b[%k, %col] : memref<16x32xf32> -> !ttile.tile<8x16xf32>
+    // CHECK: %[[NEXT:.*]] = ttile.dot %[[TA]], %[[TB]], %[[ACC0]] : !ttile.tile<4x8xf32>, !ttile.tile<8x16xf32> -> !ttile.tile<4x16xf32>
+    %next = ttile.dot %ta, %tb, %acc0 : !ttile.tile<4x8xf32>, !ttile.tile<8x16xf32> -> !ttile.tile<4x16xf32>
+    // CHECK: scf.yield %[[NEXT]] : !ttile.tile<4x16xf32>
+    scf.yield %next : !ttile.tile<4x16xf32>
+  }
+  // CHECK: %[[TBIAS:.*]] = ttile.load %[[BIAS]][%[[ROW]], %[[COL]]] : memref<8x32xf32> -> !ttile.tile<4x16xf32>
+  %tbias = ttile.load %bias[%row, %col] : memref<8x32xf32> -> !ttile.tile<4x16xf32>
+  // CHECK: %[[SUM:.*]] = ttile.add %[[ACC]], %[[TBIAS]] : !ttile.tile<4x16xf32>
+  %s = ttile.add %acc, %tbias : !ttile.tile<4x16xf32>
+  // CHECK: %[[MUL:.*]] = ttile.mul %[[SUM]], %[[SUM]] : !ttile.tile<4x16xf32>
+  %m = ttile.mul %s, %s : !ttile.tile<4x16xf32>
+  // CHECK: %[[MAX:.*]] = ttile.max %[[MUL]], %[[SUM]] : !ttile.tile<4x16xf32>
+  %x = ttile.max %m, %s : !ttile.tile<4x16xf32>
+  // CHECK: %[[RELU:.*]] = ttile.relu %[[MAX]] : !ttile.tile<4x16xf32>
+  %r = ttile.relu %x : !ttile.tile<4x16xf32>
+  // CHECK: %[[EXP:.*]] = ttile.exp %[[RELU]] : !ttile.tile<4x16xf32>
+  %e = ttile.exp %r : !ttile.tile<4x16xf32>
+  // CHECK: ttile.reduce %[[EXP]] {dim = 1 : i64, kind = #tgraph.reduction<sum>} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+  %sum = ttile.reduce %e {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
+  // CHECK: ttile.reduce %[[EXP]] {dim = 0 : i64, kind = #tgraph.reduction<max>} : !ttile.tile<4x16xf32> -> !ttile.tile<1x16xf32>
+  %mx = ttile.reduce %e {kind = #tgraph.reduction<max>, dim = 0 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<1x16xf32>
+  // CHECK: ttile.barrier
+  ttile.barrier
+  // CHECK: ttile.store %[[EXP]], %[[C]][%[[ROW]], %[[COL]]] : !ttile.tile<4x16xf32>, memref<8x32xf32>
+  ttile.store %e, %c[%row, %col] : !ttile.tile<4x16xf32>, memref<8x32xf32>
+  // CHECK: ttile.return
+  ttile.return
+}
+
+// Integer tiles, a 3-D grid and a 1-D tile.
+// CHECK-LABEL: ttile.kernel @ints(
+// CHECK-SAME: %[[X:[^:]*]]: memref<4xi32>, %[[Y:[^:]*]]: memref<4xi32>) attributes {block = array<i64: 1024>, grid = array<i64: 1, 1, 1>}
+ttile.kernel @ints(%x: memref<4xi32>, %y: memref<4xi32>) attributes {grid = array<i64: 1, 1, 1>, block = array<i64: 1024>} {
+  // CHECK: %[[PZ:.*]] = ttile.program_id 2
+  %pz = ttile.program_id 2
+  // CHECK: %[[T:.*]] = ttile.load %[[X]][%[[PZ]]] : memref<4xi32> -> !ttile.tile<4xi32>
+  %t = ttile.load %x[%pz] : memref<4xi32> -> !ttile.tile<4xi32>
+  // CHECK: %[[ONE:.*]] = ttile.fill 1.000000e+00 : !ttile.tile<4xi32>
+  %one = ttile.fill 1.0 : !ttile.tile<4xi32>
+  // CHECK: %[[S:.*]] = ttile.add %[[T]], %[[ONE]] : !ttile.tile<4xi32>
+  %s = ttile.add %t, %one : !ttile.tile<4xi32>
+  // CHECK: ttile.store %[[S]], %[[Y]][%[[PZ]]] : !ttile.tile<4xi32>, memref<4xi32>
+  ttile.store %s, %y[%pz] : !ttile.tile<4xi32>, memref<4xi32>
+  ttile.return
+}
+
+// The tile type with other element types, outside a kernel.
+// CHECK-LABEL: func.func private @tile_types(
+// CHECK-SAME: !ttile.tile<16x32xf16>, !ttile.tile<1xbf16>, !ttile.tile<2x3x4xi8>, !ttile.tile<8xf64>)
+func.func private @tile_types(!ttile.tile<16x32xf16>, !ttile.tile<1xbf16>, !ttile.tile<2x3x4xi8>, !ttile.tile<8xf64>)
