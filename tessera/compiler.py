@@ -25,9 +25,8 @@ from tessera_compiler.pipeline import CompileError as _PipelineError
 from tessera_compiler.pipeline import Levels, lower
 
 from . import dist
-from ._source import user_frame
 from ._trace import ArgSpec, trace_function
-from .errors import CompileError, LaunchError, ShardingError
+from .errors import CompileError, ShardingError
 
 DUMP_ENV = "TESSERA_DUMP_IR"
 
