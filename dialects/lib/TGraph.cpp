@@ -176,7 +176,7 @@ static LogicalResult verifyShardingNamedAttr(Operation *op, NamedAttribute attr,
                                              Type type, const Twine &what) {
   auto sharding = llvm::dyn_cast<ShardingAttr>(attr.getValue());
   if (!sharding)
-    return op->emitError() << "'" << attr.getName()
+    return op->emitError() << "'" << attr.getName().getValue()
                            << "' must be a #tgraph.sharding attribute";
   return verifyShardingOf(op, sharding, type, what,
                           [&] { return op->emitError(); });
@@ -186,10 +186,10 @@ LogicalResult TGraphDialect::verifyRegionArgAttribute(Operation *op, unsigned,
                                                       unsigned argIndex,
                                                       NamedAttribute attr) {
   if (attr.getName() != getShardingAttrName())
-    return op->emitError() << "unknown argument attribute '" << attr.getName() << "'";
+    return op->emitError() << "unknown argument attribute '" << attr.getName().getValue() << "'";
   auto func = llvm::dyn_cast<FunctionOpInterface>(op);
   if (!func)
-    return op->emitError() << "'" << attr.getName() << "' is only valid on function arguments";
+    return op->emitError() << "'" << attr.getName().getValue() << "' is only valid on function arguments";
   return verifyShardingNamedAttr(op, attr, func.getArgumentTypes()[argIndex],
                                  "argument #" + Twine(argIndex));
 }
@@ -198,10 +198,10 @@ LogicalResult TGraphDialect::verifyRegionResultAttribute(Operation *op, unsigned
                                                          unsigned resultIndex,
                                                          NamedAttribute attr) {
   if (attr.getName() != getShardingAttrName())
-    return op->emitError() << "unknown result attribute '" << attr.getName() << "'";
+    return op->emitError() << "unknown result attribute '" << attr.getName().getValue() << "'";
   auto func = llvm::dyn_cast<FunctionOpInterface>(op);
   if (!func)
-    return op->emitError() << "'" << attr.getName() << "' is only valid on function results";
+    return op->emitError() << "'" << attr.getName().getValue() << "' is only valid on function results";
   return verifyShardingNamedAttr(op, attr, func.getResultTypes()[resultIndex],
                                  "result #" + Twine(resultIndex));
 }
@@ -215,11 +215,11 @@ LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
   }
   if (attr.getName() == getShardingAttrName()) {
     if (op->getNumResults() != 1)
-      return op->emitError() << "'" << attr.getName()
+      return op->emitError() << "'" << attr.getName().getValue()
                              << "' needs an op with exactly one result";
     return verifyShardingNamedAttr(op, attr, op->getResult(0).getType(), "the result");
   }
-  return op->emitError() << "unknown tgraph attribute '" << attr.getName() << "'";
+  return op->emitError() << "unknown tgraph attribute '" << attr.getName().getValue() << "'";
 }
 
 //===----------------------------------------------------------------------===//
@@ -302,10 +302,14 @@ static LogicalResult verifyResizedDim(Operation *op, RankedTensorType input,
       return op->emitOpError("gathered dimension ")
              << d << " must be " << in << " x " << axisSize << " = " << in * axisSize
              << ", got " << out;
-    if (!gather && (in % axisSize != 0 || out != in / axisSize))
+    if (!gather && in % axisSize != 0)
       return op->emitOpError("scattered dimension ")
-             << d << " of 'input' (" << in << ") must split evenly into "
-             << axisSize << " blocks of " << out;
+             << d << " of 'input' (" << in << ") does not split evenly over "
+             << axisSize << " ranks";
+    if (!gather && out != in / axisSize)
+      return op->emitOpError("scattered dimension ")
+             << d << " must be " << in << " / " << axisSize << " = " << in / axisSize
+             << ", got " << out;
   }
   return success();
 }
@@ -322,7 +326,7 @@ LogicalResult AllGatherOp::verifySymbolUses(SymbolTableCollection &symbols) {
   if (failed(size))
     return failure();
   return verifyResizedDim(*this, getInput().getType(), getResult().getType(),
-                          getDim(), *size, /*gather=*/true);
+                          static_cast<int64_t>(getDim()), *size, /*gather=*/true);
 }
 int64_t AllGatherOp::getAxisSize() {
   return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
@@ -333,7 +337,7 @@ LogicalResult ReduceScatterOp::verifySymbolUses(SymbolTableCollection &symbols) 
   if (failed(size))
     return failure();
   return verifyResizedDim(*this, getInput().getType(), getResult().getType(),
-                          getDim(), *size, /*gather=*/false);
+                          static_cast<int64_t>(getDim()), *size, /*gather=*/false);
 }
 int64_t ReduceScatterOp::getAxisSize() {
   return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());

@@ -100,8 +100,8 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
   CollectiveKind kind = getKind();
   bool reduces = kind != CollectiveKind::all_gather;
   if (reduces && !getReduction())
-    return emitOpError("a ") << stringifyCollectiveKind(kind)
-                             << " needs a 'reduction' attribute";
+    return emitOpError("<") << stringifyCollectiveKind(kind)
+                            << "> needs a 'reduction' attribute";
   if (kind == CollectiveKind::all_reduce) {
     if (src.getShape() != dst.getShape())
       return emitOpError("all_reduce 'src' ") << src << " and 'dst' " << dst
@@ -109,8 +109,8 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
     return success();
   }
   if (!getDim())
-    return emitOpError("a ") << stringifyCollectiveKind(kind) << " needs a 'dim' attribute";
-  int64_t dim = *getDim();
+    return emitOpError("<") << stringifyCollectiveKind(kind) << "> needs a 'dim' attribute";
+  int64_t dim = static_cast<int64_t>(*getDim());
   if (dim < 0 || dim >= src.getRank())
     return emitOpError("dim ") << dim << " is out of range for 'src' " << src;
   for (int64_t d = 0; d < src.getRank(); ++d) {
@@ -119,8 +119,8 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
                    : kind == CollectiveKind::all_gather ? in * *size
                                                         : in / *size;
     if (out != want || (d == dim && kind == CollectiveKind::reduce_scatter && in % *size))
-      return emitOpError("'dst' ") << dst << " does not match 'src' " << src << " for a "
-                                   << stringifyCollectiveKind(kind) << " over axis '"
+      return emitOpError("'dst' ") << dst << " does not match 'src' " << src << " for <"
+                                   << stringifyCollectiveKind(kind) << "> over axis '"
                                    << getAxis() << "' of size " << *size
                                    << " along dim " << dim;
   }

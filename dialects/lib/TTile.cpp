@@ -116,10 +116,22 @@ LogicalResult KernelOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ProgramIdOp::verify() {
+  // May sit in loops inside the kernel, so look through enclosing ops.
   auto kernel = (*this)->getParentOfType<KernelOp>();
-  int64_t rank = kernel ? static_cast<int64_t>(kernel.getGrid().size()) : 0;
-  if (getDim() < 0 || getDim() >= rank)
-    return emitOpError("dim ") << getDim() << " is out of range for a grid of rank " << rank;
+  if (!kernel)
+    return emitOpError("must be inside a ttile.kernel");
+  int64_t rank = static_cast<int64_t>(kernel.getGrid().size());
+  int64_t dim = static_cast<int64_t>(getDim());
+  if (dim < 0 || dim >= rank)
+    return emitOpError("dim ") << dim << " is out of range for a grid of rank " << rank;
+  return success();
+}
+
+LogicalResult FillOp::verify() {
+  Type element = getResult().getType().getElementType();
+  double value = getValue().convertToDouble();
+  if (element.isInteger() && value != static_cast<double>(static_cast<int64_t>(value)))
+    return emitOpError("value ") << value << " is not an integer but the tile holds " << element;
   return success();
 }
 
@@ -171,12 +183,13 @@ LogicalResult DotOp::verify() {
 LogicalResult ReduceOp::verify() {
   TileType in = getInput().getType(), out = getResult().getType();
   int64_t rank = in.getShape().size();
-  if (getDim() < 0 || getDim() >= rank)
-    return emitOpError("dim ") << getDim() << " is out of range for 'input' " << in;
+  int64_t dim = static_cast<int64_t>(getDim());
+  if (dim < 0 || dim >= rank)
+    return emitOpError("dim ") << dim << " is out of range for 'input' " << in;
   SmallVector<int64_t> want(in.getShape());
-  want[getDim()] = 1;
+  want[dim] = 1;
   if (out.getShape() != ArrayRef<int64_t>(want) || out.getElementType() != in.getElementType())
     return emitOpError("result ") << out << " must be 'input' " << in
-                                  << " with dimension " << getDim() << " reduced to 1";
+                                  << " with dimension " << dim << " reduced to 1";
   return success();
 }

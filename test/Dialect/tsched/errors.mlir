@@ -173,7 +173,7 @@ func.func @f(%a: memref<8xf32>, %b: memref<8x1xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{'tsched.collective_start' op a all_reduce needs a 'reduction' attribute}}
+  // expected-error @below {{'tsched.collective_start' op <all_reduce> needs a 'reduction' attribute}}
   %t = tsched.collective_start <all_reduce> %a -> %a on %s over @mesh["tp"] : memref<8xf32> -> memref<8xf32>
   return
 }
@@ -183,7 +183,7 @@ func.func @f(%a: memref<8xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8xf32>, %b: memref<2xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{'tsched.collective_start' op a reduce_scatter needs a 'reduction' attribute}}
+  // expected-error @below {{'tsched.collective_start' op <reduce_scatter> needs a 'reduction' attribute}}
   %t = tsched.collective_start <reduce_scatter> %a -> %b on %s over @mesh["tp"] {dim = 0 : i64} : memref<8xf32> -> memref<2xf32>
   return
 }
@@ -213,7 +213,7 @@ func.func @f(%a: memref<8xf32>, %b: memref<4xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8xf32>, %b: memref<32xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{'tsched.collective_start' op a all_gather needs a 'dim' attribute}}
+  // expected-error @below {{'tsched.collective_start' op <all_gather> needs a 'dim' attribute}}
   %t = tsched.collective_start <all_gather> %a -> %b on %s over @mesh["tp"] : memref<8xf32> -> memref<32xf32>
   return
 }
@@ -233,7 +233,7 @@ func.func @f(%a: memref<8xf32>, %b: memref<32xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8x2xf32>, %b: memref<8x4xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{'tsched.collective_start' op 'dst' 'memref<8x4xf32>' does not match 'src' 'memref<8x2xf32>' for a all_gather over axis 'tp' of size 4 along dim 1}}
+  // expected-error @below {{'tsched.collective_start' op 'dst' 'memref<8x4xf32>' does not match 'src' 'memref<8x2xf32>' for <all_gather> over axis 'tp' of size 4 along dim 1}}
   %t = tsched.collective_start <all_gather> %a -> %b on %s over @mesh["tp"] {dim = 1 : i64} : memref<8x2xf32> -> memref<8x4xf32>
   return
 }
@@ -243,7 +243,7 @@ func.func @f(%a: memref<8x2xf32>, %b: memref<8x4xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8x2xf32>, %b: memref<4x8xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{'dst' 'memref<4x8xf32>' does not match 'src' 'memref<8x2xf32>' for a all_gather over axis 'tp' of size 4 along dim 1}}
+  // expected-error @below {{'dst' 'memref<4x8xf32>' does not match 'src' 'memref<8x2xf32>' for <all_gather> over axis 'tp' of size 4 along dim 1}}
   %t = tsched.collective_start <all_gather> %a -> %b on %s over @mesh["tp"] {dim = 1 : i64} : memref<8x2xf32> -> memref<4x8xf32>
   return
 }
@@ -253,7 +253,7 @@ func.func @f(%a: memref<8x2xf32>, %b: memref<4x8xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<6xf32>, %b: memref<1xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{'dst' 'memref<1xf32>' does not match 'src' 'memref<6xf32>' for a reduce_scatter over axis 'tp' of size 4 along dim 0}}
+  // expected-error @below {{'dst' 'memref<1xf32>' does not match 'src' 'memref<6xf32>' for <reduce_scatter> over axis 'tp' of size 4 along dim 0}}
   %t = tsched.collective_start <reduce_scatter> %a -> %b on %s over @mesh["tp"] {reduction = #tgraph.reduction<sum>, dim = 0 : i64} : memref<6xf32> -> memref<1xf32>
   return
 }

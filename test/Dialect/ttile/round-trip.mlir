@@ -28,6 +28,9 @@ ttile.kernel @matmul(%a: memref<8x16xf32>, %b: memref<16x32xf32>, %bias: memref<
     %ta = ttile.load %a[%row, %k] : memref<8x16xf32> -> !ttile.tile<4x8xf32>
     // CHECK: %[[TB:.*]] = ttile.load %[[B]][%[[K]], %[[COL]]] : memref<16x32xf32> -> !ttile.tile<8x16xf32>
     %tb = ttile.load %b[%k, %col] : memref<16x32xf32> -> !ttile.tile<8x16xf32>
+    // program_id may be read inside loops of the kernel too.
+    // CHECK: ttile.program_id 1
+    %pn_inner = ttile.program_id 1
     // CHECK: %[[NEXT:.*]] = ttile.dot %[[TA]], %[[TB]], %[[ACC0]] : !ttile.tile<4x8xf32>, !ttile.tile<8x16xf32> -> !ttile.tile<4x16xf32>
     %next = ttile.dot %ta, %tb, %acc0 : !ttile.tile<4x8xf32>, !ttile.tile<8x16xf32> -> !ttile.tile<4x16xf32>
     // CHECK: scf.yield %[[NEXT]] : !ttile.tile<4x16xf32>

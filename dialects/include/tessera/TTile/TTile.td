@@ -95,7 +95,7 @@ def TTile_ReturnOp : TTile_Op<"return", [Pure, HasParent<"KernelOp">, Terminator
   let assemblyFormat = "attr-dict";
 }
 
-def TTile_ProgramIdOp : TTile_Op<"program_id", [Pure, HasParent<"KernelOp">]> {
+def TTile_ProgramIdOp : TTile_Op<"program_id", [Pure]> {
   let summary = "this instance's coordinate along a grid dimension";
   let arguments = (ins I64Attr:$dim);
   let results = (outs Index:$result);
@@ -128,6 +128,7 @@ def TTile_FillOp : TTile_Op<"fill", [Pure]> {
   let arguments = (ins F64Attr:$value);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = "$value attr-dict `:` qualified(type($result))";
+  let hasVerifier = 1;
 }
 
 def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
