@@ -60,6 +60,7 @@ class ScheduleBuilder:
         self.name = ir.StringAttr(func_op.attributes["sym_name"]).value
         self.buffers: dict = {}        # tensor value -> buffer value
         self.pending: dict = {}        # buffer -> token of the collective writing it
+        self.waited: dict = {}         # token -> streams already made to wait for it
         self.on_compute: set = set()   # buffers last written by a compute launch
         self.kernel_count = 0
         self.stream_t = ir.Type.parse("!tsched.stream")
@@ -88,10 +89,15 @@ class ScheduleBuilder:
 
     # -- buffers ---------------------------------------------------------
     def use(self, value: ir.Value, stream: ir.Value) -> ir.Value:
+        """The buffer holding `value`, after making `stream` wait for the
+        collective writing it (once per stream: each stream needs its own wait)."""
         buf = self.buffers[value]
-        token = self.pending.pop(buf, None)
+        token = self.pending.get(buf)
         if token is not None:
-            tsched.CollectiveWaitOp(token, stream)
+            streams = self.waited.setdefault(token, [])
+            if stream not in streams:
+                tsched.CollectiveWaitOp(token, stream)
+                streams.append(stream)
         return buf
 
     def build(self) -> ir.Operation:

@@ -45,27 +45,19 @@ def kernel_body(kernel: ir.Operation) -> list[ir.Operation]:
 
 
 def fuse_epilogues(sched: ir.Operation, kernels: dict, module_block: ir.Block) -> None:
-    ops = ops_of(sched)
-    for i, producer in enumerate(ops):
-        if producer.name != "tsched.launch" or _erased(producer):
-            continue
-        kname = ir.FlatSymbolRefAttr(producer.attributes["kernel"]).value
-        body = kernel_body(kernels[kname])
-        if not body or body[0].name != "tgraph.matmul":
-            continue
-        while True:
-            fused = _fuse_next(sched, producer, kernels, module_block)
-            if not fused:
-                break
-            producer = fused
-
-
-def _erased(op) -> bool:
-    try:
-        op.name
-        return False
-    except Exception:
-        return True
+    """Fuses until no matmul launch has a fusable elementwise consumer left; a
+    fused kernel still starts with its matmul, so chains fuse one op at a time."""
+    fused = True
+    while fused:
+        fused = False
+        for launch in ops_of(sched):
+            if launch.name != "tsched.launch":
+                continue
+            body = kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])
+            if body and body[0].name == "tgraph.matmul" and \
+                    _fuse_next(sched, launch, kernels, module_block) is not None:
+                fused = True
+                break   # the op list changed: rescan
 
 
 def _launch_parts(launch: ir.Operation):

@@ -67,6 +67,7 @@ class ScheduleExecutor:
         meta: dict[str, tuple] = {}         # buffer -> (shape, dtype)
         freed: dict[str, int] = {}          # buffer -> index of its free
         pending: dict[str, Instr] = {}      # token -> collective_start
+        waited: dict[str, set] = {}         # token -> streams that waited for it
         streams = set(p.streams)
 
         def define(name, k, ins):
@@ -135,11 +136,16 @@ class ScheduleExecutor:
                 define(ins["result"], "token", ins)
                 pending[ins["result"]] = ins
             elif op == "collective_wait":
+                # Each stream that reads the result waits once; the first wait
+                # completes the collective.
                 tok = ins["token"]
                 use(tok, "token", ins, "token")
-                if tok not in pending:
-                    raise self._err(ins, f"token '{tok}' was already waited")
-                del pending[tok]
+                waiters = waited.setdefault(tok, set())
+                if ins["stream"] in waiters:
+                    raise self._err(ins, f"token '{tok}' was already waited on stream "
+                                         f"'{ins['stream']}'")
+                waiters.add(ins["stream"])
+                pending.pop(tok, None)
             elif op == "return":
                 self._check_return(ins, use, not_in_flight, meta)
                 if pending:
@@ -235,7 +241,9 @@ class ScheduleExecutor:
                 elif op == "collective_start":
                     pending[ins["result"]] = self._start_collective(ins, values)
                 elif op == "collective_wait":
-                    pending.pop(ins["token"]).wait()
+                    work = pending.pop(ins["token"], None)
+                    if work is not None:        # later waits (other streams): done
+                        work.wait()
                 elif op == "return":
                     # Verified statically; re-checked because returning with
                     # a collective in flight would hand out garbage.

@@ -60,6 +60,29 @@ func.func @gather_arg(%x: tensor<4x3xf32> {tgraph.sharding = #tgraph.sharding<@m
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// A collective's result read on both streams is waited on each, once.
+// CHECK-LABEL: func.func @two_readers
+// CHECK: %[[COMPUTE:.*]] = tsched.stream "compute"
+// CHECK: %[[COMM:.*]] = tsched.stream "comm"
+// CHECK: %[[T:.*]] = tsched.collective_start <all_reduce>
+// The all_gather runs on the stream that produced its input: a wait, no event.
+// CHECK: tsched.collective_wait %[[T]] on %[[COMM]]
+// CHECK-NEXT: tsched.alloc
+// CHECK-NEXT: tsched.collective_start <all_gather>
+// CHECK-NEXT: tsched.collective_wait %[[T]] on %[[COMPUTE]]
+// CHECK-NEXT: tsched.alloc
+// CHECK-NEXT: tsched.launch @two_readers_relu
+func.func @two_readers(%p: tensor<4x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], []], partial = ["tp"]>})
+    -> (tensor<4x12xf32>, tensor<4x6xf32>) attributes {tgraph.partitioned} {
+  %0 = tgraph.all_reduce <sum> %p on @mesh["tp"] : tensor<4x6xf32>
+  %1 = tgraph.all_gather %0 on @mesh["tp"] dim 1 : tensor<4x6xf32> -> tensor<4x12xf32>
+  %2 = tgraph.relu %0 : tensor<4x6xf32>
+  return %1, %2 : tensor<4x12xf32>, tensor<4x6xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
 // expected-error @+1 {{run tessera-partition before tessera-lower-to-schedule}}
 func.func @not_partitioned(%x: tensor<4x6xf32>) -> tensor<4x6xf32> {
   %0 = tgraph.relu %x : tensor<4x6xf32>

@@ -242,7 +242,8 @@ def _insert(p, index, *instrs):
                         "src": "%1", "dst": "%9"}),
      r"return with collectives never waited: '%t9' \(started at instructions\[17\]"),
     # waiting twice, waiting an event
-    (lambda p: _insert(p, 8, {"op": "collective_wait", "token": "%t0", "stream": "comm"}), r"token '%t0' was already waited"),
+    (lambda p: _insert(p, 8, {"op": "collective_wait", "token": "%t0", "stream": "compute"}),
+     r"token '%t0' was already waited on stream 'compute'"),
     (lambda p: p["instructions"][7].update(token="%e0"), r"token '%e0' is an event, expected a token"),
     # use after free, free of an in-flight buffer, double definition
     (lambda p: _insert(p, 2, {"op": "free", "buffer": "%0"}), r"arg '%0' is used after its free at instructions\[2\]"),
@@ -264,6 +265,17 @@ def test_schedule_verification(tmp_path, lib, edit, match):
     edit(p)
     with pytest.raises(ScheduleError, match=match):
         rt.load_bundle(make(tmp_path, lib, p))
+
+
+def test_a_token_may_be_waited_once_per_stream(tmp_path, lib):
+    """Both streams read a collective's result: each waits for it once."""
+    program = base_program()
+    waits = [i for i, ins in enumerate(program["instructions"])
+             if ins["op"] == "collective_wait" and ins["token"] == "%t0"]
+    program["instructions"].insert(waits[0] + 1, {"op": "collective_wait", "token": "%t0", "stream": "comm"})
+    prog = rt.load_bundle(make(tmp_path, lib, program))
+    a, b = inputs(7)
+    np.testing.assert_allclose(prog.run([a, b])[0], np.maximum(a @ b, 0), rtol=1e-5, atol=1e-6)
 
 
 def test_multi_device_mesh_without_mpi(tmp_path, lib):
