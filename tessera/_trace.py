@@ -17,15 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera_compiler.mlir_context import new_context
-from tessera_compiler.sharding import Sharding
+from tessera_compiler.sharding import ELEMENT_TYPES, Sharding
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
 from ._source import SourceLine, user_frame
 from .errors import ShapeError
 
-_ELEMENT = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
-            np.dtype(np.float16): "f16", np.dtype(np.int32): "i32", np.dtype(np.int64): "i64"}
+# numpy dtype -> MLIR element type; bf16 waits for a numpy bfloat16 (ml_dtypes).
+_ELEMENT = {np.dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()
+            if mlir_name != "bf16"}
 
 _state = threading.local()
 

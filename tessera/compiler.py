@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import shutil
 import sys
@@ -25,7 +26,7 @@ from tessera_compiler.pipeline import CompileError as _PipelineError
 from tessera_compiler.pipeline import Levels, lower
 
 from . import dist
-from ._trace import ArgSpec, trace_function
+from ._trace import ArgSpec, symbol_name, trace_function
 from .errors import CompileError, ShardingError
 
 DUMP_ENV = "TESSERA_DUMP_IR"
@@ -39,6 +40,8 @@ class CompiledFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
+        self.symbol = symbol_name(fn)          # safe in file names and C symbols
+        self._params = list(inspect.signature(fn).parameters)
         self._programs: dict = {}
         self._bundles: dict = {}
         self._last_key = None
@@ -69,9 +72,7 @@ class CompiledFunction:
         return out
 
     def _param_names(self, n):
-        import inspect
-        names = list(inspect.signature(self.fn).parameters)
-        return (names + [f"arg{i}" for i in range(len(names), n)])[:n]
+        return (self._params + [f"arg{i}" for i in range(len(self._params), n)])[:n]
 
     def _specs(self, tensors) -> list[ArgSpec]:
         return [ArgSpec(name, t.shape, t.dtype, tuple(t.dims), tuple(t.layout.partial))
@@ -97,7 +98,7 @@ class CompiledFunction:
             return self._bundles[key]
         levels = self._lower(specs, mesh)
         digest = hashlib.sha256(levels.graph.encode()).hexdigest()[:20]
-        target = cache_dir().parent / "bundles" / f"{self.fn.__name__}-{digest}.tsb"
+        target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
         if not (target / "manifest.json").exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
@@ -115,7 +116,7 @@ class CompiledFunction:
         out = os.environ.get(DUMP_ENV)
         if not out or tessera_runtime.world()[0] != 0:
             return
-        folder = Path(out) / self.fn.__name__
+        folder = Path(out) / self.symbol
         folder.mkdir(parents=True, exist_ok=True)
         for stage, text in levels.items():
             ext = {"cpp": "cpp", "cuda": "cu"}.get(stage, "mlir")

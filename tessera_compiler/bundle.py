@@ -8,6 +8,7 @@ every tsched op becomes one instruction, in order.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -16,14 +17,13 @@ from tessera_mlir import ir
 from .codegen.build import build_cpu_library
 from .passes_common import location_name
 from .pipeline import Levels
-from .sharding import Sharding, meshes_of
+from .sharding import ELEMENT_TYPES, Sharding, meshes_of
 
 FORMAT_VERSION = 1
 
 
 def _dtype(element: ir.Type) -> str:
-    return {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
-            "i32": "int32", "i64": "int64", "i8": "int8", "i1": "bool"}[str(element)]
+    return ELEMENT_TYPES[str(element)]
 
 
 def _arg_name(arg: ir.Value, index: int) -> str:
@@ -31,12 +31,16 @@ def _arg_name(arg: ir.Value, index: int) -> str:
 
 
 class _Namer:
-    def __init__(self):
-        self.names = {}
+    """`%arg<i>` for arguments, streams by their name, `%<n>` for other values."""
 
-    def __call__(self, value: ir.Value, prefix: str = "%") -> str:
+    def __init__(self, arguments):
+        self.names = {a: f"%arg{i}" for i, a in enumerate(arguments)}
+        self.count = 0
+
+    def __call__(self, value: ir.Value) -> str:
         if value not in self.names:
-            self.names[value] = f"{prefix}{len(self.names)}"
+            self.names[value] = f"%{self.count}"
+            self.count += 1
         return self.names[value]
 
 
@@ -71,19 +75,14 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
     entry = func_op.regions[0].blocks[0]
     meshes = meshes_of(module)
     mesh = next(iter(meshes.values())) if meshes else None
-    name = _Namer()
+    name = _Namer(entry.arguments)
 
     def sharding_of(d):
         return Sharding.from_attr(d["tsched.sharding"]) if d is not None and "tsched.sharding" in d else None
 
     arg_dicts = _dict_attrs(func_op, "arg_attrs", len(entry.arguments))
-    inputs = [_tensor_spec(_arg_name(a, i), name(a, "%arg"), ir.MemRefType(a.type),
-                           sharding_of(d), mesh)
+    inputs = [_tensor_spec(_arg_name(a, i), name(a), ir.MemRefType(a.type), sharding_of(d), mesh)
               for i, (a, d) in enumerate(zip(entry.arguments, arg_dicts))]
-    # Arguments get their own numbering: %arg0, %arg1, ...
-    for i, a in enumerate(entry.arguments):
-        name.names[a] = f"%arg{i}"
-        inputs[i]["value"] = f"%arg{i}"
 
     instructions, outputs = [], []
     streams = []
@@ -143,11 +142,9 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
                "inputs": inputs, "outputs": outputs, "streams": streams,
                "instructions": instructions}
     if mesh is not None:
-        size = 1
-        for s in mesh.shape:
-            size *= s
         program["mesh"] = {"name": mesh.name, "axes": list(mesh.axes), "shape": list(mesh.shape),
-                           "devices": devices if devices is not None else list(range(size))}
+                           "devices": devices if devices is not None
+                           else list(range(math.prod(mesh.shape)))}
     return program
 
 

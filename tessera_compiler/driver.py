@@ -30,11 +30,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
-DEFAULT_SPLIT_MARKER = "// -----"
+# When set, internal errors also print the Python traceback (tool developers
+# only; users get a one-line error). Shared with the passes' own guard.
+from tessera_passes import TRACEBACK_ENV
 
-#: Environment variable: when set, internal errors also print the Python
-#: traceback (tool developers only; users get a one-line error).
-TRACEBACK_ENV = "TESSERA_OPT_TRACEBACK"
+DEFAULT_SPLIT_MARKER = "// -----"
 
 
 class InputError(Exception):

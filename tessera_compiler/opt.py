@@ -13,10 +13,8 @@ Run ``tessera-opt --help`` for the options.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -41,31 +39,6 @@ def tessera_passes() -> dict:
     except ImportError:
         return {}
     return dict(getattr(tessera_passes, "PASSES", {}))
-
-
-def _camel(flag: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[-_]", flag) if part)
-
-
-def _wrap_tessera_pass(flag: str, run):
-    """Runs a Tessera pass; a Python exception in it becomes an error
-    diagnostic at the op and a pass failure (never a traceback)."""
-
-    def tessera_pass(op, pass_):
-        try:
-            run(op, pass_)
-        except Exception as e:  # noqa: BLE001 - reported as a diagnostic
-            msg = f"pass '{flag}' raised {type(e).__name__}: {e}"
-            if os.environ.get(driver.TRACEBACK_ENV):
-                sys.stderr.write(traceback.format_exc())
-            try:
-                op.location.emit_error(msg)
-            except Exception:  # pragma: no cover
-                sys.stderr.write(f"{TOOL}: error: {msg}\n")
-            pass_.signal_pass_failure()
-
-    tessera_pass.__name__ = _camel(flag)
-    return tessera_pass
 
 
 # ---------------------------------------------------------------------------
@@ -179,12 +152,10 @@ def build_pass_manager(elements: list[PipelineElement], context, opts: "Options"
             if el.rest:
                 raise UsageError(f"Tessera pass '{el.name}' takes no options, got '{el.origin}'")
             try:
-                run = info.load()
+                info.add_to(pm)
             except Exception as e:  # noqa: BLE001
                 raise UsageError(f"could not load Tessera pass '{el.name}': "
                                  f"{type(e).__name__}: {e}") from None
-            pm.add(_wrap_tessera_pass(el.name, run), name=_camel(el.name),
-                   argument=el.name, description=getattr(info, "summary", ""))
             continue
         try:
             pm.add(el.text)

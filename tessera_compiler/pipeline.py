@@ -16,6 +16,7 @@ from tessera_mlir import ir, passmanager
 import tessera_passes
 
 from .codegen import emit_cpp, emit_cuda
+from .passes_common import source_of
 
 STAGES = [
     ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize"]),
@@ -45,10 +46,10 @@ class Levels:
 
 
 def add_passes(pm: passmanager.PassManager, flags) -> None:
+    """Tessera passes by flag (through the registry), upstream passes by name."""
     for flag in flags:
         if flag in tessera_passes.PASSES:
-            info = tessera_passes.get(flag)
-            pm.add(info.load(), name=flag, argument=flag, description=info.summary)
+            tessera_passes.get(flag).add_to(pm)
         else:
             pm.add(flag)
 
@@ -63,7 +64,6 @@ def _format_diagnostics(err: ir.MLIRError) -> str:
 
 
 def _where(loc: ir.Location) -> str:
-    from .passes_common import source_of
     src = source_of(loc)
     return f"{src}: " if src else ""
 

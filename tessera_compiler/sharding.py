@@ -10,10 +10,15 @@ same rules, so they cannot disagree.
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tessera_mlir import ir
+
+#: Element types Tessera handles, by MLIR name, as numpy dtype names.
+ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
+                 "i32": "int32", "i64": "int64", "i8": "int8", "i1": "bool"}
 
 _SHARDING_RE = re.compile(
     r'^#tgraph\.sharding<@(?P<mesh>[\w$.-]+|"[^"]*"), (?P<dims>\[.*?\])(?:, partial = (?P<partial>\[.*\]))?>$')
@@ -40,7 +45,7 @@ class Sharding:
         return Sharding(m["mesh"].strip('"'), tuple(tuple(d) for d in dims), tuple(partial))
 
     def __str__(self) -> str:
-        dims = json.dumps([list(d) for d in self.dims]).replace('", "', '", "')
+        dims = json.dumps([list(d) for d in self.dims])
         text = f"#tgraph.sharding<@{self.mesh}, {dims}"
         if self.partial:
             text += f", partial = {json.dumps(list(self.partial))}"
@@ -52,13 +57,6 @@ class Sharding:
     @property
     def rank(self) -> int:
         return len(self.dims)
-
-    @property
-    def is_replicated(self) -> bool:
-        return not self.partial and all(not d for d in self.dims)
-
-    def used_axes(self) -> set[str]:
-        return {a for d in self.dims for a in d} | set(self.partial)
 
     def with_dims(self, dims) -> "Sharding":
         return replace(self, dims=tuple(tuple(d) for d in dims))
@@ -83,10 +81,8 @@ class Mesh:
         return self.shape[self.axes.index(axis)]
 
     def parts(self, axes) -> int:
-        n = 1
-        for a in axes:
-            n *= self.axis_size(a)
-        return n
+        """How many blocks a dimension split over `axes` has."""
+        return math.prod(self.axis_size(a) for a in axes)
 
     def local_shape(self, shape, sharding: Sharding) -> list[int]:
         return [s // self.parts(axes) for s, axes in zip(shape, sharding.dims)]
@@ -113,11 +109,6 @@ def meshes_of(module: ir.Module | ir.Operation) -> dict[str, Mesh]:
 class Rule:
     operands: list[Sharding]
     result: Sharding
-    notes: list[str] = field(default_factory=list)
-
-
-def _without(dims, axes: set[str]):
-    return [tuple(a for a in d if a not in axes) for d in dims]
 
 
 def matmul_rule(lhs: Sharding, rhs: Sharding) -> Rule:
@@ -129,12 +120,10 @@ def matmul_rule(lhs: Sharding, rhs: Sharding) -> Rule:
     operand is partial too. Conflicts are resolved by replicating the rhs side.
     """
     r = lhs.rank
-    notes = []
     # At most one partial operand survives: matmul is linear in each argument
     # separately, not in both.
     if lhs.partial and rhs.partial:
         rhs = rhs.with_partial(())
-        notes.append("rhs partial sum resolved before matmul")
     lk, rk = lhs.dims[r - 1], rhs.dims[r - 2]
     if lk != rk:
         # Different contraction splits: gather both to replicated K.
@@ -156,7 +145,7 @@ def matmul_rule(lhs: Sharding, rhs: Sharding) -> Rule:
         lhs = lhs.with_partial(())
         partial = tuple(dict.fromkeys(rhs.partial + tuple(lk)))
     result = Sharding(lhs.mesh, batch + (m_axes, n_axes), partial)
-    return Rule([lhs, rhs], result, notes)
+    return Rule([lhs, rhs], result)
 
 
 def elementwise_rule(operands: list[Sharding], linear: bool) -> Rule:

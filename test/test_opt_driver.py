@@ -298,22 +298,16 @@ def test_output_file_written_only_on_success(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-class FakePassInfo:
-    """Stands in for tessera_passes.PassInfo: load() returns a local function."""
-
-    def __init__(self, flag, run, summary="a throwaway test pass"):
-        self.flag, self.module, self.summary, self._run = flag, "none", summary, run
-
-    def load(self):
-        return self._run
-
-
 @pytest.fixture
 def register(monkeypatch):
+    """Registers a throwaway pass: a real PassInfo whose load() returns a local
+    function instead of importing a module, so the registry's add_to() runs."""
     import tessera_passes
 
     def add(flag, run, summary="a throwaway test pass"):
-        monkeypatch.setitem(tessera_passes.PASSES, flag, FakePassInfo(flag, run, summary))
+        info = tessera_passes.PassInfo(flag, "none", summary)
+        object.__setattr__(info, "load", lambda: run)     # PassInfo is frozen
+        monkeypatch.setitem(tessera_passes.PASSES, flag, info)
 
     return add
 

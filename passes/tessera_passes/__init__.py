@@ -14,8 +14,15 @@ summary; the module is imported only when the pass is used (as in xDSL), so
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import sys
+import traceback
 from dataclasses import dataclass
 from typing import Callable
+
+#: Set to print the Python traceback of a pass that raised (for developers).
+TRACEBACK_ENV = "TESSERA_OPT_TRACEBACK"
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,29 @@ class PassInfo:
     def load(self) -> Callable:
         """The pass' ``run(op, pass_)`` function."""
         return importlib.import_module(f"{__name__}.{self.module}").run
+
+    @property
+    def name(self) -> str:
+        """`TesseraPartition` for `tessera-partition` (MLIR's pass-name style)."""
+        return "".join(part[:1].upper() + part[1:] for part in re.split(r"[-_]", self.flag) if part)
+
+    def add_to(self, pm) -> None:
+        """Appends this pass to a PassManager. A Python exception escaping the pass
+        (a bug, not a user error) becomes an error diagnostic and a pass failure,
+        never a traceback through MLIR."""
+        run, flag = self.load(), self.flag
+
+        def guarded(op, pass_):
+            try:
+                run(op, pass_)
+            except Exception as err:  # noqa: BLE001 - reported as a diagnostic
+                if os.environ.get(TRACEBACK_ENV):
+                    sys.stderr.write(traceback.format_exc())
+                op.location.emit_error(f"pass '{flag}' raised {type(err).__name__}: {err}")
+                pass_.signal_pass_failure()
+
+        guarded.__name__ = self.name
+        pm.add(guarded, name=self.name, argument=flag, description=self.summary)
 
 
 _PASSES = [

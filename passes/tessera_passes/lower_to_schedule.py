@@ -54,8 +54,7 @@ def hoist_collectives(func_op: ir.Operation) -> None:
 
 
 class ScheduleBuilder:
-    def __init__(self, module_op: ir.Operation, func_op: ir.Operation):
-        self.module_op = module_op
+    def __init__(self, func_op: ir.Operation):
         self.src = func_op
         self.name = ir.StringAttr(func_op.attributes["sym_name"]).value
         self.buffers: dict = {}        # tensor value -> buffer value
@@ -186,13 +185,13 @@ class ScheduleBuilder:
                 tsched.FreeOp(buf)
 
 
-def lower_function(module_op: ir.Operation, func_op: ir.Operation) -> None:
+def lower_function(func_op: ir.Operation) -> None:
     if "tgraph.partitioned" not in func_op.attributes:
         raise PassError("run tessera-partition before tessera-lower-to-schedule "
                         f"(function @{ir.StringAttr(func_op.attributes['sym_name']).value} is not partitioned)",
                         func_op.location)
     hoist_collectives(func_op)
-    builder = ScheduleBuilder(module_op, func_op)
+    builder = ScheduleBuilder(func_op)
     sched = builder.build()
     name = builder.name
     func_op.erase()
@@ -205,5 +204,5 @@ def run(op, pass_):
             if "tsched.kernel" in f.attributes or not any(
                     o.name.startswith("tgraph.") for o in ops_of(f)):
                 continue
-            lower_function(op, f)
+            lower_function(f)
     run_reporting(op, pass_, body)

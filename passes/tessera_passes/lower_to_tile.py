@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from tessera_mlir import ir
-from tessera_mlir.dialects import arith, func, scf, ttile
+from tessera_mlir.dialects import arith, func, scf, tsched, ttile
 
 from tessera_compiler.passes_common import (PassError, functions, function_type,
                                             ops_of, run_reporting)
@@ -100,7 +100,6 @@ def _fuse_next(sched, producer, kernels, module_block):
     if not isinstance(out_def, ir.Block) and out_def.name == "tsched.alloc":
         out_def.move_before(producer)
     with ir.InsertionPoint(producer), producer.location:
-        from tessera_mlir.dialects import tsched
         new = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(fused_name), stream,
                               list(ins) + extra, list(c_outs)).operation
     frees = [u for u in users if u.name == "tsched.free"]
@@ -186,17 +185,35 @@ def tile_kernel(kernel: ir.Operation, module_block: ir.Block) -> ir.Operation:
                     bad.location)
 
 
-def _new_kernel(name, arg_types, grid, block_shape, tile_sizes, loc, module_block):
+def _new_kernel(kernel, name, arg_types, grid, tile_sizes, loc, module_block):
+    """An empty ttile.kernel replacing the tensor-level `kernel`: returns it, its
+    entry block, and a map from `kernel`'s arguments to the new buffer arguments."""
     with ir.InsertionPoint(module_block), loc:
         k = ttile.KernelOp(name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
-                           _i64_array(grid), _i64_array(block_shape))
+                           _i64_array(grid), _i64_array([THREADS_PER_BLOCK]))
         k.attributes["ttile.tile_sizes"] = _i64_array(tile_sizes)
         entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
-    return k, entry
+    buffer_of = dict(zip(kernel.regions[0].blocks[0].arguments, entry.arguments))
+    return k, entry, buffer_of
 
 
-def _apply_elementwise(op: ir.Operation, operands: list[ir.Value]) -> ir.Value:
-    return ELEMENTWISE[op.name](*operands).result
+def _tile_offsets(tile_shape) -> list[ir.Value]:
+    """Element offsets of this instance's tile: program_id(d) * tile[d]."""
+    i64 = ir.IntegerType.get_signless(64)
+    return [arith.MulIOp(ttile.ProgramIdOp(ir.IntegerAttr.get(i64, d)).result, _index(t)).result
+            for d, t in enumerate(tile_shape)]
+
+
+def _apply_elementwise(ops, tiles: dict, load) -> ir.Value:
+    """Applies elementwise `ops` to tiles; an operand without a tile yet (a
+    kernel input such as a bias or residual) is loaded with `load(value)`.
+    Returns the last op's tile."""
+    for op in ops:
+        with op.location:
+            operands = [tiles[v] if v in tiles else tiles.setdefault(v, load(v))
+                        for v in op.operands]
+            tiles[op.results[0]] = ELEMENTWISE[op.name](*operands).result
+    return tiles[ops[-1].results[0]]
 
 
 def _tiled_matmul(kernel, name, arg_types, matmul, epilogue, module_block):
@@ -207,18 +224,10 @@ def _tiled_matmul(kernel, name, arg_types, matmul, epilogue, module_block):
     (M, K), (_, N) = lhs_t.shape, rhs_t.shape
     BM, BN, BK = (largest_divisor(n, cap) for n, cap in zip((M, N, K), MATMUL_TILE_CAP))
     elt = lhs_t.element_type
-    k, entry = _new_kernel(name, arg_types, [M // BM, N // BN], [THREADS_PER_BLOCK],
-                           [BM, BN, BK], matmul.location, module_block)
-    args = list(entry.arguments)
-    kargs = list(kernel.regions[0].blocks[0].arguments)
-    buffer_of = dict(zip(kargs, args))
-    out = args[-1]
-    i64 = ir.IntegerType.get_signless(64)
+    k, entry, buffer_of = _new_kernel(kernel, name, arg_types, [M // BM, N // BN],
+                                      [BM, BN, BK], matmul.location, module_block)
     with ir.InsertionPoint(entry), matmul.location:
-        pm = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 0)).result
-        pn = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 1)).result
-        row = arith.MulIOp(pm, _index(BM)).result
-        col = arith.MulIOp(pn, _index(BN)).result
+        row, col = _tile_offsets([BM, BN])
         acc_t = _tile_type([BM, BN], elt)
         acc0 = ttile.FillOp(acc_t, ir.FloatAttr.get_f64(0.0)).result
         loop = scf.ForOp(_index(0), _index(K), _index(BK), [acc0])
@@ -227,17 +236,12 @@ def _tiled_matmul(kernel, name, arg_types, matmul, epilogue, module_block):
             a = ttile.LoadOp(_tile_type([BM, BK], elt), buffer_of[matmul.operands[0]], [row, kk]).result
             b = ttile.LoadOp(_tile_type([BK, BN], elt), buffer_of[matmul.operands[1]], [kk, col]).result
             scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0]).result])
-        tiles = {matmul.results[0]: loop.results[0]}
-        for op in epilogue:
-            with op.location:
-                operands = []
-                for v in op.operands:
-                    if v not in tiles:   # another kernel input, e.g. a bias or residual
-                        tiles[v] = ttile.LoadOp(acc_t, buffer_of[v], [row, col]).result
-                    operands.append(tiles[v])
-                tiles[op.results[0]] = _apply_elementwise(op, operands)
-        result = tiles[(epilogue[-1] if epilogue else matmul).results[0]]
-        ttile.StoreOp(result, out, [row, col])
+        result = loop.results[0]
+        if epilogue:
+            result = _apply_elementwise(
+                epilogue, {matmul.results[0]: result},
+                lambda v: ttile.LoadOp(acc_t, buffer_of[v], [row, col]).result)
+        ttile.StoreOp(result, entry.arguments[-1], [row, col])
         ttile.ReturnOp()
     return k.operation
 
@@ -253,26 +257,14 @@ def _tiled_elementwise(kernel, name, arg_types, body, module_block):
         tile[d] = largest_divisor(shape[d], max(1, budget))
         budget //= tile[d]
     grid = [s // t for s, t in zip(shape, tile)]
-    k, entry = _new_kernel(name, arg_types, grid, [THREADS_PER_BLOCK], tile,
-                           body[0].location, module_block)
-    args = list(entry.arguments)
-    kargs = list(kernel.regions[0].blocks[0].arguments)
-    buffer_of = dict(zip(kargs, args))
+    k, entry, buffer_of = _new_kernel(kernel, name, arg_types, grid, tile,
+                                      body[0].location, module_block)
     tile_t = _tile_type(tile, out_t.element_type)
-    i64 = ir.IntegerType.get_signless(64)
     with ir.InsertionPoint(entry), body[0].location:
-        offsets = [arith.MulIOp(ttile.ProgramIdOp(ir.IntegerAttr.get(i64, d)).result,
-                                _index(t)).result for d, t in enumerate(tile)]
-        tiles = {}
-        for op in body:
-            with op.location:
-                operands = []
-                for v in op.operands:
-                    if v not in tiles:
-                        tiles[v] = ttile.LoadOp(tile_t, buffer_of[v], offsets).result
-                    operands.append(tiles[v])
-                tiles[op.results[0]] = _apply_elementwise(op, operands)
-        ttile.StoreOp(tiles[body[-1].results[0]], args[-1], offsets)
+        offsets = _tile_offsets(tile)
+        result = _apply_elementwise(
+            body, {}, lambda v: ttile.LoadOp(tile_t, buffer_of[v], offsets).result)
+        ttile.StoreOp(result, entry.arguments[-1], offsets)
         ttile.ReturnOp()
     return k.operation
 
