@@ -8,13 +8,28 @@
     @ts.compile(mesh=mesh)
     def mlp(x, w1, w2):
         return op.matmul(op.relu(op.matmul(x, w1)), w2)
+
+    @ts.jit
+    def step(params, batch):
+        loss = ts.nn.cross_entropy(model(params, batch["x"]), batch["y"])
+        return loss, ts.grad(loss, params)
 """
 
-from . import dist, graph, op
-from .compiler import CompiledFunction, compile
+from . import dist, graph, nn, op, optim
+from ._trace import autocast
+from .autodiff import grad, value_and_grad
+from .compiler import CompiledFunction, compile, function, jit
+from .dtypes import bf16, bfloat16, bool_, f16, f32, f64, float16, float32, float64, int32, int64
 from .errors import CompileError, LaunchError, ShapeError, ShardingError, TesseraError
+from .op import (concat, exp, isfinite, log, matmul, maximum, minimum, relu, reshape, softmax,
+                 split, sqrt, tanh, transpose, where)
+from .types import Tensor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["compile", "CompiledFunction", "dist", "graph", "op", "TesseraError",
-           "ShardingError", "ShapeError", "LaunchError", "CompileError"]
+__all__ = ["compile", "jit", "function", "CompiledFunction", "grad", "value_and_grad",
+           "autocast", "Tensor", "dist", "graph", "nn", "op", "optim", "f32", "f64", "f16",
+           "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",
+           "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
+           "softmax", "relu", "exp", "log", "sqrt", "tanh", "where", "isfinite", "minimum",
+           "maximum"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,12 +21,13 @@ from tessera_compiler.sharding import ELEMENT_TYPES, Sharding
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
+from ._pytree import flatten
 from ._source import SourceLine, user_frame
+from .dtypes import as_dtype
 from .errors import ShapeError
 
-# numpy dtype -> MLIR element type; bf16 waits for a numpy bfloat16 (ml_dtypes).
-_ELEMENT = {np.dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()
-            if mlir_name != "bf16"}
+# numpy dtype -> MLIR element type (bfloat16 is ml_dtypes').
+_ELEMENT = {as_dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()}
 
 _state = threading.local()
 
@@ -50,7 +51,11 @@ class ArgSpec:
 
 
 class Traced:
-    """A tensor inside a function being traced: a Graph IR value and its shape."""
+    """A tensor inside a function being traced: a Graph IR value, its shape and
+    dtype. Supports the arithmetic operators, `@`, `.reshape`, `.transpose`,
+    `.T`, `.sum/.mean/.max` and `.astype` like a numpy array."""
+
+    __array_priority__ = 1000   # `np_scalar * traced` defers to Traced
 
     def __init__(self, value: ir.Value, shape, dtype, source: SourceLine | None = None):
         self.value = value
@@ -62,16 +67,90 @@ class Traced:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
     def __repr__(self) -> str:
         return f"Traced(shape={self.shape}, dtype={self.dtype})"
 
-    def __matmul__(self, other):
-        from .op import matmul
-        return matmul(self, other)
+    def __bool__(self):
+        raise TypeError("a traced tensor has no value while the function is being compiled; "
+                        "use ts.where(cond, a, b) instead of Python `if` on tensors")
 
-    def __add__(self, other):
-        from .op import add
-        return add(self, other)
+    # Operators: the op functions check shapes and name the caller's line.
+    def __add__(self, o): return _op().add(self, o)
+    def __radd__(self, o): return _op().add(o, self)
+    def __sub__(self, o): return _op().sub(self, o)
+    def __rsub__(self, o): return _op().sub(o, self)
+    def __mul__(self, o): return _op().mul(self, o)
+    def __rmul__(self, o): return _op().mul(o, self)
+    def __truediv__(self, o): return _op().div(self, o)
+    def __rtruediv__(self, o): return _op().div(o, self)
+    def __neg__(self): return _op().neg(self)
+    def __pow__(self, p): return _op().pow(self, p)
+    def __matmul__(self, o): return _op().matmul(self, o)
+    def __rmatmul__(self, o): return _op().matmul(o, self)
+    def __lt__(self, o): return _op().less(self, o)
+    def __le__(self, o): return _op().less_equal(self, o)
+    def __gt__(self, o): return _op().greater(self, o)
+    def __ge__(self, o): return _op().greater_equal(self, o)
+
+    def reshape(self, *shape): return _op().reshape(self, *shape)
+    def transpose(self, *dims): return _op().transpose(self, *dims)
+    def astype(self, dtype): return _op().cast(self, dtype)
+    def sum(self, dim=None, keepdim=False): return _op().sum(self, dim, keepdim)
+    def mean(self, dim=None, keepdim=False): return _op().mean(self, dim, keepdim)
+    def max(self, dim=None, keepdim=False): return _op().max(self, dim, keepdim)
+
+    @property
+    def T(self): return _op().transpose(self)
+
+
+def _op():
+    from . import op
+    return op
+
+
+@dataclass
+class TraceState:
+    """What the function being traced has built so far."""
+    func: object
+    entry: ir.Block
+    fn_loc: ir.Location
+    mesh: object
+    captured: list = field(default_factory=list)     # (object, Traced), in argument order
+
+
+def current() -> TraceState | None:
+    return getattr(_state, "trace", None)
+
+
+def autocast_dtype() -> np.dtype | None:
+    """The dtype matmuls compute in under `ts.autocast`, or None."""
+    stack = getattr(_state, "autocast", None)
+    return stack[-1] if stack else None
+
+
+class autocast:
+    """`with ts.autocast(dtype=ts.bf16):` matmuls inside (traced or called)
+    compute in `dtype` with fp32 accumulation; norms, softmax and losses stay
+    in fp32; weights and gradients keep their own dtype."""
+
+    def __init__(self, dtype=None, enabled: bool = True):
+        from .dtypes import as_dtype, bf16
+        self.dtype = as_dtype(dtype) if dtype is not None else bf16
+        self.enabled = enabled
+
+    def __enter__(self):
+        if not hasattr(_state, "autocast"):
+            _state.autocast = []
+        _state.autocast.append(self.dtype if self.enabled else None)
+        return self
+
+    def __exit__(self, *exc):
+        _state.autocast.pop()
+        return False
 
 
 def current_location(src: SourceLine | None = None) -> ir.Location:
@@ -81,14 +160,41 @@ def current_location(src: SourceLine | None = None) -> ir.Location:
 
 def require_tracing(op_name: str, *operands) -> SourceLine:
     src = user_frame()
-    if getattr(_state, "active", False) is False:
+    if current() is None:
         raise RuntimeError(f"op.{op_name} at {src} was called outside a function compiled by "
-                           "tessera.compile; decorate the function with @tessera.compile(mesh=...)")
+                           "tessera (ts.jit, ts.function or tessera.compile); decorate the "
+                           "function that calls it")
     for i, x in enumerate(operands):
         if not isinstance(x, Traced):
             raise ShapeError(f"op.{op_name}: operand #{i} is a {type(x).__name__}, not a traced "
                              f"tensor  [{src}]")
     return src
+
+
+def capture(obj, src: SourceLine) -> Traced:
+    """A concrete tensor (numpy array or DTensor) used inside a traced function
+    becomes an extra argument of the compiled function (like a closure)."""
+    state = current()
+    for held, traced in state.captured:
+        if held is obj:
+            return traced
+    from . import dist
+    if isinstance(obj, dist.DTensor):
+        shape, dtype, dims, partial = obj.shape, obj.dtype, tuple(obj.dims), tuple(obj.layout.partial)
+        name = obj.name or f"captured{len(state.captured)}"
+    else:
+        arr = np.asarray(obj)
+        shape, dtype, dims, partial = arr.shape, arr.dtype, tuple(() for _ in arr.shape), ()
+        name = f"captured{len(state.captured)}"
+    t = ir.RankedTensorType.get(list(shape), element_type(dtype))
+    arg = state.entry.add_argument(t, ir.Location.name(name, childLoc=state.fn_loc))
+    attrs = list(ir.ArrayAttr(state.func.attributes["arg_attrs"]))
+    attrs.append(ir.DictAttr.get({"tgraph.sharding": Sharding(state.mesh.name, dims, partial).to_attr()}))
+    state.func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+    traced = Traced(arg, shape, dtype, src)
+    traced.name = name
+    state.captured.append((obj, traced))
+    return traced
 
 
 def symbol_name(fn) -> str:
@@ -98,11 +204,27 @@ def symbol_name(fn) -> str:
     return name if not name[0].isdigit() else f"fn_{name}"
 
 
-def trace_function(fn, specs: list[ArgSpec], mesh) -> tuple[ir.Module, list[Traced]]:
-    """Graph IR for `fn` called on arguments described by `specs`."""
+def function_source(fn) -> SourceLine:
+    try:
+        return SourceLine(inspect.getsourcefile(fn) or "<unknown>", inspect.getsourcelines(fn)[1])
+    except (OSError, TypeError):
+        return SourceLine("<unknown>", 0)
+
+
+@dataclass
+class TraceResult:
+    module: ir.Module
+    outputs: list            # Traced leaves of the result
+    structure: object        # pytree structure of the result
+    captured: list           # objects captured as extra trailing arguments
+
+
+def trace_function(fn, specs: list[ArgSpec], mesh, call=None) -> TraceResult:
+    """Graph IR for `fn` called on tensors described by `specs`. `call(traced)`
+    calls `fn` with the traced tensors placed in its arguments (default:
+    positionally)."""
     ctx = new_context()
-    fn_src = SourceLine(inspect.getsourcefile(fn) or "<unknown>",
-                        inspect.getsourcelines(fn)[1] if inspect.getsourcefile(fn) else 0)
+    fn_src = function_source(fn)
     fn_loc = ir.Location.file(fn_src.filename, fn_src.line, 0, context=ctx)
     with ctx, fn_loc:
         module = ir.Module.create()
@@ -116,19 +238,21 @@ def trace_function(fn, specs: list[ArgSpec], mesh) -> tuple[ir.Module, list[Trac
             f.attributes["arg_attrs"] = ir.ArrayAttr.get([
                 ir.DictAttr.get({"tgraph.sharding": Sharding(mesh.name, s.dims, s.partial).to_attr()})
                 for s in specs])
+        state = TraceState(f, entry, fn_loc, mesh)
         with ir.InsertionPoint(entry):
             args = [Traced(v, s.shape, s.dtype) for v, s in zip(entry.arguments, specs)]
-            _state.active = True
+            previous, _state.trace = current(), state
             try:
-                out = fn(*args)
+                out = call(args) if call is not None else fn(*args)
             finally:
-                _state.active = False
-            outs = list(out) if isinstance(out, (tuple, list)) else [out]
-            for i, o in enumerate(outs):
+                _state.trace = previous
+            leaves, structure = flatten(out)
+            for i, o in enumerate(leaves):
                 if not isinstance(o, Traced):
-                    raise ShapeError(f"{fn.__name__} must return tensors computed with tessera.op; "
-                                     f"result #{i} is a {type(o).__name__}  [{fn_src}]")
-            func.ReturnOp([o.value for o in outs])
+                    raise ShapeError(f"{fn.__name__} must return tensors computed with tessera ops "
+                                     f"(possibly in tuples, lists and dicts); output #{i} is a "
+                                     f"{type(o).__name__}  [{fn_src}]")
+            func.ReturnOp([o.value for o in leaves])
         f.attributes["function_type"] = ir.TypeAttr.get(
-            ir.FunctionType.get(arg_types, [o.value.type for o in outs]))
-    return module, outs
+            ir.FunctionType.get([a.type for a in entry.arguments], [o.value.type for o in leaves]))
+    return TraceResult(module, leaves, structure, [obj for obj, _ in state.captured])

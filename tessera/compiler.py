@@ -1,9 +1,16 @@
-"""`tessera.compile`: trace, lower through every IR level, bundle, run.
+"""`tessera.compile`, `ts.jit`, `ts.function`: trace, lower through every IR
+level, bundle, run.
 
-The first call with a given signature (shapes, dtypes, layouts) traces the
-function, lowers it, compiles its kernels and writes a bundle; later calls
-reuse the loaded program. Execution always goes through the bundle and the
-runtime, exactly as a bundle saved with `.save()` runs elsewhere.
+The first call with a given signature (the shapes, dtypes and layouts of the
+tensor arguments, and the values of everything else) traces the function,
+lowers it, compiles its kernels and writes a bundle; later calls reuse the
+loaded program. Execution always goes through the bundle and the runtime,
+exactly as a bundle saved with `.save()` runs elsewhere.
+
+Arguments may be nested dicts, lists and tuples (pytrees). Their numpy arrays,
+numpy scalars and DTensors are the compiled function's tensor inputs; every
+other leaf (numbers, strings, callables such as a `model_fn`) is static: it is
+baked into the trace and a different value compiles again.
 """
 
 from __future__ import annotations
@@ -26,77 +33,119 @@ from tessera_compiler.pipeline import CompileError as _PipelineError
 from tessera_compiler.pipeline import Levels, lower
 
 from . import dist
-from ._trace import ArgSpec, symbol_name, trace_function
+from ._pytree import flatten, paths, unflatten
+from ._source import user_frame
+from ._trace import ArgSpec, autocast_dtype, current, symbol_name, trace_function
 from .errors import CompileError, ShardingError
+from .types import check_annotations
 
 DUMP_ENV = "TESSERA_DUMP_IR"
 
 
-class CompiledFunction:
-    """A function compiled for a mesh. Call it with DTensors (or numpy arrays,
-    taken as replicated)."""
+def _is_tensor(x) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, dist.DTensor))
 
-    def __init__(self, fn, mesh: dist.Mesh | None):
+
+def _static_key(x):
+    if callable(x):
+        return ("callable", id(x))
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("repr", repr(x))
+
+
+class CompiledFunction:
+    """A function compiled for a mesh. Call it like the Python function.
+
+    With a mesh (`tessera.compile(mesh=...)`), tensor results are DTensors; without
+    one (`ts.jit`, `ts.function`) the function runs replicated on every rank and
+    tensor results are numpy arrays."""
+
+    def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
+        self.numpy_results = numpy_results
         self.symbol = symbol_name(fn)          # safe in file names and C symbols
-        self._params = list(inspect.signature(fn).parameters)
+        self._signature = inspect.signature(fn)
         self._programs: dict = {}
+        self._traces: dict = {}
         self._bundles: dict = {}
         self._last_key = None
 
     # -- signature ----------------------------------------------------------
-    def _mesh_for(self, args) -> dist.Mesh:
-        meshes = {a.mesh for a in args if isinstance(a, dist.DTensor)}
+    def _bind(self, args, kwargs):
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.fn.__name__}: {e}  [{user_frame()}]") from None
+        bound.apply_defaults()
+        return bound
+
+    def _mesh_for(self, leaves) -> dist.Mesh:
+        meshes = {a.mesh for a in leaves if isinstance(a, dist.DTensor)}
         if self.mesh is not None:
             meshes.add(self.mesh)
         if len(meshes) > 1:
             raise ShardingError(f"{self.fn.__name__}: arguments live on different meshes "
                                 f"({', '.join(m.topology for m in meshes)})")
         if not meshes:
-            raise ShardingError(f"{self.fn.__name__}: give tessera.compile a mesh= or pass DTensors")
+            # No mesh: replicated over every rank of the job (one rank: one device).
+            return _default_mesh()
         return meshes.pop()
 
-    def _as_dtensors(self, args, mesh) -> list[dist.DTensor]:
-        params = list(self._param_names(len(args)))
-        out = []
-        for name, a in zip(params, args):
-            if isinstance(a, dist.DTensor):
-                out.append(a)
-            elif isinstance(a, np.ndarray):
-                out.append(dist.from_numpy(a, dist.ShardSpec(), mesh, name=name))
-            else:
-                raise TypeError(f"{self.fn.__name__}: argument '{name}' is a {type(a).__name__}; "
-                                "pass a DTensor or a numpy array")
-        return out
-
-    def _param_names(self, n):
-        return (self._params + [f"arg{i}" for i in range(len(self._params), n)])[:n]
-
-    def _specs(self, tensors) -> list[ArgSpec]:
-        return [ArgSpec(name, t.shape, t.dtype, tuple(t.dims), tuple(t.layout.partial))
-                for name, t in zip(self._param_names(len(tensors)), tensors)]
+    def _prepare(self, args, kwargs):
+        """(bound arguments, leaves, structure, names, mesh, tensors, key)."""
+        bound = self._bind(args, kwargs)
+        check_annotations(self.fn, self._signature, bound.arguments)
+        tree = tuple(bound.arguments.values())
+        leaves, structure = flatten(tree)
+        names = paths(dict(bound.arguments))
+        mesh = self._mesh_for(leaves)
+        tensors = []
+        for name, leaf in zip(names, leaves):
+            if isinstance(leaf, dist.DTensor):
+                tensors.append(leaf)
+            elif _is_tensor(leaf):
+                tensors.append(dist.from_numpy(np.asarray(leaf), dist.ShardSpec(), mesh, name=name))
+        specs = [ArgSpec(n, t.shape, t.dtype, tuple(t.dims), tuple(t.layout.partial))
+                 for n, t in zip([n for n, l in zip(names, leaves) if _is_tensor(l)], tensors)]
+        static = tuple(_static_key(l) for l in leaves if not _is_tensor(l))
+        key = (structure, static, tuple(specs), mesh, autocast_dtype())
+        return bound, leaves, structure, mesh, tensors, specs, key
 
     # -- compilation ----------------------------------------------------------
-    def lower(self, *args) -> Levels:
-        """Every IR level and the kernel sources for these arguments (no execution)."""
-        mesh = self._mesh_for(args)
-        return self._lower(self._specs(self._as_dtensors(args, mesh)), mesh)
+    def _trace(self, bound, leaves, specs, mesh):
+        def call(traced):
+            it = iter(traced)
+            filled = [next(it) if _is_tensor(l) else l for l in leaves]
+            values = unflatten(flatten(tuple(bound.arguments.values()))[1], filled)
+            rebound = self._signature.bind_partial()
+            rebound.arguments.update(zip(bound.arguments.keys(), values))
+            return self.fn(*rebound.args, **rebound.kwargs)
+        return trace_function(self.fn, specs, mesh, call)
 
-    def _lower(self, specs, mesh) -> Levels:
-        module, _ = trace_function(self.fn, specs, mesh)
+    def lower(self, *args, target: str = "cpu", **kwargs) -> Levels:
+        """Every IR level and the kernel sources for these arguments (no
+        execution). `target="gpu"` keeps matmuls as Tile IR GEMMs instead of
+        CPU BLAS calls."""
+        bound, leaves, _, mesh, _, specs, _ = self._prepare(args, kwargs)
+        return self._lower(self._trace(bound, leaves, specs, mesh), target)
+
+    def _lower(self, traced, target: str = "cpu") -> Levels:
+        module = traced.module
         with module.context:
             try:
-                return lower(module)
+                return lower(module, target)
             except _PipelineError as err:
                 raise CompileError(f"compiling {self.fn.__name__} failed:\n{err}") from None
 
-    def _bundle(self, specs, mesh) -> Path:
-        key = tuple(specs)
+    def _bundle(self, key, traced, mesh) -> Path:
         if key in self._bundles:
             return self._bundles[key]
-        levels = self._lower(specs, mesh)
+        levels = self._lower(traced)
         digest = hashlib.sha256(levels.graph.encode()).hexdigest()[:20]
         target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
         if not (target / "manifest.json").exists():
@@ -108,11 +157,11 @@ class CompiledFunction:
             except OSError:
                 pass  # another rank wrote the same bundle first
             shutil.rmtree(tmp, ignore_errors=True)
-        self._dump(levels, mesh)
+        self._dump(levels)
         self._bundles[key] = target
         return target
 
-    def _dump(self, levels: Levels, mesh) -> None:
+    def _dump(self, levels: Levels) -> None:
         out = os.environ.get(DUMP_ENV)
         if not out or tessera_runtime.world()[0] != 0:
             return
@@ -125,26 +174,34 @@ class CompiledFunction:
               file=sys.stderr)
 
     # -- execution ------------------------------------------------------------
-    def __call__(self, *args):
-        mesh = self._mesh_for(args)
-        tensors = self._as_dtensors(args, mesh)
-        specs = self._specs(tensors)
+    def __call__(self, *args, **kwargs):
+        if current() is not None:
+            # Called from another function being compiled: inline it.
+            check_annotations(self.fn, self._signature, self._bind(args, kwargs).arguments)
+            return self.fn(*args, **kwargs)
+        bound, leaves, _, mesh, tensors, specs, key = self._prepare(args, kwargs)
+        as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
         mesh.require_rank(f"calling {self.fn.__name__}")
         if mesh.size > 1:
             dist.install_abort_on_error()
-        key = tuple(specs)
-        program = self._programs.get(key)
-        if program is None:
-            program = tessera_runtime.load_bundle(self._bundle(specs, mesh))
-            self._programs[key] = program
+        entry = self._programs.get(key)
+        if entry is None:
+            traced = self._trace(bound, leaves, specs, mesh)
+            program = tessera_runtime.load_bundle(self._bundle(key, traced, mesh))
+            entry = self._programs[key] = (program, traced)
+        program, traced = entry
         self._last_key = key
-        outputs = program.run([t.local() for t in tensors])
+        captured = [c if isinstance(c, dist.DTensor) else
+                    dist.from_numpy(np.asarray(c), dist.ShardSpec(), mesh) for c in traced.captured]
+        outputs = program.run([t.local() for t in tensors] + [c.local() for c in captured])
         results = []
         for spec, local in zip(program.outputs, outputs):
             layout = dist.ShardSpec.from_dims(spec.sharding.dims, spec.sharding.partial)
-            results.append(dist.DTensor(local, spec.global_shape, local.dtype, layout, mesh,
-                                        name=f"{self.fn.__name__}.{spec.name}"))
-        return results[0] if len(results) == 1 else tuple(results)
+            t = dist.DTensor(local, spec.global_shape, local.dtype, layout, mesh,
+                             name=f"{self.fn.__name__}.{spec.name}")
+            results.append(t.numpy() if as_numpy else t)
+        out = unflatten(traced.structure, results)
+        return out
 
     def save(self, path) -> Path:
         """Copies the bundle of the last call to `path` (a directory)."""
@@ -158,9 +215,27 @@ class CompiledFunction:
         return path
 
 
+@functools.lru_cache(maxsize=None)
+def _default_mesh() -> dist.Mesh:
+    return dist.Mesh(axes=["dp"], devices=range(tessera_runtime.world()[1]), name="mesh")
+
+
 def compile(fn=None, *, mesh: dist.Mesh | None = None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
-    `tessera.compile(fn, mesh=mesh)`."""
+    `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays."""
     if fn is None:
-        return lambda f: CompiledFunction(f, mesh)
-    return CompiledFunction(fn, mesh)
+        return lambda f: CompiledFunction(f, mesh, numpy_results=mesh is None)
+    if isinstance(fn, CompiledFunction):
+        return fn
+    return CompiledFunction(fn, mesh, numpy_results=mesh is None)
+
+
+def jit(fn=None, *, mesh: dist.Mesh | None = None):
+    """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
+    return compile(fn, mesh=mesh)
+
+
+def function(fn=None, *, mesh: dist.Mesh | None = None):
+    """`@ts.function`: a compiled function with shape-annotated arguments
+    (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
+    return compile(fn, mesh=mesh)

@@ -31,8 +31,30 @@ class Trace:
         return "\n".join(parts)
 
 
-def trace(fn, *args, mesh=None) -> Trace:
+def trace(fn, *args, mesh=None, target: str = "cpu", **kwargs) -> Trace:
     """Lowers `fn` on `args` (DTensors or numpy arrays) through every level
-    without running it; works in a single process for any mesh."""
+    without running it; works in a single process for any mesh. `target`
+    is "cpu" (matmuls call BLAS) or "gpu" (matmuls are Tile IR GEMMs)."""
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn, mesh)
-    return Trace(compiled.fn.__name__, compiled.lower(*args))
+    return Trace(compiled.fn.__name__, compiled.lower(*args, target=target, **kwargs))
+
+
+def backward(loss, wrt=None):
+    """Gradients of scalar `loss` with respect to the parameters the step uses
+    (the tensors it captures from outside), or `wrt`; see `ts.grad`."""
+    from .autodiff import grad
+    return grad(loss, wrt)
+
+
+def training_step(fn=None, *, module: str | None = None, mesh=None):
+    """`@graph.training_step(module="Transformer")`: compiles a step that calls
+    `graph.backward(loss)` and returns `(grads, metrics)`; the parameters are
+    the arrays/DTensors the step reads from outside, and `grads` is a dict by
+    their names."""
+    from .compiler import compile as _compile
+
+    def wrap(f):
+        compiled = _compile(f, mesh=mesh)
+        compiled.module = module or f.__name__
+        return compiled
+    return wrap if fn is None else wrap(fn)

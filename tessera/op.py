@@ -1,60 +1,607 @@
-"""Tensor operators (`tessera.op`). Inside a function compiled by
-`tessera.compile`, each call records a Graph IR op at the caller's source line."""
+"""Tensor operators (`tessera.op`).
+
+Inside a function compiled by Tessera (`ts.jit`, `ts.function`,
+`tessera.compile`) each call records Graph IR at the caller's source line.
+Operands may be traced tensors, Python numbers, numpy arrays or DTensors (the
+last two become extra arguments of the compiled function). Elementwise ops
+broadcast like numpy. Shape and dtype errors name the op, the operands' shapes
+and the caller's line.
+
+Composite operators (softmax, norms, attention, cross-entropy, GELU, ...) are
+written here in terms of Graph IR primitives, so `tessera-autodiff` needs a
+rule only per primitive and `tessera-lower-to-tile` fuses their elementwise
+and row-reduction parts into a few kernels.
+"""
 
 from __future__ import annotations
 
-from tessera_mlir import ir
-from tessera_mlir.dialects import tgraph
+import math
 
-from ._trace import Traced, current_location, require_tracing
+import numpy as np
+
+from tessera_compiler import graph_builder as gb
+
+from . import dtypes
+from ._source import SourceLine, user_frame
+from ._trace import Traced, autocast_dtype, capture, current, current_location, element_type
 from .errors import ShapeError
 
-__all__ = ["matmul", "relu", "add"]
+__all__ = [
+    "matmul", "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum",
+    "exp", "log", "tanh", "sqrt", "rsqrt", "relu", "gelu", "silu", "sigmoid", "square",
+    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "where",
+    "isfinite", "cast", "sum", "mean", "max", "softmax", "log_softmax", "layernorm",
+    "rmsnorm", "embedding", "attention", "flash_attention", "cross_entropy", "reshape",
+    "transpose", "split", "concat", "transformer_block", "autodiff", "linear",
+]
 
 
-def _result_type(shape, like: Traced) -> ir.RankedTensorType:
-    return ir.RankedTensorType.get(list(shape), ir.RankedTensorType(like.value.type).element_type)
+class DTypeError(ShapeError, TypeError):
+    """Operands whose element types an op cannot take."""
 
 
-def _check_dtypes(name, src, *xs):
-    if len({x.dtype for x in xs}) > 1:
-        raise ShapeError(f"op.{name}: operand dtypes differ: "
-                         f"{', '.join(str(x.dtype) for x in xs)}  [{src}]")
+# ----------------------------------------------------------------------------
+# Operand handling
+# ----------------------------------------------------------------------------
+
+def _where_called(name: str) -> SourceLine:
+    src = user_frame()
+    if current() is None:
+        raise RuntimeError(f"op.{name} at {src} was called outside a function compiled by "
+                           "tessera (ts.jit, ts.function or tessera.compile); decorate the "
+                           "function that calls it")
+    return src
 
 
-def matmul(a: Traced, b: Traced) -> Traced:
-    """`a[..., M, K] @ b[..., K, N]`."""
-    src = require_tracing("matmul", a, b)
-    _check_dtypes("matmul", src, a, b)
-    if a.ndim < 2 or a.ndim != b.ndim:
-        raise ShapeError(f"op.matmul: operands must have the same rank >= 2, got shapes "
-                         f"{a.shape} and {b.shape}  [{src}]")
-    if a.shape[:-2] != b.shape[:-2]:
-        raise ShapeError(f"op.matmul: batch dimensions differ: {a.shape} and {b.shape}  [{src}]")
+def _describe(x) -> str:
+    if isinstance(x, Traced):
+        return f"{list(x.shape)} {x.dtype.name}"
+    return type(x).__name__
+
+
+def _tensor(name: str, x, src: SourceLine, like: Traced | None = None) -> Traced:
+    """`x` as a traced tensor: Python numbers take `like`'s dtype (f32 if none)."""
+    if isinstance(x, Traced):
+        return x
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.ndarray):
+        dtype = like.dtype if like is not None else dtypes.f32
+        if isinstance(x, float) and not dtypes.is_float(dtype):
+            dtype = dtypes.f32
+        with current_location(src):
+            return Traced(gb.fill([], element_type(dtype), float(x)), (), dtype, src)
+    from . import dist
+    if isinstance(x, (np.ndarray, np.generic, dist.DTensor)):
+        with current_location(src):
+            return capture(x, src)
+    raise ShapeError(f"op.{name}: cannot use a {type(x).__name__} as a tensor  [{src}]")
+
+
+def _out(value, src) -> Traced:
+    shape = gb.shape_of(value)
+    return Traced(value, shape, _np_of(gb.element_of(value)), src)
+
+
+def _np_of(element) -> np.dtype:
+    from tessera_compiler.sharding import ELEMENT_TYPES
+    return dtypes.as_dtype(ELEMENT_TYPES[str(element)])
+
+
+def _cast_to(x: Traced, dtype, src) -> Traced:
+    dtype = np.dtype(dtype)
+    if x.dtype == dtype:
+        return x
+    with current_location(src):
+        return _out(gb.cast(x.value, element_type(dtype)), src)
+
+
+def _broadcast_shapes(name: str, src, *xs: Traced) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*[x.shape for x in xs]))
+    except ValueError:
+        raise ShapeError(f"op.{name}: shapes {' and '.join(str(list(x.shape)) for x in xs)} do not "
+                         f"broadcast (numpy rules: trailing dimensions must match or be 1)  "
+                         f"[{src}]") from None
+
+
+def _require_float(name, src, *xs: Traced) -> None:
+    for x in xs:
+        if not dtypes.is_float(x.dtype):
+            raise DTypeError(f"op.{name}: needs floating-point operands, got {_describe(x)}  [{src}]")
+
+
+def _elementwise_operands(name: str, src, *xs, floats: bool = True) -> list[Traced]:
+    """Traced, dtype-promoted and broadcast operands of an elementwise op."""
+    like = next((x for x in xs if isinstance(x, Traced)), None)
+    ts = [_tensor(name, x, src, like) for x in xs]
+    dtype = ts[0].dtype
+    for t in ts[1:]:
+        dtype = dtypes.promote(dtype, t.dtype)
+    if floats and not dtypes.is_float(dtype):
+        raise DTypeError(f"op.{name}: needs floating-point operands, got "
+                         f"{', '.join(_describe(t) for t in ts)}  [{src}]")
+    shape = _broadcast_shapes(name, src, *ts)
+    out = []
+    with current_location(src):
+        for t in ts:
+            t = _cast_to(t, dtype, src)
+            if t.shape != shape:
+                t = _out(gb.broadcast(t.value, list(shape)), src)
+            out.append(t)
+    return out
+
+
+def _binary(kind: str, name: str, a, b) -> Traced:
+    src = _where_called(name)
+    a, b = _elementwise_operands(name, src, a, b)
+    with current_location(src):
+        return _out(gb.binary(kind, a.value, b.value), src)
+
+
+def _unary(kind: str, name: str, x) -> Traced:
+    src = _where_called(name)
+    (x,) = _elementwise_operands(name, src, x)
+    with current_location(src):
+        return _out(gb.unary(kind, x.value), src)
+
+
+# ----------------------------------------------------------------------------
+# Elementwise
+# ----------------------------------------------------------------------------
+
+def add(a, b) -> Traced:
+    """a + b (broadcasting)."""
+    return _binary("add", "add", a, b)
+
+
+def sub(a, b) -> Traced:
+    """a - b (broadcasting)."""
+    return _binary("sub", "sub", a, b)
+
+
+def mul(a, b) -> Traced:
+    """a * b (broadcasting)."""
+    return _binary("mul", "mul", a, b)
+
+
+def div(a, b) -> Traced:
+    """a / b (broadcasting)."""
+    return _binary("div", "div", a, b)
+
+
+def maximum(a, b) -> Traced:
+    """Elementwise max(a, b)."""
+    return _binary("max", "maximum", a, b)
+
+
+def minimum(a, b) -> Traced:
+    """Elementwise min(a, b) = -max(-a, -b)."""
+    return neg(maximum(neg(a), neg(b)))
+
+
+def neg(x) -> Traced:
+    return _unary("neg", "neg", x)
+
+
+def exp(x) -> Traced:
+    return _unary("exp", "exp", x)
+
+
+def log(x) -> Traced:
+    return _unary("log", "log", x)
+
+
+def tanh(x) -> Traced:
+    return _unary("tanh", "tanh", x)
+
+
+def sqrt(x) -> Traced:
+    return _unary("sqrt", "sqrt", x)
+
+
+def rsqrt(x) -> Traced:
+    """1 / sqrt(x)."""
+    return _unary("rsqrt", "rsqrt", x)
+
+
+def relu(x) -> Traced:
+    """max(x, 0)."""
+    return _unary("relu", "relu", x)
+
+
+def square(x) -> Traced:
+    return mul(x, x)
+
+
+def pow(x, p) -> Traced:
+    """x ** p for a small non-negative integer p, or p = 0.5 / -0.5."""
+    if p == 0.5:
+        return sqrt(x)
+    if p == -0.5:
+        return rsqrt(x)
+    if isinstance(p, int) and 0 <= p <= 8:
+        result = 1.0
+        for _ in range(p):
+            result = x if isinstance(result, float) else mul(result, x)
+        return result if not isinstance(result, float) else mul(x, 0.0) + 1.0
+    raise ShapeError(f"op.pow: exponent {p!r} is not supported (integers 0..8, 0.5, -0.5)  "
+                     f"[{user_frame()}]")
+
+
+def sigmoid(x) -> Traced:
+    """1 / (1 + exp(-x))."""
+    return div(1.0, add(exp(neg(x)), 1.0))
+
+
+def silu(x) -> Traced:
+    """x * sigmoid(x)."""
+    return mul(x, sigmoid(x))
+
+
+def gelu(x) -> Traced:
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
+    return mul(mul(x, 0.5), add(tanh(inner), 1.0))
+
+
+def _compare(kind: str, name: str, a, b) -> Traced:
+    src = _where_called(name)
+    a, b = _elementwise_operands(name, src, a, b, floats=False)
+    with current_location(src):
+        return _out(gb.compare(kind, a.value, b.value), src)
+
+
+def equal(a, b): return _compare("eq", "equal", a, b)
+def not_equal(a, b): return _compare("ne", "not_equal", a, b)
+def less(a, b): return _compare("lt", "less", a, b)
+def less_equal(a, b): return _compare("le", "less_equal", a, b)
+def greater(a, b): return _compare("gt", "greater", a, b)
+def greater_equal(a, b): return _compare("ge", "greater_equal", a, b)
+
+
+def where(cond, a, b) -> Traced:
+    """`cond ? a : b` elementwise (broadcasting); `cond` is a boolean tensor."""
+    src = _where_called("where")
+    c = _tensor("where", cond, src)
+    if c.dtype != dtypes.bool_:
+        raise DTypeError(f"op.where: condition must be boolean (a comparison), got "
+                         f"{_describe(c)}  [{src}]")
+    a, b = _elementwise_operands("where", src, a, b, floats=False)
+    shape = _broadcast_shapes("where", src, c, a)
+    with current_location(src):
+        cv = gb.broadcast(c.value, list(shape))
+        av, bv = gb.broadcast(a.value, list(shape)), gb.broadcast(b.value, list(shape))
+        return _out(gb.select(cv, av, bv), src)
+
+
+def isfinite(x) -> Traced:
+    """True where x is neither inf nor nan (x - x == 0 holds exactly then)."""
+    src = _where_called("isfinite")
+    x = _tensor("isfinite", x, src)
+    _require_float("isfinite", src, x)
+    d = sub(x, x)
+    return equal(d, 0.0)
+
+
+def cast(x, dtype) -> Traced:
+    """x converted to `dtype` (ts.f32, ts.bf16, ...); float to float rounds to nearest."""
+    src = _where_called("cast")
+    return _cast_to(_tensor("cast", x, src), dtypes.as_dtype(dtype), src)
+
+
+# ----------------------------------------------------------------------------
+# Reductions
+# ----------------------------------------------------------------------------
+
+def _dims(name, x: Traced, dim, src) -> list[int]:
+    if dim is None:
+        return list(range(x.ndim))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    out = []
+    for d in dims:
+        if not -x.ndim <= d < x.ndim:
+            raise ShapeError(f"op.{name}: dim {d} is out of range for shape {list(x.shape)}  [{src}]")
+        out.append(d % x.ndim)
+    return out
+
+
+def _reduce(kind: str, name: str, x, dim, keepdim) -> Traced:
+    src = _where_called(name)
+    x = _tensor(name, x, src)
+    dims = _dims(name, x, dim, src)
+    with current_location(src):
+        v = gb.reduce(x.value, kind, dims)
+        if not keepdim:
+            v = gb.reshape(v, [s for d, s in enumerate(x.shape) if d not in dims])
+        return _out(v, src)
+
+
+def sum(x, dim=None, keepdim: bool = False) -> Traced:  # noqa: A001 - the design docs' name
+    """Sum over `dim` (an int, a tuple, or None for all)."""
+    return _reduce("sum", "sum", x, dim, keepdim)
+
+
+def max(x, dim=None, keepdim: bool = False) -> Traced:  # noqa: A001
+    """Maximum over `dim`."""
+    return _reduce("max", "max", x, dim, keepdim)
+
+
+def mean(x, dim=None, keepdim: bool = False) -> Traced:
+    src = _where_called("mean")
+    x = _tensor("mean", x, src)
+    n = int(np.prod([x.shape[d] for d in _dims("mean", x, dim, src)]))
+    return div(sum(x, dim, keepdim), float(n))
+
+
+# ----------------------------------------------------------------------------
+# Shapes
+# ----------------------------------------------------------------------------
+
+def reshape(x, *shape) -> Traced:
+    """`x` with a new shape (one dimension may be -1)."""
+    src = _where_called("reshape")
+    x = _tensor("reshape", x, src)
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = [int(s) for s in shape]
+    if shape.count(-1) > 1:
+        raise ShapeError(f"op.reshape: at most one -1 in {shape}  [{src}]")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1]))
+        if known == 0 or x.size % known:
+            raise ShapeError(f"op.reshape: cannot reshape {list(x.shape)} to {shape}  [{src}]")
+        shape[shape.index(-1)] = x.size // known
+    if int(np.prod(shape)) != x.size:
+        raise ShapeError(f"op.reshape: cannot reshape {list(x.shape)} ({x.size} elements) to "
+                         f"{shape} ({int(np.prod(shape))} elements)  [{src}]")
+    with current_location(src):
+        return _out(gb.reshape(x.value, shape), src)
+
+
+def transpose(x, *dims) -> Traced:
+    """`transpose(x)` reverses the dimensions; `transpose(x, a, b)` swaps two;
+    `transpose(x, perm)` permutes."""
+    src = _where_called("transpose")
+    x = _tensor("transpose", x, src)
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        perm = [d % x.ndim for d in dims[0]]
+    elif len(dims) == 2:
+        a, b = (d % x.ndim for d in dims)
+        perm = list(range(x.ndim))
+        perm[a], perm[b] = perm[b], perm[a]
+    elif not dims:
+        perm = list(reversed(range(x.ndim)))
+    else:
+        perm = [d % x.ndim for d in dims]
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"op.transpose: {list(dims)} is not a permutation of the "
+                         f"{x.ndim} dimensions of {list(x.shape)}  [{src}]")
+    with current_location(src):
+        return _out(gb.transpose(x.value, perm), src)
+
+
+def split(x, sections, dim: int = -1) -> list[Traced]:
+    """`sections` equal parts (an int) or parts of the given sizes along `dim`."""
+    src = _where_called("split")
+    x = _tensor("split", x, src)
+    d = _dims("split", x, dim, src)[0]
+    n = x.shape[d]
+    sizes = [n // sections] * sections if isinstance(sections, int) else list(sections)
+    if isinstance(sections, int) and n % sections or np.sum(sizes) != n:
+        raise ShapeError(f"op.split: dimension {d} of {list(x.shape)} (size {n}) does not split "
+                         f"into {sections}  [{src}]")
+    out, start = [], 0
+    with current_location(src):
+        for size in sizes:
+            offsets = [0] * x.ndim
+            offsets[d] = start
+            shape = list(x.shape)
+            shape[d] = size
+            out.append(_out(gb.slice_(x.value, offsets, shape), src))
+            start += size
+    return out
+
+
+def concat(xs, dim: int = 0) -> Traced:
+    """Concatenation along `dim`."""
+    src = _where_called("concat")
+    xs = [_tensor("concat", x, src) for x in xs]
+    d = _dims("concat", xs[0], dim, src)[0]
+    for x in xs[1:]:
+        if x.ndim != xs[0].ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape))
+                                       if i != d) or x.dtype != xs[0].dtype:
+            raise ShapeError(f"op.concat: operands {', '.join(_describe(t) for t in xs)} differ "
+                             f"outside dim {d}  [{src}]")
+    with current_location(src):
+        return _out(gb.concat([x.value for x in xs], d), src)
+
+
+# ----------------------------------------------------------------------------
+# Matmul and layers
+# ----------------------------------------------------------------------------
+
+def matmul(a, b) -> Traced:
+    """`a[..., M, K] @ b[..., K, N]`; `b` may be 2-D with `a` of any rank >= 2
+    (a linear layer). Under `ts.autocast(dtype=ts.bf16)` the operands are cast
+    to bf16 and accumulated in fp32."""
+    src = _where_called("matmul")
+    a, b = _tensor("matmul", a, src), _tensor("matmul", b, src)
+    half = autocast_dtype()
+    if half is not None:
+        a, b = _cast_to(a, half, src), _cast_to(b, half, src)
+    if a.dtype != b.dtype:
+        raise DTypeError(f"op.matmul: operand dtypes differ: {_describe(a)} and {_describe(b)}  "
+                         f"[{src}]")
+    _require_float("matmul", src, a, b)
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"op.matmul: operands must have rank >= 2, got shapes {list(a.shape)} "
+                         f"and {list(b.shape)}  [{src}]")
     if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(f"op.matmul: contraction dimensions differ: lhs {a.shape} has K = "
-                         f"{a.shape[-1]}, rhs {b.shape} has K = {b.shape[-2]}  [{src}]")
-    shape = a.shape[:-1] + (b.shape[-1],)
+        raise ShapeError(f"op.matmul: contraction dimensions differ: lhs {list(a.shape)} has "
+                         f"K = {a.shape[-1]}, rhs {list(b.shape)} has K = {b.shape[-2]}  [{src}]")
     with current_location(src):
-        value = tgraph.MatmulOp(_result_type(shape, a), a.value, b.value).result
-    return Traced(value, shape, a.dtype, src)
+        if b.ndim == 2 and a.ndim > 2:
+            flat = gb.reshape(a.value, [int(np.prod(a.shape[:-1])), a.shape[-1]])
+            out = gb.matmul(flat, b.value)
+            return _out(gb.reshape(out, list(a.shape[:-1]) + [b.shape[-1]]), src)
+        if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
+            raise ShapeError(f"op.matmul: batch dimensions differ: {list(a.shape)} and "
+                             f"{list(b.shape)}  [{src}]")
+        return _out(gb.matmul(a.value, b.value), src)
 
 
-def relu(x: Traced) -> Traced:
-    """max(x, 0), elementwise."""
-    src = require_tracing("relu", x)
+def linear(x, w, b=None) -> Traced:
+    """x @ w (+ b)."""
+    y = matmul(x, w)
+    return y if b is None else add(y, b)
+
+
+def _float32_for_numerics(x: Traced, src) -> Traced:
+    """Norms, softmax and losses compute in fp32 when given half precision."""
+    return _cast_to(x, dtypes.f32, src) if x.dtype in (dtypes.bf16, dtypes.f16) else x
+
+
+def softmax(x, dim: int = -1) -> Traced:
+    """exp(x - max) / sum(exp(x - max)) along `dim`."""
+    src = _where_called("softmax")
+    x = _float32_for_numerics(_tensor("softmax", x, src), src)
+    _require_float("softmax", src, x)
+    e = exp(sub(x, max(x, dim, keepdim=True)))
+    return div(e, sum(e, dim, keepdim=True))
+
+
+def log_softmax(x, dim: int = -1) -> Traced:
+    src = _where_called("log_softmax")
+    x = _float32_for_numerics(_tensor("log_softmax", x, src), src)
+    shifted = sub(x, max(x, dim, keepdim=True))
+    return sub(shifted, log(sum(exp(shifted), dim, keepdim=True)))
+
+
+def _check_feature(name, x: Traced, p, what, src) -> None:
+    if p is not None and isinstance(p, Traced) and p.shape != (x.shape[-1],):
+        raise ShapeError(f"op.{name}: {what} has shape {list(p.shape)}, expected "
+                         f"[{x.shape[-1]}] for input {list(x.shape)}  [{src}]")
+
+
+def layernorm(x, weight=None, bias=None, eps: float = 1e-5) -> Traced:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension."""
+    src = _where_called("layernorm")
+    x = _float32_for_numerics(_tensor("layernorm", x, src), src)
+    _check_feature("layernorm", x, weight, "weight", src)
+    _check_feature("layernorm", x, bias, "bias", src)
+    centered = sub(x, mean(x, -1, keepdim=True))
+    y = mul(centered, rsqrt(add(mean(mul(centered, centered), -1, keepdim=True), eps)))
+    if weight is not None:
+        y = mul(y, weight)
+    if bias is not None:
+        y = add(y, bias)
+    return y
+
+
+def rmsnorm(x, weight=None, eps: float = 1e-6) -> Traced:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
+    src = _where_called("rmsnorm")
+    x = _float32_for_numerics(_tensor("rmsnorm", x, src), src)
+    _check_feature("rmsnorm", x, weight, "weight", src)
+    y = mul(x, rsqrt(add(mean(mul(x, x), -1, keepdim=True), eps)))
+    return y if weight is None else mul(y, weight)
+
+
+def embedding(ids, table) -> Traced:
+    """Rows of `table[V, D]` selected by integer `ids` of any shape: `ids.shape + [D]`."""
+    src = _where_called("embedding")
+    ids, table = _tensor("embedding", ids, src), _tensor("embedding", table, src)
+    if dtypes.is_float(ids.dtype):
+        raise DTypeError(f"op.embedding: ids must be integers, got {_describe(ids)}  [{src}]")
+    if table.ndim != 2:
+        raise ShapeError(f"op.embedding: table must be [vocab, dim], got {list(table.shape)}  [{src}]")
     with current_location(src):
-        value = tgraph.ReluOp(x.value).result
-    return Traced(value, x.shape, x.dtype, src)
+        flat = gb.reshape(ids.value, [ids.size])
+        rows = gb.gather(table.value, flat)
+        return _out(gb.reshape(rows, list(ids.shape) + [table.shape[1]]), src)
 
 
-def add(a: Traced, b: Traced) -> Traced:
-    """a + b, elementwise (same shapes)."""
-    src = require_tracing("add", a, b)
-    _check_dtypes("add", src, a, b)
-    if a.shape != b.shape:
-        raise ShapeError(f"op.add: shapes differ: {a.shape} and {b.shape}; op.add takes "
-                         f"operands of equal shape  [{src}]")
+def attention(q, k, v, causal: bool = False, scale: float | None = None) -> Traced:
+    """softmax(q k^T * scale [+ causal mask]) v over `[..., S, D]` operands
+    (e.g. `[B, H, S, D]`); scale defaults to 1/sqrt(D)."""
+    src = _where_called("attention")
+    q, k, v = (_tensor("attention", t, src) for t in (q, k, v))
+    if q.ndim < 2 or q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
+        raise ShapeError(f"op.attention: q {list(q.shape)}, k {list(k.shape)} and v "
+                         f"{list(v.shape)} must be [..., S, D] with equal q/k shapes  [{src}]")
+    S = q.shape[-2]
+    scores = mul(matmul(q, transpose(k, -1, -2)), scale if scale is not None
+                 else 1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        with current_location(src):
+            i32 = element_type(dtypes.int32)
+            rows = _out(gb.iota([S, S], 0, i32), src)
+            cols = _out(gb.iota([S, S], 1, i32), src)
+        scores = where(greater_equal(rows, cols), scores, float("-inf"))
+    return matmul(softmax(scores, -1), v)
+
+
+flash_attention = attention
+
+
+def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
+    """Mean over non-ignored rows of -log softmax(logits)[target]. `logits` is
+    `[N, V]` (or `[..., V]` with `targets` `[...]`); rows whose target is
+    `ignore_index` (or outside `[0, V)`) count zero and are left out of the mean."""
+    src = _where_called("cross_entropy")
+    logits = _float32_for_numerics(_tensor("cross_entropy", logits, src), src)
+    targets = _tensor("cross_entropy", targets, src)
+    if dtypes.is_float(targets.dtype):
+        raise DTypeError(f"op.cross_entropy: targets must be integers, got {_describe(targets)}  "
+                         f"[{src}]")
+    if logits.shape[:-1] != targets.shape:
+        raise ShapeError(f"op.cross_entropy: logits {list(logits.shape)} need targets of shape "
+                         f"{list(logits.shape[:-1])}, got {list(targets.shape)}  [{src}]")
+    V = logits.shape[-1]
+    N = int(np.prod(targets.shape))
+    logits = reshape(logits, N, V)
+    targets = reshape(targets, N, 1)
     with current_location(src):
-        value = tgraph.AddOp(a.value, b.value).result
-    return Traced(value, a.shape, a.dtype, src)
+        cols = _out(gb.iota([N, V], 1, element_type(targets.dtype)), src)
+    onehot = where(equal(targets, cols), 1.0, 0.0)                      # [N, V], zero row if ignored
+    onehot = cast(onehot, logits.dtype)
+    valid = sum(onehot, -1)                                              # [N]: 1 or 0
+    nll = neg(sum(mul(log_softmax(logits, -1), onehot), -1))             # [N]
+    count = maximum(sum(valid), 1.0)
+    return div(sum(nll), count)
+
+
+def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bool = True,
+                      norm: str = "layernorm") -> Traced:
+    """`depth` pre-norm decoder blocks: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    `params` is a list of `depth` dicts (see `ts.nn.init_transformer`) with
+    `ln1_w, ln1_b, wqkv [D, 3D], wo [D, D], ln2_w, ln2_b, w1 [D, F], b1, w2 [F, D], b2`.
+    `x` is `[B, S, D]`."""
+    src = _where_called("transformer_block")
+    if params is None or len(params) != depth:
+        raise ShapeError(f"op.transformer_block: needs params= with one dict per layer "
+                         f"(depth={depth}); create them with ts.nn.init_transformer  [{src}]")
+    x = _tensor("transformer_block", x, src)
+    if x.ndim != 3:
+        raise ShapeError(f"op.transformer_block: x must be [B, S, D], got {list(x.shape)}  [{src}]")
+    B, S, D = x.shape
+    if D % heads:
+        raise ShapeError(f"op.transformer_block: width {D} is not divisible by heads={heads}  [{src}]")
+    normalize = layernorm if norm == "layernorm" else (lambda h, w, b: rmsnorm(h, w))
+    for p in params:
+        h = normalize(x, p["ln1_w"], p["ln1_b"])
+        q, k, v = split(matmul(h, p["wqkv"]), 3, dim=-1)
+        q, k, v = (transpose(reshape(t, B, S, heads, D // heads), 1, 2) for t in (q, k, v))
+        a = attention(q, k, v, causal=causal)
+        a = reshape(transpose(a, 1, 2), B, S, D)
+        x = add(x, matmul(a, p["wo"]))
+        h = normalize(x, p["ln2_w"], p["ln2_b"])
+        x = add(x, add(matmul(gelu(add(matmul(h, p["w1"]), p["b1"])), p["w2"]), p["b2"]))
+    return x
+
+
+def autodiff(loss, wrt=None):
+    """Gradients of scalar `loss`; see `tessera.grad`. Without `wrt`: with
+    respect to every float tensor the function captured (its parameters)."""
+    from .autodiff import grad
+    return grad(loss, wrt)

@@ -70,6 +70,25 @@ def _dict_attrs(func_op: ir.Operation, key: str, n: int):
     return [None] * n
 
 
+def _library_declarations(module: ir.Module) -> dict:
+    """kernel symbol -> (runtime routine, its attributes as JSON) for the
+    launches tessera-lower-to-tile turned into library calls."""
+    out = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "tsched.library" in op.attributes:
+            attrs = {}
+            for named in ir.DictAttr(op.attributes["tsched.library_attrs"]):
+                a = named.attr
+                try:
+                    attrs[named.name] = list(ir.DenseI64ArrayAttr(a))
+                except ValueError:
+                    attrs[named.name] = ir.IntegerAttr(a).value
+            out[ir.StringAttr(op.attributes["sym_name"]).value] = (
+                ir.StringAttr(op.attributes["tsched.library"]).value, attrs)
+    return out
+
+
 def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
     func_op = _schedule_function(module)
     entry = func_op.regions[0].blocks[0]
@@ -84,6 +103,7 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
     inputs = [_tensor_spec(_arg_name(a, i), name(a), ir.MemRefType(a.type), sharding_of(d), mesh)
               for i, (a, d) in enumerate(zip(entry.arguments, arg_dicts))]
 
+    libraries = _library_declarations(module)
     instructions, outputs = [], []
     streams = []
     for op in entry.operations:
@@ -103,9 +123,11 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             ins = {"op": "free", "buffer": name(op.operands[0])}
         elif kind == "tsched.launch":
             view = op.opview
-            ins = {"op": "launch", "kernel": ir.FlatSymbolRefAttr(op.attributes["kernel"]).value,
-                   "stream": name.names[view.stream],
+            kernel = ir.FlatSymbolRefAttr(op.attributes["kernel"]).value
+            ins = {"op": "launch", "kernel": kernel, "stream": name.names[view.stream],
                    "args": [name(v) for v in list(view.ins) + list(view.outs)]}
+            if kernel in libraries:
+                ins["library"], ins["attrs"] = libraries[kernel]
         elif kind == "tsched.event_record":
             ins = {"op": "event_record", "result": name(op.results[0]),
                    "stream": name.names[op.operands[0]]}

@@ -1,6 +1,7 @@
 """Runs Graph IR through every level and keeps the IR of each one.
 
   graph        traced Graph IR (global shapes)
+  autodiff     after tessera-autodiff (tgraph.grad replaced by backward Graph IR)
   partitioned  after tessera-propagate-sharding, tessera-partition
   schedule     after tessera-lower-to-schedule
   tile         after tessera-lower-to-tile (the schedule plus ttile kernels)
@@ -19,6 +20,7 @@ from .codegen import emit_cpp, emit_cuda
 from .passes_common import source_of
 
 STAGES = [
+    ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
     ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize"]),
     ("schedule", ["tessera-lower-to-schedule"]),
     ("tile", ["tessera-lower-to-tile", "canonicalize", "cse"]),
@@ -32,6 +34,7 @@ class CompileError(Exception):
 @dataclass
 class Levels:
     graph: str
+    autodiff: str = ""
     partitioned: str = ""
     schedule: str = ""
     tile: str = ""
@@ -40,7 +43,7 @@ class Levels:
     module: ir.Module | None = field(default=None, repr=False)
 
     def items(self):
-        return [("graph", self.graph), ("partitioned", self.partitioned),
+        return [("graph", self.graph), ("autodiff", self.autodiff), ("partitioned", self.partitioned),
                 ("schedule", self.schedule), ("tile", self.tile),
                 ("cpp", self.cpp), ("cuda", self.cuda)]
 
@@ -68,9 +71,13 @@ def _where(loc: ir.Location) -> str:
     return f"{src}: " if src else ""
 
 
-def lower(module: ir.Module) -> Levels:
-    """Lowers `module` (Graph IR) in place through every level."""
+def lower(module: ir.Module, target: str | None = "cpu") -> Levels:
+    """Lowers `module` (Graph IR) in place through every level. With
+    `target="cpu"` matmuls become BLAS library calls; with "gpu" they are
+    tiled Tile IR GEMMs (see tessera-lower-to-tile)."""
     levels = Levels(graph=str(module))
+    if target is not None:
+        module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
     for stage, flags in STAGES:
         pm = passmanager.PassManager("builtin.module", context=module.context)
         add_passes(pm, flags)

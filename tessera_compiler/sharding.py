@@ -167,9 +167,25 @@ def elementwise_rule(operands: list[Sharding], linear: bool) -> Rule:
 RULES = {
     "tgraph.matmul": lambda ins: matmul_rule(*ins),
     "tgraph.add": lambda ins: elementwise_rule(ins, linear=True),
-    "tgraph.relu": lambda ins: elementwise_rule(ins, linear=False),
+    "tgraph.sub": lambda ins: elementwise_rule(ins, linear=True),
+    "tgraph.neg": lambda ins: elementwise_rule(ins, linear=True),
 }
+# Same-shape elementwise ops that are not linear: splits pass through, partial
+# sums are reduced first.
+for _name in ("relu", "mul", "div", "max", "exp", "log", "tanh", "sqrt", "rsqrt",
+              "compare", "select", "cast"):
+    RULES[f"tgraph.{_name}"] = lambda ins: elementwise_rule(ins, linear=False)
 
 
-def rule_for(op_name: str, operand_shardings: list[Sharding]) -> Rule:
-    return RULES[op_name](operand_shardings)
+def replicated_rule(operands: list[Sharding], result_rank: int, mesh: str) -> Rule:
+    """The fallback for ops without a distributed rule yet: every operand is
+    gathered to a full replica and every rank computes the whole result."""
+    return Rule([Sharding.replicated(mesh, o.rank) for o in operands],
+                Sharding.replicated(mesh, result_rank))
+
+
+def rule_for(op, operand_shardings: list[Sharding], mesh: str) -> Rule:
+    """The rule for `op` (an `ir.Operation`) given its operands' shardings."""
+    if op.name in RULES:
+        return RULES[op.name](operand_shardings)
+    return replicated_rule(operand_shardings, len(op.results[0].type.shape), mesh)

@@ -12,6 +12,7 @@
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/FunctionInterfaces.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -256,6 +257,214 @@ LogicalResult MatmulOp::verify() {
     return emitOpError("result shape ")
            << shapeString(c) << " does not match 'lhs' " << shapeString(a)
            << " x 'rhs' " << shapeString(b);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise, shape and indexing ops
+//===----------------------------------------------------------------------===//
+
+static bool isInteger(Type t) { return isa<IntegerType, IndexType>(t); }
+
+/// `dims` lists distinct dimensions of a rank-`rank` tensor.
+static LogicalResult verifyDimList(Operation *op, ArrayRef<int64_t> dims, int64_t rank,
+                                   StringRef what) {
+  llvm::SmallDenseSet<int64_t> seen;
+  for (int64_t d : dims) {
+    if (d < 0 || d >= rank)
+      return op->emitOpError() << what << " " << d << " is out of range for rank " << rank;
+    if (!seen.insert(d).second)
+      return op->emitOpError() << what << " " << d << " appears twice";
+  }
+  return success();
+}
+
+LogicalResult CompareOp::verify() {
+  auto lhs = getLhs().getType(), rhs = getRhs().getType(), res = getResult().getType();
+  if (lhs != rhs)
+    return emitOpError("operand types differ: 'lhs' ") << lhs << ", 'rhs' " << rhs;
+  if (res.getShape() != lhs.getShape() || !res.getElementType().isInteger(1))
+    return emitOpError("result must be an i1 tensor of shape ")
+           << shapeString(lhs.getShape()) << ", got " << res;
+  return success();
+}
+
+LogicalResult SelectOp::verify() {
+  auto cond = getCond().getType(), res = getResult().getType();
+  if (cond.getShape() != res.getShape() || !cond.getElementType().isInteger(1))
+    return emitOpError("'cond' must be an i1 tensor of shape ")
+           << shapeString(res.getShape()) << ", got " << cond;
+  return success();
+}
+
+LogicalResult CastOp::verify() {
+  auto in = getInput().getType(), res = getResult().getType();
+  if (in.getShape() != res.getShape())
+    return emitOpError("cast changes the shape: ") << in << " to " << res;
+  return success();
+}
+
+LogicalResult IotaOp::verify() {
+  auto res = getResult().getType();
+  if (getDim() < 0 || static_cast<int64_t>(getDim()) >= res.getRank())
+    return emitOpError("dim ") << getDim() << " is out of range for " << res;
+  if (!isInteger(res.getElementType()) && !isa<FloatType>(res.getElementType()))
+    return emitOpError("result element type must be an integer or float, got ") << res;
+  return success();
+}
+
+LogicalResult BroadcastOp::verify() {
+  auto in = getInput().getType(), res = getResult().getType();
+  if (in.getRank() != res.getRank() || in.getElementType() != res.getElementType())
+    return emitOpError("'input' ") << in << " and result " << res
+                                   << " must have the same rank and element type";
+  for (int64_t d = 0; d < in.getRank(); ++d)
+    if (in.getDimSize(d) != res.getDimSize(d) && in.getDimSize(d) != 1)
+      return emitOpError("dimension ") << d << " of 'input' " << in
+                                       << " has size " << in.getDimSize(d)
+                                       << "; only size-1 dimensions broadcast (to "
+                                       << res.getDimSize(d) << ")";
+  return success();
+}
+
+LogicalResult ReduceOp::verify() {
+  auto in = getInput().getType(), res = getResult().getType();
+  if (in.getRank() != res.getRank() || in.getElementType() != res.getElementType())
+    return emitOpError("'input' ") << in << " and result " << res
+                                   << " must have the same rank and element type "
+                                      "(reduced dimensions are kept with size 1)";
+  if (failed(verifyDimList(*this, getDims(), in.getRank(), "reduced dimension")))
+    return failure();
+  for (int64_t d = 0; d < in.getRank(); ++d) {
+    int64_t want = llvm::is_contained(getDims(), d) ? 1 : in.getDimSize(d);
+    if (res.getDimSize(d) != want)
+      return emitOpError("result dimension ") << d << " must be " << want << ", got "
+                                              << res.getDimSize(d);
+  }
+  return success();
+}
+
+LogicalResult ReshapeOp::verify() {
+  auto in = getInput().getType(), res = getResult().getType();
+  if (in.getElementType() != res.getElementType())
+    return emitOpError("element types differ: ") << in << " to " << res;
+  if (in.getNumElements() != res.getNumElements())
+    return emitOpError("cannot reshape ") << in << " (" << in.getNumElements()
+                                          << " elements) to " << res << " ("
+                                          << res.getNumElements() << " elements)";
+  return success();
+}
+
+LogicalResult TransposeOp::verify() {
+  auto in = getInput().getType(), res = getResult().getType();
+  ArrayRef<int64_t> perm = getPerm();
+  if (static_cast<int64_t>(perm.size()) != in.getRank() || res.getRank() != in.getRank())
+    return emitOpError("perm must have one entry per dimension of ") << in;
+  if (failed(verifyDimList(*this, perm, in.getRank(), "perm entry")))
+    return failure();
+  for (int64_t d = 0; d < in.getRank(); ++d)
+    if (res.getDimSize(d) != in.getDimSize(perm[d]))
+      return emitOpError("result dimension ") << d << " must be 'input' dimension "
+                                              << perm[d] << " (" << in.getDimSize(perm[d])
+                                              << "), got " << res.getDimSize(d);
+  if (in.getElementType() != res.getElementType())
+    return emitOpError("element types differ");
+  return success();
+}
+
+/// `small` fits in `big` at `offsets` (slice: small is the result; pad: the input).
+static LogicalResult verifyBox(Operation *op, RankedTensorType small, RankedTensorType big,
+                               ArrayRef<int64_t> offsets) {
+  if (small.getRank() != big.getRank() || small.getElementType() != big.getElementType())
+    return op->emitOpError() << small << " and " << big
+                             << " must have the same rank and element type";
+  if (static_cast<int64_t>(offsets.size()) != big.getRank())
+    return op->emitOpError("offsets must have one entry per dimension");
+  for (int64_t d = 0; d < big.getRank(); ++d)
+    if (offsets[d] < 0 || offsets[d] + small.getDimSize(d) > big.getDimSize(d))
+      return op->emitOpError("dimension ") << d << ": [" << offsets[d] << ", "
+                                           << offsets[d] + small.getDimSize(d)
+                                           << ") is outside [0, " << big.getDimSize(d) << ")";
+  return success();
+}
+
+LogicalResult SliceOp::verify() {
+  return verifyBox(*this, getResult().getType(), getInput().getType(), getOffsets());
+}
+
+LogicalResult PadOp::verify() {
+  return verifyBox(*this, getInput().getType(), getResult().getType(), getOffsets());
+}
+
+LogicalResult ConcatOp::verify() {
+  auto res = getResult().getType();
+  int64_t dim = static_cast<int64_t>(getDim());
+  if (getInputs().empty())
+    return emitOpError("needs at least one input");
+  if (dim < 0 || dim >= res.getRank())
+    return emitOpError("dim ") << dim << " is out of range for " << res;
+  int64_t total = 0;
+  for (auto [i, v] : llvm::enumerate(getInputs())) {
+    auto t = cast<RankedTensorType>(v.getType());
+    if (t.getRank() != res.getRank() || t.getElementType() != res.getElementType())
+      return emitOpError("input #") << i << " " << t << " must have the rank and element type of "
+                                    << res;
+    for (int64_t d = 0; d < res.getRank(); ++d)
+      if (d != dim && t.getDimSize(d) != res.getDimSize(d))
+        return emitOpError("input #") << i << " " << t << " differs from the result "
+                                      << res << " in dimension " << d;
+    total += t.getDimSize(dim);
+  }
+  if (total != res.getDimSize(dim))
+    return emitOpError("inputs add up to ") << total << " along dim " << dim
+                                            << ", result has " << res.getDimSize(dim);
+  return success();
+}
+
+/// Shared by gather and scatter_add: `rows` is [N, D...] indexed by `indices` [N]
+/// into `table` [V, D...].
+static LogicalResult verifyRowIndexing(Operation *op, RankedTensorType table,
+                                       RankedTensorType indices, RankedTensorType rows) {
+  if (indices.getRank() != 1 || !isInteger(indices.getElementType()))
+    return op->emitOpError("'indices' must be a 1-D integer tensor, got ") << indices;
+  if (table.getRank() < 1 || rows.getRank() != table.getRank() ||
+      rows.getElementType() != table.getElementType())
+    return op->emitOpError("table ") << table << " and rows " << rows
+                                     << " must have the same rank (>= 1) and element type";
+  if (rows.getDimSize(0) != indices.getDimSize(0))
+    return op->emitOpError("rows ") << rows << " must have one row per index ("
+                                    << indices.getDimSize(0) << ")";
+  for (int64_t d = 1; d < table.getRank(); ++d)
+    if (rows.getDimSize(d) != table.getDimSize(d))
+      return op->emitOpError("row shape differs: table ") << table << ", rows " << rows;
+  return success();
+}
+
+LogicalResult GatherOp::verify() {
+  return verifyRowIndexing(*this, getTable().getType(), getIndices().getType(),
+                           getResult().getType());
+}
+
+LogicalResult ScatterAddOp::verify() {
+  return verifyRowIndexing(*this, getResult().getType(), getIndices().getType(),
+                           getUpdates().getType());
+}
+
+LogicalResult GradOp::verify() {
+  auto loss = getLoss().getType();
+  if (loss.getRank() != 0 || !isa<FloatType>(loss.getElementType()))
+    return emitOpError("'loss' must be a float scalar (tensor<f32>), got ") << loss;
+  if (getWrt().size() != getGrads().size())
+    return emitOpError("needs one result per 'wrt' value");
+  for (auto [i, pair] : llvm::enumerate(llvm::zip(getWrt(), getGrads()))) {
+    auto [w, g] = pair;
+    if (w.getType() != g.getType())
+      return emitOpError("gradient #") << i << " has type " << g.getType()
+                                       << " but its 'wrt' value has type " << w.getType();
+    if (!isa<FloatType>(cast<RankedTensorType>(w.getType()).getElementType()))
+      return emitOpError("'wrt' value #") << i << " has type " << w.getType()
+                                          << "; only float tensors have gradients";
+  }
   return success();
 }
 

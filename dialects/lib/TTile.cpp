@@ -139,6 +139,15 @@ LogicalResult FillOp::verify() {
 /// type, and use a tile that divides the buffer (no partial tiles yet).
 static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType buffer,
                                       size_t numOffsets, StringRef bufferName) {
+  // A 0-d buffer (a scalar) is accessed as a one-element 1-D tile.
+  if (buffer.getRank() == 0) {
+    if (numOffsets != 0 || tile.getShape() != ArrayRef<int64_t>{1} ||
+        tile.getElementType() != buffer.getElementType())
+      return op->emitOpError("a 0-d '") << bufferName << "' " << buffer
+                                        << " is accessed with no offsets as a tile<1x"
+                                        << buffer.getElementType() << ">";
+    return success();
+  }
   if (numOffsets != static_cast<size_t>(buffer.getRank()))
     return op->emitOpError("needs ") << buffer.getRank() << " offsets for '" << bufferName
                                      << "' " << buffer << ", got " << numOffsets;
@@ -191,5 +200,51 @@ LogicalResult ReduceOp::verify() {
   if (out.getShape() != ArrayRef<int64_t>(want) || out.getElementType() != in.getElementType())
     return emitOpError("result ") << out << " must be 'input' " << in
                                   << " with dimension " << dim << " reduced to 1";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise conversions, broadcast, iota
+//===----------------------------------------------------------------------===//
+
+LogicalResult CompareOp::verify() {
+  TileType a = getLhs().getType(), b = getRhs().getType(), r = getResult().getType();
+  if (a != b)
+    return emitOpError("operand types differ: ") << a << " vs " << b;
+  if (r.getShape() != a.getShape() || !r.getElementType().isInteger(1))
+    return emitOpError("result must be an i1 tile shaped like the operands, got ") << r;
+  return success();
+}
+
+LogicalResult SelectOp::verify() {
+  TileType c = getCond().getType(), r = getResult().getType();
+  if (c.getShape() != r.getShape() || !c.getElementType().isInteger(1))
+    return emitOpError("'cond' must be an i1 tile shaped like the result, got ") << c;
+  return success();
+}
+
+LogicalResult CastOp::verify() {
+  if (getInput().getType().getShape() != getResult().getType().getShape())
+    return emitOpError("cast changes the tile shape: ")
+           << getInput().getType() << " to " << getResult().getType();
+  return success();
+}
+
+LogicalResult BroadcastOp::verify() {
+  TileType in = getInput().getType(), out = getResult().getType();
+  if (in.getShape().size() != out.getShape().size() ||
+      in.getElementType() != out.getElementType())
+    return emitOpError("'input' ") << in << " and result " << out
+                                   << " must have the same rank and element type";
+  for (auto [i, o] : llvm::zip(in.getShape(), out.getShape()))
+    if (i != o && i != 1)
+      return emitOpError("only size-1 dimensions broadcast: ") << in << " to " << out;
+  return success();
+}
+
+LogicalResult IotaOp::verify() {
+  TileType r = getResult().getType();
+  if (getDim() < 0 || static_cast<int64_t>(getDim()) >= static_cast<int64_t>(r.getShape().size()))
+    return emitOpError("dim ") << getDim() << " is out of range for " << r;
   return success();
 }

@@ -60,6 +60,8 @@ class PassInfo:
 
 
 _PASSES = [
+    PassInfo("tessera-autodiff", "autodiff",
+             "Replace each tgraph.grad with the backward Graph IR (vector-Jacobian products in reverse order)"),
     PassInfo("tessera-propagate-sharding", "propagate_sharding",
              "Give every tgraph value a sharding, starting from argument and result shardings"),
     PassInfo("tessera-partition", "partition",
@@ -67,7 +69,7 @@ _PASSES = [
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
              "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream"),
     PassInfo("tessera-lower-to-tile", "lower_to_tile",
-             "Lower tsched kernels to ttile kernels: tiled matmul with fused elementwise epilogues, tiled elementwise"),
+             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; library calls for matmul and data movement"),
 ]
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}

@@ -25,7 +25,12 @@ from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter"}
-COMPUTE = {"tgraph.matmul", "tgraph.add", "tgraph.relu"}
+NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad"}
+
+
+def is_compute(op: ir.Operation) -> bool:
+    return op.name.startswith("tgraph.") and op.name not in COLLECTIVES \
+        and op.name not in NOT_COMPUTE
 
 
 def memref_of(tensor_type: ir.Type) -> ir.MemRefType:
@@ -133,7 +138,7 @@ class ScheduleBuilder:
             bufs = [self.use(v, compute) for v in op.operands]
             func.ReturnOp(bufs)
             return
-        if op.name in COMPUTE:
+        if is_compute(op):
             kernel = self.make_kernel(op)
             ins = [self.use(v, compute) for v in op.operands]
             out = tsched.AllocOp(memref_of(op.results[0].type)).result

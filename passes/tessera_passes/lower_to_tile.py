@@ -1,18 +1,29 @@
 """tessera-lower-to-tile: lower Schedule IR kernels to Tile IR kernels.
 
-1. Epilogue fusion. When a launch's output buffer is read only by the next
-   launch of an elementwise kernel (relu, or add of another buffer), the two
-   kernels merge into one (matmul + relu) and the intermediate buffer and its
-   launch disappear.
-2. Tiling. Each kernel (a function on tensors) becomes a `ttile.kernel` on
-   buffers (its inputs, then its outputs):
-   * a matmul `[M, K] x [K, N]` becomes a grid of `[M/BM, N/BN]` instances,
-     each accumulating a `BM x BN` tile over `K` in `BK` steps with `ttile.dot`
-     inside an `scf.for`, then applying the fused elementwise epilogue and
-     storing the tile;
-   * an elementwise chain becomes a grid over tiles of its output.
-   Tile sizes are the largest divisors of each dimension up to a cap and are
-   recorded on the kernel (`ttile.tile_sizes`).
+Kernels arrive from tessera-lower-to-schedule as private `func.func`s holding
+one tgraph op each. This pass decides how each runs:
+
+1. Library calls. Matmuls (when the module targets the CPU, attribute
+   `tessera.target = "cpu"`) and data movement (reshape, transpose, slice,
+   pad, concat, gather, scatter_add) become body-less declarations marked
+   `tsched.library = "<routine>"` with the op's attributes in
+   `tsched.library_attrs`; the runtime engine implements them (BLAS through
+   numpy on the CPU).
+2. Epilogue fusion (no CPU target). A matmul launch whose output is read only
+   by the next launch of an elementwise kernel (relu, or add of another
+   buffer) merges with it, and the matmul is tiled: a grid of `[M/BM, N/BN]`
+   instances, each accumulating a `BM x BN` tile over `K` with `ttile.dot`
+   inside an `scf.for`, then applying the epilogue.
+3. Loop fusion. Every maximal run of consecutive launches of tileable kernels
+   (elementwise ops, comparisons, selects, casts, fills, iotas, broadcasts
+   and reductions over the last dimension) over compatible shapes becomes ONE
+   `ttile.kernel`: intermediate buffers that nothing else reads disappear.
+   The kernel's grid covers the run's iteration shape in tiles; a run with a
+   last-dimension reduction (softmax, norms, losses) keeps whole rows in a
+   tile. Reductions over another dimension get a kernel of their own that
+   loops over the reduced dimension.
+
+Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
 
 from __future__ import annotations
@@ -24,6 +35,18 @@ from tessera_compiler.passes_common import (PassError, functions, function_type,
                                             ops_of, run_reporting)
 
 ELEMENTWISE = {"tgraph.relu": ttile.ReluOp, "tgraph.add": ttile.AddOp}
+TILE_ELEMENTWISE = {
+    "tgraph.add": ttile.AddOp, "tgraph.sub": ttile.SubOp, "tgraph.mul": ttile.MulOp,
+    "tgraph.div": ttile.DivOp, "tgraph.max": ttile.MaxOp, "tgraph.relu": ttile.ReluOp,
+    "tgraph.neg": ttile.NegOp, "tgraph.exp": ttile.ExpOp, "tgraph.log": ttile.LogOp,
+    "tgraph.tanh": ttile.TanhOp, "tgraph.sqrt": ttile.SqrtOp, "tgraph.rsqrt": ttile.RsqrtOp,
+    "tgraph.select": ttile.SelectOp}
+TILEABLE = set(TILE_ELEMENTWISE) | {"tgraph.compare", "tgraph.cast", "tgraph.fill",
+                                    "tgraph.iota", "tgraph.broadcast", "tgraph.reduce"}
+LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph.slice": "slice",
+           "tgraph.pad": "pad", "tgraph.concat": "concat", "tgraph.gather": "gather",
+           "tgraph.scatter_add": "scatter_add"}
+LIBRARY_ATTRS = ("perm", "offsets", "dim")
 MATMUL_TILE_CAP = (32, 32, 32)      # BM, BN, BK
 ELEMENTWISE_TILE_ELEMENTS = 4096
 THREADS_PER_BLOCK = 128
@@ -269,23 +292,357 @@ def _tiled_elementwise(kernel, name, arg_types, body, module_block):
     return k.operation
 
 
+# --------------------------------------------------------------------------
+# 3. Library calls
+# --------------------------------------------------------------------------
+
+def _library_routine(kernel: ir.Operation, cpu_target: bool) -> str | None:
+    body = kernel_body(kernel)
+    if len(body) != 1:
+        return None
+    if body[0].name == "tgraph.matmul":
+        return "matmul" if cpu_target else None
+    return LIBRARY.get(body[0].name)
+
+
+def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -> ir.Operation:
+    """Replaces a one-op tensor kernel by a declaration on buffers that names
+    the runtime routine implementing it and the op's attributes."""
+    name = ir.StringAttr(kernel.attributes["sym_name"]).value
+    ftype = function_type(kernel)
+    op = kernel_body(kernel)[0]
+    arg_types = [_memref(t) for t in list(ftype.inputs) + list(ftype.results)]
+    with ir.InsertionPoint(module_block), op.location:
+        decl = func.FuncOp(name, (arg_types, []), visibility="private")
+        decl.attributes["tsched.library"] = ir.StringAttr.get(routine)
+        decl.attributes["tsched.library_attrs"] = ir.DictAttr.get(
+            {a: op.attributes[a] for a in LIBRARY_ATTRS if a in op.attributes})
+    decl.operation.move_before(kernel)
+    return decl.operation
+
+
+# --------------------------------------------------------------------------
+# 4. Loop fusion of tileable launches
+# --------------------------------------------------------------------------
+
+def _shape(v: ir.Value) -> list[int]:
+    return list(ir.ShapedType(v.type).shape)
+
+
+def _kernel_op(kernels, launch) -> ir.Operation:
+    return kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])[0]
+
+
+def _reduced_dims(op) -> list[int]:
+    return list(ir.DenseI64ArrayAttr(op.attributes["dims"])) if op.name == "tgraph.reduce" else []
+
+
+def _is_column_reduce(op) -> bool:
+    dims = _reduced_dims(op)
+    rank = len(_shape(op.operands[0])) if dims else 0
+    return bool(dims) and (len(dims) != 1 or dims[0] != rank - 1)
+
+
+def _domain(shapes) -> list[int] | None:
+    """The common iteration shape of `shapes` (same rank; each dim equal or 1),
+    or None when they do not fit one grid."""
+    ranks = {len(s) for s in shapes}
+    if len(ranks) != 1:
+        return None
+    dom = [max(d) for d in zip(*shapes)] if shapes[0] else []
+    for s in shapes:
+        if any(a not in (1, b) for a, b in zip(s, dom)):
+            return None
+    return dom
+
+
+def _op_shapes(op) -> list[list[int]]:
+    return [_shape(v) for v in list(op.operands) + list(op.results)]
+
+
+def fusion_groups(sched: ir.Operation, kernels: dict) -> list[list[ir.Operation]]:
+    """Maximal runs of consecutive tileable launches (allocs and frees between
+    them do not break a run) whose shapes share one iteration domain."""
+    groups, current, shapes = [], [], []
+    for op in ops_of(sched):
+        if op.name in ("tsched.alloc", "tsched.free"):
+            continue
+        if op.name == "tsched.launch":
+            kop = _kernel_op(kernels, op)
+            if kop.name in TILEABLE:
+                alone = _is_column_reduce(kop)
+                candidate = shapes + _op_shapes(kop)
+                if current and not alone and not _is_column_reduce(_kernel_op(kernels, current[0])) \
+                        and _domain(candidate) is not None:
+                    current.append(op)
+                    shapes = candidate
+                    continue
+                if current:
+                    groups.append(current)
+                current, shapes = [op], _op_shapes(kop)
+                continue
+        if current:
+            groups.append(current)
+        current, shapes = [], []
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
+    """Element offsets of this instance's tile along each dimension: the linear
+    program id enumerates the grid `counts` row-major."""
+    pid = ttile.ProgramIdOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)).result
+    offsets = []
+    for d, count in enumerate(counts):
+        if count == 1:
+            offsets.append(_index(0))
+            continue
+        inner = 1
+        for c in counts[d + 1:]:
+            inner *= c
+        idx = arith.DivUIOp(pid, _index(inner)).result if inner > 1 else pid
+        if any(c > 1 for c in counts[:d]):
+            idx = arith.RemUIOp(idx, _index(count)).result
+        offsets.append(arith.MulIOp(idx, _index(tile[d])).result)
+    return offsets
+
+
+class GroupTiler:
+    """Builds one ttile.kernel for a fusion group of launches."""
+
+    def __init__(self, group, kernels, name, module_block):
+        self.group = group
+        self.ops = [_kernel_op(kernels, l) for l in group]
+        self.name = name
+        self.module_block = module_block
+        # Buffers: launch operands; map kernel-body values to them.
+        self.buffer_of_value = {}
+        produced = {}
+        for launch, op in zip(group, self.ops):
+            _, ins, outs = _launch_parts(launch)
+            for v, b in zip(op.operands, ins):
+                self.buffer_of_value[v] = b
+            produced[outs[0]] = op.results[0]
+            self.buffer_of_value[op.results[0]] = outs[0]
+        self.produced = produced
+        members = list(group)
+        self.inputs = []
+        for launch in group:
+            for b in _launch_parts(launch)[1]:
+                if b not in produced and b not in self.inputs:
+                    self.inputs.append(b)
+        self.outputs = []
+        for b in produced:
+            users = [u.owner.operation for u in b.uses]
+            if any(u not in members and u.name != "tsched.free" for u in users):
+                self.outputs.append(b)
+        self.internal = [b for b in produced if b not in self.outputs]
+
+    # -- tiling ------------------------------------------------------------
+    def build(self) -> ir.Operation:
+        if len(self.ops) == 1 and _is_column_reduce(self.ops[0]):
+            return self._column_reduce(self.ops[0])
+        dom = _domain([s for op in self.ops for s in _op_shapes(op)])
+        row_mode = any(_reduced_dims(op) for op in self.ops)
+        rank = len(dom)
+        if rank == 0:
+            tile, grid = [], 1
+        else:
+            last = dom[-1] if row_mode else largest_divisor(dom[-1], ELEMENTWISE_TILE_ELEMENTS)
+            tile, budget = [1] * rank, max(1, ELEMENTWISE_TILE_ELEMENTS // last)
+            tile[-1] = last
+            for d in reversed(range(rank - 1)):
+                tile[d] = largest_divisor(dom[d], budget)
+                budget = max(1, budget // tile[d])
+            grid = 1
+            for d, t in zip(dom, tile):
+                grid *= d // t
+        self.dom, self.tile = dom, tile
+        arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs]
+        loc = self.ops[0].location
+        with ir.InsertionPoint(self.module_block), loc:
+            k = ttile.KernelOp(self.name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
+                               _i64_array([grid]), _i64_array([THREADS_PER_BLOCK]))
+            k.attributes["ttile.tile_sizes"] = _i64_array(tile or [1])
+            entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
+        self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
+        with ir.InsertionPoint(entry), loc:
+            self.offsets = self._offsets()
+            tiles = {}
+            for op in self.ops:
+                with op.location:
+                    tiles[op.results[0]] = self._tile_op(op, tiles)
+            for b in self.outputs:
+                v = self.produced[b]
+                with v.owner.location:
+                    ttile.StoreOp(tiles[v], self.arg_of[b], self._value_offsets(v))
+            ttile.ReturnOp()
+        return k.operation
+
+    def _offsets(self) -> list[ir.Value]:
+        if not self.dom:
+            return []
+        return _grid_offsets([d // t for d, t in zip(self.dom, self.tile)], self.tile)
+
+    def _tile_shape(self, v: ir.Value) -> list[int]:
+        shape = _shape(v)
+        if not shape:
+            return [1]
+        return [t if s == d else 1 for s, d, t in zip(shape, self.dom, self.tile)]
+
+    def _value_offsets(self, v: ir.Value) -> list[ir.Value]:
+        shape = _shape(v)
+        return [o if s == d else _index(0) for s, d, o in zip(shape, self.dom, self.offsets)]
+
+    def _tile_type(self, v: ir.Value) -> ir.Type:
+        return _tile_type(self._tile_shape(v), ir.ShapedType(v.type).element_type)
+
+    def _operand(self, v: ir.Value, tiles: dict) -> ir.Value:
+        buf = self.buffer_of_value[v]
+        if buf in self.produced:          # computed earlier in this kernel
+            return tiles[self.produced[buf]]
+        if v not in tiles:
+            buf = self.arg_of[buf]
+            tiles[v] = ttile.LoadOp(self._tile_type(v), buf, self._value_offsets(v)).result
+        return tiles[v]
+
+    def _tile_op(self, op, tiles) -> ir.Value:
+        name = op.name
+        result = op.results[0]
+        rtype = self._tile_type(result)
+        xs = [self._operand(v, tiles) for v in op.operands]
+        if name in TILE_ELEMENTWISE:
+            return TILE_ELEMENTWISE[name](*xs).result
+        if name == "tgraph.compare":
+            return ttile.CompareOp(rtype, xs[0], xs[1], op.attributes["kind"]).result
+        if name == "tgraph.cast":
+            return ttile.CastOp(rtype, xs[0]).result
+        if name == "tgraph.fill":
+            return ttile.FillOp(rtype, op.attributes["value"]).result
+        if name == "tgraph.iota":
+            dim = ir.IntegerAttr(op.attributes["dim"]).value
+            return ttile.IotaOp(rtype, self._value_offsets(result)[dim], op.attributes["dim"]).result
+        if name == "tgraph.broadcast":
+            if self._tile_shape(op.operands[0]) == self._tile_shape(result):
+                return xs[0]
+            return ttile.BroadcastOp(rtype, xs[0]).result
+        if name == "tgraph.reduce":
+            dim = _reduced_dims(op)[0]
+            return ttile.ReduceOp(rtype, xs[0], op.attributes["kind"],
+                                  ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim)).result
+        raise PassError(f"tessera-lower-to-tile cannot tile '{name}'", op.location)
+
+    def _column_reduce(self, op) -> ir.Operation:
+        """A reduction over one non-last dimension `d`: instances cover the
+        other dimensions (the last one in chunks), and loop over `d`."""
+        dims = _reduced_dims(op)
+        if len(dims) != 1:
+            raise PassError("tessera-lower-to-tile reduces one dimension per kernel; split "
+                            f"the reduction over {dims}", op.location)
+        d = dims[0]
+        src, result = op.operands[0], op.results[0]
+        shape = _shape(src)
+        rank = len(shape)
+        last = largest_divisor(shape[-1], 64)
+        chunk = largest_divisor(shape[d], max(1, ELEMENTWISE_TILE_ELEMENTS // last))
+        in_tile = [1] * rank
+        in_tile[-1], in_tile[d] = last, chunk
+        out_tile = list(in_tile)
+        out_tile[d] = 1
+        counts = [1 if i == d else (s // last if i == rank - 1 else s) for i, s in enumerate(shape)]
+        grid = 1
+        for c in counts:
+            grid *= c
+        in_buf, out_buf = self.inputs[0], self.outputs[0] if self.outputs else None
+        bufs = [in_buf] + ([out_buf] if out_buf is not None else [])
+        arg_types = [ir.MemRefType(b.type) for b in bufs]
+        elt = ir.ShapedType(src.type).element_type
+        with ir.InsertionPoint(self.module_block), op.location:
+            k = ttile.KernelOp(self.name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
+                               _i64_array([grid]), _i64_array([THREADS_PER_BLOCK]))
+            k.attributes["ttile.tile_sizes"] = _i64_array(in_tile)
+            entry = k.body.blocks.append(*arg_types, arg_locs=[op.location] * len(arg_types))
+        with ir.InsertionPoint(entry), op.location:
+            offsets = _grid_offsets(counts, in_tile)
+            kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+            init = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}[kind]
+            acc0 = ttile.FillOp(_tile_type(out_tile, elt), ir.FloatAttr.get_f64(init)).result
+            loop = scf.ForOp(_index(0), _index(shape[d]), _index(chunk), [acc0])
+            with ir.InsertionPoint(loop.body):
+                at = list(offsets)
+                at[d] = loop.induction_variable
+                t = ttile.LoadOp(_tile_type(in_tile, elt), entry.arguments[0], at).result
+                r = ttile.ReduceOp(_tile_type(out_tile, elt), t, op.attributes["kind"],
+                                   ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)).result
+                combine = {"sum": ttile.AddOp, "max": ttile.MaxOp, "prod": ttile.MulOp}.get(kind)
+                if combine is None:
+                    raise PassError(f"tessera-lower-to-tile: no column '{kind}' reduction yet",
+                                    op.location)
+                scf.YieldOp([combine(loop.inner_iter_args[0], r).result])
+            if out_buf is not None:
+                ttile.StoreOp(loop.results[0], entry.arguments[1], offsets)
+            ttile.ReturnOp()
+        return k.operation
+
+
+def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block) -> set:
+    """Replaces each fusion group by one launch of a new ttile.kernel; returns
+    the names of the tensor kernels the groups consumed."""
+    consumed = set()
+    for group in fusion_groups(sched, kernels):
+        consumed.update(ir.FlatSymbolRefAttr(l.attributes["kernel"]).value for l in group)
+        base = ir.FlatSymbolRefAttr(group[0].attributes["kernel"]).value
+        # A single launch keeps its kernel's name (the tensor kernel is erased).
+        name = base if len(group) == 1 else f"{base}_fused{len(group)}"
+        tiler = GroupTiler(group, kernels, name, module_block)
+        kernel = tiler.build()
+        first = group[0]
+        stream = _launch_parts(first)[0]
+        # Output buffers must exist where the fused launch goes (the first
+        # member's place); internal buffers disappear with their frees.
+        for b in tiler.outputs:
+            owner = b.owner
+            if not isinstance(owner, ir.Block) and owner.name == "tsched.alloc" \
+                    and not owner.is_before_in_block(first):
+                owner.move_before(first)
+        with ir.InsertionPoint(first), first.location:
+            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, tiler.inputs, tiler.outputs)
+        for launch in group:
+            launch.erase()
+        for b in tiler.internal:
+            for u in [u.owner.operation for u in b.uses]:
+                u.erase()
+            b.owner.erase()
+        kernel.move_before(next(iter(kernels.values())))
+    return consumed
+
+
 def run(op, pass_):
     def body():
         module_block = op.regions[0].blocks[0]
+        target = op.attributes["tessera.target"] if "tessera.target" in op.attributes else None
+        cpu_target = target is not None and ir.StringAttr(target).value == "cpu"
         kernels = {ir.StringAttr(f.attributes["sym_name"]).value: f
                    for f in functions(op) if "tsched.kernel" in f.attributes}
         if not kernels:
             return
-        for f in list(functions(op)):
-            if "tsched.kernel" not in f.attributes and any(
-                    o.name == "tsched.launch" for o in ops_of(f)):
+        schedules = [f for f in functions(op) if "tsched.kernel" not in f.attributes
+                     and any(o.name == "tsched.launch" for o in ops_of(f))]
+        if not cpu_target:
+            for f in schedules:
                 fuse_epilogues(f, kernels, module_block)
+        consumed = set()
+        for f in schedules:
+            consumed |= fuse_and_tile(f, kernels, module_block)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
-                    for f in functions(op) if "tsched.kernel" not in f.attributes
-                    for o in ops_of(f) if o.name == "tsched.launch"}
+                    for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
         for name, kernel in kernels.items():
-            if name in launched:
-                tiled = tile_kernel(kernel, module_block)
-                tiled.move_before(kernel)
+            if name in launched and name not in consumed:
+                routine = _library_routine(kernel, cpu_target)
+                if routine is not None:
+                    make_library_declaration(kernel, routine, module_block)
+                else:
+                    tile_kernel(kernel, module_block).move_before(kernel)
             kernel.erase()
     run_reporting(op, pass_, body)

@@ -22,7 +22,7 @@ from tessera_mlir.dialects import tgraph
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts,
                                             function_type, location_name, ops_of, run_reporting,
                                             set_dict_entry, set_function_type)
-from tessera_compiler.sharding import Mesh, Sharding, rule_for, RULES
+from tessera_compiler.sharding import Mesh, Sharding, rule_for
 
 from .propagate_sharding import (SHARDING, argument_shardings, distributed_functions,
                                  result_shardings)
@@ -133,10 +133,10 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             op.results[0].replace_all_uses_with(new_value)
             op.erase()
             continue
-        if op.name not in RULES:
+        if not op.name.startswith("tgraph.") or len(op.results) != 1:
             raise PassError(f"tessera-partition does not know how to partition '{op.name}'",
                             op.location)
-        rule = rule_for(op.name, [current[v] for v in op.operands])
+        rule = rule_for(op, [current[v] for v in op.operands], mesh.name)
         for i, (v, want) in enumerate(zip(list(op.operands), rule.operands)):
             op.operands[i] = reshard(v, current[v], want, op)
         result = op.results[0]

@@ -13,7 +13,7 @@ from tessera_mlir import ir
 
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions,
                                             ops_of, run_reporting)
-from tessera_compiler.sharding import Mesh, Sharding, meshes_of, rule_for, RULES
+from tessera_compiler.sharding import Mesh, Sharding, meshes_of, rule_for
 
 SHARDING = "tgraph.sharding"
 
@@ -52,18 +52,21 @@ def result_shardings(func_op: ir.Operation, mesh: Mesh, types) -> list[Sharding]
     return out
 
 
-def op_result_sharding(op: ir.Operation, operands: list[Sharding]) -> Sharding:
+def op_result_sharding(op: ir.Operation, operands: list[Sharding], mesh: Mesh) -> Sharding:
     name = op.name
     if name == "tgraph.shard":
         return Sharding.from_attr(op.attributes["sharding"])
-    if name in RULES:
-        return rule_for(name, operands).result
     if name in ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter"):
         raise PassError(f"'{name}' is a per-rank collective and appears only after "
                         "tessera-partition; before it, change a layout with tgraph.shard",
                         op.location)
-    raise PassError(f"tessera-propagate-sharding does not know how to shard '{name}'",
-                    op.location)
+    if name == "tgraph.grad":
+        raise PassError("run tessera-autodiff before tessera-propagate-sharding "
+                        "(tgraph.grad is still here)", op.location)
+    if not name.startswith("tgraph.") or len(op.results) != 1:
+        raise PassError(f"tessera-propagate-sharding does not know how to shard '{name}'",
+                        op.location)
+    return rule_for(op, operands, mesh.name).result
 
 
 def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
@@ -76,7 +79,7 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
         if op.name == "func.return":
             continue
         operands = [shardings[v] for v in op.operands]
-        s = op_result_sharding(op, operands)
+        s = op_result_sharding(op, operands, mesh)
         op.attributes[SHARDING] = s.to_attr()
         shardings[op.results[0]] = s
     return shardings

@@ -241,6 +241,9 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
         else:
             fields["dim"] = r.get(raw, "dim", where, int, default=0)
         fields["deterministic"] = r.get(raw, "deterministic", where, bool, default=False)
+    if op == "launch" and "library" in raw:
+        fields["library"] = r.get(raw, "library", where, str)
+        fields["attrs"] = r.get(raw, "attrs", where, dict, default={})
     return Instr(index=i, op=op, fields=fields)
 
 

@@ -116,6 +116,13 @@ class ScheduleExecutor:
                 use(ins["buffer"], "buffer", ins, "buffer")
                 not_in_flight(ins["buffer"], ins, "frees", ("src", "dst"))
                 freed[ins["buffer"]] = ins.index
+            elif op == "launch" and "library" in ins.fields:
+                if not self.engine.has_library(ins["library"]):
+                    raise self._err(ins, f"library routine '{ins['library']}' is not provided "
+                                         f"by the {self.engine.name} engine")
+                for a in ins["args"]:
+                    use(a, "buffer", ins, "arg")
+                    not_in_flight(a, ins, "reads")
             elif op == "launch":
                 if not self.engine.has_kernel(ins["kernel"]):
                     raise self._err(ins, f"kernel '{ins['kernel']}' not found in kernel "
@@ -232,8 +239,12 @@ class ScheduleExecutor:
                 elif op == "free":
                     eng.free(values.pop(ins["buffer"]))
                 elif op == "launch":
-                    eng.launch(ins["kernel"], [values[a] for a in ins["args"]],
-                               eng.stream(ins["stream"]))
+                    args = [values[a] for a in ins["args"]]
+                    if "library" in ins.fields:
+                        eng.call_library(ins["library"], ins["attrs"], args,
+                                         eng.stream(ins["stream"]))
+                    else:
+                        eng.launch(ins["kernel"], args, eng.stream(ins["stream"]))
                 elif op == "event_record":
                     values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
                 elif op == "event_wait":

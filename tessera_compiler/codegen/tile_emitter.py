@@ -19,8 +19,13 @@ from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
-_CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "i32": "int32_t",
-           "i64": "int64_t", "i8": "int8_t", "i1": "bool"}
+# Element type -> C type of a tile element. bf16 tiles compute in float (every
+# value rounded to bf16 precision); bf16 buffers hold the raw 16 bits.
+_CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "bf16": "float",
+           "i32": "int32_t", "i64": "int64_t", "i8": "int8_t", "i1": "bool"}
+_BUFFER_CTYPES = {**_CTYPES, "bf16": "uint16_t"}
+# Tiles larger than this live on the heap (CPU), not the stack.
+_STACK_TILE_LIMIT = 16384
 
 
 class EmitError(Exception):
@@ -29,12 +34,21 @@ class EmitError(Exception):
         self.location = location
 
 
-def ctype(t: ir.Type | str, location: ir.Location | None = None) -> str:
+def ctype(t: ir.Type | str, location: ir.Location | None = None, buffer: bool = False) -> str:
     key = str(t)
     if key not in _CTYPES:
         raise EmitError(f"element type {key} is not supported by the kernel emitter yet",
                         location)
-    return _CTYPES[key]
+    return (_BUFFER_CTYPES if buffer else _CTYPES)[key]
+
+
+def c_literal(value: float, ct: str) -> str:
+    """`value` as a C expression of type `ct` (infinities included)."""
+    if math.isinf(value):
+        return f"({'-' if value < 0 else ''}INFINITY)"
+    if math.isnan(value):
+        return "NAN"
+    return f"({ct}){value!r}"
 
 
 @dataclass
@@ -42,6 +56,7 @@ class Tile:
     name: str
     shape: list[int]
     ctype: str
+    element: str = ""
 
     @property
     def size(self) -> int:
@@ -91,7 +106,7 @@ class KernelEmitter:
 
     def new_tile(self, value: ir.Value) -> Tile:
         shape, elt = tile_of(value.type)
-        tile = Tile(self.fresh("t"), shape, ctype(elt, value.location))
+        tile = Tile(self.fresh("t"), shape, ctype(elt, value.location), elt)
         self.tiles[tile.name] = tile
         self.names[value] = tile
         return tile
@@ -110,12 +125,14 @@ class KernelEmitter:
         buffers = {}
         for i, arg in enumerate(entry.arguments):
             mt = ir.MemRefType(arg.type)
-            ct = ctype(mt.element_type, kernel.location)
+            ct = ctype(mt.element_type, kernel.location, buffer=True)
             params.append(f"void* arg{i}_")
             prologue.append(f"{ct}* __restrict__ arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
             self.names[arg] = f"arg{i}"
             buffers[f"arg{i}"] = list(mt.shape)
         self.buffers = buffers
+        self.buffer_elements = {f"arg{i}": str(ir.MemRefType(a.type).element_type)
+                                for i, a in enumerate(entry.arguments)}
         body_lines_start = len(self.lines)
         if not self.cuda:
             for d, g in enumerate(grid):
@@ -133,8 +150,14 @@ class KernelEmitter:
                 self.line("}")
         body = self.lines[body_lines_start:]
         storage = "__shared__ " if self.cuda else ""
-        decls = [f"  {storage}{t.ctype} {t.name}[{t.size}];  // tile {'x'.join(map(str, t.shape))}"
-                 for t in self.tiles.values()]
+        decls = []
+        for t in self.tiles.values():
+            note = f"// tile {'x'.join(map(str, t.shape))}"
+            if not self.cuda and t.size > _STACK_TILE_LIMIT:
+                decls.append(f"  std::vector<{t.ctype}> {t.name}_v({t.size}); "
+                             f"{t.ctype}* {t.name} = {t.name}_v.data();  {note}")
+            else:
+                decls.append(f"  {storage}{t.ctype} {t.name}[{t.size}];  {note}")
         qualifier = 'extern "C" __global__ void' if self.cuda else 'extern "C" void'
         launch = (f"// launch: grid ({', '.join(map(str, grid))}), block ({', '.join(map(str, block_shape))})"
                   if self.cuda else f"// grid ({', '.join(map(str, grid))}) run as loops")
@@ -180,23 +203,31 @@ class KernelEmitter:
     def op_ttile_fill(self, op):
         t = self.new_tile(op.results[0])
         value = ir.FloatAttr(op.attributes["value"]).value
-        self.for_each(t.size, lambda e: self.line(f"{t.name}[{e}] = ({t.ctype}){value!r};"))
+        lit = c_literal(value, t.ctype)
+        if t.element == "bf16":
+            lit = f"bf16_round({lit})"
+        self.for_each(t.size, lambda e: self.line(f"{t.name}[{e}] = {lit};"))
 
     def _tile_access(self, op, tile: Tile, buf: str, offsets, load: bool):
         shape = self.buffers[buf]
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
         tstrides = [math.prod(tile.shape[d + 1:]) for d in range(len(tile.shape))]
+        bf16 = self.buffer_elements[buf] == "bf16"
 
         def body(e):
             idx = []
             for d in range(len(shape)):
-                coord = f"(({e} / {tstrides[d]}) % {tile.shape[d]})"
-                idx.append(f"({offsets[d]} + {coord}) * {strides[d]}")
-            addr = " + ".join(idx)
+                coord = "" if tile.shape[d] == 1 else \
+                    f" + (({e} / {tstrides[d]}) % {tile.shape[d]})" if tstrides[d] > 1 else \
+                    f" + ({e} % {tile.shape[d]})" if d > 0 else f" + {e}"
+                idx.append(f"({offsets[d]}{coord}) * {strides[d]}")
+            addr = " + ".join(idx) or "0"
             if load:
-                self.line(f"{tile.name}[{e}] = {buf}[{addr}];")
+                value = f"bf16_to_float({buf}[{addr}])" if bf16 else f"{buf}[{addr}]"
+                self.line(f"{tile.name}[{e}] = {value};")
             else:
-                self.line(f"{buf}[{addr}] = {tile.name}[{e}];")
+                value = f"float_to_bf16({tile.name}[{e}])" if bf16 else f"{tile.name}[{e}]"
+                self.line(f"{buf}[{addr}] = {value};")
         self.for_each(tile.size, body)
 
     def op_ttile_load(self, op):
@@ -236,8 +267,10 @@ class KernelEmitter:
     def _elementwise(self, op, expr):
         srcs = [self.names[v] for v in op.operands]
         r = self.new_tile(op.results[0])
+        # A bf16 result is computed in float and rounded to bf16 precision.
+        wrap = (lambda x: f"bf16_round({x})") if r.element == "bf16" else (lambda x: x)
         self.for_each(r.size, lambda e: self.line(
-            f"{r.name}[{e}] = {expr(*[f'{s.name}[{e}]' for s in srcs])};"))
+            f"{r.name}[{e}] = {wrap(expr(*[f'{s.name}[{e}]' for s in srcs]))};"))
 
     def op_ttile_add(self, op):
         self._elementwise(op, lambda a, b: f"{a} + {b}")
@@ -253,6 +286,76 @@ class KernelEmitter:
 
     def op_ttile_exp(self, op):
         self._elementwise(op, lambda a: f"std::exp({a})" if not self.cuda else f"expf({a})")
+
+    def op_ttile_sub(self, op):
+        self._elementwise(op, lambda a, b: f"{a} - {b}")
+
+    def op_ttile_div(self, op):
+        self._elementwise(op, lambda a, b: f"{a} / {b}")
+
+    def op_ttile_neg(self, op):
+        self._elementwise(op, lambda a: f"-{a}")
+
+    def _math(self, fn: str, arg: str) -> str:
+        return f"{fn}({arg})" if self.cuda else f"std::{fn}({arg})"
+
+    def op_ttile_log(self, op):
+        self._elementwise(op, lambda a: self._math("log", a))
+
+    def op_ttile_tanh(self, op):
+        self._elementwise(op, lambda a: self._math("tanh", a))
+
+    def op_ttile_sqrt(self, op):
+        self._elementwise(op, lambda a: self._math("sqrt", a))
+
+    def op_ttile_rsqrt(self, op):
+        r_ct = ctype(tile_of(op.results[0].type)[1])
+        self._elementwise(op, lambda a: f"({r_ct})1 / {self._math('sqrt', a)}")
+
+    def op_ttile_compare(self, op):
+        sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[
+            str(op.attributes["kind"]).split("<")[1].rstrip(">")]
+        self._elementwise(op, lambda a, b: f"({a} {sym} {b})")
+
+    def op_ttile_select(self, op):
+        self._elementwise(op, lambda c, a, b: f"({c} ? {a} : {b})")
+
+    def op_ttile_cast(self, op):
+        src_elt = tile_of(op.operands[0].type)[1]
+        dst_shape, dst_elt = tile_of(op.results[0].type)
+        ct = ctype(dst_elt)
+        if dst_elt == "bf16":
+            self._elementwise(op, lambda a: f"bf16_round((float)({a}))")
+        elif dst_elt == "i1":
+            self._elementwise(op, lambda a: f"({a} != 0)")
+        else:
+            self._elementwise(op, lambda a: f"({ct})({a})")
+
+    def op_ttile_broadcast(self, op):
+        src = self.names[op.operands[0]]
+        r = self.new_tile(op.results[0])
+        rstrides = [math.prod(r.shape[d + 1:]) for d in range(len(r.shape))]
+        sstrides = [math.prod(src.shape[d + 1:]) for d in range(len(src.shape))]
+
+        def body(e):
+            terms = [f"(({e} / {rstrides[d]}) % {r.shape[d]}) * {sstrides[d]}"
+                     for d in range(len(r.shape)) if src.shape[d] != 1]
+            self.line(f"{r.name}[{e}] = {src.name}[{' + '.join(terms) or '0'}];")
+        self.for_each(r.size, body)
+
+    def op_ttile_iota(self, op):
+        r = self.new_tile(op.results[0])
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        offset = self.scalar(op.operands[0])
+        stride = math.prod(r.shape[dim + 1:])
+        self.for_each(r.size, lambda e: self.line(
+            f"{r.name}[{e}] = ({r.ctype})({offset} + ({e} / {stride}) % {r.shape[dim]});"))
+
+    def op_arith_divui(self, op):
+        self._index_binary(op, "/")
+
+    def op_arith_remui(self, op):
+        self._index_binary(op, "%")
 
     def op_ttile_reduce(self, op):
         src = self.names[op.operands[0]]
@@ -311,16 +414,35 @@ def kernels_of(module) -> list[ir.Operation]:
             if k.operation.name == "ttile.kernel"]
 
 
+# bfloat16 <-> float by bit manipulation (round to nearest even), so the
+# generated code needs no compiler support for a bf16 type.
+_BF16_HELPERS = """\
+{q} inline float bf16_to_float(uint16_t h) {{
+  uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4); return f;
+}}
+{q} inline uint16_t float_to_bf16(float f) {{
+  uint32_t bits; memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);  // nan
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return (uint16_t)(bits >> 16);
+}}
+{q} inline float bf16_round(float f) {{ return bf16_to_float(float_to_bf16(f)); }}
+"""
+
 _CPP_PRELUDE = """\
 // Generated by Tessera from Tile IR (ttile). Do not edit.
 #include <cmath>
 #include <cstdint>
-"""
+#include <cstring>
+#include <vector>
+""" + _BF16_HELPERS.format(q="static")
 
 _CUDA_PRELUDE = """\
 // Generated by Tessera from Tile IR (ttile). Do not edit.
+#include <cmath>
 #include <cstdint>
-"""
+#include <cstring>
+""" + _BF16_HELPERS.format(q="static __device__")
 
 
 def _emit(module: ir.Module, cuda: bool) -> str:

@@ -77,7 +77,7 @@ func.func private @add(%x: tensor<8x8xf32>, %y: tensor<8x8xf32>) -> tensor<8x8xf
 // CHECK: tsched.launch @relu on
 // CHECK: ttile.kernel @mm(
 // CHECK: ttile.kernel @relu(%[[X:.*]]: memref<8x8192xf32>, %[[Y:.*]]: memref<8x8192xf32>)
-// CHECK-SAME: grid = array<i64: 8, 2>, ttile.tile_sizes = array<i64: 1, 4096>
+// CHECK-SAME: grid = array<i64: 16>, ttile.tile_sizes = array<i64: 1, 4096>
 // CHECK: %[[T:.*]] = ttile.load %[[X]]{{.*}} -> !ttile.tile<1x4096xf32>
 // CHECK-NEXT: %[[R:.*]] = ttile.relu %[[T]]
 // CHECK-NEXT: ttile.store %[[R]], %[[Y]]

@@ -46,11 +46,11 @@ ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x
 
 // -----
 
-// expected-error @+1 {{element type bf16 is not supported by the kernel emitter yet}}
-ttile.kernel @half_precision(%a: memref<4x4xbf16>, %b: memref<4x4xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+// expected-error @+1 {{element type i16 is not supported by the kernel emitter yet}}
+ttile.kernel @short_ints(%a: memref<4x4xi16>, %b: memref<4x4xi16>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index
-  %t = ttile.load %a[%c0, %c0] : memref<4x4xbf16> -> !ttile.tile<4x4xbf16>
-  ttile.store %t, %b[%c0, %c0] : !ttile.tile<4x4xbf16>, memref<4x4xbf16>
+  %t = ttile.load %a[%c0, %c0] : memref<4x4xi16> -> !ttile.tile<4x4xi16>
+  ttile.store %t, %b[%c0, %c0] : !ttile.tile<4x4xi16>, memref<4x4xi16>
   ttile.return
 }
 

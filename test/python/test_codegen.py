@@ -21,7 +21,7 @@ def _trace():
 
     def mlp(x, w1, w2):
         return op.matmul(op.relu(op.matmul(x, w1)), w2)
-    return graph.trace(mlp, x, w1, w2, mesh=mesh)
+    return graph.trace(mlp, x, w1, w2, mesh=mesh, target="gpu")
 
 
 @pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")

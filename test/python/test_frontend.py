@@ -86,9 +86,13 @@ def test_graph_trace_returns_every_level_without_running():
     assert trace.partitioned.count("tgraph.all_reduce") == 1
     assert "tensor<16x16xf32>" in trace.partitioned            # local shard of w1
     assert "tsched.collective_start <all_reduce>" in trace.schedule
-    assert "ttile.kernel @_mlp_matmul_0_relu" in trace.tile   # relu fused into the epilogue
-    assert 'extern "C" void _mlp_matmul_0_relu' in trace.cpp
+    # CPU target: matmuls call BLAS, relu is a generated Tile IR kernel.
+    assert 'tsched.library = "matmul"' in trace.tile
+    assert "ttile.kernel @_mlp_relu_1" in trace.tile
+    assert 'extern "C" void _mlp_relu_1' in trace.cpp
     assert "__global__" in trace.cuda
+    gpu = ts.graph.trace(_mlp, *_tp_inputs(mesh, np.random.default_rng()), mesh=mesh, target="gpu")
+    assert "ttile.kernel @_mlp_matmul_0_relu" in gpu.tile    # relu fused into the GEMM epilogue
     assert "// ===== _mlp: tile =====" in str(trace)
 
 
@@ -127,12 +131,12 @@ def test_op_shape_errors_name_op_shapes_and_line():
     with pytest.raises(ShapeError) as err:
         bad(np.zeros((4, 5), np.float32), np.zeros((6, 3), np.float32))
     text = str(err.value)
-    assert "op.matmul: contraction dimensions differ: lhs (4, 5) has K = 5, rhs (6, 3) has K = 6" in text
+    assert "op.matmul: contraction dimensions differ: lhs [4, 5] has K = 5, rhs [6, 3] has K = 6" in text
     assert "test_frontend.py:" in text
 
 
 def test_ops_outside_compile_are_rejected():
-    with pytest.raises(RuntimeError, match="outside a function compiled by tessera.compile"):
+    with pytest.raises(RuntimeError, match="outside a function compiled by tessera"):
         op.relu(np.zeros(3))
 
 

@@ -55,6 +55,16 @@ class Engine(ABC):
         """Enqueue `kernel(arg0, arg1, ...)` on `stream` with the buffers'
         data pointers, in order."""
 
+    def has_library(self, routine: str) -> bool:
+        """Whether this engine implements library routine `routine`."""
+        from .library import ROUTINES
+        return routine in ROUTINES
+
+    def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
+        """Runs library routine `routine` (matmul, transpose, gather, ...) on
+        `args` (inputs, then the output) on `stream`."""
+        raise EngineError(f"the {self.name} engine has no library routines")
+
     # -- streams and events ------------------------------------------------------
     def stream(self, name: str):
         """The engine handle for the program stream called `name`."""

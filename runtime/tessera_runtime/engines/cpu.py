@@ -95,6 +95,10 @@ class CPUEngine(Engine):
             ptrs.append(ctypes.c_void_p(a.ctypes.data))
         fn(*ptrs)
 
+    def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
+        from .library import ROUTINES
+        ROUTINES[routine](np, attrs, *args)
+
     # -- events ----------------------------------------------------------------------
     def record_event(self, stream) -> CPUEvent:
         return CPUEvent(stream)

@@ -144,18 +144,267 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
   let hasVerifier = 1;
 }
 
-def TGraph_AddOp : TGraph_Op<"add", [Pure, SameOperandsAndResultType]> {
-  let summary = "elementwise addition";
+//----------------------------------------------------------------------------
+// Elementwise ops. Operands have equal types: broadcasting is explicit
+// (tgraph.broadcast), so sharding and differentiation rules stay per-op.
+//----------------------------------------------------------------------------
+
+class TGraph_BinaryOp<string mnemonic, string what>
+    : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = "elementwise " # what;
   let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
 }
+def TGraph_AddOp : TGraph_BinaryOp<"add", "addition">;
+def TGraph_SubOp : TGraph_BinaryOp<"sub", "subtraction">;
+def TGraph_MulOp : TGraph_BinaryOp<"mul", "multiplication">;
+def TGraph_DivOp : TGraph_BinaryOp<"div", "division">;
+def TGraph_MaxOp : TGraph_BinaryOp<"max", "maximum">;
 
-def TGraph_ReluOp : TGraph_Op<"relu", [Pure, SameOperandsAndResultType]> {
-  let summary = "elementwise max(x, 0)";
+class TGraph_UnaryOp<string mnemonic, string what>
+    : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let summary = "elementwise " # what;
   let arguments = (ins AnyRankedTensor:$input);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+def TGraph_ReluOp : TGraph_UnaryOp<"relu", "max(x, 0)">;
+def TGraph_NegOp : TGraph_UnaryOp<"neg", "negation">;
+def TGraph_ExpOp : TGraph_UnaryOp<"exp", "e^x">;
+def TGraph_LogOp : TGraph_UnaryOp<"log", "natural logarithm">;
+def TGraph_TanhOp : TGraph_UnaryOp<"tanh", "hyperbolic tangent">;
+def TGraph_SqrtOp : TGraph_UnaryOp<"sqrt", "square root">;
+def TGraph_RsqrtOp : TGraph_UnaryOp<"rsqrt", "1 / sqrt(x)">;
+
+def TGraph_CompareKind : I32EnumAttr<"CompareKind", "comparison predicate", [
+    I32EnumAttrCase<"eq", 0>, I32EnumAttrCase<"ne", 1>, I32EnumAttrCase<"lt", 2>,
+    I32EnumAttrCase<"le", 3>, I32EnumAttrCase<"gt", 4>, I32EnumAttrCase<"ge", 5>]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::tgraph";
+}
+
+def TGraph_CompareKindAttr
+    : EnumAttr<TGraph_Dialect, TGraph_CompareKind, "compare"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def TGraph_CompareOp : TGraph_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>]> {
+  let summary = "elementwise comparison giving an i1 tensor";
+  let description = [{
+    ```mlir
+    %m = tgraph.compare <gt> %x, %y : tensor<4x8xf32> -> tensor<4x8xi1>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs,
+                       TGraph_CompareKindAttr:$kind);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_SelectOp : TGraph_Op<"select", [Pure, AllTypesMatch<["on_true", "on_false", "result"]>]> {
+  let summary = "elementwise `cond ? on_true : on_false`";
+  let arguments = (ins AnyRankedTensor:$cond, AnyRankedTensor:$on_true,
+                       AnyRankedTensor:$on_false);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$cond `,` $on_true `,` $on_false attr-dict `:` type($cond) `,` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_CastOp : TGraph_Op<"cast", [Pure]> {
+  let summary = "elementwise conversion to another element type";
+  let description = [{
+    Float to float conversions round to nearest even (f32 -> bf16 included).
+
+    ```mlir
+    %h = tgraph.cast %x : tensor<4x8xf32> to tensor<4x8xbf16>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `to` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_FillOp : TGraph_Op<"fill", [Pure]> {
+  let summary = "a tensor with every element equal to `value`";
+  let description = [{
+    ```mlir
+    %half = tgraph.fill 5.000000e-01 : tensor<f32>
+    ```
+  }];
+  let arguments = (ins F64Attr:$value);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$value attr-dict `:` type($result)";
+}
+
+def TGraph_IotaOp : TGraph_Op<"iota", [Pure]> {
+  let summary = "each element's index along dimension `dim`";
+  let description = [{
+    ```mlir
+    %cols = tgraph.iota dim 1 : tensor<4x8xi32>     // %cols[i, j] = j
+    ```
+  }];
+  let arguments = (ins I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "`dim` $dim attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+//----------------------------------------------------------------------------
+// Shape ops
+//----------------------------------------------------------------------------
+
+def TGraph_BroadcastOp : TGraph_Op<"broadcast", [Pure]> {
+  let summary = "repeat size-1 dimensions to a larger shape of the same rank";
+  let description = [{
+    ```mlir
+    %b = tgraph.broadcast %bias : tensor<1x32xf32> to tensor<8x32xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `to` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_ReduceOp : TGraph_Op<"reduce", [Pure]> {
+  let summary = "reduce over dimensions, keeping them with size 1";
+  let description = [{
+    ```mlir
+    %s = tgraph.reduce <sum> %x dims [1] : tensor<8x32xf32> -> tensor<8x1xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, TGraph_ReductionKindAttr:$kind,
+                       DenseI64ArrayAttr:$dims);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $input `dims` $dims attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_ReshapeOp : TGraph_Op<"reshape", [Pure]> {
+  let summary = "the same elements in row-major order, in another shape";
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `to` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_TransposeOp : TGraph_Op<"transpose", [Pure]> {
+  let summary = "permute dimensions: result dim i is input dim perm[i]";
+  let description = [{
+    ```mlir
+    %t = tgraph.transpose %x perm [1, 0] : tensor<8x32xf32> -> tensor<32x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, DenseI64ArrayAttr:$perm);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input `perm` $perm attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_SliceOp : TGraph_Op<"slice", [Pure]> {
+  let summary = "a static box of the input starting at `offsets` (the result's shape)";
+  let description = [{
+    ```mlir
+    %q = tgraph.slice %qkv offsets [0, 32] : tensor<8x96xf32> -> tensor<8x32xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, DenseI64ArrayAttr:$offsets);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input `offsets` $offsets attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_PadOp : TGraph_Op<"pad", [Pure]> {
+  let summary = "place the input at `offsets` in a zero tensor of the result's shape";
+  let description = [{
+    The inverse of `tgraph.slice` (and its derivative).
+
+    ```mlir
+    %g = tgraph.pad %dq offsets [0, 32] : tensor<8x32xf32> -> tensor<8x96xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, DenseI64ArrayAttr:$offsets);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input `offsets` $offsets attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def TGraph_ConcatOp : TGraph_Op<"concat", [Pure]> {
+  let summary = "concatenate tensors along `dim`";
+  let description = [{
+    ```mlir
+    %c = tgraph.concat %a, %b dim 1 : tensor<8x16xf32>, tensor<8x8xf32> -> tensor<8x24xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$inputs, I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$inputs `dim` $dim attr-dict `:` type($inputs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//----------------------------------------------------------------------------
+// Indexing ops (embedding lookup and its derivative)
+//----------------------------------------------------------------------------
+
+def TGraph_GatherOp : TGraph_Op<"gather", [Pure]> {
+  let summary = "rows of `table` selected by integer `indices`";
+  let description = [{
+    `result[i, :] = table[indices[i], :]`. An index outside `[0, rows)` is an
+    error at run time on the CPU engine.
+
+    ```mlir
+    %e = tgraph.gather %table[%ids] : tensor<64x32xf32>, tensor<16xi32> -> tensor<16x32xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$table, AnyRankedTensor:$indices);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $table `[` $indices `]` attr-dict `:` type($table) `,` type($indices) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
+  let summary = "sum rows of `updates` into a zero tensor at rows `indices`";
+  let description = [{
+    `result[indices[i], :] += updates[i, :]`: the derivative of `tgraph.gather`
+    with respect to the table. Repeated indices accumulate.
+
+    ```mlir
+    %g = tgraph.scatter_add %upd[%ids] : tensor<16x32xf32>, tensor<16xi32> -> tensor<64x32xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$updates, AnyRankedTensor:$indices);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $updates `[` $indices `]` attr-dict `:` type($updates) `,` type($indices) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+//----------------------------------------------------------------------------
+// Differentiation
+//----------------------------------------------------------------------------
+
+def TGraph_GradOp : TGraph_Op<"grad", [Pure]> {
+  let summary = "gradients of a scalar with respect to earlier values";
+  let description = [{
+    Result `i` is d`loss`/d`wrt[i]`. A placeholder: `tessera-autodiff` replaces
+    it with the backward computation (vector-Jacobian products of every op
+    between the `wrt` values and `loss`).
+
+    ```mlir
+    %g:2 = tgraph.grad %loss wrt %w1, %w2 : tensor<f32>, tensor<16x32xf32>, tensor<32x8xf32>
+          -> tensor<16x32xf32>, tensor<32x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$loss, Variadic<AnyRankedTensor>:$wrt);
+  let results = (outs Variadic<AnyRankedTensor>:$grads);
+  let assemblyFormat = "$loss `wrt` $wrt attr-dict `:` type($loss) `,` type($wrt) `->` type($grads)";
+  let hasVerifier = 1;
 }
 
 class TGraph_CollectiveOp<string mnemonic, list<Trait> traits = []>

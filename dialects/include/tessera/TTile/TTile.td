@@ -156,6 +156,8 @@ class TTile_BinaryOp<string mnemonic, string what>
 def TTile_AddOp : TTile_BinaryOp<"add", "sum">;
 def TTile_MulOp : TTile_BinaryOp<"mul", "product">;
 def TTile_MaxOp : TTile_BinaryOp<"max", "maximum">;
+def TTile_SubOp : TTile_BinaryOp<"sub", "difference">;
+def TTile_DivOp : TTile_BinaryOp<"div", "quotient">;
 
 class TTile_UnaryOp<string mnemonic, string what>
     : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
@@ -166,6 +168,71 @@ class TTile_UnaryOp<string mnemonic, string what>
 }
 def TTile_ReluOp : TTile_UnaryOp<"relu", "max(x, 0)">;
 def TTile_ExpOp : TTile_UnaryOp<"exp", "exp(x)">;
+def TTile_NegOp : TTile_UnaryOp<"neg", "-x">;
+def TTile_LogOp : TTile_UnaryOp<"log", "log(x)">;
+def TTile_TanhOp : TTile_UnaryOp<"tanh", "tanh(x)">;
+def TTile_SqrtOp : TTile_UnaryOp<"sqrt", "sqrt(x)">;
+def TTile_RsqrtOp : TTile_UnaryOp<"rsqrt", "1 / sqrt(x)">;
+
+def TTile_CompareAttr : Attr<
+    CPred<"::llvm::isa<::tessera::tgraph::CompareKindAttr>($_self)">,
+    "#tgraph.compare attribute"> {
+  let storageType = "::tessera::tgraph::CompareKindAttr";
+  let returnType = "::tessera::tgraph::CompareKind";
+  let convertFromStorage = "$_self.getValue()";
+}
+
+def TTile_CompareOp : TTile_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>]> {
+  let summary = "elementwise comparison giving an i1 tile";
+  let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_CompareAttr:$kind);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` qualified(type($lhs)) `->` qualified(type($result))
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_SelectOp : TTile_Op<"select", [Pure, AllTypesMatch<["on_true", "on_false", "result"]>]> {
+  let summary = "elementwise `cond ? on_true : on_false`";
+  let arguments = (ins TTile_TileType:$cond, TTile_TileType:$on_true, TTile_TileType:$on_false);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = [{
+    $cond `,` $on_true `,` $on_false attr-dict `:` qualified(type($cond)) `,` qualified(type($result))
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_CastOp : TTile_Op<"cast", [Pure]> {
+  let summary = "convert each element to another element type";
+  let arguments = (ins TTile_TileType:$input);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$input attr-dict `:` qualified(type($input)) `to` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
+def TTile_BroadcastOp : TTile_Op<"broadcast", [Pure]> {
+  let summary = "repeat the size-1 dimensions of a tile";
+  let arguments = (ins TTile_TileType:$input);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$input attr-dict `:` qualified(type($input)) `to` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
+def TTile_IotaOp : TTile_Op<"iota", [Pure]> {
+  let summary = "element index along `dim`, plus `offset`";
+  let description = [{
+    `result[i0, i1, ...] = offset + i_dim`; with `offset` the tile's start along
+    `dim` this is the element's index in the whole tensor.
+
+    ```mlir
+    %cols = ttile.iota %c0 dim 1 : !ttile.tile<4x8xi32>
+    ```
+  }];
+  let arguments = (ins Index:$offset, I64Attr:$dim);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$offset `dim` $dim attr-dict `:` qualified(type($result))";
+  let hasVerifier = 1;
+}
 
 def TTile_ReduceOp : TTile_Op<"reduce", [Pure]> {
   let summary = "reduce a tile along one dimension (kept with size 1)";

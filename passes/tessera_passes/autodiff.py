@@ -1,0 +1,181 @@
+"""tessera-autodiff: replace each `tgraph.grad` with its backward computation.
+
+For `%g:n = tgraph.grad %loss wrt %w1, ..., %wn` the pass walks, in reverse
+program order, the ops that lie on a path from some `%wi` to `%loss`, and
+emits each op's vector-Jacobian product (VJP) right before the `tgraph.grad`:
+given the cotangent of an op's result it adds the cotangents of its float
+operands. The seed is d loss / d loss = 1. Cotangents reaching the same value
+are summed; a `%wi` that `%loss` does not depend on gets a zero gradient.
+
+Every rule below is Graph IR built with `graph_builder`, so the backward code
+is partitioned, scheduled, fused and tiled like the forward code. The rules
+are checked against float64 finite differences in test/python/test_autodiff.py.
+"""
+
+from __future__ import annotations
+
+from tessera_mlir import ir
+
+from tessera_compiler import graph_builder as gb
+from tessera_compiler.passes_common import PassError, functions, ops_of, run_reporting
+
+
+def _attr_list(op, name) -> list[int]:
+    return list(ir.DenseI64ArrayAttr(op.attributes[name]))
+
+
+def _perm_inverse(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _reduction(op) -> str:
+    return str(op.attributes["kind"]).split("<")[1].rstrip(">")
+
+
+def vjp(op: ir.Operation, g: ir.Value) -> list[ir.Value | None]:
+    """Cotangents of `op`'s operands given cotangent `g` of its (single) result;
+    None for operands without one (integers, conditions, indices)."""
+    name = op.name.split(".", 1)[1]
+    x = list(op.operands)
+    out = op.results[0]
+    if name == "add":
+        return [g, g]
+    if name == "sub":
+        return [g, gb.unary("neg", g)]
+    if name == "mul":
+        return [gb.binary("mul", g, x[1]), gb.binary("mul", g, x[0])]
+    if name == "div":
+        ga = gb.binary("div", g, x[1])
+        return [ga, gb.unary("neg", gb.binary("mul", ga, out))]     # -g a / b^2 = -(g/b) (a/b)
+    if name == "max":
+        take_lhs = gb.compare("ge", x[0], x[1])
+        zero = gb.zeros_like(g)
+        return [gb.select(take_lhs, g, zero), gb.select(take_lhs, zero, g)]
+    if name == "neg":
+        return [gb.unary("neg", g)]
+    if name == "exp":
+        return [gb.binary("mul", g, out)]
+    if name == "log":
+        return [gb.binary("div", g, x[0])]
+    if name == "tanh":
+        one = gb.fill(gb.shape_of(out), gb.element_of(out), 1.0)
+        return [gb.binary("mul", g, gb.binary("sub", one, gb.binary("mul", out, out)))]
+    if name == "sqrt":
+        half = gb.fill(gb.shape_of(out), gb.element_of(out), 0.5)
+        return [gb.binary("div", gb.binary("mul", g, half), out)]
+    if name == "rsqrt":                                               # -x^(-3/2) / 2
+        c = gb.fill(gb.shape_of(out), gb.element_of(out), -0.5)
+        return [gb.binary("mul", gb.binary("mul", g, c),
+                          gb.binary("mul", out, gb.binary("mul", out, out)))]
+    if name == "relu":
+        positive = gb.compare("gt", x[0], gb.zeros_like(x[0]))
+        return [gb.select(positive, g, gb.zeros_like(g))]
+    if name == "select":
+        zero = gb.zeros_like(g)
+        return [None, gb.select(x[0], g, zero), gb.select(x[0], zero, g)]
+    if name == "cast":
+        return [gb.cast(g, gb.element_of(x[0]))]
+    if name == "broadcast":
+        return [gb.sum_to(g, gb.shape_of(x[0]))]
+    if name == "reduce":
+        kind = _reduction(op)
+        shape = gb.shape_of(x[0])
+        if kind == "sum":
+            return [gb.broadcast(g, shape)]
+        if kind == "max":
+            # The gradient flows to the elements equal to the maximum.
+            hit = gb.compare("eq", x[0], gb.broadcast(out, shape))
+            return [gb.select(hit, gb.broadcast(g, shape), gb.zeros_like(x[0]))]
+        raise PassError(f"tessera-autodiff: no derivative for a '{kind}' reduction", op.location)
+    if name == "reshape":
+        return [gb.reshape(g, gb.shape_of(x[0]))]
+    if name == "transpose":
+        return [gb.transpose(g, _perm_inverse(_attr_list(op, "perm")))]
+    if name == "slice":
+        return [gb.pad(g, _attr_list(op, "offsets"), gb.shape_of(x[0]))]
+    if name == "pad":
+        return [gb.slice_(g, _attr_list(op, "offsets"), gb.shape_of(x[0]))]
+    if name == "concat":
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        grads, start = [], 0
+        for v in x:
+            shape = gb.shape_of(v)
+            offsets = [0] * len(shape)
+            offsets[dim] = start
+            grads.append(gb.slice_(g, offsets, shape))
+            start += shape[dim]
+        return grads
+    if name == "matmul":
+        return [gb.matmul(g, gb.swap_last(x[1])), gb.matmul(gb.swap_last(x[0]), g)]
+    if name == "gather":
+        return [gb.scatter_add(g, x[1], gb.shape_of(x[0])[0]), None]
+    if name == "scatter_add":
+        return [gb.gather(g, x[1]), None]
+    if name in ("compare", "iota", "fill"):
+        return [None] * len(x)
+    raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
+
+
+def _relevant_ops(body: list[ir.Operation], wrt: list[ir.Value], loss: ir.Value) -> list:
+    """Ops on a path from some `wrt` value to `loss`, in program order."""
+    depends = set(wrt)           # values that depend on some wrt value
+    forward = []
+    for op in body:
+        if any(v in depends for v in op.operands):
+            forward.append(op)
+            depends.update(op.results)
+    needed = {loss}
+    relevant = []
+    for op in reversed(forward):
+        if any(r in needed for r in op.results):
+            relevant.append(op)
+            needed.update(v for v in op.operands if v in depends)
+    return list(reversed(relevant))
+
+
+def differentiate(grad_op: ir.Operation) -> None:
+    loss, *wrt = list(grad_op.operands)
+    block_ops = ops_of(grad_op.parent)
+    body = block_ops[: block_ops.index(grad_op)]
+    ops = _relevant_ops(body, wrt, loss)
+    for op in ops:
+        if len(op.results) != 1:
+            raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
+                            op.location)
+        if op.name == "tgraph.grad":
+            raise PassError("tessera-autodiff: nested gradients (ts.grad of a gradient) are "
+                            "not supported", op.location)
+    cotangent: dict = {}
+
+    def accumulate(value, g):
+        if value in cotangent:
+            g = gb.binary("add", cotangent[value], g)
+        cotangent[value] = g
+
+    with ir.InsertionPoint(grad_op), grad_op.location:
+        if wrt:
+            accumulate(loss, gb.fill([], gb.element_of(loss), 1.0))
+        for op in reversed(ops):
+            g = cotangent.get(op.results[0])
+            if g is None:
+                continue
+            with op.location:
+                for operand, ct in zip(op.operands, vjp(op, g)):
+                    if ct is not None and gb.is_float(operand):
+                        accumulate(operand, ct)
+        grads = [cotangent[w] if w in cotangent else gb.zeros_like(w) for w in wrt]
+    for result, g in zip(grad_op.results, grads):
+        result.replace_all_uses_with(g)
+    grad_op.erase()
+
+
+def run(op, pass_):
+    def body():
+        for f in functions(op):
+            for o in ops_of(f):
+                if o.name == "tgraph.grad":
+                    differentiate(o)
+    run_reporting(op, pass_, body)

@@ -1,0 +1,49 @@
+"""Element types (`ts.f32`, `ts.bf16`, ...): numpy dtypes, with bfloat16 from
+`ml_dtypes` (a real 16-bit brain float: 8 exponent bits, 7 mantissa bits)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+f32 = float32 = np.dtype(np.float32)
+f64 = float64 = np.dtype(np.float64)
+f16 = float16 = np.dtype(np.float16)
+bf16 = bfloat16 = np.dtype(ml_dtypes.bfloat16)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+bool_ = np.dtype(np.bool_)
+
+FLOATS = (f64, f32, bf16, f16)          # widest first
+_NAMES = {"f32": f32, "float32": f32, "fp32": f32, "f64": f64, "float64": f64,
+          "f16": f16, "float16": f16, "fp16": f16, "bf16": bf16, "bfloat16": bf16,
+          "int32": int32, "i32": int32, "int64": int64, "i64": int64, "bool": bool_,
+          "int8": np.dtype(np.int8), "i8": np.dtype(np.int8)}
+
+
+def as_dtype(d) -> np.dtype:
+    """A numpy dtype from a dtype, a numpy type or a name like "bf16"."""
+    if isinstance(d, str):
+        if d not in _NAMES:
+            raise TypeError(f"unknown dtype {d!r} (known: {', '.join(sorted(_NAMES))})")
+        return _NAMES[d]
+    return np.dtype(d)
+
+
+def is_float(d) -> bool:
+    return np.dtype(d) in FLOATS
+
+
+def promote(a, b) -> np.dtype:
+    """The dtype two operands compute in: the wider float, or float over int."""
+    a, b = np.dtype(a), np.dtype(b)
+    if a == b:
+        return a
+    if is_float(a) and is_float(b):
+        # bf16 and f16 together: neither holds the other, use f32.
+        if {a, b} == {bf16, f16}:
+            return f32
+        return a if FLOATS.index(a) < FLOATS.index(b) else b
+    if is_float(a) != is_float(b):
+        return a if is_float(a) else b
+    return np.promote_types(a, b)

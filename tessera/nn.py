@@ -1,0 +1,38 @@
+"""Neural-network layers (`ts.nn`) over `tessera.op`, and parameter
+initialisation for them (numpy, outside compiled functions)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .op import (attention, cross_entropy, embedding, gelu, layernorm, linear, log_softmax,
+                 relu, rmsnorm, silu, softmax, transformer_block)
+
+flash_attention = attention
+
+__all__ = ["flash_attention", "attention", "cross_entropy", "embedding", "gelu", "layernorm",
+           "linear", "log_softmax", "relu", "rmsnorm", "silu", "softmax", "transformer_block",
+           "init_transformer"]
+
+
+def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
+                     dtype=np.float32) -> list[dict]:
+    """Parameters of `depth` pre-norm decoder blocks for `op.transformer_block`
+    (GPT-2 style init: normal(0, 0.02), output projections scaled by 1/sqrt(2 depth))."""
+    rng = np.random.default_rng(seed)
+    hidden = mlp_ratio * width
+    std, out_std = 0.02, 0.02 / np.sqrt(2 * depth)
+
+    def normal(shape, s):
+        return (rng.standard_normal(shape) * s).astype(dtype)
+
+    layers = []
+    for _ in range(depth):
+        layers.append({
+            "ln1_w": np.ones(width, dtype), "ln1_b": np.zeros(width, dtype),
+            "wqkv": normal((width, 3 * width), std), "wo": normal((width, width), out_std),
+            "ln2_w": np.ones(width, dtype), "ln2_b": np.zeros(width, dtype),
+            "w1": normal((width, hidden), std), "b1": np.zeros(hidden, dtype),
+            "w2": normal((hidden, width), out_std), "b2": np.zeros(width, dtype),
+        })
+    return layers

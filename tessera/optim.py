@@ -1,0 +1,160 @@
+"""Optimizers and training utilities (`ts.optim`), written with `tessera.op`
+so they compile into the training step: AdamW and SGD updates become fused
+elementwise kernels, the global norm a few reductions.
+
+State lives in plain dicts of numpy arrays (created outside compiled
+functions with `init`), passed in and returned by the step, as in the design
+docs' training guide:
+
+    opt = ts.optim.AdamW(lr=3e-4, weight_decay=0.1)
+    state = opt.init(params)
+
+    @ts.jit
+    def step(params, state, batch):
+        loss = loss_fn(params, batch)
+        grads = ts.grad(loss, params)
+        grads, norm = ts.optim.clip_by_global_norm(grads, 1.0)
+        params, state = opt.update(params, grads, state)
+        return loss, params, state
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import op
+from ._pytree import flatten, unflatten
+
+__all__ = ["AdamW", "SGD", "global_norm", "clip_by_global_norm", "accumulate",
+           "loss_scale_init", "unscale", "update_loss_scale", "where_finite"]
+
+
+def _map(fn, *trees):
+    leaves = [flatten(t)[0] for t in trees]
+    structure = flatten(trees[0])[1]
+    return unflatten(structure, [fn(*xs) for xs in zip(*leaves)])
+
+
+def _zeros_like(tree):
+    return _map(lambda x: np.zeros(np.shape(x), np.float32), tree)
+
+
+class AdamW:
+    """Adam with decoupled weight decay (Loshchilov & Hutter):
+    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+    p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd p).
+    Moments are fp32 whatever the parameters' dtype."""
+
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+
+    def init(self, params) -> dict:
+        return {"step": np.zeros((), np.float32), "m": _zeros_like(params),
+                "v": _zeros_like(params)}
+
+    def update(self, params, grads, state, lr=None):
+        """(new params, new state); `lr` may be a traced scalar (a schedule)."""
+        lr = self.lr if lr is None else lr
+        b1, b2 = self.betas
+        t = op.add(state["step"], 1.0)
+        # 1 - b^t with t a tensor: b^t = exp(t log b).
+        c1 = op.sub(1.0, op.exp(op.mul(t, math.log(b1))))
+        c2 = op.sub(1.0, op.exp(op.mul(t, math.log(b2))))
+        step_size = op.div(lr, c1)
+        inv_sqrt_c2 = op.rsqrt(c2)
+        decay = op.mul(lr, self.weight_decay) if not isinstance(lr, (int, float)) \
+            else lr * self.weight_decay
+        structure = flatten(params)[1]
+        new_p, new_m, new_v = [], [], []
+        for p, g, m, v in zip(flatten(params)[0], flatten(grads)[0], flatten(state["m"])[0],
+                              flatten(state["v"])[0]):
+            g32 = g.astype(np.float32) if g.dtype != np.float32 else g
+            m = op.add(op.mul(m, b1), op.mul(g32, 1.0 - b1))
+            v = op.add(op.mul(v, b2), op.mul(op.mul(g32, g32), 1.0 - b2))
+            update = op.div(op.mul(m, step_size), op.add(op.mul(op.sqrt(v), inv_sqrt_c2), self.eps))
+            if self.weight_decay:
+                update = op.add(update, op.mul(p, decay))
+            new_p.append(op.sub(p, update.astype(p.dtype) if p.dtype != update.dtype else update))
+            new_m.append(m)
+            new_v.append(v)
+        return unflatten(structure, new_p), {"step": t, "m": unflatten(structure, new_m),
+                                             "v": unflatten(structure, new_v)}
+
+
+class SGD:
+    """SGD with momentum and (coupled, L2) weight decay:
+    g += wd p;  buf = momentum buf + g;  p -= lr buf."""
+
+    def __init__(self, lr=1e-2, momentum=0.0, weight_decay=0.0):
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+
+    def init(self, params) -> dict:
+        return {"momentum": _zeros_like(params)}
+
+    def update(self, params, grads, state, lr=None):
+        lr = self.lr if lr is None else lr
+        new_p, new_buf = [], []
+        p_leaves, structure = flatten(params)
+        for p, g, buf in zip(p_leaves, flatten(grads)[0], flatten(state["momentum"])[0]):
+            if self.weight_decay:
+                g = op.add(g, op.mul(p, self.weight_decay))
+            buf = op.add(op.mul(buf, self.momentum), g) if self.momentum else op.add(op.mul(buf, 0.0), g)
+            new_buf.append(buf)
+            new_p.append(op.sub(p, op.mul(buf, lr)))
+        return unflatten(structure, new_p), {"momentum": unflatten(structure, new_buf)}
+
+
+def global_norm(tree):
+    """sqrt(sum of squares of every leaf), in fp32."""
+    total = None
+    for g in flatten(tree)[0]:
+        g = g.astype(np.float32) if g.dtype != np.float32 else g
+        s = op.sum(op.mul(g, g))
+        total = s if total is None else op.add(total, s)
+    return op.sqrt(total)
+
+
+def clip_by_global_norm(grads, max_norm: float, eps: float = 1e-6):
+    """(grads scaled so their global norm is at most `max_norm`, the norm before)."""
+    norm = global_norm(grads)
+    scale = op.minimum(op.div(max_norm, op.add(norm, eps)), 1.0)
+    return _map(lambda g: op.mul(g, scale.astype(g.dtype) if g.dtype != scale.dtype else scale),
+                grads), norm
+
+
+def accumulate(total, grads):
+    """total + grads, leaf by leaf (gradient accumulation over microbatches)."""
+    return grads if total is None else _map(op.add, total, grads)
+
+
+# -- dynamic loss scaling ---------------------------------------------------------
+
+def loss_scale_init(scale: float = 2.0 ** 15) -> dict:
+    """State of a dynamic loss scale: the scale and the count of good steps."""
+    return {"scale": np.float32(scale), "good_steps": np.float32(0)}
+
+
+def unscale(grads, scaler):
+    """(grads / scale, finite): `finite` is a boolean scalar, false if any
+    gradient holds an inf or nan (the step must then be skipped)."""
+    inv = op.div(1.0, scaler["scale"])
+    grads = _map(lambda g: op.mul(g, inv), grads)
+    return grads, op.isfinite(global_norm(grads))
+
+
+def where_finite(finite, new, old):
+    """`new` where the step was finite, else `old` (leaf by leaf): skipping a step."""
+    return _map(lambda a, b: op.where(finite, a, b), new, old)
+
+
+def update_loss_scale(scaler, finite, growth_interval: int = 200, factor: float = 2.0):
+    """Halves the scale on overflow (and resets the count); doubles it after
+    `growth_interval` finite steps in a row."""
+    good = op.add(scaler["good_steps"], 1.0)
+    grow = op.greater_equal(good, float(growth_interval))
+    scale = op.where(finite, op.where(grow, op.mul(scaler["scale"], factor), scaler["scale"]),
+                     op.mul(scaler["scale"], 1.0 / factor))
+    good = op.where(finite, op.where(grow, op.mul(good, 0.0), good), op.mul(good, 0.0))
+    return {"scale": scale, "good_steps": good}

@@ -1,0 +1,177 @@
+"""Builds Graph IR (`tgraph`) ops on `ir.Value`s at the current insertion point
+and location.
+
+Shared by the tracer (`tessera.op`, which checks the user's shapes first) and
+by `tessera-autodiff` (whose vector-Jacobian products are Graph IR too), so
+both emit exactly the same IR for the same operation.
+"""
+
+from __future__ import annotations
+
+from tessera_mlir import ir
+from tessera_mlir.dialects import tgraph
+
+
+def tensor_type(v: ir.Value) -> ir.RankedTensorType:
+    return ir.RankedTensorType(v.type)
+
+
+def shape_of(v: ir.Value) -> list[int]:
+    return list(tensor_type(v).shape)
+
+
+def element_of(v: ir.Value) -> ir.Type:
+    return tensor_type(v).element_type
+
+
+def is_float(v: ir.Value) -> bool:
+    return isinstance(element_of(v), (ir.F32Type, ir.F64Type, ir.F16Type, ir.BF16Type))
+
+
+def ranked(shape, element: ir.Type) -> ir.RankedTensorType:
+    return ir.RankedTensorType.get(list(shape), element)
+
+
+def _i64(v: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(v))
+
+
+def _dense(values) -> ir.Attribute:
+    return ir.DenseI64ArrayAttr.get([int(v) for v in values])
+
+
+# -- elementwise ----------------------------------------------------------------
+
+BINARY = {"add": tgraph.AddOp, "sub": tgraph.SubOp, "mul": tgraph.MulOp,
+          "div": tgraph.DivOp, "max": tgraph.MaxOp}
+UNARY = {"neg": tgraph.NegOp, "exp": tgraph.ExpOp, "log": tgraph.LogOp,
+         "tanh": tgraph.TanhOp, "sqrt": tgraph.SqrtOp, "rsqrt": tgraph.RsqrtOp,
+         "relu": tgraph.ReluOp}
+
+
+def binary(kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    return BINARY[kind](a, b).result
+
+
+def unary(kind: str, x: ir.Value) -> ir.Value:
+    return UNARY[kind](x).result
+
+
+def compare(kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    t = ranked(shape_of(a), ir.IntegerType.get_signless(1))
+    return tgraph.CompareOp(t, a, b, ir.Attribute.parse(f"#tgraph.compare<{kind}>")).result
+
+
+def select(cond: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    return tgraph.SelectOp(cond, a, b).result
+
+
+def cast(x: ir.Value, element: ir.Type) -> ir.Value:
+    if element_of(x) == element:
+        return x
+    return tgraph.CastOp(ranked(shape_of(x), element), x).result
+
+
+def fill(shape, element: ir.Type, value: float) -> ir.Value:
+    return tgraph.FillOp(ranked(shape, element), ir.FloatAttr.get_f64(float(value))).result
+
+
+def zeros_like(x: ir.Value) -> ir.Value:
+    return fill(shape_of(x), element_of(x), 0.0)
+
+
+def iota(shape, dim: int, element: ir.Type) -> ir.Value:
+    return tgraph.IotaOp(ranked(shape, element), _i64(dim)).result
+
+
+# -- shapes -----------------------------------------------------------------------
+
+def reshape(x: ir.Value, shape) -> ir.Value:
+    if shape_of(x) == list(shape):
+        return x
+    return tgraph.ReshapeOp(ranked(shape, element_of(x)), x).result
+
+
+def broadcast(x: ir.Value, shape) -> ir.Value:
+    """`x` broadcast to `shape` numpy-style (leading dimensions are added)."""
+    xs = shape_of(x)
+    if xs == list(shape):
+        return x
+    x = reshape(x, [1] * (len(shape) - len(xs)) + xs)
+    if shape_of(x) == list(shape):
+        return x
+    return tgraph.BroadcastOp(ranked(shape, element_of(x)), x).result
+
+
+def reduce(x: ir.Value, kind: str, dims) -> ir.Value:
+    """Reduces over `dims`, keeping them with size 1. Emitted one dimension at a
+    time (innermost first): each kernel then reduces along a single dimension."""
+    attr = ir.Attribute.parse(f"#tgraph.reduction<{kind}>")
+    for d in sorted(set(dims), reverse=True):
+        shape = shape_of(x)
+        if shape[d] == 1:
+            continue
+        shape[d] = 1
+        x = tgraph.ReduceOp(ranked(shape, element_of(x)), x, attr, _dense([d])).result
+    return x
+
+
+def sum_to(x: ir.Value, shape) -> ir.Value:
+    """Sums `x` down to `shape`: the adjoint of `broadcast(., shape(x))`."""
+    xs = shape_of(x)
+    lead = len(xs) - len(shape)
+    padded = [1] * lead + list(shape)
+    dims = [d for d in range(len(xs)) if padded[d] == 1 and xs[d] != 1]
+    return reshape(reduce(x, "sum", dims), shape)
+
+
+def transpose(x: ir.Value, perm) -> ir.Value:
+    if list(perm) == list(range(len(perm))):
+        return x
+    xs = shape_of(x)
+    return tgraph.TransposeOp(ranked([xs[p] for p in perm], element_of(x)), x,
+                              _dense(perm)).result
+
+
+def slice_(x: ir.Value, offsets, shape) -> ir.Value:
+    if shape_of(x) == list(shape):
+        return x
+    return tgraph.SliceOp(ranked(shape, element_of(x)), x, _dense(offsets)).result
+
+
+def pad(x: ir.Value, offsets, shape) -> ir.Value:
+    if shape_of(x) == list(shape):
+        return x
+    return tgraph.PadOp(ranked(shape, element_of(x)), x, _dense(offsets)).result
+
+
+def concat(xs: list[ir.Value], dim: int) -> ir.Value:
+    if len(xs) == 1:
+        return xs[0]
+    shape = shape_of(xs[0])
+    shape[dim] = sum(shape_of(x)[dim] for x in xs)
+    return tgraph.ConcatOp(ranked(shape, element_of(xs[0])), xs, _i64(dim)).result
+
+
+def matmul(a: ir.Value, b: ir.Value) -> ir.Value:
+    shape = shape_of(a)[:-1] + [shape_of(b)[-1]]
+    return tgraph.MatmulOp(ranked(shape, element_of(a)), a, b).result
+
+
+def swap_last(x: ir.Value) -> ir.Value:
+    r = len(shape_of(x))
+    return transpose(x, list(range(r - 2)) + [r - 1, r - 2])
+
+
+def gather(table: ir.Value, ids: ir.Value) -> ir.Value:
+    shape = [shape_of(ids)[0]] + shape_of(table)[1:]
+    return tgraph.GatherOp(ranked(shape, element_of(table)), table, ids).result
+
+
+def scatter_add(updates: ir.Value, ids: ir.Value, rows: int) -> ir.Value:
+    shape = [rows] + shape_of(updates)[1:]
+    return tgraph.ScatterAddOp(ranked(shape, element_of(updates)), updates, ids).result
+
+
+def grad(loss: ir.Value, wrt: list[ir.Value]) -> list[ir.Value]:
+    return list(tgraph.GradOp([w.type for w in wrt], loss, wrt).results)
