@@ -102,7 +102,7 @@ class CompiledFunction:
         check_annotations(self.fn, self._signature, bound.arguments)
         tree = tuple(bound.arguments.values())
         leaves, structure = flatten(tree)
-        names = paths(dict(bound.arguments))
+        names = [n for k, v in bound.arguments.items() for n in paths(v, k)]
         mesh = self._mesh_for(leaves)
         tensors = []
         for name, leaf in zip(names, leaves):
@@ -145,8 +145,11 @@ class CompiledFunction:
     def _bundle(self, key, traced, mesh) -> Path:
         if key in self._bundles:
             return self._bundles[key]
+        # Locations carry the argument names the bundle records, so they are
+        # part of what identifies it.
+        text = traced.module.operation.get_asm(enable_debug_info=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
         levels = self._lower(traced)
-        digest = hashlib.sha256(levels.graph.encode()).hexdigest()[:20]
         target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
         if not (target / "manifest.json").exists():
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -272,7 +272,7 @@ def _assemble(t: DTensor) -> np.ndarray:
     """Gathers every rank's shard (MPI Allgather on raw buffers) into the global value."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    local = np.ascontiguousarray(t._local)
+    local = np.array(t._local, order="C")
     parts = np.empty((comm.Get_size(),) + local.shape, dtype=local.dtype)
     comm.Allgather(local, parts)
     out = np.zeros(t.shape, dtype=t.dtype)
@@ -313,7 +313,8 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
     if rank is None:
         # Not running on this mesh (a single process inspecting it): keep the value.
         return DTensor(None, array.shape, array.dtype, layout, mesh, name, global_value=array)
-    local = np.ascontiguousarray(array[mesh.info.local_slices(array.shape, dims, rank)])
+    # np.array, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
+    local = np.array(array[mesh.info.local_slices(array.shape, dims, rank)], order="C")
     return DTensor(local, array.shape, array.dtype, layout, mesh, name)
 
 

@@ -75,12 +75,12 @@ func.func private @add(%x: tensor<8x8xf32>, %y: tensor<8x8xf32>) -> tensor<8x8xf
 // CHECK-LABEL: func.func @escapes
 // CHECK: tsched.launch @mm on
 // CHECK: tsched.launch @relu on
-// CHECK: ttile.kernel @mm(
 // CHECK: ttile.kernel @relu(%[[X:.*]]: memref<8x8192xf32>, %[[Y:.*]]: memref<8x8192xf32>)
 // CHECK-SAME: grid = array<i64: 16>, ttile.tile_sizes = array<i64: 1, 4096>
 // CHECK: %[[T:.*]] = ttile.load %[[X]]{{.*}} -> !ttile.tile<1x4096xf32>
 // CHECK-NEXT: %[[R:.*]] = ttile.relu %[[T]]
 // CHECK-NEXT: ttile.store %[[R]], %[[Y]]
+// CHECK: ttile.kernel @mm(
 func.func @escapes(%a: memref<8x4xf32>, %b: memref<4x8192xf32>) -> (memref<8x8192xf32>, memref<8x8192xf32>) {
   %s = tsched.stream "compute"
   %0 = tsched.alloc : memref<8x8192xf32>
