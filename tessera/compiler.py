@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import tessera_runtime
-from tessera_compiler.bundle import write_bundle
+from tessera_compiler.bundle import compiler_fingerprint, write_bundle
 from tessera_compiler.codegen.build import cache_dir
 from tessera_compiler.pipeline import CompileError as _PipelineError
 from tessera_compiler.pipeline import Levels, lower
@@ -148,7 +148,7 @@ class CompiledFunction:
         # Locations carry the argument names the bundle records, so they are
         # part of what identifies it.
         text = traced.module.operation.get_asm(enable_debug_info=True)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+        digest = hashlib.sha256((compiler_fingerprint() + text).encode()).hexdigest()[:20]
         levels = self._lower(traced)
         target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
         if not (target / "manifest.json").exists():

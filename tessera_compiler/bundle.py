@@ -7,6 +7,9 @@ every tsched op becomes one instruction, in order.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+
 import json
 import math
 import shutil
@@ -68,6 +71,24 @@ def _dict_attrs(func_op: ir.Operation, key: str, n: int):
     if key in func_op.attributes:
         return [ir.DictAttr(a) for a in ir.ArrayAttr(func_op.attributes[key])]
     return [None] * n
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_fingerprint() -> str:
+    """A hash of the compiler's own code (passes, emitters, dialect library),
+    part of every bundle's cache key: a changed compiler never reuses a bundle
+    an older one wrote."""
+    import tessera_mlir
+    import tessera_passes
+    h = hashlib.sha256()
+    roots = [Path(__file__).parent, Path(tessera_passes.__file__).parent]
+    for root in roots:
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.read_bytes())
+    for lib in sorted(Path(list(tessera_mlir.__path__)[0]).rglob("*Tessera*")):
+        st = lib.stat()
+        h.update(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
 
 
 def _library_declarations(module: ir.Module) -> dict:

@@ -92,11 +92,23 @@ def reshape(x: ir.Value, shape) -> ir.Value:
     return tgraph.ReshapeOp(ranked(shape, element_of(x)), x).result
 
 
+def _fill_value(x: ir.Value) -> float | None:
+    owner = x.owner
+    if isinstance(owner, ir.Block) or owner.name != "tgraph.fill":
+        return None
+    return ir.FloatAttr(owner.attributes["value"]).value
+
+
 def broadcast(x: ir.Value, shape) -> ir.Value:
-    """`x` broadcast to `shape` numpy-style (leading dimensions are added)."""
+    """`x` broadcast to `shape` numpy-style (leading dimensions are added).
+    A broadcast constant is a constant of the new shape (no buffer holds the
+    repeated value)."""
     xs = shape_of(x)
     if xs == list(shape):
         return x
+    value = _fill_value(x)
+    if value is not None:
+        return fill(shape, element_of(x), value)
     x = reshape(x, [1] * (len(shape) - len(xs)) + xs)
     if shape_of(x) == list(shape):
         return x

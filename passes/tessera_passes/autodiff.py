@@ -35,11 +35,20 @@ def _reduction(op) -> str:
     return str(op.attributes["kind"]).split("<")[1].rstrip(">")
 
 
+def _rematerialize(v: ir.Value) -> ir.Value:
+    """A constant the backward code needs is made again where it is needed, so
+    the forward kernel need not keep a buffer of it alive."""
+    owner = v.owner
+    if not isinstance(owner, ir.Block) and owner.name == "tgraph.fill":
+        return gb.fill(gb.shape_of(v), gb.element_of(v), ir.FloatAttr(owner.attributes["value"]).value)
+    return v
+
+
 def vjp(op: ir.Operation, g: ir.Value) -> list[ir.Value | None]:
     """Cotangents of `op`'s operands given cotangent `g` of its (single) result;
     None for operands without one (integers, conditions, indices)."""
     name = op.name.split(".", 1)[1]
-    x = list(op.operands)
+    x = [_rematerialize(v) for v in op.operands]
     out = op.results[0]
     if name == "add":
         return [g, g]

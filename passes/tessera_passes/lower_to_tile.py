@@ -586,6 +586,36 @@ class GroupTiler:
         return k.operation
 
 
+def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
+    """Gives every consumer of a constant (fill, iota) launch its own copy,
+    launched right before it, so loop fusion computes the constant inside the
+    consumer's kernel instead of reading a buffer that holds it."""
+    constants = [op for op in ops_of(sched) if op.name == "tsched.launch"
+                 and _kernel_op(kernels, op).name in ("tgraph.fill", "tgraph.iota")]
+    for launch in constants:       # (collected first: the loop erases ops)
+        stream, _, outs = _launch_parts(launch)
+        buf = outs[0]
+        users = [u.owner.operation for u in buf.uses]
+        consumers = [u for u in users if u.name == "tsched.launch" and u != launch]
+        if any(u.name not in ("tsched.launch", "tsched.free") for u in users) or not consumers:
+            continue
+        for consumer in consumers:
+            with ir.InsertionPoint(consumer), consumer.location:
+                copy = tsched.AllocOp(ir.MemRefType(buf.type)).result
+                tsched.LaunchOp(launch.attributes["kernel"], stream, [], [copy])
+            for i, v in enumerate(list(consumer.operands)):
+                if v == buf:
+                    consumer.operands[i] = copy
+            with ir.InsertionPoint.after(consumer), consumer.location:
+                tsched.FreeOp(copy)
+        for u in [u.owner.operation for u in buf.uses]:
+            if u.name == "tsched.free":
+                u.erase()
+        alloc = buf.owner
+        launch.erase()
+        alloc.erase()
+
+
 def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block) -> set:
     """Replaces each fusion group by one launch of a new ttile.kernel; returns
     the names of the tensor kernels the groups consumed."""
@@ -634,6 +664,7 @@ def run(op, pass_):
                 fuse_epilogues(f, kernels, module_block)
         consumed = set()
         for f in schedules:
+            duplicate_constants(f, kernels)
             consumed |= fuse_and_tile(f, kernels, module_block)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}

@@ -16,7 +16,10 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC"]
+# -march=native: kernels are compiled on the machine that runs them (bundles
+# record the source, so another machine rebuilds). No -ffast-math: isfinite
+# checks (x - x == 0) and inf masks must keep IEEE semantics.
+CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC"]
 NVCC_FLAGS = ["-arch=sm_90", "-std=c++17"]
 
 

@@ -211,24 +211,55 @@ class KernelEmitter:
     def _tile_access(self, op, tile: Tile, buf: str, offsets, load: bool):
         shape = self.buffers[buf]
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-        tstrides = [math.prod(tile.shape[d + 1:]) for d in range(len(tile.shape))]
         bf16 = self.buffer_elements[buf] == "bf16"
 
-        def body(e):
-            idx = []
-            for d in range(len(shape)):
-                coord = "" if tile.shape[d] == 1 else \
-                    f" + (({e} / {tstrides[d]}) % {tile.shape[d]})" if tstrides[d] > 1 else \
-                    f" + ({e} % {tile.shape[d]})" if d > 0 else f" + {e}"
-                idx.append(f"({offsets[d]}{coord}) * {strides[d]}")
-            addr = " + ".join(idx) or "0"
+        def move(t_index: str, b_index: str) -> None:
             if load:
-                value = f"bf16_to_float({buf}[{addr}])" if bf16 else f"{buf}[{addr}]"
-                self.line(f"{tile.name}[{e}] = {value};")
+                value = f"bf16_to_float({buf}[{b_index}])" if bf16 else f"{buf}[{b_index}]"
+                self.line(f"{tile.name}[{t_index}] = {value};")
             else:
-                value = f"float_to_bf16({tile.name}[{e}])" if bf16 else f"{tile.name}[{e}]"
-                self.line(f"{buf}[{addr}] = {value};")
-        self.for_each(tile.size, body)
+                value = f"float_to_bf16({tile.name}[{t_index}])" if bf16 else f"{tile.name}[{t_index}]"
+                self.line(f"{buf}[{b_index}] = {value};")
+
+        if not shape:                       # a 0-d buffer: one element
+            self.line("{")
+            move("0", "0")
+            self.line("}")
+            self.sync()
+            return
+        if self.cuda:
+            tstrides = [math.prod(tile.shape[d + 1:]) for d in range(len(tile.shape))]
+
+            def body(e):
+                idx = []
+                for d in range(len(shape)):
+                    coord = "" if tile.shape[d] == 1 else f" + (({e} / {tstrides[d]}) % {tile.shape[d]})"
+                    idx.append(f"({offsets[d]}{coord}) * {strides[d]}")
+                move(e, " + ".join(idx))
+            self.for_each(tile.size, body)
+            return
+        # CPU: nested loops, the innermost along contiguous memory, so the
+        # compiler vectorizes it; the tile index advances by one per element.
+        base = " + ".join(f"{offsets[d]} * {strides[d]}" for d in range(len(shape)))
+        loop_dims = [d for d in range(len(shape)) if tile.shape[d] > 1]
+        t = self.fresh("p")
+        self.line("{")
+        self.indent += 1
+        self.line(f"const int64_t {t}_base = {base};")
+        self.line(f"int64_t {t} = 0;")
+        ivs = []
+        for d in loop_dims:
+            iv = self.fresh("i")
+            ivs.append((iv, d))
+            self.line(f"for (int64_t {iv} = 0; {iv} < {tile.shape[d]}; ++{iv}) {{")
+            self.indent += 1
+        addr = " + ".join([f"{t}_base"] + [f"{iv} * {strides[d]}" for iv, d in ivs])
+        move(f"{t}++", addr)
+        for _ in loop_dims:
+            self.indent -= 1
+            self.line("}")
+        self.indent -= 1
+        self.line("}")
 
     def op_ttile_load(self, op):
         t = self.new_tile(op.results[0])
@@ -336,6 +367,23 @@ class KernelEmitter:
         r = self.new_tile(op.results[0])
         rstrides = [math.prod(r.shape[d + 1:]) for d in range(len(r.shape))]
         sstrides = [math.prod(src.shape[d + 1:]) for d in range(len(src.shape))]
+
+        if not self.cuda:
+            # Nested loops over the result; the source index skips repeated dims.
+            ivs = []
+            for d, n in enumerate(r.shape):
+                iv = self.fresh("i")
+                ivs.append(iv)
+                self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv}) {{")
+                self.indent += 1
+            dst = " + ".join(f"{iv} * {rstrides[d]}" for d, iv in enumerate(ivs))
+            src_idx = " + ".join(f"{iv} * {sstrides[d]}" for d, iv in enumerate(ivs)
+                                 if src.shape[d] != 1) or "0"
+            self.line(f"{r.name}[{dst}] = {src.name}[{src_idx}];")
+            for _ in ivs:
+                self.indent -= 1
+                self.line("}")
+            return
 
         def body(e):
             terms = [f"(({e} / {rstrides[d]}) % {r.shape[d]}) * {sstrides[d]}"
