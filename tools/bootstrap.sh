@@ -29,7 +29,7 @@ echo "[bootstrap] building and installing tessera (dialects, bindings, compiler,
 # Show the build's milestones (dialect sources compiling, libraries linking);
 # the whole log is in .venv/install.log.
 set +o pipefail
-python -m pip install -v --no-build-isolation ".[test]" 2>&1 | tee .venv/install.log \
+python -m pip install -v --no-build-isolation ".[test,examples]" 2>&1 | tee .venv/install.log \
   | grep --line-buffered -E "\[[0-9]+/[0-9]+\] (Building CXX object dialects/lib|Linking)|^Successfully installed"
 status=${PIPESTATUS[0]}
 set -o pipefail

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .mesh import MeshError, MeshInfo
@@ -139,13 +140,17 @@ class _Reader:
 
     def dtype(self, v, where: str) -> np.dtype:
         try:
-            dt = np.dtype(v) if isinstance(v, str) else None
+            dt = (_BFLOAT16 if v == "bfloat16" else np.dtype(v)) if isinstance(v, str) else None
         except TypeError:
             dt = None
-        if dt is None or dt.kind not in "biufc":
+        if dt is None or (dt.kind not in "biufc" and dt != _BFLOAT16):
             raise self.fail(where, f"unknown dtype {v!r} (expected a numpy dtype "
                                    f"name such as 'float32')")
         return dt
+
+
+# numpy has no bfloat16; ml_dtypes provides the standard one.
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _load_json(path: Path, what: str) -> dict:

@@ -1,0 +1,219 @@
+"""Forward numerics of the op set against float64 numpy references on fresh
+random inputs, and the API's shape/dtype checks and error messages."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+
+
+def rng():
+    return np.random.default_rng()
+
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def _layernorm(x, w, b, eps=1e-5):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps) * w + b
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _attention(q, k, v, causal):
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        S = q.shape[-2]
+        s = np.where(np.tril(np.ones((S, S), bool)), s, -np.inf)
+    return _softmax(s) @ v
+
+
+CASES = {
+    "add_broadcast": (lambda a, b: a + b, lambda a, b: a + b, [(4, 1, 6), (5, 6)]),
+    "sub_scalar": (lambda a: 2.0 - a, lambda a: 2.0 - a, [(3, 7)]),
+    "mul_div": (lambda a, b: a * b / (b * b + 1.0), lambda a, b: a * b / (b * b + 1), [(6, 5), (6, 5)]),
+    "exp_log_tanh": (lambda a: op.log(op.exp(a) + 1.0) + op.tanh(a),
+                     lambda a: np.log(np.exp(a) + 1) + np.tanh(a), [(5, 9)]),
+    "sqrt_rsqrt": (lambda a: op.sqrt(a * a + 1.0) * op.rsqrt(a * a + 2.0),
+                   lambda a: np.sqrt(a * a + 1) / np.sqrt(a * a + 2), [(4, 4)]),
+    "relu_gelu_silu": (lambda a: op.relu(a) + op.gelu(a) + op.silu(a),
+                       lambda a: np.maximum(a, 0) + _gelu(a) + a / (1 + np.exp(-a)), [(3, 33)]),
+    "minimum_where": (lambda a, b: op.where(a > 0.0, op.minimum(a, b), b),
+                      lambda a, b: np.where(a > 0, np.minimum(a, b), b), [(8, 3), (8, 3)]),
+    "sum_mean_max": (lambda a: op.sum(a, 0) + op.mean(a, 0) * op.max(a, 0),
+                     lambda a: a.sum(0) + a.mean(0) * a.max(0), [(37, 5)]),
+    "sum_keepdim_all": (lambda a: op.sum(a, (0, 2), keepdim=True) + op.sum(a),
+                        lambda a: a.sum((0, 2), keepdims=True) + a.sum(), [(3, 4, 5)]),
+    "softmax": (lambda a: op.softmax(a, -1), lambda a: _softmax(a), [(6, 11)]),
+    "softmax_dim0": (lambda a: op.softmax(a, 0), lambda a: _softmax(a, 0), [(6, 11)]),
+    "log_softmax": (lambda a: op.log_softmax(a), lambda a: np.log(_softmax(a)), [(3, 50)]),
+    "layernorm": (op.layernorm, _layernorm, [(2, 5, 16), (16,), (16,)]),
+    "rmsnorm": (op.rmsnorm, lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
+                [(7, 12), (12,)]),
+    "matmul": (op.matmul, lambda a, b: a @ b, [(5, 7), (7, 3)]),
+    "matmul_batched": (op.matmul, lambda a, b: a @ b, [(2, 3, 5, 7), (2, 3, 7, 4)]),
+    "linear_rank3": (lambda x, w, b: op.linear(x, w, b), lambda x, w, b: x @ w + b,
+                     [(2, 3, 8), (8, 5), (5,)]),
+    "reshape_transpose": (lambda a: op.transpose(op.reshape(a, 2, 3, 4), 0, 2).reshape(-1, 6),
+                          lambda a: a.reshape(2, 3, 4).transpose(2, 1, 0).reshape(-1, 6), [(6, 4)]),
+    "split_concat": (lambda a: op.concat(op.split(a, [1, 3, 2], dim=1)[::-1], dim=1),
+                     lambda a: np.concatenate([a[:, 4:], a[:, 1:4], a[:, :1]], 1), [(3, 6)]),
+    "attention": (lambda q, k, v: ts.nn.flash_attention(q, k, v, causal=True),
+                  lambda q, k, v: _attention(q, k, v, True), [(2, 2, 5, 4)] * 3),
+    "attention_full": (lambda q, k, v: op.attention(q, k, v),
+                       lambda q, k, v: _attention(q, k, v, False), [(1, 3, 6, 8)] * 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_matches_numpy_float64(name):
+    fn, ref, shapes = CASES[name]
+    r = rng()
+    xs = [r.standard_normal(s) for s in shapes]
+    got = ts.jit(fn)(*xs)
+    np.testing.assert_allclose(got, ref(*xs), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_and_embedding(dtype):
+    r = rng()
+    table = r.standard_normal((11, 6)).astype(dtype)
+    ids = r.integers(0, 11, (3, 4)).astype(np.int32)
+    targets = r.integers(0, 11, (3, 4)).astype(np.int32)
+    targets[0, 1] = -100
+    w = r.standard_normal((6, 11)).astype(dtype)
+
+    @ts.jit
+    def f(table, w, ids, targets):
+        logits = op.embedding(ids, table) @ w
+        return ts.nn.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1), ignore_index=-100)
+
+    logits = (table.astype(np.float64)[ids] @ w).reshape(-1, 11)
+    t = targets.reshape(-1)
+    keep = t != -100
+    ref = -np.log(_softmax(logits)[keep, t[keep]]).mean()
+    np.testing.assert_allclose(f(table, w, ids, targets), ref,
+                               rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_transformer_block_matches_numpy():
+    r = rng()
+    B, S, D, H = 2, 5, 16, 4
+    params = ts.nn.init_transformer(2, D, seed=int(r.integers(100)), dtype=np.float64)
+    x = r.standard_normal((B, S, D))
+
+    def ref(x):
+        for p in params:
+            h = _layernorm(x, p["ln1_w"], p["ln1_b"])
+            q, k, v = np.split(h @ p["wqkv"], 3, -1)
+            q, k, v = (t.reshape(B, S, H, D // H).transpose(0, 2, 1, 3) for t in (q, k, v))
+            a = _attention(q, k, v, True).transpose(0, 2, 1, 3).reshape(B, S, D)
+            x = x + a @ p["wo"]
+            h = _layernorm(x, p["ln2_w"], p["ln2_b"])
+            x = x + _gelu(h @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+        return x
+
+    got = ts.jit(lambda x, p: op.transformer_block(x, depth=2, params=p, heads=H))(x, params)
+    np.testing.assert_allclose(got, ref(x), rtol=1e-9, atol=1e-11)
+
+
+def test_bf16_matmul_under_autocast_accumulates_in_fp32():
+    r = rng()
+    a, b = r.standard_normal((16, 64)).astype(np.float32), r.standard_normal((64, 8)).astype(np.float32)
+
+    @ts.jit
+    def f(a, b):
+        with ts.autocast(dtype=ts.bf16):
+            return op.matmul(a, b)
+
+    got = f(a, b)
+    assert got.dtype == ts.bf16
+    a16, b16 = (x.astype(ts.bf16).astype(np.float64) for x in (a, b))
+    ref = (a16 @ b16).astype(np.float32).astype(ts.bf16).astype(np.float64)
+    np.testing.assert_array_equal(got.astype(np.float64), ref)
+    # ...and is far closer to fp32 than bf16 inputs would allow without fp32 accumulation.
+    assert np.abs(got.astype(np.float64) - a @ b.astype(np.float64)).max() < 0.2
+
+
+def test_bf16_elementwise_rounds_like_ml_dtypes():
+    r = rng()
+    x = r.standard_normal((4, 9)).astype(ts.bf16)
+    got = ts.jit(lambda x: x * x + 1.0)(x)
+    ref = ((x.astype(np.float32) * x.astype(np.float32)).astype(ts.bf16).astype(np.float32)
+           + 1.0).astype(ts.bf16)
+    assert got.dtype == ts.bf16
+    np.testing.assert_array_equal(got.astype(np.float32), ref.astype(np.float32))
+
+
+def test_isfinite_and_where():
+    x = np.array([1.0, np.inf, -np.inf, np.nan, -2.0], np.float32)
+    got = ts.jit(lambda x: op.where(ts.isfinite(x), x, 0.0))(x)
+    np.testing.assert_array_equal(got, [1.0, 0, 0, 0, -2.0])
+
+
+# -- signatures and errors ----------------------------------------------------------
+
+def test_tensor_annotations_are_checked_with_argument_and_dimension():
+    @ts.function
+    def f(x: ts.Tensor["B", "S", ts.int32], y: ts.Tensor["B", "S", ts.int32]):
+        return op.add(op.cast(x, ts.f32), op.cast(y, ts.f32))
+
+    ok = np.zeros((2, 3), np.int32)
+    assert f(ok, ok).shape == (2, 3)
+    with pytest.raises(ts.ShapeError, match=r"argument 'y' dimension 1 \('S'\) is 4, but 'x' has "
+                                            r"S = 3.*test_ops.py:\d+"):
+        f(ok, np.zeros((2, 4), np.int32))
+    with pytest.raises(ts.ShapeError, match=r"argument 'x' has dtype float32 but is annotated"):
+        f(ok.astype(np.float32), ok)
+    with pytest.raises(ts.ShapeError, match=r"argument 'x' has shape \[6\] but is annotated"):
+        f(np.zeros(6, np.int32), ok)
+
+
+def test_shape_error_names_op_shapes_and_line():
+    with pytest.raises(ts.ShapeError) as e:
+        ts.jit(lambda a, b: a + b)(np.zeros((3, 4)), np.zeros((5, 4)))
+    assert "op.add: shapes [3, 4] and [5, 4] do not broadcast" in str(e.value)
+    assert "test_ops.py:" in str(e.value)
+
+
+def test_dtype_error_names_op_and_dtypes():
+    with pytest.raises(ts.ShapeError, match=r"op.matmul: operand dtypes differ: \[2, 2\] float32 "
+                                            r"and \[2, 2\] float64"):
+        ts.jit(op.matmul)(np.zeros((2, 2), np.float32), np.zeros((2, 2)))
+    with pytest.raises(ts.ShapeError, match=r"op.exp: needs floating-point operands, got \[3\] int32"):
+        ts.jit(op.exp)(np.zeros(3, np.int32))
+
+
+def test_unsupported_operation_names_op_and_line():
+    with pytest.raises(ts.ShapeError, match=r"op.pow: exponent 2.5 is not supported.*test_ops.py:\d+"):
+        ts.jit(lambda a: a ** 2.5)(np.ones(3))
+    with pytest.raises(TypeError, match="use ts.where"):
+        ts.jit(lambda a: a if a > 0 else -a)(np.ones(3))
+
+
+def test_nested_functions_inline_and_static_arguments_recompile():
+    @ts.function
+    def inner(x, scale):
+        return x * scale
+
+    calls = []
+
+    @ts.jit
+    def outer(x, cfg):
+        calls.append(cfg["scale"])
+        return inner(x, cfg["scale"]) + 1.0
+
+    x = np.ones(3)
+    np.testing.assert_array_equal(outer(x, {"scale": 2.0}), 3.0)
+    np.testing.assert_array_equal(outer(x, {"scale": 2.0}), 3.0)
+    np.testing.assert_array_equal(outer(x, {"scale": 3.0}), 4.0)
+    assert calls == [2.0, 3.0]          # traced once per static value
