@@ -10,6 +10,7 @@ Python parameter, so diagnostics from any later pass point back at the program.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
 from ._pytree import flatten
-from ._source import SourceLine, user_frame
+from ._source import _PACKAGE_DIR, SourceLine, user_frame
 from .dtypes import as_dtype
 from .errors import ShapeError
 
@@ -106,6 +107,8 @@ class Traced:
     @property
     def T(self): return _op().transpose(self)
 
+    def __getitem__(self, index): return _op().index(self, index)
+
 
 def _op():
     from . import op
@@ -181,11 +184,12 @@ def capture(obj, src: SourceLine) -> Traced:
     from . import dist
     if isinstance(obj, dist.DTensor):
         shape, dtype, dims, partial = obj.shape, obj.dtype, tuple(obj.dims), tuple(obj.layout.partial)
-        name = obj.name or f"captured{len(state.captured)}"
+        name = obj.name
     else:
         arr = np.asarray(obj)
         shape, dtype, dims, partial = arr.shape, arr.dtype, tuple(() for _ in arr.shape), ()
-        name = f"captured{len(state.captured)}"
+        name = None
+    name = name or _variable_name(obj) or f"captured{len(state.captured)}"
     t = ir.RankedTensorType.get(list(shape), element_type(dtype))
     arg = state.entry.add_argument(t, ir.Location.name(name, childLoc=state.fn_loc))
     attrs = list(ir.ArrayAttr(state.func.attributes["arg_attrs"]))
@@ -195,6 +199,21 @@ def capture(obj, src: SourceLine) -> Traced:
     traced.name = name
     state.captured.append((obj, traced))
     return traced
+
+
+def _variable_name(obj) -> str | None:
+    """The name the user's code refers to `obj` by (for gradient dicts and
+    argument names), found in the innermost user frame."""
+    frame = inspect.currentframe()
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    for scope in (frame.f_locals, frame.f_globals):
+        for key, value in scope.items():
+            if value is obj and not key.startswith("_"):
+                return key
+    return None
 
 
 def symbol_name(fn) -> str:

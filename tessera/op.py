@@ -32,7 +32,7 @@ __all__ = [
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "where",
     "isfinite", "cast", "sum", "mean", "max", "softmax", "log_softmax", "layernorm",
     "rmsnorm", "embedding", "attention", "flash_attention", "cross_entropy", "reshape",
-    "transpose", "split", "concat", "transformer_block", "autodiff", "linear",
+    "transpose", "split", "concat", "index", "transformer_block", "autodiff", "linear",
 ]
 
 
@@ -399,6 +399,35 @@ def split(x, sections, dim: int = -1) -> list[Traced]:
             out.append(_out(gb.slice_(x.value, offsets, shape), src))
             start += size
     return out
+
+
+def index(x, key) -> Traced:
+    """`x[key]` for integers and unit-step slices per leading dimension
+    (`x[0]`, `x[:, 1:3]`); an integer drops its dimension."""
+    src = _where_called("index")
+    x = _tensor("index", x, src)
+    key = key if isinstance(key, tuple) else (key,)
+    if len(key) > x.ndim:
+        raise ShapeError(f"op.index: {len(key)} indices for shape {list(x.shape)}  [{src}]")
+    offsets, shape, keep = [0] * x.ndim, list(x.shape), list(x.shape)
+    for d, k in enumerate(key):
+        if isinstance(k, (int, np.integer)):
+            i = int(k) + (x.shape[d] if k < 0 else 0)
+            if not 0 <= i < x.shape[d]:
+                raise ShapeError(f"op.index: index {k} is out of range for dimension {d} of "
+                                 f"{list(x.shape)}  [{src}]")
+            offsets[d], shape[d], keep[d] = i, 1, None
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(x.shape[d])
+            if step != 1 or stop <= start:
+                raise ShapeError(f"op.index: only non-empty unit-step slices are supported, got "
+                                 f"{k} for dimension {d} of {list(x.shape)}  [{src}]")
+            offsets[d], shape[d], keep[d] = start, stop - start, stop - start
+        else:
+            raise ShapeError(f"op.index: cannot index with a {type(k).__name__}  [{src}]")
+    with current_location(src):
+        v = gb.slice_(x.value, offsets, shape)
+        return _out(gb.reshape(v, [s for s in keep if s is not None]), src)
 
 
 def concat(xs, dim: int = 0) -> Traced:

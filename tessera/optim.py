@@ -70,7 +70,7 @@ class AdamW:
         new_p, new_m, new_v = [], [], []
         for p, g, m, v in zip(flatten(params)[0], flatten(grads)[0], flatten(state["m"])[0],
                               flatten(state["v"])[0]):
-            g32 = g.astype(np.float32) if g.dtype != np.float32 else g
+            g32 = _at_least_f32(g)
             m = op.add(op.mul(m, b1), op.mul(g32, 1.0 - b1))
             v = op.add(op.mul(v, b2), op.mul(op.mul(g32, g32), 1.0 - b2))
             update = op.div(op.mul(m, step_size), op.add(op.mul(op.sqrt(v), inv_sqrt_c2), self.eps))
@@ -106,11 +106,15 @@ class SGD:
         return unflatten(structure, new_p), {"momentum": unflatten(structure, new_buf)}
 
 
+def _at_least_f32(x):
+    return x.astype(np.float32) if x.dtype.itemsize < 4 else x
+
+
 def global_norm(tree):
-    """sqrt(sum of squares of every leaf), in fp32."""
+    """sqrt(sum of squares of every leaf), in fp32 (fp64 for fp64 leaves)."""
     total = None
     for g in flatten(tree)[0]:
-        g = g.astype(np.float32) if g.dtype != np.float32 else g
+        g = _at_least_f32(g)
         s = op.sum(op.mul(g, g))
         total = s if total is None else op.add(total, s)
     return op.sqrt(total)
