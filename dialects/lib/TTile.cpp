@@ -144,8 +144,8 @@ static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType b
     if (numOffsets != 0 || tile.getShape() != ArrayRef<int64_t>{1} ||
         tile.getElementType() != buffer.getElementType())
       return op->emitOpError("a 0-d '") << bufferName << "' " << buffer
-                                        << " is accessed with no offsets as a tile<1x"
-                                        << buffer.getElementType() << ">";
+                                        << " is accessed with no offsets as a one-element "
+                                           "1-D tile of its element type";
     return success();
   }
   if (numOffsets != static_cast<size_t>(buffer.getRank()))

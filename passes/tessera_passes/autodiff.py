@@ -154,9 +154,6 @@ def differentiate(grad_op: ir.Operation) -> None:
         if len(op.results) != 1:
             raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
                             op.location)
-        if op.name == "tgraph.grad":
-            raise PassError("tessera-autodiff: nested gradients (ts.grad of a gradient) are "
-                            "not supported", op.location)
     cotangent: dict = {}
 
     def accumulate(value, g):

@@ -403,3 +403,95 @@ func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
   %0 = tgraph.shard %x : tensor<8xf32> to #tgraph.sharding<@mesh, [["dp"]]>
   return %0 : tensor<8xf32>
 }
+
+//===----------------------------------------------------------------------===//
+// Training op set
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.broadcast' op dimension 0 of 'input' 'tensor<2x8xf32>' has size 2; only size-1 dimensions broadcast (to 4)}}
+  %0 = tgraph.broadcast %x : tensor<2x8xf32> to tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>) -> tensor<4x2xf32> {
+  // expected-error @below {{'tgraph.reduce' op result dimension 1 must be 1, got 2}}
+  %0 = tgraph.reduce <sum> %x dims [1] : tensor<4x8xf32> -> tensor<4x2xf32>
+  return %0 : tensor<4x2xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.reduce' op reduced dimension 2 is out of range for rank 2}}
+  %0 = tgraph.reduce <sum> %x dims [2] : tensor<4x8xf32> -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>) -> tensor<5x6xf32> {
+  // expected-error @below {{'tgraph.reshape' op cannot reshape 'tensor<4x8xf32>' (32 elements) to 'tensor<5x6xf32>' (30 elements)}}
+  %0 = tgraph.reshape %x : tensor<4x8xf32> to tensor<5x6xf32>
+  return %0 : tensor<5x6xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>) -> tensor<8x4xf32> {
+  // expected-error @below {{'tgraph.transpose' op perm entry 0 appears twice}}
+  %0 = tgraph.transpose %x perm [0, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.slice' op dimension 1: [6, 10) is outside [0, 8)}}
+  %0 = tgraph.slice %x offsets [0, 6] : tensor<4x8xf32> -> tensor<4x4xf32>
+  return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<4x4xf32>, %b: tensor<4x3xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.concat' op inputs add up to 7 along dim 1, result has 8}}
+  %0 = tgraph.concat %a, %b dim 1 : tensor<4x4xf32>, tensor<4x3xf32> -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%t: tensor<16x8xf32>, %ids: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.gather' op 'indices' must be a 1-D integer tensor, got 'tensor<4xf32>'}}
+  %0 = tgraph.gather %t[%ids] : tensor<16x8xf32>, tensor<4xf32> -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.grad' op 'loss' must be a float scalar (tensor<f32>), got 'tensor<4xf32>'}}
+  %0 = tgraph.grad %x wrt %x : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @f(%l: tensor<f32>, %x: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @below {{'tgraph.grad' op 'wrt' value #0 has type 'tensor<4xi32>'; only float tensors have gradients}}
+  %0 = tgraph.grad %l wrt %x : tensor<f32>, tensor<4xi32> -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xi32> {
+  // expected-error @below {{'tgraph.compare' op result must be an i1 tensor of shape 4, got 'tensor<4xi32>'}}
+  %0 = tgraph.compare <lt> %x, %x : tensor<4xf32> -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}

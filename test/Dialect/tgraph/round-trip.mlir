@@ -64,3 +64,46 @@ func.func @collectives(%x: tensor<8x16xf32>, %odd: tensor<3xf32> {tgraph.shardin
 // CHECK-LABEL: func.func private @reductions()
 // CHECK-SAME: kinds = [#tgraph.reduction<sum>, #tgraph.reduction<max>, #tgraph.reduction<min>, #tgraph.reduction<prod>]
 func.func private @reductions() attributes {kinds = [#tgraph.reduction<sum>, #tgraph.reduction<max>, #tgraph.reduction<min>, #tgraph.reduction<prod>]}
+
+// The training op set: elementwise, comparisons, casts, constants, shapes,
+// indexing and gradients.
+// CHECK-LABEL: func.func @training_ops
+// CHECK: tgraph.broadcast %{{.*}} : tensor<1x8xf32> to tensor<4x8xf32>
+// CHECK: tgraph.sub
+// CHECK: tgraph.div
+// CHECK: tgraph.rsqrt
+// CHECK: tgraph.compare <gt> %{{.*}}, %{{.*}} : tensor<4x8xf32> -> tensor<4x8xi1>
+// CHECK: tgraph.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<4x8xi1>, tensor<4x8xf32>
+// CHECK: tgraph.reduce <max> %{{.*}} dims [1] : tensor<4x8xf32> -> tensor<4x1xf32>
+// CHECK: tgraph.reshape %{{.*}} : tensor<4x1xf32> to tensor<4xf32>
+// CHECK: tgraph.iota dim 1 : tensor<4x8xi32>
+// CHECK: tgraph.cast %{{.*}} : tensor<4x8xf32> to tensor<4x8xbf16>
+// CHECK: tgraph.transpose %{{.*}} perm [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+// CHECK: tgraph.slice %{{.*}} offsets [0, 4] : tensor<4x8xf32> -> tensor<4x4xf32>
+// CHECK: tgraph.pad %{{.*}} offsets [0, 4] : tensor<4x4xf32> -> tensor<4x8xf32>
+// CHECK: tgraph.concat %{{.*}}, %{{.*}} dim 1 : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x8xf32>
+// CHECK: tgraph.gather %{{.*}}[%{{.*}}] : tensor<16x8xf32>, tensor<4xi32> -> tensor<4x8xf32>
+// CHECK: tgraph.scatter_add %{{.*}}[%{{.*}}] : tensor<4x8xf32>, tensor<4xi32> -> tensor<16x8xf32>
+// CHECK: tgraph.fill 5.000000e-01 : tensor<f32>
+// CHECK: tgraph.grad %{{.*}} wrt %{{.*}}, %{{.*}} : tensor<f32>, tensor<4x8xf32>, tensor<16x8xf32> -> tensor<4x8xf32>, tensor<16x8xf32>
+func.func @training_ops(%x: tensor<4x8xf32>, %b: tensor<1x8xf32>, %ids: tensor<4xi32>, %t: tensor<16x8xf32>, %l: tensor<f32>) -> tensor<4x8xf32> {
+  %0 = tgraph.broadcast %b : tensor<1x8xf32> to tensor<4x8xf32>
+  %1 = tgraph.sub %x, %0 : tensor<4x8xf32>
+  %d = tgraph.div %1, %x : tensor<4x8xf32>
+  %r = tgraph.rsqrt %d : tensor<4x8xf32>
+  %2 = tgraph.compare <gt> %1, %x : tensor<4x8xf32> -> tensor<4x8xi1>
+  %3 = tgraph.select %2, %1, %x : tensor<4x8xi1>, tensor<4x8xf32>
+  %4 = tgraph.reduce <max> %3 dims [1] : tensor<4x8xf32> -> tensor<4x1xf32>
+  %5 = tgraph.reshape %4 : tensor<4x1xf32> to tensor<4xf32>
+  %6 = tgraph.iota dim 1 : tensor<4x8xi32>
+  %7 = tgraph.cast %3 : tensor<4x8xf32> to tensor<4x8xbf16>
+  %8 = tgraph.transpose %x perm [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+  %9 = tgraph.slice %x offsets [0, 4] : tensor<4x8xf32> -> tensor<4x4xf32>
+  %10 = tgraph.pad %9 offsets [0, 4] : tensor<4x4xf32> -> tensor<4x8xf32>
+  %11 = tgraph.concat %9, %9 dim 1 : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x8xf32>
+  %12 = tgraph.gather %t[%ids] : tensor<16x8xf32>, tensor<4xi32> -> tensor<4x8xf32>
+  %13 = tgraph.scatter_add %12[%ids] : tensor<4x8xf32>, tensor<4xi32> -> tensor<16x8xf32>
+  %14 = tgraph.fill 5.000000e-01 : tensor<f32>
+  %g:2 = tgraph.grad %l wrt %x, %t : tensor<f32>, tensor<4x8xf32>, tensor<16x8xf32> -> tensor<4x8xf32>, tensor<16x8xf32>
+  return %g#0 : tensor<4x8xf32>
+}

@@ -355,3 +355,31 @@ ttile.kernel @int_fill(%a: memref<4xi32>) attributes {grid = array<i64: 1>, bloc
   %0 = ttile.fill 1.5 : !ttile.tile<4xi32>
   ttile.return
 }
+
+// -----
+
+ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %x[%c0, %c0] : memref<2x8xf32> -> !ttile.tile<2x8xf32>
+  // expected-error @below {{'ttile.broadcast' op only size-1 dimensions broadcast: '!ttile.tile<2x8xf32>' to '!ttile.tile<4x8xf32>'}}
+  %b = ttile.broadcast %t : !ttile.tile<2x8xf32> to !ttile.tile<4x8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%x: memref<f32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op a 0-d 'source' 'memref<f32>' is accessed with no offsets as a one-element 1-D tile of its element type}}
+  %t = ttile.load %x[%c0] : memref<f32> -> !ttile.tile<1xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.iota' op dim 2 is out of range for '!ttile.tile<2x8xi32>'}}
+  %t = ttile.iota %c0 dim 2 : !ttile.tile<2x8xi32>
+  ttile.return
+}

@@ -81,3 +81,39 @@ ttile.kernel @ints(%x: memref<4xi32>, %y: memref<4xi32>) attributes {grid = arra
 // CHECK-LABEL: func.func private @tile_types(
 // CHECK-SAME: !ttile.tile<16x32xf16>, !ttile.tile<1xbf16>, !ttile.tile<2x3x4xi8>, !ttile.tile<8xf64>)
 func.func private @tile_types(!ttile.tile<16x32xf16>, !ttile.tile<1xbf16>, !ttile.tile<2x3x4xi8>, !ttile.tile<8xf64>)
+
+// Conversions, comparisons, broadcast and iota (the fused-kernel vocabulary).
+// CHECK-LABEL: ttile.kernel @row_ops
+// CHECK: ttile.iota %{{.*}} dim 1 : !ttile.tile<2x8xi32>
+// CHECK: ttile.compare %{{.*}}, %{{.*}} {kind = #tgraph.compare<ge>} : !ttile.tile<2x8xi32> -> !ttile.tile<2x8xi1>
+// CHECK: ttile.cast %{{.*}} : !ttile.tile<2x8xf32> to !ttile.tile<2x8xbf16>
+// CHECK: ttile.broadcast %{{.*}} : !ttile.tile<2x1xf32> to !ttile.tile<2x8xf32>
+// CHECK: ttile.select %{{.*}}, %{{.*}}, %{{.*}} : !ttile.tile<2x8xi1>, !ttile.tile<2x8xf32>
+// CHECK: ttile.sub
+// CHECK: ttile.div
+// CHECK: ttile.neg
+// CHECK: ttile.log
+// CHECK: ttile.tanh
+// CHECK: ttile.sqrt
+// CHECK: ttile.rsqrt
+ttile.kernel @row_ops(%x: memref<2x8xf32>, %s: memref<f32>, %y: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %x[%c0, %c0] : memref<2x8xf32> -> !ttile.tile<2x8xf32>
+  %one = ttile.load %s[] : memref<f32> -> !ttile.tile<1xf32>
+  %cols = ttile.iota %c0 dim 1 : !ttile.tile<2x8xi32>
+  %rows = ttile.iota %c0 dim 0 : !ttile.tile<2x8xi32>
+  %m = ttile.compare %rows, %cols {kind = #tgraph.compare<ge>} : !ttile.tile<2x8xi32> -> !ttile.tile<2x8xi1>
+  %h = ttile.cast %t : !ttile.tile<2x8xf32> to !ttile.tile<2x8xbf16>
+  %r = ttile.reduce %t {kind = #tgraph.reduction<max>, dim = 1 : i64} : !ttile.tile<2x8xf32> -> !ttile.tile<2x1xf32>
+  %b = ttile.broadcast %r : !ttile.tile<2x1xf32> to !ttile.tile<2x8xf32>
+  %sel = ttile.select %m, %t, %b : !ttile.tile<2x8xi1>, !ttile.tile<2x8xf32>
+  %d = ttile.sub %sel, %b : !ttile.tile<2x8xf32>
+  %q = ttile.div %d, %b : !ttile.tile<2x8xf32>
+  %n = ttile.neg %q : !ttile.tile<2x8xf32>
+  %l = ttile.log %n : !ttile.tile<2x8xf32>
+  %th = ttile.tanh %l : !ttile.tile<2x8xf32>
+  %sq = ttile.sqrt %th : !ttile.tile<2x8xf32>
+  %rs = ttile.rsqrt %sq : !ttile.tile<2x8xf32>
+  ttile.store %rs, %y[%c0, %c0] : !ttile.tile<2x8xf32>, memref<2x8xf32>
+  ttile.return
+}

@@ -1,0 +1,82 @@
+// RUN: tessera-opt %s --split-input-file --tessera-autodiff --verify-diagnostics | FileCheck %s
+
+// The backward of matmul + relu + cross-entropy (as tessera.op traces it:
+// log-softmax, a one-hot mask of the labels, a mean over the rows).
+// CHECK-LABEL: func.func @loss
+// CHECK-NOT: tgraph.grad
+// After the forward ops: the seed d loss / d loss = 1, then the mean's division.
+// CHECK: %[[LOSS:.*]] = tgraph.div %[[SUM:.*]], %[[COUNT:.*]] : tensor<f32>
+// CHECK-NEXT: %[[SEED:.*]] = tgraph.fill 1.000000e+00 : tensor<f32>
+// CHECK-NEXT: tgraph.div %[[SEED]], %[[COUNT]] : tensor<f32>
+// The log-softmax: the row sum's cotangent is broadcast back over the
+// classes, the max's goes to the elements equal to it...
+// CHECK: tgraph.broadcast %{{.*}} : tensor<4x1xf32> to tensor<4x5xf32>
+// CHECK: tgraph.compare <eq> %[[MM:.*]], %{{.*}} : tensor<4x5xf32> -> tensor<4x5xi1>
+// ...the relu passes the cotangent where its input was positive...
+// CHECK: %[[POS:.*]] = tgraph.compare <gt> %{{.*}}, %{{.*}} : tensor<4x5xf32> -> tensor<4x5xi1>
+// CHECK: %[[DRELU:.*]] = tgraph.select %[[POS]], %{{.*}}, %{{.*}} : tensor<4x5xi1>, tensor<4x5xf32>
+// ...and the matmul's rule gives d w = x^T @ d y.
+// CHECK: %[[XT:.*]] = tgraph.transpose %arg0 perm [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+// CHECK: %[[DW:.*]] = tgraph.matmul %[[XT]], %[[DRELU]] : tensor<8x4xf32>, tensor<4x5xf32> -> tensor<8x5xf32>
+// CHECK: return %[[LOSS]], %[[DW]] : tensor<f32>, tensor<8x5xf32>
+func.func @loss(%x: tensor<4x8xf32>, %w: tensor<8x5xf32>, %labels: tensor<4xi32>) -> (tensor<f32>, tensor<8x5xf32>) {
+  %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x5xf32> -> tensor<4x5xf32>
+  %1 = tgraph.relu %0 : tensor<4x5xf32>
+  %2 = tgraph.reshape %labels : tensor<4xi32> to tensor<4x1xi32>
+  %3 = tgraph.iota dim 1 : tensor<4x5xi32>
+  %4 = tgraph.broadcast %2 : tensor<4x1xi32> to tensor<4x5xi32>
+  %5 = tgraph.compare <eq> %4, %3 : tensor<4x5xi32> -> tensor<4x5xi1>
+  %8 = tgraph.fill 1.000000e+00 : tensor<4x5xf32>
+  %9 = tgraph.fill 0.000000e+00 : tensor<4x5xf32>
+  %10 = tgraph.select %5, %8, %9 : tensor<4x5xi1>, tensor<4x5xf32>
+  %11 = tgraph.reduce <sum> %10 dims [1] : tensor<4x5xf32> -> tensor<4x1xf32>
+  %12 = tgraph.reshape %11 : tensor<4x1xf32> to tensor<4xf32>
+  %13 = tgraph.reduce <max> %1 dims [1] : tensor<4x5xf32> -> tensor<4x1xf32>
+  %14 = tgraph.broadcast %13 : tensor<4x1xf32> to tensor<4x5xf32>
+  %15 = tgraph.sub %1, %14 : tensor<4x5xf32>
+  %16 = tgraph.exp %15 : tensor<4x5xf32>
+  %17 = tgraph.reduce <sum> %16 dims [1] : tensor<4x5xf32> -> tensor<4x1xf32>
+  %18 = tgraph.log %17 : tensor<4x1xf32>
+  %19 = tgraph.broadcast %18 : tensor<4x1xf32> to tensor<4x5xf32>
+  %20 = tgraph.sub %15, %19 : tensor<4x5xf32>
+  %21 = tgraph.mul %20, %10 : tensor<4x5xf32>
+  %22 = tgraph.reduce <sum> %21 dims [1] : tensor<4x5xf32> -> tensor<4x1xf32>
+  %23 = tgraph.reshape %22 : tensor<4x1xf32> to tensor<4xf32>
+  %24 = tgraph.neg %23 : tensor<4xf32>
+  %25 = tgraph.reduce <sum> %12 dims [0] : tensor<4xf32> -> tensor<1xf32>
+  %26 = tgraph.reshape %25 : tensor<1xf32> to tensor<f32>
+  %27 = tgraph.fill 1.000000e+00 : tensor<f32>
+  %28 = tgraph.max %26, %27 : tensor<f32>
+  %29 = tgraph.reduce <sum> %24 dims [0] : tensor<4xf32> -> tensor<1xf32>
+  %30 = tgraph.reshape %29 : tensor<1xf32> to tensor<f32>
+  %31 = tgraph.div %30, %28 : tensor<f32>
+  %32 = tgraph.grad %31 wrt %w : tensor<f32>, tensor<8x5xf32> -> tensor<8x5xf32>
+  return %31, %32 : tensor<f32>, tensor<8x5xf32>
+}
+
+// -----
+
+// A value the loss does not depend on gets a zero gradient; two gradients of
+// one loss share the backward code.
+// CHECK-LABEL: func.func @unused
+// CHECK: %[[ZERO:.*]] = tgraph.fill 0.000000e+00 : tensor<3xf32>
+// CHECK: return %{{.*}}, %[[ZERO]]
+func.func @unused(%a: tensor<2xf32>, %b: tensor<3xf32>) -> (tensor<2xf32>, tensor<3xf32>) {
+  %0 = tgraph.mul %a, %a : tensor<2xf32>
+  %1 = tgraph.reduce <sum> %0 dims [0] : tensor<2xf32> -> tensor<1xf32>
+  %2 = tgraph.reshape %1 : tensor<1xf32> to tensor<f32>
+  %g:2 = tgraph.grad %2 wrt %a, %b : tensor<f32>, tensor<2xf32>, tensor<3xf32> -> tensor<2xf32>, tensor<3xf32>
+  return %g#0, %g#1 : tensor<2xf32>, tensor<3xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @through_a_collective(%a: tensor<2xf32>) -> tensor<2xf32> {
+  // expected-error @+1 {{no derivative rule for 'tgraph.all_reduce'}}
+  %0 = tgraph.all_reduce <sum> %a on @mesh["tp"] : tensor<2xf32>
+  %1 = tgraph.reduce <sum> %0 dims [0] : tensor<2xf32> -> tensor<1xf32>
+  %2 = tgraph.reshape %1 : tensor<1xf32> to tensor<f32>
+  %g = tgraph.grad %2 wrt %a : tensor<f32>, tensor<2xf32> -> tensor<2xf32>
+  return %g : tensor<2xf32>
+}
