@@ -416,15 +416,14 @@ class GroupTiler:
         self.ops = [_kernel_op(kernels, l) for l in group]
         self.name = name
         self.module_block = module_block
-        # Buffers: launch operands; map kernel-body values to them.
-        self.buffer_of_value = {}
+        # Tiles are tracked per buffer (a kernel may be launched twice in a
+        # group, so its body values do not identify data; buffers do).
+        self.members = []                  # (tgraph op, input buffers, output buffer)
         produced = {}
         for launch, op in zip(group, self.ops):
             _, ins, outs = _launch_parts(launch)
-            for v, b in zip(op.operands, ins):
-                self.buffer_of_value[v] = b
-            produced[outs[0]] = op.results[0]
-            self.buffer_of_value[op.results[0]] = outs[0]
+            self.members.append((op, ins, outs[0]))
+            produced[outs[0]] = op
         self.produced = produced
         members = list(group)
         self.inputs = []
@@ -470,13 +469,12 @@ class GroupTiler:
         with ir.InsertionPoint(entry), loc:
             self.offsets = self._offsets()
             tiles = {}
-            for op in self.ops:
+            for op, ins, out in self.members:
                 with op.location:
-                    tiles[op.results[0]] = self._tile_op(op, tiles)
+                    tiles[out] = self._tile_op(op, ins, out, tiles)
             for b in self.outputs:
-                v = self.produced[b]
-                with v.owner.location:
-                    ttile.StoreOp(tiles[v], self.arg_of[b], self._value_offsets(v))
+                with self.produced[b].location:
+                    ttile.StoreOp(tiles[b], self.arg_of[b], self._value_offsets(b))
             ttile.ReturnOp()
         return k.operation
 
@@ -498,20 +496,18 @@ class GroupTiler:
     def _tile_type(self, v: ir.Value) -> ir.Type:
         return _tile_type(self._tile_shape(v), ir.ShapedType(v.type).element_type)
 
-    def _operand(self, v: ir.Value, tiles: dict) -> ir.Value:
-        buf = self.buffer_of_value[v]
-        if buf in self.produced:          # computed earlier in this kernel
-            return tiles[self.produced[buf]]
-        if v not in tiles:
-            buf = self.arg_of[buf]
-            tiles[v] = ttile.LoadOp(self._tile_type(v), buf, self._value_offsets(v)).result
-        return tiles[v]
+    def _operand(self, buf: ir.Value, tiles: dict) -> ir.Value:
+        """The tile of `buf`: computed earlier in this kernel, or loaded."""
+        if buf not in tiles:
+            tiles[buf] = ttile.LoadOp(self._tile_type(buf), self.arg_of[buf],
+                                      self._value_offsets(buf)).result
+        return tiles[buf]
 
-    def _tile_op(self, op, tiles) -> ir.Value:
+    def _tile_op(self, op, ins, out, tiles) -> ir.Value:
         name = op.name
-        result = op.results[0]
+        result = out
         rtype = self._tile_type(result)
-        xs = [self._operand(v, tiles) for v in op.operands]
+        xs = [self._operand(b, tiles) for b in ins]
         if name in TILE_ELEMENTWISE:
             return TILE_ELEMENTWISE[name](*xs).result
         if name == "tgraph.compare":
@@ -524,7 +520,7 @@ class GroupTiler:
             dim = ir.IntegerAttr(op.attributes["dim"]).value
             return ttile.IotaOp(rtype, self._value_offsets(result)[dim], op.attributes["dim"]).result
         if name == "tgraph.broadcast":
-            if self._tile_shape(op.operands[0]) == self._tile_shape(result):
+            if self._tile_shape(ins[0]) == self._tile_shape(result):
                 return xs[0]
             return ttile.BroadcastOp(rtype, xs[0]).result
         if name == "tgraph.reduce":

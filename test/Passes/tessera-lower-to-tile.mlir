@@ -111,3 +111,135 @@ func.func private @bmm(%a: tensor<2x4x4xf32>, %b: tensor<2x4x4xf32>) -> tensor<2
   %0 = tgraph.matmul %a, %b : tensor<2x4x4xf32>, tensor<2x4x4xf32> -> tensor<2x4x4xf32>
   return %0 : tensor<2x4x4xf32>
 }
+
+// -----
+
+// CPU target. Softmax rows: max, subtract, exp, sum, divide fuse into one
+// kernel whose tile holds whole rows (the two launches of @bc included); the
+// intermediate buffers disappear; the matmul and the reshape become library
+// calls the runtime implements.
+// CHECK-LABEL: func.func @softmax
+// CHECK: tsched.launch @mm on
+// CHECK-NEXT: %[[P:.*]] = tsched.alloc : memref<8x32xf32>
+// CHECK-NEXT: tsched.launch @rmax_fused7 on %{{.*}} ins(%{{.*}} : memref<8x32xf32>) outs(%[[P]] : memref<8x32xf32>)
+// CHECK-NEXT: %[[F:.*]] = tsched.alloc : memref<256xf32>
+// CHECK-NEXT: tsched.launch @flat on
+// CHECK: ttile.kernel @rmax_fused7(%[[X:.*]]: memref<8x32xf32>, %[[Y:.*]]: memref<8x32xf32>)
+// CHECK-SAME: ttile.tile_sizes = array<i64: 8, 32>
+// CHECK: %[[T:.*]] = ttile.load %[[X]]
+// CHECK-NEXT: %[[M:.*]] = ttile.reduce %[[T]] {dim = 1 : i64, kind = #tgraph.reduction<max>} : !ttile.tile<8x32xf32> -> !ttile.tile<8x1xf32>
+// CHECK-NEXT: %[[MB:.*]] = ttile.broadcast %[[M]] : !ttile.tile<8x1xf32> to !ttile.tile<8x32xf32>
+// CHECK-NEXT: %[[D:.*]] = ttile.sub %[[T]], %[[MB]]
+// CHECK-NEXT: %[[E:.*]] = ttile.exp %[[D]]
+// CHECK-NEXT: %[[S:.*]] = ttile.reduce %[[E]] {dim = 1 : i64, kind = #tgraph.reduction<sum>}
+// CHECK-NEXT: %[[SB:.*]] = ttile.broadcast %[[S]]
+// CHECK-NEXT: %[[R:.*]] = ttile.div %[[E]], %[[SB]]
+// CHECK-NEXT: ttile.store %[[R]], %[[Y]]
+// CHECK: func.func private @mm(memref<8x16xf32>, memref<16x32xf32>, memref<8x32xf32>) attributes {tsched.library = "matmul", tsched.library_attrs = {}}
+// CHECK: func.func private @flat(memref<8x32xf32>, memref<256xf32>) attributes {tsched.library = "reshape", tsched.library_attrs = {}}
+module attributes {tessera.target = "cpu"} {
+func.func @softmax(%x: memref<8x16xf32>, %w: memref<16x32xf32>) -> memref<256xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<8x32xf32>
+  tsched.launch @mm on %s ins(%x, %w : memref<8x16xf32>, memref<16x32xf32>) outs(%0 : memref<8x32xf32>)
+  %1 = tsched.alloc : memref<8x1xf32>
+  tsched.launch @rmax on %s ins(%0 : memref<8x32xf32>) outs(%1 : memref<8x1xf32>)
+  %2 = tsched.alloc : memref<8x32xf32>
+  tsched.launch @bc on %s ins(%1 : memref<8x1xf32>) outs(%2 : memref<8x32xf32>)
+  tsched.free %1 : memref<8x1xf32>
+  %3 = tsched.alloc : memref<8x32xf32>
+  tsched.launch @sub on %s ins(%0, %2 : memref<8x32xf32>, memref<8x32xf32>) outs(%3 : memref<8x32xf32>)
+  tsched.free %2 : memref<8x32xf32>
+  %4 = tsched.alloc : memref<8x32xf32>
+  tsched.launch @exp on %s ins(%3 : memref<8x32xf32>) outs(%4 : memref<8x32xf32>)
+  tsched.free %3 : memref<8x32xf32>
+  %5 = tsched.alloc : memref<8x1xf32>
+  tsched.launch @rsum on %s ins(%4 : memref<8x32xf32>) outs(%5 : memref<8x1xf32>)
+  %6 = tsched.alloc : memref<8x32xf32>
+  tsched.launch @bc on %s ins(%5 : memref<8x1xf32>) outs(%6 : memref<8x32xf32>)
+  tsched.free %5 : memref<8x1xf32>
+  %7 = tsched.alloc : memref<8x32xf32>
+  tsched.launch @div on %s ins(%4, %6 : memref<8x32xf32>, memref<8x32xf32>) outs(%7 : memref<8x32xf32>)
+  tsched.free %4 : memref<8x32xf32>
+  tsched.free %6 : memref<8x32xf32>
+  %8 = tsched.alloc : memref<256xf32>
+  tsched.launch @flat on %s ins(%7 : memref<8x32xf32>) outs(%8 : memref<256xf32>)
+  tsched.free %7 : memref<8x32xf32>
+  tsched.free %0 : memref<8x32xf32>
+  return %8 : memref<256xf32>
+}
+func.func private @mm(%a: tensor<8x16xf32>, %b: tensor<16x32xf32>) -> tensor<8x32xf32> attributes {tsched.kernel} {
+  %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+  return %0 : tensor<8x32xf32>
+}
+func.func private @rmax(%a: tensor<8x32xf32>) -> tensor<8x1xf32> attributes {tsched.kernel} {
+  %0 = tgraph.reduce <max> %a dims [1] : tensor<8x32xf32> -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}
+func.func private @rsum(%a: tensor<8x32xf32>) -> tensor<8x1xf32> attributes {tsched.kernel} {
+  %0 = tgraph.reduce <sum> %a dims [1] : tensor<8x32xf32> -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}
+func.func private @bc(%a: tensor<8x1xf32>) -> tensor<8x32xf32> attributes {tsched.kernel} {
+  %0 = tgraph.broadcast %a : tensor<8x1xf32> to tensor<8x32xf32>
+  return %0 : tensor<8x32xf32>
+}
+func.func private @sub(%a: tensor<8x32xf32>, %b: tensor<8x32xf32>) -> tensor<8x32xf32> attributes {tsched.kernel} {
+  %0 = tgraph.sub %a, %b : tensor<8x32xf32>
+  return %0 : tensor<8x32xf32>
+}
+func.func private @exp(%a: tensor<8x32xf32>) -> tensor<8x32xf32> attributes {tsched.kernel} {
+  %0 = tgraph.exp %a : tensor<8x32xf32>
+  return %0 : tensor<8x32xf32>
+}
+func.func private @div(%a: tensor<8x32xf32>, %b: tensor<8x32xf32>) -> tensor<8x32xf32> attributes {tsched.kernel} {
+  %0 = tgraph.div %a, %b : tensor<8x32xf32>
+  return %0 : tensor<8x32xf32>
+}
+func.func private @flat(%a: tensor<8x32xf32>) -> tensor<256xf32> attributes {tsched.kernel} {
+  %0 = tgraph.reshape %a : tensor<8x32xf32> to tensor<256xf32>
+  return %0 : tensor<256xf32>
+}
+}
+
+// -----
+
+// A reduction over the rows (a bias gradient) gets its own kernel that loops
+// over the reduced dimension; a constant is computed inside its consumer.
+// CHECK-LABEL: func.func @column
+// CHECK: tsched.launch @half_fused2 on %{{.*}} ins(%arg0 : memref<64x8xf32>)
+// CHECK: tsched.launch @csum on
+// CHECK: ttile.kernel @half_fused2
+// CHECK: ttile.fill 5.000000e-01 : !ttile.tile<64x8xf32>
+// CHECK: ttile.kernel @csum
+// CHECK: %[[Z:.*]] = ttile.fill 0.000000e+00 : !ttile.tile<1x8xf32>
+// CHECK: scf.for %[[I:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[ACC:.*]] = %[[Z]])
+// CHECK-NEXT: %[[C:.*]] = ttile.load %{{.*}}[%[[I]], %{{.*}}] : memref<64x8xf32> -> !ttile.tile<64x8xf32>
+// CHECK-NEXT: %[[CR:.*]] = ttile.reduce %[[C]] {dim = 0 : i64, kind = #tgraph.reduction<sum>}
+// CHECK-NEXT: ttile.add %[[ACC]], %[[CR]]
+module attributes {tessera.target = "cpu"} {
+func.func @column(%g: memref<64x8xf32>) -> memref<1x8xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<64x8xf32>
+  tsched.launch @half on %s outs(%0 : memref<64x8xf32>)
+  %1 = tsched.alloc : memref<64x8xf32>
+  tsched.launch @mul on %s ins(%g, %0 : memref<64x8xf32>, memref<64x8xf32>) outs(%1 : memref<64x8xf32>)
+  tsched.free %0 : memref<64x8xf32>
+  %2 = tsched.alloc : memref<1x8xf32>
+  tsched.launch @csum on %s ins(%1 : memref<64x8xf32>) outs(%2 : memref<1x8xf32>)
+  tsched.free %1 : memref<64x8xf32>
+  return %2 : memref<1x8xf32>
+}
+func.func private @half() -> tensor<64x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.fill 5.000000e-01 : tensor<64x8xf32>
+  return %0 : tensor<64x8xf32>
+}
+func.func private @mul(%a: tensor<64x8xf32>, %b: tensor<64x8xf32>) -> tensor<64x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.mul %a, %b : tensor<64x8xf32>
+  return %0 : tensor<64x8xf32>
+}
+func.func private @csum(%a: tensor<64x8xf32>) -> tensor<1x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.reduce <sum> %a dims [0] : tensor<64x8xf32> -> tensor<1x8xf32>
+  return %0 : tensor<1x8xf32>
+}
+}
