@@ -217,3 +217,20 @@ def test_nested_functions_inline_and_static_arguments_recompile():
     np.testing.assert_array_equal(outer(x, {"scale": 2.0}), 3.0)
     np.testing.assert_array_equal(outer(x, {"scale": 3.0}), 4.0)
     assert calls == [2.0, 3.0]          # traced once per static value
+
+
+def test_float32_exp_and_tanh_are_accurate_including_edge_cases():
+    """The generated kernels use vectorizable exp/tanh for float32; they must
+    stay within a few ulp of float64 libm and keep IEEE edge cases."""
+    x = np.concatenate([np.linspace(-110, 95, 20001), np.linspace(-1, 1, 2001),
+                        [0.0, -0.0, 1e-30, -1e-30, 88.72, 88.73, -103.9, -104.1]]).astype(np.float32)
+    edge = np.array([np.inf, -np.inf, np.nan], np.float32)
+    e, t = ts.jit(lambda x: (op.exp(x), op.tanh(x)))(np.concatenate([x, edge]))
+    ref_e, ref_t = np.exp(x.astype(np.float64)), np.tanh(x.astype(np.float64))
+    normal = (ref_e > 1.2e-38) & (ref_e < 3.4e38)
+    assert np.max(np.abs(e[:len(x)][normal] / ref_e[normal] - 1)) < 4e-7
+    assert np.all(e[:len(x)][ref_e >= 3.5e38] == np.inf)
+    assert np.all(np.abs(e[:len(x)][ref_e < 1.2e-38]) < 1.2e-38)
+    assert np.max(np.abs(t[:len(x)] - ref_t) / np.maximum(np.abs(ref_t), 1e-30)) < 4e-7
+    assert e[-3] == np.inf and e[-2] == 0 and np.isnan(e[-1])
+    assert t[-3] == 1 and t[-2] == -1 and np.isnan(t[-1])
