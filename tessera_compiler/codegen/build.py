@@ -18,8 +18,11 @@ from pathlib import Path
 
 # -march=native: kernels are compiled on the machine that runs them (bundles
 # record the source, so another machine rebuilds). No -ffast-math: isfinite
-# checks (x - x == 0) and inf masks must keep IEEE semantics.
-CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC"]
+# checks (x - x == 0) and inf masks must keep IEEE semantics. -fno-trapping-math
+# (we never enable FP traps) lets GCC if-convert the selects in exp/tanh and so
+# vectorize them: 6x on a GELU.
+CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-std=c++17",
+             "-shared", "-fPIC"]
 NVCC_FLAGS = ["-arch=sm_90", "-std=c++17"]
 
 

@@ -497,11 +497,9 @@ static inline float tessera_exp(float x) {
   p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
   int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
-  float y = p * s1 * s2;
+  float y = p * __builtin_bit_cast(float, b1) * __builtin_bit_cast(float, b2);
   y = x > 88.7228394f ? INFINITY : y;
   y = x < -103.972f ? 0.0f : y;
   return x != x ? x : y;
