@@ -15,7 +15,7 @@ Steps:
      --steps steps of each, alternating Tessera and PyTorch so both see the
      same machine load; the median per-step time of each;
   3. where Tessera's time goes: a few more Tessera steps with the CPU engine's
-     `launch` (generated kernels) and `call_library` (matmul, reshape,
+     generated kernels and library routines (matmul, reshape,
      transpose, ... on numpy) timed; the rest of the step is the runtime's and
      the Python front end's overhead.
 
@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 
 import tessera as ts  # noqa: E402
 import train_gpt  # noqa: E402  (examples/train_gpt.py)
-from tessera_runtime.engines.cpu import CPUEngine  # noqa: E402
+from tessera_runtime.executor import ScheduleExecutor  # noqa: E402
 
 try:
     import torch  # noqa: E402
@@ -163,30 +163,20 @@ class EngineProfile:
 
     @contextmanager
     def installed(self):
-        launch, call_library = CPUEngine.launch, CPUEngine.call_library
-        prof = self
-
-        def timed_launch(engine, kernel, args, stream=None):
-            t0 = time.perf_counter()
-            try:
-                return launch(engine, kernel, args, stream)
-            finally:
-                prof.kernel_s[kernel] += time.perf_counter() - t0
-                prof.kernel_calls += 1
-
-        def timed_call_library(engine, routine, attrs, args, stream=None):
-            t0 = time.perf_counter()
-            try:
-                return call_library(engine, routine, attrs, args, stream)
-            finally:
-                prof.library_s[routine] += time.perf_counter() - t0
-                prof.library_calls[routine] += 1
-
-        CPUEngine.launch, CPUEngine.call_library = timed_launch, timed_call_library
+        """Turns on the runtime's per-launch timing (ScheduleExecutor.profile)."""
+        times: dict = {}
+        ScheduleExecutor.profile = times
         try:
             yield self
         finally:
-            CPUEngine.launch, CPUEngine.call_library = launch, call_library
+            ScheduleExecutor.profile = None
+            for key, (seconds, calls) in times.items():
+                if key.startswith("library:"):
+                    self.library_s[key[len("library:"):]] += seconds
+                    self.library_calls[key[len("library:"):]] += calls
+                else:
+                    self.kernel_s[key] += seconds
+                    self.kernel_calls += calls
 
 
 def breakdown(step: TesseraStep, steps: int) -> dict:

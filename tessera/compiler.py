@@ -70,6 +70,7 @@ class CompiledFunction:
         self.numpy_results = numpy_results
         self.symbol = symbol_name(fn)          # safe in file names and C symbols
         self._signature = inspect.signature(fn)
+        self._annotated = bool(getattr(fn, "__annotations__", None))
         self._programs: dict = {}
         self._traces: dict = {}
         self._bundles: dict = {}
@@ -99,19 +100,24 @@ class CompiledFunction:
     def _prepare(self, args, kwargs):
         """(bound arguments, leaves, structure, names, mesh, tensors, key)."""
         bound = self._bind(args, kwargs)
-        check_annotations(self.fn, self._signature, bound.arguments)
+        if self._annotated:
+            check_annotations(self.fn, self._signature, bound.arguments)
         tree = tuple(bound.arguments.values())
         leaves, structure = flatten(tree)
         names = [n for k, v in bound.arguments.items() for n in paths(v, k)]
         mesh = self._mesh_for(leaves)
-        tensors = []
+        # Per tensor leaf: its spec, and the DTensor or (replicated, so also
+        # the local value) the array.
+        tensors, specs = [], []
         for name, leaf in zip(names, leaves):
             if isinstance(leaf, dist.DTensor):
                 tensors.append(leaf)
+                specs.append(ArgSpec(name, leaf.shape, leaf.dtype, tuple(leaf.dims),
+                                     tuple(leaf.layout.partial)))
             elif _is_tensor(leaf):
-                tensors.append(dist.from_numpy(np.asarray(leaf), dist.ShardSpec(), mesh, name=name))
-        specs = [ArgSpec(n, t.shape, t.dtype, tuple(t.dims), tuple(t.layout.partial))
-                 for n, t in zip([n for n, l in zip(names, leaves) if _is_tensor(l)], tensors)]
+                arr = np.asarray(leaf)
+                tensors.append(arr)
+                specs.append(ArgSpec(name, arr.shape, arr.dtype, ((),) * arr.ndim, ()))
         static = tuple(_static_key(l) for l in leaves if not _is_tensor(l))
         key = (structure, static, tuple(specs), mesh, autocast_dtype())
         return bound, leaves, structure, mesh, tensors, specs, key
@@ -194,9 +200,9 @@ class CompiledFunction:
             entry = self._programs[key] = (program, traced)
         program, traced = entry
         self._last_key = key
-        captured = [c if isinstance(c, dist.DTensor) else
-                    dist.from_numpy(np.asarray(c), dist.ShardSpec(), mesh) for c in traced.captured]
-        outputs = program.run([t.local() for t in tensors] + [c.local() for c in captured])
+        locals_ = [t.local() if isinstance(t, dist.DTensor) else np.asarray(t)
+                   for t in list(tensors) + list(traced.captured)]
+        outputs = program.run(locals_)
         results = []
         for spec, local in zip(program.outputs, outputs):
             layout = dist.ShardSpec.from_dims(spec.sharding.dims, spec.sharding.partial)

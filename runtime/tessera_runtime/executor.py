@@ -15,6 +15,8 @@ The executor only uses the `Engine` and `Communicator` interfaces and the
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .bundle import Instr, ProgramSpec
@@ -37,6 +39,9 @@ def _fmt(shape, dtype) -> str:
 
 
 class ScheduleExecutor:
+    #: Set to a dict to accumulate [seconds, calls] per launch (key: kernel
+    #: name, or "library:<routine>") over every run of every program (bench/).
+    profile: dict | None = None
     def __init__(self, program: ProgramSpec, engine, communicators: dict):
         self.program = program
         self.engine = engine
@@ -225,26 +230,52 @@ class ScheduleExecutor:
                 raise InputError(f"input '{spec.name}': expected dtype {spec.dtype.name}, "
                                  f"got {np.dtype(arr.dtype).name}")
 
+    def _plan(self) -> list:
+        """The instructions with launches resolved once into engine callables
+        (a training step runs hundreds of launches; per-call lookups add up)."""
+        if getattr(self, "_prepared", None) is None:
+            eng, plan = self.engine, []
+            for ins in self.program.instructions:
+                if ins.op == "launch":
+                    stream = eng.stream(ins["stream"])
+                    if "library" in ins.fields:
+                        call = eng.prepare_library(ins["library"], ins["attrs"], stream)
+                    else:
+                        call = eng.prepare_launch(ins["kernel"], len(ins["args"]), stream)
+                    plan.append(("call", call, tuple(ins["args"]), ins))
+                    ins.fields.setdefault("profile_key", f"library:{ins['library']}"
+                                          if "library" in ins.fields else ins["kernel"])
+                elif ins.op == "alloc":
+                    plan.append(("alloc", ins["result"], (tuple(ins["shape"]), ins["dtype"]), ins))
+                elif ins.op == "free":
+                    plan.append(("free", ins["buffer"], None, ins))
+                else:
+                    plan.append((ins.op, None, None, ins))
+            self._prepared = plan
+        return self._prepared
+
     def run(self, local_inputs) -> list:
         self.check_inputs(local_inputs)
         eng = self.engine
         values = {spec.value: eng.from_host(arr)
                   for spec, arr in zip(self.program.inputs, local_inputs)}
         pending: dict = {}
+        profile = ScheduleExecutor.profile
         try:
-            for ins in self.program.instructions:
-                op = ins.op
-                if op == "alloc":
-                    values[ins["result"]] = eng.alloc(ins["shape"], ins["dtype"])
-                elif op == "free":
-                    eng.free(values.pop(ins["buffer"]))
-                elif op == "launch":
-                    args = [values[a] for a in ins["args"]]
-                    if "library" in ins.fields:
-                        eng.call_library(ins["library"], ins["attrs"], args,
-                                         eng.stream(ins["stream"]))
+            for op, a, b, ins in self._plan():
+                if op == "call":
+                    if profile is None:
+                        a([values[v] for v in b])
                     else:
-                        eng.launch(ins["kernel"], args, eng.stream(ins["stream"]))
+                        t0 = time.perf_counter()
+                        a([values[v] for v in b])
+                        entry = profile.setdefault(ins["profile_key"], [0.0, 0])
+                        entry[0] += time.perf_counter() - t0
+                        entry[1] += 1
+                elif op == "alloc":
+                    values[a] = eng.alloc(*b)
+                elif op == "free":
+                    eng.free(values.pop(a))
                 elif op == "event_record":
                     values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
                 elif op == "event_wait":

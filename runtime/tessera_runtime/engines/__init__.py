@@ -55,6 +55,15 @@ class Engine(ABC):
         """Enqueue `kernel(arg0, arg1, ...)` on `stream` with the buffers'
         data pointers, in order."""
 
+    def prepare_launch(self, kernel: str, n_args: int, stream=None):
+        """A callable running `kernel` on a list of buffers (resolved once;
+        the executor calls it on every run)."""
+        return lambda args: self.launch(kernel, args, stream)
+
+    def prepare_library(self, routine: str, attrs: dict, stream=None):
+        """A callable running library `routine` on a list of buffers."""
+        return lambda args: self.call_library(routine, attrs, args, stream)
+
     def has_library(self, routine: str) -> bool:
         """Whether this engine implements library routine `routine`."""
         from .library import ROUTINES

@@ -95,6 +95,22 @@ class CPUEngine(Engine):
             ptrs.append(ctypes.c_void_p(a.ctypes.data))
         fn(*ptrs)
 
+    def prepare_launch(self, kernel: str, n_args: int, stream=None):
+        # The executor only passes buffers from alloc/from_host (C-contiguous
+        # numpy arrays), so the checks of `launch` are not repeated per call.
+        fn = self._kernel(kernel)
+        fn.argtypes = [ctypes.c_void_p] * n_args
+        return lambda args: fn(*[a.ctypes.data for a in args])
+
+    def prepare_library(self, routine: str, attrs: dict, stream=None):
+        from .library import ROUTINES
+        impl = ROUTINES[routine]
+
+        def call(args):
+            with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
+                impl(np, attrs, *args)
+        return call
+
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
         from .library import ROUTINES
         with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
