@@ -19,7 +19,7 @@ Steps:
      transpose, ... on numpy) timed; the rest of the step is the runtime's and
      the Python front end's overhead.
 
-Results are printed and written to bench/results/train_step_cpu-<date>.json/.md.
+Results are printed and written to bench/results/train_step_cpu-<date>-<N>thread.json/.md.
 
 Run it from the repository root (the script puts the checkout's packages on
 sys.path itself; torch must be importable):
@@ -373,7 +373,8 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"train_step_cpu-{date}.json", out / f"train_step_cpu-{date}.md"
+    stem = f"train_step_cpu-{date}-{torch.get_num_threads()}thread"
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     md_path.write_text(markdown(result))
     print(f"\nwrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} "

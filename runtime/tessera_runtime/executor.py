@@ -236,7 +236,12 @@ class ScheduleExecutor:
         if getattr(self, "_prepared", None) is None:
             eng, plan = self.engine, []
             for ins in self.program.instructions:
-                if ins.op == "launch":
+                if ins.op == "launch" and ins.get("library") == "reshape":
+                    # Buffers are written once (by their producer), so a reshape
+                    # can be a view of its input instead of a copy.
+                    src, dst = ins["args"]
+                    plan.append(("view", src, dst, ins))
+                elif ins.op == "launch":
                     stream = eng.stream(ins["stream"])
                     if "library" in ins.fields:
                         call = eng.prepare_library(ins["library"], ins["attrs"], stream)
@@ -272,6 +277,8 @@ class ScheduleExecutor:
                         entry = profile.setdefault(ins["profile_key"], [0.0, 0])
                         entry[0] += time.perf_counter() - t0
                         entry[1] += 1
+                elif op == "view":
+                    values[b] = eng.reshape_view(values[a], values[b].shape)
                 elif op == "alloc":
                     values[a] = eng.alloc(*b)
                 elif op == "free":

@@ -64,6 +64,10 @@ class Engine(ABC):
         """A callable running library `routine` on a list of buffers."""
         return lambda args: self.call_library(routine, attrs, args, stream)
 
+    def reshape_view(self, buffer, shape):
+        """`buffer` seen with another shape, sharing its memory."""
+        return buffer.reshape(shape)
+
     def has_library(self, routine: str) -> bool:
         """Whether this engine implements library routine `routine`."""
         from .library import ROUTINES
