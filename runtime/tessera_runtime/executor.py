@@ -121,15 +121,11 @@ class ScheduleExecutor:
                 use(ins["buffer"], "buffer", ins, "buffer")
                 not_in_flight(ins["buffer"], ins, "frees", ("src", "dst"))
                 freed[ins["buffer"]] = ins.index
-            elif op == "launch" and "library" in ins.fields:
-                if not self.engine.has_library(ins["library"]):
+            elif op == "launch":
+                if "library" in ins.fields and not self.engine.has_library(ins["library"]):
                     raise self._err(ins, f"library routine '{ins['library']}' is not provided "
                                          f"by the {self.engine.name} engine")
-                for a in ins["args"]:
-                    use(a, "buffer", ins, "arg")
-                    not_in_flight(a, ins, "reads")
-            elif op == "launch":
-                if not self.engine.has_kernel(ins["kernel"]):
+                if "library" not in ins.fields and not self.engine.has_kernel(ins["kernel"]):
                     raise self._err(ins, f"kernel '{ins['kernel']}' not found in kernel "
                                          f"library {self.engine.kernel_library}")
                 for a in ins["args"]:

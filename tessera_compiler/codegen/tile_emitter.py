@@ -70,6 +70,21 @@ def tile_of(t: ir.Type) -> tuple[list[int], str]:
     return [int(d) for d in dims], elt
 
 
+# Elementwise tile ops that are one C expression of their operands' elements.
+_ELEMENTWISE_EXPRESSIONS = {
+    "ttile.add": lambda em, a, b: f"{a} + {b}",
+    "ttile.sub": lambda em, a, b: f"{a} - {b}",
+    "ttile.mul": lambda em, a, b: f"{a} * {b}",
+    "ttile.div": lambda em, a, b: f"{a} / {b}",
+    "ttile.max": lambda em, a, b: f"({a} > {b} ? {a} : {b})",
+    "ttile.neg": lambda em, a: f"-{a}",
+    "ttile.relu": lambda em, a: f"({a} > 0 ? {a} : 0)",
+    "ttile.log": lambda em, a: em._math("log", a),
+    "ttile.sqrt": lambda em, a: em._math("sqrt", a),
+    "ttile.select": lambda em, c, a, b: f"({c} ? {a} : {b})",
+}
+
+
 @dataclass
 class KernelEmitter:
     cuda: bool
@@ -168,6 +183,10 @@ class KernelEmitter:
     # -- ops ---------------------------------------------------------------
     def emit_op(self, op: ir.Operation) -> None:
         name = op.name
+        if name in _ELEMENTWISE_EXPRESSIONS:
+            expr = _ELEMENTWISE_EXPRESSIONS[name]
+            self._elementwise(op, lambda *xs: expr(self, *xs))
+            return
         handler = getattr(self, "op_" + name.replace(".", "_"), None)
         if handler is None:
             raise EmitError(f"the kernel emitter does not support '{name}'", op.location)
@@ -303,35 +322,8 @@ class KernelEmitter:
         self.for_each(r.size, lambda e: self.line(
             f"{r.name}[{e}] = {wrap(expr(*[f'{s.name}[{e}]' for s in srcs]))};"))
 
-    def op_ttile_add(self, op):
-        self._elementwise(op, lambda a, b: f"{a} + {b}")
-
-    def op_ttile_mul(self, op):
-        self._elementwise(op, lambda a, b: f"{a} * {b}")
-
-    def op_ttile_max(self, op):
-        self._elementwise(op, lambda a, b: f"({a} > {b} ? {a} : {b})")
-
-    def op_ttile_relu(self, op):
-        self._elementwise(op, lambda a: f"({a} > 0 ? {a} : 0)")
-
-    def op_ttile_exp(self, op):
-        self._elementwise(op, lambda a: self._fast(op, "exp", a))
-
-    def op_ttile_sub(self, op):
-        self._elementwise(op, lambda a, b: f"{a} - {b}")
-
-    def op_ttile_div(self, op):
-        self._elementwise(op, lambda a, b: f"{a} / {b}")
-
-    def op_ttile_neg(self, op):
-        self._elementwise(op, lambda a: f"-{a}")
-
     def _math(self, fn: str, arg: str) -> str:
         return f"{fn}({arg})" if self.cuda else f"std::{fn}({arg})"
-
-    def op_ttile_log(self, op):
-        self._elementwise(op, lambda a: self._math("log", a))
 
     def _fast(self, op, fn: str, arg: str) -> str:
         """The vectorizable float version on the CPU, libm otherwise."""
@@ -339,23 +331,20 @@ class KernelEmitter:
             return f"tessera_{fn}({arg})"
         return self._math(fn, arg)
 
-    def op_ttile_tanh(self, op):
-        self._elementwise(op, lambda a: self._fast(op, "tanh", a))
-
-    def op_ttile_sqrt(self, op):
-        self._elementwise(op, lambda a: self._math("sqrt", a))
-
     def op_ttile_rsqrt(self, op):
         r_ct = ctype(tile_of(op.results[0].type)[1])
         self._elementwise(op, lambda a: f"({r_ct})1 / {self._math('sqrt', a)}")
+
+    def op_ttile_tanh(self, op):
+        self._elementwise(op, lambda a: self._fast(op, "tanh", a))
+
+    def op_ttile_exp(self, op):
+        self._elementwise(op, lambda a: self._fast(op, "exp", a))
 
     def op_ttile_compare(self, op):
         sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[
             str(op.attributes["kind"]).split("<")[1].rstrip(">")]
         self._elementwise(op, lambda a, b: f"({a} {sym} {b})")
-
-    def op_ttile_select(self, op):
-        self._elementwise(op, lambda c, a, b: f"({c} ? {a} : {b})")
 
     def op_ttile_cast(self, op):
         src_elt = tile_of(op.operands[0].type)[1]

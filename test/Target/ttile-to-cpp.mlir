@@ -14,7 +14,7 @@
 // CHECK: += av * (float)
 // relu, add, mul, max, exp, reduce
 // CHECK: > 0 ? {{.*}} : 0)
-// CHECK: std::exp(
+// CHECK: tessera_exp(
 // CHECK: for (int64_t q = 1; q < 4; ++q)
 // CHECK: arg3[
 tgraph.mesh @unused axes = ["x"] shape = [1]

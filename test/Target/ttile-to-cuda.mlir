@@ -13,7 +13,7 @@
 // CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
 // dot: each thread computes whole output elements
 // CHECK: for (int64_t k = 0; k < 2; ++k) s +=
-// CHECK: expf(
+// CHECK: = exp(
 // CHECK: for (int64_t q = 1; q < 4; ++q)
 tgraph.mesh @unused axes = ["x"] shape = [1]
 ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x4xf32>, %r: memref<8x1xf32>)
