@@ -87,10 +87,11 @@ def make_step(opt, heads: int, precision: str, clip: float):
         grads, finite = ts.optim.unscale(grads, scaler)
         grads, norm = ts.optim.clip_by_global_norm(grads, clip)
         new_params, new_state = opt.update(params, grads, opt_state)
-        # Overflow (bf16): skip the step and halve the scale.
+        # Overflow: skip the step (and in bf16, halve the loss scale).
         params = ts.optim.where_finite(finite, new_params, params)
         opt_state = ts.optim.where_finite(finite, new_state, opt_state)
-        scaler = ts.optim.update_loss_scale(scaler, finite)
+        if precision == "bf16":
+            scaler = ts.optim.update_loss_scale(scaler, finite)
         return total / len(microbatches), params, opt_state, scaler, norm
 
     return train_step
