@@ -612,15 +612,22 @@ def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
         alloc.erase()
 
 
-def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block) -> set:
+def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set) -> set:
     """Replaces each fusion group by one launch of a new ttile.kernel; returns
-    the names of the tensor kernels the groups consumed."""
+    the names of the tensor kernels the groups consumed. `taken` holds the
+    fused kernels' names so far (a constant's kernel, launched once per
+    consumer, can start several groups)."""
     consumed = set()
     for group in fusion_groups(sched, kernels):
         consumed.update(ir.FlatSymbolRefAttr(l.attributes["kernel"]).value for l in group)
         base = ir.FlatSymbolRefAttr(group[0].attributes["kernel"]).value
         # A single launch keeps its kernel's name (the tensor kernel is erased).
-        name = base if len(group) == 1 else f"{base}_fused{len(group)}"
+        name = stem = base if len(group) == 1 else f"{base}_fused{len(group)}"
+        copy = 1
+        while name in taken:
+            copy += 1
+            name = f"{stem}_{copy}"
+        taken.add(name)
         tiler = GroupTiler(group, kernels, name, module_block)
         kernel = tiler.build()
         first = group[0]
@@ -658,10 +665,10 @@ def run(op, pass_):
         if not cpu_target:
             for f in schedules:
                 fuse_epilogues(f, kernels, module_block)
-        consumed = set()
+        consumed, taken = set(), set()
         for f in schedules:
             duplicate_constants(f, kernels)
-            consumed |= fuse_and_tile(f, kernels, module_block)
+            consumed |= fuse_and_tile(f, kernels, module_block, taken)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
         for name, kernel in kernels.items():
