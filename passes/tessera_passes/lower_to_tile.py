@@ -194,6 +194,7 @@ def _memref(t: ir.Type) -> ir.MemRefType:
 
 
 def tile_kernel(kernel: ir.Operation, module_block: ir.Block) -> ir.Operation:
+    """Tiles a matmul kernel (with its fused epilogue) that is not a library call."""
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
     ftype = function_type(kernel)
     body = kernel_body(kernel)
@@ -201,9 +202,8 @@ def tile_kernel(kernel: ir.Operation, module_block: ir.Block) -> ir.Operation:
     if body and body[0].name == "tgraph.matmul":
         head, epilogue = body[0], body[1:]
         return _tiled_matmul(kernel, name, arg_types, head, epilogue, module_block)
-    if all(o.name in ELEMENTWISE for o in body):
-        return _tiled_elementwise(kernel, name, arg_types, body, module_block)
-    bad = next(o for o in body if o.name not in ELEMENTWISE)
+    # Everything else tileable was consumed by loop fusion (section 4).
+    bad = body[0] if body else kernel
     raise PassError(f"tessera-lower-to-tile cannot tile '{bad.name}' in kernel @{name}",
                     bad.location)
 
@@ -265,29 +265,6 @@ def _tiled_matmul(kernel, name, arg_types, matmul, epilogue, module_block):
                 epilogue, {matmul.results[0]: result},
                 lambda v: ttile.LoadOp(acc_t, buffer_of[v], [row, col]).result)
         ttile.StoreOp(result, entry.arguments[-1], [row, col])
-        ttile.ReturnOp()
-    return k.operation
-
-
-def _tiled_elementwise(kernel, name, arg_types, body, module_block):
-    out_t = ir.RankedTensorType(body[-1].results[0].type)
-    shape = list(out_t.shape)
-    if not 1 <= len(shape) <= 3:
-        raise PassError(f"tessera-lower-to-tile tiles elementwise kernels of rank 1 to 3; "
-                        f"kernel @{name} has rank {len(shape)}", body[-1].location)
-    tile, budget = [1] * len(shape), ELEMENTWISE_TILE_ELEMENTS
-    for d in reversed(range(len(shape))):
-        tile[d] = largest_divisor(shape[d], max(1, budget))
-        budget //= tile[d]
-    grid = [s // t for s, t in zip(shape, tile)]
-    k, entry, buffer_of = _new_kernel(kernel, name, arg_types, grid, tile,
-                                      body[0].location, module_block)
-    tile_t = _tile_type(tile, out_t.element_type)
-    with ir.InsertionPoint(entry), body[0].location:
-        offsets = _tile_offsets(tile)
-        result = _apply_elementwise(
-            body, {}, lambda v: ttile.LoadOp(tile_t, buffer_of[v], offsets).result)
-        ttile.StoreOp(result, entry.arguments[-1], offsets)
         ttile.ReturnOp()
     return k.operation
 
