@@ -128,8 +128,8 @@ class TorchStep:
         x = F.embedding(tokens, p["wte"]) + p["wpe"]
         for blk in p["blocks"]:                 # op.transformer_block, pre-LayerNorm
             h = F.layer_norm(x, (D,), blk["ln1_w"], blk["ln1_b"], eps=1e-5)
-            q, k, v = (h @ blk["wqkv"]).split(D, dim=-1)
-            q, k, v = (t.reshape(B, S, H, Dh).transpose(1, 2) for t in (q, k, v))
+            qkv = (h @ blk["wqkv"]).reshape(B, S, H, 3, Dh)     # columns grouped by head
+            q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
             # Fused causal attention (PyTorch's CPU SDPA kernel), scale 1/sqrt(Dh):
             # the same maths as Tessera's masked softmax(q k^T * scale) v.
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -22,7 +22,8 @@ from tessera_runtime.mesh import MeshError, MeshInfo
 from ._source import SourceLine, assigned_name, user_frame
 from .errors import LaunchError, ShardingError
 
-__all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "tensor"]
+__all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
+           "deterministic"]
 
 _DTYPES = {"f32": np.float32, "float32": np.float32, "fp32": np.float32,
            "f64": np.float64, "float64": np.float64,
@@ -258,6 +259,22 @@ class DTensor:
             return self._local.copy()
         return _assemble(self)
 
+    def __array__(self, dtype=None, copy=None):
+        value = self.numpy()
+        return value if dtype is None else value.astype(dtype)
+
+    def item(self):
+        """The value of a one-element tensor as a Python number."""
+        return self.numpy().item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this rank's shard (what the tensor costs each rank)."""
+        return math.prod(self.local_shape) * self.dtype.itemsize
+
     def __repr__(self) -> str:
         return (f"DTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
                 f"layout={_describe(self.dims, self.layout.partial)}, mesh={self.mesh.topology!r})")
@@ -316,6 +333,24 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
     # np.array, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     local = np.array(array[mesh.info.local_slices(array.shape, dims, rank)], order="C")
     return DTensor(local, array.shape, array.dtype, layout, mesh, name)
+
+
+def from_tree(tree, layouts, mesh: Mesh, name: str | None = None):
+    """DTensors for every array of a pytree (dicts, lists, tuples), e.g. a model's
+    parameters. `layouts` is one ShardSpec for every leaf, or a function
+    `(path, array) -> ShardSpec | None` where `path` names the leaf like
+    `blocks.0.wqkv` and None means replicated."""
+    from ._pytree import flatten, paths, unflatten
+    leaves, structure = flatten(tree)
+    prefix = name or ""
+    out = []
+    for path, leaf in zip(paths(tree, prefix), leaves):
+        if isinstance(leaf, DTensor) or not isinstance(leaf, (np.ndarray, np.generic)):
+            out.append(leaf)
+            continue
+        spec = layouts(path, leaf) if callable(layouts) else layouts
+        out.append(from_numpy(leaf, layout=spec or ShardSpec(), mesh=mesh, name=path))
+    return unflatten(structure, out)
 
 
 def tensor(shape, layout: ShardSpec | None = None, mesh: Mesh | None = None, dtype="f32",

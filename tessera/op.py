@@ -605,7 +605,12 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
 
     `params` is a list of `depth` dicts (see `ts.nn.init_transformer`) with
     `ln1_w, ln1_b, wqkv [D, 3D], wo [D, D], ln2_w, ln2_b, w1 [D, F], b1, w2 [F, D], b2`.
-    `x` is `[B, S, D]`."""
+    `x` is `[B, S, D]`.
+
+    The columns of `wqkv` are grouped by head: `[D, heads, 3, D // heads]`
+    holds each head's q, k and v projections side by side. Splitting its
+    columns over a tensor-parallel axis then gives every rank whole heads
+    (head-parallel attention, no communication until `wo`)."""
     src = _where_called("transformer_block")
     if params is None or len(params) != depth:
         raise ShapeError(f"op.transformer_block: needs params= with one dict per layer "
@@ -619,8 +624,8 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
     normalize = layernorm if norm == "layernorm" else (lambda h, w, b: rmsnorm(h, w))
     for p in params:
         h = normalize(x, p["ln1_w"], p["ln1_b"])
-        q, k, v = split(matmul(h, p["wqkv"]), 3, dim=-1)
-        q, k, v = (transpose(reshape(t, B, S, heads, D // heads), 1, 2) for t in (q, k, v))
+        qkv = reshape(matmul(h, p["wqkv"]), B, S, heads, 3, D // heads)
+        q, k, v = (transpose(qkv[:, :, :, i], 1, 2) for i in range(3))
         a = attention(q, k, v, causal=causal)
         a = reshape(transpose(a, 1, 2), B, S, D)
         x = add(x, matmul(a, p["wo"]))

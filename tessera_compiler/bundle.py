@@ -91,6 +91,18 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+def _attr_json(a: ir.Attribute):
+    """A library attribute as JSON: integer arrays, integers, strings and
+    arrays of strings (mesh axis names)."""
+    if isinstance(a, ir.DenseI64ArrayAttr):
+        return list(a)
+    if isinstance(a, ir.IntegerAttr):
+        return a.value
+    if isinstance(a, ir.StringAttr):
+        return a.value
+    return [ir.StringAttr(x).value for x in ir.ArrayAttr(a)]
+
+
 def _library_declarations(module: ir.Module) -> dict:
     """kernel symbol -> (runtime routine, its attributes as JSON) for the
     launches tessera-lower-to-tile turned into library calls."""
@@ -100,11 +112,7 @@ def _library_declarations(module: ir.Module) -> dict:
         if op.name == "func.func" and "tsched.library" in op.attributes:
             attrs = {}
             for named in ir.DictAttr(op.attributes["tsched.library_attrs"]):
-                a = named.attr
-                try:
-                    attrs[named.name] = list(ir.DenseI64ArrayAttr(a))
-                except ValueError:
-                    attrs[named.name] = ir.IntegerAttr(a).value
+                attrs[named.name] = _attr_json(named.attr)
             out[ir.StringAttr(op.attributes["sym_name"]).value] = (
                 ir.StringAttr(op.attributes["tsched.library"]).value, attrs)
     return out
@@ -168,6 +176,8 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
                 ins["reduction"] = str(attrs["reduction"]).split("<")[1].rstrip(">")
             if "dim" in attrs:
                 ins["dim"] = ir.IntegerAttr(attrs["dim"]).value
+            if "concat_dim" in attrs:
+                ins["concat_dim"] = ir.IntegerAttr(attrs["concat_dim"]).value
         elif kind == "tsched.collective_wait":
             ins = {"op": "collective_wait", "token": name(op.operands[0]),
                    "stream": name.names[op.operands[1]]}

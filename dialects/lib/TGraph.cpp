@@ -209,9 +209,16 @@ LogicalResult TGraphDialect::verifyRegionResultAttribute(Operation *op, unsigned
 
 LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
                                                       NamedAttribute attr) {
-  if (attr.getName() == "tgraph.partitioned") {
+  // Function-level partitioning options (see tessera-partition).
+  if (attr.getName() == "tgraph.partitioned" || attr.getName() == "tgraph.deterministic") {
     if (!llvm::isa<UnitAttr>(attr.getValue()))
-      return op->emitError("'tgraph.partitioned' must be a unit attribute");
+      return op->emitError() << "'" << attr.getName().getValue() << "' must be a unit attribute";
+    return success();
+  }
+  if (attr.getName() == "tgraph.scatter_partials") {
+    auto axes = llvm::dyn_cast<ArrayAttr>(attr.getValue());
+    if (!axes || !llvm::all_of(axes, [](Attribute a) { return llvm::isa<StringAttr>(a); }))
+      return op->emitError("'tgraph.scatter_partials' must be an array of mesh axis names");
     return success();
   }
   if (attr.getName() == getShardingAttrName()) {
@@ -549,6 +556,49 @@ LogicalResult ReduceScatterOp::verifySymbolUses(SymbolTableCollection &symbols) 
                           static_cast<int64_t>(getDim()), *size, /*gather=*/false);
 }
 int64_t ReduceScatterOp::getAxisSize() {
+  return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
+}
+
+LogicalResult AllToAllOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  FailureOr<int64_t> size = lookupAxisSize(*this, &symbols, getMeshAttr(), getAxis());
+  if (failed(size))
+    return failure();
+  RankedTensorType input = getInput().getType(), result = getResult().getType();
+  int64_t split = static_cast<int64_t>(getSplitDim());
+  int64_t concat = static_cast<int64_t>(getConcatDim());
+  if (input.getRank() != result.getRank() ||
+      input.getElementType() != result.getElementType())
+    return emitOpError("result ") << result << " must have the rank and element type of 'input' " << input;
+  for (int64_t d : {split, concat})
+    if (d < 0 || d >= input.getRank())
+      return emitOpError("dim ") << d << " is out of range for 'input' " << input;
+  if (split == concat)
+    return emitOpError("split_dim and concat_dim must differ (both are ") << split << ")";
+  if (input.getDimSize(split) % *size != 0)
+    return emitOpError("split_dim ") << split << " of 'input' (" << input.getDimSize(split)
+                                     << ") does not split evenly over " << *size << " ranks";
+  for (int64_t d = 0; d < input.getRank(); ++d) {
+    int64_t want = d == split    ? input.getDimSize(d) / *size
+                   : d == concat ? input.getDimSize(d) * *size
+                                 : input.getDimSize(d);
+    if (result.getDimSize(d) != want)
+      return emitOpError("dimension ") << d << " of result must be " << want << ", got "
+                                       << result.getDimSize(d);
+  }
+  return success();
+}
+int64_t AllToAllOp::getAxisSize() {
+  return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
+}
+
+LogicalResult AxisSliceOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  FailureOr<int64_t> size = lookupAxisSize(*this, &symbols, getMeshAttr(), getAxis());
+  if (failed(size))
+    return failure();
+  return verifyResizedDim(*this, getInput().getType(), getResult().getType(),
+                          static_cast<int64_t>(getDim()), *size, /*gather=*/false);
+}
+int64_t AxisSliceOp::getAxisSize() {
   return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
 }
 

@@ -98,7 +98,7 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
     return emitOpError("'src' ") << src << " and 'dst' " << dst
                                  << " must have the same rank and element type";
   CollectiveKind kind = getKind();
-  bool reduces = kind != CollectiveKind::all_gather;
+  bool reduces = kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
   if (reduces && !getReduction())
     return emitOpError("<") << stringifyCollectiveKind(kind)
                             << "> needs a 'reduction' attribute";
@@ -113,6 +113,23 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
   int64_t dim = static_cast<int64_t>(*getDim());
   if (dim < 0 || dim >= src.getRank())
     return emitOpError("dim ") << dim << " is out of range for 'src' " << src;
+  if (kind == CollectiveKind::all_to_all) {
+    if (!getConcatDim())
+      return emitOpError("<all_to_all> needs a 'concat_dim' attribute");
+    int64_t concat = static_cast<int64_t>(*getConcatDim());
+    if (concat < 0 || concat >= src.getRank() || concat == dim)
+      return emitOpError("concat_dim ") << concat << " must be a dimension of 'src' " << src
+                                        << " other than dim " << dim;
+    for (int64_t d = 0; d < src.getRank(); ++d) {
+      int64_t in = src.getDimSize(d);
+      int64_t want = d == dim ? in / *size : d == concat ? in * *size : in;
+      if (dst.getDimSize(d) != want || (d == dim && in % *size))
+        return emitOpError("'dst' ") << dst << " does not match 'src' " << src
+                                     << " for <all_to_all> over axis '" << getAxis()
+                                     << "' of size " << *size;
+    }
+    return success();
+  }
   for (int64_t d = 0; d < src.getRank(); ++d) {
     int64_t in = src.getDimSize(d), out = dst.getDimSize(d);
     int64_t want = d != dim ? in

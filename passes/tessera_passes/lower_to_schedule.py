@@ -24,7 +24,7 @@ from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions
                                             ops_of, run_reporting, set_dict_entry)
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
-               "tgraph.reduce_scatter": "reduce_scatter"}
+               "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
 NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad"}
 
 
@@ -157,7 +157,9 @@ class ScheduleBuilder:
             start = tsched.CollectiveStartOp(
                 self.token_t, kind, src_buf, dst, comm, attrs["mesh"], attrs["axis"],
                 reduction=attrs["kind"] if "kind" in attrs else None,
-                dim=attrs["dim"] if "dim" in attrs else None,
+                dim=attrs["dim"] if "dim" in attrs else attrs["split_dim"] if "split_dim" in attrs
+                else None,
+                concat_dim=attrs["concat_dim"] if "concat_dim" in attrs else None,
                 deterministic=attrs["deterministic"] if "deterministic" in attrs else None)
             self.pending[dst] = start.result
             self.buffers[op.results[0]] = dst

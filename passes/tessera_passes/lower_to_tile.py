@@ -45,8 +45,10 @@ TILEABLE = set(TILE_ELEMENTWISE) | {"tgraph.compare", "tgraph.cast", "tgraph.fil
                                     "tgraph.iota", "tgraph.broadcast", "tgraph.reduce"}
 LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph.slice": "slice",
            "tgraph.pad": "pad", "tgraph.concat": "concat", "tgraph.gather": "gather",
-           "tgraph.scatter_add": "scatter_add"}
-LIBRARY_ATTRS = ("perm", "offsets", "dim")
+           "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice"}
+# `axis` and `row_axes` name mesh axes: the runtime turns them into this
+# rank's block index (e.g. which rows of a vocab-parallel table it holds).
+LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes")
 MATMUL_TILE_CAP = (32, 32, 32)      # BM, BN, BK
 ELEMENTWISE_TILE_ELEMENTS = 4096
 THREADS_PER_BLOCK = 128

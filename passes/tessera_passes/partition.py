@@ -1,17 +1,26 @@
 """tessera-partition: SPMD-partition Graph IR.
 
 Rewrites each distributed function from global to per-rank (local) shapes.
-For every op it asks the sharding rules which layout each operand must have
-and inserts the collectives that move the operand there:
+For every op it asks the sharding rules (`tessera_compiler.sharding`) which
+layout each operand must have and inserts what moves the operand there:
 
-  pending partial sum  -> all_reduce, or reduce_scatter when the target also
-                          splits a dimension over that axis (one collective)
-  split dimension      -> all_gather along it (when the target splits it less)
+  replicated -> split          tgraph.axis_slice (a local copy, no communication;
+                               a broadcast or fill is re-created at the local shape)
+  split on d -> split on e     tgraph.all_to_all
+  pending partial sum          all_reduce, or reduce_scatter when the target
+                               splits a dimension over that axis
+  split -> less split          all_gather
 
 A partial sum is kept lazy: it is reduced only when a consumer (a nonlinear
-op, a matmul against another partial value, or the function's result) needs
-the full value. Function results are replicated unless their `tgraph.sharding`
-result attribute says otherwise. The function is marked `tgraph.partitioned`.
+op, a matmul against another partial value) needs the full value. Results
+keep the layout they are computed in, with pending sums reduced, unless a
+`tgraph.sharding` result attribute asks for another. Every inserted
+collective carries the location of the op that needed it, so a report can
+point at the Python line. The function is marked `tgraph.partitioned`.
+
+Function attributes: `tgraph.deterministic` (every reduction gets a fixed
+order, and sums are reduced before any op that is not an add) and
+`tgraph.scatter_partials` (axes whose sums are reduce-scattered: ZeRO).
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from tessera_mlir.dialects import tgraph
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts,
                                             function_type, location_name, ops_of, run_reporting,
                                             set_dict_entry, set_function_type)
-from tessera_compiler.sharding import Mesh, Sharding, rule_for
+from tessera_compiler.sharding import Mesh, Sharding
 
-from .propagate_sharding import (SHARDING, argument_shardings, distributed_functions,
-                                 result_shardings)
+from .propagate_sharding import (SHARDING, argument_shardings, context_of, distributed_functions,
+                                 op_rule, result_shardings, scatter_axes_of, summed)
+
+I64 = lambda v: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)  # noqa: E731
 
 
 def _local_type(global_type: ir.Type, mesh: Mesh, s: Sharding, what: str,
@@ -41,112 +52,207 @@ def _local_type(global_type: ir.Type, mesh: Mesh, s: Sharding, what: str,
     return ir.RankedTensorType.get(mesh.local_shape(shape, s), t.element_type)
 
 
-class Resharder:
-    """Inserts the collectives that move a local value between shardings."""
+def _resized(value: ir.Value, changes: dict[int, float]) -> ir.RankedTensorType:
+    t = ir.RankedTensorType(value.type)
+    shape = [int(s * changes.get(d, 1)) for d, s in enumerate(t.shape)]
+    return ir.RankedTensorType.get(shape, t.element_type)
 
-    def __init__(self, mesh: Mesh):
+
+class Resharder:
+    """Inserts the ops that move a local value from one sharding to another."""
+
+    def __init__(self, mesh: Mesh, deterministic: bool):
         self.mesh = mesh
         self.mesh_ref = ir.FlatSymbolRefAttr.get(mesh.name)
-        self.sum = ir.Attribute.parse("#tgraph.reduction<sum>")
+        self.deterministic = deterministic
+        # (value, target) -> resharded value: a value several ops need in the
+        # same layout is moved once. Ops are visited in order, so the first
+        # reshard dominates every later user.
+        self.done: dict = {}
 
     def __call__(self, value: ir.Value, current: Sharding, target: Sharding,
                  before: ir.Operation) -> ir.Value:
         if current == target:
             return value
-        loc = before.location
-        with ir.InsertionPoint(before), loc:
+        key = (value, target)
+        if key not in self.done:
+            self.done[key] = self._move(value, current, target, before)
+        return self.done[key]
+
+    def _move(self, value, current, target, before) -> ir.Value:
+        with ir.InsertionPoint(before), before.location:
             dims = [list(d) for d in current.dims]
-            # 1. Pending partial sums the target does not keep.
+            want = [list(d) for d in target.dims]
+            used = lambda: {a for d in dims for a in d}  # noqa: E731
+            # 1. An axis that moves from one dimension to another: all_to_all.
+            moved = True
+            while moved:
+                moved = False
+                for e, have in enumerate(dims):
+                    if not have or want[e][: len(have)] == have:
+                        continue
+                    axis = have[-1]
+                    for d in range(len(dims)):
+                        if d != e and want[d][: len(dims[d]) + 1] == dims[d] + [axis]:
+                            value = self._all_to_all(value, axis, d, e)
+                            dims[e].pop()
+                            dims[d].append(axis)
+                            moved = True
+                            break
+                    if moved:
+                        break
+            # 2. Local slices first: they shrink what any later collective moves.
+            value = self._slices(value, dims, want, used, current.partial)
+            # 3. Pending sums the target does not keep.
             for axis in current.partial:
                 if axis in target.partial:
                     continue
-                scatter_dim = next((d for d, t in enumerate(target.dims)
-                                    if list(t) == dims[d] + [axis]), None)
+                scatter_dim = next((d for d in range(len(dims))
+                                    if want[d][: len(dims[d]) + 1] == dims[d] + [axis]), None)
                 if scatter_dim is not None:
                     value = self._reduce_scatter(value, axis, scatter_dim)
                     dims[scatter_dim].append(axis)
                 else:
-                    value = tgraph.AllReduceOp(value, self.sum, self.mesh_ref,
-                                               ir.StringAttr.get(axis)).result
+                    value = self._all_reduce(value, "sum", axis)
             if set(target.partial) - set(current.partial):
                 raise PassError(f"cannot turn a value with sharding {current.describe()} "
-                                f"into a partial sum {target.describe()}", loc)
-            # 2. Split dimensions the target splits less (innermost axis first).
-            for d, want in enumerate(target.dims):
-                want = list(want)
-                if dims[d] == want:
-                    continue
-                if dims[d][: len(want)] != want:
-                    raise PassError(
-                        f"resharding dimension {d} from {current.describe()} to "
-                        f"{target.describe()} needs a local slice, which tessera-partition "
-                        "does not insert yet; annotate the producer with the target layout",
-                        loc)
-                while len(dims[d]) > len(want):
+                                f"into a partial sum {target.describe()}", before.location)
+            # 4. Gather what the target splits less (innermost axis first) ...
+            for d in range(len(dims)):
+                while dims[d] != want[d][: len(dims[d])]:
                     value = self._all_gather(value, dims[d].pop(), d)
+            # 5. ... and slice what it splits more.
+            value = self._slices(value, dims, want, used, ())
         return value
 
+    def _slices(self, value, dims, want, used, partial):
+        for d in range(len(dims)):
+            while (len(dims[d]) < len(want[d]) and dims[d] == want[d][: len(dims[d])]
+                   and want[d][len(dims[d])] not in used() | set(partial)):
+                axis = want[d][len(dims[d])]
+                value = self._axis_slice(value, axis, d)
+                dims[d].append(axis)
+        return value
+
+    def _all_reduce(self, value, kind, axis):
+        return tgraph.AllReduceOp(value, ir.Attribute.parse(f"#tgraph.reduction<{kind}>"),
+                                  self.mesh_ref, ir.StringAttr.get(axis),
+                                  deterministic=self.deterministic or None).result
+
     def _all_gather(self, value, axis, dim):
-        t = ir.RankedTensorType(value.type)
-        shape = list(t.shape)
-        shape[dim] *= self.mesh.axis_size(axis)
-        result = ir.RankedTensorType.get(shape, t.element_type)
+        result = _resized(value, {dim: self.mesh.axis_size(axis)})
         return tgraph.AllGatherOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
-                                  ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim)).result
+                                  I64(dim)).result
 
     def _reduce_scatter(self, value, axis, dim):
-        t = ir.RankedTensorType(value.type)
-        shape = list(t.shape)
-        shape[dim] //= self.mesh.axis_size(axis)
-        result = ir.RankedTensorType.get(shape, t.element_type)
-        return tgraph.ReduceScatterOp(result, value, self.sum, self.mesh_ref,
-                                      ir.StringAttr.get(axis),
-                                      ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dim)).result
+        result = _resized(value, {dim: 1 / self.mesh.axis_size(axis)})
+        return tgraph.ReduceScatterOp(result, value, ir.Attribute.parse("#tgraph.reduction<sum>"),
+                                      self.mesh_ref, ir.StringAttr.get(axis), I64(dim),
+                                      deterministic=self.deterministic or None).result
+
+    def _all_to_all(self, value, axis, split_dim, concat_dim):
+        n = self.mesh.axis_size(axis)
+        result = _resized(value, {split_dim: 1 / n, concat_dim: n})
+        return tgraph.AllToAllOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
+                                 I64(split_dim), I64(concat_dim)).result
+
+    def _axis_slice(self, value, axis, dim):
+        result = _resized(value, {dim: 1 / self.mesh.axis_size(axis)})
+        owner = value.owner
+        if isinstance(owner, ir.Operation) or hasattr(owner, "operation"):
+            owner = owner.operation if hasattr(owner, "operation") else owner
+            # Values that are the same everywhere along `dim` are made at the
+            # local shape instead of being made whole and cut.
+            if owner.name == "tgraph.fill":
+                return tgraph.FillOp(result, owner.attributes["value"]).result
+            if owner.name == "tgraph.broadcast":
+                src = ir.RankedTensorType(owner.operands[0].type)
+                if src.shape[dim] == 1:
+                    return tgraph.BroadcastOp(result, owner.operands[0]).result
+        return tgraph.AxisSliceOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
+                                  I64(dim)).result
 
 
 def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     block = func_op.regions[0].blocks[0]
     ftype = function_type(func_op)
-    reshard = Resharder(mesh)
+    ctx = context_of(func_op, mesh)
+    scatter = scatter_axes_of(func_op)
+    reshard = Resharder(mesh, ctx.deterministic)
     current: dict = {}
 
     arg_dicts = arg_attr_dicts(func_op, "arg_attrs")
     new_inputs = []
     for i, (arg, s) in enumerate(zip(block.arguments, argument_shardings(func_op, mesh))):
         local = _local_type(arg.type, mesh, s, f"argument #{i} ({_arg_label(arg)})", arg.location)
+        ctx.global_shapes[arg] = list(ir.RankedTensorType(arg.type).shape)
         arg.set_type(local)
         new_inputs.append(local)
         current[arg] = s
         arg_dicts[i] = set_dict_entry(arg_dicts[i], SHARDING, s.to_attr())
 
-    wanted_results = result_shardings(func_op, mesh, ftype.results)
+    wanted_results = result_shardings(func_op, ftype.results)
+    final_results = []
+    # A pending sum read by several ops is reduced once, before its first
+    # reader, rather than carried lazily into each (each would reduce its own).
+    uses = {}
     for op in ops_of(func_op):
+        for v in op.operands:
+            uses[v] = uses.get(v, 0) + 1
+    reduced: dict = {}
+    for op in ops_of(func_op):
+        for i, v in enumerate(list(op.operands)):
+            if v in reduced:
+                op.operands[i] = reduced[v]
+            elif uses.get(v, 0) > 1 and current[v].partial and op.name != "func.return":
+                target = summed(current[v], ctx.shape(v), ctx, scatter)
+                nv = reduced[v] = reshard(v, current[v], target, op)
+                current[nv] = target
+                ctx.global_shapes[nv] = ctx.shape(v)
+                op.operands[i] = nv
         if op.name == "func.return":
             for i, (v, want) in enumerate(zip(list(op.operands), wanted_results)):
+                want = want or current[v].with_partial(())
                 op.operands[i] = reshard(v, current[v], want, op)
+                final_results.append(want)
             continue
         if op.name == "tgraph.shard":
             target = Sharding.from_attr(op.attributes["sharding"])
             src = op.operands[0]
             new_value = reshard(src, current[src], target, op)
             current[new_value] = target
+            ctx.global_shapes[new_value] = ctx.shape(src)
             op.results[0].replace_all_uses_with(new_value)
             op.erase()
             continue
-        if not op.name.startswith("tgraph.") or len(op.results) != 1:
-            raise PassError(f"tessera-partition does not know how to partition '{op.name}'",
-                            op.location)
-        rule = rule_for(op, [current[v] for v in op.operands], mesh.name)
-        for i, (v, want) in enumerate(zip(list(op.operands), rule.operands)):
-            op.operands[i] = reshard(v, current[v], want, op)
+        operands = [current[v] for v in op.operands]
+        rule, staged = op_rule(op, operands, ctx, scatter)
+        for i, v in enumerate(list(op.operands)):
+            moved = reshard(v, operands[i], staged[i], op)
+            op.operands[i] = reshard(moved, staged[i], rule.operands[i], op)
         result = op.results[0]
+        ctx.global_shapes[result] = ctx.shape(result)
         result.set_type(_local_type(result.type, mesh, rule.result, f"the result of {op.name}",
                                     op.location))
+        for name, value in rule.attrs.items():
+            op.attributes[name] = ir.ArrayAttr.get([ir.StringAttr.get(a) for a in value])
         op.attributes[SHARDING] = rule.result.to_attr()
         current[result] = rule.result
+        if rule.post:
+            # E.g. a max over a split dimension: all-reduce the local maxima
+            # right away and let every later user read the reduced value.
+            users = [(u.owner, u.operand_number) for u in result.uses]
+            value = result
+            with ir.InsertionPoint.after(op), op.location:
+                for kind, axis in rule.post:
+                    value = reshard._all_reduce(value, kind, axis)
+            for owner, index in users:
+                owner.operands[index] = value
+            current[value] = rule.result
+            ctx.global_shapes[value] = ctx.global_shapes[result]
 
     res_dicts = arg_attr_dicts(func_op, "res_attrs")
-    res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, wanted_results)]
+    res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, final_results)]
     ret = ops_of(func_op)[-1]
     set_function_type(func_op, new_inputs, [v.type for v in ret.operands])
     func_op.attributes["arg_attrs"] = ir.ArrayAttr.get(list(arg_dicts))

@@ -13,9 +13,17 @@ from tessera_mlir import ir
 
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions,
                                             ops_of, run_reporting)
-from tessera_compiler.sharding import Mesh, Sharding, meshes_of, rule_for
+from tessera_compiler.sharding import Context, Mesh, Rule, Sharding, meshes_of, rule_for
 
 SHARDING = "tgraph.sharding"
+#: Function attribute: reduce pending sums in a fixed order (see Context).
+DETERMINISTIC = "tgraph.deterministic"
+#: Function attribute: mesh axes whose pending sums are reduce-scattered (each
+#: rank keeps a block) rather than all-reduced when a consumer needs them
+#: summed; the ZeRO strategy sets it to the data-parallel axis.
+SCATTER_AXES = "tgraph.scatter_partials"
+COLLECTIVES = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
+               "tgraph.all_to_all", "tgraph.axis_slice")
 
 
 def function_mesh(func_op: ir.Operation, meshes: dict[str, Mesh]) -> Mesh | None:
@@ -43,20 +51,26 @@ def argument_shardings(func_op: ir.Operation, mesh: Mesh) -> list[Sharding]:
     return result
 
 
-def result_shardings(func_op: ir.Operation, mesh: Mesh, types) -> list[Sharding]:
-    """Required shardings of the results (replicated unless annotated)."""
-    out = []
-    for t, d in zip(types, arg_attr_dicts(func_op, "res_attrs")):
-        out.append(Sharding.from_attr(d[SHARDING]) if SHARDING in d
-                   else Sharding.replicated(mesh.name, ir.RankedTensorType(t).rank))
-    return out
+def result_shardings(func_op: ir.Operation, types) -> list[Sharding | None]:
+    """The annotated shardings of the results; None where a result keeps the
+    layout it is computed in (with any pending sum reduced)."""
+    return [Sharding.from_attr(d[SHARDING]) if SHARDING in d else None
+            for _, d in zip(types, arg_attr_dicts(func_op, "res_attrs"))]
 
 
-def op_result_sharding(op: ir.Operation, operands: list[Sharding], mesh: Mesh) -> Sharding:
+def context_of(func_op: ir.Operation, mesh: Mesh) -> Context:
+    return Context(mesh, deterministic=DETERMINISTIC in func_op.attributes)
+
+
+def scatter_axes_of(func_op: ir.Operation) -> tuple[str, ...]:
+    if SCATTER_AXES not in func_op.attributes:
+        return ()
+    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(func_op.attributes[SCATTER_AXES]))
+
+
+def _check_shardable(op: ir.Operation) -> None:
     name = op.name
-    if name == "tgraph.shard":
-        return Sharding.from_attr(op.attributes["sharding"])
-    if name in ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter"):
+    if name in COLLECTIVES:
         raise PassError(f"'{name}' is a per-rank collective and appears only after "
                         "tessera-partition; before it, change a layout with tgraph.shard",
                         op.location)
@@ -64,22 +78,68 @@ def op_result_sharding(op: ir.Operation, operands: list[Sharding], mesh: Mesh) -
         raise PassError("run tessera-autodiff before tessera-propagate-sharding "
                         "(tgraph.grad is still here)", op.location)
     if not name.startswith("tgraph.") or len(op.results) != 1:
-        raise PassError(f"tessera-propagate-sharding does not know how to shard '{name}'",
-                        op.location)
-    return rule_for(op, operands, mesh.name).result
+        raise PassError(f"'{name}' has no sharding rule: only tgraph ops with one result "
+                        "can be distributed", op.location)
+
+
+def summed(s: Sharding, shape, ctx: Context, scatter_axes=(), only=None) -> Sharding:
+    """`s` with its pending sums reduced (those in `only`, default all): a sum
+    over one of `scatter_axes` is reduce-scattered, splitting the first
+    dimension that divides evenly; any other is all-reduced."""
+    dims = [list(d) for d in s.dims]
+    partial = list(s.partial)
+    for axis in (s.partial if only is None else only):
+        partial.remove(axis)
+        if axis not in scatter_axes:
+            continue
+        for d, size in enumerate(shape):
+            if size % (ctx.mesh.parts(dims[d]) * ctx.mesh.axis_size(axis)) == 0:
+                dims[d].append(axis)
+                break
+    return Sharding(s.mesh, tuple(tuple(d) for d in dims), tuple(partial))
+
+
+def op_rule(op: ir.Operation, operands: list[Sharding], ctx: Context,
+            scatter_axes=()) -> tuple[Rule, list[Sharding]]:
+    """The rule for `op`, and the sharding each operand passes through first.
+
+    The second list differs from `operands` only for a pending sum over one of
+    `scatter_axes` that the op needs summed: it is reduce-scattered along its
+    first evenly divisible dimension, and the rule is asked again for the
+    now split operand (so the op, too, runs on one block per rank)."""
+    _check_shardable(op)
+    try:
+        rule = rule_for(op, operands, ctx)
+    except KeyError:
+        raise PassError(f"no sharding rule for '{op.name}'", op.location) from None
+    if not scatter_axes:
+        return rule, operands
+    staged = list(operands)
+    for i, (have, want) in enumerate(zip(operands, rule.operands)):
+        drop = [a for a in have.partial if a in scatter_axes and a not in want.partial
+                and a not in {x for d in want.dims for x in d}]
+        if drop:
+            staged[i] = summed(have, ctx.shape(op.operands[i]), ctx, scatter_axes, only=drop)
+    if staged != operands:
+        rule = rule_for(op, staged, ctx)
+    return rule, staged
 
 
 def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
     """Maps every SSA value of the function to its sharding; annotates ops."""
     shardings = {}
+    ctx = context_of(func_op, mesh)
+    scatter = scatter_axes_of(func_op)
     block = func_op.regions[0].blocks[0]
     for arg, s in zip(block.arguments, argument_shardings(func_op, mesh)):
         shardings[arg] = s
     for op in ops_of(func_op):
         if op.name == "func.return":
             continue
-        operands = [shardings[v] for v in op.operands]
-        s = op_result_sharding(op, operands, mesh)
+        if op.name == "tgraph.shard":
+            s = Sharding.from_attr(op.attributes["sharding"])
+        else:
+            s = op_rule(op, [shardings[v] for v in op.operands], ctx, scatter)[0].result
         op.attributes[SHARDING] = s.to_attr()
         shardings[op.results[0]] = s
     return shardings

@@ -20,7 +20,7 @@ from .mesh import MeshError, MeshInfo
 
 FORMAT = "tessera-bundle"
 SUPPORTED_VERSIONS = (1,)
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 REDUCTIONS = ("sum", "max", "min", "prod")
 
 
@@ -241,10 +241,12 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
                 raise r.fail(f"{where}.reduction", f"unknown reduction {red!r} "
                                                    f"(known: {list(REDUCTIONS)})")
             fields["reduction"] = red
-        if kind in ("all_gather", "reduce_scatter"):
+        if kind in ("all_gather", "reduce_scatter", "all_to_all"):
             fields["dim"] = r.get(raw, "dim", where, int)
         else:
             fields["dim"] = r.get(raw, "dim", where, int, default=0)
+        if kind == "all_to_all":
+            fields["concat_dim"] = r.get(raw, "concat_dim", where, int)
         fields["deterministic"] = r.get(raw, "deterministic", where, bool, default=False)
     if op == "launch" and "library" in raw:
         fields["library"] = r.get(raw, "library", where, str)

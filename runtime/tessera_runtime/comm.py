@@ -8,12 +8,22 @@ Every collective is split-phase: the call *starts* it and returns a `Work`;
 `Work.wait()` completes it. Until then `dst` must not be read (and `src` must
 not be modified or freed).
 
-Subclasses implement `_all_reduce`, `_all_gather` and `_reduce_scatter`; the
-public methods here validate shapes and arguments once for every backend.
+Subclasses implement `_all_reduce`, `_all_gather`, `_reduce_scatter` and
+`_all_to_all`; the public methods here validate shapes and arguments once for
+every backend, and log every collective when `TESSERA_COMM_TRACE=1`:
+
+    [tessera comm] rank 3 tp all_reduce sum 65536 B 0.214 ms
+
+(the time runs from the start of the collective to the end of its wait, so
+it includes any compute it overlapped with).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import sys
+import time
 from abc import ABC, abstractmethod
 
 REDUCTIONS = ("sum", "max", "min", "prod")
@@ -39,6 +49,30 @@ class CompletedWork(Work):
         pass
 
 
+def trace_enabled() -> bool:
+    return os.environ.get("TESSERA_COMM_TRACE", "") not in ("", "0")
+
+
+class TracedWork(Work):
+    """Logs a collective (op, axis, bytes, time from start to completion)."""
+
+    def __init__(self, work: Work, text: str):
+        self._work, self._text, self._t0 = work, text, time.perf_counter()
+        self._logged = False
+
+    def wait(self) -> None:
+        self._work.wait()
+        if not self._logged:
+            self._logged = True
+            ms = (time.perf_counter() - self._t0) * 1e3
+            sys.stderr.write(f"[tessera comm] {self._text} {ms:.3f} ms\n")
+            sys.stderr.flush()
+
+
+def _nbytes(buf) -> int:
+    return math.prod(buf.shape) * buf.dtype.itemsize
+
+
 class Communicator(ABC):
     """Collectives over the ranks of one group (ordered by `rank`).
 
@@ -54,22 +88,35 @@ class Communicator(ABC):
     @abstractmethod
     def rank(self) -> int: ...
 
+    #: what the trace calls this group (the mesh axis) and this process
+    label: str = "group"
+    world_rank: int = 0
+
+    def _traced(self, work: Work, what: str, buf) -> Work:
+        if not trace_enabled():
+            return work
+        return TracedWork(work, f"rank {self.world_rank} {self.label} {what} {_nbytes(buf)} B")
+
     # -- public, validated entry points ------------------------------------
     def all_reduce(self, src, dst, reduction: str = "sum",
                    deterministic: bool = False, stream=None) -> Work:
-        """dst = reduce(src over ranks); src may be dst (in place)."""
+        """dst = reduce(src over ranks); src may be dst (in place). With
+        `deterministic`, the contributions are combined in a fixed binary
+        tree over rank order, ((r0+r1)+(r2+r3)), on every engine."""
         _check_reduction(reduction)
         _check_dtype(src, dst, "all_reduce")
         if tuple(src.shape) != tuple(dst.shape):
             raise CommError(f"all_reduce: src shape {tuple(src.shape)} != "
                             f"dst shape {tuple(dst.shape)}")
-        return self._all_reduce(src, dst, reduction, bool(deterministic), stream)
+        work = self._all_reduce(src, dst, reduction, bool(deterministic), stream)
+        tag = " deterministic" if deterministic else ""
+        return self._traced(work, f"all_reduce {reduction}{tag}", src)
 
     def all_gather(self, src, dst, dim: int = 0, stream=None) -> Work:
         """dst = concatenate(src of every rank, in rank order) along `dim`."""
         _check_dtype(src, dst, "all_gather")
         _check_split(dst, src, dim, self.size, "all_gather", "dst", "src")
-        return self._all_gather(src, dst, dim, stream)
+        return self._traced(self._all_gather(src, dst, dim, stream), f"all_gather dim {dim}", dst)
 
     def reduce_scatter(self, src, dst, dim: int = 0, reduction: str = "sum",
                        deterministic: bool = False, stream=None) -> Work:
@@ -77,7 +124,27 @@ class Communicator(ABC):
         _check_reduction(reduction)
         _check_dtype(src, dst, "reduce_scatter")
         _check_split(src, dst, dim, self.size, "reduce_scatter", "src", "dst")
-        return self._reduce_scatter(src, dst, dim, reduction, bool(deterministic), stream)
+        work = self._reduce_scatter(src, dst, dim, reduction, bool(deterministic), stream)
+        return self._traced(work, f"reduce_scatter {reduction} dim {dim}", src)
+
+    def all_to_all(self, src, dst, split_dim: int, concat_dim: int, stream=None) -> Work:
+        """Block j of src along `split_dim` goes to rank j; dst is the blocks
+        received, concatenated along `concat_dim` in rank order."""
+        _check_dtype(src, dst, "all_to_all")
+        ss, ds = tuple(src.shape), tuple(dst.shape)
+        n = self.size
+        ok = (0 <= split_dim < len(ss) and 0 <= concat_dim < len(ss) and split_dim != concat_dim
+              and ss[split_dim] % n == 0)
+        if ok:
+            expect = list(ss)
+            expect[split_dim] //= n
+            expect[concat_dim] *= n
+            ok = ds == tuple(expect)
+        if not ok:
+            raise CommError(f"all_to_all: src {ss} split along dim {split_dim} over {n} ranks "
+                            f"and concatenated along dim {concat_dim} cannot give dst {ds}")
+        work = self._all_to_all(src, dst, split_dim, concat_dim, stream)
+        return self._traced(work, f"all_to_all dims {split_dim}->{concat_dim}", src)
 
     # -- backend hooks ----------------------------------------------------------
     @abstractmethod
@@ -88,6 +155,9 @@ class Communicator(ABC):
 
     @abstractmethod
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work: ...
+
+    @abstractmethod
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work: ...
 
 
 class SelfCommunicator(Communicator):
@@ -109,6 +179,9 @@ class SelfCommunicator(Communicator):
         return self._copy(src, dst)
 
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
+        return self._copy(src, dst)
+
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
         return self._copy(src, dst)
 
 

@@ -178,6 +178,16 @@ class ScheduleExecutor:
                                  f"src '{ins['src']}'")
         if kind == "all_reduce":
             expect = sshape
+        elif kind == "all_to_all":
+            concat = ins["concat_dim"]
+            if sshape[dim] % n or not 0 <= concat < len(sshape) or concat == dim:
+                raise self._err(ins, f"all_to_all: src '{ins['src']}' {list(sshape)} cannot be "
+                                     f"split along dim {dim} over {n} ranks and concatenated "
+                                     f"along dim {concat}")
+            expect = list(sshape)
+            expect[dim] //= n
+            expect[concat] *= n
+            expect = tuple(expect)
         elif kind == "all_gather":
             expect = sshape[:dim] + (sshape[dim] * n,) + sshape[dim + 1:]
         else:  # reduce_scatter
@@ -240,7 +250,8 @@ class ScheduleExecutor:
                 elif ins.op == "launch":
                     stream = eng.stream(ins["stream"])
                     if "library" in ins.fields:
-                        call = eng.prepare_library(ins["library"], ins["attrs"], stream)
+                        call = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]),
+                                                   stream)
                     else:
                         call = eng.prepare_launch(ins["kernel"], len(ins["args"]), stream)
                     plan.append(("call", call, tuple(ins["args"]), ins))
@@ -254,6 +265,19 @@ class ScheduleExecutor:
                     plan.append((ins.op, None, None, ins))
             self._prepared = plan
         return self._prepared
+
+    def _with_block(self, attrs: dict) -> dict:
+        """Library attributes naming mesh axes (`axis`, `row_axes`) get this
+        rank's `block` = (index, count) over them: its coordinate along the
+        axes, row-major, from the communicators' ranks."""
+        axes = [attrs["axis"]] if "axis" in attrs else attrs.get("row_axes")
+        if not axes:
+            return attrs
+        index, count = 0, 1
+        for axis in axes:
+            comm = self.comms[axis]
+            index, count = index * comm.size + comm.rank, count * comm.size
+        return {**attrs, "block": (index, count)}
 
     def run(self, local_inputs) -> list:
         self.check_inputs(local_inputs)
@@ -310,5 +334,7 @@ class ScheduleExecutor:
             return comm.all_reduce(src, dst, ins["reduction"], ins["deterministic"], stream=stream)
         if kind == "all_gather":
             return comm.all_gather(src, dst, ins["dim"], stream=stream)
+        if kind == "all_to_all":
+            return comm.all_to_all(src, dst, ins["dim"], ins["concat_dim"], stream=stream)
         return comm.reduce_scatter(src, dst, ins["dim"], ins["reduction"],
                                    ins["deterministic"], stream=stream)

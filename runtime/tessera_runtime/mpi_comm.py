@@ -9,10 +9,14 @@ any unpacking into a non-contiguous block layout) happens in `Work.wait()`.
 
 Deterministic reductions: MPI gives no guarantee on the order in which it
 combines contributions, so floating-point results may differ between ranks
-or runs. With `deterministic=True` every rank instead receives all the
-contributions it needs and reduces them itself in a fixed binary tree over
-rank order, ((r0+r1)+(r2+r3)), which makes the result bitwise identical on
-every rank and from run to run.
+or runs. With `deterministic=True` an all_reduce is built on point-to-point
+transfers in a fixed binary tree over rank order: at level k rank r (a
+multiple of 2k) receives rank r+k's partial sum and adds it on the right, so
+rank 0 ends with ((r0+r1)+(r2+r3)), which it broadcasts. A deterministic
+reduce_scatter receives every rank's contribution to its own block and sums
+them in the same tree. Either way the bits do not depend on the MPI library,
+the run, or (for sums over microbatches laid out in rank order) the number
+of ranks.
 """
 
 from __future__ import annotations
@@ -72,6 +76,38 @@ def tree_reduce(blocks, ufunc, out) -> None:
     out[...] = level[0]
 
 
+class TreeAllReduceWork(Work):
+    """A deterministic all_reduce over point-to-point messages (see the module
+    docstring). The transfers run in `wait()`, in program order on every rank,
+    so two in flight on one communicator cannot cross."""
+
+    TAG = 7001
+
+    def __init__(self, comm, src, dst, ufunc):
+        self._args = (comm, src, dst, ufunc)
+
+    def wait(self) -> None:
+        if self._args is None:
+            return
+        comm, src, dst, ufunc = self._args
+        self._args = None
+        rank, size = comm.Get_rank(), comm.Get_size()
+        acc = np.array(src, copy=True)
+        incoming = np.empty_like(acc)
+        step = 1
+        while step < size:
+            if rank % (2 * step) == 0:
+                if rank + step < size:
+                    comm.Recv(incoming, source=rank + step, tag=self.TAG)
+                    ufunc(acc, incoming, out=acc)
+            elif rank % (2 * step) == step:
+                comm.Send(acc, dest=rank - step, tag=self.TAG)
+                break
+            step *= 2
+        comm.Bcast(acc, root=0)
+        dst[...] = acc
+
+
 def _leading_is_trivial(shape, dim: int) -> bool:
     """True if blocks along `dim` are already contiguous in C order (all
     dimensions before `dim` have size 1), so no packing is needed."""
@@ -104,9 +140,7 @@ class MPICommunicator(Communicator):
         _check_host(src, dst)
         op, ufunc = _OPS[reduction]
         if deterministic:
-            contrib = np.empty((self.size,) + src.shape, src.dtype)
-            req = self.comm.Iallgather(src, contrib)
-            return MPIWork(req, lambda: tree_reduce(contrib, ufunc, dst), (src, dst, contrib))
+            return TreeAllReduceWork(self.comm, src, dst, ufunc)
         if src is dst:
             req = self.comm.Iallreduce(MPI.IN_PLACE, dst, op)
         else:
@@ -148,6 +182,17 @@ class MPICommunicator(Communicator):
         return MPIWork(req, keepalive=(src, dst, blocks))
 
 
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
+        _check_host(src, dst)
+        n = self.size
+        # Block j (along split_dim) goes to rank j: lay them out contiguously.
+        blocks = np.ascontiguousarray(np.stack(np.split(src, n, axis=split_dim)))
+        received = np.empty_like(blocks)
+        req = self.comm.Ialltoall(blocks, received)
+        return MPIWork(req, lambda: np.concatenate(received, axis=concat_dim, out=dst),
+                       (src, dst, blocks, received))
+
+
 def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
     """One communicator per mesh axis for this process.
 
@@ -170,4 +215,6 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
                             f"{sub.Get_rank()}/{sub.Get_size()}, expected "
                             f"{coords[i]}/{mesh_info.shape[i]}")
         out[axis] = MPICommunicator(sub)
+    for axis, comm_ in out.items():
+        comm_.label, comm_.world_rank = axis, rank
     return out

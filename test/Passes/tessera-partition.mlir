@@ -61,7 +61,8 @@ tgraph.mesh @mesh axes = ["tp"] shape = [2]
 // CHECK-LABEL: func.func @gather
 // CHECK: tgraph.matmul {{.*}} -> tensor<4x3xf32>
 // CHECK: tgraph.all_gather %{{.*}} on @mesh["tp"] dim 1 : tensor<4x3xf32> -> tensor<4x6xf32>
-func.func @gather(%x: tensor<4x8xf32>, %w: tensor<8x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>}) -> tensor<4x6xf32> {
+func.func @gather(%x: tensor<4x8xf32>, %w: tensor<8x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>})
+    -> (tensor<4x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], []]>}) {
   %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x6xf32> -> tensor<4x6xf32>
   return %0 : tensor<4x6xf32>
 }
@@ -75,7 +76,8 @@ tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
 // CHECK: tgraph.all_reduce <sum> %{{.*}} on @mesh["tp"] : tensor<4x4xf32>
 // CHECK: tgraph.all_gather %{{.*}} on @mesh["dp"] dim 0 : tensor<4x4xf32> -> tensor<8x4xf32>
 func.func @mesh2d(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>},
-                  %w: tensor<16x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>}) -> tensor<8x4xf32> {
+                  %w: tensor<16x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>})
+    -> (tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], []]>}) {
   %0 = tgraph.matmul %x, %w : tensor<8x16xf32>, tensor<16x4xf32> -> tensor<8x4xf32>
   return %0 : tensor<8x4xf32>
 }
@@ -83,17 +85,136 @@ func.func @mesh2d(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
-func.func @needs_slice(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-  // expected-error @+1 {{needs a local slice, which tessera-partition does not insert yet}}
+// Without a result annotation a result keeps the layout it is computed in
+// (here rows split over tp); only the pending sum is reduced.
+// CHECK-LABEL: func.func @keeps_layout
+// CHECK-SAME: -> (tensor<2x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"tp"], []]>})
+// CHECK-NOT: tgraph.all_gather
+func.func @keeps_layout(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                        %w: tensor<8x6xf32>) -> tensor<4x6xf32> {
+  %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x6xf32> -> tensor<4x6xf32>
+  return %0 : tensor<4x6xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Replicated -> split is a local slice (no communication); split on one
+// dimension -> split on another is one all_to_all.
+// CHECK-LABEL: func.func @reshards
+// CHECK: %[[S:.*]] = tgraph.axis_slice %arg0 on @mesh["tp"] dim 0 : tensor<8x16xf32> -> tensor<4x16xf32>
+// CHECK: tgraph.all_to_all %[[S]] on @mesh["tp"] split_dim 1 concat_dim 0 : tensor<4x16xf32> -> tensor<8x8xf32>
+// CHECK-NOT: tgraph.all_gather
+func.func @reshards(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %0 = tgraph.shard %x : tensor<8x16xf32> to #tgraph.sharding<@mesh, [["tp"], []]>
-  return %0 : tensor<8x16xf32>
+  %1 = tgraph.shard %0 : tensor<8x16xf32> to #tgraph.sharding<@mesh, [[], ["tp"]]>
+  return %1 : tensor<8x16xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// A broadcast or fill another operand needs split is made at the local shape
+// instead of being made whole and sliced.
+// CHECK-LABEL: func.func @local_broadcast
+// CHECK-DAG: tgraph.broadcast %arg1 : tensor<1x16xf32> to tensor<4x16xf32>
+// CHECK-DAG: tgraph.fill 2.000000e+00 : tensor<4x16xf32>
+// CHECK-NOT: tgraph.axis_slice
+func.func @local_broadcast(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                           %b: tensor<1x16xf32>) -> tensor<8x16xf32> {
+  %0 = tgraph.broadcast %b : tensor<1x16xf32> to tensor<8x16xf32>
+  %1 = tgraph.add %x, %0 : tensor<8x16xf32>
+  %2 = tgraph.fill 2.0 : tensor<8x16xf32>
+  %3 = tgraph.mul %1, %2 : tensor<8x16xf32>
+  return %3 : tensor<8x16xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Softmax over a split dimension: the max is all-reduced right after the local
+// max; the sum stays a pending sum until the division needs it.
+// CHECK-LABEL: func.func @softmax
+// CHECK: %[[M:.*]] = tgraph.reduce <max> {{.*}} -> tensor<4x1xf32>
+// CHECK-NEXT: %[[MR:.*]] = tgraph.all_reduce <max> %[[M]] on @mesh["tp"]
+// CHECK: tgraph.broadcast %[[MR]]
+// CHECK: %[[S:.*]] = tgraph.reduce <sum>
+// CHECK-NEXT: %[[SR:.*]] = tgraph.all_reduce <sum> %[[S]] on @mesh["tp"]
+// CHECK: tgraph.broadcast %[[SR]] : tensor<4x1xf32> to tensor<4x8xf32>
+// CHECK: tgraph.div {{.*}} : tensor<4x8xf32>
+func.func @softmax(%x: tensor<4x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>}) -> tensor<4x16xf32> {
+  %0 = tgraph.reduce <max> %x dims [1] : tensor<4x16xf32> -> tensor<4x1xf32>
+  %1 = tgraph.broadcast %0 : tensor<4x1xf32> to tensor<4x16xf32>
+  %2 = tgraph.sub %x, %1 : tensor<4x16xf32>
+  %3 = tgraph.exp %2 : tensor<4x16xf32>
+  %4 = tgraph.reduce <sum> %3 dims [1] : tensor<4x16xf32> -> tensor<4x1xf32>
+  %5 = tgraph.broadcast %4 : tensor<4x1xf32> to tensor<4x16xf32>
+  %6 = tgraph.div %3, %5 : tensor<4x16xf32>
+  return %6 : tensor<4x16xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Vocab-parallel embedding: each rank looks up the rows it holds (row_axes)
+// and the partial lookups are summed by one all_reduce, not a table gather.
+// CHECK-LABEL: func.func @vocab_parallel
+// CHECK: %[[G:.*]] = tgraph.gather %arg0[%arg1] {row_axes = ["tp"]{{.*}}} : tensor<6x8xf32>, tensor<5xi32> -> tensor<5x8xf32>
+// CHECK-NEXT: tgraph.all_reduce <sum> %[[G]] on @mesh["tp"]
+// CHECK-NOT: tgraph.all_gather
+func.func @vocab_parallel(%table: tensor<12x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                          %ids: tensor<5xi32>) -> tensor<5x8xf32> {
+  %0 = tgraph.gather %table[%ids] : tensor<12x8xf32>, tensor<5xi32> -> tensor<5x8xf32>
+  %1 = tgraph.exp %0 : tensor<5x8xf32>
+  return %1 : tensor<5x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Matmul against a row-split weight slices the replicated activation's K
+// locally; a pending sum read twice is reduced once.
+// CHECK-LABEL: func.func @row_parallel
+// CHECK: %[[X:.*]] = tgraph.axis_slice %arg0 on @mesh["tp"] dim 1 : tensor<4x8xf32> -> tensor<4x4xf32>
+// CHECK: tgraph.matmul %[[X]], %arg1
+// CHECK-COUNT-1: tgraph.all_reduce
+// CHECK-NOT: tgraph.all_reduce
+func.func @row_parallel(%x: tensor<4x8xf32>,
+                        %w: tensor<8x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>}) -> tensor<4x6xf32> {
+  %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x6xf32> -> tensor<4x6xf32>
+  %1 = tgraph.exp %0 : tensor<4x6xf32>
+  %2 = tgraph.log %0 : tensor<4x6xf32>
+  %3 = tgraph.add %1, %2 : tensor<4x6xf32>
+  return %3 : tensor<4x6xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// Deterministic mode: reductions carry `deterministic` (a fixed tree).
+// ZeRO (scatter_partials = ["dp"]): a gradient needed summed is
+// reduce-scattered and the update runs on each rank's block.
+// CHECK-LABEL: func.func @zero_deterministic
+// CHECK: tgraph.reduce_scatter <sum> %{{.*}} on @mesh["dp"] dim 0 deterministic : tensor<8x4xf32> -> tensor<4x4xf32>
+// CHECK-NOT: tgraph.all_reduce {{.*}} tensor<8x4xf32>
+// CHECK: tgraph.mul {{.*}} : tensor<4x4xf32>
+// CHECK: tgraph.all_reduce <sum> %{{.*}} on @mesh["dp"] deterministic : tensor<1x1xf32>
+func.func @zero_deterministic(%x: tensor<6x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], []]>},
+                              %dy: tensor<6x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], []]>})
+    -> (tensor<8x4xf32>, tensor<1x1xf32>) attributes {tgraph.deterministic, tgraph.scatter_partials = ["dp"]} {
+  %xt = tgraph.transpose %x perm [1, 0] : tensor<6x8xf32> -> tensor<8x6xf32>
+  %g = tgraph.matmul %xt, %dy : tensor<8x6xf32>, tensor<6x4xf32> -> tensor<8x4xf32>
+  %sq = tgraph.mul %g, %g : tensor<8x4xf32>
+  %n = tgraph.reduce <sum> %sq dims [0, 1] : tensor<8x4xf32> -> tensor<1x1xf32>
+  return %sq, %n : tensor<8x4xf32>, tensor<1x1xf32>
 }
 
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
 func.func @unknown_op(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-  // expected-error @+1 {{tessera-partition does not know how to partition 'arith.addf'}}
+  // expected-error @+1 {{'arith.addf' has no sharding rule: only tgraph ops with one result can be distributed}}
   %0 = arith.addf %x, %x : tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }
+

@@ -32,8 +32,9 @@ func.func @mesh2d(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh
   %2 = tgraph.add %0, %1 : tensor<8x4xf32>
   // CHECK: tgraph.relu {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []]>}
   %3 = tgraph.relu %2 : tensor<8x4xf32>
-  // Operands that disagree (rows split vs replicated) meet at the replicated layout.
-  // CHECK: tgraph.add {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []]>}
+  // Operands that disagree (rows split vs replicated) meet at the split layout:
+  // the replicated one is sliced locally, which costs no communication.
+  // CHECK: tgraph.add {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []]>}
   %4 = tgraph.add %3, %r : tensor<8x4xf32>
   return %4 : tensor<8x4xf32>
 }
@@ -53,6 +54,94 @@ func.func @pinned(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
 
 // -----
 
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// Reductions: a sum over a split dimension is a pending partial sum; a max over
+// one is not (it is all-reduced at once), so its result is replicated there.
+// CHECK-LABEL: func.func @reductions
+func.func @reductions(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>}) -> tensor<8x1xf32> {
+  // CHECK: tgraph.reduce <sum> {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []], partial = ["tp"]>}
+  %0 = tgraph.reduce <sum> %x dims [1] : tensor<8x16xf32> -> tensor<8x1xf32>
+  // CHECK: tgraph.reduce <max> {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []]>}
+  %1 = tgraph.reduce <max> %x dims [1] : tensor<8x16xf32> -> tensor<8x1xf32>
+  // CHECK: tgraph.reduce <sum> {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []], partial = ["dp", "tp"]>}
+  %2 = tgraph.reduce <sum> %x dims [0, 1] : tensor<8x16xf32> -> tensor<1x1xf32>
+  %3 = tgraph.add %0, %1 : tensor<8x1xf32>
+  return %3 : tensor<8x1xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// Shape ops: broadcast keeps splits of dimensions it does not repeat; reshape
+// moves a split to the outermost dimension of a merged or split group; transpose
+// permutes; slice and pad replicate the dimensions they cut or grow.
+// CHECK-LABEL: func.func @shapes
+func.func @shapes(%x: tensor<8x1x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], [], ["tp"]]>}) -> tensor<8x4x2xf32> {
+  // CHECK: tgraph.broadcast {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], [], ["tp"]]>}
+  %0 = tgraph.broadcast %x : tensor<8x1x16xf32> to tensor<8x4x16xf32>
+  // [8, 4, 16] -> [8, 4, 4, 4]: the 16 (split over tp) becomes 4 x 4, the split goes on the first 4.
+  // CHECK: tgraph.reshape {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], [], ["tp"], []]>}
+  %1 = tgraph.reshape %0 : tensor<8x4x16xf32> to tensor<8x4x4x4xf32>
+  // CHECK: tgraph.transpose {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], ["tp"], ["dp"], []]>}
+  %2 = tgraph.transpose %1 perm [3, 2, 0, 1] : tensor<8x4x4x4xf32> -> tensor<4x4x8x4xf32>
+  // CHECK: tgraph.slice {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], [], ["dp"], []]>}
+  %3 = tgraph.slice %2 offsets [0, 1, 0, 0] : tensor<4x4x8x4xf32> -> tensor<4x2x8x4xf32>
+  // [4, 2, 8, 4] -> [8, 4, 8]: the merged 4 x 2 is not split; 8 keeps dp.
+  // CHECK: tgraph.reshape {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], ["dp"], []]>}
+  %4 = tgraph.reshape %3 : tensor<4x2x8x4xf32> to tensor<8x8x4xf32>
+  %5 = tgraph.slice %4 offsets [0, 0, 0] : tensor<8x8x4xf32> -> tensor<8x4x2xf32>
+  return %5 : tensor<8x4x2xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// Vocab-parallel embedding: a table split by rows gives a partial sum over the
+// row axis; the indices' batch split carries over. Its gradient (scatter_add
+// of batch-split updates) is a partial sum over the batch axis.
+// CHECK-LABEL: func.func @embedding
+func.func @embedding(%table: tensor<12x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                     %ids: tensor<6xi32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"]]>},
+                     %upd: tensor<6x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], []]>}) -> tensor<12x8xf32> {
+  // CHECK: tgraph.gather {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []], partial = ["tp"]>}
+  %0 = tgraph.gather %table[%ids] : tensor<12x8xf32>, tensor<6xi32> -> tensor<6x8xf32>
+  // CHECK: tgraph.scatter_add {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []], partial = ["dp"]>}
+  %1 = tgraph.scatter_add %upd[%ids] : tensor<6x8xf32>, tensor<6xi32> -> tensor<12x8xf32>
+  return %1 : tensor<12x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Linear in one argument: x * c and x / c keep a pending sum; x * x does not.
+// In deterministic mode only add/sub/neg (and data movement) keep one.
+// CHECK-LABEL: func.func @linearity
+func.func @linearity(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                     %w: tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                     %c: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>
+  // CHECK: tgraph.mul {{.*}} partial = ["tp"]
+  %1 = tgraph.mul %0, %c : tensor<4x4xf32>
+  // CHECK: tgraph.div {{.*}} partial = ["tp"]
+  %2 = tgraph.div %1, %c : tensor<4x4xf32>
+  // CHECK: tgraph.mul {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []]>}
+  %3 = tgraph.mul %2, %2 : tensor<4x4xf32>
+  return %3 : tensor<4x4xf32>
+}
+// CHECK-LABEL: func.func @linearity_deterministic
+func.func @linearity_deterministic(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                     %w: tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                     %c: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {tgraph.deterministic} {
+  %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>
+  // CHECK: tgraph.add {{.*}} partial = ["tp"]
+  %1 = tgraph.add %0, %0 : tensor<4x4xf32>
+  // CHECK: tgraph.mul {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []]>}
+  %2 = tgraph.mul %1, %c : tensor<4x4xf32>
+  return %2 : tensor<4x4xf32>
+}
+
+// -----
+
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
 func.func @early_collective(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   // expected-error @+1 {{'tgraph.all_reduce' is a per-rank collective and appears only after tessera-partition}}
@@ -64,7 +153,7 @@ func.func @early_collective(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
 
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
 func.func @unknown_op(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-  // expected-error @+1 {{tessera-propagate-sharding does not know how to shard 'arith.addf'}}
+  // expected-error @+1 {{'arith.addf' has no sharding rule: only tgraph ops with one result can be distributed}}
   %0 = arith.addf %x, %x : tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }

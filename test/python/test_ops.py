@@ -114,8 +114,8 @@ def test_transformer_block_matches_numpy():
     def ref(x):
         for p in params:
             h = _layernorm(x, p["ln1_w"], p["ln1_b"])
-            q, k, v = np.split(h @ p["wqkv"], 3, -1)
-            q, k, v = (t.reshape(B, S, H, D // H).transpose(0, 2, 1, 3) for t in (q, k, v))
+            qkv = (h @ p["wqkv"]).reshape(B, S, H, 3, D // H)    # columns grouped by head
+            q, k, v = (qkv[:, :, :, i].transpose(0, 2, 1, 3) for i in range(3))
             a = _attention(q, k, v, True).transpose(0, 2, 1, 3).reshape(B, S, D)
             x = x + a @ p["wo"]
             h = _layernorm(x, p["ln2_w"], p["ln2_b"])

@@ -63,16 +63,50 @@ def _check_indices(xp, ids, rows, what):
                            f"{rows} rows")
 
 
+def _row_block(attrs, rows):
+    """(first row, row count of the whole table) of this rank's block of a
+    table split by rows over mesh axes (`block` = (index, count), filled in
+    by the executor), or (0, rows) for a whole table."""
+    index, count = attrs.get("block", (0, 1))
+    return index * rows, rows * count
+
+
 def gather(xp, attrs, table, ids, out):
-    _check_indices(xp, ids, table.shape[0], "gather (embedding lookup)")
-    xp.take(table, ids, axis=0, out=out)
+    rows = table.shape[0]
+    first, total = _row_block(attrs, rows)
+    _check_indices(xp, ids, total, "gather (embedding lookup)")
+    if total == rows:
+        xp.take(table, ids, axis=0, out=out)
+        return
+    # Vocab-parallel: look up the rows this rank holds, zeros elsewhere.
+    local = ids - first
+    mine = (local >= 0) & (local < rows)
+    xp.take(table, xp.where(mine, local, 0), axis=0, out=out)
+    out *= mine[..., None].astype(out.dtype)
 
 
 def scatter_add(xp, attrs, updates, ids, out):
-    _check_indices(xp, ids, out.shape[0], "scatter_add (embedding gradient)")
+    rows = out.shape[0]
+    first, total = _row_block(attrs, rows)
+    _check_indices(xp, ids, total, "scatter_add (embedding gradient)")
     out.fill(0)
-    xp.add.at(out, ids, updates)
+    if total == rows:
+        xp.add.at(out, ids, updates)
+        return
+    local = ids - first
+    mine = (local >= 0) & (local < rows)
+    xp.add.at(out, local[mine], updates[mine])
+
+
+def axis_slice(xp, attrs, a, out):
+    """This rank's block along `dim` of a value replicated over a mesh axis."""
+    dim, (index, _) = attrs["dim"], attrs["block"]
+    n = out.shape[dim]
+    box = [slice(None)] * a.ndim
+    box[dim] = slice(index * n, (index + 1) * n)
+    out[...] = a[tuple(box)]
 
 
 ROUTINES = {"matmul": matmul, "reshape": reshape, "transpose": transpose, "slice": slice_,
-            "pad": pad, "concat": concat, "gather": gather, "scatter_add": scatter_add}
+            "pad": pad, "concat": concat, "gather": gather, "scatter_add": scatter_add,
+            "axis_slice": axis_slice}

@@ -1,6 +1,6 @@
 """The MLP on a 2-D dp x tp mesh (4 ranks): rows of x split over dp, w1 columns and
-w2 rows over tp. The result is a partial sum over tp with rows split over dp, so
-the compiler reduces over tp and gathers over dp; each on its own axis' communicator."""
+w2 rows over tp. The result is a partial sum over tp with rows split over dp: the
+compiler reduces it over tp and the result keeps its dp row split."""
 
 import json
 import sys
@@ -31,6 +31,7 @@ ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
 with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
     json.dump({"rank": mesh.rank, "x_local": list(X.local().shape),
+               "y_local": list(Y.local().shape), "y_layout": repr(Y),
                "ok": bool(np.allclose(Y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)

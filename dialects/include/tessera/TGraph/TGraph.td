@@ -355,11 +355,17 @@ def TGraph_GatherOp : TGraph_Op<"gather", [Pure]> {
     `result[i, :] = table[indices[i], :]`. An index outside `[0, rows)` is an
     error at run time on the CPU engine.
 
+    After partitioning, `row_axes` says the table's rows are split over these
+    mesh axes (vocab parallelism): this rank holds one block of rows, looks up
+    only the indices that fall in it and reads zeros for the others, so the
+    result is a partial sum over those axes.
+
     ```mlir
     %e = tgraph.gather %table[%ids] : tensor<64x32xf32>, tensor<16xi32> -> tensor<16x32xf32>
     ```
   }];
-  let arguments = (ins AnyRankedTensor:$table, AnyRankedTensor:$indices);
+  let arguments = (ins AnyRankedTensor:$table, AnyRankedTensor:$indices,
+                       OptionalAttr<StrArrayAttr>:$row_axes);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $table `[` $indices `]` attr-dict `:` type($table) `,` type($indices) `->` type($result)
@@ -371,13 +377,16 @@ def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
   let summary = "sum rows of `updates` into a zero tensor at rows `indices`";
   let description = [{
     `result[indices[i], :] += updates[i, :]`: the derivative of `tgraph.gather`
-    with respect to the table. Repeated indices accumulate.
+    with respect to the table. Repeated indices accumulate. With `row_axes`
+    (after partitioning) the result is this rank's block of rows over those
+    mesh axes and updates for other rows are skipped.
 
     ```mlir
     %g = tgraph.scatter_add %upd[%ids] : tensor<16x32xf32>, tensor<16xi32> -> tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins AnyRankedTensor:$updates, AnyRankedTensor:$indices);
+  let arguments = (ins AnyRankedTensor:$updates, AnyRankedTensor:$indices,
+                       OptionalAttr<StrArrayAttr>:$row_axes);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $updates `[` $indices `]` attr-dict `:` type($updates) `,` type($indices) `->` type($result)
@@ -466,6 +475,49 @@ def TGraph_ReduceScatterOp : TGraph_CollectiveOp<"reduce_scatter"> {
   let assemblyFormat = [{
     $kind $input `on` $mesh `[` $axis `]` `dim` $dim (`deterministic` $deterministic^)?
     attr-dict `:` type($input) `->` type($result)
+  }];
+  let extraClassDeclaration = extraBaseClassDeclaration;
+}
+
+def TGraph_AllToAllOp : TGraph_CollectiveOp<"all_to_all"> {
+  let summary = "move a mesh axis from one split dimension to another";
+  let description = [{
+    Every rank cuts its block into axis-size pieces along `split_dim`, sends
+    piece `j` to rank `j` of the axis and concatenates what it receives along
+    `concat_dim` in rank order: a value split over the axis on `concat_dim`
+    becomes one split over it on `split_dim`, with no full gather.
+
+    ```mlir
+    %1 = tgraph.all_to_all %0 on @mesh["dp"] split_dim 1 concat_dim 0
+         : tensor<4x16xf32> -> tensor<8x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrAttr:$axis, I64Attr:$split_dim, I64Attr:$concat_dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `on` $mesh `[` $axis `]` `split_dim` $split_dim `concat_dim` $concat_dim
+    attr-dict `:` type($input) `->` type($result)
+  }];
+  let extraClassDeclaration = extraBaseClassDeclaration;
+}
+
+def TGraph_AxisSliceOp : TGraph_CollectiveOp<"axis_slice", [Pure]> {
+  let summary = "keep this rank's block along `dim` of a value replicated over an axis";
+  let description = [{
+    The per-rank op that turns a value replicated over a mesh axis into one
+    split over it: no communication, each rank copies out block `i` (its
+    coordinate on the axis) of dimension `dim`. Inserted by `tessera-partition`.
+
+    ```mlir
+    %1 = tgraph.axis_slice %0 on @mesh["tp"] dim 1 : tensor<8x16xf32> -> tensor<8x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrAttr:$axis, I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `on` $mesh `[` $axis `]` `dim` $dim attr-dict `:` type($input) `->` type($result)
   }];
   let extraClassDeclaration = extraBaseClassDeclaration;
 }

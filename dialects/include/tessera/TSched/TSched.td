@@ -56,7 +56,7 @@ def TSched_TokenType : TypeDef<TSched_Dialect, "Token"> {
 
 def TSched_CollectiveKind : I32EnumAttr<"CollectiveKind", "collective operation", [
     I32EnumAttrCase<"all_reduce", 0>, I32EnumAttrCase<"all_gather", 1>,
-    I32EnumAttrCase<"reduce_scatter", 2>]> {
+    I32EnumAttrCase<"reduce_scatter", 2>, I32EnumAttrCase<"all_to_all", 3>]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::tessera::tsched";
 }
@@ -121,14 +121,16 @@ def TSched_CollectiveStartOp : TSched_Op<"collective_start",
     Reads `src` and writes `dst` (they may be the same buffer for all_reduce).
     `dst` must not be read until the returned token is waited on.
     Attributes: `reduction` (`#tgraph.reduction<...>`, for all_reduce and
-    reduce_scatter), `dim` (for all_gather and reduce_scatter) and
-    `deterministic` (fixed reduction order).
+    reduce_scatter), `dim` (for all_gather and reduce_scatter; the split
+    dimension of all_to_all), `concat_dim` (all_to_all) and `deterministic`
+    (fixed reduction order).
   }];
   let arguments = (ins TSched_CollectiveKindAttr:$kind,
                        AnyStaticShapeMemRef:$src, AnyStaticShapeMemRef:$dst,
                        TSched_StreamType:$stream, FlatSymbolRefAttr:$mesh,
                        StrAttr:$axis, OptionalAttr<TSched_ReductionAttr>:$reduction,
-                       OptionalAttr<I64Attr>:$dim, UnitAttr:$deterministic);
+                       OptionalAttr<I64Attr>:$dim, OptionalAttr<I64Attr>:$concat_dim,
+                       UnitAttr:$deterministic);
   let results = (outs TSched_TokenType:$token);
   let assemblyFormat = [{
     $kind $src `->` $dst `on` $stream `over` $mesh `[` $axis `]` attr-dict

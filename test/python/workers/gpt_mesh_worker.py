@@ -1,0 +1,41 @@
+"""Trains the example GPT (examples/train_gpt.py) for a few steps on a dp x tp
+mesh and writes every step's loss and the final parameters (gathered, rank 0)
+to OUT/gpt-dp{dp}-tp{tp}.npz. Run with dp = tp = 1 for the single-device reference.
+
+    mpiexec -n 4 python gpt_mesh_worker.py SEED DP TP STEPS OUT [--deterministic]
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+
+import tessera as ts                # noqa: E402
+from tessera import dist            # noqa: E402
+from tessera._pytree import flatten, paths  # noqa: E402
+
+import train_gpt as ex              # noqa: E402
+
+seed, dp, tp, steps, out = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                            int(sys.argv[4]), Path(sys.argv[5]))
+WIDTH, DEPTH, HEADS, BATCH, LENGTH = 32, 1, 2, 8, 4
+
+mesh = dist.Mesh(axes=["dp", "tp"], shape=(dp, tp)) if dp * tp > 1 else None
+rng = np.random.default_rng(seed)
+params = ex.init_params(WIDTH, DEPTH, HEADS, 2 * LENGTH, seed)
+opt = ts.optim.AdamW(lr=3e-3, betas=(0.9, 0.98), weight_decay=0.01)
+state = opt.init(params)
+if mesh is not None:
+    params, state = ex.distribute(mesh, params, state)
+scaler = ts.optim.loss_scale_init(1.0)
+step = ex.make_step(opt, HEADS, "fp32", clip=1.0)
+losses = []
+for _ in range(steps):
+    batch = [ex.shard_batch(mesh, ex.make_batch(rng, BATCH, LENGTH))]
+    loss, params, state, scaler, _ = step(params, state, scaler, batch)
+    losses.append(float(loss))
+final = {name: np.asarray(leaf) for name, leaf in zip(paths(params), flatten(params)[0])}
+if mesh is None or mesh.rank == 0:
+    np.savez(out / f"gpt-dp{dp}-tp{tp}.npz", losses=np.array(losses), **final)
