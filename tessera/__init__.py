@@ -15,10 +15,11 @@
         return loss, ts.grad(loss, params)
 """
 
-from . import dist, graph, nn, op, optim
+from . import dist, graph, mesh, nn, op, optim
 from ._trace import autocast
 from .autodiff import grad, value_and_grad
 from .compiler import CompiledFunction, compile, function, jit
+from .strategy import distribute
 from .dtypes import bf16, bfloat16, bool_, f16, f32, f64, float16, float32, float64, int32, int64
 from .errors import CompileError, LaunchError, ShapeError, ShardingError, TesseraError
 from .op import (concat, exp, isfinite, log, matmul, maximum, minimum, relu, reshape, softmax,
@@ -27,7 +28,8 @@ from .types import Tensor
 
 __version__ = "0.2.0"
 
-__all__ = ["compile", "jit", "function", "CompiledFunction", "grad", "value_and_grad",
+__all__ = ["compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
+           "value_and_grad",
            "autocast", "Tensor", "dist", "graph", "nn", "op", "optim", "f32", "f64", "f16",
            "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",
            "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",

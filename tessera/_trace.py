@@ -238,10 +238,12 @@ class TraceResult:
     captured: list           # objects captured as extra trailing arguments
 
 
-def trace_function(fn, specs: list[ArgSpec], mesh, call=None) -> TraceResult:
+def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: bool = False,
+                   scatter_axes: tuple = ()) -> TraceResult:
     """Graph IR for `fn` called on tensors described by `specs`. `call(traced)`
     calls `fn` with the traced tensors placed in its arguments (default:
-    positionally)."""
+    positionally). `deterministic` and `scatter_axes` become the function's
+    `tgraph.deterministic` and `tgraph.scatter_partials` (see tessera-partition)."""
     ctx = new_context()
     fn_src = function_source(fn)
     fn_loc = ir.Location.file(fn_src.filename, fn_src.line, 0, context=ctx)
@@ -257,6 +259,11 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None) -> TraceResult:
             f.attributes["arg_attrs"] = ir.ArrayAttr.get([
                 ir.DictAttr.get({"tgraph.sharding": Sharding(mesh.name, s.dims, s.partial).to_attr()})
                 for s in specs])
+            if deterministic:
+                f.attributes["tgraph.deterministic"] = ir.UnitAttr.get()
+            if scatter_axes:
+                f.attributes["tgraph.scatter_partials"] = ir.ArrayAttr.get(
+                    [ir.StringAttr.get(a) for a in scatter_axes])
         state = TraceState(f, entry, fn_loc, mesh)
         with ir.InsertionPoint(entry):
             args = [Traced(v, s.shape, s.dtype) for v, s in zip(entry.arguments, specs)]

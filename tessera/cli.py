@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,18 +26,75 @@ def find_mpiexec() -> str:
     return found
 
 
-def _launch(n: int, script: str, args: list[str], env: dict | None = None) -> int:
+def _launch(n: int, script: str, args: list[str], env: dict | None = None,
+            timeout: float | None = None) -> int:
+    """Runs `script` as `n` ranks. Each rank runs under `tessera _rank`, which
+    reports how it ended: a rank that raises aborts the job (and says so); one
+    that exits non-zero or is killed is named, and mpiexec then stops the
+    others. With `timeout`, a job still running after that many seconds is
+    stopped with exit status 124."""
     if not Path(script).exists():
         print(f"tessera: no such script: {script}", file=sys.stderr)
         return 2
     if n < 1:
         print("tessera: -n must be at least 1", file=sys.stderr)
         return 2
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, script, *args]
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", "_rank", script, *args]
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True)
     try:
-        return subprocess.call(cmd, env={**os.environ, **(env or {})})
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"tessera: the job ran longer than --timeout {timeout:g} s; stopping all "
+              f"{n} ranks", file=sys.stderr)
+        _stop(proc)
+        return 124
     except KeyboardInterrupt:
+        _stop(proc)
         return 130
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stops mpiexec and every rank (they share its process group)."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def _rank(script: str, args: list[str]) -> int:
+    """One rank: runs the script in a child process and reports a failure
+    with the rank's number. The child dies with this process (PDEATHSIG), so
+    when mpiexec stops a job no rank is left behind waiting in a collective."""
+    import tessera_runtime
+    rank = tessera_runtime.world()[0]
+
+    def die_with_parent():
+        try:
+            import ctypes
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+    child = subprocess.Popen([sys.executable, script, *args], close_fds=False,
+                             preexec_fn=die_with_parent)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    code = child.wait()
+    if code == 0:
+        return 0
+    if code < 0:
+        how = f"was killed by {signal.Signals(-code).name}"
+        code = 128 - code
+    else:
+        how = f"exited with status {code}"
+    sys.stderr.write(f"[tessera] rank {rank} {how}: stopping the job\n")
+    sys.stderr.flush()
+    return code
 
 
 def main(argv=None) -> int:
@@ -49,8 +107,14 @@ def main(argv=None) -> int:
 
     launch = sub.add_parser("launch", help="run a script as N ranks (one per mesh device)",
                             description="Run SCRIPT as N processes under mpiexec; rank r is "
-                                        "mesh device r. Exits with the job's exit status.")
+                                        "mesh device r. Exits with the job's exit status. If a "
+                                        "rank raises, exits non-zero or is killed, every rank "
+                                        "is stopped and the failing rank is named. "
+                                        "TESSERA_COMM_TRACE=1 logs every collective; "
+                                        "TESSERA_DETERMINISTIC=1 fixes every reduction order.")
     launch.add_argument("-n", "--nprocs", type=int, default=1, help="number of ranks (default 1)")
+    launch.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop every rank and exit 124 if the job runs longer")
     launch.add_argument("script")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -64,9 +128,13 @@ def main(argv=None) -> int:
     trace.add_argument("script")
     trace.add_argument("args", nargs=argparse.REMAINDER)
 
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["_rank"]:                  # internal: one rank of `launch`
+        return _rank(argv[1], argv[2:])
     opts = parser.parse_args(argv)
     if opts.command == "launch":
-        return _launch(opts.nprocs, opts.script, opts.args)
+        return _launch(opts.nprocs, opts.script, opts.args, timeout=opts.timeout)
     if opts.command == "trace":
         out = Path(opts.out).resolve()
         code = _launch(opts.nprocs, opts.script, opts.args, {"TESSERA_DUMP_IR": str(out)})

@@ -30,9 +30,10 @@ import tessera_runtime
 from tessera_compiler.bundle import compiler_fingerprint, write_bundle
 from tessera_compiler.codegen.build import cache_dir
 from tessera_compiler.pipeline import CompileError as _PipelineError
-from tessera_compiler.pipeline import Levels, lower
+from tessera_compiler.pipeline import Levels, collective_report, lower
 
 from . import dist
+from . import mesh as _mesh_module
 from ._pytree import flatten, paths, unflatten
 from ._source import user_frame
 from ._trace import ArgSpec, autocast_dtype, current, symbol_name, trace_function
@@ -40,6 +41,9 @@ from .errors import CompileError, ShardingError
 from .types import check_annotations
 
 DUMP_ENV = "TESSERA_DUMP_IR"
+#: Print the collectives a compiled function needs (those of at least this
+#: many bytes per rank) with the Python line behind each.
+REPORT_ENV = "TESSERA_COLLECTIVE_REPORT"
 
 
 def _is_tensor(x) -> bool:
@@ -63,11 +67,14 @@ class CompiledFunction:
     one (`ts.jit`, `ts.function`) the function runs replicated on every rank and
     tensor results are numpy arrays."""
 
-    def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False):
+    def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
+                 deterministic: bool | None = None, strategy=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
         self.numpy_results = numpy_results
+        self.deterministic = deterministic     # None: dist.deterministic / env decide
+        self.strategy = strategy               # a tessera.strategy.Strategy or None
         self.symbol = symbol_name(fn)          # safe in file names and C symbols
         self._signature = inspect.signature(fn)
         self._annotated = bool(getattr(fn, "__annotations__", None))
@@ -89,6 +96,8 @@ class CompiledFunction:
         meshes = {a.mesh for a in leaves if isinstance(a, dist.DTensor)}
         if self.mesh is not None:
             meshes.add(self.mesh)
+        elif self.strategy is not None and not meshes:
+            meshes.add(self.strategy.mesh_for())
         if len(meshes) > 1:
             raise ShardingError(f"{self.fn.__name__}: arguments live on different meshes "
                                 f"({', '.join(m.topology for m in meshes)})")
@@ -106,6 +115,9 @@ class CompiledFunction:
         leaves, structure = flatten(tree)
         names = [n for k, v in bound.arguments.items() for n in paths(v, k)]
         mesh = self._mesh_for(leaves)
+        if self.strategy is not None:
+            # The strategy lays out the arrays it was given (batch split, state sharded).
+            leaves = [self.strategy.place(name, leaf, mesh) for name, leaf in zip(names, leaves)]
         # Per tensor leaf: its spec, and the DTensor or (replicated, so also
         # the local value) the array.
         tensors, specs = [], []
@@ -119,7 +131,8 @@ class CompiledFunction:
                 tensors.append(arr)
                 specs.append(ArgSpec(name, arr.shape, arr.dtype, ((),) * arr.ndim, ()))
         static = tuple(_static_key(l) for l in leaves if not _is_tensor(l))
-        key = (structure, static, tuple(specs), mesh, autocast_dtype())
+        key = (structure, static, tuple(specs), mesh, autocast_dtype(),
+               dist.deterministic_enabled(self.deterministic))
         return bound, leaves, structure, mesh, tensors, specs, key
 
     # -- compilation ----------------------------------------------------------
@@ -131,7 +144,10 @@ class CompiledFunction:
             rebound = self._signature.bind_partial()
             rebound.arguments.update(zip(bound.arguments.keys(), values))
             return self.fn(*rebound.args, **rebound.kwargs)
-        return trace_function(self.fn, specs, mesh, call)
+        scatter = self.strategy.scatter_axes if self.strategy is not None else ()
+        return trace_function(self.fn, specs, mesh, call,
+                              deterministic=dist.deterministic_enabled(self.deterministic),
+                              scatter_axes=scatter)
 
     def lower(self, *args, target: str = "cpu", **kwargs) -> Levels:
         """Every IR level and the kernel sources for these arguments (no
@@ -155,9 +171,43 @@ class CompiledFunction:
         # part of what identifies it.
         text = traced.module.operation.get_asm(enable_debug_info=True)
         digest = hashlib.sha256((compiler_fingerprint() + text).encode()).hexdigest()[:20]
-        levels = self._lower(traced)
         target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
+        if tessera_runtime.world()[1] > 1:
+            self._bundle_on_rank0(traced, mesh, target)
+        else:
+            self._write_bundle(traced, mesh, target)
+        self._bundles[key] = target
+        return target
+
+    def _bundle_on_rank0(self, traced, mesh, target: Path) -> None:
+        """In a multi-rank job rank 0 compiles while the others wait, then they
+        load its bundle (every rank compiling the same program would multiply
+        the compile time by the ranks per node). A compile error reaches every
+        rank, so none is left waiting in a collective."""
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        failure, error = None, ""
+        if comm.Get_rank() == 0:
+            try:
+                self._write_bundle(traced, mesh, target)
+            except Exception as err:            # every rank must hear of it
+                failure = err
+                error = str(err) if isinstance(err, CompileError) else \
+                    f"rank 0 failed compiling {self.fn.__name__}: {type(err).__name__}: {err}"
+        error = _bcast_text(comm, error)
+        if failure is not None:
+            raise failure
+        if error:
+            raise CompileError(error)
         if not (target / "manifest.json").exists():
+            self._write_bundle(traced, mesh, target)   # no shared file system
+
+    def _write_bundle(self, traced, mesh, target: Path) -> None:
+        exists = (target / "manifest.json").exists()
+        if exists and not os.environ.get(DUMP_ENV) and REPORT_ENV not in os.environ:
+            return
+        levels = self._lower(traced)
+        if not exists:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
             write_bundle(tmp / "b", levels, devices=mesh.device_ids)
@@ -167,10 +217,12 @@ class CompiledFunction:
                 pass  # another rank wrote the same bundle first
             shutil.rmtree(tmp, ignore_errors=True)
         self._dump(levels)
-        self._bundles[key] = target
-        return target
 
     def _dump(self, levels: Levels) -> None:
+        threshold = os.environ.get(REPORT_ENV)
+        if threshold is not None and tessera_runtime.world()[0] == 0:
+            print("[tessera] " + collective_report(self.fn.__name__, levels.collectives,
+                                                   int(threshold or 0)), file=sys.stderr)
         out = os.environ.get(DUMP_ENV)
         if not out or tessera_runtime.world()[0] != 0:
             return
@@ -191,6 +243,7 @@ class CompiledFunction:
         bound, leaves, _, mesh, tensors, specs, key = self._prepare(args, kwargs)
         as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
         mesh.require_rank(f"calling {self.fn.__name__}")
+        _mesh_module._used(mesh)
         if mesh.size > 1:
             dist.install_abort_on_error()
         entry = self._programs.get(key)
@@ -224,27 +277,44 @@ class CompiledFunction:
         return path
 
 
+def _bcast_text(comm, text: str) -> str:
+    """Rank 0's `text` on every rank, as raw bytes (no pickle)."""
+    data = np.frombuffer(text.encode(), np.uint8) if comm.Get_rank() == 0 else None
+    size = np.array([0 if data is None else data.size], np.int64)
+    comm.Bcast(size, root=0)
+    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
+    if size[0]:
+        comm.Bcast(buf, root=0)
+    return buf.tobytes().decode()
+
+
 @functools.lru_cache(maxsize=None)
 def _default_mesh() -> dist.Mesh:
     return dist.Mesh(axes=["dp"], devices=range(tessera_runtime.world()[1]), name="mesh")
 
 
-def compile(fn=None, *, mesh: dist.Mesh | None = None):
+def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
-    `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays."""
+    `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
+    `deterministic=True` fixes every reduction order (see `dist.deterministic`;
+    the default follows that context and TESSERA_DETERMINISTIC)."""
     if fn is None:
-        return lambda f: CompiledFunction(f, mesh, numpy_results=mesh is None)
+        return lambda f: compile(f, mesh=mesh, deterministic=deterministic)
     if isinstance(fn, CompiledFunction):
+        if mesh is not None:
+            fn.mesh = mesh
+        if deterministic is not None:
+            fn.deterministic = deterministic
         return fn
-    return CompiledFunction(fn, mesh, numpy_results=mesh is None)
+    return CompiledFunction(fn, mesh, numpy_results=mesh is None, deterministic=deterministic)
 
 
-def jit(fn=None, *, mesh: dist.Mesh | None = None):
+def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None):
     """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
-    return compile(fn, mesh=mesh)
+    return compile(fn, mesh=mesh, deterministic=deterministic)
 
 
-def function(fn=None, *, mesh: dist.Mesh | None = None):
+def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None):
     """`@ts.function`: a compiled function with shape-annotated arguments
     (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
-    return compile(fn, mesh=mesh)
+    return compile(fn, mesh=mesh, deterministic=deterministic)

@@ -11,7 +11,9 @@ script; a DTensor holds this rank's shard of the global tensor.
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,6 +130,30 @@ class Mesh:
                 f"process is rank {rank} of {size}; start the script with "
                 f"`tessera launch -n {self.size} SCRIPT` (or `mpiexec -n {self.size} python SCRIPT`)")
         return self.rank
+
+    @property
+    def coords(self) -> dict[str, int] | None:
+        """This process' coordinate on each axis, e.g. {"dp": 1, "tp": 0}
+        (None when this process is not a device of the running mesh)."""
+        rank = self.rank
+        return None if rank is None else dict(zip(self.axes, self._info.coords(rank)))
+
+    def submesh(self, *axes: str, rank: int | None = None) -> "Mesh":
+        """The mesh along `axes` through `rank` (default: this process): the
+        devices that share its coordinates on every other axis, e.g. the tp
+        group of a dp x tp mesh is `mesh.submesh("tp")`."""
+        for a in axes:
+            self._info.axis_index(a)
+        rank = self.require_rank("Mesh.submesh") if rank is None else rank
+        base = self._info.coords(rank)
+        keep = [self.axes.index(a) for a in axes]
+        devices = []
+        for r in self.device_ids:
+            c = self._info.coords(r)
+            if all(c[i] == base[i] for i in range(len(self.axes)) if i not in keep):
+                devices.append(r)
+        return Mesh(list(axes), devices=devices, shape=[self.axis_size(a) for a in axes],
+                    name=f"{self.name}_{'_'.join(axes)}")
 
     def __repr__(self) -> str:
         return f"Mesh(axes={list(self.axes)}, shape={list(self._info.shape)})"
@@ -367,6 +393,73 @@ def tensor(shape, layout: ShardSpec | None = None, mesh: Mesh | None = None, dty
     else:
         raise ValueError(f"{name}: init must be 'zeros' or 'random', got {init!r}")
     return from_numpy(value, layout=layout, mesh=mesh, name=name)
+
+
+# -- deterministic mode ------------------------------------------------------------
+
+_mode = threading.local()
+
+
+class deterministic:
+    """`with dist.deterministic(reduce_tree="binary"):` functions compiled (and
+    called) inside reduce every cross-rank sum in a fixed binary tree over rank
+    order and keep partial sums lazy only through additions, so that results
+    are bitwise reproducible from run to run. With gradients accumulated over
+    microbatches in a binary tree (`ts.optim.accumulate_grad`), they are also
+    the same bits whatever the data-parallel degree. Also: `ts.jit(fn,
+    deterministic=True)` and the environment variable TESSERA_DETERMINISTIC=1."""
+
+    TREES = ("binary",)
+
+    def __init__(self, reduce_tree: str = "binary", enabled: bool = True):
+        if reduce_tree not in self.TREES:
+            raise ValueError(f"dist.deterministic: reduce_tree must be one of {self.TREES}, "
+                             f"got {reduce_tree!r}")
+        self.reduce_tree, self.enabled = reduce_tree, enabled
+
+    def __enter__(self):
+        stack = getattr(_mode, "stack", [])
+        _mode.stack = stack + [self.enabled]
+        return self
+
+    def __exit__(self, *exc):
+        _mode.stack = _mode.stack[:-1]
+        return False
+
+
+def deterministic_enabled(explicit: bool | None = None) -> bool:
+    """The deterministic setting in force: an explicit argument, else the
+    innermost `dist.deterministic` block, else TESSERA_DETERMINISTIC."""
+    if explicit is not None:
+        return bool(explicit)
+    stack = getattr(_mode, "stack", [])
+    if stack:
+        return stack[-1]
+    return os.environ.get("TESSERA_DETERMINISTIC", "") not in ("", "0")
+
+
+# -- inspection --------------------------------------------------------------------
+
+def inspect(t: DTensor, file=None) -> str:
+    """Prints (to `file`, default stdout; only on rank 0 when running as
+    several ranks) and returns a description of a DTensor: its global shape,
+    layout, and per rank its mesh coordinate, local shape and the block of the
+    global tensor it holds. Needs no communication."""
+    if not isinstance(t, DTensor):
+        raise TypeError(f"dist.inspect expects a DTensor, got {type(t).__name__}")
+    info = t.mesh.info
+    lines = [f"DTensor {t.name or ''} global {list(t.shape)} {t.dtype.name}, layout "
+             f"{_describe(t.dims, t.layout.partial)} on the {t.mesh.topology}"]
+    local = info.local_shape(t.shape, t.dims)
+    for rank in t.mesh.device_ids:
+        coords = ", ".join(f"{a}={c}" for a, c in zip(t.mesh.axes, info.coords(rank)))
+        box = ", ".join(f"{s.start}:{s.stop}" for s in info.local_slices(t.shape, t.dims, rank))
+        note = f"  partial sum over {', '.join(t.layout.partial)}" if t.layout.partial else ""
+        lines.append(f"  rank {rank} ({coords}): local {list(local)} = [{box}]{note}")
+    text = "\n".join(lines)
+    if world()[0] == 0:
+        print(text, file=file or sys.stdout)
+    return text
 
 
 def install_abort_on_error() -> None:

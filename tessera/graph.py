@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tessera_compiler.pipeline import Levels
+from tessera_compiler.pipeline import Levels, collective_report
 
 from .compiler import CompiledFunction
 
@@ -23,6 +23,17 @@ class Trace:
 
     def __getitem__(self, stage):
         return dict(self.levels.items())[stage]
+
+    @property
+    def collectives(self) -> list:
+        """Every collective the partitioner inserted (op, axis, bytes per rank,
+        local shape, the Python line that needed it), in program order."""
+        return self.levels.collectives
+
+    def report(self, min_bytes: int = 0) -> str:
+        """A table of the collectives moving at least `min_bytes` per rank,
+        largest first: where an expensive reshard (a full gather) comes from."""
+        return collective_report(self.name, self.collectives, min_bytes)
 
     def __str__(self) -> str:
         parts = []

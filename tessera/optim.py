@@ -27,7 +27,8 @@ import numpy as np
 from . import op
 from ._pytree import flatten, unflatten
 
-__all__ = ["AdamW", "SGD", "global_norm", "clip_by_global_norm", "accumulate",
+__all__ = ["AdamW", "SGD", "global_norm", "clip_by_global_norm", "accumulate", "tree_sum",
+           "accumulate_grad",
            "loss_scale_init", "unscale", "update_loss_scale", "where_finite"]
 
 
@@ -131,6 +132,61 @@ def clip_by_global_norm(grads, max_norm: float, eps: float = 1e-6):
 def accumulate(total, grads):
     """total + grads, leaf by leaf (gradient accumulation over microbatches)."""
     return grads if total is None else _map(op.add, total, grads)
+
+
+def tree_sum(values):
+    """The sum of a list of tensors (or pytrees of them) in a binary tree over
+    list order, ((v0 + v1) + (v2 + v3)): the same tree a deterministic
+    all-reduce uses over ranks, so a sum split across ranks in contiguous
+    blocks (of a power-of-two size) gives the same bits as one rank's sum."""
+    level = list(values)
+    if not level:
+        raise ValueError("ts.optim.tree_sum: nothing to sum")
+    while len(level) > 1:
+        pairs = [_map(op.add, level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        level = pairs + ([level[-1]] if len(level) % 2 else [])
+    return level[0]
+
+
+def accumulate_grad(loss_fn, params, microbatches, axis: str = "dp"):
+    """(loss, grads): the mean of `loss_fn(params, mb)` over a stack of
+    microbatches and its gradient with respect to `params`.
+
+    `microbatches` is a pytree of arrays whose first dimension M counts the
+    microbatches. On a mesh with axis `axis` of size d, rank r computes
+    microbatches r*M/d ... (r+1)*M/d - 1, one per iteration, each exactly as a
+    single device computes it; the gradients are summed over microbatches in a
+    binary tree (`tree_sum`) and then across ranks in the same tree, so with M
+    and d powers of two and under `dist.deterministic()`, the gradients (and
+    the parameters after any number of steps) are the same bits for every d:
+    batch-invariant data parallelism. `loss_fn` should average over its
+    microbatch (a mean of equal-sized microbatch means is the batch mean)."""
+    from .autodiff import grad
+    from .mesh import current
+    mesh = current()
+    d = mesh.axis_size(axis) if axis in mesh.axes else 1
+    leaves, structure = flatten(microbatches)
+    count = leaves[0].shape[0]
+    for x in leaves:
+        if x.shape[0] != count:
+            raise ValueError(f"ts.optim.accumulate_grad: every microbatch array needs the same "
+                             f"leading dimension (microbatches), got {count} and {x.shape[0]}")
+    if count % d:
+        raise ValueError(f"ts.optim.accumulate_grad: {count} microbatches do not split over the "
+                         f"{d} ranks of axis {axis!r}")
+    per_rank = count // d
+    # [M, ...] -> [d, M/d, ...]: rank r's block is row r.
+    blocks = [op.reshape(x, d, per_rank, *x.shape[1:]) for x in leaves]
+    losses, grads = [], []
+    for j in range(per_rank):
+        # Microbatch j of every rank side by side: [d * b, ...], split over `axis`.
+        mb = [op.reshape(x[:, j], d * x.shape[2], *x.shape[3:]) for x in blocks]
+        loss = loss_fn(params, unflatten(structure, mb))
+        losses.append(loss)
+        grads.append(grad(loss, params))
+    scale = 1.0 / per_rank
+    return (op.mul(tree_sum(losses), scale),
+            _map(lambda g: op.mul(g, scale), tree_sum(grads)))
 
 
 # -- dynamic loss scaling ---------------------------------------------------------

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tessera_mlir import ir, passmanager
@@ -31,6 +32,52 @@ class CompileError(Exception):
     """A compile failure with MLIR's diagnostics (file:line: message)."""
 
 
+COLLECTIVE_OPS = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
+                  "tgraph.all_to_all", "tgraph.axis_slice")
+
+
+@dataclass
+class Collective:
+    """A communication (or local reshard) op tessera-partition inserted."""
+    op: str            # all_reduce, all_gather, ...
+    axis: str
+    bytes: int         # per rank: the larger of its input and result
+    shape: tuple       # local input shape
+    source: str        # file.py:line of the Python code that needed it
+
+    def __str__(self) -> str:
+        return (f"{self.op:<15} {self.axis:<4} {self.bytes:>12,} B  {list(self.shape)}  "
+                f"{self.source}")
+
+
+def collective_report(name: str, collectives: list, min_bytes: int = 0) -> str:
+    """A table of the collectives moving at least `min_bytes` per rank,
+    largest first, each with the Python line that needed it."""
+    rows = sorted((c for c in collectives if c.bytes >= min_bytes), key=lambda c: -c.bytes)
+    total = sum(c.bytes for c in collectives)
+    head = f"{name}: {len(collectives)} collectives, {total:,} B per rank"
+    return "\n".join([head] + [f"  {c}" for c in rows])
+
+
+def collectives_of(module: ir.Module) -> list[Collective]:
+    """The collectives of partitioned Graph IR, in program order."""
+    out = []
+    for f in module.body.operations:
+        if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
+            continue
+        for op in f.operation.regions[0].blocks[0].operations:
+            op = op.operation
+            if op.name not in COLLECTIVE_OPS:
+                continue
+            src = ir.RankedTensorType(op.operands[0].type)
+            res = ir.RankedTensorType(op.results[0].type)
+            width = max(1, src.element_type.width // 8) if hasattr(src.element_type, "width") else 4
+            size = max(math.prod(src.shape), math.prod(res.shape)) * width
+            out.append(Collective(op.name.split(".")[1], ir.StringAttr(op.attributes["axis"]).value,
+                                  size, tuple(src.shape), source_of(op.location)))
+    return out
+
+
 @dataclass
 class Levels:
     graph: str
@@ -41,6 +88,8 @@ class Levels:
     cpp: str = ""
     cuda: str = ""
     module: ir.Module | None = field(default=None, repr=False)
+    #: what tessera-partition inserted, with the Python line that caused each
+    collectives: list = field(default_factory=list, repr=False)
 
     def items(self):
         return [("graph", self.graph), ("autodiff", self.autodiff), ("partitioned", self.partitioned),
@@ -86,6 +135,8 @@ def lower(module: ir.Module, target: str | None = "cpu") -> Levels:
         except ir.MLIRError as err:
             raise CompileError(_format_diagnostics(err)) from None
         setattr(levels, stage, str(module))
+        if stage == "partitioned":
+            levels.collectives = collectives_of(module)
     levels.cpp = emit_cpp(module)
     levels.cuda = emit_cuda(module)
     levels.module = module

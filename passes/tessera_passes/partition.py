@@ -61,10 +61,12 @@ def _resized(value: ir.Value, changes: dict[int, float]) -> ir.RankedTensorType:
 class Resharder:
     """Inserts the ops that move a local value from one sharding to another."""
 
-    def __init__(self, mesh: Mesh, deterministic: bool):
+    def __init__(self, mesh: Mesh, deterministic: bool, current: dict, ctx):
         self.mesh = mesh
         self.mesh_ref = ir.FlatSymbolRefAttr.get(mesh.name)
         self.deterministic = deterministic
+        self.current = current            # value -> its sharding (the partitioner's map)
+        self.ctx = ctx                    # for global shapes
         # (value, target) -> resharded value: a value several ops need in the
         # same layout is moved once. Ops are visited in order, so the first
         # reshard dominates every later user.
@@ -80,6 +82,9 @@ class Resharder:
         return self.done[key]
 
     def _move(self, value, current, target, before) -> ir.Value:
+        remade = self._remake(value, target, before)
+        if remade is not None:
+            return remade
         with ir.InsertionPoint(before), before.location:
             dims = [list(d) for d in current.dims]
             want = [list(d) for d in target.dims]
@@ -125,6 +130,27 @@ class Resharder:
             value = self._slices(value, dims, want, used, ())
         return value
 
+    def _remake(self, value, target: Sharding, before) -> ir.Value | None:
+        """A fill, or a broadcast of a smaller value, is made again in the
+        target layout (moving only the broadcast's input) rather than moving
+        its large result: a broadcast bias or norm weight never travels."""
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        if target.partial or not isinstance(owner, ir.Operation) or \
+                owner.name not in ("tgraph.fill", "tgraph.broadcast"):
+            return None
+        shape = self.ctx.shape(value)
+        t = ir.RankedTensorType(value.type)
+        local = ir.RankedTensorType.get(self.mesh.local_shape(shape, target), t.element_type)
+        with ir.InsertionPoint(before), before.location:
+            if owner.name == "tgraph.fill":
+                return tgraph.FillOp(local, owner.attributes["value"]).result
+            src = owner.operands[0]
+            src_shape = self.ctx.shape(src)
+            dims = [target.dims[d] if src_shape[d] == shape[d] else () for d in range(len(shape))]
+            moved = self(src, self.current[src], Sharding(target.mesh, tuple(dims)), before)
+            return tgraph.BroadcastOp(local, moved).result
+
     def _slices(self, value, dims, want, used, partial):
         for d in range(len(dims)):
             while (len(dims[d]) < len(want[d]) and dims[d] == want[d][: len(dims[d])]
@@ -158,17 +184,6 @@ class Resharder:
 
     def _axis_slice(self, value, axis, dim):
         result = _resized(value, {dim: 1 / self.mesh.axis_size(axis)})
-        owner = value.owner
-        if isinstance(owner, ir.Operation) or hasattr(owner, "operation"):
-            owner = owner.operation if hasattr(owner, "operation") else owner
-            # Values that are the same everywhere along `dim` are made at the
-            # local shape instead of being made whole and cut.
-            if owner.name == "tgraph.fill":
-                return tgraph.FillOp(result, owner.attributes["value"]).result
-            if owner.name == "tgraph.broadcast":
-                src = ir.RankedTensorType(owner.operands[0].type)
-                if src.shape[dim] == 1:
-                    return tgraph.BroadcastOp(result, owner.operands[0]).result
         return tgraph.AxisSliceOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
                                   I64(dim)).result
 
@@ -178,8 +193,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     ftype = function_type(func_op)
     ctx = context_of(func_op, mesh)
     scatter = scatter_axes_of(func_op)
-    reshard = Resharder(mesh, ctx.deterministic)
     current: dict = {}
+    reshard = Resharder(mesh, ctx.deterministic, current, ctx)
 
     arg_dicts = arg_attr_dicts(func_op, "arg_attrs")
     new_inputs = []
@@ -229,7 +244,10 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
         rule, staged = op_rule(op, operands, ctx, scatter)
         for i, v in enumerate(list(op.operands)):
             moved = reshard(v, operands[i], staged[i], op)
-            op.operands[i] = reshard(moved, staged[i], rule.operands[i], op)
+            moved = op.operands[i] = reshard(moved, staged[i], rule.operands[i], op)
+            if moved not in current:
+                current[moved] = rule.operands[i]
+                ctx.global_shapes[moved] = ctx.shape(v)
         result = op.results[0]
         ctx.global_shapes[result] = ctx.shape(result)
         result.set_type(_local_type(result.type, mesh, rule.result, f"the result of {op.name}",

@@ -1,0 +1,110 @@
+"""`@ts.distribute(strategy=...)`: parallelism strategies as layouts.
+
+A strategy only decides where the arrays passed to a compiled function live;
+the compiler derives every collective from those layouts, as for hand-written
+ShardSpecs.
+
+    @ts.jit
+    @ts.distribute(strategy="data_parallel")
+    def step(params, opt_state, batch):
+        loss, grads = ts.value_and_grad(loss_fn)(params, batch)
+        params, opt_state = opt.update(params, grads, opt_state)
+        return loss, params, opt_state
+
+data_parallel
+    A mesh of every rank on one axis (`axis`, default "dp"), unless `mesh=` is
+    given. Arrays under the `batch` arguments are split along their first
+    dimension over it; everything else is replicated. The loss is a mean over
+    the global batch, so the gradient each rank contributes is a pending
+    partial sum that the compiler all-reduces: averaged gradients.
+
+zero_redundancy_optimizer
+    As data_parallel, and arrays under the `state` arguments (optimizer
+    moments) are split over the axis along their first evenly divisible
+    dimension. Gradients are then reduce-scattered rather than all-reduced,
+    the optimizer updates each rank's block, and parameters come back split:
+    the next step all-gathers them where it uses them. Optimizer memory per
+    rank falls by the axis size.
+
+tensor_parallel
+    Arrays are placed by `layouts` (a function `(path, array) -> ShardSpec`),
+    e.g. the Megatron layout in examples/train_gpt.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dist
+
+STRATEGIES = ("data_parallel", "zero_redundancy_optimizer", "tensor_parallel")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    mesh: dist.Mesh | None
+    axis: str
+    batch: tuple[str, ...]
+    state: tuple[str, ...]
+    layouts: object = None
+
+    @property
+    def scatter_axes(self) -> tuple[str, ...]:
+        return (self.axis,) if self.name == "zero_redundancy_optimizer" else ()
+
+    def mesh_for(self) -> dist.Mesh:
+        if self.mesh is not None:
+            return self.mesh
+        from .mesh import auto
+        return auto((self.axis,))
+
+    def place(self, path: str, leaf, mesh: dist.Mesh):
+        """`leaf` (the argument at `path`, e.g. `batch.inputs`) as the strategy
+        lays it out; DTensors and non-arrays pass through."""
+        if isinstance(leaf, dist.DTensor) or not isinstance(leaf, (np.ndarray, np.generic)):
+            return leaf
+        arg = path.split(".")[0]
+        array = np.asarray(leaf)
+        spec = None
+        if self.layouts is not None:
+            spec = self.layouts(path, array)
+        elif arg in self.batch and array.ndim:
+            spec = dist.ShardSpec((0,), (self.axis,))
+        elif arg in self.state and self.name == "zero_redundancy_optimizer":
+            n = mesh.axis_size(self.axis)
+            dim = next((d for d, size in enumerate(array.shape) if size % n == 0 and size >= n),
+                       None)
+            spec = dist.ShardSpec((dim,), (self.axis,)) if dim is not None else None
+        return dist.from_numpy(array, layout=spec or dist.ShardSpec(), mesh=mesh, name=path)
+
+
+def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | None = None,
+               axis: str = "dp", batch=("batch", "microbatches"),
+               state=("opt_state", "optimizer_state", "state"), layouts=None,
+               mesh_axes=None):
+    """Compile `fn` with a parallelism strategy (see the module docstring).
+    `batch` and `state` name the arguments that hold the batch and the
+    optimizer state; `mesh_axes=["tp"]` is accepted as the design docs write
+    it and names the axis."""
+    from .compiler import CompiledFunction
+    if strategy not in STRATEGIES:
+        raise ValueError(f"ts.distribute: unknown strategy {strategy!r} (known: "
+                         f"{', '.join(STRATEGIES)})")
+    if strategy == "tensor_parallel" and layouts is None:
+        raise ValueError("ts.distribute(strategy='tensor_parallel') needs layouts=, a function "
+                         "(path, array) -> ShardSpec giving each parameter's split")
+    if mesh_axes:
+        axis = list(mesh_axes)[0]
+    if mesh is not None and axis not in mesh.axes:
+        raise ValueError(f"ts.distribute: axis {axis!r} is not in the {mesh.topology}")
+    plan = Strategy(strategy, mesh, axis, tuple(batch), tuple(state), layouts)
+
+    def wrap(f):
+        if isinstance(f, CompiledFunction):
+            f.strategy = plan
+            return f
+        return CompiledFunction(f, mesh, strategy=plan)
+    return wrap(fn) if fn is not None else wrap
