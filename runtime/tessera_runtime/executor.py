@@ -38,9 +38,17 @@ def _fmt(shape, dtype) -> str:
     return f"{list(shape)} {np.dtype(dtype).name}"
 
 
+def _count(profile: dict, key: str, seconds: float) -> None:
+    entry = profile.setdefault(key, [0.0, 0])
+    entry[0] += seconds
+    entry[1] += 1
+
+
 class ScheduleExecutor:
     #: Set to a dict to accumulate [seconds, calls] per launch (key: kernel
-    #: name, or "library:<routine>") over every run of every program (bench/).
+    #: name, or "library:<routine>") and for communication ("collective:start",
+    #: "collective:wait": the time the rank spent starting collectives and
+    #: blocked waiting for them) over every run of every program (bench/).
     profile: dict | None = None
     def __init__(self, program: ProgramSpec, engine, communicators: dict):
         self.program = program
@@ -294,9 +302,7 @@ class ScheduleExecutor:
                     else:
                         t0 = time.perf_counter()
                         a([values[v] for v in b])
-                        entry = profile.setdefault(ins["profile_key"], [0.0, 0])
-                        entry[0] += time.perf_counter() - t0
-                        entry[1] += 1
+                        _count(profile, ins["profile_key"], time.perf_counter() - t0)
                 elif op == "view":
                     values[b] = eng.reshape_view(values[a], values[b].shape)
                 elif op == "alloc":
@@ -308,11 +314,17 @@ class ScheduleExecutor:
                 elif op == "event_wait":
                     eng.wait_event(values[ins["event"]], eng.stream(ins["stream"]))
                 elif op == "collective_start":
+                    t0 = time.perf_counter()
                     pending[ins["result"]] = self._start_collective(ins, values)
+                    if profile is not None:
+                        _count(profile, "collective:start", time.perf_counter() - t0)
                 elif op == "collective_wait":
                     work = pending.pop(ins["token"], None)
                     if work is not None:        # later waits (other streams): done
+                        t0 = time.perf_counter()
                         work.wait()
+                        if profile is not None:
+                            _count(profile, "collective:wait", time.perf_counter() - t0)
                 elif op == "return":
                     # Verified statically; re-checked because returning with
                     # a collective in flight would hand out garbage.

@@ -115,6 +115,20 @@ def check_collectives(comm, group, tag: str) -> None:
         np.testing.assert_array_equal(dst, np.concatenate(all_src, axis=dim))
         passed(f"{tag}:all_gather dim={dim}")
 
+    # all_to_all: block j along split_dim goes to rank j, received blocks are
+    # concatenated along concat_dim (a split moving from one dimension to another)
+    for split_dim, concat_dim in ((0, 1), (1, 0), (2, 0)):
+        src, all_src = contributions((4 * n, 2 * n, 2 * n))
+        shape = list(src.shape)
+        shape[split_dim] //= n
+        shape[concat_dim] *= n
+        dst = np.empty(shape, np.float32)
+        comm.all_to_all(src, dst, split_dim, concat_dim).wait()
+        expect = np.concatenate([np.split(a, n, axis=split_dim)[comm.rank] for a in all_src],
+                                axis=concat_dim)
+        np.testing.assert_array_equal(dst, expect)
+        passed(f"{tag}:all_to_all {split_dim}->{concat_dim}")
+
     # reduce_scatter along dims 0 and 1
     for red in ("sum", "max"):
         for dim in (0, 1):

@@ -61,6 +61,7 @@ def test_collectives_2_ranks():
                      "world:reduce_scatter max dim=1",
                      "world:deterministic all_reduce sum bitwise identical",
                      "world:deterministic reduce_scatter dim=1 bitwise",
+                     "world:all_to_all 0->1", "world:all_to_all 2->0",
                      "world:overlapping collectives"]:
         assert expected in names
 
@@ -70,6 +71,7 @@ def test_mesh_2x2_axis_communicators():
     for axis in ("dp", "tp", "world"):
         assert f"{axis}:all_gather dim=1" in names
         assert f"{axis}:reduce_scatter sum dim=1" in names
+        assert f"{axis}:all_to_all 1->0" in names
         assert f"{axis}:deterministic all_reduce sum bitwise identical" in names
     assert "mesh:both axes in flight" in names
 
