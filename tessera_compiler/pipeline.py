@@ -22,7 +22,8 @@ from .passes_common import source_of
 
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
-    ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize"]),
+    ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize",
+                     "tessera-bucket-collectives"]),
     ("schedule", ["tessera-lower-to-schedule"]),
     ("tile", ["tessera-lower-to-tile", "canonicalize", "cse"]),
 ]

@@ -66,6 +66,8 @@ _PASSES = [
              "Give every tgraph value a sharding, starting from argument and result shardings"),
     PassInfo("tessera-partition", "partition",
              "SPMD-partition tgraph: per-rank local shapes, and the collectives the shardings imply"),
+    PassInfo("tessera-bucket-collectives", "bucket_collectives",
+             "Fuse all_reduces whose operands all exist before any result is used into one all_reduce of the concatenated values"),
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
              "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream"),
     PassInfo("tessera-lower-to-tile", "lower_to_tile",

@@ -34,6 +34,7 @@ _LAUNCHER_ENV = (
     ("PMI_RANK", "PMI_SIZE"),                          # MPICH / Hydra, Intel MPI
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),  # Open MPI
     ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),    # MVAPICH2
+    ("SLURM_PROCID", "SLURM_NTASKS"),                  # srun
     ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),            # Hydra, node-local: 1-node fallback
 )
 

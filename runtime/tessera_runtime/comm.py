@@ -146,6 +146,24 @@ class Communicator(ABC):
         work = self._all_to_all(src, dst, split_dim, concat_dim, stream)
         return self._traced(work, f"all_to_all dims {split_dim}->{concat_dim}", src)
 
+    def broadcast(self, src, dst, root: int = 0, stream=None) -> Work:
+        """dst = src of rank `root` (src is read on the root only)."""
+        _check_dtype(src, dst, "broadcast")
+        if tuple(src.shape) != tuple(dst.shape) or not 0 <= root < self.size:
+            raise CommError(f"broadcast: src {tuple(src.shape)} and dst {tuple(dst.shape)} must "
+                            f"have one shape and root {root} must be a rank of {self.size}")
+        return self._traced(self._broadcast(src, dst, root, stream), f"broadcast root {root}", src)
+
+    def shift(self, src, dst, offset: int = 1, stream=None) -> Work:
+        """Point-to-point ring shift: rank r sends src to rank (r + offset) mod
+        size and receives dst from rank (r - offset) mod size (pipeline stages
+        hand activations on this way)."""
+        _check_dtype(src, dst, "shift")
+        if tuple(src.shape) != tuple(dst.shape):
+            raise CommError(f"shift: src {tuple(src.shape)} and dst {tuple(dst.shape)} differ")
+        return self._traced(self._shift(src, dst, offset % self.size, stream),
+                            f"shift {offset:+d}", src)
+
     # -- backend hooks ----------------------------------------------------------
     @abstractmethod
     def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work: ...
@@ -158,6 +176,12 @@ class Communicator(ABC):
 
     @abstractmethod
     def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work: ...
+
+    @abstractmethod
+    def _broadcast(self, src, dst, root, stream) -> Work: ...
+
+    @abstractmethod
+    def _shift(self, src, dst, offset, stream) -> Work: ...
 
 
 class SelfCommunicator(Communicator):
@@ -182,6 +206,12 @@ class SelfCommunicator(Communicator):
         return self._copy(src, dst)
 
     def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
+        return self._copy(src, dst)
+
+    def _broadcast(self, src, dst, root, stream) -> Work:
+        return self._copy(src, dst)
+
+    def _shift(self, src, dst, offset, stream) -> Work:
         return self._copy(src, dst)
 
 

@@ -193,6 +193,33 @@ class MPICommunicator(Communicator):
                        (src, dst, blocks, received))
 
 
+    def _broadcast(self, src, dst, root, stream) -> Work:
+        _check_host(src, dst)
+        if self.rank == root and src is not dst:
+            dst[...] = src
+        return MPIWork(self.comm.Ibcast(dst, root=root), keepalive=(src, dst))
+
+    def _shift(self, src, dst, offset, stream) -> Work:
+        _check_host(src, dst)
+        n, r = self.size, self.rank
+        if offset == 0:
+            dst[...] = src
+            return MPIWork(MPI.REQUEST_NULL, keepalive=(src, dst))
+        send = self.comm.Isend(src, dest=(r + offset) % n, tag=TreeAllReduceWork.TAG + 1)
+        recv = self.comm.Irecv(dst, source=(r - offset) % n, tag=TreeAllReduceWork.TAG + 1)
+        return MPIWork(_Both(send, recv), keepalive=(src, dst))
+
+
+class _Both:
+    """Two requests completed together."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def Wait(self):
+        MPI.Request.Waitall([self.a, self.b])
+
+
 def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
     """One communicator per mesh axis for this process.
 

@@ -90,7 +90,26 @@ func.func @shapes(%x: tensor<8x1x16xf32> {tgraph.sharding = #tgraph.sharding<@me
   // CHECK: tgraph.reshape {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], ["dp"], []]>}
   %4 = tgraph.reshape %3 : tensor<4x2x8x4xf32> to tensor<8x8x4xf32>
   %5 = tgraph.slice %4 offsets [0, 0, 0] : tensor<8x8x4xf32> -> tensor<8x4x2xf32>
-  return %5 : tensor<8x4x2xf32>
+  // pad grows dimension 2, which is replicated there.
+  // CHECK: tgraph.pad {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], [], []]>}
+  %6 = tgraph.pad %5 offsets [0, 0, 1] : tensor<8x4x2xf32> -> tensor<8x4x4xf32>
+  %7 = tgraph.slice %6 offsets [0, 0, 0] : tensor<8x4x4xf32> -> tensor<8x4x2xf32>
+  return %7 : tensor<8x4x2xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// concat: the concatenated dimension is replicated, the others take the most
+// split operand's layout; pad keeps splits of the dimensions it does not grow.
+// CHECK-LABEL: func.func @concat_pad
+func.func @concat_pad(%a: tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>},
+                      %b: tensor<8x2xf32>) -> tensor<8x8xf32> {
+  // CHECK: tgraph.concat {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []]>}
+  %0 = tgraph.concat %a, %b dim 1 : tensor<8x4xf32>, tensor<8x2xf32> -> tensor<8x6xf32>
+  // CHECK: tgraph.pad {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], []]>}
+  %1 = tgraph.pad %0 offsets [0, 1] : tensor<8x6xf32> -> tensor<8x8xf32>
+  return %1 : tensor<8x8xf32>
 }
 
 // -----

@@ -129,6 +129,20 @@ def check_collectives(comm, group, tag: str) -> None:
         np.testing.assert_array_equal(dst, expect)
         passed(f"{tag}:all_to_all {split_dim}->{concat_dim}")
 
+    # broadcast from every root, and point-to-point ring shifts both ways
+    for root in range(n):
+        src, all_src = contributions((3, 5))
+        dst = np.empty_like(src)
+        comm.broadcast(src, dst, root).wait()
+        np.testing.assert_array_equal(dst, all_src[root])
+    passed(f"{tag}:broadcast every root")
+    for offset in (1, -1):
+        src, all_src = contributions((4, 2))
+        dst = np.empty_like(src)
+        comm.shift(src, dst, offset).wait()
+        np.testing.assert_array_equal(dst, all_src[(comm.rank - offset) % n])
+        passed(f"{tag}:shift {offset:+d}")
+
     # reduce_scatter along dims 0 and 1
     for red in ("sum", "max"):
         for dim in (0, 1):

@@ -1,0 +1,121 @@
+"""tessera-bucket-collectives: fuse all-reduces that can wait for each other.
+
+Every all_reduce costs a synchronization of its group and a message latency,
+whatever its size; a training step all-reduces one gradient per parameter.
+This pass groups all_reduces of one kind (axis, reduction, deterministic,
+element type) whose operands all exist before any of their results is first
+used, and replaces each group by one all_reduce of the concatenated values
+(flattened), sliced apart afterwards:
+
+    %a' = all_reduce %a    %b' = all_reduce %b      (both used later)
+      ->  %c = concat(reshape %a, reshape %b); %r = all_reduce %c;
+          %a' = reshape(slice %r), %b' = reshape(slice %r)
+
+A group never includes an all_reduce whose operand depends on another's
+result (its operand would not exist yet), so the order of computation is
+kept. Elementwise reductions commute with concatenation, and a deterministic
+tree is per element, so the results are the same bits. Groups are capped at
+BUCKET_ELEMENTS elements. Runs on partitioned functions (after
+tessera-partition).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tessera_mlir import ir
+from tessera_mlir.dialects import tgraph
+
+from tessera_compiler.passes_common import PassError, functions, ops_of, run_reporting
+
+#: Largest bucket, in elements (64 MiB of float32).
+BUCKET_ELEMENTS = 1 << 24
+
+
+def _key(op: ir.Operation):
+    t = ir.RankedTensorType(op.results[0].type)
+    return (ir.StringAttr(op.attributes["axis"]).value, str(op.attributes["kind"]),
+            "deterministic" in op.attributes, str(op.attributes["mesh"]), str(t.element_type))
+
+
+def _groups(func_op: ir.Operation) -> list[list[ir.Operation]]:
+    ops = ops_of(func_op)
+    position = {op: i for i, op in enumerate(ops)}
+
+    def defined_at(value) -> int:
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        return position.get(owner, -1) if isinstance(owner, ir.Operation) else -1
+
+    def first_use(op) -> int:
+        users = [getattr(u.owner, "operation", u.owner) for u in op.results[0].uses]
+        return min((position[u] for u in users if u in position),
+                   default=len(ops))
+
+    open_groups: dict = {}       # key -> (members, deadline, elements)
+    done = []
+    for op in ops:
+        if op.name != "tgraph.all_reduce":
+            continue
+        key = _key(op)
+        size = math.prod(ir.RankedTensorType(op.results[0].type).shape)
+        members, deadline, elements = open_groups.get(key, ([], -1, 0))
+        if members and defined_at(op.operands[0]) < deadline and \
+                elements + size <= BUCKET_ELEMENTS:
+            open_groups[key] = (members + [op], min(deadline, first_use(op)), elements + size)
+            continue
+        if len(members) > 1:
+            done.append(members)
+        open_groups[key] = ([op], first_use(op), size)
+    done.extend(members for members, _, _ in open_groups.values() if len(members) > 1)
+    return done
+
+
+def _fuse(members: list[ir.Operation], func_op: ir.Operation) -> None:
+    ops = ops_of(func_op)
+    position = {op: i for i, op in enumerate(ops)}
+    defs = [getattr(m.operands[0].owner, "operation", m.operands[0].owner) for m in members]
+    last = max((d for d in defs if isinstance(d, ir.Operation) and d in position),
+               key=lambda d: position[d], default=None)
+    point = ir.InsertionPoint.after(last) if last is not None else \
+        ir.InsertionPoint.at_block_begin(func_op.regions[0].blocks[0])
+    first = members[0]
+    elem = ir.RankedTensorType(first.results[0].type).element_type
+    sizes = [math.prod(ir.RankedTensorType(m.results[0].type).shape) for m in members]
+    total = sum(sizes)
+    with point, first.location:
+        flat = lambda v, n: v if list(ir.RankedTensorType(v.type).shape) == [n] else \
+            tgraph.ReshapeOp(ir.RankedTensorType.get([n], elem), v).result  # noqa: E731
+        flats = [flat(m.operands[0], n) for m, n in zip(members, sizes)]
+        joined = tgraph.ConcatOp(ir.RankedTensorType.get([total], elem), flats,
+                                 ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)).result
+        reduced = tgraph.AllReduceOp(joined, first.attributes["kind"], first.attributes["mesh"],
+                                     first.attributes["axis"],
+                                     deterministic=True if "deterministic" in first.attributes
+                                     else None).result
+        offset = 0
+        outs = []
+        for m, n in zip(members, sizes):
+            piece = tgraph.SliceOp(ir.RankedTensorType.get([n], elem), reduced,
+                                   ir.DenseI64ArrayAttr.get([offset])).result
+            same = m.results[0].type == piece.type
+            outs.append(piece if same else tgraph.ReshapeOp(m.results[0].type, piece).result)
+            offset += n
+    for m, out in zip(members, outs):
+        m.results[0].replace_all_uses_with(out)
+        m.erase()
+
+
+def run(op, pass_):
+    def body():
+        for f in list(functions(op)):
+            fused = [o for o in ops_of(f) if o.name == "tgraph.all_reduce"]
+            if not fused:
+                continue
+            if "tgraph.partitioned" not in f.attributes:
+                raise PassError("tgraph.all_reduce in a function that is not partitioned: run "
+                                "tessera-partition before tessera-bucket-collectives",
+                                fused[0].location)
+            for members in _groups(f):
+                _fuse(members, f)
+    run_reporting(op, pass_, body)

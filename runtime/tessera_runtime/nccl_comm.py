@@ -1,0 +1,214 @@
+"""NCCL communicators over cupy (device buffers: cupy arrays), one per mesh axis.
+
+Imported only on a machine with a GPU and cupy. Each axis group is found with
+the same MPI Comm.Split as the MPI engine (`mpi_comm.make_axis_communicators`);
+the group's rank 0 makes an NCCL unique id and broadcasts it over that MPI
+sub-communicator (as raw bytes), and every member joins with
+`NcclCommunicator(size, id, rank)`.
+
+Collectives are enqueued on the stream handed to them (the executor's comm
+stream) and completed by `Work.wait()`, which blocks the host until they are
+done. Deterministic all_reduce / reduce_scatter gather every rank's
+contribution and sum it on the device in the same binary tree over rank order
+as the MPI engine ((r0+r1)+(r2+r3)): elementwise IEEE additions in the same
+order, so both engines give the same bits for the same inputs.
+
+Several ranks may share one GPU (tests on a one-GPU machine) when NCCL allows
+it (`NCCL_MULTI_RANK_GPU_ENABLE=1` where the NCCL version supports it).
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+from cupy.cuda import nccl
+
+from .comm import Communicator, CommError, SelfCommunicator, Work
+from .mesh import MeshInfo
+
+_OPS = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+_UFUNCS = {"sum": cp.add, "prod": cp.multiply, "max": cp.maximum, "min": cp.minimum}
+_TYPES = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
+          np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
+          np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.int8): nccl.NCCL_INT8,
+          np.dtype(np.uint8): nccl.NCCL_UINT8}
+
+
+def _nccl_type(dtype) -> int:
+    dtype = np.dtype(dtype)
+    if dtype in _TYPES:
+        return _TYPES[dtype]
+    if dtype.itemsize == 2 and dtype.name == "bfloat16" and hasattr(nccl, "NCCL_BFLOAT16"):
+        return nccl.NCCL_BFLOAT16
+    raise CommError(f"NCCL has no type for {dtype.name}")
+
+
+def _ptr(a) -> int:
+    if not isinstance(a, cp.ndarray) or not a.flags.c_contiguous:
+        raise CommError(f"NCCL collectives need C-contiguous cupy arrays, got {type(a).__name__}")
+    return a.data.ptr
+
+
+def _stream_ptr(stream) -> int:
+    stream = stream if stream is not None else cp.cuda.get_current_stream()
+    return getattr(stream, "ptr", stream)
+
+
+class NCCLWork(Work):
+    """An enqueued NCCL call plus what to run after it (on the same stream)."""
+
+    def __init__(self, stream, finish=None, keepalive=()):
+        self._stream, self._finish, self._keepalive = stream, finish, keepalive
+        self._event = None
+        if finish is None:
+            self._event = cp.cuda.Event(disable_timing=True)
+            self._event.record(self._stream)
+
+    def wait(self) -> None:
+        if self._keepalive is None:
+            return
+        if self._finish is not None:
+            with self._stream:
+                self._finish()
+            self._event = cp.cuda.Event(disable_timing=True)
+            self._event.record(self._stream)
+        self._event.synchronize()
+        self._finish = self._keepalive = None
+
+
+def tree_reduce_device(blocks, ufunc, out) -> None:
+    """The MPI engine's fixed pairwise tree (`mpi_comm.tree_reduce`) on the GPU."""
+    level = [blocks[i] for i in range(blocks.shape[0])]
+    while len(level) > 1:
+        nxt = [ufunc(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    out[...] = level[0]
+
+
+class NCCLCommunicator(Communicator):
+    """Collectives over one NCCL communicator (ranks in communicator order)."""
+
+    def __init__(self, comm: "nccl.NcclCommunicator", size: int, rank: int):
+        self.comm, self._size, self._rank = comm, size, rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def _gather_blocks(self, src, stream):
+        """(size, *src.shape) holding every rank's src, in rank order."""
+        blocks = cp.empty((self.size,) + tuple(src.shape), src.dtype)
+        self.comm.allGather(_ptr(src), _ptr(blocks), src.size, _nccl_type(src.dtype),
+                            _stream_ptr(stream))
+        return blocks
+
+    def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        if deterministic:
+            with s:
+                blocks = self._gather_blocks(src, s)
+            return NCCLWork(s, lambda: tree_reduce_device(blocks, _UFUNCS[reduction], dst),
+                            (src, dst, blocks))
+        self.comm.allReduce(_ptr(src), _ptr(dst), src.size, _nccl_type(src.dtype),
+                            _OPS[reduction], _stream_ptr(s))
+        return NCCLWork(s, keepalive=(src, dst))
+
+    def _all_gather(self, src, dst, dim, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        if int(np.prod(src.shape[:dim])) == 1:
+            self.comm.allGather(_ptr(src), _ptr(dst), src.size, _nccl_type(src.dtype),
+                                _stream_ptr(s))
+            return NCCLWork(s, keepalive=(src, dst))
+        with s:
+            blocks = self._gather_blocks(src, s)
+        return NCCLWork(s, lambda: cp.concatenate(list(blocks), axis=dim, out=dst),
+                        (src, dst, blocks))
+
+    def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        n = self.size
+        with s:
+            packed = cp.ascontiguousarray(cp.stack(cp.split(src, n, axis=dim)))
+        if deterministic:
+            with s:
+                blocks = self._gather_blocks(packed, s)       # [n ranks, n blocks, ...]
+            mine = lambda: tree_reduce_device(blocks[:, self.rank], _UFUNCS[reduction], dst)  # noqa: E731
+            return NCCLWork(s, mine, (src, dst, packed, blocks))
+        self.comm.reduceScatter(_ptr(packed), _ptr(dst), dst.size, _nccl_type(src.dtype),
+                                _OPS[reduction], _stream_ptr(s))
+        return NCCLWork(s, keepalive=(src, dst, packed))
+
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        n = self.size
+        with s:
+            blocks = cp.ascontiguousarray(cp.stack(cp.split(src, n, axis=split_dim)))
+        received = cp.empty_like(blocks)
+        count, kind = blocks[0].size, _nccl_type(src.dtype)
+        nccl.groupStart()
+        for peer in range(n):
+            self.comm.send(_ptr(blocks[peer]), count, kind, peer, _stream_ptr(s))
+            self.comm.recv(_ptr(received[peer]), count, kind, peer, _stream_ptr(s))
+        nccl.groupEnd()
+        return NCCLWork(s, lambda: cp.concatenate(list(received), axis=concat_dim, out=dst),
+                        (src, dst, blocks, received))
+
+
+    def _broadcast(self, src, dst, root, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        self.comm.broadcast(_ptr(src), _ptr(dst), src.size, _nccl_type(src.dtype), root,
+                            _stream_ptr(s))
+        return NCCLWork(s, keepalive=(src, dst))
+
+    def _shift(self, src, dst, offset, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        n, r, kind = self.size, self.rank, _nccl_type(src.dtype)
+        nccl.groupStart()
+        self.comm.send(_ptr(src), src.size, kind, (r + offset) % n, _stream_ptr(s))
+        self.comm.recv(_ptr(dst), dst.size, kind, (r - offset) % n, _stream_ptr(s))
+        nccl.groupEnd()
+        return NCCLWork(s, keepalive=(src, dst))
+
+
+def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
+    """One NCCL communicator per mesh axis for this process (every rank of
+    `comm`, default MPI COMM_WORLD, must call it with the same mesh)."""
+    from . import mpi_comm
+    mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm)
+    rank = (comm or mpi_comm.MPI.COMM_WORLD).Get_rank()
+    out: dict = {}
+    for axis, group in mpi_groups.items():
+        if isinstance(group, SelfCommunicator):
+            out[axis] = group
+            continue
+        sub = group.comm
+        raw = np.frombuffer(_unique_id_bytes(), np.uint8).copy() if sub.Get_rank() == 0 \
+            else np.empty(_ID_BYTES, np.uint8)
+        sub.Bcast(raw, root=0)
+        unique = _unique_id_from(raw.tobytes())
+        out[axis] = NCCLCommunicator(nccl.NcclCommunicator(sub.Get_size(), unique, sub.Get_rank()),
+                                     sub.Get_size(), sub.Get_rank())
+        out[axis].label, out[axis].world_rank = axis, rank
+    return out
+
+
+_ID_BYTES = 128      # NCCL_UNIQUE_ID_BYTES
+_id_kind: list = []  # bytes (cupy >= 13) or tuple (older): what get_unique_id returns
+
+
+def _unique_id_bytes() -> bytes:
+    uid = nccl.get_unique_id()
+    _id_kind[:] = [type(uid)]
+    return bytes(uid) if isinstance(uid, (bytes, bytearray)) else np.asarray(uid, np.int8).tobytes()
+
+
+def _unique_id_from(raw: bytes):
+    if not _id_kind:
+        _unique_id_bytes()
+    return raw if _id_kind[0] in (bytes, bytearray) else tuple(np.frombuffer(raw, np.int8).tolist())
