@@ -215,6 +215,23 @@ class SelfCommunicator(Communicator):
         return self._copy(src, dst)
 
 
+def tree_reduce(blocks, ufunc, out) -> None:
+    """out = reduction of blocks[0..n) in a fixed pairwise tree over their order
+    (any array library: the MPI and NCCL engines share it, hence the same bits).
+
+    ((b0 op b1) op (b2 op b3)) ...; an odd block at the end of a level is
+    carried up unchanged. Elementwise ufuncs are exact per element, so a fixed
+    pairing gives a fixed result.
+    """
+    level = list(blocks)
+    while len(level) > 1:
+        nxt = [ufunc(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    out[...] = level[0]
+
+
 # -- shared validation (shape/dtype only: buffers stay opaque) ---------------
 
 def _check_reduction(reduction: str) -> None:

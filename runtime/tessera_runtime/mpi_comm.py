@@ -26,7 +26,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .comm import Communicator, CommError, SelfCommunicator, Work
+from .comm import Communicator, CommError, SelfCommunicator, Work, tree_reduce
 from .mesh import MeshInfo
 
 _OPS = {
@@ -58,22 +58,6 @@ class MPIWork(Work):
             self._finish()
         self._done = True
         self._finish = self._keepalive = None
-
-
-def tree_reduce(blocks, ufunc, out) -> None:
-    """out = reduction of blocks[0..n) in a fixed pairwise tree over their order.
-
-    ((b0 op b1) op (b2 op b3)) ...; an odd block at the end of a level is
-    carried up unchanged. Elementwise ufuncs are exact per element, so a fixed
-    pairing gives a fixed result.
-    """
-    level = list(blocks)
-    while len(level) > 1:
-        nxt = [ufunc(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    out[...] = level[0]
 
 
 class TreeAllReduceWork(Work):

@@ -23,7 +23,7 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import nccl
 
-from .comm import Communicator, CommError, SelfCommunicator, Work
+from .comm import Communicator, CommError, SelfCommunicator, Work, tree_reduce
 from .mesh import MeshInfo
 
 _OPS = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
@@ -76,17 +76,6 @@ class NCCLWork(Work):
         self._finish = self._keepalive = None
 
 
-def tree_reduce_device(blocks, ufunc, out) -> None:
-    """The MPI engine's fixed pairwise tree (`mpi_comm.tree_reduce`) on the GPU."""
-    level = [blocks[i] for i in range(blocks.shape[0])]
-    while len(level) > 1:
-        nxt = [ufunc(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    out[...] = level[0]
-
-
 class NCCLCommunicator(Communicator):
     """Collectives over one NCCL communicator (ranks in communicator order)."""
 
@@ -113,7 +102,7 @@ class NCCLCommunicator(Communicator):
         if deterministic:
             with s:
                 blocks = self._gather_blocks(src, s)
-            return NCCLWork(s, lambda: tree_reduce_device(blocks, _UFUNCS[reduction], dst),
+            return NCCLWork(s, lambda: tree_reduce(blocks, _UFUNCS[reduction], dst),
                             (src, dst, blocks))
         self.comm.allReduce(_ptr(src), _ptr(dst), src.size, _nccl_type(src.dtype),
                             _OPS[reduction], _stream_ptr(s))
@@ -138,7 +127,7 @@ class NCCLCommunicator(Communicator):
         if deterministic:
             with s:
                 blocks = self._gather_blocks(packed, s)       # [n ranks, n blocks, ...]
-            mine = lambda: tree_reduce_device(blocks[:, self.rank], _UFUNCS[reduction], dst)  # noqa: E731
+            mine = lambda: tree_reduce(blocks[:, self.rank], _UFUNCS[reduction], dst)  # noqa: E731
             return NCCLWork(s, mine, (src, dst, packed, blocks))
         self.comm.reduceScatter(_ptr(packed), _ptr(dst), dst.size, _nccl_type(src.dtype),
                                 _OPS[reduction], _stream_ptr(s))
