@@ -19,6 +19,7 @@ import tessera_passes
 
 from .codegen import emit_cpp, emit_cuda
 from .passes_common import source_of
+from .sharding import PER_RANK_OPS
 
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
@@ -31,10 +32,6 @@ STAGES = [
 
 class CompileError(Exception):
     """A compile failure with MLIR's diagnostics (file:line: message)."""
-
-
-COLLECTIVE_OPS = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
-                  "tgraph.all_to_all", "tgraph.axis_slice")
 
 
 @dataclass
@@ -68,7 +65,7 @@ def collectives_of(module: ir.Module) -> list[Collective]:
             continue
         for op in f.operation.regions[0].blocks[0].operations:
             op = op.operation
-            if op.name not in COLLECTIVE_OPS:
+            if op.name not in PER_RANK_OPS:
                 continue
             src = ir.RankedTensorType(op.operands[0].type)
             res = ir.RankedTensorType(op.results[0].type)

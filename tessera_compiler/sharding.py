@@ -88,6 +88,12 @@ class Mesh:
         return [s // self.parts(axes) for s, axes in zip(shape, sharding.dims)]
 
 
+#: Per-rank ops tessera-partition inserts (collectives and the local slice):
+#: they exist only in partitioned functions.
+PER_RANK_OPS = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
+                "tgraph.all_to_all", "tgraph.axis_slice")
+
+
 def meshes_of(module: ir.Module | ir.Operation) -> dict[str, Mesh]:
     op = module.operation if isinstance(module, ir.Module) else module
     meshes = {}
@@ -188,12 +194,8 @@ def elementwise_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     if set(partial) & {a for o in ins for a in _axes_of(o)}:
         partial = ()
     dims = merge_dims(ins, set(partial))
-    required = []
-    for o in ins:
-        keep = partial if o.partial == partial else ()
-        if op.name in ("tgraph.mul", "tgraph.div", "tgraph.select"):
-            keep = o.partial if o.partial == partial else ()
-        required.append(Sharding(o.mesh, dims, keep))
+    # An operand keeps the surviving pending sum if it has it (c in x*c has none).
+    required = [Sharding(o.mesh, dims, partial if o.partial == partial else ()) for o in ins]
     return Rule(required, Sharding(ins[0].mesh, dims, partial))
 
 
@@ -240,10 +242,6 @@ def matmul_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     if set(n_axes) & taken:
         rhs = rhs.with_dims(rhs.dims[: r - 1] + ((),))
         n_axes = ()
-    if set(rhs.partial) & (taken | set(n_axes)):
-        rhs = rhs.with_partial(())
-    if set(lhs.partial) & set(n_axes):
-        lhs = lhs.with_partial(())
     partial = tuple(dict.fromkeys(lhs.partial + rhs.partial + tuple(lk)))
     return Rule([lhs, rhs], Sharding(lhs.mesh, batch + (m_axes, n_axes), partial))
 

@@ -31,10 +31,11 @@ from tessera_mlir.dialects import tgraph
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts,
                                             function_type, location_name, ops_of, run_reporting,
                                             set_dict_entry, set_function_type)
-from tessera_compiler.sharding import Mesh, Sharding
+from tessera_compiler.sharding import Context, Mesh, Sharding
 
 from .propagate_sharding import (SHARDING, argument_shardings, context_of, distributed_functions,
-                                 op_rule, result_shardings, scatter_axes_of, summed)
+                                 op_rule, read_sharding, result_shardings, scatter_axes_of,
+                                 use_counts)
 
 I64 = lambda v: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)  # noqa: E731
 
@@ -52,21 +53,24 @@ def _local_type(global_type: ir.Type, mesh: Mesh, s: Sharding, what: str,
     return ir.RankedTensorType.get(mesh.local_shape(shape, s), t.element_type)
 
 
-def _resized(value: ir.Value, changes: dict[int, float]) -> ir.RankedTensorType:
+def _resized(value: ir.Value, grow: dict | None = None, shrink: dict | None = None
+             ) -> ir.RankedTensorType:
+    """`value`'s type with dimension d multiplied by grow[d] / divided by shrink[d]."""
     t = ir.RankedTensorType(value.type)
-    shape = [int(s * changes.get(d, 1)) for d, s in enumerate(t.shape)]
+    grow, shrink = grow or {}, shrink or {}
+    shape = [s * grow.get(d, 1) // shrink.get(d, 1) for d, s in enumerate(t.shape)]
     return ir.RankedTensorType.get(shape, t.element_type)
 
 
 class Resharder:
     """Inserts the ops that move a local value from one sharding to another."""
 
-    def __init__(self, mesh: Mesh, deterministic: bool, current: dict, ctx):
-        self.mesh = mesh
-        self.mesh_ref = ir.FlatSymbolRefAttr.get(mesh.name)
-        self.deterministic = deterministic
+    def __init__(self, ctx: Context, current: dict):
+        self.ctx = ctx                    # the mesh, deterministic mode, global shapes
+        self.mesh = ctx.mesh
+        self.mesh_ref = ir.FlatSymbolRefAttr.get(ctx.mesh.name)
+        self.deterministic = ctx.deterministic
         self.current = current            # value -> its sharding (the partitioner's map)
-        self.ctx = ctx                    # for global shapes
         # (value, target) -> resharded value: a value several ops need in the
         # same layout is moved once. Ops are visited in order, so the first
         # reshard dominates every later user.
@@ -166,24 +170,24 @@ class Resharder:
                                   deterministic=self.deterministic or None).result
 
     def _all_gather(self, value, axis, dim):
-        result = _resized(value, {dim: self.mesh.axis_size(axis)})
+        result = _resized(value, grow={dim: self.mesh.axis_size(axis)})
         return tgraph.AllGatherOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
                                   I64(dim)).result
 
     def _reduce_scatter(self, value, axis, dim):
-        result = _resized(value, {dim: 1 / self.mesh.axis_size(axis)})
+        result = _resized(value, shrink={dim: self.mesh.axis_size(axis)})
         return tgraph.ReduceScatterOp(result, value, ir.Attribute.parse("#tgraph.reduction<sum>"),
                                       self.mesh_ref, ir.StringAttr.get(axis), I64(dim),
                                       deterministic=self.deterministic or None).result
 
     def _all_to_all(self, value, axis, split_dim, concat_dim):
         n = self.mesh.axis_size(axis)
-        result = _resized(value, {split_dim: 1 / n, concat_dim: n})
+        result = _resized(value, grow={concat_dim: n}, shrink={split_dim: n})
         return tgraph.AllToAllOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
                                  I64(split_dim), I64(concat_dim)).result
 
     def _axis_slice(self, value, axis, dim):
-        result = _resized(value, {dim: 1 / self.mesh.axis_size(axis)})
+        result = _resized(value, shrink={dim: self.mesh.axis_size(axis)})
         return tgraph.AxisSliceOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
                                   I64(dim)).result
 
@@ -194,7 +198,7 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     ctx = context_of(func_op, mesh)
     scatter = scatter_axes_of(func_op)
     current: dict = {}
-    reshard = Resharder(mesh, ctx.deterministic, current, ctx)
+    reshard = Resharder(ctx, current)
 
     arg_dicts = arg_attr_dicts(func_op, "arg_attrs")
     new_inputs = []
@@ -208,23 +212,17 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
 
     wanted_results = result_shardings(func_op, ftype.results)
     final_results = []
-    # A pending sum read by several ops is reduced once, before its first
-    # reader, rather than carried lazily into each (each would reduce its own).
-    uses = {}
+    uses = use_counts(func_op)
     for op in ops_of(func_op):
-        for v in op.operands:
-            uses[v] = uses.get(v, 0) + 1
-    reduced: dict = {}
-    for op in ops_of(func_op):
-        for i, v in enumerate(list(op.operands)):
-            if v in reduced:
-                op.operands[i] = reduced[v]
-            elif uses.get(v, 0) > 1 and current[v].partial and op.name != "func.return":
-                target = summed(current[v], ctx.shape(v), ctx, scatter)
-                nv = reduced[v] = reshard(v, current[v], target, op)
-                current[nv] = target
-                ctx.global_shapes[nv] = ctx.shape(v)
-                op.operands[i] = nv
+        if op.name != "func.return":
+            # As propagation reads it (the Resharder's memo makes one reduction
+            # serve every reader of a value).
+            for i, v in enumerate(list(op.operands)):
+                target = read_sharding(v, current[v], uses, ctx, scatter)
+                if target != current[v]:
+                    nv = op.operands[i] = reshard(v, current[v], target, op)
+                    current[nv] = target
+                    ctx.global_shapes[nv] = ctx.shape(v)
         if op.name == "func.return":
             for i, (v, want) in enumerate(zip(list(op.operands), wanted_results)):
                 want = want or current[v].with_partial(())

@@ -13,7 +13,8 @@ from tessera_mlir import ir
 
 from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions,
                                             ops_of, run_reporting)
-from tessera_compiler.sharding import Context, Mesh, Rule, Sharding, meshes_of, rule_for
+from tessera_compiler.sharding import (PER_RANK_OPS, Context, Mesh, Rule, Sharding, meshes_of,
+                                      rule_for)
 
 SHARDING = "tgraph.sharding"
 #: Function attribute: reduce pending sums in a fixed order (see Context).
@@ -22,8 +23,6 @@ DETERMINISTIC = "tgraph.deterministic"
 #: rank keeps a block) rather than all-reduced when a consumer needs them
 #: summed; the ZeRO strategy sets it to the data-parallel axis.
 SCATTER_AXES = "tgraph.scatter_partials"
-COLLECTIVES = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
-               "tgraph.all_to_all", "tgraph.axis_slice")
 
 
 def function_mesh(func_op: ir.Operation, meshes: dict[str, Mesh]) -> Mesh | None:
@@ -70,7 +69,7 @@ def scatter_axes_of(func_op: ir.Operation) -> tuple[str, ...]:
 
 def _check_shardable(op: ir.Operation) -> None:
     name = op.name
-    if name in COLLECTIVES:
+    if name in PER_RANK_OPS:
         raise PassError(f"'{name}' is a per-rank collective and appears only after "
                         "tessera-partition; before it, change a layout with tgraph.shard",
                         op.location)
@@ -97,6 +96,24 @@ def summed(s: Sharding, shape, ctx: Context, scatter_axes=(), only=None) -> Shar
                 dims[d].append(axis)
                 break
     return Sharding(s.mesh, tuple(tuple(d) for d in dims), tuple(partial))
+
+
+def use_counts(func_op: ir.Operation) -> dict:
+    """How many operands read each value (a value read twice by one op counts twice)."""
+    uses: dict = {}
+    for op in ops_of(func_op):
+        for v in op.operands:
+            uses[v] = uses.get(v, 0) + 1
+    return uses
+
+
+def read_sharding(value, s: Sharding, uses: dict, ctx: Context, scatter_axes=()) -> Sharding:
+    """The sharding an op reads `value` in. A pending sum several ops read is
+    reduced once, before its first reader, rather than carried lazily into
+    each (each would then reduce its own copy); a single reader keeps it lazy."""
+    if s.partial and uses.get(value, 0) > 1:
+        return summed(s, ctx.shape(value), ctx, scatter_axes)
+    return s
 
 
 def op_rule(op: ir.Operation, operands: list[Sharding], ctx: Context,
@@ -130,6 +147,7 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
     shardings = {}
     ctx = context_of(func_op, mesh)
     scatter = scatter_axes_of(func_op)
+    uses = use_counts(func_op)
     block = func_op.regions[0].blocks[0]
     for arg, s in zip(block.arguments, argument_shardings(func_op, mesh)):
         shardings[arg] = s
@@ -139,7 +157,8 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
         if op.name == "tgraph.shard":
             s = Sharding.from_attr(op.attributes["sharding"])
         else:
-            s = op_rule(op, [shardings[v] for v in op.operands], ctx, scatter)[0].result
+            read = [read_sharding(v, shardings[v], uses, ctx, scatter) for v in op.operands]
+            s = op_rule(op, read, ctx, scatter)[0].result
         op.attributes[SHARDING] = s.to_attr()
         shardings[op.results[0]] = s
     return shardings

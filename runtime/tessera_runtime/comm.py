@@ -215,6 +215,24 @@ class SelfCommunicator(Communicator):
         return self._copy(src, dst)
 
 
+def leading_is_trivial(shape, dim: int) -> bool:
+    """True if blocks along `dim` are already contiguous in C order (all
+    dimensions before `dim` have size 1), so no packing is needed."""
+    return math.prod(shape[:dim]) == 1
+
+
+def rank_blocks(xp, src, n: int, dim: int):
+    """`src` cut into `n` blocks along `dim` and laid out contiguously as
+    (n, *block): block k is rank k's (what scatter-like collectives send).
+    A view when the blocks are contiguous already, else one packed copy;
+    `xp` is the array library (numpy, cupy)."""
+    if leading_is_trivial(src.shape, dim):
+        block = list(src.shape)
+        block[dim] //= n
+        return src.reshape((n,) + tuple(block))
+    return xp.stack(xp.split(src, n, axis=dim))
+
+
 def tree_reduce(blocks, ufunc, out) -> None:
     """out = reduction of blocks[0..n) in a fixed pairwise tree over their order
     (any array library: the MPI and NCCL engines share it, hence the same bits).

@@ -314,14 +314,14 @@ class ScheduleExecutor:
                 elif op == "event_wait":
                     eng.wait_event(values[ins["event"]], eng.stream(ins["stream"]))
                 elif op == "collective_start":
-                    t0 = time.perf_counter()
+                    t0 = time.perf_counter() if profile is not None else 0.0
                     pending[ins["result"]] = self._start_collective(ins, values)
                     if profile is not None:
                         _count(profile, "collective:start", time.perf_counter() - t0)
                 elif op == "collective_wait":
                     work = pending.pop(ins["token"], None)
                     if work is not None:        # later waits (other streams): done
-                        t0 = time.perf_counter()
+                        t0 = time.perf_counter() if profile is not None else 0.0
                         work.wait()
                         if profile is not None:
                             _count(profile, "collective:wait", time.perf_counter() - t0)

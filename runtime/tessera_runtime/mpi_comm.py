@@ -26,7 +26,8 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from .comm import Communicator, CommError, SelfCommunicator, Work, tree_reduce
+from .comm import (Communicator, CommError, SelfCommunicator, Work, leading_is_trivial,
+                   rank_blocks, tree_reduce)
 from .mesh import MeshInfo
 
 _OPS = {
@@ -38,14 +39,15 @@ _OPS = {
 
 
 class MPIWork(Work):
-    """A pending MPI request plus what to do once it completes.
+    """Pending MPI requests (one, or a list completed together) plus what to
+    do once they complete.
 
     Holds references to every buffer MPI is using so none of them can be
     garbage-collected while the request is in flight.
     """
 
-    def __init__(self, request, finish=None, keepalive=()):
-        self._request = request
+    def __init__(self, requests, finish=None, keepalive=()):
+        self._requests = requests if isinstance(requests, list) else [requests]
         self._finish = finish
         self._keepalive = keepalive
         self._done = False
@@ -53,7 +55,7 @@ class MPIWork(Work):
     def wait(self) -> None:
         if self._done:
             return
-        self._request.Wait()
+        MPI.Request.Waitall(self._requests)
         if self._finish is not None:
             self._finish()
         self._done = True
@@ -90,12 +92,6 @@ class TreeAllReduceWork(Work):
             step *= 2
         comm.Bcast(acc, root=0)
         dst[...] = acc
-
-
-def _leading_is_trivial(shape, dim: int) -> bool:
-    """True if blocks along `dim` are already contiguous in C order (all
-    dimensions before `dim` have size 1), so no packing is needed."""
-    return math.prod(shape[:dim]) == 1
 
 
 def _check_host(*arrays) -> None:
@@ -135,7 +131,7 @@ class MPICommunicator(Communicator):
 
     def _all_gather(self, src, dst, dim, stream) -> Work:
         _check_host(src, dst)
-        if _leading_is_trivial(src.shape, dim):
+        if leading_is_trivial(src.shape, dim):
             # Rank blocks are contiguous slabs of dst: gather straight into it.
             return MPIWork(self.comm.Iallgather(src, dst), keepalive=(src, dst))
         # Gather rank blocks contiguously, then interleave them into dst along
@@ -149,12 +145,8 @@ class MPICommunicator(Communicator):
         _check_host(src, dst)
         op, ufunc = _OPS[reduction]
         n = self.size
-        # MPI scatters contiguous blocks in rank order: lay src out as
-        # (n, *dst.shape) with block k = k-th slice of src along `dim`.
-        if _leading_is_trivial(src.shape, dim):
-            blocks = src.reshape((n,) + dst.shape)          # a view, no copy
-        else:
-            blocks = np.stack(np.split(src, n, axis=dim))  # packed copy
+        # MPI scatters contiguous blocks in rank order.
+        blocks = rank_blocks(np, src, n, dim)
         if deterministic:
             # Receive every rank's contribution to *our* block only (an
             # all-to-all of blocks), then reduce them in fixed rank order.
@@ -169,13 +161,11 @@ class MPICommunicator(Communicator):
     def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
         _check_host(src, dst)
         n = self.size
-        # Block j (along split_dim) goes to rank j: lay them out contiguously.
-        blocks = np.ascontiguousarray(np.stack(np.split(src, n, axis=split_dim)))
+        blocks = rank_blocks(np, src, n, split_dim)     # block j goes to rank j
         received = np.empty_like(blocks)
         req = self.comm.Ialltoall(blocks, received)
         return MPIWork(req, lambda: np.concatenate(received, axis=concat_dim, out=dst),
                        (src, dst, blocks, received))
-
 
     def _broadcast(self, src, dst, root, stream) -> Work:
         _check_host(src, dst)
@@ -188,20 +178,10 @@ class MPICommunicator(Communicator):
         n, r = self.size, self.rank
         if offset == 0:
             dst[...] = src
-            return MPIWork(MPI.REQUEST_NULL, keepalive=(src, dst))
+            return MPIWork([], keepalive=(src, dst))
         send = self.comm.Isend(src, dest=(r + offset) % n, tag=TreeAllReduceWork.TAG + 1)
         recv = self.comm.Irecv(dst, source=(r - offset) % n, tag=TreeAllReduceWork.TAG + 1)
-        return MPIWork(_Both(send, recv), keepalive=(src, dst))
-
-
-class _Both:
-    """Two requests completed together."""
-
-    def __init__(self, a, b):
-        self.a, self.b = a, b
-
-    def Wait(self):
-        MPI.Request.Waitall([self.a, self.b])
+        return MPIWork([send, recv], keepalive=(src, dst))
 
 
 def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:

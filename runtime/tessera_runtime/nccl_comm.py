@@ -23,7 +23,8 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import nccl
 
-from .comm import Communicator, CommError, SelfCommunicator, Work, tree_reduce
+from .comm import (Communicator, CommError, SelfCommunicator, Work, leading_is_trivial,
+                   rank_blocks, tree_reduce)
 from .mesh import MeshInfo
 
 _OPS = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
@@ -110,7 +111,7 @@ class NCCLCommunicator(Communicator):
 
     def _all_gather(self, src, dst, dim, stream) -> Work:
         s = stream if stream is not None else cp.cuda.get_current_stream()
-        if int(np.prod(src.shape[:dim])) == 1:
+        if leading_is_trivial(src.shape, dim):
             self.comm.allGather(_ptr(src), _ptr(dst), src.size, _nccl_type(src.dtype),
                                 _stream_ptr(s))
             return NCCLWork(s, keepalive=(src, dst))
@@ -123,7 +124,7 @@ class NCCLCommunicator(Communicator):
         s = stream if stream is not None else cp.cuda.get_current_stream()
         n = self.size
         with s:
-            packed = cp.ascontiguousarray(cp.stack(cp.split(src, n, axis=dim)))
+            packed = rank_blocks(cp, src, n, dim)
         if deterministic:
             with s:
                 blocks = self._gather_blocks(packed, s)       # [n ranks, n blocks, ...]
@@ -137,7 +138,7 @@ class NCCLCommunicator(Communicator):
         s = stream if stream is not None else cp.cuda.get_current_stream()
         n = self.size
         with s:
-            blocks = cp.ascontiguousarray(cp.stack(cp.split(src, n, axis=split_dim)))
+            blocks = rank_blocks(cp, src, n, split_dim)
         received = cp.empty_like(blocks)
         count, kind = blocks[0].size, _nccl_type(src.dtype)
         nccl.groupStart()

@@ -147,13 +147,25 @@ func.func @linearity(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@me
   %3 = tgraph.mul %2, %2 : tensor<4x4xf32>
   return %3 : tensor<4x4xf32>
 }
+// A pending sum read by two ops (here twice by one) is reduced before its
+// readers, as tessera-partition does: the add sees full values.
+// CHECK-LABEL: func.func @fan_out
+func.func @fan_out(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                   %w: tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>}) -> tensor<4x4xf32> {
+  %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>
+  // CHECK: tgraph.add {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []]>}
+  %1 = tgraph.add %0, %0 : tensor<4x4xf32>
+  return %1 : tensor<4x4xf32>
+}
 // CHECK-LABEL: func.func @linearity_deterministic
 func.func @linearity_deterministic(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
                      %w: tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                     %v: tensor<8x4xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
                      %c: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {tgraph.deterministic} {
   %0 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>
+  %p = tgraph.matmul %x, %v : tensor<4x8xf32>, tensor<8x4xf32> -> tensor<4x4xf32>
   // CHECK: tgraph.add {{.*}} partial = ["tp"]
-  %1 = tgraph.add %0, %0 : tensor<4x4xf32>
+  %1 = tgraph.add %0, %p : tensor<4x4xf32>
   // CHECK: tgraph.mul {{.*}} {tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], []]>}
   %2 = tgraph.mul %1, %c : tensor<4x4xf32>
   return %2 : tensor<4x4xf32>
