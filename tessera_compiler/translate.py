@@ -16,13 +16,15 @@ from . import driver
 
 TRANSLATIONS = {
     "ttile-to-cpp": "C++ for the CPU engine: one extern \"C\" function per ttile.kernel (grid as loops)",
-    "ttile-to-cuda": "CUDA C++: one extern \"C\" __global__ kernel per ttile.kernel (tiles in shared memory)",
+    "ttile-to-cuda": "CUDA C++ for sm_90: one extern \"C\" __global__ kernel per ttile.kernel "
+                     "(pointwise chains in registers, GEMM loops on tensor cores)",
 }
 
 
 def _translate(name: str):
     def process(module_op, chunk, context, collector):
-        from .codegen.tile_emitter import EmitError, emit_cpp, emit_cuda
+        from .codegen import emit_cpp, emit_cuda
+        from .codegen.tile_emitter import EmitError
         try:
             return (emit_cpp if name == "ttile-to-cpp" else emit_cuda)(module_op)
         except EmitError as err:

@@ -108,6 +108,8 @@ LogicalResult KernelOp::verify() {
     return emitOpError("'block' must have 1 to 3 dimensions and at most 1024 threads");
   if (getBody().empty())
     return emitOpError("kernel @") << getSymName() << " must have a body";
+  if (getStages() && (*getStages() < 1 || *getStages() > 8))
+    return emitOpError("'stages' must be 1 to 8, got ") << *getStages();
   return success();
 }
 
@@ -151,13 +153,16 @@ static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType b
   if (numOffsets != static_cast<size_t>(buffer.getRank()))
     return op->emitOpError("needs ") << buffer.getRank() << " offsets for '" << bufferName
                                      << "' " << buffer << ", got " << numOffsets;
-  if (tile.getShape().size() != static_cast<size_t>(buffer.getRank()))
-    return op->emitOpError("tile ") << tile << " and '" << bufferName << "' " << buffer
-                                    << " must have the same rank";
+  // A lower-rank tile covers the buffer's trailing dimensions.
+  if (tile.getShape().size() > static_cast<size_t>(buffer.getRank()))
+    return op->emitOpError("tile ") << tile << " has a higher rank than '" << bufferName
+                                    << "' " << buffer;
   if (tile.getElementType() != buffer.getElementType())
     return op->emitOpError("tile ") << tile << " and '" << bufferName << "' " << buffer
                                     << " have different element types";
-  for (auto [t, b] : llvm::zip(tile.getShape(), buffer.getShape()))
+  ArrayRef<int64_t> trailing =
+      buffer.getShape().drop_front(buffer.getRank() - tile.getShape().size());
+  for (auto [t, b] : llvm::zip(tile.getShape(), trailing))
     if (b % t != 0)
       return op->emitOpError("tile ") << tile << " does not evenly divide '" << bufferName
                                       << "' " << buffer;
@@ -186,6 +191,22 @@ LogicalResult DotOp::verify() {
   if (c.getShape()[0] != a.getShape()[0] || c.getShape()[1] != b.getShape()[1])
     return emitOpError("'acc' ") << c << " must be " << a.getShape()[0] << "x"
                                  << b.getShape()[1] << " for 'lhs' " << a << " and 'rhs' " << b;
+  if (auto warps = getWarps()) {
+    if (warps->size() != 2 || (*warps)[0] < 1 || (*warps)[1] < 1)
+      return emitOpError("'warps' must be two sizes >= 1 (warps along M and N)");
+    if (c.getShape()[0] % (*warps)[0] || c.getShape()[1] % (*warps)[1])
+      return emitOpError("'warps' [") << (*warps)[0] << ", " << (*warps)[1]
+                                      << "] do not evenly split 'acc' " << c;
+    auto kernel = (*this)->getParentOfType<KernelOp>();
+    int64_t threads = 1;
+    if (kernel)
+      for (int64_t b : kernel.getBlock())
+        threads *= b;
+    if (kernel && threads != (*warps)[0] * (*warps)[1] * 32)
+      return emitOpError("'warps' [") << (*warps)[0] << ", " << (*warps)[1] << "] need "
+                                      << (*warps)[0] * (*warps)[1] * 32
+                                      << " threads but the kernel's block has " << threads;
+  }
   return success();
 }
 

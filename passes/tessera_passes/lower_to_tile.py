@@ -9,24 +9,32 @@ one tgraph op each. This pass decides how each runs:
    `tsched.library = "<routine>"` with the op's attributes in
    `tsched.library_attrs`; the runtime engine implements them (BLAS through
    numpy on the CPU).
-2. Epilogue fusion (no CPU target). A matmul launch whose output is read only
-   by the next launch of an elementwise kernel (relu, or add of another
-   buffer) merges with it, and the matmul is tiled: a grid of `[M/BM, N/BN]`
-   instances, each accumulating a `BM x BN` tile over `K` with `ttile.dot`
-   inside an `scf.for`, then applying the epilogue.
-3. Loop fusion. Every maximal run of consecutive launches of tileable kernels
+2. Loop fusion. Every maximal run of consecutive launches of tileable kernels
    (elementwise ops, comparisons, selects, casts, fills, iotas, broadcasts
    and reductions over the last dimension) over compatible shapes becomes ONE
    `ttile.kernel`: intermediate buffers that nothing else reads disappear.
    The kernel's grid covers the run's iteration shape in tiles; a run with a
    last-dimension reduction (softmax, norms, losses) keeps whole rows in a
    tile. Reductions over another dimension get a kernel of their own that
-   loops over the reduced dimension.
+   loops over the reduced dimension. Data-movement launches that do not read
+   the run's results (a bias reshaped for broadcasting) move ahead of it
+   instead of breaking it.
+3. GEMMs (targets other than the CPU). A matmul starts a run, and the
+   elementwise launches after it over its output's shape (bias, activation,
+   residual, cast) become its epilogue. The kernel's grid covers the batch
+   and the `[M/BM, N/BN]` output tiles; each instance accumulates its
+   `BM x BN` tile over `K` in `BK` steps with `ttile.dot` inside an
+   `scf.for`. The configuration (`gemm_config`) is part of the Tile IR:
+   tile sizes in the tile types, `warps` on the dot, `stages` and `block` on
+   the kernel. Half-precision operands accumulate in f32, cast back after
+   the loop.
 
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, func, scf, tsched, ttile
@@ -34,7 +42,6 @@ from tessera_mlir.dialects import arith, func, scf, tsched, ttile
 from tessera_compiler.passes_common import (PassError, functions, function_type,
                                             ops_of, run_reporting)
 
-ELEMENTWISE = {"tgraph.relu": ttile.ReluOp, "tgraph.add": ttile.AddOp}
 TILE_ELEMENTWISE = {
     "tgraph.add": ttile.AddOp, "tgraph.sub": ttile.SubOp, "tgraph.mul": ttile.MulOp,
     "tgraph.div": ttile.DivOp, "tgraph.max": ttile.MaxOp, "tgraph.relu": ttile.ReluOp,
@@ -49,9 +56,26 @@ LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph
 # `axis` and `row_axes` name mesh axes: the runtime turns them into this
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
 LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes")
-MATMUL_TILE_CAP = (32, 32, 32)      # BM, BN, BK
 ELEMENTWISE_TILE_ELEMENTS = 4096
 THREADS_PER_BLOCK = 128
+# GEMM configurations for half-precision operands (tensor cores), largest
+# first: (BM, BN, BK, warps along M and N, pipeline stages). 128x128x32 on
+# 8 warps with a 3-deep ring of shared-memory tiles (57 KB) is the classic
+# mma.sync shape; smaller ones fill the GPU when there are few output tiles.
+TENSOR_CORE_CONFIGS = [(128, 128, 32, (2, 4), 3), (128, 64, 32, (2, 2), 3),
+                       (64, 128, 32, (2, 2), 3), (64, 64, 32, (2, 2), 3),
+                       (64, 32, 32, (2, 1), 3), (32, 32, 32, (2, 2), 2),
+                       (16, 16, 16, (1, 1), 2)]
+SIMT_TILE_CAP = (32, 32, 32)         # BM, BN, BK for other element types
+# Enough thread blocks to give each SM of an H100 (132) one.
+TARGET_BLOCKS = 132
+
+
+def _product(values) -> int:
+    p = 1
+    for v in values:
+        p *= v
+    return p
 
 
 def largest_divisor(n: int, cap: int) -> int:
@@ -61,28 +85,38 @@ def largest_divisor(n: int, cap: int) -> int:
     return 1
 
 
-# --------------------------------------------------------------------------
-# 1. Epilogue fusion on the schedule
-# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmConfig:
+    bm: int
+    bn: int
+    bk: int
+    warps: tuple[int, int] | None = None     # None: CUDA cores
+    stages: int | None = None
+
+    @property
+    def threads(self) -> int:
+        return self.warps[0] * self.warps[1] * 32 if self.warps else THREADS_PER_BLOCK
+
+
+def gemm_config(batch: int, m: int, n: int, k: int, element: str) -> GemmConfig:
+    """The tile configuration of a `batch x [m, k] x [k, n]` GEMM: the largest
+    tensor-core configuration that divides the problem and still gives every
+    SM a block, else the smallest that divides it; CUDA-core tiles (largest
+    divisors up to 32) for other element types and shapes."""
+    if element in ("bf16", "f16") and n % 8 == 0 and k % 8 == 0:
+        fitting = [GemmConfig(bm, bn, bk, warps, stages)
+                   for bm, bn, bk, warps, stages in TENSOR_CORE_CONFIGS
+                   if m % bm == 0 and n % bn == 0 and k % bk == 0]
+        for cfg in fitting:
+            if batch * (m // cfg.bm) * (n // cfg.bn) >= TARGET_BLOCKS:
+                return cfg
+        if fitting:
+            return fitting[-1]
+    return GemmConfig(*(largest_divisor(x, cap) for x, cap in zip((m, n, k), SIMT_TILE_CAP)))
+
 
 def kernel_body(kernel: ir.Operation) -> list[ir.Operation]:
     return [o for o in ops_of(kernel) if o.name != "func.return"]
-
-
-def fuse_epilogues(sched: ir.Operation, kernels: dict, module_block: ir.Block) -> None:
-    """Fuses until no matmul launch has a fusable elementwise consumer left; a
-    fused kernel still starts with its matmul, so chains fuse one op at a time."""
-    fused = True
-    while fused:
-        fused = False
-        for launch in ops_of(sched):
-            if launch.name != "tsched.launch":
-                continue
-            body = kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])
-            if body and body[0].name == "tgraph.matmul" and \
-                    _fuse_next(sched, launch, kernels, module_block) is not None:
-                fused = True
-                break   # the op list changed: rescan
 
 
 def _launch_parts(launch: ir.Operation):
@@ -90,92 +124,8 @@ def _launch_parts(launch: ir.Operation):
     return view.stream, list(view.ins), list(view.outs)
 
 
-def _fuse_next(sched, producer, kernels, module_block):
-    """Fuses the single elementwise consumer of `producer`'s output into it.
-    Returns the new launch, or None."""
-    stream, ins, outs = _launch_parts(producer)
-    if len(outs) != 1:
-        return None
-    out = outs[0]
-    users = [u.owner.operation for u in out.uses if u.owner.operation != producer.operation]
-    launches = [u for u in users if u.name == "tsched.launch"]
-    others = [u for u in users if u.name not in ("tsched.launch", "tsched.free")]
-    if len(launches) != 1 or others:
-        return None
-    consumer = launches[0]
-    c_stream, c_ins, c_outs = _launch_parts(consumer)
-    cname = ir.FlatSymbolRefAttr(consumer.attributes["kernel"]).value
-    cbody = kernel_body(kernels[cname])
-    if len(cbody) != 1 or cbody[0].name not in ELEMENTWISE or len(c_outs) != 1:
-        return None
-    if c_stream != stream or [v for v in c_ins].count(out) != 1:
-        return None
-    extra = [v for v in c_ins if v != out]
-    # Extra inputs must already exist where the producer launches.
-    if any(not isinstance(v.owner, ir.Block) and not v.owner.is_before_in_block(producer)
-           for v in extra):
-        return None
-    pname = ir.FlatSymbolRefAttr(producer.attributes["kernel"]).value
-    fused_name = f"{pname}_{cbody[0].name.split('.')[1]}"
-    fused = _merge_kernels(kernels[pname], kernels[cname], c_ins.index(out), fused_name,
-                           module_block)
-    kernels[fused_name] = fused
-    # The consumer's output buffer is now written by the fused launch.
-    out_def = c_outs[0].owner
-    if not isinstance(out_def, ir.Block) and out_def.name == "tsched.alloc":
-        out_def.move_before(producer)
-    with ir.InsertionPoint(producer), producer.location:
-        new = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(fused_name), stream,
-                              list(ins) + extra, list(c_outs)).operation
-    frees = [u for u in users if u.name == "tsched.free"]
-    alloc = out.owner
-    consumer.erase()
-    producer.erase()
-    for f in frees:
-        f.erase()
-    alloc.erase()
-    return new
-
-
-def _merge_kernels(first: ir.Operation, second: ir.Operation, slot: int, name: str,
-                   module_block: ir.Block) -> ir.Operation:
-    """A kernel computing `second(first(...))`, where first's result feeds
-    `second`'s input `slot`; second's other inputs become extra arguments."""
-    t1, t2 = function_type(first), function_type(second)
-    extra_types = [t for i, t in enumerate(t2.inputs) if i != slot]
-    with ir.InsertionPoint(module_block), first.location:
-        k = func.FuncOp(name, (list(t1.inputs) + extra_types, list(t2.results)),
-                        visibility="private")
-        k.attributes["tsched.kernel"] = ir.UnitAttr.get()
-        entry = k.add_entry_block()
-        args = list(entry.arguments)
-        with ir.InsertionPoint(entry):
-            mapping = dict(zip(first.regions[0].blocks[0].arguments, args[: len(t1.inputs)]))
-            result = _clone_body(first, mapping)
-            second_args = list(second.regions[0].blocks[0].arguments)
-            extra_args = iter(args[len(t1.inputs):])
-            mapping2 = {a: (result if i == slot else next(extra_args))
-                        for i, a in enumerate(second_args)}
-            func.ReturnOp([_clone_body(second, mapping2)])
-    return k.operation
-
-
-def _clone_body(kernel: ir.Operation, mapping: dict) -> ir.Value:
-    """Clones a kernel's body at the current insertion point; returns the value
-    the kernel returns."""
-    for op in ops_of(kernel):
-        if op.name == "func.return":
-            return mapping[op.operands[0]]
-        clone = op.clone()
-        for i, v in enumerate(op.operands):
-            clone.operands[i] = mapping[v]
-        for old, new in zip(op.results, clone.results):
-            mapping[old] = new
-    raise PassError("kernel has no return", kernel.location)
-
-
 # --------------------------------------------------------------------------
-# 2. Tiling
+# Tile IR building blocks
 # --------------------------------------------------------------------------
 
 def _index(v: int) -> ir.Value:
@@ -195,84 +145,8 @@ def _memref(t: ir.Type) -> ir.MemRefType:
     return ir.MemRefType.get(list(r.shape), r.element_type)
 
 
-def tile_kernel(kernel: ir.Operation, module_block: ir.Block) -> ir.Operation:
-    """Tiles a matmul kernel (with its fused epilogue) that is not a library call."""
-    name = ir.StringAttr(kernel.attributes["sym_name"]).value
-    ftype = function_type(kernel)
-    body = kernel_body(kernel)
-    arg_types = [_memref(t) for t in list(ftype.inputs) + list(ftype.results)]
-    if body and body[0].name == "tgraph.matmul":
-        head, epilogue = body[0], body[1:]
-        return _tiled_matmul(kernel, name, arg_types, head, epilogue, module_block)
-    # Everything else tileable was consumed by loop fusion (section 4).
-    bad = body[0] if body else kernel
-    raise PassError(f"tessera-lower-to-tile cannot tile '{bad.name}' in kernel @{name}",
-                    bad.location)
-
-
-def _new_kernel(kernel, name, arg_types, grid, tile_sizes, loc, module_block):
-    """An empty ttile.kernel replacing the tensor-level `kernel`: returns it, its
-    entry block, and a map from `kernel`'s arguments to the new buffer arguments."""
-    with ir.InsertionPoint(module_block), loc:
-        k = ttile.KernelOp(name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
-                           _i64_array(grid), _i64_array([THREADS_PER_BLOCK]))
-        k.attributes["ttile.tile_sizes"] = _i64_array(tile_sizes)
-        entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
-    buffer_of = dict(zip(kernel.regions[0].blocks[0].arguments, entry.arguments))
-    return k, entry, buffer_of
-
-
-def _tile_offsets(tile_shape) -> list[ir.Value]:
-    """Element offsets of this instance's tile: program_id(d) * tile[d]."""
-    i64 = ir.IntegerType.get_signless(64)
-    return [arith.MulIOp(ttile.ProgramIdOp(ir.IntegerAttr.get(i64, d)).result, _index(t)).result
-            for d, t in enumerate(tile_shape)]
-
-
-def _apply_elementwise(ops, tiles: dict, load) -> ir.Value:
-    """Applies elementwise `ops` to tiles; an operand without a tile yet (a
-    kernel input such as a bias or residual) is loaded with `load(value)`.
-    Returns the last op's tile."""
-    for op in ops:
-        with op.location:
-            operands = [tiles[v] if v in tiles else tiles.setdefault(v, load(v))
-                        for v in op.operands]
-            tiles[op.results[0]] = ELEMENTWISE[op.name](*operands).result
-    return tiles[ops[-1].results[0]]
-
-
-def _tiled_matmul(kernel, name, arg_types, matmul, epilogue, module_block):
-    lhs_t, rhs_t = (ir.RankedTensorType(v.type) for v in matmul.operands)
-    if lhs_t.rank != 2:
-        raise PassError(f"tessera-lower-to-tile tiles 2-D matmuls; kernel @{name} has a "
-                        f"rank-{lhs_t.rank} matmul", matmul.location)
-    (M, K), (_, N) = lhs_t.shape, rhs_t.shape
-    BM, BN, BK = (largest_divisor(n, cap) for n, cap in zip((M, N, K), MATMUL_TILE_CAP))
-    elt = lhs_t.element_type
-    k, entry, buffer_of = _new_kernel(kernel, name, arg_types, [M // BM, N // BN],
-                                      [BM, BN, BK], matmul.location, module_block)
-    with ir.InsertionPoint(entry), matmul.location:
-        row, col = _tile_offsets([BM, BN])
-        acc_t = _tile_type([BM, BN], elt)
-        acc0 = ttile.FillOp(acc_t, ir.FloatAttr.get_f64(0.0)).result
-        loop = scf.ForOp(_index(0), _index(K), _index(BK), [acc0])
-        with ir.InsertionPoint(loop.body):
-            kk = loop.induction_variable
-            a = ttile.LoadOp(_tile_type([BM, BK], elt), buffer_of[matmul.operands[0]], [row, kk]).result
-            b = ttile.LoadOp(_tile_type([BK, BN], elt), buffer_of[matmul.operands[1]], [kk, col]).result
-            scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0]).result])
-        result = loop.results[0]
-        if epilogue:
-            result = _apply_elementwise(
-                epilogue, {matmul.results[0]: result},
-                lambda v: ttile.LoadOp(acc_t, buffer_of[v], [row, col]).result)
-        ttile.StoreOp(result, entry.arguments[-1], [row, col])
-        ttile.ReturnOp()
-    return k.operation
-
-
 # --------------------------------------------------------------------------
-# 3. Library calls
+# 1. Library calls
 # --------------------------------------------------------------------------
 
 def _library_routine(kernel: ir.Operation, cpu_target: bool) -> str | None:
@@ -301,7 +175,7 @@ def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -
 
 
 # --------------------------------------------------------------------------
-# 4. Loop fusion of tileable launches
+# 2-3. Loop fusion of tileable launches, GEMMs with their epilogues
 # --------------------------------------------------------------------------
 
 def _shape(v: ir.Value) -> list[int]:
@@ -339,30 +213,88 @@ def _op_shapes(op) -> list[list[int]]:
     return [_shape(v) for v in list(op.operands) + list(op.results)]
 
 
-def fusion_groups(sched: ir.Operation, kernels: dict) -> list[list[ir.Operation]]:
+def _is_gemm(op) -> bool:
+    return op.name == "tgraph.matmul"
+
+
+def _fits_epilogue(op, out_shape: list[int]) -> bool:
+    """Whether tileable `op` can run in the epilogue of a GEMM producing
+    `out_shape` (pointwise over it; no reductions; no iota over a batch dim)."""
+    if op.name == "tgraph.reduce":
+        return False
+    if op.name == "tgraph.iota" and ir.IntegerAttr(op.attributes["dim"]).value < len(out_shape) - 2:
+        return False
+    return _domain(_op_shapes(op) + [out_shape]) == out_shape
+
+
+def _hoist(launch, before, produced) -> bool:
+    """Moves a data-movement launch that reads nothing in `produced` (and its
+    output allocations) before `before`; False when it cannot move."""
+    _, ins, outs = _launch_parts(launch)
+    if any(b in produced for b in ins):
+        return False
+    for b in outs:
+        owner = b.owner
+        if isinstance(owner, ir.Block) or owner.name != "tsched.alloc":
+            return False
+    for b in outs:
+        if not b.owner.is_before_in_block(before):
+            b.owner.move_before(before)
+    launch.move_before(before)
+    return True
+
+
+def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> list[list[ir.Operation]]:
     """Maximal runs of consecutive tileable launches (allocs and frees between
-    them do not break a run) whose shapes share one iteration domain."""
-    groups, current, shapes = [], [], []
+    them do not break a run) whose shapes share one iteration domain. With
+    `gemm`, a matmul starts a run and only pointwise launches over its output
+    join it. Library launches that read nothing the run produced move ahead
+    of the run."""
+    groups, current, shapes, head = [], [], [], None
+    produced = set()
+
+    def start(launch, kop):
+        nonlocal current, shapes, head
+        if current:
+            groups.append(current)
+        current, produced_now = [launch], _launch_parts(launch)[2]
+        produced.clear()
+        produced.update(produced_now)
+        if gemm and _is_gemm(kop):
+            head = _shape(kop.results[0])
+            shapes = [head]
+        else:
+            head, shapes = None, _op_shapes(kop)
+
     for op in ops_of(sched):
         if op.name in ("tsched.alloc", "tsched.free"):
             continue
         if op.name == "tsched.launch":
             kop = _kernel_op(kernels, op)
+            if gemm and _is_gemm(kop):
+                start(op, kop)
+                continue
             if kop.name in TILEABLE:
-                alone = _is_column_reduce(kop)
-                candidate = shapes + _op_shapes(kop)
-                if current and not alone and not _is_column_reduce(_kernel_op(kernels, current[0])) \
-                        and _domain(candidate) is not None:
+                if head is not None:
+                    joins = _fits_epilogue(kop, head)
+                else:
+                    joins = bool(current) and not _is_column_reduce(kop) and \
+                        not _is_column_reduce(_kernel_op(kernels, current[0])) and \
+                        _domain(shapes + _op_shapes(kop)) is not None
+                if joins:
                     current.append(op)
-                    shapes = candidate
+                    produced.update(_launch_parts(op)[2])
+                    if head is None:
+                        shapes = shapes + _op_shapes(kop)
                     continue
-                if current:
-                    groups.append(current)
-                current, shapes = [op], _op_shapes(kop)
+                start(op, kop)
+                continue
+            if current and kop.name in LIBRARY and _hoist(op, current[0], produced):
                 continue
         if current:
             groups.append(current)
-        current, shapes = [], []
+        current, shapes, head = [], [], None
+        produced.clear()
     if current:
         groups.append(current)
     return groups
@@ -421,28 +353,45 @@ class GroupTiler:
     def build(self) -> ir.Operation:
         if len(self.ops) == 1 and _is_column_reduce(self.ops[0]):
             return self._column_reduce(self.ops[0])
-        dom = _domain([s for op in self.ops for s in _op_shapes(op)])
-        row_mode = any(_reduced_dims(op) for op in self.ops)
-        rank = len(dom)
-        if rank == 0:
-            tile, grid = [], 1
+        self.lead = 0        # leading dimensions (tile size 1) left out of tile types
+        self.gemm = None
+        if _is_gemm(self.ops[0]):
+            out = _shape(self.ops[0].results[0])
+            *batch, m, n = out
+            k = _shape(self.ops[0].operands[0])[-1]
+            elt = str(ir.ShapedType(self.ops[0].operands[0].type).element_type)
+            self.gemm = gemm_config(_product(batch), m, n, k, elt)
+            dom, tile = out, [1] * len(batch) + [self.gemm.bm, self.gemm.bn]
+            self.lead = len(batch)
         else:
-            last = dom[-1] if row_mode else largest_divisor(dom[-1], ELEMENTWISE_TILE_ELEMENTS)
-            tile, budget = [1] * rank, max(1, ELEMENTWISE_TILE_ELEMENTS // last)
-            tile[-1] = last
-            for d in reversed(range(rank - 1)):
-                tile[d] = largest_divisor(dom[d], budget)
-                budget = max(1, budget // tile[d])
-            grid = 1
-            for d, t in zip(dom, tile):
-                grid *= d // t
+            dom = _domain([s for op in self.ops for s in _op_shapes(op)])
+            row_mode = any(_reduced_dims(op) for op in self.ops)
+            rank = len(dom)
+            if rank == 0:
+                tile = []
+            else:
+                last = dom[-1] if row_mode else largest_divisor(dom[-1], ELEMENTWISE_TILE_ELEMENTS)
+                tile, budget = [1] * rank, max(1, ELEMENTWISE_TILE_ELEMENTS // last)
+                tile[-1] = last
+                for d in reversed(range(rank - 1)):
+                    tile[d] = largest_divisor(dom[d], budget)
+                    budget = max(1, budget // tile[d])
+        grid = _product(d // t for d, t in zip(dom, tile))
         self.dom, self.tile = dom, tile
         arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs]
         loc = self.ops[0].location
+        threads = self.gemm.threads if self.gemm else THREADS_PER_BLOCK
         with ir.InsertionPoint(self.module_block), loc:
             k = ttile.KernelOp(self.name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
-                               _i64_array([grid]), _i64_array([THREADS_PER_BLOCK]))
-            k.attributes["ttile.tile_sizes"] = _i64_array(tile or [1])
+                               _i64_array([grid]), _i64_array([threads]))
+            if self.gemm is not None:
+                k.attributes["ttile.tile_sizes"] = _i64_array(
+                    [self.gemm.bm, self.gemm.bn, self.gemm.bk])
+                if self.gemm.stages:
+                    k.attributes["stages"] = ir.IntegerAttr.get(
+                        ir.IntegerType.get_signless(64), self.gemm.stages)
+            else:
+                k.attributes["ttile.tile_sizes"] = _i64_array(tile or [1])
             entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
         self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
         with ir.InsertionPoint(entry), loc:
@@ -450,12 +399,38 @@ class GroupTiler:
             tiles = {}
             for op, ins, out in self.members:
                 with op.location:
-                    tiles[out] = self._tile_op(op, ins, out, tiles)
+                    tiles[out] = (self._gemm(op, ins) if op is self.ops[0] and self.gemm
+                                  else self._tile_op(op, ins, out, tiles))
             for b in self.outputs:
                 with self.produced[b].location:
                     ttile.StoreOp(tiles[b], self.arg_of[b], self._value_offsets(b))
             ttile.ReturnOp()
         return k.operation
+
+    def _gemm(self, op, ins) -> ir.Value:
+        """The matmul's output tile: a loop over K accumulating `ttile.dot`s of
+        `[BM, BK]` and `[BK, BN]` tiles (f32 for half-precision operands),
+        cast to the result's element type."""
+        cfg = self.gemm
+        a_buf, b_buf = (self.arg_of[b] for b in ins)
+        k = _shape(ins[0])[-1]
+        elt = ir.ShapedType(ins[0].type).element_type
+        out_elt = ir.ShapedType(op.results[0].type).element_type
+        acc_elt = ir.F32Type.get() if str(elt) in ("bf16", "f16") else out_elt
+        *batch_offsets, row, col = self.offsets
+        acc_t = _tile_type([cfg.bm, cfg.bn], acc_elt)
+        acc0 = ttile.FillOp(acc_t, ir.FloatAttr.get_f64(0.0)).result
+        loop = scf.ForOp(_index(0), _index(k), _index(cfg.bk), [acc0])
+        with ir.InsertionPoint(loop.body):
+            kk = loop.induction_variable
+            a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk]).result
+            b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col]).result
+            warps = _i64_array(cfg.warps) if cfg.warps else None
+            scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps).result])
+        result = loop.results[0]
+        if acc_elt != out_elt:
+            result = ttile.CastOp(_tile_type([cfg.bm, cfg.bn], out_elt), result).result
+        return result
 
     def _offsets(self) -> list[ir.Value]:
         if not self.dom:
@@ -466,7 +441,7 @@ class GroupTiler:
         shape = _shape(v)
         if not shape:
             return [1]
-        return [t if s == d else 1 for s, d, t in zip(shape, self.dom, self.tile)]
+        return [t if s == d else 1 for s, d, t in zip(shape, self.dom, self.tile)][self.lead:]
 
     def _value_offsets(self, v: ir.Value) -> list[ir.Value]:
         shape = _shape(v)
@@ -497,7 +472,8 @@ class GroupTiler:
             return ttile.FillOp(rtype, op.attributes["value"]).result
         if name == "tgraph.iota":
             dim = ir.IntegerAttr(op.attributes["dim"]).value
-            return ttile.IotaOp(rtype, self._value_offsets(result)[dim], op.attributes["dim"]).result
+            return ttile.IotaOp(rtype, self._value_offsets(result)[dim], ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(64), dim - self.lead)).result
         if name == "tgraph.broadcast":
             if self._tile_shape(ins[0]) == self._tile_shape(result):
                 return xs[0]
@@ -591,13 +567,14 @@ def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
         alloc.erase()
 
 
-def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set) -> set:
+def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
+                  gemm: bool) -> set:
     """Replaces each fusion group by one launch of a new ttile.kernel; returns
     the names of the tensor kernels the groups consumed. `taken` holds the
     fused kernels' names so far (a constant's kernel, launched once per
-    consumer, can start several groups)."""
+    consumer, can start several groups). `gemm`: matmuls become tiled GEMMs."""
     consumed = set()
-    for group in fusion_groups(sched, kernels):
+    for group in fusion_groups(sched, kernels, gemm):
         consumed.update(ir.FlatSymbolRefAttr(l.attributes["kernel"]).value for l in group)
         base = ir.FlatSymbolRefAttr(group[0].attributes["kernel"]).value
         # A single launch keeps its kernel's name (the tensor kernel is erased).
@@ -641,21 +618,19 @@ def run(op, pass_):
             return
         schedules = [f for f in functions(op) if "tsched.kernel" not in f.attributes
                      and any(o.name == "tsched.launch" for o in ops_of(f))]
-        if not cpu_target:
-            for f in schedules:
-                fuse_epilogues(f, kernels, module_block)
         consumed, taken = set(), set()
         for f in schedules:
             duplicate_constants(f, kernels)
-            consumed |= fuse_and_tile(f, kernels, module_block, taken)
+            consumed |= fuse_and_tile(f, kernels, module_block, taken, gemm=not cpu_target)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
         for name, kernel in kernels.items():
             if name in launched and name not in consumed:
                 routine = _library_routine(kernel, cpu_target)
-                if routine is not None:
-                    make_library_declaration(kernel, routine, module_block)
-                else:
-                    tile_kernel(kernel, module_block).move_before(kernel)
+                if routine is None:
+                    bad = (kernel_body(kernel) or [kernel])[0]
+                    raise PassError(f"tessera-lower-to-tile cannot lower '{bad.name}' in kernel "
+                                    f"@{name}", bad.location)
+                make_library_declaration(kernel, routine, module_block)
             kernel.erase()
     run_reporting(op, pass_, body)

@@ -1,12 +1,9 @@
-"""Emits C++ (CPU) and CUDA C++ (GPU) from Tile IR.
+"""Emits C++ for the CPU engine from Tile IR (the CUDA emitter,
+`cuda_emitter.py`, builds on this one).
 
 Every `ttile.kernel` becomes an `extern "C"` function taking one `void*` per
 buffer argument (inputs, then outputs; shapes are static and compiled in).
-
-* CPU: the grid becomes nested loops over program ids; tiles are local arrays.
-* CUDA: each grid point is a thread block (`blockIdx`); tiles live in shared
-  memory and the `block` threads split every loop over a tile's elements,
-  with `__syncthreads()` between tile operations.
+The grid becomes nested loops over program ids; tiles are local arrays.
 
 Tile values are SSA; each gets its own array, declared once at the top of the
 kernel. `scf.for` loop-carried tiles get arrays that `scf.yield` copies into.
@@ -87,7 +84,7 @@ _ELEMENTWISE_EXPRESSIONS = {
 
 @dataclass
 class KernelEmitter:
-    cuda: bool
+    cuda = False        # class constant: the CUDA subclass sets it
     lines: list[str] = field(default_factory=list)
     names: dict = field(default_factory=dict)
     tiles: dict = field(default_factory=dict)
@@ -103,21 +100,20 @@ class KernelEmitter:
         self.lines.append("  " * self.indent + text)
 
     def sync(self) -> None:
-        if self.cuda:
-            self.line("__syncthreads();")
+        """A barrier between tile operations (none on the CPU)."""
 
     def for_each(self, n: int, body) -> None:
-        """`body(e)` for every element index e < n, split over threads on GPU."""
+        """`body(e)` for every element index e < n (split over threads on GPU)."""
         e = self.fresh("e")
-        if self.cuda:
-            self.line(f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += blockDim.x) {{")
-        else:
-            self.line(f"for (int64_t {e} = 0; {e} < {n}; ++{e}) {{")
+        self.line(self.element_loop(e, n))
         self.indent += 1
         body(e)
         self.indent -= 1
         self.line("}")
         self.sync()
+
+    def element_loop(self, e: str, n) -> str:
+        return f"for (int64_t {e} = 0; {e} < {n}; ++{e}) {{"
 
     def new_tile(self, value: ir.Value) -> Tile:
         shape, elt = tile_of(value.type)
@@ -130,54 +126,47 @@ class KernelEmitter:
         return self.names[value]
 
     # -- kernel ------------------------------------------------------------
-    def emit_kernel(self, kernel: ir.Operation) -> str:
+    def signature(self, kernel: ir.Operation):
+        """(name, grid, entry block, C parameters, prologue lines) of a kernel;
+        records each buffer argument's C name, shape and element type."""
         attrs = kernel.attributes
         name = ir.StringAttr(attrs["sym_name"]).value
         grid = list(ir.DenseI64ArrayAttr(attrs["grid"]))
-        block_shape = list(ir.DenseI64ArrayAttr(attrs["block"]))
         entry = kernel.regions[0].blocks[0]
         params, prologue = [], []
-        buffers = {}
+        self.buffers, self.buffer_elements = {}, {}
         for i, arg in enumerate(entry.arguments):
             mt = ir.MemRefType(arg.type)
             ct = ctype(mt.element_type, kernel.location, buffer=True)
             params.append(f"void* arg{i}_")
             prologue.append(f"{ct}* __restrict__ arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
             self.names[arg] = f"arg{i}"
-            buffers[f"arg{i}"] = list(mt.shape)
-        self.buffers = buffers
-        self.buffer_elements = {f"arg{i}": str(ir.MemRefType(a.type).element_type)
-                                for i, a in enumerate(entry.arguments)}
+            self.buffers[f"arg{i}"] = list(mt.shape)
+            self.buffer_elements[f"arg{i}"] = str(mt.element_type)
+        return name, grid, entry, params, prologue
+
+    def emit_kernel(self, kernel: ir.Operation) -> str:
+        name, grid, entry, params, prologue = self.signature(kernel)
         body_lines_start = len(self.lines)
-        if not self.cuda:
-            for d, g in enumerate(grid):
-                self.line(f"for (int64_t pid{d} = 0; pid{d} < {g}; ++pid{d}) {{")
-                self.indent += 1
-        else:
-            axes = "xyz"
-            for d in range(len(grid)):
-                self.line(f"const int64_t pid{d} = blockIdx.{axes[d]};")
+        for d, g in enumerate(grid):
+            self.line(f"for (int64_t pid{d} = 0; pid{d} < {g}; ++pid{d}) {{")
+            self.indent += 1
         for op in entry.operations:
             self.emit_op(op.operation)
-        if not self.cuda:
-            for _ in grid:
-                self.indent -= 1
-                self.line("}")
+        for _ in grid:
+            self.indent -= 1
+            self.line("}")
         body = self.lines[body_lines_start:]
-        storage = "__shared__ " if self.cuda else ""
         decls = []
         for t in self.tiles.values():
             note = f"// tile {'x'.join(map(str, t.shape))}"
-            if not self.cuda and t.size > _STACK_TILE_LIMIT:
+            if t.size > _STACK_TILE_LIMIT:
                 decls.append(f"  std::vector<{t.ctype}> {t.name}_v({t.size}); "
                              f"{t.ctype}* {t.name} = {t.name}_v.data();  {note}")
             else:
-                decls.append(f"  {storage}{t.ctype} {t.name}[{t.size}];  {note}")
-        qualifier = 'extern "C" __global__ void' if self.cuda else 'extern "C" void'
-        launch = (f"// launch: grid ({', '.join(map(str, grid))}), block ({', '.join(map(str, block_shape))})"
-                  if self.cuda else f"// grid ({', '.join(map(str, grid))}) run as loops")
-        head = [f"// ttile.kernel @{name}", launch,
-                f"{qualifier} {name}({', '.join(params)}) {{"]
+                decls.append(f"  {t.ctype} {t.name}[{t.size}];  {note}")
+        head = [f"// ttile.kernel @{name}", f"// grid ({', '.join(map(str, grid))}) run as loops",
+                f'extern "C" void {name}({", ".join(params)}) {{']
         return "\n".join(head + ["  " + p for p in prologue] + decls + body + ["}"]) + "\n"
 
     # -- ops ---------------------------------------------------------------
@@ -231,6 +220,8 @@ class KernelEmitter:
         shape = self.buffers[buf]
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
         bf16 = self.buffer_elements[buf] == "bf16"
+        # A lower-rank tile covers the trailing dimensions (size 1 in the others).
+        tile_shape = [1] * (len(shape) - len(tile.shape)) + list(tile.shape)
 
         def move(t_index: str, b_index: str) -> None:
             if load:
@@ -246,21 +237,10 @@ class KernelEmitter:
             self.line("}")
             self.sync()
             return
-        if self.cuda:
-            tstrides = [math.prod(tile.shape[d + 1:]) for d in range(len(tile.shape))]
-
-            def body(e):
-                idx = []
-                for d in range(len(shape)):
-                    coord = "" if tile.shape[d] == 1 else f" + (({e} / {tstrides[d]}) % {tile.shape[d]})"
-                    idx.append(f"({offsets[d]}{coord}) * {strides[d]}")
-                move(e, " + ".join(idx))
-            self.for_each(tile.size, body)
-            return
         # CPU: nested loops, the innermost along contiguous memory, so the
         # compiler vectorizes it; the tile index advances by one per element.
         base = " + ".join(f"{offsets[d]} * {strides[d]}" for d in range(len(shape)))
-        loop_dims = [d for d in range(len(shape)) if tile.shape[d] > 1]
+        loop_dims = [d for d in range(len(shape)) if tile_shape[d] > 1]
         t = self.fresh("p")
         self.line("{")
         self.indent += 1
@@ -270,7 +250,7 @@ class KernelEmitter:
         for d in loop_dims:
             iv = self.fresh("i")
             ivs.append((iv, d))
-            self.line(f"for (int64_t {iv} = 0; {iv} < {tile.shape[d]}; ++{iv}) {{")
+            self.line(f"for (int64_t {iv} = 0; {iv} < {tile_shape[d]}; ++{iv}) {{")
             self.indent += 1
         addr = " + ".join([f"{t}_base"] + [f"{iv} * {strides[d]}" for iv, d in ivs])
         move(f"{t}++", addr)
@@ -298,21 +278,13 @@ class KernelEmitter:
         M, K = a.shape
         N = b.shape[1]
         acc_t = r.ctype
-        if self.cuda:
-            def body(e):
-                self.line(f"const int64_t i = {e} / {N}, j = {e} % {N};")
-                self.line(f"{acc_t} s = {acc.name}[{e}];")
-                self.line(f"for (int64_t k = 0; k < {K}; ++k) s += ({acc_t}){a.name}[i * {K} + k] * ({acc_t}){b.name}[k * {N} + j];")
-                self.line(f"{r.name}[{e}] = s;")
-            self.for_each(M * N, body)
-        else:
-            # i-k-j order: the inner loop runs along contiguous rows of b and r.
-            self.line(f"for (int64_t e = 0; e < {M * N}; ++e) {r.name}[e] = {acc.name}[e];")
-            self.line(f"for (int64_t i = 0; i < {M}; ++i)")
-            self.line(f"  for (int64_t k = 0; k < {K}; ++k) {{")
-            self.line(f"    const {acc_t} av = ({acc_t}){a.name}[i * {K} + k];")
-            self.line(f"    for (int64_t j = 0; j < {N}; ++j) {r.name}[i * {N} + j] += av * ({acc_t}){b.name}[k * {N} + j];")
-            self.line("  }")
+        # i-k-j order: the inner loop runs along contiguous rows of b and r.
+        self.line(f"for (int64_t e = 0; e < {M * N}; ++e) {r.name}[e] = {acc.name}[e];")
+        self.line(f"for (int64_t i = 0; i < {M}; ++i)")
+        self.line(f"  for (int64_t k = 0; k < {K}; ++k) {{")
+        self.line(f"    const {acc_t} av = ({acc_t}){a.name}[i * {K} + k];")
+        self.line(f"    for (int64_t j = 0; j < {N}; ++j) {r.name}[i * {N} + j] += av * ({acc_t}){b.name}[k * {N} + j];")
+        self.line("  }")
 
     def _elementwise(self, op, expr):
         srcs = [self.names[v] for v in op.operands]
@@ -363,28 +335,21 @@ class KernelEmitter:
         rstrides = [math.prod(r.shape[d + 1:]) for d in range(len(r.shape))]
         sstrides = [math.prod(src.shape[d + 1:]) for d in range(len(src.shape))]
 
-        if not self.cuda:
-            # Nested loops over the result; the source index skips repeated dims.
-            ivs = []
-            for d, n in enumerate(r.shape):
-                iv = self.fresh("i")
-                ivs.append(iv)
-                self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv}) {{")
-                self.indent += 1
-            dst = " + ".join(f"{iv} * {rstrides[d]}" for d, iv in enumerate(ivs))
-            src_idx = " + ".join(f"{iv} * {sstrides[d]}" for d, iv in enumerate(ivs)
-                                 if src.shape[d] != 1) or "0"
-            self.line(f"{r.name}[{dst}] = {src.name}[{src_idx}];")
-            for _ in ivs:
-                self.indent -= 1
-                self.line("}")
-            return
-
-        def body(e):
-            terms = [f"(({e} / {rstrides[d]}) % {r.shape[d]}) * {sstrides[d]}"
-                     for d in range(len(r.shape)) if src.shape[d] != 1]
-            self.line(f"{r.name}[{e}] = {src.name}[{' + '.join(terms) or '0'}];")
-        self.for_each(r.size, body)
+        # Nested loops over the result; the source index skips repeated dims.
+        ivs = []
+        for d, n in enumerate(r.shape):
+            iv = self.fresh("i")
+            ivs.append(iv)
+            self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv}) {{")
+            self.indent += 1
+        dst = " + ".join(f"{iv} * {rstrides[d]}" for d, iv in enumerate(ivs))
+        src_idx = " + ".join(f"{iv} * {sstrides[d]}" for d, iv in enumerate(ivs)
+                             if src.shape[d] != 1) or "0"
+        self.line(f"{r.name}[{dst}] = {src.name}[{src_idx}];")
+        for _ in ivs:
+            self.indent -= 1
+            self.line("}")
+        return
 
     def op_ttile_iota(self, op):
         r = self.new_tile(op.results[0])
@@ -418,8 +383,7 @@ class KernelEmitter:
         self.for_each(r.size, body)
 
     def op_ttile_barrier(self, op):
-        if self.cuda:
-            self.line("__syncthreads();")
+        pass    # one thread runs each kernel instance on the CPU
 
     def op_ttile_return(self, op):
         pass
@@ -512,26 +476,9 @@ _CPP_PRELUDE = """\
 #include <vector>
 """ + _BF16_HELPERS.format(q="static") + _FAST_MATH
 
-_CUDA_PRELUDE = """\
-// Generated by Tessera from Tile IR (ttile). Do not edit.
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-""" + _BF16_HELPERS.format(q="static __device__")
-
-
-def _emit(module: ir.Module, cuda: bool) -> str:
-    parts = [_CUDA_PRELUDE if cuda else _CPP_PRELUDE]
-    for kernel in kernels_of(module):
-        parts.append(KernelEmitter(cuda=cuda).emit_kernel(kernel))
-    return "\n".join(parts)
-
-
 def emit_cpp(module: ir.Module) -> str:
     """C++ for the CPU engine: one `extern "C"` function per ttile.kernel."""
-    return _emit(module, cuda=False)
-
-
-def emit_cuda(module: ir.Module) -> str:
-    """CUDA C++: one `extern "C" __global__` kernel per ttile.kernel."""
-    return _emit(module, cuda=True)
+    parts = [_CPP_PRELUDE]
+    for kernel in kernels_of(module):
+        parts.append(KernelEmitter().emit_kernel(kernel))
+    return "\n".join(parts)

@@ -3,20 +3,21 @@
 // Inputs are Schedule IR as tessera-lower-to-schedule leaves it: launches of
 // kernels that are functions on tensors.
 
-// The relu reading only the matmul's output is fused into its epilogue: one
-// launch, one kernel, no intermediate buffer.
+// A GPU target (no `tessera.target = "cpu"`): the relu after the matmul is
+// its epilogue: one launch, one kernel, no intermediate buffer. f32 operands
+// run on CUDA cores: tiles are the largest divisors up to 32, no `warps`.
 // CHECK-LABEL: func.func @fuse
 // CHECK: %[[OUT:.*]] = tsched.alloc : memref<64x32xf32>
-// CHECK-NEXT: tsched.launch @mm_relu on %{{.*}} ins(%arg0, %arg1 : memref<64x16xf32>, memref<16x32xf32>) outs(%[[OUT]] : memref<64x32xf32>)
+// CHECK-NEXT: tsched.launch @mm_fused2 on %{{.*}} ins(%arg0, %arg1 : memref<64x16xf32>, memref<16x32xf32>) outs(%[[OUT]] : memref<64x32xf32>)
 // CHECK-NOT: tsched.launch
 // CHECK: return %[[OUT]]
-// CHECK: ttile.kernel @mm_relu(%[[A:.*]]: memref<64x16xf32>, %[[B:.*]]: memref<16x32xf32>, %[[C:.*]]: memref<64x32xf32>)
-// CHECK-SAME: block = array<i64: 128>, grid = array<i64: 2, 1>, ttile.tile_sizes = array<i64: 32, 32, 16>
+// CHECK: ttile.kernel @mm_fused2(%[[A:.*]]: memref<64x16xf32>, %[[B:.*]]: memref<16x32xf32>, %[[C:.*]]: memref<64x32xf32>)
+// CHECK-SAME: block = array<i64: 128>, grid = array<i64: 2>, ttile.tile_sizes = array<i64: 32, 32, 16>
 // CHECK: %[[ACC:.*]] = ttile.fill 0.000000e+00 : !ttile.tile<32x32xf32>
 // CHECK: %[[SUM:.*]] = scf.for %[[K:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[IT:.*]] = %[[ACC]]) -> (!ttile.tile<32x32xf32>)
 // CHECK: ttile.load %[[A]][%{{.*}}, %[[K]]] : memref<64x16xf32> -> !ttile.tile<32x16xf32>
 // CHECK: ttile.load %[[B]][%[[K]], %{{.*}}] : memref<16x32xf32> -> !ttile.tile<16x32xf32>
-// CHECK: ttile.dot %{{.*}}, %{{.*}}, %[[IT]]
+// CHECK: ttile.dot %{{.*}}, %{{.*}}, %[[IT]] : !ttile.tile<32x16xf32>, !ttile.tile<16x32xf32> -> !ttile.tile<32x32xf32>
 // CHECK: %[[R:.*]] = ttile.relu %[[SUM]] : !ttile.tile<32x32xf32>
 // CHECK: ttile.store %[[R]], %[[C]]
 // CHECK-NOT: ttile.kernel @relu
@@ -45,8 +46,8 @@ func.func private @relu(%x: tensor<64x32xf32>) -> tensor<64x32xf32> attributes {
 // A residual add fuses too; the residual becomes an extra kernel input loaded
 // at the output tile's offsets.
 // CHECK-LABEL: func.func @residual
-// CHECK: tsched.launch @mm_add on %{{.*}} ins(%arg0, %arg1, %arg2 : memref<8x8xf32>, memref<8x8xf32>, memref<8x8xf32>)
-// CHECK: ttile.kernel @mm_add(%{{.*}}: memref<8x8xf32>, %{{.*}}: memref<8x8xf32>, %[[RES:.*]]: memref<8x8xf32>, %{{.*}}: memref<8x8xf32>)
+// CHECK: tsched.launch @mm_fused2 on %{{.*}} ins(%arg0, %arg1, %arg2 : memref<8x8xf32>, memref<8x8xf32>, memref<8x8xf32>)
+// CHECK: ttile.kernel @mm_fused2(%{{.*}}: memref<8x8xf32>, %{{.*}}: memref<8x8xf32>, %[[RES:.*]]: memref<8x8xf32>, %{{.*}}: memref<8x8xf32>)
 // CHECK: scf.for
 // CHECK: %[[T:.*]] = ttile.load %[[RES]]
 // CHECK: ttile.add %{{.*}}, %[[T]] : !ttile.tile<8x8xf32>
@@ -70,17 +71,15 @@ func.func private @add(%x: tensor<8x8xf32>, %y: tensor<8x8xf32>) -> tensor<8x8xf
 
 // -----
 
-// No fusion when the matmul's output is needed elsewhere (here: returned).
-// The relu alone is tiled as an elementwise kernel over its output.
+// The matmul's output is also returned: the fused kernel stores it as well as
+// the relu's.
 // CHECK-LABEL: func.func @escapes
-// CHECK: tsched.launch @mm on
-// CHECK: tsched.launch @relu on
-// CHECK: ttile.kernel @relu(%[[X:.*]]: memref<8x8192xf32>, %[[Y:.*]]: memref<8x8192xf32>)
-// CHECK-SAME: grid = array<i64: 16>, ttile.tile_sizes = array<i64: 1, 4096>
-// CHECK: %[[T:.*]] = ttile.load %[[X]]{{.*}} -> !ttile.tile<1x4096xf32>
-// CHECK-NEXT: %[[R:.*]] = ttile.relu %[[T]]
-// CHECK-NEXT: ttile.store %[[R]], %[[Y]]
-// CHECK: ttile.kernel @mm(
+// CHECK: tsched.launch @mm_fused2 on %{{.*}} ins(%arg0, %arg1 : {{.*}}) outs(%{{.*}}, %{{.*}} : memref<8x8192xf32>, memref<8x8192xf32>)
+// CHECK: ttile.kernel @mm_fused2(%{{.*}}: memref<8x4xf32>, %{{.*}}: memref<4x8192xf32>, %[[MM:.*]]: memref<8x8192xf32>, %[[Y:.*]]: memref<8x8192xf32>)
+// CHECK: %[[SUM:.*]] = scf.for
+// CHECK: %[[R:.*]] = ttile.relu %[[SUM]]
+// CHECK-DAG: ttile.store %[[SUM]], %[[MM]]
+// CHECK-DAG: ttile.store %[[R]], %[[Y]]
 func.func @escapes(%a: memref<8x4xf32>, %b: memref<4x8192xf32>) -> (memref<8x8192xf32>, memref<8x8192xf32>) {
   %s = tsched.stream "compute"
   %0 = tsched.alloc : memref<8x8192xf32>
@@ -100,16 +99,93 @@ func.func private @relu(%x: tensor<8x8192xf32>) -> tensor<8x8192xf32> attributes
 
 // -----
 
-func.func @batched(%a: memref<2x4x4xf32>, %b: memref<2x4x4xf32>) -> memref<2x4x4xf32> {
+// A batched bf16 GEMM with a bias: the bias' reshape (a library call that
+// reads nothing the GEMM produces) moves ahead of the GEMM instead of
+// breaking the fusion; the configuration is a tensor-core one (warps on the
+// dot, block = warps x 32 threads, pipeline stages on the kernel); the grid
+// covers batch x M/BM x N/BN; tiles are 2-D views of one matrix of the
+// batch; bf16 operands accumulate in f32, cast back after the loop.
+// CHECK-LABEL: func.func @batched_bias
+// CHECK: tsched.launch @flat on
+// CHECK: tsched.launch @bmm_fused3 on %{{.*}} ins(%arg0, %arg1, %{{.*}} : memref<4x384x128xbf16>, memref<4x128x384xbf16>, memref<1x1x384xbf16>)
+// CHECK: ttile.kernel @bmm_fused3(%[[A:.*]]: memref<4x384x128xbf16>, %[[B:.*]]: memref<4x128x384xbf16>, %[[BIAS:.*]]: memref<1x1x384xbf16>, %[[C:.*]]: memref<4x384x384xbf16>)
+// CHECK-SAME: block = array<i64: 128>, grid = array<i64: 144>, stages = 3 : i64, ttile.tile_sizes = array<i64: 64, 64, 32>
+// CHECK: %[[ACC:.*]] = ttile.fill 0.000000e+00 : !ttile.tile<64x64xf32>
+// CHECK: %[[SUM:.*]] = scf.for %[[K:.*]] = %{{.*}} iter_args(%[[IT:.*]] = %[[ACC]]) -> (!ttile.tile<64x64xf32>)
+// CHECK: ttile.load %[[A]][%[[BATCH:.*]], %{{.*}}, %[[K]]] : memref<4x384x128xbf16> -> !ttile.tile<64x32xbf16>
+// CHECK: ttile.load %[[B]][%[[BATCH]], %[[K]], %{{.*}}] : memref<4x128x384xbf16> -> !ttile.tile<32x64xbf16>
+// CHECK: ttile.dot %{{.*}}, %{{.*}}, %[[IT]] {warps = array<i64: 2, 2>} : !ttile.tile<64x32xbf16>, !ttile.tile<32x64xbf16> -> !ttile.tile<64x64xf32>
+// CHECK: %[[OUT:.*]] = ttile.cast %[[SUM]] : !ttile.tile<64x64xf32> to !ttile.tile<64x64xbf16>
+// CHECK: %[[BT:.*]] = ttile.load %[[BIAS]]{{.*}} -> !ttile.tile<1x64xbf16>
+// CHECK: %[[BB:.*]] = ttile.broadcast %[[BT]] : !ttile.tile<1x64xbf16> to !ttile.tile<64x64xbf16>
+// CHECK: %[[Y:.*]] = ttile.add %[[OUT]], %[[BB]]
+// CHECK: ttile.store %[[Y]], %[[C]][%[[BATCH]], %{{.*}}, %{{.*}}] : !ttile.tile<64x64xbf16>, memref<4x384x384xbf16>
+func.func @batched_bias(%a: memref<4x384x128xbf16>, %b: memref<4x128x384xbf16>, %bias: memref<384xbf16>) -> memref<4x384x384xbf16> {
   %s = tsched.stream "compute"
-  %0 = tsched.alloc : memref<2x4x4xf32>
-  tsched.launch @bmm on %s ins(%a, %b : memref<2x4x4xf32>, memref<2x4x4xf32>) outs(%0 : memref<2x4x4xf32>)
-  return %0 : memref<2x4x4xf32>
+  %0 = tsched.alloc : memref<4x384x384xbf16>
+  tsched.launch @bmm on %s ins(%a, %b : memref<4x384x128xbf16>, memref<4x128x384xbf16>) outs(%0 : memref<4x384x384xbf16>)
+  %1 = tsched.alloc : memref<1x1x384xbf16>
+  tsched.launch @flat on %s ins(%bias : memref<384xbf16>) outs(%1 : memref<1x1x384xbf16>)
+  %2 = tsched.alloc : memref<4x384x384xbf16>
+  tsched.launch @bc on %s ins(%1 : memref<1x1x384xbf16>) outs(%2 : memref<4x384x384xbf16>)
+  %3 = tsched.alloc : memref<4x384x384xbf16>
+  tsched.launch @add on %s ins(%0, %2 : memref<4x384x384xbf16>, memref<4x384x384xbf16>) outs(%3 : memref<4x384x384xbf16>)
+  return %3 : memref<4x384x384xbf16>
 }
-func.func private @bmm(%a: tensor<2x4x4xf32>, %b: tensor<2x4x4xf32>) -> tensor<2x4x4xf32> attributes {tsched.kernel} {
-  // expected-error @+1 {{tessera-lower-to-tile tiles 2-D matmuls; kernel @bmm has a rank-3 matmul}}
-  %0 = tgraph.matmul %a, %b : tensor<2x4x4xf32>, tensor<2x4x4xf32> -> tensor<2x4x4xf32>
-  return %0 : tensor<2x4x4xf32>
+func.func private @bmm(%a: tensor<4x384x128xbf16>, %b: tensor<4x128x384xbf16>) -> tensor<4x384x384xbf16> attributes {tsched.kernel} {
+  %0 = tgraph.matmul %a, %b : tensor<4x384x128xbf16>, tensor<4x128x384xbf16> -> tensor<4x384x384xbf16>
+  return %0 : tensor<4x384x384xbf16>
+}
+func.func private @flat(%a: tensor<384xbf16>) -> tensor<1x1x384xbf16> attributes {tsched.kernel} {
+  %0 = tgraph.reshape %a : tensor<384xbf16> to tensor<1x1x384xbf16>
+  return %0 : tensor<1x1x384xbf16>
+}
+func.func private @bc(%a: tensor<1x1x384xbf16>) -> tensor<4x384x384xbf16> attributes {tsched.kernel} {
+  %0 = tgraph.broadcast %a : tensor<1x1x384xbf16> to tensor<4x384x384xbf16>
+  return %0 : tensor<4x384x384xbf16>
+}
+func.func private @add(%x: tensor<4x384x384xbf16>, %y: tensor<4x384x384xbf16>) -> tensor<4x384x384xbf16> attributes {tsched.kernel} {
+  %0 = tgraph.add %x, %y : tensor<4x384x384xbf16>
+  return %0 : tensor<4x384x384xbf16>
+}
+
+// -----
+
+// A reduction after a GEMM is not part of its epilogue: it gets its own kernel.
+// CHECK-LABEL: func.func @gemm_then_softmax_row
+// CHECK: tsched.launch @mm on
+// CHECK: tsched.launch @rmax on
+func.func @gemm_then_softmax_row(%a: memref<16x16xf32>, %b: memref<16x16xf32>) -> memref<16x1xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<16x16xf32>
+  tsched.launch @mm on %s ins(%a, %b : memref<16x16xf32>, memref<16x16xf32>) outs(%0 : memref<16x16xf32>)
+  %1 = tsched.alloc : memref<16x1xf32>
+  tsched.launch @rmax on %s ins(%0 : memref<16x16xf32>) outs(%1 : memref<16x1xf32>)
+  return %1 : memref<16x1xf32>
+}
+func.func private @mm(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>) -> tensor<16x16xf32> attributes {tsched.kernel} {
+  %0 = tgraph.matmul %a, %b : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+  return %0 : tensor<16x16xf32>
+}
+func.func private @rmax(%a: tensor<16x16xf32>) -> tensor<16x1xf32> attributes {tsched.kernel} {
+  %0 = tgraph.reduce <max> %a dims [1] : tensor<16x16xf32> -> tensor<16x1xf32>
+  return %0 : tensor<16x1xf32>
+}
+
+// -----
+
+// An op this pass has no lowering for is reported at the op.
+tgraph.mesh @mesh axes = ["x"] shape = [2]
+func.func @unlowerable(%a: memref<8xf32>) -> memref<8xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<8xf32>
+  tsched.launch @ar on %s ins(%a : memref<8xf32>) outs(%0 : memref<8xf32>)
+  return %0 : memref<8xf32>
+}
+func.func private @ar(%a: tensor<8xf32>) -> tensor<8xf32> attributes {tsched.kernel} {
+  // expected-error @+1 {{tessera-lower-to-tile cannot lower 'tgraph.all_reduce' in kernel @ar}}
+  %0 = tgraph.all_reduce <sum> %a on @mesh["x"] : tensor<8xf32>
+  return %0 : tensor<8xf32>
 }
 
 // -----

@@ -30,7 +30,7 @@ def test_generated_cuda_compiles_for_sm90():
     obj = build_cuda_object(trace.cuda)
     assert obj.stat().st_size > 0
     symbols = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout
-    for kernel in ("mlp_matmul_0_relu", "mlp_matmul_2"):
+    for kernel in ("mlp_matmul_0_fused2", "mlp_matmul_2"):
         assert kernel in symbols
 
 

@@ -155,8 +155,8 @@ ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = 
 
 ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
   %c0 = arith.constant 0 : index
-  // expected-error @below {{'ttile.load' op tile '!ttile.tile<16xf32>' and 'source' 'memref<8x16xf32>' must have the same rank}}
-  %t = ttile.load %a[%c0, %c0] : memref<8x16xf32> -> !ttile.tile<16xf32>
+  // expected-error @below {{'ttile.load' op tile '!ttile.tile<1x8x16xf32>' has a higher rank than 'source' 'memref<8x16xf32>'}}
+  %t = ttile.load %a[%c0, %c0] : memref<8x16xf32> -> !ttile.tile<1x8x16xf32>
   ttile.return
 }
 
@@ -221,9 +221,9 @@ ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = 
 
 ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
   %c0 = arith.constant 0 : index
-  %t = ttile.fill 0.0 : !ttile.tile<8xf32>
-  // expected-error @below {{'ttile.store' op tile '!ttile.tile<8xf32>' and 'dest' 'memref<8x16xf32>' must have the same rank}}
-  ttile.store %t, %a[%c0, %c0] : !ttile.tile<8xf32>, memref<8x16xf32>
+  %t = ttile.fill 0.0 : !ttile.tile<3xf32>
+  // expected-error @below {{'ttile.store' op tile '!ttile.tile<3xf32>' does not evenly divide 'dest' 'memref<8x16xf32>'}}
+  ttile.store %t, %a[%c0, %c0] : !ttile.tile<3xf32>, memref<8x16xf32>
   ttile.return
 }
 
@@ -381,5 +381,47 @@ ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = a
   %c0 = arith.constant 0 : index
   // expected-error @below {{'ttile.iota' op dim 2 is out of range for '!ttile.tile<2x8xi32>'}}
   %t = ttile.iota %c0 dim 2 : !ttile.tile<2x8xi32>
+  ttile.return
+}
+
+// -----
+
+// GPU parameters: pipeline stages and the warp grid of a dot.
+
+// expected-error @below {{'ttile.kernel' op 'stages' must be 1 to 8, got 0}}
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>, stages = 0 : i64} {
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  %x = ttile.load %a[%c0, %c0] : memref<32x32xbf16> -> !ttile.tile<32x32xbf16>
+  %acc = ttile.fill 0.0 : !ttile.tile<32x32xf32>
+  // expected-error @below {{'ttile.dot' op 'warps' [3, 1] do not evenly split 'acc' '!ttile.tile<32x32xf32>'}}
+  %d = ttile.dot %x, %x, %acc {warps = array<i64: 3, 1>} : !ttile.tile<32x32xbf16>, !ttile.tile<32x32xbf16> -> !ttile.tile<32x32xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  %x = ttile.load %a[%c0, %c0] : memref<32x32xbf16> -> !ttile.tile<32x32xbf16>
+  %acc = ttile.fill 0.0 : !ttile.tile<32x32xf32>
+  // expected-error @below {{'ttile.dot' op 'warps' [2, 4] need 256 threads but the kernel's block has 128}}
+  %d = ttile.dot %x, %x, %acc {warps = array<i64: 2, 4>} : !ttile.tile<32x32xbf16>, !ttile.tile<32x32xbf16> -> !ttile.tile<32x32xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  %x = ttile.load %a[%c0, %c0] : memref<32x32xbf16> -> !ttile.tile<32x32xbf16>
+  %acc = ttile.fill 0.0 : !ttile.tile<32x32xf32>
+  // expected-error @below {{'ttile.dot' op 'warps' must be two sizes >= 1 (warps along M and N)}}
+  %d = ttile.dot %x, %x, %acc {warps = array<i64: 4>} : !ttile.tile<32x32xbf16>, !ttile.tile<32x32xbf16> -> !ttile.tile<32x32xf32>
   ttile.return
 }

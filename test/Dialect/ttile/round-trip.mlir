@@ -117,3 +117,22 @@ ttile.kernel @row_ops(%x: memref<2x8xf32>, %s: memref<f32>, %y: memref<2x8xf32>)
   ttile.store %rs, %y[%c0, %c0] : !ttile.tile<2x8xf32>, memref<2x8xf32>
   ttile.return
 }
+
+// -----
+
+// GPU parameters: `stages` on the kernel, `warps` on the dot; a 2-D tile of
+// one matrix of a batch (lower-rank tiles cover the trailing dimensions).
+// CHECK-LABEL: ttile.kernel @batched_gemm(
+// CHECK-SAME: stages = 3 : i64
+// CHECK: ttile.load %{{.*}}[%{{.*}}, %{{.*}}, %{{.*}}] : memref<2x64x32xbf16> -> !ttile.tile<64x32xbf16>
+// CHECK: ttile.dot %{{.*}}, %{{.*}}, %{{.*}} {warps = array<i64: 2, 2>} : !ttile.tile<64x32xbf16>, !ttile.tile<32x64xbf16> -> !ttile.tile<64x64xf32>
+ttile.kernel @batched_gemm(%a: memref<2x64x32xbf16>, %b: memref<2x32x64xbf16>, %c: memref<2x64x64xf32>) attributes {grid = array<i64: 2>, block = array<i64: 128>, stages = 3 : i64} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %acc = ttile.fill 0.0 : !ttile.tile<64x64xf32>
+  %ta = ttile.load %a[%pid, %c0, %c0] : memref<2x64x32xbf16> -> !ttile.tile<64x32xbf16>
+  %tb = ttile.load %b[%pid, %c0, %c0] : memref<2x32x64xbf16> -> !ttile.tile<32x64xbf16>
+  %d = ttile.dot %ta, %tb, %acc {warps = array<i64: 2, 2>} : !ttile.tile<64x32xbf16>, !ttile.tile<32x64xbf16> -> !ttile.tile<64x64xf32>
+  ttile.store %d, %c[%pid, %c0, %c0] : !ttile.tile<64x64xf32>, memref<2x64x64xf32>
+  ttile.return
+}

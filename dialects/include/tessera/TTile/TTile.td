@@ -72,10 +72,20 @@ def TTile_KernelOp : TTile_Op<"kernel", [
     Arguments are global buffers (`memref`s): the launch's inputs, then its
     outputs. `grid` is the number of kernel instances per dimension; `block`
     is the number of threads cooperating on one instance on the GPU.
+    `stages` (optional) is how many iterations of a GEMM main loop are in
+    flight at once: the GPU emitter keeps that many `ttile.load` tiles of the
+    loop in a shared-memory ring, filled asynchronously ahead of the `ttile.dot`
+    that reads them. It is a tuning parameter; it never changes results.
+
+    ```mlir
+    ttile.kernel @gemm(%a: memref<256x64xbf16>, %b: memref<64x256xbf16>, %c: memref<256x256xf32>)
+        attributes {grid = array<i64: 4>, block = array<i64: 256>, stages = 3 : i64} { ... }
+    ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
                        TypeAttrOf<FunctionType>:$function_type,
                        DenseI64ArrayAttr:$grid, DenseI64ArrayAttr:$block,
+                       OptionalAttr<I64Attr>:$stages,
                        OptionalAttr<DictArrayAttr>:$arg_attrs,
                        OptionalAttr<DictArrayAttr>:$res_attrs);
   let regions = (region SizedRegion<1>:$body);
@@ -105,6 +115,12 @@ def TTile_ProgramIdOp : TTile_Op<"program_id", [Pure]> {
 
 def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
   let summary = "load a tile from a buffer at element offsets";
+  let description = [{
+    One offset per buffer dimension. A tile of lower rank than the buffer
+    covers its trailing dimensions, with size 1 in the leading ones (one
+    matrix of a batch: `memref<4x64x32xf32>` at `[%b, %i, %k]` as a
+    `!ttile.tile<16x32xf32>`).
+  }];
   let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$offsets);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
@@ -134,11 +150,21 @@ def TTile_FillOp : TTile_Op<"fill", [Pure]> {
 def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
   let summary = "tile matrix multiply-accumulate: result = acc + lhs x rhs";
   let description = [{
+    The accumulator may be wider than the operands (bf16 or f16 operands
+    accumulate in f32). `warps = [WM, WN]` (optional) splits the `M x N`
+    accumulator over a `WM x WN` grid of warps, each owning an
+    `M/WM x N/WN` block held in registers; the kernel's `block` must then be
+    `WM * WN * 32` threads. With half-precision operands, f32 accumulation
+    and warp blocks that are multiples of 16 x 16 (K a multiple of 16), the
+    GPU emitter runs the dot on tensor cores (`mma.sync.m16n8k16`).
+
     ```mlir
     %c = ttile.dot %a, %b, %acc : !ttile.tile<16x32xf32>, !ttile.tile<32x16xf32> -> !ttile.tile<16x16xf32>
+    %d = ttile.dot %x, %y, %it {warps = array<i64: 2, 4>} : !ttile.tile<128x32xbf16>, !ttile.tile<32x128xbf16> -> !ttile.tile<128x128xf32>
     ```
   }];
-  let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_TileType:$acc);
+  let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_TileType:$acc,
+                       OptionalAttr<DenseI64ArrayAttr>:$warps);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs `,` $acc attr-dict `:` qualified(type($lhs)) `,` qualified(type($rhs)) `->` qualified(type($result))

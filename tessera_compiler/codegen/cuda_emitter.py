@@ -1,0 +1,674 @@
+"""Emits CUDA C++ for sm_90 from Tile IR.
+
+Each grid point of a `ttile.kernel` is one thread block (`blockIdx`); its
+`block` threads cooperate on every tile. Three ideas keep tiles out of memory:
+
+* **Pointwise regions.** Consecutive pointwise ops (elementwise math,
+  compare, select, cast, fill, iota, broadcast, load, store) over one
+  iteration shape are emitted as ONE loop in which each thread computes whole
+  elements in registers: a fused GELU, bias add or cast reads its inputs and
+  writes its result once. A value leaves registers (into shared memory) only
+  when something outside its region reads it: a reduction, a `ttile.dot`, a
+  loop, or a later region.
+* **Tensor-core GEMM main loops.** An `scf.for` that accumulates
+  `ttile.dot(load A, load B)` with half-precision operands, an f32
+  accumulator and `warps` on the dot runs as an `mma.sync.m16n8k16` loop:
+  A and B tiles stream through a ring of `stages` shared-memory buffers
+  filled by `cp.async` ahead of use, `ldmatrix` feeds the tensor cores, and
+  the accumulator stays in registers, laid out as the mma instruction
+  defines. The pointwise epilogue after the loop (bias, activation,
+  residual, cast, store) runs on those registers directly.
+* **Cooperative reductions.** Reductions split each output over a group of
+  lanes combined with warp shuffles.
+
+Shared memory is one dynamic buffer (`tessera_smem`); each kernel's size is
+reported in its launch configuration (`emit_cuda_kernels`), which the runtime
+passes at launch (and uses to raise the kernel's dynamic shared memory limit
+above 48 KB when needed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera_mlir import ir
+
+from .tile_emitter import (_BF16_HELPERS, _ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter,
+                           Tile, c_literal, ctype, kernels_of, tile_of)
+
+#: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
+MAX_SHARED_BYTES = 227 * 1024
+_ALIGN = 16
+
+POINTWISE = set(_ELEMENTWISE_EXPRESSIONS) | {
+    "ttile.exp", "ttile.tanh", "ttile.rsqrt", "ttile.compare", "ttile.cast", "ttile.fill",
+    "ttile.iota", "ttile.broadcast", "ttile.load", "ttile.store"}
+
+_MMA_TYPES = {"bf16": "bf16", "f16": "f16"}
+
+_REDUCE = {"sum": ("0", "a + b"), "prod": ("1", "a * b"), "max": ("-INFINITY", "(b > a ? b : a)"),
+           "min": ("INFINITY", "(b < a ? b : a)")}
+
+
+@dataclass
+class Fragment:
+    """A tile held in registers as the accumulator of a tensor-core main loop:
+    thread (warp, lane) holds `name[mi][ni][q]` for element
+    row = wm0 + 16*mi + lane/4 + 8*(q/2), col = wn0 + 8*ni + 2*(lane%4) + q%2."""
+    name: str
+    shape: list[int]        # [BM, BN]
+    mt: int                 # 16-row mma tiles per warp
+    nt: int                 # 8-column mma tiles per warp
+    wm0: str                # C names of this warp's first row / column
+    wn0: str
+    lane: str
+
+
+@dataclass
+class Region:
+    """Pending pointwise ops over one iteration shape (`domain`)."""
+    ops: list
+    domain: list[int]
+    fragment: Fragment | None = None
+
+
+def _multiple_of(value: ir.Value, n: int) -> bool:
+    """Whether index `value` is provably a multiple of `n` (constants, products
+    with a multiple, sums of multiples, loop variables stepping by one)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        parent = owner.owner.operation
+        if parent.name == "scf.for" and value == owner.arguments[0]:
+            lb, _, step = list(parent.operands)[:3]
+            return _multiple_of(lb, n) and _multiple_of(step, n)
+        return False
+    op = owner.operation
+    if op.name == "arith.constant":
+        return ir.IntegerAttr(op.attributes["value"]).value % n == 0
+    if op.name == "arith.muli":
+        return any(_multiple_of(v, n) for v in op.operands)
+    if op.name in ("arith.addi", "arith.subi"):
+        return all(_multiple_of(v, n) for v in op.operands)
+    return False
+
+
+class CudaKernelEmitter(KernelEmitter):
+    cuda = True
+
+    def __init__(self):
+        super().__init__()
+        self.region: Region | None = None
+        self.frags: dict = {}               # value -> Fragment
+        self.scalars: dict = {}             # value -> C name, inside a region loop
+        self.shared_bytes = 0
+        self.smem_decls: list[str] = []
+        self.threads = 1
+        self.simt_reason = None     # why the last GEMM loop is not on tensor cores
+
+    # -- shared memory -----------------------------------------------------------
+    def _smem(self, nbytes: int) -> int:
+        offset = self.shared_bytes
+        self.shared_bytes += -(-nbytes // _ALIGN) * _ALIGN
+        return offset
+
+    def new_tile(self, value: ir.Value) -> Tile:
+        tile = super().new_tile(value)
+        size = 1 if tile.ctype == "bool" else (8 if tile.ctype in ("double", "int64_t") else 4)
+        offset = self._smem(tile.size * size)
+        self.smem_decls.append(f"{tile.ctype}* const {tile.name} = reinterpret_cast<{tile.ctype}*>"
+                               f"(tessera_smem + {offset});  // tile {'x'.join(map(str, tile.shape))}")
+        return tile
+
+    def sync(self) -> None:
+        self.line("__syncthreads();")
+
+    def element_loop(self, e: str, n) -> str:
+        return f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += blockDim.x) {{"
+
+    def _math(self, fn: str, arg: str) -> str:
+        return f"{fn}({arg})"
+
+    # -- kernel ----------------------------------------------------------------
+    def emit_kernel(self, kernel: ir.Operation) -> str:
+        name, grid, entry, params, prologue = self.signature(kernel)
+        block = list(ir.DenseI64ArrayAttr(kernel.attributes["block"]))
+        self.threads = math.prod(block)
+        self.stages = (ir.IntegerAttr(kernel.attributes["stages"]).value
+                       if "stages" in kernel.attributes else 2)
+        self.kernel_location = kernel.location
+        start = len(self.lines)
+        for d in range(len(grid)):
+            self.line(f"const int64_t pid{d} = blockIdx.{'xyz'[d]};")
+        for op in entry.operations:
+            self.emit_op(op.operation)
+        self.flush()
+        body = self.lines[start:]
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            raise EmitError(f"kernel @{name} needs {self.shared_bytes} bytes of shared memory; "
+                            f"an sm_90 block has at most {MAX_SHARED_BYTES}: use smaller tiles "
+                            "or fewer stages", kernel.location)
+        self.launch = {"grid": grid, "block": block, "shared_bytes": self.shared_bytes}
+        head = [f"// ttile.kernel @{name}",
+                f"// launch: grid ({', '.join(map(str, grid))}), block ({', '.join(map(str, block))}), "
+                f"dynamic shared memory {self.shared_bytes} bytes",
+                f'extern "C" __global__ void __launch_bounds__({self.threads}) '
+                f"{name}({', '.join(params)}) {{"]
+        smem = (["  extern __shared__ __align__(128) unsigned char tessera_smem[];"]
+                + ["  " + d for d in self.smem_decls]) if self.shared_bytes else []
+        return "\n".join(head + ["  " + p for p in prologue] + smem + body + ["}"]) + "\n"
+
+    # -- dispatch ----------------------------------------------------------------
+    def emit_op(self, op: ir.Operation) -> None:
+        if op.name in POINTWISE:
+            self._add_to_region(op)
+            return
+        if op.name == "scf.for" and self._emit_mma_loop(op):
+            return
+        if op.name.startswith("ttile.") or op.name.startswith("scf."):
+            self.flush()
+            for v in op.operands:
+                if v in self.frags:
+                    self._spill(v)
+        super().emit_op(op)
+
+    def op_ttile_barrier(self, op):
+        self.sync()
+
+    # -- pointwise regions ---------------------------------------------------------
+    def _tile_shapes(self, op) -> list[list[int]]:
+        return [tile_of(v.type)[0] for v in list(op.operands) + list(op.results)
+                if str(v.type).startswith("!ttile.tile")]
+
+    def _add_to_region(self, op) -> None:
+        shapes = self._tile_shapes(op)
+        frag = next((self.frags[v] for v in op.operands if v in self.frags), None)
+        region = self.region
+        if region is not None:
+            domain = _common_shape([region.domain] + shapes)
+            if domain is None or (frag is not None and region.fragment not in (None, frag)) \
+                    or (region.fragment is not None and domain != region.fragment.shape) \
+                    or (frag is not None and domain != frag.shape):
+                self.flush()
+                region = None
+            else:
+                region.domain = domain
+                region.fragment = region.fragment or frag
+        if region is None:
+            domain = _common_shape(shapes)
+            if domain is None:
+                raise EmitError(f"'{op.name}' mixes tile shapes {shapes}", op.location)
+            if frag is not None and domain != frag.shape:
+                for v in op.operands:
+                    if v in self.frags:
+                        self._spill(v)
+                frag = None
+            self.region = Region([op], domain, frag)
+            return
+        region.ops.append(op)
+
+    def flush(self) -> None:
+        """Emits the pending region as one loop over its domain."""
+        region, self.region = self.region, None
+        if region is None:
+            return
+        members = {op for op in region.ops}
+        outside = []
+        for op in region.ops:
+            for v in op.results:
+                if any(u.owner.operation not in members for u in v.uses):
+                    outside.append(v)
+        domain = region.domain
+        frag = region.fragment
+        if frag is not None:
+            coords = self._fragment_loop(frag)
+        else:
+            size = math.prod(domain)
+            e = self.fresh("e")
+            self.line(self.element_loop(e, size))
+            self.indent += 1
+            coords = []
+            for d, n in enumerate(domain):
+                stride = math.prod(domain[d + 1:])
+                c = self.fresh("x")
+                expr = "0" if n == 1 else (f"{e} / {stride}" if d == 0 else f"({e} / {stride}) % {n}")
+                self.line(f"const int64_t {c} = {expr};")
+                coords.append(c)
+        self.coords, self.domain = coords, domain
+        for op in region.ops:
+            self._pointwise(op)
+        for v in outside:
+            t = self.new_tile(v)
+            self._guarded(t.shape, f"{t.name}[{self._index(t.shape)}] = {self.scalars[v]};")
+        self.scalars.clear()
+        loops = 3 if frag is not None else 1
+        for _ in range(loops):
+            self.indent -= 1
+            self.line("}")
+        if outside:
+            self.sync()
+
+    def _fragment_loop(self, frag: Fragment) -> list[str]:
+        mi, ni, q = self.fresh("mi"), self.fresh("ni"), self.fresh("q")
+        for var, n in ((mi, frag.mt), (ni, frag.nt), (q, 4)):
+            self.line("#pragma unroll")
+            self.line(f"for (int {var} = 0; {var} < {n}; ++{var}) {{")
+            self.indent += 1
+        r, c = self.fresh("x"), self.fresh("x")
+        self.line(f"const int64_t {r} = {frag.wm0} + 16 * {mi} + ({frag.lane} >> 2) + 8 * ({q} >> 1);")
+        self.line(f"const int64_t {c} = {frag.wn0} + 8 * {ni} + 2 * ({frag.lane} & 3) + ({q} & 1);")
+        self.frag_element = f"{frag.name}[{mi}][{ni}][{q}]"
+        return [r, c]
+
+    def _index(self, shape: list[int]) -> str:
+        """Linear index into a tile of `shape` at the region's coordinates
+        (size-1 dimensions of a broadcast tile use 0)."""
+        terms = [f"{c} * {math.prod(shape[d + 1:])}" if math.prod(shape[d + 1:]) != 1 else c
+                 for d, c in enumerate(self.coords) if shape[d] != 1]
+        return " + ".join(terms) or "0"
+
+    def _guarded(self, shape: list[int], statement: str) -> None:
+        """`statement` by the threads at coordinate 0 of every dimension `shape`
+        broadcasts over (one writer per element)."""
+        conds = [f"{c} == 0" for c, s, n in zip(self.coords, shape, self.domain) if s == 1 and n > 1]
+        self.line(f"if ({' && '.join(conds)}) {statement}" if conds else statement)
+
+    def _value(self, v: ir.Value) -> str:
+        if v in self.scalars:
+            return self.scalars[v]
+        if v in self.frags:
+            return self.frag_element
+        t = self.names[v]
+        if isinstance(t, Tile):
+            return f"{t.name}[{self._index(t.shape)}]"
+        return t        # an index scalar
+
+    def _define(self, v: ir.Value, expr: str) -> None:
+        shape, elt = tile_of(v.type)
+        ct = ctype(elt, v.location)
+        name = self.fresh("v")
+        if elt == "bf16":
+            expr = f"bf16_round({expr})"
+        self.line(f"const {ct} {name} = {expr};")
+        self.scalars[v] = name
+
+    def _address(self, buf: str, tile_shape: list[int], offsets: list[str]) -> str:
+        shape = self.buffers[buf]
+        lead = len(shape) - len(tile_shape)
+        coords = self.coords[len(self.coords) - len(tile_shape):]
+        terms = []
+        for d in range(len(shape)):
+            stride = math.prod(shape[d + 1:])
+            at = offsets[d]
+            if d >= lead and tile_shape[d - lead] != 1:
+                at = f"({at} + {coords[d - lead]})"
+            terms.append(at if stride == 1 else f"{at} * {stride}")
+        return " + ".join(terms) or "0"
+
+    def _pointwise(self, op) -> None:
+        name = op.name
+        if name == "ttile.store":
+            value, buf = self._value(op.operands[0]), self.names[op.operands[1]]
+            shape = tile_of(op.operands[0].type)[0]
+            addr = self._address(buf, shape, [self.scalar(v) for v in list(op.operands)[2:]])
+            if self.buffer_elements[buf] == "bf16":
+                value = f"float_to_bf16({value})"
+            self._guarded(shape, f"{buf}[{addr}] = {value};")
+            return
+        result = op.results[0]
+        shape, elt = tile_of(result.type)
+        if name == "ttile.load":
+            buf = self.names[op.operands[0]]
+            read = f"{buf}[{self._address(buf, shape, [self.scalar(v) for v in list(op.operands)[1:]])}]"
+            self.scalars[result] = self.fresh("v")
+            ct = ctype(elt, op.location)
+            value = f"bf16_to_float({read})" if self.buffer_elements[buf] == "bf16" else read
+            self.line(f"const {ct} {self.scalars[result]} = {value};")
+            return
+        if name == "ttile.fill":
+            ct = ctype(elt, op.location)
+            self._define(result, c_literal(ir.FloatAttr(op.attributes["value"]).value, ct))
+            return
+        if name == "ttile.iota":
+            dim = ir.IntegerAttr(op.attributes["dim"]).value
+            coord = self.coords[dim] if shape[dim] != 1 else "0"
+            self._define(result, f"({ctype(elt)})({self.scalar(op.operands[0])} + {coord})")
+            return
+        if name == "ttile.broadcast":
+            # Every value is evaluated at the region's coordinates, and a tile's
+            # size-1 dimensions ignore them: broadcasting is free.
+            self.scalars[result] = self._value(op.operands[0])
+            return
+        xs = [self._value(v) for v in op.operands]
+        if name in _ELEMENTWISE_EXPRESSIONS:
+            self._define(result, _ELEMENTWISE_EXPRESSIONS[name](self, *xs))
+        elif name == "ttile.exp":
+            self._define(result, f"exp({xs[0]})")
+        elif name == "ttile.tanh":
+            self._define(result, f"tanh({xs[0]})")
+        elif name == "ttile.rsqrt":
+            self._define(result, f"rsqrt({xs[0]})")
+        elif name == "ttile.compare":
+            sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[
+                str(op.attributes["kind"]).split("<")[1].rstrip(">")]
+            self._define(result, f"({xs[0]} {sym} {xs[1]})")
+        elif name == "ttile.cast":
+            if elt == "i1":
+                self._define(result, f"({xs[0]} != 0)")
+            else:
+                self._define(result, f"({ctype(elt)})({xs[0]})")
+        else:
+            raise EmitError(f"the CUDA emitter does not support '{name}'", op.location)
+
+    def _spill(self, v: ir.Value) -> None:
+        """Writes a register fragment to a shared-memory tile (for a consumer
+        that needs the whole tile: a reduction, a dot, a loop)."""
+        frag = self.frags.pop(v)
+        self.flush()
+        coords = self._fragment_loop(frag)
+        self.coords, self.domain = coords, frag.shape
+        t = self.new_tile(v)
+        self.line(f"{t.name}[{self._index(t.shape)}] = {self.frag_element};")
+        for _ in range(3):
+            self.indent -= 1
+            self.line("}")
+        self.sync()
+
+    # -- reductions ------------------------------------------------------------------
+    def op_ttile_reduce(self, op):
+        src = self.names[op.operands[0]]
+        r = self.new_tile(op.results[0])
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+        identity, combine = _REDUCE[kind]
+        inner = math.prod(src.shape[dim + 1:])
+        n, outs = src.shape[dim], r.size
+        # Lanes per output: a power of two up to a warp, so the partial results
+        # combine with shuffles; every thread runs the same number of passes
+        # (the shuffles need the whole warp).
+        group = 1
+        if r.ctype in ("float", "double") and self.threads % 32 == 0:
+            while group < 32 and group * 2 <= n and outs * group * 2 <= self.threads:
+                group *= 2
+        per_pass = self.threads // group
+        ct = r.ctype
+        self.line(f"for (int64_t base = 0; base < {outs}; base += {per_pass}) {{")
+        self.indent += 1
+        self.line(f"const int64_t o = base + threadIdx.x / {group};")
+        self.line(f"const int64_t lane_g = threadIdx.x % {group};")
+        self.line(f"{ct} a = {identity if ct in ('float', 'double') else '0'};")
+        self.line(f"if (o < {outs}) {{")
+        self.indent += 1
+        self.line(f"const int64_t outer = o / {inner}, in = o % {inner};")
+        if ct not in ("float", "double"):       # integers: start from the first element
+            self.line(f"a = {src.name}[outer * {n * inner} + in];")
+            self.line(f"for (int64_t q = 1; q < {n}; ++q) {{ const {ct} b = "
+                      f"{src.name}[outer * {n * inner} + q * {inner} + in]; a = {combine}; }}")
+        else:
+            self.line(f"for (int64_t q = lane_g; q < {n}; q += {group}) {{ const {ct} b = "
+                      f"{src.name}[outer * {n * inner} + q * {inner} + in]; a = {combine}; }}")
+        self.indent -= 1
+        self.line("}")
+        if group > 1:
+            self.line(f"for (int off = {group // 2}; off > 0; off >>= 1) {{ "
+                      f"const {ct} b = __shfl_xor_sync(0xffffffffu, a, off); a = {combine}; }}")
+        self.line(f"if (o < {outs} && lane_g == 0) {r.name}[o] = a;")
+        self.indent -= 1
+        self.line("}")
+        self.sync()
+
+    # -- dot (SIMT): each thread computes whole output elements ---------------------
+    def op_ttile_dot(self, op):
+        a, b, acc = (self.names[v] for v in list(op.operands)[:3])
+        r = self.new_tile(op.results[0])
+        M, K = a.shape
+        N = b.shape[1]
+        acc_t = r.ctype
+        why, self.simt_reason = self.simt_reason, None
+        self.line(f"// ttile.dot {M}x{N}x{K} on CUDA cores" + (f": {why}" if why else ""))
+
+        def body(e):
+            self.line(f"const int64_t i = {e} / {N}, j = {e} % {N};")
+            self.line(f"{acc_t} s = {acc.name}[{e}];")
+            self.line(f"for (int64_t k = 0; k < {K}; ++k) s += ({acc_t}){a.name}[i * {K} + k] * "
+                      f"({acc_t}){b.name}[k * {N} + j];")
+            self.line(f"{r.name}[{e}] = s;")
+        self.for_each(M * N, body)
+
+    # -- tensor-core GEMM main loop --------------------------------------------------
+    def _mma_plan(self, op):
+        """(plan, None) when `op` is an scf.for this emitter runs on tensor
+        cores, else (None, why not)."""
+        block = op.regions[0].blocks[0]
+        body = [o.operation for o in block.operations]
+        iv, carried = block.arguments[0], list(block.arguments)[1:]
+        if len(carried) != 1 or len(body) != 4:
+            return None, "the loop is not acc = dot(load, load, acc)"
+        loads, dot, yield_ = body[:2], body[2], body[3]
+        if dot.name != "ttile.dot" or any(l.name != "ttile.load" for l in loads) \
+                or yield_.operands[0] != dot.results[0] or dot.operands[2] != carried[0]:
+            return None, "the loop is not acc = dot(load, load, acc)"
+        if "warps" not in dot.attributes:
+            return None, "the dot has no 'warps'"
+        by_result = {l.results[0]: l for l in loads}
+        if dot.operands[0] not in by_result or dot.operands[1] not in by_result:
+            return None, "the dot's operands are not the loop's loads"
+        load_a, load_b = by_result[dot.operands[0]], by_result[dot.operands[1]]
+        (bm, bk), elt = tile_of(dot.operands[0].type)
+        (_, bn), _ = tile_of(dot.operands[1].type)
+        acc_shape, acc_elt = tile_of(dot.results[0].type)
+        wm, wn = list(ir.DenseI64ArrayAttr(dot.attributes["warps"]))
+        if elt not in _MMA_TYPES or acc_elt != "f32":
+            return None, f"{elt} operands with an {acc_elt} accumulator (tensor cores: bf16/f16 into f32)"
+        if (bm // wm) % 16 or (bn // wn) % 16 or bk % 16:
+            return None, (f"warp tile {bm // wm}x{bn // wn} or K step {bk} is not a multiple of 16")
+        init = op.operands[3]
+        init_op = init.owner
+        if isinstance(init_op, ir.Block) or init_op.operation.name != "ttile.fill" or \
+                len(list(init.uses)) != 1:
+            return None, "the accumulator does not start from a ttile.fill"
+        for load in (load_a, load_b):
+            buf = list(load.operands)[0]
+            shape = list(ir.MemRefType(buf.type).shape)
+            offsets = list(load.operands)[1:]
+            if shape[-1] % 8 or not _multiple_of(offsets[-1], 8):
+                return None, "a loaded tile is not 16-byte aligned (cp.async needs it)"
+        return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, iv=iv, load_a=load_a,
+                    load_b=load_b, init=init_op.operation, result=op.results[0],
+                    bounds=list(op.operands)[:3]), None
+
+    def _emit_mma_loop(self, op) -> bool:
+        plan, why = self._mma_plan(op)
+        if plan is None:
+            self.simt_reason = why
+            return False
+        self.simt_reason = None
+        # The accumulator's initial fill is folded into the registers' setup.
+        init = plan["init"]
+        if self.region is not None and any(o == init for o in self.region.ops):
+            self.region.ops = [o for o in self.region.ops if o != init]
+            if not self.region.ops:
+                self.region = None
+        self.flush()
+        p = plan
+        bm, bn, bk, wm, wn, stages = p["bm"], p["bn"], p["bk"], p["wm"], p["wn"], self.stages
+        mt, nt = bm // wm // 16, bn // wn // 8
+        lda, ldb = bk + 8, bn + 8            # +16 B per row: conflict-free ldmatrix
+        a_bytes, b_bytes = bm * lda * 2, bk * ldb * 2
+        ring = self._smem(stages * (a_bytes + b_bytes))
+        acc = self.fresh("acc")
+        warp, lane, wm0, wn0 = (self.fresh(x) for x in ("warp", "lane", "wm", "wn"))
+        fill = c_literal(ir.FloatAttr(init.attributes["value"]).value, "float")
+        lb, ub, step = (self.scalar(v) for v in p["bounds"])
+        mma = "tessera_mma_" + _MMA_TYPES[p["elt"]]
+        self.line(f"// tensor-core GEMM: block tile {bm}x{bn}x{bk}, warps {wm}x{wn}, "
+                  f"{stages} stage{'s' if stages > 1 else ''} (mma.sync.m16n8k16, cp.async, ldmatrix)")
+        self.line(f"const int {warp} = threadIdx.x >> 5, {lane} = threadIdx.x & 31;")
+        self.line(f"const int {wm0} = ({warp} / {wn}) * {bm // wm}, {wn0} = ({warp} % {wn}) * {bn // wn};")
+        self.line(f"float {acc}[{mt}][{nt}][4];")
+        self.line("#pragma unroll")
+        self.line(f"for (int i = 0; i < {mt * nt * 4}; ++i) (&{acc}[0][0][0])[i] = {fill};")
+        self.line("{")
+        self.indent += 1
+        self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
+        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_bytes});")
+        self.line(f"const int64_t k_tiles = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+
+        def load_stage(stage: str, k_tile: str) -> None:
+            self.line("{")
+            self.indent += 1
+            self.line(f"const int64_t kv = {lb} + ({k_tile}) * {step};")
+            saved = self.names.get(p["iv"])
+            self.names[p["iv"]] = "kv"
+            for load, dst, rows, cols, ld, nbytes in ((p["load_a"], "sa", bm, bk, lda, a_bytes),
+                                                      (p["load_b"], "sb", bk, bn, ldb, b_bytes)):
+                buf = self.names[load.operands[0]]
+                shape = self.buffers[buf]
+                offsets = [self.scalar(v) for v in list(load.operands)[1:]]
+                base = " + ".join(f"{o} * {math.prod(shape[d + 1:])}" for d, o in enumerate(offsets))
+                chunks = rows * cols // 8
+                self.line("#pragma unroll")
+                self.line(f"for (int ch = threadIdx.x; ch < {chunks}; ch += {self.threads}) {{")
+                self.line(f"  const int r = ch / {cols // 8}, c = (ch % {cols // 8}) * 8;")
+                self.line(f"  tessera_cp_async16({dst} + ({stage}) * {nbytes // 2} + r * {ld} + c, "
+                          f"{buf} + {base} + (int64_t)r * {shape[-1]} + c);")
+                self.line("}")
+            self.names[p["iv"]] = saved
+            self.indent -= 1
+            self.line("}")
+
+        def compute(stage: str) -> None:
+            self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_bytes // 2};")
+            self.line(f"const uint16_t* const b_st = sb + ({stage}) * {b_bytes // 2};")
+            self.line("#pragma unroll")
+            self.line(f"for (int kk = 0; kk < {bk}; kk += 16) {{")
+            self.indent += 1
+            self.line(f"uint32_t af[{mt}][4], bf[{nt}][2];")
+            self.line("#pragma unroll")
+            self.line(f"for (int mi = 0; mi < {mt}; ++mi) tessera_ldmatrix_x4(af[mi], a_st + "
+                      f"({wm0} + mi * 16 + ({lane} & 15)) * {lda} + kk + ({lane} >> 4) * 8);")
+            self.line("#pragma unroll")
+            self.line(f"for (int nj = 0; nj < {nt // 2}; ++nj) {{")
+            self.line(f"  uint32_t r[4]; tessera_ldmatrix_x4_trans(r, b_st + (kk + ({lane} & 15)) * {ldb} "
+                      f"+ {wn0} + nj * 16 + ({lane} >> 4) * 8);")
+            self.line("  bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1]; "
+                      "bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];")
+            self.line("}")
+            self.line("#pragma unroll")
+            self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
+            self.line("#pragma unroll")
+            self.line(f"  for (int ni = 0; ni < {nt}; ++ni) {mma}({acc}[mi][ni], af[mi], bf[ni]);")
+            self.indent -= 1
+            self.line("}")
+
+        if stages == 1:
+            self.line("for (int64_t kt = 0; kt < k_tiles; ++kt) {")
+            self.indent += 1
+            load_stage("0", "kt")
+            self.line("tessera_cp_async_commit();")
+            self.line("tessera_cp_async_wait<0>();")
+            self.line("__syncthreads();")
+            compute("0")
+            self.line("__syncthreads();")
+            self.indent -= 1
+            self.line("}")
+        else:
+            # Prologue: stages-1 tiles in flight; each iteration waits for the
+            # oldest, refills the slot the previous iteration finished with,
+            # then computes (one commit group per iteration, even if empty).
+            self.line(f"for (int s = 0; s < {stages - 1}; ++s) {{")
+            self.indent += 1
+            self.line("if (s < k_tiles)")
+            load_stage("s", "s")
+            self.line("tessera_cp_async_commit();")
+            self.indent -= 1
+            self.line("}")
+            self.line("for (int64_t kt = 0; kt < k_tiles; ++kt) {")
+            self.indent += 1
+            self.line(f"tessera_cp_async_wait<{stages - 2}>();")
+            self.line("__syncthreads();")
+            self.line(f"const int64_t next = kt + {stages - 1};")
+            self.line("if (next < k_tiles)")
+            load_stage(f"next % {stages}", "next")
+            self.line("tessera_cp_async_commit();")
+            compute(f"kt % {stages}")
+            self.indent -= 1
+            self.line("}")
+            self.line("tessera_cp_async_wait<0>();")
+            self.line("__syncthreads();")
+        self.indent -= 1
+        self.line("}")
+        self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)
+        return True
+
+
+def _common_shape(shapes) -> list[int] | None:
+    """The shape every one of `shapes` broadcasts to (same rank, each
+    dimension equal or 1), or None."""
+    if not shapes or len({len(s) for s in shapes}) != 1:
+        return None
+    dom = [max(d) for d in zip(*shapes)]
+    if any(a not in (1, b) for s in shapes for a, b in zip(s, dom)):
+        return None
+    return dom
+
+
+# PTX wrappers for the tensor-core main loop (sm_80+ instructions; sm_90 runs
+# them). `cuda_emulator.py` supplies C++ versions of the same functions to run
+# generated kernels on a CPU, hence the guard.
+_MMA_HELPERS = """\
+#ifndef TESSERA_EMULATED_PTX
+__device__ __forceinline__ void tessera_cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" :: "r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void tessera_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\\n" ::);
+}
+template <int N> __device__ __forceinline__ void tessera_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\\n" :: "n"(N));
+}
+__device__ __forceinline__ void tessera_ldmatrix_x4(uint32_t* r, const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void tessera_ldmatrix_x4_trans(uint32_t* r, const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+#define TESSERA_MMA(NAME, TYPE)                                                          \\
+  __device__ __forceinline__ void NAME(float* d, const uint32_t* a, const uint32_t* b) { \\
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 "            \\
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\\n"        \\
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                          \\
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));      \\
+  }
+TESSERA_MMA(tessera_mma_bf16, "bf16")
+TESSERA_MMA(tessera_mma_f16, "f16")
+#endif
+"""
+
+CUDA_PRELUDE = """\
+// Generated by Tessera from Tile IR (ttile). Do not edit.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+""" + _BF16_HELPERS.format(q="__device__") + _MMA_HELPERS
+
+
+def emit_cuda_kernels(module) -> tuple[str, dict]:
+    """CUDA C++ for every ttile.kernel of `module`, and each kernel's launch
+    configuration: {name: {"grid", "block", "shared_bytes"}}."""
+    parts, launches = [CUDA_PRELUDE], {}
+    for kernel in kernels_of(module):
+        emitter = CudaKernelEmitter()
+        parts.append(emitter.emit_kernel(kernel))
+        launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = emitter.launch
+    return "\n".join(parts), launches
+
+
+def emit_cuda(module) -> str:
+    """CUDA C++: one `extern "C" __global__` kernel per ttile.kernel."""
+    return emit_cuda_kernels(module)[0]

@@ -1,0 +1,232 @@
+"""Runs generated CUDA kernels on the CPU, for testing without a GPU.
+
+The CUDA source the emitter produces is compiled as C++ together with a shim
+that gives every CUDA thread of a block its own `std::thread`:
+`__syncthreads()` is a barrier over the block, the warp-level instructions
+the tensor-core main loop uses (`ldmatrix`, `mma.sync.m16n8k16`) and
+`__shfl_xor_sync` exchange data between the 32 threads of a warp through a
+barrier, and `cp.async` copies at once (an asynchronous copy that completes
+early is a legal execution). Each instruction is implemented from its
+definition in the PTX ISA (fragment layouts included), independently of
+the emitter, so a kernel that computes the right answer here indexes its
+tiles, fragments and pipeline stages correctly. It says nothing about
+speed, and it cannot catch races that a real GPU's timing would expose
+beyond what the barriers order.
+
+    lib = EmulatedKernels(cuda_source)
+    lib.launch("kernel_name", [a, b, out], grid=(4,), block=(256,), shared_bytes=56832)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .build import KernelBuildError, cache_dir, host_compiler
+
+_SHIM = r"""
+// CPU emulation of the CUDA features Tessera's generated kernels use.
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+#define TESSERA_EMULATED_PTX 1
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+alignas(128) unsigned char tessera_smem[232448];
+
+using std::exp; using std::tanh; using std::log; using std::sqrt;
+inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+
+struct Warp {
+  std::barrier<> bar{32};
+  const void* addr[32];
+  uint32_t a[32][4], b[32][2];
+  uint64_t word[32];
+};
+static std::barrier<>* block_barrier;
+static Warp* warps;
+static thread_local int lane_id;
+static thread_local Warp* my_warp;
+
+inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+
+template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
+  static_assert(sizeof(T) <= 8, "shuffle of a wide type");
+  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
+  my_warp->word[lane_id] = bits;
+  my_warp->bar.arrive_and_wait();
+  bits = my_warp->word[lane_id ^ mask];
+  my_warp->bar.arrive_and_wait();
+  T r; std::memcpy(&r, &bits, sizeof(T)); return r;
+}
+
+inline void tessera_cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
+inline void tessera_cp_async_commit() {}
+template <int N> inline void tessera_cp_async_wait() {}
+
+static inline uint32_t pack16(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+// ldmatrix.m8n8.x4.b16: lanes 8j..8j+7 give the row addresses of matrix j;
+// lane t receives, in register j, row t/4, elements 2(t%4) and 2(t%4)+1 of
+// matrix j (transposed: column t/4, rows 2(t%4) and 2(t%4)+1).
+static void ldmatrix(uint32_t* r, const void* smem, bool trans) {
+  Warp& w = *my_warp;
+  w.addr[lane_id] = smem;
+  w.bar.arrive_and_wait();
+  for (int j = 0; j < 4; ++j) {
+    uint16_t e[2];
+    for (int i = 0; i < 2; ++i) {
+      const int row = trans ? 2 * (lane_id % 4) + i : lane_id / 4;
+      const int col = trans ? lane_id / 4 : 2 * (lane_id % 4) + i;
+      e[i] = static_cast<const uint16_t*>(w.addr[8 * j + row])[col];
+    }
+    r[j] = pack16(e[0], e[1]);
+  }
+  w.bar.arrive_and_wait();
+}
+inline void tessera_ldmatrix_x4(uint32_t* r, const void* s) { ldmatrix(r, s, false); }
+inline void tessera_ldmatrix_x4_trans(uint32_t* r, const void* s) { ldmatrix(r, s, true); }
+
+static inline float half_bits_to_float(uint16_t h, bool bf16) {
+  if (bf16) { uint32_t b = uint32_t(h) << 16; float f; std::memcpy(&f, &b, 4); return f; }
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, man = h & 1023;
+  float v = exp == 0 ? std::ldexp(float(man), -24)
+          : exp == 31 ? (man ? NAN : INFINITY) : std::ldexp(float(man | 1024), int(exp) - 25);
+  return sign ? -v : v;
+}
+
+// mma.sync.m16n8k16.row.col.f32: with g = lane/4, t = lane%4, lane holds
+// A regs {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, B regs
+// {(k 2t.., n g), (k 2t+8.., n g)}, and C/D {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
+static void mma(float* d, const uint32_t* a, const uint32_t* b, bool bf16) {
+  Warp& w = *my_warp;
+  for (int i = 0; i < 4; ++i) w.a[lane_id][i] = a[i];
+  for (int i = 0; i < 2; ++i) w.b[lane_id][i] = b[i];
+  w.bar.arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][0] >> (16 * h)), bf16);
+      A[g + 8][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][1] >> (16 * h)), bf16);
+      A[g][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][2] >> (16 * h)), bf16);
+      A[g + 8][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][3] >> (16 * h)), bf16);
+      B[2 * t + h][g] = half_bits_to_float(uint16_t(w.b[l][0] >> (16 * h)), bf16);
+      B[2 * t + 8 + h][g] = half_bits_to_float(uint16_t(w.b[l][1] >> (16 * h)), bf16);
+    }
+  }
+  w.bar.arrive_and_wait();
+  const int g = lane_id / 4, t = lane_id % 4;
+  for (int q = 0; q < 4; ++q) {
+    const int row = g + 8 * (q >> 1), col = 2 * t + (q & 1);
+    float s = d[q];
+    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    d[q] = s;
+  }
+}
+inline void tessera_mma_bf16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, true); }
+inline void tessera_mma_f16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, false); }
+"""
+
+_LAUNCHER = r"""
+extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned* grid,
+                               unsigned threads) {
+  if (threads % 32 && threads > 32) return 1;       // partial warps only for tiny blocks
+  gridDim = dim3{grid[0], grid[1], grid[2]};
+  blockDim = dim3{threads, 1, 1};
+  const unsigned nwarps = (threads + 31) / 32;
+  for (unsigned z = 0; z < grid[2]; ++z)
+    for (unsigned y = 0; y < grid[1]; ++y)
+      for (unsigned x = 0; x < grid[0]; ++x) {
+        std::barrier<> bar(threads);
+        std::vector<Warp> ws(nwarps);
+        block_barrier = &bar;
+        warps = ws.data();
+        std::memset(tessera_smem, 0xff, sizeof(tessera_smem));   // no stale data by luck
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([=] {
+            threadIdx = dim3{t, 0, 0};
+            blockIdx = dim3{x, y, z};
+            lane_id = t % 32;
+            my_warp = &warps[t / 32];
+            switch (nargs) {
+#define TESSERA_CASE(N, ...) case N: reinterpret_cast<void (*)(__VA_ARGS__)>(fn)(TESSERA_ARGS_##N); break;
+              TESSERA_CASES
+            }
+          });
+        for (auto& th : pool) th.join();
+      }
+  return 0;
+}
+"""
+
+_MAX_ARGS = 32
+
+
+def _launcher() -> str:
+    lines = []
+    for n in range(1, _MAX_ARGS + 1):
+        lines.append(f"#define TESSERA_ARGS_{n} " + ", ".join(f"args[{i}]" for i in range(n)))
+    cases = " ".join(f"TESSERA_CASE({n}, {', '.join(['void*'] * n)})" for n in range(1, _MAX_ARGS + 1))
+    return "\n".join(lines) + "\n#define TESSERA_CASES " + cases + "\n" + _LAUNCHER
+
+
+class EmulatedKernels:
+    """The kernels of a CUDA source compiled for CPU emulation."""
+
+    def __init__(self, cuda_source: str):
+        source = _SHIM + "\n" + cuda_source + "\n" + _launcher()
+        key = hashlib.sha256(source.encode()).hexdigest()[:24]
+        target = cache_dir() / f"emulated-{key}.so"
+        if not target.exists():
+            with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+                src = Path(tmp) / "emulated.cpp"
+                src.write_text(source)
+                out = Path(tmp) / "emulated.so"
+                proc = subprocess.run([host_compiler(), "-std=c++20", "-O1", "-shared", "-fPIC",
+                                       "-pthread", "-w", str(src), "-o", str(out)],
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise KernelBuildError("compiling CUDA kernels for CPU emulation failed:\n"
+                                           + proc.stderr[-4000:])
+                os.replace(out, target)
+        self._lib = ctypes.CDLL(str(target))
+        self._lib.tessera_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                              ctypes.POINTER(ctypes.c_void_p),
+                                              ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]
+
+    def launch(self, kernel: str, buffers, grid, block, shared_bytes: int = 0) -> None:
+        """Runs `kernel` over `grid` blocks of `block` threads on C-contiguous
+        numpy `buffers` (written in place)."""
+        for i, b in enumerate(buffers):
+            if not isinstance(b, np.ndarray) or not b.flags.c_contiguous:
+                raise ValueError(f"buffer {i} of kernel {kernel} must be a C-contiguous numpy array")
+        threads = int(np.prod(block))
+        if len(buffers) > _MAX_ARGS:
+            raise ValueError(f"kernel {kernel} takes {len(buffers)} buffers; the emulator "
+                             f"supports {_MAX_ARGS}")
+        fn = ctypes.cast(getattr(self._lib, kernel), ctypes.c_void_p)
+        args = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
+        dims = (ctypes.c_uint * 3)(*(list(grid) + [1, 1, 1])[:3])
+        if self._lib.tessera_emulate(fn, len(buffers), args, dims, threads) != 0:
+            raise ValueError(f"kernel {kernel}: blocks of {threads} threads must be whole warps")
