@@ -30,7 +30,7 @@ import tessera_runtime
 from tessera_compiler.bundle import compiler_fingerprint, write_bundle
 from tessera_compiler.codegen.build import cache_dir
 from tessera_compiler.pipeline import CompileError as _PipelineError
-from tessera_compiler.pipeline import Levels, collective_report, lower
+from tessera_compiler.pipeline import TARGETS, Levels, collective_report, lower
 
 from . import dist
 from . import mesh as _mesh_module
@@ -41,6 +41,8 @@ from .errors import CompileError, ShardingError
 from .types import check_annotations
 
 DUMP_ENV = "TESSERA_DUMP_IR"
+#: the default target of compiled functions ("cpu" or "gpu")
+TARGET_ENV = "TESSERA_TARGET"
 #: Print the collectives a compiled function needs (those of at least this
 #: many bytes per rank) with the Python line behind each.
 REPORT_ENV = "TESSERA_COLLECTIVE_REPORT"
@@ -68,10 +70,11 @@ class CompiledFunction:
     tensor results are numpy arrays."""
 
     def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
-                 deterministic: bool | None = None, strategy=None):
+                 deterministic: bool | None = None, strategy=None, target: str | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
+        self.target = target                   # None: TESSERA_TARGET, else "cpu"
         self.numpy_results = numpy_results
         self.deterministic = deterministic     # None: dist.deterministic / env decide
         self.strategy = strategy               # a tessera.strategy.Strategy or None
@@ -132,10 +135,18 @@ class CompiledFunction:
                 specs.append(ArgSpec(name, arr.shape, arr.dtype, ((),) * arr.ndim, ()))
         static = tuple(_static_key(l) for l in leaves if not _is_tensor(l))
         key = (structure, static, tuple(specs), mesh, autocast_dtype(),
-               dist.deterministic_enabled(self.deterministic))
+               dist.deterministic_enabled(self.deterministic), self._target())
         return bound, leaves, structure, mesh, tensors, specs, key
 
     # -- compilation ----------------------------------------------------------
+    def _target(self) -> str:
+        target = self.target or os.environ.get(TARGET_ENV) or "cpu"
+        if target not in TARGETS:
+            raise CompileError(f"{self.fn.__name__}: unknown target {target!r} (from "
+                               f"{'target=' if self.target else TARGET_ENV}); choose one of "
+                               f"{list(TARGETS)}")
+        return target
+
     def _trace(self, bound, leaves, specs, mesh):
         def call(traced):
             it = iter(traced)
@@ -170,7 +181,8 @@ class CompiledFunction:
         # Locations carry the argument names the bundle records, so they are
         # part of what identifies it.
         text = traced.module.operation.get_asm(enable_debug_info=True)
-        digest = hashlib.sha256((compiler_fingerprint() + text).encode()).hexdigest()[:20]
+        digest = hashlib.sha256((compiler_fingerprint() + self._target() + text).encode()
+                                ).hexdigest()[:20]
         target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
         if tessera_runtime.world()[1] > 1:
             self._bundle_on_rank0(traced, mesh, target)
@@ -206,7 +218,7 @@ class CompiledFunction:
         exists = (target / "manifest.json").exists()
         if exists and not os.environ.get(DUMP_ENV) and REPORT_ENV not in os.environ:
             return
-        levels = self._lower(traced)
+        levels = self._lower(traced, self._target())
         if not exists:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
@@ -293,28 +305,37 @@ def _default_mesh() -> dist.Mesh:
     return dist.Mesh(axes=["dp"], devices=range(tessera_runtime.world()[1]), name="mesh")
 
 
-def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None):
+def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
+            target: str | None = None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
     `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
     `deterministic=True` fixes every reduction order (see `dist.deterministic`;
-    the default follows that context and TESSERA_DETERMINISTIC)."""
+    the default follows that context and TESSERA_DETERMINISTIC). `target` is
+    "cpu" (the default; or TESSERA_TARGET) or "gpu": CUDA kernels for sm_90
+    run by the `cuda` engine (cupy, NCCL), or emulated on the CPU with
+    TESSERA_CUDA_EMULATE=1."""
     if fn is None:
-        return lambda f: compile(f, mesh=mesh, deterministic=deterministic)
+        return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target)
     if isinstance(fn, CompiledFunction):
         if mesh is not None:
             fn.mesh = mesh
         if deterministic is not None:
             fn.deterministic = deterministic
+        if target is not None:
+            fn.target = target
         return fn
-    return CompiledFunction(fn, mesh, numpy_results=mesh is None, deterministic=deterministic)
+    return CompiledFunction(fn, mesh, numpy_results=mesh is None, deterministic=deterministic,
+                            target=target)
 
 
-def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None):
+def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
+        target: str | None = None):
     """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
-    return compile(fn, mesh=mesh, deterministic=deterministic)
+    return compile(fn, mesh=mesh, deterministic=deterministic, target=target)
 
 
-def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None):
+def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
+             target: str | None = None):
     """`@ts.function`: a compiled function with shape-annotated arguments
     (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
-    return compile(fn, mesh=mesh, deterministic=deterministic)
+    return compile(fn, mesh=mesh, deterministic=deterministic, target=target)

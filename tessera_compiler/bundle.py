@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tessera_mlir import ir
 
-from .codegen.build import build_cpu_library
+from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
 from .passes_common import location_name
 from .pipeline import Levels
 from .sharding import ELEMENT_TYPES, Sharding, meshes_of
@@ -202,7 +202,14 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
 
 
 def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = None) -> Path:
-    """Writes `levels` (a fully lowered program) as a bundle directory at `path`."""
+    """Writes `levels` (a fully lowered program) as a bundle directory at `path`.
+
+    CPU target: the kernels' C++ and the shared library built from it (engine
+    `cpu`). GPU target: the kernels' CUDA C++, each kernel's launch
+    configuration (`launch` in the manifest), and a cubin for sm_90 when nvcc
+    is installed (engine `cuda`; without a cubin the engine compiles the
+    source with NVRTC at load time). The `cuda-emulated` engine runs the same
+    source on the CPU (tests)."""
     path = Path(path)
     if path.exists():
         shutil.rmtree(path)
@@ -211,16 +218,26 @@ def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = N
     program = program_json(levels.module, devices)
     for stage in ("graph", "partitioned", "schedule", "tile"):
         (path / "ir" / f"{stage}.mlir").write_text(getattr(levels, stage))
-    (path / "kernels" / "kernels.cpp").write_text(levels.cpp)
-    (path / "kernels" / "kernels.cu").write_text(levels.cuda)
-    shutil.copyfile(build_cpu_library(levels.cpp), path / "kernels" / "libkernels.so")
-    (path / "program.json").write_text(json.dumps(program, indent=1))
     manifest = {
         "format": "tessera-bundle", "version": FORMAT_VERSION, "entry": program["entry"],
-        "engine": "cpu", "program": "program.json",
-        "kernels": {"cpu": "kernels/libkernels.so"},
-        "sources": {"cpp": "kernels/kernels.cpp", "cuda": "kernels/kernels.cu"},
+        "program": "program.json",
         "ir": {s: f"ir/{s}.mlir" for s in ("graph", "partitioned", "schedule", "tile")},
     }
+    if levels.target == "cpu":
+        (path / "kernels" / "kernels.cpp").write_text(levels.cpp)
+        shutil.copyfile(build_cpu_library(levels.cpp), path / "kernels" / "libkernels.so")
+        manifest.update(engine="cpu", kernels={"cpu": "kernels/libkernels.so"},
+                        sources={"cpp": "kernels/kernels.cpp"})
+    else:
+        (path / "kernels" / "kernels.cu").write_text(levels.cuda)
+        kernels = {"cuda-emulated": "kernels/kernels.cu"}
+        if nvcc() is not None:
+            shutil.copyfile(build_cuda_cubin(levels.cuda), path / "kernels" / "kernels.cubin")
+            kernels["cuda"] = "kernels/kernels.cubin"
+        else:
+            kernels["cuda"] = "kernels/kernels.cu"
+        manifest.update(engine="cuda", kernels=kernels, sources={"cuda": "kernels/kernels.cu"},
+                        launch=levels.cuda_launches)
+    (path / "program.json").write_text(json.dumps(program, indent=1))
     (path / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return path

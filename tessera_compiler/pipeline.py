@@ -17,7 +17,8 @@ from tessera_mlir import ir, passmanager
 
 import tessera_passes
 
-from .codegen import emit_cpp, emit_cuda
+from .codegen import emit_cpp, emit_cuda_kernels
+from .codegen.tile_emitter import EmitError
 from .passes_common import source_of
 from .sharding import PER_RANK_OPS
 
@@ -85,6 +86,9 @@ class Levels:
     tile: str = ""
     cpp: str = ""
     cuda: str = ""
+    #: {kernel: {"grid", "block", "shared_bytes"}} of the CUDA kernels
+    cuda_launches: dict = field(default_factory=dict, repr=False)
+    target: str = "cpu"
     module: ir.Module | None = field(default=None, repr=False)
     #: what tessera-partition inserted, with the Python line that caused each
     collectives: list = field(default_factory=list, repr=False)
@@ -118,13 +122,18 @@ def _where(loc: ir.Location) -> str:
     return f"{src}: " if src else ""
 
 
-def lower(module: ir.Module, target: str | None = "cpu") -> Levels:
+TARGETS = ("cpu", "gpu")
+
+
+def lower(module: ir.Module, target: str = "cpu") -> Levels:
     """Lowers `module` (Graph IR) in place through every level. With
-    `target="cpu"` matmuls become BLAS library calls; with "gpu" they are
-    tiled Tile IR GEMMs (see tessera-lower-to-tile)."""
-    levels = Levels(graph=str(module))
-    if target is not None:
-        module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
+    `target="cpu"` matmuls become BLAS library calls and the kernels C++;
+    with "gpu" matmuls are tiled Tile IR GEMMs (see tessera-lower-to-tile)
+    and the kernels CUDA C++ for sm_90."""
+    if target not in TARGETS:
+        raise CompileError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    levels = Levels(graph=str(module), target=target)
+    module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
     for stage, flags in STAGES:
         pm = passmanager.PassManager("builtin.module", context=module.context)
         add_passes(pm, flags)
@@ -135,7 +144,13 @@ def lower(module: ir.Module, target: str | None = "cpu") -> Levels:
         setattr(levels, stage, str(module))
         if stage == "partitioned":
             levels.collectives = collectives_of(module)
-    levels.cpp = emit_cpp(module)
-    levels.cuda = emit_cuda(module)
+    try:
+        if target == "cpu":
+            levels.cpp = emit_cpp(module)
+        else:
+            levels.cuda, levels.cuda_launches = emit_cuda_kernels(module)
+    except EmitError as err:
+        where = _where(err.location) if err.location is not None else ""
+        raise CompileError(f"{where}error: {err}") from None
     levels.module = module
     return levels

@@ -93,8 +93,9 @@ class Program:
         return out
 
 
-def _default_communicators(mesh: MeshInfo, use_mpi: bool | None):
-    """(rank, per-axis communicators) for this process."""
+def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = False):
+    """(rank, per-axis communicators) for this process: MPI, or NCCL
+    (bootstrapped over MPI) for device buffers."""
     if use_mpi is None:
         use_mpi = mesh.num_devices > 1
     if not use_mpi:
@@ -111,6 +112,9 @@ def _default_communicators(mesh: MeshInfo, use_mpi: bool | None):
     if sorted(mesh.devices) != list(range(size)):
         raise MeshError(f"mesh '{mesh.name}' has devices {list(mesh.devices)} but the MPI job "
                         f"has {size} ranks; run with `mpiexec -n {mesh.num_devices}`")
+    if nccl:
+        from . import nccl_comm
+        return rank, nccl_comm.make_axis_communicators(mesh, comm)
     return rank, mpi_comm.make_axis_communicators(mesh, comm)
 
 
@@ -119,7 +123,8 @@ def load_bundle(path, *, engine: Engine | str | None = None,
                 use_mpi: bool | None = None) -> Program:
     """Load the bundle directory at `path` for this process.
 
-    engine:        an Engine instance or name; default: manifest `engine`.
+    engine:        an Engine instance or name; default: manifest `engine`
+                   (a GPU bundle runs on `cuda-emulated` with TESSERA_CUDA_EMULATE=1).
     communicators: {axis: Communicator} to use instead of MPI (then `rank` is
                    this process' world rank, default from `world()`).
     use_mpi:       force (True) or forbid (False) MPI; default: MPI iff the
@@ -127,14 +132,17 @@ def load_bundle(path, *, engine: Engine | str | None = None,
     """
     bundle = read_bundle(path)
     mesh = bundle.program.mesh
+    if engine is None and bundle.manifest.engine == "cuda" and \
+            os.environ.get("TESSERA_CUDA_EMULATE", "") not in ("", "0"):
+        engine = "cuda-emulated"
+    if engine is None or isinstance(engine, str):
+        engine = get_engine(engine or bundle.manifest.engine)
     if communicators is None:
-        rank, communicators = _default_communicators(mesh, use_mpi)
+        rank, communicators = _default_communicators(mesh, use_mpi, nccl=engine.name == "cuda")
     elif rank is None:
         rank = world()[0]
     mesh.coords(rank)   # fail early if this rank is not part of the mesh
 
-    if engine is None or isinstance(engine, str):
-        engine = get_engine(engine or bundle.manifest.engine)
     if any(ins.op == "launch" for ins in bundle.program.instructions):
         lib = bundle.kernel_library(engine.name)
         if lib is None:
@@ -143,5 +151,5 @@ def load_bundle(path, *, engine: Engine | str | None = None,
         if not lib.is_file():
             raise BundleError(f"{bundle.manifest.path}: field 'kernels.{engine.name}': "
                               f"kernel library not found: {lib}")
-        engine.load_kernels(lib)
+        engine.load_kernels(lib, bundle.manifest.raw.get("launch"))
     return Program(bundle, ScheduleExecutor(bundle.program, engine, communicators), rank)

@@ -331,7 +331,8 @@ class ScheduleExecutor:
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
                     eng.synchronize()
-                    return [eng.to_host(values[v]) for v in ins["values"]]
+                    return [eng.to_host(values[v], spec.dtype)
+                            for v, spec in zip(ins["values"], self.program.outputs)]
         finally:
             if pending:
                 self._abandoned.extend(pending.values())

@@ -39,7 +39,9 @@ def _nccl_type(dtype) -> int:
     dtype = np.dtype(dtype)
     if dtype in _TYPES:
         return _TYPES[dtype]
-    if dtype.itemsize == 2 and dtype.name == "bfloat16" and hasattr(nccl, "NCCL_BFLOAT16"):
+    # The cuda engine stores bf16 as uint16 (cupy has no bfloat16; Tessera has
+    # no uint16 type, so uint16 device buffers are always bf16).
+    if dtype == np.uint16 and hasattr(nccl, "NCCL_BFLOAT16"):
         return nccl.NCCL_BFLOAT16
     raise CommError(f"NCCL has no type for {dtype.name}")
 
@@ -100,6 +102,9 @@ class NCCLCommunicator(Communicator):
 
     def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work:
         s = stream if stream is not None else cp.cuda.get_current_stream()
+        if deterministic and src.dtype == np.uint16:
+            raise CommError("deterministic reductions of bf16 on NCCL are not implemented "
+                            "(the device tree would add bf16 bits as integers)")
         if deterministic:
             with s:
                 blocks = self._gather_blocks(src, s)
@@ -121,6 +126,9 @@ class NCCLCommunicator(Communicator):
                         (src, dst, blocks))
 
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
+        if deterministic and src.dtype == np.uint16:
+            raise CommError("deterministic reductions of bf16 on NCCL are not implemented "
+                            "(the device tree would add bf16 bits as integers)")
         s = stream if stream is not None else cp.cuda.get_current_stream()
         n = self.size
         with s:

@@ -23,7 +23,8 @@ from pathlib import Path
 # vectorize them: 6x on a GELU.
 CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-std=c++17",
              "-shared", "-fPIC"]
-NVCC_FLAGS = ["-arch=sm_90", "-std=c++17"]
+CUDA_ARCH = "sm_90"
+NVCC_FLAGS = [f"-arch={CUDA_ARCH}", "-std=c++17", "-O3"]
 
 
 class KernelBuildError(RuntimeError):
@@ -82,10 +83,11 @@ def nvcc() -> str | None:
     return str(default) if default.exists() else None
 
 
-def build_cuda_object(source: str) -> Path:
-    """Compiles CUDA kernels for sm_90 into an object file (a compile check
-    until the GPU engine loads cubins)."""
+def build_cuda_cubin(source: str) -> Path:
+    """Compiles CUDA kernels for sm_90 into a cubin the GPU engine loads;
+    returns its cached path."""
     tool = nvcc()
     if tool is None:
-        raise KernelBuildError("nvcc not found")
-    return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-c"], ".o")
+        raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
+                               "nvidia-cuda-nvcc wheel) to build GPU kernels ahead of time")
+    return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")

@@ -39,13 +39,15 @@ class Engine(ABC):
         write to (the caller's array is never modified)."""
 
     @abstractmethod
-    def to_host(self, buffer):
-        """`buffer` as a host numpy array."""
+    def to_host(self, buffer, dtype=None):
+        """`buffer` as a host numpy array (of numpy `dtype`, the program's
+        type for it, where the engine stores that type differently)."""
 
     # -- kernels -----------------------------------------------------------------
     @abstractmethod
-    def load_kernels(self, path) -> None:
-        """Load the kernel library at `path`."""
+    def load_kernels(self, path, launches=None) -> None:
+        """Load the kernel library at `path`; `launches` gives each kernel's
+        launch configuration (GPU engines: {"grid", "block", "shared_bytes"})."""
 
     @abstractmethod
     def has_kernel(self, kernel: str) -> bool: ...
@@ -93,9 +95,19 @@ class Engine(ABC):
         """Block until all enqueued work has finished."""
 
 
+ENGINES = ("cpu", "cuda", "cuda-emulated")
+
+
 def get_engine(name: str) -> Engine:
     """A fresh engine by the name used in manifest.json (`engine`, `kernels`)."""
     if name == "cpu":
         from .cpu import CPUEngine
         return CPUEngine()
-    raise EngineError(f"engine {name!r} is not available in this runtime (available: ['cpu'])")
+    if name == "cuda":
+        from .cuda import CUDAEngine
+        return CUDAEngine()
+    if name == "cuda-emulated":
+        from .emulated_cuda import EmulatedCUDAEngine
+        return EmulatedCUDAEngine()
+    raise EngineError(f"engine {name!r} is not available in this runtime (available: "
+                      f"{list(ENGINES)})")

@@ -44,11 +44,11 @@ class CPUEngine(Engine):
         # in-place all_reduce), and that must not leak into the caller's array.
         return np.array(array, order="C", copy=True)
 
-    def to_host(self, buffer):
+    def to_host(self, buffer, dtype=None):
         return buffer
 
     # -- kernels -------------------------------------------------------------------
-    def load_kernels(self, path) -> None:
+    def load_kernels(self, path, launches=None) -> None:
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"kernel library not found: {path}")

@@ -5,6 +5,6 @@
 
 // CPP-DAG: extern "C" void mlp_matmul_0_fused2(void* arg0_, void* arg1_, void* arg2_) {
 // CPP-DAG: extern "C" void mlp_matmul_2(void* arg0_, void* arg1_, void* arg2_) {
-// CUDA-DAG: extern "C" __global__ void mlp_matmul_0_fused2(
-// CUDA-DAG: extern "C" __global__ void mlp_matmul_2(
+// CUDA-DAG: extern "C" __global__ void __launch_bounds__({{[0-9]+}}) mlp_matmul_0_fused2(
+// CUDA-DAG: extern "C" __global__ void __launch_bounds__({{[0-9]+}}) mlp_matmul_2(
 // MISSING: missing.mlir

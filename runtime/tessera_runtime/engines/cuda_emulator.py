@@ -15,6 +15,8 @@ beyond what the barriers order.
 
     lib = EmulatedKernels(cuda_source)
     lib.launch("kernel_name", [a, b, out], grid=(4,), block=(256,), shared_bytes=56832)
+
+The `cuda-emulated` engine (`emulated_cuda.py`) runs whole GPU bundles this way.
 """
 
 from __future__ import annotations
@@ -26,9 +28,19 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import shutil
+
 import numpy as np
 
-from .build import KernelBuildError, cache_dir, host_compiler
+from . import EngineError
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TESSERA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tessera")
+    path = Path(root) / "emulated"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 _SHIM = r"""
 // CPU emulation of the CUDA features Tessera's generated kernels use.
@@ -180,7 +192,7 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned*
 }
 """
 
-_MAX_ARGS = 32
+_MAX_ARGS = 128
 
 
 def _launcher() -> str:
@@ -197,18 +209,22 @@ class EmulatedKernels:
     def __init__(self, cuda_source: str):
         source = _SHIM + "\n" + cuda_source + "\n" + _launcher()
         key = hashlib.sha256(source.encode()).hexdigest()[:24]
-        target = cache_dir() / f"emulated-{key}.so"
+        target = _cache_dir() / f"{key}.so"
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
         if not target.exists():
-            with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            if not cxx:
+                raise EngineError("CUDA emulation compiles kernels with a C++20 compiler: "
+                                  "install g++ or set CXX")
+            with tempfile.TemporaryDirectory(dir=_cache_dir()) as tmp:
                 src = Path(tmp) / "emulated.cpp"
                 src.write_text(source)
                 out = Path(tmp) / "emulated.so"
-                proc = subprocess.run([host_compiler(), "-std=c++20", "-O1", "-shared", "-fPIC",
+                proc = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC",
                                        "-pthread", "-w", str(src), "-o", str(out)],
                                       capture_output=True, text=True)
                 if proc.returncode != 0:
-                    raise KernelBuildError("compiling CUDA kernels for CPU emulation failed:\n"
-                                           + proc.stderr[-4000:])
+                    raise EngineError("compiling CUDA kernels for CPU emulation failed:\n"
+                                      + proc.stderr[-4000:])
                 os.replace(out, target)
         self._lib = ctypes.CDLL(str(target))
         self._lib.tessera_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int,
@@ -220,13 +236,13 @@ class EmulatedKernels:
         numpy `buffers` (written in place)."""
         for i, b in enumerate(buffers):
             if not isinstance(b, np.ndarray) or not b.flags.c_contiguous:
-                raise ValueError(f"buffer {i} of kernel {kernel} must be a C-contiguous numpy array")
+                raise EngineError(f"buffer {i} of kernel {kernel} must be a C-contiguous numpy array")
         threads = int(np.prod(block))
         if len(buffers) > _MAX_ARGS:
-            raise ValueError(f"kernel {kernel} takes {len(buffers)} buffers; the emulator "
-                             f"supports {_MAX_ARGS}")
+            raise EngineError(f"kernel {kernel} takes {len(buffers)} buffers; the emulator "
+                              f"supports {_MAX_ARGS}")
         fn = ctypes.cast(getattr(self._lib, kernel), ctypes.c_void_p)
         args = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
         dims = (ctypes.c_uint * 3)(*(list(grid) + [1, 1, 1])[:3])
         if self._lib.tessera_emulate(fn, len(buffers), args, dims, threads) != 0:
-            raise ValueError(f"kernel {kernel}: blocks of {threads} threads must be whole warps")
+            raise EngineError(f"kernel {kernel}: blocks of {threads} threads must be whole warps")

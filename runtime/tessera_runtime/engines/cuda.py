@@ -1,0 +1,190 @@
+"""The `cuda` engine: cupy device buffers, generated kernels from a cubin.
+
+* Memory: cupy arrays from cupy's memory pool (freed buffers are reused in
+  stream order). bf16 is stored as uint16 (cupy has no bfloat16 dtype; Tessera
+  has no uint16 dtype, so the NCCL communicators read uint16 as bf16) and
+  converted back to `ml_dtypes.bfloat16` by `to_host`.
+* Kernels: the bundle's cubin (`cupy.RawModule(path=...)`), or its CUDA
+  source compiled with NVRTC when the bundle was built without nvcc. Each
+  launch uses the grid, block and dynamic shared memory the compiler recorded;
+  kernels needing more than 48 KB of dynamic shared memory get their limit
+  raised once.
+* Streams: one non-blocking cupy stream per Schedule IR stream (`compute`,
+  `comm`), so collectives on the comm stream overlap kernels on the compute
+  stream; `event_record` / `event_wait` are CUDA events.
+* Library routines (data movement) run `library.py` on cupy on the launch's
+  stream.
+
+Device selection: rank r of a job uses GPU r mod (GPUs on the node), or the
+device in TESSERA_CUDA_DEVICE.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import Engine, EngineError, Event
+
+_STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise EngineError("the cuda engine needs cupy: pip install 'tessera[cu13]' "
+                          "(or [cu12]), or set TESSERA_CUDA_EMULATE=1 to emulate the "
+                          "GPU on the CPU") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        raise EngineError(f"the cuda engine found no usable GPU ({e}); set "
+                          "TESSERA_CUDA_EMULATE=1 to emulate the GPU on the CPU") from None
+    if count == 0:
+        raise EngineError("the cuda engine found no GPU; set TESSERA_CUDA_EMULATE=1 to "
+                          "emulate the GPU on the CPU")
+    return cupy, count
+
+
+def _is_bf16(dtype) -> bool:
+    return np.dtype(dtype).name == "bfloat16"
+
+
+def _bf16_to_f32(cp, bits):
+    return (bits.astype(cp.uint32) << 16).view(cp.float32)
+
+
+def _f32_to_bf16(cp, x):
+    """Round to nearest even (as the kernels' float_to_bf16; NaN stays NaN)."""
+    bits = x.view(cp.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return cp.where(cp.isnan(x), (bits >> 16) | 0x40, rounded).astype(cp.uint16)
+
+
+class CUDAEvent(Event):
+    def __init__(self, event):
+        self.event = event
+
+
+class CUDAEngine(Engine):
+    name = "cuda"
+
+    def __init__(self, device: int | None = None):
+        from .. import world
+        cp, count = _cupy()
+        self.cp = cp
+        if device is None:
+            device = int(os.environ.get("TESSERA_CUDA_DEVICE", world()[0] % count))
+        self.device = cp.cuda.Device(device)
+        self.device.use()
+        self._streams: dict = {}
+        self._module = None
+        self._launches: dict = {}
+        self._functions: dict = {}
+
+    # -- memory -----------------------------------------------------------------
+    def _storage(self, dtype):
+        return np.uint16 if _is_bf16(dtype) else np.dtype(dtype)
+
+    def alloc(self, shape, dtype):
+        return self.cp.empty(tuple(shape), dtype=self._storage(dtype))
+
+    def free(self, buffer) -> None:
+        pass    # the memory pool reclaims it when the executor drops its reference
+
+    def from_host(self, array):
+        array = np.asarray(array)
+        if _is_bf16(array.dtype):
+            array = array.view(np.uint16)
+        return self.cp.array(array, order="C", copy=True)
+
+    def to_host(self, buffer, dtype=None):
+        host = self.cp.asnumpy(buffer)
+        if dtype is not None and _is_bf16(dtype):
+            host = host.view(np.dtype(dtype))
+        return host
+
+    # -- kernels ------------------------------------------------------------------
+    def load_kernels(self, path, launches=None) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise EngineError(f"kernel binary not found: {path}")
+        cp = self.cp
+        if path.suffix == ".cubin":
+            self._module = cp.RawModule(path=str(path))
+        else:
+            self._module = cp.RawModule(code=path.read_text(), backend="nvrtc",
+                                        options=("-std=c++17", "--use_fast_math=false"))
+        self.kernel_library = path
+        self._launches = dict(launches or {})
+        self._functions.clear()
+
+    def _function(self, kernel: str):
+        fn = self._functions.get(kernel)
+        if fn is None:
+            if kernel not in self._launches:
+                raise EngineError(f"kernel '{kernel}' has no launch configuration in the bundle")
+            try:
+                fn = self._module.get_function(kernel)
+            except Exception as e:     # cupy raises CUDADriverError (no public base class)
+                raise EngineError(f"kernel '{kernel}' not found in {self.kernel_library}: {e}") \
+                    from None
+            shared = self._launches[kernel]["shared_bytes"]
+            if shared > _STATIC_SHARED_LIMIT:
+                fn.max_dynamic_shared_size_bytes = shared
+            self._functions[kernel] = fn
+        return fn
+
+    def has_kernel(self, kernel: str) -> bool:
+        return self._module is not None and kernel in self._launches
+
+    def launch(self, kernel: str, args, stream=None) -> None:
+        self.prepare_launch(kernel, len(args), stream)(args)
+
+    def prepare_launch(self, kernel: str, n_args: int, stream=None):
+        fn = self._function(kernel)
+        cfg = self._launches[kernel]
+        grid, block, shared = tuple(cfg["grid"]), tuple(cfg["block"]), cfg["shared_bytes"]
+        return lambda args: fn(grid, block, tuple(args), shared_mem=shared, stream=stream)
+
+    def prepare_library(self, routine: str, attrs: dict, stream=None):
+        from .library import ROUTINES
+        impl, cp = ROUTINES[routine], self.cp
+
+        def call(args):
+            with stream:
+                if routine == "scatter_add" and args[-1].dtype == np.uint16:
+                    # bf16 bits: accumulate in f32, round once.
+                    wide = [_bf16_to_f32(cp, a) if a.dtype == np.uint16 else a for a in args]
+                    impl(cp, attrs, *wide)
+                    args[-1][...] = _f32_to_bf16(cp, wide[-1])
+                else:
+                    impl(cp, attrs, *args)
+        return call
+
+    def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
+        self.prepare_library(routine, attrs, stream)(args)
+
+    # -- streams and events --------------------------------------------------------
+    def stream(self, name: str):
+        s = self._streams.get(name)
+        if s is None:
+            s = self._streams[name] = self.cp.cuda.Stream(non_blocking=True)
+        return s
+
+    def record_event(self, stream) -> CUDAEvent:
+        event = self.cp.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return CUDAEvent(event)
+
+    def wait_event(self, event, stream) -> None:
+        if not isinstance(event, CUDAEvent):
+            raise EngineError(f"event_wait on a {type(event).__name__}, not a CUDA event")
+        stream.wait_event(event.event)
+
+    def synchronize(self) -> None:
+        for s in self._streams.values():
+            s.synchronize()
