@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from tessera import dist, graph, op
-from tessera_compiler.codegen.build import KernelBuildError, build_cuda_object, nvcc
+from tessera_compiler.codegen.build import KernelBuildError, build_cuda_cubin, nvcc
 
 
-def _trace():
+def _trace(target="gpu"):
     mesh = dist.Mesh(axes=["tp"], devices=range(2))
     rng = np.random.default_rng(0)
     x = dist.from_numpy(rng.standard_normal((64, 96)).astype(np.float32), mesh=mesh)
@@ -21,29 +21,59 @@ def _trace():
 
     def mlp(x, w1, w2):
         return op.matmul(op.relu(op.matmul(x, w1)), w2)
-    return graph.trace(mlp, x, w1, w2, mesh=mesh, target="gpu")
+    return graph.trace(mlp, x, w1, w2, mesh=mesh, target=target)
 
 
 @pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
 def test_generated_cuda_compiles_for_sm90():
     trace = _trace()
-    obj = build_cuda_object(trace.cuda)
-    assert obj.stat().st_size > 0
-    symbols = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout
-    for kernel in ("mlp_matmul_0_fused2", "mlp_matmul_2"):
-        assert kernel in symbols
+    cubin = build_cuda_cubin(trace.cuda)
+    data = cubin.read_bytes()
+    assert data[:4] == b"\x7fELF"
+    for kernel in (b"mlp_matmul_0_fused2", b"mlp_matmul_2"):
+        assert kernel in data
+
+
+@pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_kernel_of_the_gpt_training_step_compiles_for_sm90(precision):
+    """Every kernel of the example model's training step, for sm_90, with no
+    register spills (ptxas -v); in bf16 the GEMMs are tensor-core kernels."""
+    import sys
+    from pathlib import Path
+    import tessera as ts
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import train_gpt as g
+    params = g.init_params(128, 2, 4, 16, 0)
+    opt = ts.optim.AdamW(lr=3e-3)
+    step = g.make_step(opt, 4, precision, 1.0)
+    levels = step.lower(params, opt.init(params), ts.optim.loss_scale_init(1.0),
+                        [g.make_batch(np.random.default_rng(0), 32, 8)], target="gpu")
+    assert len(levels.cuda_launches) > 200
+    if precision == "bf16":
+        assert levels.cuda.count("// tensor-core GEMM") >= 20
+    with open(Path(build_cuda_cubin(levels.cuda)), "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+    proc = subprocess.run([nvcc(), "-arch=sm_90", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
+                           "-x", "cu", "-", "-o", "/dev/null"], input=levels.cuda,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    reports = [l for l in proc.stderr.splitlines() if "spill stores" in l]
+    assert len(reports) == len(levels.cuda_launches)
+    assert all(" 0 bytes spill stores" in l for l in reports)
 
 
 @pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
 def test_nvcc_errors_are_reported():
     with pytest.raises(KernelBuildError, match="nvcc failed"):
-        build_cuda_object('extern "C" __global__ void broken() { this is not cuda; }')
+        build_cuda_cubin('extern "C" __global__ void broken() { this is not cuda; }')
 
 
 def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
     from tessera_compiler.codegen.build import build_cpu_library
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    src = _trace().cpp
+    src = _trace("cpu").cpp
+    assert 'extern "C" void' in src
     first = build_cpu_library(src)
     mtime = first.stat().st_mtime_ns
     assert build_cpu_library(src) == first and first.stat().st_mtime_ns == mtime

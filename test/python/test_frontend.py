@@ -90,9 +90,10 @@ def test_graph_trace_returns_every_level_without_running():
     assert 'tsched.library = "matmul"' in trace.tile
     assert "ttile.kernel @_mlp_relu_1" in trace.tile
     assert 'extern "C" void _mlp_relu_1' in trace.cpp
-    assert "__global__" in trace.cuda
+    assert trace.cuda == ""                                    # CPU target: no CUDA
     gpu = ts.graph.trace(_mlp, *_tp_inputs(mesh, np.random.default_rng()), mesh=mesh, target="gpu")
     assert "ttile.kernel @_mlp_matmul_0_fused2" in gpu.tile    # relu fused into the GEMM epilogue
+    assert "__global__" in gpu.cuda and gpu.cpp == ""
     assert "// ===== _mlp: tile =====" in str(trace)
 
 
