@@ -127,6 +127,17 @@ def make_step(opt, heads: int, precision: str, clip: float):
     return train_step
 
 
+def step_case(width: int, depth: int, heads: int, length: int, batch: int, precision: str,
+              seed: int):
+    """A compiled training step and its arguments (params, opt_state, scaler,
+    microbatches), small enough for tests that compare engines and targets."""
+    params = init_params(width, depth, heads, 2 * length, seed)
+    opt = ts.optim.AdamW(lr=3e-3)
+    args = (params, opt.init(params), ts.optim.loss_scale_init(1.0),
+            [make_batch(np.random.default_rng(seed), batch, length)])
+    return make_step(opt, heads, precision, clip=1.0), args
+
+
 # -- reporting -------------------------------------------------------------------
 
 class Progress:

@@ -81,7 +81,7 @@ def test_emulator_catches_a_wrong_fragment_layout():
     assert np.abs(outs[1] - ref).max() > 1.0
 
 
-def test_softmax_and_layernorm_kernels_emulated():
+def test_softmax_and_layernorm_kernels_emulated(monkeypatch):
     """Row reductions split over lanes and combined with warp shuffles."""
     rng = np.random.default_rng()
     x = rng.standard_normal((48, 200)).astype(np.float32)
@@ -90,13 +90,8 @@ def test_softmax_and_layernorm_kernels_emulated():
 
     def f(x, g, bias):
         return op.softmax(x), op.layernorm(x, g, bias)
-    f_gpu = ts.jit(f, target="gpu")
-    import os
-    os.environ["TESSERA_CUDA_EMULATE"] = "1"
-    try:
-        sm, ln = f_gpu(x, g, bias)
-    finally:
-        del os.environ["TESSERA_CUDA_EMULATE"]
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    sm, ln = ts.jit(f, target="gpu")(x, g, bias)
     xd = x.astype(np.float64)
     e = np.exp(xd - xd.max(-1, keepdims=True))
     np.testing.assert_allclose(sm, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
@@ -113,16 +108,12 @@ def test_gpt_training_step_on_gpu_target_matches_cpu(precision, monkeypatch):
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     import train_gpt as g
-    seed = int(np.random.default_rng().integers(1 << 30))
-    params = g.init_params(64, 1, 2, 8, seed)
-    opt = ts.optim.AdamW(lr=3e-3)
-    state, scaler = opt.init(params), ts.optim.loss_scale_init(1.0)
-    batch = [g.make_batch(np.random.default_rng(seed), 8, 4)]
-    step = g.make_step(opt, 2, precision, 1.0)
-    cpu = step(params, state, scaler, batch)
+    step, args = g.step_case(64, 1, 2, 4, 8, precision,
+                             seed=int(np.random.default_rng().integers(1 << 30)))
+    cpu = step(*args)
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     gpu_step = ts.jit(step.fn, target="gpu")
-    gpu = gpu_step(params, state, scaler, batch)
+    gpu = gpu_step(*args)
     assert "tessera_mma_bf16(" in _cuda_source(gpu_step) or precision == "fp32"
     np.testing.assert_allclose(float(gpu[0]), float(cpu[0]), rtol=1e-5)
     for a, c in zip(ts._pytree.flatten(gpu[1])[0], ts._pytree.flatten(cpu[1])[0]):

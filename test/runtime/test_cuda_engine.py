@@ -44,14 +44,10 @@ def test_gpt_training_step_on_gpu_matches_cpu(precision):
     import tessera as ts
     sys.path.insert(0, str(ROOT / "examples"))
     import train_gpt as g
-    seed = int(np.random.default_rng().integers(1 << 30))
-    params = g.init_params(128, 2, 4, 16, seed)
-    opt = ts.optim.AdamW(lr=3e-3)
-    state, scaler = opt.init(params), ts.optim.loss_scale_init(1.0)
-    batch = [g.make_batch(np.random.default_rng(seed), 32, 8)]
-    step = g.make_step(opt, 4, precision, 1.0)
-    cpu = step(params, state, scaler, batch)
-    gpu = ts.jit(step.fn, target="gpu")(params, state, scaler, batch)
+    step, args = g.step_case(128, 2, 4, 8, 32, precision,
+                             seed=int(np.random.default_rng().integers(1 << 30)))
+    cpu = step(*args)
+    gpu = ts.jit(step.fn, target="gpu")(*args)
     np.testing.assert_allclose(float(gpu[0]), float(cpu[0]), rtol=1e-3 if precision == "bf16" else 1e-5)
     for a, c in zip(ts._pytree.flatten(gpu[1])[0], ts._pytree.flatten(cpu[1])[0]):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(c, np.float64),

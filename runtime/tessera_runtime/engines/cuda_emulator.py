@@ -36,6 +36,8 @@ from . import EngineError
 
 
 def _cache_dir() -> Path:
+    # The compiler's build cache root (TESSERA_CACHE_DIR), read here because
+    # the runtime does not import the compiler.
     root = os.environ.get("TESSERA_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tessera")
     path = Path(root) / "emulated"
