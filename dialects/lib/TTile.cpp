@@ -269,3 +269,65 @@ LogicalResult IotaOp::verify() {
     return emitOpError("dim ") << getDim() << " is out of range for " << r;
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// NVSHMEM
+//===----------------------------------------------------------------------===//
+
+/// `buffer` must be an argument of the enclosing kernel marked `ttile.symmetric`.
+static LogicalResult verifySymmetric(Operation *op, Value buffer, StringRef role) {
+  auto arg = llvm::dyn_cast<BlockArgument>(buffer);
+  auto kernel = op->getParentOfType<KernelOp>();
+  if (!arg || !kernel || arg.getOwner() != &kernel.getBody().front() ||
+      !kernel.getArgAttr(arg.getArgNumber(), "ttile.symmetric"))
+    return op->emitOpError("'") << role << "' must be a kernel argument marked "
+                                << "{ttile.symmetric} (a buffer every PE allocated with "
+                                << "nvshmem_malloc)";
+  return success();
+}
+
+static LogicalResult verifySignals(Operation *op, Value signals) {
+  auto type = llvm::cast<MemRefType>(signals.getType());
+  if (type.getRank() != 1 || !type.getElementType().isInteger(64))
+    return op->emitOpError("'signals' must be a 1-D buffer of i64 signal words, got ") << type;
+  return success();
+}
+
+LogicalResult PutOp::verify() {
+  auto src = llvm::cast<MemRefType>(getSource().getType());
+  auto dst = llvm::cast<MemRefType>(getDest().getType());
+  if (src.getElementType() != dst.getElementType())
+    return emitOpError("'source' ") << src << " and 'dest' " << dst
+                                    << " have different element types";
+  if (getSourceOffsets().size() != static_cast<size_t>(src.getRank()) ||
+      getDestOffsets().size() != static_cast<size_t>(dst.getRank()))
+    return emitOpError("needs one offset per dimension of 'source' and 'dest'");
+  ArrayRef<int64_t> shape = getShape();
+  if (shape.empty() || shape.size() > static_cast<size_t>(std::min(src.getRank(), dst.getRank())))
+    return emitOpError("'shape' must have 1 to min(rank(source), rank(dest)) sizes");
+  for (auto [i, n] : llvm::enumerate(shape)) {
+    size_t fromEnd = shape.size() - i;
+    if (n < 1 || n > src.getShape()[src.getRank() - fromEnd] ||
+        n > dst.getShape()[dst.getRank() - fromEnd])
+      return emitOpError("'shape' [") << i << "] = " << n << " does not fit 'source' " << src
+                                      << " and 'dest' " << dst;
+  }
+  return verifySymmetric(*this, getDest(), "dest");
+}
+
+LogicalResult SignalOp::verify() {
+  if (getKind() != "set" && getKind() != "add")
+    return emitOpError("'kind' must be \"set\" or \"add\", got \"") << getKind() << "\"";
+  if (failed(verifySignals(*this, getSignals())))
+    return failure();
+  return verifySymmetric(*this, getSignals(), "signals");
+}
+
+LogicalResult WaitOp::verify() {
+  static const llvm::StringRef cmps[] = {"eq", "ne", "gt", "ge", "lt", "le"};
+  if (!llvm::is_contained(cmps, getCmp()))
+    return emitOpError("'cmp' must be one of eq, ne, gt, ge, lt, le; got \"") << getCmp() << "\"";
+  if (failed(verifySignals(*this, getSignals())))
+    return failure();
+  return verifySymmetric(*this, getSignals(), "signals");
+}

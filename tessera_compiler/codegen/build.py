@@ -52,22 +52,33 @@ def _version(tool: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else tool
 
 
-def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext: str) -> Path:
+def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext: str,
+                  inputs: tuple[Path, ...] = ()) -> Path:
+    """`tool flags <source or inputs> -o out`, cached by content."""
     key = hashlib.sha256("\0".join([source, tool, _version(tool), *flags]).encode()).hexdigest()[:24]
     target = cache_dir() / f"{key}{out_ext}"
     if target.exists():
         return target
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        src = Path(tmp) / f"kernels{suffix}"
-        src.write_text(source)
+        files = [str(p) for p in inputs]
+        if not inputs:
+            src = Path(tmp) / f"kernels{suffix}"
+            src.write_text(source)
+            files = [str(src)]
         out = Path(tmp) / f"out{out_ext}"
-        proc = subprocess.run([tool, *flags, str(src), "-o", str(out)],
+        proc = subprocess.run([tool, *flags, *files, "-o", str(out)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise KernelBuildError(f"{Path(tool).name} failed on generated kernels "
-                                   f"({src.name}):\n{proc.stderr[-4000:]}")
+                                   f"({Path(files[0]).name}):\n{proc.stderr[-4000:]}")
         os.replace(out, target)
     return target
+
+
+def _cached_build_from(obj: Path, tool: str, flags: list[str], out_ext: str) -> Path:
+    """A build step on an earlier step's output (keyed by that output's name,
+    itself a content hash)."""
+    return _cached_build(obj.name, "", tool, flags, out_ext, inputs=(obj,))
 
 
 def build_cpu_library(source: str) -> Path:
@@ -83,11 +94,38 @@ def nvcc() -> str | None:
     return str(default) if default.exists() else None
 
 
+def nvshmem_home() -> Path | None:
+    """The NVSHMEM installation with `include/nvshmem.h` and
+    `lib/libnvshmem_device.a`: NVSHMEM_HOME, else the `nvidia-nvshmem-cu13`
+    (or -cu12) wheel's directory."""
+    candidates = [os.environ.get("NVSHMEM_HOME")]
+    try:
+        import nvidia.nvshmem as wheel
+        candidates += [str(Path(p)) for p in wheel.__path__]
+    except ImportError:
+        pass
+    for c in candidates:
+        if c and (Path(c) / "include" / "nvshmem.h").exists() and \
+                (Path(c) / "lib" / "libnvshmem_device.a").exists():
+            return Path(c)
+    return None
+
+
 def build_cuda_cubin(source: str) -> Path:
     """Compiles CUDA kernels for sm_90 into a cubin the GPU engine loads;
-    returns its cached path."""
+    returns its cached path. Kernels calling NVSHMEM's device API are compiled
+    relocatable and device-linked with libnvshmem_device into one cubin."""
     tool = nvcc()
     if tool is None:
         raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
                                "nvidia-cuda-nvcc wheel) to build GPU kernels ahead of time")
-    return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")
+    if "#include <nvshmem.h>" not in source:
+        return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")
+    home = nvshmem_home()
+    if home is None:
+        raise KernelBuildError("these kernels call NVSHMEM: pip install nvidia-nvshmem-cu13 "
+                               "(or set NVSHMEM_HOME to an NVSHMEM installation)")
+    obj = _cached_build(source, ".cu", tool,
+                        [*NVCC_FLAGS, "-rdc=true", f"-I{home / 'include'}", "-c"], ".o")
+    return _cached_build_from(obj, tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
+                                          f"-L{home / 'lib'}", "-lnvshmem_device"], ".cubin")

@@ -105,6 +105,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.smem_decls: list[str] = []
         self.threads = 1
         self.simt_reason = None     # why the last GEMM loop is not on tensor cores
+        self.uses_nvshmem = False
 
     # -- shared memory -----------------------------------------------------------
     def _smem(self, nbytes: int) -> int:
@@ -173,6 +174,83 @@ class CudaKernelEmitter(KernelEmitter):
         super().emit_op(op)
 
     def op_ttile_barrier(self, op):
+        self.sync()
+
+    # -- NVSHMEM -------------------------------------------------------------------
+    # Puts are block-collective calls (every thread takes part); signals and
+    # waits are issued by one thread between barriers, so the block's earlier
+    # work is issued before a signal and nothing runs ahead of a wait.
+    def _nvshmem(self) -> None:
+        self.uses_nvshmem = True
+
+    def op_ttile_my_pe(self, op):
+        self._nvshmem()
+        v = self.fresh("pe")
+        self.line(f"const int64_t {v} = nvshmem_my_pe();")
+        self.names[op.results[0]] = v
+
+    def op_ttile_n_pes(self, op):
+        self._nvshmem()
+        v = self.fresh("npes")
+        self.line(f"const int64_t {v} = nvshmem_n_pes();")
+        self.names[op.results[0]] = v
+
+    def op_ttile_put(self, op):
+        self._nvshmem()
+        view = op.opview
+        src, dst = self.names[view.source], self.names[view.dest]
+        shape = list(ir.DenseI64ArrayAttr(op.attributes["shape"]))
+        src_shape, dst_shape = self.buffers[src], self.buffers[dst]
+        elt = ir.MemRefType(view.source.type).element_type
+        nbytes = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2}.get(str(elt), 1)
+
+        def base(buf_shape, offsets, ivs):
+            lead = len(buf_shape) - len(shape)
+            terms = []
+            for d, o in enumerate(offsets):
+                at = o if d < lead or d - lead >= len(ivs) else f"({o} + {ivs[d - lead]})"
+                stride = math.prod(buf_shape[d + 1:])
+                terms.append(at if stride == 1 else f"{at} * {stride}")
+            return " + ".join(terms)
+        ivs = []
+        for n in shape[:-1]:          # one call per contiguous row of the box
+            iv = self.fresh("r")
+            ivs.append(iv)
+            self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv})")
+        so = [self.scalar(v) for v in view.source_offsets]
+        do = [self.scalar(v) for v in view.dest_offsets]
+        self.line(f"  nvshmemx_putmem_nbi_block({dst} + {base(dst_shape, do, ivs)}, "
+                  f"{src} + {base(src_shape, so, ivs)}, {shape[-1] * nbytes}, "
+                  f"(int){self.scalar(view.pe)});")
+
+    def op_ttile_signal(self, op):
+        self._nvshmem()
+        view = op.opview
+        kind = {"set": "NVSHMEM_SIGNAL_SET", "add": "NVSHMEM_SIGNAL_ADD"}[
+            ir.StringAttr(op.attributes["kind"]).value]
+        sig = self.names[view.signals]
+        self.sync()
+        self.line(f"if (threadIdx.x == 0) nvshmemx_signal_op(reinterpret_cast<uint64_t*>({sig}) + "
+                  f"{self.scalar(view.index)}, (uint64_t){self.scalar(view.value)}, {kind}, "
+                  f"(int){self.scalar(view.pe)});")
+
+    def op_ttile_wait(self, op):
+        self._nvshmem()
+        view = op.opview
+        cmp = "NVSHMEM_CMP_" + ir.StringAttr(op.attributes["cmp"]).value.upper()
+        sig = self.names[view.signals]
+        self.line(f"if (threadIdx.x == 0) nvshmem_signal_wait_until(reinterpret_cast<uint64_t*>"
+                  f"({sig}) + {self.scalar(view.index)}, {cmp}, "
+                  f"(uint64_t){self.scalar(view.value)});")
+        self.sync()
+
+    def op_ttile_fence(self, op):
+        self._nvshmem()
+        self.line("nvshmem_fence();")
+
+    def op_ttile_quiet(self, op):
+        self._nvshmem()
+        self.line("nvshmem_quiet();")
         self.sync()
 
     # -- pointwise regions ---------------------------------------------------------
@@ -661,11 +739,17 @@ CUDA_PRELUDE = """\
 def emit_cuda_kernels(module) -> tuple[str, dict]:
     """CUDA C++ for every ttile.kernel of `module`, and each kernel's launch
     configuration: {name: {"grid", "block", "shared_bytes"}}."""
-    parts, launches = [CUDA_PRELUDE], {}
+    parts, launches, nvshmem = [CUDA_PRELUDE], {}, False
     for kernel in kernels_of(module):
         emitter = CudaKernelEmitter()
         parts.append(emitter.emit_kernel(kernel))
-        launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = emitter.launch
+        launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = {
+            **emitter.launch, **({"nvshmem": True} if emitter.uses_nvshmem else {})}
+        nvshmem |= emitter.uses_nvshmem
+    if nvshmem:
+        # Device-initiated communication: NVSHMEM's device API (compile with
+        # -rdc=true and link libnvshmem_device; see build.build_cuda_cubin).
+        parts.insert(1, "#include <nvshmem.h>\n#include <nvshmemx.h>\n")
     return "\n".join(parts), launches
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
+NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.signal", "ttile.wait",
+               "ttile.fence", "ttile.quiet"}
 # Element type -> C type of a tile element. bf16 tiles compute in float (every
 # value rounded to bf16 precision); bf16 buffers hold the raw 16 bits.
 _CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "bf16": "float",
@@ -177,6 +179,9 @@ class KernelEmitter:
             self._elementwise(op, lambda *xs: expr(self, *xs))
             return
         handler = getattr(self, "op_" + name.replace(".", "_"), None)
+        if handler is None and name in NVSHMEM_OPS:
+            raise EmitError(f"'{name}' is NVSHMEM device communication; it needs the GPU "
+                            "target (tessera-translate --ttile-to-cuda)", op.location)
         if handler is None:
             raise EmitError(f"the kernel emitter does not support '{name}'", op.location)
         handler(op)

@@ -61,3 +61,11 @@ ttile.kernel @float_scalar(%a: memref<4xf32>) attributes {grid = array<i64: 1>, 
   %f = arith.constant 1.0 : f32
   ttile.return
 }
+
+// -----
+
+ttile.kernel @nvshmem_on_cpu(%a: memref<4xi64> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @+1 {{'ttile.quiet' is NVSHMEM device communication; it needs the GPU target (tessera-translate --ttile-to-cuda)}}
+  ttile.quiet
+  ttile.return
+}

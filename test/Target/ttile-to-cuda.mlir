@@ -147,3 +147,65 @@ ttile.kernel @too_big(%a: memref<256x256xf32>, %r: memref<256x1xf32>) attributes
   ttile.return
 }
 
+
+// -----
+
+// All-gather fused with a GEMM (a tensor-parallel column matmul over 4 PEs):
+// every block pushes 8 rows of this PE's A shard into each PE's symmetric
+// gathered buffer, fences, and bumps that PE's flag for this shard; each
+// output tile then waits only for the shard its rows come from (all 8 blocks
+// of that PE) and runs its tensor-core loop on the gathered rows.
+// CHECK: #include <nvshmem.h>
+// CHECK-LABEL: // ttile.kernel @ag_gemm
+// CHECK: const int64_t [[ME:pe[0-9]+]] = nvshmem_my_pe();
+// CHECK: const int64_t [[N:npes[0-9]+]] = nvshmem_n_pes();
+// CHECK: for (int64_t [[R:r[0-9]+]] = 0; [[R]] < 8; ++[[R]])
+// CHECK-NEXT: nvshmemx_putmem_nbi_block(arg2 + ({{.*}} + [[R]]) * 128 + {{.*}}, arg0 + ({{.*}} + [[R]]) * 128 + {{.*}}, 256, (int){{.*}});
+// CHECK: nvshmem_fence();
+// CHECK: if (threadIdx.x == 0) nvshmemx_signal_op(reinterpret_cast<uint64_t*>(arg3) + [[ME]], (uint64_t){{.*}}, NVSHMEM_SIGNAL_ADD, (int){{.*}});
+// CHECK: if (threadIdx.x == 0) nvshmem_signal_wait_until(reinterpret_cast<uint64_t*>(arg3) + {{.*}}, NVSHMEM_CMP_GE, (uint64_t){{.*}});
+// CHECK-NEXT: __syncthreads();
+// CHECK: // tensor-core GEMM: block tile 64x64x32, warps 2x2, 3 stages
+// CHECK: tessera_mma_bf16(
+ttile.kernel @ag_gemm(%a: memref<64x128xbf16>, %b: memref<128x128xbf16>,
+                      %ag: memref<256x128xbf16> {ttile.symmetric}, %flags: memref<4xi64> {ttile.symmetric},
+                      %c: memref<256x128xbf16>)
+    attributes {grid = array<i64: 8>, block = array<i64: 128>, stages = 3 : i64} {
+  %pid = ttile.program_id 0
+  %me = ttile.my_pe
+  %n = ttile.n_pes
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c8 = arith.constant 8 : index
+  %c32 = arith.constant 32 : index
+  %c64 = arith.constant 64 : index
+  %c128 = arith.constant 128 : index
+  // Push: this block's 8 rows of the local shard, to every PE.
+  %mine = arith.muli %pid, %c8 : index
+  %shard = arith.muli %me, %c64 : index
+  %there = arith.addi %shard, %mine : index
+  scf.for %p = %c0 to %n step %c1 {
+    ttile.put %a[%mine, %c0] to %ag[%there, %c0] on %p {shape = array<i64: 8, 128>} : memref<64x128xbf16> -> memref<256x128xbf16>
+  }
+  ttile.fence
+  scf.for %p = %c0 to %n step %c1 {
+    ttile.signal %flags[%me], %c1 on %p {kind = "add"} : memref<4xi64>
+  }
+  // Consume: wait for the shard this tile's rows come from, then the GEMM.
+  %rt = arith.divui %pid, %c2 : index
+  %ct = arith.remui %pid, %c2 : index
+  %row = arith.muli %rt, %c64 : index
+  %col = arith.muli %ct, %c64 : index
+  ttile.wait %flags[%rt], %c8 {cmp = "ge"} : memref<4xi64>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x64xf32>
+  %acc = scf.for %k = %c0 to %c128 step %c32 iter_args(%it = %acc0) -> (!ttile.tile<64x64xf32>) {
+    %ta = ttile.load %ag[%row, %k] : memref<256x128xbf16> -> !ttile.tile<64x32xbf16>
+    %tb = ttile.load %b[%k, %col] : memref<128x128xbf16> -> !ttile.tile<32x64xbf16>
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 2, 2>} : !ttile.tile<64x32xbf16>, !ttile.tile<32x64xbf16> -> !ttile.tile<64x64xf32>
+    scf.yield %d : !ttile.tile<64x64xf32>
+  }
+  %h = ttile.cast %acc : !ttile.tile<64x64xf32> to !ttile.tile<64x64xbf16>
+  ttile.store %h, %c[%row, %col] : !ttile.tile<64x64xbf16>, memref<256x128xbf16>
+  ttile.return
+}

@@ -78,3 +78,23 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
     mtime = first.stat().st_mtime_ns
     assert build_cpu_library(src) == first and first.stat().st_mtime_ns == mtime
     assert build_cpu_library(src + "\n// changed\n") != first
+
+
+def test_nvshmem_kernel_links_into_one_cubin():
+    """The fused all-gather + GEMM kernel of the ttile-to-cuda lit test
+    (puts, fence, signals, waits, then a tensor-core loop) compiles
+    relocatable and device-links with libnvshmem_device into one sm_90 cubin."""
+    from pathlib import Path
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cuda
+    from tessera_compiler.codegen.build import nvshmem_home
+    if nvcc() is None or nvshmem_home() is None:
+        pytest.skip("needs nvcc and NVSHMEM (pip install nvidia-nvshmem-cu13)")
+    text = (Path(__file__).resolve().parents[1] / "Target" / "ttile-to-cuda.mlir").read_text()
+    chunk = next(c for c in text.split("// -----") if "@ag_gemm" in c)
+    with ir.Context():
+        source = emit_cuda(ir.Module.parse(chunk))
+    assert "#include <nvshmem.h>" in source
+    cubin = build_cuda_cubin(source).read_bytes()
+    assert cubin[:4] == b"\x7fELF" and b"ag_gemm" in cubin
+    assert b"nvshmemi_device_state_d" in cubin        # NVSHMEM's device library is linked in

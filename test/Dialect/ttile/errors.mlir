@@ -425,3 +425,48 @@ ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block 
   %d = ttile.dot %x, %x, %acc {warps = array<i64: 4>} : !ttile.tile<32x32xbf16>, !ttile.tile<32x32xbf16> -> !ttile.tile<32x32xf32>
   ttile.return
 }
+
+// -----
+
+ttile.kernel @k(%a: memref<16x32xf32>, %all: memref<64x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.put' op 'dest' must be a kernel argument marked {ttile.symmetric} (a buffer every PE allocated with nvshmem_malloc)}}
+  ttile.put %a[%c0, %c0] to %all[%c0, %c0] on %c0 {shape = array<i64: 16, 32>} : memref<16x32xf32> -> memref<64x32xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<16x32xf32>, %all: memref<64x32xf32> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.put' op 'shape' [1] = 64 does not fit 'source' 'memref<16x32xf32>' and 'dest' 'memref<64x32xf32>'}}
+  ttile.put %a[%c0, %c0] to %all[%c0, %c0] on %c0 {shape = array<i64: 16, 64>} : memref<16x32xf32> -> memref<64x32xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%flags: memref<4xi32> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.signal' op 'signals' must be a 1-D buffer of i64 signal words, got 'memref<4xi32>'}}
+  ttile.signal %flags[%c0], %c0 on %c0 {kind = "set"} : memref<4xi32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%flags: memref<4xi64> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.signal' op 'kind' must be "set" or "add", got "xor"}}
+  ttile.signal %flags[%c0], %c0 on %c0 {kind = "xor"} : memref<4xi64>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%flags: memref<4xi64> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.wait' op 'cmp' must be one of eq, ne, gt, ge, lt, le; got "gte"}}
+  ttile.wait %flags[%c0], %c0 {cmp = "gte"} : memref<4xi64>
+  ttile.return
+}

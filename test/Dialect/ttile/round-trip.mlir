@@ -136,3 +136,31 @@ ttile.kernel @batched_gemm(%a: memref<2x64x32xbf16>, %b: memref<2x32x64xbf16>, %
   ttile.store %d, %c[%pid, %c0, %c0] : !ttile.tile<64x64xf32>, memref<2x64x64xf32>
   ttile.return
 }
+
+// -----
+
+// NVSHMEM: PE queries, a put into a symmetric buffer, fence, signal, wait, quiet.
+// CHECK-LABEL: ttile.kernel @push(
+// CHECK: %[[ME:.*]] = ttile.my_pe
+// CHECK: %[[N:.*]] = ttile.n_pes
+// CHECK: ttile.put %{{.*}}[%{{.*}}, %{{.*}}] to %{{.*}}[%{{.*}}, %{{.*}}] on %{{.*}} {shape = array<i64: 16, 32>} : memref<16x32xf32> -> memref<64x32xf32>
+// CHECK: ttile.fence
+// CHECK: ttile.signal %{{.*}}[%[[ME]]], %{{.*}} on %{{.*}} {kind = "set"} : memref<4xi64>
+// CHECK: ttile.wait %{{.*}}[%{{.*}}], %{{.*}} {cmp = "ge"} : memref<4xi64>
+// CHECK: ttile.quiet
+ttile.kernel @push(%a: memref<16x32xf32>, %all: memref<64x32xf32> {ttile.symmetric}, %flags: memref<4xi64> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %me = ttile.my_pe
+  %n = ttile.n_pes
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c16 = arith.constant 16 : index
+  %row = arith.muli %me, %c16 : index
+  %next = arith.addi %me, %c1 : index
+  %peer = arith.remui %next, %n : index
+  ttile.put %a[%c0, %c0] to %all[%row, %c0] on %peer {shape = array<i64: 16, 32>} : memref<16x32xf32> -> memref<64x32xf32>
+  ttile.fence
+  ttile.signal %flags[%me], %c1 on %peer {kind = "set"} : memref<4xi64>
+  ttile.wait %flags[%c0], %c1 {cmp = "ge"} : memref<4xi64>
+  ttile.quiet
+  ttile.return
+}

@@ -278,4 +278,94 @@ def TTile_BarrierOp : TTile_Op<"barrier"> {
   let assemblyFormat = "attr-dict";
 }
 
+//----------------------------------------------------------------------------
+// NVSHMEM: device-initiated communication between kernel instances on
+// different GPUs (processing elements, PEs). Remote buffers are symmetric:
+// kernel arguments marked `ttile.symmetric` (allocated with nvshmem_malloc,
+// the same size on every PE). Puts are non-blocking; `ttile.fence` orders
+// them before later puts and signals to the same PE, `ttile.quiet` waits
+// until they are complete. A consumer waits on a signal word the producer
+// sets after its data (put, fence, signal).
+//----------------------------------------------------------------------------
+
+def TTile_MyPeOp : TTile_Op<"my_pe", [Pure]> {
+  let summary = "this GPU's processing element number (nvshmem_my_pe)";
+  let results = (outs Index:$result);
+  let assemblyFormat = "attr-dict";
+}
+
+def TTile_NumPesOp : TTile_Op<"n_pes", [Pure]> {
+  let summary = "the number of processing elements (nvshmem_n_pes)";
+  let results = (outs Index:$result);
+  let assemblyFormat = "attr-dict";
+}
+
+def TTile_PutOp : TTile_Op<"put", [AttrSizedOperandSegments,
+                                    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "copy a box of a local buffer into a symmetric buffer on another PE";
+  let description = [{
+    Copies the box of `shape` at `source_offsets` of `source` to `dest_offsets`
+    of the symmetric buffer `dest` on PE `pe`, without waiting for it to
+    arrive (`nvshmemx_putmem_nbi_block`, one call per contiguous row; every
+    thread of the block takes part).
+
+    ```mlir
+    ttile.put %a[%c0, %c0] to %gathered[%row, %c0] on %peer {shape = array<i64: 64, 128>} : memref<64x128xbf16> -> memref<256x128xbf16>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$source_offsets,
+                       AnyStaticShapeMemRef:$dest, Variadic<Index>:$dest_offsets,
+                       Index:$pe, DenseI64ArrayAttr:$shape);
+  let assemblyFormat = [{
+    $source `[` $source_offsets `]` `to` $dest `[` $dest_offsets `]` `on` $pe attr-dict `:`
+    qualified(type($source)) `->` qualified(type($dest))
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_SignalOp : TTile_Op<"signal", [MemoryEffects<[MemWrite]>]> {
+  let summary = "set or add to a signal word of a symmetric buffer on another PE";
+  let description = [{
+    `kind` is `"set"` or `"add"` (`nvshmemx_signal_op`, issued by one thread
+    after the block's earlier operations).
+
+    ```mlir
+    ttile.signal %flags[%me], %one on %peer {kind = "set"} : memref<4xi64>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeMemRef:$signals, Index:$index, Index:$value, Index:$pe,
+                       StrAttr:$kind);
+  let assemblyFormat = [{
+    $signals `[` $index `]` `,` $value `on` $pe attr-dict `:` qualified(type($signals))
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_WaitOp : TTile_Op<"wait", [MemoryEffects<[MemRead]>]> {
+  let summary = "wait until a local signal word compares true against a value";
+  let description = [{
+    `cmp` is one of `eq`, `ne`, `gt`, `ge`, `lt`, `le`
+    (`nvshmem_signal_wait_until`; the block continues when it holds).
+
+    ```mlir
+    ttile.wait %flags[%peer], %one {cmp = "ge"} : memref<4xi64>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeMemRef:$signals, Index:$index, Index:$value, StrAttr:$cmp);
+  let assemblyFormat = [{
+    $signals `[` $index `]` `,` $value attr-dict `:` qualified(type($signals))
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_FenceOp : TTile_Op<"fence"> {
+  let summary = "order earlier puts before later puts and signals to each PE (nvshmem_fence)";
+  let assemblyFormat = "attr-dict";
+}
+
+def TTile_QuietOp : TTile_Op<"quiet"> {
+  let summary = "wait until every earlier put of this block is complete (nvshmem_quiet)";
+  let assemblyFormat = "attr-dict";
+}
+
 #endif // TESSERA_TTILE_TD
