@@ -35,15 +35,14 @@ from dataclasses import dataclass
 from tessera_mlir import ir
 
 from .tile_emitter import (_BF16_HELPERS, _ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter,
-                           Tile, c_literal, ctype, kernels_of, tile_of)
+                           Tile, c_literal, ctype, enum_of, kernels_of, tile_of)
 
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
 _ALIGN = 16
 
 POINTWISE = set(_ELEMENTWISE_EXPRESSIONS) | {
-    "ttile.exp", "ttile.tanh", "ttile.rsqrt", "ttile.compare", "ttile.cast", "ttile.fill",
-    "ttile.iota", "ttile.broadcast", "ttile.load", "ttile.store"}
+    "ttile.fill", "ttile.iota", "ttile.broadcast", "ttile.load", "ttile.store"}
 
 _MMA_TYPES = {"bf16": "bf16", "f16": "f16"}
 
@@ -126,9 +125,6 @@ class CudaKernelEmitter(KernelEmitter):
 
     def element_loop(self, e: str, n) -> str:
         return f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += blockDim.x) {{"
-
-    def _math(self, fn: str, arg: str) -> str:
-        return f"{fn}({arg})"
 
     # -- kernel ----------------------------------------------------------------
     def emit_kernel(self, kernel: ir.Operation) -> str:
@@ -417,26 +413,9 @@ class CudaKernelEmitter(KernelEmitter):
             # size-1 dimensions ignore them: broadcasting is free.
             self.scalars[result] = self._value(op.operands[0])
             return
-        xs = [self._value(v) for v in op.operands]
-        if name in _ELEMENTWISE_EXPRESSIONS:
-            self._define(result, _ELEMENTWISE_EXPRESSIONS[name](self, *xs))
-        elif name == "ttile.exp":
-            self._define(result, f"exp({xs[0]})")
-        elif name == "ttile.tanh":
-            self._define(result, f"tanh({xs[0]})")
-        elif name == "ttile.rsqrt":
-            self._define(result, f"rsqrt({xs[0]})")
-        elif name == "ttile.compare":
-            sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[
-                str(op.attributes["kind"]).split("<")[1].rstrip(">")]
-            self._define(result, f"({xs[0]} {sym} {xs[1]})")
-        elif name == "ttile.cast":
-            if elt == "i1":
-                self._define(result, f"({xs[0]} != 0)")
-            else:
-                self._define(result, f"({ctype(elt)})({xs[0]})")
-        else:
+        if name not in _ELEMENTWISE_EXPRESSIONS:
             raise EmitError(f"the CUDA emitter does not support '{name}'", op.location)
+        self._define(result, self.expression(op, [self._value(v) for v in op.operands]))
 
     def _spill(self, v: ir.Value) -> None:
         """Writes a register fragment to a shared-memory tile (for a consumer
@@ -457,7 +436,7 @@ class CudaKernelEmitter(KernelEmitter):
         src = self.names[op.operands[0]]
         r = self.new_tile(op.results[0])
         dim = ir.IntegerAttr(op.attributes["dim"]).value
-        kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+        kind = enum_of(op)
         identity, combine = _REDUCE[kind]
         inner = math.prod(src.shape[dim + 1:])
         n, outs = src.shape[dim], r.size

@@ -69,19 +69,32 @@ def tile_of(t: ir.Type) -> tuple[list[int], str]:
     return [int(d) for d in dims], elt
 
 
-# Elementwise tile ops that are one C expression of their operands' elements.
+# Elementwise tile ops that are one C expression of their operands' elements
+# (`KernelEmitter.expression`; the result element type is `ct`).
 _ELEMENTWISE_EXPRESSIONS = {
-    "ttile.add": lambda em, a, b: f"{a} + {b}",
-    "ttile.sub": lambda em, a, b: f"{a} - {b}",
-    "ttile.mul": lambda em, a, b: f"{a} * {b}",
-    "ttile.div": lambda em, a, b: f"{a} / {b}",
-    "ttile.max": lambda em, a, b: f"({a} > {b} ? {a} : {b})",
-    "ttile.neg": lambda em, a: f"-{a}",
-    "ttile.relu": lambda em, a: f"({a} > 0 ? {a} : 0)",
-    "ttile.log": lambda em, a: em._math("log", a),
-    "ttile.sqrt": lambda em, a: em._math("sqrt", a),
-    "ttile.select": lambda em, c, a, b: f"({c} ? {a} : {b})",
+    "ttile.add": lambda em, op, ct, a, b: f"{a} + {b}",
+    "ttile.sub": lambda em, op, ct, a, b: f"{a} - {b}",
+    "ttile.mul": lambda em, op, ct, a, b: f"{a} * {b}",
+    "ttile.div": lambda em, op, ct, a, b: f"{a} / {b}",
+    "ttile.max": lambda em, op, ct, a, b: f"({a} > {b} ? {a} : {b})",
+    "ttile.neg": lambda em, op, ct, a: f"-{a}",
+    "ttile.relu": lambda em, op, ct, a: f"({a} > 0 ? {a} : 0)",
+    "ttile.log": lambda em, op, ct, a: em._math("log", a),
+    "ttile.sqrt": lambda em, op, ct, a: em._math("sqrt", a),
+    "ttile.rsqrt": lambda em, op, ct, a: f"({ct})1 / {em._math('sqrt', a)}",
+    "ttile.exp": lambda em, op, ct, a: em._fast(ct, "exp", a),
+    "ttile.tanh": lambda em, op, ct, a: em._fast(ct, "tanh", a),
+    "ttile.select": lambda em, op, ct, c, a, b: f"({c} ? {a} : {b})",
+    "ttile.compare": lambda em, op, ct, a, b: f"({a} {_COMPARE[enum_of(op)]} {b})",
+    # bf16 results compute in float (rounded by the caller); i1 is "nonzero".
+    "ttile.cast": lambda em, op, ct, a: f"({a} != 0)" if ct == "bool" else f"({ct})({a})",
 }
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def enum_of(op, attr: str = "kind") -> str:
+    """The value of a `#tgraph.reduction<sum>` / `#tgraph.compare<lt>` attribute."""
+    return str(op.attributes[attr]).split("<")[1].rstrip(">")
 
 
 @dataclass
@@ -175,8 +188,7 @@ class KernelEmitter:
     def emit_op(self, op: ir.Operation) -> None:
         name = op.name
         if name in _ELEMENTWISE_EXPRESSIONS:
-            expr = _ELEMENTWISE_EXPRESSIONS[name]
-            self._elementwise(op, lambda *xs: expr(self, *xs))
+            self._elementwise(op)
             return
         handler = getattr(self, "op_" + name.replace(".", "_"), None)
         if handler is None and name in NVSHMEM_OPS:
@@ -291,48 +303,27 @@ class KernelEmitter:
         self.line(f"    for (int64_t j = 0; j < {N}; ++j) {r.name}[i * {N} + j] += av * ({acc_t}){b.name}[k * {N} + j];")
         self.line("  }")
 
-    def _elementwise(self, op, expr):
+    def expression(self, op, xs: list[str]) -> str:
+        """The C expression of elementwise `op` on operand elements `xs`."""
+        ct = ctype(tile_of(op.results[0].type)[1], op.location)
+        return _ELEMENTWISE_EXPRESSIONS[op.name](self, op, ct, *xs)
+
+    def _elementwise(self, op):
         srcs = [self.names[v] for v in op.operands]
         r = self.new_tile(op.results[0])
         # A bf16 result is computed in float and rounded to bf16 precision.
         wrap = (lambda x: f"bf16_round({x})") if r.element == "bf16" else (lambda x: x)
         self.for_each(r.size, lambda e: self.line(
-            f"{r.name}[{e}] = {wrap(expr(*[f'{s.name}[{e}]' for s in srcs]))};"))
+            f"{r.name}[{e}] = {wrap(self.expression(op, [f'{s.name}[{e}]' for s in srcs]))};"))
 
     def _math(self, fn: str, arg: str) -> str:
         return f"{fn}({arg})" if self.cuda else f"std::{fn}({arg})"
 
-    def _fast(self, op, fn: str, arg: str) -> str:
+    def _fast(self, ct: str, fn: str, arg: str) -> str:
         """The vectorizable float version on the CPU, libm otherwise."""
-        if not self.cuda and ctype(tile_of(op.results[0].type)[1]) == "float":
+        if not self.cuda and ct == "float":
             return f"tessera_{fn}({arg})"
         return self._math(fn, arg)
-
-    def op_ttile_rsqrt(self, op):
-        r_ct = ctype(tile_of(op.results[0].type)[1])
-        self._elementwise(op, lambda a: f"({r_ct})1 / {self._math('sqrt', a)}")
-
-    def op_ttile_tanh(self, op):
-        self._elementwise(op, lambda a: self._fast(op, "tanh", a))
-
-    def op_ttile_exp(self, op):
-        self._elementwise(op, lambda a: self._fast(op, "exp", a))
-
-    def op_ttile_compare(self, op):
-        sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[
-            str(op.attributes["kind"]).split("<")[1].rstrip(">")]
-        self._elementwise(op, lambda a, b: f"({a} {sym} {b})")
-
-    def op_ttile_cast(self, op):
-        src_elt = tile_of(op.operands[0].type)[1]
-        dst_shape, dst_elt = tile_of(op.results[0].type)
-        ct = ctype(dst_elt)
-        if dst_elt == "bf16":
-            self._elementwise(op, lambda a: f"bf16_round((float)({a}))")
-        elif dst_elt == "i1":
-            self._elementwise(op, lambda a: f"({a} != 0)")
-        else:
-            self._elementwise(op, lambda a: f"({ct})({a})")
 
     def op_ttile_broadcast(self, op):
         src = self.names[op.operands[0]]
@@ -374,7 +365,7 @@ class KernelEmitter:
         src = self.names[op.operands[0]]
         r = self.new_tile(op.results[0])
         dim = ir.IntegerAttr(op.attributes["dim"]).value
-        kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+        kind = enum_of(op)
         combine = {"sum": "acc + x", "prod": "acc * x", "max": "(x > acc ? x : acc)",
                    "min": "(x < acc ? x : acc)"}[kind]
         inner = math.prod(src.shape[dim + 1:])

@@ -112,6 +112,10 @@ class CUDAEngine(Engine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"kernel binary not found: {path}")
+        nvshmem = sorted(k for k, cfg in (launches or {}).items() if cfg.get("nvshmem"))
+        if nvshmem:
+            raise EngineError(f"kernels {nvshmem} call NVSHMEM, but this runtime does not "
+                              "initialize NVSHMEM or allocate symmetric buffers yet")
         cp = self.cp
         if path.suffix == ".cubin":
             self._module = cp.RawModule(path=str(path))
