@@ -551,22 +551,32 @@ def embedding(ids, table) -> Traced:
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None) -> Traced:
     """softmax(q k^T * scale [+ causal mask]) v over `[..., S, D]` operands
-    (e.g. `[B, H, S, D]`); scale defaults to 1/sqrt(D)."""
+    (e.g. `[B, H, S, D]`; `v` may have another last dimension); scale
+    defaults to 1/sqrt(D).
+
+    One fused op (`tgraph.attention`): it compiles to flash-attention kernels
+    that stream key/value blocks through an online softmax, so the `[S, S]`
+    scores never exist in memory, forward or backward. Under
+    `ts.autocast(dtype=ts.bf16)` the operands are cast to bf16; the softmax
+    runs in fp32."""
     src = _where_called("attention")
     q, k, v = (_tensor("attention", t, src) for t in (q, k, v))
+    half = autocast_dtype()
+    if half is not None:
+        q, k, v = (_cast_to(t, half, src) for t in (q, k, v))
     if q.ndim < 2 or q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
         raise ShapeError(f"op.attention: q {list(q.shape)}, k {list(k.shape)} and v "
                          f"{list(v.shape)} must be [..., S, D] with equal q/k shapes  [{src}]")
-    S = q.shape[-2]
-    scores = mul(matmul(q, transpose(k, -1, -2)), scale if scale is not None
-                 else 1.0 / math.sqrt(q.shape[-1]))
-    if causal:
-        with current_location(src):
-            i32 = element_type(dtypes.int32)
-            rows = _out(gb.iota([S, S], 0, i32), src)
-            cols = _out(gb.iota([S, S], 1, i32), src)
-        scores = where(greater_equal(rows, cols), scores, float("-inf"))
-    return matmul(softmax(scores, -1), v)
+    if not q.dtype == k.dtype == v.dtype:
+        raise DTypeError(f"op.attention: operand dtypes differ: {_describe(q)}, {_describe(k)}, "
+                         f"{_describe(v)}  [{src}]")
+    _require_float("attention", src, q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if not scale > 0:
+        raise ValueError(f"op.attention: scale must be positive, got {scale}  [{src}]")
+    with current_location(src):
+        out, _ = gb.attention(q.value, k.value, v.value, causal, scale)
+    return _out(out, src)
 
 
 flash_attention = attention

@@ -187,3 +187,29 @@ def scatter_add(updates: ir.Value, ids: ir.Value, rows: int) -> ir.Value:
 
 def grad(loss: ir.Value, wrt: list[ir.Value]) -> list[ir.Value]:
     return list(tgraph.GradOp([w.type for w in wrt], loss, wrt).results)
+
+
+# -- attention ----------------------------------------------------------------------
+
+def statistic_element(q: ir.Value) -> ir.Type:
+    """The element type of attention's per-row statistics (lse, delta)."""
+    return element_of(q) if isinstance(element_of(q), ir.F64Type) else ir.F32Type.get()
+
+
+def _row_statistic(q: ir.Value) -> ir.RankedTensorType:
+    return ranked(shape_of(q)[:-1] + [1], statistic_element(q))
+
+
+def attention(q: ir.Value, k: ir.Value, v: ir.Value, causal: bool,
+              scale: float) -> tuple[ir.Value, ir.Value]:
+    """(out, lse) of fused attention (`tgraph.attention`)."""
+    op = tgraph.AttentionOp(v.type, _row_statistic(q), q, k, v, ir.FloatAttr.get_f64(scale),
+                            causal=causal or None)
+    return op.results[0], op.results[1]
+
+
+def attention_grad(q, k, v, dout, lse, delta, causal: bool, scale: float) -> list[ir.Value]:
+    """[dq, dk, dv] of `tgraph.attention` (`tgraph.attention_grad`)."""
+    op = tgraph.AttentionGradOp(q.type, k.type, v.type, q, k, v, dout, lse, delta,
+                                ir.FloatAttr.get_f64(scale), causal=causal or None)
+    return list(op.results)

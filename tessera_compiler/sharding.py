@@ -117,6 +117,7 @@ def meshes_of(module: ir.Module | ir.Operation) -> dict[str, Mesh]:
 @dataclass
 class Rule:
     operands: list[Sharding]
+    #: the result's sharding (every result's, for ops with several)
     result: Sharding
     #: (reduction, axis) all_reduces applied to the op's local result at once
     #: (a max over a split dimension cannot stay a lazy partial like a sum).
@@ -380,6 +381,16 @@ def replicated_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
                 Sharding.replicated(ctx.mesh.name, len(ctx.shape(op.results[0]))))
 
 
+def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """attention and attention_grad: batch and head dimensions keep their
+    split (head-parallel attention needs no communication); each rank
+    attends over whole sequences, so the sequence and feature dimensions are
+    gathered. Every result (out and lse; dq, dk and dv) has this sharding."""
+    lead = merge_dims([o.with_dims(o.dims[:-2] + ((), ())) for o in ins])
+    s = Sharding(ins[0].mesh, lead)
+    return Rule([s] * len(ins), s)
+
+
 RULES = {
     "tgraph.matmul": matmul_rule,
     "tgraph.reduce": reduce_rule,
@@ -393,6 +404,8 @@ RULES = {
     "tgraph.scatter_add": scatter_add_rule,
     "tgraph.fill": replicated_rule,
     "tgraph.iota": replicated_rule,
+    "tgraph.attention": attention_rule,
+    "tgraph.attention_grad": attention_rule,
 }
 for _name in ("add", "sub", "neg", "relu", "mul", "div", "max", "exp", "log", "tanh", "sqrt",
               "rsqrt", "compare", "select", "cast"):

@@ -222,10 +222,14 @@ LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
     return success();
   }
   if (attr.getName() == getShardingAttrName()) {
-    if (op->getNumResults() != 1)
+    // Ops with several results (attention) give them all one sharding.
+    if (op->getNumResults() == 0)
       return op->emitError() << "'" << attr.getName().getValue()
-                             << "' needs an op with exactly one result";
-    return verifyShardingNamedAttr(op, attr, op->getResult(0).getType(), "the result");
+                             << "' needs an op with a result";
+    for (Value result : op->getResults())
+      if (failed(verifyShardingNamedAttr(op, attr, result.getType(), "the result")))
+        return failure();
+    return success();
   }
   return op->emitError() << "unknown tgraph attribute '" << attr.getName().getValue() << "'";
 }
@@ -455,6 +459,69 @@ LogicalResult GatherOp::verify() {
 LogicalResult ScatterAddOp::verify() {
   return verifyRowIndexing(*this, getResult().getType(), getIndices().getType(),
                            getUpdates().getType());
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+/// Checks `q`, `k`, `v` of an attention op: `[..., S, D]`, `[..., S, D]`,
+/// `[..., S, Dv]` of one float element type.
+static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
+                                             RankedTensorType k, RankedTensorType v) {
+  if (q.getRank() < 2)
+    return op->emitOpError("'q' must be [..., S, D], got ") << q;
+  if (k != q)
+    return op->emitOpError("'k' must have the type of 'q' ") << q << ", got " << k;
+  if (v.getRank() != q.getRank() || v.getShape().drop_back() != q.getShape().drop_back() ||
+      v.getElementType() != q.getElementType())
+    return op->emitOpError("'v' must be [..., S, Dv] with the leading dimensions and element "
+                           "type of 'q' ")
+           << q << ", got " << v;
+  if (!isa<FloatType>(q.getElementType()))
+    return op->emitOpError("operands must be float tensors, got ") << q;
+  return success();
+}
+
+/// `[..., S, 1]` f32 (f64 for f64 operands): the per-row statistics of
+/// attention (lse, delta).
+static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTensorType q,
+                                        Type t) {
+  SmallVector<int64_t> shape(q.getShape().drop_back());
+  shape.push_back(1);
+  Type element = q.getElementType().isF64() ? Type(Float64Type::get(op->getContext()))
+                                            : Type(Float32Type::get(op->getContext()));
+  auto expected = RankedTensorType::get(shape, element);
+  if (t != expected)
+    return op->emitOpError("'") << name << "' must be " << expected << ", got " << t;
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
+  if (failed(verifyAttentionOperands(*this, q, k, v)))
+    return failure();
+  if (getOut().getType() != v)
+    return emitOpError("'out' must have the type of 'v' ") << v << ", got " << getOut().getType();
+  if (getScale().convertToDouble() <= 0)
+    return emitOpError("'scale' must be positive, got ") << getScale().convertToDouble();
+  return verifyRowStatistic(*this, "lse", q, getLse().getType());
+}
+
+LogicalResult AttentionGradOp::verify() {
+  auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
+  if (failed(verifyAttentionOperands(*this, q, k, v)))
+    return failure();
+  if (getDout().getType() != v)
+    return emitOpError("'dout' must have the type of 'v' ") << v << ", got " << getDout().getType();
+  if (failed(verifyRowStatistic(*this, "lse", q, getLse().getType())) ||
+      failed(verifyRowStatistic(*this, "delta", q, getDelta().getType())))
+    return failure();
+  if (getDq().getType() != q || getDk().getType() != k || getDv().getType() != v)
+    return emitOpError("results must have the types of 'q', 'k' and 'v'");
+  if (getScale().convertToDouble() <= 0)
+    return emitOpError("'scale' must be positive, got ") << getScale().convertToDouble();
+  return success();
 }
 
 LogicalResult GradOp::verify() {

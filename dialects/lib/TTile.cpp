@@ -263,6 +263,15 @@ LogicalResult BroadcastOp::verify() {
   return success();
 }
 
+LogicalResult TransposeOp::verify() {
+  TileType in = getInput().getType(), out = getResult().getType();
+  ArrayRef<int64_t> a = in.getShape(), b = out.getShape();
+  if (a.size() != 2 || b.size() != 2 || a[0] != b[1] || a[1] != b[0] ||
+      in.getElementType() != out.getElementType())
+    return emitOpError("transposes a 2-D tile: ") << in << " cannot become " << out;
+  return success();
+}
+
 LogicalResult IotaOp::verify() {
   TileType r = getResult().getType();
   if (getDim() < 0 || static_cast<int64_t>(getDim()) >= static_cast<int64_t>(r.getShape().size()))

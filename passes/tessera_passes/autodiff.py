@@ -45,7 +45,7 @@ def _rematerialize(v: ir.Value) -> ir.Value:
 
 
 def vjp(op: ir.Operation, g: ir.Value) -> list[ir.Value | None]:
-    """Cotangents of `op`'s operands given cotangent `g` of its (single) result;
+    """Cotangents of `op`'s operands given cotangent `g` of its (first) result;
     None for operands without one (integers, conditions, indices)."""
     name = op.name.split(".", 1)[1]
     x = [_rematerialize(v) for v in op.operands]
@@ -123,6 +123,14 @@ def vjp(op: ir.Operation, g: ir.Value) -> list[ir.Value | None]:
         return [gb.scatter_add(g, x[1], gb.shape_of(x[0])[0]), None]
     if name == "scatter_add":
         return [gb.gather(g, x[1]), None]
+    if name == "attention":
+        # delta = rowsum(dout * out) in f32 (f64): the softmax Jacobian's
+        # diagonal term, computed once here instead of in every backward tile.
+        stat = gb.statistic_element(x[0])
+        delta = gb.reduce(gb.binary("mul", gb.cast(g, stat), gb.cast(out, stat)), "sum",
+                          [len(gb.shape_of(out)) - 1])
+        return gb.attention_grad(*x, g, op.results[1], delta, "causal" in op.attributes,
+                                 ir.FloatAttr(op.attributes["scale"]).value)
     if name in ("compare", "iota", "fill"):
         return [None] * len(x)
     raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
@@ -151,7 +159,7 @@ def differentiate(grad_op: ir.Operation) -> None:
     body = block_ops[: block_ops.index(grad_op)]
     ops = _relevant_ops(body, wrt, loss)
     for op in ops:
-        if len(op.results) != 1:
+        if len(op.results) != 1 and op.name != "tgraph.attention":
             raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
                             op.location)
     cotangent: dict = {}
@@ -166,6 +174,9 @@ def differentiate(grad_op: ir.Operation) -> None:
             accumulate(loss, gb.fill([], gb.element_of(loss), 1.0))
         for op in reversed(ops):
             g = cotangent.get(op.results[0])
+            if op.name == "tgraph.attention" and op.results[1] in cotangent:
+                raise PassError("tessera-autodiff: the log-sum-exp result of tgraph.attention "
+                                "is not differentiable", op.location)
             if g is None:
                 continue
             with op.location:

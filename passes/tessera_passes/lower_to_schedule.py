@@ -141,10 +141,11 @@ class ScheduleBuilder:
         if is_compute(op):
             kernel = self.make_kernel(op)
             ins = [self.use(v, compute) for v in op.operands]
-            out = tsched.AllocOp(memref_of(op.results[0].type)).result
-            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, [out])
-            self.buffers[op.results[0]] = out
-            self.on_compute.add(out)
+            outs = [tsched.AllocOp(memref_of(r.type)).result for r in op.results]
+            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs)
+            for r, out in zip(op.results, outs):
+                self.buffers[r] = out
+                self.on_compute.add(out)
             return
         if op.name in COLLECTIVES:
             src_buf = self.use(op.operands[0], comm)

@@ -607,6 +607,38 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
     return consumed
 
 
+ATTENTION = ("tgraph.attention", "tgraph.attention_grad")
+
+
+def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target: bool) -> set:
+    """Replaces each attention launch by launches of flash-attention kernels
+    (`flash_attention.py`): one for the forward op, two (`_dkdv`, `_dq`) for
+    its gradient. Returns the tensor kernels it consumed."""
+    from . import flash_attention
+
+    consumed = set()
+    for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
+        name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
+        if name not in kernels or _kernel_op(kernels, launch).name not in ATTENTION:
+            continue
+        kop = _kernel_op(kernels, launch)
+        stream, ins, outs = _launch_parts(launch)
+        if kop.name == "tgraph.attention":
+            made = [(flash_attention.forward_kernel(kop, name, ins, outs, module_block,
+                                                    cpu_target), ins, outs)]
+        else:
+            made = flash_attention.backward_kernels(kop, name, ins, outs, module_block,
+                                                    cpu_target)
+        with ir.InsertionPoint(launch), launch.location:
+            for kernel, k_ins, k_outs in made:
+                symbol = ir.FlatSymbolRefAttr.get(ir.StringAttr(kernel.attributes["sym_name"]).value)
+                tsched.LaunchOp(symbol, stream, k_ins, k_outs)
+                kernel.move_before(next(iter(kernels.values())))
+        launch.erase()
+        consumed.add(name)
+    return consumed
+
+
 def run(op, pass_):
     def body():
         module_block = op.regions[0].blocks[0]
@@ -622,6 +654,7 @@ def run(op, pass_):
         for f in schedules:
             duplicate_constants(f, kernels)
             consumed |= fuse_and_tile(f, kernels, module_block, taken, gemm=not cpu_target)
+            consumed |= lower_attention(f, kernels, module_block, cpu_target)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
         for name, kernel in kernels.items():

@@ -246,14 +246,15 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             if moved not in current:
                 current[moved] = rule.operands[i]
                 ctx.global_shapes[moved] = ctx.shape(v)
+        for r in op.results:
+            ctx.global_shapes[r] = ctx.shape(r)
+            r.set_type(_local_type(r.type, mesh, rule.result, f"the result of {op.name}",
+                                   op.location))
+            current[r] = rule.result
         result = op.results[0]
-        ctx.global_shapes[result] = ctx.shape(result)
-        result.set_type(_local_type(result.type, mesh, rule.result, f"the result of {op.name}",
-                                    op.location))
         for name, value in rule.attrs.items():
             op.attributes[name] = ir.ArrayAttr.get([ir.StringAttr.get(a) for a in value])
         op.attributes[SHARDING] = rule.result.to_attr()
-        current[result] = rule.result
         if rule.post:
             # E.g. a max over a split dimension: all-reduce the local maxima
             # right away and let every later user read the reduced value.

@@ -17,6 +17,8 @@ from tessera_compiler.sharding import (PER_RANK_OPS, Context, Mesh, Rule, Shardi
                                       rule_for)
 
 SHARDING = "tgraph.sharding"
+#: Ops with several results, all sharded alike (`Rule.result`).
+MULTI_RESULT = ("tgraph.attention", "tgraph.attention_grad")
 #: Function attribute: reduce pending sums in a fixed order (see Context).
 DETERMINISTIC = "tgraph.deterministic"
 #: Function attribute: mesh axes whose pending sums are reduce-scattered (each
@@ -76,7 +78,7 @@ def _check_shardable(op: ir.Operation) -> None:
     if name == "tgraph.grad":
         raise PassError("run tessera-autodiff before tessera-propagate-sharding "
                         "(tgraph.grad is still here)", op.location)
-    if not name.startswith("tgraph.") or len(op.results) != 1:
+    if not name.startswith("tgraph.") or (len(op.results) != 1 and name not in MULTI_RESULT):
         raise PassError(f"'{name}' has no sharding rule: only tgraph ops with one result "
                         "can be distributed", op.location)
 
@@ -160,7 +162,8 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
             read = [read_sharding(v, shardings[v], uses, ctx, scatter) for v in op.operands]
             s = op_rule(op, read, ctx, scatter)[0].result
         op.attributes[SHARDING] = s.to_attr()
-        shardings[op.results[0]] = s
+        for r in op.results:
+            shardings[r] = s
     return shardings
 
 

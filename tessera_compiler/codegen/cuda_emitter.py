@@ -107,15 +107,83 @@ class CudaKernelEmitter(KernelEmitter):
         self.uses_nvshmem = False
 
     # -- shared memory -----------------------------------------------------------
+    # Tiles share the kernel's one shared-memory buffer by lifetime: a tile's
+    # bytes are reused once the last op reading it has been emitted (a value
+    # read inside a loop lives until the loop ends; a loop-carried tile until
+    # the loop's result is last read). Attention keeps a dozen block-sized
+    # tiles per iteration, which would not fit side by side.
+    def _plan_lifetimes(self, entry: ir.Block) -> None:
+        order, self.position, self.last_use = [], {}, {}
+        end = {}
+
+        def walk(block):
+            for op in block.operations:
+                op = op.operation
+                self.position[op] = len(order)
+                order.append(op)
+                for region in op.regions:
+                    for b in region.blocks:
+                        walk(b)
+                end[op] = len(order) - 1
+
+        walk(entry)
+
+        def def_parent(v):
+            owner = v.owner
+            return owner.owner if isinstance(owner, ir.Block) else owner.parent
+
+        for op in order:
+            for v in op.operands:
+                home, at = def_parent(v), op
+                while at.parent is not None and at.parent != home and at.parent.name != "ttile.kernel":
+                    at = at.parent.operation
+                self.last_use[v] = max(self.last_use.get(v, -1), end[at])
+        for op in order:
+            if op.name == "scf.for":
+                args = list(op.regions[0].blocks[0].arguments)[1:]
+                for arg, res in zip(args, op.results):
+                    self.last_use[arg] = max(end[op], self.last_use.get(res, end[op]))
+        self.live, self.holes = {}, []       # tile -> (offset, bytes, last use); free ranges
+
     def _smem(self, nbytes: int) -> int:
+        nbytes = -(-nbytes // _ALIGN) * _ALIGN
+        for i, (offset, size) in enumerate(self.holes):
+            if size >= nbytes:
+                self.holes[i] = (offset + nbytes, size - nbytes)
+                return offset
         offset = self.shared_bytes
-        self.shared_bytes += -(-nbytes // _ALIGN) * _ALIGN
+        self.shared_bytes += nbytes
         return offset
+
+    def _release(self, position: int) -> None:
+        """Frees the tiles no op at or after `position` reads; a barrier first,
+        so no thread still reads one when another reuses its bytes."""
+        dead = [t for t, (_, _, last) in self.live.items() if last < position]
+        if not dead:
+            return
+        if not self.lines or self.lines[-1].strip() != "__syncthreads();":
+            self.sync()
+        for t in dead:
+            offset, nbytes, _ = self.live.pop(t)
+            self.holes.append((offset, nbytes))
+        self.holes.sort()
+        merged = []
+        for offset, size in self.holes:
+            if merged and merged[-1][0] + merged[-1][1] == offset:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size)
+            else:
+                merged.append((offset, size))
+        self.holes = merged
 
     def new_tile(self, value: ir.Value) -> Tile:
         tile = super().new_tile(value)
         size = 1 if tile.ctype == "bool" else (8 if tile.ctype in ("double", "int64_t") else 4)
-        offset = self._smem(tile.size * size)
+        nbytes = tile.size * size
+        offset = self._smem(nbytes)
+        owner = value.owner
+        defined = self.position.get(owner.owner if isinstance(owner, ir.Block) else owner, 0)
+        self.live[tile.name] = (offset, -(-nbytes // _ALIGN) * _ALIGN,
+                                self.last_use.get(value, defined))
         self.smem_decls.append(f"{tile.ctype}* const {tile.name} = reinterpret_cast<{tile.ctype}*>"
                                f"(tessera_smem + {offset});  // tile {'x'.join(map(str, tile.shape))}")
         return tile
@@ -134,6 +202,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.stages = (ir.IntegerAttr(kernel.attributes["stages"]).value
                        if "stages" in kernel.attributes else 2)
         self.kernel_location = kernel.location
+        self._plan_lifetimes(entry)
         start = len(self.lines)
         for d in range(len(grid)):
             self.line(f"const int64_t pid{d} = blockIdx.{'xyz'[d]};")
@@ -167,6 +236,7 @@ class CudaKernelEmitter(KernelEmitter):
             for v in op.operands:
                 if v in self.frags:
                     self._spill(v)
+            self._release(self.position[op])
         super().emit_op(op)
 
     def op_ttile_barrier(self, op):

@@ -347,6 +347,13 @@ class KernelEmitter:
             self.line("}")
         return
 
+    def op_ttile_transpose(self, op):
+        src = self.names[op.operands[0]]
+        r = self.new_tile(op.results[0])
+        m, n = src.shape           # r[j, i] = src[i, j], e = j * m + i
+        self.for_each(r.size, lambda e: self.line(
+            f"{r.name}[{e}] = {src.name}[({e} % {m}) * {n} + {e} / {m}];"))
+
     def op_ttile_iota(self, op):
         r = self.new_tile(op.results[0])
         dim = ir.IntegerAttr(op.attributes["dim"]).value

@@ -140,7 +140,7 @@ func.func @f() attributes {tgraph.bogus} { return }
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
-// expected-error @below {{'tgraph.sharding' needs an op with exactly one result}}
+// expected-error @below {{'tgraph.sharding' needs an op with a result}}
 func.func @f() attributes {tgraph.sharding = #tgraph.sharding<@mesh, []>} { return }
 
 // -----

@@ -395,6 +395,64 @@ def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
 }
 
 //----------------------------------------------------------------------------
+// Attention (fused: the [S, S] score matrix is never materialized)
+//----------------------------------------------------------------------------
+
+def TGraph_AttentionOp : TGraph_Op<"attention", [Pure]> {
+  let summary = "softmax(q k^T * scale [causal mask]) v, with the row log-sum-exp";
+  let description = [{
+    Operands are `q[..., S, D]`, `k[..., S, D]` and `v[..., S, Dv]`; leading
+    (batch, head) dimensions match. With `causal`, query row `i` attends to
+    keys `0..i`. Results: `out[..., S, Dv]` (the operands' element type) and
+    `lse[..., S, 1]` (f32; f64 for f64 operands), the natural log of each row's softmax
+    denominator of the scaled scores, which the backward pass
+    (`tgraph.attention_grad`) uses to recompute probabilities instead of
+    storing them. Lowered to flash-attention Tile IR kernels (online softmax
+    over key blocks).
+
+    ```mlir
+    %o, %lse = tgraph.attention %q, %k, %v {causal, scale = 0.125 : f64}
+        : tensor<2x4x128x64xbf16>, tensor<2x4x128x64xbf16>, tensor<2x4x128x64xbf16>
+        -> tensor<2x4x128x64xbf16>, tensor<2x4x128x1xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$q, AnyRankedTensor:$k, AnyRankedTensor:$v,
+                       UnitAttr:$causal, F64Attr:$scale);
+  let results = (outs AnyRankedTensor:$out, AnyRankedTensor:$lse);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v attr-dict `:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure]> {
+  let summary = "gradients of tgraph.attention with respect to q, k and v";
+  let description = [{
+    Given the forward operands, the output's cotangent `dout[..., S, Dv]`,
+    the forward `lse[..., S, 1]` and `delta[..., S, 1] = rowsum(dout * out)`
+    (both f32, or f64 for f64 operands), returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`. The
+    probabilities are recomputed block by block from `lse`; each gradient
+    is accumulated by one kernel instance (no atomics: deterministic).
+
+    ```mlir
+    %dq, %dk, %dv = tgraph.attention_grad %q, %k, %v, %do, %lse, %delta {causal, scale = 0.125 : f64}
+        : tensor<128x64xf32>, tensor<128x64xf32>, tensor<128x64xf32>, tensor<128x64xf32>,
+          tensor<128x1xf32>, tensor<128x1xf32>
+        -> tensor<128x64xf32>, tensor<128x64xf32>, tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$q, AnyRankedTensor:$k, AnyRankedTensor:$v,
+                       AnyRankedTensor:$dout, AnyRankedTensor:$lse, AnyRankedTensor:$delta,
+                       UnitAttr:$causal, F64Attr:$scale);
+  let results = (outs AnyRankedTensor:$dq, AnyRankedTensor:$dk, AnyRankedTensor:$dv);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v `,` $dout `,` $lse `,` $delta attr-dict `:` type($q) `,` type($k) `,`
+    type($v) `,` type($dout) `,` type($lse) `,` type($delta) `->` type($dq) `,` type($dk) `,` type($dv)
+  }];
+  let hasVerifier = 1;
+}
+
+//----------------------------------------------------------------------------
 // Differentiation
 //----------------------------------------------------------------------------
 

@@ -244,6 +244,23 @@ def TTile_BroadcastOp : TTile_Op<"broadcast", [Pure]> {
   let hasVerifier = 1;
 }
 
+def TTile_TransposeOp : TTile_Op<"transpose", [Pure]> {
+  let summary = "swap the two dimensions of a 2-D tile";
+  let description = [{
+    `result[j, i] = input[i, j]`. Attention's backward pass multiplies by
+    transposed tiles (`dS^T Q`, `P^T dO`); on tensor cores a transposed
+    operand costs nothing (`ldmatrix.trans`), elsewhere it is a copy.
+
+    ```mlir
+    %kt = ttile.transpose %k : !ttile.tile<64x32xf32> to !ttile.tile<32x64xf32>
+    ```
+  }];
+  let arguments = (ins TTile_TileType:$input);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$input attr-dict `:` qualified(type($input)) `to` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
 def TTile_IotaOp : TTile_Op<"iota", [Pure]> {
   let summary = "element index along `dim`, plus `offset`";
   let description = [{

@@ -1,0 +1,318 @@
+"""Flash-attention Tile IR kernels for `tgraph.attention` and
+`tgraph.attention_grad` (built by tessera-lower-to-tile).
+
+Forward, one kernel instance per (batch x head, block of BM query rows):
+the query tile stays put while BN-row key/value tiles stream past it in an
+`scf.for`. Three loop-carried tiles hold the online softmax: the running
+row maximum `m`, the running denominator `l` and the unnormalized output
+`acc`; each step rescales them by `exp(m_old - m_new)`. The `[S, S]` score
+matrix never exists: only one `BM x BN` block of it, in the kernel. Causal
+attention stops the loop at the diagonal block (the upper triangle is never
+computed) and masks inside it. The kernel writes `out = acc / l` and the
+row log-sum-exp `lse = m + log(l)` for the backward pass.
+
+Backward (FlashAttention-2 order), two kernels, neither with atomics, so
+the gradients are deterministic:
+
+* `_dkdv`, per key block: loops over query blocks, recomputes
+  `P = exp(S - lse)`, accumulates `dV += P^T dO` and
+  `dK += dS^T Q` with `dS = P * (dO V^T - delta)`;
+* `_dq`, per query block: loops over key blocks, accumulates `dQ += dS K`.
+
+`delta = rowsum(dO * out)` comes from Graph IR (tessera-autodiff emits it).
+
+The block sizes are in the tile types, `warps` on every `ttile.dot` and
+`stages` on the kernel, like a GEMM's; `attention_config` picks them.
+Half-precision operands multiply in bf16/f16 with f32 accumulation, and the
+softmax runs in f32; probabilities are rounded to the operand type before
+they multiply `V` (as every flash-attention implementation does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera_mlir import ir
+from tessera_mlir.dialects import arith, scf, ttile
+
+from tessera_compiler.passes_common import PassError
+
+#: Block sizes tried on GPUs, largest first: (BM, BN) for head dimensions up
+#: to 64, and smaller blocks for wider heads (the CUDA emitter keeps every
+#: tile of the loop in shared memory).
+GPU_BLOCKS = {64: (64, 64), 128: (32, 32), 256: (16, 16)}
+CPU_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    bm: int                                  # query rows per kernel instance
+    bn: int                                  # key/value rows per loop step
+    warps: tuple[int, int] | None = None     # split of every dot's accumulator
+    stages: int | None = None                # key/value tiles in flight
+
+    @property
+    def threads(self) -> int:
+        return self.warps[0] * self.warps[1] * 32 if self.warps else 128
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
+
+
+def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
+    """Block sizes for sequence length `seq` and head width `head_dim`
+    (the larger of q's and v's)."""
+    if cpu:
+        b = _largest_divisor(seq, CPU_BLOCK)
+        return AttentionConfig(b, b)
+    bm, bn = next((v for width, v in sorted(GPU_BLOCKS.items()) if head_dim <= width), (8, 8))
+    bm, bn = _largest_divisor(seq, bm), _largest_divisor(seq, bn)
+    # Four warps of 16 query rows each (FlashAttention-2's split).
+    warps = (4, 1) if bm % 64 == 0 and bn % 64 == 0 else None
+    return AttentionConfig(bm, bn, warps, 2)
+
+
+# -- builders ------------------------------------------------------------------
+
+def _i64(v: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
+
+
+def _index(v: int) -> ir.Value:
+    return arith.ConstantOp(ir.IndexType.get(), v).result
+
+
+def _tile(shape, element) -> ir.Type:
+    return ir.Type.parse(f"!ttile.tile<{'x'.join(map(str, shape))}x{element}>")
+
+
+class _Builder:
+    """Tile IR for one attention kernel; `self.elt` is the operands' element
+    type, the softmax and accumulators are f32 (f64 for f64 operands)."""
+
+    def __init__(self, cfg: AttentionConfig, elt: ir.Type, scale: float, causal: bool):
+        self.cfg, self.elt, self.scale, self.causal = cfg, elt, scale, causal
+        self.acc = elt if isinstance(elt, ir.F64Type) else ir.F32Type.get()
+        self.half = elt != self.acc
+
+    def fill(self, shape, value: float, element=None) -> ir.Value:
+        return ttile.FillOp(_tile(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
+
+    def load(self, buf: ir.Value, lead, row: ir.Value, shape, element=None) -> ir.Value:
+        return ttile.LoadOp(_tile(shape, element or self.elt), buf, lead + [row, _index(0)]).result
+
+    def dot(self, a: ir.Value, b: ir.Value, acc: ir.Value | None = None) -> ir.Value:
+        (m, _), (_, n) = self.shape(a), self.shape(b)
+        acc = acc if acc is not None else self.fill([m, n], 0.0)
+        warps = self.cfg.warps if self.cfg.warps and m % self.cfg.warps[0] == 0 else None
+        return ttile.DotOp(a, b, acc, warps=ir.DenseI64ArrayAttr.get(list(warps))
+                           if warps else None).result
+
+    @staticmethod
+    def shape(v: ir.Value) -> list[int]:
+        return [int(d) for d in str(v.type)[len("!ttile.tile<"):-1].split("x")[:-1]]
+
+    def transpose(self, v: ir.Value) -> ir.Value:
+        m, n = self.shape(v)
+        element = str(v.type).rsplit("x", 1)[1][:-1]
+        return ttile.TransposeOp(_tile([n, m], element), v).result
+
+    def operand(self, v: ir.Value) -> ir.Value:
+        """An f32 tile rounded to the operand type, for a tensor-core dot."""
+        if not self.half:
+            return v
+        return ttile.CastOp(_tile(self.shape(v), self.elt), v).result
+
+    def scores(self, q, k, row, col) -> ir.Value:
+        """scale * q k^T for query rows from `row` and keys from `col`, with
+        keys after the query masked to -inf when causal."""
+        s = self.dot(q, self.transpose(k))
+        shape = self.shape(s)
+        s = ttile.MulOp(s, self.fill(shape, self.scale)).result
+        if self.causal:
+            i32 = ir.IntegerType.get_signless(32)
+            rows = ttile.IotaOp(_tile(shape, i32), row, _i64(0)).result
+            cols = ttile.IotaOp(_tile(shape, i32), col, _i64(1)).result
+            keep = ttile.CompareOp(_tile(shape, ir.IntegerType.get_signless(1)), rows, cols,
+                                   ir.Attribute.parse("#tgraph.compare<ge>")).result
+            s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
+        return s
+
+    def broadcast(self, column: ir.Value, shape) -> ir.Value:
+        return ttile.BroadcastOp(_tile(shape, self.acc), column).result
+
+    def row_reduce(self, x: ir.Value, kind: str) -> ir.Value:
+        m, _ = self.shape(x)
+        return ttile.ReduceOp(_tile([m, 1], self.acc), x,
+                              ir.Attribute.parse(f"#tgraph.reduction<{kind}>"), _i64(1)).result
+
+    def store(self, v: ir.Value, buf: ir.Value, lead, row: ir.Value) -> None:
+        if str(ir.MemRefType(buf.type).element_type) != str(v.type).rsplit("x", 1)[1][:-1]:
+            v = ttile.CastOp(_tile(self.shape(v), ir.MemRefType(buf.type).element_type), v).result
+        ttile.StoreOp(v, buf, lead + [row, _index(0)])
+
+
+def _block_index(counts: list[int]) -> list[ir.Value]:
+    """This instance's index along each of `counts` (row-major program id)."""
+    pid = ttile.ProgramIdOp(_i64(0)).result
+    out = []
+    for d, count in enumerate(counts):
+        if count == 1:
+            out.append(_index(0))
+            continue
+        inner = 1
+        for c in counts[d + 1:]:
+            inner *= c
+        idx = arith.DivUIOp(pid, _index(inner)).result if inner > 1 else pid
+        if any(c > 1 for c in counts[:d]):
+            idx = arith.RemUIOp(idx, _index(count)).result
+        out.append(idx)
+    return out
+
+
+def _causal_end(start: ir.Value, rows: int, step: int) -> ir.Value:
+    """The first multiple of `step` at or after `start + rows`."""
+    end = arith.AddIOp(start, _index(rows + step - 1)).result
+    return arith.MulIOp(arith.DivUIOp(end, _index(step)).result, _index(step)).result
+
+
+def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, module_block,
+            loc) -> tuple[ir.Operation, list[ir.Value]]:
+    arg_types = [ir.MemRefType(b.type) for b in bufs]
+    with ir.InsertionPoint(module_block), loc:
+        k = ttile.KernelOp(name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
+                           ir.DenseI64ArrayAttr.get([grid]),
+                           ir.DenseI64ArrayAttr.get([cfg.threads]))
+        k.attributes["ttile.tile_sizes"] = ir.DenseI64ArrayAttr.get([cfg.bm, cfg.bn])
+        if cfg.stages:
+            k.attributes["stages"] = _i64(cfg.stages)
+        entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
+    return k.operation, list(entry.arguments)
+
+
+def _shape(v: ir.Value) -> list[int]:
+    return list(ir.ShapedType(v.type).shape)
+
+
+def _setup(op, cpu: bool):
+    q, _, v = list(op.operands)[:3]
+    *lead, seq, d = _shape(q)
+    dv = _shape(v)[-1]
+    cfg = attention_config(seq, max(d, dv), cpu)
+    elt = ir.ShapedType(q.type).element_type
+    if str(elt) not in ("f64", "f32", "bf16", "f16"):
+        raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
+                        "(f64, f32, bf16, f16)", op.location)
+    b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
+    return lead, seq, d, dv, cfg, b
+
+
+def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Operation:
+    """The flash-attention forward kernel of `tgraph.attention` `op` over
+    buffers `ins` (q, k, v) and `outs` (out, lse)."""
+    lead, seq, d, dv, cfg, b = _setup(op, cpu)
+    bm, bn = cfg.bm, cfg.bn
+    grid = 1
+    for n in lead + [seq // bm]:
+        grid *= n
+    kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
+        name, list(ins) + list(outs), grid, cfg, module_block, op.location)
+    with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
+        *at, qi = _block_index(lead + [seq // bm])
+        row = arith.MulIOp(qi, _index(bm)).result
+        q = b.load(q_buf, at, row, [bm, d])
+        end = _causal_end(row, bm, bn) if b.causal else _index(seq)
+        m0, l0 = b.fill([bm, 1], float("-inf")), b.fill([bm, 1], 0.0)
+        loop = scf.ForOp(_index(0), end, _index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
+        with ir.InsertionPoint(loop.body):
+            col = loop.induction_variable
+            m, l, acc = loop.inner_iter_args
+            k = b.load(k_buf, at, col, [bn, d])
+            v = b.load(v_buf, at, col, [bn, dv])
+            s = b.scores(q, k, row, col)
+            m_new = ttile.MaxOp(m, b.row_reduce(s, "max")).result
+            p = ttile.ExpOp(ttile.SubOp(s, b.broadcast(m_new, [bm, bn])).result).result
+            alpha = ttile.ExpOp(ttile.SubOp(m, m_new).result).result
+            l_new = ttile.AddOp(ttile.MulOp(l, alpha).result, b.row_reduce(p, "sum")).result
+            scaled = ttile.MulOp(acc, b.broadcast(alpha, [bm, dv])).result
+            scf.YieldOp([m_new, l_new, b.dot(b.operand(p), v, scaled)])
+        m, l, acc = loop.results
+        b.store(ttile.DivOp(acc, b.broadcast(l, [bm, dv])).result, o_buf, at, row)
+        b.store(ttile.AddOp(m, ttile.LogOp(l).result).result, lse_buf, at, row)
+        ttile.ReturnOp()
+    return kernel
+
+
+def _probabilities(b: _Builder, s, lse, do, v, delta):
+    """(P, dS) of one score block: P = exp(S - lse), dS = P (dO V^T - delta)."""
+    shape = b.shape(s)
+    p = ttile.ExpOp(ttile.SubOp(s, b.broadcast(lse, shape)).result).result
+    dp = b.dot(do, b.transpose(v))
+    ds = ttile.MulOp(p, ttile.SubOp(dp, b.broadcast(delta, shape)).result).result
+    return p, ds
+
+
+def backward_kernels(op, name: str, ins, outs, module_block,
+                     cpu: bool) -> list[tuple[ir.Operation, list, list]]:
+    """The `_dkdv` and `_dq` kernels of `tgraph.attention_grad` `op`, each
+    with the input and output buffers it is launched on."""
+    lead, seq, d, dv, cfg, b = _setup(op, cpu)
+    bm, bn = cfg.bm, cfg.bn
+    q_in, k_in, v_in, do_in, lse_in, delta_in = ins
+    dq_out, dk_out, dv_out = outs
+    batch = 1
+    for n in lead:
+        batch *= n
+    stat = b.acc
+
+    kv_ins, kv_outs = [q_in, k_in, v_in, do_in, lse_in, delta_in], [dk_out, dv_out]
+    dkdv, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf) = _kernel(
+        f"{name}_dkdv", kv_ins + kv_outs, batch * (seq // bn), cfg, module_block, op.location)
+    with ir.InsertionPoint(dkdv.regions[0].blocks[0]), op.location:
+        *at, kj = _block_index(lead + [seq // bn])
+        col = arith.MulIOp(kj, _index(bn)).result
+        k = b.load(k_buf, at, col, [bn, d])
+        v = b.load(v_buf, at, col, [bn, dv])
+        # Query blocks before the one holding row `col` see none of these keys.
+        start = arith.MulIOp(arith.DivUIOp(col, _index(bm)).result, _index(bm)).result \
+            if b.causal else _index(0)
+        loop = scf.ForOp(start, _index(seq), _index(bm), [b.fill([bn, d], 0.0),
+                                                           b.fill([bn, dv], 0.0)])
+        with ir.InsertionPoint(loop.body):
+            row = loop.induction_variable
+            dk_acc, dv_acc = loop.inner_iter_args
+            q = b.load(q_buf, at, row, [bm, d])
+            do = b.load(do_buf, at, row, [bm, dv])
+            lse = b.load(lse_buf, at, row, [bm, 1], stat)
+            delta = b.load(delta_buf, at, row, [bm, 1], stat)
+            p, ds = _probabilities(b, b.scores(q, k, row, col), lse, do, v, delta)
+            dv_new = b.dot(b.transpose(b.operand(p)), do, dv_acc)
+            dk_new = b.dot(b.transpose(b.operand(ds)), q, dk_acc)
+            scf.YieldOp([dk_new, dv_new])
+        dk_acc, dv_acc = loop.results
+        b.store(ttile.MulOp(dk_acc, b.fill([bn, d], b.scale)).result, dk_buf, at, col)
+        b.store(dv_acc, dv_buf, at, col)
+        ttile.ReturnOp()
+
+    q_ins = [q_in, k_in, v_in, do_in, lse_in, delta_in]
+    dq, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dq_buf) = _kernel(
+        f"{name}_dq", q_ins + [dq_out], batch * (seq // bm), cfg, module_block, op.location)
+    with ir.InsertionPoint(dq.regions[0].blocks[0]), op.location:
+        *at, qi = _block_index(lead + [seq // bm])
+        row = arith.MulIOp(qi, _index(bm)).result
+        q = b.load(q_buf, at, row, [bm, d])
+        do = b.load(do_buf, at, row, [bm, dv])
+        lse = b.load(lse_buf, at, row, [bm, 1], stat)
+        delta = b.load(delta_buf, at, row, [bm, 1], stat)
+        end = _causal_end(row, bm, bn) if b.causal else _index(seq)
+        loop = scf.ForOp(_index(0), end, _index(bn), [b.fill([bm, d], 0.0)])
+        with ir.InsertionPoint(loop.body):
+            col = loop.induction_variable
+            k = b.load(k_buf, at, col, [bn, d])
+            v = b.load(v_buf, at, col, [bn, dv])
+            _, ds = _probabilities(b, b.scores(q, k, row, col), lse, do, v, delta)
+            scf.YieldOp([b.dot(b.operand(ds), k, loop.inner_iter_args[0])])
+        b.store(ttile.MulOp(loop.results[0], b.fill([bm, d], b.scale)).result, dq_buf, at, row)
+        ttile.ReturnOp()
+    return [(dkdv, kv_ins, kv_outs), (dq, q_ins, [dq_out])]
