@@ -12,30 +12,10 @@ commit. Needs a GPU with cupy; compile the bundle here (nvcc) or there.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import subprocess
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _time(fn, iters: int, cp, stream=None) -> float:
-    """Median seconds of `fn()` over `iters` runs, timed with CUDA events on
-    `stream` (default: the legacy default stream)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        fn()
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    return float(np.median(times))
+from cuda_bench import cuda_engine, time_cuda, torch_bf16, write_results
 
 
 def main(argv=None) -> int:
@@ -46,7 +26,6 @@ def main(argv=None) -> int:
 
     import cupy as cp
     import ml_dtypes
-    import tessera_runtime
     import tessera as ts
     from tessera import op
 
@@ -58,28 +37,24 @@ def main(argv=None) -> int:
         b = rng.standard_normal((n, n)).astype(bf16)
         f = ts.jit(lambda a, b: op.matmul(a, b), target="gpu")
         f(a, b)                                             # compile and load
-        program = f._programs[f._last_key][0]
-        engine = program._executor.engine
+        engine = cuda_engine(f)
         kernel = next(iter(engine._launches))
         da, db = engine.from_host(a), engine.from_host(b)
         dc = engine.alloc((n, n), bf16)
         stream = engine.stream("compute")
         run = engine.prepare_launch(kernel, 3, stream)
-        t_tessera = _time(lambda: run([da, db, dc]), args.iters, cp, stream)
+        t_tessera = time_cuda(lambda: run([da, db, dc]), args.iters, cp, stream)
         # cuBLAS: torch.matmul on bf16 (cuBLAS underneath) where torch is
         # installed; else cupy.matmul in fp16 (cupy has no bf16; same FLOPs
         # and tensor-core rate on Hopper).
         try:
             import torch
-            ta = torch.from_numpy(a.view(np.uint16).astype(np.int32)).to(torch.int16)
-            ta = ta.view(torch.bfloat16).cuda()
-            tb = torch.from_numpy(b.view(np.uint16).astype(np.int32)).to(torch.int16)
-            tb = tb.view(torch.bfloat16).cuda()
-            peer, t_cublas = "torch.matmul bf16 (cuBLAS)", _time(lambda: torch.matmul(ta, tb),
+            ta, tb = torch_bf16(a), torch_bf16(b)
+            peer, t_cublas = "torch.matmul bf16 (cuBLAS)", time_cuda(lambda: torch.matmul(ta, tb),
                                                                   args.iters, cp)
         except ImportError:
             ha, hb = cp.asarray(a.astype(np.float16)), cp.asarray(b.astype(np.float16))
-            peer, t_cublas = "cupy.matmul fp16 (cuBLAS)", _time(lambda: cp.matmul(ha, hb),
+            peer, t_cublas = "cupy.matmul fp16 (cuBLAS)", time_cuda(lambda: cp.matmul(ha, hb),
                                                                  args.iters, cp)
         ha, hb = cp.asarray(a.astype(np.float32)), cp.asarray(b.astype(np.float32))
         ours = engine.to_host(dc, bf16).astype(np.float32)
@@ -95,20 +70,10 @@ def main(argv=None) -> int:
               f"{rows[-1]['cublas_tflops']:.1f} TFLOP/s, ratio {rows[-1]['ratio']:.2f} "
               f"(max rel err {err:.1e})")
 
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    meta = {"device": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
-            "date": datetime.date.today().isoformat(),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                     capture_output=True, text=True).stdout.strip(),
-            "runtime": tessera_runtime.__name__}
-    out = ROOT / "bench" / "results" / f"gemm_cuda-{meta['date']}"
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Tessera GEMM vs cuBLAS ({meta['device']}, driver {meta['driver']}, "
-             f"commit {meta['commit']}, {meta['date']})", "",
-             "| n | Tessera TFLOP/s | cuBLAS TFLOP/s | ratio |", "| ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['n']} | {r['tessera_tflops']:.1f} | {r['cublas_tflops']:.1f} | "
-              f"{r['ratio']:.2f} |" for r in rows]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_results("gemm_cuda", "Tessera GEMM vs cuBLAS",
+                  ["n", "Tessera TFLOP/s", "cuBLAS TFLOP/s", "ratio"], rows,
+                  [lambda r: str(r["n"]), lambda r: f"{r['tessera_tflops']:.1f}",
+                   lambda r: f"{r['cublas_tflops']:.1f}", lambda r: f"{r['ratio']:.2f}"], cp)
     return 0
 
 

@@ -40,7 +40,7 @@ from tessera_compiler.passes_common import PassError
 #: Block sizes tried on GPUs, largest first: (BM, BN) for head dimensions up
 #: to 64, and smaller blocks for wider heads (the CUDA emitter keeps every
 #: tile of the loop in shared memory).
-GPU_BLOCKS = {64: (64, 64), 128: (32, 32), 256: (16, 16)}
+GPU_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
 
 
@@ -68,8 +68,8 @@ def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
         return AttentionConfig(b, b)
     bm, bn = next((v for width, v in sorted(GPU_BLOCKS.items()) if head_dim <= width), (8, 8))
     bm, bn = _largest_divisor(seq, bm), _largest_divisor(seq, bn)
-    # Four warps of 16 query rows each (FlashAttention-2's split).
-    warps = (4, 1) if bm % 64 == 0 and bn % 64 == 0 else None
+    # Warps of 16 query rows each (FlashAttention-2's split), up to four.
+    warps = (min(4, bm // 16), 1) if bm % 16 == 0 and bn % 16 == 0 else None
     return AttentionConfig(bm, bn, warps, 2)
 
 
@@ -105,7 +105,15 @@ class _Builder:
     def dot(self, a: ir.Value, b: ir.Value, acc: ir.Value | None = None) -> ir.Value:
         (m, _), (_, n) = self.shape(a), self.shape(b)
         acc = acc if acc is not None else self.fill([m, n], 0.0)
-        warps = self.cfg.warps if self.cfg.warps and m % self.cfg.warps[0] == 0 else None
+        warps = None
+        if self.cfg.warps:
+            # The kernel's warps, split over M in 16-row slices first, then over N.
+            total = self.cfg.warps[0] * self.cfg.warps[1]
+            wm = max(1, min(total, m // 16))
+            while total % wm or m % wm:
+                wm -= 1
+            if n % (total // wm) == 0:
+                warps = (wm, total // wm)
         return ttile.DotOp(a, b, acc, warps=ir.DenseI64ArrayAttr.get(list(warps))
                            if warps else None).result
 

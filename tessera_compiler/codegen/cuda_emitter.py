@@ -356,6 +356,8 @@ class CudaKernelEmitter(KernelEmitter):
         region, self.region = self.region, None
         if region is None:
             return
+        # Tiles dead before the region's first op make room for its outputs.
+        self._release(min(self.position[op] for op in region.ops))
         members = {op for op in region.ops}
         outside = []
         for op in region.ops:
@@ -544,8 +546,82 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("}")
         self.sync()
 
+    # -- dot on tensor cores from shared-memory tiles ------------------------------
+    def _tile_mma_reason(self, op) -> str | None:
+        """Why `op` (a dot outside a GEMM main loop) cannot run on tensor cores
+        from its shared-memory operands, or None."""
+        (m, k), elt = tile_of(op.operands[0].type)
+        (_, n), b_elt = tile_of(op.operands[1].type)
+        acc_elt = tile_of(op.results[0].type)[1]
+        if elt != "bf16" or b_elt != "bf16" or acc_elt != "f32":
+            return f"{elt} x {b_elt} operands into {acc_elt} (this path: bf16 into f32)"
+        if "warps" not in op.attributes:
+            return "the dot has no 'warps'"
+        wm, wn = list(ir.DenseI64ArrayAttr(op.attributes["warps"]))
+        if (m // wm) % 16 or (n // wn) % 8 or k % 16:
+            return f"warp tile {m // wm}x{n // wn} or K {k} does not divide into m16n8k16"
+        return None
+
+    def _tile_mma(self, op) -> None:
+        """acc + a x b on tensor cores, operands read from their shared-memory
+        tiles into mma fragments (bf16 pairs packed per thread as the PTX ISA
+        lays out m16n8k16), the result left in registers as a Fragment."""
+        a, b, c = (self.names[v] for v in list(op.operands)[:3])
+        (m, k), (_, n) = a.shape, b.shape
+        wm, wn = list(ir.DenseI64ArrayAttr(op.attributes["warps"]))
+        mt, nt = m // wm // 16, n // wn // 8
+        acc, lane, wm0, wn0 = (self.fresh(x) for x in ("acc", "lane", "wm", "wn"))
+        g, t = f"({lane} >> 2)", f"({lane} & 3)"
+        self.line(f"// ttile.dot {m}x{n}x{k} on tensor cores (mma.sync.m16n8k16) from shared memory, "
+                  f"warps {wm}x{wn}")
+        self.line(f"const int {lane} = threadIdx.x & 31;")
+        self.line(f"const int {wm0} = ((threadIdx.x >> 5) / {wn}) * {m // wm}, "
+                  f"{wn0} = ((threadIdx.x >> 5) % {wn}) * {n // wn};")
+        self.line(f"float {acc}[{mt}][{nt}][4];")
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
+        self.line("#pragma unroll")
+        self.line(f"  for (int ni = 0; ni < {nt}; ++ni)")
+        self.line("#pragma unroll")
+        self.line(f"    for (int q = 0; q < 4; ++q) {acc}[mi][ni][q] = {c.name}[({wm0} + 16 * mi + "
+                  f"{g} + 8 * (q >> 1)) * {n} + {wn0} + 8 * ni + 2 * {t} + (q & 1)];")
+        self.line("#pragma unroll")
+        self.line(f"for (int kk = 0; kk < {k}; kk += 16) {{")
+        self.indent += 1
+        self.line(f"uint32_t af[{mt}][4], bf[{nt}][2];")
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
+        self.line("#pragma unroll")
+        self.line("  for (int r = 0; r < 4; ++r) {")
+        self.line(f"    const float* p = {a.name} + ({wm0} + 16 * mi + {g} + 8 * (r & 1)) * {k} + "
+                  f"kk + 2 * {t} + 8 * (r >> 1);")
+        self.line("    af[mi][r] = tessera_pack_bf16(p[0], p[1]);")
+        self.line("  }")
+        self.line("#pragma unroll")
+        self.line(f"for (int ni = 0; ni < {nt}; ++ni)")
+        self.line("#pragma unroll")
+        self.line("  for (int r = 0; r < 2; ++r) {")
+        self.line(f"    const float* p = {b.name} + (kk + 2 * {t} + 8 * r) * {n} + {wn0} + 8 * ni + {g};")
+        self.line(f"    bf[ni][r] = tessera_pack_bf16(p[0], p[{n}]);")
+        self.line("  }")
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
+        self.line("#pragma unroll")
+        self.line(f"  for (int ni = 0; ni < {nt}; ++ni) tessera_mma_bf16({acc}[mi][ni], af[mi], bf[ni]);")
+        self.indent -= 1
+        self.line("}")
+        self.frags[op.results[0]] = Fragment(acc, [m, n], mt, nt, wm0, wn0, lane)
+
     # -- dot (SIMT): each thread computes whole output elements ---------------------
     def op_ttile_dot(self, op):
+        why = self._tile_mma_reason(op)
+        if why is None:
+            self.simt_reason = None
+            self._tile_mma(op)
+            return
+        if self.simt_reason:
+            why = f"{self.simt_reason}; {why}"
+        self.simt_reason = why
         a, b, acc = (self.names[v] for v in list(op.operands)[:3])
         r = self.new_tile(op.results[0])
         M, K = a.shape
@@ -782,7 +858,12 @@ CUDA_PRELUDE = """\
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-""" + _BF16_HELPERS.format(q="__device__") + _MMA_HELPERS
+""" + _BF16_HELPERS.format(q="__device__") + """\
+// Two floats as the bf16 pair of one mma operand register (first in the low half).
+__device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
+  return (uint32_t)float_to_bf16(lo) | ((uint32_t)float_to_bf16(hi) << 16);
+}
+""" + _MMA_HELPERS
 
 
 def emit_cuda_kernels(module) -> tuple[str, dict]:

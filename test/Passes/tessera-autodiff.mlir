@@ -80,3 +80,33 @@ func.func @through_a_collective(%a: tensor<2xf32>) -> tensor<2xf32> {
   %g = tgraph.grad %2 wrt %a : tensor<f32>, tensor<2xf32> -> tensor<2xf32>
   return %g : tensor<2xf32>
 }
+
+// -----
+
+// Attention's backward is one tgraph.attention_grad fed by the forward's
+// log-sum-exp and delta = rowsum(dout * out).
+// CHECK-LABEL: func.func @attention
+// CHECK: %[[OUT:.*]], %[[LSE:.*]] = tgraph.attention %arg0, %arg1, %arg2 {causal
+// CHECK: %[[DOUT:.*]] = tgraph.broadcast
+// CHECK: %[[P:.*]] = tgraph.mul %[[DOUT]], %[[OUT]]
+// CHECK: %[[DELTA:.*]] = tgraph.reduce <sum> %[[P]] dims [2] : tensor<2x8x4xf32> -> tensor<2x8x1xf32>
+// CHECK: %[[DQ:.*]], %{{.*}}, %{{.*}} = tgraph.attention_grad %arg0, %arg1, %arg2, %[[DOUT]], %[[LSE]], %[[DELTA]] {causal, scale = 5.000000e-01 : f64}
+// CHECK: return %[[DQ]]
+func.func @attention(%q: tensor<2x8x4xf32>, %k: tensor<2x8x4xf32>, %v: tensor<2x8x4xf32>) -> tensor<2x8x4xf32> {
+  %o:2 = tgraph.attention %q, %k, %v {causal, scale = 0.5 : f64} : tensor<2x8x4xf32>, tensor<2x8x4xf32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>, tensor<2x8x1xf32>
+  %0 = tgraph.reduce <sum> %o#0 dims [0, 1, 2] : tensor<2x8x4xf32> -> tensor<1x1x1xf32>
+  %1 = tgraph.reshape %0 : tensor<1x1x1xf32> to tensor<f32>
+  %g = tgraph.grad %1 wrt %q : tensor<f32>, tensor<2x8x4xf32> -> tensor<2x8x4xf32>
+  return %g : tensor<2x8x4xf32>
+}
+
+// -----
+
+func.func @lse(%q: tensor<8x4xf32>) -> tensor<8x4xf32> {
+  // expected-error @+1 {{the log-sum-exp result of tgraph.attention is not differentiable}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 0.5 : f64} : tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x4xf32>, tensor<8x1xf32>
+  %0 = tgraph.reduce <sum> %o#1 dims [0, 1] : tensor<8x1xf32> -> tensor<1x1xf32>
+  %1 = tgraph.reshape %0 : tensor<1x1xf32> to tensor<f32>
+  %g = tgraph.grad %1 wrt %q : tensor<f32>, tensor<8x4xf32> -> tensor<8x4xf32>
+  return %g : tensor<8x4xf32>
+}

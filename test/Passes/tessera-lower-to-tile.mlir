@@ -319,3 +319,75 @@ func.func private @csum(%a: tensor<64x8xf32>) -> tensor<1x8xf32> attributes {tsc
   return %0 : tensor<1x8xf32>
 }
 }
+
+// -----
+
+// Causal attention becomes one flash-attention kernel per (batch, 64 query
+// rows): keys and values stream through an scf.for that stops at the
+// diagonal block and carries the online softmax (row max, denominator,
+// output). Block sizes, warps and stages are in the IR.
+// CHECK-LABEL: func.func @attention
+// CHECK: tsched.launch @att on %{{.*}} ins(%arg0, %arg1, %arg2 : {{.*}}) outs(%{{.*}}, %{{.*}} : memref<2x128x64xbf16>, memref<2x128x1xf32>)
+// CHECK: ttile.kernel @att(%[[Q:.*]]: memref<2x128x64xbf16>, %[[K:.*]]: memref<2x128x64xbf16>, %[[V:.*]]: memref<2x128x64xbf16>, %[[O:.*]]: memref<2x128x64xbf16>, %[[L:.*]]: memref<2x128x1xf32>)
+// CHECK-SAME: block = array<i64: 128>, grid = array<i64: 4>, stages = 2 : i64, ttile.tile_sizes = array<i64: 64, 64>
+// CHECK: %[[ROW:.*]] = arith.muli %{{.*}}, %c64
+// CHECK: %[[QT:.*]] = ttile.load %[[Q]][%{{.*}}, %[[ROW]], %{{.*}}] : memref<2x128x64xbf16> -> !ttile.tile<64x64xbf16>
+// CHECK: %[[END:.*]] = arith.muli
+// CHECK: %[[RES:.*]]:3 = scf.for %[[COL:.*]] = %{{.*}} to %[[END]] step %{{.*}} iter_args(%[[M:.*]] = %{{.*}}, %[[SUM:.*]] = %{{.*}}, %[[ACC:.*]] = %{{.*}}) -> (!ttile.tile<64x1xf32>, !ttile.tile<64x1xf32>, !ttile.tile<64x64xf32>)
+// CHECK: %[[KT:.*]] = ttile.load %[[K]][%{{.*}}, %[[COL]], %{{.*}}]
+// CHECK: %[[KTT:.*]] = ttile.transpose %[[KT]]
+// CHECK: ttile.dot %[[QT]], %[[KTT]], %{{.*}} {warps = array<i64: 4, 1>} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+// CHECK: ttile.iota %[[ROW]] dim 0
+// CHECK: ttile.iota %[[COL]] dim 1
+// CHECK: ttile.compare {{.*}}<ge>
+// CHECK: ttile.reduce {{.*}}<max>
+// CHECK: ttile.exp
+// CHECK: ttile.cast %{{.*}} : !ttile.tile<64x64xf32> to !ttile.tile<64x64xbf16>
+// CHECK: ttile.dot
+// CHECK: scf.yield
+// CHECK: ttile.div %[[RES]]#2
+// CHECK: ttile.store %{{.*}}, %[[O]][
+// CHECK: ttile.log %[[RES]]#1
+// CHECK: ttile.store %{{.*}}, %[[L]][
+func.func @attention(%q: memref<2x128x64xbf16>, %k: memref<2x128x64xbf16>, %v: memref<2x128x64xbf16>) -> (memref<2x128x64xbf16>, memref<2x128x1xf32>) {
+  %s = tsched.stream "compute"
+  %o = tsched.alloc : memref<2x128x64xbf16>
+  %l = tsched.alloc : memref<2x128x1xf32>
+  tsched.launch @att on %s ins(%q, %k, %v : memref<2x128x64xbf16>, memref<2x128x64xbf16>, memref<2x128x64xbf16>) outs(%o, %l : memref<2x128x64xbf16>, memref<2x128x1xf32>)
+  return %o, %l : memref<2x128x64xbf16>, memref<2x128x1xf32>
+}
+func.func private @att(%q: tensor<2x128x64xbf16>, %k: tensor<2x128x64xbf16>, %v: tensor<2x128x64xbf16>) -> (tensor<2x128x64xbf16>, tensor<2x128x1xf32>) attributes {tsched.kernel} {
+  %o:2 = tgraph.attention %q, %k, %v {causal, scale = 0.125 : f64} : tensor<2x128x64xbf16>, tensor<2x128x64xbf16>, tensor<2x128x64xbf16> -> tensor<2x128x64xbf16>, tensor<2x128x1xf32>
+  return %o#0, %o#1 : tensor<2x128x64xbf16>, tensor<2x128x1xf32>
+}
+
+// -----
+
+// Its gradient: two kernels without atomics. @g_dkdv owns a key block and
+// loops over the query blocks from the diagonal on; @g_dq owns a query block.
+// CHECK-LABEL: func.func @attention_grad
+// CHECK: tsched.launch @g_dkdv on %{{.*}} ins(%arg0, %arg1, %arg2, %arg3, %arg4, %arg5 : {{.*}}) outs(%[[DK:.*]], %[[DV:.*]] : memref<128x32xf32>, memref<128x32xf32>)
+// CHECK: tsched.launch @g_dq on %{{.*}} ins(%arg0, %arg1, %arg2, %arg3, %arg4, %arg5 : {{.*}}) outs(%[[DQ:.*]] : memref<128x32xf32>)
+// CHECK: ttile.kernel @g_dkdv
+// CHECK-SAME: grid = array<i64: 2>
+// CHECK: arith.divui
+// CHECK: %[[START:.*]] = arith.muli
+// CHECK: scf.for %{{.*}} = %[[START]] to %c128
+// CHECK-COUNT-4: ttile.transpose
+// CHECK: scf.yield
+// CHECK: ttile.kernel @g_dq
+// CHECK: scf.for
+// CHECK-COUNT-2: ttile.transpose
+// CHECK: scf.yield
+func.func @attention_grad(%q: memref<128x32xf32>, %k: memref<128x32xf32>, %v: memref<128x32xf32>, %do: memref<128x32xf32>, %l: memref<128x1xf32>, %d: memref<128x1xf32>) -> (memref<128x32xf32>, memref<128x32xf32>, memref<128x32xf32>) {
+  %s = tsched.stream "compute"
+  %dq = tsched.alloc : memref<128x32xf32>
+  %dk = tsched.alloc : memref<128x32xf32>
+  %dv = tsched.alloc : memref<128x32xf32>
+  tsched.launch @g on %s ins(%q, %k, %v, %do, %l, %d : memref<128x32xf32>, memref<128x32xf32>, memref<128x32xf32>, memref<128x32xf32>, memref<128x1xf32>, memref<128x1xf32>) outs(%dq, %dk, %dv : memref<128x32xf32>, memref<128x32xf32>, memref<128x32xf32>)
+  return %dq, %dk, %dv : memref<128x32xf32>, memref<128x32xf32>, memref<128x32xf32>
+}
+func.func private @g(%q: tensor<128x32xf32>, %k: tensor<128x32xf32>, %v: tensor<128x32xf32>, %do: tensor<128x32xf32>, %l: tensor<128x1xf32>, %d: tensor<128x1xf32>) -> (tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>) attributes {tsched.kernel} {
+  %g:3 = tgraph.attention_grad %q, %k, %v, %do, %l, %d {causal, scale = 0.125 : f64} : tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x1xf32>, tensor<128x1xf32> -> tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>
+  return %g#0, %g#1, %g#2 : tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>
+}

@@ -218,3 +218,18 @@ func.func @unknown_op(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   return %0 : tensor<8x16xf32>
 }
 
+
+// -----
+
+// Sequence-split keys meet head-split queries: one all_to_all moves the
+// keys to a head split (Ulysses-style sequence parallelism), and each rank
+// runs attention on its heads over whole sequences; out and lse are local.
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// CHECK-LABEL: func.func @attention
+// CHECK: %[[K:.*]] = tgraph.all_to_all %arg1 on @mesh["tp"] split_dim 1 concat_dim 2 : tensor<1x4x4x16xf32> -> tensor<1x2x8x16xf32>
+// CHECK: %{{.*}}, %{{.*}} = tgraph.attention %arg0, %[[K]], %[[K]] {{.*}} -> tensor<1x2x8x16xf32>, tensor<1x2x8x1xf32>
+func.func @attention(%q: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"], [], []]>},
+                     %k: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], [], ["tp"], []]>}) -> tensor<2x4x8x16xf32> {
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
+  return %o#0 : tensor<2x4x8x16xf32>
+}

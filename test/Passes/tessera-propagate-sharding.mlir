@@ -198,3 +198,17 @@ func.func @two_meshes(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@
                       %y: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@b, [[], []]>}) -> tensor<8x16xf32> {
   return %x : tensor<8x16xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// Attention keeps batch (dp) and head (tp) splits; a split sequence is
+// gathered (every rank attends over whole sequences). Both results share
+// the sharding.
+// CHECK-LABEL: func.func @attention
+func.func @attention(%q: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"], [], []]>},
+                     %k: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], [], ["tp"], []]>}) -> tensor<2x4x8x16xf32> {
+  // CHECK: tgraph.attention {{.*}} {scale = 2.500000e-01 : f64, tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}"dp"], ["tp"], [], []]>}
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
+  return %o#0 : tensor<2x4x8x16xf32>
+}

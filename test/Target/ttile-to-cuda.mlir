@@ -209,3 +209,24 @@ ttile.kernel @ag_gemm(%a: memref<64x128xbf16>, %b: memref<128x128xbf16>,
   ttile.store %h, %c[%row, %col] : !ttile.tile<64x64xbf16>, memref<256x128xbf16>
   ttile.return
 }
+
+// -----
+
+// Tiles share shared memory by lifetime: the second row-sum's input and
+// result reuse the bytes of the first's, which nothing reads any more.
+// CHECK-LABEL: ttile.kernel @reuse
+// CHECK: dynamic shared memory 8320 bytes
+// CHECK: float* const [[A:t[0-9]+]] = reinterpret_cast<float*>(tessera_smem + 0);  // tile 32x64
+// CHECK: float* const [[B:t[0-9]+]] = reinterpret_cast<float*>(tessera_smem + 8192);  // tile 32x1
+// CHECK: float* const [[C:t[0-9]+]] = reinterpret_cast<float*>(tessera_smem + 0);  // tile 32x64
+// CHECK: float* const [[D:t[0-9]+]] = reinterpret_cast<float*>(tessera_smem + 8192);  // tile 32x1
+ttile.kernel @reuse(%x: memref<32x64xf32>, %y: memref<32x64xf32>, %a: memref<32x1xf32>, %b: memref<32x1xf32>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %x[%c0, %c0] : memref<32x64xf32> -> !ttile.tile<32x64xf32>
+  %r = ttile.reduce %t {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<32x64xf32> -> !ttile.tile<32x1xf32>
+  ttile.store %r, %a[%c0, %c0] : !ttile.tile<32x1xf32>, memref<32x1xf32>
+  %u = ttile.load %y[%c0, %c0] : memref<32x64xf32> -> !ttile.tile<32x64xf32>
+  %s = ttile.reduce %u {kind = #tgraph.reduction<max>, dim = 1 : i64} : !ttile.tile<32x64xf32> -> !ttile.tile<32x1xf32>
+  ttile.store %s, %b[%c0, %c0] : !ttile.tile<32x1xf32>, memref<32x1xf32>
+  ttile.return
+}

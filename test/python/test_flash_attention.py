@@ -103,23 +103,31 @@ def test_attention_lowering_errors_name_the_line():
                                                    np.zeros((4, 8), np.float64))
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_flash_attention_cuda_kernels_emulated(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,d", [("fp32", 32), ("bf16", 32), ("bf16", 96)])
+def test_flash_attention_cuda_kernels_emulated(dtype, d, monkeypatch):
     """The GPU target's attention kernels (forward, dK/dV, dQ), generated as
-    CUDA and run by the CPU emulator, against float64."""
+    CUDA and run by the CPU emulator, against float64. In bf16 every dot
+    runs on tensor cores (64x64 blocks at D=32; 64x32 blocks with 2x2-warp
+    dots at D=96)."""
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     rng = np.random.default_rng()
-    q, k, v, R = _inputs((1, 1, 128, 32), 32, np.float32, rng)
+    q, k, v, R = _inputs((1, 1, 128, d), d, np.float32, rng)
 
     def step(q, k, v, R):
         if dtype == "bf16":
             with ts.autocast(dtype=ts.bf16):
                 return _step(True)(q, k, v, R)
         return _step(True)(q, k, v, R)
-    got = ts.jit(step, target="gpu")(q, k, v, R)
+    compiled = ts.jit(step, target="gpu")
+    got = compiled(q, k, v, R)
+    if dtype == "bf16":
+        source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
+        attention = source[source.index("_attention_"):]
+        assert attention.count("on tensor cores (mma.sync.m16n8k16) from shared memory") == 9
+        assert "on CUDA cores" not in attention
     ops = (q, k, v) if dtype == "fp32" else tuple(t.astype(BF16) for t in (q, k, v))
     tol = 2e-4 if dtype == "fp32" else 0.03
     for name, g, want in zip(("out", "dq", "dk", "dv"), got,
-                             reference(*ops, R, True, 1 / np.sqrt(32))):
+                             reference(*ops, R, True, 1 / np.sqrt(d))):
         err = np.abs(np.asarray(g, np.float64) - want).max() / np.abs(want).max()
         assert err < tol, (name, err)

@@ -495,3 +495,43 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xi32> {
   %0 = tgraph.compare <lt> %x, %x : tensor<4xf32> -> tensor<4xi32>
   return %0 : tensor<4xi32>
 }
+
+// -----
+
+func.func @f(%q: tensor<64x16xf32>, %k: tensor<32x16xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'k' must have the type of 'q' 'tensor<64x16xf32>', got 'tensor<32x16xf32>'}}
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<64x16xf32>, tensor<32x16xf32>, tensor<32x16xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
+  return %o#0 : tensor<64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<64x16xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'lse' must be 'tensor<64x1xf32>', got 'tensor<64xf32>'}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 0.25 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32> -> tensor<64x16xf32>, tensor<64xf32>
+  return %o#0 : tensor<64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<64x16xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'scale' must be positive, got -1}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = -1.0 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
+  return %o#0 : tensor<64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<64x16xi32>) -> tensor<64x16xi32> {
+  // expected-error @below {{'tgraph.attention' op operands must be float tensors, got 'tensor<64x16xi32>'}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 1.0 : f64} : tensor<64x16xi32>, tensor<64x16xi32>, tensor<64x16xi32> -> tensor<64x16xi32>, tensor<64x1xf32>
+  return %o#0 : tensor<64x16xi32>
+}
+
+// -----
+
+func.func @f(%q: tensor<64x16xf32>, %d: tensor<64x8xf32>, %s: tensor<64x1xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention_grad' op 'dout' must have the type of 'v' 'tensor<64x16xf32>', got 'tensor<64x8xf32>'}}
+  %g:3 = tgraph.attention_grad %q, %q, %q, %d, %s, %s {scale = 1.0 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x8xf32>, tensor<64x1xf32>, tensor<64x1xf32> -> tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>
+  return %g#0 : tensor<64x16xf32>
+}

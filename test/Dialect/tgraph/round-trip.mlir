@@ -107,3 +107,12 @@ func.func @training_ops(%x: tensor<4x8xf32>, %b: tensor<1x8xf32>, %ids: tensor<4
   %g:2 = tgraph.grad %l wrt %x, %t : tensor<f32>, tensor<4x8xf32>, tensor<16x8xf32> -> tensor<4x8xf32>, tensor<16x8xf32>
   return %g#0 : tensor<4x8xf32>
 }
+
+// CHECK-LABEL: func.func @attention
+// CHECK: %{{.*}}, %[[LSE:.*]] = tgraph.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, scale = 1.250000e-01 : f64} : tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16> -> tensor<2x64x32xbf16>, tensor<2x64x1xf32>
+// CHECK: tgraph.attention_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[LSE]], %{{.*}} {causal, scale = 1.250000e-01 : f64} : {{.*}} -> tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>
+func.func @attention(%q: tensor<2x64x16xbf16>, %k: tensor<2x64x16xbf16>, %v: tensor<2x64x32xbf16>, %d: tensor<2x64x1xf32>) -> tensor<2x64x16xbf16> {
+  %o:2 = tgraph.attention %q, %k, %v {causal, scale = 0.125 : f64} : tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16> -> tensor<2x64x32xbf16>, tensor<2x64x1xf32>
+  %g:3 = tgraph.attention_grad %q, %k, %v, %o#0, %o#1, %d {causal, scale = 0.125 : f64} : tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>, tensor<2x64x32xbf16>, tensor<2x64x1xf32>, tensor<2x64x1xf32> -> tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>
+  return %g#0 : tensor<2x64x16xbf16>
+}

@@ -470,3 +470,13 @@ ttile.kernel @k(%flags: memref<4xi64> {ttile.symmetric}) attributes {grid = arra
   ttile.wait %flags[%c0], %c0 {cmp = "gte"} : memref<4xi64>
   ttile.return
 }
+
+// -----
+
+ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %x[%c0, %c0] : memref<2x8xf32> -> !ttile.tile<2x8xf32>
+  // expected-error @below {{'ttile.transpose' op transposes a 2-D tile: '!ttile.tile<2x8xf32>' cannot become '!ttile.tile<2x8xf32>'}}
+  %b = ttile.transpose %t : !ttile.tile<2x8xf32> to !ttile.tile<2x8xf32>
+  ttile.return
+}

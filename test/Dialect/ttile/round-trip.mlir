@@ -88,6 +88,7 @@ func.func private @tile_types(!ttile.tile<16x32xf16>, !ttile.tile<1xbf16>, !ttil
 // CHECK: ttile.compare %{{.*}}, %{{.*}} {kind = #tgraph.compare<ge>} : !ttile.tile<2x8xi32> -> !ttile.tile<2x8xi1>
 // CHECK: ttile.cast %{{.*}} : !ttile.tile<2x8xf32> to !ttile.tile<2x8xbf16>
 // CHECK: ttile.broadcast %{{.*}} : !ttile.tile<2x1xf32> to !ttile.tile<2x8xf32>
+// CHECK: ttile.transpose %{{.*}} : !ttile.tile<2x8xf32> to !ttile.tile<8x2xf32>
 // CHECK: ttile.select %{{.*}}, %{{.*}}, %{{.*}} : !ttile.tile<2x8xi1>, !ttile.tile<2x8xf32>
 // CHECK: ttile.sub
 // CHECK: ttile.div
@@ -106,6 +107,7 @@ ttile.kernel @row_ops(%x: memref<2x8xf32>, %s: memref<f32>, %y: memref<2x8xf32>)
   %h = ttile.cast %t : !ttile.tile<2x8xf32> to !ttile.tile<2x8xbf16>
   %r = ttile.reduce %t {kind = #tgraph.reduction<max>, dim = 1 : i64} : !ttile.tile<2x8xf32> -> !ttile.tile<2x1xf32>
   %b = ttile.broadcast %r : !ttile.tile<2x1xf32> to !ttile.tile<2x8xf32>
+  %tt = ttile.transpose %b : !ttile.tile<2x8xf32> to !ttile.tile<8x2xf32>
   %sel = ttile.select %m, %t, %b : !ttile.tile<2x8xi1>, !ttile.tile<2x8xf32>
   %d = ttile.sub %sel, %b : !ttile.tile<2x8xf32>
   %q = ttile.div %d, %b : !ttile.tile<2x8xf32>
