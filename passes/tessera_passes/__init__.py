@@ -71,7 +71,7 @@ _PASSES = [
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
              "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream"),
     PassInfo("tessera-lower-to-tile", "lower_to_tile",
-             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; library calls for matmul and data movement"),
+             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; flash-attention kernels for attention; library calls for matmul (CPU) and data movement"),
 ]
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}

@@ -29,6 +29,10 @@ one tgraph op each. This pass decides how each runs:
    the kernel. Half-precision operands accumulate in f32, cast back after
    the loop.
 
+4. Attention (every target). `tgraph.attention` becomes a flash-attention
+   forward kernel and `tgraph.attention_grad` a `_dkdv` and a `_dq` kernel
+   (`flash_attention.py`).
+
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
 
