@@ -37,6 +37,8 @@ from tessera_mlir.dialects import arith, scf, ttile
 
 from tessera_compiler.passes_common import PassError
 
+from .lower_to_tile import _grid_offsets, _index, _tile_type, largest_divisor
+
 #: Block sizes tried on GPUs, largest first: (BM, BN) for head dimensions up
 #: to 64, and smaller blocks for wider heads (the CUDA emitter keeps every
 #: tile of the loop in shared memory).
@@ -56,18 +58,14 @@ class AttentionConfig:
         return self.warps[0] * self.warps[1] * 32 if self.warps else 128
 
 
-def _largest_divisor(n: int, cap: int) -> int:
-    return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
-
-
 def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
     """Block sizes for sequence length `seq` and head width `head_dim`
     (the larger of q's and v's)."""
     if cpu:
-        b = _largest_divisor(seq, CPU_BLOCK)
+        b = largest_divisor(seq, CPU_BLOCK)
         return AttentionConfig(b, b)
     bm, bn = next((v for width, v in sorted(GPU_BLOCKS.items()) if head_dim <= width), (8, 8))
-    bm, bn = _largest_divisor(seq, bm), _largest_divisor(seq, bn)
+    bm, bn = largest_divisor(seq, bm), largest_divisor(seq, bn)
     # Warps of 16 query rows each (FlashAttention-2's split), up to four.
     warps = (min(4, bm // 16), 1) if bm % 16 == 0 and bn % 16 == 0 else None
     return AttentionConfig(bm, bn, warps, 2)
@@ -77,14 +75,6 @@ def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
 
 def _i64(v: int) -> ir.IntegerAttr:
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
-
-
-def _index(v: int) -> ir.Value:
-    return arith.ConstantOp(ir.IndexType.get(), v).result
-
-
-def _tile(shape, element) -> ir.Type:
-    return ir.Type.parse(f"!ttile.tile<{'x'.join(map(str, shape))}x{element}>")
 
 
 class _Builder:
@@ -97,10 +87,10 @@ class _Builder:
         self.half = elt != self.acc
 
     def fill(self, shape, value: float, element=None) -> ir.Value:
-        return ttile.FillOp(_tile(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
+        return ttile.FillOp(_tile_type(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
 
     def load(self, buf: ir.Value, lead, row: ir.Value, shape, element=None) -> ir.Value:
-        return ttile.LoadOp(_tile(shape, element or self.elt), buf, lead + [row, _index(0)]).result
+        return ttile.LoadOp(_tile_type(shape, element or self.elt), buf, lead + [row, _index(0)]).result
 
     def dot(self, a: ir.Value, b: ir.Value, acc: ir.Value | None = None) -> ir.Value:
         (m, _), (_, n) = self.shape(a), self.shape(b)
@@ -124,13 +114,13 @@ class _Builder:
     def transpose(self, v: ir.Value) -> ir.Value:
         m, n = self.shape(v)
         element = str(v.type).rsplit("x", 1)[1][:-1]
-        return ttile.TransposeOp(_tile([n, m], element), v).result
+        return ttile.TransposeOp(_tile_type([n, m], element), v).result
 
     def operand(self, v: ir.Value) -> ir.Value:
         """An f32 tile rounded to the operand type, for a tensor-core dot."""
         if not self.half:
             return v
-        return ttile.CastOp(_tile(self.shape(v), self.elt), v).result
+        return ttile.CastOp(_tile_type(self.shape(v), self.elt), v).result
 
     def scores(self, q, k, row, col) -> ir.Value:
         """scale * q k^T for query rows from `row` and keys from `col`, with
@@ -140,43 +130,25 @@ class _Builder:
         s = ttile.MulOp(s, self.fill(shape, self.scale)).result
         if self.causal:
             i32 = ir.IntegerType.get_signless(32)
-            rows = ttile.IotaOp(_tile(shape, i32), row, _i64(0)).result
-            cols = ttile.IotaOp(_tile(shape, i32), col, _i64(1)).result
-            keep = ttile.CompareOp(_tile(shape, ir.IntegerType.get_signless(1)), rows, cols,
+            rows = ttile.IotaOp(_tile_type(shape, i32), row, _i64(0)).result
+            cols = ttile.IotaOp(_tile_type(shape, i32), col, _i64(1)).result
+            keep = ttile.CompareOp(_tile_type(shape, ir.IntegerType.get_signless(1)), rows, cols,
                                    ir.Attribute.parse("#tgraph.compare<ge>")).result
             s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
         return s
 
     def broadcast(self, column: ir.Value, shape) -> ir.Value:
-        return ttile.BroadcastOp(_tile(shape, self.acc), column).result
+        return ttile.BroadcastOp(_tile_type(shape, self.acc), column).result
 
     def row_reduce(self, x: ir.Value, kind: str) -> ir.Value:
         m, _ = self.shape(x)
-        return ttile.ReduceOp(_tile([m, 1], self.acc), x,
+        return ttile.ReduceOp(_tile_type([m, 1], self.acc), x,
                               ir.Attribute.parse(f"#tgraph.reduction<{kind}>"), _i64(1)).result
 
     def store(self, v: ir.Value, buf: ir.Value, lead, row: ir.Value) -> None:
         if str(ir.MemRefType(buf.type).element_type) != str(v.type).rsplit("x", 1)[1][:-1]:
-            v = ttile.CastOp(_tile(self.shape(v), ir.MemRefType(buf.type).element_type), v).result
+            v = ttile.CastOp(_tile_type(self.shape(v), ir.MemRefType(buf.type).element_type), v).result
         ttile.StoreOp(v, buf, lead + [row, _index(0)])
-
-
-def _block_index(counts: list[int]) -> list[ir.Value]:
-    """This instance's index along each of `counts` (row-major program id)."""
-    pid = ttile.ProgramIdOp(_i64(0)).result
-    out = []
-    for d, count in enumerate(counts):
-        if count == 1:
-            out.append(_index(0))
-            continue
-        inner = 1
-        for c in counts[d + 1:]:
-            inner *= c
-        idx = arith.DivUIOp(pid, _index(inner)).result if inner > 1 else pid
-        if any(c > 1 for c in counts[:d]):
-            idx = arith.RemUIOp(idx, _index(count)).result
-        out.append(idx)
-    return out
 
 
 def _causal_end(start: ir.Value, rows: int, step: int) -> ir.Value:
@@ -227,7 +199,7 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
     kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
         name, list(ins) + list(outs), grid, cfg, module_block, op.location)
     with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
-        *at, qi = _block_index(lead + [seq // bm])
+        *at, qi = _grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
         row = arith.MulIOp(qi, _index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
         end = _causal_end(row, bm, bn) if b.causal else _index(seq)
@@ -278,7 +250,7 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     dkdv, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf) = _kernel(
         f"{name}_dkdv", kv_ins + kv_outs, batch * (seq // bn), cfg, module_block, op.location)
     with ir.InsertionPoint(dkdv.regions[0].blocks[0]), op.location:
-        *at, kj = _block_index(lead + [seq // bn])
+        *at, kj = _grid_offsets(lead + [seq // bn], [1] * (len(lead) + 1))
         col = arith.MulIOp(kj, _index(bn)).result
         k = b.load(k_buf, at, col, [bn, d])
         v = b.load(v_buf, at, col, [bn, dv])
@@ -307,7 +279,7 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     dq, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dq_buf) = _kernel(
         f"{name}_dq", q_ins + [dq_out], batch * (seq // bm), cfg, module_block, op.location)
     with ir.InsertionPoint(dq.regions[0].blocks[0]), op.location:
-        *at, qi = _block_index(lead + [seq // bm])
+        *at, qi = _grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
         row = arith.MulIOp(qi, _index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
         do = b.load(do_buf, at, row, [bm, dv])

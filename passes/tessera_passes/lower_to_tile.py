@@ -319,7 +319,7 @@ def _grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
         idx = arith.DivUIOp(pid, _index(inner)).result if inner > 1 else pid
         if any(c > 1 for c in counts[:d]):
             idx = arith.RemUIOp(idx, _index(count)).result
-        offsets.append(arith.MulIOp(idx, _index(tile[d])).result)
+        offsets.append(arith.MulIOp(idx, _index(tile[d])).result if tile[d] != 1 else idx)
     return offsets
 
 

@@ -116,8 +116,20 @@ def test_gpt_training_step_on_gpu_target_matches_cpu(precision, monkeypatch):
     gpu = gpu_step(*args)
     assert "tessera_mma_bf16(" in _cuda_source(gpu_step) or precision == "fp32"
     np.testing.assert_allclose(float(gpu[0]), float(cpu[0]), rtol=1e-5)
-    for a, c in zip(ts._pytree.flatten(gpu[1])[0], ts._pytree.flatten(cpu[1])[0]):
-        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(c, np.float64),
+    # AdamW's first update is lr * sign(gradient) for every element, so a
+    # gradient within rounding of zero may step either way: compare the
+    # optimizer moments (m = 0.1 g, v = 0.001 g^2) to each tensor's largest,
+    # and the parameters where the gradient is clearly nonzero.
+    params = [ts._pytree.flatten(x)[0] for x in (gpu[1], cpu[1])]
+    moments = [[np.asarray(m, np.float64) for m in ts._pytree.flatten(x)[0] if np.ndim(m)]
+               for x in (gpu[2], cpu[2])]          # m of every parameter, then v
+    rel = 0.02 if precision == "bf16" else 1e-4
+    for a, c in zip(*moments):
+        np.testing.assert_allclose(a, c, atol=rel * np.abs(c).max())
+    for a, c, m in zip(*params, moments[1]):
+        clear = np.abs(m) > rel * np.abs(m).max()
+        np.testing.assert_allclose(np.asarray(a, np.float64)[clear],
+                                   np.asarray(c, np.float64)[clear],
                                    atol=3e-4 if precision == "bf16" else 1e-4)
 
 
