@@ -465,10 +465,11 @@ LogicalResult ScatterAddOp::verify() {
 // Attention
 //===----------------------------------------------------------------------===//
 
-/// Checks `q`, `k`, `v` of an attention op: `[..., S, D]`, `[..., S, D]`,
-/// `[..., S, Dv]` of one float element type.
+/// Checks `q`, `k`, `v` of an attention op (`[..., S, D]`, `[..., S, D]`,
+/// `[..., S, Dv]` of one float element type) and its scale (positive).
 static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
-                                             RankedTensorType k, RankedTensorType v) {
+                                             RankedTensorType k, RankedTensorType v,
+                                             const APFloat &scale) {
   if (q.getRank() < 2)
     return op->emitOpError("'q' must be [..., S, D], got ") << q;
   if (k != q)
@@ -480,6 +481,8 @@ static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
            << q << ", got " << v;
   if (!isa<FloatType>(q.getElementType()))
     return op->emitOpError("operands must be float tensors, got ") << q;
+  if (scale.convertToDouble() <= 0)
+    return op->emitOpError("'scale' must be positive, got ") << scale.convertToDouble();
   return success();
 }
 
@@ -499,18 +502,16 @@ static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTen
 
 LogicalResult AttentionOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v)))
+  if (failed(verifyAttentionOperands(*this, q, k, v, getScale())))
     return failure();
   if (getOut().getType() != v)
     return emitOpError("'out' must have the type of 'v' ") << v << ", got " << getOut().getType();
-  if (getScale().convertToDouble() <= 0)
-    return emitOpError("'scale' must be positive, got ") << getScale().convertToDouble();
   return verifyRowStatistic(*this, "lse", q, getLse().getType());
 }
 
 LogicalResult AttentionGradOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v)))
+  if (failed(verifyAttentionOperands(*this, q, k, v, getScale())))
     return failure();
   if (getDout().getType() != v)
     return emitOpError("'dout' must have the type of 'v' ") << v << ", got " << getDout().getType();
@@ -519,8 +520,6 @@ LogicalResult AttentionGradOp::verify() {
     return failure();
   if (getDq().getType() != q || getDk().getType() != k || getDv().getType() != v)
     return emitOpError("results must have the types of 'q', 'k' and 'v'");
-  if (getScale().convertToDouble() <= 0)
-    return emitOpError("'scale' must be positive, got ") << getScale().convertToDouble();
   return success();
 }
 

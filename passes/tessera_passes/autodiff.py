@@ -44,12 +44,16 @@ def _rematerialize(v: ir.Value) -> ir.Value:
     return v
 
 
-def vjp(op: ir.Operation, g: ir.Value) -> list[ir.Value | None]:
-    """Cotangents of `op`'s operands given cotangent `g` of its (first) result;
-    None for operands without one (integers, conditions, indices)."""
+def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
+    """Cotangents of `op`'s operands given the cotangents `gs` of its results
+    (None for a result the loss does not depend on); None for operands
+    without one (integers, conditions, indices)."""
     name = op.name.split(".", 1)[1]
     x = [_rematerialize(v) for v in op.operands]
-    out = op.results[0]
+    out, g = op.results[0], gs[0]
+    if len(gs) > 1 and name != "attention":
+        raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
+                        op.location)
     if name == "add":
         return [g, g]
     if name == "sub":
@@ -124,6 +128,9 @@ def vjp(op: ir.Operation, g: ir.Value) -> list[ir.Value | None]:
     if name == "scatter_add":
         return [gb.gather(g, x[1]), None]
     if name == "attention":
+        if gs[1] is not None:
+            raise PassError("tessera-autodiff: the log-sum-exp result of tgraph.attention "
+                            "is not differentiable", op.location)
         # delta = rowsum(dout * out) in f32 (f64): the softmax Jacobian's
         # diagonal term, computed once here instead of in every backward tile.
         stat = gb.statistic_element(x[0])
@@ -158,10 +165,6 @@ def differentiate(grad_op: ir.Operation) -> None:
     block_ops = ops_of(grad_op.parent)
     body = block_ops[: block_ops.index(grad_op)]
     ops = _relevant_ops(body, wrt, loss)
-    for op in ops:
-        if len(op.results) != 1 and op.name != "tgraph.attention":
-            raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
-                            op.location)
     cotangent: dict = {}
 
     def accumulate(value, g):
@@ -173,14 +176,11 @@ def differentiate(grad_op: ir.Operation) -> None:
         if wrt:
             accumulate(loss, gb.fill([], gb.element_of(loss), 1.0))
         for op in reversed(ops):
-            g = cotangent.get(op.results[0])
-            if op.name == "tgraph.attention" and op.results[1] in cotangent:
-                raise PassError("tessera-autodiff: the log-sum-exp result of tgraph.attention "
-                                "is not differentiable", op.location)
-            if g is None:
+            gs = [cotangent.get(r) for r in op.results]
+            if all(g is None for g in gs):
                 continue
             with op.location:
-                for operand, ct in zip(op.operands, vjp(op, g)):
+                for operand, ct in zip(op.operands, vjp(op, gs)):
                     if ct is not None and gb.is_float(operand):
                         accumulate(operand, ct)
         grads = [cotangent[w] if w in cotangent else gb.zeros_like(w) for w in wrt]

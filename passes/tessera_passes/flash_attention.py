@@ -37,7 +37,10 @@ from tessera_mlir.dialects import arith, scf, ttile
 
 from tessera_compiler.passes_common import PassError
 
-from .lower_to_tile import _grid_offsets, _index, _tile_type, largest_divisor
+from tessera_compiler.codegen.tile_emitter import tile_of
+
+from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _product, _shape, _tile_type,
+                            largest_divisor, new_kernel)
 
 #: Block sizes tried on GPUs, largest first: (BM, BN) for head dimensions up
 #: to 64, and smaller blocks for wider heads (the CUDA emitter keeps every
@@ -50,12 +53,12 @@ CPU_BLOCK = 64
 class AttentionConfig:
     bm: int                                  # query rows per kernel instance
     bn: int                                  # key/value rows per loop step
-    warps: tuple[int, int] | None = None     # split of every dot's accumulator
+    warps: int | None = None                 # warps per block (each dot splits them)
     stages: int | None = None                # key/value tiles in flight
 
     @property
     def threads(self) -> int:
-        return self.warps[0] * self.warps[1] * 32 if self.warps else 128
+        return self.warps * 32 if self.warps else THREADS_PER_BLOCK
 
 
 def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
@@ -67,7 +70,7 @@ def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
     bm, bn = next((v for width, v in sorted(GPU_BLOCKS.items()) if head_dim <= width), (8, 8))
     bm, bn = largest_divisor(seq, bm), largest_divisor(seq, bn)
     # Warps of 16 query rows each (FlashAttention-2's split), up to four.
-    warps = (min(4, bm // 16), 1) if bm % 16 == 0 and bn % 16 == 0 else None
+    warps = min(4, bm // 16) if bm % 16 == 0 and bn % 16 == 0 else None
     return AttentionConfig(bm, bn, warps, 2)
 
 
@@ -97,11 +100,10 @@ class _Builder:
         acc = acc if acc is not None else self.fill([m, n], 0.0)
         warps = None
         if self.cfg.warps:
-            # The kernel's warps, split over M in 16-row slices first, then over N.
-            total = self.cfg.warps[0] * self.cfg.warps[1]
-            wm = max(1, min(total, m // 16))
-            while total % wm or m % wm:
-                wm -= 1
+            # The kernel's warps over M in 16-row slices first, then over N.
+            total = self.cfg.warps
+            wm = next((w for w in range(min(total, m // 16), 0, -1)
+                       if total % w == 0 and m % (16 * w) == 0), 1)
             if n % (total // wm) == 0:
                 warps = (wm, total // wm)
         return ttile.DotOp(a, b, acc, warps=ir.DenseI64ArrayAttr.get(list(warps))
@@ -109,11 +111,10 @@ class _Builder:
 
     @staticmethod
     def shape(v: ir.Value) -> list[int]:
-        return [int(d) for d in str(v.type)[len("!ttile.tile<"):-1].split("x")[:-1]]
+        return tile_of(v.type)[0]
 
     def transpose(self, v: ir.Value) -> ir.Value:
-        m, n = self.shape(v)
-        element = str(v.type).rsplit("x", 1)[1][:-1]
+        (m, n), element = tile_of(v.type)
         return ttile.TransposeOp(_tile_type([n, m], element), v).result
 
     def operand(self, v: ir.Value) -> ir.Value:
@@ -146,8 +147,10 @@ class _Builder:
                               ir.Attribute.parse(f"#tgraph.reduction<{kind}>"), _i64(1)).result
 
     def store(self, v: ir.Value, buf: ir.Value, lead, row: ir.Value) -> None:
-        if str(ir.MemRefType(buf.type).element_type) != str(v.type).rsplit("x", 1)[1][:-1]:
-            v = ttile.CastOp(_tile_type(self.shape(v), ir.MemRefType(buf.type).element_type), v).result
+        shape, element = tile_of(v.type)
+        target = ir.MemRefType(buf.type).element_type
+        if str(target) != element:
+            v = ttile.CastOp(_tile_type(shape, target), v).result
         ttile.StoreOp(v, buf, lead + [row, _index(0)])
 
 
@@ -159,20 +162,9 @@ def _causal_end(start: ir.Value, rows: int, step: int) -> ir.Value:
 
 def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, module_block,
             loc) -> tuple[ir.Operation, list[ir.Value]]:
-    arg_types = [ir.MemRefType(b.type) for b in bufs]
-    with ir.InsertionPoint(module_block), loc:
-        k = ttile.KernelOp(name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
-                           ir.DenseI64ArrayAttr.get([grid]),
-                           ir.DenseI64ArrayAttr.get([cfg.threads]))
-        k.attributes["ttile.tile_sizes"] = ir.DenseI64ArrayAttr.get([cfg.bm, cfg.bn])
-        if cfg.stages:
-            k.attributes["stages"] = _i64(cfg.stages)
-        entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
-    return k.operation, list(entry.arguments)
-
-
-def _shape(v: ir.Value) -> list[int]:
-    return list(ir.ShapedType(v.type).shape)
+    kernel, entry = new_kernel(name, [ir.MemRefType(b.type) for b in bufs], grid, cfg.threads,
+                               [cfg.bm, cfg.bn], module_block, loc, cfg.stages)
+    return kernel, list(entry.arguments)
 
 
 def _setup(op, cpu: bool):
@@ -193,9 +185,7 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
     buffers `ins` (q, k, v) and `outs` (out, lse)."""
     lead, seq, d, dv, cfg, b = _setup(op, cpu)
     bm, bn = cfg.bm, cfg.bn
-    grid = 1
-    for n in lead + [seq // bm]:
-        grid *= n
+    grid = _product(lead + [seq // bm])
     kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
         name, list(ins) + list(outs), grid, cfg, module_block, op.location)
     with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
@@ -241,9 +231,7 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     bm, bn = cfg.bm, cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in = ins
     dq_out, dk_out, dv_out = outs
-    batch = 1
-    for n in lead:
-        batch *= n
+    batch = _product(lead)
     stat = b.acc
 
     kv_ins, kv_outs = [q_in, k_in, v_in, do_in, lse_in, delta_in], [dk_out, dv_out]

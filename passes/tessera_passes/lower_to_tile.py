@@ -144,6 +144,20 @@ def _tile_type(shape, element) -> ir.Type:
     return ir.Type.parse(f"!ttile.tile<{'x'.join(map(str, shape))}x{element}>")
 
 
+def new_kernel(name: str, arg_types, grid: int, threads: int, tile_sizes, module_block, loc,
+               stages: int | None = None) -> tuple[ir.Operation, ir.Block]:
+    """An empty `ttile.kernel` on buffers `arg_types` (a linear grid) and its
+    entry block."""
+    with ir.InsertionPoint(module_block), loc:
+        k = ttile.KernelOp(name, ir.TypeAttr.get(ir.FunctionType.get(list(arg_types), [])),
+                           _i64_array([grid]), _i64_array([threads]))
+        k.attributes["ttile.tile_sizes"] = _i64_array(tile_sizes)
+        if stages:
+            k.attributes["stages"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), stages)
+        entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
+    return k.operation, entry
+
+
 def _memref(t: ir.Type) -> ir.MemRefType:
     r = ir.RankedTensorType(t)
     return ir.MemRefType.get(list(r.shape), r.element_type)
@@ -385,18 +399,9 @@ class GroupTiler:
         arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs]
         loc = self.ops[0].location
         threads = self.gemm.threads if self.gemm else THREADS_PER_BLOCK
-        with ir.InsertionPoint(self.module_block), loc:
-            k = ttile.KernelOp(self.name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
-                               _i64_array([grid]), _i64_array([threads]))
-            if self.gemm is not None:
-                k.attributes["ttile.tile_sizes"] = _i64_array(
-                    [self.gemm.bm, self.gemm.bn, self.gemm.bk])
-                if self.gemm.stages:
-                    k.attributes["stages"] = ir.IntegerAttr.get(
-                        ir.IntegerType.get_signless(64), self.gemm.stages)
-            else:
-                k.attributes["ttile.tile_sizes"] = _i64_array(tile or [1])
-            entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
+        sizes = [self.gemm.bm, self.gemm.bn, self.gemm.bk] if self.gemm else (tile or [1])
+        k, entry = new_kernel(self.name, arg_types, grid, threads, sizes, self.module_block, loc,
+                              self.gemm.stages if self.gemm else None)
         self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
         with ir.InsertionPoint(entry), loc:
             self.offsets = self._offsets()
@@ -409,7 +414,7 @@ class GroupTiler:
                 with self.produced[b].location:
                     ttile.StoreOp(tiles[b], self.arg_of[b], self._value_offsets(b))
             ttile.ReturnOp()
-        return k.operation
+        return k
 
     def _gemm(self, op, ins) -> ir.Value:
         """The matmul's output tile: a loop over K accumulating `ttile.dot`s of
@@ -513,11 +518,8 @@ class GroupTiler:
         bufs = [in_buf] + ([out_buf] if out_buf is not None else [])
         arg_types = [ir.MemRefType(b.type) for b in bufs]
         elt = ir.ShapedType(src.type).element_type
-        with ir.InsertionPoint(self.module_block), op.location:
-            k = ttile.KernelOp(self.name, ir.TypeAttr.get(ir.FunctionType.get(arg_types, [])),
-                               _i64_array([grid]), _i64_array([THREADS_PER_BLOCK]))
-            k.attributes["ttile.tile_sizes"] = _i64_array(in_tile)
-            entry = k.body.blocks.append(*arg_types, arg_locs=[op.location] * len(arg_types))
+        k, entry = new_kernel(self.name, arg_types, grid, THREADS_PER_BLOCK, in_tile,
+                              self.module_block, op.location)
         with ir.InsertionPoint(entry), op.location:
             offsets = _grid_offsets(counts, in_tile)
             kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
@@ -538,7 +540,7 @@ class GroupTiler:
             if out_buf is not None:
                 ttile.StoreOp(loop.results[0], entry.arguments[1], offsets)
             ttile.ReturnOp()
-        return k.operation
+        return k
 
 
 def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
@@ -623,9 +625,9 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
     consumed = set()
     for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
         name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
-        if name not in kernels or _kernel_op(kernels, launch).name not in ATTENTION:
+        kop = _kernel_op(kernels, launch) if name in kernels else None
+        if kop is None or kop.name not in ATTENTION:
             continue
-        kop = _kernel_op(kernels, launch)
         stream, ins, outs = _launch_parts(launch)
         if kop.name == "tgraph.attention":
             made = [(flash_attention.forward_kernel(kop, name, ins, outs, module_block,

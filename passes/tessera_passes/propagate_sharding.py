@@ -17,8 +17,6 @@ from tessera_compiler.sharding import (PER_RANK_OPS, Context, Mesh, Rule, Shardi
                                       rule_for)
 
 SHARDING = "tgraph.sharding"
-#: Ops with several results, all sharded alike (`Rule.result`).
-MULTI_RESULT = ("tgraph.attention", "tgraph.attention_grad")
 #: Function attribute: reduce pending sums in a fixed order (see Context).
 DETERMINISTIC = "tgraph.deterministic"
 #: Function attribute: mesh axes whose pending sums are reduce-scattered (each
@@ -78,9 +76,9 @@ def _check_shardable(op: ir.Operation) -> None:
     if name == "tgraph.grad":
         raise PassError("run tessera-autodiff before tessera-propagate-sharding "
                         "(tgraph.grad is still here)", op.location)
-    if not name.startswith("tgraph.") or (len(op.results) != 1 and name not in MULTI_RESULT):
-        raise PassError(f"'{name}' has no sharding rule: only tgraph ops with one result "
-                        "can be distributed", op.location)
+    if not name.startswith("tgraph."):
+        raise PassError(f"'{name}' has no sharding rule: only tgraph ops can be distributed",
+                        op.location)
 
 
 def summed(s: Sharding, shape, ctx: Context, scatter_axes=(), only=None) -> Sharding:

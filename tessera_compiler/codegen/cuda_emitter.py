@@ -41,6 +41,10 @@ from .tile_emitter import (_BF16_HELPERS, _ELEMENTWISE_EXPRESSIONS, EmitError, K
 MAX_SHARED_BYTES = 227 * 1024
 _ALIGN = 16
 
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
 POINTWISE = set(_ELEMENTWISE_EXPRESSIONS) | {
     "ttile.fill", "ttile.iota", "ttile.broadcast", "ttile.load", "ttile.store"}
 
@@ -146,7 +150,9 @@ class CudaKernelEmitter(KernelEmitter):
         self.live, self.holes = {}, []       # tile -> (offset, bytes, last use); free ranges
 
     def _smem(self, nbytes: int) -> int:
-        nbytes = -(-nbytes // _ALIGN) * _ALIGN
+        """The offset of `nbytes` (rounded up to `_ALIGN`) of shared memory:
+        the first free range that holds them, else the end."""
+        nbytes = _aligned(nbytes)
         for i, (offset, size) in enumerate(self.holes):
             if size >= nbytes:
                 self.holes[i] = (offset + nbytes, size - nbytes)
@@ -182,7 +188,7 @@ class CudaKernelEmitter(KernelEmitter):
         offset = self._smem(nbytes)
         owner = value.owner
         defined = self.position.get(owner.owner if isinstance(owner, ir.Block) else owner, 0)
-        self.live[tile.name] = (offset, -(-nbytes // _ALIGN) * _ALIGN,
+        self.live[tile.name] = (offset, _aligned(nbytes),
                                 self.last_use.get(value, defined))
         self.smem_decls.append(f"{tile.ctype}* const {tile.name} = reinterpret_cast<{tile.ctype}*>"
                                f"(tessera_smem + {offset});  // tile {'x'.join(map(str, tile.shape))}")
@@ -546,6 +552,25 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("}")
         self.sync()
 
+    # -- tensor-core building blocks ------------------------------------------------
+    def _warp_accumulator(self, m: int, n: int, wm: int, wn: int) -> tuple[str, str, str, str]:
+        """Declares an `m x n` f32 accumulator split over `wm x wn` warps in
+        mma fragment layout (`acc[mt][nt][4]`, see Fragment), with this
+        thread's lane and its warp's first row and column; returns their names."""
+        acc, lane, wm0, wn0 = (self.fresh(x) for x in ("acc", "lane", "wm", "wn"))
+        self.line(f"const int {lane} = threadIdx.x & 31;")
+        self.line(f"const int {wm0} = ((threadIdx.x >> 5) / {wn}) * {m // wm}, "
+                  f"{wn0} = ((threadIdx.x >> 5) % {wn}) * {n // wn};")
+        self.line(f"float {acc}[{m // wm // 16}][{n // wn // 8}][4];")
+        return acc, lane, wm0, wn0
+
+    def _mma_tiles(self, mma: str, acc: str, mt: int, nt: int) -> None:
+        """acc[mi][ni] += af[mi] x bf[ni] for every mma tile of the warp."""
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
+        self.line("#pragma unroll")
+        self.line(f"  for (int ni = 0; ni < {nt}; ++ni) {mma}({acc}[mi][ni], af[mi], bf[ni]);")
+
     # -- dot on tensor cores from shared-memory tiles ------------------------------
     def _tile_mma_reason(self, op) -> str | None:
         """Why `op` (a dot outside a GEMM main loop) cannot run on tensor cores
@@ -570,14 +595,10 @@ class CudaKernelEmitter(KernelEmitter):
         (m, k), (_, n) = a.shape, b.shape
         wm, wn = list(ir.DenseI64ArrayAttr(op.attributes["warps"]))
         mt, nt = m // wm // 16, n // wn // 8
-        acc, lane, wm0, wn0 = (self.fresh(x) for x in ("acc", "lane", "wm", "wn"))
-        g, t = f"({lane} >> 2)", f"({lane} & 3)"
         self.line(f"// ttile.dot {m}x{n}x{k} on tensor cores (mma.sync.m16n8k16) from shared memory, "
                   f"warps {wm}x{wn}")
-        self.line(f"const int {lane} = threadIdx.x & 31;")
-        self.line(f"const int {wm0} = ((threadIdx.x >> 5) / {wn}) * {m // wm}, "
-                  f"{wn0} = ((threadIdx.x >> 5) % {wn}) * {n // wn};")
-        self.line(f"float {acc}[{mt}][{nt}][4];")
+        acc, lane, wm0, wn0 = self._warp_accumulator(m, n, wm, wn)
+        g, t = f"({lane} >> 2)", f"({lane} & 3)"
         self.line("#pragma unroll")
         self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
         self.line("#pragma unroll")
@@ -604,10 +625,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.line(f"    const float* p = {b.name} + (kk + 2 * {t} + 8 * r) * {n} + {wn0} + 8 * ni + {g};")
         self.line(f"    bf[ni][r] = tessera_pack_bf16(p[0], p[{n}]);")
         self.line("  }")
-        self.line("#pragma unroll")
-        self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
-        self.line("#pragma unroll")
-        self.line(f"  for (int ni = 0; ni < {nt}; ++ni) tessera_mma_bf16({acc}[mi][ni], af[mi], bf[ni]);")
+        self._mma_tiles("tessera_mma_bf16", acc, mt, nt)
         self.indent -= 1
         self.line("}")
         self.frags[op.results[0]] = Fragment(acc, [m, n], mt, nt, wm0, wn0, lane)
@@ -699,16 +717,12 @@ class CudaKernelEmitter(KernelEmitter):
         lda, ldb = bk + 8, bn + 8            # +16 B per row: conflict-free ldmatrix
         a_bytes, b_bytes = bm * lda * 2, bk * ldb * 2
         ring = self._smem(stages * (a_bytes + b_bytes))
-        acc = self.fresh("acc")
-        warp, lane, wm0, wn0 = (self.fresh(x) for x in ("warp", "lane", "wm", "wn"))
         fill = c_literal(ir.FloatAttr(init.attributes["value"]).value, "float")
         lb, ub, step = (self.scalar(v) for v in p["bounds"])
         mma = "tessera_mma_" + _MMA_TYPES[p["elt"]]
         self.line(f"// tensor-core GEMM: block tile {bm}x{bn}x{bk}, warps {wm}x{wn}, "
                   f"{stages} stage{'s' if stages > 1 else ''} (mma.sync.m16n8k16, cp.async, ldmatrix)")
-        self.line(f"const int {warp} = threadIdx.x >> 5, {lane} = threadIdx.x & 31;")
-        self.line(f"const int {wm0} = ({warp} / {wn}) * {bm // wm}, {wn0} = ({warp} % {wn}) * {bn // wn};")
-        self.line(f"float {acc}[{mt}][{nt}][4];")
+        acc, lane, wm0, wn0 = self._warp_accumulator(bm, bn, wm, wn)
         self.line("#pragma unroll")
         self.line(f"for (int i = 0; i < {mt * nt * 4}; ++i) (&{acc}[0][0][0])[i] = {fill};")
         self.line("{")
@@ -757,10 +771,7 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("  bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1]; "
                       "bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];")
             self.line("}")
-            self.line("#pragma unroll")
-            self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
-            self.line("#pragma unroll")
-            self.line(f"  for (int ni = 0; ni < {nt}; ++ni) {mma}({acc}[mi][ni], af[mi], bf[ni]);")
+            self._mma_tiles(mma, acc, mt, nt)
             self.indent -= 1
             self.line("}")
 
