@@ -317,7 +317,10 @@ def _assemble(t: DTensor) -> np.ndarray:
     comm = MPI.COMM_WORLD
     local = np.array(t._local, order="C")
     parts = np.empty((comm.Get_size(),) + local.shape, dtype=local.dtype)
-    comm.Allgather(local, parts)
+    # MPI moves bytes; dtypes it does not know (ml_dtypes' bfloat16) go as
+    # unsigned integers of the same width.
+    raw = np.dtype(f"u{local.dtype.itemsize}") if local.dtype.kind == "V" else local.dtype
+    comm.Allgather(local.view(raw), parts.view(raw))
     out = np.zeros(t.shape, dtype=t.dtype)
     info = t.mesh.info
     partial = [info.axis_index(a) for a in t.layout.partial]

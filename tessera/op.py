@@ -448,11 +448,23 @@ def concat(xs, dim: int = 0) -> Traced:
 # Matmul and layers
 # ----------------------------------------------------------------------------
 
-def matmul(a, b) -> Traced:
+TRANSPORTS = ("auto", "nccl", "nvshmem")
+
+
+def matmul(a, b, transport: str | None = None) -> Traced:
     """`a[..., M, K] @ b[..., K, N]`; `b` may be 2-D with `a` of any rank >= 2
     (a linear layer). Under `ts.autocast(dtype=ts.bf16)` the operands are cast
-    to bf16 and accumulated in fp32."""
+    to bf16 and accumulated in fp32.
+
+    `transport` matters when `a` is split on M (sequence-parallel) over the
+    mesh axis `b` is split on N (a column-parallel weight): `a` is then
+    all-gathered (instead of the weight), with "nccl" as a separate
+    collective, with "nvshmem" inside the GEMM kernel, which reads peers'
+    rows as they arrive (GPU target), or "auto" (pick by size)."""
     src = _where_called("matmul")
+    if transport is not None and transport not in TRANSPORTS:
+        raise ValueError(f"op.matmul: transport must be one of {list(TRANSPORTS)}, got "
+                         f"{transport!r}  [{src}]")
     a, b = _tensor("matmul", a, src), _tensor("matmul", b, src)
     half = autocast_dtype()
     if half is not None:
@@ -470,17 +482,17 @@ def matmul(a, b) -> Traced:
     with current_location(src):
         if b.ndim == 2 and a.ndim > 2:
             flat = gb.reshape(a.value, [int(np.prod(a.shape[:-1])), a.shape[-1]])
-            out = gb.matmul(flat, b.value)
+            out = gb.matmul(flat, b.value, transport)
             return _out(gb.reshape(out, list(a.shape[:-1]) + [b.shape[-1]]), src)
         if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
             raise ShapeError(f"op.matmul: batch dimensions differ: {list(a.shape)} and "
                              f"{list(b.shape)}  [{src}]")
-        return _out(gb.matmul(a.value, b.value), src)
+        return _out(gb.matmul(a.value, b.value, transport), src)
 
 
-def linear(x, w, b=None) -> Traced:
-    """x @ w (+ b)."""
-    y = matmul(x, w)
+def linear(x, w, b=None, transport: str | None = None) -> Traced:
+    """x @ w (+ b); `transport` as for `matmul`."""
+    y = matmul(x, w, transport)
     return y if b is None else add(y, b)
 
 

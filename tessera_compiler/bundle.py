@@ -148,6 +148,8 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             t = ir.MemRefType(op.results[0].type)
             ins = {"op": "alloc", "result": name(op.results[0]), "shape": list(t.shape),
                    "dtype": _dtype(t.element_type)}
+            if "symmetric" in op.attributes:
+                ins["symmetric"] = True
         elif kind == "tsched.free":
             ins = {"op": "free", "buffer": name(op.operands[0])}
         elif kind == "tsched.launch":

@@ -165,9 +165,10 @@ def concat(xs: list[ir.Value], dim: int) -> ir.Value:
     return tgraph.ConcatOp(ranked(shape, element_of(xs[0])), xs, _i64(dim)).result
 
 
-def matmul(a: ir.Value, b: ir.Value) -> ir.Value:
+def matmul(a: ir.Value, b: ir.Value, transport: str | None = None) -> ir.Value:
     shape = shape_of(a)[:-1] + [shape_of(b)[-1]]
-    return tgraph.MatmulOp(ranked(shape, element_of(a)), a, b).result
+    attr = ir.Attribute.parse(f"#tgraph.transport<{transport}>") if transport else None
+    return tgraph.MatmulOp(ranked(shape, element_of(a)), a, b, transport=attr).result
 
 
 def swap_last(x: ir.Value) -> ir.Value:

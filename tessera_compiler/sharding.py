@@ -234,7 +234,15 @@ def matmul_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     batch = lhs.dims[: r - 2]
     m_axes = lhs.dims[r - 2]
     taken = {a for d in batch for a in d} | set(lk) | set(lhs.partial)
-    if set(m_axes) & taken:
+    n_wanted = rhs.dims[r - 1]
+    if "transport" in op.attributes and set(m_axes) & set(n_wanted) \
+            and not set(n_wanted) & taken:
+        # M and N are split over the same axis (a sequence-parallel input to
+        # a column-parallel weight). With a transport requested, the input
+        # is gathered (and the gather fused into the GEMM) and the weight
+        # stays split; otherwise the weight is gathered.
+        m_axes = ()
+    if set(m_axes) & taken or m_axes != lhs.dims[r - 2]:
         m_axes = ()
         lhs = lhs.with_dims(batch + ((), lk))
     taken |= set(m_axes)

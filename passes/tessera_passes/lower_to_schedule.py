@@ -12,10 +12,19 @@ Each partitioned function becomes a per-rank schedule over buffers:
 * buffers are freed after their last use (for a collective's buffers, after
   its wait).
 
+An all_gather of a matmul's lhs rows with `transport = nvshmem` is not a
+collective: it and the matmul become one kernel (`<fn>_gather_matmul_<n>`),
+which `tessera-lower-to-tile` turns into a GEMM that puts its rows into
+peers' symmetric buffers and reads theirs as they arrive. `transport = auto`
+is resolved here: NVSHMEM on the GPU target when the gathered operand fits
+in `NVSHMEM_AUTO_MAX_BYTES`, else the runtime's collective library.
+
 Argument and result shardings move to `tsched.sharding` attributes.
 """
 
 from __future__ import annotations
+
+import math
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tsched
@@ -26,6 +35,11 @@ from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
 NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad"}
+# `transport = auto` picks NVSHMEM for a gathered operand of at most this many
+# bytes: a quarter of NVSHMEM's default symmetric heap (1 GiB per PE), which
+# every fused gather's buffer shares. (A bound from memory, not yet from
+# measurement: no GPU has run the fused kernel.)
+NVSHMEM_AUTO_MAX_BYTES = 256 << 20
 
 
 def is_compute(op: ir.Operation) -> bool:
@@ -67,29 +81,40 @@ class ScheduleBuilder:
         self.waited: dict = {}         # token -> streams already made to wait for it
         self.on_compute: set = set()   # buffers last written by a compute launch
         self.kernel_count = 0
+        self.fused_gathers = set()     # all_gathers lowered inside their matmul's kernel
         self.stream_t = ir.Type.parse("!tsched.stream")
         self.token_t = ir.Type.parse("!tsched.token")
         self.event_t = ir.Type.parse("!tsched.event")
 
     # -- kernels ---------------------------------------------------------
-    def make_kernel(self, op: ir.Operation) -> str:
-        kind = op.name.split(".", 1)[1]
+    def make_kernel(self, ops: list[ir.Operation], kind: str | None = None
+                    ) -> tuple[str, list[ir.Value]]:
+        """A kernel holding `ops` (in order; each later op may read earlier
+        ones' results) and the values it reads from outside, its inputs (one
+        per operand, repeats included, so a one-op kernel's inputs are its
+        op's operands). It returns the last op's results."""
+        kind = kind or ops[0].name.split(".", 1)[1]
         name = f"{self.name}_{kind}_{self.kernel_count}"
         self.kernel_count += 1
-        in_types = [v.type for v in op.operands]
-        out_types = [r.type for r in op.results]
-        with ir.InsertionPoint(self.src), op.location:
-            k = func.FuncOp(name, (in_types, out_types), visibility="private")
+        inside = {r for op in ops for r in op.results}
+        inputs = [v for op in ops for v in op.operands if v not in inside]
+        out_types = [r.type for r in ops[-1].results]
+        with ir.InsertionPoint(self.src), ops[-1].location:
+            k = func.FuncOp(name, ([v.type for v in inputs], out_types), visibility="private")
             k.attributes["tsched.kernel"] = ir.UnitAttr.get()
             entry = k.add_entry_block()
             with ir.InsertionPoint(entry):
-                clone = op.clone()
-                for i, arg in enumerate(entry.arguments):
-                    clone.operands[i] = arg
-                if "tgraph.sharding" in clone.attributes:
-                    del clone.attributes["tgraph.sharding"]
+                args, mapped = iter(entry.arguments), {}
+                for op in ops:
+                    clone = op.clone()
+                    for i, v in enumerate(list(op.operands)):
+                        clone.operands[i] = mapped[v] if v in inside else next(args)
+                    for r, c in zip(op.results, clone.results):
+                        mapped[r] = c
+                    if "tgraph.sharding" in clone.attributes:
+                        del clone.attributes["tgraph.sharding"]
                 func.ReturnOp(list(clone.results))
-        return name
+        return name, inputs
 
     # -- buffers ---------------------------------------------------------
     def use(self, value: ir.Value, stream: ir.Value) -> ir.Value:
@@ -138,9 +163,15 @@ class ScheduleBuilder:
             bufs = [self.use(v, compute) for v in op.operands]
             func.ReturnOp(bufs)
             return
+        if op in self.fused_gathers:
+            return                      # lowered with the matmul reading it
         if is_compute(op):
-            kernel = self.make_kernel(op)
-            ins = [self.use(v, compute) for v in op.operands]
+            gather = op.operands[0].owner if op.name == "tgraph.matmul" else None
+            if gather in self.fused_gathers:
+                kernel, inputs = self.make_kernel([gather, op], "gather_matmul")
+            else:
+                kernel, inputs = self.make_kernel([op])
+            ins = [self.use(v, compute) for v in inputs]
             outs = [tsched.AllocOp(memref_of(r.type)).result for r in op.results]
             tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs)
             for r, out in zip(op.results, outs):
@@ -193,13 +224,62 @@ class ScheduleBuilder:
                 tsched.FreeOp(buf)
 
 
-def lower_function(func_op: ir.Operation) -> None:
+def _transport_of(op: ir.Operation) -> str:
+    return str(op.attributes["transport"]).split("<")[1].rstrip(">") \
+        if "transport" in op.attributes else "nccl"
+
+
+def _fusable_gather(gather: ir.Operation) -> str | None:
+    """Why `gather` cannot be fused into the GEMM reading it, or None."""
+    users = [u.owner for u in gather.results[0].uses]
+    rank = len(ir.RankedTensorType(gather.results[0].type).shape)
+    if rank != 2:
+        return f"the gathered operand has rank {rank} (the fused kernel takes 2-D rows)"
+    if ir.IntegerAttr(gather.attributes["dim"]).value != 0:
+        return "it gathers columns, not rows"
+    if len(users) != 1 or users[0].name != "tgraph.matmul" or \
+            users[0].operands[0] != gather.results[0]:
+        return "its result is read by something other than one matmul's lhs"
+    return None
+
+
+def resolve_transports(func_op: ir.Operation, gpu: bool) -> set:
+    """Settles each all_gather's transport (auto becomes nccl or nvshmem) and
+    returns the gathers to fuse into their matmul's kernel."""
+    fused = set()
+    for op in ops_of(func_op):
+        if op.name != "tgraph.all_gather" or "transport" not in op.attributes:
+            continue
+        transport = _transport_of(op)
+        why_not = _fusable_gather(op)
+        if transport == "nvshmem":
+            if not gpu:
+                raise PassError("transport = nvshmem needs the GPU target (NVSHMEM kernels are "
+                                "CUDA); use 'auto' to fall back to the collective library",
+                                op.location)
+            if why_not:
+                raise PassError(f"transport = nvshmem: this all_gather cannot be fused into a "
+                                f"GEMM: {why_not}; use 'auto' or 'nccl'", op.location)
+        elif transport == "auto":
+            t = ir.RankedTensorType(op.results[0].type)
+            nbytes = math.prod(t.shape) * max(1, ir.FloatType(t.element_type).width // 8)
+            transport = "nvshmem" if gpu and why_not is None and \
+                nbytes <= NVSHMEM_AUTO_MAX_BYTES else "nccl"
+        op.attributes["transport"] = ir.Attribute.parse(f"#tgraph.transport<{transport}>")
+        if transport == "nvshmem":
+            fused.add(op)
+    return fused
+
+
+def lower_function(func_op: ir.Operation, gpu: bool) -> None:
     if "tgraph.partitioned" not in func_op.attributes:
         raise PassError("run tessera-partition before tessera-lower-to-schedule "
                         f"(function @{ir.StringAttr(func_op.attributes['sym_name']).value} is not partitioned)",
                         func_op.location)
+    fused = resolve_transports(func_op, gpu)
     hoist_collectives(func_op)
     builder = ScheduleBuilder(func_op)
+    builder.fused_gathers = fused
     sched = builder.build()
     name = builder.name
     func_op.erase()
@@ -208,9 +288,11 @@ def lower_function(func_op: ir.Operation) -> None:
 
 def run(op, pass_):
     def body():
+        target = op.attributes["tessera.target"] if "tessera.target" in op.attributes else None
+        gpu = target is not None and ir.StringAttr(target).value == "gpu"
         for f in list(functions(op)):
             if "tsched.kernel" in f.attributes or not any(
                     o.name.startswith("tgraph.") for o in ops_of(f)):
                 continue
-            lower_function(f)
+            lower_function(f, gpu)
     run_reporting(op, pass_, body)

@@ -32,6 +32,11 @@ one tgraph op each. This pass decides how each runs:
 4. Attention (every target). `tgraph.attention` becomes a flash-attention
    forward kernel and `tgraph.attention_grad` a `_dkdv` and a `_dq` kernel
    (`flash_attention.py`).
+5. Gathered GEMMs (GPU). An all_gather + matmul kernel (an NVSHMEM transport)
+   becomes one GEMM that puts this rank's rows into every peer's symmetric
+   copy of the gathered operand and waits, per output tile, only for the
+   rows it reads (`gathered_gemm.py`). The symmetric buffers are allocated
+   (`tsched.alloc {symmetric}`) around its launch.
 
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
@@ -45,6 +50,7 @@ from tessera_mlir.dialects import arith, func, scf, tsched, ttile
 
 from tessera_compiler.passes_common import (PassError, functions, function_type,
                                             ops_of, run_reporting)
+from tessera_compiler.sharding import meshes_of
 
 TILE_ELEMENTWISE = {
     "tgraph.add": ttile.AddOp, "tgraph.sub": ttile.SubOp, "tgraph.mul": ttile.MulOp,
@@ -318,6 +324,29 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
     return groups
 
 
+def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: list,
+              row: ir.Value, col: ir.Value, out_elt: ir.Type) -> ir.Value:
+    """The `[BM, BN]` output tile at (`row`, `col`) of `a_buf @ b_buf`: a loop
+    over K accumulating `ttile.dot`s of `[BM, BK]` and `[BK, BN]` tiles (in
+    f32 for half-precision operands), cast to `out_elt`."""
+    k = ir.MemRefType(a_buf.type).shape[-1]
+    elt = ir.MemRefType(a_buf.type).element_type
+    acc_elt = ir.F32Type.get() if str(elt) in ("bf16", "f16") else out_elt
+    acc_t = _tile_type([cfg.bm, cfg.bn], acc_elt)
+    acc0 = ttile.FillOp(acc_t, ir.FloatAttr.get_f64(0.0)).result
+    loop = scf.ForOp(_index(0), _index(k), _index(cfg.bk), [acc0])
+    with ir.InsertionPoint(loop.body):
+        kk = loop.induction_variable
+        a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk]).result
+        b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col]).result
+        warps = _i64_array(cfg.warps) if cfg.warps else None
+        scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps).result])
+    result = loop.results[0]
+    if acc_elt != out_elt:
+        result = ttile.CastOp(_tile_type([cfg.bm, cfg.bn], out_elt), result).result
+    return result
+
+
 def _grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
     """Element offsets of this instance's tile along each dimension: the linear
     program id enumerates the grid `counts` row-major."""
@@ -417,29 +446,9 @@ class GroupTiler:
         return k
 
     def _gemm(self, op, ins) -> ir.Value:
-        """The matmul's output tile: a loop over K accumulating `ttile.dot`s of
-        `[BM, BK]` and `[BK, BN]` tiles (f32 for half-precision operands),
-        cast to the result's element type."""
-        cfg = self.gemm
-        a_buf, b_buf = (self.arg_of[b] for b in ins)
-        k = _shape(ins[0])[-1]
-        elt = ir.ShapedType(ins[0].type).element_type
-        out_elt = ir.ShapedType(op.results[0].type).element_type
-        acc_elt = ir.F32Type.get() if str(elt) in ("bf16", "f16") else out_elt
         *batch_offsets, row, col = self.offsets
-        acc_t = _tile_type([cfg.bm, cfg.bn], acc_elt)
-        acc0 = ttile.FillOp(acc_t, ir.FloatAttr.get_f64(0.0)).result
-        loop = scf.ForOp(_index(0), _index(k), _index(cfg.bk), [acc0])
-        with ir.InsertionPoint(loop.body):
-            kk = loop.induction_variable
-            a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk]).result
-            b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col]).result
-            warps = _i64_array(cfg.warps) if cfg.warps else None
-            scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps).result])
-        result = loop.results[0]
-        if acc_elt != out_elt:
-            result = ttile.CastOp(_tile_type([cfg.bm, cfg.bn], out_elt), result).result
-        return result
+        return gemm_tile(self.gemm, self.arg_of[ins[0]], self.arg_of[ins[1]], batch_offsets,
+                         row, col, ir.ShapedType(op.results[0].type).element_type)
 
     def _offsets(self) -> list[ir.Value]:
         if not self.dom:
@@ -645,6 +654,35 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
     return consumed
 
 
+def lower_gathered_gemms(sched: ir.Operation, kernels: dict, module_block, meshes: dict) -> set:
+    """Replaces each launch of an all_gather + matmul kernel (an NVSHMEM
+    transport, fused by tessera-lower-to-schedule) by a launch of the fused
+    GEMM (`gathered_gemm.py`), with its symmetric buffers allocated around it.
+    Returns the tensor kernels it consumed."""
+    from . import gathered_gemm
+
+    consumed = set()
+    for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
+        name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
+        body = kernel_body(kernels[name]) if name in kernels else []
+        if [o.name for o in body] != ["tgraph.all_gather", "tgraph.matmul"]:
+            continue
+        stream, ins, outs = _launch_parts(launch)
+        mesh = meshes[ir.FlatSymbolRefAttr(body[0].attributes["mesh"]).value]
+        kernel = gathered_gemm.build(body[0], body[1], name, mesh, module_block)
+        kernel.move_before(next(iter(kernels.values())))
+        arg_types = function_type(kernel).inputs
+        with ir.InsertionPoint(launch), launch.location:
+            scratch = [tsched.AllocOp(t, symmetric=True).result for t in arg_types[len(ins) + 1:]]
+            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, ins, outs + scratch)
+        with ir.InsertionPoint.after(launch), launch.location:
+            for buf in scratch:
+                tsched.FreeOp(buf)
+        launch.erase()
+        consumed.add(name)
+    return consumed
+
+
 def run(op, pass_):
     def body():
         module_block = op.regions[0].blocks[0]
@@ -659,6 +697,7 @@ def run(op, pass_):
         consumed, taken = set(), set()
         for f in schedules:
             duplicate_constants(f, kernels)
+            consumed |= lower_gathered_gemms(f, kernels, module_block, meshes_of(op))
             consumed |= fuse_and_tile(f, kernels, module_block, taken, gemm=not cpu_target)
             consumed |= lower_attention(f, kernels, module_block, cpu_target)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value

@@ -246,6 +246,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             if moved not in current:
                 current[moved] = rule.operands[i]
                 ctx.global_shapes[moved] = ctx.shape(v)
+        if op.name == "tgraph.matmul" and "transport" in op.attributes:
+            _request_transport(op)
         for r in op.results:
             ctx.global_shapes[r] = ctx.shape(r)
             r.set_type(_local_type(r.type, mesh, rule.result, f"the result of {op.name}",
@@ -275,6 +277,18 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     func_op.attributes["arg_attrs"] = ir.ArrayAttr.get(list(arg_dicts))
     func_op.attributes["res_attrs"] = ir.ArrayAttr.get(list(res_dicts))
     func_op.attributes["tgraph.partitioned"] = ir.UnitAttr.get()
+
+
+def _request_transport(matmul: ir.Operation) -> None:
+    """Hands a matmul's `transport` to the all_gather of its lhs rows that the
+    partitioner inserted (tessera-lower-to-schedule fuses the two)."""
+    lhs = matmul.operands[0]
+    gather = lhs.owner
+    if isinstance(gather, ir.Block) or gather.name != "tgraph.all_gather":
+        return
+    rank = len(ir.RankedTensorType(lhs.type).shape)
+    if ir.IntegerAttr(gather.attributes["dim"]).value == rank - 2:
+        gather.attributes["transport"] = matmul.attributes["transport"]
 
 
 def _arg_label(arg: ir.Value) -> str:

@@ -248,6 +248,8 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
         if kind == "all_to_all":
             fields["concat_dim"] = r.get(raw, "concat_dim", where, int)
         fields["deterministic"] = r.get(raw, "deterministic", where, bool, default=False)
+    if op == "alloc":
+        fields["symmetric"] = r.get(raw, "symmetric", where, bool, default=False)
     if op == "launch" and "library" in raw:
         fields["library"] = r.get(raw, "library", where, str)
         fields["attrs"] = r.get(raw, "attrs", where, dict, default={})

@@ -248,7 +248,7 @@ class ScheduleExecutor:
         """The instructions with launches resolved once into engine callables
         (a training step runs hundreds of launches; per-call lookups add up)."""
         if getattr(self, "_prepared", None) is None:
-            eng, plan = self.engine, []
+            eng, plan, symmetric = self.engine, [], set()
             for ins in self.program.instructions:
                 if ins.op == "launch" and ins.get("library") == "reshape":
                     # Buffers are written once (by their producer), so a reshape
@@ -265,8 +265,16 @@ class ScheduleExecutor:
                     plan.append(("call", call, tuple(ins["args"]), ins))
                     ins.fields.setdefault("profile_key", f"library:{ins['library']}"
                                           if "library" in ins.fields else ins["kernel"])
+                elif ins.op == "alloc" and ins.get("symmetric"):
+                    # Allocated (collectively) on the first run and kept: the
+                    # engine hands back the same buffer for this instruction.
+                    symmetric.add(ins["result"])
+                    plan.append(("symmetric", ins["result"],
+                                 (tuple(ins["shape"]), ins["dtype"], ins.index), ins))
                 elif ins.op == "alloc":
                     plan.append(("alloc", ins["result"], (tuple(ins["shape"]), ins["dtype"]), ins))
+                elif ins.op == "free" and ins["buffer"] in symmetric:
+                    plan.append(("forget", ins["buffer"], None, ins))
                 elif ins.op == "free":
                     plan.append(("free", ins["buffer"], None, ins))
                 else:
@@ -309,6 +317,10 @@ class ScheduleExecutor:
                     values[a] = eng.alloc(*b)
                 elif op == "free":
                     eng.free(values.pop(a))
+                elif op == "symmetric":
+                    values[a] = eng.alloc_symmetric(*b)
+                elif op == "forget":
+                    values.pop(a)
                 elif op == "event_record":
                     values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
                 elif op == "event_wait":

@@ -879,13 +879,22 @@ __device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
 
 def emit_cuda_kernels(module) -> tuple[str, dict]:
     """CUDA C++ for every ttile.kernel of `module`, and each kernel's launch
-    configuration: {name: {"grid", "block", "shared_bytes"}}."""
+    configuration: {name: {"grid", "block", "shared_bytes"}}, plus, for
+    kernels calling NVSHMEM, `"nvshmem": True` and `"signals"`: the indices
+    of arguments marked `ttile.signals` (the runtime zeroes them, then runs a
+    barrier over all PEs, before each launch)."""
     parts, launches, nvshmem = [CUDA_PRELUDE], {}, False
     for kernel in kernels_of(module):
         emitter = CudaKernelEmitter()
         parts.append(emitter.emit_kernel(kernel))
-        launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = {
-            **emitter.launch, **({"nvshmem": True} if emitter.uses_nvshmem else {})}
+        launch = dict(emitter.launch)
+        if emitter.uses_nvshmem:
+            arg_attrs = list(ir.ArrayAttr(kernel.attributes["arg_attrs"])) \
+                if "arg_attrs" in kernel.attributes else []
+            launch["nvshmem"] = True
+            launch["signals"] = [i for i, d in enumerate(arg_attrs)
+                                 if "ttile.signals" in ir.DictAttr(d)]
+        launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
     if nvshmem:
         # Device-initiated communication: NVSHMEM's device API (compile with

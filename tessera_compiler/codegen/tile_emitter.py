@@ -150,11 +150,16 @@ class KernelEmitter:
         entry = kernel.regions[0].blocks[0]
         params, prologue = [], []
         self.buffers, self.buffer_elements = {}, {}
+        arg_attrs = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
         for i, arg in enumerate(entry.arguments):
             mt = ir.MemRefType(arg.type)
             ct = ctype(mt.element_type, kernel.location, buffer=True)
             params.append(f"void* arg{i}_")
-            prologue.append(f"{ct}* __restrict__ arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
+            # Other PEs write symmetric buffers while the kernel runs: no
+            # __restrict__ (which promises nothing else changes them).
+            symmetric = i < len(arg_attrs) and "ttile.symmetric" in ir.DictAttr(arg_attrs[i])
+            restrict = "" if symmetric else " __restrict__"
+            prologue.append(f"{ct}*{restrict} arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
             self.names[arg] = f"arg{i}"
             self.buffers[f"arg{i}"] = list(mt.shape)
             self.buffer_elements[f"arg{i}"] = str(mt.element_type)
@@ -361,6 +366,39 @@ class KernelEmitter:
         stride = math.prod(r.shape[dim + 1:])
         self.for_each(r.size, lambda e: self.line(
             f"{r.name}[{e}] = ({r.ctype})({offset} + ({e} / {stride}) % {r.shape[dim]});"))
+
+    # arith.cmpi predicates, by enum value (eq, ne, slt, sle, sgt, sge, ult, ule, ugt, uge).
+    _CMPI = ["==", "!=", "<", "<=", ">", ">=", "<", "<=", ">", ">="]
+
+    def op_arith_cmpi(self, op):
+        v = self.fresh("b")
+        a, b = (self.scalar(x) for x in op.operands)
+        sym = self._CMPI[ir.IntegerAttr(op.attributes["predicate"]).value]
+        self.line(f"const bool {v} = {a} {sym} {b};")
+        self.names[op.results[0]] = v
+
+    def op_arith_andi(self, op):
+        self._index_binary(op, "&&" if ir.IntegerType(op.results[0].type).width == 1 else "&")
+
+    def op_scf_if(self, op):
+        """An `scf.if` without results over a scalar condition (the same for
+        every thread of a kernel instance, so barriers inside it are safe)."""
+        if len(op.results):
+            raise EmitError("the kernel emitter supports scf.if only without results",
+                            op.location)
+        self.line(f"if ({self.scalar(op.operands[0])}) {{")
+        for i, region in enumerate(op.regions):
+            if not region.blocks or not [o for o in region.blocks[0].operations
+                                         if o.operation.name != "scf.yield"]:
+                continue
+            if i:
+                self.line("} else {")
+            self.indent += 1
+            for inner in region.blocks[0].operations:
+                if inner.operation.name != "scf.yield":
+                    self.emit_op(inner.operation)
+            self.indent -= 1
+        self.line("}")
 
     def op_arith_divui(self, op):
         self._index_binary(op, "/")

@@ -33,6 +33,13 @@ class Engine(ABC):
     def free(self, buffer) -> None:
         """Release `buffer`; the executor never touches it again."""
 
+    def alloc_symmetric(self, shape, dtype, slot: int):
+        """A buffer on the NVSHMEM symmetric heap for allocation site `slot`
+        (a program instruction): allocated collectively by every rank on the
+        first call, the same buffer on later calls."""
+        raise EngineError(f"the {self.name} engine has no NVSHMEM symmetric heap (kernels "
+                          "using transport='nvshmem' need the cuda or cuda-emulated engine)")
+
     @abstractmethod
     def from_host(self, array):
         """A buffer holding a copy of host array `array` that the program may

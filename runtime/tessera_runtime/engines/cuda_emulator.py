@@ -161,6 +161,80 @@ inline void tessera_mma_bf16(float* d, const uint32_t* a, const uint32_t* b) { m
 inline void tessera_mma_f16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, false); }
 """
 
+# NVSHMEM's device API for kernels that include nvshmem.h. PEs are the
+# processes of the job; the symmetric heap is one shared file mapping that
+# every PE maps whole, PE p's heap at `base + p * heap_bytes`, so a local
+# symmetric address becomes a peer's by moving it p - my_pe heaps over
+# (`SymmetricHeap` in emulated_cuda.py sets it up). A put is a copy by one
+# thread of the block; signals are atomics on the shared mapping; a wait
+# spins, and gives up (aborting the process with a message) after
+# TESSERA_NVSHMEM_WAIT_S seconds (default 120) rather than hang.
+_NVSHMEM_SHIM = r"""
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#define NVSHMEM_SIGNAL_SET 0
+#define NVSHMEM_SIGNAL_ADD 5
+enum { NVSHMEM_CMP_EQ, NVSHMEM_CMP_NE, NVSHMEM_CMP_GT, NVSHMEM_CMP_GE, NVSHMEM_CMP_LT,
+       NVSHMEM_CMP_LE };
+static unsigned char* tessera_heap_base = nullptr;
+static uint64_t tessera_heap_bytes = 0;
+static int tessera_pe = 0, tessera_npes = 1;
+static double tessera_wait_s = 120.0;
+
+extern "C" void tessera_nvshmem_attach(void* base, uint64_t heap_bytes, int pe, int npes,
+                                       double wait_s) {
+  tessera_heap_base = static_cast<unsigned char*>(base);
+  tessera_heap_bytes = heap_bytes; tessera_pe = pe; tessera_npes = npes; tessera_wait_s = wait_s;
+}
+
+static unsigned char* tessera_on_pe(const void* local, int pe) {
+  const unsigned char* mine = tessera_heap_base + uint64_t(tessera_pe) * tessera_heap_bytes;
+  const unsigned char* at = static_cast<const unsigned char*>(local);
+  if (!tessera_heap_base || at < mine || at >= mine + tessera_heap_bytes || pe < 0 ||
+      pe >= tessera_npes) {
+    std::fprintf(stderr, "NVSHMEM emulation: PE %d addressed PE %d of %d at %p, which is not "
+                 "on its symmetric heap\n", tessera_pe, pe, tessera_npes, local);
+    std::abort();
+  }
+  return tessera_heap_base + uint64_t(pe) * tessera_heap_bytes + (at - mine);
+}
+
+inline int nvshmem_my_pe() { return tessera_pe; }
+inline int nvshmem_n_pes() { return tessera_npes; }
+inline void nvshmemx_putmem_nbi_block(void* dest, const void* src, size_t bytes, int pe) {
+  if (threadIdx.x == 0) std::memcpy(tessera_on_pe(dest, pe), src, bytes);
+}
+inline void nvshmem_fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void nvshmem_quiet() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void nvshmemx_signal_op(uint64_t* sig, uint64_t value, int op, int pe) {
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(tessera_on_pe(sig, pe)));
+  if (op == NVSHMEM_SIGNAL_SET) word.store(value, std::memory_order_release);
+  else word.fetch_add(value, std::memory_order_acq_rel);
+}
+inline uint64_t nvshmem_signal_wait_until(uint64_t* sig, int cmp, uint64_t value) {
+  std::atomic_ref<uint64_t> word(*sig);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const uint64_t v = word.load(std::memory_order_acquire);
+    const bool done = cmp == NVSHMEM_CMP_EQ ? v == value : cmp == NVSHMEM_CMP_NE ? v != value
+                    : cmp == NVSHMEM_CMP_GT ? v > value : cmp == NVSHMEM_CMP_GE ? v >= value
+                    : cmp == NVSHMEM_CMP_LT ? v < value : v <= value;
+    if (done) return v;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+        > tessera_wait_s) {
+      std::fprintf(stderr, "NVSHMEM emulation: PE %d (block %u) waited %.0f s for signal word "
+                   "%p (value %llu, waiting for %d against %llu); a peer never signalled\n",
+                   tessera_pe, blockIdx.x, tessera_wait_s, (void*)sig, (unsigned long long)v,
+                   cmp, (unsigned long long)value);
+      std::abort();
+    }
+    std::this_thread::yield();
+  }
+}
+"""
+
 _LAUNCHER = r"""
 extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned* grid,
                                unsigned threads) {
@@ -209,6 +283,11 @@ class EmulatedKernels:
     """The kernels of a CUDA source compiled for CPU emulation."""
 
     def __init__(self, cuda_source: str):
+        self.uses_nvshmem = "#include <nvshmem.h>" in cuda_source
+        if self.uses_nvshmem:
+            cuda_source = _NVSHMEM_SHIM + "\n".join(
+                line for line in cuda_source.splitlines()
+                if line not in ("#include <nvshmem.h>", "#include <nvshmemx.h>"))
         source = _SHIM + "\n" + cuda_source + "\n" + _launcher()
         key = hashlib.sha256(source.encode()).hexdigest()[:24]
         target = _cache_dir() / f"{key}.so"
@@ -232,6 +311,14 @@ class EmulatedKernels:
         self._lib.tessera_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                               ctypes.POINTER(ctypes.c_void_p),
                                               ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]
+
+    def attach_symmetric_heap(self, base: int, heap_bytes: int, pe: int, n_pes: int) -> None:
+        """Points the NVSHMEM emulation at the job's shared heap mapping
+        (address `base`, `heap_bytes` per PE) as PE `pe` of `n_pes`."""
+        wait_s = float(os.environ.get("TESSERA_NVSHMEM_WAIT_S", "120"))
+        self._lib.tessera_nvshmem_attach.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
+                                                     ctypes.c_int, ctypes.c_int, ctypes.c_double]
+        self._lib.tessera_nvshmem_attach(base, heap_bytes, pe, n_pes, wait_s)
 
     def launch(self, kernel: str, buffers, grid, block, shared_bytes: int = 0) -> None:
         """Runs `kernel` over `grid` blocks of `block` threads on C-contiguous

@@ -7,15 +7,71 @@ dynamic shared memory). It exists to test the GPU code path (generated
 kernels, launch configurations, tensor-core fragment layouts) on machines
 without a GPU; it is slow (one OS thread per CUDA thread). Select it with
 `TESSERA_CUDA_EMULATE=1` or `load_bundle(path, engine="cuda-emulated")`.
+
+Kernels calling NVSHMEM run too (`cuda_emulator`'s NVSHMEM shim): the PEs
+are the job's MPI ranks and the symmetric heap is a file in /dev/shm that
+every rank maps (`SymmetricHeap`, TESSERA_EMULATED_NVSHMEM_HEAP bytes per
+PE, 256 MiB by default; pages are only backed once written). Before each
+launch of such a kernel its signal arguments are zeroed and the ranks meet
+at an MPI barrier, as the cuda engine does with `nvshmem_barrier_all`.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from . import EngineError
 from .cpu import CPUEngine
 from .cuda_emulator import EmulatedKernels
+
+_ALIGN = 256
+
+
+def _mpi_world():
+    """MPI.COMM_WORLD (imported only by multi-rank NVSHMEM programs)."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+class SymmetricHeap:
+    """One shared mapping holding every PE's heap; allocations are bump
+    offsets, identical on every rank because every rank allocates the same
+    buffers in the same order (as with nvshmem_malloc)."""
+
+    def __init__(self, rank: int, size: int, heap_bytes: int):
+        self.rank, self.size, self.heap_bytes, self.used = rank, size, heap_bytes, 0
+        world = _mpi_world() if size > 1 else None
+        path = None
+        if rank == 0:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, path = tempfile.mkstemp(prefix="tessera-nvshmem-", dir=shm)
+            os.ftruncate(fd, heap_bytes * size)
+            os.close(fd)
+        if world is not None:
+            path = world.bcast(path, root=0)
+        with open(path, "r+b") as f:
+            self.map = mmap.mmap(f.fileno(), heap_bytes * size)
+        if world is not None:
+            world.Barrier()
+        if rank == 0:
+            os.unlink(path)          # the mappings keep the memory alive
+        self.base = np.frombuffer(self.map, np.uint8).ctypes.data
+
+    def alloc(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        offset = self.used
+        if offset + nbytes > self.heap_bytes:
+            raise EngineError(f"the emulated NVSHMEM heap ({self.heap_bytes} B per PE) cannot hold "
+                              f"another {nbytes} B; set TESSERA_EMULATED_NVSHMEM_HEAP")
+        self.used = (offset + nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        return np.ndarray(tuple(shape), dtype, buffer=self.map,
+                          offset=self.rank * self.heap_bytes + offset)
 
 
 class EmulatedCUDAEngine(CPUEngine):
@@ -25,12 +81,30 @@ class EmulatedCUDAEngine(CPUEngine):
         super().__init__()
         self._emulated = None
         self._launches: dict = {}
+        self._heap = None
+        self._symmetric: dict = {}     # allocation site -> buffer
+
+    def alloc_symmetric(self, shape, dtype, slot: int):
+        buf = self._symmetric.get(slot)
+        if buf is None:
+            if self._heap is None:
+                from .. import world
+                rank, size = world()
+                heap = int(os.environ.get("TESSERA_EMULATED_NVSHMEM_HEAP", 256 << 20))
+                self._heap = SymmetricHeap(rank, size, heap)
+                if self._emulated is not None:
+                    self._emulated.attach_symmetric_heap(self._heap.base, heap, rank, size)
+            buf = self._symmetric[slot] = self._heap.alloc(shape, dtype)
+        return buf
 
     def load_kernels(self, path, launches=None) -> None:
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"CUDA kernel source not found: {path}")
         self._emulated = EmulatedKernels(path.read_text())
+        if self._heap is not None:
+            self._emulated.attach_symmetric_heap(self._heap.base, self._heap.heap_bytes,
+                                                 self._heap.rank, self._heap.size)
         self._launches = dict(launches or {})
         self.kernel_library = path
 
@@ -46,5 +120,18 @@ class EmulatedCUDAEngine(CPUEngine):
                               f"{self.kernel_library}")
         cfg = self._launches[kernel]
         emulated = self._emulated
-        return lambda args: emulated.launch(kernel, args, cfg["grid"], cfg["block"],
-                                            cfg["shared_bytes"])
+        if not cfg.get("nvshmem"):
+            return lambda args: emulated.launch(kernel, args, cfg["grid"], cfg["block"],
+                                                cfg["shared_bytes"])
+        signals = cfg.get("signals", [])
+
+        def launch_nvshmem(args):
+            if self._heap is None:
+                raise EngineError(f"kernel '{kernel}' calls NVSHMEM but no symmetric buffer "
+                                  "was allocated")
+            for i in signals:
+                args[i][...] = 0
+            if self._heap.size > 1:
+                _mpi_world().Barrier()
+            emulated.launch(kernel, args, cfg["grid"], cfg["block"], cfg["shared_bytes"])
+        return launch_nvshmem

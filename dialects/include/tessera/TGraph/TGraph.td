@@ -71,6 +71,24 @@ def TGraph_ReductionKindAttr
   let assemblyFormat = "`<` $value `>`";
 }
 
+def TGraph_Transport : I32EnumAttr<"Transport", "how a collective moves data between GPUs", [
+    I32EnumAttrCase<"Auto", 0, "auto">, I32EnumAttrCase<"NCCL", 1, "nccl">,
+    I32EnumAttrCase<"NVSHMEM", 2, "nvshmem">]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::tgraph";
+}
+
+def TGraph_TransportAttr : EnumAttr<TGraph_Dialect, TGraph_Transport, "transport"> {
+  let summary = "collective transport: the runtime's collective library, or NVSHMEM in a kernel";
+  let description = [{
+    `nccl`: a separate collective (NCCL on GPUs, MPI on CPUs), overlapped with
+    compute by the schedule. `nvshmem`: the communication happens inside the
+    consuming kernel, which reads peers' tiles as they arrive (GPU target
+    only). `auto`: `tessera-lower-to-schedule` picks one by size.
+  }];
+  let assemblyFormat = "`<` $value `>`";
+}
+
 def TGraph_ShardingAttr : AttrDef<TGraph_Dialect, "Sharding"> {
   let mnemonic = "sharding";
   let summary = "how a tensor is laid out over a device mesh";
@@ -132,11 +150,19 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
     `lhs[..., M, K] x rhs[..., K, N] -> result[..., M, N]`; leading batch
     dimensions must match.
 
+    `transport` (optional) asks that an all-gather of `lhs` along M, which
+    the partitioner inserts when `lhs` is split on M over the axis `rhs` is
+    split on N (a sequence-parallel input to a column-parallel weight), use
+    that transport; without it the partitioner gathers `rhs` instead.
+
     ```mlir
     %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    %1 = tgraph.matmul %a, %b {transport = #tgraph.transport<nvshmem>}
+         : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
     ```
   }];
-  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs,
+                       OptionalAttr<TGraph_TransportAttr>:$transport);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
@@ -506,12 +532,18 @@ def TGraph_AllReduceOp : TGraph_CollectiveOp<"all_reduce", [SameOperandsAndResul
 def TGraph_AllGatherOp : TGraph_CollectiveOp<"all_gather"> {
   let summary = "concatenate every rank's shard along `dim` over a mesh axis";
   let description = [{
+    `transport` (optional, default `nccl`) selects how the data moves; see
+    `#tgraph.transport`.
+
     ```mlir
     %1 = tgraph.all_gather %0 on @mesh["tp"] dim 1 : tensor<8x8xf32> -> tensor<8x16xf32>
+    %2 = tgraph.all_gather %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>}
+         : tensor<8x8xf32> -> tensor<16x8xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh,
-                       StrAttr:$axis, I64Attr:$dim);
+                       StrAttr:$axis, I64Attr:$dim,
+                       OptionalAttr<TGraph_TransportAttr>:$transport);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $input `on` $mesh `[` $axis `]` `dim` $dim attr-dict `:` type($input) `->` type($result)

@@ -86,7 +86,18 @@ def TSched_StreamOp : TSched_Op<"stream"> {
 
 def TSched_AllocOp : TSched_Op<"alloc", [MemoryEffects<[MemAlloc]>]> {
   let summary = "allocate a buffer";
-  let arguments = (ins);
+  let description = [{
+    `symmetric`: the buffer lives on the NVSHMEM symmetric heap, at the same
+    offset on every rank, so kernels can put into peers' copies. Every rank
+    allocates it (collectively) the first time the schedule runs and keeps
+    it for later runs; its `tsched.free` releases nothing.
+
+    ```mlir
+    %0 = tsched.alloc : memref<64x128xf32>
+    %1 = tsched.alloc {symmetric} : memref<256x128xbf16>
+    ```
+  }];
+  let arguments = (ins UnitAttr:$symmetric);
   let results = (outs AnyStaticShapeMemRef:$buffer);
   let assemblyFormat = "attr-dict `:` type($buffer)";
 }

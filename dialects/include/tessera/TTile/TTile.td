@@ -358,7 +358,9 @@ def TTile_SignalOp : TTile_Op<"signal", [MemoryEffects<[MemWrite]>]> {
   let hasVerifier = 1;
 }
 
-def TTile_WaitOp : TTile_Op<"wait", [MemoryEffects<[MemRead]>]> {
+def TTile_WaitOp : TTile_Op<"wait", [MemoryEffects<[MemRead, MemWrite]>]> {
+  // MemWrite as well: the wait orders the reads after it (an acquire), so
+  // it must never be removed as dead.
   let summary = "wait until a local signal word compares true against a value";
   let description = [{
     `cmp` is one of `eq`, `ne`, `gt`, `ge`, `lt`, `le`

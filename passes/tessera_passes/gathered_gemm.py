@@ -1,0 +1,124 @@
+"""An all-gather fused into the GEMM that reads it, over NVSHMEM.
+
+`y = all_gather(x, rows) @ w` on a mesh axis of P ranks, where each rank
+holds `x` rows `[Ml, K]` (sequence-parallel) and `w` columns `[K, Nl]`
+(column-parallel), becomes one kernel per rank instead of a collective
+followed by a GEMM:
+
+* Arguments: `x`, `w`, `y [P*Ml, Nl]`, then two symmetric buffers (marked
+  `ttile.symmetric`): `gathered [P*Ml, K]` (every rank's rows, in rank
+  order) and `ready [P*Ml/BM] i64`, one signal word per BM-row chunk of
+  `gathered`, also marked `ttile.signals`:
+  the runtime zeroes it and runs a barrier over all PEs before each launch
+  (no rank may still be reading the previous call's `gathered`).
+* Producers: the instance computing output tile (row chunk c, column 0), for
+  each of this rank's `Ml/BM` chunks c, puts that chunk of `x` into every
+  PE's `gathered` (itself included), waits for the puts to complete
+  (`ttile.quiet`), then sets the chunk's signal word on every PE.
+* Consumers: instance (mi, ni) computes output rows `mb = (mi + own) mod
+  M/BM`, where `own` is this rank's first chunk, so each rank starts with
+  its own rows (no wait) and then reads its peers' chunks in the order
+  they arrive. Before its K loop it waits for `ready[mb]`.
+
+Deadlock freedom: an instance only waits for a chunk put by (a) a producer
+of its own rank with a lower linear index (its own rows), or (b) a peer's
+producer, which waits only for case (a). Instances start in linear order on
+a GPU (and run in it in the CPU emulator), so producers never wait behind
+consumers.
+
+Peers are addressed by PE number: PE = the rank in the job, and mesh
+coordinates are row-major over the ranks (the runtime's convention), so the
+peer at coordinate j on the axis is `pe + (j - coord) * stride`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tessera_mlir import ir
+from tessera_mlir.dialects import arith, scf, ttile
+
+from tessera_compiler.passes_common import PassError
+from tessera_compiler.sharding import Mesh
+
+from .lower_to_tile import _i64_array, _index, gemm_config, gemm_tile, new_kernel
+
+
+def _shape(v: ir.Value) -> list[int]:
+    return list(ir.ShapedType(v.type).shape)
+
+
+def _memref(shape, element) -> ir.MemRefType:
+    return ir.MemRefType.get(list(shape), element)
+
+
+def build(gather: ir.Operation, matmul: ir.Operation, name: str, mesh: Mesh,
+          module_block) -> ir.Operation:
+    """The fused kernel for `matmul(all_gather(x), w)` (2-D, rows gathered)."""
+    axis = ir.StringAttr(gather.attributes["axis"]).value
+    parts = mesh.axis_size(axis)
+    stride = math.prod(mesh.shape[mesh.axes.index(axis) + 1:])
+    x, w = gather.operands[0], matmul.operands[1]
+    ml, k = _shape(x)
+    nl = _shape(w)[1]
+    m = ml * parts
+    elt = ir.ShapedType(x.type).element_type
+    out_elt = ir.ShapedType(matmul.results[0].type).element_type
+    cfg = gemm_config(parts, ml, nl, k, str(elt))
+    if ml % cfg.bm:
+        raise PassError(f"transport = nvshmem: {ml} local rows do not split into {cfg.bm}-row "
+                        "tiles", gather.location)
+    chunks, m_tiles, n_tiles = ml // cfg.bm, m // cfg.bm, nl // cfg.bn
+    i64 = ir.IntegerType.get_signless(64)
+    arg_types = [_memref([ml, k], elt), _memref([k, nl], elt), _memref([m, nl], out_elt),
+                 _memref([m, k], elt), _memref([m_tiles], i64)]
+    loc = matmul.location
+    kernel, entry = new_kernel(name, arg_types, m_tiles * n_tiles, cfg.threads,
+                               [cfg.bm, cfg.bn, cfg.bk], module_block, loc, cfg.stages)
+    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
+    symmetric = ir.DictAttr.get({"ttile.symmetric": unit})
+    signals = ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})
+    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get([empty] * 3 + [symmetric, signals])
+    xs, ws, ys, gathered, ready = entry.arguments
+    with ir.InsertionPoint(entry), loc:
+        pid = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 0)).result
+        mi = arith.DivUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else pid
+        ni = arith.RemUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else _index(0)
+        pe = ttile.MyPeOp().result
+        coord = arith.RemUIOp(arith.DivUIOp(pe, _index(stride)).result, _index(parts)).result
+        first_pe = arith.SubIOp(pe, arith.MulIOp(coord, _index(stride)).result).result
+        own = arith.MulIOp(coord, _index(chunks)).result
+
+        # Producers: tile (c, 0) for each local chunk c puts it to every PE.
+        is_producer = arith.AndIOp(
+            arith.CmpIOp(arith.CmpIPredicate.eq, ni, _index(0)).result,
+            arith.CmpIOp(arith.CmpIPredicate.ult, mi, _index(chunks)).result).result
+        branch = scf.IfOp(is_producer)
+        with ir.InsertionPoint(branch.then_block):
+            chunk = arith.AddIOp(own, mi).result
+            src_row = arith.MulIOp(mi, _index(cfg.bm)).result
+            dst_row = arith.MulIOp(chunk, _index(cfg.bm)).result
+            for phase in ("put", "signal"):
+                peers = scf.ForOp(_index(0), _index(parts), _index(1))
+                with ir.InsertionPoint(peers.body):
+                    peer = arith.AddIOp(first_pe, arith.MulIOp(peers.induction_variable,
+                                                               _index(stride)).result).result
+                    if phase == "put":
+                        ttile.PutOp(xs, [src_row, _index(0)], gathered, [dst_row, _index(0)], peer,
+                                    _i64_array([cfg.bm, k]))
+                    else:
+                        ttile.SignalOp(ready, chunk, _index(1), peer, ir.StringAttr.get("set"))
+                    scf.YieldOp([])
+                if phase == "put":
+                    ttile.QuietOp()
+            scf.YieldOp([])
+
+        # Consumers: own rows first, then peers' chunks as they arrive.
+        mb = arith.RemUIOp(arith.AddIOp(mi, own).result, _index(m_tiles)).result
+        ttile.WaitOp(ready, mb, _index(1), ir.StringAttr.get("ge"))
+        row = arith.MulIOp(mb, _index(cfg.bm)).result
+        col = arith.MulIOp(ni, _index(cfg.bn)).result
+        tile = gemm_tile(cfg, gathered, ws, [], row, col, out_elt)
+        ttile.StoreOp(tile, ys, [row, col])
+        ttile.ReturnOp()
+    return kernel
