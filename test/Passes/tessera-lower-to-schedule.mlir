@@ -88,3 +88,77 @@ func.func @not_partitioned(%x: tensor<4x6xf32>) -> tensor<4x6xf32> {
   %0 = tgraph.relu %x : tensor<4x6xf32>
   return %0 : tensor<4x6xf32>
 }
+
+// -----
+
+// transport = nvshmem on the GPU target: the all_gather of the matmul's rows
+// is no collective; both ops become one kernel, launched on the compute stream.
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @gathered
+// CHECK-NOT: tsched.collective_start
+// CHECK: tsched.launch @gathered_gather_matmul_0 on %{{.*}} ins(%arg0, %arg1 : memref<64x32xbf16>, memref<32x16xbf16>) outs(%{{.*}} : memref<128x16xbf16>)
+// CHECK: func.func private @gathered_gather_matmul_0(%{{.*}}: tensor<64x32xbf16>, %{{.*}}: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tsched.kernel}
+// CHECK-NEXT: tgraph.all_gather {{.*}} {transport = #tgraph.transport<nvshmem>}
+// CHECK-NEXT: tgraph.matmul
+func.func @gathered(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+  %1 = tgraph.matmul %0, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  return %1 : tensor<128x16xbf16>
+}
+}
+
+// -----
+
+// transport = auto on the CPU target is the collective library.
+module attributes {tessera.target = "cpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @auto_cpu
+// CHECK: tsched.collective_start <all_gather>
+// CHECK: tsched.launch @auto_cpu_matmul_0
+func.func @auto_cpu(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<auto>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+  %1 = tgraph.matmul %0, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  return %1 : tensor<128x16xbf16>
+}
+}
+
+// -----
+
+// transport = auto on the GPU target, operand within NVSHMEM_AUTO_MAX_BYTES: fused.
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @auto_gpu
+// CHECK-NOT: tsched.collective_start
+// CHECK: tsched.launch @auto_gpu_gather_matmul_0
+// CHECK: tgraph.all_gather {{.*}} {transport = #tgraph.transport<nvshmem>}
+func.func @auto_gpu(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<auto>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+  %1 = tgraph.matmul %0, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  return %1 : tensor<128x16xbf16>
+}
+}
+
+// -----
+
+module attributes {tessera.target = "cpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @nvshmem_on_cpu(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tgraph.partitioned} {
+  // expected-error @+1 {{transport = nvshmem needs the GPU target}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+  %1 = tgraph.matmul %0, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  return %1 : tensor<128x16xbf16>
+}
+}
+
+// -----
+
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @not_fusable(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> (tensor<128x16xbf16>, tensor<128x32xbf16>) attributes {tgraph.partitioned} {
+  // expected-error @+1 {{cannot be fused into a GEMM: its result is read by something other than one matmul's lhs}}
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+  %1 = tgraph.matmul %0, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  return %1, %0 : tensor<128x16xbf16>, tensor<128x32xbf16>
+}
+}

@@ -391,3 +391,48 @@ func.func private @g(%q: tensor<128x32xf32>, %k: tensor<128x32xf32>, %v: tensor<
   %g:3 = tgraph.attention_grad %q, %k, %v, %do, %l, %d {causal, scale = 0.125 : f64} : tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x1xf32>, tensor<128x1xf32> -> tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>
   return %g#0, %g#1, %g#2 : tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>
 }
+
+// -----
+
+// An all_gather + matmul kernel (transport = nvshmem) over the outer axis of
+// a 2x2 mesh (PE stride 2): one GEMM kernel. Instance (c, 0), for each of the
+// 4 local 16-row chunks c, puts its chunk into every PE's symmetric copy,
+// completes the puts and sets the chunk's signal word on every PE; every
+// instance starts at this rank's own rows and waits for its chunk's word.
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+  // CHECK-LABEL: func.func @gathered
+  // CHECK: %[[Y:.*]] = tsched.alloc : memref<128x16xbf16>
+  // CHECK-NEXT: %[[G:.*]] = tsched.alloc {symmetric} : memref<128x32xbf16>
+  // CHECK-NEXT: %[[R:.*]] = tsched.alloc {symmetric} : memref<8xi64>
+  // CHECK-NEXT: tsched.launch @gathered_gather_matmul_0 on %{{.*}} ins(%arg0, %arg1 : memref<64x32xbf16>, memref<32x16xbf16>) outs(%[[Y]], %[[G]], %[[R]] : memref<128x16xbf16>, memref<128x32xbf16>, memref<8xi64>)
+  // CHECK-NEXT: tsched.free %[[G]]
+  // CHECK-NEXT: tsched.free %[[R]]
+  // CHECK: ttile.kernel @gathered_gather_matmul_0(%{{.*}}: memref<64x32xbf16>, %{{.*}}: memref<32x16xbf16>, %{{.*}}: memref<128x16xbf16>, %[[GA:.*]]: memref<128x32xbf16> {ttile.symmetric}, %[[RA:.*]]: memref<8xi64> {ttile.signals, ttile.symmetric})
+  // CHECK-SAME: grid = array<i64: 8>
+  // CHECK: %[[PE:.*]] = ttile.my_pe
+  // CHECK: %[[Q:.*]] = arith.divui %[[PE]], %c2
+  // CHECK: %[[COORD:.*]] = arith.remui %[[Q]], %c2
+  // CHECK: scf.if
+  // CHECK: scf.for %[[J:.*]] =
+  // CHECK: %[[STEP:.*]] = arith.muli %[[J]], %c2
+  // CHECK: ttile.put %arg0[{{.*}}] to %[[GA]][{{.*}}] on %{{.*}} {shape = array<i64: 16, 32>}
+  // CHECK: ttile.quiet
+  // CHECK: ttile.signal %[[RA]][{{.*}}], %{{.*}} on %{{.*}} {kind = "set"}
+  // CHECK: ttile.wait %[[RA]][{{.*}}], %{{.*}} {cmp = "ge"}
+  // CHECK: scf.for
+  // CHECK: ttile.load %[[GA]]
+  // CHECK: ttile.dot
+  func.func @gathered(%arg0: memref<64x32xbf16>, %arg1: memref<32x16xbf16>) -> memref<128x16xbf16> {
+    %0 = tsched.stream "compute"
+    %1 = tsched.stream "comm"
+    %2 = tsched.alloc : memref<128x16xbf16>
+    tsched.launch @gathered_gather_matmul_0 on %0 ins(%arg0, %arg1 : memref<64x32xbf16>, memref<32x16xbf16>) outs(%2 : memref<128x16xbf16>)
+    return %2 : memref<128x16xbf16>
+  }
+  func.func private @gathered_gather_matmul_0(%arg0: tensor<64x32xbf16>, %arg1: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tsched.kernel} {
+    %0 = tgraph.all_gather %arg0 on @mesh["dp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+    %1 = tgraph.matmul %0, %arg1 : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+    return %1 : tensor<128x16xbf16>
+  }
+}

@@ -233,3 +233,28 @@ func.func @attention(%q: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.shardin
   %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
   return %o#0 : tensor<2x4x8x16xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Rows of x and columns of w split over the same axis. With a transport
+// requested, x's rows are gathered (the all_gather carries the transport)
+// and w stays split; without one, w is gathered.
+// CHECK-LABEL: func.func @column_parallel
+// CHECK: %[[G:.*]] = tgraph.all_gather %arg0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<16x16xf32>
+// CHECK-NEXT: tgraph.matmul %[[G]], %arg1 {{.*}} : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+// CHECK-LABEL: func.func @weight_gathered
+// CHECK: tgraph.all_gather %arg1 on @mesh["tp"] dim 1 : tensor<16x16xf32> -> tensor<16x32xf32>
+// CHECK-NOT: transport
+func.func @column_parallel(%x: tensor<16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                           %w: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>})
+    -> tensor<16x32xf32> {
+  %0 = tgraph.matmul %x, %w {transport = #tgraph.transport<nvshmem>} : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  return %0 : tensor<16x32xf32>
+}
+func.func @weight_gathered(%x: tensor<16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                           %w: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>})
+    -> tensor<16x32xf32> {
+  %0 = tgraph.matmul %x, %w : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  return %0 : tensor<16x32xf32>
+}

@@ -157,6 +157,10 @@ ttile.kernel @too_big(%a: memref<256x256xf32>, %r: memref<256x1xf32>) attributes
 // of that PE) and runs its tensor-core loop on the gathered rows.
 // CHECK: #include <nvshmem.h>
 // CHECK-LABEL: // ttile.kernel @ag_gemm
+// Peers write symmetric buffers during the kernel: they are not __restrict__.
+// CHECK: uint16_t* __restrict__ arg0 = static_cast<uint16_t*>(arg0_);
+// CHECK: uint16_t* arg2 = static_cast<uint16_t*>(arg2_);
+// CHECK-NEXT: int64_t* arg3 = static_cast<int64_t*>(arg3_);
 // CHECK: const int64_t [[ME:pe[0-9]+]] = nvshmem_my_pe();
 // CHECK: const int64_t [[N:npes[0-9]+]] = nvshmem_n_pes();
 // CHECK: for (int64_t [[R:r[0-9]+]] = 0; [[R]] < 8; ++[[R]])

@@ -535,3 +535,12 @@ func.func @f(%q: tensor<64x16xf32>, %d: tensor<64x8xf32>, %s: tensor<64x1xf32>) 
   %g:3 = tgraph.attention_grad %q, %q, %q, %d, %s, %s {scale = 1.0 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x8xf32>, tensor<64x1xf32>, tensor<64x1xf32> -> tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>
   return %g#0 : tensor<64x16xf32>
 }
+
+// -----
+
+func.func @unknown_transport(%a: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @+2 {{expected ::tessera::tgraph::Transport to be one of: auto, nccl, nvshmem}}
+  // expected-error @+1 {{failed to parse TGraph_TransportAttr parameter 'value'}}
+  %0 = tgraph.matmul %a, %a {transport = #tgraph.transport<mpi>} : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  return %0 : tensor<4x4xf32>
+}

@@ -27,6 +27,8 @@ func.func @ops(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [
   %2 = tgraph.relu %1 : tensor<8x32xf32>
   // CHECK: tgraph.matmul %[[B]], %[[C]] : tensor<4x8x16xf32>, tensor<4x16x8xf32> -> tensor<4x8x8xf32>
   %3 = tgraph.matmul %b, %c : tensor<4x8x16xf32>, tensor<4x16x8xf32> -> tensor<4x8x8xf32>
+  // CHECK: tgraph.matmul %[[B]], %[[C]] {transport = #tgraph.transport<nvshmem>} : tensor<4x8x16xf32>, tensor<4x16x8xf32> -> tensor<4x8x8xf32>
+  %t = tgraph.matmul %b, %c {transport = #tgraph.transport<nvshmem>} : tensor<4x8x16xf32>, tensor<4x16x8xf32> -> tensor<4x8x8xf32>
   // CHECK: %[[P:.*]] = tgraph.shard %[[RELU]] : tensor<8x32xf32> to #tgraph.sharding<@mesh, {{\[}}[], []], partial = ["tp"]>
   %4 = tgraph.shard %2 : tensor<8x32xf32> to #tgraph.sharding<@mesh, [[], []], partial = ["tp"]>
   // CHECK: %[[S:.*]] = tgraph.shard %[[P]] : tensor<8x32xf32> to #tgraph.sharding<@mesh, {{\[}}["dp", "tp"], []]>

@@ -23,6 +23,8 @@ func.func @schedule(%x: memref<8x16xf32>, %w: memref<16x8xf32>) {
   %comm = tsched.stream "comm"
   // CHECK: %[[H:.*]] = tsched.alloc : memref<8x8xf32>
   %h = tsched.alloc : memref<8x8xf32>
+  // CHECK: %[[SYM:.*]] = tsched.alloc {symmetric} : memref<8x8xf32>
+  %sym = tsched.alloc {symmetric} : memref<8x8xf32>
   // CHECK: tsched.launch @k_tensor on %[[COMPUTE]] ins(%[[X]], %[[W]] : memref<8x16xf32>, memref<16x8xf32>) outs(%[[H]] : memref<8x8xf32>)
   tsched.launch @k_tensor on %compute ins(%x, %w : memref<8x16xf32>, memref<16x8xf32>) outs(%h : memref<8x8xf32>)
   // CHECK: %[[O:.*]] = tsched.alloc : memref<8x8xf32>

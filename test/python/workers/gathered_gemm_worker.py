@@ -21,7 +21,7 @@ if dtype == "bf16":
     import ml_dtypes
     np_dtype = ml_dtypes.bfloat16
 else:
-    np_dtype = np.dtype(dtype)
+    np_dtype = np.dtype({"f32": "float32"}.get(dtype, dtype))
 x = rng.standard_normal((m, k)).astype(np_dtype)
 w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_dtype)
 X = dist.from_numpy(x, layout=dist.ShardSpec(partition=("row",), mesh_axes=("tp",)), mesh=mesh)
