@@ -17,6 +17,17 @@
 
 Device selection: rank r of a job uses GPU r mod (GPUs on the node), or the
 device in TESSERA_CUDA_DEVICE.
+
+NVSHMEM (kernels from `transport="nvshmem"`): on the first symmetric
+allocation the engine initializes NVSHMEM through nvshmem4py (`pip install
+'tessera[cu13]'`), with a unique id from rank 0 broadcast over MPI (PE =
+rank in the job), registers the loaded cubin with the NVSHMEM host library
+(`cumodule_init`, which fills in the module's device state) and allocates
+symmetric cupy arrays (`nvshmem.core.array`), one per allocation site, kept
+for later runs. Before each launch of an NVSHMEM kernel its signal
+arguments are zeroed and `barrier_all` runs on the launch's stream, so no PE
+puts into a buffer a peer may still be reading. (Written against the
+nvshmem4py 0.4 API; not yet run on a GPU.)
 """
 
 from __future__ import annotations
@@ -64,6 +75,17 @@ def _f32_to_bf16(cp, x):
     return cp.where(cp.isnan(x), (bits >> 16) | 0x40, rounded).astype(cp.uint16)
 
 
+class _CudaStreamRef:
+    """A cupy stream as nvshmem4py takes streams (the `__cuda_stream__`
+    protocol: version 0 and the raw handle)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __cuda_stream__(self):
+        return 0, self.stream.ptr
+
+
 class CUDAEvent(Event):
     def __init__(self, event):
         self.event = event
@@ -84,6 +106,9 @@ class CUDAEngine(Engine):
         self._module = None
         self._launches: dict = {}
         self._functions: dict = {}
+        self._nvshmem = None               # nvshmem.core once initialized
+        self._symmetric: dict = {}         # allocation site -> symmetric array
+        self._module_registered = False
 
     # -- memory -----------------------------------------------------------------
     def _storage(self, dtype):
@@ -112,10 +137,6 @@ class CUDAEngine(Engine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"kernel binary not found: {path}")
-        nvshmem = sorted(k for k, cfg in (launches or {}).items() if cfg.get("nvshmem"))
-        if nvshmem:
-            raise EngineError(f"kernels {nvshmem} call NVSHMEM, but this runtime does not "
-                              "initialize NVSHMEM or allocate symmetric buffers yet")
         cp = self.cp
         if path.suffix == ".cubin":
             self._module = cp.RawModule(path=str(path))
@@ -125,6 +146,7 @@ class CUDAEngine(Engine):
         self.kernel_library = path
         self._launches = dict(launches or {})
         self._functions.clear()
+        self._module_registered = False
 
     def _function(self, kernel: str):
         fn = self._functions.get(kernel)
@@ -152,7 +174,57 @@ class CUDAEngine(Engine):
         fn = self._function(kernel)
         cfg = self._launches[kernel]
         grid, block, shared = tuple(cfg["grid"]), tuple(cfg["block"]), cfg["shared_bytes"]
-        return lambda args: fn(grid, block, tuple(args), shared_mem=shared, stream=stream)
+        if not cfg.get("nvshmem"):
+            return lambda args: fn(grid, block, tuple(args), shared_mem=shared, stream=stream)
+        signals = cfg.get("signals", [])
+        on_stream = _CudaStreamRef(stream)
+
+        def launch_nvshmem(args):
+            nvshmem = self._nvshmem_core()
+            self._register_module(nvshmem)
+            for i in signals:
+                self.cp.cuda.runtime.memsetAsync(args[i].data.ptr, 0, args[i].nbytes, stream.ptr)
+            nvshmem.barrier_all(on_stream)
+            fn(grid, block, tuple(args), shared_mem=shared, stream=stream)
+        return launch_nvshmem
+
+    # -- NVSHMEM -------------------------------------------------------------------
+    def _nvshmem_core(self):
+        """nvshmem.core, initialized once for this job (PE = rank)."""
+        if self._nvshmem is None:
+            try:
+                import nvshmem.core as nvshmem
+                from cuda.core import Device
+            except ImportError:
+                raise EngineError("kernels using transport='nvshmem' need nvshmem4py: pip install "
+                                  "'tessera[cu13]' (or [cu12])") from None
+            from .. import world
+            rank, size = world()
+            uid = nvshmem.get_unique_id(empty=rank != 0)
+            if size > 1:
+                from mpi4py import MPI
+                MPI.COMM_WORLD.Bcast(uid._data.view(np.int8), root=0)
+            device = Device(self.device.id)
+            device.set_current()
+            nvshmem.init(device=device, uid=uid, rank=rank, nranks=size,
+                         initializer_method="uid")
+            self._nvshmem = nvshmem
+        return self._nvshmem
+
+    def _register_module(self, nvshmem) -> None:
+        """A cubin loaded by cupy has its own copy of NVSHMEM's device state,
+        which the host library must fill in before its kernels run."""
+        if not self._module_registered:
+            handle = nvshmem.NvshmemKernelObject.from_handle(self._module.module.ptr)
+            nvshmem.module_init(handle)
+            self._module_registered = True
+
+    def alloc_symmetric(self, shape, dtype, slot: int):
+        buf = self._symmetric.get(slot)
+        if buf is None:
+            nvshmem = self._nvshmem_core()
+            buf = self._symmetric[slot] = nvshmem.array(tuple(shape), dtype=self._storage(dtype))
+        return buf
 
     def prepare_library(self, routine: str, attrs: dict, stream=None):
         from .library import ROUTINES
