@@ -69,9 +69,9 @@ _PASSES = [
     PassInfo("tessera-bucket-collectives", "bucket_collectives",
              "Fuse all_reduces whose operands all exist before any result is used into one all_reduce of the concatenated values"),
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
-             "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream"),
+             "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; NVSHMEM all_gathers fused into their matmul's kernel"),
     PassInfo("tessera-lower-to-tile", "lower_to_tile",
-             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; flash-attention kernels for attention; library calls for matmul (CPU) and data movement"),
+             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; flash-attention kernels for attention; NVSHMEM gathered GEMMs; library calls for matmul (CPU) and data movement"),
 ]
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}

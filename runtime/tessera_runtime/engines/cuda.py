@@ -202,8 +202,8 @@ class CUDAEngine(Engine):
             rank, size = world()
             uid = nvshmem.get_unique_id(empty=rank != 0)
             if size > 1:
-                from mpi4py import MPI
-                MPI.COMM_WORLD.Bcast(uid._data.view(np.int8), root=0)
+                from .. import mpi_comm
+                mpi_comm.MPI.COMM_WORLD.Bcast(uid._data.view(np.int8), root=0)
             device = Device(self.device.id)
             device.set_current()
             nvshmem.init(device=device, uid=uid, rank=rank, nranks=size,

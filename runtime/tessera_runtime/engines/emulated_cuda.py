@@ -34,8 +34,8 @@ _ALIGN = 256
 
 def _mpi_world():
     """MPI.COMM_WORLD (imported only by multi-rank NVSHMEM programs)."""
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
+    from .. import mpi_comm
+    return mpi_comm.MPI.COMM_WORLD
 
 
 class SymmetricHeap:
