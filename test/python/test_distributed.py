@@ -39,7 +39,11 @@ def test_gpt_on_dp2_tp2_matches_single_device_for_50_steps(run_mpi, tmp_path):
     _ok(run_mpi(4, WORKERS / "gpt_mesh_worker.py", seed, 2, 2, 50, tmp_path, timeout=600))
     one, mesh = np.load(tmp_path / "gpt-dp1-tp1.npz"), np.load(tmp_path / "gpt-dp2-tp2.npz")
     assert len(one["losses"]) == 50 and one["losses"][-1] < one["losses"][0] - 0.5
-    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=2e-5, atol=2e-5,
+    # fp32 sums in another order drift apart over 50 Adam steps: seed
+    # 1649813110 reaches 7.2e-5 at step 44 (the same before and after the
+    # NVSHMEM work), so 2e-5 was flaky; a wrong shard or gradient is off by
+    # far more than 1e-4 within a few steps.
+    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-4, atol=1e-4,
                                err_msg=f"seed {seed}")
     for name in one.files:
         np.testing.assert_allclose(mesh[name], one[name], rtol=1e-3, atol=1e-4,
