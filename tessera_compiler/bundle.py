@@ -18,7 +18,7 @@ from pathlib import Path
 from tessera_mlir import ir
 
 from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
-from .passes_common import location_name
+from .passes_common import enum_of, location_name
 from .pipeline import Levels
 from .sharding import ELEMENT_TYPES, Sharding, meshes_of
 
@@ -170,12 +170,12 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             attrs = op.attributes
             ins = {"op": "collective_start", "result": name(op.results[0]),
                    "stream": name.names[view.stream],
-                   "collective": str(attrs["kind"]).split("<")[1].rstrip(">"),
+                   "collective": enum_of(op),
                    "axis": ir.StringAttr(attrs["axis"]).value,
                    "deterministic": "deterministic" in attrs,
                    "src": name(view.src), "dst": name(view.dst)}
             if "reduction" in attrs:
-                ins["reduction"] = str(attrs["reduction"]).split("<")[1].rstrip(">")
+                ins["reduction"] = enum_of(op, "reduction")
             if "dim" in attrs:
                 ins["dim"] = ir.IntegerAttr(attrs["dim"]).value
             if "concat_dim" in attrs:

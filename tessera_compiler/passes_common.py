@@ -7,6 +7,18 @@ import re
 from tessera_mlir import ir
 
 
+def enum_of(op: ir.Operation, attr: str = "kind") -> str:
+    """The value of an enum attribute: `sum` of `#tgraph.reduction<sum>`,
+    `nvshmem` of `#tgraph.transport<nvshmem>`."""
+    return str(op.attributes[attr]).split("<")[1].rstrip(">")
+
+
+def memref_of(tensor_type: ir.Type) -> ir.MemRefType:
+    """The buffer type holding a ranked tensor type."""
+    t = ir.RankedTensorType(tensor_type)
+    return ir.MemRefType.get(list(t.shape), t.element_type)
+
+
 class PassError(Exception):
     """A user-facing failure at an IR location; passes turn it into a diagnostic."""
 

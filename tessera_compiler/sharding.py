@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from tessera_mlir import ir
 
+from .passes_common import enum_of
+
 #: Element types Tessera handles, by MLIR name, as numpy dtype names.
 ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
                  "i32": "int32", "i64": "int64", "i8": "int8", "i1": "bool"}
@@ -235,14 +237,13 @@ def matmul_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     m_axes = lhs.dims[r - 2]
     taken = {a for d in batch for a in d} | set(lk) | set(lhs.partial)
     n_wanted = rhs.dims[r - 1]
-    if "transport" in op.attributes and set(m_axes) & set(n_wanted) \
-            and not set(n_wanted) & taken:
-        # M and N are split over the same axis (a sequence-parallel input to
-        # a column-parallel weight). With a transport requested, the input
-        # is gathered (and the gather fused into the GEMM) and the weight
-        # stays split; otherwise the weight is gathered.
-        m_axes = ()
-    if set(m_axes) & taken or m_axes != lhs.dims[r - 2]:
+    # M and N split over the same axis (a sequence-parallel input to a
+    # column-parallel weight): with a transport requested the input is
+    # gathered (the gather can be fused into the GEMM) and the weight stays
+    # split; otherwise the weight is gathered (below).
+    gather_lhs = "transport" in op.attributes and set(m_axes) & set(n_wanted) \
+        and not set(n_wanted) & taken
+    if gather_lhs or set(m_axes) & taken:
         m_axes = ()
         lhs = lhs.with_dims(batch + ((), lk))
     taken |= set(m_axes)
@@ -259,7 +260,7 @@ def reduce_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """A sum over a split dimension reduces locally and leaves a pending
     partial sum; max/min/prod over one are all-reduced at once."""
     (x,) = ins
-    kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+    kind = enum_of(op)
     reduced = set(ir.DenseI64ArrayAttr(op.attributes["dims"]))
     keep_partial = kind == "sum" and not ctx.deterministic
     x = x if keep_partial else x.with_partial(())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from tessera_mlir import ir
 
 from tessera_compiler import graph_builder as gb
-from tessera_compiler.passes_common import PassError, functions, ops_of, run_reporting
+from tessera_compiler.passes_common import PassError, enum_of, functions, ops_of, run_reporting
 
 
 def _attr_list(op, name) -> list[int]:
@@ -29,10 +29,6 @@ def _perm_inverse(perm):
     for i, p in enumerate(perm):
         inv[p] = i
     return inv
-
-
-def _reduction(op) -> str:
-    return str(op.attributes["kind"]).split("<")[1].rstrip(">")
 
 
 def _rematerialize(v: ir.Value) -> ir.Value:
@@ -94,7 +90,7 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     if name == "broadcast":
         return [gb.sum_to(g, gb.shape_of(x[0]))]
     if name == "reduce":
-        kind = _reduction(op)
+        kind = enum_of(op)
         shape = gb.shape_of(x[0])
         if kind == "sum":
             return [gb.broadcast(g, shape)]

@@ -30,16 +30,16 @@ they multiply `V` (as every flash-attention implementation does).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, ttile
 
+from tessera_compiler.codegen.tile_emitter import tile_of
 from tessera_compiler.passes_common import PassError
 
-from tessera_compiler.codegen.tile_emitter import tile_of
-
-from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _product, _shape, _tile_type,
+from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _tile_type,
                             largest_divisor, new_kernel)
 
 #: Block sizes tried on GPUs, largest first: (BM, BN) for head dimensions up
@@ -185,7 +185,7 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
     buffers `ins` (q, k, v) and `outs` (out, lse)."""
     lead, seq, d, dv, cfg, b = _setup(op, cpu)
     bm, bn = cfg.bm, cfg.bn
-    grid = _product(lead + [seq // bm])
+    grid = math.prod(lead + [seq // bm])
     kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
         name, list(ins) + list(outs), grid, cfg, module_block, op.location)
     with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
@@ -231,7 +231,7 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     bm, bn = cfg.bm, cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in = ins
     dq_out, dk_out, dv_out = outs
-    batch = _product(lead)
+    batch = math.prod(lead)
     stat = b.acc
 
     kv_ins, kv_outs = [q_in, k_in, v_in, do_in, lse_in, delta_in], [dk_out, dv_out]

@@ -38,18 +38,10 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, ttile
 
-from tessera_compiler.passes_common import PassError
+from tessera_compiler.passes_common import PassError, memref_of
 from tessera_compiler.sharding import Mesh
 
-from .lower_to_tile import _i64_array, _index, gemm_config, gemm_tile, new_kernel
-
-
-def _shape(v: ir.Value) -> list[int]:
-    return list(ir.ShapedType(v.type).shape)
-
-
-def _memref(shape, element) -> ir.MemRefType:
-    return ir.MemRefType.get(list(shape), element)
+from .lower_to_tile import _i64_array, _index, _shape, gemm_config, gemm_tile, new_kernel
 
 
 def build(gather: ir.Operation, matmul: ir.Operation, name: str, mesh: Mesh,
@@ -70,8 +62,8 @@ def build(gather: ir.Operation, matmul: ir.Operation, name: str, mesh: Mesh,
                         "tiles", gather.location)
     chunks, m_tiles, n_tiles = ml // cfg.bm, m // cfg.bm, nl // cfg.bn
     i64 = ir.IntegerType.get_signless(64)
-    arg_types = [_memref([ml, k], elt), _memref([k, nl], elt), _memref([m, nl], out_elt),
-                 _memref([m, k], elt), _memref([m_tiles], i64)]
+    arg_types = [memref_of(v.type) for v in (x, w, matmul.results[0], gather.results[0])] \
+        + [ir.MemRefType.get([m_tiles], i64)]
     loc = matmul.location
     kernel, entry = new_kernel(name, arg_types, m_tiles * n_tiles, cfg.threads,
                                [cfg.bm, cfg.bn, cfg.bk], module_block, loc, cfg.stages)

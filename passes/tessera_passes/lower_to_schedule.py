@@ -29,8 +29,8 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tsched
 
-from tessera_compiler.passes_common import (PassError, arg_attr_dicts, functions,
-                                            ops_of, run_reporting, set_dict_entry)
+from tessera_compiler.passes_common import (PassError, arg_attr_dicts, enum_of, functions,
+                                            memref_of, ops_of, run_reporting, set_dict_entry)
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
@@ -45,11 +45,6 @@ NVSHMEM_AUTO_MAX_BYTES = 256 << 20
 def is_compute(op: ir.Operation) -> bool:
     return op.name.startswith("tgraph.") and op.name not in COLLECTIVES \
         and op.name not in NOT_COMPUTE
-
-
-def memref_of(tensor_type: ir.Type) -> ir.MemRefType:
-    t = ir.RankedTensorType(tensor_type)
-    return ir.MemRefType.get(list(t.shape), t.element_type)
 
 
 def hoist_collectives(func_op: ir.Operation) -> None:
@@ -73,7 +68,7 @@ def hoist_collectives(func_op: ir.Operation) -> None:
 
 
 class ScheduleBuilder:
-    def __init__(self, func_op: ir.Operation):
+    def __init__(self, func_op: ir.Operation, fused_gathers: set = frozenset()):
         self.src = func_op
         self.name = ir.StringAttr(func_op.attributes["sym_name"]).value
         self.buffers: dict = {}        # tensor value -> buffer value
@@ -81,7 +76,7 @@ class ScheduleBuilder:
         self.waited: dict = {}         # token -> streams already made to wait for it
         self.on_compute: set = set()   # buffers last written by a compute launch
         self.kernel_count = 0
-        self.fused_gathers = set()     # all_gathers lowered inside their matmul's kernel
+        self.fused_gathers = fused_gathers   # all_gathers lowered inside their matmul's kernel
         self.stream_t = ir.Type.parse("!tsched.stream")
         self.token_t = ir.Type.parse("!tsched.token")
         self.event_t = ir.Type.parse("!tsched.event")
@@ -224,9 +219,10 @@ class ScheduleBuilder:
                 tsched.FreeOp(buf)
 
 
-def _transport_of(op: ir.Operation) -> str:
-    return str(op.attributes["transport"]).split("<")[1].rstrip(">") \
-        if "transport" in op.attributes else "nccl"
+def _nbytes(value: ir.Value) -> int:
+    """Bytes of a float tensor (a fusable gather feeds a matmul: floats)."""
+    t = ir.RankedTensorType(value.type)
+    return math.prod(t.shape) * ir.FloatType(t.element_type).width // 8
 
 
 def _fusable_gather(gather: ir.Operation) -> str | None:
@@ -250,7 +246,7 @@ def resolve_transports(func_op: ir.Operation, gpu: bool) -> set:
     for op in ops_of(func_op):
         if op.name != "tgraph.all_gather" or "transport" not in op.attributes:
             continue
-        transport = _transport_of(op)
+        transport = enum_of(op, "transport")
         why_not = _fusable_gather(op)
         if transport == "nvshmem":
             if not gpu:
@@ -261,10 +257,8 @@ def resolve_transports(func_op: ir.Operation, gpu: bool) -> set:
                 raise PassError(f"transport = nvshmem: this all_gather cannot be fused into a "
                                 f"GEMM: {why_not}; use 'auto' or 'nccl'", op.location)
         elif transport == "auto":
-            t = ir.RankedTensorType(op.results[0].type)
-            nbytes = math.prod(t.shape) * max(1, ir.FloatType(t.element_type).width // 8)
             transport = "nvshmem" if gpu and why_not is None and \
-                nbytes <= NVSHMEM_AUTO_MAX_BYTES else "nccl"
+                _nbytes(op.results[0]) <= NVSHMEM_AUTO_MAX_BYTES else "nccl"
         op.attributes["transport"] = ir.Attribute.parse(f"#tgraph.transport<{transport}>")
         if transport == "nvshmem":
             fused.add(op)
@@ -278,8 +272,7 @@ def lower_function(func_op: ir.Operation, gpu: bool) -> None:
                         func_op.location)
     fused = resolve_transports(func_op, gpu)
     hoist_collectives(func_op)
-    builder = ScheduleBuilder(func_op)
-    builder.fused_gathers = fused
+    builder = ScheduleBuilder(func_op, fused)
     sched = builder.build()
     name = builder.name
     func_op.erase()

@@ -43,13 +43,14 @@ Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, func, scf, tsched, ttile
 
-from tessera_compiler.passes_common import (PassError, functions, function_type,
-                                            ops_of, run_reporting)
+from tessera_compiler.passes_common import (PassError, enum_of, functions, function_type,
+                                            memref_of, ops_of, run_reporting)
 from tessera_compiler.sharding import meshes_of
 
 TILE_ELEMENTWISE = {
@@ -79,13 +80,6 @@ TENSOR_CORE_CONFIGS = [(128, 128, 32, (2, 4), 3), (128, 64, 32, (2, 2), 3),
 SIMT_TILE_CAP = (32, 32, 32)         # BM, BN, BK for other element types
 # Enough thread blocks to give each SM of an H100 (132) one.
 TARGET_BLOCKS = 132
-
-
-def _product(values) -> int:
-    p = 1
-    for v in values:
-        p *= v
-    return p
 
 
 def largest_divisor(n: int, cap: int) -> int:
@@ -164,11 +158,6 @@ def new_kernel(name: str, arg_types, grid: int, threads: int, tile_sizes, module
     return k.operation, entry
 
 
-def _memref(t: ir.Type) -> ir.MemRefType:
-    r = ir.RankedTensorType(t)
-    return ir.MemRefType.get(list(r.shape), r.element_type)
-
-
 # --------------------------------------------------------------------------
 # 1. Library calls
 # --------------------------------------------------------------------------
@@ -188,7 +177,7 @@ def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
     ftype = function_type(kernel)
     op = kernel_body(kernel)[0]
-    arg_types = [_memref(t) for t in list(ftype.inputs) + list(ftype.results)]
+    arg_types = [memref_of(t) for t in list(ftype.inputs) + list(ftype.results)]
     with ir.InsertionPoint(module_block), op.location:
         decl = func.FuncOp(name, (arg_types, []), visibility="private")
         decl.attributes["tsched.library"] = ir.StringAttr.get(routine)
@@ -407,7 +396,7 @@ class GroupTiler:
             *batch, m, n = out
             k = _shape(self.ops[0].operands[0])[-1]
             elt = str(ir.ShapedType(self.ops[0].operands[0].type).element_type)
-            self.gemm = gemm_config(_product(batch), m, n, k, elt)
+            self.gemm = gemm_config(math.prod(batch), m, n, k, elt)
             dom, tile = out, [1] * len(batch) + [self.gemm.bm, self.gemm.bn]
             self.lead = len(batch)
         else:
@@ -423,7 +412,7 @@ class GroupTiler:
                 for d in reversed(range(rank - 1)):
                     tile[d] = largest_divisor(dom[d], budget)
                     budget = max(1, budget // tile[d])
-        grid = _product(d // t for d, t in zip(dom, tile))
+        grid = math.prod(d // t for d, t in zip(dom, tile))
         self.dom, self.tile = dom, tile
         arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs]
         loc = self.ops[0].location
@@ -531,7 +520,7 @@ class GroupTiler:
                               self.module_block, op.location)
         with ir.InsertionPoint(entry), op.location:
             offsets = _grid_offsets(counts, in_tile)
-            kind = str(op.attributes["kind"]).split("<")[1].rstrip(">")
+            kind = enum_of(op)
             init = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}[kind]
             acc0 = ttile.FillOp(_tile_type(out_tile, elt), ir.FloatAttr.get_f64(init)).result
             loop = scf.ForOp(_index(0), _index(shape[d]), _index(chunk), [acc0])
@@ -673,7 +662,8 @@ def lower_gathered_gemms(sched: ir.Operation, kernels: dict, module_block, meshe
         kernel.move_before(next(iter(kernels.values())))
         arg_types = function_type(kernel).inputs
         with ir.InsertionPoint(launch), launch.location:
-            scratch = [tsched.AllocOp(t, symmetric=True).result for t in arg_types[len(ins) + 1:]]
+            scratch = [tsched.AllocOp(t, symmetric=True).result
+                       for t in arg_types[len(ins) + len(outs):]]
             tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, ins, outs + scratch)
         with ir.InsertionPoint.after(launch), launch.location:
             for buf in scratch:

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from tessera_mlir import ir
 
 from .tile_emitter import (_BF16_HELPERS, _ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter,
-                           Tile, c_literal, ctype, enum_of, kernels_of, tile_of)
+                           Tile, c_literal, ctype, kernels_of, marked_args, tile_of)
+from ..passes_common import enum_of
 
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
@@ -295,25 +296,25 @@ class CudaKernelEmitter(KernelEmitter):
                   f"{src} + {base(src_shape, so, ivs)}, {shape[-1] * nbytes}, "
                   f"(int){self.scalar(view.pe)});")
 
-    def op_ttile_signal(self, op):
+    def _signal_word(self, op) -> str:
+        """The address of the signal word `op` names (`signals[index]`)."""
         self._nvshmem()
         view = op.opview
+        return (f"reinterpret_cast<uint64_t*>({self.names[view.signals]}) + "
+                f"{self.scalar(view.index)}")
+
+    def op_ttile_signal(self, op):
         kind = {"set": "NVSHMEM_SIGNAL_SET", "add": "NVSHMEM_SIGNAL_ADD"}[
             ir.StringAttr(op.attributes["kind"]).value]
-        sig = self.names[view.signals]
+        view = op.opview
         self.sync()
-        self.line(f"if (threadIdx.x == 0) nvshmemx_signal_op(reinterpret_cast<uint64_t*>({sig}) + "
-                  f"{self.scalar(view.index)}, (uint64_t){self.scalar(view.value)}, {kind}, "
-                  f"(int){self.scalar(view.pe)});")
+        self.line(f"if (threadIdx.x == 0) nvshmemx_signal_op({self._signal_word(op)}, "
+                  f"(uint64_t){self.scalar(view.value)}, {kind}, (int){self.scalar(view.pe)});")
 
     def op_ttile_wait(self, op):
-        self._nvshmem()
-        view = op.opview
         cmp = "NVSHMEM_CMP_" + ir.StringAttr(op.attributes["cmp"]).value.upper()
-        sig = self.names[view.signals]
-        self.line(f"if (threadIdx.x == 0) nvshmem_signal_wait_until(reinterpret_cast<uint64_t*>"
-                  f"({sig}) + {self.scalar(view.index)}, {cmp}, "
-                  f"(uint64_t){self.scalar(view.value)});")
+        self.line(f"if (threadIdx.x == 0) nvshmem_signal_wait_until({self._signal_word(op)}, "
+                  f"{cmp}, (uint64_t){self.scalar(op.opview.value)});")
         self.sync()
 
     def op_ttile_fence(self, op):
@@ -889,11 +890,8 @@ def emit_cuda_kernels(module) -> tuple[str, dict]:
         parts.append(emitter.emit_kernel(kernel))
         launch = dict(emitter.launch)
         if emitter.uses_nvshmem:
-            arg_attrs = list(ir.ArrayAttr(kernel.attributes["arg_attrs"])) \
-                if "arg_attrs" in kernel.attributes else []
             launch["nvshmem"] = True
-            launch["signals"] = [i for i, d in enumerate(arg_attrs)
-                                 if "ttile.signals" in ir.DictAttr(d)]
+            launch["signals"] = marked_args(kernel, "ttile.signals")
         launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
     if nvshmem:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
+from ..passes_common import enum_of
+
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.signal", "ttile.wait",
                "ttile.fence", "ttile.quiet"}
 # Element type -> C type of a tile element. bf16 tiles compute in float (every
@@ -92,11 +94,6 @@ _ELEMENTWISE_EXPRESSIONS = {
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-def enum_of(op, attr: str = "kind") -> str:
-    """The value of a `#tgraph.reduction<sum>` / `#tgraph.compare<lt>` attribute."""
-    return str(op.attributes[attr]).split("<")[1].rstrip(">")
-
-
 @dataclass
 class KernelEmitter:
     cuda = False        # class constant: the CUDA subclass sets it
@@ -150,15 +147,14 @@ class KernelEmitter:
         entry = kernel.regions[0].blocks[0]
         params, prologue = [], []
         self.buffers, self.buffer_elements = {}, {}
-        arg_attrs = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
+        symmetric = marked_args(kernel, "ttile.symmetric")
         for i, arg in enumerate(entry.arguments):
             mt = ir.MemRefType(arg.type)
             ct = ctype(mt.element_type, kernel.location, buffer=True)
             params.append(f"void* arg{i}_")
             # Other PEs write symmetric buffers while the kernel runs: no
             # __restrict__ (which promises nothing else changes them).
-            symmetric = i < len(arg_attrs) and "ttile.symmetric" in ir.DictAttr(arg_attrs[i])
-            restrict = "" if symmetric else " __restrict__"
+            restrict = "" if i in symmetric else " __restrict__"
             prologue.append(f"{ct}*{restrict} arg{i} = static_cast<{ct}*>(arg{i}_);  // {mt}")
             self.names[arg] = f"arg{i}"
             self.buffers[f"arg{i}"] = list(mt.shape)
@@ -350,7 +346,6 @@ class KernelEmitter:
         for _ in ivs:
             self.indent -= 1
             self.line("}")
-        return
 
     def op_ttile_transpose(self, op):
         src = self.names[op.operands[0]]
@@ -378,7 +373,13 @@ class KernelEmitter:
         self.names[op.results[0]] = v
 
     def op_arith_andi(self, op):
-        self._index_binary(op, "&&" if ir.IntegerType(op.results[0].type).width == 1 else "&")
+        if ir.IntegerType(op.results[0].type).width != 1:
+            self._index_binary(op, "&")
+            return
+        v = self.fresh("b")
+        a, b = (self.scalar(x) for x in op.operands)
+        self.line(f"const bool {v} = {a} && {b};")
+        self.names[op.results[0]] = v
 
     def op_scf_if(self, op):
         """An `scf.if` without results over a scalar condition (the same for
@@ -386,17 +387,16 @@ class KernelEmitter:
         if len(op.results):
             raise EmitError("the kernel emitter supports scf.if only without results",
                             op.location)
+        then, otherwise = ([o.operation for o in r.blocks[0].operations
+                            if o.operation.name != "scf.yield"] if r.blocks else []
+                           for r in op.regions)
         self.line(f"if ({self.scalar(op.operands[0])}) {{")
-        for i, region in enumerate(op.regions):
-            if not region.blocks or not [o for o in region.blocks[0].operations
-                                         if o.operation.name != "scf.yield"]:
-                continue
-            if i:
+        for body in [then] + ([otherwise] if otherwise else []):
+            if body is otherwise:
                 self.line("} else {")
             self.indent += 1
-            for inner in region.blocks[0].operations:
-                if inner.operation.name != "scf.yield":
-                    self.emit_op(inner.operation)
+            for inner in body:
+                self.emit_op(inner)
             self.indent -= 1
         self.line("}")
 
@@ -453,6 +453,14 @@ class KernelEmitter:
         for t, v in zip(self.carried_stack[-1], op.operands):
             src = self.names[v]
             self.for_each(t.size, lambda e, t=t, src=src: self.line(f"{t.name}[{e}] = {src.name}[{e}];"))
+
+
+def marked_args(kernel: ir.Operation, marker: str) -> list[int]:
+    """Indices of the kernel arguments whose attributes include `marker`
+    (`ttile.symmetric`, `ttile.signals`)."""
+    attrs = kernel.attributes
+    arg_attrs = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
+    return [i for i, d in enumerate(arg_attrs) if marker in ir.DictAttr(d)]
 
 
 def kernels_of(module) -> list[ir.Operation]:

@@ -36,7 +36,14 @@ class Engine(ABC):
     def alloc_symmetric(self, shape, dtype, slot: int):
         """A buffer on the NVSHMEM symmetric heap for allocation site `slot`
         (a program instruction): allocated collectively by every rank on the
-        first call, the same buffer on later calls."""
+        first call (`new_symmetric`), the same buffer on later calls."""
+        kept = self.__dict__.setdefault("_symmetric", {})
+        if slot not in kept:
+            kept[slot] = self.new_symmetric(shape, dtype)
+        return kept[slot]
+
+    def new_symmetric(self, shape, dtype):
+        """A new buffer on the NVSHMEM symmetric heap (a collective call)."""
         raise EngineError(f"the {self.name} engine has no NVSHMEM symmetric heap (kernels "
                           "using transport='nvshmem' need the cuda or cuda-emulated engine)")
 

@@ -107,7 +107,6 @@ class CUDAEngine(Engine):
         self._launches: dict = {}
         self._functions: dict = {}
         self._nvshmem = None               # nvshmem.core once initialized
-        self._symmetric: dict = {}         # allocation site -> symmetric array
         self._module_registered = False
 
     # -- memory -----------------------------------------------------------------
@@ -219,12 +218,8 @@ class CUDAEngine(Engine):
             nvshmem.module_init(handle)
             self._module_registered = True
 
-    def alloc_symmetric(self, shape, dtype, slot: int):
-        buf = self._symmetric.get(slot)
-        if buf is None:
-            nvshmem = self._nvshmem_core()
-            buf = self._symmetric[slot] = nvshmem.array(tuple(shape), dtype=self._storage(dtype))
-        return buf
+    def new_symmetric(self, shape, dtype):
+        return self._nvshmem_core().array(tuple(shape), dtype=self._storage(dtype))
 
     def prepare_library(self, routine: str, attrs: dict, stream=None):
         from .library import ROUTINES

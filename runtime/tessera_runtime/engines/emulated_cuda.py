@@ -82,29 +82,20 @@ class EmulatedCUDAEngine(CPUEngine):
         self._emulated = None
         self._launches: dict = {}
         self._heap = None
-        self._symmetric: dict = {}     # allocation site -> buffer
 
-    def alloc_symmetric(self, shape, dtype, slot: int):
-        buf = self._symmetric.get(slot)
-        if buf is None:
-            if self._heap is None:
-                from .. import world
-                rank, size = world()
-                heap = int(os.environ.get("TESSERA_EMULATED_NVSHMEM_HEAP", 256 << 20))
-                self._heap = SymmetricHeap(rank, size, heap)
-                if self._emulated is not None:
-                    self._emulated.attach_symmetric_heap(self._heap.base, heap, rank, size)
-            buf = self._symmetric[slot] = self._heap.alloc(shape, dtype)
-        return buf
+    def new_symmetric(self, shape, dtype):
+        if self._heap is None:
+            from .. import world
+            rank, size = world()
+            heap = int(os.environ.get("TESSERA_EMULATED_NVSHMEM_HEAP", 256 << 20))
+            self._heap = SymmetricHeap(rank, size, heap)
+        return self._heap.alloc(shape, dtype)
 
     def load_kernels(self, path, launches=None) -> None:
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"CUDA kernel source not found: {path}")
         self._emulated = EmulatedKernels(path.read_text())
-        if self._heap is not None:
-            self._emulated.attach_symmetric_heap(self._heap.base, self._heap.heap_bytes,
-                                                 self._heap.rank, self._heap.size)
         self._launches = dict(launches or {})
         self.kernel_library = path
 
@@ -126,12 +117,14 @@ class EmulatedCUDAEngine(CPUEngine):
         signals = cfg.get("signals", [])
 
         def launch_nvshmem(args):
-            if self._heap is None:
+            heap = self._heap
+            if heap is None:
                 raise EngineError(f"kernel '{kernel}' calls NVSHMEM but no symmetric buffer "
                                   "was allocated")
+            emulated.attach_symmetric_heap(heap.base, heap.heap_bytes, heap.rank, heap.size)
             for i in signals:
                 args[i][...] = 0
-            if self._heap.size > 1:
+            if heap.size > 1:
                 _mpi_world().Barrier()
             emulated.launch(kernel, args, cfg["grid"], cfg["block"], cfg["shared_bytes"])
         return launch_nvshmem
