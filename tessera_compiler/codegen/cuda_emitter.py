@@ -37,6 +37,7 @@ from tessera_mlir import ir
 from .tile_emitter import (_BF16_HELPERS, _ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter,
                            Tile, c_literal, ctype, kernels_of, marked_args, tile_of)
 from ..passes_common import enum_of
+from .register_loop import RegisterLoop
 
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
@@ -236,7 +237,7 @@ class CudaKernelEmitter(KernelEmitter):
         if op.name in POINTWISE:
             self._add_to_region(op)
             return
-        if op.name == "scf.for" and self._emit_mma_loop(op):
+        if op.name == "scf.for" and (self._emit_mma_loop(op) or self._emit_register_loop(op)):
             return
         if op.name.startswith("ttile.") or op.name.startswith("scf."):
             self.flush()
@@ -656,6 +657,32 @@ class CudaKernelEmitter(KernelEmitter):
                       f"({acc_t}){b.name}[k * {N} + j];")
             self.line(f"{r.name}[{e}] = s;")
         self.for_each(M * N, body)
+
+    # -- loops with their tiles in registers (register_loop.py) ------------------------
+    def _emit_register_loop(self, op) -> bool:
+        loop = RegisterLoop(self, op)
+        why = loop.plan()
+        if why is not None:
+            self.flush()
+            self.line(f"// scf.for with its tiles in shared memory: {why}")
+            return False
+        direct = loop.read_directly()
+        if self.region is not None:
+            self.region.ops = [o for o in self.region.ops if o not in direct]
+            if not self.region.ops:
+                self.region = None
+        self.flush()
+        for inner in loop.body:
+            for v in inner.operands:
+                if v in self.frags:
+                    self._spill(v)
+        for v in list(op.operands)[3:]:
+            if v in self.frags:
+                self._spill(v)
+        self._release(self.position[op])
+        self.simt_reason = None
+        loop.emit()
+        return True
 
     # -- tensor-core GEMM main loop --------------------------------------------------
     def _mma_plan(self, op):

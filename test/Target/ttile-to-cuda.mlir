@@ -234,3 +234,107 @@ ttile.kernel @reuse(%x: memref<32x64xf32>, %y: memref<32x64xf32>, %a: memref<32x
   ttile.store %s, %b[%c0, %c0] : !ttile.tile<32x1xf32>, memref<32x1xf32>
   ttile.return
 }
+
+// -----
+
+// The flash-attention forward loop with its tiles in registers: two warps of
+// 16 query rows each; the query block goes from global memory straight into
+// mma A registers before the loop; key and value blocks stream through a
+// 2-stage cp.async ring; the score block, the running max/sum columns and the
+// output accumulator never touch shared memory (row reductions are two quad
+// shuffles); P feeds the second dot from registers. Only the two columns
+// leave through shared memory, for the epilogue after the loop.
+// CHECK-LABEL: // ttile.kernel @flash
+// CHECK: // launch: grid (1), block (64), dynamic shared memory 6400 bytes
+// CHECK: // scf.for with its tiles in registers: 2 warps x 16 rows, 2 tile(s) staged through 2 shared-memory buffers (cp.async, ldmatrix, mma.sync.m16n8k16)
+// CHECK: float [[M:rv[0-9]+]][1][2];
+// CHECK: [[M]][mi][h] = (-INFINITY);
+// CHECK: float [[ACC:rv[0-9]+]][1][2][4];
+// CHECK: uint32_t [[QA:qa[0-9]+]][1][1][4];
+// CHECK: const uint16_t* p = arg0 + {{.*}} + (int64_t)(wm{{[0-9]+}} + 16 * mi + (lane{{[0-9]+}} >> 2) + 8 * (r & 1)) * 16 + 16 * kk + 2 * (lane{{[0-9]+}} & 3) + 8 * (r >> 1);
+// CHECK: tessera_cp_async16(st0_{{[0-9]+}}_ring + (0) * 768 + r * 24 + c,
+// CHECK: for (int64_t it = 0; it < n_it; ++it) {
+// CHECK: tessera_cp_async_wait<0>();
+// CHECK-NEXT: __syncthreads();
+// CHECK-NEXT: if (it + 1 < n_it)
+// CHECK: // ttile.dot 32x32x16: A from loop-invariant registers, B transposed from the staged tile (ldmatrix)
+// CHECK: af[mi][r] = [[QA]][mi][kk][r];
+// CHECK: tessera_ldmatrix_x4(q4, st0_
+// CHECK: for (int off = 1; off < 4; off <<= 1) { const float b = __shfl_xor_sync(0xffffffffu, a, off); a = (b > a ? b : a); }
+// CHECK: = bf16_round((float)(
+// CHECK: // ttile.dot 32x16x32: A from registers, B from the staged tile (ldmatrix.trans)
+// CHECK: af[mi][r] = tessera_pack_bf16(p[0], p[1]);
+// CHECK: tessera_ldmatrix_x4_trans(q4, st1_
+// CHECK: [[ACC]][mi][ni][q] = rv{{[0-9]+}}[mi][ni][q];
+// CHECK: tessera_cp_async_wait<0>();
+// CHECK: if ((lane{{[0-9]+}} & 3) == 0) t{{[0-9]+}}[wm{{[0-9]+}} + 16 * mi + (lane{{[0-9]+}} >> 2) + 8 * h] = [[M]][mi][h];
+// The output accumulator is divided and stored from its registers.
+// CHECK: / t{{[0-9]+}}[
+// CHECK: arg3[{{.*}}] = float_to_bf16(
+ttile.kernel @flash(%q: memref<32x16xbf16>, %k: memref<32x16xbf16>, %v: memref<32x16xbf16>, %o: memref<32x16xbf16>, %lse: memref<32x1xf32>) attributes {block = array<i64: 64>, grid = array<i64: 1>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<32x16xbf16> -> !ttile.tile<32x16xbf16>
+  %m0 = ttile.fill 0xFFF0000000000000 : !ttile.tile<32x1xf32>
+  %l0 = ttile.fill 0.0 : !ttile.tile<32x1xf32>
+  %a0 = ttile.fill 0.0 : !ttile.tile<32x16xf32>
+  %res:3 = scf.for %j = %c0 to %c32 step %c32 iter_args(%m = %m0, %l = %l0, %acc = %a0) -> (!ttile.tile<32x1xf32>, !ttile.tile<32x1xf32>, !ttile.tile<32x16xf32>) {
+    %tk = ttile.load %k[%j, %c0] : memref<32x16xbf16> -> !ttile.tile<32x16xbf16>
+    %tv = ttile.load %v[%j, %c0] : memref<32x16xbf16> -> !ttile.tile<32x16xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<32x16xbf16> to !ttile.tile<16x32xbf16>
+    %z = ttile.fill 0.0 : !ttile.tile<32x32xf32>
+    %s = ttile.dot %tq, %kt, %z {warps = array<i64: 2, 1>} : !ttile.tile<32x16xbf16>, !ttile.tile<16x32xbf16> -> !ttile.tile<32x32xf32>
+    %rows = ttile.iota %c0 dim 0 : !ttile.tile<32x32xi32>
+    %cols = ttile.iota %j dim 1 : !ttile.tile<32x32xi32>
+    %keep = ttile.compare %rows, %cols {kind = #tgraph.compare<ge>} : !ttile.tile<32x32xi32> -> !ttile.tile<32x32xi1>
+    %ninf = ttile.fill 0xFFF0000000000000 : !ttile.tile<32x32xf32>
+    %sm = ttile.select %keep, %s, %ninf : !ttile.tile<32x32xi1>, !ttile.tile<32x32xf32>
+    %rmax = ttile.reduce %sm {dim = 1 : i64, kind = #tgraph.reduction<max>} : !ttile.tile<32x32xf32> -> !ttile.tile<32x1xf32>
+    %mn = ttile.max %m, %rmax : !ttile.tile<32x1xf32>
+    %mb = ttile.broadcast %mn : !ttile.tile<32x1xf32> to !ttile.tile<32x32xf32>
+    %d = ttile.sub %sm, %mb : !ttile.tile<32x32xf32>
+    %p = ttile.exp %d : !ttile.tile<32x32xf32>
+    %dm = ttile.sub %m, %mn : !ttile.tile<32x1xf32>
+    %alpha = ttile.exp %dm : !ttile.tile<32x1xf32>
+    %la = ttile.mul %l, %alpha : !ttile.tile<32x1xf32>
+    %rsum = ttile.reduce %p {dim = 1 : i64, kind = #tgraph.reduction<sum>} : !ttile.tile<32x32xf32> -> !ttile.tile<32x1xf32>
+    %ln = ttile.add %la, %rsum : !ttile.tile<32x1xf32>
+    %ab = ttile.broadcast %alpha : !ttile.tile<32x1xf32> to !ttile.tile<32x16xf32>
+    %scaled = ttile.mul %acc, %ab : !ttile.tile<32x16xf32>
+    %pb = ttile.cast %p : !ttile.tile<32x32xf32> to !ttile.tile<32x32xbf16>
+    %an = ttile.dot %pb, %tv, %scaled {warps = array<i64: 2, 1>} : !ttile.tile<32x32xbf16>, !ttile.tile<32x16xbf16> -> !ttile.tile<32x16xf32>
+    scf.yield %mn, %ln, %an : !ttile.tile<32x1xf32>, !ttile.tile<32x1xf32>, !ttile.tile<32x16xf32>
+  }
+  %lb = ttile.broadcast %res#1 : !ttile.tile<32x1xf32> to !ttile.tile<32x16xf32>
+  %out = ttile.div %res#2, %lb : !ttile.tile<32x16xf32>
+  %ob = ttile.cast %out : !ttile.tile<32x16xf32> to !ttile.tile<32x16xbf16>
+  ttile.store %ob, %o[%c0, %c0] : !ttile.tile<32x16xbf16>, memref<32x16xbf16>
+  %lg = ttile.log %res#1 : !ttile.tile<32x1xf32>
+  %ls = ttile.add %res#0, %lg : !ttile.tile<32x1xf32>
+  ttile.store %ls, %lse[%c0, %c0] : !ttile.tile<32x1xf32>, memref<32x1xf32>
+  ttile.return
+}
+
+// -----
+
+// The same loop with its dots split 1x2 (warps side by side, not owning
+// whole rows) cannot keep its tiles in registers; the emitter says why and
+// runs the general shared-memory path.
+// CHECK-LABEL: // ttile.kernel @flash_split_columns
+// CHECK: // scf.for with its tiles in shared memory: a dot's warps are not 2x1 (whole rows per warp)
+// CHECK: on tensor cores (mma.sync.m16n8k16) from shared memory, warps 1x2
+ttile.kernel @flash_split_columns(%q: memref<32x16xbf16>, %k: memref<32x16xbf16>, %o: memref<32x32xf32>) attributes {block = array<i64: 64>, grid = array<i64: 1>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<32x16xbf16> -> !ttile.tile<32x16xbf16>
+  %a0 = ttile.fill 0.0 : !ttile.tile<32x32xf32>
+  %res = scf.for %j = %c0 to %c32 step %c32 iter_args(%acc = %a0) -> (!ttile.tile<32x32xf32>) {
+    %tk = ttile.load %k[%j, %c0] : memref<32x16xbf16> -> !ttile.tile<32x16xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<32x16xbf16> to !ttile.tile<16x32xbf16>
+    %s = ttile.dot %tq, %kt, %acc {warps = array<i64: 1, 2>} : !ttile.tile<32x16xbf16>, !ttile.tile<16x32xbf16> -> !ttile.tile<32x32xf32>
+    %e = ttile.exp %s : !ttile.tile<32x32xf32>
+    scf.yield %e : !ttile.tile<32x32xf32>
+  }
+  ttile.store %res, %o[%c0, %c0] : !ttile.tile<32x32xf32>, memref<32x32xf32>
+  ttile.return
+}

@@ -1,0 +1,584 @@
+"""Tensor-core loops whose loop-carried tiles live in registers (the
+flash-attention main loop, forward and dQ).
+
+The CUDA emitter's general path keeps every tile in shared memory and
+spills each `ttile.dot` result there, with a barrier between steps. That is
+correct for any Tile IR but slow for a loop like flash attention's, which
+per key block computes a score block, a row max and sum, a rescale and a
+second dot. This module emits such an `scf.for` the way FlashAttention-2
+does:
+
+* Each of the block's W warps owns BM/W whole rows, so every tile of the
+  loop is either a **fragment** (`[BM, n]`, f32 accumulator layout of
+  `mma.sync.m16n8k16`, `v[mt][n/8][4]` per thread) or a **column**
+  (`[BM, 1]`, `v[mt][2]`: the thread's rows g and g+8 of each 16-row tile).
+  Row reductions are a per-thread reduction plus two quad shuffles; nothing
+  round-trips through shared memory and no barrier separates the steps.
+* The tiles the loop **loads** (key and value blocks) stream through a ring
+  of `stages` bf16 shared-memory buffers filled by `cp.async` one iteration
+  ahead (the kernel's `stages` attribute), and feed the tensor cores as the
+  B operand through `ldmatrix` (`.trans` when the tile is k x n, plain when
+  the dot reads its transpose).
+* A dot's A operand is either loop-invariant (the query block: read into
+  registers once, before the loop) or a bf16 fragment computed in the loop
+  (the probabilities): the accumulator layout of two adjacent n8 tiles is
+  exactly the A layout of one k16 step, so P never leaves registers.
+
+`RegisterLoop(emitter, op).plan()` says why a loop does not fit (or None);
+`emit()` writes it. Results leave as register Fragments (`[BM, n]`, which
+the emitter's pointwise epilogue reads directly) or shared-memory tiles
+(`[BM, 1]` columns).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera_mlir import ir
+
+from .tile_emitter import _ELEMENTWISE_EXPRESSIONS, Tile, c_literal, ctype, tile_of
+from ..passes_common import enum_of
+
+_REDUCE = {"sum": ("0.0f", "a + b"), "prod": ("1.0f", "a * b"),
+           "max": ("-INFINITY", "(b > a ? b : a)"), "min": ("INFINITY", "(b < a ? b : a)")}
+
+
+@dataclass
+class _Val:
+    """How a value of the loop body is held: `frag` ([BM, n] registers),
+    `col` ([BM, 1] registers), `const` (a literal), `smem` (a shared-memory
+    tile defined before the loop), `bcast` (a column or literal read at
+    fragment coordinates), `stage` / `stage_t` (a staged load, or its
+    transpose)."""
+    kind: str
+    name: str = ""          # C array, literal, smem tile or (bcast) the source's _Val
+    shape: tuple = ()
+    ctype: str = "float"
+    src: "_Val | None" = None
+    stage: int = -1
+
+
+def _within(at: ir.Operation, loop: ir.Operation) -> bool:
+    """Whether operation `at` is `loop` or nested in it."""
+    while at is not None:
+        if at == loop:
+            return True
+        at = at.parent.operation if at.parent is not None else None
+    return False
+
+
+def _defined_inside(v: ir.Value, loop: ir.Operation) -> bool:
+    owner = v.owner
+    return _within(owner.owner if isinstance(owner, ir.Block) else owner.operation, loop)
+
+
+class RegisterLoop:
+    def __init__(self, em, op: ir.Operation):
+        self.em, self.op = em, op
+        self.block = op.regions[0].blocks[0]
+        self.iv = self.block.arguments[0]
+        self.carried = list(self.block.arguments)[1:]
+        self.body = [o.operation for o in self.block.operations]
+
+    def read_directly(self) -> set:
+        """Ops before the loop that only the loop reads and that it reads
+        without a shared-memory tile: `ttile.fill`s (literals inside) and
+        loads of bf16 dot A operands (read from global memory straight into
+        mma registers). Call after plan()."""
+        ops = set()
+        for v in list(self.op.operands)[3:] + [v for o in self.body for v in o.operands]:
+            owner = v.owner
+            if isinstance(owner, ir.Block) or _defined_inside(v, self.op) \
+                    or not all(_within(u.owner.operation, self.op) for u in v.uses):
+                continue
+            o = owner.operation
+            if o.name == "ttile.fill":
+                ops.add(o)
+            elif o.name == "ttile.load" and v in self.invariant_a \
+                    and str(ir.MemRefType(o.operands[0].type).element_type) == "bf16" \
+                    and all(u.owner.operation.name == "ttile.dot" and u.operand_number == 0
+                            for u in v.uses):
+                ops.add(o)
+        self.direct = {o.results[0] for o in ops if o.name == "ttile.load"}
+        return ops
+
+    # -- planning ----------------------------------------------------------------
+    def plan(self) -> str | None:
+        """None when the loop runs with its tiles in registers, else why not."""
+        from .cuda_emitter import _multiple_of
+        em = self.em
+        if em.threads % 32:
+            return f"{em.threads} threads is not whole warps"
+        self.warps = em.threads // 32
+        if not self.carried:
+            return "nothing is carried"
+        self.bm = tile_of(self.carried[0].type)[0][0] if str(self.carried[0].type).startswith(
+            "!ttile.tile") else 0
+        if not self.bm or self.bm % (16 * self.warps):
+            return f"carried tiles of {self.bm} rows do not split into 16-row warp slices"
+        self.mt = self.bm // (16 * self.warps)
+        for arg in self.carried:
+            if not str(arg.type).startswith("!ttile.tile"):
+                return "a carried value is not a tile"
+            (rows, n), elt = tile_of(arg.type) if len(tile_of(arg.type)[0]) == 2 else ((0, 0), "")
+            if rows != self.bm or elt != "f32" or (n != 1 and n % 8):
+                return f"carried tile {arg.type} is not [{self.bm}, 1] or [{self.bm}, 8k] f32"
+        self.loads, self.invariant_a, self.direct = [], [], set()
+        kinds = {a: ("col" if tile_of(a.type)[0][1] == 1 else "frag") for a in self.carried}
+        for o in self.body:
+            why = self._classify(o, kinds, _multiple_of)
+            if why:
+                return why
+        self.kinds = kinds
+        return None
+
+    def _shape(self, v):
+        return tuple(tile_of(v.type)[0])
+
+    def _outside_tile(self, v) -> bool:
+        return not _defined_inside(v, self.op) and str(v.type).startswith("!ttile.tile")
+
+    def _classify(self, o, kinds, multiple_of) -> str | None:
+        name, bm = o.name, self.bm
+        if name == "scf.yield":
+            return None
+        if name == "ttile.load":
+            shape, elt = tile_of(o.results[0].type)
+            buf = o.operands[0]
+            mt = ir.MemRefType(buf.type)
+            offsets = list(o.operands)[1:]
+            if len(shape) != 2 or elt != "bf16" or str(mt.element_type) != "bf16":
+                return f"a loaded tile {o.results[0].type} is not a 2-D bf16 tile of a bf16 buffer"
+            if shape[0] % 16 or shape[1] % 16 or list(mt.shape)[-1] % 8 \
+                    or not multiple_of(offsets[-1], 8):
+                return f"a loaded tile {shape[0]}x{shape[1]} is not 16-aligned for cp.async/ldmatrix"
+            if any(v != self.iv and _defined_inside(v, self.op) for v in offsets):
+                return "a load's offsets are computed inside the loop"
+            for u in o.results[0].uses:
+                user = u.owner.operation
+                ok = (user.name == "ttile.dot" and u.operand_number == 1) or (
+                    user.name == "ttile.transpose" and all(
+                        w.owner.operation.name == "ttile.dot" and w.operand_number == 1
+                        for w in user.results[0].uses))
+                if not ok:
+                    return "a loaded tile is used other than as a dot's B operand"
+            kinds[o.results[0]] = "stage"
+            self.loads.append(o)
+            return None
+        if name == "ttile.transpose":
+            if kinds.get(o.operands[0]) != "stage":
+                return "a transpose of something other than a loaded tile"
+            kinds[o.results[0]] = "stage_t"
+            return None
+        if name == "ttile.dot":
+            a, b, acc = list(o.operands)[:3]
+            (m, k), a_elt = tile_of(a.type)
+            (_, n), b_elt = tile_of(b.type)
+            if "warps" not in o.attributes or \
+                    list(ir.DenseI64ArrayAttr(o.attributes["warps"])) != [self.warps, 1]:
+                return f"a dot's warps are not {self.warps}x1 (whole rows per warp)"
+            if a_elt != "bf16" or b_elt != "bf16" or tile_of(o.results[0].type)[1] != "f32":
+                return "a dot is not bf16 x bf16 into f32"
+            if m != bm or k % 16 or n % 16:
+                return f"a dot {m}x{n}x{k} does not tile into m16n8k16 over {bm} rows"
+            if kinds.get(b) not in ("stage", "stage_t"):
+                return "a dot's B operand is not a loaded tile"
+            if self._outside_tile(a):
+                if a not in self.invariant_a:
+                    self.invariant_a.append(a)
+            elif kinds.get(a) != "frag":
+                return "a dot's A operand is neither loop-invariant nor a register tile"
+            if not (kinds.get(acc) in ("frag", "const") or self._outside_tile(acc)):
+                return "a dot's accumulator is not a register tile"
+            kinds[o.results[0]] = "frag"
+            return None
+        if name == "ttile.reduce":
+            src = o.operands[0]
+            if ir.IntegerAttr(o.attributes["dim"]).value != 1 or kinds.get(src) not in ("frag",) \
+                    or tile_of(src.type)[1] != "f32":
+                return "a reduction is not along the rows of an f32 register tile"
+            kinds[o.results[0]] = "col"
+            return None
+        if name in ("ttile.fill", "ttile.broadcast", "ttile.iota") or name in _ELEMENTWISE_EXPRESSIONS:
+            shape = self._shape(o.results[0])
+            if len(shape) != 2 or shape[0] != bm or (shape[1] != 1 and shape[1] % 8):
+                return f"'{name}' on a {'x'.join(map(str, shape))} tile (not [{bm}, 1] or [{bm}, 8k])"
+            for v in o.operands:
+                if not str(v.type).startswith("!ttile.tile"):
+                    continue
+                if kinds.get(v) in ("stage", "stage_t"):
+                    return f"'{name}' reads a loaded tile (only dots read those)"
+                if shape[1] == 1 and self._shape(v)[1] != 1:
+                    return f"'{name}' narrows a [{bm}, n] tile to a column"
+            if name == "ttile.fill":
+                kinds[o.results[0]] = "const"
+            elif name == "ttile.broadcast":
+                kinds[o.results[0]] = "bcast"
+            else:
+                kinds[o.results[0]] = "col" if shape[1] == 1 else "frag"
+            return None
+        return f"'{name}' in the loop body"
+
+    # -- emission helpers ------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.em.line(text)
+
+    def _loops(self, kind: str, width: int) -> None:
+        """Opens the unrolled loops over a thread's elements of a `kind` value
+        `width` columns wide and defines its row (`r_`) and column (`c_`)."""
+        g, t = self.g, self.t
+        dims = (("mi", self.mt), ("ni", width // 8), ("q", 4)) if kind == "frag" else \
+            (("mi", self.mt), ("h", 2))
+        for var, n in dims:
+            self.line("#pragma unroll")
+            self.line(f"for (int {var} = 0; {var} < {n}; ++{var}) {{")
+            self.em.indent += 1
+        if kind == "frag":
+            self.line(f"const int r_ = {self.wm0} + 16 * mi + {g} + 8 * (q >> 1); (void)r_;")
+            self.line(f"const int c_ = 8 * ni + 2 * {t} + (q & 1); (void)c_;")
+        else:
+            self.line(f"const int r_ = {self.wm0} + 16 * mi + {g} + 8 * h; (void)r_;")
+            self.line("const int c_ = 0; (void)c_;")
+
+    def _close(self, kind: str) -> None:
+        for _ in range(3 if kind == "frag" else 2):
+            self.em.indent -= 1
+            self.line("}")
+
+    def _element(self, v: ir.Value, domain: str) -> str:
+        """The C expression of `v`'s element at the current loop coordinates."""
+        val = self.vals.get(v)
+        if val is None:             # defined before the loop: a literal or a shared-memory tile
+            literal = self._fill_literal(v)
+            if literal:
+                return literal
+            tile = self.em.names[v]
+            rows, cols = tile.shape
+            terms = ([f"r_ * {cols}" if cols != 1 else "r_"] if rows != 1 else []) + \
+                (["c_"] if cols != 1 else [])
+            return f"{tile.name}[{' + '.join(terms) or '0'}]"
+        if val.kind == "const":
+            return val.name
+        if val.kind == "bcast":
+            return self._element(val.src, domain)
+        if val.kind == "frag":
+            return f"{val.name}[mi][ni][q]"
+        return f"{val.name}[mi][{'q >> 1' if domain == 'frag' else 'h'}]"
+
+    def _declare(self, v: ir.Value, kind: str, name: str | None = None) -> _Val:
+        shape, elt = tile_of(v.type)
+        ct = ctype(elt, v.location)
+        name = name or self.em.fresh("rv")
+        dims = f"[{self.mt}][{shape[1] // 8}][4]" if kind == "frag" else f"[{self.mt}][2]"
+        self.line(f"{ct} {name}{dims};")
+        val = _Val(kind, name, tuple(shape), ct)
+        self.vals[v] = val
+        return val
+
+    def _assign(self, v: ir.Value, kind: str, expr_of, elt: str) -> None:
+        """`v` := expr_of(domain) at every element (bf16 rounded)."""
+        val = self.vals[v]
+        self._loops(kind, val.shape[1])
+        expr = expr_of(kind)
+        if elt == "bf16":
+            expr = f"bf16_round({expr})"
+        index = "[mi][ni][q]" if kind == "frag" else "[mi][h]"
+        self.line(f"{val.name}{index} = {expr};")
+        self._close(kind)
+
+    # -- emission ------------------------------------------------------------------
+    def emit(self) -> None:
+        em, op = self.em, self.op
+        stages = em.stages
+        self.vals: dict = {}
+        lb, ub, step = (em.scalar(v) for v in list(op.operands)[:3])
+        em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
+                f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
+                f"{'s' if stages > 1 else ''} (cp.async, ldmatrix, mma.sync.m16n8k16)")
+        self.lane, self.wm0 = em.fresh("lane"), em.fresh("wm")
+        self.g, self.t = f"({self.lane} >> 2)", f"({self.lane} & 3)"
+        self.line(f"const int {self.lane} = threadIdx.x & 31;")
+        self.line(f"const int {self.wm0} = (threadIdx.x >> 5) * {self.bm // self.warps};")
+
+        # The loop-carried registers, from their initial values.
+        carried = []
+        for arg, init, res in zip(self.carried, list(op.operands)[3:], op.results):
+            kind = "col" if tile_of(arg.type)[0][1] == 1 else "frag"
+            val = self._declare(arg, kind)
+            self._assign(arg, kind, (lambda d, init=init: self._element(init, d)),
+                         "f32")
+            carried.append(val)
+
+        # Loop-invariant A operands, as mma A registers.
+        regs_of = {}
+        for a in self.invariant_a:
+            k = tile_of(a.type)[0][1]
+            name = em.fresh("qa")
+            regs_of[a] = name
+            # Register r of k step kk holds row g (+8 for odd r), columns 2t, 2t+1 (+8 for r >= 2).
+            at = (f"({self.wm0} + 16 * mi + {self.g} + 8 * (r & 1))",
+                  f"16 * kk + 2 * {self.t} + 8 * (r >> 1)")
+            self.line(f"uint32_t {name}[{self.mt}][{k // 16}][4];")
+            self.line("#pragma unroll")
+            self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
+            self.line("#pragma unroll")
+            self.line(f"  for (int kk = 0; kk < {k // 16}; ++kk)")
+            self.line("#pragma unroll")
+            self.line("    for (int r = 0; r < 4; ++r) {")
+            if a in self.direct:         # two adjacent bf16s of the global buffer
+                load = a.owner.operation
+                buf = em.names[load.operands[0]]
+                shape = em.buffers[buf]
+                start = " + ".join(f"{em.scalar(o)} * {math.prod(shape[d + 1:])}"
+                                   for d, o in enumerate(list(load.operands)[1:]))
+                self.line(f"      const uint16_t* p = {buf} + {start} + (int64_t){at[0]} * {shape[-1]} "
+                          f"+ {at[1]};")
+                self.line(f"      {name}[mi][kk][r] = (uint32_t)p[0] | ((uint32_t)p[1] << 16);")
+            else:
+                self.line(f"      const float* p = {em.names[a].name} + {at[0]} * {k} + {at[1]};")
+                self.line(f"      {name}[mi][kk][r] = tessera_pack_bf16(p[0], p[1]);")
+            self.line("    }")
+        self.regs_of = regs_of
+
+        # The staging ring: one bf16 buffer per load and stage, rows padded
+        # by 16 bytes so ldmatrix's eight row addresses hit distinct banks.
+        layout, offset = [], 0
+        for load in self.loads:
+            rows, cols = tile_of(load.results[0].type)[0]
+            layout.append((cols + 8, rows * (cols + 8)))
+            offset += stages * rows * (cols + 8) * 2
+        ring = em._smem(offset)
+        self.stage_ptr = []
+        base = ring
+        for i, (ld, elems) in enumerate(layout):
+            self.stage_ptr.append((f"st{i}_{em.counter}", base, ld, elems))
+            base += stages * elems * 2
+        for load, v in zip(self.loads, self.stage_ptr):
+            self.vals[load.results[0]] = _Val("stage", v[0], stage=self.stage_ptr.index(v))
+        self.line("{")
+        em.indent += 1
+        for name, at, _, _ in self.stage_ptr:
+            self.line(f"uint16_t* const {name}_ring = reinterpret_cast<uint16_t*>(tessera_smem + {at});")
+        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+
+        def issue(slot: str, it: str) -> None:
+            self.line("{")
+            em.indent += 1
+            self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
+            saved = em.names.get(self.iv)
+            em.names[self.iv] = "kv"
+            for load, (name, _, ld, elems) in zip(self.loads, self.stage_ptr):
+                rows, cols = tile_of(load.results[0].type)[0]
+                buf = em.names[load.operands[0]]
+                shape = em.buffers[buf]
+                offsets = [em.scalar(v) for v in list(load.operands)[1:]]
+                start = " + ".join(f"{o} * {math.prod(shape[d + 1:])}" for d, o in enumerate(offsets))
+                self.line("#pragma unroll")
+                self.line(f"for (int ch = threadIdx.x; ch < {rows * cols // 8}; ch += {em.threads}) {{")
+                self.line(f"  const int r = ch / {cols // 8}, c = (ch % {cols // 8}) * 8;")
+                self.line(f"  tessera_cp_async16({name}_ring + ({slot}) * {elems} + r * {ld} + c, "
+                          f"{buf} + {start} + (int64_t)r * {shape[-1]} + c);")
+                self.line("}")
+            em.names[self.iv] = saved
+            em.indent -= 1
+            self.line("}")
+
+        for s in range(stages - 1):
+            self.line(f"if ({s} < n_it)")
+            issue(str(s), str(s))
+            self.line("tessera_cp_async_commit();")
+        self.line("for (int64_t it = 0; it < n_it; ++it) {")
+        em.indent += 1
+        iv = em.fresh("k")
+        self.line(f"const int64_t {iv} = {lb} + it * {step};")
+        em.names[self.iv] = iv
+        if stages == 1:
+            issue("0", "it")
+            self.line("tessera_cp_async_commit();")
+            self.line("tessera_cp_async_wait<0>();")
+        else:
+            self.line(f"tessera_cp_async_wait<{stages - 2}>();")
+        self.line("__syncthreads();")
+        if stages > 1:
+            # Refill the slot every warp finished with last iteration.
+            self.line(f"if (it + {stages - 1} < n_it)")
+            issue(f"(it + {stages - 1}) % {stages}", f"it + {stages - 1}")
+            self.line("tessera_cp_async_commit();")
+        slot = "0" if stages == 1 else f"it % {stages}"
+        for name, _, _, elems in self.stage_ptr:
+            self.line(f"const uint16_t* const {name} = {name}_ring + ({slot}) * {elems};")
+        for o in self.body:
+            if o.name == "scf.yield":
+                self._yield(o, carried)
+            else:
+                self._emit(o)
+        if stages == 1:
+            self.line("__syncthreads();")
+        em.indent -= 1
+        self.line("}")
+        self.line("tessera_cp_async_wait<0>();")
+        self.line("__syncthreads();")
+        em.indent -= 1
+        self.line("}")
+        self._results(carried)
+
+    def _fill_literal(self, v: ir.Value) -> str | None:
+        owner = v.owner
+        if isinstance(owner, ir.Block) or owner.operation.name != "ttile.fill":
+            return None
+        ct = ctype(tile_of(v.type)[1], v.location)
+        return c_literal(ir.FloatAttr(owner.operation.attributes["value"]).value, ct)
+
+    def _emit(self, o) -> None:
+        em, name = self.em, o.name
+        if name in ("ttile.load", "ttile.transpose"):
+            if name == "ttile.transpose":
+                self.vals[o.results[0]] = _Val("stage_t", src=self.vals[o.operands[0]])
+            return
+        result = o.results[0]
+        shape, elt = tile_of(result.type)
+        kind = "col" if shape[1] == 1 else "frag"
+        if name == "ttile.fill":
+            self.vals[result] = _Val("const", self._fill_literal(result), tuple(shape))
+            return
+        if name == "ttile.broadcast":
+            src = o.operands[0]
+            self.vals[result] = _Val("bcast", shape=tuple(shape), src=src)
+            return
+        if name == "ttile.dot":
+            self._dot(o)
+            return
+        if name == "ttile.reduce":
+            self._reduce(o)
+            return
+        self._declare(result, kind)
+        if name == "ttile.iota":
+            dim = ir.IntegerAttr(o.attributes["dim"]).value
+            start = em.scalar(o.operands[0])
+            ct = ctype(elt)
+            self._assign(result, kind, lambda d: f"({ct})({start} + {'r_' if dim == 0 else 'c_'})", elt)
+            return
+        self._assign(result, kind, lambda d: em.expression(
+            o, [self._element(v, d) for v in o.operands]), elt)
+
+    def _reduce(self, o) -> None:
+        src = self.vals[o.operands[0]]
+        identity, combine = _REDUCE[enum_of(o)]
+        r = self._declare(o.results[0], "col")
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
+        self.line("#pragma unroll")
+        self.line("  for (int h = 0; h < 2; ++h) {")
+        self.line(f"    float a = {identity};")
+        self.line("#pragma unroll")
+        self.line(f"    for (int ni = 0; ni < {src.shape[1] // 8}; ++ni)")
+        self.line("#pragma unroll")
+        self.line(f"      for (int j = 0; j < 2; ++j) {{ const float b = {src.name}[mi][ni][2 * h + j]; "
+                  f"a = {combine}; }}")
+        # The four lanes of a quad hold the row's other columns.
+        self.line("#pragma unroll")
+        self.line("    for (int off = 1; off < 4; off <<= 1) { "
+                  f"const float b = __shfl_xor_sync(0xffffffffu, a, off); a = {combine}; }}")
+        self.line(f"    {r.name}[mi][h] = a;")
+        self.line("  }")
+
+    def _dot(self, o) -> None:
+        a, b, acc = list(o.operands)[:3]
+        (_, k), (_, n) = tile_of(a.type)[0], tile_of(b.type)[0]
+        bval = self.vals[b]
+        trans = bval.kind == "stage_t"
+        stage = bval.src if trans else bval
+        name, _, ld, _ = self.stage_ptr[stage.stage]
+        r = self._declare(o.results[0], "frag")
+        self._assign(o.results[0], "frag", lambda d: self._element(acc, d), "f32")
+        source = "loop-invariant registers" if a in self.regs_of else "registers"
+        self.line(f"// ttile.dot {self.bm}x{n}x{k}: A from {source}, B {'transposed ' if trans else ''}"
+                  f"from the staged tile (ldmatrix{'' if trans else '.trans'})")
+        self.line("#pragma unroll")
+        self.line(f"for (int kk = 0; kk < {k // 16}; ++kk) {{")
+        self.em.indent += 1
+        self.line(f"uint32_t af[{self.mt}][4], bf[{n // 8}][2];")
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
+        self.line("#pragma unroll")
+        self.line("  for (int r = 0; r < 4; ++r) {")
+        if a in self.regs_of:
+            self.line(f"    af[mi][r] = {self.regs_of[a]}[mi][kk][r];")
+        else:
+            # Accumulator tiles 2kk and 2kk+1 are the A operand of k step kk.
+            x = self.vals[a].name
+            self.line(f"    const float* p = {x}[mi][2 * kk + (r >> 1)] + 2 * (r & 1);")
+            self.line("    af[mi][r] = tessera_pack_bf16(p[0], p[1]);")
+        self.line("  }")
+        lane = self.lane
+        self.line("#pragma unroll")
+        self.line(f"for (int nj = 0; nj < {n // 16}; ++nj) {{")
+        if trans:
+            # B[k][n] = L[n][k]: rows of L are B's columns, as ldmatrix reads them.
+            self.line(f"  uint32_t q4[4]; tessera_ldmatrix_x4(q4, {name} + (16 * nj + (({lane} >> 4) << 3) "
+                      f"+ ({lane} & 7)) * {ld} + 16 * kk + (({lane} >> 3) & 1) * 8);")
+        else:
+            self.line(f"  uint32_t q4[4]; tessera_ldmatrix_x4_trans(q4, {name} + (16 * kk + ({lane} & 15)) "
+                      f"* {ld} + 16 * nj + ({lane} >> 4) * 8);")
+        self.line("  bf[2 * nj][0] = q4[0]; bf[2 * nj][1] = q4[1]; "
+                  "bf[2 * nj + 1][0] = q4[2]; bf[2 * nj + 1][1] = q4[3];")
+        self.line("}")
+        self.em._mma_tiles("tessera_mma_bf16", r.name, self.mt, n // 8)
+        self.em.indent -= 1
+        self.line("}")
+
+    def _yield(self, o, carried: list[_Val]) -> None:
+        values = list(o.operands)
+        reads_carried = any(v in self.carried or (v in self.vals and self.vals[v].kind == "bcast"
+                                                  and self.vals[v].src in self.carried)
+                            for v in values)
+        targets = []
+        for arg, v, val in zip(self.carried, values, carried):
+            if v == arg:
+                continue
+            kind = val.kind
+            if reads_carried:       # every new value first, then overwrite
+                tmp = self._declare_like(val)
+                targets.append((val, tmp))
+                self._copy(tmp, kind, v)
+            else:
+                self._copy(val.name, kind, v, val)
+        for val, tmp in targets:
+            self._copy(val.name, val.kind, None, val, tmp)
+
+    def _declare_like(self, val: _Val) -> str:
+        name = self.em.fresh("ny")
+        dims = f"[{self.mt}][{val.shape[1] // 8}][4]" if val.kind == "frag" else f"[{self.mt}][2]"
+        self.line(f"{val.ctype} {name}{dims};")
+        return name
+
+    def _copy(self, dst: str, kind: str, v, val: _Val | None = None, src_name: str | None = None):
+        self._loops(kind, val.shape[1] if val else tile_of(v.type)[0][1])
+        index = "[mi][ni][q]" if kind == "frag" else "[mi][h]"
+        expr = f"{src_name}{index}" if src_name else self._element(v, kind)
+        self.line(f"{dst}{index} = {expr};")
+        self._close(kind)
+
+    def _results(self, carried: list[_Val]) -> None:
+        """Fragments stay in registers (the emitter's Fragment); columns go to
+        shared memory for whatever reads them after the loop."""
+        from .cuda_emitter import Fragment
+        em = self.em
+        spilled = False
+        for res, val in zip(self.op.results, carried):
+            if not list(res.uses):
+                continue
+            if val.kind == "frag":
+                em.frags[res] = Fragment(val.name, [self.bm, val.shape[1]], self.mt, val.shape[1] // 8,
+                                         self.wm0, "0", self.lane)
+                continue
+            tile: Tile = em.new_tile(res)
+            self.line("#pragma unroll")
+            self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
+            self.line("#pragma unroll")
+            self.line(f"  for (int h = 0; h < 2; ++h) if (({self.lane} & 3) == 0) "
+                      f"{tile.name}[{self.wm0} + 16 * mi + {self.g} + 8 * h] = {val.name}[mi][h];")
+            spilled = True
+        if spilled:
+            em.sync()
