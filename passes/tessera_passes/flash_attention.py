@@ -14,9 +14,11 @@ row log-sum-exp `lse = m + log(l)` for the backward pass.
 Backward (FlashAttention-2 order), two kernels, neither with atomics, so
 the gradients are deterministic:
 
-* `_dkdv`, per key block: loops over query blocks, recomputes
-  `P = exp(S - lse)`, accumulates `dV += P^T dO` and
-  `dK += dS^T Q` with `dS = P * (dO V^T - delta)`;
+* `_dkdv`, per key block: loops over query blocks, recomputes the
+  transposed blocks `P^T = exp(K Q^T - lse^T)` and
+  `dS^T = P^T * (V dO^T - delta^T)` (key rows, so each is the A operand
+  of the next dot as it stands), accumulates `dV += P^T dO` and
+  `dK += dS^T Q`;
 * `_dq`, per query block: loops over key blocks, accumulates `dQ += dS K`.
 
 `delta = rowsum(dO * out)` comes from Graph IR (tessera-autodiff emits it).
@@ -138,7 +140,24 @@ class _Builder:
             s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
         return s
 
+    def scores_t(self, k, q, col, row) -> ir.Value:
+        """The transposed score block scale * k q^T ([keys, queries]) for keys
+        from `col` and queries from `row`, masked where the key comes after
+        the query when causal."""
+        s = self.dot(k, self.transpose(q))
+        shape = self.shape(s)
+        s = ttile.MulOp(s, self.fill(shape, self.scale)).result
+        if self.causal:
+            i32 = ir.IntegerType.get_signless(32)
+            keys = ttile.IotaOp(_tile_type(shape, i32), col, _i64(0)).result
+            queries = ttile.IotaOp(_tile_type(shape, i32), row, _i64(1)).result
+            keep = ttile.CompareOp(_tile_type(shape, ir.IntegerType.get_signless(1)), queries, keys,
+                                   ir.Attribute.parse("#tgraph.compare<ge>")).result
+            s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
+        return s
+
     def broadcast(self, column: ir.Value, shape) -> ir.Value:
+        """A [m, 1] column or [1, n] row repeated to `shape`."""
         return ttile.BroadcastOp(_tile_type(shape, self.acc), column).result
 
     def row_reduce(self, x: ir.Value, kind: str) -> ir.Value:
@@ -252,11 +271,17 @@ def backward_kernels(op, name: str, ins, outs, module_block,
             dk_acc, dv_acc = loop.inner_iter_args
             q = b.load(q_buf, at, row, [bm, d])
             do = b.load(do_buf, at, row, [bm, dv])
-            lse = b.load(lse_buf, at, row, [bm, 1], stat)
-            delta = b.load(delta_buf, at, row, [bm, 1], stat)
-            p, ds = _probabilities(b, b.scores(q, k, row, col), lse, do, v, delta)
-            dv_new = b.dot(b.transpose(b.operand(p)), do, dv_acc)
-            dk_new = b.dot(b.transpose(b.operand(ds)), q, dk_acc)
+            # The transposed blocks P^T and dS^T ([keys, queries]) come out
+            # with this kernel's key rows, ready to be the A operand of dV's
+            # and dK's dots; lse and delta run along their columns.
+            lse = b.transpose(b.load(lse_buf, at, row, [bm, 1], stat))
+            delta = b.transpose(b.load(delta_buf, at, row, [bm, 1], stat))
+            pt = ttile.ExpOp(ttile.SubOp(b.scores_t(k, q, col, row),
+                                         b.broadcast(lse, [bn, bm])).result).result
+            dpt = b.dot(v, b.transpose(do))
+            dst = ttile.MulOp(pt, ttile.SubOp(dpt, b.broadcast(delta, [bn, bm])).result).result
+            dv_new = b.dot(b.operand(pt), do, dv_acc)
+            dk_new = b.dot(b.operand(dst), q, dk_acc)
             scf.YieldOp([dk_new, dv_new])
         dk_acc, dv_acc = loop.results
         b.store(ttile.MulOp(dk_acc, b.fill([bn, d], b.scale)).result, dk_buf, at, col)

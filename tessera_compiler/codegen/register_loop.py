@@ -143,6 +143,15 @@ class RegisterLoop:
         name, bm = o.name, self.bm
         if name == "scf.yield":
             return None
+        if name == "ttile.load" and tile_of(o.results[0].type)[0][1:] == [1] and all(
+                u.owner.operation.name == "ttile.transpose" for u in o.results[0].uses):
+            # A column read as a row (lse, delta along a transposed block's
+            # columns): each thread loads its columns from global memory.
+            rows = tile_of(o.results[0].type)[0][0]
+            if rows % 8 or any(v != self.iv and _defined_inside(v, self.op) for v in o.operands[1:]):
+                return f"a {rows}x1 column read as a row is not a multiple of 8 long, or its offsets are computed in the loop"
+            kinds[o.results[0]] = "rowload"
+            return None
         if name == "ttile.load":
             shape, elt = tile_of(o.results[0].type)
             buf = o.operands[0]
@@ -167,9 +176,10 @@ class RegisterLoop:
             self.loads.append(o)
             return None
         if name == "ttile.transpose":
-            if kinds.get(o.operands[0]) != "stage":
+            kind = {"stage": "stage_t", "rowload": "row"}.get(kinds.get(o.operands[0]))
+            if kind is None:
                 return "a transpose of something other than a loaded tile"
-            kinds[o.results[0]] = "stage_t"
+            kinds[o.results[0]] = kind
             return None
         if name == "ttile.dot":
             a, b, acc = list(o.operands)[:3]
@@ -264,6 +274,8 @@ class RegisterLoop:
             return self._element(val.src, domain)
         if val.kind == "frag":
             return f"{val.name}[mi][ni][q]"
+        if val.kind == "row":
+            return f"{val.name}[ni][q & 1]"
         return f"{val.name}[mi][{'q >> 1' if domain == 'frag' else 'h'}]"
 
     def _declare(self, v: ir.Value, kind: str, name: str | None = None) -> _Val:
@@ -432,9 +444,14 @@ class RegisterLoop:
 
     def _emit(self, o) -> None:
         em, name = self.em, o.name
-        if name in ("ttile.load", "ttile.transpose"):
-            if name == "ttile.transpose":
-                self.vals[o.results[0]] = _Val("stage_t", src=self.vals[o.operands[0]])
+        if name == "ttile.load":
+            return
+        if name == "ttile.transpose":
+            src = o.operands[0]
+            if src in self.vals:
+                self.vals[o.results[0]] = _Val("stage_t", src=self.vals[src])
+            else:
+                self._row(src.owner.operation, o.results[0])
             return
         result = o.results[0]
         shape, elt = tile_of(result.type)
@@ -461,6 +478,26 @@ class RegisterLoop:
             return
         self._assign(result, kind, lambda d: em.expression(
             o, [self._element(v, d) for v in o.operands]), elt)
+
+    def _row(self, load, result: ir.Value) -> None:
+        """`result` = a loaded [n, 1] column as a [1, n] row: the thread's
+        columns 8 ni + 2t + j, read from global memory."""
+        em = self.em
+        n = tile_of(result.type)[0][1]
+        buf = em.names[load.operands[0]]
+        shape = em.buffers[buf]
+        start = " + ".join(f"{em.scalar(v)} * {math.prod(shape[d + 1:])}"
+                           for d, v in enumerate(list(load.operands)[1:]))
+        name = em.fresh("row")
+        read = f"{buf}[{start} + (int64_t)(8 * ni + 2 * {self.t} + j) * {shape[-1]}]"
+        if em.buffer_elements[buf] == "bf16":
+            read = f"bf16_to_float({read})"
+        self.line(f"float {name}[{n // 8}][2];")
+        self.line("#pragma unroll")
+        self.line(f"for (int ni = 0; ni < {n // 8}; ++ni)")
+        self.line("#pragma unroll")
+        self.line(f"  for (int j = 0; j < 2; ++j) {name}[ni][j] = {read};")
+        self.vals[result] = _Val("row", name, (1, n))
 
     def _reduce(self, o) -> None:
         src = self.vals[o.operands[0]]

@@ -338,3 +338,41 @@ ttile.kernel @flash_split_columns(%q: memref<32x16xbf16>, %k: memref<32x16xbf16>
   ttile.store %res, %o[%c0, %c0] : !ttile.tile<32x32xf32>, memref<32x32xf32>
   ttile.return
 }
+
+// -----
+
+// The dK loop's shape: the transposed score block K Q^T has this block's key
+// rows; the per-query statistic (lse, a column in memory) runs along its
+// columns, so each thread reads the entries of its own columns straight from
+// global memory; the loaded query tile feeds one dot transposed (ldmatrix)
+// and the next as it is (ldmatrix.trans).
+// CHECK-LABEL: // ttile.kernel @keys_by_queries
+// CHECK: // scf.for with its tiles in registers: 2 warps x 16 rows, 1 tile(s) staged through 2 shared-memory buffers
+// CHECK: float [[ROW:row[0-9]+]][4][2];
+// CHECK: for (int j = 0; j < 2; ++j) [[ROW]][ni][j] = arg2[{{.*}} + (int64_t)(8 * ni + 2 * (lane{{[0-9]+}} & 3) + j) * 1];
+// CHECK: tessera_ldmatrix_x4(q4, st0_
+// CHECK: - [[ROW]][ni][q & 1];
+// CHECK: tessera_ldmatrix_x4_trans(q4, st0_
+ttile.kernel @keys_by_queries(%k: memref<32x16xbf16>, %q: memref<64x16xbf16>, %lse: memref<64x1xf32>, %dk: memref<32x16xf32>) attributes {block = array<i64: 64>, grid = array<i64: 1>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %c64 = arith.constant 64 : index
+  %tk = ttile.load %k[%c0, %c0] : memref<32x16xbf16> -> !ttile.tile<32x16xbf16>
+  %a0 = ttile.fill 0.0 : !ttile.tile<32x16xf32>
+  %res = scf.for %i = %c0 to %c64 step %c32 iter_args(%acc = %a0) -> (!ttile.tile<32x16xf32>) {
+    %tq = ttile.load %q[%i, %c0] : memref<64x16xbf16> -> !ttile.tile<32x16xbf16>
+    %tl = ttile.load %lse[%i, %c0] : memref<64x1xf32> -> !ttile.tile<32x1xf32>
+    %lt = ttile.transpose %tl : !ttile.tile<32x1xf32> to !ttile.tile<1x32xf32>
+    %qt = ttile.transpose %tq : !ttile.tile<32x16xbf16> to !ttile.tile<16x32xbf16>
+    %z = ttile.fill 0.0 : !ttile.tile<32x32xf32>
+    %st = ttile.dot %tk, %qt, %z {warps = array<i64: 2, 1>} : !ttile.tile<32x16xbf16>, !ttile.tile<16x32xbf16> -> !ttile.tile<32x32xf32>
+    %lb = ttile.broadcast %lt : !ttile.tile<1x32xf32> to !ttile.tile<32x32xf32>
+    %d = ttile.sub %st, %lb : !ttile.tile<32x32xf32>
+    %pt = ttile.exp %d : !ttile.tile<32x32xf32>
+    %pb = ttile.cast %pt : !ttile.tile<32x32xf32> to !ttile.tile<32x32xbf16>
+    %an = ttile.dot %pb, %tq, %acc {warps = array<i64: 2, 1>} : !ttile.tile<32x32xbf16>, !ttile.tile<32x16xbf16> -> !ttile.tile<32x16xf32>
+    scf.yield %an : !ttile.tile<32x16xf32>
+  }
+  ttile.store %res, %dk[%c0, %c0] : !ttile.tile<32x16xf32>, memref<32x16xf32>
+  ttile.return
+}
