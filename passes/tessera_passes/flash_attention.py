@@ -44,9 +44,10 @@ from tessera_compiler.passes_common import PassError
 from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _tile_type,
                             largest_divisor, new_kernel)
 
-#: Block sizes tried on GPUs, largest first: (BM, BN) for head dimensions up
-#: to 64, and smaller blocks for wider heads (the CUDA emitter keeps every
-#: tile of the loop in shared memory).
+#: Block sizes on GPUs: (BM, BN) by head dimension. The CUDA emitter keeps
+#: bf16 loops' tiles in registers (register_loop.py), 4 warps of 16 rows;
+#: wider heads take narrower key blocks, so the f32 shared-memory path (and
+#: `_dkdv`, whose rows are key rows) still fit.
 GPU_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
 

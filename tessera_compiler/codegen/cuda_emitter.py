@@ -18,6 +18,11 @@ Each grid point of a `ttile.kernel` is one thread block (`blockIdx`); its
   the accumulator stays in registers, laid out as the mma instruction
   defines. The pointwise epilogue after the loop (bias, activation,
   residual, cast, store) runs on those registers directly.
+* **Loops with their tiles in registers** (`register_loop.py`): a
+  flash-attention loop (dots with whole rows per warp, loads feeding only
+  dots) keeps every tile it carries or computes in registers, streams its
+  loads through a `cp.async` ring of `stages` buffers and feeds one dot's
+  result to the next as its A operand without shared memory.
 * **Cooperative reductions.** Reductions split each output over a group of
   lanes combined with warp shuffles.
 
