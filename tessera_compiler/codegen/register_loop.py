@@ -113,17 +113,17 @@ class RegisterLoop:
         self.warps = em.threads // 32
         if not self.carried:
             return "nothing is carried"
-        self.bm = tile_of(self.carried[0].type)[0][0] if str(self.carried[0].type).startswith(
-            "!ttile.tile") else 0
-        if not self.bm or self.bm % (16 * self.warps):
-            return f"carried tiles of {self.bm} rows do not split into 16-row warp slices"
+        shapes = [tile_of(a.type) if str(a.type).startswith("!ttile.tile") else ([], "")
+                  for a in self.carried]
+        self.bm = shapes[0][0][0] if shapes[0][0] else 0
+        for arg, (shape, elt) in zip(self.carried, shapes):
+            if len(shape) != 2 or shape[0] != self.bm or elt != "f32" \
+                    or (shape[1] != 1 and shape[1] % 8):
+                return f"carried {arg.type} is not an f32 [{self.bm}, 1] or [{self.bm}, 8k] tile"
+        if self.bm % (16 * self.warps):
+            return (f"carried tiles of {self.bm} rows do not split over {self.warps} warps "
+                    "of 16-row slices")
         self.mt = self.bm // (16 * self.warps)
-        for arg in self.carried:
-            if not str(arg.type).startswith("!ttile.tile"):
-                return "a carried value is not a tile"
-            (rows, n), elt = tile_of(arg.type) if len(tile_of(arg.type)[0]) == 2 else ((0, 0), "")
-            if rows != self.bm or elt != "f32" or (n != 1 and n % 8):
-                return f"carried tile {arg.type} is not [{self.bm}, 1] or [{self.bm}, 8k] f32"
         self.loads, self.invariant_a, self.direct = [], [], set()
         kinds = {a: ("col" if tile_of(a.type)[0][1] == 1 else "frag") for a in self.carried}
         for o in self.body:

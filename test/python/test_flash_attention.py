@@ -127,7 +127,7 @@ def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, monkeypatc
         source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
         attention = source[source.index("_attention_"):]
         # Every loop keeps its tiles in registers, except dK/dV's at D=96:
-        # its 32-row key blocks do not split over 4 warps of 16 rows, so its
+        # its 32-row key blocks do not split over 4 warps of 16-row slices, so its
         # 4 dots read shared-memory tiles.
         in_registers, from_smem = (2, 4) if d == 96 else (3, 0)
         assert attention.count("scf.for with its tiles in registers") == in_registers
