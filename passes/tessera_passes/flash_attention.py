@@ -126,32 +126,18 @@ class _Builder:
             return v
         return ttile.CastOp(_tile_type(self.shape(v), self.elt), v).result
 
-    def scores(self, q, k, row, col) -> ir.Value:
-        """scale * q k^T for query rows from `row` and keys from `col`, with
+    def scores(self, q, k, row, col, transposed: bool = False) -> ir.Value:
+        """scale * q k^T ([queries, keys]) for query rows from `row` and keys
+        from `col`, or its transpose scale * k q^T ([keys, queries]), with
         keys after the query masked to -inf when causal."""
-        s = self.dot(q, self.transpose(k))
+        s = self.dot(k, self.transpose(q)) if transposed else self.dot(q, self.transpose(k))
         shape = self.shape(s)
         s = ttile.MulOp(s, self.fill(shape, self.scale)).result
         if self.causal:
             i32 = ir.IntegerType.get_signless(32)
-            rows = ttile.IotaOp(_tile_type(shape, i32), row, _i64(0)).result
-            cols = ttile.IotaOp(_tile_type(shape, i32), col, _i64(1)).result
-            keep = ttile.CompareOp(_tile_type(shape, ir.IntegerType.get_signless(1)), rows, cols,
-                                   ir.Attribute.parse("#tgraph.compare<ge>")).result
-            s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
-        return s
-
-    def scores_t(self, k, q, col, row) -> ir.Value:
-        """The transposed score block scale * k q^T ([keys, queries]) for keys
-        from `col` and queries from `row`, masked where the key comes after
-        the query when causal."""
-        s = self.dot(k, self.transpose(q))
-        shape = self.shape(s)
-        s = ttile.MulOp(s, self.fill(shape, self.scale)).result
-        if self.causal:
-            i32 = ir.IntegerType.get_signless(32)
-            keys = ttile.IotaOp(_tile_type(shape, i32), col, _i64(0)).result
-            queries = ttile.IotaOp(_tile_type(shape, i32), row, _i64(1)).result
+            query_dim, key_dim = (1, 0) if transposed else (0, 1)
+            queries = ttile.IotaOp(_tile_type(shape, i32), row, _i64(query_dim)).result
+            keys = ttile.IotaOp(_tile_type(shape, i32), col, _i64(key_dim)).result
             keep = ttile.CompareOp(_tile_type(shape, ir.IntegerType.get_signless(1)), queries, keys,
                                    ir.Attribute.parse("#tgraph.compare<ge>")).result
             s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
@@ -277,7 +263,7 @@ def backward_kernels(op, name: str, ins, outs, module_block,
             # and dK's dots; lse and delta run along their columns.
             lse = b.transpose(b.load(lse_buf, at, row, [bm, 1], stat))
             delta = b.transpose(b.load(delta_buf, at, row, [bm, 1], stat))
-            pt = ttile.ExpOp(ttile.SubOp(b.scores_t(k, q, col, row),
+            pt = ttile.ExpOp(ttile.SubOp(b.scores(q, k, row, col, transposed=True),
                                          b.broadcast(lse, [bn, bm])).result).result
             dpt = b.dot(v, b.transpose(do))
             dst = ttile.MulOp(pt, ttile.SubOp(dpt, b.broadcast(delta, [bn, bm])).result).result

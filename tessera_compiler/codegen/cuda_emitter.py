@@ -663,6 +663,72 @@ class CudaKernelEmitter(KernelEmitter):
             self.line(f"{r.name}[{e}] = s;")
         self.for_each(M * N, body)
 
+    # -- cp.async staging ------------------------------------------------------------
+    def _load_start(self, load) -> tuple[str, str, list[int]]:
+        """(C name, flat element offset, shape) of the buffer a `ttile.load`
+        reads, at its offsets."""
+        buf = self.names[load.operands[0]]
+        shape = self.buffers[buf]
+        start = " + ".join(f"{self.scalar(v)} * {math.prod(shape[d + 1:])}"
+                           for d, v in enumerate(list(load.operands)[1:]))
+        return buf, start, shape
+
+    def _cp_async_tile(self, dst: str, load, rows: int, cols: int, ld: int) -> None:
+        """Copies `load`'s rows x cols 16-bit tile to shared memory at `dst`
+        (row pitch `ld` elements) in 16-byte cp.async chunks over the block."""
+        buf, start, shape = self._load_start(load)
+        self.line("#pragma unroll")
+        self.line(f"for (int ch = threadIdx.x; ch < {rows * cols // 8}; ch += {self.threads}) {{")
+        self.line(f"  const int r = ch / {cols // 8}, c = (ch % {cols // 8}) * 8;")
+        self.line(f"  tessera_cp_async16({dst} + r * {ld} + c, "
+                  f"{buf} + {start} + (int64_t)r * {shape[-1]} + c);")
+        self.line("}")
+
+    def _staged_loop(self, iv: ir.Value, bounds, load, body) -> None:
+        """An scf.for (induction variable `iv`, `bounds` lb/ub/step) whose
+        loads stream through a ring of `stages` shared-memory slots:
+        `load(slot)` emits the cp.async copies of one iteration (with `iv`
+        bound to that iteration's value), `body(slot)` its computation (the
+        C loop counter is `it`). stages - 1 iterations' loads are in flight
+        before the loop; each iteration waits for its own, refills the slot
+        every warp finished with in the previous iteration, then computes;
+        one commit group per iteration, even if empty."""
+        lb, ub, step = (self.scalar(v) for v in bounds)
+        stages = self.stages
+
+        def issue(slot: str, it: str) -> None:
+            self.line("{")
+            self.indent += 1
+            self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
+            saved = self.names.get(iv)
+            self.names[iv] = "kv"
+            load(slot)
+            self.names[iv] = saved
+            self.indent -= 1
+            self.line("}")
+            self.line("tessera_cp_async_commit();")
+
+        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+        for s in range(stages - 1):
+            self.line(f"if ({s} < n_it)")
+            issue(str(s), str(s))
+        self.line("for (int64_t it = 0; it < n_it; ++it) {")
+        self.indent += 1
+        if stages == 1:
+            issue("0", "it")
+        self.line(f"tessera_cp_async_wait<{max(stages - 2, 0)}>();")
+        self.line("__syncthreads();")
+        if stages > 1:
+            self.line(f"if (it + {stages - 1} < n_it)")
+            issue(f"(it + {stages - 1}) % {stages}", f"it + {stages - 1}")
+        body("0" if stages == 1 else f"it % {stages}")
+        if stages == 1:
+            self.line("__syncthreads();")      # before the next iteration overwrites the slot
+        self.indent -= 1
+        self.line("}")
+        self.line("tessera_cp_async_wait<0>();")
+        self.line("__syncthreads();")
+
     # -- loops with their tiles in registers (register_loop.py) ------------------------
     def _emit_register_loop(self, op) -> bool:
         loop = RegisterLoop(self, op)
@@ -751,7 +817,6 @@ class CudaKernelEmitter(KernelEmitter):
         a_bytes, b_bytes = bm * lda * 2, bk * ldb * 2
         ring = self._smem(stages * (a_bytes + b_bytes))
         fill = c_literal(ir.FloatAttr(init.attributes["value"]).value, "float")
-        lb, ub, step = (self.scalar(v) for v in p["bounds"])
         mma = "tessera_mma_" + _MMA_TYPES[p["elt"]]
         self.line(f"// tensor-core GEMM: block tile {bm}x{bn}x{bk}, warps {wm}x{wn}, "
                   f"{stages} stage{'s' if stages > 1 else ''} (mma.sync.m16n8k16, cp.async, ldmatrix)")
@@ -762,30 +827,10 @@ class CudaKernelEmitter(KernelEmitter):
         self.indent += 1
         self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
         self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_bytes});")
-        self.line(f"const int64_t k_tiles = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
-
-        def load_stage(stage: str, k_tile: str) -> None:
-            self.line("{")
-            self.indent += 1
-            self.line(f"const int64_t kv = {lb} + ({k_tile}) * {step};")
-            saved = self.names.get(p["iv"])
-            self.names[p["iv"]] = "kv"
+        def load_stage(stage: str) -> None:
             for load, dst, rows, cols, ld, nbytes in ((p["load_a"], "sa", bm, bk, lda, a_bytes),
                                                       (p["load_b"], "sb", bk, bn, ldb, b_bytes)):
-                buf = self.names[load.operands[0]]
-                shape = self.buffers[buf]
-                offsets = [self.scalar(v) for v in list(load.operands)[1:]]
-                base = " + ".join(f"{o} * {math.prod(shape[d + 1:])}" for d, o in enumerate(offsets))
-                chunks = rows * cols // 8
-                self.line("#pragma unroll")
-                self.line(f"for (int ch = threadIdx.x; ch < {chunks}; ch += {self.threads}) {{")
-                self.line(f"  const int r = ch / {cols // 8}, c = (ch % {cols // 8}) * 8;")
-                self.line(f"  tessera_cp_async16({dst} + ({stage}) * {nbytes // 2} + r * {ld} + c, "
-                          f"{buf} + {base} + (int64_t)r * {shape[-1]} + c);")
-                self.line("}")
-            self.names[p["iv"]] = saved
-            self.indent -= 1
-            self.line("}")
+                self._cp_async_tile(f"{dst} + ({stage}) * {nbytes // 2}", load, rows, cols, ld)
 
         def compute(stage: str) -> None:
             self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_bytes // 2};")
@@ -808,41 +853,7 @@ class CudaKernelEmitter(KernelEmitter):
             self.indent -= 1
             self.line("}")
 
-        if stages == 1:
-            self.line("for (int64_t kt = 0; kt < k_tiles; ++kt) {")
-            self.indent += 1
-            load_stage("0", "kt")
-            self.line("tessera_cp_async_commit();")
-            self.line("tessera_cp_async_wait<0>();")
-            self.line("__syncthreads();")
-            compute("0")
-            self.line("__syncthreads();")
-            self.indent -= 1
-            self.line("}")
-        else:
-            # Prologue: stages-1 tiles in flight; each iteration waits for the
-            # oldest, refills the slot the previous iteration finished with,
-            # then computes (one commit group per iteration, even if empty).
-            self.line(f"for (int s = 0; s < {stages - 1}; ++s) {{")
-            self.indent += 1
-            self.line("if (s < k_tiles)")
-            load_stage("s", "s")
-            self.line("tessera_cp_async_commit();")
-            self.indent -= 1
-            self.line("}")
-            self.line("for (int64_t kt = 0; kt < k_tiles; ++kt) {")
-            self.indent += 1
-            self.line(f"tessera_cp_async_wait<{stages - 2}>();")
-            self.line("__syncthreads();")
-            self.line(f"const int64_t next = kt + {stages - 1};")
-            self.line("if (next < k_tiles)")
-            load_stage(f"next % {stages}", "next")
-            self.line("tessera_cp_async_commit();")
-            compute(f"kt % {stages}")
-            self.indent -= 1
-            self.line("}")
-            self.line("tessera_cp_async_wait<0>();")
-            self.line("__syncthreads();")
+        self._staged_loop(p["iv"], p["bounds"], load_stage, compute)
         self.indent -= 1
         self.line("}")
         self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)

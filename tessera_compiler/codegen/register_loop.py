@@ -32,7 +32,6 @@ the emitter's pointwise epilogue reads directly) or shared-memory tiles
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tessera_mlir import ir
@@ -339,11 +338,7 @@ class RegisterLoop:
             self.line("#pragma unroll")
             self.line("    for (int r = 0; r < 4; ++r) {")
             if a in self.direct:         # two adjacent bf16s of the global buffer
-                load = a.owner.operation
-                buf = em.names[load.operands[0]]
-                shape = em.buffers[buf]
-                start = " + ".join(f"{em.scalar(o)} * {math.prod(shape[d + 1:])}"
-                                   for d, o in enumerate(list(load.operands)[1:]))
+                buf, start, shape = em._load_start(a.owner.operation)
                 self.line(f"      const uint16_t* p = {buf} + {start} + (int64_t){at[0]} * {shape[-1]} "
                           f"+ {at[1]};")
                 self.line(f"      {name}[mi][kk][r] = (uint32_t)p[0] | ((uint32_t)p[1] << 16);")
@@ -372,65 +367,24 @@ class RegisterLoop:
         em.indent += 1
         for name, at, _, _ in self.stage_ptr:
             self.line(f"uint16_t* const {name}_ring = reinterpret_cast<uint16_t*>(tessera_smem + {at});")
-        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+        def load(slot: str) -> None:
+            for tile_load, (name, _, ld, elems) in zip(self.loads, self.stage_ptr):
+                rows, cols = tile_of(tile_load.results[0].type)[0]
+                em._cp_async_tile(f"{name}_ring + ({slot}) * {elems}", tile_load, rows, cols, ld)
 
-        def issue(slot: str, it: str) -> None:
-            self.line("{")
-            em.indent += 1
-            self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
-            saved = em.names.get(self.iv)
-            em.names[self.iv] = "kv"
-            for load, (name, _, ld, elems) in zip(self.loads, self.stage_ptr):
-                rows, cols = tile_of(load.results[0].type)[0]
-                buf = em.names[load.operands[0]]
-                shape = em.buffers[buf]
-                offsets = [em.scalar(v) for v in list(load.operands)[1:]]
-                start = " + ".join(f"{o} * {math.prod(shape[d + 1:])}" for d, o in enumerate(offsets))
-                self.line("#pragma unroll")
-                self.line(f"for (int ch = threadIdx.x; ch < {rows * cols // 8}; ch += {em.threads}) {{")
-                self.line(f"  const int r = ch / {cols // 8}, c = (ch % {cols // 8}) * 8;")
-                self.line(f"  tessera_cp_async16({name}_ring + ({slot}) * {elems} + r * {ld} + c, "
-                          f"{buf} + {start} + (int64_t)r * {shape[-1]} + c);")
-                self.line("}")
-            em.names[self.iv] = saved
-            em.indent -= 1
-            self.line("}")
+        def body(slot: str) -> None:
+            iv = em.fresh("k")
+            self.line(f"const int64_t {iv} = {lb} + it * {step};")
+            em.names[self.iv] = iv
+            for name, _, _, elems in self.stage_ptr:
+                self.line(f"const uint16_t* const {name} = {name}_ring + ({slot}) * {elems};")
+            for o in self.body:
+                if o.name == "scf.yield":
+                    self._yield(o, carried)
+                else:
+                    self._emit(o)
 
-        for s in range(stages - 1):
-            self.line(f"if ({s} < n_it)")
-            issue(str(s), str(s))
-            self.line("tessera_cp_async_commit();")
-        self.line("for (int64_t it = 0; it < n_it; ++it) {")
-        em.indent += 1
-        iv = em.fresh("k")
-        self.line(f"const int64_t {iv} = {lb} + it * {step};")
-        em.names[self.iv] = iv
-        if stages == 1:
-            issue("0", "it")
-            self.line("tessera_cp_async_commit();")
-            self.line("tessera_cp_async_wait<0>();")
-        else:
-            self.line(f"tessera_cp_async_wait<{stages - 2}>();")
-        self.line("__syncthreads();")
-        if stages > 1:
-            # Refill the slot every warp finished with last iteration.
-            self.line(f"if (it + {stages - 1} < n_it)")
-            issue(f"(it + {stages - 1}) % {stages}", f"it + {stages - 1}")
-            self.line("tessera_cp_async_commit();")
-        slot = "0" if stages == 1 else f"it % {stages}"
-        for name, _, _, elems in self.stage_ptr:
-            self.line(f"const uint16_t* const {name} = {name}_ring + ({slot}) * {elems};")
-        for o in self.body:
-            if o.name == "scf.yield":
-                self._yield(o, carried)
-            else:
-                self._emit(o)
-        if stages == 1:
-            self.line("__syncthreads();")
-        em.indent -= 1
-        self.line("}")
-        self.line("tessera_cp_async_wait<0>();")
-        self.line("__syncthreads();")
+        em._staged_loop(self.iv, list(op.operands)[:3], load, body)
         em.indent -= 1
         self.line("}")
         self._results(carried)
@@ -484,10 +438,7 @@ class RegisterLoop:
         columns 8 ni + 2t + j, read from global memory."""
         em = self.em
         n = tile_of(result.type)[0][1]
-        buf = em.names[load.operands[0]]
-        shape = em.buffers[buf]
-        start = " + ".join(f"{em.scalar(v)} * {math.prod(shape[d + 1:])}"
-                           for d, v in enumerate(list(load.operands)[1:]))
+        buf, start, shape = em._load_start(load)
         name = em.fresh("row")
         read = f"{buf}[{start} + (int64_t)(8 * ni + 2 * {self.t} + j) * {shape[-1]}]"
         if em.buffer_elements[buf] == "bf16":
