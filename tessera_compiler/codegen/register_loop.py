@@ -45,16 +45,18 @@ _REDUCE = {"sum": ("0.0f", "a + b"), "prod": ("1.0f", "a * b"),
 
 @dataclass
 class _Val:
-    """How a value of the loop body is held: `frag` ([BM, n] registers),
-    `col` ([BM, 1] registers), `const` (a literal), `smem` (a shared-memory
-    tile defined before the loop), `bcast` (a column or literal read at
-    fragment coordinates), `stage` / `stage_t` (a staged load, or its
-    transpose)."""
+    """How a value of the loop body is held: `frag` ([BM, n] registers,
+    `name[mt][n/8][4]`), `col` ([BM, 1], `name[mt][2]`), `row` ([1, n], the
+    thread's columns, `name[n/8][2]`), `const` (a literal), `bcast` (the
+    value `src` read at the coordinates of a wider tile), `stage` (a load
+    staged in shared-memory ring `stage`) or `stage_t` (its transpose, `src`
+    the stage's _Val). Tiles defined before the loop have no _Val: they are
+    shared-memory tiles (or literals, for fills)."""
     kind: str
-    name: str = ""          # C array, literal, smem tile or (bcast) the source's _Val
+    name: str = ""          # C array, pointer or literal
     shape: tuple = ()
     ctype: str = "float"
-    src: "_Val | None" = None
+    src: object = None      # bcast: the ir.Value; stage_t: the stage's _Val
     stage: int = -1
 
 
@@ -314,12 +316,10 @@ class RegisterLoop:
 
         # The loop-carried registers, from their initial values.
         carried = []
-        for arg, init, res in zip(self.carried, list(op.operands)[3:], op.results):
+        for arg, init in zip(self.carried, list(op.operands)[3:]):
             kind = "col" if tile_of(arg.type)[0][1] == 1 else "frag"
-            val = self._declare(arg, kind)
-            self._assign(arg, kind, (lambda d, init=init: self._element(init, d)),
-                         "f32")
-            carried.append(val)
+            carried.append(self._declare(arg, kind))
+            self._assign(arg, kind, lambda d, init=init: self._element(init, d), "f32")
 
         # Loop-invariant A operands, as mma A registers.
         regs_of = {}
@@ -361,12 +361,13 @@ class RegisterLoop:
         for i, (ld, elems) in enumerate(layout):
             self.stage_ptr.append((f"st{i}_{em.counter}", base, ld, elems))
             base += stages * elems * 2
-        for load, v in zip(self.loads, self.stage_ptr):
-            self.vals[load.results[0]] = _Val("stage", v[0], stage=self.stage_ptr.index(v))
+        for i, (load, (name, _, _, _)) in enumerate(zip(self.loads, self.stage_ptr)):
+            self.vals[load.results[0]] = _Val("stage", name, stage=i)
         self.line("{")
         em.indent += 1
         for name, at, _, _ in self.stage_ptr:
             self.line(f"uint16_t* const {name}_ring = reinterpret_cast<uint16_t*>(tessera_smem + {at});")
+
         def load(slot: str) -> None:
             for tile_load, (name, _, ld, elems) in zip(self.loads, self.stage_ptr):
                 rows, cols = tile_of(tile_load.results[0].type)[0]
