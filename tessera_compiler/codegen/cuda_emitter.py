@@ -732,6 +732,8 @@ class CudaKernelEmitter(KernelEmitter):
     # -- loops with their tiles in registers (register_loop.py) ------------------------
     def _emit_register_loop(self, op) -> bool:
         loop = RegisterLoop(self, op)
+        if not loop.carried:        # a loop over peers or chunks, not over tiles
+            return False
         why = loop.plan()
         if why is not None:
             self.flush()
