@@ -578,6 +578,24 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("#pragma unroll")
         self.line(f"  for (int ni = 0; ni < {nt}; ++ni) {mma}({acc}[mi][ni], af[mi], bf[ni]);")
 
+    def _load_b_fragments(self, smem: str, ld: int, k0: str, n0: str, lane: str, nt: int,
+                          transposed: bool) -> None:
+        """`bf[nt][2]`: the mma B fragments of the k step starting at `k0`, for
+        columns `n0` on, from a bf16 shared-memory tile with row pitch `ld`,
+        16 columns per ldmatrix.x4. The tile is k x n (read with .trans) or,
+        `transposed`, n x k: its rows are B's columns, as ldmatrix reads them."""
+        self.line("#pragma unroll")
+        self.line(f"for (int nj = 0; nj < {nt // 2}; ++nj) {{")
+        if transposed:
+            self.line(f"  uint32_t r[4]; tessera_ldmatrix_x4(r, {smem} + ({n0} + nj * 16 + (({lane} >> 4) << 3) "
+                      f"+ ({lane} & 7)) * {ld} + {k0} + (({lane} >> 3) & 1) * 8);")
+        else:
+            self.line(f"  uint32_t r[4]; tessera_ldmatrix_x4_trans(r, {smem} + ({k0} + ({lane} & 15)) * {ld} "
+                      f"+ {n0} + nj * 16 + ({lane} >> 4) * 8);")
+        self.line("  bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1]; "
+                  "bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];")
+        self.line("}")
+
     # -- dot on tensor cores from shared-memory tiles ------------------------------
     def _tile_mma_reason(self, op) -> str | None:
         """Why `op` (a dot outside a GEMM main loop) cannot run on tensor cores
@@ -745,12 +763,8 @@ class CudaKernelEmitter(KernelEmitter):
             if not self.region.ops:
                 self.region = None
         self.flush()
-        for inner in loop.body:
-            for v in inner.operands:
-                if v in self.frags:
-                    self._spill(v)
-        for v in list(op.operands)[3:]:
-            if v in self.frags:
+        for v in loop.operands():
+            if v in self.frags:         # register tiles from before: to shared memory
                 self._spill(v)
         self._release(self.position[op])
         self.simt_reason = None
@@ -844,13 +858,7 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("#pragma unroll")
             self.line(f"for (int mi = 0; mi < {mt}; ++mi) tessera_ldmatrix_x4(af[mi], a_st + "
                       f"({wm0} + mi * 16 + ({lane} & 15)) * {lda} + kk + ({lane} >> 4) * 8);")
-            self.line("#pragma unroll")
-            self.line(f"for (int nj = 0; nj < {nt // 2}; ++nj) {{")
-            self.line(f"  uint32_t r[4]; tessera_ldmatrix_x4_trans(r, b_st + (kk + ({lane} & 15)) * {ldb} "
-                      f"+ {wn0} + nj * 16 + ({lane} >> 4) * 8);")
-            self.line("  bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1]; "
-                      "bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];")
-            self.line("}")
+            self._load_b_fragments("b_st", ldb, "kk", wn0, lane, nt, transposed=False)
             self._mma_tiles(mma, acc, mt, nt)
             self.indent -= 1
             self.line("}")

@@ -39,10 +39,6 @@ from tessera_mlir import ir
 from .tile_emitter import _ELEMENTWISE_EXPRESSIONS, Tile, c_literal, ctype, tile_of
 from ..passes_common import enum_of
 
-_REDUCE = {"sum": ("0.0f", "a + b"), "prod": ("1.0f", "a * b"),
-           "max": ("-INFINITY", "(b > a ? b : a)"), "min": ("INFINITY", "(b < a ? b : a)")}
-
-
 @dataclass
 class _Val:
     """How a value of the loop body is held: `frag` ([BM, n] registers,
@@ -82,13 +78,17 @@ class RegisterLoop:
         self.carried = list(self.block.arguments)[1:]
         self.body = [o.operation for o in self.block.operations]
 
+    def operands(self) -> list[ir.Value]:
+        """Every value the loop reads: its initial values and its body's operands."""
+        return list(self.op.operands)[3:] + [v for o in self.body for v in o.operands]
+
     def read_directly(self) -> set:
         """Ops before the loop that only the loop reads and that it reads
         without a shared-memory tile: `ttile.fill`s (literals inside) and
         loads of bf16 dot A operands (read from global memory straight into
         mma registers). Call after plan()."""
         ops = set()
-        for v in list(self.op.operands)[3:] + [v for o in self.body for v in o.operands]:
+        for v in self.operands():
             owner = v.owner
             if isinstance(owner, ir.Block) or _defined_inside(v, self.op) \
                     or not all(_within(u.owner.operation, self.op) for u in v.uses):
@@ -279,12 +279,22 @@ class RegisterLoop:
             return f"{val.name}[ni][q & 1]"
         return f"{val.name}[mi][{'q >> 1' if domain == 'frag' else 'h'}]"
 
-    def _declare(self, v: ir.Value, kind: str, name: str | None = None) -> _Val:
+    def _dims(self, kind: str, width: int) -> str:
+        return f"[{self.mt}][{width // 8}][4]" if kind == "frag" else f"[{self.mt}][2]"
+
+    def _write(self, dst: str, kind: str, width: int, expr_of) -> None:
+        """dst[element] = expr_of(kind) at every element of the thread's
+        part of a `kind` tile `width` columns wide."""
+        self._loops(kind, width)
+        index = "[mi][ni][q]" if kind == "frag" else "[mi][h]"
+        self.line(f"{dst}{index} = {expr_of(kind)};")
+        self._close(kind)
+
+    def _declare(self, v: ir.Value, kind: str) -> _Val:
         shape, elt = tile_of(v.type)
         ct = ctype(elt, v.location)
-        name = name or self.em.fresh("rv")
-        dims = f"[{self.mt}][{shape[1] // 8}][4]" if kind == "frag" else f"[{self.mt}][2]"
-        self.line(f"{ct} {name}{dims};")
+        name = self.em.fresh("rv")
+        self.line(f"{ct} {name}{self._dims(kind, shape[1])};")
         val = _Val(kind, name, tuple(shape), ct)
         self.vals[v] = val
         return val
@@ -292,13 +302,8 @@ class RegisterLoop:
     def _assign(self, v: ir.Value, kind: str, expr_of, elt: str) -> None:
         """`v` := expr_of(domain) at every element (bf16 rounded)."""
         val = self.vals[v]
-        self._loops(kind, val.shape[1])
-        expr = expr_of(kind)
-        if elt == "bf16":
-            expr = f"bf16_round({expr})"
-        index = "[mi][ni][q]" if kind == "frag" else "[mi][h]"
-        self.line(f"{val.name}{index} = {expr};")
-        self._close(kind)
+        wrap = (lambda e: f"bf16_round({e})") if elt == "bf16" else (lambda e: e)
+        self._write(val.name, kind, val.shape[1], lambda d: wrap(expr_of(d)))
 
     # -- emission ------------------------------------------------------------------
     def emit(self) -> None:
@@ -452,6 +457,7 @@ class RegisterLoop:
         self.vals[result] = _Val("row", name, (1, n))
 
     def _reduce(self, o) -> None:
+        from .cuda_emitter import _REDUCE
         src = self.vals[o.operands[0]]
         identity, combine = _REDUCE[enum_of(o)]
         r = self._declare(o.results[0], "col")
@@ -500,19 +506,7 @@ class RegisterLoop:
             self.line(f"    const float* p = {x}[mi][2 * kk + (r >> 1)] + 2 * (r & 1);")
             self.line("    af[mi][r] = tessera_pack_bf16(p[0], p[1]);")
         self.line("  }")
-        lane = self.lane
-        self.line("#pragma unroll")
-        self.line(f"for (int nj = 0; nj < {n // 16}; ++nj) {{")
-        if trans:
-            # B[k][n] = L[n][k]: rows of L are B's columns, as ldmatrix reads them.
-            self.line(f"  uint32_t q4[4]; tessera_ldmatrix_x4(q4, {name} + (16 * nj + (({lane} >> 4) << 3) "
-                      f"+ ({lane} & 7)) * {ld} + 16 * kk + (({lane} >> 3) & 1) * 8);")
-        else:
-            self.line(f"  uint32_t q4[4]; tessera_ldmatrix_x4_trans(q4, {name} + (16 * kk + ({lane} & 15)) "
-                      f"* {ld} + 16 * nj + ({lane} >> 4) * 8);")
-        self.line("  bf[2 * nj][0] = q4[0]; bf[2 * nj][1] = q4[1]; "
-                  "bf[2 * nj + 1][0] = q4[2]; bf[2 * nj + 1][1] = q4[3];")
-        self.line("}")
+        self.em._load_b_fragments(name, ld, "16 * kk", "0", self.lane, n // 8, transposed=trans)
         self.em._mma_tiles("tessera_mma_bf16", r.name, self.mt, n // 8)
         self.em.indent -= 1
         self.line("}")
@@ -522,32 +516,21 @@ class RegisterLoop:
         reads_carried = any(v in self.carried or (v in self.vals and self.vals[v].kind == "bcast"
                                                   and self.vals[v].src in self.carried)
                             for v in values)
-        targets = []
+        staged = []
         for arg, v, val in zip(self.carried, values, carried):
             if v == arg:
                 continue
-            kind = val.kind
+            new = lambda d, v=v: self._element(v, d)
             if reads_carried:       # every new value first, then overwrite
-                tmp = self._declare_like(val)
-                targets.append((val, tmp))
-                self._copy(tmp, kind, v)
+                tmp = self.em.fresh("ny")
+                self.line(f"{val.ctype} {tmp}{self._dims(val.kind, val.shape[1])};")
+                self._write(tmp, val.kind, val.shape[1], new)
+                index = "[mi][ni][q]" if val.kind == "frag" else "[mi][h]"
+                staged.append((val, lambda d, tmp=tmp, index=index: tmp + index))
             else:
-                self._copy(val.name, kind, v, val)
-        for val, tmp in targets:
-            self._copy(val.name, val.kind, None, val, tmp)
-
-    def _declare_like(self, val: _Val) -> str:
-        name = self.em.fresh("ny")
-        dims = f"[{self.mt}][{val.shape[1] // 8}][4]" if val.kind == "frag" else f"[{self.mt}][2]"
-        self.line(f"{val.ctype} {name}{dims};")
-        return name
-
-    def _copy(self, dst: str, kind: str, v, val: _Val | None = None, src_name: str | None = None):
-        self._loops(kind, val.shape[1] if val else tile_of(v.type)[0][1])
-        index = "[mi][ni][q]" if kind == "frag" else "[mi][h]"
-        expr = f"{src_name}{index}" if src_name else self._element(v, kind)
-        self.line(f"{dst}{index} = {expr};")
-        self._close(kind)
+                self._write(val.name, val.kind, val.shape[1], new)
+        for val, read in staged:
+            self._write(val.name, val.kind, val.shape[1], read)
 
     def _results(self, carried: list[_Val]) -> None:
         """Fragments stay in registers (the emitter's Fragment); columns go to

@@ -259,12 +259,12 @@ ttile.kernel @reuse(%x: memref<32x64xf32>, %y: memref<32x64xf32>, %a: memref<32x
 // CHECK-NEXT: if (it + 1 < n_it)
 // CHECK: // ttile.dot 32x32x16: A from loop-invariant registers, B transposed from the staged tile (ldmatrix)
 // CHECK: af[mi][r] = [[QA]][mi][kk][r];
-// CHECK: tessera_ldmatrix_x4(q4, st0_
+// CHECK: tessera_ldmatrix_x4(r, st0_
 // CHECK: for (int off = 1; off < 4; off <<= 1) { const float b = __shfl_xor_sync(0xffffffffu, a, off); a = (b > a ? b : a); }
 // CHECK: = bf16_round((float)(
 // CHECK: // ttile.dot 32x16x32: A from registers, B from the staged tile (ldmatrix.trans)
 // CHECK: af[mi][r] = tessera_pack_bf16(p[0], p[1]);
-// CHECK: tessera_ldmatrix_x4_trans(q4, st1_
+// CHECK: tessera_ldmatrix_x4_trans(r, st1_
 // CHECK: [[ACC]][mi][ni][q] = rv{{[0-9]+}}[mi][ni][q];
 // CHECK: tessera_cp_async_wait<0>();
 // CHECK: if ((lane{{[0-9]+}} & 3) == 0) t{{[0-9]+}}[wm{{[0-9]+}} + 16 * mi + (lane{{[0-9]+}} >> 2) + 8 * h] = [[M]][mi][h];
@@ -350,9 +350,9 @@ ttile.kernel @flash_split_columns(%q: memref<32x16xbf16>, %k: memref<32x16xbf16>
 // CHECK: // scf.for with its tiles in registers: 2 warps x 16 rows, 1 tile(s) staged through 2 shared-memory buffers
 // CHECK: float [[ROW:row[0-9]+]][4][2];
 // CHECK: for (int j = 0; j < 2; ++j) [[ROW]][ni][j] = arg2[{{.*}} + (int64_t)(8 * ni + 2 * (lane{{[0-9]+}} & 3) + j) * 1];
-// CHECK: tessera_ldmatrix_x4(q4, st0_
+// CHECK: tessera_ldmatrix_x4(r, st0_
 // CHECK: - [[ROW]][ni][q & 1];
-// CHECK: tessera_ldmatrix_x4_trans(q4, st0_
+// CHECK: tessera_ldmatrix_x4_trans(r, st0_
 ttile.kernel @keys_by_queries(%k: memref<32x16xbf16>, %q: memref<64x16xbf16>, %lse: memref<64x1xf32>, %dk: memref<32x16xf32>) attributes {block = array<i64: 64>, grid = array<i64: 1>, stages = 2 : i64} {
   %c0 = arith.constant 0 : index
   %c32 = arith.constant 32 : index
