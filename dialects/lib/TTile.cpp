@@ -207,6 +207,23 @@ LogicalResult DotOp::verify() {
                                       << (*warps)[0] * (*warps)[1] * 32
                                       << " threads but the kernel's block has " << threads;
   }
+  if (getWgmma()) {
+    auto warps = getWarps();
+    int64_t m = c.getShape()[0], n = c.getShape()[1], k = a.getShape()[1];
+    Type elt = a.getElementType();
+    if (!(elt.isBF16() || elt.isF16()) || !c.getElementType().isF32())
+      return emitOpError("'wgmma' needs bf16 or f16 operands and an f32 'acc', not ")
+             << a << " into " << c;
+    if (!warps || warps->size() != 2 || (*warps)[1] != 1 || (*warps)[0] % 4 ||
+        m != 16 * (*warps)[0])
+      return emitOpError("'wgmma' needs 'warps' = [M/16, 1] in whole warpgroups (M a multiple "
+                         "of 64): 'acc' is ")
+             << c;
+    if (n % 64 || n > 256 || k % 64)
+      return emitOpError("'wgmma' needs N a multiple of 64 up to 256 and K a multiple of 64, "
+                         "not N = ")
+             << n << ", K = " << k;
+  }
   return success();
 }
 

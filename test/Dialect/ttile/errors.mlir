@@ -282,6 +282,30 @@ func.func @f(%a: !ttile.tile<4x8xf32>, %b: !ttile.tile<8x16xf32>, %c: !ttile.til
 
 // -----
 
+func.func @f(%a: !ttile.tile<64x64xf32>, %b: !ttile.tile<64x64xf32>, %c: !ttile.tile<64x64xf32>) {
+  // expected-error @below {{'ttile.dot' op 'wgmma' needs bf16 or f16 operands and an f32 'acc', not '!ttile.tile<64x64xf32>' into '!ttile.tile<64x64xf32>'}}
+  %0 = ttile.dot %a, %b, %c {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xf32>, !ttile.tile<64x64xf32> -> !ttile.tile<64x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<64x64xbf16>, %b: !ttile.tile<64x64xbf16>, %c: !ttile.tile<64x64xf32>) {
+  // expected-error @below {{'ttile.dot' op 'wgmma' needs 'warps' = [M/16, 1] in whole warpgroups (M a multiple of 64): 'acc' is '!ttile.tile<64x64xf32>'}}
+  %0 = ttile.dot %a, %b, %c {warps = array<i64: 2, 2>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: !ttile.tile<64x32xbf16>, %b: !ttile.tile<32x64xbf16>, %c: !ttile.tile<64x64xf32>) {
+  // expected-error @below {{'ttile.dot' op 'wgmma' needs N a multiple of 64 up to 256 and K a multiple of 64, not N = 64, K = 32}}
+  %0 = ttile.dot %a, %b, %c {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x32xbf16>, !ttile.tile<32x64xbf16> -> !ttile.tile<64x64xf32>
+  return
+}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // Elementwise ops and ttile.reduce
 //===----------------------------------------------------------------------===//

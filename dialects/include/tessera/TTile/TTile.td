@@ -158,13 +158,22 @@ def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
     and warp blocks that are multiples of 16 x 16 (K a multiple of 16), the
     GPU emitter runs the dot on tensor cores (`mma.sync.m16n8k16`).
 
+    `wgmma` asks for Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a) with
+    both operands read from 128-byte-swizzled shared memory: each group of
+    four warps computes 64 rows of the accumulator over all its columns, so
+    `warps` must be `[WM, 1]` with WM a multiple of 4 and M = 16 * WM; N must
+    be a multiple of 64 up to 256 and K a multiple of 64 (whole swizzle
+    atoms). The accumulator's register layout is that of `mma.sync` with the
+    same `warps`, so code after the dot does not depend on the instruction.
+
     ```mlir
     %c = ttile.dot %a, %b, %acc : !ttile.tile<16x32xf32>, !ttile.tile<32x16xf32> -> !ttile.tile<16x16xf32>
     %d = ttile.dot %x, %y, %it {warps = array<i64: 2, 4>} : !ttile.tile<128x32xbf16>, !ttile.tile<32x128xbf16> -> !ttile.tile<128x128xf32>
+    %e = ttile.dot %x, %y, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
     ```
   }];
   let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_TileType:$acc,
-                       OptionalAttr<DenseI64ArrayAttr>:$warps);
+                       OptionalAttr<DenseI64ArrayAttr>:$warps, UnitAttr:$wgmma);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs `,` $acc attr-dict `:` qualified(type($lhs)) `,` qualified(type($rhs)) `->` qualified(type($result))
