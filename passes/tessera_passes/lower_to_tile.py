@@ -70,13 +70,7 @@ LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes")
 ELEMENTWISE_TILE_ELEMENTS = 4096
 THREADS_PER_BLOCK = 128
 # GEMM configurations for half-precision operands (tensor cores), largest
-# first: (BM, BN, BK, warps along M and N, pipeline stages). 128x128x32 on
-# 8 warps with a 3-deep ring of shared-memory tiles (57 KB) is the classic
-# mma.sync shape; smaller ones fill the GPU when there are few output tiles.
-TENSOR_CORE_CONFIGS = [(128, 128, 32, (2, 4), 3), (128, 64, 32, (2, 2), 3),
-                       (64, 128, 32, (2, 2), 3), (64, 64, 32, (2, 2), 3),
-                       (64, 32, 32, (2, 1), 3), (32, 32, 32, (2, 2), 2),
-                       (16, 16, 16, (1, 1), 2)]
+# first; see GemmConfig.
 SIMT_TILE_CAP = (32, 32, 32)         # BM, BN, BK for other element types
 # Enough thread blocks to give each SM of an H100 (132) one.
 TARGET_BLOCKS = 132
@@ -91,15 +85,32 @@ def largest_divisor(n: int, cap: int) -> int:
 
 @dataclass(frozen=True)
 class GemmConfig:
+    """A GEMM kernel's tiling: a `bm x bn` output tile per block, K in `bk`
+    steps; on tensor cores, `warps` (along M and N) split the tile and
+    `stages` shared-memory buffers pipeline the operand loads, and `wgmma`
+    asks for Hopper's warpgroup MMA (each group of 4 warps owns 64 rows)."""
     bm: int
     bn: int
     bk: int
     warps: tuple[int, int] | None = None     # None: CUDA cores
     stages: int | None = None
+    wgmma: bool = False
 
     @property
     def threads(self) -> int:
         return self.warps[0] * self.warps[1] * 32 if self.warps else THREADS_PER_BLOCK
+
+
+# wgmma with 2 warpgroups over 128 x 256 tiles and a 4-deep ring of 64-wide
+# K steps (192 KB) is the Hopper shape; 128x128x32 on 8 warps with a 3-deep
+# ring (57 KB) is the classic mma.sync shape; smaller ones fill the GPU when
+# there are few output tiles.
+TENSOR_CORE_CONFIGS = [GemmConfig(128, 256, 64, (8, 1), 4, wgmma=True),
+                       GemmConfig(128, 128, 64, (8, 1), 4, wgmma=True),
+                       GemmConfig(128, 128, 32, (2, 4), 3), GemmConfig(128, 64, 32, (2, 2), 3),
+                       GemmConfig(64, 128, 32, (2, 2), 3), GemmConfig(64, 64, 32, (2, 2), 3),
+                       GemmConfig(64, 32, 32, (2, 1), 3), GemmConfig(32, 32, 32, (2, 2), 2),
+                       GemmConfig(16, 16, 16, (1, 1), 2)]
 
 
 def gemm_config(batch: int, m: int, n: int, k: int, element: str) -> GemmConfig:
@@ -108,9 +119,8 @@ def gemm_config(batch: int, m: int, n: int, k: int, element: str) -> GemmConfig:
     SM a block, else the smallest that divides it; CUDA-core tiles (largest
     divisors up to 32) for other element types and shapes."""
     if element in ("bf16", "f16") and n % 8 == 0 and k % 8 == 0:
-        fitting = [GemmConfig(bm, bn, bk, warps, stages)
-                   for bm, bn, bk, warps, stages in TENSOR_CORE_CONFIGS
-                   if m % bm == 0 and n % bn == 0 and k % bk == 0]
+        fitting = [cfg for cfg in TENSOR_CORE_CONFIGS
+                   if m % cfg.bm == 0 and n % cfg.bn == 0 and k % cfg.bk == 0]
         for cfg in fitting:
             if batch * (m // cfg.bm) * (n // cfg.bn) >= TARGET_BLOCKS:
                 return cfg
@@ -329,7 +339,8 @@ def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: 
         a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk]).result
         b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col]).result
         warps = _i64_array(cfg.warps) if cfg.warps else None
-        scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps).result])
+        scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps,
+                                 wgmma=cfg.wgmma or None).result])
     result = loop.results[0]
     if acc_elt != out_elt:
         result = ttile.CastOp(_tile_type([cfg.bm, cfg.bn], out_elt), result).result

@@ -115,6 +115,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.smem_decls: list[str] = []
         self.threads = 1
         self.simt_reason = None     # why the last GEMM loop is not on tensor cores
+        self.wgmma_shapes: set = set()      # (N, element type) of the wgmma instructions used
         self.uses_nvshmem = False
 
     # -- shared memory -----------------------------------------------------------
@@ -156,17 +157,23 @@ class CudaKernelEmitter(KernelEmitter):
                     self.last_use[arg] = max(end[op], self.last_use.get(res, end[op]))
         self.live, self.holes = {}, []       # tile -> (offset, bytes, last use); free ranges
 
-    def _smem(self, nbytes: int) -> int:
-        """The offset of `nbytes` (rounded up to `_ALIGN`) of shared memory:
-        the first free range that holds them, else the end."""
+    def _smem(self, nbytes: int, align: int = _ALIGN) -> int:
+        """The offset, a multiple of `align`, of `nbytes` (rounded up to
+        `_ALIGN`) of shared memory: the first free range that holds them,
+        else the end. Alignment padding at the end stays free."""
         nbytes = _aligned(nbytes)
         for i, (offset, size) in enumerate(self.holes):
-            if size >= nbytes:
-                self.holes[i] = (offset + nbytes, size - nbytes)
-                return offset
-        offset = self.shared_bytes
-        self.shared_bytes += nbytes
-        return offset
+            start = -(-offset // align) * align
+            if size - (start - offset) >= nbytes:
+                self.holes[i:i + 1] = [h for h in ((offset, start - offset),
+                                                   (start + nbytes, offset + size - start - nbytes))
+                                       if h[1]]
+                return start
+        start = -(-self.shared_bytes // align) * align
+        if start > self.shared_bytes:
+            self.holes.append((self.shared_bytes, start - self.shared_bytes))
+        self.shared_bytes = start + nbytes
+        return start
 
     def _release(self, position: int) -> None:
         """Frees the tiles no op at or after `position` reads; a barrier first,
@@ -233,7 +240,9 @@ class CudaKernelEmitter(KernelEmitter):
                 f"dynamic shared memory {self.shared_bytes} bytes",
                 f'extern "C" __global__ void __launch_bounds__({self.threads}) '
                 f"{name}({', '.join(params)}) {{"]
-        smem = (["  extern __shared__ __align__(128) unsigned char tessera_smem[];"]
+        # 1024-byte alignment: wgmma's 128-byte swizzle is a function of the
+        # shared-memory address, in 1024-byte atoms.
+        smem = (["  extern __shared__ __align__(1024) unsigned char tessera_smem[];"]
                 + ["  " + d for d in self.smem_decls]) if self.shared_bytes else []
         return "\n".join(head + ["  " + p for p in prologue] + smem + body + ["}"]) + "\n"
 
@@ -691,28 +700,37 @@ class CudaKernelEmitter(KernelEmitter):
                            for d, v in enumerate(list(load.operands)[1:]))
         return buf, start, shape
 
-    def _cp_async_tile(self, dst: str, load, rows: int, cols: int, ld: int) -> None:
+    def _cp_async_tile(self, dst: str, load, rows: int, cols: int, ld: int | None) -> None:
         """Copies `load`'s rows x cols 16-bit tile to shared memory at `dst`
-        (row pitch `ld` elements) in 16-byte cp.async chunks over the block."""
+        in 16-byte cp.async chunks over the block: rows `ld` elements apart,
+        or, with `ld` None, swizzled for wgmma (`_SWIZZLED`)."""
         buf, start, shape = self._load_start(load)
+        place = (f"((c >> 6) * {rows} + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3)"
+                 if ld is None else f"r * {ld} + c")
         self.line("#pragma unroll")
         self.line(f"for (int ch = threadIdx.x; ch < {rows * cols // 8}; ch += {self.threads}) {{")
         self.line(f"  const int r = ch / {cols // 8}, c = (ch % {cols // 8}) * 8;")
-        self.line(f"  tessera_cp_async16({dst} + r * {ld} + c, "
+        self.line(f"  tessera_cp_async16({dst} + {place}, "
                   f"{buf} + {start} + (int64_t)r * {shape[-1]} + c);")
         self.line("}")
 
-    def _staged_loop(self, iv: ir.Value, bounds, load, body) -> None:
+    def _staged_loop(self, iv: ir.Value, bounds, load, body, lag: int = 0,
+                     ready: str | None = None) -> None:
         """An scf.for (induction variable `iv`, `bounds` lb/ub/step) whose
         loads stream through a ring of `stages` shared-memory slots:
         `load(slot)` emits the cp.async copies of one iteration (with `iv`
         bound to that iteration's value), `body(slot)` its computation (the
-        C loop counter is `it`). stages - 1 iterations' loads are in flight
-        before the loop; each iteration waits for its own, refills the slot
-        every warp finished with in the previous iteration, then computes;
-        one commit group per iteration, even if empty."""
+        C loop counter is `it`). stages - 1 - lag iterations' loads are in
+        flight before the loop; each iteration waits for its own (then runs
+        the `ready` statement, before the barrier), refills the slot every
+        warp finished with, then computes; one commit group per iteration,
+        even if empty. `lag` is how many iterations' computations may still
+        be reading their slots when the next iteration starts (asynchronous
+        wgmma groups left in flight): the slot refilled is the one read
+        lag + 1 iterations ago."""
         lb, ub, step = (self.scalar(v) for v in bounds)
-        stages = self.stages
+        stages = self.stages - lag
+        assert stages >= 1, "a pipeline needs more stages than computations in flight"
 
         def issue(slot: str, it: str) -> None:
             self.line("{")
@@ -732,14 +750,17 @@ class CudaKernelEmitter(KernelEmitter):
             issue(str(s), str(s))
         self.line("for (int64_t it = 0; it < n_it; ++it) {")
         self.indent += 1
+        slot = "0" if self.stages == 1 else f"it % {self.stages}"
         if stages == 1:
-            issue("0", "it")
+            issue(slot, "it")
         self.line(f"tessera_cp_async_wait<{max(stages - 2, 0)}>();")
+        if ready:
+            self.line(ready)
         self.line("__syncthreads();")
         if stages > 1:
             self.line(f"if (it + {stages - 1} < n_it)")
-            issue(f"(it + {stages - 1}) % {stages}", f"it + {stages - 1}")
-        body("0" if stages == 1 else f"it % {stages}")
+            issue(f"(it + {stages - 1}) % {self.stages}", f"it + {stages - 1}")
+        body(slot)
         if stages == 1:
             self.line("__syncthreads();")      # before the next iteration overwrites the slot
         self.indent -= 1
@@ -790,6 +811,7 @@ class CudaKernelEmitter(KernelEmitter):
         if dot.operands[0] not in by_result or dot.operands[1] not in by_result:
             return None, "the dot's operands are not the loop's loads"
         load_a, load_b = by_result[dot.operands[0]], by_result[dot.operands[1]]
+        wgmma = "wgmma" in dot.attributes
         (bm, bk), elt = tile_of(dot.operands[0].type)
         (_, bn), _ = tile_of(dot.operands[1].type)
         acc_shape, acc_elt = tile_of(dot.results[0].type)
@@ -809,7 +831,7 @@ class CudaKernelEmitter(KernelEmitter):
             offsets = list(load.operands)[1:]
             if shape[-1] % 8 or not _multiple_of(offsets[-1], 8):
                 return None, "a loaded tile is not 16-byte aligned (cp.async needs it)"
-        return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, iv=iv, load_a=load_a,
+        return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, wgmma=wgmma, iv=iv, load_a=load_a,
                     load_b=load_b, init=init_op.operation, result=op.results[0],
                     bounds=list(op.operands)[:3]), None
 
@@ -829,28 +851,55 @@ class CudaKernelEmitter(KernelEmitter):
         p = plan
         bm, bn, bk, wm, wn, stages = p["bm"], p["bn"], p["bk"], p["wm"], p["wn"], self.stages
         mt, nt = bm // wm // 16, bn // wn // 8
-        lda, ldb = bk + 8, bn + 8            # +16 B per row: conflict-free ldmatrix
-        a_bytes, b_bytes = bm * lda * 2, bk * ldb * 2
-        ring = self._smem(stages * (a_bytes + b_bytes))
+        # mma.sync rows are padded 16 B (conflict-free ldmatrix); wgmma's are
+        # swizzled instead, in 1024-byte atoms that must start 1024-aligned.
+        mma_ring = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
+        wgmma_ring = stages * (bm * bk + bk * bn) * 2
+        ring = (self._smem(max(mma_ring, wgmma_ring), align=1024) if p["wgmma"]
+                else self._smem(mma_ring))
         fill = c_literal(ir.FloatAttr(init.attributes["value"]).value, "float")
-        mma = "tessera_mma_" + _MMA_TYPES[p["elt"]]
+        instruction = ("wgmma.mma_async.m64n{bn}k16 from 128-byte-swizzled shared memory, "
+                       "mma.sync.m16n8k16 on plain sm_90" if p["wgmma"]
+                       else "mma.sync.m16n8k16, ldmatrix").format(bn=bn)
         self.line(f"// tensor-core GEMM: block tile {bm}x{bn}x{bk}, warps {wm}x{wn}, "
-                  f"{stages} stage{'s' if stages > 1 else ''} (mma.sync.m16n8k16, cp.async, ldmatrix)")
+                  f"{stages} stage{'s' if stages > 1 else ''} ({instruction}; cp.async)")
         acc, lane, wm0, wn0 = self._warp_accumulator(bm, bn, wm, wn)
         self.line("#pragma unroll")
         self.line(f"for (int i = 0; i < {mt * nt * 4}; ++i) (&{acc}[0][0][0])[i] = {fill};")
+        if p["wgmma"]:
+            # wgmma is an arch-specific (sm_90a) feature: NVRTC through cupy
+            # compiles for plain sm_90, which gets the mma.sync loop instead.
+            # Both leave the accumulator in the same registers.
+            self.line("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || "
+                      "(defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))")
+            self._wgmma_main_loop(p, ring, acc)
+            self.line("#else")
+        self._mma_sync_main_loop(p, ring, acc, lane, wm0, wn0)
+        if p["wgmma"]:
+            self.line("#endif")
+        self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)
+        return True
+
+    def _mma_sync_main_loop(self, p, ring: int, acc: str, lane: str, wm0: str, wn0: str) -> None:
+        """The GEMM main loop on mma.sync.m16n8k16: each warp loads its A and
+        B fragments from the stage's padded tiles with ldmatrix."""
+        bm, bn, bk, wm, wn, stages = p["bm"], p["bn"], p["bk"], p["wm"], p["wn"], self.stages
+        mt, nt = bm // wm // 16, bn // wn // 8
+        lda, ldb = bk + 8, bn + 8            # +16 B per row: conflict-free ldmatrix
+        a_elems, b_elems = bm * lda, bk * ldb
+        mma = "tessera_mma_" + _MMA_TYPES[p["elt"]]
         self.line("{")
         self.indent += 1
         self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
-        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_bytes});")
+        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_elems * 2});")
+
         def load_stage(stage: str) -> None:
-            for load, dst, rows, cols, ld, nbytes in ((p["load_a"], "sa", bm, bk, lda, a_bytes),
-                                                      (p["load_b"], "sb", bk, bn, ldb, b_bytes)):
-                self._cp_async_tile(f"{dst} + ({stage}) * {nbytes // 2}", load, rows, cols, ld)
+            self._cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], bm, bk, lda)
+            self._cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], bk, bn, ldb)
 
         def compute(stage: str) -> None:
-            self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_bytes // 2};")
-            self.line(f"const uint16_t* const b_st = sb + ({stage}) * {b_bytes // 2};")
+            self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_elems};")
+            self.line(f"const uint16_t* const b_st = sb + ({stage}) * {b_elems};")
             self.line("#pragma unroll")
             self.line(f"for (int kk = 0; kk < {bk}; kk += 16) {{")
             self.indent += 1
@@ -866,8 +915,54 @@ class CudaKernelEmitter(KernelEmitter):
         self._staged_loop(p["iv"], p["bounds"], load_stage, compute)
         self.indent -= 1
         self.line("}")
-        self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)
-        return True
+
+    def _wgmma_main_loop(self, p, ring: int, acc: str) -> None:
+        """The GEMM main loop on wgmma.mma_async: warpgroup g multiplies rows
+        64g..64g+63 of the stage's A tile by its whole B tile, both read by
+        the tensor cores from shared memory through matrix descriptors.
+        Tiles are stored as 64-column panels of 128-byte rows, 16-byte chunks
+        XOR-swizzled by row % 8 (the 128-byte swizzle; `_cp_async_tile`): A
+        is K-major (rows of K), B N-major (rows of N, panels of 64 columns
+        `bk * 128` bytes apart, groups of 8 rows 1024 bytes apart). With 3+
+        stages one iteration's wgmma group stays in flight while the next is
+        issued, and the loads run stages - 2 iterations ahead."""
+        bm, bn, bk, stages = p["bm"], p["bn"], p["bk"], self.stages
+        a_elems, b_elems = bm * bk, bk * bn
+        n_acc = bm // p["wm"] // 16 * (bn // 8) * 4
+        lag = 1 if stages >= 3 else 0
+        elt = _MMA_TYPES[p["elt"]]
+        self.wgmma_shapes.add((bn, elt))
+        self.line("{")
+        self.indent += 1
+        self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
+        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_elems * 2});")
+        self.line("const int wg = threadIdx.x >> 7;     // warpgroup: A rows 64 wg .. 64 wg + 63")
+        self.line(f"tessera_wgmma_fence_operands<{n_acc}>(&{acc}[0][0][0]);")
+
+        def load_stage(stage: str) -> None:
+            self._cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], bm, bk, None)
+            self._cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], bk, bn, None)
+
+        def compute(stage: str) -> None:
+            self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_elems} + wg * {64 * 64};")
+            self.line(f"const uint16_t* const b_st = sb + ({stage}) * {b_elems};")
+            self.line("tessera_wgmma_fence();")
+            self.line("#pragma unroll")
+            self.line(f"for (int kk = 0; kk < {bk}; kk += 16)")
+            self.line(f"  tessera_wgmma_{elt}<{bn}>(&{acc}[0][0][0], "
+                      f"tessera_wgmma_desc(a_st + (kk >> 6) * {bm * 64} + (kk & 63), 16, 1024), "
+                      f"tessera_wgmma_desc(b_st + kk * 64, {bk * 128}, 1024));")
+            self.line("tessera_wgmma_commit();")
+            self.line(f"tessera_wgmma_wait<{lag}>();")
+
+        # cp.async writes through the generic proxy, wgmma reads through the
+        # async proxy: each thread fences its landed copies before the barrier.
+        self._staged_loop(p["iv"], p["bounds"], load_stage, compute, lag=lag,
+                          ready="tessera_fence_proxy_async();")
+        self.line("tessera_wgmma_wait<0>();")
+        self.line(f"tessera_wgmma_fence_operands<{n_acc}>(&{acc}[0][0][0]);")
+        self.indent -= 1
+        self.line("}")
 
 
 def _common_shape(shapes) -> list[int] | None:
@@ -918,6 +1013,65 @@ TESSERA_MMA(tessera_mma_f16, "f16")
 #endif
 """
 
+# Hopper's warpgroup MMA and its fences: sm_90a only (arch-specific
+# features), hence their own guard; `wgmma_wrapper` adds the instruction of
+# each accumulator width a kernel uses. The emulator defines them too.
+_WGMMA_HELPERS = """#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(TESSERA_EMULATED_PTX)
+__device__ __forceinline__ uint32_t tessera_shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void tessera_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void tessera_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void tessera_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// Shared memory written by the generic proxy (cp.async, stores), made
+// visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void tessera_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the
+// asynchronous wgmma operations that own the registers in between.
+template <int N> __device__ __forceinline__ void tessera_wgmma_fence_operands(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+template <int N> __device__ void tessera_wgmma_bf16(float* d, uint64_t a, uint64_t b);
+template <int N> __device__ void tessera_wgmma_f16(float* d, uint64_t a, uint64_t b);
+#endif
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(TESSERA_EMULATED_PTX)
+// A wgmma shared-memory matrix descriptor with the 128-byte swizzle: start
+// address, leading and stride byte offsets (each >> 4), swizzle mode 1.
+__device__ __forceinline__ uint64_t tessera_wgmma_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((tessera_shared_address(p) & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16)
+       | (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+#endif
+"""
+
+
+def wgmma_wrapper(n: int, elt: str) -> str:
+    """`tessera_wgmma_<elt><n>`: one wgmma.mma_async.m64n<n>k16 with an f32
+    accumulator of n/2 registers per thread, A K-major and B N-major from
+    shared-memory descriptors, accumulating (scale-d = 1)."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (f"#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(TESSERA_EMULATED_PTX)\n"
+            f"template <> __device__ __forceinline__ void tessera_wgmma_{elt}<{n}>"
+            f"(float* d, uint64_t a, uint64_t b) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{elt}.{elt} "\n'
+            f'               "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
+            f"               : {outs}\n"
+            f'               : "l"(a), "l"(b), "r"(1));\n'
+            f"}}\n#endif\n")
+
+
 CUDA_PRELUDE = """\
 // Generated by Tessera from Tile IR (ttile). Do not edit.
 #include <cmath>
@@ -928,7 +1082,7 @@ CUDA_PRELUDE = """\
 __device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
   return (uint32_t)float_to_bf16(lo) | ((uint32_t)float_to_bf16(hi) << 16);
 }
-""" + _MMA_HELPERS
+""" + _MMA_HELPERS + _WGMMA_HELPERS
 
 
 def emit_cuda_kernels(module) -> tuple[str, dict]:
@@ -938,15 +1092,18 @@ def emit_cuda_kernels(module) -> tuple[str, dict]:
     of arguments marked `ttile.signals` (the runtime zeroes them, then runs a
     barrier over all PEs, before each launch)."""
     parts, launches, nvshmem = [CUDA_PRELUDE], {}, False
+    wgmma_shapes = set()
     for kernel in kernels_of(module):
         emitter = CudaKernelEmitter()
         parts.append(emitter.emit_kernel(kernel))
+        wgmma_shapes |= emitter.wgmma_shapes
         launch = dict(emitter.launch)
         if emitter.uses_nvshmem:
             launch["nvshmem"] = True
             launch["signals"] = marked_args(kernel, "ttile.signals")
         launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
+    parts[1:1] = [wgmma_wrapper(n, elt) for n, elt in sorted(wgmma_shapes)]
     if nvshmem:
         # Device-initiated communication: NVSHMEM's device API (compile with
         # -rdc=true and link libnvshmem_device; see build.build_cuda_cubin).

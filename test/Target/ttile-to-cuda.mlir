@@ -8,7 +8,7 @@
 // group of lanes combined by warp shuffles.
 // CHECK: // launch: grid (2), block (64), dynamic shared memory [[SMEM:[0-9]+]] bytes
 // CHECK: extern "C" __global__ void __launch_bounds__(64) everything(void* arg0_, void* arg1_, void* arg2_, void* arg3_) {
-// CHECK: extern __shared__ __align__(128) unsigned char tessera_smem[];
+// CHECK: extern __shared__ __align__(1024) unsigned char tessera_smem[];
 // CHECK: const int64_t pid0 = blockIdx.x;
 // CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
 // CHECK: // ttile.dot 4x4x2 on CUDA cores: the dot has no 'warps'

@@ -5,13 +5,22 @@ that gives every CUDA thread of a block its own `std::thread`:
 `__syncthreads()` is a barrier over the block, the warp-level instructions
 the tensor-core main loop uses (`ldmatrix`, `mma.sync.m16n8k16`) and
 `__shfl_xor_sync` exchange data between the 32 threads of a warp through a
-barrier, and `cp.async` copies at once (an asynchronous copy that completes
-early is a legal execution). Each instruction is implemented from its
-definition in the PTX ISA (fragment layouts included), independently of
-the emitter, so a kernel that computes the right answer here indexes its
-tiles, fragments and pipeline stages correctly. It says nothing about
-speed, and it cannot catch races that a real GPU's timing would expose
-beyond what the barriers order.
+barrier. Each instruction is implemented from its definition in the PTX
+ISA (fragment layouts, wgmma's shared-memory matrix descriptors and
+128-byte swizzle included), independently of the emitter, so a kernel that
+computes the right answer here indexes its tiles, fragments, swizzled
+buffers and pipeline stages correctly.
+
+Asynchronous operations complete as LATE as the PTX ISA allows, not at
+issue: a thread's `cp.async` copies happen when it waits for their commit
+group (`cp.async.wait_group`; until then the destination holds NaNs), and
+its `wgmma.mma_async` operations read
+shared memory and update its accumulator registers when it waits for
+their group (`wgmma.wait_group`). A kernel that reuses a pipeline slot
+before the wait that protects it therefore computes with the wrong data
+here, as it could on a GPU. The emulator says nothing about speed, cannot
+check proxy fences (`fence.proxy.async`), and cannot catch races that a
+real GPU's timing would expose beyond what the waits and barriers order.
 
     lib = EmulatedKernels(cuda_source)
     lib.launch("kernel_name", [a, b, out], grid=(4,), block=(256,), shared_bytes=56832)
@@ -49,7 +58,10 @@ _SHIM = r"""
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -64,7 +76,7 @@ _SHIM = r"""
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 static thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
-alignas(128) unsigned char tessera_smem[232448];
+alignas(1024) unsigned char tessera_smem[232448];
 
 using std::exp; using std::tanh; using std::log; using std::sqrt;
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
@@ -93,9 +105,32 @@ template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
   T r; std::memcpy(&r, &bits, sizeof(T)); return r;
 }
 
-inline void tessera_cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
-inline void tessera_cp_async_commit() {}
-template <int N> inline void tessera_cp_async_wait() {}
+// Asynchronous work of one thread, in commit groups (oldest first) plus the
+// group still open; wait<N> completes all but the N newest committed groups.
+template <typename Op> struct AsyncGroups {
+  std::deque<std::vector<Op>> committed;
+  std::vector<Op> open;
+  void commit() { committed.push_back(std::move(open)); open.clear(); }
+  template <typename Run> void wait(size_t n, Run run) {
+    while (committed.size() > n) {
+      for (Op& op : committed.front()) run(op);
+      committed.pop_front();
+    }
+  }
+};
+
+struct CpAsync { void* dst; const void* src; };
+static thread_local AsyncGroups<CpAsync> cp_async;
+// The destination reads as NaN from issue until the copy lands at its wait:
+// a read of a slot too early, or a refill of a slot still being read, shows.
+inline void tessera_cp_async16(void* smem, const void* gmem) {
+  std::memset(smem, 0xff, 16);
+  cp_async.open.push_back({smem, gmem});
+}
+inline void tessera_cp_async_commit() { cp_async.commit(); }
+template <int N> inline void tessera_cp_async_wait() {
+  cp_async.wait(N, [](CpAsync& c) { std::memcpy(c.dst, c.src, 16); });
+}
 
 static inline uint32_t pack16(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
@@ -159,6 +194,68 @@ static void mma(float* d, const uint32_t* a, const uint32_t* b, bool bf16) {
 }
 inline void tessera_mma_bf16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, true); }
 inline void tessera_mma_f16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, false); }
+
+// wgmma.mma_async.m64nNk16.f32 with A K-major and B N-major in shared
+// memory. A matrix descriptor holds the start address, leading and stride
+// byte offsets (LBO, SBO; bits 0-13, 16-29, 32-45, each >> 4), the base
+// offset (49-51) and the swizzle mode (62-63). The 128-byte swizzle's
+// canonical layouts, in bf16 elements with T = 8:
+//   K-major:  ((8,m),(T,2k)):((8T,SBO),(1,T))        (A: row r, column k)
+//   MN-major: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))   (B: column n, row k)
+// after which address bits 4-6 are XORed with bits 7-9 (Swizzle<3,4,3>).
+inline uint32_t tessera_shared_address(const void* p) {
+  return uint32_t(static_cast<const unsigned char*>(p) - tessera_smem);
+}
+static float wgmma_element(uint64_t desc, int mn, int k, bool mn_major, bool bf16) {
+  const uint32_t start = uint32_t(desc & 0x3FFF) << 4, lbo = uint32_t((desc >> 16) & 0x3FFF) << 4,
+                 sbo = uint32_t((desc >> 32) & 0x3FFF) << 4;
+  if ((desc >> 62) != 1 || ((desc >> 49) & 7)) {
+    std::fprintf(stderr, "wgmma emulation: only the 128-byte swizzle with base offset 0 is "
+                 "emulated (descriptor %#llx)\n", (unsigned long long)desc);
+    std::abort();
+  }
+  uint32_t at = mn_major ? start + (mn / 64) * lbo + (mn % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                         : start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
+  at ^= ((at >> 7) & 7) << 4;
+  uint16_t h; std::memcpy(&h, tessera_smem + at, 2);
+  return half_bits_to_float(h, bf16);
+}
+
+// D (64 x N, f32) += A (64 x 16) x B (16 x N) for the warpgroup: thread t of
+// the group holds, for n-block j, d[4j + q] at row 16(t/32) + (t%32)/4 + 8(q/2),
+// column 8j + 2(t%4) + q%2 (the mma.sync accumulator layout, per warp).
+struct Wgmma { float* d; uint64_t a, b; int n; bool bf16; };
+static thread_local AsyncGroups<Wgmma> wgmma_async;
+static void run_wgmma(Wgmma& op) {
+  const int t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
+  for (int j = 0; j < op.n / 8; ++j)
+    for (int q = 0; q < 4; ++q) {
+      const int row = row0 + 8 * (q >> 1), col = 8 * j + col0 + (q & 1);
+      float s = op.d[4 * j + q];
+      for (int k = 0; k < 16; ++k)
+        s += wgmma_element(op.a, row, k, false, op.bf16) * wgmma_element(op.b, col, k, true, op.bf16);
+      op.d[4 * j + q] = s;
+    }
+}
+static void issue_wgmma(const Wgmma& op) {
+  if (blockDim.x % 128) {
+    std::fprintf(stderr, "wgmma emulation: a block of %u threads is not whole warpgroups\n",
+                 blockDim.x);
+    std::abort();
+  }
+  wgmma_async.open.push_back(op);
+}
+template <int N> inline void tessera_wgmma_bf16(float* d, uint64_t a, uint64_t b) {
+  issue_wgmma({d, a, b, N, true});
+}
+template <int N> inline void tessera_wgmma_f16(float* d, uint64_t a, uint64_t b) {
+  issue_wgmma({d, a, b, N, false});
+}
+inline void tessera_wgmma_fence() {}
+inline void tessera_fence_proxy_async() {}
+template <int N> inline void tessera_wgmma_fence_operands(float*) {}
+inline void tessera_wgmma_commit() { wgmma_async.commit(); }
+template <int N> inline void tessera_wgmma_wait() { wgmma_async.wait(N, run_wgmma); }
 """
 
 # NVSHMEM's device API for kernels that include nvshmem.h. PEs are the
