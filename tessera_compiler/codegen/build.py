@@ -23,7 +23,10 @@ from pathlib import Path
 # vectorize them: 6x on a GELU.
 CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-std=c++17",
              "-shared", "-fPIC"]
-CUDA_ARCH = "sm_90"
+# sm_90a: Hopper with its arch-specific features (wgmma.mma_async); such a
+# cubin runs on compute capability 9.0 (H100, H200) only. Kernels guard their
+# wgmma loops, so the same source also builds for plain sm_90.
+CUDA_ARCH = "sm_90a"
 NVCC_FLAGS = [f"-arch={CUDA_ARCH}", "-std=c++17", "-O3"]
 
 
@@ -111,8 +114,34 @@ def nvshmem_home() -> Path | None:
     return None
 
 
+def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, int]]:
+    """What ptxas reports for each kernel of a CUDA source compiled for
+    `arch`: {kernel: {"registers", "spill_stores", "spill_loads"}}. Raises
+    KernelBuildError when nvcc is missing or fails."""
+    tool = nvcc()
+    if tool is None:
+        raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
+                               "nvidia-cuda-nvcc wheel)")
+    proc = subprocess.run([tool, f"-arch={arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
+                           "-x", "cu", "-", "-o", os.devnull], input=source,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KernelBuildError(f"nvcc failed on generated kernels:\n{proc.stderr[-4000:]}")
+    report, kernel = {}, None
+    for line in proc.stderr.splitlines():
+        if "Function properties for" in line:
+            kernel = line.split()[-1]
+            report[kernel] = {}
+        elif kernel and "spill stores" in line:
+            stores, loads = (int(line.split(" bytes spill ")[i].split()[-1]) for i in (0, 1))
+            report[kernel].update(spill_stores=stores, spill_loads=loads)
+        elif kernel and "Used" in line and "registers" in line:
+            report[kernel]["registers"] = int(line.split("Used")[1].split()[0])
+    return report
+
+
 def build_cuda_cubin(source: str) -> Path:
-    """Compiles CUDA kernels for sm_90 into a cubin the GPU engine loads;
+    """Compiles CUDA kernels for sm_90a into a cubin the GPU engine loads;
     returns its cached path. Kernels calling NVSHMEM's device API are compiled
     relocatable and device-linked with libnvshmem_device into one cubin."""
     tool = nvcc()

@@ -1021,18 +1021,18 @@ __device__ __forceinline__ uint32_t tessera_shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void tessera_wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
 }
 __device__ __forceinline__ void tessera_wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
 }
 template <int N> __device__ __forceinline__ void tessera_wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\\n" :: "n"(N) : "memory");
 }
 // Shared memory written by the generic proxy (cp.async, stores), made
 // visible to the async proxy that wgmma reads through.
 __device__ __forceinline__ void tessera_fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
 }
 // Keeps the compiler from moving accumulator reads or writes across the
 // asynchronous wgmma operations that own the registers in between.

@@ -22,17 +22,27 @@ def _gelu(h):
     return 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
 
 
-@pytest.mark.parametrize("config", [(128, 128, 32, (2, 4), 3), (64, 64, 32, (2, 2), 3),
-                                    (64, 32, 32, (2, 1), 3), (16, 16, 16, (1, 1), 2)],
-                         ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-w{c[3][0]}x{c[3][1]}-s{c[4]}")
+GEMM_CONFIGS = [(128, 256, 64, (8, 1), 4, True), (128, 128, 64, (8, 1), 3, True),
+                (128, 128, 64, (8, 1), 2, True), (128, 128, 32, (2, 4), 3),
+                (64, 64, 32, (2, 2), 3), (64, 32, 32, (2, 1), 3), (16, 16, 16, (1, 1), 2)]
+
+
+def _config_id(c):
+    return (f"{c[0]}x{c[1]}x{c[2]}-w{c[3][0]}x{c[3][1]}-s{c[4]}"
+            + ("-wgmma" if len(c) > 5 else ""))
+
+
+@pytest.mark.parametrize("config", GEMM_CONFIGS, ids=_config_id)
 def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     """A batched bf16 GEMM + bias + GELU + residual, one kernel per config:
-    tensor-core main loop (cp.async ring, ldmatrix, mma.sync) and the
-    epilogue on the accumulator registers, against a float64 reference."""
+    tensor-core main loop (cp.async ring; ldmatrix and mma.sync, or
+    wgmma from swizzled shared memory with 3+ stages keeping a group in
+    flight) and the epilogue on the accumulator registers, against a
+    float64 reference."""
     import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [config])
+    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
     monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
-    bm, bn, bk, _, stages = config
+    bm, bn, bk, _, stages = config[:5]
     rng = np.random.default_rng()
     batch, m, k, n = 2, 2 * bm, (stages + 2) * bk, bn      # more K steps than stages
     x = rng.standard_normal((batch, m, k)).astype(BF16)
@@ -48,6 +58,7 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     gemm = [name for name in launches if "matmul" in name]
     assert len(gemm) == 1, launches
     assert f"block tile {bm}x{bn}x{bk}" in source and "tessera_mma_bf16(" in source
+    assert (f"tessera_wgmma_bf16<{bn}>(" in source) == (len(config) > 5)
     cfg = launches[gemm[0]]
     out = np.zeros((batch, m, n), BF16)
     EmulatedKernels(source).launch(gemm[0], [x, w, b.reshape(1, 1, n).copy(), r, out],
@@ -56,6 +67,75 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     ref = _gelu(mm + b.astype(np.float64)) + r.astype(np.float64)
     # bf16: every op of the epilogue rounds to 8 bits of mantissa.
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0.04, atol=0.04)
+
+
+def _wgmma_gemm(monkeypatch, stages=4, k_steps=6):
+    """A 256 x 6*64 x 256 bf16 GEMM traced with the 128x256x64 wgmma
+    configuration: inputs, CUDA source, kernel name, launch and reference."""
+    import tessera_passes.lower_to_tile as lower_to_tile
+    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS",
+                        [lower_to_tile.GemmConfig(128, 256, 64, (8, 1), stages, wgmma=True)])
+    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((256, 64 * k_steps)).astype(BF16)
+    w = (rng.standard_normal((64 * k_steps, 256)) / 8).astype(BF16)
+    trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target="gpu")
+    with ir.Context():
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+    (name, cfg), = launches.items()
+    return x, w, source, name, cfg, x.astype(np.float64) @ w.astype(np.float64)
+
+
+def _emulate(source, name, cfg, x, w, defines=()):
+    out = np.zeros((x.shape[0], w.shape[1]), BF16)
+    EmulatedKernels(source, defines).launch(name, [x, w, out], cfg["grid"], cfg["block"],
+                                            cfg["shared_bytes"])
+    return out.astype(np.float64)
+
+
+def test_wgmma_kernel_on_plain_sm90_runs_its_mma_sync_loop(monkeypatch):
+    """A wgmma GEMM compiled without sm_90a's features (NVRTC through cupy
+    targets plain sm_90) takes its mma.sync branch, which leaves the same
+    accumulator layout: emulated with that branch, the result is right."""
+    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch)
+    out = _emulate(source, name, cfg, x, w, defines=["TESSERA_EMULATE_NO_WGMMA"])
+    np.testing.assert_allclose(out, ref, rtol=0.02, atol=0.05)
+
+
+def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch):
+    """The emulator runs cp.async and wgmma as late as PTX allows (and a
+    copy's destination reads as NaN until it lands): a ring that refills the
+    slot the still-running wgmma group reads (no lag for the group in
+    flight) gives wrong results, while the real kernel is right."""
+    from tessera_compiler.codegen.cuda_emitter import CudaKernelEmitter
+    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch)
+    np.testing.assert_allclose(_emulate(source, name, cfg, x, w), ref, rtol=0.02, atol=0.05)
+    staged = CudaKernelEmitter._staged_loop
+    monkeypatch.setattr(CudaKernelEmitter, "_staged_loop",
+                        lambda self, *a, lag=0, **kw: staged(self, *a, **kw))
+    x, w, broken, name, cfg, ref = _wgmma_gemm(monkeypatch)
+    assert "tessera_wgmma_wait<1>();" in broken and broken != source
+    out = _emulate(broken, name, cfg, x, w)
+    assert not np.isfinite(out).all() or np.abs(out - ref).max() > 1.0
+
+
+def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch):
+    """nvcc builds the 128x256 wgmma GEMM for sm_90a with wgmma.mma_async
+    instructions and for plain sm_90 without them (its mma.sync branch),
+    both without register spills."""
+    import subprocess
+    from tessera_compiler.codegen.build import kernel_resources, nvcc
+    if nvcc() is None:
+        pytest.skip("nvcc is not installed on this machine")
+    _, _, source, name, _, _ = _wgmma_gemm(monkeypatch)
+    for arch, has_wgmma in (("sm_90a", True), ("sm_90", False)):
+        ptx = subprocess.run([nvcc(), f"-arch={arch}", "-std=c++17", "-O3", "-ptx", "-x", "cu", "-",
+                              "-o", "-"], input=source, capture_output=True, text=True)
+        assert ptx.returncode == 0, ptx.stderr[-2000:]
+        issued = ptx.stdout.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16")
+        assert (issued >= 4) if has_wgmma else issued == 0, (arch, issued)   # 4 per K step
+        (report,) = kernel_resources(source, arch).values()
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (arch, report)
 
 
 def test_emulator_catches_a_wrong_fragment_layout():

@@ -379,13 +379,17 @@ def _launcher() -> str:
 class EmulatedKernels:
     """The kernels of a CUDA source compiled for CPU emulation."""
 
-    def __init__(self, cuda_source: str):
+    def __init__(self, cuda_source: str, defines=()):
+        """Compiles `cuda_source` with the emulation shim; `defines` are
+        preprocessor names defined first (TESSERA_EMULATE_NO_WGMMA runs
+        the plain-sm_90 branch of wgmma kernels)."""
         self.uses_nvshmem = "#include <nvshmem.h>" in cuda_source
         if self.uses_nvshmem:
             cuda_source = _NVSHMEM_SHIM + "\n".join(
                 line for line in cuda_source.splitlines()
                 if line not in ("#include <nvshmem.h>", "#include <nvshmemx.h>"))
-        source = _SHIM + "\n" + cuda_source + "\n" + _launcher()
+        source = (_SHIM + "".join(f"#define {d} 1\n" for d in defines) + cuda_source + "\n"
+                  + _launcher())
         key = hashlib.sha256(source.encode()).hexdigest()[:24]
         target = _cache_dir() / f"{key}.so"
         cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
