@@ -1,4 +1,4 @@
-"""Emits CUDA C++ for sm_90 from Tile IR.
+"""Emits CUDA C++ for sm_90a (Hopper) from Tile IR.
 
 Each grid point of a `ttile.kernel` is one thread block (`blockIdx`); its
 `block` threads cooperate on every tile. Three ideas keep tiles out of memory:
@@ -17,7 +17,13 @@ Each grid point of a `ttile.kernel` is one thread block (`blockIdx`); its
   filled by `cp.async` ahead of use, `ldmatrix` feeds the tensor cores, and
   the accumulator stays in registers, laid out as the mma instruction
   defines. The pointwise epilogue after the loop (bias, activation,
-  residual, cast, store) runs on those registers directly.
+  residual, cast, store) runs on those registers directly. A dot marked
+  `wgmma` runs as Hopper's warpgroup MMA instead: the ring holds its tiles
+  128-byte swizzled, `wgmma.mma_async` reads both operands from shared
+  memory through matrix descriptors, and one wgmma group stays in flight
+  while the next is issued. The accumulator layout is the same, so the
+  epilogue is too, and a build for plain sm_90 (no arch-specific
+  features) compiles the mma.sync loop in its place.
 * **Loops with their tiles in registers** (`register_loop.py`): a
   flash-attention loop (dots with whole rows per warp, loads feeding only
   dots) keeps every tile it carries or computes in registers, streams its

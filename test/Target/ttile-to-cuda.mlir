@@ -119,6 +119,59 @@ ttile.kernel @gemm(%a: memref<128x96xbf16>, %b: memref<96x128xbf16>, %bias: memr
 
 // -----
 
+// `wgmma` on the dot: a Hopper main loop. Two warpgroups each multiply 64
+// rows of the A tile by the whole 256-column B tile with wgmma.mma_async,
+// both operands read from shared memory through matrix descriptors; the
+// cp.async ring writes them 128-byte swizzled (chunk ^ row % 8) and runs 2
+// of 4 stages ahead, so one wgmma group stays in flight (wait<1>). Builds
+// for plain sm_90 (no arch-specific features) get the mma.sync loop; both
+// leave the accumulator in the same registers for the epilogue.
+// CHECK: template <> __device__ __forceinline__ void tessera_wgmma_bf16<256>(float* d, uint64_t a, uint64_t b) {
+// CHECK: "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+// CHECK: "{%0, %1, {{.*}}, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+// CHECK-LABEL: // ttile.kernel @wgmma_gemm
+// CHECK: // launch: grid (2), block (256), dynamic shared memory 208896 bytes
+// CHECK: // tensor-core GEMM: block tile 128x256x64, warps 8x1, 4 stages (wgmma.mma_async.m64n256k16
+// CHECK: float [[ACC:acc[0-9]+]][1][32][4];
+// CHECK: #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))
+// CHECK: const int wg = threadIdx.x >> 7;
+// CHECK: tessera_cp_async16(sa + (0) * 8192 + ((c >> 6) * 128 + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3),
+// CHECK: tessera_cp_async16(sb + (0) * 16384 + ((c >> 6) * 64 + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3),
+// CHECK: tessera_cp_async_wait<1>();
+// CHECK-NEXT: tessera_fence_proxy_async();
+// CHECK-NEXT: __syncthreads();
+// CHECK-NEXT: if (it + 2 < n_it)
+// CHECK: tessera_wgmma_fence();
+// CHECK: tessera_wgmma_bf16<256>(&[[ACC]][0][0][0], tessera_wgmma_desc(a_st + (kk >> 6) * 8192 + (kk & 63), 16, 1024), tessera_wgmma_desc(b_st + kk * 64, 8192, 1024));
+// CHECK-NEXT: tessera_wgmma_commit();
+// CHECK-NEXT: tessera_wgmma_wait<1>();
+// CHECK: tessera_wgmma_wait<0>();
+// CHECK: #else
+// CHECK: tessera_mma_bf16([[ACC]][mi][ni], af[mi], bf[ni]);
+// CHECK: #endif
+// CHECK: arg2[{{.*}}] = float_to_bf16(
+ttile.kernel @wgmma_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, %c: memref<256x256xbf16>)
+    attributes {grid = array<i64: 2>, block = array<i64: 256>, stages = 4 : i64} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %c128 = arith.constant 128 : index
+  %c320 = arith.constant 320 : index
+  %row = arith.muli %pid, %c128 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  %acc = scf.for %k = %c0 to %c320 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
+    %ta = ttile.load %a[%row, %k] : memref<256x320xbf16> -> !ttile.tile<128x64xbf16>
+    %tb = ttile.load %b[%k, %c0] : memref<320x256xbf16> -> !ttile.tile<64x256xbf16>
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+    scf.yield %d : !ttile.tile<128x256xf32>
+  }
+  %h = ttile.cast %acc : !ttile.tile<128x256xf32> to !ttile.tile<128x256xbf16>
+  ttile.store %h, %c[%row, %c0] : !ttile.tile<128x256xbf16>, memref<256x256xbf16>
+  ttile.return
+}
+
+// -----
+
 // The same loop with f32 operands stays on CUDA cores, and the emitter says why.
 // CHECK-LABEL: // ttile.kernel @f32_gemm
 // CHECK: // ttile.dot 16x16x16 on CUDA cores: f32 operands with an f32 accumulator (tensor cores: bf16/f16 into f32)
