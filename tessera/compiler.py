@@ -311,7 +311,7 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
     `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
     `deterministic=True` fixes every reduction order (see `dist.deterministic`;
     the default follows that context and TESSERA_DETERMINISTIC). `target` is
-    "cpu" (the default; or TESSERA_TARGET) or "gpu": CUDA kernels for sm_90
+    "cpu" (the default; or TESSERA_TARGET) or "gpu": CUDA kernels for sm_90a (Hopper)
     run by the `cuda` engine (cupy, NCCL), or emulated on the CPU with
     TESSERA_CUDA_EMULATE=1."""
     if fn is None:

@@ -129,7 +129,7 @@ def lower(module: ir.Module, target: str = "cpu") -> Levels:
     """Lowers `module` (Graph IR) in place through every level. With
     `target="cpu"` matmuls become BLAS library calls and the kernels C++;
     with "gpu" matmuls are tiled Tile IR GEMMs (see tessera-lower-to-tile)
-    and the kernels CUDA C++ for sm_90."""
+    and the kernels CUDA C++ for sm_90a."""
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     levels = Levels(graph=str(module), target=target)

@@ -16,8 +16,9 @@ from . import driver
 
 TRANSLATIONS = {
     "ttile-to-cpp": "C++ for the CPU engine: one extern \"C\" function per ttile.kernel (grid as loops)",
-    "ttile-to-cuda": "CUDA C++ for sm_90: one extern \"C\" __global__ kernel per ttile.kernel "
-                     "(pointwise chains in registers, GEMM loops on tensor cores)",
+    "ttile-to-cuda": "CUDA C++ for sm_90a (Hopper): one extern \"C\" __global__ kernel per "
+                     "ttile.kernel (pointwise chains in registers, GEMM loops on tensor cores; "
+                     "wgmma loops fall back to mma.sync on plain sm_90)",
 }
 
 
