@@ -1,6 +1,7 @@
 """The `cuda` engine on a real GPU (skipped without cupy and a device): the
-GPU-target GPT training step against the CPU engine, and a tensor-core GEMM
-against cupy.matmul (cuBLAS) on fresh random inputs."""
+GPU-target GPT training step against the CPU engine, a tensor-core GEMM
+against cupy.matmul (cuBLAS) and the wgmma GEMMs against numpy, on fresh
+random inputs."""
 
 import sys
 from pathlib import Path
@@ -37,6 +38,32 @@ def test_bf16_gemm_with_epilogue_matches_cublas():
     ref = cp.asnumpy(cp.matmul(cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))))
     ref = np.maximum(ref.astype(bf16).astype(np.float64) + b.astype(np.float64), 0)
     np.testing.assert_allclose(out, ref, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("config", [(128, 256, 64, (8, 1), 4, True),
+                                    (128, 128, 64, (8, 1), 3, True)],
+                         ids=["128x256x64-s4-wgmma", "128x128x64-s3-wgmma"])
+def test_wgmma_gemm_with_epilogue_matches_numpy(config, monkeypatch):
+    """The Hopper main loop (wgmma from swizzled shared memory, emulated in
+    CI) on the GPU itself: forced onto a small GEMM + bias + GELU, against a
+    float64 reference on fresh inputs. This is the check of the descriptor
+    and swizzle layouts the emulator implements from the PTX ISA."""
+    import ml_dtypes
+    import tessera as ts
+    import tessera_passes.lower_to_tile as lower_to_tile
+    from tessera import op
+    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
+    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng()
+    x = rng.standard_normal((512, 640)).astype(bf16)
+    w = (rng.standard_normal((640, 512)) / 25).astype(bf16)
+    b = rng.standard_normal(512).astype(bf16)
+    f = ts.jit(lambda x, w, b: op.gelu(op.matmul(x, w) + b), target="gpu")
+    out = np.asarray(f(x, w, b), np.float64)
+    h = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    ref = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
+    np.testing.assert_allclose(out, ref, rtol=0.03, atol=0.03)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
