@@ -33,7 +33,7 @@ they multiply `V` (as every flash-attention implementation does).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, ttile
@@ -44,10 +44,11 @@ from tessera_compiler.passes_common import PassError
 from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _tile_type,
                             largest_divisor, new_kernel)
 
-#: Block sizes on GPUs: (BM, BN) by head dimension. The CUDA emitter keeps
-#: bf16 loops' tiles in registers (register_loop.py), 4 warps of 16 rows;
-#: wider heads take narrower key blocks, so the f32 shared-memory path (and
-#: `_dkdv`, whose rows are key rows) still fit.
+#: Block sizes on GPUs: (BM, BN) by head dimension (`_dkdv` takes them
+#: transposed: BM key rows per instance, BN query rows per step). The CUDA
+#: emitter keeps bf16 loops' tiles in registers (register_loop.py), 4 warps
+#: of 16 rows; wider heads take narrower blocks along the loop, so the
+#: register tiles and the f32 shared-memory path still fit.
 GPU_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
 
@@ -234,7 +235,12 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     """The `_dkdv` and `_dq` kernels of `tgraph.attention_grad` `op`, each
     with the input and output buffers it is launched on."""
     lead, seq, d, dv, cfg, b = _setup(op, cpu)
-    bm, bn = cfg.bm, cfg.bn
+    # `_dkdv` instances own key rows and step over query blocks: it takes the
+    # forward's blocks transposed, so its loop carries as many rows as the
+    # forward's (the rows its warps split) and loads the narrower blocks.
+    kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm)
+    kb = _Builder(kv_cfg, b.elt, b.scale, b.causal)
+    bm, bn = kv_cfg.bm, kv_cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in = ins
     dq_out, dk_out, dv_out = outs
     batch = math.prod(lead)
@@ -242,39 +248,40 @@ def backward_kernels(op, name: str, ins, outs, module_block,
 
     kv_ins, kv_outs = [q_in, k_in, v_in, do_in, lse_in, delta_in], [dk_out, dv_out]
     dkdv, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf) = _kernel(
-        f"{name}_dkdv", kv_ins + kv_outs, batch * (seq // bn), cfg, module_block, op.location)
+        f"{name}_dkdv", kv_ins + kv_outs, batch * (seq // bn), kv_cfg, module_block, op.location)
     with ir.InsertionPoint(dkdv.regions[0].blocks[0]), op.location:
         *at, kj = _grid_offsets(lead + [seq // bn], [1] * (len(lead) + 1))
         col = arith.MulIOp(kj, _index(bn)).result
-        k = b.load(k_buf, at, col, [bn, d])
-        v = b.load(v_buf, at, col, [bn, dv])
+        k = kb.load(k_buf, at, col, [bn, d])
+        v = kb.load(v_buf, at, col, [bn, dv])
         # Query blocks before the one holding row `col` see none of these keys.
         start = arith.MulIOp(arith.DivUIOp(col, _index(bm)).result, _index(bm)).result \
-            if b.causal else _index(0)
-        loop = scf.ForOp(start, _index(seq), _index(bm), [b.fill([bn, d], 0.0),
-                                                           b.fill([bn, dv], 0.0)])
+            if kb.causal else _index(0)
+        loop = scf.ForOp(start, _index(seq), _index(bm), [kb.fill([bn, d], 0.0),
+                                                           kb.fill([bn, dv], 0.0)])
         with ir.InsertionPoint(loop.body):
             row = loop.induction_variable
             dk_acc, dv_acc = loop.inner_iter_args
-            q = b.load(q_buf, at, row, [bm, d])
-            do = b.load(do_buf, at, row, [bm, dv])
+            q = kb.load(q_buf, at, row, [bm, d])
+            do = kb.load(do_buf, at, row, [bm, dv])
             # The transposed blocks P^T and dS^T ([keys, queries]) come out
             # with this kernel's key rows, ready to be the A operand of dV's
             # and dK's dots; lse and delta run along their columns.
-            lse = b.transpose(b.load(lse_buf, at, row, [bm, 1], stat))
-            delta = b.transpose(b.load(delta_buf, at, row, [bm, 1], stat))
-            pt = ttile.ExpOp(ttile.SubOp(b.scores(q, k, row, col, transposed=True),
-                                         b.broadcast(lse, [bn, bm])).result).result
-            dpt = b.dot(v, b.transpose(do))
-            dst = ttile.MulOp(pt, ttile.SubOp(dpt, b.broadcast(delta, [bn, bm])).result).result
-            dv_new = b.dot(b.operand(pt), do, dv_acc)
-            dk_new = b.dot(b.operand(dst), q, dk_acc)
+            lse = kb.transpose(kb.load(lse_buf, at, row, [bm, 1], stat))
+            delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], stat))
+            pt = ttile.ExpOp(ttile.SubOp(kb.scores(q, k, row, col, transposed=True),
+                                         kb.broadcast(lse, [bn, bm])).result).result
+            dpt = kb.dot(v, kb.transpose(do))
+            dst = ttile.MulOp(pt, ttile.SubOp(dpt, kb.broadcast(delta, [bn, bm])).result).result
+            dv_new = kb.dot(kb.operand(pt), do, dv_acc)
+            dk_new = kb.dot(kb.operand(dst), q, dk_acc)
             scf.YieldOp([dk_new, dv_new])
         dk_acc, dv_acc = loop.results
-        b.store(ttile.MulOp(dk_acc, b.fill([bn, d], b.scale)).result, dk_buf, at, col)
-        b.store(dv_acc, dv_buf, at, col)
+        kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, at, col)
+        kb.store(dv_acc, dv_buf, at, col)
         ttile.ReturnOp()
 
+    bm, bn = cfg.bm, cfg.bn
     q_ins = [q_in, k_in, v_in, do_in, lse_in, delta_in]
     dq, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dq_buf) = _kernel(
         f"{name}_dq", q_ins + [dq_out], batch * (seq // bm), cfg, module_block, op.location)

@@ -326,9 +326,13 @@ class RegisterLoop:
             carried.append(self._declare(arg, kind))
             self._assign(arg, kind, lambda d, init=init: self._element(init, d), "f32")
 
-        # Loop-invariant A operands, as mma A registers.
+        # Loop-invariant A operands, as mma A registers, or in shared memory
+        # when the loop's register tiles leave no room for them.
+        self.smem_a = self._shared_a_operands()
         regs_of = {}
         for a in self.invariant_a:
+            if a in self.smem_a:
+                continue
             k = tile_of(a.type)[0][1]
             name = em.fresh("qa")
             regs_of[a] = name
@@ -360,6 +364,10 @@ class RegisterLoop:
             rows, cols = tile_of(load.results[0].type)[0]
             layout.append((cols + 8, rows * (cols + 8)))
             offset += stages * rows * (cols + 8) * 2
+        a_at = {}
+        for a in self.smem_a:
+            a_at[a] = offset
+            offset += self.bm * (tile_of(a.type)[0][1] + 8) * 2
         ring = em._smem(offset)
         self.stage_ptr = []
         base = ring
@@ -372,6 +380,15 @@ class RegisterLoop:
         em.indent += 1
         for name, at, _, _ in self.stage_ptr:
             self.line(f"uint16_t* const {name}_ring = reinterpret_cast<uint16_t*>(tessera_smem + {at});")
+        for a in self.smem_a:
+            name, k = em.fresh("sa"), tile_of(a.type)[0][1]
+            self.smem_a[a] = (name, k + 8)
+            self.line(f"uint16_t* const {name} = reinterpret_cast<uint16_t*>(tessera_smem + {ring + a_at[a]});")
+            em._cp_async_tile(name, a.owner.operation, self.bm, k, k + 8)
+        if self.smem_a:
+            # Their own commit group, older than the ring's first: the loop's
+            # first wait and barrier cover it.
+            self.line("tessera_cp_async_commit();")
 
         def load(slot: str) -> None:
             for tile_load, (name, _, ld, elems) in zip(self.loads, self.stage_ptr):
@@ -394,6 +411,33 @@ class RegisterLoop:
         em.indent -= 1
         self.line("}")
         self._results(carried)
+
+    #: Registers per thread that the loop's carried tiles and its invariant
+    #: A operands may take before the A operands move to shared memory
+    #: (sm_90 allows 255; the loop's temporaries need the rest).
+    REGISTER_BUDGET = 160
+
+    def _shared_a_operands(self) -> dict:
+        """The invariant A operands to keep in shared memory (as keys): the
+        largest first, while the carried tiles and the A operands held in
+        registers exceed REGISTER_BUDGET. Only 16-byte-aligned bf16 loads
+        read directly from global memory qualify (copied by cp.async)."""
+        from .cuda_emitter import _multiple_of
+        carried = sum(self.mt * (tile_of(a.type)[0][1] // 8) * 4 if tile_of(a.type)[0][1] > 1
+                      else self.mt * 2 for a in self.carried)
+        regs = {a: self.mt * tile_of(a.type)[0][1] // 16 * 4 for a in self.invariant_a}
+        total = carried + sum(regs.values())
+        shared = {}
+        for a in sorted(self.invariant_a, key=lambda a: -regs[a]):
+            if total <= self.REGISTER_BUDGET:
+                break
+            load = a.owner.operation if not isinstance(a.owner, ir.Block) else None
+            if a not in self.direct or list(ir.MemRefType(load.operands[0].type).shape)[-1] % 8 \
+                    or not _multiple_of(list(load.operands)[-1], 8):
+                continue
+            shared[a] = None
+            total -= regs[a]
+        return shared
 
     def _fill_literal(self, v: ir.Value) -> str | None:
         owner = v.owner
@@ -487,7 +531,8 @@ class RegisterLoop:
         name, _, ld, _ = self.stage_ptr[stage.stage]
         r = self._declare(o.results[0], "frag")
         self._assign(o.results[0], "frag", lambda d: self._element(acc, d), "f32")
-        source = "loop-invariant registers" if a in self.regs_of else "registers"
+        source = ("shared memory (ldmatrix)" if a in self.smem_a else
+                  "loop-invariant registers" if a in self.regs_of else "registers")
         self.line(f"// ttile.dot {self.bm}x{n}x{k}: A from {source}, B {'transposed ' if trans else ''}"
                   f"from the staged tile (ldmatrix{'' if trans else '.trans'})")
         self.line("#pragma unroll")
@@ -496,16 +541,21 @@ class RegisterLoop:
         self.line(f"uint32_t af[{self.mt}][4], bf[{n // 8}][2];")
         self.line("#pragma unroll")
         self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
-        self.line("#pragma unroll")
-        self.line("  for (int r = 0; r < 4; ++r) {")
-        if a in self.regs_of:
-            self.line(f"    af[mi][r] = {self.regs_of[a]}[mi][kk][r];")
+        if a in self.smem_a:
+            sa, ld = self.smem_a[a]
+            self.line(f"  tessera_ldmatrix_x4(af[mi], {sa} + ({self.wm0} + 16 * mi + ({self.lane} & 15)) "
+                      f"* {ld} + 16 * kk + ({self.lane} >> 4) * 8);")
         else:
-            # Accumulator tiles 2kk and 2kk+1 are the A operand of k step kk.
-            x = self.vals[a].name
-            self.line(f"    const float* p = {x}[mi][2 * kk + (r >> 1)] + 2 * (r & 1);")
-            self.line("    af[mi][r] = tessera_pack_bf16(p[0], p[1]);")
-        self.line("  }")
+            self.line("#pragma unroll")
+            self.line("  for (int r = 0; r < 4; ++r) {")
+            if a in self.regs_of:
+                self.line(f"    af[mi][r] = {self.regs_of[a]}[mi][kk][r];")
+            else:
+                # Accumulator tiles 2kk and 2kk+1 are the A operand of k step kk.
+                x = self.vals[a].name
+                self.line(f"    const float* p = {x}[mi][2 * kk + (r >> 1)] + 2 * (r & 1);")
+                self.line("    af[mi][r] = tessera_pack_bf16(p[0], p[1]);")
+            self.line("  }")
         self.em._load_b_fragments(name, ld, "16 * kk", "0", self.lane, n // 8, transposed=trans)
         self.em._mma_tiles("tessera_mma_bf16", r.name, self.mt, n // 8)
         self.em.indent -= 1

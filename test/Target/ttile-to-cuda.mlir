@@ -394,6 +394,38 @@ ttile.kernel @flash_split_columns(%q: memref<32x16xbf16>, %k: memref<32x16xbf16>
 
 // -----
 
+// A loop whose carried tile takes most of the registers (16x256 f32: 128 per
+// thread) keeps its loop-invariant A operand (16x256 bf16, another 64) in
+// shared memory instead: copied once by cp.async in a commit group ahead of
+// the ring's, then read by ldmatrix per k step.
+// CHECK-LABEL: // ttile.kernel @wide_rows
+// CHECK: uint16_t* const [[SA:sa[0-9]+]] = reinterpret_cast<uint16_t*>(tessera_smem +
+// CHECK: tessera_cp_async16([[SA]] + r * 264 + c, arg0 +
+// CHECK: tessera_cp_async_commit();
+// CHECK: // ttile.dot 16x16x256: A from shared memory (ldmatrix), B transposed from the staged tile (ldmatrix)
+// CHECK: tessera_ldmatrix_x4(af[mi], [[SA]] + (wm{{[0-9]+}} + 16 * mi + (lane{{[0-9]+}} & 15)) * 264 + 16 * kk + (lane{{[0-9]+}} >> 4) * 8);
+// CHECK: // ttile.dot 16x256x16: A from registers, B from the staged tile (ldmatrix.trans)
+ttile.kernel @wide_rows(%k: memref<16x256xbf16>, %v: memref<64x256xbf16>, %o: memref<16x256xf32>) attributes {block = array<i64: 32>, grid = array<i64: 1>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c16 = arith.constant 16 : index
+  %c64 = arith.constant 64 : index
+  %tk = ttile.load %k[%c0, %c0] : memref<16x256xbf16> -> !ttile.tile<16x256xbf16>
+  %a0 = ttile.fill 0.0 : !ttile.tile<16x256xf32>
+  %res = scf.for %i = %c0 to %c64 step %c16 iter_args(%acc = %a0) -> (!ttile.tile<16x256xf32>) {
+    %tv = ttile.load %v[%i, %c0] : memref<64x256xbf16> -> !ttile.tile<16x256xbf16>
+    %vt = ttile.transpose %tv : !ttile.tile<16x256xbf16> to !ttile.tile<256x16xbf16>
+    %z = ttile.fill 0.0 : !ttile.tile<16x16xf32>
+    %s = ttile.dot %tk, %vt, %z {warps = array<i64: 1, 1>} : !ttile.tile<16x256xbf16>, !ttile.tile<256x16xbf16> -> !ttile.tile<16x16xf32>
+    %sb = ttile.cast %s : !ttile.tile<16x16xf32> to !ttile.tile<16x16xbf16>
+    %an = ttile.dot %sb, %tv, %acc {warps = array<i64: 1, 1>} : !ttile.tile<16x16xbf16>, !ttile.tile<16x256xbf16> -> !ttile.tile<16x256xf32>
+    scf.yield %an : !ttile.tile<16x256xf32>
+  }
+  ttile.store %res, %o[%c0, %c0] : !ttile.tile<16x256xf32>, memref<16x256xf32>
+  ttile.return
+}
+
+// -----
+
 // The dK loop's shape: the transposed score block K Q^T has this block's key
 // rows; the per-query statistic (lse, a column in memory) runs along its
 // columns, so each thread reads the entries of its own columns straight from
