@@ -1,5 +1,5 @@
 """Tensor-core loops whose loop-carried tiles live in registers (the
-flash-attention main loop, forward and dQ).
+flash-attention loops: forward, dK/dV and dQ).
 
 The CUDA emitter's general path keeps every tile in shared memory and
 spills each `ttile.dot` result there, with a barrier between steps. That is
@@ -20,9 +20,11 @@ does:
   B operand through `ldmatrix` (`.trans` when the tile is k x n, plain when
   the dot reads its transpose).
 * A dot's A operand is either loop-invariant (the query block: read into
-  registers once, before the loop) or a bf16 fragment computed in the loop
-  (the probabilities): the accumulator layout of two adjacent n8 tiles is
-  exactly the A layout of one k16 step, so P never leaves registers.
+  registers once, before the loop; or, when the carried tiles leave too few
+  registers, copied once to shared memory and read by `ldmatrix` per k
+  step) or a bf16 fragment computed in the loop (the probabilities): the
+  accumulator layout of two adjacent n8 tiles is exactly the A layout of
+  one k16 step, so P never leaves registers.
 
 `RegisterLoop(emitter, op).plan()` says why a loop does not fit (or None);
 `emit()` writes it. Results leave as register Fragments (`[BM, n]`, which
