@@ -886,22 +886,31 @@ class CudaKernelEmitter(KernelEmitter):
         self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)
         return True
 
+    def _gemm_ring(self, p, ring: int, a_elems: int, b_elems: int, lda, ldb):
+        """Declares the GEMM ring's A and B slot arrays (`sa`, `sb`: `stages`
+        slots of `a_elems` and `b_elems` 16-bit elements from byte `ring`)
+        and returns load_stage(slot), the cp.async copies of one K step's
+        tiles (rows `lda`/`ldb` apart, or swizzled for wgmma when None)."""
+        self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
+        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + "
+                  f"{ring + self.stages * a_elems * 2});")
+
+        def load_stage(stage: str) -> None:
+            self._cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], p["bm"], p["bk"], lda)
+            self._cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], p["bk"], p["bn"], ldb)
+        return load_stage
+
     def _mma_sync_main_loop(self, p, ring: int, acc: str, lane: str, wm0: str, wn0: str) -> None:
         """The GEMM main loop on mma.sync.m16n8k16: each warp loads its A and
         B fragments from the stage's padded tiles with ldmatrix."""
-        bm, bn, bk, wm, wn, stages = p["bm"], p["bn"], p["bk"], p["wm"], p["wn"], self.stages
+        bm, bn, bk, wm, wn = p["bm"], p["bn"], p["bk"], p["wm"], p["wn"]
         mt, nt = bm // wm // 16, bn // wn // 8
         lda, ldb = bk + 8, bn + 8            # +16 B per row: conflict-free ldmatrix
         a_elems, b_elems = bm * lda, bk * ldb
         mma = "tessera_mma_" + _MMA_TYPES[p["elt"]]
         self.line("{")
         self.indent += 1
-        self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
-        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_elems * 2});")
-
-        def load_stage(stage: str) -> None:
-            self._cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], bm, bk, lda)
-            self._cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], bk, bn, ldb)
+        load_stage = self._gemm_ring(p, ring, a_elems, b_elems, lda, ldb)
 
         def compute(stage: str) -> None:
             self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_elems};")
@@ -940,14 +949,9 @@ class CudaKernelEmitter(KernelEmitter):
         self.wgmma_shapes.add((bn, elt))
         self.line("{")
         self.indent += 1
-        self.line(f"uint16_t* const sa = reinterpret_cast<uint16_t*>(tessera_smem + {ring});")
-        self.line(f"uint16_t* const sb = reinterpret_cast<uint16_t*>(tessera_smem + {ring + stages * a_elems * 2});")
+        load_stage = self._gemm_ring(p, ring, a_elems, b_elems, None, None)
         self.line("const int wg = threadIdx.x >> 7;     // warpgroup: A rows 64 wg .. 64 wg + 63")
         self.line(f"tessera_wgmma_fence_operands<{n_acc}>(&{acc}[0][0][0]);")
-
-        def load_stage(stage: str) -> None:
-            self._cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], bm, bk, None)
-            self._cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], bk, bn, None)
 
         def compute(stage: str) -> None:
             self.line(f"const uint16_t* const a_st = sa + ({stage}) * {a_elems} + wg * {64 * 64};")

@@ -23,16 +23,23 @@ def _gpu_available() -> bool:
 pytestmark = pytest.mark.skipif(not _gpu_available(), reason="needs cupy and a GPU")
 
 
+def _gemm_inputs(m: int, k: int, n: int):
+    """Fresh bf16 x [m, k], w [k, n] (scaled so x @ w is about unit size), bias [n]."""
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng()
+    return (rng.standard_normal((m, k)).astype(bf16),
+            (rng.standard_normal((k, n)) / np.sqrt(k)).astype(bf16),
+            rng.standard_normal(n).astype(bf16))
+
+
 def test_bf16_gemm_with_epilogue_matches_cublas():
     import cupy as cp
     import ml_dtypes
     import tessera as ts
     from tessera import op
     bf16 = ml_dtypes.bfloat16
-    rng = np.random.default_rng()
-    x = rng.standard_normal((1024, 512)).astype(bf16)
-    w = (rng.standard_normal((512, 768)) / 16).astype(bf16)
-    b = rng.standard_normal(768).astype(bf16)
+    x, w, b = _gemm_inputs(1024, 512, 768)
     f = ts.jit(lambda x, w, b: op.relu(op.matmul(x, w) + b), target="gpu")
     out = np.asarray(f(x, w, b), np.float64)
     ref = cp.asnumpy(cp.matmul(cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))))
@@ -48,17 +55,12 @@ def test_wgmma_gemm_with_epilogue_matches_numpy(config, monkeypatch):
     CI) on the GPU itself: forced onto a small GEMM + bias + GELU, against a
     float64 reference on fresh inputs. This is the check of the descriptor
     and swizzle layouts the emulator implements from the PTX ISA."""
-    import ml_dtypes
     import tessera as ts
     import tessera_passes.lower_to_tile as lower_to_tile
     from tessera import op
     monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
     monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
-    bf16 = ml_dtypes.bfloat16
-    rng = np.random.default_rng()
-    x = rng.standard_normal((512, 640)).astype(bf16)
-    w = (rng.standard_normal((640, 512)) / 25).astype(bf16)
-    b = rng.standard_normal(512).astype(bf16)
+    x, w, b = _gemm_inputs(512, 640, 512)
     f = ts.jit(lambda x, w, b: op.gelu(op.matmul(x, w) + b), target="gpu")
     out = np.asarray(f(x, w, b), np.float64)
     h = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
