@@ -5,12 +5,15 @@ holds `x` rows `[Ml, K]` (sequence-parallel) and `w` columns `[K, Nl]`
 (column-parallel), becomes one kernel per rank instead of a collective
 followed by a GEMM:
 
-* Arguments: `x`, `w`, `y [P*Ml, Nl]`, then two symmetric buffers (marked
+* Arguments: `x`, `w`, the epilogue's other inputs, its outputs (`y
+  [P*Ml, Nl]`, or what the elementwise ops after the matmul make of it:
+  they run on the output tile, as in any GEMM kernel; `lower_to_tile`
+  builds the kernel around `emit`), then two symmetric buffers (marked
   `ttile.symmetric`): `gathered [P*Ml, K]` (every rank's rows, in rank
   order) and `ready [P*Ml/BM] i64`, one signal word per BM-row chunk of
-  `gathered`, also marked `ttile.signals`:
-  the runtime zeroes it and runs a barrier over all PEs before each launch
-  (no rank may still be reading the previous call's `gathered`).
+  `gathered`, also marked `ttile.signals`: the runtime zeroes it and runs
+  a barrier over all PEs before each launch (no rank may still be reading
+  the previous call's `gathered`).
 * Producers: the instance computing output tile (row chunk c, column 0), for
   each of this rank's `Ml/BM` chunks c, puts that chunk of `x` into every
   PE's `gathered` (itself included), waits for the puts to complete
@@ -41,76 +44,85 @@ from tessera_mlir.dialects import arith, scf, ttile
 from tessera_compiler.passes_common import PassError, memref_of
 from tessera_compiler.sharding import Mesh
 
-from .lower_to_tile import _i64_array, _index, _shape, gemm_config, gemm_tile, new_kernel
+from .lower_to_tile import _i64_array, _index, _shape, gemm_config, gemm_tile
 
 
-def build(gather: ir.Operation, matmul: ir.Operation, name: str, mesh: Mesh,
-          module_block) -> ir.Operation:
-    """The fused kernel for `matmul(all_gather(x), w)` (2-D, rows gathered)."""
-    axis = ir.StringAttr(gather.attributes["axis"]).value
-    parts = mesh.axis_size(axis)
-    stride = math.prod(mesh.shape[mesh.axes.index(axis) + 1:])
+def plan(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh):
+    """(GEMM configuration, grid, types of the two symmetric buffers) of the
+    fused kernel for `matmul(all_gather(x), w)` (2-D, rows gathered)."""
+    parts = mesh.axis_size(ir.StringAttr(gather.attributes["axis"]).value)
     x, w = gather.operands[0], matmul.operands[1]
     ml, k = _shape(x)
     nl = _shape(w)[1]
-    m = ml * parts
-    elt = ir.ShapedType(x.type).element_type
-    out_elt = ir.ShapedType(matmul.results[0].type).element_type
-    cfg = gemm_config(parts, ml, nl, k, str(elt))
+    cfg = gemm_config(parts, ml, nl, k, str(ir.ShapedType(x.type).element_type))
     if ml % cfg.bm:
         raise PassError(f"transport = nvshmem: {ml} local rows do not split into {cfg.bm}-row "
                         "tiles", gather.location)
-    chunks, m_tiles, n_tiles = ml // cfg.bm, m // cfg.bm, nl // cfg.bn
-    i64 = ir.IntegerType.get_signless(64)
-    arg_types = [memref_of(v.type) for v in (x, w, matmul.results[0], gather.results[0])] \
-        + [ir.MemRefType.get([m_tiles], i64)]
-    loc = matmul.location
-    kernel, entry = new_kernel(name, arg_types, m_tiles * n_tiles, cfg.threads,
-                               [cfg.bm, cfg.bn, cfg.bk], module_block, loc, cfg.stages)
+    m_tiles = ml * parts // cfg.bm
+    symmetric = [memref_of(gather.results[0].type),
+                 ir.MemRefType.get([m_tiles], ir.IntegerType.get_signless(64))]
+    return cfg, m_tiles * (nl // cfg.bn), symmetric
+
+
+def mark_symmetric(kernel: ir.Operation, n_args: int) -> None:
+    """Marks the kernel's last two arguments (`plan`'s buffers) symmetric,
+    the last also as signal words."""
     unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
-    symmetric = ir.DictAttr.get({"ttile.symmetric": unit})
-    signals = ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})
-    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get([empty] * 3 + [symmetric, signals])
-    xs, ws, ys, gathered, ready = entry.arguments
-    with ir.InsertionPoint(entry), loc:
-        pid = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 0)).result
-        mi = arith.DivUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else pid
-        ni = arith.RemUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else _index(0)
-        pe = ttile.MyPeOp().result
-        coord = arith.RemUIOp(arith.DivUIOp(pe, _index(stride)).result, _index(parts)).result
-        first_pe = arith.SubIOp(pe, arith.MulIOp(coord, _index(stride)).result).result
-        own = arith.MulIOp(coord, _index(chunks)).result
+    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [empty] * (n_args - 2) + [ir.DictAttr.get({"ttile.symmetric": unit}),
+                                  ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
 
-        # Producers: tile (c, 0) for each local chunk c puts it to every PE.
-        is_producer = arith.AndIOp(
-            arith.CmpIOp(arith.CmpIPredicate.eq, ni, _index(0)).result,
-            arith.CmpIOp(arith.CmpIPredicate.ult, mi, _index(chunks)).result).result
-        branch = scf.IfOp(is_producer)
-        with ir.InsertionPoint(branch.then_block):
-            chunk = arith.AddIOp(own, mi).result
-            src_row = arith.MulIOp(mi, _index(cfg.bm)).result
-            dst_row = arith.MulIOp(chunk, _index(cfg.bm)).result
-            for phase in ("put", "signal"):
-                peers = scf.ForOp(_index(0), _index(parts), _index(1))
-                with ir.InsertionPoint(peers.body):
-                    peer = arith.AddIOp(first_pe, arith.MulIOp(peers.induction_variable,
-                                                               _index(stride)).result).result
-                    if phase == "put":
-                        ttile.PutOp(xs, [src_row, _index(0)], gathered, [dst_row, _index(0)], peer,
-                                    _i64_array([cfg.bm, k]))
-                    else:
-                        ttile.SignalOp(ready, chunk, _index(1), peer, ir.StringAttr.get("set"))
-                    scf.YieldOp([])
+
+def emit(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh, cfg, xs: ir.Value,
+         ws: ir.Value, gathered: ir.Value, ready: ir.Value):
+    """The fused kernel's body up to its output tile, at the current
+    insertion point: producers put and signal, the consumer waits for its
+    rows and runs the GEMM. Returns (tile, row, col): the instance's
+    `[BM, BN]` output tile (the matmul's element type) and its offsets, for
+    the epilogue and store that follow."""
+    axis = ir.StringAttr(gather.attributes["axis"]).value
+    parts = mesh.axis_size(axis)
+    stride = math.prod(mesh.shape[mesh.axes.index(axis) + 1:])
+    ml, k = _shape(gather.operands[0])
+    nl = _shape(matmul.operands[1])[1]
+    out_elt = ir.ShapedType(matmul.results[0].type).element_type
+    chunks, m_tiles, n_tiles = ml // cfg.bm, ml * parts // cfg.bm, nl // cfg.bn
+    i64 = ir.IntegerType.get_signless(64)
+    pid = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 0)).result
+    mi = arith.DivUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else pid
+    ni = arith.RemUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else _index(0)
+    pe = ttile.MyPeOp().result
+    coord = arith.RemUIOp(arith.DivUIOp(pe, _index(stride)).result, _index(parts)).result
+    first_pe = arith.SubIOp(pe, arith.MulIOp(coord, _index(stride)).result).result
+    own = arith.MulIOp(coord, _index(chunks)).result
+
+    # Producers: tile (c, 0) for each local chunk c puts it to every PE.
+    is_producer = arith.AndIOp(
+        arith.CmpIOp(arith.CmpIPredicate.eq, ni, _index(0)).result,
+        arith.CmpIOp(arith.CmpIPredicate.ult, mi, _index(chunks)).result).result
+    branch = scf.IfOp(is_producer)
+    with ir.InsertionPoint(branch.then_block):
+        chunk = arith.AddIOp(own, mi).result
+        src_row = arith.MulIOp(mi, _index(cfg.bm)).result
+        dst_row = arith.MulIOp(chunk, _index(cfg.bm)).result
+        for phase in ("put", "signal"):
+            peers = scf.ForOp(_index(0), _index(parts), _index(1))
+            with ir.InsertionPoint(peers.body):
+                peer = arith.AddIOp(first_pe, arith.MulIOp(peers.induction_variable,
+                                                           _index(stride)).result).result
                 if phase == "put":
-                    ttile.QuietOp()
-            scf.YieldOp([])
+                    ttile.PutOp(xs, [src_row, _index(0)], gathered, [dst_row, _index(0)], peer,
+                                _i64_array([cfg.bm, k]))
+                else:
+                    ttile.SignalOp(ready, chunk, _index(1), peer, ir.StringAttr.get("set"))
+                scf.YieldOp([])
+            if phase == "put":
+                ttile.QuietOp()
+        scf.YieldOp([])
 
-        # Consumers: own rows first, then peers' chunks as they arrive.
-        mb = arith.RemUIOp(arith.AddIOp(mi, own).result, _index(m_tiles)).result
-        ttile.WaitOp(ready, mb, _index(1), ir.StringAttr.get("ge"))
-        row = arith.MulIOp(mb, _index(cfg.bm)).result
-        col = arith.MulIOp(ni, _index(cfg.bn)).result
-        tile = gemm_tile(cfg, gathered, ws, [], row, col, out_elt)
-        ttile.StoreOp(tile, ys, [row, col])
-        ttile.ReturnOp()
-    return kernel
+    # Consumers: own rows first, then peers' chunks as they arrive.
+    mb = arith.RemUIOp(arith.AddIOp(mi, own).result, _index(m_tiles)).result
+    ttile.WaitOp(ready, mb, _index(1), ir.StringAttr.get("ge"))
+    row = arith.MulIOp(mb, _index(cfg.bm)).result
+    col = arith.MulIOp(ni, _index(cfg.bn)).result
+    return gemm_tile(cfg, gathered, ws, [], row, col, out_elt), row, col

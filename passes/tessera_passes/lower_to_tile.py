@@ -33,9 +33,10 @@ one tgraph op each. This pass decides how each runs:
    forward kernel and `tgraph.attention_grad` a `_dkdv` and a `_dq` kernel
    (`flash_attention.py`).
 5. Gathered GEMMs (GPU). An all_gather + matmul kernel (an NVSHMEM transport)
-   becomes one GEMM that puts this rank's rows into every peer's symmetric
-   copy of the gathered operand and waits, per output tile, only for the
-   rows it reads (`gathered_gemm.py`). The symmetric buffers are allocated
+   starts a GEMM run like a matmul, epilogue included, and becomes one GEMM
+   that puts this rank's rows into every peer's symmetric copy of the
+   gathered operand and waits, per output tile, only for the rows it reads
+   (`gathered_gemm.py`). The symmetric buffers are allocated
    (`tsched.alloc {symmetric}`) around its launch.
 
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
@@ -240,6 +241,14 @@ def _is_gemm(op) -> bool:
     return op.name == "tgraph.matmul"
 
 
+def _gathered_gemm(kernels, launch) -> list[ir.Operation] | None:
+    """[all_gather, matmul] when `launch` runs an all_gather fused with the
+    matmul that reads it (an NVSHMEM transport, fused by
+    tessera-lower-to-schedule), else None."""
+    body = kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])
+    return body if [o.name for o in body] == ["tgraph.all_gather", "tgraph.matmul"] else None
+
+
 def _fits_epilogue(op, out_shape: list[int]) -> bool:
     """Whether tileable `op` can run in the epilogue of a GEMM producing
     `out_shape` (pointwise over it; no reductions; no iota over a batch dim)."""
@@ -294,6 +303,9 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
             continue
         if op.name == "tsched.launch":
             kop = _kernel_op(kernels, op)
+            gathered = _gathered_gemm(kernels, op)
+            if gathered:
+                kop = gathered[1]
             if gemm and _is_gemm(kop):
                 start(op, kop)
                 continue
@@ -369,9 +381,15 @@ def _grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
 class GroupTiler:
     """Builds one ttile.kernel for a fusion group of launches."""
 
-    def __init__(self, group, kernels, name, module_block):
+    def __init__(self, group, kernels, name, module_block, meshes=None):
         self.group = group
         self.ops = [_kernel_op(kernels, l) for l in group]
+        # An all_gather + matmul head (NVSHMEM) stands for its matmul.
+        self.gathered = _gathered_gemm(kernels, group[0])
+        if self.gathered:
+            self.ops[0] = self.gathered[1]
+        self.meshes = meshes or {}
+        self.symmetric = []          # types of the gathered GEMM's symmetric buffers
         self.name = name
         self.module_block = module_block
         # Tiles are tracked per buffer (a kernel may be launched twice in a
@@ -407,7 +425,13 @@ class GroupTiler:
             *batch, m, n = out
             k = _shape(self.ops[0].operands[0])[-1]
             elt = str(ir.ShapedType(self.ops[0].operands[0].type).element_type)
-            self.gemm = gemm_config(math.prod(batch), m, n, k, elt)
+            if self.gathered:
+                from . import gathered_gemm
+                gather = self.gathered[0]
+                self.mesh = self.meshes[ir.FlatSymbolRefAttr(gather.attributes["mesh"]).value]
+                self.gemm, _, self.symmetric = gathered_gemm.plan(gather, self.ops[0], self.mesh)
+            else:
+                self.gemm = gemm_config(math.prod(batch), m, n, k, elt)
             dom, tile = out, [1] * len(batch) + [self.gemm.bm, self.gemm.bn]
             self.lead = len(batch)
         else:
@@ -425,7 +449,7 @@ class GroupTiler:
                     budget = max(1, budget // tile[d])
         grid = math.prod(d // t for d, t in zip(dom, tile))
         self.dom, self.tile = dom, tile
-        arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs]
+        arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs] + self.symmetric
         loc = self.ops[0].location
         threads = self.gemm.threads if self.gemm else THREADS_PER_BLOCK
         sizes = [self.gemm.bm, self.gemm.bn, self.gemm.bk] if self.gemm else (tile or [1])
@@ -433,9 +457,21 @@ class GroupTiler:
                               self.gemm.stages if self.gemm else None)
         self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
         with ir.InsertionPoint(entry), loc:
-            self.offsets = self._offsets()
             tiles = {}
+            if self.gathered:
+                # The instance's output tile is wherever the gather protocol
+                # puts it (own rows first): the epilogue follows its offsets.
+                from . import gathered_gemm
+                gathered_gemm.mark_symmetric(k, len(arg_types))
+                _, ins, out = self.members[0]
+                tiles[out], *self.offsets = gathered_gemm.emit(
+                    *self.gathered, self.mesh, self.gemm, self.arg_of[ins[0]], self.arg_of[ins[1]],
+                    *list(entry.arguments)[-2:])
+            else:
+                self.offsets = self._offsets()
             for op, ins, out in self.members:
+                if out in tiles:
+                    continue
                 with op.location:
                     tiles[out] = (self._gemm(op, ins) if op is self.ops[0] and self.gemm
                                   else self._tile_op(op, ins, out, tiles))
@@ -583,11 +619,13 @@ def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
 
 
 def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
-                  gemm: bool) -> set:
+                  gemm: bool, meshes: dict | None = None) -> set:
     """Replaces each fusion group by one launch of a new ttile.kernel; returns
     the names of the tensor kernels the groups consumed. `taken` holds the
     fused kernels' names so far (a constant's kernel, launched once per
-    consumer, can start several groups). `gemm`: matmuls become tiled GEMMs."""
+    consumer, can start several groups). `gemm`: matmuls (and all_gather +
+    matmul kernels, whose symmetric buffers are allocated around the
+    launch) become tiled GEMMs."""
     consumed = set()
     for group in fusion_groups(sched, kernels, gemm):
         consumed.update(ir.FlatSymbolRefAttr(l.attributes["kernel"]).value for l in group)
@@ -599,7 +637,7 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
             copy += 1
             name = f"{stem}_{copy}"
         taken.add(name)
-        tiler = GroupTiler(group, kernels, name, module_block)
+        tiler = GroupTiler(group, kernels, name, module_block, meshes)
         kernel = tiler.build()
         first = group[0]
         stream = _launch_parts(first)[0]
@@ -611,7 +649,12 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
                     and not owner.is_before_in_block(first):
                 owner.move_before(first)
         with ir.InsertionPoint(first), first.location:
-            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, tiler.inputs, tiler.outputs)
+            scratch = [tsched.AllocOp(t, symmetric=True).result for t in tiler.symmetric]
+            fused = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, tiler.inputs,
+                                    tiler.outputs + scratch)
+        with ir.InsertionPoint.after(fused), first.location:
+            for buf in scratch:
+                tsched.FreeOp(buf)
         for launch in group:
             launch.erase()
         for b in tiler.internal:
@@ -654,36 +697,6 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
     return consumed
 
 
-def lower_gathered_gemms(sched: ir.Operation, kernels: dict, module_block, meshes: dict) -> set:
-    """Replaces each launch of an all_gather + matmul kernel (an NVSHMEM
-    transport, fused by tessera-lower-to-schedule) by a launch of the fused
-    GEMM (`gathered_gemm.py`), with its symmetric buffers allocated around it.
-    Returns the tensor kernels it consumed."""
-    from . import gathered_gemm
-
-    consumed = set()
-    for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
-        name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
-        body = kernel_body(kernels[name]) if name in kernels else []
-        if [o.name for o in body] != ["tgraph.all_gather", "tgraph.matmul"]:
-            continue
-        stream, ins, outs = _launch_parts(launch)
-        mesh = meshes[ir.FlatSymbolRefAttr(body[0].attributes["mesh"]).value]
-        kernel = gathered_gemm.build(body[0], body[1], name, mesh, module_block)
-        kernel.move_before(next(iter(kernels.values())))
-        arg_types = function_type(kernel).inputs
-        with ir.InsertionPoint(launch), launch.location:
-            scratch = [tsched.AllocOp(t, symmetric=True).result
-                       for t in arg_types[len(ins) + len(outs):]]
-            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, ins, outs + scratch)
-        with ir.InsertionPoint.after(launch), launch.location:
-            for buf in scratch:
-                tsched.FreeOp(buf)
-        launch.erase()
-        consumed.add(name)
-    return consumed
-
-
 def run(op, pass_):
     def body():
         module_block = op.regions[0].blocks[0]
@@ -698,8 +711,8 @@ def run(op, pass_):
         consumed, taken = set(), set()
         for f in schedules:
             duplicate_constants(f, kernels)
-            consumed |= lower_gathered_gemms(f, kernels, module_block, meshes_of(op))
-            consumed |= fuse_and_tile(f, kernels, module_block, taken, gemm=not cpu_target)
+            consumed |= fuse_and_tile(f, kernels, module_block, taken, gemm=not cpu_target,
+                                      meshes=meshes_of(op))
             consumed |= lower_attention(f, kernels, module_block, cpu_target)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}

@@ -456,3 +456,42 @@ module attributes {tessera.target = "gpu"} {
     return %1 : tensor<128x16xbf16>
   }
 }
+
+// -----
+
+// The elementwise launch after a gathered GEMM is its epilogue, as after any
+// GEMM: one kernel whose relu runs on the output tile after the K loop and
+// whose store goes to the tile's rows (own chunk first), not the grid's.
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["tp"] shape = [2]
+  // CHECK-LABEL: func.func @gathered_relu
+  // CHECK: %[[Z:.*]] = tsched.alloc : memref<128x16xbf16>
+  // CHECK: tsched.alloc {symmetric} : memref<128x32xbf16>
+  // CHECK: tsched.launch @gathered_gather_matmul_0_fused2 on %{{.*}} ins(%arg0, %arg1 : memref<64x32xbf16>, memref<32x16xbf16>) outs(%[[Z]], %{{.*}}, %{{.*}} : memref<128x16xbf16>, memref<128x32xbf16>, memref<8xi64>)
+  // CHECK-NOT: tsched.launch
+  // CHECK: ttile.kernel @gathered_gather_matmul_0_fused2(
+  // CHECK: ttile.wait %{{.*}}[%[[MB:.*]]], %{{.*}} {cmp = "ge"}
+  // CHECK: %[[ROW:.*]] = arith.muli %[[MB]], %c16
+  // CHECK: %[[ACC:.*]] = scf.for
+  // CHECK: %[[OUT:.*]] = ttile.cast %[[ACC]]
+  // CHECK: %[[RELU:.*]] = ttile.relu %[[OUT]]
+  // CHECK: ttile.store %[[RELU]], %{{.*}}[%[[ROW]], %{{.*}}]
+  func.func @gathered_relu(%arg0: memref<64x32xbf16>, %arg1: memref<32x16xbf16>) -> memref<128x16xbf16> {
+    %0 = tsched.stream "compute"
+    %2 = tsched.alloc : memref<128x16xbf16>
+    tsched.launch @gathered_gather_matmul_0 on %0 ins(%arg0, %arg1 : memref<64x32xbf16>, memref<32x16xbf16>) outs(%2 : memref<128x16xbf16>)
+    %3 = tsched.alloc : memref<128x16xbf16>
+    tsched.launch @relu on %0 ins(%2 : memref<128x16xbf16>) outs(%3 : memref<128x16xbf16>)
+    tsched.free %2 : memref<128x16xbf16>
+    return %3 : memref<128x16xbf16>
+  }
+  func.func private @gathered_gather_matmul_0(%arg0: tensor<64x32xbf16>, %arg1: tensor<32x16xbf16>) -> tensor<128x16xbf16> attributes {tsched.kernel} {
+    %0 = tgraph.all_gather %arg0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
+    %1 = tgraph.matmul %0, %arg1 : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+    return %1 : tensor<128x16xbf16>
+  }
+  func.func private @relu(%arg0: tensor<128x16xbf16>) -> tensor<128x16xbf16> attributes {tsched.kernel} {
+    %0 = tgraph.relu %arg0 : tensor<128x16xbf16>
+    return %0 : tensor<128x16xbf16>
+  }
+}

@@ -31,10 +31,10 @@ def _seed() -> int:
     return int(np.random.SeedSequence().entropy % 2**31)
 
 
-def _run(run_mpi, tmp_path, m, k, n, dtype, transport):
+def _run(run_mpi, tmp_path, m, k, n, dtype, transport, *extra):
     proc = run_mpi(2, WORKERS / "gathered_gemm_worker.py", _seed(), m, k, n, dtype, transport,
-                   tmp_path, env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_NVSHMEM_WAIT_S": "60"},
-                   timeout=300)
+                   tmp_path, *extra,
+                   env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_NVSHMEM_WAIT_S": "60"}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in range(2)]
 
@@ -51,6 +51,19 @@ def test_gathered_gemm_runs_on_two_emulated_pes(run_mpi, tmp_path, dtype, transp
         assert r["y_shape"] == [m, n] and r["y_local"] == [m, n // 2], r
         assert r["fused_launches"] >= 1 and r["collectives"] == 0, r
         assert r["symmetric_allocs"] == 2, r
+
+
+@pytest.mark.parametrize("dtype, tol", [("bf16", 3e-2), ("f32", 1e-5)])
+def test_epilogue_runs_inside_the_gathered_gemm(run_mpi, tmp_path, dtype, tol):
+    """gelu(x @ w) + r with an NVSHMEM gather: the GELU and the residual add
+    run on the gathered GEMM's output tile in the same kernel (the only
+    kernel of the program), at the tile's rotated rows, and match numpy."""
+    m, k, n = 128, 64, 64
+    for r in _run(run_mpi, tmp_path, m, k, n, dtype, "nvshmem", "epilogue"):
+        assert r["max_err"] <= tol * r["scale"], r
+        assert r["repeat_identical"], r
+        assert r["epilogue_in_gathered_gemm"] and r["kernels"] == 1, r
+        assert r["symmetric_allocs"] == 2 and r["collectives"] == 0, r
 
 
 def test_nccl_transport_is_a_collective_before_the_gemm(run_mpi, tmp_path):
