@@ -48,8 +48,8 @@ from .lower_to_tile import _i64_array, _index, _shape, gemm_config, gemm_tile
 
 
 def plan(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh):
-    """(GEMM configuration, grid, types of the two symmetric buffers) of the
-    fused kernel for `matmul(all_gather(x), w)` (2-D, rows gathered)."""
+    """(GEMM configuration, types of the two symmetric buffers) of the fused
+    kernel for `matmul(all_gather(x), w)` (2-D, rows gathered)."""
     parts = mesh.axis_size(ir.StringAttr(gather.attributes["axis"]).value)
     x, w = gather.operands[0], matmul.operands[1]
     ml, k = _shape(x)
@@ -61,7 +61,7 @@ def plan(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh):
     m_tiles = ml * parts // cfg.bm
     symmetric = [memref_of(gather.results[0].type),
                  ir.MemRefType.get([m_tiles], ir.IntegerType.get_signless(64))]
-    return cfg, m_tiles * (nl // cfg.bn), symmetric
+    return cfg, symmetric
 
 
 def mark_symmetric(kernel: ir.Operation, n_args: int) -> None:

@@ -429,7 +429,7 @@ class GroupTiler:
                 from . import gathered_gemm
                 gather = self.gathered[0]
                 self.mesh = self.meshes[ir.FlatSymbolRefAttr(gather.attributes["mesh"]).value]
-                self.gemm, _, self.symmetric = gathered_gemm.plan(gather, self.ops[0], self.mesh)
+                self.gemm, self.symmetric = gathered_gemm.plan(gather, self.ops[0], self.mesh)
             else:
                 self.gemm = gemm_config(math.prod(batch), m, n, k, elt)
             dom, tile = out, [1] * len(batch) + [self.gemm.bm, self.gemm.bn]
@@ -469,9 +469,7 @@ class GroupTiler:
                     *list(entry.arguments)[-2:])
             else:
                 self.offsets = self._offsets()
-            for op, ins, out in self.members:
-                if out in tiles:
-                    continue
+            for op, ins, out in self.members[1 if self.gathered else 0:]:
                 with op.location:
                     tiles[out] = (self._gemm(op, ins) if op is self.ops[0] and self.gemm
                                   else self._tile_op(op, ins, out, tiles))
