@@ -221,11 +221,13 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
     return kernel
 
 
-def _probabilities(b: _Builder, s, lse, do, v, delta):
-    """(P, dS) of one score block: P = exp(S - lse), dS = P (dO V^T - delta)."""
+def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
+    """(P, dS) of one score block: P = exp(S - lse), dS = P (dO V^T - delta);
+    `transposed`: (P^T, dS^T) of a transposed block S^T ([keys, queries]),
+    with `lse` and `delta` as rows: dS^T = P^T (V dO^T - delta^T)."""
     shape = b.shape(s)
     p = ttile.ExpOp(ttile.SubOp(s, b.broadcast(lse, shape)).result).result
-    dp = b.dot(do, b.transpose(v))
+    dp = b.dot(v, b.transpose(do)) if transposed else b.dot(do, b.transpose(v))
     ds = ttile.MulOp(p, ttile.SubOp(dp, b.broadcast(delta, shape)).result).result
     return p, ds
 
@@ -269,10 +271,8 @@ def backward_kernels(op, name: str, ins, outs, module_block,
             # and dK's dots; lse and delta run along their columns.
             lse = kb.transpose(kb.load(lse_buf, at, row, [bm, 1], stat))
             delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], stat))
-            pt = ttile.ExpOp(ttile.SubOp(kb.scores(q, k, row, col, transposed=True),
-                                         kb.broadcast(lse, [bn, bm])).result).result
-            dpt = kb.dot(v, kb.transpose(do))
-            dst = ttile.MulOp(pt, ttile.SubOp(dpt, kb.broadcast(delta, [bn, bm])).result).result
+            pt, dst = _probabilities(kb, kb.scores(q, k, row, col, transposed=True), lse, do, v,
+                                     delta, transposed=True)
             dv_new = kb.dot(kb.operand(pt), do, dv_acc)
             dk_new = kb.dot(kb.operand(dst), q, dk_acc)
             scf.YieldOp([dk_new, dv_new])

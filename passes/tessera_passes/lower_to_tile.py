@@ -416,6 +416,7 @@ class GroupTiler:
 
     # -- tiling ------------------------------------------------------------
     def build(self) -> ir.Operation:
+        from . import gathered_gemm     # it imports this module's builders
         if len(self.ops) == 1 and _is_column_reduce(self.ops[0]):
             return self._column_reduce(self.ops[0])
         self.lead = 0        # leading dimensions (tile size 1) left out of tile types
@@ -426,7 +427,6 @@ class GroupTiler:
             k = _shape(self.ops[0].operands[0])[-1]
             elt = str(ir.ShapedType(self.ops[0].operands[0].type).element_type)
             if self.gathered:
-                from . import gathered_gemm
                 gather = self.gathered[0]
                 self.mesh = self.meshes[ir.FlatSymbolRefAttr(gather.attributes["mesh"]).value]
                 self.gemm, self.symmetric = gathered_gemm.plan(gather, self.ops[0], self.mesh)
@@ -461,7 +461,6 @@ class GroupTiler:
             if self.gathered:
                 # The instance's output tile is wherever the gather protocol
                 # puts it (own rows first): the epilogue follows its offsets.
-                from . import gathered_gemm
                 gathered_gemm.mark_symmetric(k, len(arg_types))
                 _, ins, out = self.members[0]
                 tiles[out], *self.offsets = gathered_gemm.emit(

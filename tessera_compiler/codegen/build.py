@@ -27,7 +27,8 @@ CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-
 # cubin runs on compute capability 9.0 (H100, H200) only. Kernels guard their
 # wgmma loops, so the same source also builds for plain sm_90.
 CUDA_ARCH = "sm_90a"
-NVCC_FLAGS = [f"-arch={CUDA_ARCH}", "-std=c++17", "-O3"]
+NVCC_OPTIONS = ["-std=c++17", "-O3"]
+NVCC_FLAGS = [f"-arch={CUDA_ARCH}", *NVCC_OPTIONS]
 
 
 class KernelBuildError(RuntimeError):
@@ -122,7 +123,7 @@ def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, 
     if tool is None:
         raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
                                "nvidia-cuda-nvcc wheel)")
-    proc = subprocess.run([tool, f"-arch={arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
+    proc = subprocess.run([tool, f"-arch={arch}", *NVCC_OPTIONS, "-cubin", "-Xptxas", "-v",
                            "-x", "cu", "-", "-o", os.devnull], input=source,
                           capture_output=True, text=True)
     if proc.returncode != 0:

@@ -593,6 +593,14 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("#pragma unroll")
         self.line(f"  for (int ni = 0; ni < {nt}; ++ni) {mma}({acc}[mi][ni], af[mi], bf[ni]);")
 
+    def _load_a_fragments(self, smem: str, ld: int, k0: str, m0: str, lane: str, mt: int) -> None:
+        """`af[mt][4]`: the mma A fragments of the k step starting at `k0`,
+        for rows `m0` on, from a bf16 shared-memory tile (m x k, row pitch
+        `ld`), one ldmatrix.x4 per 16 rows."""
+        self.line("#pragma unroll")
+        self.line(f"for (int mi = 0; mi < {mt}; ++mi) tessera_ldmatrix_x4(af[mi], {smem} + "
+                  f"({m0} + 16 * mi + ({lane} & 15)) * {ld} + {k0} + ({lane} >> 4) * 8);")
+
     def _load_b_fragments(self, smem: str, ld: int, k0: str, n0: str, lane: str, nt: int,
                           transposed: bool) -> None:
         """`bf[nt][2]`: the mma B fragments of the k step starting at `k0`, for
@@ -709,7 +717,9 @@ class CudaKernelEmitter(KernelEmitter):
     def _cp_async_tile(self, dst: str, load, rows: int, cols: int, ld: int | None) -> None:
         """Copies `load`'s rows x cols 16-bit tile to shared memory at `dst`
         in 16-byte cp.async chunks over the block: rows `ld` elements apart,
-        or, with `ld` None, swizzled for wgmma (`_SWIZZLED`)."""
+        or, with `ld` None, in wgmma's 128-byte swizzle (64-column panels of
+        128-byte rows, chunk c of row r at chunk c ^ (r % 8); see
+        `_wgmma_main_loop`)."""
         buf, start, shape = self._load_start(load)
         place = (f"((c >> 6) * {rows} + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3)"
                  if ld is None else f"r * {ld} + c")
@@ -726,17 +736,18 @@ class CudaKernelEmitter(KernelEmitter):
         loads stream through a ring of `stages` shared-memory slots:
         `load(slot)` emits the cp.async copies of one iteration (with `iv`
         bound to that iteration's value), `body(slot)` its computation (the
-        C loop counter is `it`). stages - 1 - lag iterations' loads are in
-        flight before the loop; each iteration waits for its own (then runs
-        the `ready` statement, before the barrier), refills the slot every
-        warp finished with, then computes; one commit group per iteration,
-        even if empty. `lag` is how many iterations' computations may still
-        be reading their slots when the next iteration starts (asynchronous
-        wgmma groups left in flight): the slot refilled is the one read
-        lag + 1 iterations ago."""
+        C loop counter is `it`). `ahead` = stages - 1 - lag iterations'
+        loads are in flight before the loop; each iteration waits for its
+        own (then runs the `ready` statement, before the barrier), refills
+        the slot every warp finished with, then computes; one commit group
+        per iteration, even if empty. `lag` is how many iterations'
+        computations may still be reading their slots when the next
+        iteration starts (asynchronous wgmma groups left in flight): the slot
+        refilled is the one read lag + 1 iterations ago. With nothing ahead,
+        each iteration loads its own slot and ends with a barrier."""
         lb, ub, step = (self.scalar(v) for v in bounds)
-        stages = self.stages - lag
-        assert stages >= 1, "a pipeline needs more stages than computations in flight"
+        ahead = self.stages - 1 - lag
+        assert ahead >= 0, "a pipeline needs more stages than computations in flight"
 
         def issue(slot: str, it: str) -> None:
             self.line("{")
@@ -751,23 +762,23 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("tessera_cp_async_commit();")
 
         self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
-        for s in range(stages - 1):
+        for s in range(ahead):
             self.line(f"if ({s} < n_it)")
             issue(str(s), str(s))
         self.line("for (int64_t it = 0; it < n_it; ++it) {")
         self.indent += 1
         slot = "0" if self.stages == 1 else f"it % {self.stages}"
-        if stages == 1:
+        if ahead == 0:
             issue(slot, "it")
-        self.line(f"tessera_cp_async_wait<{max(stages - 2, 0)}>();")
+        self.line(f"tessera_cp_async_wait<{max(ahead - 1, 0)}>();")
         if ready:
             self.line(ready)
         self.line("__syncthreads();")
-        if stages > 1:
-            self.line(f"if (it + {stages - 1} < n_it)")
-            issue(f"(it + {stages - 1}) % {self.stages}", f"it + {stages - 1}")
+        if ahead:
+            self.line(f"if (it + {ahead} < n_it)")
+            issue(f"(it + {ahead}) % {self.stages}", f"it + {ahead}")
         body(slot)
-        if stages == 1:
+        if ahead == 0:
             self.line("__syncthreads();")      # before the next iteration overwrites the slot
         self.indent -= 1
         self.line("}")
@@ -919,9 +930,7 @@ class CudaKernelEmitter(KernelEmitter):
             self.line(f"for (int kk = 0; kk < {bk}; kk += 16) {{")
             self.indent += 1
             self.line(f"uint32_t af[{mt}][4], bf[{nt}][2];")
-            self.line("#pragma unroll")
-            self.line(f"for (int mi = 0; mi < {mt}; ++mi) tessera_ldmatrix_x4(af[mi], a_st + "
-                      f"({wm0} + mi * 16 + ({lane} & 15)) * {lda} + kk + ({lane} >> 4) * 8);")
+            self._load_a_fragments("a_st", lda, "kk", wm0, lane, mt)
             self._load_b_fragments("b_st", ldb, "kk", wn0, lane, nt, transposed=False)
             self._mma_tiles(mma, acc, mt, nt)
             self.indent -= 1

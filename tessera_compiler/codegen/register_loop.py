@@ -541,13 +541,12 @@ class RegisterLoop:
         self.line(f"for (int kk = 0; kk < {k // 16}; ++kk) {{")
         self.em.indent += 1
         self.line(f"uint32_t af[{self.mt}][4], bf[{n // 8}][2];")
-        self.line("#pragma unroll")
-        self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
         if a in self.smem_a:
-            sa, ld = self.smem_a[a]
-            self.line(f"  tessera_ldmatrix_x4(af[mi], {sa} + ({self.wm0} + 16 * mi + ({self.lane} & 15)) "
-                      f"* {ld} + 16 * kk + ({self.lane} >> 4) * 8);")
+            sa, a_ld = self.smem_a[a]
+            self.em._load_a_fragments(sa, a_ld, "16 * kk", self.wm0, self.lane, self.mt)
         else:
+            self.line("#pragma unroll")
+            self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
             self.line("#pragma unroll")
             self.line("  for (int r = 0; r < 4; ++r) {")
             if a in self.regs_of:

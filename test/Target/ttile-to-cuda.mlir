@@ -426,6 +426,33 @@ ttile.kernel @wide_rows(%k: memref<16x256xbf16>, %v: memref<64x256xbf16>, %o: me
 
 // -----
 
+// The same with a B operand whose staged tile is narrower than the A operand
+// in shared memory: each is read with its own row pitch (A 264, B 24).
+// CHECK-LABEL: // ttile.kernel @wide_rows_narrow_b
+// CHECK: // ttile.dot 16x16x256: A from shared memory (ldmatrix), B from the staged tile (ldmatrix.trans)
+// CHECK: tessera_ldmatrix_x4(af[mi], sa{{[0-9]+}} + (wm{{[0-9]+}} + 16 * mi + (lane{{[0-9]+}} & 15)) * 264 + 16 * kk +
+// CHECK: tessera_ldmatrix_x4_trans(r, st0_{{[0-9]+}} + (16 * kk + (lane{{[0-9]+}} & 15)) * 24 +
+ttile.kernel @wide_rows_narrow_b(%k: memref<16x256xbf16>, %w: memref<1024x16xbf16>, %v: memref<64x256xbf16>, %o: memref<16x256xf32>) attributes {block = array<i64: 32>, grid = array<i64: 1>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c16 = arith.constant 16 : index
+  %c64 = arith.constant 64 : index
+  %tk = ttile.load %k[%c0, %c0] : memref<16x256xbf16> -> !ttile.tile<16x256xbf16>
+  %a0 = ttile.fill 0.0 : !ttile.tile<16x256xf32>
+  %res = scf.for %i = %c0 to %c64 step %c16 iter_args(%acc = %a0) -> (!ttile.tile<16x256xf32>) {
+    %tw = ttile.load %w[%i, %c0] : memref<1024x16xbf16> -> !ttile.tile<256x16xbf16>
+    %z = ttile.fill 0.0 : !ttile.tile<16x16xf32>
+    %s = ttile.dot %tk, %tw, %z {warps = array<i64: 1, 1>} : !ttile.tile<16x256xbf16>, !ttile.tile<256x16xbf16> -> !ttile.tile<16x16xf32>
+    %sb = ttile.cast %s : !ttile.tile<16x16xf32> to !ttile.tile<16x16xbf16>
+    %tv = ttile.load %v[%i, %c0] : memref<64x256xbf16> -> !ttile.tile<16x256xbf16>
+    %an = ttile.dot %sb, %tv, %acc {warps = array<i64: 1, 1>} : !ttile.tile<16x16xbf16>, !ttile.tile<16x256xbf16> -> !ttile.tile<16x256xf32>
+    scf.yield %an : !ttile.tile<16x256xf32>
+  }
+  ttile.store %res, %o[%c0, %c0] : !ttile.tile<16x256xf32>, memref<16x256xf32>
+  ttile.return
+}
+
+// -----
+
 // The dK loop's shape: the transposed score block K Q^T has this block's key
 // rows; the per-query statistic (lse, a column in memory) runs along its
 // columns, so each thread reads the entries of its own columns straight from

@@ -14,9 +14,8 @@ buffers and pipeline stages correctly.
 Asynchronous operations complete as LATE as the PTX ISA allows, not at
 issue: a thread's `cp.async` copies happen when it waits for their commit
 group (`cp.async.wait_group`; until then the destination holds NaNs), and
-its `wgmma.mma_async` operations read
-shared memory and update its accumulator registers when it waits for
-their group (`wgmma.wait_group`). A kernel that reuses a pipeline slot
+its `wgmma.mma_async` operations read shared memory and update its
+accumulator registers when it waits for their group (`wgmma.wait_group`). A kernel that reuses a pipeline slot
 before the wait that protects it therefore computes with the wrong data
 here, as it could on a GPU. The emulator says nothing about speed, cannot
 check proxy fences (`fence.proxy.async`), and cannot catch races that a
