@@ -471,16 +471,32 @@ def install_abort_on_error() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        previous(kind, value, tb)
         try:
             from mpi4py import MPI
-            if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-                sys.stderr.write(f"[tessera] rank {MPI.COMM_WORLD.Get_rank()} failed: "
-                                 f"{kind.__name__}: {value}; aborting all ranks\n")
-                sys.stderr.flush()
-                MPI.COMM_WORLD.Abort(1)
+            aborting = (MPI.Is_initialized() and not MPI.Is_finalized()
+                        and MPI.COMM_WORLD.Get_size() > 1)
         except ImportError:
-            pass
+            aborting = False
+        if not aborting:
+            previous(kind, value, tb)
+            return
+        # One write, then a pause before Abort: mpiexec forwards a rank's
+        # stderr asynchronously and Abort kills the forwarder, so a line
+        # written just before it was sometimes lost (seen in CI: the
+        # traceback arrived, the rank line after it did not).
+        import time
+        import traceback
+        rank = MPI.COMM_WORLD.Get_rank()
+        if previous is sys.__excepthook__:
+            report = "".join(traceback.format_exception(kind, value, tb))
+        else:                                  # the user's own hook still runs
+            previous(kind, value, tb)
+            report = ""
+        sys.stderr.write(report + f"[tessera] rank {rank} failed: {kind.__name__}: {value}; "
+                           f"aborting all ranks\n")
+        sys.stderr.flush()
+        time.sleep(0.5)
+        MPI.COMM_WORLD.Abort(1)
 
     if getattr(sys.excepthook, "__name__", "") != "hook":
         sys.excepthook = hook
