@@ -170,8 +170,29 @@ static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType b
 }
 
 LogicalResult LoadOp::verify() {
-  return verifyTileAccess(*this, getResult().getType(), getSource().getType(),
-                          getOffsets().size(), "source");
+  TileType tile = getResult().getType();
+  MemRefType source = getSource().getType();
+  if (failed(verifyTileAccess(*this, tile, source, getOffsets().size(), "source")))
+    return failure();
+  if (!getTma())
+    return success();
+  // What the tensor map and the swizzled shared-memory layout allow.
+  Type elt = tile.getElementType();
+  if (!(elt.isBF16() || elt.isF16()) || tile.getShape().size() != 2)
+    return emitOpError("'tma' loads 2-D bf16 or f16 tiles, not ") << tile;
+  if (tile.getShape()[1] % 64 || tile.getShape()[0] > 256)
+    return emitOpError("'tma' needs tile columns a multiple of 64 (128-byte swizzled rows) "
+                       "and at most 256 rows, not ")
+           << tile;
+  // (Rows are then whole 128-byte multiples too: the tile divides them.)
+  if (source.getRank() > 5)
+    return emitOpError("'tma' needs a 'source' of rank 5 or less, not ") << source;
+  auto arg = dyn_cast<BlockArgument>(getSource());
+  auto kernel = (*this)->getParentOfType<KernelOp>();
+  if (!arg || !kernel || arg.getOwner() != &kernel.getBody().front())
+    return emitOpError("'tma' loads from a kernel argument (its tensor map is built on the "
+                       "host)");
+  return success();
 }
 
 LogicalResult StoreOp::verify() {

@@ -125,4 +125,6 @@ def emit(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh, cfg, xs: ir.Val
     ttile.WaitOp(ready, mb, _index(1), ir.StringAttr.get("ge"))
     row = arith.MulIOp(mb, _index(cfg.bm)).result
     col = arith.MulIOp(ni, _index(cfg.bn)).result
-    return gemm_tile(cfg, gathered, ws, [], row, col, out_elt), row, col
+    # cp.async, not TMA: the tensor copy engine reads through the async
+    # proxy, which the signal wait's acquire does not order.
+    return gemm_tile(cfg, gathered, ws, [], row, col, out_elt, tma=False), row, col

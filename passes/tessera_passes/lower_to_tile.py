@@ -336,10 +336,16 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
 
 
 def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: list,
-              row: ir.Value, col: ir.Value, out_elt: ir.Type) -> ir.Value:
+              row: ir.Value, col: ir.Value, out_elt: ir.Type, tma: bool = True) -> ir.Value:
     """The `[BM, BN]` output tile at (`row`, `col`) of `a_buf @ b_buf`: a loop
     over K accumulating `ttile.dot`s of `[BM, BK]` and `[BK, BN]` tiles (in
-    f32 for half-precision operands), cast to `out_elt`."""
+    f32 for half-precision operands), cast to `out_elt`. A wgmma loop loads
+    both tiles with the tensor memory accelerator when `tma` allows and
+    both buffers are kernel arguments (their tensor maps are built on the
+    host) of rank 5 or less."""
+    tma = tma and cfg.wgmma and all(
+        isinstance(buf.owner, ir.Block) and len(ir.MemRefType(buf.type).shape) <= 5
+        for buf in (a_buf, b_buf))
     k = ir.MemRefType(a_buf.type).shape[-1]
     elt = ir.MemRefType(a_buf.type).element_type
     acc_elt = ir.F32Type.get() if str(elt) in ("bf16", "f16") else out_elt
@@ -348,8 +354,10 @@ def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: 
     loop = scf.ForOp(_index(0), _index(k), _index(cfg.bk), [acc0])
     with ir.InsertionPoint(loop.body):
         kk = loop.induction_variable
-        a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk]).result
-        b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col]).result
+        a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk],
+                         tma=tma or None).result
+        b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col],
+                         tma=tma or None).result
         warps = _i64_array(cfg.warps) if cfg.warps else None
         scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps,
                                  wgmma=cfg.wgmma or None).result])

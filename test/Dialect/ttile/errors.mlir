@@ -306,6 +306,42 @@ func.func @f(%a: !ttile.tile<64x32xbf16>, %b: !ttile.tile<32x64xbf16>, %c: !ttil
 
 // -----
 
+ttile.kernel @k(%a: memref<64x64xf32>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'tma' loads 2-D bf16 or f16 tiles, not '!ttile.tile<64x64xf32>'}}
+  %t = ttile.load %a[%c0, %c0] {tma} : memref<64x64xf32> -> !ttile.tile<64x64xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<64x64xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'tma' needs tile columns a multiple of 64 (128-byte swizzled rows) and at most 256 rows, not '!ttile.tile<64x32xbf16>'}}
+  %t = ttile.load %a[%c0, %c0] {tma} : memref<64x64xbf16> -> !ttile.tile<64x32xbf16>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<1x1x1x1x64x64xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'tma' needs a 'source' of rank 5 or less, not 'memref<1x1x1x1x64x64xbf16>'}}
+  %t = ttile.load %a[%c0, %c0, %c0, %c0, %c0, %c0] {tma} : memref<1x1x1x1x64x64xbf16> -> !ttile.tile<64x64xbf16>
+  ttile.return
+}
+
+// -----
+
+func.func @f(%a: memref<64x64xbf16>) {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'tma' loads from a kernel argument (its tensor map is built on the host)}}
+  %t = ttile.load %a[%c0, %c0] {tma} : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
+  return
+}
+
+// -----
+
 //===----------------------------------------------------------------------===//
 // Elementwise ops and ttile.reduce
 //===----------------------------------------------------------------------===//

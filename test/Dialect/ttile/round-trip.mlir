@@ -143,12 +143,15 @@ ttile.kernel @batched_gemm(%a: memref<2x64x32xbf16>, %b: memref<2x32x64xbf16>, %
 
 // Hopper warpgroup MMA: `wgmma` on the dot, two warpgroups of 64 rows each.
 // CHECK-LABEL: ttile.kernel @wgmma_gemm(
+// Its operands come through the tensor memory accelerator (`tma` loads).
+// CHECK: ttile.load %{{.*}}[%{{.*}}, %{{.*}}] {tma} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+// CHECK: ttile.load %{{.*}}[%{{.*}}, %{{.*}}] {tma} : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
 // CHECK: ttile.dot %{{.*}}, %{{.*}}, %{{.*}} {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
 ttile.kernel @wgmma_gemm(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: memref<128x256xf32>) attributes {grid = array<i64: 1>, block = array<i64: 256>, stages = 4 : i64} {
   %c0 = arith.constant 0 : index
   %acc = ttile.fill 0.0 : !ttile.tile<128x256xf32>
-  %ta = ttile.load %a[%c0, %c0] : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
-  %tb = ttile.load %b[%c0, %c0] : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
+  %ta = ttile.load %a[%c0, %c0] {tma} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+  %tb = ttile.load %b[%c0, %c0] {tma} : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
   %d = ttile.dot %ta, %tb, %acc {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
   ttile.store %d, %c[%c0, %c0] : !ttile.tile<128x256xf32>, memref<128x256xf32>
   ttile.return

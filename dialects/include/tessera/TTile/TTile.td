@@ -120,8 +120,21 @@ def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
     covers its trailing dimensions, with size 1 in the leading ones (one
     matrix of a batch: `memref<4x64x32xf32>` at `[%b, %i, %k]` as a
     `!ttile.tile<16x32xf32>`).
+
+    `tma` loads the tile with Hopper's tensor memory accelerator
+    (`cp.async.bulk.tensor`, sm_90): one thread issues the copy through a
+    tensor map the runtime builds on the host for the kernel argument
+    `source`, and the tile lands in shared memory 128-byte swizzled, as
+    64-column panels (the layout `wgmma` reads). It needs a bf16 or f16
+    2-D tile with columns a multiple of 64 and at most 256 rows, loaded
+    straight from a kernel argument of rank 5 or less.
+
+    ```mlir
+    %ta = ttile.load %a[%row, %k] {tma} : memref<4096x4096xbf16> -> !ttile.tile<128x64xbf16>
+    ```
   }];
-  let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$offsets);
+  let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$offsets,
+                       UnitAttr:$tma);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
     $source `[` $offsets `]` attr-dict `:` qualified(type($source)) `->` qualified(type($result))
