@@ -122,6 +122,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.threads = 1
         self.simt_reason = None     # why the last GEMM loop is not on tensor cores
         self.wgmma_shapes: set = set()      # (N, element type) of the wgmma instructions used
+        self.tensor_maps: list = []         # {"arg", "box"} of each TMA tensor map, in order
         self.uses_nvshmem = False
 
     # -- shared memory -----------------------------------------------------------
@@ -241,6 +242,11 @@ class CudaKernelEmitter(KernelEmitter):
                             f"an sm_90 block has at most {MAX_SHARED_BYTES}: use smaller tiles "
                             "or fewer stages", kernel.location)
         self.launch = {"grid": grid, "block": block, "shared_bytes": self.shared_bytes}
+        if self.tensor_maps:
+            # One device buffer of 128-byte CUtensorMaps, built by the runtime
+            # for this launch's arguments; see _tma_tile.
+            params = params + ["const unsigned char* __restrict__ tessera_tmaps"]
+            self.launch["tensor_maps"] = self.tensor_maps
         head = [f"// ttile.kernel @{name}",
                 f"// launch: grid ({', '.join(map(str, grid))}), block ({', '.join(map(str, block))}), "
                 f"dynamic shared memory {self.shared_bytes} bytes",
@@ -254,6 +260,9 @@ class CudaKernelEmitter(KernelEmitter):
 
     # -- dispatch ----------------------------------------------------------------
     def emit_op(self, op: ir.Operation) -> None:
+        if op.name == "ttile.load" and "tma" in op.attributes:
+            raise EmitError("a ttile.load {tma} is emitted only as an operand of a wgmma GEMM "
+                            "loop (acc = dot(load, load, acc) with both loads tma)", op.location)
         if op.name in POINTWISE:
             self._add_to_region(op)
             return
@@ -829,6 +838,10 @@ class CudaKernelEmitter(KernelEmitter):
             return None, "the dot's operands are not the loop's loads"
         load_a, load_b = by_result[dot.operands[0]], by_result[dot.operands[1]]
         wgmma = "wgmma" in dot.attributes
+        tma = ["tma" in l.attributes for l in (load_a, load_b)]
+        if any(tma) and not (all(tma) and wgmma):
+            raise EmitError("ttile.load {tma} needs both operands of a wgmma dot loaded with tma",
+                            dot.location)
         (bm, bk), elt = tile_of(dot.operands[0].type)
         (_, bn), _ = tile_of(dot.operands[1].type)
         acc_shape, acc_elt = tile_of(dot.results[0].type)
@@ -848,7 +861,8 @@ class CudaKernelEmitter(KernelEmitter):
             offsets = list(load.operands)[1:]
             if shape[-1] % 8 or not _multiple_of(offsets[-1], 8):
                 return None, "a loaded tile is not 16-byte aligned (cp.async needs it)"
-        return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, wgmma=wgmma, iv=iv, load_a=load_a,
+        return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, wgmma=wgmma, tma=all(tma), iv=iv,
+                    load_a=load_a,
                     load_b=load_b, init=init_op.operation, result=op.results[0],
                     bounds=list(op.operands)[:3]), None
 
@@ -878,8 +892,10 @@ class CudaKernelEmitter(KernelEmitter):
         instruction = ("wgmma.mma_async.m64n{bn}k16 from 128-byte-swizzled shared memory, "
                        "mma.sync.m16n8k16 on plain sm_90" if p["wgmma"]
                        else "mma.sync.m16n8k16, ldmatrix").format(bn=bn)
+        copies = ("TMA (cp.async.bulk.tensor) into the wgmma ring, cp.async for mma.sync"
+                  if p["tma"] else "cp.async")
         self.line(f"// tensor-core GEMM: block tile {bm}x{bn}x{bk}, warps {wm}x{wn}, "
-                  f"{stages} stage{'s' if stages > 1 else ''} ({instruction}; cp.async)")
+                  f"{stages} stage{'s' if stages > 1 else ''} ({instruction}; {copies})")
         acc, lane, wm0, wn0 = self._warp_accumulator(bm, bn, wm, wn)
         self.line("#pragma unroll")
         self.line(f"for (int i = 0; i < {mt * nt * 4}; ++i) (&{acc}[0][0][0])[i] = {fill};")
@@ -974,12 +990,86 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("tessera_wgmma_commit();")
             self.line(f"tessera_wgmma_wait<{lag}>();")
 
-        # cp.async writes through the generic proxy, wgmma reads through the
-        # async proxy: each thread fences its landed copies before the barrier.
-        self._staged_loop(p["iv"], p["bounds"], load_stage, compute, lag=lag,
-                          ready="tessera_fence_proxy_async();")
+        if p["tma"]:
+            self._tma_staged_loop(p, a_elems, b_elems, compute)
+        else:
+            # cp.async writes through the generic proxy, wgmma reads through
+            # the async proxy: each thread fences its landed copies before
+            # the barrier.
+            self._staged_loop(p["iv"], p["bounds"], load_stage, compute, lag=lag,
+                              ready="tessera_fence_proxy_async();")
         self.line("tessera_wgmma_wait<0>();")
         self.line(f"tessera_wgmma_fence_operands<{n_acc}>(&{acc}[0][0][0]);")
+        self.indent -= 1
+        self.line("}")
+
+
+    def _tma_tile(self, dst: str, load, rows: int, cols: int, barrier: str) -> None:
+        """Issues the TMA copies of `load`'s rows x cols tile to shared memory
+        at `dst` (one thread): one box of `rows` x 64 columns per 64-column
+        panel, each landing as `rows` 128-byte rows swizzled by the tensor
+        map (CU_TENSOR_MAP_SWIZZLE_128B), the layout `_cp_async_tile` writes
+        for wgmma; completion is counted in bytes on `barrier`. The tensor map
+        (the load's kernel argument, that box) is the runtime's job."""
+        source = list(load.operands)[0]
+        rank = len(ir.MemRefType(source.type).shape)
+        spec = {"arg": ir.BlockArgument(source).arg_number, "box": [1] * (rank - 2) + [rows, 64]}
+        if spec not in self.tensor_maps:
+            self.tensor_maps.append(spec)
+        tmap = f"tessera_tmaps + {128 * self.tensor_maps.index(spec)}"
+        coords = [f"(int)({self.scalar(v)})" for v in reversed(list(load.operands)[1:])]
+        for panel in range(cols // 64):
+            inner = coords[0] if panel == 0 else f"(int)({self.scalar(list(load.operands)[-1])} + {64 * panel})"
+            self.line(f"tessera_tma_load_{rank}d({dst} + {panel * rows * 64}, {tmap}, "
+                      f"{', '.join([inner] + coords[1:])}, {barrier});")
+
+    def _tma_staged_loop(self, p, a_elems: int, b_elems: int, compute,
+                         ahead: int | None = None) -> None:
+        """The wgmma loop's K steps through a ring of `stages` slots that the
+        tensor memory accelerator fills: thread 0 issues an iteration's copies
+        and arms that slot's mbarrier with their byte count; every thread
+        waits on the barrier's phase ((it / stages) & 1) before computing.
+        After its computation (which leaves at most one wgmma group in
+        flight), a block barrier, and thread 0 refills the slot of the
+        iteration before, whose group every warpgroup has retired:
+        `ahead` = stages - 1 iterations' copies are in flight (a test
+        passes more to show the emulator catches the overwrite)."""
+        lb, ub, step = (self.scalar(v) for v in p["bounds"])
+        stages = self.stages
+        ahead = stages - 1 if ahead is None else ahead
+        nbytes = (a_elems + b_elems) * 2
+        bars = self._smem(8 * stages, align=8)
+        self.line(f"uint64_t* const full = reinterpret_cast<uint64_t*>(tessera_smem + {bars});")
+        self.line("if (threadIdx.x == 0) {")
+        self.line(f"  for (int s = 0; s < {stages}; ++s) tessera_mbarrier_init(&full[s], 1);")
+        self.line("  tessera_fence_barrier_init();")
+        self.line("}")
+        self.line("__syncthreads();")
+        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+
+        def issue(slot: str, it: str) -> None:
+            self.line(f"if (threadIdx.x == 0 && {it} < n_it) {{")
+            self.indent += 1
+            self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
+            saved = self.names.get(p["iv"])
+            self.names[p["iv"]] = "kv"
+            self.line(f"tessera_mbarrier_expect_tx(&full[{slot}], {nbytes});")
+            self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"],
+                           f"&full[{slot}]")
+            self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"],
+                           f"&full[{slot}]")
+            self.names[p["iv"]] = saved
+            self.indent -= 1
+            self.line("}")
+
+        for s in range(ahead):
+            issue(str(s), str(s))
+        self.line("for (int64_t it = 0; it < n_it; ++it) {")
+        self.indent += 1
+        self.line(f"tessera_mbarrier_wait(&full[it % {stages}], (unsigned)(it / {stages}) & 1);")
+        compute(f"it % {stages}")
+        self.line("__syncthreads();     // every warpgroup is done with the slot refilled next")
+        issue(f"(it + {ahead}) % {stages}", f"it + {ahead}")
         self.indent -= 1
         self.line("}")
 
@@ -1073,6 +1163,55 @@ __device__ __forceinline__ uint64_t tessera_wgmma_desc(const void* p, uint32_t l
 """
 
 
+# The tensor memory accelerator and the mbarriers that count its bytes
+# (sm_90 instructions, used only on the wgmma path, hence the same guard).
+# A tensor map lives in global memory, written by the host before the launch.
+_TMA_HELPERS = """#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(TESSERA_EMULATED_PTX)
+__device__ __forceinline__ void tessera_mbarrier_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n"
+               :: "r"(tessera_shared_address(bar)), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (the TMA unit).
+__device__ __forceinline__ void tessera_fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
+}
+// One arrival that also expects `bytes` of copies to complete on the barrier.
+__device__ __forceinline__ void tessera_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n"
+               :: "r"(tessera_shared_address(bar)), "r"(bytes) : "memory");
+}
+// Returns once the barrier's phase of this parity has completed.
+__device__ __forceinline__ void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n"
+                 "selp.u32 %0, 1, 0, p;\\n}\\n"
+                 : "=r"(done) : "r"(tessera_shared_address(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+"""
+
+
+def _tma_load(rank: int) -> str:
+    """`tessera_tma_load_<rank>d(dst, map, c0, .., bar)`: one box of the
+    tensor map at coordinates c0 (innermost) .., into shared memory at `dst`,
+    its bytes completing on mbarrier `bar`."""
+    coords = ", ".join(f"int c{i}" for i in range(rank))
+    operands = ", ".join(f"%{i + 3}" for i in range(rank))
+    inputs = ", ".join(f'"r"(c{i})' for i in range(rank))
+    return (f"__device__ __forceinline__ void tessera_tma_load_{rank}d(void* dst, const void* map, "
+            f"{coords}, uint64_t* bar) {{\n"
+            f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.'
+            f'mbarrier::complete_tx::bytes "\n'
+            f'               "[%0], [%1, {{{operands}}}], [%2];\\n"\n'
+            f'               :: "r"(tessera_shared_address(dst)), "l"(map), '
+            f'"r"(tessera_shared_address(bar)),\n'
+            f'                  {inputs} : "memory");\n}}\n')
+
+
+_TMA_HELPERS += "".join(_tma_load(rank) for rank in range(2, 6)) + "#endif\n"
+
+
 def wgmma_wrapper(n: int, elt: str) -> str:
     """`tessera_wgmma_<elt><n>`: one wgmma.mma_async.m64n<n>k16 with an f32
     accumulator of n/2 registers per thread, A K-major and B N-major from
@@ -1101,7 +1240,7 @@ CUDA_PRELUDE = """\
 __device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
   return (uint32_t)float_to_bf16(lo) | ((uint32_t)float_to_bf16(hi) << 16);
 }
-""" + _MMA_HELPERS + _WGMMA_HELPERS
+""" + _MMA_HELPERS + _WGMMA_HELPERS + _TMA_HELPERS
 
 
 def emit_cuda_kernels(module) -> tuple[str, dict]:

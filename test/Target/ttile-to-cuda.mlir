@@ -172,6 +172,85 @@ ttile.kernel @wgmma_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, %c:
 
 // -----
 
+// With `tma` loads the wgmma ring is filled by the tensor memory accelerator:
+// the kernel takes one more argument, the runtime-built tensor maps (A's
+// 128x64 box, B's 64x64 box, the launch record lists both); thread 0 arms a
+// slot's mbarrier with the stage's 48 KiB and issues one copy per 64-column
+// panel; every thread waits on the slot's phase; after the block barrier,
+// the slot of the iteration before is refilled, 3 iterations ahead.
+// CHECK-LABEL: // ttile.kernel @tma_gemm
+// CHECK: // launch: grid (2), block (256), dynamic shared memory 208928 bytes
+// CHECK: void __launch_bounds__(256) tma_gemm(void* arg0_, void* arg1_, void* arg2_, const unsigned char* __restrict__ tessera_tmaps)
+// CHECK: 4 stages (wgmma.mma_async.m64n256k16 {{.*}}; TMA (cp.async.bulk.tensor) into the wgmma ring, cp.async for mma.sync)
+// CHECK: uint64_t* const full = reinterpret_cast<uint64_t*>(tessera_smem + 208896);
+// CHECK: for (int s = 0; s < 4; ++s) tessera_mbarrier_init(&full[s], 1);
+// CHECK-NEXT: tessera_fence_barrier_init();
+// CHECK: tessera_mbarrier_expect_tx(&full[0], 49152);
+// CHECK-NEXT: tessera_tma_load_2d(sa + (0) * 8192 + 0, tessera_tmaps + 0, (int)(kv), (int)([[ROW:.*]]), &full[0]);
+// CHECK-NEXT: tessera_tma_load_2d(sb + (0) * 16384 + 0, tessera_tmaps + 128, (int)([[COL:.*]]), (int)(kv), &full[0]);
+// CHECK-NEXT: tessera_tma_load_2d(sb + (0) * 16384 + 4096, tessera_tmaps + 128, (int)([[COL]] + 64), (int)(kv), &full[0]);
+// CHECK: for (int64_t it = 0; it < n_it; ++it) {
+// CHECK-NEXT: tessera_mbarrier_wait(&full[it % 4], (unsigned)(it / 4) & 1);
+// CHECK: tessera_wgmma_wait<1>();
+// CHECK-NEXT: __syncthreads();
+// CHECK-NEXT: if (threadIdx.x == 0 && it + 3 < n_it) {
+// CHECK: tessera_mbarrier_expect_tx(&full[(it + 3) % 4], 49152);
+// CHECK: #else
+// CHECK: tessera_cp_async16(
+// CHECK: #endif
+ttile.kernel @tma_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, %c: memref<256x256xbf16>)
+    attributes {grid = array<i64: 2>, block = array<i64: 256>, stages = 4 : i64} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %c128 = arith.constant 128 : index
+  %c320 = arith.constant 320 : index
+  %row = arith.muli %pid, %c128 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  %acc = scf.for %k = %c0 to %c320 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
+    %ta = ttile.load %a[%row, %k] {tma} : memref<256x320xbf16> -> !ttile.tile<128x64xbf16>
+    %tb = ttile.load %b[%k, %c0] {tma} : memref<320x256xbf16> -> !ttile.tile<64x256xbf16>
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+    scf.yield %d : !ttile.tile<128x256xf32>
+  }
+  %h = ttile.cast %acc : !ttile.tile<128x256xf32> to !ttile.tile<128x256xbf16>
+  ttile.store %h, %c[%row, %c0] : !ttile.tile<128x256xbf16>, memref<256x256xbf16>
+  ttile.return
+}
+
+// -----
+
+// TMA fills only the ring of a wgmma GEMM: on one operand alone, or outside
+// such a loop, it is an error.
+ttile.kernel @tma_one_operand(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: memref<128x256xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 256>, stages = 3 : i64} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
+    %ta = ttile.load %a[%c0, %k] {tma} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+    %tb = ttile.load %b[%k, %c0] : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
+    // expected-error @+1 {{ttile.load {tma} needs both operands of a wgmma dot loaded with tma}}
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+    scf.yield %d : !ttile.tile<128x256xf32>
+  }
+  ttile.store %acc, %c[%c0, %c0] : !ttile.tile<128x256xf32>, memref<128x256xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @tma_elementwise(%a: memref<64x64xbf16>, %c: memref<64x64xbf16>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+1 {{a ttile.load {tma} is emitted only as an operand of a wgmma GEMM loop (acc = dot(load, load, acc) with both loads tma)}}
+  %t = ttile.load %a[%c0, %c0] {tma} : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
+  ttile.store %t, %c[%c0, %c0] : !ttile.tile<64x64xbf16>, memref<64x64xbf16>
+  ttile.return
+}
+
+// -----
+
 // The same loop with f32 operands stays on CUDA cores, and the emitter says why.
 // CHECK-LABEL: // ttile.kernel @f32_gemm
 // CHECK: // ttile.dot 16x16x16 on CUDA cores: f32 operands with an f32 accumulator (tensor cores: bf16/f16 into f32)

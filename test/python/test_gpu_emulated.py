@@ -5,6 +5,8 @@ are checked against numpy. What this proves: tile/fragment indexing,
 pipeline-stage bookkeeping, register epilogues and shuffle reductions are
 right. What it cannot: speed, and races a real GPU's timing would expose."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -62,7 +64,8 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     cfg = launches[gemm[0]]
     out = np.zeros((batch, m, n), BF16)
     EmulatedKernels(source).launch(gemm[0], [x, w, b.reshape(1, 1, n).copy(), r, out],
-                                   cfg["grid"], cfg["block"], cfg["shared_bytes"])
+                                   cfg["grid"], cfg["block"], cfg["shared_bytes"],
+                                   cfg.get("tensor_maps", ()))
     mm = (x.astype(np.float64) @ w.astype(np.float64))
     ref = _gelu(mm + b.astype(np.float64)) + r.astype(np.float64)
     # bf16: every op of the epilogue rounds to 8 bits of mantissa.
@@ -89,7 +92,7 @@ def _wgmma_gemm(monkeypatch, stages=4, k_steps=6):
 def _emulate(source, name, cfg, x, w, defines=()):
     out = np.zeros((x.shape[0], w.shape[1]), BF16)
     EmulatedKernels(source, defines).launch(name, [x, w, out], cfg["grid"], cfg["block"],
-                                            cfg["shared_bytes"])
+                                            cfg["shared_bytes"], cfg.get("tensor_maps", ()))
     return out.astype(np.float64)
 
 
@@ -102,17 +105,32 @@ def test_wgmma_kernel_on_plain_sm90_runs_its_mma_sync_loop(monkeypatch):
     np.testing.assert_allclose(out, ref, rtol=0.02, atol=0.05)
 
 
-def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch):
-    """The emulator runs cp.async and wgmma as late as PTX allows (and a
+@pytest.mark.parametrize("copies", ["tma", "cp.async"])
+def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, copies):
+    """The emulator runs TMA, cp.async and wgmma as late as PTX allows (and a
     copy's destination reads as NaN until it lands): a ring that refills the
-    slot the still-running wgmma group reads (no lag for the group in
-    flight) gives wrong results, while the real kernel is right."""
+    slot the still-running wgmma group reads gives wrong results, while the
+    real kernel is right. TMA: copies one iteration further ahead; cp.async
+    (the ring without `tma` loads): no lag for the group in flight."""
     from tessera_compiler.codegen.cuda_emitter import CudaKernelEmitter
+    if copies == "cp.async":
+        strip = CudaKernelEmitter._mma_plan
+
+        def without_tma(self, op):
+            plan, why = strip(self, op)
+            return (dict(plan, tma=False) if plan else plan), why
+        monkeypatch.setattr(CudaKernelEmitter, "_mma_plan", without_tma)
     x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch)
+    assert ("tessera_tma_load_2d(sa + " in source) == (copies == "tma")
     np.testing.assert_allclose(_emulate(source, name, cfg, x, w), ref, rtol=0.02, atol=0.05)
-    staged = CudaKernelEmitter._staged_loop
-    monkeypatch.setattr(CudaKernelEmitter, "_staged_loop",
-                        lambda self, *a, lag=0, **kw: staged(self, *a, **kw))
+    if copies == "tma":
+        staged = CudaKernelEmitter._tma_staged_loop
+        monkeypatch.setattr(CudaKernelEmitter, "_tma_staged_loop",
+                            lambda self, *a: staged(self, *a, ahead=self.stages))
+    else:
+        staged = CudaKernelEmitter._staged_loop
+        monkeypatch.setattr(CudaKernelEmitter, "_staged_loop",
+                            lambda self, *a, lag=0, **kw: staged(self, *a, **kw))
     x, w, broken, name, cfg, ref = _wgmma_gemm(monkeypatch)
     assert "tessera_wgmma_wait<1>();" in broken and broken != source
     out = _emulate(broken, name, cfg, x, w)
@@ -121,8 +139,9 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch):
 
 def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch):
     """nvcc builds the 128x256 wgmma GEMM for sm_90a with wgmma.mma_async
-    instructions and for plain sm_90 without them (its mma.sync branch),
-    both without register spills."""
+    instructions fed by TMA copies (cp.async.bulk.tensor, counted on
+    mbarriers) and for plain sm_90 without either (its mma.sync branch on
+    cp.async), both without register spills."""
     import subprocess
     from tessera_compiler.codegen.build import kernel_resources, nvcc
     if nvcc() is None:
@@ -134,8 +153,36 @@ def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch):
         assert ptx.returncode == 0, ptx.stderr[-2000:]
         issued = ptx.stdout.count("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16")
         assert (issued >= 4) if has_wgmma else issued == 0, (arch, issued)   # 4 per K step
+        for tma in ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+                    "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.expect_tx"):
+            assert (tma in ptx.stdout) == has_wgmma, (arch, tma)
+        assert ("cp.async.cg.shared.global" in ptx.stdout) != has_wgmma, arch
         (report,) = kernel_resources(source, arch).values()
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (arch, report)
+
+
+def test_tma_gemm_runs_from_a_bundle_on_the_emulated_engine(monkeypatch):
+    """ts.jit for the GPU with the Hopper configuration: the bundle's launch
+    record lists the kernel's tensor maps (the batched operands' 3-D boxes),
+    the engine builds them from the launch's buffers and passes them last,
+    and the TMA-fed wgmma GEMM with its ReLU epilogue matches float64."""
+    import tessera_passes.lower_to_tile as lower_to_tile
+    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS",
+                        [lower_to_tile.GemmConfig(128, 128, 64, (8, 1), 3, wgmma=True)])
+    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 128, 320)).astype(BF16)
+    w = (rng.standard_normal((2, 320, 256)) / 16).astype(BF16)
+    f = ts.jit(lambda x, w: op.relu(op.matmul(x, w)), target="gpu")
+    out = f(x, w)
+    source = _cuda_source(f)
+    assert "tessera_tma_load_3d(sa + " in source and "tessera_tmaps" in source
+    launches = json.loads((f._bundles[f._last_key] / "manifest.json").read_text())["launch"]
+    assert [l["tensor_maps"] for l in launches.values() if "tensor_maps" in l] == \
+        [[{"arg": 0, "box": [1, 128, 64]}, {"arg": 1, "box": [1, 64, 64]}]]
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0)
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=0.02, atol=0.03)
 
 
 def test_emulator_catches_a_wrong_fragment_layout():

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import Engine, EngineError, Event
+from .tensor_maps import TensorMaps, cuda_tensor_map
 
 _STATIC_SHARED_LIMIT = 48 * 1024
 
@@ -173,8 +174,16 @@ class CUDAEngine(Engine):
         fn = self._function(kernel)
         cfg = self._launches[kernel]
         grid, block, shared = tuple(cfg["grid"]), tuple(cfg["block"]), cfg["shared_bytes"]
+        if cfg.get("tensor_maps"):
+            maps = TensorMaps(cfg["tensor_maps"], cuda_tensor_map, lambda a: a.data.ptr,
+                              self._upload)
+
+            def arguments(args):
+                return tuple(args) + (maps.for_args(args),)
+        else:
+            arguments = tuple
         if not cfg.get("nvshmem"):
-            return lambda args: fn(grid, block, tuple(args), shared_mem=shared, stream=stream)
+            return lambda args: fn(grid, block, arguments(args), shared_mem=shared, stream=stream)
         signals = cfg.get("signals", [])
         on_stream = _CudaStreamRef(stream)
 
@@ -184,8 +193,16 @@ class CUDAEngine(Engine):
             for i in signals:
                 self.cp.cuda.runtime.memsetAsync(args[i].data.ptr, 0, args[i].nbytes, stream.ptr)
             nvshmem.barrier_all(on_stream)
-            fn(grid, block, tuple(args), shared_mem=shared, stream=stream)
+            fn(grid, block, arguments(args), shared_mem=shared, stream=stream)
         return launch_nvshmem
+
+    def _upload(self, blob: bytes):
+        """`blob` in device memory, there before any stream's next kernel
+        (copied on the null stream, which the non-blocking streams do not
+        wait for, then synchronized)."""
+        buffer = self.cp.asarray(np.frombuffer(blob, np.uint8))
+        self.cp.cuda.Stream.null.synchronize()
+        return buffer
 
     # -- NVSHMEM -------------------------------------------------------------------
     def _nvshmem_core(self):

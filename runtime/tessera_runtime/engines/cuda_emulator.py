@@ -41,6 +41,7 @@ import shutil
 import numpy as np
 
 from . import EngineError
+from .tensor_maps import TensorMaps, emulated_tensor_map
 
 
 def _cache_dir() -> Path:
@@ -54,13 +55,18 @@ def _cache_dir() -> Path:
 
 _SHIM = r"""
 // CPU emulation of the CUDA features Tessera's generated kernels use.
+#include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -255,6 +261,138 @@ inline void tessera_fence_proxy_async() {}
 template <int N> inline void tessera_wgmma_fence_operands(float*) {}
 inline void tessera_wgmma_commit() { wgmma_async.commit(); }
 template <int N> inline void tessera_wgmma_wait() { wgmma_async.wait(N, run_wgmma); }
+
+// The tensor memory accelerator. A tensor map here is the emulator's own
+// record (EmulatedTensorMap, written by `emulated_tensor_map`): the global
+// tensor's base, rank, sizes and byte strides (innermost first) and the box
+// one copy moves. A copy writes the box densely (innermost fastest) from
+// its destination, out-of-bounds elements as 0, with the 128-byte swizzle
+// applied to the shared-memory address (bits 4-6 ^= bits 7-9).
+struct EmulatedTensorMap {
+  uint64_t base; uint32_t rank, elt_bytes; uint64_t dims[5], strides[5]; uint32_t box[5];
+};
+static_assert(sizeof(EmulatedTensorMap) <= 128, "a tensor map is 128 bytes");
+struct TmaCopy { void* dst; const EmulatedTensorMap* map; int c[5]; };
+static size_t box_bytes(const EmulatedTensorMap& m) {
+  size_t n = m.elt_bytes;
+  for (uint32_t d = 0; d < m.rank; ++d) n *= m.box[d];
+  return n;
+}
+static size_t run_tma(const TmaCopy& copy) {
+  const EmulatedTensorMap& m = *copy.map;
+  const size_t n = box_bytes(m) / m.elt_bytes;
+  const uint32_t dst = tessera_shared_address(copy.dst);
+  for (size_t e = 0; e < n; ++e) {
+    size_t rest = e, src = 0; bool inside = true;
+    for (uint32_t d = 0; d < m.rank; ++d) {
+      const int64_t at = int64_t(copy.c[d]) + int64_t(rest % m.box[d]);
+      rest /= m.box[d];
+      inside = inside && at >= 0 && uint64_t(at) < m.dims[d];
+      src += uint64_t(at) * m.strides[d];
+    }
+    uint32_t to = dst + uint32_t(e * m.elt_bytes);
+    to ^= ((to >> 7) & 7) << 4;
+    if (inside) std::memcpy(tessera_smem + to, reinterpret_cast<const unsigned char*>(m.base) + src,
+                            m.elt_bytes);
+    else std::memset(tessera_smem + to, 0, m.elt_bytes);
+  }
+  return n * m.elt_bytes;
+}
+
+// mbarriers: a phase completes when its expected arrivals have all arrived
+// and the bytes they announced (expect_tx) have landed. Copies land when a
+// thread first waits on a phase whose arrivals are in and whose copies
+// cover the announced bytes (as late as PTX allows; their destinations
+// read as NaN until then). Copies of more bytes than announced, a barrier
+// used before its init, or a wait nobody satisfies (120 s) stop the
+// process with a message instead of hanging as a GPU would.
+struct Mbarrier { int expected = 0, pending = 0; unsigned phase = 0; int64_t tx = 0;
+                  std::vector<TmaCopy> copies; };
+static std::mutex mbarrier_lock;
+static std::map<const void*, Mbarrier> mbarriers;     // this block's, by address
+static Mbarrier& mbarrier_at(const void* bar, const char* use) {
+  auto it = mbarriers.find(bar);
+  if (it == mbarriers.end()) {
+    std::fprintf(stderr, "mbarrier emulation: %s on shared byte %u before mbarrier.init\n", use,
+                 tessera_shared_address(bar));
+    std::abort();
+  }
+  return it->second;
+}
+inline void tessera_mbarrier_init(uint64_t* bar, unsigned count) {
+  std::lock_guard<std::mutex> g(mbarrier_lock);
+  Mbarrier& b = mbarriers[bar];
+  b = Mbarrier{}; b.expected = b.pending = int(count);
+}
+inline void tessera_fence_barrier_init() {}
+inline void tessera_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
+  std::lock_guard<std::mutex> g(mbarrier_lock);
+  Mbarrier& b = mbarrier_at(bar, "arrive.expect_tx");
+  b.tx += bytes;
+  if (--b.pending < 0) {
+    std::fprintf(stderr, "mbarrier emulation: more arrivals than the barrier's count\n");
+    std::abort();
+  }
+}
+static void tma_load(void* dst, const void* map, std::initializer_list<int> c, uint64_t* bar) {
+  std::lock_guard<std::mutex> g(mbarrier_lock);
+  Mbarrier& b = mbarrier_at(bar, "cp.async.bulk.tensor");
+  TmaCopy copy{dst, static_cast<const EmulatedTensorMap*>(map), {}};
+  if (c.size() != copy.map->rank) {
+    std::fprintf(stderr, "TMA emulation: %zu coordinates for a rank-%u tensor map\n", c.size(),
+                 copy.map->rank);
+    std::abort();
+  }
+  std::copy(c.begin(), c.end(), copy.c);
+  std::memset(dst, 0xff, box_bytes(*copy.map));
+  b.copies.push_back(copy);
+}
+inline void tessera_tma_load_2d(void* d, const void* m, int c0, int c1, uint64_t* b) {
+  tma_load(d, m, {c0, c1}, b);
+}
+inline void tessera_tma_load_3d(void* d, const void* m, int c0, int c1, int c2, uint64_t* b) {
+  tma_load(d, m, {c0, c1, c2}, b);
+}
+inline void tessera_tma_load_4d(void* d, const void* m, int c0, int c1, int c2, int c3, uint64_t* b) {
+  tma_load(d, m, {c0, c1, c2, c3}, b);
+}
+inline void tessera_tma_load_5d(void* d, const void* m, int c0, int c1, int c2, int c3, int c4,
+                                uint64_t* b) {
+  tma_load(d, m, {c0, c1, c2, c3, c4}, b);
+}
+inline void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(mbarrier_lock);
+      Mbarrier& b = mbarrier_at(bar, "try_wait.parity");
+      if ((b.phase & 1) != (parity & 1)) return;      // that phase has completed
+      int64_t issued = 0;
+      for (const TmaCopy& c : b.copies) issued += int64_t(box_bytes(*c.map));
+      if (issued > b.tx) {
+        std::fprintf(stderr, "mbarrier emulation: copies of %lld bytes on a phase that announced "
+                     "%lld\n", (long long)issued, (long long)b.tx);
+        std::abort();
+      }
+      // Complete once every arrival is in and the copies cover the bytes
+      // announced (the issuing thread may still be issuing them).
+      if (b.pending == 0 && issued == b.tx) {
+        for (const TmaCopy& c : b.copies) run_tma(c);
+        b.copies.clear();
+        b.tx = 0; ++b.phase; b.pending = b.expected;
+        return;
+      }
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(120)) {
+        std::fprintf(stderr, "mbarrier emulation: thread %u waited 120 s for phase parity %u of "
+                     "the barrier at shared byte %u: %d arrivals missing, %lld of %lld bytes "
+                     "issued\n", threadIdx.x, parity, tessera_shared_address(bar), b.pending,
+                     (long long)issued, (long long)b.tx);
+        std::abort();
+      }
+    }
+    std::this_thread::yield();
+  }
+}
 """
 
 # NVSHMEM's device API for kernels that include nvshmem.h. PEs are the
@@ -346,6 +484,7 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned*
         block_barrier = &bar;
         warps = ws.data();
         std::memset(tessera_smem, 0xff, sizeof(tessera_smem));   // no stale data by luck
+        mbarriers.clear();
         std::vector<std::thread> pool;
         for (unsigned t = 0; t < threads; ++t)
           pool.emplace_back([=] {
@@ -420,12 +559,18 @@ class EmulatedKernels:
                                                      ctypes.c_int, ctypes.c_int, ctypes.c_double]
         self._lib.tessera_nvshmem_attach(base, heap_bytes, pe, n_pes, wait_s)
 
-    def launch(self, kernel: str, buffers, grid, block, shared_bytes: int = 0) -> None:
+    def launch(self, kernel: str, buffers, grid, block, shared_bytes: int = 0,
+               tensor_maps=()) -> None:
         """Runs `kernel` over `grid` blocks of `block` threads on C-contiguous
-        numpy `buffers` (written in place)."""
+        numpy `buffers` (written in place). `tensor_maps` are the launch
+        record's (see tensor_maps.py): their buffer is passed last."""
         for i, b in enumerate(buffers):
             if not isinstance(b, np.ndarray) or not b.flags.c_contiguous:
                 raise EngineError(f"buffer {i} of kernel {kernel} must be a C-contiguous numpy array")
+        if tensor_maps:
+            maps = TensorMaps(tensor_maps, emulated_tensor_map, lambda a: a.ctypes.data,
+                              lambda blob: np.frombuffer(blob, np.uint8).copy())
+            buffers = list(buffers) + [maps.for_args(buffers)]
         threads = int(np.prod(block))
         if len(buffers) > _MAX_ARGS:
             raise EngineError(f"kernel {kernel} takes {len(buffers)} buffers; the emulator "

@@ -111,9 +111,10 @@ class EmulatedCUDAEngine(CPUEngine):
                               f"{self.kernel_library}")
         cfg = self._launches[kernel]
         emulated = self._emulated
+        maps = cfg.get("tensor_maps", ())
         if not cfg.get("nvshmem"):
             return lambda args: emulated.launch(kernel, args, cfg["grid"], cfg["block"],
-                                                cfg["shared_bytes"])
+                                                cfg["shared_bytes"], maps)
         signals = cfg.get("signals", [])
 
         def launch_nvshmem(args):
@@ -126,5 +127,5 @@ class EmulatedCUDAEngine(CPUEngine):
                 args[i][...] = 0
             if heap.size > 1:
                 _mpi_world().Barrier()
-            emulated.launch(kernel, args, cfg["grid"], cfg["block"], cfg["shared_bytes"])
+            emulated.launch(kernel, args, cfg["grid"], cfg["block"], cfg["shared_bytes"], maps)
         return launch_nvshmem
