@@ -551,7 +551,7 @@ class GroupTiler:
             raise PassError("tessera-lower-to-tile reduces one dimension per kernel; split "
                             f"the reduction over {dims}", op.location)
         d = dims[0]
-        src, result = op.operands[0], op.results[0]
+        src = op.operands[0]
         shape = _shape(src)
         rank = len(shape)
         last = largest_divisor(shape[-1], 64)
