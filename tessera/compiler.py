@@ -265,9 +265,7 @@ class CompiledFunction:
             entry = self._programs[key] = (program, traced)
         program, traced = entry
         self._last_key = key
-        locals_ = [t.local() if isinstance(t, dist.DTensor) else np.asarray(t)
-                   for t in list(tensors) + list(traced.captured)]
-        outputs = program.run(locals_)
+        outputs = program.run(_local_inputs(tensors, traced))
         results = []
         for spec, local in zip(program.outputs, outputs):
             layout = dist.ShardSpec.from_dims(spec.sharding.dims, spec.sharding.partial)
@@ -276,6 +274,18 @@ class CompiledFunction:
             results.append(t.numpy() if as_numpy else t)
         out = unflatten(traced.structure, results)
         return out
+
+    def build(self, *args, **kwargs) -> tuple[Path, list[np.ndarray]]:
+        """Compiles for these arguments without running: the bundle
+        directory, and this process' local inputs in the order the program
+        takes them, so another machine with only the runtime can run it:
+        `tessera_runtime.load_bundle(path).run(inputs)` (e.g. compile on a
+        CPU machine, run on a GPU one). `save(path)` then copies the bundle."""
+        bound, leaves, _, mesh, tensors, specs, key = self._prepare(args, kwargs)
+        traced = self._trace(bound, leaves, specs, mesh)
+        path = self._bundle(key, traced, mesh)
+        self._last_key = key
+        return path, _local_inputs(tensors, traced)
 
     def save(self, path) -> Path:
         """Copies the bundle of the last call to `path` (a directory)."""
@@ -287,6 +297,13 @@ class CompiledFunction:
             shutil.rmtree(path)
         shutil.copytree(self._bundles[self._last_key], path)
         return path
+
+
+def _local_inputs(tensors, traced) -> list[np.ndarray]:
+    """What the program takes: this rank's block of each tensor argument,
+    then the constants the trace captured."""
+    return [t.local() if isinstance(t, dist.DTensor) else np.asarray(t)
+            for t in list(tensors) + list(traced.captured)]
 
 
 def _bcast_text(comm, text: str) -> str:

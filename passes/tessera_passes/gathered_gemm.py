@@ -37,6 +37,7 @@ peer at coordinate j on the axis is `pe + (j - coord) * stride`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, ttile
@@ -127,4 +128,4 @@ def emit(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh, cfg, xs: ir.Val
     col = arith.MulIOp(ni, _index(cfg.bn)).result
     # cp.async, not TMA: the tensor copy engine reads through the async
     # proxy, which the signal wait's acquire does not order.
-    return gemm_tile(cfg, gathered, ws, [], row, col, out_elt, tma=False), row, col
+    return gemm_tile(replace(cfg, tma=False), gathered, ws, [], row, col, out_elt), row, col

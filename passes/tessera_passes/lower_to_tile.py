@@ -88,14 +88,17 @@ def largest_divisor(n: int, cap: int) -> int:
 class GemmConfig:
     """A GEMM kernel's tiling: a `bm x bn` output tile per block, K in `bk`
     steps; on tensor cores, `warps` (along M and N) split the tile and
-    `stages` shared-memory buffers pipeline the operand loads, and `wgmma`
-    asks for Hopper's warpgroup MMA (each group of 4 warps owns 64 rows)."""
+    `stages` shared-memory buffers pipeline the operand loads, `wgmma`
+    asks for Hopper's warpgroup MMA (each group of 4 warps owns 64 rows),
+    and `tma` for its operands through the tensor memory accelerator
+    (where they are kernel arguments; wgmma configurations only)."""
     bm: int
     bn: int
     bk: int
     warps: tuple[int, int] | None = None     # None: CUDA cores
     stages: int | None = None
     wgmma: bool = False
+    tma: bool = True
 
     @property
     def threads(self) -> int:
@@ -336,14 +339,14 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
 
 
 def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: list,
-              row: ir.Value, col: ir.Value, out_elt: ir.Type, tma: bool = True) -> ir.Value:
+              row: ir.Value, col: ir.Value, out_elt: ir.Type) -> ir.Value:
     """The `[BM, BN]` output tile at (`row`, `col`) of `a_buf @ b_buf`: a loop
     over K accumulating `ttile.dot`s of `[BM, BK]` and `[BK, BN]` tiles (in
     f32 for half-precision operands), cast to `out_elt`. A wgmma loop loads
-    both tiles with the tensor memory accelerator when `tma` allows and
+    both tiles with the tensor memory accelerator when `cfg.tma` allows and
     both buffers are kernel arguments (their tensor maps are built on the
     host) of rank 5 or less."""
-    tma = tma and cfg.wgmma and all(
+    tma = cfg.tma and cfg.wgmma and all(
         isinstance(buf.owner, ir.Block) and len(ir.MemRefType(buf.type).shape) <= 5
         for buf in (a_buf, b_buf))
     k = ir.MemRefType(a_buf.type).shape[-1]

@@ -150,3 +150,19 @@ def test_save_writes_a_bundle(tmp_path):
     saved = f.save(tmp_path / "f.tsb")
     assert sorted(p.name for p in saved.iterdir()) == ["ir", "kernels", "manifest.json", "program.json"]
     assert 'extern "C" void lambda_relu_0' in (saved / "kernels" / "kernels.cpp").read_text()
+
+
+def test_build_compiles_without_running_for_a_runtime_elsewhere(tmp_path):
+    """build() gives the bundle and the local inputs in program order (the
+    captured constant last); the runtime alone runs them, and nothing ran
+    in the compiler's process."""
+    import tessera_runtime
+    rng = np.random.default_rng()
+    x, w, c = (rng.standard_normal(s).astype(np.float32) for s in ((4, 8), (8, 3), (3,)))
+    f = ts.jit(lambda x, w: op.relu(op.matmul(x, w) + c))
+    path, inputs = f.build(x, w)
+    assert not f._programs
+    assert [i.shape for i in inputs] == [(4, 8), (8, 3), (3,)]
+    out = tessera_runtime.load_bundle(f.save(tmp_path / "f.tsb")).run(inputs)
+    np.testing.assert_allclose(out[0], np.maximum(x.astype(np.float64) @ w + c, 0), rtol=1e-5,
+                               atol=1e-5)

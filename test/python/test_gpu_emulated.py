@@ -72,12 +72,13 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0.04, atol=0.04)
 
 
-def _wgmma_gemm(monkeypatch, stages=4, k_steps=6):
+def _wgmma_gemm(monkeypatch, stages=4, k_steps=6, tma=True):
     """A 256 x 6*64 x 256 bf16 GEMM traced with the 128x256x64 wgmma
     configuration: inputs, CUDA source, kernel name, launch and reference."""
     import tessera_passes.lower_to_tile as lower_to_tile
     monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS",
-                        [lower_to_tile.GemmConfig(128, 256, 64, (8, 1), stages, wgmma=True)])
+                        [lower_to_tile.GemmConfig(128, 256, 64, (8, 1), stages, wgmma=True,
+                                                  tma=tma)])
     monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
     rng = np.random.default_rng()
     x = rng.standard_normal((256, 64 * k_steps)).astype(BF16)
@@ -113,17 +114,11 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
     real kernel is right. TMA: copies one iteration further ahead; cp.async
     (the ring without `tma` loads): no lag for the group in flight."""
     from tessera_compiler.codegen.cuda_emitter import CudaKernelEmitter
-    if copies == "cp.async":
-        strip = CudaKernelEmitter._mma_plan
-
-        def without_tma(self, op):
-            plan, why = strip(self, op)
-            return (dict(plan, tma=False) if plan else plan), why
-        monkeypatch.setattr(CudaKernelEmitter, "_mma_plan", without_tma)
-    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch)
-    assert ("tessera_tma_load_2d(sa + " in source) == (copies == "tma")
+    tma = copies == "tma"
+    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch, tma=tma)
+    assert ("tessera_tma_load_2d(sa + " in source) == tma
     np.testing.assert_allclose(_emulate(source, name, cfg, x, w), ref, rtol=0.02, atol=0.05)
-    if copies == "tma":
+    if tma:
         staged = CudaKernelEmitter._tma_staged_loop
         monkeypatch.setattr(CudaKernelEmitter, "_tma_staged_loop",
                             lambda self, *a: staged(self, *a, ahead=self.stages))
@@ -131,7 +126,7 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
         staged = CudaKernelEmitter._staged_loop
         monkeypatch.setattr(CudaKernelEmitter, "_staged_loop",
                             lambda self, *a, lag=0, **kw: staged(self, *a, **kw))
-    x, w, broken, name, cfg, ref = _wgmma_gemm(monkeypatch)
+    x, w, broken, name, cfg, ref = _wgmma_gemm(monkeypatch, tma=tma)
     assert "tessera_wgmma_wait<1>();" in broken and broken != source
     out = _emulate(broken, name, cfg, x, w)
     assert not np.isfinite(out).all() or np.abs(out - ref).max() > 1.0
