@@ -1,16 +1,54 @@
-"""What the GPU benchmarks share: CUDA-event timing, the compiled kernels of
-a `ts.jit` function, and the results files (device, driver, commit, date)."""
+"""What the GPU benchmarks share: CUDA-event timing, compiled GPU bundles
+(built here or taken from a kit folder), their `cuda` engine, and the
+results files (device, driver, commit, date).
+
+A GPU machine may have no MLIR toolchain (the lent ones here have Python
+3.12 and no package index): with `--kit DIR --build-only` a benchmark
+compiles its bundles into DIR on any machine with the compiler and nvcc,
+and with `--kit DIR` alone it runs the bundles found there, importing only
+the runtime (PYTHONPATH=runtime)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_kit_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--kit", type=Path, default=None, metavar="DIR",
+                    help="folder of compiled bundles: run those found there (no compiler "
+                         "needed); compile the missing ones into it")
+    ap.add_argument("--build-only", action="store_true",
+                    help="compile the bundles into --kit and stop (no GPU needed)")
+
+
+def gpu_bundle(kit: Path | None, name: str, fn, *example) -> Path:
+    """The GPU-target bundle of `fn` for arguments shaped like `example`:
+    kit/name when it is there, else compiled now (which needs the compiler)
+    and, with a kit, copied to kit/name."""
+    if kit is not None and (kit / name / "manifest.json").exists():
+        return kit / name
+    import tessera as ts
+    path, _ = ts.jit(fn, target="gpu").build(*example)
+    if kit is None:
+        return path
+    kit.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(path, kit / name, dirs_exist_ok=True)
+    return kit / name
+
+
+def bundle_engine(path: Path):
+    """The `cuda` engine with the bundle at `path` loaded."""
+    import tessera_runtime
+    return tessera_runtime.load_bundle(path, engine="cuda")._executor.engine
 
 
 def time_cuda(fn, iters: int, cp, stream=None) -> float:
@@ -27,13 +65,6 @@ def time_cuda(fn, iters: int, cp, stream=None) -> float:
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
     return float(np.median(times))
-
-
-def cuda_engine(compiled):
-    """The `cuda` engine of the program `compiled` (a `ts.jit` function,
-    called once) last ran."""
-    program = compiled._programs[compiled._last_key][0]
-    return program._executor.engine
 
 
 def torch_bf16(x: np.ndarray):

@@ -273,7 +273,7 @@ def main(argv=None) -> int:
         "config": cfg, "steps": args.steps, "tessera": tess, "jax": jx,
         "first_loss_rel_diff": rel, "ratio_tessera_over_jax": ratio,
     }
-    lines = [f"| peer | median step (ms) | first loss |", "| --- | ---: | ---: |",
+    lines = ["| peer | median step (ms) | first loss |", "| --- | ---: | ---: |",
              f"| Tessera (4 MPI ranks) | {tess['median_step_s'] * 1e3:.2f} | {tess['first_loss']:.7f} |",
              f"| JAX {jx['jax']} (4 host devices) | {jx['median_step_s'] * 1e3:.2f} | "
              f"{jx['first_loss']:.7f} |"]

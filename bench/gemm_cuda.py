@@ -3,6 +3,8 @@ fp32 accumulate, bf16 out, in the same run on the same GPU.
 
     python bench/gemm_cuda.py                 # 4096^3 and 8192^3
     python bench/gemm_cuda.py --sizes 2048 4096 --iters 50
+    python bench/gemm_cuda.py --kit gpu_kit --build-only   # compile here (no GPU)
+    PYTHONPATH=runtime python bench/gemm_cuda.py --kit gpu_kit   # run there (no compiler)
 
 Prints TFLOP/s of both and the ratio, checks the result against cuBLAS, and
 writes bench/results/gemm_cuda-<date>.{json,md} with the device, driver and
@@ -15,29 +17,37 @@ import argparse
 
 import numpy as np
 
-from cuda_bench import cuda_engine, time_cuda, torch_bf16, write_results
+from cuda_bench import (add_kit_arguments, bundle_engine, gpu_bundle, time_cuda, torch_bf16,
+                        write_results)
+
+
+def gemm(a, b):
+    from tessera import op
+    return op.matmul(a, b)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--iters", type=int, default=20)
+    add_kit_arguments(ap)
     args = ap.parse_args(argv)
 
-    import cupy as cp
     import ml_dtypes
-    import tessera as ts
-    from tessera import op
-
     bf16 = ml_dtypes.bfloat16
+    bundles = {n: gpu_bundle(args.kit, f"gemm-{n}", gemm, np.zeros((n, n), bf16),
+                             np.zeros((n, n), bf16)) for n in args.sizes}
+    if args.build_only:
+        print(f"compiled {', '.join(str(b) for b in bundles.values())}")
+        return 0
+
+    import cupy as cp
     rows = []
     for n in args.sizes:
         rng = np.random.default_rng(0)
         a = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(bf16)
         b = rng.standard_normal((n, n)).astype(bf16)
-        f = ts.jit(lambda a, b: op.matmul(a, b), target="gpu")
-        f(a, b)                                             # compile and load
-        engine = cuda_engine(f)
+        engine = bundle_engine(bundles[n])
         kernel = next(iter(engine._launches))
         da, db = engine.from_host(a), engine.from_host(b)
         dc = engine.alloc((n, n), bf16)
