@@ -41,7 +41,8 @@ def gpu_bundle(kit: Path | None, name: str, fn, *example) -> Path:
     if kit is None:
         return path
     kit.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(path, kit / name, dirs_exist_ok=True)
+    shutil.copytree(path, kit / name, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("ir"))     # not needed to run
     return kit / name
 
 

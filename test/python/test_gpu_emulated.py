@@ -258,3 +258,37 @@ def test_gpt_training_step_on_gpu_target_matches_cpu(precision, monkeypatch):
 def _cuda_source(compiled) -> str:
     bundle = compiled._bundles[compiled._last_key]
     return (bundle / "kernels" / "kernels.cu").read_text()
+
+
+def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path):
+    """bench/gpu_kit.py: `build` compiles a check's bundle with its inputs
+    and expected outputs; `run` (here on the emulated engine, with the
+    compiler's packages made unimportable) passes it, and reports FAIL with
+    exit status 1 once the expectation is wrong."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    kit, out = tmp_path / "kit", tmp_path / "out"
+    check = "gemm-wgmma-tma-batched-relu"
+    built = subprocess.run([sys.executable, str(root / "bench" / "gpu_kit.py"), "build", str(kit),
+                            "--only", check, "--no-benchmarks"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    runtime_only = ("import runpy, sys\n"
+                    "for m in ('tessera', 'tessera_compiler', 'tessera_mlir', 'tessera_passes'):\n"
+                    "    sys.modules[m] = None\n"
+                    f"sys.argv = ['gpu_kit.py', 'run', {str(kit)!r}, {str(out)!r}, "
+                    "'--engine', 'cuda-emulated']\n"
+                    f"runpy.run_path({str(root / 'bench' / 'gpu_kit.py')!r}, run_name='__main__')\n")
+
+    def run():
+        return subprocess.run([sys.executable, "-c", runtime_only], capture_output=True, text=True)
+    ok = run()
+    assert ok.returncode == 0 and f"PASS {check}" in ok.stdout, ok.stdout + ok.stderr[-3000:]
+    assert json.loads((out / "gpu_checks.json").read_text())["checks"][0]["ok"]
+    expected = kit / "checks" / check / "expected.npz"
+    with np.load(expected) as npz:
+        wrong = npz["arr_0"] * 1.5 + 1
+    np.savez_compressed(expected, wrong)
+    bad = run()
+    assert bad.returncode == 1 and f"FAIL {check}" in bad.stdout, bad.stdout + bad.stderr[-3000:]

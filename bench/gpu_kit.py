@@ -1,0 +1,297 @@
+"""GPU correctness checks and benchmarks for a GPU machine without the compiler.
+
+    python bench/gpu_kit.py build gpu_kit                       # here: compiler + nvcc, no GPU
+    PYTHONPATH=runtime python bench/gpu_kit.py run gpu_kit OUT  # there: runtime + cupy (+ torch)
+    bash bench/gpu_session.sh gpu_kit                           # there: all of it, in one call
+
+The GPU machines lent here have Python 3.12, no MLIR toolchain and no package
+index, so everything is compiled on this side. `build` compiles each check's
+GPU bundle (`Compiled.build`), saves its inputs and the outputs expected of
+it (float64 numpy, or the CPU engine for the GPT training step) as .npz files
+(no pickle), with each output's tolerance in checks.json, then compiles the benchmarks' bundles
+(bench/gemm_cuda.py and bench/attention_cuda.py with `--kit`). `run` runs
+every check on the `cuda` engine and prints PASS or FAIL with the largest
+error, runs the NCCL worker on 2 ranks of the one GPU, then the two
+benchmarks (which measure Tessera and cuBLAS / torch SDPA in the same run),
+and writes OUT/gpu_checks.json plus the benchmarks' bench/results files,
+copied to OUT. Exit status 1 if any check failed.
+
+Checks: the tensor-core GEMM with a fused epilogue on mma.sync, on wgmma fed
+by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages) and on wgmma fed by
+cp.async; causal flash attention forward and backward at D = 64 and 128;
+the example GPT's training step in fp32 and bf16 against the CPU engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ("gemm_cuda.py", "attention_cuda.py")
+# AdamW's first step moves a parameter by lr * sign(gradient): where a
+# gradient is within rounding of zero the two engines may step opposite ways.
+ADAMW_LR = 3e-3
+
+
+# -- build (the compiler's side) ---------------------------------------------------
+
+def _gemm_check(kit, name, config, shape, epilogue):
+    """A bf16 GEMM (+ bias, `epilogue`) forced onto `config` (a GemmConfig's
+    arguments, or None for the default choice)."""
+    import ml_dtypes
+
+    import tessera_passes.lower_to_tile as lower_to_tile
+    from tessera import op
+    bf16 = ml_dtypes.bfloat16
+    batch, m, k, n = shape
+    rng = np.random.default_rng()
+    lead = (batch,) if batch else ()
+    x = rng.standard_normal(lead + (m, k)).astype(bf16)
+    w = (rng.standard_normal(lead + (k, n)) / np.sqrt(k)).astype(bf16)
+    b = rng.standard_normal(n).astype(bf16)
+    act = {"relu": op.relu, "gelu": op.gelu}[epilogue]
+    saved = lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS
+    if config is not None:
+        lower_to_tile.TENSOR_CORE_CONFIGS = [lower_to_tile.GemmConfig(*config[:6], **config[6])]
+        lower_to_tile.TARGET_BLOCKS = 1
+    try:
+        bundle, inputs = _compile(lambda x, w, b: act(op.matmul(x, w) + b), x, w, b)
+    finally:
+        lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS = saved
+    h = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    ref = (np.maximum(h, 0) if epilogue == "relu"
+           else 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3))))
+    return _save(kit, name, bundle, inputs, [(ref, {"rule": "allclose", "rtol": 0.03,
+                                                    "atol": 0.03})])
+
+
+def _attention_check(kit, name, shape):
+    import ml_dtypes
+    sys.path.insert(0, str(ROOT / "test" / "python"))
+    from attention_cuda import attention_step
+    from test_flash_attention import reference
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng()
+    q, k, v, do = (rng.standard_normal(shape).astype(bf16) for _ in range(4))
+    bundle, inputs = _compile(attention_step, q, k, v, do)
+    expected = reference(q, k, v, do.astype(np.float32), True, 1 / np.sqrt(shape[-1]))
+    return _save(kit, name, bundle, inputs,
+                 [(e, {"rule": "allclose", "rtol": 0.03, "atol": 0.02 * np.abs(e).max()})
+                  for e in expected])
+
+
+def _gpt_step_check(kit, name, precision):
+    """The example GPT's training step (forward, backward, AdamW) on the GPU
+    target against the CPU engine here, on the same inputs."""
+    import tessera as ts
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_gpt as g
+    step, args = g.step_case(64, 2, 4, 8, 32, precision,
+                             seed=int(np.random.default_rng().integers(1 << 30)))
+    loss, params, opt_state, scaler, norm = step(*args)
+    bundle, inputs = _compile(step.fn, *args)
+    bf16 = precision == "bf16"
+    leaves = ts._pytree.flatten
+    rules = [(loss, {"rule": "allclose", "rtol": 1e-3 if bf16 else 1e-5, "atol": 0})]
+    rules += [(p, {"rule": "adamw_param", "atol": 5e-4 if bf16 else 1e-4, "fraction": 0.01})
+              for p in leaves(params)[0]]
+    for m in leaves(opt_state)[0]:            # the moments (and the step count)
+        m = np.asarray(m, np.float64)
+        rules.append((m, {"rule": "allclose", "rtol": 0,
+                          "atol": (0.02 if bf16 else 1e-4) * max(np.abs(m).max(), 1e-30)}))
+    rules += [(x, {"rule": "allclose", "rtol": 1e-6, "atol": 0}) for x in leaves(scaler)[0]]
+    rules.append((norm, {"rule": "allclose", "rtol": 1e-2 if bf16 else 1e-4, "atol": 0}))
+    return _save(kit, name, bundle, inputs, rules)
+
+
+def _compile(fn, *args):
+    import tessera as ts
+    return ts.jit(fn, target="gpu").build(*args)
+
+
+def _save(kit: Path, name: str, bundle: Path, inputs, expected) -> dict:
+    folder = kit / "checks" / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(bundle, folder / "bundle", ignore=shutil.ignore_patterns("ir"))
+    # Compressed (optimizer moments start at zero); float32 expectations are
+    # ample for these tolerances. No pickle either way.
+    # .npy has no bfloat16: such inputs travel as their bits (uint16), with
+    # the dtype in checks.json.
+    inputs = [np.asarray(a) for a in inputs]
+    np.savez_compressed(folder / "inputs.npz", *[a.view(np.uint16) if a.dtype.name == "bfloat16"
+                                                 else a for a in inputs])
+    np.savez_compressed(folder / "expected.npz",
+                        *[np.asarray(value, np.float32) for value, _ in expected])
+    outputs = [{k: float(v) if isinstance(v, np.floating) else v for k, v in rule.items()}
+               for _, rule in expected]
+    print(f"[gpu_kit] {name}: {len(inputs)} inputs, {len(outputs)} outputs", flush=True)
+    return {"name": name, "input_dtypes": [a.dtype.name for a in inputs], "outputs": outputs}
+
+
+CHECKS = {
+    "gemm-mma.sync-relu": lambda kit, n: _gemm_check(kit, n, None, (0, 1024, 512, 768), "relu"),
+    "gemm-wgmma-tma-128x256x64-s4-gelu": lambda kit, n: _gemm_check(
+        kit, n, (128, 256, 64, (8, 1), 4, True, {}), (0, 512, 640, 512), "gelu"),
+    "gemm-wgmma-tma-128x128x64-s3-gelu": lambda kit, n: _gemm_check(
+        kit, n, (128, 128, 64, (8, 1), 3, True, {}), (0, 512, 640, 512), "gelu"),
+    "gemm-wgmma-tma-batched-relu": lambda kit, n: _gemm_check(
+        kit, n, (128, 128, 64, (8, 1), 3, True, {}), (2, 256, 320, 256), "relu"),
+    "gemm-wgmma-cp.async-128x256x64-s4-gelu": lambda kit, n: _gemm_check(
+        kit, n, (128, 256, 64, (8, 1), 4, True, {"tma": False}), (0, 512, 640, 512), "gelu"),
+    "attention-causal-d64": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 64)),
+    "attention-causal-d128": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 128)),
+    "gpt-step-fp32": lambda kit, n: _gpt_step_check(kit, n, "fp32"),
+    "gpt-step-bf16": lambda kit, n: _gpt_step_check(kit, n, "bf16"),
+}
+
+
+def build(kit: Path, only=None, benchmarks: bool = True) -> int:
+    kit.mkdir(parents=True, exist_ok=True)
+    unknown = set(only or ()) - set(CHECKS)
+    if unknown:
+        raise SystemExit(f"gpu_kit: no check named {', '.join(sorted(unknown))}; "
+                         f"the checks are {', '.join(CHECKS)}")
+    checks = [make(kit, name) for name, make in CHECKS.items() if not only or name in only]
+    (kit / "checks.json").write_text(json.dumps(checks, indent=1))
+    for script in BENCHMARKS if benchmarks else ():
+        subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit),
+                        "--build-only"], check=True)
+    if benchmarks:
+        # bfloat16 on the host needs ml_dtypes; the GPU machine may lack it
+        # and cannot reach a package index (gpu_session.sh installs this).
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "ml_dtypes",
+                              "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+                              "--platform", "manylinux2014_x86_64", "-d", str(kit / "wheels")],
+                             capture_output=True, text=True)
+        if got.returncode != 0:
+            print(f"[gpu_kit] could not download an ml_dtypes wheel (the GPU machine must have "
+                  f"it): {got.stderr.strip()[-300:]}")
+    size = sum(f.stat().st_size for f in kit.rglob("*") if f.is_file())
+    print(f"[gpu_kit] {kit}: {len(checks)} checks, {size / 2**20:.1f} MiB")
+    return 0
+
+
+# -- run (the GPU's side: runtime only) -------------------------------------------
+
+def _compare(got: np.ndarray, want: np.ndarray, rule: dict) -> tuple[bool, str]:
+    got = np.asarray(got).astype(np.float64)
+    if got.shape != want.shape:
+        return False, f"shape {got.shape}, expected {want.shape}"
+    if not np.isfinite(got).all():
+        return False, f"{int((~np.isfinite(got)).sum())} non-finite values"
+    diff = np.abs(got - want)
+    if rule["rule"] == "adamw_param":
+        off = diff > rule["atol"]
+        ok = off.mean() <= rule["fraction"] and diff.max() <= 2 * ADAMW_LR + rule["atol"]
+        return ok, f"max |diff| {diff.max():.2e}, {off.mean():.2%} beyond {rule['atol']:g}"
+    bound = rule["atol"] + rule["rtol"] * np.abs(want)
+    return bool((diff <= bound).all()), (f"max |diff| {diff.max():.2e} (bound at that element "
+                                         f"{bound.flat[diff.argmax()]:.2e})")
+
+
+def _run_checks(kit: Path, engine: str) -> list[dict]:
+    import ml_dtypes
+    import tessera_runtime
+    results = []
+    for check in json.loads((kit / "checks.json").read_text()):
+        folder = kit / "checks" / check["name"]
+        start = time.perf_counter()
+        try:
+            program = tessera_runtime.load_bundle(folder / "bundle", engine=engine)
+            with np.load(folder / "inputs.npz", allow_pickle=False) as npz:
+                inputs = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+            inputs = [a.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
+                      for a, dtype in zip(inputs, check["input_dtypes"])]
+            with np.load(folder / "expected.npz", allow_pickle=False) as npz:
+                expected = [npz[f"arr_{i}"].astype(np.float64) for i in range(len(npz.files))]
+            got = program.run(inputs)
+            verdicts = [_compare(g, e, o) for g, e, o in zip(got, expected, check["outputs"])]
+            if len(got) != len(check["outputs"]):
+                verdicts.append((False, f"{len(got)} outputs, expected {len(check['outputs'])}"))
+            ok = all(v[0] for v in verdicts)
+            detail = "; ".join(f"out{i}: {v[1]}" for i, v in enumerate(verdicts) if not v[0]) \
+                or "; ".join(v[1] for v in verdicts[:3])
+        except Exception as e:             # a failing check must not stop the others
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        results.append({"check": check["name"], "ok": ok, "detail": detail,
+                        "seconds": time.perf_counter() - start})
+        print(f"{'PASS' if ok else 'FAIL'} {check['name']}: {detail}", flush=True)
+    return results
+
+
+def _run_nccl() -> dict:
+    """The NCCL communicators on 2 ranks of one GPU (test/runtime/nccl_worker.py)."""
+    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    if not os.path.exists(mpiexec):
+        return {"check": "nccl-2-ranks", "ok": False, "detail": "no mpiexec"}
+    env = {**os.environ, "NCCL_MULTI_RANK_GPU_ENABLE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable,
+                           str(ROOT / "test" / "runtime" / "nccl_worker.py")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    ok = proc.returncode == 0 and proc.stdout.count("PASS") >= 10
+    print(f"{'PASS' if ok else 'FAIL'} nccl-2-ranks", flush=True)
+    return {"check": "nccl-2-ranks", "ok": ok,
+            "detail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True) -> int:
+    """The kit's checks on `engine` (`cuda-emulated` runs them on the CPU,
+    which is how the kit itself is tested), then, on a GPU, NCCL and the
+    benchmarks."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = _run_checks(kit, engine)
+    gpu = engine == "cuda"
+    if gpu:
+        results.append(_run_nccl())
+    timings = {}
+    for script in BENCHMARKS if gpu and benchmarks else ():
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit)],
+                              capture_output=True, text=True)
+        timings[script] = {"returncode": proc.returncode,
+                           "output": (proc.stdout + proc.stderr)[-6000:]}
+        print(proc.stdout + proc.stderr[-3000:], flush=True)
+    for f in (ROOT / "bench" / "results").glob("*_cuda-*"):
+        shutil.copy(f, out / f.name)
+    (out / "gpu_checks.json").write_text(json.dumps({"engine": engine, "checks": results,
+                                                     "benchmarks": timings}, indent=1))
+    failed = [r["check"] for r in results if not r["ok"]]
+    print(f"[gpu_kit] {len(results) - len(failed)}/{len(results)} checks passed"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="compile the checks and benchmarks into KIT (no GPU needed)")
+    b.add_argument("kit", type=Path)
+    b.add_argument("--only", nargs="+", metavar="CHECK", help=f"just these: {', '.join(CHECKS)}")
+    r = sub.add_parser("run", help="run KIT's checks and benchmarks on the GPU (no compiler "
+                                   "needed); results into OUT")
+    r.add_argument("kit", type=Path)
+    r.add_argument("out", type=Path)
+    r.add_argument("--engine", default="cuda", choices=["cuda", "cuda-emulated"],
+                   help="cuda-emulated: run the checks on the CPU emulator instead (slow)")
+    for p in (b, r):
+        p.add_argument("--no-benchmarks", action="store_true", help="checks only")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "bench"))
+    if args.command == "build":
+        return build(args.kit, args.only, not args.no_benchmarks)
+    return run(args.kit, args.out, args.engine, not args.no_benchmarks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine should run, in one call: the kit's checks
+# (GEMMs on mma.sync / wgmma + TMA / wgmma + cp.async, flash attention
+# forward and backward, the GPT training step against the CPU engine), NCCL
+# on 2 ranks of the one GPU, and the benchmarks against cuBLAS and torch
+# SDPA. The GPU machine needs only the runtime: compile the kit here first.
+#
+#   python bench/gpu_kit.py build gpu_kit          # here (compiler, nvcc; no GPU)
+#   device run: command="bash bench/gpu_session.sh gpu_kit", carry=["gpu_kit"]
+#
+# Results land in $OUT (gpu_checks.json, the bench/results files, the
+# device report); copy the bench/results files into the repository and
+# commit them.
+set -uo pipefail
+kit=${1:-gpu_kit}
+out=${OUT:-/tmp/gpu_session}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}
+{ nvidia-smi; python --version; } 2>&1 | tee "$out/device.txt"
+# ml_dtypes (bfloat16 on the host) comes with jax there; else the kit's wheel.
+python -c "import ml_dtypes" 2>/dev/null ||
+    pip install --no-index --find-links "$kit/wheels" ml_dtypes 2>&1 | tail -1
+python -c "import cupy, ml_dtypes; print('cupy', cupy.__version__, 'ml_dtypes', ml_dtypes.__version__)" |
+    tee -a "$out/device.txt"
+python bench/gpu_kit.py run "$kit" "$out"
