@@ -218,6 +218,15 @@ class CudaKernelEmitter(KernelEmitter):
     def sync(self) -> None:
         self.line("__syncthreads();")
 
+    def _fast(self, ct: str, fn: str, arg: str) -> str:
+        # A float exp as exp2f(x * log2 e): one multiply and the MUFU.EX2
+        # sequence, where expf without fast math is a longer accurate range
+        # reduction. The multiply's rounding costs |x| * 2^-24 relative: far
+        # below what fp32 kernels need (softmax exponents are <= 0 and small).
+        if fn == "exp" and ct == "float":
+            return f"tessera_ex2(({arg}) * 1.4426950408889634f)"
+        return super()._fast(ct, fn, arg)
+
     def element_loop(self, e: str, n) -> str:
         return f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += blockDim.x) {{"
 
@@ -1236,6 +1245,16 @@ CUDA_PRELUDE = """\
 #include <cstdint>
 #include <cstring>
 """ + _BF16_HELPERS.format(q="__device__") + """\
+// 2^x on the special-function unit (subnormal results flush to zero).
+__device__ __forceinline__ float tessera_ex2(float x) {
+#ifdef TESSERA_EMULATED_PTX
+  return std::exp2(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
 // Two floats as the bf16 pair of one mma operand register (first in the low half).
 __device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
   return (uint32_t)float_to_bf16(lo) | ((uint32_t)float_to_bf16(hi) << 16);
