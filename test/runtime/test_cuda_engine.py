@@ -47,14 +47,17 @@ def test_bf16_gemm_with_epilogue_matches_cublas():
     np.testing.assert_allclose(out, ref, rtol=0.02, atol=0.02)
 
 
-@pytest.mark.parametrize("config", [(128, 256, 64, (8, 1), 4, True),
-                                    (128, 128, 64, (8, 1), 3, True)],
-                         ids=["128x256x64-s4-wgmma", "128x128x64-s3-wgmma"])
+@pytest.mark.parametrize("config", [(128, 256, 64, (8, 1), 4, True, True),
+                                    (128, 128, 64, (8, 1), 3, True, True),
+                                    (128, 256, 64, (8, 1), 4, True, False)],
+                         ids=["128x256x64-s4-wgmma-tma", "128x128x64-s3-wgmma-tma",
+                              "128x256x64-s4-wgmma-cp.async"])
 def test_wgmma_gemm_with_epilogue_matches_numpy(config, monkeypatch):
-    """The Hopper main loop (wgmma from swizzled shared memory, emulated in
-    CI) on the GPU itself: forced onto a small GEMM + bias + GELU, against a
-    float64 reference on fresh inputs. This is the check of the descriptor
-    and swizzle layouts the emulator implements from the PTX ISA."""
+    """The Hopper main loop (wgmma from swizzled shared memory, fed by TMA
+    or cp.async, emulated in CI) on the GPU itself: forced onto a small
+    GEMM + bias + GELU, against a float64 reference on fresh inputs. This is
+    the check of the descriptor, swizzle and tensor-map layouts the emulator
+    implements from the PTX ISA and the driver API's documentation."""
     import tessera as ts
     import tessera_passes.lower_to_tile as lower_to_tile
     from tessera import op
