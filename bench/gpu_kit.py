@@ -76,7 +76,6 @@ def _gemm_check(kit, name, config, shape, epilogue):
 
 def _attention_check(kit, name, shape):
     import ml_dtypes
-    sys.path.insert(0, str(ROOT / "test" / "python"))
     from attention_cuda import attention_step
     from test_flash_attention import reference
     bf16 = ml_dtypes.bfloat16
@@ -93,7 +92,6 @@ def _gpt_step_check(kit, name, precision):
     """The example GPT's training step (forward, backward, AdamW) on the GPU
     target against the CPU engine here, on the same inputs."""
     import tessera as ts
-    sys.path.insert(0, str(ROOT / "examples"))
     import train_gpt as g
     step, args = g.step_case(64, 2, 4, 8, 32, precision,
                              seed=int(np.random.default_rng().integers(1 << 30)))
@@ -157,6 +155,8 @@ CHECKS = {
 
 def build(kit: Path, only=None, benchmarks: bool = True) -> int:
     kit.mkdir(parents=True, exist_ok=True)
+    # The example model and the attention reference the tests use.
+    sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "test" / "python")]
     unknown = set(only or ()) - set(CHECKS)
     if unknown:
         raise SystemExit(f"gpu_kit: no check named {', '.join(sorted(unknown))}; "

@@ -219,10 +219,11 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("__syncthreads();")
 
     def _fast(self, ct: str, fn: str, arg: str) -> str:
-        # A float exp as exp2f(x * log2 e): one multiply and the MUFU.EX2
-        # sequence, where expf without fast math is a longer accurate range
-        # reduction. The multiply's rounding costs |x| * 2^-24 relative: far
-        # below what fp32 kernels need (softmax exponents are <= 0 and small).
+        # A float exp as 2^(x * log2 e) on the special-function unit
+        # (tessera_ex2), where expf without fast math is a longer accurate
+        # range reduction (and exp2f made ptxas spill in attention). The
+        # multiply's rounding costs |x| * 2^-24 relative: far below what fp32
+        # kernels need (softmax exponents are <= 0 and small).
         if fn == "exp" and ct == "float":
             return f"tessera_ex2(({arg}) * 1.4426950408889634f)"
         return super()._fast(ct, fn, arg)
@@ -748,6 +749,19 @@ class CudaKernelEmitter(KernelEmitter):
                   f"{buf} + {start} + (int64_t)r * {shape[-1]} + c);")
         self.line("}")
 
+    def _trip_count(self, lb: str, ub: str, step: str) -> None:
+        """Declares `n_it`, the iterations of a loop from `lb` to `ub` by `step`."""
+        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+
+    def _at_iteration(self, iv: ir.Value, lb: str, step: str, it: str, emit) -> None:
+        """Runs `emit()` with the loop variable `iv` bound to iteration
+        `it`'s value (the C constant `kv`): the loads of a later iteration."""
+        self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
+        saved = self.names.get(iv)
+        self.names[iv] = "kv"
+        emit()
+        self.names[iv] = saved
+
     def _staged_loop(self, iv: ir.Value, bounds, load, body, lag: int = 0,
                      ready: str | None = None) -> None:
         """An scf.for (induction variable `iv`, `bounds` lb/ub/step) whose
@@ -770,16 +784,12 @@ class CudaKernelEmitter(KernelEmitter):
         def issue(slot: str, it: str) -> None:
             self.line("{")
             self.indent += 1
-            self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
-            saved = self.names.get(iv)
-            self.names[iv] = "kv"
-            load(slot)
-            self.names[iv] = saved
+            self._at_iteration(iv, lb, step, it, lambda: load(slot))
             self.indent -= 1
             self.line("}")
             self.line("tessera_cp_async_commit();")
 
-        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+        self._trip_count(lb, ub, step)
         for s in range(ahead):
             self.line(f"if ({s} < n_it)")
             issue(str(s), str(s))
@@ -1054,20 +1064,18 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("  tessera_fence_barrier_init();")
         self.line("}")
         self.line("__syncthreads();")
-        self.line(f"const int64_t n_it = {ub} > {lb} ? ({ub} - {lb} + {step} - 1) / {step} : 0;")
+        self._trip_count(lb, ub, step)
 
         def issue(slot: str, it: str) -> None:
+            def copies():
+                self.line(f"tessera_mbarrier_expect_tx(&full[{slot}], {nbytes});")
+                self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"],
+                               f"&full[{slot}]")
+                self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"],
+                               f"&full[{slot}]")
             self.line(f"if (threadIdx.x == 0 && {it} < n_it) {{")
             self.indent += 1
-            self.line(f"const int64_t kv = {lb} + ({it}) * {step};")
-            saved = self.names.get(p["iv"])
-            self.names[p["iv"]] = "kv"
-            self.line(f"tessera_mbarrier_expect_tx(&full[{slot}], {nbytes});")
-            self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"],
-                           f"&full[{slot}]")
-            self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"],
-                           f"&full[{slot}]")
-            self.names[p["iv"]] = saved
+            self._at_iteration(p["iv"], lb, step, it, copies)
             self.indent -= 1
             self.line("}")
 

@@ -547,6 +547,7 @@ class EmulatedKernels:
                                       + proc.stderr[-4000:])
                 os.replace(out, target)
         self._lib = ctypes.CDLL(str(target))
+        self._tensor_maps: dict = {}
         self._lib.tessera_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                               ctypes.POINTER(ctypes.c_void_p),
                                               ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]
@@ -568,8 +569,11 @@ class EmulatedKernels:
             if not isinstance(b, np.ndarray) or not b.flags.c_contiguous:
                 raise EngineError(f"buffer {i} of kernel {kernel} must be a C-contiguous numpy array")
         if tensor_maps:
-            maps = TensorMaps(tensor_maps, emulated_tensor_map, lambda a: a.ctypes.data,
-                              lambda blob: np.frombuffer(blob, np.uint8).copy())
+            maps = self._tensor_maps.get(kernel)
+            if maps is None:       # one per kernel: its maps are cached per argument addresses
+                maps = self._tensor_maps[kernel] = TensorMaps(
+                    tensor_maps, emulated_tensor_map, lambda a: a.ctypes.data,
+                    lambda blob: np.frombuffer(blob, np.uint8).copy())
             buffers = list(buffers) + [maps.for_args(buffers)]
         threads = int(np.prod(block))
         if len(buffers) > _MAX_ARGS:
