@@ -3,10 +3,14 @@ fp32 accumulate, bf16 out, in the same run on the same GPU.
 
     python bench/gemm_cuda.py                 # 4096^3 and 8192^3
     python bench/gemm_cuda.py --sizes 2048 4096 --iters 50
+    python bench/gemm_cuda.py --variants producer thread0   # both ways of feeding wgmma
     python bench/gemm_cuda.py --kit gpu_kit --build-only   # compile here (no GPU)
     PYTHONPATH=runtime python bench/gemm_cuda.py --kit gpu_kit   # run there (no compiler)
 
-Prints TFLOP/s of both and the ratio, checks the result against cuBLAS, and
+Variants of the Hopper kernel (TMA-fed wgmma): `producer` (the default: a
+producer warpgroup issues the copies, the two computing warpgroups never
+meet a block barrier in the loop) and `thread0` (thread 0 issues them
+between iterations, after a block barrier). Prints TFLOP/s of both and the ratio, checks the result against cuBLAS, and
 writes bench/results/gemm_cuda-<date>.{json,md} with the device, driver and
 commit. Needs a GPU with cupy; compile the bundle here (nvcc) or there.
 """
@@ -14,6 +18,8 @@ commit. Needs a GPU with cupy; compile the bundle here (nvcc) or there.
 from __future__ import annotations
 
 import argparse
+import contextlib
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,28 +32,55 @@ def gemm(a, b):
     return op.matmul(a, b)
 
 
+VARIANTS = ("producer", "thread0")
+
+
+@contextlib.contextmanager
+def gemm_variant(variant: str):
+    """GEMMs compiled inside are fed as `variant` says (where the compiler is
+    installed; on a GPU machine without it the bundles come from the kit)."""
+    try:
+        import tessera_passes.lower_to_tile as lower_to_tile
+    except ImportError:
+        yield
+        return
+    saved = lower_to_tile.TENSOR_CORE_CONFIGS
+    lower_to_tile.TENSOR_CORE_CONFIGS = [replace(c, producer=variant == "producer") for c in saved]
+    try:
+        yield
+    finally:
+        lower_to_tile.TENSOR_CORE_CONFIGS = saved
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                    help="ways of feeding the wgmma kernel to measure (default: both)")
     add_kit_arguments(ap)
     args = ap.parse_args(argv)
 
     import ml_dtypes
     bf16 = ml_dtypes.bfloat16
-    bundles = {n: gpu_bundle(args.kit, f"gemm-{n}", gemm, np.zeros((n, n), bf16),
-                             np.zeros((n, n), bf16)) for n in args.sizes}
+    bundles = {}
+    for variant in args.variants:
+        with gemm_variant(variant):
+            for n in args.sizes:
+                name = f"gemm-{n}" + ("" if variant == "producer" else f"-{variant}")
+                bundles[n, variant] = gpu_bundle(args.kit, name, gemm, np.zeros((n, n), bf16),
+                                                 np.zeros((n, n), bf16))
     if args.build_only:
         print(f"compiled {', '.join(str(b) for b in bundles.values())}")
         return 0
 
     import cupy as cp
     rows = []
-    for n in args.sizes:
+    for n, variant in sorted(bundles, key=lambda key: key[0]):
         rng = np.random.default_rng(0)
         a = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(bf16)
         b = rng.standard_normal((n, n)).astype(bf16)
-        engine = bundle_engine(bundles[n])
+        engine = bundle_engine(bundles[n, variant])
         kernel = next(iter(engine._launches))
         da, db = engine.from_host(a), engine.from_host(b)
         dc = engine.alloc((n, n), bf16)
@@ -71,18 +104,18 @@ def main(argv=None) -> int:
         ref = cp.asnumpy(cp.matmul(ha, hb))
         err = float(np.abs(ours - ref).max() / np.abs(ref).max())
         flops = 2.0 * n ** 3
-        rows.append({"n": n, "tessera_ms": t_tessera * 1e3, "cublas_ms": t_cublas * 1e3,
+        rows.append({"n": n, "variant": variant, "tessera_ms": t_tessera * 1e3, "cublas_ms": t_cublas * 1e3,
                      "tessera_tflops": flops / t_tessera / 1e12,
                      "cublas_tflops": flops / t_cublas / 1e12,
                      "ratio": t_cublas / t_tessera, "max_rel_err": err, "peer": peer,
                      "config": engine._launches[kernel]})
-        print(f"{n}^3 bf16: Tessera {rows[-1]['tessera_tflops']:.1f} TFLOP/s, cuBLAS "
+        print(f"{n}^3 bf16, {variant}: Tessera {rows[-1]['tessera_tflops']:.1f} TFLOP/s, cuBLAS "
               f"{rows[-1]['cublas_tflops']:.1f} TFLOP/s, ratio {rows[-1]['ratio']:.2f} "
               f"(max rel err {err:.1e})")
 
     write_results("gemm_cuda", "Tessera GEMM vs cuBLAS",
-                  ["n", "Tessera TFLOP/s", "cuBLAS TFLOP/s", "ratio"], rows,
-                  [lambda r: str(r["n"]), lambda r: f"{r['tessera_tflops']:.1f}",
+                  ["n", "variant", "Tessera TFLOP/s", "cuBLAS TFLOP/s", "ratio"], rows,
+                  [lambda r: str(r["n"]), lambda r: r["variant"], lambda r: f"{r['tessera_tflops']:.1f}",
                    lambda r: f"{r['cublas_tflops']:.1f}", lambda r: f"{r['ratio']:.2f}"], cp)
     return 0
 

@@ -17,7 +17,8 @@ and writes OUT/gpu_checks.json plus the benchmarks' bench/results files,
 copied to OUT. Exit status 1 if any check failed.
 
 Checks: the tensor-core GEMM with a fused epilogue on mma.sync, on wgmma fed
-by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages) and on wgmma fed by
+by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages; copies issued by a
+producer warpgroup, or by thread 0 between iterations) and on wgmma fed by
 cp.async; causal flash attention forward and backward at D = 64 and 128;
 the example GPT's training step in fp32 and bf16 against the CPU engine.
 """
@@ -138,8 +139,10 @@ def _save(kit: Path, name: str, bundle: Path, inputs, expected) -> dict:
 
 CHECKS = {
     "gemm-mma.sync-relu": lambda kit, n: _gemm_check(kit, n, None, (0, 1024, 512, 768), "relu"),
-    "gemm-wgmma-tma-128x256x64-s4-gelu": lambda kit, n: _gemm_check(
+    "gemm-wgmma-tma-producer-128x256x64-s4-gelu": lambda kit, n: _gemm_check(
         kit, n, (128, 256, 64, (8, 1), 4, True, {}), (0, 512, 640, 512), "gelu"),
+    "gemm-wgmma-tma-thread0-128x256x64-s4-gelu": lambda kit, n: _gemm_check(
+        kit, n, (128, 256, 64, (8, 1), 4, True, {"producer": False}), (0, 512, 640, 512), "gelu"),
     "gemm-wgmma-tma-128x128x64-s3-gelu": lambda kit, n: _gemm_check(
         kit, n, (128, 128, 64, (8, 1), 3, True, {}), (0, 512, 640, 512), "gelu"),
     "gemm-wgmma-tma-batched-relu": lambda kit, n: _gemm_check(

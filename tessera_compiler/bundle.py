@@ -73,11 +73,19 @@ def _dict_attrs(func_op: ir.Operation, key: str, n: int):
     return [None] * n
 
 
-@functools.lru_cache(maxsize=None)
 def compiler_fingerprint() -> str:
-    """A hash of the compiler's own code (passes, emitters, dialect library),
-    part of every bundle's cache key: a changed compiler never reuses a bundle
-    an older one wrote."""
+    """A hash of the compiler's own code (passes, emitters, dialect library)
+    and its GEMM tile configurations, part of every bundle's cache key: a
+    changed compiler never reuses a bundle an older one wrote. The
+    configurations count because benchmarks and tests set them at run time
+    (the code is unchanged, the kernels are not)."""
+    from tessera_passes import lower_to_tile
+    configs = repr((lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS))
+    return hashlib.sha256((_code_fingerprint() + configs).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _code_fingerprint() -> str:
     import tessera_mlir
     import tessera_passes
     h = hashlib.sha256()
@@ -88,7 +96,7 @@ def compiler_fingerprint() -> str:
     for lib in sorted(Path(list(tessera_mlir.__path__)[0]).rglob("*Tessera*")):
         st = lib.stat()
         h.update(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
+    return h.hexdigest()
 
 
 def _attr_json(a: ir.Attribute):

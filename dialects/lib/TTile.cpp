@@ -110,6 +110,10 @@ LogicalResult KernelOp::verify() {
     return emitOpError("kernel @") << getSymName() << " must have a body";
   if (getStages() && (*getStages() < 1 || *getStages() > 8))
     return emitOpError("'stages' must be 1 to 8, got ") << *getStages();
+  if (getProducerWarpgroup() && (getBlock().size() != 1 || threads % 128 || threads < 256))
+    return emitOpError("'producer_warpgroup' needs a 1-D block of whole warpgroups, one of them "
+                       "computing besides the producer (256 threads or more), got ")
+           << threads << " threads";
   return success();
 }
 
@@ -223,10 +227,16 @@ LogicalResult DotOp::verify() {
     if (kernel)
       for (int64_t b : kernel.getBlock())
         threads *= b;
+    // A producer warpgroup only copies: the dot's warps are the others.
+    bool producer = kernel && kernel.getProducerWarpgroup();
+    if (producer)
+      threads -= 128;
     if (kernel && threads != (*warps)[0] * (*warps)[1] * 32)
       return emitOpError("'warps' [") << (*warps)[0] << ", " << (*warps)[1] << "] need "
-                                      << (*warps)[0] * (*warps)[1] * 32
-                                      << " threads but the kernel's block has " << threads;
+                                      << (*warps)[0] * (*warps)[1] * 32 << " threads but the kernel's "
+                                      << (producer ? "block has, besides its producer warpgroup, "
+                                                   : "block has ")
+                                      << threads;
   }
   if (getWgmma()) {
     auto warps = getWarps();

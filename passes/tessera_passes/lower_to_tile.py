@@ -91,7 +91,9 @@ class GemmConfig:
     `stages` shared-memory buffers pipeline the operand loads, `wgmma`
     asks for Hopper's warpgroup MMA (each group of 4 warps owns 64 rows),
     and `tma` for its operands through the tensor memory accelerator
-    (where they are kernel arguments; wgmma configurations only)."""
+    (where they are kernel arguments; wgmma configurations only), issued
+    by an extra `producer` warpgroup (`ttile.kernel {producer_warpgroup}`)
+    while the `warps` only compute."""
     bm: int
     bn: int
     bk: int
@@ -99,6 +101,7 @@ class GemmConfig:
     stages: int | None = None
     wgmma: bool = False
     tma: bool = True
+    producer: bool = True
 
     @property
     def threads(self) -> int:
@@ -345,10 +348,15 @@ def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: 
     f32 for half-precision operands), cast to `out_elt`. A wgmma loop loads
     both tiles with the tensor memory accelerator when `cfg.tma` allows and
     both buffers are kernel arguments (their tensor maps are built on the
-    host) of rank 5 or less."""
+    host) of rank 5 or less; with `cfg.producer` the kernel gets a producer
+    warpgroup that issues those copies (one more warpgroup in its block)."""
     tma = cfg.tma and cfg.wgmma and all(
         isinstance(buf.owner, ir.Block) and len(ir.MemRefType(buf.type).shape) <= 5
         for buf in (a_buf, b_buf))
+    if tma and cfg.producer:
+        kernel = a_buf.owner.owner
+        kernel.attributes["producer_warpgroup"] = ir.UnitAttr.get()
+        kernel.attributes["block"] = _i64_array([cfg.threads + 128])
     k = ir.MemRefType(a_buf.type).shape[-1]
     elt = ir.MemRefType(a_buf.type).element_type
     acc_elt = ir.F32Type.get() if str(elt) in ("bf16", "f16") else out_elt

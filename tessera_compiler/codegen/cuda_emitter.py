@@ -119,7 +119,8 @@ class CudaKernelEmitter(KernelEmitter):
         self.scalars: dict = {}             # value -> C name, inside a region loop
         self.shared_bytes = 0
         self.smem_decls: list[str] = []
-        self.threads = 1
+        self.threads = 1            # threads running the code being emitted
+        self.producer = False       # a producer warpgroup still to place (see _producer_warpgroup)
         self.simt_reason = None     # why the last GEMM loop is not on tensor cores
         self.wgmma_shapes: set = set()      # (N, element type) of the wgmma instructions used
         self.tensor_maps: list = []         # {"arg", "box"} of each TMA tensor map, in order
@@ -229,13 +230,16 @@ class CudaKernelEmitter(KernelEmitter):
         return super()._fast(ct, fn, arg)
 
     def element_loop(self, e: str, n) -> str:
-        return f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += blockDim.x) {{"
+        # Strided by the threads still running (not blockDim.x): a producer
+        # warpgroup leaves the kernel after the GEMM main loop.
+        return f"for (int64_t {e} = threadIdx.x; {e} < {n}; {e} += {self.threads}) {{"
 
     # -- kernel ----------------------------------------------------------------
     def emit_kernel(self, kernel: ir.Operation) -> str:
         name, grid, entry, params, prologue = self.signature(kernel)
         block = list(ir.DenseI64ArrayAttr(kernel.attributes["block"]))
-        self.threads = math.prod(block)
+        self.threads = block_threads = math.prod(block)
+        self.producer = "producer_warpgroup" in kernel.attributes
         self.stages = (ir.IntegerAttr(kernel.attributes["stages"]).value
                        if "stages" in kernel.attributes else 2)
         self.kernel_location = kernel.location
@@ -247,6 +251,9 @@ class CudaKernelEmitter(KernelEmitter):
             self.emit_op(op.operation)
         self.flush()
         body = self.lines[start:]
+        if self.producer:
+            raise EmitError(f"kernel @{name} has a producer_warpgroup but no wgmma GEMM main loop "
+                            "with tma loads for it to feed", kernel.location)
         if self.shared_bytes > MAX_SHARED_BYTES:
             raise EmitError(f"kernel @{name} needs {self.shared_bytes} bytes of shared memory; "
                             f"an sm_90 block has at most {MAX_SHARED_BYTES}: use smaller tiles "
@@ -260,7 +267,7 @@ class CudaKernelEmitter(KernelEmitter):
         head = [f"// ttile.kernel @{name}",
                 f"// launch: grid ({', '.join(map(str, grid))}), block ({', '.join(map(str, block))}), "
                 f"dynamic shared memory {self.shared_bytes} bytes",
-                f'extern "C" __global__ void __launch_bounds__({self.threads}) '
+                f'extern "C" __global__ void __launch_bounds__({block_threads}) '
                 f"{name}({', '.join(params)}) {{"]
         # 1024-byte alignment: wgmma's 128-byte swizzle is a function of the
         # shared-memory address, in 1024-byte atoms.
@@ -887,6 +894,11 @@ class CudaKernelEmitter(KernelEmitter):
 
     def _emit_mma_loop(self, op) -> bool:
         plan, why = self._mma_plan(op)
+        if self.producer:
+            why = why or self._producer_reason(op, plan)
+            if why:
+                raise EmitError(f"the kernel's producer warpgroup has no GEMM main loop to feed: "
+                                f"{why}", op.location)
         if plan is None:
             self.simt_reason = why
             return False
@@ -918,19 +930,36 @@ class CudaKernelEmitter(KernelEmitter):
         acc, lane, wm0, wn0 = self._warp_accumulator(bm, bn, wm, wn)
         self.line("#pragma unroll")
         self.line(f"for (int i = 0; i < {mt * nt * 4}; ++i) (&{acc}[0][0][0])[i] = {fill};")
+        producer = self.producer
+        if producer:        # from here on only the computing warps run
+            self.producer, self.threads = False, self.threads - 128
         if p["wgmma"]:
             # wgmma is an arch-specific (sm_90a) feature: NVRTC through cupy
             # compiles for plain sm_90, which gets the mma.sync loop instead.
             # Both leave the accumulator in the same registers.
             self.line("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || "
                       "(defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))")
-            self._wgmma_main_loop(p, ring, acc)
+            self._wgmma_main_loop(p, ring, acc, producer)
             self.line("#else")
+        if producer:
+            self.line(f"if (threadIdx.x >= {self.threads}) return;   "
+                      "// no TMA on plain sm_90: the producer warpgroup has no work")
         self._mma_sync_main_loop(p, ring, acc, lane, wm0, wn0)
         if p["wgmma"]:
             self.line("#endif")
         self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)
         return True
+
+    def _producer_reason(self, op, plan) -> str | None:
+        """Why the loop `op` (with its `_mma_plan`) cannot be fed by the
+        kernel's producer warpgroup, or None."""
+        if not (plan["wgmma"] and plan["tma"]):
+            return "the loop's dot is not wgmma on tma loads"
+        if op.parent.name != "ttile.kernel":
+            return "the loop is nested in another op (the producer leaves the kernel after it)"
+        if self.frags:
+            return "register tiles from before the loop would need the producer's threads"
+        return None
 
     def _gemm_ring(self, p, ring: int, a_elems: int, b_elems: int, lda, ldb):
         """Declares the GEMM ring's A and B slot arrays (`sa`, `sb`: `stages`
@@ -975,7 +1004,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.indent -= 1
         self.line("}")
 
-    def _wgmma_main_loop(self, p, ring: int, acc: str) -> None:
+    def _wgmma_main_loop(self, p, ring: int, acc: str, producer: bool = False) -> None:
         """The GEMM main loop on wgmma.mma_async: warpgroup g multiplies rows
         64g..64g+63 of the stage's A tile by its whole B tile, both read by
         the tensor cores from shared memory through matrix descriptors.
@@ -984,7 +1013,8 @@ class CudaKernelEmitter(KernelEmitter):
         is K-major (rows of K), B N-major (rows of N, panels of 64 columns
         `bk * 128` bytes apart, groups of 8 rows 1024 bytes apart). With 3+
         stages one iteration's wgmma group stays in flight while the next is
-        issued, and the loads run stages - 2 iterations ahead."""
+        issued, and the loads run stages - 2 iterations ahead (with TMA,
+        stages - 1; all stages with a `producer` warpgroup issuing them)."""
         bm, bn, bk, stages = p["bm"], p["bn"], p["bk"], self.stages
         a_elems, b_elems = bm * bk, bk * bn
         n_acc = bm // p["wm"] // 16 * (bn // 8) * 4
@@ -994,6 +1024,8 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("{")
         self.indent += 1
         load_stage = self._gemm_ring(p, ring, a_elems, b_elems, None, None)
+        if producer:
+            full, empty = self._producer_warpgroup(p, a_elems, b_elems)
         self.line("const int wg = threadIdx.x >> 7;     // warpgroup: A rows 64 wg .. 64 wg + 63")
         self.line(f"tessera_wgmma_fence_operands<{n_acc}>(&{acc}[0][0][0]);")
 
@@ -1009,7 +1041,9 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("tessera_wgmma_commit();")
             self.line(f"tessera_wgmma_wait<{lag}>();")
 
-        if p["tma"]:
+        if producer:
+            self._consumer_loop(full, empty, lag, compute)
+        elif p["tma"]:
             self._tma_staged_loop(p, a_elems, b_elems, compute)
         else:
             # cp.async writes through the generic proxy, wgmma reads through
@@ -1042,6 +1076,37 @@ class CudaKernelEmitter(KernelEmitter):
             self.line(f"tessera_tma_load_{rank}d({dst} + {panel * rows * 64}, {tmap}, "
                       f"{', '.join([inner] + coords[1:])}, {barrier});")
 
+    def _tma_ring(self, p, a_elems: int, b_elems: int, *barriers) -> tuple:
+        """The TMA ring's mbarriers, one per slot, initialized before a block
+        barrier: `full` (its copies' bytes, armed by one arrival) and
+        `barriers` ((name, arrivals a phase)); declares `n_it` and returns
+        the barriers' names and issue(slot, it), the copies of iteration
+        `it` into `slot` (for one thread to run)."""
+        lb, ub, step = (self.scalar(v) for v in p["bounds"])
+        names, inits = [], []
+        for name, count in [("full", 1), *barriers]:      # one mbarrier per slot
+            offset = self._smem(8 * self.stages, align=8)
+            self.line(f"uint64_t* const {name} = reinterpret_cast<uint64_t*>(tessera_smem + {offset});")
+            names.append(name)
+            inits.append(f"tessera_mbarrier_init(&{name}[s], {count});")
+        self.line("if (threadIdx.x == 0) {")
+        self.line(f"  for (int s = 0; s < {self.stages}; ++s) {{ {' '.join(inits)} }}")
+        self.line("  tessera_fence_barrier_init();")
+        self.line("}")
+        self.line("__syncthreads();")
+        self._trip_count(lb, ub, step)
+        nbytes = (a_elems + b_elems) * 2
+
+        def issue(slot: str, it: str) -> None:
+            def copies():
+                self.line(f"tessera_mbarrier_expect_tx(&full[{slot}], {nbytes});")
+                self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"],
+                               f"&full[{slot}]")
+                self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"],
+                               f"&full[{slot}]")
+            self._at_iteration(p["iv"], lb, step, it, copies)
+        return names, issue
+
     def _tma_staged_loop(self, p, a_elems: int, b_elems: int, compute,
                          ahead: int | None = None) -> None:
         """The wgmma loop's K steps through a ring of `stages` slots that the
@@ -1053,29 +1118,14 @@ class CudaKernelEmitter(KernelEmitter):
         iteration before, whose group every warpgroup has retired:
         `ahead` = stages - 1 iterations' copies are in flight (a test
         passes more to show the emulator catches the overwrite)."""
-        lb, ub, step = (self.scalar(v) for v in p["bounds"])
         stages = self.stages
         ahead = stages - 1 if ahead is None else ahead
-        nbytes = (a_elems + b_elems) * 2
-        bars = self._smem(8 * stages, align=8)
-        self.line(f"uint64_t* const full = reinterpret_cast<uint64_t*>(tessera_smem + {bars});")
-        self.line("if (threadIdx.x == 0) {")
-        self.line(f"  for (int s = 0; s < {stages}; ++s) tessera_mbarrier_init(&full[s], 1);")
-        self.line("  tessera_fence_barrier_init();")
-        self.line("}")
-        self.line("__syncthreads();")
-        self._trip_count(lb, ub, step)
+        (full,), issue_copies = self._tma_ring(p, a_elems, b_elems)
 
         def issue(slot: str, it: str) -> None:
-            def copies():
-                self.line(f"tessera_mbarrier_expect_tx(&full[{slot}], {nbytes});")
-                self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"],
-                               f"&full[{slot}]")
-                self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"],
-                               f"&full[{slot}]")
             self.line(f"if (threadIdx.x == 0 && {it} < n_it) {{")
             self.indent += 1
-            self._at_iteration(p["iv"], lb, step, it, copies)
+            issue_copies(slot, it)
             self.indent -= 1
             self.line("}")
 
@@ -1083,10 +1133,71 @@ class CudaKernelEmitter(KernelEmitter):
             issue(str(s), str(s))
         self.line("for (int64_t it = 0; it < n_it; ++it) {")
         self.indent += 1
-        self.line(f"tessera_mbarrier_wait(&full[it % {stages}], (unsigned)(it / {stages}) & 1);")
+        self.line(f"tessera_mbarrier_wait(&{full}[it % {stages}], (unsigned)(it / {stages}) & 1);")
         compute(f"it % {stages}")
         self.line("__syncthreads();     // every warpgroup is done with the slot refilled next")
         issue(f"(it + {ahead}) % {stages}", f"it + {ahead}")
+        self.indent -= 1
+        self.line("}")
+
+    # -- warp specialization: a producer warpgroup feeds the ring -----------------------
+    # The block's last warpgroup (threads `self.threads` ..) only copies: one
+    # of its threads issues every iteration's TMA copies as soon as the
+    # computing warps have released the slot (mbarrier `empty`), so the
+    # ring is always full and the computing warps never meet a block
+    # barrier in the loop. On sm_90a the producer gives registers back
+    # (setmaxnreg) for the accumulators, then leaves the kernel; exited
+    # threads no longer count at the block barriers that follow.
+    _PRODUCER_REGISTERS = 40            # setmaxnreg's floor is 24; the copy loop needs few
+
+    def _producer_warpgroup(self, p, a_elems: int, b_elems: int, skip_empty_wait: bool = False):
+        """The ring's barriers and the producer warpgroup's code (it returns
+        at its end); `skip_empty_wait` refills without waiting for the slot
+        to be released (a test shows the emulator catches it)."""
+        stages, consumers = self.stages, self.threads
+        (full, empty), issue = self._tma_ring(p, a_elems, b_elems, ("empty", consumers // 32))
+        launch_cap = min(255, 65536 // (consumers + 128)) // 8 * 8
+        computing = min(256, (65536 - 128 * self._PRODUCER_REGISTERS) // consumers) // 8 * 8
+        registers = computing > launch_cap      # worth moving only past the launch's cap
+        self.line(f"if (threadIdx.x >= {consumers}) {{     // the producer warpgroup")
+        self.indent += 1
+        if registers:
+            self.line(f"tessera_setmaxnreg_dec<{self._PRODUCER_REGISTERS}>();")
+        self.line(f"if (threadIdx.x == {consumers}) {{")
+        self.indent += 1
+        self.line("for (int64_t it = 0; it < n_it; ++it) {")
+        self.indent += 1
+        if not skip_empty_wait:
+            self.line(f"if (it >= {stages})     // the slot's last reader released it")
+            self.line(f"  tessera_mbarrier_wait(&{empty}[it % {stages}], "
+                      f"(unsigned)(it / {stages} - 1) & 1);")
+        issue(f"it % {stages}", "it")
+        self.indent -= 1
+        self.line("}")
+        self.indent -= 1
+        self.line("}")
+        self.line("return;")
+        self.indent -= 1
+        self.line("}")
+        if registers:
+            self.line(f"tessera_setmaxnreg_inc<{computing}>();   "
+                      f"// {launch_cap} at launch; the producer's go to the accumulators")
+        return full, empty
+
+    def _consumer_loop(self, full: str, empty: str, lag: int, compute) -> None:
+        """The computing warps' loop over the producer's ring: wait for the
+        slot's bytes, compute (leaving `lag` wgmma groups in flight), then
+        each warp releases the slot its retired group read (one arrival per
+        warp, after all its lanes have retired it)."""
+        stages = self.stages
+        self.line("for (int64_t it = 0; it < n_it; ++it) {")
+        self.indent += 1
+        self.line(f"tessera_mbarrier_wait(&{full}[it % {stages}], (unsigned)(it / {stages}) & 1);")
+        compute(f"it % {stages}")
+        self.line(f"if (it >= {lag}) {{" if lag else "{")
+        self.line("  __syncwarp();")
+        self.line(f"  if ((threadIdx.x & 31) == 0) tessera_mbarrier_arrive(&{empty}[(it - {lag}) % {stages}]);")
+        self.line("}")
         self.indent -= 1
         self.line("}")
 
@@ -1196,6 +1307,19 @@ __device__ __forceinline__ void tessera_fence_barrier_init() {
 __device__ __forceinline__ void tessera_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n"
                :: "r"(tessera_shared_address(bar)), "r"(bytes) : "memory");
+}
+// One arrival (no bytes).
+__device__ __forceinline__ void tessera_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n"
+               :: "r"(tessera_shared_address(bar)) : "memory");
+}
+// A warpgroup's per-thread register budget, changed at run time (all its
+// threads execute it together).
+template <int N> __device__ __forceinline__ void tessera_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\\n" :: "n"(N));
+}
+template <int N> __device__ __forceinline__ void tessera_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\\n" :: "n"(N));
 }
 // Returns once the barrier's phase of this parity has completed.
 __device__ __forceinline__ void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {

@@ -154,10 +154,10 @@ func.func private @add(%x: tensor<4x384x384xbf16>, %y: tensor<4x384x384xbf16>) -
 // A GEMM large enough to give every SM a 128x256 tile gets the Hopper
 // configuration: two warpgroups (warps 8x1, 256 threads) on wgmma, 64-wide
 // K steps through a 4-stage ring that the tensor memory accelerator fills
-// (`tma` loads).
+// (`tma` loads), the copies issued by a third, producer warpgroup.
 // CHECK-LABEL: func.func @big_gemm
 // CHECK: ttile.kernel @mm(
-// CHECK-SAME: block = array<i64: 256>, grid = array<i64: 512>, stages = 4 : i64, ttile.tile_sizes = array<i64: 128, 256, 64>
+// CHECK-SAME: block = array<i64: 384>, grid = array<i64: 512>, producer_warpgroup, stages = 4 : i64, ttile.tile_sizes = array<i64: 128, 256, 64>
 // CHECK: ttile.load %{{.*}} {tma} : memref<4096x4096xbf16> -> !ttile.tile<128x64xbf16>
 // CHECK: ttile.load %{{.*}} {tma} : memref<4096x4096xbf16> -> !ttile.tile<64x256xbf16>
 // CHECK: ttile.dot %{{.*}}, %{{.*}}, %{{.*}} {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>

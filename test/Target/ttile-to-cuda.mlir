@@ -6,7 +6,7 @@
 // chain relu -> add -> mul -> max -> exp is ONE loop in which each thread
 // computes whole elements in registers; the row sum splits each row over a
 // group of lanes combined by warp shuffles. A float exp runs on the
-// special-function unit's 2^x.
+// special-function unit's 2^x. Element loops stride by the block's threads.
 // CHECK: // launch: grid (2), block (64), dynamic shared memory [[SMEM:[0-9]+]] bytes
 // CHECK: extern "C" __global__ void __launch_bounds__(64) everything(void* arg0_, void* arg1_, void* arg2_, void* arg3_) {
 // CHECK: extern __shared__ __align__(1024) unsigned char tessera_smem[];
@@ -14,7 +14,7 @@
 // CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
 // CHECK: // ttile.dot 4x4x2 on CUDA cores: the dot has no 'warps'
 // CHECK: for (int64_t k = 0; k < 2; ++k) s +=
-// CHECK: for (int64_t [[E:e[0-9]+]] = threadIdx.x; [[E]] < 16; [[E]] += blockDim.x) {
+// CHECK: for (int64_t [[E:e[0-9]+]] = threadIdx.x; [[E]] < 16; [[E]] += 64) {
 // CHECK: const float [[R:v[0-9]+]] = ([[ACC:t[0-9]+]][{{.*}}] > 0 ? [[ACC]][{{.*}}] : 0);
 // CHECK-NEXT: const float [[S:v[0-9]+]] = [[R]] + [[ACC]][{{.*}}];
 // CHECK-NEXT: const float [[M:v[0-9]+]] = [[S]] * [[S]];
@@ -184,7 +184,7 @@ ttile.kernel @wgmma_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, %c:
 // CHECK: void __launch_bounds__(256) tma_gemm(void* arg0_, void* arg1_, void* arg2_, const unsigned char* __restrict__ tessera_tmaps)
 // CHECK: 4 stages (wgmma.mma_async.m64n256k16 {{.*}}; TMA (cp.async.bulk.tensor) into the wgmma ring, cp.async for mma.sync)
 // CHECK: uint64_t* const full = reinterpret_cast<uint64_t*>(tessera_smem + 208896);
-// CHECK: for (int s = 0; s < 4; ++s) tessera_mbarrier_init(&full[s], 1);
+// CHECK: for (int s = 0; s < 4; ++s) { tessera_mbarrier_init(&full[s], 1); }
 // CHECK-NEXT: tessera_fence_barrier_init();
 // CHECK: tessera_mbarrier_expect_tx(&full[0], 49152);
 // CHECK-NEXT: tessera_tma_load_2d(sa + (0) * 8192 + 0, tessera_tmaps + 0, (int)(kv), (int)([[ROW:.*]]), &full[0]);
@@ -216,6 +216,92 @@ ttile.kernel @tma_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, %c: m
   }
   %h = ttile.cast %acc : !ttile.tile<128x256xf32> to !ttile.tile<128x256xbf16>
   ttile.store %h, %c[%row, %c0] : !ttile.tile<128x256xbf16>, memref<256x256xbf16>
+  ttile.return
+}
+
+// -----
+
+// Warp specialization: the block's last warpgroup is the producer. It gives
+// its registers to the two computing warpgroups (setmaxnreg: 168 each at
+// launch, 40 for the producer, 232 for the others), and one of its threads
+// refills each slot as soon as every computing warp has released it (the
+// `empty` mbarrier, one arrival per warp after its wgmma group on the slot
+// retired), all 4 slots in flight; then it leaves the kernel. The computing
+// warps meet no block barrier in the loop. On plain sm_90 the producer
+// leaves at once and the others run the mma.sync loop.
+// CHECK-LABEL: // ttile.kernel @producer_gemm
+// CHECK: // launch: grid (2), block (384), dynamic shared memory 208960 bytes
+// CHECK: void __launch_bounds__(384) producer_gemm(
+// CHECK: uint64_t* const full = reinterpret_cast<uint64_t*>(tessera_smem + 208896);
+// CHECK-NEXT: uint64_t* const empty = reinterpret_cast<uint64_t*>(tessera_smem + 208928);
+// CHECK: for (int s = 0; s < 4; ++s) { tessera_mbarrier_init(&full[s], 1); tessera_mbarrier_init(&empty[s], 8); }
+// CHECK: if (threadIdx.x >= 256) {     // the producer warpgroup
+// CHECK-NEXT: tessera_setmaxnreg_dec<40>();
+// CHECK-NEXT: if (threadIdx.x == 256) {
+// CHECK-NEXT: for (int64_t it = 0; it < n_it; ++it) {
+// CHECK-NEXT: if (it >= 4)
+// CHECK-NEXT: tessera_mbarrier_wait(&empty[it % 4], (unsigned)(it / 4 - 1) & 1);
+// CHECK: tessera_mbarrier_expect_tx(&full[it % 4], 49152);
+// CHECK: return;
+// CHECK: tessera_setmaxnreg_inc<232>();
+// CHECK: for (int64_t it = 0; it < n_it; ++it) {
+// CHECK-NEXT: tessera_mbarrier_wait(&full[it % 4], (unsigned)(it / 4) & 1);
+// CHECK-NOT: __syncthreads
+// CHECK: tessera_wgmma_wait<1>();
+// CHECK-NEXT: if (it >= 1) {
+// CHECK-NEXT: __syncwarp();
+// CHECK-NEXT: if ((threadIdx.x & 31) == 0) tessera_mbarrier_arrive(&empty[(it - 1) % 4]);
+// CHECK: #else
+// CHECK-NEXT: if (threadIdx.x >= 256) return;
+// CHECK: tessera_cp_async16(
+// CHECK: #endif
+ttile.kernel @producer_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, %c: memref<256x256xbf16>)
+    attributes {grid = array<i64: 2>, block = array<i64: 384>, stages = 4 : i64, producer_warpgroup} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %c128 = arith.constant 128 : index
+  %c320 = arith.constant 320 : index
+  %row = arith.muli %pid, %c128 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  %acc = scf.for %k = %c0 to %c320 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
+    %ta = ttile.load %a[%row, %k] {tma} : memref<256x320xbf16> -> !ttile.tile<128x64xbf16>
+    %tb = ttile.load %b[%k, %c0] {tma} : memref<320x256xbf16> -> !ttile.tile<64x256xbf16>
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+    scf.yield %d : !ttile.tile<128x256xf32>
+  }
+  %h = ttile.cast %acc : !ttile.tile<128x256xf32> to !ttile.tile<128x256xbf16>
+  ttile.store %h, %c[%row, %c0] : !ttile.tile<128x256xbf16>, memref<256x256xbf16>
+  ttile.return
+}
+
+// -----
+
+// A producer warpgroup feeds only a wgmma GEMM main loop on tma loads.
+ttile.kernel @producer_without_tma(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: memref<128x256xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 384>, stages = 3 : i64, producer_warpgroup} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  // expected-error @+1 {{the kernel's producer warpgroup has no GEMM main loop to feed: the loop's dot is not wgmma on tma loads}}
+  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
+    %ta = ttile.load %a[%c0, %k] : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+    %tb = ttile.load %b[%k, %c0] : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+    scf.yield %d : !ttile.tile<128x256xf32>
+  }
+  ttile.store %acc, %c[%c0, %c0] : !ttile.tile<128x256xf32>, memref<128x256xf32>
+  ttile.return
+}
+
+// -----
+
+// expected-error @+1 {{kernel @producer_idle has a producer_warpgroup but no wgmma GEMM main loop with tma loads for it to feed}}
+ttile.kernel @producer_idle(%a: memref<64x64xf32>, %c: memref<64x64xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 256>, producer_warpgroup} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %a[%c0, %c0] : memref<64x64xf32> -> !ttile.tile<64x64xf32>
+  ttile.store %t, %c[%c0, %c0] : !ttile.tile<64x64xf32>, memref<64x64xf32>
   ttile.return
 }
 

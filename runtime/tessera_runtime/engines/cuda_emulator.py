@@ -99,6 +99,7 @@ static thread_local int lane_id;
 static thread_local Warp* my_warp;
 
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { my_warp->bar.arrive_and_wait(); }
 
 template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
   static_assert(sizeof(T) <= 8, "shuffle of a wide type");
@@ -325,14 +326,21 @@ inline void tessera_mbarrier_init(uint64_t* bar, unsigned count) {
   b = Mbarrier{}; b.expected = b.pending = int(count);
 }
 inline void tessera_fence_barrier_init() {}
-inline void tessera_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
-  std::lock_guard<std::mutex> g(mbarrier_lock);
-  Mbarrier& b = mbarrier_at(bar, "arrive.expect_tx");
-  b.tx += bytes;
+static void arrive(Mbarrier& b) {     // with mbarrier_lock held
   if (--b.pending < 0) {
     std::fprintf(stderr, "mbarrier emulation: more arrivals than the barrier's count\n");
     std::abort();
   }
+}
+inline void tessera_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
+  std::lock_guard<std::mutex> g(mbarrier_lock);
+  Mbarrier& b = mbarrier_at(bar, "arrive.expect_tx");
+  b.tx += bytes;
+  arrive(b);
+}
+inline void tessera_mbarrier_arrive(uint64_t* bar) {
+  std::lock_guard<std::mutex> g(mbarrier_lock);
+  arrive(mbarrier_at(bar, "arrive"));
 }
 static void tma_load(void* dst, const void* map, std::initializer_list<int> c, uint64_t* bar) {
   std::lock_guard<std::mutex> g(mbarrier_lock);
@@ -360,6 +368,9 @@ inline void tessera_tma_load_5d(void* d, const void* m, int c0, int c1, int c2, 
                                 uint64_t* b) {
   tma_load(d, m, {c0, c1, c2, c3, c4}, b);
 }
+// The register budget is the hardware's business.
+template <int N> inline void tessera_setmaxnreg_inc() {}
+template <int N> inline void tessera_setmaxnreg_dec() {}
 inline void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
@@ -496,6 +507,8 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned*
 #define TESSERA_CASE(N, ...) case N: reinterpret_cast<void (*)(__VA_ARGS__)>(fn)(TESSERA_ARGS_##N); break;
               TESSERA_CASES
             }
+            // An exited thread no longer holds up the block's barriers.
+            block_barrier->arrive_and_drop();
           });
         for (auto& th : pool) th.join();
       }

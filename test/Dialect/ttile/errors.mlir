@@ -540,3 +540,31 @@ ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = a
   %b = ttile.transpose %t : !ttile.tile<2x8xf32> to !ttile.tile<2x8xf32>
   ttile.return
 }
+
+// -----
+
+// A producer warpgroup needs whole warpgroups and at least one besides it.
+// expected-error @below {{'ttile.kernel' op 'producer_warpgroup' needs a 1-D block of whole warpgroups, one of them computing besides the producer (256 threads or more), got 128 threads}}
+ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 128>, producer_warpgroup} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'producer_warpgroup' needs a 1-D block of whole warpgroups}}
+ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 320>, producer_warpgroup} {
+  ttile.return
+}
+
+// -----
+
+// The dot's warps do not count the producer warpgroup.
+ttile.kernel @k(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 256>, producer_warpgroup} {
+  %c0 = arith.constant 0 : index
+  %x = ttile.load %a[%c0, %c0] : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+  %y = ttile.load %b[%c0, %c0] : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
+  %acc = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  // expected-error @below {{'ttile.dot' op 'warps' [8, 1] need 256 threads but the kernel's block has, besides its producer warpgroup, 128}}
+  %d = ttile.dot %x, %y, %acc {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+  ttile.return
+}

@@ -159,6 +159,23 @@ ttile.kernel @wgmma_gemm(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: m
 
 // -----
 
+// A producer warpgroup (the block's fourth) issues the copies; the dot's
+// warps are the other two warpgroups.
+// CHECK-LABEL: ttile.kernel @producer_gemm(
+// CHECK-SAME: block = array<i64: 384>, grid = array<i64: 1>, producer_warpgroup, stages = 4 : i64
+// CHECK: ttile.dot %{{.*}}, %{{.*}}, %{{.*}} {warps = array<i64: 8, 1>, wgmma}
+ttile.kernel @producer_gemm(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: memref<128x256xf32>) attributes {grid = array<i64: 1>, block = array<i64: 384>, stages = 4 : i64, producer_warpgroup} {
+  %c0 = arith.constant 0 : index
+  %acc = ttile.fill 0.0 : !ttile.tile<128x256xf32>
+  %ta = ttile.load %a[%c0, %c0] {tma} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+  %tb = ttile.load %b[%c0, %c0] {tma} : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
+  %d = ttile.dot %ta, %tb, %acc {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
+  ttile.store %d, %c[%c0, %c0] : !ttile.tile<128x256xf32>, memref<128x256xf32>
+  ttile.return
+}
+
+// -----
+
 // NVSHMEM: PE queries, a put into a symmetric buffer, fence, signal, wait, quiet.
 // CHECK-LABEL: ttile.kernel @push(
 // CHECK: %[[ME:.*]] = ttile.my_pe

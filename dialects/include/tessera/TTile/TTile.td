@@ -76,6 +76,12 @@ def TTile_KernelOp : TTile_Op<"kernel", [
     flight at once: the GPU emitter keeps that many `ttile.load` tiles of the
     loop in a shared-memory ring, filled asynchronously ahead of the `ttile.dot`
     that reads them. It is a tuning parameter; it never changes results.
+    `producer_warpgroup` (optional) makes the block's last warpgroup (128
+    threads, counted in `block`) a producer: on sm_90a it only issues the
+    tensor-memory-accelerator copies of the kernel's GEMM main loop (its
+    `ttile.load {tma}`s) and gives its registers to the other warpgroups,
+    which compute every tile; it leaves the kernel when the loop's copies
+    are issued. The `warps` of the loop's `ttile.dot` count only the others.
 
     ```mlir
     ttile.kernel @gemm(%a: memref<256x64xbf16>, %b: memref<64x256xbf16>, %c: memref<256x256xf32>)
@@ -86,6 +92,7 @@ def TTile_KernelOp : TTile_Op<"kernel", [
                        TypeAttrOf<FunctionType>:$function_type,
                        DenseI64ArrayAttr:$grid, DenseI64ArrayAttr:$block,
                        OptionalAttr<I64Attr>:$stages,
+                       UnitAttr:$producer_warpgroup,
                        OptionalAttr<DictArrayAttr>:$arg_attrs,
                        OptionalAttr<DictArrayAttr>:$res_attrs);
   let regions = (region SizedRegion<1>:$body);
