@@ -10,9 +10,10 @@ fp32 accumulate, bf16 out, in the same run on the same GPU.
 Variants of the Hopper kernel (TMA-fed wgmma): `producer` (the default: a
 producer warpgroup issues the copies, the two computing warpgroups never
 meet a block barrier in the loop) and `thread0` (thread 0 issues them
-between iterations, after a block barrier). Prints TFLOP/s of both and the ratio, checks the result against cuBLAS, and
-writes bench/results/gemm_cuda-<date>.{json,md} with the device, driver and
-commit. Needs a GPU with cupy; compile the bundle here (nvcc) or there.
+between iterations, after a block barrier). Prints TFLOP/s of each and of
+cuBLAS and their ratio, checks the result against cuBLAS, and writes
+bench/results/gemm_cuda-<date>.{json,md} with the device, driver and commit.
+Needs a GPU with cupy; compile the bundle here (nvcc) or there.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
         ref = cp.asnumpy(cp.matmul(ha, hb))
         err = float(np.abs(ours - ref).max() / np.abs(ref).max())
         flops = 2.0 * n ** 3
-        rows.append({"n": n, "variant": variant, "tessera_ms": t_tessera * 1e3, "cublas_ms": t_cublas * 1e3,
+        rows.append({"n": n, "variant": variant,
+                     "tessera_ms": t_tessera * 1e3, "cublas_ms": t_cublas * 1e3,
                      "tessera_tflops": flops / t_tessera / 1e12,
                      "cublas_tflops": flops / t_cublas / 1e12,
                      "ratio": t_cublas / t_tessera, "max_rel_err": err, "peer": peer,
@@ -115,7 +117,8 @@ def main(argv=None) -> int:
 
     write_results("gemm_cuda", "Tessera GEMM vs cuBLAS",
                   ["n", "variant", "Tessera TFLOP/s", "cuBLAS TFLOP/s", "ratio"], rows,
-                  [lambda r: str(r["n"]), lambda r: r["variant"], lambda r: f"{r['tessera_tflops']:.1f}",
+                  [lambda r: str(r["n"]), lambda r: r["variant"],
+                   lambda r: f"{r['tessera_tflops']:.1f}",
                    lambda r: f"{r['cublas_tflops']:.1f}", lambda r: f"{r['ratio']:.2f}"], cp)
     return 0
 

@@ -1098,12 +1098,12 @@ class CudaKernelEmitter(KernelEmitter):
         nbytes = (a_elems + b_elems) * 2
 
         def issue(slot: str, it: str) -> None:
+            full = f"&{names[0]}[{slot}]"
+
             def copies():
-                self.line(f"tessera_mbarrier_expect_tx(&full[{slot}], {nbytes});")
-                self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"],
-                               f"&full[{slot}]")
-                self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"],
-                               f"&full[{slot}]")
+                self.line(f"tessera_mbarrier_expect_tx({full}, {nbytes});")
+                self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"], full)
+                self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"], full)
             self._at_iteration(p["iv"], lb, step, it, copies)
         return names, issue
 
@@ -1149,6 +1149,7 @@ class CudaKernelEmitter(KernelEmitter):
     # (setmaxnreg) for the accumulators, then leaves the kernel; exited
     # threads no longer count at the block barriers that follow.
     _PRODUCER_REGISTERS = 40            # setmaxnreg's floor is 24; the copy loop needs few
+    _BLOCK_REGISTERS = 65536            # an sm_90 block's register file
 
     def _producer_warpgroup(self, p, a_elems: int, b_elems: int, skip_empty_wait: bool = False):
         """The ring's barriers and the producer warpgroup's code (it returns
@@ -1156,8 +1157,9 @@ class CudaKernelEmitter(KernelEmitter):
         to be released (a test shows the emulator catches it)."""
         stages, consumers = self.stages, self.threads
         (full, empty), issue = self._tma_ring(p, a_elems, b_elems, ("empty", consumers // 32))
-        launch_cap = min(255, 65536 // (consumers + 128)) // 8 * 8
-        computing = min(256, (65536 - 128 * self._PRODUCER_REGISTERS) // consumers) // 8 * 8
+        launch_cap = min(255, self._BLOCK_REGISTERS // (consumers + 128)) // 8 * 8
+        computing = min(256, (self._BLOCK_REGISTERS - 128 * self._PRODUCER_REGISTERS)
+                        // consumers) // 8 * 8
         registers = computing > launch_cap      # worth moving only past the launch's cap
         self.line(f"if (threadIdx.x >= {consumers}) {{     // the producer warpgroup")
         self.indent += 1

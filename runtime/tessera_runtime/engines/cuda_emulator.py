@@ -326,7 +326,7 @@ inline void tessera_mbarrier_init(uint64_t* bar, unsigned count) {
   b = Mbarrier{}; b.expected = b.pending = int(count);
 }
 inline void tessera_fence_barrier_init() {}
-static void arrive(Mbarrier& b) {     // with mbarrier_lock held
+static void arrive_locked(Mbarrier& b) {     // with mbarrier_lock held
   if (--b.pending < 0) {
     std::fprintf(stderr, "mbarrier emulation: more arrivals than the barrier's count\n");
     std::abort();
@@ -336,11 +336,11 @@ inline void tessera_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
   std::lock_guard<std::mutex> g(mbarrier_lock);
   Mbarrier& b = mbarrier_at(bar, "arrive.expect_tx");
   b.tx += bytes;
-  arrive(b);
+  arrive_locked(b);
 }
 inline void tessera_mbarrier_arrive(uint64_t* bar) {
   std::lock_guard<std::mutex> g(mbarrier_lock);
-  arrive(mbarrier_at(bar, "arrive"));
+  arrive_locked(mbarrier_at(bar, "arrive"));
 }
 static void tma_load(void* dst, const void* map, std::initializer_list<int> c, uint64_t* bar) {
   std::lock_guard<std::mutex> g(mbarrier_lock);
