@@ -9,9 +9,10 @@
 // CHECK: [[ACC]][{{e[0-9]+}}] = (float)0.0;
 // CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
 // CHECK: = arg0[
-// dot: i-k-j loops accumulate into the result tile
-// CHECK: for (int64_t k = 0; k < 2; ++k) {
-// CHECK: += av * (float)
+// dot: float tiles accumulate into a copy of the carried tile (register-blocked
+// tessera_dot from the prelude)
+// CHECK: [[D:t[0-9]+]][e] = [[IT:t[0-9]+]][e];
+// CHECK-NEXT: tessera_dot({{t[0-9]+}}, {{t[0-9]+}}, [[D]], 4, 2, 4);
 // relu, add, mul, max, exp, reduce
 // CHECK: > 0 ? {{.*}} : 0)
 // CHECK: tessera_exp(
