@@ -20,7 +20,11 @@ Checks: the tensor-core GEMM with a fused epilogue on mma.sync, on wgmma fed
 by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages; copies issued by a
 producer warpgroup, or by thread 0 between iterations) and on wgmma fed by
 cp.async; causal flash attention forward and backward at D = 64 and 128;
-the example GPT's training step in fp32 and bf16 against the CPU engine.
+the all-gather + GEMM kernel over NVSHMEM on 2 ranks of the one GPU (run
+under mpiexec, one `gpu_kit.py rank` process per rank, with nvshmem4py from
+the kit's wheels); the example GPT's training step in fp32 and bf16 against
+the CPU engine. build.json records the commit, nvcc and the NVSHMEM device
+library the kit was built with.
 """
 
 from __future__ import annotations
@@ -112,29 +116,68 @@ def _gpt_step_check(kit, name, precision):
     return _save(kit, name, bundle, inputs, rules)
 
 
+def _gathered_gemm_check(kit, name, shape):
+    """`op.matmul(x, w, transport="nvshmem")` on a 2-rank tp mesh (x split by
+    rows, w by columns): one kernel per rank puts its rows of x into the
+    peer's symmetric buffer and multiplies tiles as their rows arrive (the
+    issue's "2 ranks on one GPU" NVSHMEM case). Each rank checks its columns."""
+    import ml_dtypes
+
+    import tessera as ts
+    from tessera import dist, op
+    bf16 = ml_dtypes.bfloat16
+    m, k, n = shape
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k)).astype(bf16)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(bf16)
+    rows = dist.ShardSpec(partition=("row",), mesh_axes=("tp",))
+    cols = dist.ShardSpec(partition=("col",), mesh_axes=("tp",))
+    X, W = dist.from_numpy(x, rows, mesh), dist.from_numpy(w, cols, mesh)
+
+    def column_parallel(x, w):
+        return op.matmul(x, w, transport="nvshmem")
+    bundle, inputs = ts.compile(column_parallel, mesh=mesh, target="gpu").build_for_ranks(X, W)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    rule = {"rule": "allclose", "rtol": 0.03, "atol": 0.03}
+    return _save(kit, name, bundle, inputs, [[(half, rule)] for half in np.split(want, 2, axis=1)],
+                 ranks=2)
+
+
 def _compile(fn, *args):
     import tessera as ts
     return ts.jit(fn, target="gpu").build(*args)
 
 
-def _save(kit: Path, name: str, bundle: Path, inputs, expected) -> dict:
+def _save(kit: Path, name: str, bundle: Path, inputs, expected, ranks: int = 1) -> dict:
+    """The check's bundle, inputs and expected outputs; with `ranks` > 1,
+    `inputs` and `expected` are lists with one entry per rank."""
     folder = kit / "checks" / name
     if folder.exists():
         shutil.rmtree(folder)
     shutil.copytree(bundle, folder / "bundle", ignore=shutil.ignore_patterns("ir"))
-    # Compressed (optimizer moments start at zero); float32 expectations are
-    # ample for these tolerances. No pickle either way.
-    # .npy has no bfloat16: such inputs travel as their bits (uint16), with
-    # the dtype in checks.json.
-    inputs = [np.asarray(a) for a in inputs]
-    np.savez_compressed(folder / "inputs.npz", *[a.view(np.uint16) if a.dtype.name == "bfloat16"
-                                                 else a for a in inputs])
-    np.savez_compressed(folder / "expected.npz",
-                        *[np.asarray(value, np.float32) for value, _ in expected])
+    per_rank = (inputs, expected) if ranks > 1 else ([inputs], [expected])
+    for rank, (ins, exp) in enumerate(zip(*per_rank)):
+        # Compressed (optimizer moments start at zero); float32 expectations
+        # are ample for these tolerances. No pickle either way. .npy has no
+        # bfloat16: such inputs travel as their bits (uint16), with the
+        # dtype in checks.json.
+        ins = [np.asarray(a) for a in ins]
+        np.savez_compressed(folder / _rank_file("inputs", rank, ranks),
+                            *[a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+                              for a in ins])
+        np.savez_compressed(folder / _rank_file("expected", rank, ranks),
+                            *[np.asarray(value, np.float32) for value, _ in exp])
     outputs = [{k: float(v) if isinstance(v, np.floating) else v for k, v in rule.items()}
-               for _, rule in expected]
-    print(f"[gpu_kit] {name}: {len(inputs)} inputs, {len(outputs)} outputs", flush=True)
-    return {"name": name, "input_dtypes": [a.dtype.name for a in inputs], "outputs": outputs}
+               for _, rule in exp]
+    print(f"[gpu_kit] {name}: {len(ins)} inputs, {len(outputs)} outputs"
+          + (f", on each of {ranks} ranks" if ranks > 1 else ""), flush=True)
+    return {"name": name, "input_dtypes": [a.dtype.name for a in ins], "outputs": outputs,
+            "ranks": ranks}
+
+
+def _rank_file(kind: str, rank: int, ranks: int) -> str:
+    return f"{kind}.npz" if ranks == 1 else f"{kind}.rank{rank}.npz"
 
 
 CHECKS = {
@@ -151,6 +194,7 @@ CHECKS = {
         kit, n, (128, 256, 64, (8, 1), 4, True, {"tma": False}), (0, 512, 640, 512), "gelu"),
     "attention-causal-d64": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 64)),
     "attention-causal-d128": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 128)),
+    "nvshmem-gathered-gemm-2-ranks": lambda kit, n: _gathered_gemm_check(kit, n, (512, 256, 512)),
     "gpt-step-fp32": lambda kit, n: _gpt_step_check(kit, n, "fp32"),
     "gpt-step-bf16": lambda kit, n: _gpt_step_check(kit, n, "bf16"),
 }
@@ -169,19 +213,39 @@ def build(kit: Path, only=None, benchmarks: bool = True) -> int:
     for script in BENCHMARKS if benchmarks else ():
         subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit),
                         "--build-only"], check=True)
-    if benchmarks:
-        # bfloat16 on the host needs ml_dtypes; the GPU machine may lack it
-        # and cannot reach a package index (gpu_session.sh installs this).
-        got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "ml_dtypes",
+    # The GPU machine cannot reach a package index; gpu_session.sh installs
+    # these from the kit where they are missing: ml_dtypes (bfloat16 on the
+    # host) and nvshmem4py (the NVSHMEM check's symmetric heap; it loads the
+    # NVSHMEM host library of the machine's nvidia-nvshmem wheel).
+    wheels = ["ml_dtypes"] * benchmarks + ["nvshmem4py-cu13"] * any(
+        c.get("ranks", 1) > 1 for c in checks)
+    for wheel in wheels:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", wheel,
                               "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
                               "--platform", "manylinux2014_x86_64", "-d", str(kit / "wheels")],
                              capture_output=True, text=True)
         if got.returncode != 0:
-            print(f"[gpu_kit] could not download an ml_dtypes wheel (the GPU machine must have "
+            print(f"[gpu_kit] could not download a {wheel} wheel (the GPU machine must have "
                   f"it): {got.stderr.strip()[-300:]}")
+    (kit / "build.json").write_text(json.dumps(_build_versions(), indent=1))
     size = sum(f.stat().st_size for f in kit.rglob("*") if f.is_file())
     print(f"[gpu_kit] {kit}: {len(checks)} checks, {size / 2**20:.1f} MiB")
     return 0
+
+
+def _build_versions() -> dict:
+    """What the kit was built with (the GPU side prints it beside its own)."""
+    from importlib import metadata
+    from tessera_compiler.codegen.build import nvcc
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    nvcc_version = subprocess.run([nvcc(), "--version"], capture_output=True,
+                                  text=True).stdout.strip().splitlines()[-1] if nvcc() else None
+    try:
+        nvshmem = metadata.version("nvidia-nvshmem-cu13")
+    except metadata.PackageNotFoundError:
+        nvshmem = None
+    return {"commit": commit, "nvcc": nvcc_version, "nvshmem_device_library": nvshmem}
 
 
 # -- run (the GPU's side: runtime only) -------------------------------------------
@@ -202,28 +266,71 @@ def _compare(got: np.ndarray, want: np.ndarray, rule: dict) -> tuple[bool, str]:
                                          f"{bound.flat[diff.argmax()]:.2e})")
 
 
-def _run_checks(kit: Path, engine: str) -> list[dict]:
+def _run_one(kit: Path, check: dict, engine: str, rank: int = 0) -> tuple[bool, str]:
+    """Runs `check`'s bundle in this process (as `rank` of a multi-rank
+    check) and compares its outputs."""
     import ml_dtypes
     import tessera_runtime
+    folder = kit / "checks" / check["name"]
+    ranks = check.get("ranks", 1)
+    program = tessera_runtime.load_bundle(folder / "bundle", engine=engine)
+    with np.load(folder / _rank_file("inputs", rank, ranks), allow_pickle=False) as npz:
+        inputs = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+    inputs = [a.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
+              for a, dtype in zip(inputs, check["input_dtypes"])]
+    with np.load(folder / _rank_file("expected", rank, ranks), allow_pickle=False) as npz:
+        expected = [npz[f"arr_{i}"].astype(np.float64) for i in range(len(npz.files))]
+    got = program.run(inputs)
+    verdicts = [_compare(g, e, o) for g, e, o in zip(got, expected, check["outputs"])]
+    if len(got) != len(check["outputs"]):
+        verdicts.append((False, f"{len(got)} outputs, expected {len(check['outputs'])}"))
+    ok = all(v[0] for v in verdicts)
+    return ok, ("; ".join(f"out{i}: {v[1]}" for i, v in enumerate(verdicts) if not v[0])
+                or "; ".join(v[1] for v in verdicts[:3]))
+
+
+# A multi-rank check's processes report on stdout, one line each.
+_RANK_VERDICT = "[gpu_kit rank verdict] "
+
+
+def _run_ranks(kit: Path, check: dict, engine: str) -> tuple[bool, str]:
+    """Runs a multi-rank check under mpiexec (`gpu_kit.py rank`, one process
+    per rank, all on the one GPU) and gathers the ranks' verdicts."""
+    ranks = check["ranks"]
+    env = _mpi_env()
+    proc = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, __file__, "rank",
+                           str(kit), check["name"], "--engine", engine],
+                          capture_output=True, text=True, timeout=900, env=env)
+    verdicts = [json.loads(line[len(_RANK_VERDICT):]) for line in proc.stdout.splitlines()
+                if line.startswith(_RANK_VERDICT)]
+    if proc.returncode != 0 or len(verdicts) != ranks:
+        return False, (f"mpiexec -n {ranks} exited {proc.returncode} with {len(verdicts)} "
+                       f"verdicts: {(proc.stdout + proc.stderr)[-2000:]}")
+    verdicts.sort(key=lambda v: v["rank"])
+    return (all(v["ok"] for v in verdicts),
+            "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts))
+
+
+def _rank_main(kit: Path, name: str, engine: str) -> int:
+    """One rank of a multi-rank check (under mpiexec): prints its verdict."""
+    import tessera_runtime
+    rank = tessera_runtime.world()[0]
+    check = next(c for c in json.loads((kit / "checks.json").read_text()) if c["name"] == name)
+    try:
+        ok, detail = _run_one(kit, check, engine, rank)
+    except Exception as e:             # reported, not raised: the other rank may be waiting
+        ok, detail = False, f"{type(e).__name__}: {e}"
+    print(_RANK_VERDICT + json.dumps({"rank": rank, "ok": ok, "detail": detail}), flush=True)
+    return 0
+
+
+def _run_checks(kit: Path, engine: str) -> list[dict]:
     results = []
     for check in json.loads((kit / "checks.json").read_text()):
-        folder = kit / "checks" / check["name"]
         start = time.perf_counter()
         try:
-            program = tessera_runtime.load_bundle(folder / "bundle", engine=engine)
-            with np.load(folder / "inputs.npz", allow_pickle=False) as npz:
-                inputs = [npz[f"arr_{i}"] for i in range(len(npz.files))]
-            inputs = [a.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
-                      for a, dtype in zip(inputs, check["input_dtypes"])]
-            with np.load(folder / "expected.npz", allow_pickle=False) as npz:
-                expected = [npz[f"arr_{i}"].astype(np.float64) for i in range(len(npz.files))]
-            got = program.run(inputs)
-            verdicts = [_compare(g, e, o) for g, e, o in zip(got, expected, check["outputs"])]
-            if len(got) != len(check["outputs"]):
-                verdicts.append((False, f"{len(got)} outputs, expected {len(check['outputs'])}"))
-            ok = all(v[0] for v in verdicts)
-            detail = "; ".join(f"out{i}: {v[1]}" for i, v in enumerate(verdicts) if not v[0]) \
-                or "; ".join(v[1] for v in verdicts[:3])
+            ok, detail = (_run_ranks(kit, check, engine) if check.get("ranks", 1) > 1
+                          else _run_one(kit, check, engine))
         except Exception as e:             # a failing check must not stop the others
             ok, detail = False, f"{type(e).__name__}: {e}"
         results.append({"check": check["name"], "ok": ok, "detail": detail,
@@ -232,13 +339,24 @@ def _run_checks(kit: Path, engine: str) -> list[dict]:
     return results
 
 
-def _run_nccl() -> dict:
-    """The NCCL communicators on 2 ranks of one GPU (test/runtime/nccl_worker.py)."""
-    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
-    if not os.path.exists(mpiexec):
-        return {"check": "nccl-2-ranks", "ok": False, "detail": "no mpiexec"}
+def _mpiexec() -> str:
+    return shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+
+
+def _mpi_env() -> dict:
+    """Ranks share the one GPU; only the runtime is importable."""
     env = {**os.environ, "NCCL_MULTI_RANK_GPU_ENABLE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])}
+    env.setdefault("TESSERA_NVSHMEM_WAIT_S", "120")   # the emulator's limit on a signal wait
+    return env
+
+
+def _run_nccl() -> dict:
+    """The NCCL communicators on 2 ranks of one GPU (test/runtime/nccl_worker.py)."""
+    mpiexec = _mpiexec()
+    if not os.path.exists(mpiexec):
+        return {"check": "nccl-2-ranks", "ok": False, "detail": "no mpiexec"}
+    env = _mpi_env()
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable,
                            str(ROOT / "test" / "runtime" / "nccl_worker.py")],
                           capture_output=True, text=True, timeout=300, env=env)
@@ -289,8 +407,14 @@ def main(argv=None) -> int:
                    help="cuda-emulated: run the checks on the CPU emulator instead (slow)")
     for p in (b, r):
         p.add_argument("--no-benchmarks", action="store_true", help="checks only")
+    one = sub.add_parser("rank", help="(internal) one rank of a multi-rank check, under mpiexec")
+    one.add_argument("kit", type=Path)
+    one.add_argument("check")
+    one.add_argument("--engine", default="cuda", choices=["cuda", "cuda-emulated"])
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "bench"))
+    if args.command == "rank":
+        return _rank_main(args.kit, args.check, args.engine)
     if args.command == "build":
         return build(args.kit, args.only, not args.no_benchmarks)
     return run(args.kit, args.out, args.engine, not args.no_benchmarks)

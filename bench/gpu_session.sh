@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine should run, in one call: the kit's checks
 # (GEMMs on mma.sync / wgmma + TMA / wgmma + cp.async, flash attention
-# forward and backward, the GPT training step against the CPU engine), NCCL
-# on 2 ranks of the one GPU, and the benchmarks against cuBLAS and torch
-# SDPA. The GPU machine needs only the runtime: compile the kit here first.
+# forward and backward, the NVSHMEM all-gather + GEMM on 2 ranks, the GPT
+# training step against the CPU engine), NCCL on 2 ranks of the one GPU, and
+# the benchmarks against cuBLAS and torch SDPA. The GPU machine needs only the runtime: compile the kit here first.
 #
 #   python bench/gpu_kit.py build gpu_kit          # here (compiler, nvcc; no GPU)
 #   device run: command="bash bench/gpu_session.sh gpu_kit", carry=["gpu_kit"]
@@ -22,4 +22,11 @@ python -c "import ml_dtypes" 2>/dev/null ||
     pip install --no-index --find-links "$kit/wheels" ml_dtypes 2>&1 | tail -1
 python -c "import cupy, ml_dtypes; print('cupy', cupy.__version__, 'ml_dtypes', ml_dtypes.__version__)" |
     tee -a "$out/device.txt"
+# nvshmem4py for the NVSHMEM check (--no-deps: cuda-core and the NVSHMEM
+# wheel are the image's). The kit's cubins hold the NVSHMEM device library
+# they were built with (the kit's build.json); the host library is this one.
+python -c "import nvshmem.core" 2>/dev/null ||
+    pip install --no-index --no-deps --find-links "$kit/wheels" nvshmem4py-cu13 2>&1 | tail -1
+pip list 2>/dev/null | grep -i -E "nvshmem|nccl|cuda-core|mpi4py" | tee -a "$out/device.txt"
+cat "$kit/build.json" 2>/dev/null | tee -a "$out/device.txt"
 python bench/gpu_kit.py run "$kit" "$out"

@@ -281,11 +281,23 @@ class CompiledFunction:
         takes them, so another machine with only the runtime can run it:
         `tessera_runtime.load_bundle(path).run(inputs)` (e.g. compile on a
         CPU machine, run on a GPU one). `save(path)` then copies the bundle."""
+        path, tensors, traced, _ = self._build(args, kwargs)
+        return path, _local_inputs(tensors, traced)
+
+    def build_for_ranks(self, *args, **kwargs) -> tuple[Path, list[list[np.ndarray]]]:
+        """`build` from one process for every rank of the mesh (a job for a
+        machine with several GPUs, compiled on one without): the bundle
+        directory, and each rank's local inputs. The tensor arguments must
+        hold their global values (`dist.from_numpy` outside an MPI job)."""
+        path, tensors, traced, mesh = self._build(args, kwargs)
+        return path, [_local_inputs(tensors, traced, rank) for rank in range(mesh.size)]
+
+    def _build(self, args, kwargs):
         bound, leaves, _, mesh, tensors, specs, key = self._prepare(args, kwargs)
         traced = self._trace(bound, leaves, specs, mesh)
         path = self._bundle(key, traced, mesh)
         self._last_key = key
-        return path, _local_inputs(tensors, traced)
+        return path, tensors, traced, mesh
 
     def save(self, path) -> Path:
         """Copies the bundle of the last call to `path` (a directory)."""
@@ -299,10 +311,12 @@ class CompiledFunction:
         return path
 
 
-def _local_inputs(tensors, traced) -> list[np.ndarray]:
-    """What the program takes: this rank's block of each tensor argument,
-    then the constants the trace captured."""
-    return [t.local() if isinstance(t, dist.DTensor) else np.asarray(t)
+def _local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
+    """What the program takes: this rank's (or `rank`'s) block of each tensor
+    argument, then the constants the trace captured."""
+    def block(t):
+        return t.local() if rank is None else t.block(rank)
+    return [block(t) if isinstance(t, dist.DTensor) else np.asarray(t)
             for t in list(tensors) + list(traced.captured)]
 
 

@@ -274,6 +274,24 @@ class DTensor:
             self.mesh.require_rank(f"DTensor '{self.name or 'tensor'}'.local()")
         return self._local
 
+    def block(self, rank: int) -> np.ndarray:
+        """Mesh rank `rank`'s shard, from any process that holds the global
+        value (a tensor from `from_numpy`, e.g. in one process compiling for
+        a multi-rank job); this rank's shard otherwise."""
+        if self._global is None:
+            own = self.mesh.rank
+            if rank != own:
+                held = f"only rank {own}'s shard" if own is not None else "a shard"
+                raise ShardingError(f"DTensor '{self.name or 'tensor'}': this process holds "
+                                    f"{held}, not the global value that rank {rank}'s block "
+                                    "is cut from (make it with dist.from_numpy)")
+            return self.local()
+        if self.layout.partial:
+            raise ShardingError(f"DTensor '{self.name or 'tensor'}': a partial tensor has no "
+                                "single global value to take rank blocks of")
+        index = self.mesh.info.local_slices(self.shape, self.dims, rank)
+        return np.array(self._global[index], order="C")
+
     def numpy(self) -> np.ndarray:
         """The global value, on every rank (a collective when the tensor is split
         or partial: every rank of the mesh must call it)."""

@@ -126,7 +126,7 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
 }}"""
     with ir.Context():
         source = emit_cpp(ir.Module.parse(text))
-    assert f"tessera_dot(" in source
+    assert "tessera_dot(" in source
     lib = ctypes.CDLL(str(build_cpu_library(source)))
     rng = np.random.default_rng()
     dtype = ml_dtypes.bfloat16 if element == "bf16" else np.float32

@@ -152,6 +152,29 @@ def test_save_writes_a_bundle(tmp_path):
     assert 'extern "C" void lambda_relu_0' in (saved / "kernels" / "kernels.cpp").read_text()
 
 
+def test_build_for_ranks_gives_every_ranks_blocks_from_one_process():
+    """build_for_ranks() in one process, for a 2 x 2 mesh: the bundle, and
+    each rank's blocks of each argument (dp splits rows, tp columns). A
+    process holding only its own shard cannot give another rank's."""
+    from tessera.errors import ShardingError
+    mesh = dist.Mesh(axes=["dp", "tp"], devices=range(4), shape=[2, 2])
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    X = dist.from_numpy(x, dist.ShardSpec(partition=("row", "col"), mesh_axes=("dp", "tp")), mesh)
+    B = dist.from_numpy(b, dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh)
+    f = ts.compile(lambda x, b: op.relu(x + b), mesh=mesh)
+    path, inputs = f.build_for_ranks(X, B)
+    assert (path / "manifest.json").is_file()
+    for rank, (xr, br) in enumerate(inputs):
+        d, t = divmod(rank, 2)
+        np.testing.assert_array_equal(xr, x[2 * d:2 * d + 2, 3 * t:3 * t + 3])
+        np.testing.assert_array_equal(br, b[3 * t:3 * t + 3])
+    own = dist.DTensor(x[:2, :3], x.shape, x.dtype, X.layout, mesh, name="shard")
+    with pytest.raises(ShardingError, match="holds a shard, not the global value that rank 1's block"):
+        own.block(1)
+
+
 def test_build_compiles_without_running_for_a_runtime_elsewhere(tmp_path):
     """build() gives the bundle and the local inputs in program order (the
     captured constant last); the runtime alone runs them, and nothing ran

@@ -323,17 +323,20 @@ def _cuda_source(compiled) -> str:
     return (bundle / "kernels" / "kernels.cu").read_text()
 
 
-def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path):
+@pytest.mark.parametrize("check, expected_file", [
+    ("gemm-wgmma-tma-batched-relu", "expected.npz"),
+    ("nvshmem-gathered-gemm-2-ranks", "expected.rank1.npz")])
+def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path, check, expected_file):
     """bench/gpu_kit.py: `build` compiles a check's bundle with its inputs
-    and expected outputs; `run` (here on the emulated engine, with the
-    compiler's packages made unimportable) passes it, and reports FAIL with
-    exit status 1 once the expectation is wrong."""
+    and expected outputs (per rank, for the NVSHMEM check that `run` starts
+    under mpiexec); `run` (here on the emulated engine, with the compiler's
+    packages made unimportable) passes it, and reports FAIL with exit
+    status 1 once the expectation (of one rank) is wrong."""
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     kit, out = tmp_path / "kit", tmp_path / "out"
-    check = "gemm-wgmma-tma-batched-relu"
     built = subprocess.run([sys.executable, str(root / "bench" / "gpu_kit.py"), "build", str(kit),
                             "--only", check, "--no-benchmarks"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
@@ -349,9 +352,12 @@ def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path):
     ok = run()
     assert ok.returncode == 0 and f"PASS {check}" in ok.stdout, ok.stdout + ok.stderr[-3000:]
     assert json.loads((out / "gpu_checks.json").read_text())["checks"][0]["ok"]
-    expected = kit / "checks" / check / "expected.npz"
+    expected = kit / "checks" / check / expected_file
     with np.load(expected) as npz:
         wrong = npz["arr_0"] * 1.5 + 1
     np.savez_compressed(expected, wrong)
     bad = run()
     assert bad.returncode == 1 and f"FAIL {check}" in bad.stdout, bad.stdout + bad.stderr[-3000:]
+    if "rank1" in expected_file:        # rank 0 still passes; rank 1 names its error
+        verdict = next(line for line in bad.stdout.splitlines() if line.startswith("FAIL"))
+        assert "rank 0: max |diff|" in verdict and "rank 1: out0: max |diff|" in verdict, verdict
