@@ -524,9 +524,8 @@ static inline float tessera_tanh(float x) {
 # The plain i-k-j loop over a small constant shape is fully unrolled by
 # GCC 12 and then SLP-vectorized into shuffles: about 3 GFLOP/s for the
 # 16x32x16 dots of short-sequence attention, against about 60 for this one
-# (Zen 3, AVX2). Here an
-# MR x 8*NR block of r stays in vector registers for the whole k loop; every
-# element still sums k = 0..K-1 in order.
+# (Zen 3, AVX2). Here an MR x 8*NR block of r stays in vector registers for
+# the whole k loop; every element still sums k = 0..K-1 in order.
 _CPU_DOT = """\
 typedef float tessera_v8 __attribute__((vector_size(32), aligned(4), may_alias));
 template <int MR, int NR>
