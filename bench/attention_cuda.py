@@ -4,6 +4,7 @@ run on the same GPU: forward, and backward (dQ, dK, dV).
 
     python bench/attention_cuda.py                        # B=4 H=16 S=4096 D=64, 128
     python bench/attention_cuda.py --seq 2048 8192 --dims 64 --iters 20
+    python bench/attention_cuda.py --variants mma.sync     # without wgmma
     python bench/attention_cuda.py --kit gpu_kit --build-only   # compile here (no GPU)
     PYTHONPATH=runtime python bench/attention_cuda.py --kit gpu_kit   # run there
 
@@ -13,11 +14,17 @@ implementations and left out of both: torch's backward kernel computes it
 inside, so torch's backward time includes it). Checks Tessera's output
 against torch's, prints TFLOP/s and the ratio (torch time / Tessera time),
 and writes bench/results/attention_cuda-<date>.{json,md}.
+
+Variants of Tessera's kernels: `wgmma` (the default: on sm_90a every dot
+of the three loops is a wgmma.mma_async, B from the 128-byte-swizzled
+cp.async ring) and `mma.sync` (the same loops on mma.sync.m16n8k16 with
+ldmatrix: what plain sm_90 runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import numpy as np
 
@@ -36,6 +43,27 @@ def attention_step(q, k, v, do):
     return (op.attention(q, k, v, causal=True),) + tuple(ts.grad(loss(q, k, v), [q, k, v]))
 
 
+VARIANTS = ("wgmma", "mma.sync")
+
+
+@contextlib.contextmanager
+def attention_variant(variant: str):
+    """Attention compiled inside runs its dots as `variant` says (where the
+    compiler is installed; on a GPU machine without it the bundles come
+    from the kit)."""
+    try:
+        import tessera_passes.flash_attention as flash_attention
+    except ImportError:
+        yield
+        return
+    saved = flash_attention.GPU_WGMMA
+    flash_attention.GPU_WGMMA = variant == "wgmma"
+    try:
+        yield
+    finally:
+        flash_attention.GPU_WGMMA = saved
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=4)
@@ -43,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, nargs="+", default=[4096])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                    help="which of Tessera's kernels to time (default: both)")
     add_kit_arguments(ap)
     args = ap.parse_args(argv)
 
@@ -50,10 +80,14 @@ def main(argv=None) -> int:
     bf16 = ml_dtypes.bfloat16
     cases = [(seq, d) for seq in args.seq for d in args.dims]
     bundles = {}
-    for seq, d in cases:
-        shape = (args.batch, args.heads, seq, d)
-        bundles[seq, d] = gpu_bundle(args.kit, f"attention-{'x'.join(map(str, shape))}",
-                                     attention_step, *(np.zeros(shape, bf16) for _ in range(4)))
+    for variant in args.variants:
+        with attention_variant(variant):
+            for seq, d in cases:
+                shape = (args.batch, args.heads, seq, d)
+                name = f"attention-{'x'.join(map(str, shape))}" + \
+                    ("" if variant == "wgmma" else f"-{variant}")
+                bundles[seq, d, variant] = gpu_bundle(args.kit, name, attention_step,
+                                                      *(np.zeros(shape, bf16) for _ in range(4)))
     if args.build_only:
         print(f"compiled {', '.join(str(b) for b in bundles.values())}")
         return 0
@@ -69,31 +103,6 @@ def main(argv=None) -> int:
         shape = (args.batch, args.heads, seq, d)
         rng = np.random.default_rng(0)
         q, k, v, do = (rng.standard_normal(shape).astype(bf16) for _ in range(4))
-        engine = bundle_engine(bundles[seq, d])
-        names = list(engine._launches)
-        fwd = next(n for n in names if "_attention_" in n and "grad" not in n)
-        dkdv = next(n for n in names if n.endswith("_dkdv"))
-        dq = next(n for n in names if n.endswith("_dq"))
-        stream = engine.stream("compute")
-        dq_, dk_, dv_, dout = (engine.from_host(x) for x in (q, k, v, do))
-        out = engine.alloc(shape, bf16)
-        lse = engine.alloc(shape[:-1] + (1,), np.float32)
-        grads = [engine.alloc(shape, bf16) for _ in range(3)]
-        run_fwd = engine.prepare_launch(fwd, 5, stream)
-        fwd_args = [dq_, dk_, dv_, out, lse]
-        t_fwd = time_cuda(lambda: run_fwd(fwd_args), args.iters, cp, stream)
-        stream.synchronize()
-        o32 = bf16_to_f32(cp, out)
-        delta = (o32 * bf16_to_f32(cp, dout)).sum(-1, keepdims=True).astype(cp.float32)
-        run_kv = engine.prepare_launch(dkdv, 8, stream)
-        run_q = engine.prepare_launch(dq, 7, stream)
-        common = [dq_, dk_, dv_, dout, lse, delta]
-
-        def backward():
-            run_kv(common + [grads[1], grads[2]])
-            run_q(common + [grads[0]])
-        t_bwd = time_cuda(backward, args.iters, cp, stream)
-
         tq, tk, tv, tdo = (torch_bf16(x).requires_grad_(True) for x in (q, k, v, do))
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
             t_ref = time_cuda(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True),
@@ -102,29 +111,56 @@ def main(argv=None) -> int:
             t_ref_bwd = time_cuda(lambda: torch.autograd.grad(ref, (tq, tk, tv), tdo,
                                                               retain_graph=True),
                                   args.iters, cp)
-        ours = cp.asnumpy(o32)
         want = ref.detach().float().cpu().numpy()
-        err = float(np.abs(ours - want).max() / np.abs(want).max())
-        # Causal: half of the 4*B*H*S^2*D forward FLOPs; backward 2.5x forward.
-        flops = 2.0 * args.batch * args.heads * seq * seq * d
-        rows.append({"batch": args.batch, "heads": args.heads, "seq": seq, "d": d,
-                     "tessera_fwd_ms": t_fwd * 1e3, "torch_fwd_ms": t_ref * 1e3,
-                     "tessera_bwd_ms": t_bwd * 1e3, "torch_bwd_ms": t_ref_bwd * 1e3,
-                     "tessera_fwd_tflops": flops / t_fwd / 1e12,
-                     "torch_fwd_tflops": flops / t_ref / 1e12,
-                     "fwd_ratio": t_ref / t_fwd, "bwd_ratio": t_ref_bwd / t_bwd,
-                     "max_rel_err": err, "peer": "torch SDPA (flash backend)",
-                     "config": {n: engine._launches[n] for n in (fwd, dkdv, dq)}})
-        r = rows[-1]
-        print(f"S={seq} D={d}: forward Tessera {r['tessera_fwd_tflops']:.1f} TFLOP/s, torch "
-              f"{r['torch_fwd_tflops']:.1f} TFLOP/s, ratio {r['fwd_ratio']:.2f}; backward "
-              f"ratio {r['bwd_ratio']:.2f} (max rel err {err:.1e})")
+        for variant in args.variants:
+            engine = bundle_engine(bundles[seq, d, variant])
+            names = list(engine._launches)
+            fwd = next(n for n in names if "_attention_" in n and "grad" not in n)
+            dkdv = next(n for n in names if n.endswith("_dkdv"))
+            dq = next(n for n in names if n.endswith("_dq"))
+            stream = engine.stream("compute")
+            dq_, dk_, dv_, dout = (engine.from_host(x) for x in (q, k, v, do))
+            out = engine.alloc(shape, bf16)
+            lse = engine.alloc(shape[:-1] + (1,), np.float32)
+            grads = [engine.alloc(shape, bf16) for _ in range(3)]
+            run_fwd = engine.prepare_launch(fwd, 5, stream)
+            fwd_args = [dq_, dk_, dv_, out, lse]
+            t_fwd = time_cuda(lambda: run_fwd(fwd_args), args.iters, cp, stream)
+            stream.synchronize()
+            o32 = bf16_to_f32(cp, out)
+            delta = (o32 * bf16_to_f32(cp, dout)).sum(-1, keepdims=True).astype(cp.float32)
+            run_kv = engine.prepare_launch(dkdv, 8, stream)
+            run_q = engine.prepare_launch(dq, 7, stream)
+            common = [dq_, dk_, dv_, dout, lse, delta]
+
+            def backward():
+                run_kv(common + [grads[1], grads[2]])
+                run_q(common + [grads[0]])
+            t_bwd = time_cuda(backward, args.iters, cp, stream)
+            err = float(np.abs(cp.asnumpy(o32) - want).max() / np.abs(want).max())
+            # Causal: half of the 4*B*H*S^2*D forward FLOPs; backward 2.5x forward.
+            flops = 2.0 * args.batch * args.heads * seq * seq * d
+            rows.append({"batch": args.batch, "heads": args.heads, "seq": seq, "d": d,
+                         "variant": variant,
+                         "tessera_fwd_ms": t_fwd * 1e3, "torch_fwd_ms": t_ref * 1e3,
+                         "tessera_bwd_ms": t_bwd * 1e3, "torch_bwd_ms": t_ref_bwd * 1e3,
+                         "tessera_fwd_tflops": flops / t_fwd / 1e12,
+                         "torch_fwd_tflops": flops / t_ref / 1e12,
+                         "fwd_ratio": t_ref / t_fwd, "bwd_ratio": t_ref_bwd / t_bwd,
+                         "max_rel_err": err, "peer": "torch SDPA (flash backend)",
+                         "config": {n: engine._launches[n] for n in (fwd, dkdv, dq)}})
+            r = rows[-1]
+            print(f"S={seq} D={d} {variant}: forward Tessera {r['tessera_fwd_tflops']:.1f} "
+                  f"TFLOP/s, torch {r['torch_fwd_tflops']:.1f} TFLOP/s, ratio "
+                  f"{r['fwd_ratio']:.2f}; backward ratio {r['bwd_ratio']:.2f} "
+                  f"(max rel err {err:.1e})")
 
     write_results("attention_cuda", "Tessera flash attention vs torch SDPA (causal, bf16)",
-                  ["B", "H", "S", "D", "fwd TFLOP/s", "torch fwd TFLOP/s", "fwd ratio",
-                   "bwd ratio"], rows,
+                  ["B", "H", "S", "D", "variant", "fwd TFLOP/s", "torch fwd TFLOP/s",
+                   "fwd ratio", "bwd ratio"], rows,
                   [lambda r: str(r["batch"]), lambda r: str(r["heads"]), lambda r: str(r["seq"]),
-                   lambda r: str(r["d"]), lambda r: f"{r['tessera_fwd_tflops']:.1f}",
+                   lambda r: str(r["d"]), lambda r: r["variant"],
+                   lambda r: f"{r['tessera_fwd_tflops']:.1f}",
                    lambda r: f"{r['torch_fwd_tflops']:.1f}", lambda r: f"{r['fwd_ratio']:.2f}",
                    lambda r: f"{r['bwd_ratio']:.2f}"], cp)
     return 0

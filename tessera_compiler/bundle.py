@@ -75,12 +75,14 @@ def _dict_attrs(func_op: ir.Operation, key: str, n: int):
 
 def compiler_fingerprint() -> str:
     """A hash of the compiler's own code (passes, emitters, dialect library)
-    and its GEMM tile configurations, part of every bundle's cache key: a
-    changed compiler never reuses a bundle an older one wrote. The
-    configurations count because benchmarks and tests set them at run time
-    (the code is unchanged, the kernels are not)."""
-    from tessera_passes import lower_to_tile
-    configs = repr((lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS))
+    and its kernel configurations (GEMM tiles, attention's wgmma switch),
+    part of every bundle's cache key: a changed compiler never reuses a
+    bundle an older one wrote. The configurations count because benchmarks
+    and tests set them at run time (the code is unchanged, the kernels are
+    not)."""
+    from tessera_passes import flash_attention, lower_to_tile
+    configs = repr((lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS,
+                    flash_attention.GPU_WGMMA))
     return hashlib.sha256((_code_fingerprint() + configs).encode()).hexdigest()[:16]
 
 

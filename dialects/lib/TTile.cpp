@@ -250,9 +250,12 @@ LogicalResult DotOp::verify() {
       return emitOpError("'wgmma' needs 'warps' = [M/16, 1] in whole warpgroups (M a multiple "
                          "of 64): 'acc' is ")
              << c;
-    if (n % 64 || n > 256 || k % 64)
-      return emitOpError("'wgmma' needs N a multiple of 64 up to 256 and K a multiple of 64, "
-                         "not N = ")
+    // The instruction's shape (m64nNk16); where the operands sit (whole
+    // 128-byte swizzle atoms in shared memory, or A in registers) is the
+    // emitter's to check, since it decides where they sit.
+    if (n % 8 || n > 256 || k % 16)
+      return emitOpError("'wgmma' needs N a multiple of 8 up to 256 and K a multiple of 16 "
+                         "(m64nNk16 steps), not N = ")
              << n << ", K = " << k;
   }
   return success();

@@ -51,6 +51,10 @@ from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _t
 #: register tiles and the f32 shared-memory path still fit.
 GPU_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
+#: Whether GPU attention asks for wgmma where the tiles allow it (sm_90a;
+#: plain sm_90 builds run mma.sync either way). bench/attention_cuda.py
+#: turns it off to time the mma.sync kernels on the same GPU.
+GPU_WGMMA = True
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class AttentionConfig:
     bn: int                                  # key/value rows per loop step
     warps: int | None = None                 # warps per block (each dot splits them)
     stages: int | None = None                # key/value tiles in flight
+    wgmma: bool = False                      # dots of whole warpgroups ask for wgmma
 
     @property
     def threads(self) -> int:
@@ -110,8 +115,12 @@ class _Builder:
                        if total % w == 0 and m % (16 * w) == 0), 1)
             if n % (total // wm) == 0:
                 warps = (wm, total // wm)
+        # wgmma: each warpgroup's 64 rows in 16-row warps (the emitter keeps
+        # mma.sync where the tiles' layout does not allow it).
+        wgmma = self.cfg.wgmma and warps is not None and warps[1] == 1 and warps[0] % 4 == 0 \
+            and m == 16 * warps[0]
         return ttile.DotOp(a, b, acc, warps=ir.DenseI64ArrayAttr.get(list(warps))
-                           if warps else None).result
+                           if warps else None, wgmma=wgmma or None).result
 
     @staticmethod
     def shape(v: ir.Value) -> list[int]:
@@ -183,6 +192,11 @@ def _setup(op, cpu: bool):
     if str(elt) not in ("f64", "f32", "bf16", "f16"):
         raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
                         "(f64, f32, bf16, f16)", op.location)
+    # Hopper's wgmma where bf16 tiles are whole 128-byte swizzle atoms (head
+    # widths multiples of 64) for a warpgroup of 16-row warps.
+    if GPU_WGMMA and not cpu and str(elt) == "bf16" and cfg.warps == 4 and cfg.bm == 64 \
+            and d % 64 == 0 and dv % 64 == 0:
+        cfg = replace(cfg, wgmma=True)
     b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
     return lead, seq, d, dv, cfg, b
 

@@ -55,6 +55,12 @@ MAX_SHARED_BYTES = 227 * 1024
 _ALIGN = 16
 
 
+# The preprocessor branch of a kernel's wgmma code (sm_90a, and the
+# emulator unless told to run the plain-sm_90 branch); its #else is mma.sync.
+WGMMA_BRANCH = ("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || "
+                "(defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))")
+
+
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
@@ -122,7 +128,8 @@ class CudaKernelEmitter(KernelEmitter):
         self.threads = 1            # threads running the code being emitted
         self.producer = False       # a producer warpgroup still to place (see _producer_warpgroup)
         self.simt_reason = None     # why the last GEMM loop is not on tensor cores
-        self.wgmma_shapes: set = set()      # (N, element type) of the wgmma instructions used
+        # The wgmma instructions used: (N, element type, A in registers, B N-major).
+        self.wgmma_shapes: set = set()
         self.tensor_maps: list = []         # {"arg", "box"} of each TMA tensor map, in order
         self.uses_nvshmem = False
 
@@ -876,6 +883,10 @@ class CudaKernelEmitter(KernelEmitter):
             return None, f"{elt} operands with an {acc_elt} accumulator (tensor cores: bf16/f16 into f32)"
         if (bm // wm) % 16 or (bn // wn) % 16 or bk % 16:
             return None, (f"warp tile {bm // wm}x{bn // wn} or K step {bk} is not a multiple of 16")
+        if wgmma and (bn % 64 or bk % 64):
+            raise EmitError(f"'wgmma' on a GEMM main loop needs whole 128-byte swizzle atoms in its "
+                            f"shared-memory tiles: N and K multiples of 64, not N = {bn}, K = {bk}",
+                            dot.location)
         init = op.operands[3]
         init_op = init.owner
         if isinstance(init_op, ir.Block) or init_op.operation.name != "ttile.fill" or \
@@ -937,8 +948,7 @@ class CudaKernelEmitter(KernelEmitter):
             # wgmma is an arch-specific (sm_90a) feature: NVRTC through cupy
             # compiles for plain sm_90, which gets the mma.sync loop instead.
             # Both leave the accumulator in the same registers.
-            self.line("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || "
-                      "(defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))")
+            self.line(WGMMA_BRANCH)
             self._wgmma_main_loop(p, ring, acc, producer)
             self.line("#else")
         if producer:
@@ -1020,7 +1030,7 @@ class CudaKernelEmitter(KernelEmitter):
         n_acc = bm // p["wm"] // 16 * (bn // 8) * 4
         lag = 1 if stages >= 3 else 0
         elt = _MMA_TYPES[p["elt"]]
-        self.wgmma_shapes.add((bn, elt))
+        self.wgmma_shapes.add((bn, elt, False, True))
         self.line("{")
         self.indent += 1
         load_stage = self._gemm_ring(p, ring, a_elems, b_elems, None, None)
@@ -1035,7 +1045,7 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("tessera_wgmma_fence();")
             self.line("#pragma unroll")
             self.line(f"for (int kk = 0; kk < {bk}; kk += 16)")
-            self.line(f"  tessera_wgmma_{elt}<{bn}>(&{acc}[0][0][0], "
+            self.line(f"  tessera_wgmma_{elt}<{bn}, 1>(&{acc}[0][0][0], "
                       f"tessera_wgmma_desc(a_st + (kk >> 6) * {bm * 64} + (kk & 63), 16, 1024), "
                       f"tessera_wgmma_desc(b_st + kk * 64, {bk * 128}, 1024));")
             self.line("tessera_wgmma_commit();")
@@ -1279,8 +1289,16 @@ template <int N> __device__ __forceinline__ void tessera_wgmma_fence_operands(fl
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
-template <int N> __device__ void tessera_wgmma_bf16(float* d, uint64_t a, uint64_t b);
-template <int N> __device__ void tessera_wgmma_f16(float* d, uint64_t a, uint64_t b);
+// D (64 x N) += A x B with A K-major from a descriptor or (`rs`) from four
+// registers, B from a descriptor: MnMajorB 1 for a K x N tile (N
+// contiguous), 0 for an N x K tile (K contiguous). `wgmma_wrapper` writes
+// the instances a kernel uses.
+template <int N, int MnMajorB> __device__ void tessera_wgmma_bf16(float* d, uint64_t a, uint64_t b);
+template <int N, int MnMajorB> __device__ void tessera_wgmma_f16(float* d, uint64_t a, uint64_t b);
+template <int N, int MnMajorB>
+__device__ void tessera_wgmma_rs_bf16(float* d, const uint32_t* a, uint64_t b);
+template <int N, int MnMajorB>
+__device__ void tessera_wgmma_rs_f16(float* d, const uint32_t* a, uint64_t b);
 #endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(TESSERA_EMULATED_PTX)
 // A wgmma shared-memory matrix descriptor with the 128-byte swizzle: start
@@ -1355,21 +1373,31 @@ def _tma_load(rank: int) -> str:
 _TMA_HELPERS += "".join(_tma_load(rank) for rank in range(2, 6)) + "#endif\n"
 
 
-def wgmma_wrapper(n: int, elt: str) -> str:
-    """`tessera_wgmma_<elt><n>`: one wgmma.mma_async.m64n<n>k16 with an f32
-    accumulator of n/2 registers per thread, A K-major and B N-major from
-    shared-memory descriptors, accumulating (scale-d = 1)."""
+def wgmma_wrapper(n: int, elt: str, registers_a: bool = False, mn_major_b: bool = True) -> str:
+    """`tessera_wgmma_[rs_]<elt><n, mn_major_b>`: one wgmma.mma_async.m64n<n>k16
+    with an f32 accumulator of n/2 registers per thread, accumulating
+    (scale-d = 1); A K-major from a shared-memory descriptor or
+    (`registers_a`) from four registers per thread, B from a descriptor,
+    N-major (imm-trans-b = 1) or K-major."""
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    if registers_a:
+        name, a_param = f"tessera_wgmma_rs_{elt}", "const uint32_t* a"
+        a_operand = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+        a_inputs = ", ".join(f'"r"(a[{i}])' for i in range(4))
+        b, pred, trans = regs + 4, regs + 5, ""
+    else:
+        name, a_param, a_operand, a_inputs = f"tessera_wgmma_{elt}", "uint64_t a", f"%{regs}", '"l"(a)'
+        b, pred, trans = regs + 1, regs + 2, "0, "       # imm-trans-a: A K-major
     return (f"#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(TESSERA_EMULATED_PTX)\n"
-            f"template <> __device__ __forceinline__ void tessera_wgmma_{elt}<{n}>"
-            f"(float* d, uint64_t a, uint64_t b) {{\n"
-            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f"template <> __device__ __forceinline__ void {name}<{n}, {int(mn_major_b)}>"
+            f"(float* d, {a_param}, uint64_t b) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"\n'
             f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{elt}.{elt} "\n'
-            f'               "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 1;\\n}}\\n"\n'
+            f'               "{{{d}}}, {a_operand}, %{b}, p, 1, 1, {trans}{int(mn_major_b)};\\n}}\\n"\n'
             f"               : {outs}\n"
-            f'               : "l"(a), "l"(b), "r"(1));\n'
+            f'               : {a_inputs}, "l"(b), "r"(1));\n'
             f"}}\n#endif\n")
 
 
@@ -1414,7 +1442,7 @@ def emit_cuda_kernels(module) -> tuple[str, dict]:
             launch["signals"] = marked_args(kernel, "ttile.signals")
         launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
-    parts[1:1] = [wgmma_wrapper(n, elt) for n, elt in sorted(wgmma_shapes)]
+    parts[1:1] = [wgmma_wrapper(*shape) for shape in sorted(wgmma_shapes)]
     if nvshmem:
         # Device-initiated communication: NVSHMEM's device API (compile with
         # -rdc=true and link libnvshmem_device; see build.build_cuda_cubin).

@@ -309,15 +309,22 @@ class RegisterLoop:
 
     # -- emission ------------------------------------------------------------------
     def emit(self) -> None:
+        from .cuda_emitter import WGMMA_BRANCH
         em, op = self.em, self.op
         stages = em.stages
         self.vals: dict = {}
-        lb, ub, step = (em.scalar(v) for v in list(op.operands)[:3])
-        em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
-                f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
-                f"{'s' if stages > 1 else ''} (cp.async, ldmatrix, mma.sync.m16n8k16)")
         self.lane, self.wm0 = em.fresh("lane"), em.fresh("wm")
         self.g, self.t = f"({self.lane} >> 2)", f"({self.lane} & 3)"
+        wgmma_why = self._wgmma_reason()
+        self.wgmma = wgmma_why is None
+        instruction = ("wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and "
+                       "mma.sync.m16n8k16 on plain sm_90" if self.wgmma
+                       else "ldmatrix, mma.sync.m16n8k16")
+        em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
+                f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
+                f"{'s' if stages > 1 else ''} (cp.async, {instruction})")
+        if wgmma_why and wgmma_why != "no dot asks for wgmma":
+            em.line(f"// (mma.sync, not wgmma: {wgmma_why})")
         self.line(f"const int {self.lane} = threadIdx.x & 31;")
         self.line(f"const int {self.wm0} = (threadIdx.x >> 5) * {self.bm // self.warps};")
 
@@ -327,10 +334,73 @@ class RegisterLoop:
             kind = "col" if tile_of(arg.type)[0][1] == 1 else "frag"
             carried.append(self._declare(arg, kind))
             self._assign(arg, kind, lambda d, init=init: self._element(init, d), "f32")
+        self.carried_vals = carried
 
-        # Loop-invariant A operands, as mma A registers, or in shared memory
-        # when the loop's register tiles leave no room for them.
-        self.smem_a = self._shared_a_operands()
+        # One shared-memory region holds either branch's staging ring and
+        # shared A operands.
+        ring_bytes = max(self._ring_layout(w)[1] for w in ((False, True) if self.wgmma else (False,)))
+        ring = em._smem(ring_bytes, align=1024 if self.wgmma else 16)
+        outer = dict(self.vals)
+        if self.wgmma:
+            self.line(WGMMA_BRANCH)
+            self._emit_loop(ring, wgmma=True)
+            self.line("#else")
+            self.vals = dict(outer)
+        self._emit_loop(ring, wgmma=False)
+        if self.wgmma:
+            self.line("#endif")
+        self.vals = outer
+        self._results(carried)
+
+    def _wgmma_reason(self) -> str | None:
+        """Why the loop's dots run on mma.sync rather than the wgmma they ask
+        for (None: wgmma)."""
+        dots = [o for o in self.body if o.name == "ttile.dot"]
+        asking = [o for o in dots if "wgmma" in o.attributes]
+        if not asking:
+            return "no dot asks for wgmma"
+        if len(asking) != len(dots):
+            return "only some of the loop's dots ask for wgmma (its tiles have one layout)"
+        if self.warps % 4 or self.mt != 1:
+            return (f"{self.warps} warps of {self.bm // self.warps} rows are not warpgroups of "
+                    "16-row warps")
+        for load in self.loads:
+            rows, cols = tile_of(load.results[0].type)[0]
+            if cols % 64 or rows % 8:
+                return (f"a staged {rows}x{cols} tile is not whole 128-byte swizzle atoms "
+                        "(8 rows by 64 columns)")
+        for o in dots:
+            n = tile_of(o.operands[1].type)[0][1]
+            if n > 256:
+                return f"a dot's N = {n} is over wgmma's 256"
+        return None
+
+    def _ring_layout(self, wgmma: bool) -> tuple[list, int]:
+        """[(row pitch or None, elements per slot)] per staged load, and the
+        bytes of the ring plus the shared A operands. mma.sync rows are padded
+        by 16 bytes so ldmatrix's eight row addresses hit distinct banks;
+        wgmma's are 128-byte swizzled (pitch None), 1024-byte atoms."""
+        layout, nbytes = [], 0
+        for load in self.loads:
+            rows, cols = tile_of(load.results[0].type)[0]
+            ld = None if wgmma else cols + 8
+            layout.append((ld, rows * (ld or cols)))
+            nbytes += self.em.stages * layout[-1][1] * 2
+        for a in self._shared_a_operands(wgmma):
+            nbytes += self.bm * (tile_of(a.type)[0][1] + (0 if wgmma else 8)) * 2
+        return layout, nbytes
+
+    def _emit_loop(self, ring: int, wgmma: bool) -> None:
+        """The staging ring from byte `ring` and the loop, its dots on wgmma
+        or on mma.sync."""
+        em, op = self.em, self.op
+        stages = em.stages
+        self.in_wgmma = wgmma
+        lb, _, step = (em.scalar(v) for v in list(op.operands)[:3])
+        layout, _ = self._ring_layout(wgmma)
+        self.line("{")
+        em.indent += 1
+        self.smem_a = self._shared_a_operands(wgmma)
         regs_of = {}
         for a in self.invariant_a:
             if a in self.smem_a:
@@ -358,19 +428,6 @@ class RegisterLoop:
                 self.line(f"      {name}[mi][kk][r] = tessera_pack_bf16(p[0], p[1]);")
             self.line("    }")
         self.regs_of = regs_of
-
-        # The staging ring: one bf16 buffer per load and stage, rows padded
-        # by 16 bytes so ldmatrix's eight row addresses hit distinct banks.
-        layout, offset = [], 0
-        for load in self.loads:
-            rows, cols = tile_of(load.results[0].type)[0]
-            layout.append((cols + 8, rows * (cols + 8)))
-            offset += stages * rows * (cols + 8) * 2
-        a_at = {}
-        for a in self.smem_a:
-            a_at[a] = offset
-            offset += self.bm * (tile_of(a.type)[0][1] + 8) * 2
-        ring = em._smem(offset)
         self.stage_ptr = []
         base = ring
         for i, (ld, elems) in enumerate(layout):
@@ -378,15 +435,14 @@ class RegisterLoop:
             base += stages * elems * 2
         for i, (load, (name, _, _, _)) in enumerate(zip(self.loads, self.stage_ptr)):
             self.vals[load.results[0]] = _Val("stage", name, stage=i)
-        self.line("{")
-        em.indent += 1
         for name, at, _, _ in self.stage_ptr:
             self.line(f"uint16_t* const {name}_ring = reinterpret_cast<uint16_t*>(tessera_smem + {at});")
         for a in self.smem_a:
             name, k = em.fresh("sa"), tile_of(a.type)[0][1]
-            self.smem_a[a] = (name, k + 8)
-            self.line(f"uint16_t* const {name} = reinterpret_cast<uint16_t*>(tessera_smem + {ring + a_at[a]});")
-            em._cp_async_tile(name, a.owner.operation, self.bm, k, k + 8)
+            self.smem_a[a] = (name, None if wgmma else k + 8)
+            self.line(f"uint16_t* const {name} = reinterpret_cast<uint16_t*>(tessera_smem + {base});")
+            em._cp_async_tile(name, a.owner.operation, self.bm, k, self.smem_a[a][1])
+            base += self.bm * (k if wgmma else k + 8) * 2
         if self.smem_a:
             # Their own commit group, older than the ring's first: the loop's
             # first wait and barrier cover it.
@@ -405,25 +461,32 @@ class RegisterLoop:
                 self.line(f"const uint16_t* const {name} = {name}_ring + ({slot}) * {elems};")
             for o in self.body:
                 if o.name == "scf.yield":
-                    self._yield(o, carried)
+                    self._yield(o, self.carried_vals)
                 else:
                     self._emit(o)
 
-        em._staged_loop(self.iv, list(op.operands)[:3], load, body)
+        # cp.async writes through the generic proxy and wgmma reads through
+        # the async proxy: each thread fences its landed copies before the
+        # barrier.
+        em._staged_loop(self.iv, list(op.operands)[:3], load, body,
+                        ready="tessera_fence_proxy_async();" if wgmma else None)
         em.indent -= 1
         self.line("}")
-        self._results(carried)
 
     #: Registers per thread that the loop's carried tiles and its invariant
     #: A operands may take before the A operands move to shared memory
     #: (sm_90 allows 255; the loop's temporaries need the rest).
     REGISTER_BUDGET = 160
 
-    def _shared_a_operands(self) -> dict:
-        """The invariant A operands to keep in shared memory (as keys): the
-        largest first, while the carried tiles and the A operands held in
-        registers exceed REGISTER_BUDGET. Only 16-byte-aligned bf16 loads
-        read directly from global memory qualify (copied by cp.async)."""
+    def _shared_a_operands(self, wgmma: bool) -> dict:
+        """The invariant A operands to keep in shared memory (as keys). Only
+        16-byte-aligned bf16 loads read directly from global memory qualify
+        (copied by cp.async; for wgmma, whole 64-column swizzle panels).
+        wgmma reads A from shared memory as cheaply as from registers, so
+        there every one that qualifies goes; mma.sync
+        reads it with ldmatrix per k step, so there the largest go first,
+        only while the carried tiles and the A operands held in registers
+        exceed REGISTER_BUDGET."""
         from .cuda_emitter import _multiple_of
         carried = sum(self.mt * (tile_of(a.type)[0][1] // 8) * 4 if tile_of(a.type)[0][1] > 1
                       else self.mt * 2 for a in self.carried)
@@ -431,11 +494,12 @@ class RegisterLoop:
         total = carried + sum(regs.values())
         shared = {}
         for a in sorted(self.invariant_a, key=lambda a: -regs[a]):
-            if total <= self.REGISTER_BUDGET:
+            if total <= self.REGISTER_BUDGET and not wgmma:
                 break
             load = a.owner.operation if not isinstance(a.owner, ir.Block) else None
             if a not in self.direct or list(ir.MemRefType(load.operands[0].type).shape)[-1] % 8 \
-                    or not _multiple_of(list(load.operands)[-1], 8):
+                    or not _multiple_of(list(load.operands)[-1], 8) \
+                    or (wgmma and tile_of(a.type)[0][1] % 64):     # whole swizzle panels
                 continue
             shared[a] = None
             total -= regs[a]
@@ -525,6 +589,9 @@ class RegisterLoop:
         self.line("  }")
 
     def _dot(self, o) -> None:
+        if self.in_wgmma:
+            self._wgmma_dot(o)
+            return
         a, b, acc = list(o.operands)[:3]
         (_, k), (_, n) = tile_of(a.type)[0], tile_of(b.type)[0]
         bval = self.vals[b]
@@ -560,6 +627,67 @@ class RegisterLoop:
         self.em._load_b_fragments(name, ld, "16 * kk", "0", self.lane, n // 8, transposed=trans)
         self.em._mma_tiles("tessera_mma_bf16", r.name, self.mt, n // 8)
         self.em.indent -= 1
+        self.line("}")
+
+    def _wgmma_dot(self, o) -> None:
+        """The dot on wgmma.mma_async.m64nNk16, one instruction per k step for
+        the warpgroup's 64 rows: A from registers (the invariant operand's,
+        or a computed tile packed to bf16 pairs, which are exactly the
+        accumulator's two adjacent n8 tiles) or from its swizzled
+        shared-memory copy, B from the staged tile through a descriptor:
+        N-major when the tile is k x n, K-major when the dot reads its
+        transpose. The group is waited for at once: the next op reads the
+        result."""
+        em = self.em
+        a, b, acc = list(o.operands)[:3]
+        (_, k), (_, n) = tile_of(a.type)[0], tile_of(b.type)[0]
+        bval = self.vals[b]
+        k_major = bval.kind == "stage_t"
+        stage = bval.src if k_major else bval
+        name = self.stage_ptr[stage.stage][0]
+        rows = tile_of(self.loads[stage.stage].results[0].type)[0][0]
+        r = self._declare(o.results[0], "frag")
+        self._assign(o.results[0], "frag", lambda d: self._element(acc, d), "f32")
+        in_registers = a not in self.smem_a
+        em.wgmma_shapes.add((n, "bf16", in_registers, not k_major))
+        source = ("its swizzled shared-memory copy" if not in_registers else
+                  "loop-invariant registers" if a in self.regs_of else "registers")
+        self.line(f"// ttile.dot {self.bm}x{n}x{k} on wgmma: A from {source}, B "
+                  f"{'K-major (the staged tile read transposed)' if k_major else 'N-major'}")
+        self.line("{")
+        em.indent += 1
+        if in_registers and a not in self.regs_of:
+            x = self.vals[a].name
+            self.line(f"uint32_t ra[{k // 16}][4];")
+            self.line("#pragma unroll")
+            self.line(f"for (int kk = 0; kk < {k // 16}; ++kk)")
+            self.line("#pragma unroll")
+            self.line("  for (int r = 0; r < 4; ++r) {")
+            self.line(f"    const float* p = {x}[0][2 * kk + (r >> 1)] + 2 * (r & 1);")
+            self.line("    ra[kk][r] = tessera_pack_bf16(p[0], p[1]);")
+            self.line("  }")
+        if k_major:          # an n x k tile: k steps within a 64-column panel, then the next panel
+            b_desc = (f"tessera_wgmma_desc({name} + ((16 * kk) >> 6) * {rows * 64} + ((16 * kk) & 63), "
+                      "16, 1024)")
+        else:                # a k x n tile: 16 rows per k step, n across panels `rows` rows long
+            b_desc = f"tessera_wgmma_desc({name} + kk * {16 * 64}, {rows * 128}, 1024)"
+        if not in_registers:
+            sa = self.smem_a[a][0]
+            a_arg = (f"tessera_wgmma_desc({sa} + ((16 * kk) >> 6) * {self.bm * 64} + "
+                     f"(threadIdx.x >> 7) * {64 * 64} + ((16 * kk) & 63), 16, 1024)")
+            call = f"tessera_wgmma_bf16<{n}, {int(not k_major)}>"
+        else:
+            a_arg = f"{self.regs_of[a]}[0][kk]" if a in self.regs_of else "ra[kk]"
+            call = f"tessera_wgmma_rs_bf16<{n}, {int(not k_major)}>"
+        self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
+        self.line("tessera_wgmma_fence();")
+        self.line("#pragma unroll")
+        self.line(f"for (int kk = 0; kk < {k // 16}; ++kk)")
+        self.line(f"  {call}(&{r.name}[0][0][0], {a_arg}, {b_desc});")
+        self.line("tessera_wgmma_commit();")
+        self.line("tessera_wgmma_wait<0>();")
+        self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
+        em.indent -= 1
         self.line("}")
 
     def _yield(self, o, carried: list[_Val]) -> None:

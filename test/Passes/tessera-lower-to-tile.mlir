@@ -348,7 +348,8 @@ func.func private @csum(%a: tensor<64x8xf32>) -> tensor<1x8xf32> attributes {tsc
 // Causal attention becomes one flash-attention kernel per (batch, 64 query
 // rows): keys and values stream through an scf.for that stops at the
 // diagonal block and carries the online softmax (row max, denominator,
-// output). Block sizes, warps and stages are in the IR.
+// output). Block sizes, warps and stages are in the IR; the dots ask for
+// wgmma (64-row warpgroups over 64-wide bf16 tiles).
 // CHECK-LABEL: func.func @attention
 // CHECK: tsched.launch @att on %{{.*}} ins(%arg0, %arg1, %arg2 : {{.*}}) outs(%{{.*}}, %{{.*}} : memref<2x128x64xbf16>, memref<2x128x1xf32>)
 // CHECK: ttile.kernel @att(%[[Q:.*]]: memref<2x128x64xbf16>, %[[K:.*]]: memref<2x128x64xbf16>, %[[V:.*]]: memref<2x128x64xbf16>, %[[O:.*]]: memref<2x128x64xbf16>, %[[L:.*]]: memref<2x128x1xf32>)
@@ -359,7 +360,7 @@ func.func private @csum(%a: tensor<64x8xf32>) -> tensor<1x8xf32> attributes {tsc
 // CHECK: %[[RES:.*]]:3 = scf.for %[[COL:.*]] = %{{.*}} to %[[END]] step %{{.*}} iter_args(%[[M:.*]] = %{{.*}}, %[[SUM:.*]] = %{{.*}}, %[[ACC:.*]] = %{{.*}}) -> (!ttile.tile<64x1xf32>, !ttile.tile<64x1xf32>, !ttile.tile<64x64xf32>)
 // CHECK: %[[KT:.*]] = ttile.load %[[K]][%{{.*}}, %[[COL]], %{{.*}}]
 // CHECK: %[[KTT:.*]] = ttile.transpose %[[KT]]
-// CHECK: ttile.dot %[[QT]], %[[KTT]], %{{.*}} {warps = array<i64: 4, 1>} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+// CHECK: ttile.dot %[[QT]], %[[KTT]], %{{.*}} {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
 // CHECK: ttile.iota %[[ROW]] dim 0
 // CHECK: ttile.iota %[[COL]] dim 1
 // CHECK: ttile.compare {{.*}}<ge>

@@ -127,7 +127,7 @@ ttile.kernel @gemm(%a: memref<128x96xbf16>, %b: memref<96x128xbf16>, %bias: memr
 // of 4 stages ahead, so one wgmma group stays in flight (wait<1>). Builds
 // for plain sm_90 (no arch-specific features) get the mma.sync loop; both
 // leave the accumulator in the same registers for the epilogue.
-// CHECK: template <> __device__ __forceinline__ void tessera_wgmma_bf16<256>(float* d, uint64_t a, uint64_t b) {
+// CHECK: template <> __device__ __forceinline__ void tessera_wgmma_bf16<256, 1>(float* d, uint64_t a, uint64_t b) {
 // CHECK: "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
 // CHECK: "{%0, %1, {{.*}}, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
 // CHECK-LABEL: // ttile.kernel @wgmma_gemm
@@ -143,7 +143,7 @@ ttile.kernel @gemm(%a: memref<128x96xbf16>, %b: memref<96x128xbf16>, %bias: memr
 // CHECK-NEXT: __syncthreads();
 // CHECK-NEXT: if (it + 2 < n_it)
 // CHECK: tessera_wgmma_fence();
-// CHECK: tessera_wgmma_bf16<256>(&[[ACC]][0][0][0], tessera_wgmma_desc(a_st + (kk >> 6) * 8192 + (kk & 63), 16, 1024), tessera_wgmma_desc(b_st + kk * 64, 8192, 1024));
+// CHECK: tessera_wgmma_bf16<256, 1>(&[[ACC]][0][0][0], tessera_wgmma_desc(a_st + (kk >> 6) * 8192 + (kk & 63), 16, 1024), tessera_wgmma_desc(b_st + kk * 64, 8192, 1024));
 // CHECK-NEXT: tessera_wgmma_commit();
 // CHECK-NEXT: tessera_wgmma_wait<1>();
 // CHECK: tessera_wgmma_wait<0>();
@@ -333,6 +333,109 @@ ttile.kernel @tma_elementwise(%a: memref<64x64xbf16>, %c: memref<64x64xbf16>)
   // expected-error @+1 {{a ttile.load {tma} is emitted only as an operand of a wgmma GEMM loop (acc = dot(load, load, acc) with both loads tma)}}
   %t = ttile.load %a[%c0, %c0] {tma} : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
   ttile.store %t, %c[%c0, %c0] : !ttile.tile<64x64xbf16>, memref<64x64xbf16>
+  ttile.return
+}
+
+// -----
+
+// wgmma with N = 32 on a GEMM main loop: its swizzled tiles need whole
+// 64-column atoms (the verifier allows any N the instruction has).
+ttile.kernel @wgmma_narrow_gemm(%a: memref<64x64xbf16>, %b: memref<64x32xbf16>, %c: memref<64x32xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 3 : i64} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x32xf32>
+  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x32xf32>) {
+    %ta = ttile.load %a[%c0, %k] : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
+    %tb = ttile.load %b[%k, %c0] : memref<64x32xbf16> -> !ttile.tile<64x32xbf16>
+    // expected-error @+1 {{'wgmma' on a GEMM main loop needs whole 128-byte swizzle atoms in its shared-memory tiles: N and K multiples of 64, not N = 32, K = 64}}
+    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x32xbf16> -> !ttile.tile<64x32xf32>
+    scf.yield %d : !ttile.tile<64x32xf32>
+  }
+  ttile.store %acc, %c[%c0, %c0] : !ttile.tile<64x32xf32>, memref<64x32xf32>
+  ttile.return
+}
+
+// -----
+
+// A loop with its tiles in registers (flash attention's shape: S = Q K^T,
+// then acc += bf16(S) V) whose dots ask for wgmma. On sm_90a: the staged
+// key and value tiles land 128-byte swizzled, each thread fences its
+// copies for the async proxy before the barrier; the invariant Q is
+// copied once, swizzled, and read by descriptor; S's B is the key tile
+// read K-major (its transpose), the second dot's A is S packed to bf16 in
+// registers and its B the value tile N-major. Each dot waits for its
+// group. Plain sm_90 gets the mma.sync loop over padded tiles.
+// CHECK: template <> __device__ __forceinline__ void tessera_wgmma_bf16<32, 0>(float* d, uint64_t a, uint64_t b) {
+// CHECK: "{%0, %1, {{.*}}, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+// CHECK: template <> __device__ __forceinline__ void tessera_wgmma_rs_bf16<128, 1>(float* d, const uint32_t* a, uint64_t b) {
+// CHECK: "{%0, %1, {{.*}}, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+// CHECK-LABEL: // ttile.kernel @wgmma_register_loop
+// CHECK: // scf.for with its tiles in registers: 4 warps x 16 rows, 2 tile(s) staged through 2 shared-memory buffers (cp.async, wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and mma.sync.m16n8k16 on plain sm_90)
+// CHECK: #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))
+// CHECK: tessera_cp_async16([[QS:sa[0-9]+]] + ((c >> 6) * 64 + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3), arg0
+// CHECK: tessera_cp_async_wait<0>();
+// CHECK-NEXT: tessera_fence_proxy_async();
+// CHECK-NEXT: __syncthreads();
+// CHECK: // ttile.dot 64x32x128 on wgmma: A from its swizzled shared-memory copy, B K-major (the staged tile read transposed)
+// CHECK: tessera_wgmma_fence();
+// CHECK: tessera_wgmma_bf16<32, 0>(&{{rv[0-9]+}}[0][0][0], tessera_wgmma_desc([[QS]] + ((16 * kk) >> 6) * 4096 + (threadIdx.x >> 7) * 4096 + ((16 * kk) & 63), 16, 1024), tessera_wgmma_desc({{st0_[0-9]+}} + ((16 * kk) >> 6) * 2048 + ((16 * kk) & 63), 16, 1024));
+// CHECK-NEXT: tessera_wgmma_commit();
+// CHECK-NEXT: tessera_wgmma_wait<0>();
+// CHECK: // ttile.dot 64x128x32 on wgmma: A from registers, B N-major
+// CHECK: ra[kk][r] = tessera_pack_bf16(p[0], p[1]);
+// CHECK: tessera_wgmma_rs_bf16<128, 1>(&{{rv[0-9]+}}[0][0][0], ra[kk], tessera_wgmma_desc({{st1_[0-9]+}} + kk * 1024, 4096, 1024));
+// CHECK: #else
+// CHECK-NOT: tessera_wgmma
+// CHECK: tessera_mma_bf16(
+// CHECK: #endif
+ttile.kernel @wgmma_register_loop(%q: memref<64x128xbf16>, %k: memref<256x128xbf16>, %v: memref<256x128xbf16>, %o: memref<64x128xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %c256 = arith.constant 256 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<64x128xbf16> -> !ttile.tile<64x128xbf16>
+  %zero = ttile.fill 0.0 : !ttile.tile<64x32xf32>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x128xf32>
+  %acc = scf.for %j = %c0 to %c256 step %c32 iter_args(%it = %acc0) -> (!ttile.tile<64x128xf32>) {
+    %tk = ttile.load %k[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
+    %tv = ttile.load %v[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<32x128xbf16> to !ttile.tile<128x32xbf16>
+    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x128xbf16>, !ttile.tile<128x32xbf16> -> !ttile.tile<64x32xf32>
+    %p = ttile.cast %s : !ttile.tile<64x32xf32> to !ttile.tile<64x32xbf16>
+    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x32xbf16>, !ttile.tile<32x128xbf16> -> !ttile.tile<64x128xf32>
+    scf.yield %d : !ttile.tile<64x128xf32>
+  }
+  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x128xf32>, memref<64x128xf32>
+  ttile.return
+}
+
+// -----
+
+// The same loop over 96-wide tiles (not whole swizzle atoms) stays on
+// mma.sync, and the emitter says why.
+// CHECK-LABEL: // ttile.kernel @wgmma_register_loop_narrow
+// CHECK: // (mma.sync, not wgmma: a staged 32x96 tile is not whole 128-byte swizzle atoms (8 rows by 64 columns))
+// CHECK-NOT: tessera_wgmma
+// CHECK: tessera_mma_bf16(
+ttile.kernel @wgmma_register_loop_narrow(%q: memref<64x96xbf16>, %k: memref<256x96xbf16>, %v: memref<256x96xbf16>, %o: memref<64x96xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %c256 = arith.constant 256 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<64x96xbf16> -> !ttile.tile<64x96xbf16>
+  %zero = ttile.fill 0.0 : !ttile.tile<64x32xf32>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x96xf32>
+  %acc = scf.for %j = %c0 to %c256 step %c32 iter_args(%it = %acc0) -> (!ttile.tile<64x96xf32>) {
+    %tk = ttile.load %k[%j, %c0] : memref<256x96xbf16> -> !ttile.tile<32x96xbf16>
+    %tv = ttile.load %v[%j, %c0] : memref<256x96xbf16> -> !ttile.tile<32x96xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<32x96xbf16> to !ttile.tile<96x32xbf16>
+    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x96xbf16>, !ttile.tile<96x32xbf16> -> !ttile.tile<64x32xf32>
+    %p = ttile.cast %s : !ttile.tile<64x32xf32> to !ttile.tile<64x32xbf16>
+    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x32xbf16>, !ttile.tile<32x96xbf16> -> !ttile.tile<64x96xf32>
+    scf.yield %d : !ttile.tile<64x96xf32>
+  }
+  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x96xf32>, memref<64x96xf32>
   ttile.return
 }
 

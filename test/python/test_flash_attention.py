@@ -103,19 +103,26 @@ def test_attention_lowering_errors_name_the_line():
                                                    np.zeros((4, 8), np.float64))
 
 
-@pytest.mark.parametrize("dtype,d,causal,seq", [("fp32", 32, True, 128), ("bf16", 32, True, 128),
-                                                 ("bf16", 96, True, 128), ("bf16", 128, True, 128),
-                                                 ("bf16", 64, False, 192)],
-                         ids=["fp32-32", "bf16-32", "bf16-96", "bf16-128", "bf16-64-full-3blocks"])
-def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, monkeypatch):
+@pytest.mark.parametrize("dtype,d,causal,seq,arch", [
+    ("fp32", 32, True, 128, "sm_90a"), ("bf16", 32, True, 128, "sm_90a"),
+    ("bf16", 96, True, 128, "sm_90a"), ("bf16", 128, True, 128, "sm_90a"),
+    ("bf16", 128, True, 128, "sm_90"), ("bf16", 64, False, 192, "sm_90a")],
+    ids=["fp32-32", "bf16-32", "bf16-96", "bf16-128-wgmma", "bf16-128-plain-sm90",
+         "bf16-64-full-3blocks-wgmma"])
+def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, arch, monkeypatch):
     """The GPU target's attention kernels (forward, dK/dV, dQ), generated as
     CUDA and run by the CPU emulator, against float64. In bf16 every dot
     runs on tensor cores (64x64 blocks at D <= 64; 64x32 blocks at D=96
     and 128, 32x64 for dK/dV), and the loops keep their tiles in registers
-    (register_loop.py), dK/dV's key block in shared memory at D=128 (its
-    accumulators take the registers); three key blocks per query block run
-    the cp.async ring through a full cycle."""
+    (register_loop.py); three key blocks per query block run the cp.async
+    ring through a full cycle. At head widths that are whole 128-byte
+    swizzle atoms (64, 128) every dot is a wgmma on sm_90a (B from the
+    swizzled ring, N-major or K-major; A from registers or, when invariant,
+    from shared memory), and mma.sync on plain sm_90 (where dK/dV's key
+    block is in shared memory at D=128: its accumulators take the
+    registers)."""
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TESSERA_EMULATE_ARCH", arch)
     rng = np.random.default_rng()
     q, k, v, R = _inputs((2, 1, seq, d), d, np.float32, rng)
 
@@ -133,6 +140,10 @@ def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, monkeypatc
         assert "on tensor cores (mma.sync.m16n8k16) from shared memory" not in attention
         assert attention.count("A from shared memory (ldmatrix)") == (1 if d == 128 else 0)
         assert "on CUDA cores" not in attention
+        # forward 2 dots, dK/dV 4, dQ 3; the invariant A operands (Q; K, V; Q, dO) from shared memory
+        assert attention.count(" on wgmma: A from") == (9 if d % 64 == 0 else 0)
+        assert attention.count("on wgmma: A from its swizzled shared-memory copy") == \
+            (5 if d % 64 == 0 else 0)
     ops = (q, k, v) if dtype == "fp32" else tuple(t.astype(BF16) for t in (q, k, v))
     tol = 2e-4 if dtype == "fp32" else 0.03
     for name, g, want in zip(("out", "dq", "dk", "dv"), got,
@@ -141,11 +152,13 @@ def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, monkeypatc
         assert err < tol, (name, err)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_bf16_attention_kernels_compile_for_sm90_without_spills(d):
+def test_bf16_attention_kernels_compile_for_sm90_without_spills(d, arch):
     """The benchmark's shapes (causal, bf16, D=64 and 128) compiled by nvcc
-    for sm_90a: every attention kernel builds, and none spills registers
-    (ptxas -v), so the register-resident loops fit the register file."""
+    for sm_90a (every dot a wgmma) and plain sm_90 (mma.sync): every
+    attention kernel builds, and none spills registers (ptxas -v), so the
+    register-resident loops fit the register file."""
     from tessera_compiler.codegen.build import kernel_resources, nvcc
     if nvcc() is None:
         pytest.skip("nvcc is not installed on this machine")
@@ -159,6 +172,7 @@ def test_bf16_attention_kernels_compile_for_sm90_without_spills(d):
     source = ts.jit(step).lower(q, q, q, q, target="gpu").cuda
     attention = source[source.index("_attention_"):]
     assert attention.count("scf.for with its tiles in registers") == 3
-    reports = {k: r for k, r in kernel_resources(source).items() if "_attention_" in k}
+    assert attention.count(" on wgmma: A from") == 9        # sm_90a's branch of the 3 loops
+    reports = {k: r for k, r in kernel_resources(source, arch).items() if "_attention_" in k}
     assert len(reports) == 3, reports
     assert all(r["spill_stores"] == 0 for r in reports.values()), reports

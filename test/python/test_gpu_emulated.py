@@ -60,7 +60,7 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     gemm = [name for name in launches if "matmul" in name]
     assert len(gemm) == 1, launches
     assert f"block tile {bm}x{bn}x{bk}" in source and "tessera_mma_bf16(" in source
-    assert (f"tessera_wgmma_bf16<{bn}>(" in source) == (len(config) > 5)
+    assert (f"tessera_wgmma_bf16<{bn}, 1>(" in source) == (len(config) > 5)
     cfg = launches[gemm[0]]
     out = np.zeros((batch, m, n), BF16)
     EmulatedKernels(source).launch(gemm[0], [x, w, b.reshape(1, 1, n).copy(), r, out],
@@ -103,6 +103,12 @@ def _emulate_in_child(source, name, cfg, x, w, tmp_path):
     """`_emulate` in a forked process, for kernels the emulator may stop (it
     aborts on a broken mbarrier protocol rather than hang): (the output, or
     None if the process died, and what it wrote to stderr)."""
+    return _in_child(lambda: _emulate(source, name, cfg, x, w), tmp_path)
+
+
+def _in_child(run, tmp_path):
+    """The array `run()` returns, computed in a forked process (None if the
+    process died), and what the process wrote to stderr."""
     import faulthandler
     import multiprocessing
     import os
@@ -111,7 +117,7 @@ def _emulate_in_child(source, name, cfg, x, w, tmp_path):
     def child():
         faulthandler.disable()      # the abort is expected: no Python traceback dump
         os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-        np.save(result, _emulate(source, name, cfg, x, w))
+        np.save(result, run())
     process = multiprocessing.get_context("fork").Process(target=child)
     process.start()
     process.join(300)
@@ -239,6 +245,17 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
     assert blocks == [[384], [256]]
 
 
+def test_compiler_fingerprint_counts_the_attention_wgmma_switch(monkeypatch):
+    """The attention benchmark times its mma.sync kernels by turning
+    flash_attention.GPU_WGMMA off at run time: that must key a different
+    bundle, not reuse the wgmma one."""
+    import tessera_passes.flash_attention as flash_attention
+    from tessera_compiler.bundle import compiler_fingerprint
+    with_wgmma = compiler_fingerprint()
+    monkeypatch.setattr(flash_attention, "GPU_WGMMA", False)
+    assert compiler_fingerprint() != with_wgmma
+
+
 def test_emulator_catches_a_wrong_fragment_layout():
     """The emulator is a real check: swapping two accumulator rows in the
     generated code's fragment mapping gives wrong results."""
@@ -260,6 +277,40 @@ def test_emulator_catches_a_wrong_fragment_layout():
     ref = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(outs[0], ref, rtol=0.02, atol=0.05)
     assert np.abs(outs[1] - ref).max() > 1.0
+
+
+def test_emulator_catches_wgmma_a_registers_changed_before_the_wait(tmp_path):
+    """wgmma with A in registers reads them asynchronously: they must hold
+    their values until the wait. The emulator gathers the operand at issue
+    and checks, when the operation completes, that the thread's registers
+    still hold it. The causal attention forward (wgmma: P from registers
+    times V) is right as generated; changing P's registers between the
+    issue and the wait stops the kernel, naming the cause."""
+    rng = np.random.default_rng()
+    seq, d = 128, 64
+    q, k, v = (rng.standard_normal((1, seq, d)).astype(BF16) for _ in range(3))
+    trace = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, k, v,
+                           target="gpu")
+    with ir.Context():
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+    (name, cfg), = launches.items()
+    issue = next(line for line in source.splitlines() if "ra[kk], tessera_wgmma_desc(" in line)
+    assert "tessera_wgmma_rs_bf16<64, 1>(" in issue       # P (registers) x V (N-major)
+    broken = source.replace(issue, issue + "\n        ra[0][0] ^= 1u;")
+
+    def forward(src):
+        out, lse = np.zeros((1, seq, d), BF16), np.zeros((1, seq, 1), np.float32)
+        EmulatedKernels(src).launch(name, [q, k, v, out, lse], cfg["grid"], cfg["block"],
+                                    cfg["shared_bytes"])
+        return out.astype(np.float64)
+    q64, k64, v64 = (t.astype(np.float64)[0] for t in (q, k, v))
+    s = np.where(np.tri(seq, dtype=bool), q64 @ k64.T / np.sqrt(d), -np.inf)
+    p = np.exp(s - s.max(1, keepdims=True))
+    ref = (p / p.sum(1, keepdims=True)) @ v64
+    np.testing.assert_allclose(forward(source)[0], ref, rtol=0.03, atol=0.03)
+    out, stderr = _in_child(lambda: forward(broken), tmp_path)
+    assert out is None, "the emulator ran a wgmma whose A registers changed before its wait"
+    assert "changed the A registers of a wgmma before waiting for it" in stderr, stderr
 
 
 def test_softmax_and_layernorm_kernels_emulated(monkeypatch):

@@ -201,13 +201,14 @@ static void mma(float* d, const uint32_t* a, const uint32_t* b, bool bf16) {
 inline void tessera_mma_bf16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, true); }
 inline void tessera_mma_f16(float* d, const uint32_t* a, const uint32_t* b) { mma(d, a, b, false); }
 
-// wgmma.mma_async.m64nNk16.f32 with A K-major and B N-major in shared
-// memory. A matrix descriptor holds the start address, leading and stride
-// byte offsets (LBO, SBO; bits 0-13, 16-29, 32-45, each >> 4), the base
-// offset (49-51) and the swizzle mode (62-63). The 128-byte swizzle's
-// canonical layouts, in bf16 elements with T = 8:
-//   K-major:  ((8,m),(T,2k)):((8T,SBO),(1,T))        (A: row r, column k)
-//   MN-major: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))   (B: column n, row k)
+// wgmma.mma_async.m64nNk16.f32: A K-major in shared memory or in
+// registers, B in shared memory, N-major (a K x N tile, `mn_major`) or
+// K-major (an N x K tile). A matrix descriptor holds the start address,
+// leading and stride byte offsets (LBO, SBO; bits 0-13, 16-29, 32-45, each
+// >> 4), the base offset (49-51) and the swizzle mode (62-63). The 128-byte
+// swizzle's canonical layouts, in bf16 elements with T = 8:
+//   K-major:  ((8,m),(T,2k)):((8T,SBO),(1,T))        (row mn, column k)
+//   MN-major: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))   (column mn, row k)
 // after which address bits 4-6 are XORed with bits 7-9 (Swizzle<3,4,3>).
 inline uint32_t tessera_shared_address(const void* p) {
   return uint32_t(static_cast<const unsigned char*>(p) - tessera_smem);
@@ -229,33 +230,69 @@ static float wgmma_element(uint64_t desc, int mn, int k, bool mn_major, bool bf1
 
 // D (64 x N, f32) += A (64 x 16) x B (16 x N) for the warpgroup: thread t of
 // the group holds, for n-block j, d[4j + q] at row 16(t/32) + (t%32)/4 + 8(q/2),
-// column 8j + 2(t%4) + q%2 (the mma.sync accumulator layout, per warp).
-struct Wgmma { float* d; uint64_t a, b; int n; bool bf16; };
+// column 8j + 2(t%4) + q%2 (the mma.sync accumulator layout, per warp). With
+// A in registers, warp w holds rows 16w..16w+15 as mma.sync's A fragment;
+// the thread's rows (g, g + 8) are gathered from its quad at issue, and its
+// own registers must still hold them when the operation completes.
+struct Wgmma {
+  float* d; uint64_t a, b; int n; bool bf16, mn_major_b;
+  const uint32_t* a_regs; uint32_t a_issued[4]; float a_rows[2][16];
+};
 static thread_local AsyncGroups<Wgmma> wgmma_async;
 static void run_wgmma(Wgmma& op) {
   const int t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
+  if (op.a_regs && std::memcmp(op.a_regs, op.a_issued, sizeof op.a_issued)) {
+    std::fprintf(stderr, "wgmma emulation: thread %u changed the A registers of a wgmma before "
+                 "waiting for it\n", threadIdx.x);
+    std::abort();
+  }
   for (int j = 0; j < op.n / 8; ++j)
     for (int q = 0; q < 4; ++q) {
       const int row = row0 + 8 * (q >> 1), col = 8 * j + col0 + (q & 1);
       float s = op.d[4 * j + q];
       for (int k = 0; k < 16; ++k)
-        s += wgmma_element(op.a, row, k, false, op.bf16) * wgmma_element(op.b, col, k, true, op.bf16);
+        s += (op.a_regs ? op.a_rows[q >> 1][k] : wgmma_element(op.a, row, k, false, op.bf16))
+             * wgmma_element(op.b, col, k, op.mn_major_b, op.bf16);
       op.d[4 * j + q] = s;
     }
 }
-static void issue_wgmma(const Wgmma& op) {
+static void issue_wgmma(Wgmma op) {
   if (blockDim.x % 128) {
     std::fprintf(stderr, "wgmma emulation: a block of %u threads is not whole warpgroups\n",
                  blockDim.x);
     std::abort();
   }
+  if (op.a_regs) {
+    Warp& w = *my_warp;
+    for (int i = 0; i < 4; ++i) w.a[lane_id][i] = op.a_issued[i] = op.a_regs[i];
+    w.bar.arrive_and_wait();
+    const int g = lane_id / 4;
+    for (int l = 4 * g; l < 4 * g + 4; ++l) {
+      const int t = l % 4;
+      for (int h = 0; h < 2; ++h) {
+        op.a_rows[0][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][0] >> (16 * h)), op.bf16);
+        op.a_rows[1][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][1] >> (16 * h)), op.bf16);
+        op.a_rows[0][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][2] >> (16 * h)), op.bf16);
+        op.a_rows[1][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][3] >> (16 * h)), op.bf16);
+      }
+    }
+    w.bar.arrive_and_wait();
+  }
   wgmma_async.open.push_back(op);
 }
-template <int N> inline void tessera_wgmma_bf16(float* d, uint64_t a, uint64_t b) {
-  issue_wgmma({d, a, b, N, true});
+template <int N, int MnMajorB> inline void tessera_wgmma_bf16(float* d, uint64_t a, uint64_t b) {
+  issue_wgmma({d, a, b, N, true, MnMajorB != 0, nullptr, {}, {}});
 }
-template <int N> inline void tessera_wgmma_f16(float* d, uint64_t a, uint64_t b) {
-  issue_wgmma({d, a, b, N, false});
+template <int N, int MnMajorB> inline void tessera_wgmma_f16(float* d, uint64_t a, uint64_t b) {
+  issue_wgmma({d, a, b, N, false, MnMajorB != 0, nullptr, {}, {}});
+}
+template <int N, int MnMajorB>
+inline void tessera_wgmma_rs_bf16(float* d, const uint32_t* a, uint64_t b) {
+  issue_wgmma({d, 0, b, N, true, MnMajorB != 0, a, {}, {}});
+}
+template <int N, int MnMajorB>
+inline void tessera_wgmma_rs_f16(float* d, const uint32_t* a, uint64_t b) {
+  issue_wgmma({d, 0, b, N, false, MnMajorB != 0, a, {}, {}});
 }
 inline void tessera_wgmma_fence() {}
 inline void tessera_fence_proxy_async() {}

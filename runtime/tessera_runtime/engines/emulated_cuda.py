@@ -7,6 +7,9 @@ dynamic shared memory). It exists to test the GPU code path (generated
 kernels, launch configurations, tensor-core fragment layouts) on machines
 without a GPU; it is slow (one OS thread per CUDA thread). Select it with
 `TESSERA_CUDA_EMULATE=1` or `load_bundle(path, engine="cuda-emulated")`.
+It emulates an sm_90a GPU (wgmma, TMA, setmaxnreg); with
+`TESSERA_EMULATE_ARCH=sm_90` it runs the branch kernels take on plain
+sm_90 instead (mma.sync where sm_90a has wgmma: what NVRTC builds).
 
 Kernels calling NVSHMEM run too (`cuda_emulator`'s NVSHMEM shim): the PEs
 are the job's MPI ranks and the symmetric heap is a file in /dev/shm that
@@ -30,6 +33,8 @@ from .cpu import CPUEngine
 from .cuda_emulator import EmulatedKernels
 
 _ALIGN = 256
+# What the emulator defines to run kernels as each architecture.
+_ARCH_DEFINES = {"sm_90a": (), "sm_90": ("TESSERA_EMULATE_NO_WGMMA",)}
 
 
 def _mpi_world():
@@ -95,7 +100,11 @@ class EmulatedCUDAEngine(CPUEngine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"CUDA kernel source not found: {path}")
-        self._emulated = EmulatedKernels(path.read_text())
+        arch = os.environ.get("TESSERA_EMULATE_ARCH", "sm_90a")
+        if arch not in _ARCH_DEFINES:
+            raise EngineError(f"TESSERA_EMULATE_ARCH={arch!r}: the emulator runs kernels as "
+                              f"{' or '.join(_ARCH_DEFINES)}")
+        self._emulated = EmulatedKernels(path.read_text(), _ARCH_DEFINES[arch])
         self._launches = dict(launches or {})
         self.kernel_library = path
 

@@ -298,9 +298,9 @@ func.func @f(%a: !ttile.tile<64x64xbf16>, %b: !ttile.tile<64x64xbf16>, %c: !ttil
 
 // -----
 
-func.func @f(%a: !ttile.tile<64x32xbf16>, %b: !ttile.tile<32x64xbf16>, %c: !ttile.tile<64x64xf32>) {
-  // expected-error @below {{'ttile.dot' op 'wgmma' needs N a multiple of 64 up to 256 and K a multiple of 64, not N = 64, K = 32}}
-  %0 = ttile.dot %a, %b, %c {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x32xbf16>, !ttile.tile<32x64xbf16> -> !ttile.tile<64x64xf32>
+func.func @f(%a: !ttile.tile<64x8xbf16>, %b: !ttile.tile<8x64xbf16>, %c: !ttile.tile<64x64xf32>) {
+  // expected-error @below {{'ttile.dot' op 'wgmma' needs N a multiple of 8 up to 256 and K a multiple of 16 (m64nNk16 steps), not N = 64, K = 8}}
+  %0 = ttile.dot %a, %b, %c {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x8xbf16>, !ttile.tile<8x64xbf16> -> !ttile.tile<64x64xf32>
   return
 }
 

@@ -178,13 +178,17 @@ def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
     and warp blocks that are multiples of 16 x 16 (K a multiple of 16), the
     GPU emitter runs the dot on tensor cores (`mma.sync.m16n8k16`).
 
-    `wgmma` asks for Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a) with
-    both operands read from 128-byte-swizzled shared memory: each group of
-    four warps computes 64 rows of the accumulator over all its columns, so
-    `warps` must be `[WM, 1]` with WM a multiple of 4 and M = 16 * WM; N must
-    be a multiple of 64 up to 256 and K a multiple of 64 (whole swizzle
-    atoms). The accumulator's register layout is that of `mma.sync` with the
-    same `warps`, so code after the dot does not depend on the instruction.
+    `wgmma` asks for Hopper's warpgroup MMA (`wgmma.mma_async.m64nNk16`,
+    sm_90a): each group of four warps computes 64 rows of the accumulator
+    over all its columns, so `warps` must be `[WM, 1]` with WM a multiple of
+    4 and M = 16 * WM, N a multiple of 8 up to 256 and K a multiple of 16.
+    B, and A unless it is a register tile, are read from 128-byte-swizzled
+    shared memory, which the CUDA emitter lays out: a GEMM main loop needs N
+    and K multiples of 64 (whole swizzle atoms), a loop with its tiles in
+    registers every staged tile's columns (elsewhere the dot runs on
+    `mma.sync`). The accumulator's register layout is that of `mma.sync`
+    with the same `warps`, so code after the dot does not depend on the
+    instruction.
 
     ```mlir
     %c = ttile.dot %a, %b, %acc : !ttile.tile<16x32xf32>, !ttile.tile<32x16xf32> -> !ttile.tile<16x16xf32>
