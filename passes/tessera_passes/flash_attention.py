@@ -5,7 +5,8 @@ Forward, one kernel instance per (batch x head, block of BM query rows):
 the query tile stays put while BN-row key/value tiles stream past it in an
 `scf.for`. Three loop-carried tiles hold the online softmax: the running
 row maximum `m`, the running denominator `l` and the unnormalized output
-`acc`; each step rescales them by `exp(m_old - m_new)`. The `[S, S]` score
+`acc`; each step rescales them by `exp(m_old - m_new)` (in base 2: see
+`LOG2E`). The `[S, S]` score
 matrix never exists: only one `BM x BN` block of it, in the kernel. Causal
 attention stops the loop at the diagonal block (the upper triangle is never
 computed) and masks inside it. The kernel writes `out = acc / l` and the
@@ -55,6 +56,11 @@ CPU_BLOCK = 64
 #: plain sm_90 builds run mma.sync either way). bench/attention_cuda.py
 #: turns it off to time the mma.sync kernels on the same GPU.
 GPU_WGMMA = True
+
+# The softmax runs in base 2 (exp2, which the GPU computes directly): scores
+# and the running maximum are kept multiplied by log2(e), the log-sum-exp
+# the backward reads is natural (m ln 2 + log l).
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 
 
 @dataclass(frozen=True)
@@ -137,12 +143,11 @@ class _Builder:
         return ttile.CastOp(_tile_type(self.shape(v), self.elt), v).result
 
     def scores(self, q, k, row, col, transposed: bool = False) -> ir.Value:
-        """scale * q k^T ([queries, keys]) for query rows from `row` and keys
-        from `col`, or its transpose scale * k q^T ([keys, queries]), with
+        """q k^T ([queries, keys], not yet scaled) for query rows from `row`
+        and keys from `col`, or its transpose k q^T ([keys, queries]), with
         keys after the query masked to -inf when causal."""
         s = self.dot(k, self.transpose(q)) if transposed else self.dot(q, self.transpose(k))
         shape = self.shape(s)
-        s = ttile.MulOp(s, self.fill(shape, self.scale)).result
         if self.causal:
             i32 = ir.IntegerType.get_signless(32)
             query_dim, key_dim = (1, 0) if transposed else (0, 1)
@@ -152,6 +157,14 @@ class _Builder:
                                    ir.Attribute.parse("#tgraph.compare<ge>")).result
             s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
         return s
+
+    def exp_scaled(self, s: ir.Value, offset: ir.Value) -> ir.Value:
+        """exp(scale * s - offset) for scores `s` and a tile `offset` in base-2
+        units (offset / ln 2): exp2(s * scale log2(e) - offset), where the
+        scale and the conversion to base 2 are one multiply (one FMA with
+        the subtraction) and 2^x is the special-function unit's own."""
+        scaled = ttile.MulOp(s, self.fill(self.shape(s), self.scale * LOG2E)).result
+        return ttile.Exp2Op(ttile.SubOp(scaled, offset).result).result
 
     def broadcast(self, column: ir.Value, shape) -> ir.Value:
         """A [m, 1] column or [1, n] row repeated to `shape`."""
@@ -222,15 +235,23 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
             k = b.load(k_buf, at, col, [bn, d])
             v = b.load(v_buf, at, col, [bn, dv])
             s = b.scores(q, k, row, col)
-            m_new = ttile.MaxOp(m, b.row_reduce(s, "max")).result
-            p = ttile.ExpOp(ttile.SubOp(s, b.broadcast(m_new, [bm, bn])).result).result
-            alpha = ttile.ExpOp(ttile.SubOp(m, m_new).result).result
+            # The running maximum m is of scale * s in base-2 units: the row
+            # maximum of the raw scores times scale log2(e) (> 0: it commutes
+            # with max), so each score costs one FMA before its 2^x.
+            if b.scale > 0:
+                m_block = ttile.MulOp(b.row_reduce(s, "max"), b.fill([bm, 1], b.scale * LOG2E)).result
+            else:
+                m_block = b.row_reduce(ttile.MulOp(s, b.fill([bm, bn], b.scale * LOG2E)).result, "max")
+            m_new = ttile.MaxOp(m, m_block).result
+            p = b.exp_scaled(s, b.broadcast(m_new, [bm, bn]))
+            alpha = ttile.Exp2Op(ttile.SubOp(m, m_new).result).result
             l_new = ttile.AddOp(ttile.MulOp(l, alpha).result, b.row_reduce(p, "sum")).result
             scaled = ttile.MulOp(acc, b.broadcast(alpha, [bm, dv])).result
             scf.YieldOp([m_new, l_new, b.dot(b.operand(p), v, scaled)])
         m, l, acc = loop.results
         b.store(ttile.DivOp(acc, b.broadcast(l, [bm, dv])).result, o_buf, at, row)
-        b.store(ttile.AddOp(m, ttile.LogOp(l).result).result, lse_buf, at, row)
+        m_natural = ttile.MulOp(m, b.fill([bm, 1], LN2)).result
+        b.store(ttile.AddOp(m_natural, ttile.LogOp(l).result).result, lse_buf, at, row)
         ttile.ReturnOp()
     return kernel
 
@@ -240,7 +261,11 @@ def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
     `transposed`: (P^T, dS^T) of a transposed block S^T ([keys, queries]),
     with `lse` and `delta` as rows: dS^T = P^T (V dO^T - delta^T)."""
     shape = b.shape(s)
-    p = ttile.ExpOp(ttile.SubOp(s, b.broadcast(lse, shape)).result).result
+    if b.shape(lse)[1] == 1:            # a column: converted once per row
+        lse2 = b.broadcast(ttile.MulOp(lse, b.fill(b.shape(lse), LOG2E)).result, shape)
+    else:                               # a row (the transposed block's): in the FMA
+        lse2 = ttile.MulOp(b.broadcast(lse, shape), b.fill(shape, LOG2E)).result
+    p = b.exp_scaled(s, lse2)
     dp = b.dot(v, b.transpose(do)) if transposed else b.dot(do, b.transpose(v))
     ds = ttile.MulOp(p, ttile.SubOp(dp, b.broadcast(delta, shape)).result).result
     return p, ds

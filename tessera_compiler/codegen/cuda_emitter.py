@@ -234,6 +234,8 @@ class CudaKernelEmitter(KernelEmitter):
         # kernels need (softmax exponents are <= 0 and small).
         if fn == "exp" and ct == "float":
             return f"tessera_ex2(({arg}) * 1.4426950408889634f)"
+        if fn == "exp2" and ct == "float":
+            return f"tessera_ex2({arg})"
         return super()._fast(ct, fn, arg)
 
     def element_loop(self, e: str, n) -> str:

@@ -85,6 +85,7 @@ _ELEMENTWISE_EXPRESSIONS = {
     "ttile.sqrt": lambda em, op, ct, a: em._math("sqrt", a),
     "ttile.rsqrt": lambda em, op, ct, a: f"({ct})1 / {em._math('sqrt', a)}",
     "ttile.exp": lambda em, op, ct, a: em._fast(ct, "exp", a),
+    "ttile.exp2": lambda em, op, ct, a: em._fast(ct, "exp2", a),
     "ttile.tanh": lambda em, op, ct, a: em._fast(ct, "tanh", a),
     "ttile.select": lambda em, op, ct, c, a, b: f"({c} ? {a} : {b})",
     "ttile.compare": lambda em, op, ct, a, b: f"({a} {_COMPARE[enum_of(op)]} {b})",
@@ -326,6 +327,8 @@ class KernelEmitter:
     def _fast(self, ct: str, fn: str, arg: str) -> str:
         """The vectorizable float version on the CPU, libm otherwise."""
         if not self.cuda and ct == "float":
+            if fn == "exp2":            # tessera_exp reduces by powers of 2 itself
+                return f"tessera_exp(({arg}) * 0.69314718055994531f)"
             return f"tessera_{fn}({arg})"
         return self._math(fn, arg)
 

@@ -13,9 +13,10 @@
 // tessera_dot from the prelude)
 // CHECK: [[D:t[0-9]+]][e] = [[IT:t[0-9]+]][e];
 // CHECK-NEXT: tessera_dot({{t[0-9]+}}, {{t[0-9]+}}, [[D]], 4, 2, 4);
-// relu, add, mul, max, exp, reduce
+// relu, add, mul, max, exp, exp2 (the vectorizable exp of x ln 2), reduce
 // CHECK: > 0 ? {{.*}} : 0)
 // CHECK: tessera_exp(
+// CHECK: tessera_exp(({{.*}}) * 0.69314718055994531f)
 // CHECK: for (int64_t q = 1; q < 4; ++q)
 // CHECK: arg3[
 tgraph.mesh @unused axes = ["x"] shape = [1]
@@ -37,7 +38,8 @@ ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x
   %s = ttile.add %r0, %acc : !ttile.tile<4x4xf32>
   %m = ttile.mul %s, %s : !ttile.tile<4x4xf32>
   %x = ttile.max %m, %s : !ttile.tile<4x4xf32>
-  %e = ttile.exp %x : !ttile.tile<4x4xf32>
+  %ex = ttile.exp %x : !ttile.tile<4x4xf32>
+  %e = ttile.exp2 %ex : !ttile.tile<4x4xf32>
   ttile.barrier
   ttile.store %e, %c[%row, %c0] : !ttile.tile<4x4xf32>, memref<8x4xf32>
   %red = ttile.reduce %e {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x4xf32> -> !ttile.tile<4x1xf32>

@@ -48,6 +48,8 @@ ttile.kernel @matmul(%a: memref<8x16xf32>, %b: memref<16x32xf32>, %bias: memref<
   %r = ttile.relu %x : !ttile.tile<4x16xf32>
   // CHECK: %[[EXP:.*]] = ttile.exp %[[RELU]] : !ttile.tile<4x16xf32>
   %e = ttile.exp %r : !ttile.tile<4x16xf32>
+  // CHECK: ttile.exp2 %[[EXP]] : !ttile.tile<4x16xf32>
+  %e2 = ttile.exp2 %e : !ttile.tile<4x16xf32>
   // CHECK: ttile.reduce %[[EXP]] {dim = 1 : i64, kind = #tgraph.reduction<sum>} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
   %sum = ttile.reduce %e {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x16xf32> -> !ttile.tile<4x1xf32>
   // CHECK: ttile.reduce %[[EXP]] {dim = 0 : i64, kind = #tgraph.reduction<max>} : !ttile.tile<4x16xf32> -> !ttile.tile<1x16xf32>

@@ -227,6 +227,10 @@ class TTile_UnaryOp<string mnemonic, string what>
 }
 def TTile_ReluOp : TTile_UnaryOp<"relu", "max(x, 0)">;
 def TTile_ExpOp : TTile_UnaryOp<"exp", "exp(x)">;
+// 2^x is what the special-function unit computes: exp(x) costs a multiply
+// by log2(e) more, which a kernel can fold into a scale it applies anyway
+// (flash attention's softmax).
+def TTile_Exp2Op : TTile_UnaryOp<"exp2", "2^x">;
 def TTile_NegOp : TTile_UnaryOp<"neg", "-x">;
 def TTile_LogOp : TTile_UnaryOp<"log", "log(x)">;
 def TTile_TanhOp : TTile_UnaryOp<"tanh", "tanh(x)">;
