@@ -238,10 +238,11 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
             # The running maximum m is of scale * s in base-2 units: the row
             # maximum of the raw scores times scale log2(e) (> 0: it commutes
             # with max), so each score costs one FMA before its 2^x.
+            to_base2 = b.scale * LOG2E
             if b.scale > 0:
-                m_block = ttile.MulOp(b.row_reduce(s, "max"), b.fill([bm, 1], b.scale * LOG2E)).result
+                m_block = ttile.MulOp(b.row_reduce(s, "max"), b.fill([bm, 1], to_base2)).result
             else:
-                m_block = b.row_reduce(ttile.MulOp(s, b.fill([bm, bn], b.scale * LOG2E)).result, "max")
+                m_block = b.row_reduce(ttile.MulOp(s, b.fill([bm, bn], to_base2)).result, "max")
             m_new = ttile.MaxOp(m, m_block).result
             p = b.exp_scaled(s, b.broadcast(m_new, [bm, bn]))
             alpha = ttile.Exp2Op(ttile.SubOp(m, m_new).result).result

@@ -338,7 +338,8 @@ class RegisterLoop:
 
         # One shared-memory region holds either branch's staging ring and
         # shared A operands.
-        ring_bytes = max(self._ring_layout(w)[1] for w in ((False, True) if self.wgmma else (False,)))
+        branches = (False, True) if self.wgmma else (False,)
+        ring_bytes = max(self._ring_layout(wgmma)[1] for wgmma in branches)
         ring = em._smem(ring_bytes, align=1024 if self.wgmma else 16)
         outer = dict(self.vals)
         if self.wgmma:
