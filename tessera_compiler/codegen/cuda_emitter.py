@@ -61,6 +61,18 @@ WGMMA_BRANCH = ("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || "
                 "(defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))")
 
 
+def swizzled_desc(tile: str, rows: int, k: str, k_major: bool) -> str:
+    """The wgmma descriptor of the k step starting at element `k` (a multiple
+    of 16) of a `rows`-row tile stored 128-byte swizzled (`_cp_async_tile`
+    with no pitch: 64-column panels of `rows` 128-byte rows). K-major: the
+    tile's rows are M or N and its columns K, so a step is 16 columns within
+    a panel (SBO: 8 rows, 1024 bytes). N-major: its rows are K, so a step is
+    16 rows (LBO: the panel stride, SBO: 8 rows)."""
+    if k_major:
+        return f"tessera_wgmma_desc({tile} + ({k} >> 6) * {rows * 64} + ({k} & 63), 16, 1024)"
+    return f"tessera_wgmma_desc({tile} + {k} * 64, {rows * 128}, 1024)"
+
+
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
@@ -1048,8 +1060,8 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("#pragma unroll")
             self.line(f"for (int kk = 0; kk < {bk}; kk += 16)")
             self.line(f"  tessera_wgmma_{elt}<{bn}, 1>(&{acc}[0][0][0], "
-                      f"tessera_wgmma_desc(a_st + (kk >> 6) * {bm * 64} + (kk & 63), 16, 1024), "
-                      f"tessera_wgmma_desc(b_st + kk * 64, {bk * 128}, 1024));")
+                      f"{swizzled_desc('a_st', bm, 'kk', True)}, "
+                      f"{swizzled_desc('b_st', bk, 'kk', False)});")
             self.line("tessera_wgmma_commit();")
             self.line(f"tessera_wgmma_wait<{lag}>();")
 

@@ -315,15 +315,16 @@ class RegisterLoop:
         self.vals: dict = {}
         self.lane, self.wm0 = em.fresh("lane"), em.fresh("wm")
         self.g, self.t = f"({self.lane} >> 2)", f"({self.lane} & 3)"
-        wgmma_why = self._wgmma_reason()
-        self.wgmma = wgmma_why is None
+        asks = any("wgmma" in o.attributes for o in self.body if o.name == "ttile.dot")
+        wgmma_why = self._wgmma_reason() if asks else None
+        self.wgmma = asks and wgmma_why is None
         instruction = ("wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and "
                        "mma.sync.m16n8k16 on plain sm_90" if self.wgmma
                        else "ldmatrix, mma.sync.m16n8k16")
         em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
                 f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
                 f"{'s' if stages > 1 else ''} (cp.async, {instruction})")
-        if wgmma_why and wgmma_why != "no dot asks for wgmma":
+        if wgmma_why:
             em.line(f"// (mma.sync, not wgmma: {wgmma_why})")
         self.line(f"const int {self.lane} = threadIdx.x & 31;")
         self.line(f"const int {self.wm0} = (threadIdx.x >> 5) * {self.bm // self.warps};")
@@ -354,13 +355,10 @@ class RegisterLoop:
         self._results(carried)
 
     def _wgmma_reason(self) -> str | None:
-        """Why the loop's dots run on mma.sync rather than the wgmma they ask
-        for (None: wgmma)."""
+        """Why the loop's dots, some of which ask for wgmma, run on mma.sync
+        (None: wgmma)."""
         dots = [o for o in self.body if o.name == "ttile.dot"]
-        asking = [o for o in dots if "wgmma" in o.attributes]
-        if not asking:
-            return "no dot asks for wgmma"
-        if len(asking) != len(dots):
+        if not all("wgmma" in o.attributes for o in dots):
             return "only some of the loop's dots ask for wgmma (its tiles have one layout)"
         if self.warps % 4 or self.mt != 1:
             return (f"{self.warps} warps of {self.bm // self.warps} rows are not warpgroups of "
@@ -657,6 +655,7 @@ class RegisterLoop:
                   f"{'K-major (the staged tile read transposed)' if k_major else 'N-major'}")
         self.line("{")
         em.indent += 1
+        from .cuda_emitter import swizzled_desc
         if in_registers and a not in self.regs_of:
             x = self.vals[a].name
             self.line(f"uint32_t ra[{k // 16}][4];")
@@ -667,23 +666,19 @@ class RegisterLoop:
             self.line(f"    const float* p = {x}[0][2 * kk + (r >> 1)] + 2 * (r & 1);")
             self.line("    ra[kk][r] = tessera_pack_bf16(p[0], p[1]);")
             self.line("  }")
-        if k_major:          # an n x k tile: k steps within a 64-column panel, then the next panel
-            b_desc = (f"tessera_wgmma_desc({name} + ((16 * kk) >> 6) * {rows * 64} + ((16 * kk) & 63), "
-                      "16, 1024)")
-        else:                # a k x n tile: 16 rows per k step, n across panels `rows` rows long
-            b_desc = f"tessera_wgmma_desc({name} + kk * {16 * 64}, {rows * 128}, 1024)"
-        if not in_registers:
-            sa = self.smem_a[a][0]
-            a_arg = (f"tessera_wgmma_desc({sa} + ((16 * kk) >> 6) * {self.bm * 64} + "
-                     f"(threadIdx.x >> 7) * {64 * 64} + ((16 * kk) & 63), 16, 1024)")
+        # kk counts elements of K; a staged n x k tile is B K-major, k x n N-major.
+        b_desc = swizzled_desc(name, rows, "kk", k_major)
+        if not in_registers:        # the warpgroup's 64 rows of the copy
+            tile = f"{self.smem_a[a][0]} + (threadIdx.x >> 7) * {64 * 64}"
+            a_arg = swizzled_desc(tile, self.bm, "kk", True)
             call = f"tessera_wgmma_bf16<{n}, {int(not k_major)}>"
         else:
-            a_arg = f"{self.regs_of[a]}[0][kk]" if a in self.regs_of else "ra[kk]"
+            a_arg = f"{self.regs_of[a]}[0][kk / 16]" if a in self.regs_of else "ra[kk / 16]"
             call = f"tessera_wgmma_rs_bf16<{n}, {int(not k_major)}>"
         self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
         self.line("tessera_wgmma_fence();")
         self.line("#pragma unroll")
-        self.line(f"for (int kk = 0; kk < {k // 16}; ++kk)")
+        self.line(f"for (int kk = 0; kk < {k}; kk += 16)")
         self.line(f"  {call}(&{r.name}[0][0][0], {a_arg}, {b_desc});")
         self.line("tessera_wgmma_commit();")
         self.line("tessera_wgmma_wait<0>();")

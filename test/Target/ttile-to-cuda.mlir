@@ -382,12 +382,14 @@ ttile.kernel @wgmma_narrow_gemm(%a: memref<64x64xbf16>, %b: memref<64x32xbf16>, 
 // CHECK-NEXT: __syncthreads();
 // CHECK: // ttile.dot 64x32x128 on wgmma: A from its swizzled shared-memory copy, B K-major (the staged tile read transposed)
 // CHECK: tessera_wgmma_fence();
-// CHECK: tessera_wgmma_bf16<32, 0>(&{{rv[0-9]+}}[0][0][0], tessera_wgmma_desc([[QS]] + ((16 * kk) >> 6) * 4096 + (threadIdx.x >> 7) * 4096 + ((16 * kk) & 63), 16, 1024), tessera_wgmma_desc({{st0_[0-9]+}} + ((16 * kk) >> 6) * 2048 + ((16 * kk) & 63), 16, 1024));
+// CHECK: for (int kk = 0; kk < 128; kk += 16)
+// CHECK-NEXT: tessera_wgmma_bf16<32, 0>(&{{rv[0-9]+}}[0][0][0], tessera_wgmma_desc([[QS]] + (threadIdx.x >> 7) * 4096 + (kk >> 6) * 4096 + (kk & 63), 16, 1024), tessera_wgmma_desc({{st0_[0-9]+}} + (kk >> 6) * 2048 + (kk & 63), 16, 1024));
 // CHECK-NEXT: tessera_wgmma_commit();
 // CHECK-NEXT: tessera_wgmma_wait<0>();
 // CHECK: // ttile.dot 64x128x32 on wgmma: A from registers, B N-major
 // CHECK: ra[kk][r] = tessera_pack_bf16(p[0], p[1]);
-// CHECK: tessera_wgmma_rs_bf16<128, 1>(&{{rv[0-9]+}}[0][0][0], ra[kk], tessera_wgmma_desc({{st1_[0-9]+}} + kk * 1024, 4096, 1024));
+// CHECK: for (int kk = 0; kk < 32; kk += 16)
+// CHECK-NEXT: tessera_wgmma_rs_bf16<128, 1>(&{{rv[0-9]+}}[0][0][0], ra[kk / 16], tessera_wgmma_desc({{st1_[0-9]+}} + kk * 64, 4096, 1024));
 // CHECK: #else
 // CHECK-NOT: tessera_wgmma
 // CHECK: tessera_mma_bf16(

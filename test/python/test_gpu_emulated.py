@@ -294,7 +294,7 @@ def test_emulator_catches_wgmma_a_registers_changed_before_the_wait(tmp_path):
     with ir.Context():
         source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
     (name, cfg), = launches.items()
-    issue = next(line for line in source.splitlines() if "ra[kk], tessera_wgmma_desc(" in line)
+    issue = next(line for line in source.splitlines() if "ra[kk / 16], tessera_wgmma_desc(" in line)
     assert "tessera_wgmma_rs_bf16<64, 1>(" in issue       # P (registers) x V (N-major)
     broken = source.replace(issue, issue + "\n        ra[0][0] ^= 1u;")
 

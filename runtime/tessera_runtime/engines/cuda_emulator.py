@@ -172,12 +172,8 @@ static inline float half_bits_to_float(uint16_t h, bool bf16) {
 // mma.sync.m16n8k16.row.col.f32: with g = lane/4, t = lane%4, lane holds
 // A regs {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, B regs
 // {(k 2t.., n g), (k 2t+8.., n g)}, and C/D {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
-static void mma(float* d, const uint32_t* a, const uint32_t* b, bool bf16) {
-  Warp& w = *my_warp;
-  for (int i = 0; i < 4; ++i) w.a[lane_id][i] = a[i];
-  for (int i = 0; i < 2; ++i) w.b[lane_id][i] = b[i];
-  w.bar.arrive_and_wait();
-  float A[16][16], B[16][8];
+// The 16 x 16 A operand whose fragments the warp's lanes put in `w.a`.
+static void warp_a_tile(const Warp& w, bool bf16, float A[16][16]) {
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int h = 0; h < 2; ++h) {
@@ -185,6 +181,19 @@ static void mma(float* d, const uint32_t* a, const uint32_t* b, bool bf16) {
       A[g + 8][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][1] >> (16 * h)), bf16);
       A[g][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][2] >> (16 * h)), bf16);
       A[g + 8][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][3] >> (16 * h)), bf16);
+    }
+  }
+}
+static void mma(float* d, const uint32_t* a, const uint32_t* b, bool bf16) {
+  Warp& w = *my_warp;
+  for (int i = 0; i < 4; ++i) w.a[lane_id][i] = a[i];
+  for (int i = 0; i < 2; ++i) w.b[lane_id][i] = b[i];
+  w.bar.arrive_and_wait();
+  float A[16][16], B[16][8];
+  warp_a_tile(w, bf16, A);
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int h = 0; h < 2; ++h) {
       B[2 * t + h][g] = half_bits_to_float(uint16_t(w.b[l][0] >> (16 * h)), bf16);
       B[2 * t + 8 + h][g] = half_bits_to_float(uint16_t(w.b[l][1] >> (16 * h)), bf16);
     }
@@ -266,17 +275,11 @@ static void issue_wgmma(Wgmma op) {
     Warp& w = *my_warp;
     for (int i = 0; i < 4; ++i) w.a[lane_id][i] = op.a_issued[i] = op.a_regs[i];
     w.bar.arrive_and_wait();
-    const int g = lane_id / 4;
-    for (int l = 4 * g; l < 4 * g + 4; ++l) {
-      const int t = l % 4;
-      for (int h = 0; h < 2; ++h) {
-        op.a_rows[0][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][0] >> (16 * h)), op.bf16);
-        op.a_rows[1][2 * t + h] = half_bits_to_float(uint16_t(w.a[l][1] >> (16 * h)), op.bf16);
-        op.a_rows[0][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][2] >> (16 * h)), op.bf16);
-        op.a_rows[1][2 * t + 8 + h] = half_bits_to_float(uint16_t(w.a[l][3] >> (16 * h)), op.bf16);
-      }
-    }
+    float A[16][16];
+    warp_a_tile(w, op.bf16, A);
     w.bar.arrive_and_wait();
+    std::memcpy(op.a_rows[0], A[lane_id / 4], sizeof op.a_rows[0]);
+    std::memcpy(op.a_rows[1], A[lane_id / 4 + 8], sizeof op.a_rows[1]);
   }
   wgmma_async.open.push_back(op);
 }
