@@ -5,6 +5,7 @@ run on the same GPU: forward, and backward (dQ, dK, dV).
     python bench/attention_cuda.py                        # B=4 H=16 S=4096 D=64, 128
     python bench/attention_cuda.py --seq 2048 8192 --dims 64 --iters 20
     python bench/attention_cuda.py --variants mma.sync     # without wgmma
+    python bench/attention_cuda.py --variants wgmma wgmma:64x128   # forward blocks 64x128 too
     python bench/attention_cuda.py --kit gpu_kit --build-only   # compile here (no GPU)
     PYTHONPATH=runtime python bench/attention_cuda.py --kit gpu_kit   # run there
 
@@ -18,7 +19,11 @@ and writes bench/results/attention_cuda-<date>.{json,md}.
 Variants of Tessera's kernels: `wgmma` (the default: on sm_90a every dot
 of the three loops is a wgmma.mma_async, B from the 128-byte-swizzled
 cp.async ring) and `mma.sync` (the same loops on mma.sync.m16n8k16 with
-ldmatrix: what plain sm_90 runs).
+ldmatrix: what plain sm_90 runs); either with `:BMxBN` times forward
+blocks of BM query rows and BN keys per step in place of the compiler's
+(flash_attention.GPU_FORWARD_BLOCKS), at every head width. By default the
+bench times the compiler's kernels on both, and the wgmma forward at 64x32
+and 64x128 around its 64x64: the GPU's answer picks the defaults.
 """
 
 from __future__ import annotations
@@ -43,25 +48,53 @@ def attention_step(q, k, v, do):
     return (op.attention(q, k, v, causal=True),) + tuple(ts.grad(loss(q, k, v), [q, k, v]))
 
 
-VARIANTS = ("wgmma", "mma.sync")
+DOTS = ("wgmma", "mma.sync")
+DEFAULT_VARIANTS = ["wgmma", "mma.sync", "wgmma:64x32", "wgmma:64x128"]
+
+
+def variant_spec(text: str) -> tuple[str, tuple[int, int] | None]:
+    """`wgmma`, `mma.sync`, or either with `:BMxBN` forward blocks."""
+    dots, _, blocks = text.partition(":")
+    if dots not in DOTS:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: dots are one of {', '.join(DOTS)}")
+    if not blocks:
+        return dots, None
+    try:
+        bm, bn = (int(n) for n in blocks.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: blocks are BMxBN, e.g. 64x128")
+    if bm % 16 or bn % 16 or not 16 <= bm <= 64 or bn < 16:
+        raise argparse.ArgumentTypeError(
+            f"variant {text!r}: BM is 16, 32, 48 or 64 (4 warps of 16 rows at most), BN a "
+            "multiple of 16")
+    return dots, (bm, bn)
+
+
+def variant_name(spec) -> str:
+    dots, blocks = spec
+    return dots + (f":{blocks[0]}x{blocks[1]}" if blocks else "")
 
 
 @contextlib.contextmanager
-def attention_variant(variant: str):
-    """Attention compiled inside runs its dots as `variant` says (where the
-    compiler is installed; on a GPU machine without it the bundles come
-    from the kit)."""
+def attention_variant(spec):
+    """Attention compiled inside runs its dots and forward blocks as `spec`
+    (from variant_spec) says (where the compiler is installed; on a GPU
+    machine without it the bundles come from the kit)."""
     try:
         import tessera_passes.flash_attention as flash_attention
     except ImportError:
         yield
         return
-    saved = flash_attention.GPU_WGMMA
-    flash_attention.GPU_WGMMA = variant == "wgmma"
+    dots, blocks = spec
+    saved = flash_attention.GPU_WGMMA, flash_attention.GPU_FORWARD_BLOCKS
+    flash_attention.GPU_WGMMA = dots == "wgmma"
+    if blocks:
+        flash_attention.GPU_FORWARD_BLOCKS = {
+            width: blocks for width in flash_attention.GPU_FORWARD_BLOCKS if width <= 128}
     try:
         yield
     finally:
-        flash_attention.GPU_WGMMA = saved
+        flash_attention.GPU_WGMMA, flash_attention.GPU_FORWARD_BLOCKS = saved
 
 
 def main(argv=None) -> int:
@@ -71,8 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, nargs="+", default=[4096])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                    help="which of Tessera's kernels to time (default: both)")
+    ap.add_argument("--variants", nargs="+", type=variant_spec,
+                    default=[variant_spec(v) for v in DEFAULT_VARIANTS],
+                    help="which of Tessera's kernels to time: wgmma or mma.sync dots, either "
+                         "with :BMxBN forward blocks (default: "
+                         f"{' '.join(DEFAULT_VARIANTS)})")
     add_kit_arguments(ap)
     args = ap.parse_args(argv)
 
@@ -80,12 +116,13 @@ def main(argv=None) -> int:
     bf16 = ml_dtypes.bfloat16
     cases = [(seq, d) for seq in args.seq for d in args.dims]
     bundles = {}
-    for variant in args.variants:
-        with attention_variant(variant):
+    variants = [variant_name(spec) for spec in args.variants]
+    for spec, variant in zip(args.variants, variants):
+        with attention_variant(spec):
             for seq, d in cases:
                 shape = (args.batch, args.heads, seq, d)
                 name = f"attention-{'x'.join(map(str, shape))}" + \
-                    ("" if variant == "wgmma" else f"-{variant}")
+                    ("" if variant == "wgmma" else "-" + variant.replace(":", "-fwd"))
                 bundles[seq, d, variant] = gpu_bundle(args.kit, name, attention_step,
                                                       *(np.zeros(shape, bf16) for _ in range(4)))
     if args.build_only:
@@ -112,7 +149,7 @@ def main(argv=None) -> int:
                                                               retain_graph=True),
                                   args.iters, cp)
         want = ref.detach().float().cpu().numpy()
-        for variant in args.variants:
+        for variant in variants:
             engine = bundle_engine(bundles[seq, d, variant])
             names = list(engine._launches)
             fwd = next(n for n in names if "_attention_" in n and "grad" not in n)

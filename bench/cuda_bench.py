@@ -31,18 +31,24 @@ def add_kit_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def gpu_bundle(kit: Path | None, name: str, fn, *example) -> Path:
-    """The GPU-target bundle of `fn` for arguments shaped like `example`:
-    kit/name when it is there, else compiled now (which needs the compiler)
-    and, with a kit, copied to kit/name."""
-    if kit is not None and (kit / name / "manifest.json").exists():
-        return kit / name
-    import tessera as ts
+    """The GPU-target bundle of `fn` for arguments shaped like `example`.
+    Where the compiler is installed: compiled now (the bundle cache makes
+    an unchanged one free) and, with a kit, copied to kit/name over any
+    older copy, so a kit never keeps a bundle an older compiler or other
+    settings wrote. Without it (the GPU machine): kit/name."""
+    try:
+        import tessera as ts
+    except ImportError:
+        if kit is not None and (kit / name / "manifest.json").exists():
+            return kit / name
+        raise SystemExit(f"no bundle {name} in the kit ({kit}) and no compiler here to build "
+                         "it: build the kit where the compiler is (bench/gpu_kit.py build)")
     path, _ = ts.jit(fn, target="gpu").build(*example)
     if kit is None:
         return path
     kit.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(path, kit / name, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("ir"))     # not needed to run
+    shutil.rmtree(kit / name, ignore_errors=True)
+    shutil.copytree(path, kit / name, ignore=shutil.ignore_patterns("ir"))   # not needed to run
     return kit / name
 
 

@@ -3,14 +3,16 @@ fp32 accumulate, bf16 out, in the same run on the same GPU.
 
     python bench/gemm_cuda.py                 # 4096^3 and 8192^3
     python bench/gemm_cuda.py --sizes 2048 4096 --iters 50
-    python bench/gemm_cuda.py --variants producer thread0   # both ways of feeding wgmma
+    python bench/gemm_cuda.py --variants producer thread0   # two ways of feeding wgmma
     python bench/gemm_cuda.py --kit gpu_kit --build-only   # compile here (no GPU)
     PYTHONPATH=runtime python bench/gemm_cuda.py --kit gpu_kit   # run there (no compiler)
 
 Variants of the Hopper kernel (TMA-fed wgmma): `producer` (the default: a
 producer warpgroup issues the copies, the two computing warpgroups never
-meet a block barrier in the loop) and `thread0` (thread 0 issues them
-between iterations, after a block barrier). Prints TFLOP/s of each and of
+meet a block barrier in the loop), `thread0` (thread 0 issues them
+between iterations, after a block barrier) and `row-major` (`producer`
+with the output tiles in row-major order instead of groups of tile rows:
+what the grouped order saves in L2 misses). Prints TFLOP/s of each and of
 cuBLAS and their ratio, checks the result against cuBLAS, and writes
 bench/results/gemm_cuda-<date>.{json,md} with the device, driver and commit.
 Needs a GPU with cupy; compile the bundle here (nvcc) or there.
@@ -33,24 +35,27 @@ def gemm(a, b):
     return op.matmul(a, b)
 
 
-VARIANTS = ("producer", "thread0")
+VARIANTS = ("producer", "thread0", "row-major")
 
 
 @contextlib.contextmanager
 def gemm_variant(variant: str):
-    """GEMMs compiled inside are fed as `variant` says (where the compiler is
-    installed; on a GPU machine without it the bundles come from the kit)."""
+    """GEMMs compiled inside are fed and ordered as `variant` says (where the
+    compiler is installed; on a GPU machine without it the bundles come from
+    the kit)."""
     try:
         import tessera_passes.lower_to_tile as lower_to_tile
     except ImportError:
         yield
         return
-    saved = lower_to_tile.TENSOR_CORE_CONFIGS
-    lower_to_tile.TENSOR_CORE_CONFIGS = [replace(c, producer=variant == "producer") for c in saved]
+    saved = lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.GROUPED_TILE_ORDER
+    lower_to_tile.TENSOR_CORE_CONFIGS = [replace(c, producer=variant != "thread0")
+                                         for c in saved[0]]
+    lower_to_tile.GROUPED_TILE_ORDER = variant != "row-major"
     try:
         yield
     finally:
-        lower_to_tile.TENSOR_CORE_CONFIGS = saved
+        lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.GROUPED_TILE_ORDER = saved
 
 
 def main(argv=None) -> int:
@@ -58,7 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                    help="ways of feeding the wgmma kernel to measure (default: both)")
+                    help="ways of feeding and ordering the wgmma kernel to measure "
+                         "(default: all)")
     add_kit_arguments(ap)
     args = ap.parse_args(argv)
 

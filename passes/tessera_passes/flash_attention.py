@@ -45,12 +45,20 @@ from tessera_compiler.passes_common import PassError
 from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _tile_type,
                             largest_divisor, new_kernel)
 
-#: Block sizes on GPUs: (BM, BN) by head dimension (`_dkdv` takes them
-#: transposed: BM key rows per instance, BN query rows per step). The CUDA
-#: emitter keeps bf16 loops' tiles in registers (register_loop.py), 4 warps
-#: of 16 rows; wider heads take narrower blocks along the loop, so the
-#: register tiles and the f32 shared-memory path still fit.
-GPU_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
+#: Block sizes on GPUs: (BM query rows per instance, BN key rows per loop
+#: step) by head dimension, for the forward kernel and for the backward's
+#: (`_dq` as they stand; `_dkdv` transposed: BM key rows per instance, BN
+#: query rows per step). The CUDA emitter keeps bf16 loops' tiles in
+#: registers (register_loop.py), 4 warps of 16 rows; wider heads take
+#: narrower blocks along the loop, so the register tiles and the f32
+#: shared-memory path still fit. The forward carries one accumulator where
+#: `_dkdv` carries two, so at D=128 it keeps 64 keys per step (165
+#: registers on sm_90a, 80.5 KB of shared memory: 2 blocks per SM): every
+#: step rescales the whole [64, D] accumulator, which 32-key steps would do
+#: twice as often for the same scores, and Q K^T is a wgmma of N = 64.
+#: `_dkdv` at 64 x 64 would spill (104 bytes on sm_90a).
+GPU_FORWARD_BLOCKS = {64: (64, 64), 128: (64, 64), 256: (16, 16)}
+GPU_BACKWARD_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
 #: Whether GPU attention asks for wgmma where the tiles allow it (sm_90a;
 #: plain sm_90 builds run mma.sync either way). bench/attention_cuda.py
@@ -76,13 +84,14 @@ class AttentionConfig:
         return self.warps * 32 if self.warps else THREADS_PER_BLOCK
 
 
-def attention_config(seq: int, head_dim: int, cpu: bool) -> AttentionConfig:
+def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool) -> AttentionConfig:
     """Block sizes for sequence length `seq` and head width `head_dim`
-    (the larger of q's and v's)."""
+    (the larger of q's and v's), of the forward kernel or the backward's."""
     if cpu:
         b = largest_divisor(seq, CPU_BLOCK)
         return AttentionConfig(b, b)
-    bm, bn = next((v for width, v in sorted(GPU_BLOCKS.items()) if head_dim <= width), (8, 8))
+    blocks = GPU_FORWARD_BLOCKS if forward else GPU_BACKWARD_BLOCKS
+    bm, bn = next((v for width, v in sorted(blocks.items()) if head_dim <= width), (8, 8))
     bm, bn = largest_divisor(seq, bm), largest_divisor(seq, bn)
     # Warps of 16 query rows each (FlashAttention-2's split), up to four.
     warps = min(4, bm // 16) if bm % 16 == 0 and bn % 16 == 0 else None
@@ -196,11 +205,11 @@ def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, mo
     return kernel, list(entry.arguments)
 
 
-def _setup(op, cpu: bool):
+def _setup(op, cpu: bool, forward: bool):
     q, _, v = list(op.operands)[:3]
     *lead, seq, d = _shape(q)
     dv = _shape(v)[-1]
-    cfg = attention_config(seq, max(d, dv), cpu)
+    cfg = attention_config(seq, max(d, dv), cpu, forward)
     elt = ir.ShapedType(q.type).element_type
     if str(elt) not in ("f64", "f32", "bf16", "f16"):
         raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
@@ -217,7 +226,7 @@ def _setup(op, cpu: bool):
 def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Operation:
     """The flash-attention forward kernel of `tgraph.attention` `op` over
     buffers `ins` (q, k, v) and `outs` (out, lse)."""
-    lead, seq, d, dv, cfg, b = _setup(op, cpu)
+    lead, seq, d, dv, cfg, b = _setup(op, cpu, forward=True)
     bm, bn = cfg.bm, cfg.bn
     grid = math.prod(lead + [seq // bm])
     kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
@@ -276,7 +285,7 @@ def backward_kernels(op, name: str, ins, outs, module_block,
                      cpu: bool) -> list[tuple[ir.Operation, list, list]]:
     """The `_dkdv` and `_dq` kernels of `tgraph.attention_grad` `op`, each
     with the input and output buffers it is launched on."""
-    lead, seq, d, dv, cfg, b = _setup(op, cpu)
+    lead, seq, d, dv, cfg, b = _setup(op, cpu, forward=False)
     # `_dkdv` instances own key rows and step over query blocks: it takes the
     # forward's blocks transposed, so its loop carries as many rows as the
     # forward's (the rows its warps split) and loads the narrower blocks.

@@ -75,6 +75,9 @@ THREADS_PER_BLOCK = 128
 SIMT_TILE_CAP = (32, 32, 32)         # BM, BN, BK for other element types
 # Enough thread blocks to give each SM of an H100 (132) one.
 TARGET_BLOCKS = 132
+# Whether GEMM instances take output tiles in groups of tile rows
+# (gemm_group_rows); bench/gemm_cuda.py turns it off to time row-major order.
+GROUPED_TILE_ORDER = True
 
 
 def largest_divisor(n: int, cap: int) -> int:
@@ -397,6 +400,39 @@ def _grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
     return offsets
 
 
+def gemm_group_rows(m_tiles: int, n_tiles: int, bm: int, bn: int) -> int:
+    """How many rows of output tiles a GEMM's instances sweep together
+    (1: row-major order). The blocks running at once then cover a region of
+    about `group` x TARGET_BLOCKS/group tiles, and it is square in elements
+    (group * bm ~ TARGET_BLOCKS/group * bn) when group ~ sqrt(TARGET_BLOCKS *
+    bn / bm): the least operand traffic per wave. Row-major order would read
+    all of B every wave (128 MB at 8192^3 bf16, more than H100's 50 MB L2);
+    a 16 x 8 region of 128x256 tiles reads 32 MB of A and 33 MB of B. The
+    group divides the tile rows (no partial last group), and one wave's
+    worth of tiles needs no order."""
+    if not GROUPED_TILE_ORDER or m_tiles * n_tiles <= TARGET_BLOCKS or n_tiles == 1:
+        return 1
+    return largest_divisor(m_tiles, round(math.sqrt(TARGET_BLOCKS * bn / bm)))
+
+
+def _gemm_offsets(batch: list[int], m_tiles: int, n_tiles: int, bm: int,
+                  bn: int) -> list[ir.Value]:
+    """A GEMM instance's (batch..., row, column) offsets: batch-major, and
+    within a batch entry output tiles in groups of `gemm_group_rows` tile
+    rows, each group column by column (`_grid_offsets`' row-major order
+    when the group is one row)."""
+    group = gemm_group_rows(m_tiles, n_tiles, bm, bn)
+    if group == 1:
+        return _grid_offsets(batch + [m_tiles, n_tiles], [1] * len(batch) + [bm, bn])
+    *at, tile = _grid_offsets(batch + [m_tiles * n_tiles], [1] * (len(batch) + 1))
+    per_group = _index(group * n_tiles)
+    first_row = arith.MulIOp(arith.DivUIOp(tile, per_group).result, _index(group)).result
+    in_group = arith.RemUIOp(tile, per_group).result
+    row = arith.AddIOp(first_row, arith.RemUIOp(in_group, _index(group)).result).result
+    col = arith.DivUIOp(in_group, _index(group)).result
+    return at + [arith.MulIOp(row, _index(bm)).result, arith.MulIOp(col, _index(bn)).result]
+
+
 class GroupTiler:
     """Builds one ttile.kernel for a fusion group of launches."""
 
@@ -505,6 +541,10 @@ class GroupTiler:
     def _offsets(self) -> list[ir.Value]:
         if not self.dom:
             return []
+        if self.gemm:
+            *batch, m, n = self.dom
+            return _gemm_offsets(batch, m // self.gemm.bm, n // self.gemm.bn, self.gemm.bm,
+                                 self.gemm.bn)
         return _grid_offsets([d // t for d, t in zip(self.dom, self.tile)], self.tile)
 
     def _tile_shape(self, v: ir.Value) -> list[int]:

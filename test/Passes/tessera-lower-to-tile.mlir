@@ -154,10 +154,22 @@ func.func private @add(%x: tensor<4x384x384xbf16>, %y: tensor<4x384x384xbf16>) -
 // A GEMM large enough to give every SM a 128x256 tile gets the Hopper
 // configuration: two warpgroups (warps 8x1, 256 threads) on wgmma, 64-wide
 // K steps through a 4-stage ring that the tensor memory accelerator fills
-// (`tma` loads), the copies issued by a third, producer warpgroup.
+// (`tma` loads), the copies issued by a third, producer warpgroup. Its 32 x 16
+// output tiles run in groups of 16 tile rows, each group column by column
+// (tile t of group t / 256: row 16 (t / 256) + t % 256 % 16, column t % 256 / 16).
 // CHECK-LABEL: func.func @big_gemm
 // CHECK: ttile.kernel @mm(
 // CHECK-SAME: block = array<i64: 384>, grid = array<i64: 512>, producer_warpgroup, stages = 4 : i64, ttile.tile_sizes = array<i64: 128, 256, 64>
+// CHECK: %[[PID:.*]] = ttile.program_id 0
+// CHECK: %[[PER:.*]] = arith.constant 256 : index
+// CHECK: %[[G:.*]] = arith.divui %[[PID]], %[[PER]]
+// CHECK: %[[FIRST:.*]] = arith.muli %[[G]], %[[C16:.*]] : index
+// CHECK: %[[IN:.*]] = arith.remui %[[PID]], %[[PER]]
+// CHECK: %[[R:.*]] = arith.remui %[[IN]], %[[C16B:.*]] : index
+// CHECK: %[[ROW:.*]] = arith.addi %[[FIRST]], %[[R]]
+// CHECK: %[[COL:.*]] = arith.divui %[[IN]], %{{.*}} : index
+// CHECK: arith.muli %[[ROW]], %{{.*}} : index
+// CHECK: arith.muli %[[COL]], %{{.*}} : index
 // CHECK: ttile.load %{{.*}} {tma} : memref<4096x4096xbf16> -> !ttile.tile<128x64xbf16>
 // CHECK: ttile.load %{{.*}} {tma} : memref<4096x4096xbf16> -> !ttile.tile<64x256xbf16>
 // CHECK: ttile.dot %{{.*}}, %{{.*}}, %{{.*}} {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>

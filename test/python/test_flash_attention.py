@@ -105,17 +105,17 @@ def test_attention_lowering_errors_name_the_line():
 
 @pytest.mark.parametrize("dtype,d,causal,seq,arch", [
     ("fp32", 32, True, 128, "sm_90a"), ("bf16", 32, True, 128, "sm_90a"),
-    ("bf16", 96, True, 128, "sm_90a"), ("bf16", 128, True, 128, "sm_90a"),
-    ("bf16", 128, True, 128, "sm_90"), ("bf16", 64, False, 192, "sm_90a")],
+    ("bf16", 96, True, 128, "sm_90a"), ("bf16", 128, True, 192, "sm_90a"),
+    ("bf16", 128, True, 192, "sm_90"), ("bf16", 64, False, 192, "sm_90a")],
     ids=["fp32-32", "bf16-32", "bf16-96", "bf16-128-wgmma", "bf16-128-plain-sm90",
          "bf16-64-full-3blocks-wgmma"])
 def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, arch, monkeypatch):
     """The GPU target's attention kernels (forward, dK/dV, dQ), generated as
     CUDA and run by the CPU emulator, against float64. In bf16 every dot
-    runs on tensor cores (64x64 blocks at D <= 64; 64x32 blocks at D=96
-    and 128, 32x64 for dK/dV), and the loops keep their tiles in registers
-    (register_loop.py); three key blocks per query block run the cp.async
-    ring through a full cycle. At head widths that are whole 128-byte
+    runs on tensor cores (64x64 blocks, except the backward's at D=96 and
+    128: 64x32, 32x64 for dK/dV), and the loops keep their tiles in
+    registers (register_loop.py); three 64-key blocks per query block
+    (S=192) run the cp.async ring through a full cycle. At head widths that are whole 128-byte
     swizzle atoms (64, 128) every dot is a wgmma on sm_90a (B from the
     swizzled ring, N-major or K-major; A from registers or, when invariant,
     from shared memory), and mma.sync on plain sm_90 (where dK/dV's key

@@ -72,6 +72,34 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch):
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0.04, atol=0.04)
 
 
+@pytest.mark.parametrize("config", [(64, 64, 32, (2, 2), 3),
+                                    (128, 128, 64, (8, 1), 3, True)], ids=_config_id)
+def test_gemm_tiles_in_grouped_order(config, monkeypatch):
+    """With more output tiles than blocks run at once (TARGET_BLOCKS, here
+    4), a GEMM's instances take its tiles in groups of tile rows (here 2 of
+    the 4), column by column in a group: every tile of both batch entries is
+    computed once, on mma.sync and on wgmma with a producer warpgroup's TMA
+    copies (whose coordinates follow the grouped offsets)."""
+    import tessera_passes.lower_to_tile as lower_to_tile
+    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
+    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 4)
+    bm, bn, bk = config[:3]
+    assert lower_to_tile.gemm_group_rows(4, 2, bm, bn) == 2
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 4 * bm, 2 * bk)).astype(BF16)
+    w = (rng.standard_normal((2, 2 * bk, 2 * bn)) / 8).astype(BF16)
+    trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target="gpu")
+    assert "arith.remui" in trace.tile
+    with ir.Context():
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+    (name, cfg), = launches.items()
+    out = np.zeros((2, 4 * bm, 2 * bn), BF16)
+    EmulatedKernels(source).launch(name, [x, w, out], cfg["grid"], cfg["block"],
+                                   cfg["shared_bytes"], cfg.get("tensor_maps", ()))
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0.02, atol=0.02)
+
+
 def _wgmma_gemm(monkeypatch, stages=4, k_steps=6, tma=True, producer=True):
     """A 256 x 6*64 x 256 bf16 GEMM traced with the 128x256x64 wgmma
     configuration (TMA copies issued by a producer warpgroup, by thread 0
@@ -173,6 +201,52 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
         assert not np.isfinite(out).all() or np.abs(out - ref).max() > 1.0
 
 
+def _attention_forward(seq=128, d=64):
+    """The causal bf16 attention forward kernel on wgmma (K and V through the
+    cp.async ring, Q's swizzled copy by cp.async too): inputs, CUDA source,
+    kernel name and launch."""
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 1, seq, d)).astype(BF16) for _ in range(3))
+    trace = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, k, v,
+                           target="gpu")
+    with ir.Context():
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+    (name, cfg), = ((n, c) for n, c in launches.items() if "_attention_" in n)
+    return (q, k, v), source, name, cfg
+
+
+@pytest.mark.parametrize("kernel", ["gemm-cp.async", "attention"])
+def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch, tmp_path):
+    """cp.async lands through the generic proxy, wgmma reads through the
+    async proxy: each thread must fence.proxy.async its landed copies before
+    the barrier that hands them to wgmma. The emulator tracks which thread's
+    copies are unfenced and stops a wgmma that reads them: the generated
+    kernels run, and the same kernels without their fences stop with a
+    message naming the operand and the threads."""
+    if kernel == "attention":
+        inputs, source, name, cfg = _attention_forward()
+        outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+        assert " on wgmma: A from its swizzled shared-memory copy" in source
+    else:
+        x, w, source, name, cfg, _ = _wgmma_gemm(monkeypatch, tma=False, producer=False)
+        inputs, outputs = (x, w), [np.zeros((x.shape[0], w.shape[1]), BF16)]
+
+    def run(src):
+        def launch():
+            bufs = [a.copy() for a in list(inputs) + outputs]
+            EmulatedKernels(src).launch(name, bufs, cfg["grid"], cfg["block"],
+                                        cfg["shared_bytes"], cfg.get("tensor_maps", ()))
+            return bufs[len(inputs)].astype(np.float32)
+        return _in_child(launch, tmp_path)
+    out, stderr = run(source)
+    assert out is not None and np.isfinite(out).all(), stderr
+    broken = source.replace("tessera_fence_proxy_async();", "")
+    assert broken != source
+    out, stderr = run(broken)
+    assert out is None, "the emulator ran wgmma on unfenced cp.async data"
+    assert "cp.async wrote with no fence.proxy.async since" in stderr, stderr
+
+
 @pytest.mark.parametrize("producer", [True, False], ids=["producer", "thread0"])
 def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch, producer):
     """nvcc builds the 128x256 wgmma GEMM for sm_90a with wgmma.mma_async
@@ -245,15 +319,19 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
     assert blocks == [[384], [256]]
 
 
-def test_compiler_fingerprint_counts_the_attention_wgmma_switch(monkeypatch):
-    """The attention benchmark times its mma.sync kernels by turning
-    flash_attention.GPU_WGMMA off at run time: that must key a different
-    bundle, not reuse the wgmma one."""
-    import tessera_passes.flash_attention as flash_attention
+@pytest.mark.parametrize("module, switch, value", [
+    ("flash_attention", "GPU_WGMMA", False),
+    ("flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
+    ("lower_to_tile", "GROUPED_TILE_ORDER", False)])
+def test_compiler_fingerprint_counts_the_benchmarks_switches(module, switch, value, monkeypatch):
+    """The benchmarks time kernel variants by setting these at run time
+    (attention on mma.sync, other forward blocks; GEMM tiles in row-major
+    order): each must key a different bundle, not reuse the default one."""
+    import importlib
     from tessera_compiler.bundle import compiler_fingerprint
-    with_wgmma = compiler_fingerprint()
-    monkeypatch.setattr(flash_attention, "GPU_WGMMA", False)
-    assert compiler_fingerprint() != with_wgmma
+    default = compiler_fingerprint()
+    monkeypatch.setattr(importlib.import_module(f"tessera_passes.{module}"), switch, value)
+    assert compiler_fingerprint() != default
 
 
 def test_emulator_catches_a_wrong_fragment_layout():

@@ -56,6 +56,7 @@ def _cache_dir() -> Path:
 _SHIM = r"""
 // CPU emulation of the CUDA features Tessera's generated kernels use.
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -125,6 +126,22 @@ template <typename Op> struct AsyncGroups {
   }
 };
 
+// cp.async writes shared memory through the generic proxy; wgmma reads its
+// operands through the async proxy, which sees those writes only after the
+// writing thread's fence.proxy.async (then a barrier orders them for the
+// other threads). Each 16-byte chunk of shared memory records the thread
+// (+1) whose landed copy to it is not fenced yet, and each thread the
+// chunks it has to fence; wgmma checks its operands' chunks at issue.
+static std::atomic<uint16_t> smem_unfenced[sizeof(tessera_smem) / 16];
+static thread_local std::vector<uint32_t> my_unfenced;
+inline void tessera_fence_proxy_async() {
+  for (uint32_t chunk : my_unfenced) {
+    uint16_t me = uint16_t(threadIdx.x + 1);
+    smem_unfenced[chunk].compare_exchange_strong(me, 0);
+  }
+  my_unfenced.clear();
+}
+
 struct CpAsync { void* dst; const void* src; };
 static thread_local AsyncGroups<CpAsync> cp_async;
 // The destination reads as NaN from issue until the copy lands at its wait:
@@ -135,7 +152,12 @@ inline void tessera_cp_async16(void* smem, const void* gmem) {
 }
 inline void tessera_cp_async_commit() { cp_async.commit(); }
 template <int N> inline void tessera_cp_async_wait() {
-  cp_async.wait(N, [](CpAsync& c) { std::memcpy(c.dst, c.src, 16); });
+  cp_async.wait(N, [](CpAsync& c) {
+    std::memcpy(c.dst, c.src, 16);
+    const uint32_t chunk = uint32_t(static_cast<unsigned char*>(c.dst) - tessera_smem) / 16;
+    smem_unfenced[chunk].store(uint16_t(threadIdx.x + 1));
+    my_unfenced.push_back(chunk);
+  });
 }
 
 static inline uint32_t pack16(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
@@ -222,7 +244,7 @@ inline void tessera_mma_f16(float* d, const uint32_t* a, const uint32_t* b) { mm
 inline uint32_t tessera_shared_address(const void* p) {
   return uint32_t(static_cast<const unsigned char*>(p) - tessera_smem);
 }
-static float wgmma_element(uint64_t desc, int mn, int k, bool mn_major, bool bf16) {
+static uint32_t wgmma_address(uint64_t desc, int mn, int k, bool mn_major) {
   const uint32_t start = uint32_t(desc & 0x3FFF) << 4, lbo = uint32_t((desc >> 16) & 0x3FFF) << 4,
                  sbo = uint32_t((desc >> 32) & 0x3FFF) << 4;
   if ((desc >> 62) != 1 || ((desc >> 49) & 7)) {
@@ -232,9 +254,21 @@ static float wgmma_element(uint64_t desc, int mn, int k, bool mn_major, bool bf1
   }
   uint32_t at = mn_major ? start + (mn / 64) * lbo + (mn % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
                          : start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
-  at ^= ((at >> 7) & 7) << 4;
-  uint16_t h; std::memcpy(&h, tessera_smem + at, 2);
+  return at ^ ((at >> 7) & 7) << 4;
+}
+static float wgmma_element(uint64_t desc, int mn, int k, bool mn_major, bool bf16) {
+  uint16_t h; std::memcpy(&h, tessera_smem + wgmma_address(desc, mn, k, mn_major), 2);
   return half_bits_to_float(h, bf16);
+}
+// A wgmma operand element the async proxy may not see yet (see smem_unfenced).
+static void check_fenced(uint64_t desc, int mn, int k, bool mn_major, const char* operand) {
+  const uint32_t at = wgmma_address(desc, mn, k, mn_major);
+  if (const uint16_t writer = smem_unfenced[at / 16].load()) {
+    std::fprintf(stderr, "wgmma emulation: thread %u's wgmma reads its %s operand at shared "
+                 "byte %u, which thread %u's cp.async wrote with no fence.proxy.async since: "
+                 "the async proxy need not see it\n", threadIdx.x, operand, at, writer - 1);
+    std::abort();
+  }
 }
 
 // D (64 x N, f32) += A (64 x 16) x B (16 x N) for the warpgroup: thread t of
@@ -271,6 +305,13 @@ static void issue_wgmma(Wgmma op) {
                  blockDim.x);
     std::abort();
   }
+  // The operand elements this thread's part of the result reads.
+  const int t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
+  for (int k = 0; k < 16; ++k) {
+    for (int h = 0; h < 2 && !op.a_regs; ++h) check_fenced(op.a, row0 + 8 * h, k, false, "A");
+    for (int j = 0; j < op.n / 8; ++j)
+      for (int h = 0; h < 2; ++h) check_fenced(op.b, 8 * j + col0 + h, k, op.mn_major_b, "B");
+  }
   if (op.a_regs) {
     Warp& w = *my_warp;
     for (int i = 0; i < 4; ++i) w.a[lane_id][i] = op.a_issued[i] = op.a_regs[i];
@@ -298,7 +339,6 @@ inline void tessera_wgmma_rs_f16(float* d, const uint32_t* a, uint64_t b) {
   issue_wgmma({d, 0, b, N, false, MnMajorB != 0, a, {}, {}});
 }
 inline void tessera_wgmma_fence() {}
-inline void tessera_fence_proxy_async() {}
 template <int N> inline void tessera_wgmma_fence_operands(float*) {}
 inline void tessera_wgmma_commit() { wgmma_async.commit(); }
 template <int N> inline void tessera_wgmma_wait() { wgmma_async.wait(N, run_wgmma); }
@@ -333,6 +373,7 @@ static size_t run_tma(const TmaCopy& copy) {
     }
     uint32_t to = dst + uint32_t(e * m.elt_bytes);
     to ^= ((to >> 7) & 7) << 4;
+    smem_unfenced[to / 16].store(0);          // the async proxy's own write
     if (inside) std::memcpy(tessera_smem + to, reinterpret_cast<const unsigned char*>(m.base) + src,
                             m.elt_bytes);
     else std::memset(tessera_smem + to, 0, m.elt_bytes);
@@ -535,6 +576,7 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned*
         block_barrier = &bar;
         warps = ws.data();
         std::memset(tessera_smem, 0xff, sizeof(tessera_smem));   // no stale data by luck
+        for (auto& chunk : smem_unfenced) chunk.store(0);
         mbarriers.clear();
         std::vector<std::thread> pool;
         for (unsigned t = 0; t < threads; ++t)
