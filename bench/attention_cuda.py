@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from tessera_runtime.engines.cuda import _bf16_to_f32 as bf16_to_f32
+    from tessera_runtime.bf16 import to_f32 as bf16_to_f32
 
     rows = []
     for seq, d in cases:

@@ -17,11 +17,14 @@ reduce_scatter receives every rank's contribution to its own block and sums
 them in the same tree. Either way the bits do not depend on the MPI library,
 the run, or (for sums over microbatches laid out in rank order) the number
 of ranks.
+
+bf16 buffers (ml_dtypes.bfloat16): MPI has no such type, so they travel as
+their bits (uint16 views). Reductions: the deterministic tree adds bf16
+arrays (float32 arithmetic rounded to bf16 per step, like NCCL's tree over
+bits); the others reduce float32 copies and round once at the end.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from mpi4py import MPI
@@ -36,6 +39,15 @@ _OPS = {
     "min": (MPI.MIN, np.minimum),
     "prod": (MPI.PROD, np.multiply),
 }
+
+
+def _is_bf16(a) -> bool:
+    return a.dtype.name == "bfloat16"
+
+
+def _wire(a):
+    """`a` as MPI moves it: bf16 as its bits (MPI has no bfloat16 type)."""
+    return a.view(np.uint16) if _is_bf16(a) else a
 
 
 class MPIWork(Work):
@@ -84,13 +96,13 @@ class TreeAllReduceWork(Work):
         while step < size:
             if rank % (2 * step) == 0:
                 if rank + step < size:
-                    comm.Recv(incoming, source=rank + step, tag=self.TAG)
+                    comm.Recv(_wire(incoming), source=rank + step, tag=self.TAG)
                     ufunc(acc, incoming, out=acc)
             elif rank % (2 * step) == step:
-                comm.Send(acc, dest=rank - step, tag=self.TAG)
+                comm.Send(_wire(acc), dest=rank - step, tag=self.TAG)
                 break
             step *= 2
-        comm.Bcast(acc, root=0)
+        comm.Bcast(_wire(acc), root=0)
         dst[...] = acc
 
 
@@ -121,6 +133,11 @@ class MPICommunicator(Communicator):
         op, ufunc = _OPS[reduction]
         if deterministic:
             return TreeAllReduceWork(self.comm, src, dst, ufunc)
+        if _is_bf16(src):
+            wide, total = src.astype(np.float32), np.empty(src.shape, np.float32)
+            return MPIWork(self.comm.Iallreduce(wide, total, op),
+                           lambda: dst.__setitem__(..., total.astype(dst.dtype)),
+                           (src, dst, wide, total))
         if src is dst:
             req = self.comm.Iallreduce(MPI.IN_PLACE, dst, op)
         else:
@@ -133,11 +150,11 @@ class MPICommunicator(Communicator):
         _check_host(src, dst)
         if leading_is_trivial(src.shape, dim):
             # Rank blocks are contiguous slabs of dst: gather straight into it.
-            return MPIWork(self.comm.Iallgather(src, dst), keepalive=(src, dst))
+            return MPIWork(self.comm.Iallgather(_wire(src), _wire(dst)), keepalive=(src, dst))
         # Gather rank blocks contiguously, then interleave them into dst along
         # `dim` once they have arrived.
         blocks = np.empty((self.size,) + src.shape, src.dtype)
-        req = self.comm.Iallgather(src, blocks)
+        req = self.comm.Iallgather(_wire(src), _wire(blocks))
         return MPIWork(req, lambda: np.concatenate(blocks, axis=dim, out=dst),
                        (src, dst, blocks))
 
@@ -151,9 +168,14 @@ class MPICommunicator(Communicator):
             # Receive every rank's contribution to *our* block only (an
             # all-to-all of blocks), then reduce them in fixed rank order.
             contrib = np.empty((n,) + dst.shape, dst.dtype)
-            req = self.comm.Ialltoall(blocks, contrib)
+            req = self.comm.Ialltoall(_wire(blocks), _wire(contrib))
             return MPIWork(req, lambda: tree_reduce(contrib, ufunc, dst),
                            (src, dst, blocks, contrib))
+        if _is_bf16(src):
+            wide, mine = blocks.astype(np.float32), np.empty(dst.shape, np.float32)
+            return MPIWork(self.comm.Ireduce_scatter_block(wide, mine, op),
+                           lambda: dst.__setitem__(..., mine.astype(dst.dtype)),
+                           (src, dst, wide, mine))
         req = self.comm.Ireduce_scatter_block(blocks, dst, op)
         return MPIWork(req, keepalive=(src, dst, blocks))
 
@@ -163,7 +185,7 @@ class MPICommunicator(Communicator):
         n = self.size
         blocks = rank_blocks(np, src, n, split_dim)     # block j goes to rank j
         received = np.empty_like(blocks)
-        req = self.comm.Ialltoall(blocks, received)
+        req = self.comm.Ialltoall(_wire(blocks), _wire(received))
         return MPIWork(req, lambda: np.concatenate(received, axis=concat_dim, out=dst),
                        (src, dst, blocks, received))
 
@@ -171,7 +193,7 @@ class MPICommunicator(Communicator):
         _check_host(src, dst)
         if self.rank == root and src is not dst:
             dst[...] = src
-        return MPIWork(self.comm.Ibcast(dst, root=root), keepalive=(src, dst))
+        return MPIWork(self.comm.Ibcast(_wire(dst), root=root), keepalive=(src, dst))
 
     def _shift(self, src, dst, offset, stream) -> Work:
         _check_host(src, dst)
@@ -179,8 +201,8 @@ class MPICommunicator(Communicator):
         if offset == 0:
             dst[...] = src
             return MPIWork([], keepalive=(src, dst))
-        send = self.comm.Isend(src, dest=(r + offset) % n, tag=TreeAllReduceWork.TAG + 1)
-        recv = self.comm.Irecv(dst, source=(r - offset) % n, tag=TreeAllReduceWork.TAG + 1)
+        send = self.comm.Isend(_wire(src), dest=(r + offset) % n, tag=TreeAllReduceWork.TAG + 1)
+        recv = self.comm.Irecv(_wire(dst), source=(r - offset) % n, tag=TreeAllReduceWork.TAG + 1)
         return MPIWork([send, recv], keepalive=(src, dst))
 
 

@@ -11,7 +11,9 @@ stream) and completed by `Work.wait()`, which blocks the host until they are
 done. Deterministic all_reduce / reduce_scatter gather every rank's
 contribution and sum it on the device in the same binary tree over rank order
 as the MPI engine ((r0+r1)+(r2+r3)): elementwise IEEE additions in the same
-order, so both engines give the same bits for the same inputs.
+order, so both engines give the same bits for the same inputs. bf16 (uint16
+bits here) adds in float32 rounded to bf16 at every step of the tree, as the
+MPI engine's ml_dtypes arrays do (`bf16.bits_ufunc`).
 
 Several ranks may share one GPU (tests on a one-GPU machine) when NCCL allows
 it (`NCCL_MULTI_RANK_GPU_ENABLE=1` where the NCCL version supports it).
@@ -23,6 +25,7 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import nccl
 
+from . import bf16
 from .comm import (Communicator, CommError, SelfCommunicator, Work, leading_is_trivial,
                    rank_blocks, tree_reduce)
 from .mesh import MeshInfo
@@ -44,6 +47,14 @@ def _nccl_type(dtype) -> int:
     if dtype == np.uint16 and hasattr(nccl, "NCCL_BFLOAT16"):
         return nccl.NCCL_BFLOAT16
     raise CommError(f"NCCL has no type for {dtype.name}")
+
+
+def _tree_ufunc(reduction: str, src):
+    """What a deterministic tree combines `src`'s blocks with: the reduction's
+    ufunc, on bf16 bits (uint16 buffers) in float32 rounded to bf16."""
+    if src.dtype == np.uint16:
+        return bf16.bits_ufunc(cp, _UFUNCS[reduction])
+    return _UFUNCS[reduction]
 
 
 def _ptr(a) -> int:
@@ -102,13 +113,10 @@ class NCCLCommunicator(Communicator):
 
     def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work:
         s = stream if stream is not None else cp.cuda.get_current_stream()
-        if deterministic and src.dtype == np.uint16:
-            raise CommError("deterministic reductions of bf16 on NCCL are not implemented "
-                            "(the device tree would add bf16 bits as integers)")
         if deterministic:
             with s:
                 blocks = self._gather_blocks(src, s)
-            return NCCLWork(s, lambda: tree_reduce(blocks, _UFUNCS[reduction], dst),
+            return NCCLWork(s, lambda: tree_reduce(blocks, _tree_ufunc(reduction, src), dst),
                             (src, dst, blocks))
         self.comm.allReduce(_ptr(src), _ptr(dst), src.size, _nccl_type(src.dtype),
                             _OPS[reduction], _stream_ptr(s))
@@ -126,9 +134,6 @@ class NCCLCommunicator(Communicator):
                         (src, dst, blocks))
 
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
-        if deterministic and src.dtype == np.uint16:
-            raise CommError("deterministic reductions of bf16 on NCCL are not implemented "
-                            "(the device tree would add bf16 bits as integers)")
         s = stream if stream is not None else cp.cuda.get_current_stream()
         n = self.size
         with s:
@@ -136,7 +141,8 @@ class NCCLCommunicator(Communicator):
         if deterministic:
             with s:
                 blocks = self._gather_blocks(packed, s)       # [n ranks, n blocks, ...]
-            mine = lambda: tree_reduce(blocks[:, self.rank], _UFUNCS[reduction], dst)  # noqa: E731
+            mine = lambda: tree_reduce(blocks[:, self.rank],  # noqa: E731
+                                       _tree_ufunc(reduction, src), dst)
             return NCCLWork(s, mine, (src, dst, packed, blocks))
         self.comm.reduceScatter(_ptr(packed), _ptr(dst), dst.size, _nccl_type(src.dtype),
                                 _OPS[reduction], _stream_ptr(s))

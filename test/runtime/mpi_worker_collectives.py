@@ -15,6 +15,7 @@ import hashlib
 import sys
 import traceback
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -184,6 +185,49 @@ def check_collectives(comm, group, tag: str) -> None:
     assert np.array_equal(buf.view(np.uint32), fixed_tree(all_src, np.add).view(np.uint32))
     assert same_on_all_ranks(comm, buf)
     passed(f"{tag}:deterministic all_reduce in place")
+
+    # bf16 (ml_dtypes; MPI moves the bits): reductions in float32 rounded
+    # once, the deterministic tree rounding per step like any bf16 add, and
+    # data movement bit for bit
+    bf16 = ml_dtypes.bfloat16
+    for red in ("sum", "max"):
+        src, all_src = contributions((6, 10), "normal", bf16)
+        dst = np.empty_like(src)
+        comm.all_reduce(src, dst, red).wait()
+        wide = UFUNCS[red].reduce(np.stack(all_src).astype(np.float64), axis=0)
+        # one rounding to bf16 (MPI may add the float32 copies in any order)
+        np.testing.assert_allclose(dst.astype(np.float64), wide, rtol=2.0 ** -8, atol=1e-6)
+        src, all_src = contributions((6, 10), "wide", bf16)
+        dst = np.empty_like(src)
+        comm.all_reduce(src, dst, red, deterministic=True).wait()
+        assert np.array_equal(dst.view(np.uint16),
+                              fixed_tree(all_src, UFUNCS[red]).view(np.uint16)), red
+        assert same_on_all_ranks(comm, dst)
+        passed(f"{tag}:all_reduce {red} bfloat16")
+    src, all_src = contributions((4, 6 * n), "normal", bf16)
+    dst = np.empty((4, 6), bf16)
+    comm.reduce_scatter(src, dst, 1, "sum").wait()
+    full = np.sum(np.stack(all_src).astype(np.float64), axis=0)
+    np.testing.assert_allclose(dst.astype(np.float64), np.split(full, n, axis=1)[comm.rank],
+                               rtol=2.0 ** -8, atol=1e-6)
+    src, all_src = contributions((4, 6 * n), "wide", bf16)
+    comm.reduce_scatter(src, dst, 1, "sum", deterministic=True).wait()
+    assert np.array_equal(dst.view(np.uint16), np.split(fixed_tree(all_src, np.add), n,
+                                                        axis=1)[comm.rank].view(np.uint16))
+    passed(f"{tag}:reduce_scatter sum bfloat16")
+    src, all_src = contributions((3, 2 * n), "normal", bf16)
+    gathered, moved = np.empty((3, 2 * n * n), bf16), np.empty((3 * n, 2), bf16)
+    comm.all_gather(src, gathered, 1).wait()
+    comm.all_to_all(src, moved, 1, 0).wait()
+    assert np.array_equal(gathered.view(np.uint16), np.concatenate(all_src, 1).view(np.uint16))
+    assert np.array_equal(moved.view(np.uint16), np.concatenate(
+        [np.split(a, n, 1)[comm.rank] for a in all_src], 0).view(np.uint16))
+    shifted, broadcast = np.empty_like(src), np.empty_like(src)
+    comm.shift(src, shifted, 1).wait()
+    comm.broadcast(src, broadcast, 0).wait()
+    assert np.array_equal(shifted.view(np.uint16), all_src[(comm.rank - 1) % n].view(np.uint16))
+    assert np.array_equal(broadcast.view(np.uint16), all_src[0].view(np.uint16))
+    passed(f"{tag}:all_gather, all_to_all, shift, broadcast bfloat16")
 
     # several collectives in flight at once, completed in reverse order
     a, all_a = contributions((6, 4))

@@ -1,7 +1,7 @@
 """NCCL worker for test_nccl.py: `mpiexec -n 2 python nccl_worker.py`. Every
 collective over NCCL (cupy buffers) against numpy, and the deterministic
-all_reduce against the MPI engine's on the same inputs, bit for bit. Prints
-`PASS rank=R NAME;` per check; any failure aborts the job."""
+all_reduce (f32 and bf16) against the MPI engine's on the same inputs, bit for
+bit. Prints `PASS rank=R NAME;` per check; any failure aborts the job."""
 
 import sys
 import traceback
@@ -71,3 +71,14 @@ cpu_det = np.empty_like(everyone[ME])
 cpu.all_reduce(everyone[ME], cpu_det, "sum", deterministic=True).wait()
 assert np.array_equal(cp.asnumpy(gpu_det), cpu_det), "NCCL and MPI deterministic sums differ"
 ok("deterministic all_reduce: NCCL bits == MPI bits")
+
+# bf16 (uint16 bits on the device, ml_dtypes arrays for MPI): the same bits.
+import ml_dtypes                                                    # noqa: E402
+
+mine16 = everyone[ME].astype(ml_dtypes.bfloat16)
+gpu16 = cp.empty(mine16.shape, cp.uint16)
+gpu.all_reduce(cp.asarray(mine16.view(np.uint16)), gpu16, "sum", deterministic=True).wait()
+cpu16 = np.empty_like(mine16)
+cpu.all_reduce(mine16, cpu16, "sum", deterministic=True).wait()
+assert np.array_equal(cp.asnumpy(gpu16), cpu16.view(np.uint16)), "bf16 deterministic sums differ"
+ok("deterministic all_reduce bf16: NCCL bits == MPI bits")

@@ -63,7 +63,10 @@ def test_collectives_2_ranks():
                      "world:deterministic reduce_scatter dim=1 bitwise",
                      "world:all_to_all 0->1", "world:all_to_all 2->0",
                      "world:broadcast every root", "world:shift +1", "world:shift -1",
-                     "world:overlapping collectives"]:
+                     "world:overlapping collectives",
+                     "world:all_reduce sum bfloat16", "world:all_reduce max bfloat16",
+                     "world:reduce_scatter sum bfloat16",
+                     "world:all_gather, all_to_all, shift, broadcast bfloat16"]:
         assert expected in names
 
 

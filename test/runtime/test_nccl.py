@@ -32,5 +32,6 @@ def test_nccl_collectives_and_deterministic_bits_match_mpi():
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("all_reduce sum", "all_gather dim=1", "reduce_scatter dim=1", "all_to_all 1->0",
-                 "deterministic all_reduce: NCCL bits == MPI bits"):
+                 "deterministic all_reduce: NCCL bits == MPI bits",
+                 "deterministic all_reduce bf16: NCCL bits == MPI bits"):
         assert proc.stdout.count(f" {name};") == 2, proc.stdout

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import bf16
 from . import Engine, EngineError, Event
 from .tensor_maps import TensorMaps, cuda_tensor_map
 
@@ -63,17 +64,6 @@ def _cupy():
 
 def _is_bf16(dtype) -> bool:
     return np.dtype(dtype).name == "bfloat16"
-
-
-def _bf16_to_f32(cp, bits):
-    return (bits.astype(cp.uint32) << 16).view(cp.float32)
-
-
-def _f32_to_bf16(cp, x):
-    """Round to nearest even (as the kernels' float_to_bf16; NaN stays NaN)."""
-    bits = x.view(cp.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return cp.where(cp.isnan(x), (bits >> 16) | 0x40, rounded).astype(cp.uint16)
 
 
 class _CudaStreamRef:
@@ -246,9 +236,9 @@ class CUDAEngine(Engine):
             with stream:
                 if routine == "scatter_add" and args[-1].dtype == np.uint16:
                     # bf16 bits: accumulate in f32, round once.
-                    wide = [_bf16_to_f32(cp, a) if a.dtype == np.uint16 else a for a in args]
+                    wide = [bf16.to_f32(cp, a) if a.dtype == np.uint16 else a for a in args]
                     impl(cp, attrs, *wide)
-                    args[-1][...] = _f32_to_bf16(cp, wide[-1])
+                    args[-1][...] = bf16.from_f32(cp, wide[-1])
                 else:
                     impl(cp, attrs, *args)
         return call

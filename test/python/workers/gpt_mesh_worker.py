@@ -2,7 +2,10 @@
 mesh and writes every step's loss and the final parameters (gathered, rank 0)
 to OUT/gpt-dp{dp}-tp{tp}.npz. Run with dp = tp = 1 for the single-device reference.
 
-    mpiexec -n 4 python gpt_mesh_worker.py SEED DP TP STEPS OUT [--deterministic]
+    mpiexec -n 4 python gpt_mesh_worker.py SEED DP TP STEPS OUT [PRECISION]
+
+PRECISION is fp32 (the default) or bf16 (autocast, dynamic loss scaling as
+the example runs it); the file name then ends in -bf16.
 """
 
 import sys
@@ -20,6 +23,7 @@ import train_gpt as ex              # noqa: E402
 
 seed, dp, tp, steps, out = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                             int(sys.argv[4]), Path(sys.argv[5]))
+precision = sys.argv[6] if len(sys.argv) > 6 else "fp32"
 WIDTH, DEPTH, HEADS, BATCH, LENGTH = 32, 1, 2, 8, 4
 
 mesh = dist.Mesh(axes=["dp", "tp"], shape=(dp, tp)) if dp * tp > 1 else None
@@ -29,8 +33,8 @@ opt = ts.optim.AdamW(lr=3e-3, betas=(0.9, 0.98), weight_decay=0.01)
 state = opt.init(params)
 if mesh is not None:
     params, state = ex.distribute(mesh, params, state)
-scaler = ts.optim.loss_scale_init(1.0)
-step = ex.make_step(opt, HEADS, "fp32", clip=1.0)
+scaler = ts.optim.loss_scale_init(2.0 ** 12 if precision == "bf16" else 1.0)
+step = ex.make_step(opt, HEADS, precision, clip=1.0)
 losses = []
 for _ in range(steps):
     batch = [ex.shard_batch(mesh, ex.make_batch(rng, BATCH, LENGTH))]
@@ -38,4 +42,5 @@ for _ in range(steps):
     losses.append(float(loss))
 final = {name: np.asarray(leaf) for name, leaf in zip(paths(params), flatten(params)[0])}
 if mesh is None or mesh.rank == 0:
-    np.savez(out / f"gpt-dp{dp}-tp{tp}.npz", losses=np.array(losses), **final)
+    suffix = "" if precision == "fp32" else f"-{precision}"
+    np.savez(out / f"gpt-dp{dp}-tp{tp}{suffix}.npz", losses=np.array(losses), **final)
