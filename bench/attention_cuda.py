@@ -21,7 +21,7 @@ of the three loops is a wgmma.mma_async, B from the 128-byte-swizzled
 cp.async ring) and `mma.sync` (the same loops on mma.sync.m16n8k16 with
 ldmatrix: what plain sm_90 runs); either with `:BMxBN` times forward
 blocks of BM query rows and BN keys per step in place of the compiler's
-(flash_attention.GPU_FORWARD_BLOCKS), at every head width. By default the
+(flash_attention.GPU_FORWARD_BLOCKS), at head widths up to 128. By default the
 bench times the compiler's kernels on both, and the wgmma forward at 64x32
 and 64x128 around its 64x64: the GPU's answer picks the defaults.
 """
@@ -90,7 +90,8 @@ def attention_variant(spec):
     flash_attention.GPU_WGMMA = dots == "wgmma"
     if blocks:
         flash_attention.GPU_FORWARD_BLOCKS = {
-            width: blocks for width in flash_attention.GPU_FORWARD_BLOCKS if width <= 128}
+            width: blocks if width <= 128 else default
+            for width, default in flash_attention.GPU_FORWARD_BLOCKS.items()}
     try:
         yield
     finally:

@@ -9,6 +9,13 @@ over ml_dtypes arrays on the CPU give the same bits.
 
 from __future__ import annotations
 
+import numpy as np
+
+
+def is_bf16(dtype) -> bool:
+    """Whether `dtype` is bfloat16 (ml_dtypes' on the host)."""
+    return np.dtype(dtype).name == "bfloat16"
+
 
 def to_f32(xp, bits):
     """float32 values of bf16 bit patterns (exact)."""

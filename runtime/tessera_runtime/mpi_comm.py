@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .bf16 import is_bf16
 from .comm import (Communicator, CommError, SelfCommunicator, Work, leading_is_trivial,
                    rank_blocks, tree_reduce)
 from .mesh import MeshInfo
@@ -41,13 +42,9 @@ _OPS = {
 }
 
 
-def _is_bf16(a) -> bool:
-    return a.dtype.name == "bfloat16"
-
-
 def _wire(a):
     """`a` as MPI moves it: bf16 as its bits (MPI has no bfloat16 type)."""
-    return a.view(np.uint16) if _is_bf16(a) else a
+    return a.view(np.uint16) if is_bf16(a.dtype) else a
 
 
 class MPIWork(Work):
@@ -133,7 +130,7 @@ class MPICommunicator(Communicator):
         op, ufunc = _OPS[reduction]
         if deterministic:
             return TreeAllReduceWork(self.comm, src, dst, ufunc)
-        if _is_bf16(src):
+        if is_bf16(src.dtype):
             wide, total = src.astype(np.float32), np.empty(src.shape, np.float32)
             return MPIWork(self.comm.Iallreduce(wide, total, op),
                            lambda: dst.__setitem__(..., total.astype(dst.dtype)),
@@ -171,7 +168,7 @@ class MPICommunicator(Communicator):
             req = self.comm.Ialltoall(_wire(blocks), _wire(contrib))
             return MPIWork(req, lambda: tree_reduce(contrib, ufunc, dst),
                            (src, dst, blocks, contrib))
-        if _is_bf16(src):
+        if is_bf16(src.dtype):
             wide, mine = blocks.astype(np.float32), np.empty(dst.shape, np.float32)
             return MPIWork(self.comm.Ireduce_scatter_block(wide, mine, op),
                            lambda: dst.__setitem__(..., mine.astype(dst.dtype)),

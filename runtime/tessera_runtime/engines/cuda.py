@@ -62,10 +62,6 @@ def _cupy():
     return cupy, count
 
 
-def _is_bf16(dtype) -> bool:
-    return np.dtype(dtype).name == "bfloat16"
-
-
 class _CudaStreamRef:
     """A cupy stream as nvshmem4py takes streams (the `__cuda_stream__`
     protocol: version 0 and the raw handle)."""
@@ -102,7 +98,7 @@ class CUDAEngine(Engine):
 
     # -- memory -----------------------------------------------------------------
     def _storage(self, dtype):
-        return np.uint16 if _is_bf16(dtype) else np.dtype(dtype)
+        return np.uint16 if bf16.is_bf16(dtype) else np.dtype(dtype)
 
     def alloc(self, shape, dtype):
         return self.cp.empty(tuple(shape), dtype=self._storage(dtype))
@@ -112,13 +108,13 @@ class CUDAEngine(Engine):
 
     def from_host(self, array):
         array = np.asarray(array)
-        if _is_bf16(array.dtype):
+        if bf16.is_bf16(array.dtype):
             array = array.view(np.uint16)
         return self.cp.array(array, order="C", copy=True)
 
     def to_host(self, buffer, dtype=None):
         host = self.cp.asnumpy(buffer)
-        if dtype is not None and _is_bf16(dtype):
+        if dtype is not None and bf16.is_bf16(dtype):
             host = host.view(np.dtype(dtype))
         return host
 
