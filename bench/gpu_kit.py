@@ -20,9 +20,9 @@ Checks: the tensor-core GEMM with a fused epilogue on mma.sync, on wgmma fed
 by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages; copies issued by a
 producer warpgroup, or by thread 0 between iterations) and on wgmma fed by
 cp.async; causal flash attention forward and backward at D = 64 and 128;
-the all-gather + GEMM kernel over NVSHMEM on 2 ranks of the one GPU (run
-under mpiexec, one `gpu_kit.py rank` process per rank, with nvshmem4py from
-the kit's wheels); the example GPT's training step in fp32 and bf16 against
+the all-gather + GEMM and GEMM + reduce-scatter kernels over NVSHMEM on 2
+ranks of the one GPU (run under mpiexec, one `gpu_kit.py rank` process per
+rank, with nvshmem4py from the kit's wheels); the example GPT's training step in fp32 and bf16 against
 the CPU engine. build.json records the commit, nvcc and the NVSHMEM device
 library the kit was built with.
 """
@@ -116,11 +116,16 @@ def _gpt_step_check(kit, name, precision):
     return _save(kit, name, bundle, inputs, rules)
 
 
-def _gathered_gemm_check(kit, name, shape):
-    """`op.matmul(x, w, transport="nvshmem")` on a 2-rank tp mesh (x split by
-    rows, w by columns): one kernel per rank puts its rows of x into the
-    peer's symmetric buffer and multiplies tiles as their rows arrive (the
-    issue's "2 ranks on one GPU" NVSHMEM case). Each rank checks its columns."""
+def _nvshmem_gemm_check(kit, name, kind, shape):
+    """A matmul fused with its collective over NVSHMEM on a 2-rank tp mesh
+    (the issue's "2 ranks on one GPU" NVSHMEM case). `gather`:
+    `op.matmul(x, w, transport="nvshmem")` with x split by rows and w by
+    columns: one kernel per rank puts its rows of x into the peer's symmetric
+    buffer and multiplies tiles as their rows arrive; each rank checks its
+    columns. `scatter`: `r + op.matmul(x, w, transport="nvshmem")` with x
+    split by columns, w and r by rows: one kernel per rank pushes each
+    partial tile to the rank owning its rows and sums what arrives; each
+    rank checks its rows."""
     import ml_dtypes
 
     import tessera as ts
@@ -131,17 +136,24 @@ def _gathered_gemm_check(kit, name, shape):
     rng = np.random.default_rng()
     x = rng.standard_normal((m, k)).astype(bf16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(bf16)
+    r = rng.standard_normal((m, n)).astype(bf16)
     rows = dist.ShardSpec(partition=("row",), mesh_axes=("tp",))
     cols = dist.ShardSpec(partition=("col",), mesh_axes=("tp",))
-    X, W = dist.from_numpy(x, rows, mesh), dist.from_numpy(w, cols, mesh)
-
-    def column_parallel(x, w):
-        return op.matmul(x, w, transport="nvshmem")
-    bundle, inputs = ts.compile(column_parallel, mesh=mesh, target="gpu").build_for_ranks(X, W)
     want = x.astype(np.float64) @ w.astype(np.float64)
     rule = {"rule": "allclose", "rtol": 0.03, "atol": 0.03}
-    return _save(kit, name, bundle, inputs, [[(half, rule)] for half in np.split(want, 2, axis=1)],
-                 ranks=2)
+    if kind == "gather":
+        def column_parallel(x, w):
+            return op.matmul(x, w, transport="nvshmem")
+        fn, args = column_parallel, (dist.from_numpy(x, rows, mesh), dist.from_numpy(w, cols, mesh))
+        parts = np.split(want, 2, axis=1)
+    else:
+        def row_parallel(x, w, r):
+            return r + op.matmul(x, w, transport="nvshmem")
+        fn, args = row_parallel, (dist.from_numpy(x, cols, mesh), dist.from_numpy(w, rows, mesh),
+                                  dist.from_numpy(r, rows, mesh))
+        parts = np.split(want + r.astype(np.float64), 2, axis=0)
+    bundle, inputs = ts.compile(fn, mesh=mesh, target="gpu").build_for_ranks(*args)
+    return _save(kit, name, bundle, inputs, [[(part, rule)] for part in parts], ranks=2)
 
 
 def _compile(fn, *args):
@@ -194,7 +206,10 @@ CHECKS = {
         kit, n, (128, 256, 64, (8, 1), 4, True, {"tma": False}), (0, 512, 640, 512), "gelu"),
     "attention-causal-d64": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 64)),
     "attention-causal-d128": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 128)),
-    "nvshmem-gathered-gemm-2-ranks": lambda kit, n: _gathered_gemm_check(kit, n, (512, 256, 512)),
+    "nvshmem-gathered-gemm-2-ranks": lambda kit, n: _nvshmem_gemm_check(
+        kit, n, "gather", (512, 256, 512)),
+    "nvshmem-scattered-gemm-2-ranks": lambda kit, n: _nvshmem_gemm_check(
+        kit, n, "scatter", (512, 512, 512)),
     "gpt-step-fp32": lambda kit, n: _gpt_step_check(kit, n, "fp32"),
     "gpt-step-bf16": lambda kit, n: _gpt_step_check(kit, n, "bf16"),
 }

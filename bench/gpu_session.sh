@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine should run, in one call: the kit's checks
 # (GEMMs on mma.sync / wgmma + TMA / wgmma + cp.async, flash attention
-# forward and backward, the NVSHMEM all-gather + GEMM on 2 ranks, the GPT
-# training step against the CPU engine), NCCL on 2 ranks of the one GPU, and
-# the benchmarks against cuBLAS and torch SDPA. The GPU machine needs only
-# the runtime: compile the kit here first.
+# forward and backward, the NVSHMEM all-gather + GEMM and GEMM +
+# reduce-scatter on 2 ranks, the GPT training step against the CPU engine),
+# NCCL on 2 ranks of the one GPU, and the benchmarks against cuBLAS and torch
+# SDPA. The GPU machine needs only the runtime: compile the kit here first.
 #
 #   python bench/gpu_kit.py build gpu_kit          # here (compiler, nvcc; no GPU)
 #   device run: command="bash bench/gpu_session.sh gpu_kit", carry=["gpu_kit"]

@@ -456,11 +456,17 @@ def matmul(a, b, transport: str | None = None) -> Traced:
     (a linear layer). Under `ts.autocast(dtype=ts.bf16)` the operands are cast
     to bf16 and accumulated in fp32.
 
-    `transport` matters when `a` is split on M (sequence-parallel) over the
-    mesh axis `b` is split on N (a column-parallel weight): `a` is then
-    all-gathered (instead of the weight), with "nccl" as a separate
-    collective, with "nvshmem" inside the GEMM kernel, which reads peers'
-    rows as they arrive (GPU target), or "auto" (pick by size)."""
+    `transport` picks how the collective next to this matmul moves data:
+    "nccl" as a separate collective, "nvshmem" inside the GEMM kernel (GPU
+    target), or "auto" (pick by size). It matters in two cases of 2-D
+    operands. When `a` is split on M (sequence-parallel) over the mesh axis
+    `b` is split on N (a column-parallel weight), `a` is all-gathered
+    (instead of the weight); with "nvshmem" the GEMM reads peers' rows as
+    they arrive. When K is split (a row-parallel weight) and a consumer
+    wants the product split on M (`x + matmul(h, w)` with `x` split by
+    rows), the partial products are reduce-scattered over rows; with
+    "nvshmem" the GEMM pushes each partial tile to the rank owning its rows
+    and sums what arrives for its own."""
     src = _where_called("matmul")
     if transport is not None and transport not in TRANSPORTS:
         raise ValueError(f"op.matmul: transport must be one of {list(TRANSPORTS)}, got "

@@ -65,15 +65,6 @@ def plan(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh):
     return cfg, symmetric
 
 
-def mark_symmetric(kernel: ir.Operation, n_args: int) -> None:
-    """Marks the kernel's last two arguments (`plan`'s buffers) symmetric,
-    the last also as signal words."""
-    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
-    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
-        [empty] * (n_args - 2) + [ir.DictAttr.get({"ttile.symmetric": unit}),
-                                  ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
-
-
 def emit(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh, cfg, xs: ir.Value,
          ws: ir.Value, gathered: ir.Value, ready: ir.Value):
     """The fused kernel's body up to its output tile, at the current

@@ -15,9 +15,13 @@ Each partitioned function becomes a per-rank schedule over buffers:
 An all_gather of a matmul's lhs rows with `transport = nvshmem` is not a
 collective: it and the matmul become one kernel (`<fn>_gather_matmul_<n>`),
 which `tessera-lower-to-tile` turns into a GEMM that puts its rows into
-peers' symmetric buffers and reads theirs as they arrive. `transport = auto`
-is resolved here: NVSHMEM on the GPU target when the gathered operand fits
-in `NVSHMEM_AUTO_MAX_BYTES`, else the runtime's collective library.
+peers' symmetric buffers and reads theirs as they arrive. Likewise a
+reduce_scatter of a matmul's partial sums over rows with `transport =
+nvshmem` becomes one kernel with the matmul (`<fn>_matmul_scatter_<n>`): a
+GEMM that pushes each partial tile to the rank owning its rows. `transport
+= auto` is resolved here: NVSHMEM on the GPU target when the symmetric
+buffers the fused kernel needs fit in `NVSHMEM_AUTO_MAX_BYTES`, else the
+runtime's collective library.
 
 Argument and result shardings move to `tsched.sharding` attributes.
 """
@@ -35,10 +39,11 @@ from tessera_compiler.passes_common import (PassError, arg_attr_dicts, enum_of, 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
 NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad"}
-# `transport = auto` picks NVSHMEM for a gathered operand of at most this many
-# bytes: a quarter of NVSHMEM's default symmetric heap (1 GiB per PE), which
-# every fused gather's buffer shares. (A bound from memory, not yet from
-# measurement: no GPU has run the fused kernel.)
+# `transport = auto` picks NVSHMEM when the fused kernel's symmetric buffers
+# (a gather's gathered operand; a reduce-scatter's two copies of the
+# product) take at most this many bytes: a quarter of NVSHMEM's default
+# symmetric heap (1 GiB per PE), which every fused kernel's buffers share.
+# (A bound from memory, not yet from measurement: no GPU has run them.)
 NVSHMEM_AUTO_MAX_BYTES = 256 << 20
 
 
@@ -68,7 +73,7 @@ def hoist_collectives(func_op: ir.Operation) -> None:
 
 
 class ScheduleBuilder:
-    def __init__(self, func_op: ir.Operation, fused_gathers: set = frozenset()):
+    def __init__(self, func_op: ir.Operation, fused: set = frozenset()):
         self.src = func_op
         self.name = ir.StringAttr(func_op.attributes["sym_name"]).value
         self.buffers: dict = {}        # tensor value -> buffer value
@@ -76,7 +81,7 @@ class ScheduleBuilder:
         self.waited: dict = {}         # token -> streams already made to wait for it
         self.on_compute: set = set()   # buffers last written by a compute launch
         self.kernel_count = 0
-        self.fused_gathers = fused_gathers   # all_gathers lowered inside their matmul's kernel
+        self.fused = fused             # collectives lowered inside their matmul's kernel
         self.stream_t = ir.Type.parse("!tsched.stream")
         self.token_t = ir.Type.parse("!tsched.token")
         self.event_t = ir.Type.parse("!tsched.event")
@@ -110,6 +115,17 @@ class ScheduleBuilder:
                         del clone.attributes["tgraph.sharding"]
                 func.ReturnOp(list(clone.results))
         return name, inputs
+
+    def launch(self, ops: list[ir.Operation], kind: str | None, compute) -> None:
+        """Launches a kernel of `ops` on the compute stream into new buffers
+        for the last op's results."""
+        kernel, inputs = self.make_kernel(ops, kind)
+        ins = [self.use(v, compute) for v in inputs]
+        outs = [tsched.AllocOp(memref_of(r.type)).result for r in ops[-1].results]
+        tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs)
+        for r, out in zip(ops[-1].results, outs):
+            self.buffers[r] = out
+            self.on_compute.add(out)
 
     # -- buffers ---------------------------------------------------------
     def use(self, value: ir.Value, stream: ir.Value) -> ir.Value:
@@ -158,20 +174,17 @@ class ScheduleBuilder:
             bufs = [self.use(v, compute) for v in op.operands]
             func.ReturnOp(bufs)
             return
-        if op in self.fused_gathers:
-            return                      # lowered with the matmul reading it
+        if op in self.fused:
+            if op.name == "tgraph.reduce_scatter":     # with the matmul it sums
+                self.launch([op.operands[0].owner, op], "matmul_scatter", compute)
+            return                                     # a gather: with its matmul
         if is_compute(op):
             gather = op.operands[0].owner if op.name == "tgraph.matmul" else None
-            if gather in self.fused_gathers:
-                kernel, inputs = self.make_kernel([gather, op], "gather_matmul")
-            else:
-                kernel, inputs = self.make_kernel([op])
-            ins = [self.use(v, compute) for v in inputs]
-            outs = [tsched.AllocOp(memref_of(r.type)).result for r in op.results]
-            tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs)
-            for r, out in zip(op.results, outs):
-                self.buffers[r] = out
-                self.on_compute.add(out)
+            if gather in self.fused:
+                self.launch([gather, op], "gather_matmul", compute)
+            elif not (op.name == "tgraph.matmul" and
+                      any(u.owner in self.fused for u in op.results[0].uses)):
+                self.launch([op], None, compute)       # (else: with its reduce_scatter)
             return
         if op.name in COLLECTIVES:
             src_buf = self.use(op.operands[0], comm)
@@ -220,7 +233,7 @@ class ScheduleBuilder:
 
 
 def _nbytes(value: ir.Value) -> int:
-    """Bytes of a float tensor (a fusable gather feeds a matmul: floats)."""
+    """Bytes of a float tensor (fused collectives move matmul operands and products)."""
     t = ir.RankedTensorType(value.type)
     return math.prod(t.shape) * ir.FloatType(t.element_type).width // 8
 
@@ -239,26 +252,54 @@ def _fusable_gather(gather: ir.Operation) -> str | None:
     return None
 
 
+def _fusable_scatter(scatter: ir.Operation) -> str | None:
+    """Why `scatter` cannot be fused into the GEMM producing its operand, or None."""
+    source = scatter.operands[0].owner
+    rank = len(ir.RankedTensorType(scatter.operands[0].type).shape)
+    if rank != 2:
+        return f"the scattered operand has rank {rank} (the fused kernel takes 2-D rows)"
+    if ir.IntegerAttr(scatter.attributes["dim"]).value != 0:
+        return "it scatters columns, not rows"
+    if enum_of(scatter) != "sum":
+        return f"it reduces with '{enum_of(scatter)}', not a sum"
+    if isinstance(source, ir.Block) or source.name != "tgraph.matmul" or \
+            len(list(source.results[0].uses)) != 1:
+        return "its operand is not a matmul's product that nothing else reads"
+    return None
+
+
+FUSABLE = {"tgraph.all_gather": _fusable_gather, "tgraph.reduce_scatter": _fusable_scatter}
+
+
+def _symmetric_bytes(op: ir.Operation) -> int:
+    """Bytes of the symmetric buffers `op`'s fused kernel needs."""
+    if op.name == "tgraph.all_gather":
+        return _nbytes(op.results[0])
+    return 2 * _nbytes(op.operands[0])
+
+
 def resolve_transports(func_op: ir.Operation, gpu: bool) -> set:
-    """Settles each all_gather's transport (auto becomes nccl or nvshmem) and
-    returns the gathers to fuse into their matmul's kernel."""
+    """Settles each all_gather's and reduce_scatter's transport (auto becomes
+    nccl or nvshmem) and returns the collectives to fuse into their matmul's
+    kernel."""
     fused = set()
     for op in ops_of(func_op):
-        if op.name != "tgraph.all_gather" or "transport" not in op.attributes:
+        if op.name not in FUSABLE or "transport" not in op.attributes:
             continue
         transport = enum_of(op, "transport")
-        why_not = _fusable_gather(op)
+        what = op.name.split(".", 1)[1]
+        why_not = FUSABLE[op.name](op)
         if transport == "nvshmem":
             if not gpu:
                 raise PassError("transport = nvshmem needs the GPU target (NVSHMEM kernels are "
                                 "CUDA); use 'auto' to fall back to the collective library",
                                 op.location)
             if why_not:
-                raise PassError(f"transport = nvshmem: this all_gather cannot be fused into a "
+                raise PassError(f"transport = nvshmem: this {what} cannot be fused into a "
                                 f"GEMM: {why_not}; use 'auto' or 'nccl'", op.location)
         elif transport == "auto":
             transport = "nvshmem" if gpu and why_not is None and \
-                _nbytes(op.results[0]) <= NVSHMEM_AUTO_MAX_BYTES else "nccl"
+                _symmetric_bytes(op) <= NVSHMEM_AUTO_MAX_BYTES else "nccl"
         op.attributes["transport"] = ir.Attribute.parse(f"#tgraph.transport<{transport}>")
         if transport == "nvshmem":
             fused.add(op)

@@ -32,12 +32,15 @@ one tgraph op each. This pass decides how each runs:
 4. Attention (every target). `tgraph.attention` becomes a flash-attention
    forward kernel and `tgraph.attention_grad` a `_dkdv` and a `_dq` kernel
    (`flash_attention.py`).
-5. Gathered GEMMs (GPU). An all_gather + matmul kernel (an NVSHMEM transport)
-   starts a GEMM run like a matmul, epilogue included, and becomes one GEMM
-   that puts this rank's rows into every peer's symmetric copy of the
-   gathered operand and waits, per output tile, only for the rows it reads
-   (`gathered_gemm.py`). The symmetric buffers are allocated
-   (`tsched.alloc {symmetric}`) around its launch.
+5. GEMMs fused with a collective (GPU, an NVSHMEM transport). An all_gather
+   + matmul kernel starts a GEMM run like a matmul, epilogue included, and
+   becomes one GEMM that puts this rank's rows into every peer's symmetric
+   copy of the gathered operand and waits, per output tile, only for the
+   rows it reads (`gathered_gemm.py`). A matmul + reduce_scatter kernel
+   becomes one GEMM that pushes each partial tile to the rank owning its
+   rows and sums what arrives for its own (`scattered_gemm.py`); its
+   epilogue runs on the summed tile. The symmetric buffers are allocated
+   (`tsched.alloc {symmetric}`) around the launch.
 
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
@@ -127,10 +130,14 @@ def gemm_config(batch: int, m: int, n: int, k: int, element: str) -> GemmConfig:
     """The tile configuration of a `batch x [m, k] x [k, n]` GEMM: the largest
     tensor-core configuration that divides the problem and still gives every
     SM a block, else the smallest that divides it; CUDA-core tiles (largest
-    divisors up to 32) for other element types and shapes."""
+    divisors up to 32) for other element types and shapes. Configurations
+    that leave K at least two steps come first: canonicalization folds a
+    one-step K loop into straight-line code, which the CUDA emitter runs
+    from shared memory instead of its pipelined tensor-core main loop."""
     if element in ("bf16", "f16") and n % 8 == 0 and k % 8 == 0:
         fitting = [cfg for cfg in TENSOR_CORE_CONFIGS
                    if m % cfg.bm == 0 and n % cfg.bn == 0 and k % cfg.bk == 0]
+        fitting = [cfg for cfg in fitting if k >= 2 * cfg.bk] or fitting
         for cfg in fitting:
             if batch * (m // cfg.bm) * (n // cfg.bn) >= TARGET_BLOCKS:
                 return cfg
@@ -250,12 +257,31 @@ def _is_gemm(op) -> bool:
     return op.name == "tgraph.matmul"
 
 
-def _gathered_gemm(kernels, launch) -> list[ir.Operation] | None:
-    """[all_gather, matmul] when `launch` runs an all_gather fused with the
-    matmul that reads it (an NVSHMEM transport, fused by
-    tessera-lower-to-schedule), else None."""
+# Kernels of a GEMM fused with a collective over NVSHMEM (an NVSHMEM
+# transport, fused by tessera-lower-to-schedule): the body's op names.
+COLLECTIVE_GEMMS = (("tgraph.all_gather", "tgraph.matmul"),
+                    ("tgraph.matmul", "tgraph.reduce_scatter"))
+
+
+def _collective_gemm(kernels, launch) -> list[ir.Operation] | None:
+    """[all_gather, matmul] or [matmul, reduce_scatter] when `launch` runs a
+    GEMM fused with its collective, else None."""
     body = kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])
-    return body if [o.name for o in body] == ["tgraph.all_gather", "tgraph.matmul"] else None
+    return body if tuple(o.name for o in body) in COLLECTIVE_GEMMS else None
+
+
+def _matmul_of(body: list[ir.Operation]) -> ir.Operation:
+    return next(o for o in body if o.name == "tgraph.matmul")
+
+
+def _mark_symmetric(kernel: ir.Operation, n_args: int, n_symmetric: int) -> None:
+    """Marks the kernel's last `n_symmetric` arguments symmetric, the last
+    also as signal words (the runtime zeroes them before each launch)."""
+    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
+    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [empty] * (n_args - n_symmetric)
+        + [ir.DictAttr.get({"ttile.symmetric": unit})] * (n_symmetric - 1)
+        + [ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
 
 
 def _fits_epilogue(op, out_shape: list[int]) -> bool:
@@ -302,7 +328,7 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
         produced.clear()
         produced.update(produced_now)
         if gemm and _is_gemm(kop):
-            head = _shape(kop.results[0])
+            head = _shape(produced_now[0])
             shapes = [head]
         else:
             head, shapes = None, _op_shapes(kop)
@@ -312,9 +338,9 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
             continue
         if op.name == "tsched.launch":
             kop = _kernel_op(kernels, op)
-            gathered = _gathered_gemm(kernels, op)
-            if gathered:
-                kop = gathered[1]
+            fused = _collective_gemm(kernels, op)
+            if fused:
+                kop = _matmul_of(fused)
             if gemm and _is_gemm(kop):
                 start(op, kop)
                 continue
@@ -439,12 +465,12 @@ class GroupTiler:
     def __init__(self, group, kernels, name, module_block, meshes=None):
         self.group = group
         self.ops = [_kernel_op(kernels, l) for l in group]
-        # An all_gather + matmul head (NVSHMEM) stands for its matmul.
-        self.gathered = _gathered_gemm(kernels, group[0])
-        if self.gathered:
-            self.ops[0] = self.gathered[1]
+        # A GEMM fused with its collective (NVSHMEM) stands for its matmul.
+        self.fused = _collective_gemm(kernels, group[0])
+        if self.fused:
+            self.ops[0] = _matmul_of(self.fused)
         self.meshes = meshes or {}
-        self.symmetric = []          # types of the gathered GEMM's symmetric buffers
+        self.symmetric = []          # types of the fused GEMM's symmetric buffers
         self.name = name
         self.module_block = module_block
         # Tiles are tracked per buffer (a kernel may be launched twice in a
@@ -470,21 +496,26 @@ class GroupTiler:
         self.internal = [b for b in produced if b not in self.outputs]
 
     # -- tiling ------------------------------------------------------------
+    def _protocol(self):
+        """The module that builds the fused GEMM's communication."""
+        from . import gathered_gemm, scattered_gemm     # they import this module's builders
+        return gathered_gemm if self.fused[0].name == "tgraph.all_gather" else scattered_gemm
+
     def build(self) -> ir.Operation:
-        from . import gathered_gemm     # it imports this module's builders
         if len(self.ops) == 1 and _is_column_reduce(self.ops[0]):
             return self._column_reduce(self.ops[0])
         self.lead = 0        # leading dimensions (tile size 1) left out of tile types
         self.gemm = None
         if _is_gemm(self.ops[0]):
-            out = _shape(self.ops[0].results[0])
+            # (A reduce-scatter's instances cover its result, not the product.)
+            out = _shape(self.fused[-1].results[0] if self.fused else self.ops[0].results[0])
             *batch, m, n = out
             k = _shape(self.ops[0].operands[0])[-1]
             elt = str(ir.ShapedType(self.ops[0].operands[0].type).element_type)
-            if self.gathered:
-                gather = self.gathered[0]
-                self.mesh = self.meshes[ir.FlatSymbolRefAttr(gather.attributes["mesh"]).value]
-                self.gemm, self.symmetric = gathered_gemm.plan(gather, self.ops[0], self.mesh)
+            if self.fused:
+                collective = next(o for o in self.fused if o is not self.ops[0])
+                self.mesh = self.meshes[ir.FlatSymbolRefAttr(collective.attributes["mesh"]).value]
+                self.gemm, self.symmetric = self._protocol().plan(*self.fused, self.mesh)
             else:
                 self.gemm = gemm_config(math.prod(batch), m, n, k, elt)
             dom, tile = out, [1] * len(batch) + [self.gemm.bm, self.gemm.bn]
@@ -513,17 +544,18 @@ class GroupTiler:
         self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
         with ir.InsertionPoint(entry), loc:
             tiles = {}
-            if self.gathered:
-                # The instance's output tile is wherever the gather protocol
-                # puts it (own rows first): the epilogue follows its offsets.
-                gathered_gemm.mark_symmetric(k, len(arg_types))
+            if self.fused:
+                # The instance's output tile is wherever the protocol puts it
+                # (a gather's own rows first): the epilogue follows its offsets.
+                n_sym = len(self.symmetric)
+                _mark_symmetric(k, len(arg_types), n_sym)
                 _, ins, out = self.members[0]
-                tiles[out], *self.offsets = gathered_gemm.emit(
-                    *self.gathered, self.mesh, self.gemm, self.arg_of[ins[0]], self.arg_of[ins[1]],
-                    *list(entry.arguments)[-2:])
+                tiles[out], *self.offsets = self._protocol().emit(
+                    *self.fused, self.mesh, self.gemm, self.arg_of[ins[0]], self.arg_of[ins[1]],
+                    *list(entry.arguments)[-n_sym:])
             else:
                 self.offsets = self._offsets()
-            for op, ins, out in self.members[1 if self.gathered else 0:]:
+            for op, ins, out in self.members[1 if self.fused else 0:]:
                 with op.location:
                     tiles[out] = (self._gemm(op, ins) if op is self.ops[0] and self.gemm
                                   else self._tile_op(op, ins, out, tiles))

@@ -270,6 +270,9 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             current[value] = rule.result
             ctx.global_shapes[value] = ctx.global_shapes[result]
 
+    for op in ops_of(func_op):
+        if op.name == "tgraph.reduce_scatter":
+            _hand_transport_to_scatter(op)
     res_dicts = arg_attr_dicts(func_op, "res_attrs")
     res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, final_results)]
     ret = ops_of(func_op)[-1]
@@ -281,7 +284,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
 
 def _request_transport(matmul: ir.Operation) -> None:
     """Hands a matmul's `transport` to the all_gather of its lhs rows that the
-    partitioner inserted (tessera-lower-to-schedule fuses the two)."""
+    partitioner inserted (tessera-lower-to-schedule fuses the two); see also
+    `_hand_transport_to_scatter`."""
     lhs = matmul.operands[0]
     gather = lhs.owner
     if isinstance(gather, ir.Block) or gather.name != "tgraph.all_gather":
@@ -289,6 +293,20 @@ def _request_transport(matmul: ir.Operation) -> None:
     rank = len(ir.RankedTensorType(lhs.type).shape)
     if ir.IntegerAttr(gather.attributes["dim"]).value == rank - 2:
         gather.attributes["transport"] = matmul.attributes["transport"]
+
+
+def _hand_transport_to_scatter(scatter: ir.Operation) -> None:
+    """Hands a matmul's `transport` to the reduce_scatter of its partial
+    sums along M that the partitioner inserted for a consumer (a row-parallel
+    weight's output made sequence-parallel; tessera-lower-to-schedule fuses
+    the two)."""
+    matmul = scatter.operands[0].owner
+    if isinstance(matmul, ir.Block) or matmul.name != "tgraph.matmul" or \
+            "transport" not in matmul.attributes:
+        return
+    rank = len(ir.RankedTensorType(scatter.operands[0].type).shape)
+    if ir.IntegerAttr(scatter.attributes["dim"]).value == rank - 2:
+        scatter.attributes["transport"] = matmul.attributes["transport"]
 
 
 def _arg_label(arg: ir.Value) -> str:

@@ -123,9 +123,9 @@ def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, 
     if tool is None:
         raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
                                "nvidia-cuda-nvcc wheel)")
-    proc = subprocess.run([tool, f"-arch={arch}", *NVCC_OPTIONS, "-cubin", "-Xptxas", "-v",
-                           "-x", "cu", "-", "-o", os.devnull], input=source,
-                          capture_output=True, text=True)
+    proc = subprocess.run([tool, f"-arch={arch}", *NVCC_OPTIONS, *_nvshmem_flags(source),
+                           "-cubin", "-Xptxas", "-v", "-x", "cu", "-", "-o", os.devnull],
+                          input=source, capture_output=True, text=True)
     if proc.returncode != 0:
         raise KernelBuildError(f"nvcc failed on generated kernels:\n{proc.stderr[-4000:]}")
     report, kernel = {}, None
@@ -151,11 +151,19 @@ def build_cuda_cubin(source: str) -> Path:
                                "nvidia-cuda-nvcc wheel) to build GPU kernels ahead of time")
     if "#include <nvshmem.h>" not in source:
         return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")
+    obj = _cached_build(source, ".cu", tool, [*NVCC_FLAGS, *_nvshmem_flags(source), "-c"], ".o")
+    return _cached_build_from(obj, tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
+                                          f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
+                              ".cubin")
+
+
+def _nvshmem_flags(source: str) -> list[str]:
+    """nvcc flags for a source calling NVSHMEM's device API (relocatable
+    device code against NVSHMEM's headers); none for other sources."""
+    if "#include <nvshmem.h>" not in source:
+        return []
     home = nvshmem_home()
     if home is None:
         raise KernelBuildError("these kernels call NVSHMEM: pip install nvidia-nvshmem-cu13 "
                                "(or set NVSHMEM_HOME to an NVSHMEM installation)")
-    obj = _cached_build(source, ".cu", tool,
-                        [*NVCC_FLAGS, "-rdc=true", f"-I{home / 'include'}", "-c"], ".o")
-    return _cached_build_from(obj, tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
-                                          f"-L{home / 'lib'}", "-lnvshmem_device"], ".cubin")
+    return ["-rdc=true", f"-I{home / 'include'}"]

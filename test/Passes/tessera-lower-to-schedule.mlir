@@ -162,3 +162,75 @@ func.func @not_fusable(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> (tenso
   return %1, %0 : tensor<128x16xbf16>, tensor<128x32xbf16>
 }
 }
+
+// -----
+
+// transport = nvshmem on a reduce_scatter of a matmul's partial sums: no
+// collective; the matmul and the reduce_scatter become one kernel, launched on
+// the compute stream where the reduce_scatter's result is first needed.
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @scattered
+// CHECK-NOT: tsched.collective_start
+// CHECK: %[[Y:.*]] = tsched.alloc : memref<64x16xbf16>
+// CHECK-NEXT: tsched.launch @scattered_matmul_scatter_0 on %{{.*}} ins(%arg0, %arg1 : memref<128x32xbf16>, memref<32x16xbf16>) outs(%[[Y]] : memref<64x16xbf16>)
+// CHECK-NEXT: tsched.alloc : memref<64x16xbf16>
+// CHECK-NEXT: tsched.launch @scattered_add_1 on %{{.*}} ins(%arg2, %[[Y]] : memref<64x16xbf16>, memref<64x16xbf16>)
+// CHECK: func.func private @scattered_matmul_scatter_0(%{{.*}}: tensor<128x32xbf16>, %{{.*}}: tensor<32x16xbf16>) -> tensor<64x16xbf16> attributes {tsched.kernel}
+// CHECK-NEXT: tgraph.matmul
+// CHECK-NEXT: tgraph.reduce_scatter {{.*}} {transport = #tgraph.transport<nvshmem>}
+func.func @scattered(%h: tensor<128x32xbf16>, %w: tensor<32x16xbf16>, %r: tensor<64x16xbf16>) -> tensor<64x16xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.matmul %h, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<128x16xbf16> -> tensor<64x16xbf16>
+  %2 = tgraph.add %r, %1 : tensor<64x16xbf16>
+  return %2 : tensor<64x16xbf16>
+}
+}
+
+// -----
+
+// transport = auto on the GPU target: fused when both symmetric copies of
+// the product fit in NVSHMEM_AUTO_MAX_BYTES (256 MiB); a 16384 x 8192 bf16
+// product (256 MiB, 512 MiB in two copies) stays a collective.
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @auto_scattered
+// CHECK: tsched.launch @auto_scattered_matmul_scatter_0
+// CHECK-LABEL: func.func @auto_too_big
+// CHECK: tsched.launch @auto_too_big_matmul_0
+// CHECK: tsched.collective_start <reduce_scatter>
+func.func @auto_scattered(%h: tensor<128x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<64x16xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.matmul %h, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<auto>} : tensor<128x16xbf16> -> tensor<64x16xbf16>
+  return %1 : tensor<64x16xbf16>
+}
+func.func @auto_too_big(%h: tensor<16384x32xbf16>, %w: tensor<32x8192xbf16>) -> tensor<8192x8192xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.matmul %h, %w : tensor<16384x32xbf16>, tensor<32x8192xbf16> -> tensor<16384x8192xbf16>
+  %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<auto>} : tensor<16384x8192xbf16> -> tensor<8192x8192xbf16>
+  return %1 : tensor<8192x8192xbf16>
+}
+}
+
+// -----
+
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @scatter_not_fusable(%h: tensor<128x32xbf16>, %w: tensor<32x16xbf16>) -> (tensor<64x16xbf16>, tensor<128x16xbf16>) attributes {tgraph.partitioned} {
+  %0 = tgraph.matmul %h, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  // expected-error @+1 {{transport = nvshmem: this reduce_scatter cannot be fused into a GEMM: its operand is not a matmul's product that nothing else reads}}
+  %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<128x16xbf16> -> tensor<64x16xbf16>
+  return %1, %0 : tensor<64x16xbf16>, tensor<128x16xbf16>
+}
+}
+
+// -----
+
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @scatter_columns(%h: tensor<128x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<128x8xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.matmul %h, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
+  // expected-error @+1 {{this reduce_scatter cannot be fused into a GEMM: it scatters columns, not rows; use 'auto' or 'nccl'}}
+  %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<128x16xbf16> -> tensor<128x8xbf16>
+  return %1 : tensor<128x8xbf16>
+}
+}

@@ -511,3 +511,73 @@ module attributes {tessera.target = "gpu"} {
     return %0 : tensor<128x16xbf16>
   }
 }
+
+// -----
+
+// A matmul + reduce_scatter kernel (transport = nvshmem) on a 4-rank axis,
+// with a residual add after it: one GEMM kernel over this rank's 64 x 16
+// output tiles. For each rank (coord + j, j = 1..4: peers first, itself
+// last) an instance computes the partial tile of that rank's rows (one GEMM
+// main loop), stages it and puts it into that rank's inbox slot for this
+// rank; then it completes the puts, adds 1 to the tile's signal word on
+// every rank, waits for 4 and sums the 4 slots in rank order in f32; the
+// add runs on the sum.
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["tp"] shape = [4]
+  // CHECK-LABEL: func.func @scattered
+  // CHECK: %[[Z:.*]] = tsched.alloc : memref<64x16xbf16>
+  // CHECK-NEXT: %[[OUTBOX:.*]] = tsched.alloc {symmetric} : memref<256x16xbf16>
+  // CHECK-NEXT: %[[INBOX:.*]] = tsched.alloc {symmetric} : memref<256x16xbf16>
+  // CHECK-NEXT: %[[READY:.*]] = tsched.alloc {symmetric} : memref<4xi64>
+  // CHECK-NEXT: tsched.launch @scattered_matmul_scatter_0_fused2 on %{{.*}} ins(%arg0, %arg1, %arg2 : memref<256x32xbf16>, memref<32x16xbf16>, memref<64x16xbf16>) outs(%[[Z]], %[[OUTBOX]], %[[INBOX]], %[[READY]] :
+  // CHECK-NOT: tsched.launch
+  // CHECK: ttile.kernel @scattered_matmul_scatter_0_fused2({{.*}}, %[[OB:.*]]: memref<256x16xbf16> {ttile.symmetric}, %[[IB:.*]]: memref<256x16xbf16> {ttile.symmetric}, %[[RD:.*]]: memref<4xi64> {ttile.signals, ttile.symmetric})
+  // CHECK-SAME: grid = array<i64: 4>
+  // CHECK: %[[PID:.*]] = ttile.program_id 0
+  // CHECK: %[[ROW:.*]] = arith.muli %[[PID]], %c16
+  // CHECK: %[[COL:.*]] = arith.muli
+  // CHECK: ttile.my_pe
+  // CHECK: %[[END:.*]] = arith.constant 5 : index
+  // CHECK: scf.for %[[J:.*]] = %{{.*}} to %[[END]] step %{{.*}} {
+  // CHECK:   %[[ROWS:.*]] = arith.addi %{{.*}}, %[[ROW]]
+  // CHECK:   scf.for
+  // CHECK:     ttile.load %arg0[%[[ROWS]], %{{.*}}]
+  // CHECK:     ttile.dot
+  // CHECK:   ttile.store %{{.*}}, %[[OB]][%[[ROWS]], %[[COL]]]
+  // CHECK-NEXT: ttile.barrier
+  // CHECK:   ttile.put %[[OB]][%[[ROWS]], %[[COL]]] to %[[IB]][%{{.*}}, %[[COL]]] on %{{.*}} {shape = array<i64: 16, 16>}
+  // CHECK: }
+  // CHECK-NEXT: ttile.quiet
+  // CHECK: scf.for
+  // CHECK:   ttile.signal %[[RD]][%[[PID]]], %{{.*}} on %{{.*}} {kind = "add"}
+  // CHECK: %[[C4:.*]] = arith.constant 4 : index
+  // CHECK-NEXT: ttile.wait %[[RD]][%[[PID]]], %[[C4]] {cmp = "ge"}
+  // CHECK: %[[S0:.*]] = ttile.load %[[IB]]
+  // CHECK-NEXT: %[[W0:.*]] = ttile.cast %[[S0]] : !ttile.tile<16x16xbf16> to !ttile.tile<16x16xf32>
+  // CHECK: %[[S1:.*]] = ttile.load %[[IB]]
+  // CHECK-NEXT: %[[W1:.*]] = ttile.cast %[[S1]]
+  // CHECK-NEXT: ttile.add %[[W0]], %[[W1]] : !ttile.tile<16x16xf32>
+  // CHECK-COUNT-2: ttile.add {{.*}} : !ttile.tile<16x16xf32>
+  // CHECK-NEXT: %[[TOTAL:.*]] = ttile.cast %{{.*}} : !ttile.tile<16x16xf32> to !ttile.tile<16x16xbf16>
+  // CHECK: %[[R:.*]] = ttile.load %arg2[%[[ROW]], %[[COL]]]
+  // CHECK-NEXT: %[[OUT:.*]] = ttile.add %[[R]], %[[TOTAL]] : !ttile.tile<16x16xbf16>
+  // CHECK-NEXT: ttile.store %[[OUT]], %arg3[%[[ROW]], %[[COL]]]
+  func.func @scattered(%arg0: memref<256x32xbf16>, %arg1: memref<32x16xbf16>, %arg2: memref<64x16xbf16>) -> memref<64x16xbf16> {
+    %0 = tsched.stream "compute"
+    %2 = tsched.alloc : memref<64x16xbf16>
+    tsched.launch @scattered_matmul_scatter_0 on %0 ins(%arg0, %arg1 : memref<256x32xbf16>, memref<32x16xbf16>) outs(%2 : memref<64x16xbf16>)
+    %3 = tsched.alloc : memref<64x16xbf16>
+    tsched.launch @add on %0 ins(%arg2, %2 : memref<64x16xbf16>, memref<64x16xbf16>) outs(%3 : memref<64x16xbf16>)
+    tsched.free %2 : memref<64x16xbf16>
+    return %3 : memref<64x16xbf16>
+  }
+  func.func private @scattered_matmul_scatter_0(%arg0: tensor<256x32xbf16>, %arg1: tensor<32x16xbf16>) -> tensor<64x16xbf16> attributes {tsched.kernel} {
+    %0 = tgraph.matmul %arg0, %arg1 : tensor<256x32xbf16>, tensor<32x16xbf16> -> tensor<256x16xbf16>
+    %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<256x16xbf16> -> tensor<64x16xbf16>
+    return %1 : tensor<64x16xbf16>
+  }
+  func.func private @add(%arg0: tensor<64x16xbf16>, %arg1: tensor<64x16xbf16>) -> tensor<64x16xbf16> attributes {tsched.kernel} {
+    %0 = tgraph.add %arg0, %arg1 : tensor<64x16xbf16>
+    return %0 : tensor<64x16xbf16>
+  }
+}

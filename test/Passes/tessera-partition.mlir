@@ -258,3 +258,32 @@ func.func @weight_gathered(%x: tensor<16x16xf32> {tgraph.sharding = #tgraph.shar
   %0 = tgraph.matmul %x, %w : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
   return %0 : tensor<16x32xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// A row-parallel matmul (K split) whose sum a residual add wants split by
+// rows: the reduce_scatter inserted for the add carries the matmul's
+// transport; without a transport it has none.
+// CHECK-LABEL: func.func @scattered
+// CHECK: %[[P:.*]] = tgraph.matmul %arg0, %arg1 {{{.*}}transport = #tgraph.transport<nvshmem>} : tensor<16x8xf32>, tensor<8x32xf32> -> tensor<16x32xf32>
+// CHECK-NEXT: %[[S:.*]] = tgraph.reduce_scatter <sum> %[[P]] on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<16x32xf32> -> tensor<8x32xf32>
+// CHECK-NEXT: tgraph.add %arg2, %[[S]]
+// CHECK-LABEL: func.func @scattered_plain
+// CHECK: tgraph.reduce_scatter <sum> %{{.*}} on @mesh["tp"] dim 0 : tensor<16x32xf32> -> tensor<8x32xf32>
+func.func @scattered(%h: tensor<16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                        %w: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                        %r: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>})
+    -> tensor<16x32xf32> {
+  %0 = tgraph.matmul %h, %w {transport = #tgraph.transport<nvshmem>} : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  %1 = tgraph.add %r, %0 : tensor<16x32xf32>
+  return %1 : tensor<16x32xf32>
+}
+func.func @scattered_plain(%h: tensor<16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                              %w: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                              %r: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>})
+    -> tensor<16x32xf32> {
+  %0 = tgraph.matmul %h, %w : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  %1 = tgraph.add %r, %0 : tensor<16x32xf32>
+  return %1 : tensor<16x32xf32>
+}

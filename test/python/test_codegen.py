@@ -95,6 +95,53 @@ def test_nvshmem_kernel_links_into_one_cubin():
     assert b"nvshmemi_device_state_d" in cubin        # NVSHMEM's device library is linked in
 
 
+@pytest.mark.parametrize("k", [32, 64, 128])
+def test_short_k_gemms_get_the_tensor_core_main_loop(k):
+    """A bf16 GEMM whose K is one step of the largest fitting tile (K = 64
+    for wgmma's 64-wide steps, 32 for mma.sync's) still gets the pipelined
+    tensor-core main loop: a one-step loop would be folded away by
+    canonicalization and run from shared memory."""
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, 512)).astype(ml_dtypes.bfloat16)
+    source = graph.trace(lambda a, b: op.matmul(a, b), a, b, target="gpu").cuda
+    assert source.count("// tensor-core GEMM") == 1, source[-3000:]
+    assert "from shared memory" not in source
+
+
+def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch):
+    """gelu(r + x @ w) with the reduce-scatter in the GEMM (transport =
+    "nvshmem") on a 4-rank tp mesh with 128x256 wgmma tiles: the loop over
+    ranks holds the one tensor-core main loop (with its 4-stage ring), the
+    staging store and the put; then the signals, the wait, the sum and the
+    GELU. It links with NVSHMEM into one sm_90a cubin, and ptxas spills
+    nothing in it."""
+    import ml_dtypes
+    from tessera_compiler.codegen.build import nvshmem_home
+    from tessera_passes import lower_to_tile
+    if nvcc() is None or nvshmem_home() is None:
+        pytest.skip("needs nvcc and NVSHMEM (pip install nvidia-nvshmem-cu13)")
+    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)     # the largest tiles
+    mesh = dist.Mesh(axes=["tp"], devices=range(4))
+    rng = np.random.default_rng(0)
+
+    def split(shape, part):
+        return dist.from_numpy(rng.standard_normal(shape).astype(ml_dtypes.bfloat16),
+                               dist.ShardSpec(partition=(part,), mesh_axes=("tp",)), mesh)
+    x, w, r = split((512, 1024), "col"), split((1024, 512), "row"), split((512, 512), "row")
+    levels = graph.trace(lambda x, w, r: op.gelu(r + op.matmul(x, w, transport="nvshmem")),
+                         x, w, r, mesh=mesh, target="gpu")
+    (kernel,) = [k for k in levels.levels.cuda_launches if "matmul_scatter" in k]
+    assert "nvshmemx_signal_op" in levels.cuda and "NVSHMEM_SIGNAL_ADD" in levels.cuda
+    source = levels.cuda.split(f"// ttile.kernel @{kernel}")[1]
+    assert source.count("// tensor-core GEMM: block tile 128x256x64") == 1, source[:2000]
+    cubin = build_cuda_cubin(levels.cuda).read_bytes()
+    assert cubin[:4] == b"\x7fELF" and kernel.encode() in cubin
+    report = kernel_resources(levels.cuda)[kernel]
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+
+
 @pytest.mark.parametrize("m,k,n,element", [(16, 32, 16, "f32"), (7, 5, 13, "f32"),
                                            (5, 33, 24, "f32"), (1, 3, 1, "f32"),
                                            (9, 16, 40, "bf16")])

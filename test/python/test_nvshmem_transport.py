@@ -1,13 +1,21 @@
-"""`op.matmul(x, w, transport=...)`: a sequence-parallel x (rows split) times
-a column-parallel w over a tp mesh. With "nvshmem" (or "auto", on the GPU
-target) the all-gather of x happens inside the GEMM kernel, which puts this
-rank's rows into every peer's symmetric buffer and waits per tile for the
-rows it reads (passes/tessera_passes/gathered_gemm.py).
+"""`op.matmul(x, w, transport=...)` over a tp mesh, where the matmul meets a
+collective the partitioner inserts:
 
-Without a GPU the fused kernel runs in the CUDA emulator with NVSHMEM
+* gather: a sequence-parallel x (rows split) times a column-parallel w. With
+  "nvshmem" (or "auto", on the GPU target) the all-gather of x happens
+  inside the GEMM kernel, which puts this rank's rows into every peer's
+  symmetric buffer and waits per tile for the rows it reads
+  (passes/tessera_passes/gathered_gemm.py).
+* scatter: x split by columns times a row-parallel w, added to a residual
+  split by rows (a sequence-parallel output). With "nvshmem" the
+  reduce-scatter of the partial products happens inside the GEMM kernel,
+  which pushes each partial tile to the rank owning its rows and sums what
+  arrives for its own (passes/tessera_passes/scattered_gemm.py).
+
+Without a GPU the fused kernels run in the CUDA emulator with NVSHMEM
 emulated across the ranks of an MPI job (a shared-memory symmetric heap,
-atomic signal words): what that proves is the kernel's indexing, the
-put/signal/wait protocol and the runtime plumbing (symmetric allocations,
+atomic signal words): what that proves is the kernels' indexing, the
+put/signal/wait protocols and the runtime plumbing (symmetric allocations,
 signal reset and barrier per launch), against float64 numpy on fresh random
 inputs. It says nothing about NVLink speed or GPU memory ordering."""
 
@@ -31,12 +39,12 @@ def _seed() -> int:
     return int(np.random.SeedSequence().entropy % 2**31)
 
 
-def _run(run_mpi, tmp_path, m, k, n, dtype, transport, *extra):
-    proc = run_mpi(2, WORKERS / "gathered_gemm_worker.py", _seed(), m, k, n, dtype, transport,
-                   tmp_path, *extra,
-                   env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_NVSHMEM_WAIT_S": "60"}, timeout=300)
+def _run(run_mpi, tmp_path, kind, m, k, n, dtype, transport, *extra, ranks=2):
+    proc = run_mpi(ranks, WORKERS / "collective_gemm_worker.py", kind, _seed(), m, k, n, dtype,
+                   transport, tmp_path, *extra,
+                   env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_NVSHMEM_WAIT_S": "100"}, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in range(ranks)]
 
 
 @pytest.mark.parametrize("dtype, transport, tol", [("bf16", "nvshmem", 2e-2), ("f32", "auto", 1e-5)])
@@ -45,7 +53,7 @@ def test_gathered_gemm_runs_on_two_emulated_pes(run_mpi, tmp_path, dtype, transp
     GPU target picks NVSHMEM for a small operand. One fused launch, two
     symmetric buffers, no collective; both calls give the reference."""
     m, k, n = 128, 64, 64
-    for r in _run(run_mpi, tmp_path, m, k, n, dtype, transport):
+    for r in _run(run_mpi, tmp_path, "gather", m, k, n, dtype, transport):
         assert r["max_err"] <= tol * r["scale"], r
         assert r["repeat_identical"], r
         assert r["y_shape"] == [m, n] and r["y_local"] == [m, n // 2], r
@@ -59,19 +67,50 @@ def test_epilogue_runs_inside_the_gathered_gemm(run_mpi, tmp_path, dtype, tol):
     run on the gathered GEMM's output tile in the same kernel (the only
     kernel of the program), at the tile's rotated rows, and match numpy."""
     m, k, n = 128, 64, 64
-    for r in _run(run_mpi, tmp_path, m, k, n, dtype, "nvshmem", "epilogue"):
+    for r in _run(run_mpi, tmp_path, "gather", m, k, n, dtype, "nvshmem", "epilogue"):
         assert r["max_err"] <= tol * r["scale"], r
         assert r["repeat_identical"], r
-        assert r["epilogue_in_gathered_gemm"] and r["kernels"] == 1, r
+        assert r["epilogue_in_fused_gemm"] and r["kernels"] == 1, r
         assert r["symmetric_allocs"] == 2 and r["collectives"] == 0, r
 
 
 def test_nccl_transport_is_a_collective_before_the_gemm(run_mpi, tmp_path):
     """transport="nccl": x is still gathered (not w), by the collective library."""
     m, k, n = 64, 32, 32
-    for r in _run(run_mpi, tmp_path, m, k, n, "f32", "nccl"):
+    for r in _run(run_mpi, tmp_path, "gather", m, k, n, "f32", "nccl"):
         assert r["max_err"] <= 1e-5 * r["scale"], r
         assert r["y_local"] == [m, n // 2], r
+        assert r["fused_launches"] == 0 and r["collectives"] == 1, r
+
+
+@pytest.mark.parametrize("ranks, dtype, transport, extra, tol", [
+    (2, "bf16", "nvshmem", ("epilogue", "largest-tiles"), 2e-2),
+    (4, "f32", "auto", (), 1e-5)])
+def test_scattered_gemm_runs_on_emulated_pes(run_mpi, tmp_path, ranks, dtype, transport, extra,
+                                             tol):
+    """r + x @ w (then GELU, with `epilogue`) with the reduce-scatter in the
+    GEMM: in bf16 on 2 PEs with 128x256 wgmma tiles (each instance computes
+    its peer's tile, then its own), in f32 on 4 PEs ("auto" picks NVSHMEM on
+    the GPU target), where each instance loops over 3 peers. One kernel (the
+    residual add and GELU run on the summed tile), three symmetric buffers,
+    no collective; both calls give the reference, bit for bit the same."""
+    m, k, n = (256, 256, 256) if dtype == "bf16" else (128, 64, 32)
+    for r in _run(run_mpi, tmp_path, "scatter", m, k, n, dtype, transport, *extra, ranks=ranks):
+        assert r["max_err"] <= tol * r["scale"], r
+        assert r["repeat_identical"], r
+        assert r["y_shape"] == [m, n] and r["y_local"] == [m // ranks, n], r
+        assert r["fused_launches"] >= 1 and r["collectives"] == 0, r
+        assert r["epilogue_in_fused_gemm"] and r["kernels"] == 1, r
+        assert r["symmetric_allocs"] == 3, r
+
+
+def test_nccl_transport_is_a_reduce_scatter_after_the_gemm(run_mpi, tmp_path):
+    """transport="nccl" on a row-parallel matmul: the collective library's
+    reduce_scatter, then the residual add."""
+    m, k, n = 64, 32, 32
+    for r in _run(run_mpi, tmp_path, "scatter", m, k, n, "f32", "nccl"):
+        assert r["max_err"] <= 1e-5 * r["scale"], r
+        assert r["y_local"] == [m // 2, n], r
         assert r["fused_launches"] == 0 and r["collectives"] == 1, r
 
 

@@ -150,10 +150,13 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
     `lhs[..., M, K] x rhs[..., K, N] -> result[..., M, N]`; leading batch
     dimensions must match.
 
-    `transport` (optional) asks that an all-gather of `lhs` along M, which
-    the partitioner inserts when `lhs` is split on M over the axis `rhs` is
-    split on N (a sequence-parallel input to a column-parallel weight), use
-    that transport; without it the partitioner gathers `rhs` instead.
+    `transport` (optional) asks that the collective next to this matmul use
+    that transport: the all-gather of `lhs` along M, which the partitioner
+    inserts when `lhs` is split on M over the axis `rhs` is split on N (a
+    sequence-parallel input to a column-parallel weight; without a transport
+    the partitioner gathers `rhs` instead), or the reduce-scatter along M of
+    this matmul's partial sums (a row-parallel weight whose output is
+    sequence-parallel).
 
     ```mlir
     %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
@@ -554,13 +557,21 @@ def TGraph_AllGatherOp : TGraph_CollectiveOp<"all_gather"> {
 def TGraph_ReduceScatterOp : TGraph_CollectiveOp<"reduce_scatter"> {
   let summary = "reduce over a mesh axis and keep this rank's block along `dim`";
   let description = [{
+    `transport` (optional, default `nccl`) selects how the data moves; see
+    `#tgraph.transport`. With `nvshmem` the sum of a matmul's partial
+    products is reduce-scattered by the GEMM kernel itself, which pushes each
+    output tile to the rank that owns its rows.
+
     ```mlir
     %1 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 : tensor<8x16xf32> -> tensor<4x16xf32>
+    %2 = tgraph.reduce_scatter <sum> %0 on @mesh["tp"] dim 0 {transport = #tgraph.transport<nvshmem>}
+         : tensor<8x16xf32> -> tensor<4x16xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, TGraph_ReductionKindAttr:$kind,
                        FlatSymbolRefAttr:$mesh, StrAttr:$axis, I64Attr:$dim,
-                       UnitAttr:$deterministic);
+                       UnitAttr:$deterministic,
+                       OptionalAttr<TGraph_TransportAttr>:$transport);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $kind $input `on` $mesh `[` $axis `]` `dim` $dim (`deterministic` $deterministic^)?
