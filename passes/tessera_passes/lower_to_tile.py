@@ -257,8 +257,8 @@ def _is_gemm(op) -> bool:
     return op.name == "tgraph.matmul"
 
 
-# Kernels of a GEMM fused with a collective over NVSHMEM (an NVSHMEM
-# transport, fused by tessera-lower-to-schedule): the body's op names.
+# The op names in the bodies of kernels that fuse a GEMM with its collective
+# (an NVSHMEM transport; tessera-lower-to-schedule makes them).
 COLLECTIVE_GEMMS = (("tgraph.all_gather", "tgraph.matmul"),
                     ("tgraph.matmul", "tgraph.reduce_scatter"))
 
