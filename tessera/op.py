@@ -466,7 +466,8 @@ def matmul(a, b, transport: str | None = None) -> Traced:
     wants the product split on M (`x + matmul(h, w)` with `x` split by
     rows), the partial products are reduce-scattered over rows; with
     "nvshmem" the GEMM pushes each partial tile to the rank owning its rows
-    and sums what arrives for its own."""
+    and sums what arrives for its own. "nvshmem" where neither case arises
+    is a compile error at this call; "auto" is then a no-op."""
     src = _where_called("matmul")
     if transport is not None and transport not in TRANSPORTS:
         raise ValueError(f"op.matmul: transport must be one of {list(TRANSPORTS)}, got "

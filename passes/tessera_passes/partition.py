@@ -28,7 +28,7 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
-from tessera_compiler.passes_common import (PassError, arg_attr_dicts,
+from tessera_compiler.passes_common import (PassError, arg_attr_dicts, enum_of,
                                             function_type, location_name, ops_of, run_reporting,
                                             set_dict_entry, set_function_type)
 from tessera_compiler.sharding import Context, Mesh, Sharding
@@ -273,6 +273,9 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     for op in ops_of(func_op):
         if op.name == "tgraph.reduce_scatter":
             _hand_transport_to_scatter(op)
+    for op in ops_of(func_op):
+        if op.name == "tgraph.matmul" and "transport" in op.attributes:
+            _check_transport_used(op)
     res_dicts = arg_attr_dicts(func_op, "res_attrs")
     res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, final_results)]
     ret = ops_of(func_op)[-1]
@@ -307,6 +310,23 @@ def _hand_transport_to_scatter(scatter: ir.Operation) -> None:
     rank = len(ir.RankedTensorType(scatter.operands[0].type).shape)
     if ir.IntegerAttr(scatter.attributes["dim"]).value == rank - 2:
         scatter.attributes["transport"] = matmul.attributes["transport"]
+
+
+def _check_transport_used(matmul: ir.Operation) -> None:
+    """An explicit `transport = nvshmem` must find a collective to fuse: a
+    request that silently does nothing hides a sharding the user did not
+    intend (or a lhs of rank 3, which op.matmul reshapes around the GEMM)."""
+    if enum_of(matmul, "transport") != "nvshmem":
+        return
+    lhs_owner = matmul.operands[0].owner
+    carriers = [] if isinstance(lhs_owner, ir.Block) else [lhs_owner]
+    carriers += [u.owner for u in matmul.results[0].uses]
+    if not any(c.name in ("tgraph.all_gather", "tgraph.reduce_scatter")
+               and "transport" in c.attributes for c in carriers):
+        raise PassError("transport = nvshmem: this matmul has no collective to fuse on this "
+                        "mesh (neither an all-gather of its lhs rows nor a reduce-scatter of "
+                        "its product over rows; the fused kernels take a 2-D lhs); use 'auto' "
+                        "to fuse only where one applies", matmul.location)
 
 
 def _arg_label(arg: ir.Value) -> str:

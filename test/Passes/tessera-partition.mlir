@@ -287,3 +287,17 @@ func.func @scattered_plain(%h: tensor<16x16xf32> {tgraph.sharding = #tgraph.shar
   %1 = tgraph.add %r, %0 : tensor<16x32xf32>
   return %1 : tensor<16x32xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// transport = nvshmem on a matmul whose product is all-reduced (nothing split
+// by rows wants it): no collective the GEMM could fuse.
+func.func @transport_unused(%h: tensor<16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"]]>},
+                            %w: tensor<16x32xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>})
+    -> tensor<16x32xf32> {
+  // expected-error @+1 {{transport = nvshmem: this matmul has no collective to fuse on this mesh (neither an all-gather of its lhs rows nor a reduce-scatter of its product over rows; the fused kernels take a 2-D lhs); use 'auto' to fuse only where one applies}}
+  %0 = tgraph.matmul %h, %w {transport = #tgraph.transport<nvshmem>} : tensor<16x16xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  %1 = tgraph.exp %0 : tensor<16x32xf32>
+  return %1 : tensor<16x32xf32>
+}

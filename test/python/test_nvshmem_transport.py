@@ -134,6 +134,22 @@ def test_nvshmem_on_the_cpu_target_names_the_line():
         ts.graph.trace(f, x, w, target="cpu")
 
 
+def test_nvshmem_without_a_collective_to_fuse_names_the_line():
+    """x replicated times a column-parallel w needs no collective at all: an
+    explicit "nvshmem" there is an error at the user's line, not a no-op
+    ("auto" stays quiet)."""
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    rng = np.random.default_rng()
+    x = dist.from_numpy(rng.standard_normal((32, 16)).astype(np.float32), mesh=mesh)
+    w = dist.from_numpy(rng.standard_normal((16, 32)).astype(np.float32),
+                        layout=dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh=mesh)
+    with pytest.raises(CompileError, match=r"test_nvshmem_transport.py:\d+: error: transport = "
+                                           r"nvshmem: this matmul has no collective to fuse"):
+        ts.graph.trace(lambda x, w: op.matmul(x, w, transport="nvshmem"), x, w, target="gpu")
+    levels = ts.graph.trace(lambda x, w: op.matmul(x, w, transport="auto"), x, w, target="gpu")
+    assert "collective_start" not in levels.schedule
+
+
 def test_auto_on_the_cpu_target_is_a_collective():
     x, w = _tp_operands()
     levels = ts.graph.trace(lambda x, w: op.matmul(x, w, transport="auto"), x, w, target="cpu")
