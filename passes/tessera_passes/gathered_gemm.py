@@ -37,7 +37,7 @@ peer at coordinate j on the axis is `pe + (j - coord) * stride`.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, ttile
@@ -46,6 +46,40 @@ from tessera_compiler.passes_common import PassError, memref_of
 from tessera_compiler.sharding import Mesh
 
 from .lower_to_tile import _i64_array, _index, _shape, gemm_config, gemm_tile
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Where a fused GEMM's instance is: its linear id `pid` and output tile
+    (`mi`, `ni`) in a row-major grid of tiles, and where its PE sits on the
+    collective's mesh axis (`parts` ranks, `stride` PEs apart): coordinate
+    `coord`, and `first_pe`, the PE at coordinate 0."""
+    pid: ir.Value
+    mi: ir.Value
+    ni: ir.Value
+    parts: int
+    stride: int
+    coord: ir.Value
+    first_pe: ir.Value
+
+    def pe_at(self, c: ir.Value) -> ir.Value:
+        """The PE at coordinate `c` on the axis."""
+        return arith.AddIOp(self.first_pe, arith.MulIOp(c, _index(self.stride)).result).result
+
+
+def instance(collective: ir.Operation, mesh: Mesh, n_tiles: int) -> Instance:
+    """This instance's `Instance` (IR at the current insertion point), for a
+    grid of `n_tiles` output tiles per row."""
+    axis = ir.StringAttr(collective.attributes["axis"]).value
+    parts = mesh.axis_size(axis)
+    stride = math.prod(mesh.shape[mesh.axes.index(axis) + 1:])
+    pid = ttile.ProgramIdOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)).result
+    mi = arith.DivUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else pid
+    ni = arith.RemUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else _index(0)
+    pe = ttile.MyPeOp().result
+    coord = arith.RemUIOp(arith.DivUIOp(pe, _index(stride)).result, _index(parts)).result
+    first_pe = arith.SubIOp(pe, arith.MulIOp(coord, _index(stride)).result).result
+    return Instance(pid, mi, ni, parts, stride, coord, first_pe)
 
 
 def plan(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh):
@@ -72,21 +106,13 @@ def emit(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh, cfg, xs: ir.Val
     rows and runs the GEMM. Returns (tile, row, col): the instance's
     `[BM, BN]` output tile (the matmul's element type) and its offsets, for
     the epilogue and store that follow."""
-    axis = ir.StringAttr(gather.attributes["axis"]).value
-    parts = mesh.axis_size(axis)
-    stride = math.prod(mesh.shape[mesh.axes.index(axis) + 1:])
     ml, k = _shape(gather.operands[0])
     nl = _shape(matmul.operands[1])[1]
     out_elt = ir.ShapedType(matmul.results[0].type).element_type
-    chunks, m_tiles, n_tiles = ml // cfg.bm, ml * parts // cfg.bm, nl // cfg.bn
-    i64 = ir.IntegerType.get_signless(64)
-    pid = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 0)).result
-    mi = arith.DivUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else pid
-    ni = arith.RemUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else _index(0)
-    pe = ttile.MyPeOp().result
-    coord = arith.RemUIOp(arith.DivUIOp(pe, _index(stride)).result, _index(parts)).result
-    first_pe = arith.SubIOp(pe, arith.MulIOp(coord, _index(stride)).result).result
-    own = arith.MulIOp(coord, _index(chunks)).result
+    at = instance(gather, mesh, nl // cfg.bn)
+    mi, ni, parts = at.mi, at.ni, at.parts
+    chunks, m_tiles = ml // cfg.bm, ml * parts // cfg.bm
+    own = arith.MulIOp(at.coord, _index(chunks)).result
 
     # Producers: tile (c, 0) for each local chunk c puts it to every PE.
     is_producer = arith.AndIOp(
@@ -100,8 +126,7 @@ def emit(gather: ir.Operation, matmul: ir.Operation, mesh: Mesh, cfg, xs: ir.Val
         for phase in ("put", "signal"):
             peers = scf.ForOp(_index(0), _index(parts), _index(1))
             with ir.InsertionPoint(peers.body):
-                peer = arith.AddIOp(first_pe, arith.MulIOp(peers.induction_variable,
-                                                           _index(stride)).result).result
+                peer = at.pe_at(peers.induction_variable)
                 if phase == "put":
                     ttile.PutOp(xs, [src_row, _index(0)], gathered, [dst_row, _index(0)], peer,
                                 _i64_array([cfg.bm, k]))

@@ -246,8 +246,6 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             if moved not in current:
                 current[moved] = rule.operands[i]
                 ctx.global_shapes[moved] = ctx.shape(v)
-        if op.name == "tgraph.matmul" and "transport" in op.attributes:
-            _request_transport(op)
         for r in op.results:
             ctx.global_shapes[r] = ctx.shape(r)
             r.set_type(_local_type(r.type, mesh, rule.result, f"the result of {op.name}",
@@ -271,11 +269,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             ctx.global_shapes[value] = ctx.global_shapes[result]
 
     for op in ops_of(func_op):
-        if op.name == "tgraph.reduce_scatter":
-            _hand_transport_to_scatter(op)
-    for op in ops_of(func_op):
         if op.name == "tgraph.matmul" and "transport" in op.attributes:
-            _check_transport_used(op)
+            _hand_transport(op)
     res_dicts = arg_attr_dicts(func_op, "res_attrs")
     res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, final_results)]
     ret = ops_of(func_op)[-1]
@@ -285,44 +280,25 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     func_op.attributes["tgraph.partitioned"] = ir.UnitAttr.get()
 
 
-def _request_transport(matmul: ir.Operation) -> None:
-    """Hands a matmul's `transport` to the all_gather of its lhs rows that the
-    partitioner inserted (tessera-lower-to-schedule fuses the two); see also
-    `_hand_transport_to_scatter`."""
-    lhs = matmul.operands[0]
-    gather = lhs.owner
-    if isinstance(gather, ir.Block) or gather.name != "tgraph.all_gather":
-        return
-    rank = len(ir.RankedTensorType(lhs.type).shape)
-    if ir.IntegerAttr(gather.attributes["dim"]).value == rank - 2:
-        gather.attributes["transport"] = matmul.attributes["transport"]
-
-
-def _hand_transport_to_scatter(scatter: ir.Operation) -> None:
-    """Hands a matmul's `transport` to the reduce_scatter of its partial
-    sums along M that the partitioner inserted for a consumer (a row-parallel
-    weight's output made sequence-parallel; tessera-lower-to-schedule fuses
-    the two)."""
-    matmul = scatter.operands[0].owner
-    if isinstance(matmul, ir.Block) or matmul.name != "tgraph.matmul" or \
-            "transport" not in matmul.attributes:
-        return
-    rank = len(ir.RankedTensorType(scatter.operands[0].type).shape)
-    if ir.IntegerAttr(scatter.attributes["dim"]).value == rank - 2:
-        scatter.attributes["transport"] = matmul.attributes["transport"]
-
-
-def _check_transport_used(matmul: ir.Operation) -> None:
-    """An explicit `transport = nvshmem` must find a collective to fuse: a
-    request that silently does nothing hides a sharding the user did not
-    intend (or a lhs of rank 3, which op.matmul reshapes around the GEMM)."""
-    if enum_of(matmul, "transport") != "nvshmem":
-        return
+def _hand_transport(matmul: ir.Operation) -> None:
+    """Hands a matmul's `transport` to the collectives next to it that the
+    partitioner inserted and tessera-lower-to-schedule can fuse with it: the
+    all_gather of its lhs rows (a sequence-parallel input to a
+    column-parallel weight) and the reduce_scatter of its partial sums over
+    rows (a row-parallel weight's output made sequence-parallel). An
+    explicit `nvshmem` that finds neither is an error: a request that
+    silently did nothing would hide a sharding the user did not intend (or
+    a lhs of rank 3, which op.matmul reshapes around the GEMM)."""
+    rows = len(ir.RankedTensorType(matmul.results[0].type).shape) - 2
     lhs_owner = matmul.operands[0].owner
-    carriers = [] if isinstance(lhs_owner, ir.Block) else [lhs_owner]
-    carriers += [u.owner for u in matmul.results[0].uses]
-    if not any(c.name in ("tgraph.all_gather", "tgraph.reduce_scatter")
-               and "transport" in c.attributes for c in carriers):
+    neighbours = [] if isinstance(lhs_owner, ir.Block) else [(lhs_owner, "tgraph.all_gather")]
+    neighbours += [(u.owner, "tgraph.reduce_scatter") for u in matmul.results[0].uses]
+    handed = False
+    for op, wanted in neighbours:
+        if op.name == wanted and ir.IntegerAttr(op.attributes["dim"]).value == rows:
+            op.attributes["transport"] = matmul.attributes["transport"]
+            handed = True
+    if not handed and enum_of(matmul, "transport") == "nvshmem":
         raise PassError("transport = nvshmem: this matmul has no collective to fuse on this "
                         "mesh (neither an all-gather of its lhs rows nor a reduce-scatter of "
                         "its product over rows; the fused kernels take a 2-D lhs); use 'auto' "

@@ -33,13 +33,12 @@ a collective:
 
 Deadlock freedom: an instance puts and signals everything it owes before it
 waits, so its wait depends only on peer instances reaching their own waits,
-never on anything they wait for. Peers are addressed by PE number as in
-`gathered_gemm.py`.
+never on anything they wait for. Peers are addressed by PE number, and
+instances find their tile and rank, as in `gathered_gemm.py` (`instance`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from tessera_mlir import ir
@@ -48,19 +47,14 @@ from tessera_mlir.dialects import arith, scf, ttile
 from tessera_compiler.passes_common import memref_of
 from tessera_compiler.sharding import Mesh
 
+from .gathered_gemm import instance
 from .lower_to_tile import _i64_array, _index, _shape, _tile_type, gemm_config, gemm_tile
-
-
-def _axis(scatter: ir.Operation, mesh: Mesh) -> tuple[str, int, int]:
-    """(axis, its size, the PE stride between neighbours on it)."""
-    axis = ir.StringAttr(scatter.attributes["axis"]).value
-    return axis, mesh.axis_size(axis), math.prod(mesh.shape[mesh.axes.index(axis) + 1:])
 
 
 def plan(matmul: ir.Operation, scatter: ir.Operation, mesh: Mesh):
     """(GEMM configuration, types of the three symmetric buffers) of the
     fused kernel for `reduce_scatter(matmul(x, w))` (2-D, rows scattered)."""
-    _, parts, _ = _axis(scatter, mesh)
+    parts = mesh.axis_size(ir.StringAttr(scatter.attributes["axis"]).value)
     x, w = matmul.operands
     m, k = _shape(x)
     n = _shape(w)[1]
@@ -78,21 +72,14 @@ def emit(matmul: ir.Operation, scatter: ir.Operation, mesh: Mesh, cfg, xs: ir.Va
     instance's own tile is summed from every rank's partial. Returns (tile,
     row, col): the summed `[BM, BN]` tile (the matmul's element type) and
     its offsets in `y`, for the epilogue and store that follow."""
-    _, parts, stride = _axis(scatter, mesh)
     m, _ = _shape(matmul.operands[0])
     n = _shape(matmul.operands[1])[1]
-    ml = m // parts
-    n_tiles = n // cfg.bn
     out_elt = ir.ShapedType(matmul.results[0].type).element_type
-    i64 = ir.IntegerType.get_signless(64)
-    pid = ttile.ProgramIdOp(ir.IntegerAttr.get(i64, 0)).result
-    mi = arith.DivUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else pid
-    ni = arith.RemUIOp(pid, _index(n_tiles)).result if n_tiles > 1 else _index(0)
-    row = arith.MulIOp(mi, _index(cfg.bm)).result
-    col = arith.MulIOp(ni, _index(cfg.bn)).result
-    pe = ttile.MyPeOp().result
-    coord = arith.RemUIOp(arith.DivUIOp(pe, _index(stride)).result, _index(parts)).result
-    first_pe = arith.SubIOp(pe, arith.MulIOp(coord, _index(stride)).result).result
+    at = instance(scatter, mesh, n // cfg.bn)
+    pid, coord, parts = at.pid, at.coord, at.parts
+    ml = m // parts
+    row = arith.MulIOp(at.mi, _index(cfg.bm)).result
+    col = arith.MulIOp(at.ni, _index(cfg.bn)).result
     # The operands are local inputs no peer writes, but the GEMM runs inside
     # the loop over ranks, where the emitter has no producer warpgroup to
     # issue TMA copies: cp.async it is.
@@ -106,7 +93,7 @@ def emit(matmul: ir.Operation, scatter: ir.Operation, mesh: Mesh, cfg, xs: ir.Va
         """(coordinate, PE) of the j-th rank after this one on the axis (the
         P-th is this rank)."""
         c = arith.RemUIOp(arith.AddIOp(coord, j).result, _index(parts)).result
-        return c, arith.AddIOp(first_pe, arith.MulIOp(c, _index(stride)).result).result
+        return c, at.pe_at(c)
 
     # Partial tiles for each rank's rows, peers first (coord+1, coord+2,
     # ...), this rank's own last: compute, stage, put (to itself too). One

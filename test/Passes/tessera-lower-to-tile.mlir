@@ -534,9 +534,9 @@ module attributes {tessera.target = "gpu"} {
   // CHECK: ttile.kernel @scattered_matmul_scatter_0_fused2({{.*}}, %[[OB:.*]]: memref<256x16xbf16> {ttile.symmetric}, %[[IB:.*]]: memref<256x16xbf16> {ttile.symmetric}, %[[RD:.*]]: memref<4xi64> {ttile.signals, ttile.symmetric})
   // CHECK-SAME: grid = array<i64: 4>
   // CHECK: %[[PID:.*]] = ttile.program_id 0
+  // CHECK: ttile.my_pe
   // CHECK: %[[ROW:.*]] = arith.muli %[[PID]], %c16
   // CHECK: %[[COL:.*]] = arith.muli
-  // CHECK: ttile.my_pe
   // CHECK: %[[END:.*]] = arith.constant 5 : index
   // CHECK: scf.for %[[J:.*]] = %{{.*}} to %[[END]] step %{{.*}} {
   // CHECK:   %[[ROWS:.*]] = arith.addi %{{.*}}, %[[ROW]]
