@@ -60,6 +60,13 @@ from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _t
 GPU_FORWARD_BLOCKS = {64: (64, 64), 128: (64, 64), 256: (16, 16)}
 GPU_BACKWARD_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
+#: Each warp owns 16 query rows, so BM rows take BM / 16 warps, up to
+#: MAX_WARPS: BM = 128 is two warpgroups, each a wgmma of M = 64 on the
+#: same key/value tiles, which halves the shared-memory traffic per score
+#: of 64-row blocks (FlashAttention-3's consumer split). Whether that beats
+#: two 64-row blocks per SM is the GPU's answer (bench/attention_cuda.py's
+#: `wgmma:128xBN` variants).
+MAX_WARPS = 8
 #: Whether GPU attention asks for wgmma where the tiles allow it (sm_90a;
 #: plain sm_90 builds run mma.sync either way). bench/attention_cuda.py
 #: turns it off to time the mma.sync kernels on the same GPU.
@@ -93,8 +100,8 @@ def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool) -> Atten
     blocks = GPU_FORWARD_BLOCKS if forward else GPU_BACKWARD_BLOCKS
     bm, bn = next((v for width, v in sorted(blocks.items()) if head_dim <= width), (8, 8))
     bm, bn = largest_divisor(seq, bm), largest_divisor(seq, bn)
-    # Warps of 16 query rows each (FlashAttention-2's split), up to four.
-    warps = min(4, bm // 16) if bm % 16 == 0 and bn % 16 == 0 else None
+    # Warps of 16 query rows each (FlashAttention-2's split).
+    warps = min(MAX_WARPS, bm // 16) if bm % 16 == 0 and bn % 16 == 0 else None
     return AttentionConfig(bm, bn, warps, 2)
 
 
@@ -215,8 +222,9 @@ def _setup(op, cpu: bool, forward: bool):
         raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
                         "(f64, f32, bf16, f16)", op.location)
     # Hopper's wgmma where bf16 tiles are whole 128-byte swizzle atoms (head
-    # widths multiples of 64) for a warpgroup of 16-row warps.
-    if GPU_WGMMA and not cpu and str(elt) == "bf16" and cfg.warps == 4 and cfg.bm == 64 \
+    # widths multiples of 64) for whole warpgroups of 16-row warps.
+    if GPU_WGMMA and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
+            and cfg.bm == 16 * cfg.warps \
             and d % 64 == 0 and dv % 64 == 0:
         cfg = replace(cfg, wgmma=True)
     b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)

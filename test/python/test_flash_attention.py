@@ -176,3 +176,36 @@ def test_bf16_attention_kernels_compile_for_sm90_without_spills(d, arch):
     reports = {k: r for k, r in kernel_resources(source, arch).items() if "_attention_" in k}
     assert len(reports) == 3, reports
     assert all(r["spill_stores"] == 0 for r in reports.values()), reports
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_forward_blocks_of_two_warpgroups_emulated(d, monkeypatch):
+    """Forward blocks of 128 query rows (flash_attention.MAX_WARPS = 8
+    warps of 16 rows: two warpgroups, each a wgmma of M = 64 on the same
+    staged key/value tiles), as the benchmark's `wgmma:128x64` variant
+    asks: the causal bf16 forward, generated as CUDA and run by the CPU
+    emulator for sm_90a, against float64; at D=128 nvcc builds it for
+    sm_90a without spilling."""
+    import tessera_passes.flash_attention as flash_attention
+    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
+                        {64: (128, 64), 128: (128, 64), 256: (16, 16)})
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
+    rng = np.random.default_rng()
+    q, k, v, R = _inputs((1, 2, 256, d), d, np.float32, rng)
+    q, k, v = (t.astype(BF16) for t in (q, k, v))
+    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True), target="gpu")
+    got = compiled(q, k, v)
+    source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
+    assert "block (256)" in source and "8 warps x 16 rows" in source
+    assert source.count("ttile.dot 128x") == 4          # Q K^T and P V, on wgmma and mma.sync
+    assert source.count(" on wgmma: A from") == 2
+    want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
+    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+    assert err < 0.03, err
+    if d == 128:
+        from tessera_compiler.codegen.build import kernel_resources, nvcc
+        if nvcc() is None:
+            pytest.skip("nvcc is not installed on this machine")
+        reports = kernel_resources(source, "sm_90a")
+        assert reports and all(r["spill_stores"] == 0 for r in reports.values()), reports
