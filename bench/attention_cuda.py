@@ -4,7 +4,7 @@ run on the same GPU: forward, and backward (dQ, dK, dV).
 
     python bench/attention_cuda.py                        # B=4 H=16 S=4096 D=64, 128
     python bench/attention_cuda.py --seq 2048 8192 --dims 64 --iters 20
-    python bench/attention_cuda.py --variants mma.sync     # without wgmma
+    python bench/attention_cuda.py --variants mma.sync wgmma-cp.async   # without wgmma, TMA
     python bench/attention_cuda.py --variants wgmma wgmma:64x128   # forward blocks 64x128 too
     python bench/attention_cuda.py --kit gpu_kit --build-only   # compile here (no GPU)
     PYTHONPATH=runtime python bench/attention_cuda.py --kit gpu_kit   # run there
@@ -17,14 +17,16 @@ against torch's, prints TFLOP/s and the ratio (torch time / Tessera time),
 and writes bench/results/attention_cuda-<date>.{json,md}.
 
 Variants of Tessera's kernels: `wgmma` (the default: on sm_90a every dot
-of the three loops is a wgmma.mma_async, B from the 128-byte-swizzled
-cp.async ring) and `mma.sync` (the same loops on mma.sync.m16n8k16 with
-ldmatrix: what plain sm_90 runs); either with `:BMxBN` times forward
-blocks of BM query rows and BN keys per step in place of the compiler's
-(flash_attention.GPU_FORWARD_BLOCKS), at head widths up to 128. By default the
-bench times the compiler's kernels on both, the wgmma forward at 64x32 and
-64x128 around its 64x64, and at 128x64 and 128x128 (two warpgroups sharing
-each key/value tile): the GPU's answer picks the defaults.
+of the three loops is a wgmma.mma_async, B from a 128-byte-swizzled ring
+that the tensor memory accelerator fills where the kernel asks for it),
+`wgmma-cp.async` (the same ring filled by cp.async) and `mma.sync` (the
+same loops on mma.sync.m16n8k16 with ldmatrix: what plain sm_90 runs); any
+with `:BMxBN` times forward blocks of BM query rows and BN keys per step in
+place of the compiler's (flash_attention.GPU_FORWARD_BLOCKS), at head widths
+up to 128. By default the bench times the compiler's kernels on all three,
+the wgmma forward at 64x32 and 64x128 around its 64x64, and at 128x64 and
+128x128 (two warpgroups sharing each key/value tile): the GPU's answer
+picks the defaults.
 """
 
 from __future__ import annotations
@@ -49,18 +51,19 @@ def attention_step(q, k, v, do):
     return (op.attention(q, k, v, causal=True),) + tuple(ts.grad(loss(q, k, v), [q, k, v]))
 
 
-DOTS = ("wgmma", "mma.sync")
-DEFAULT_VARIANTS = ["wgmma", "mma.sync", "wgmma:64x32", "wgmma:64x128", "wgmma:128x64",
-                    "wgmma:128x128"]
+#: (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA) of each variant's loops.
+LOOPS = {"wgmma": (True, True), "wgmma-cp.async": (True, False), "mma.sync": (False, False)}
+DEFAULT_VARIANTS = ["wgmma", "wgmma-cp.async", "mma.sync", "wgmma:64x32", "wgmma:64x128",
+                    "wgmma:128x64", "wgmma:128x128"]
 
 
 def variant_spec(text: str) -> tuple[str, tuple[int, int] | None]:
-    """`wgmma`, `mma.sync`, or either with `:BMxBN` forward blocks."""
-    dots, _, blocks = text.partition(":")
-    if dots not in DOTS:
-        raise argparse.ArgumentTypeError(f"variant {text!r}: dots are one of {', '.join(DOTS)}")
+    """A loop kind of LOOPS, alone or with `:BMxBN` forward blocks."""
+    loops, _, blocks = text.partition(":")
+    if loops not in LOOPS:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: loops are one of {', '.join(LOOPS)}")
     if not blocks:
-        return dots, None
+        return loops, None
     try:
         bm, bn = (int(n) for n in blocks.split("x"))
     except ValueError:
@@ -69,17 +72,17 @@ def variant_spec(text: str) -> tuple[str, tuple[int, int] | None]:
         raise argparse.ArgumentTypeError(
             f"variant {text!r}: BM and BN are multiples of 16 (a warp per 16 query rows; "
             "wgmma needs whole warpgroups: BM = 64 or 128)")
-    return dots, (bm, bn)
+    return loops, (bm, bn)
 
 
 def variant_name(spec) -> str:
-    dots, blocks = spec
-    return dots + (f":{blocks[0]}x{blocks[1]}" if blocks else "")
+    loops, blocks = spec
+    return loops + (f":{blocks[0]}x{blocks[1]}" if blocks else "")
 
 
 @contextlib.contextmanager
 def attention_variant(spec):
-    """Attention compiled inside runs its dots and forward blocks as `spec`
+    """Attention compiled inside runs its loops and forward blocks as `spec`
     (from variant_spec) says (where the compiler is installed; on a GPU
     machine without it the bundles come from the kit)."""
     try:
@@ -87,9 +90,9 @@ def attention_variant(spec):
     except ImportError:
         yield
         return
-    dots, blocks = spec
-    saved = flash_attention.GPU_WGMMA, flash_attention.GPU_FORWARD_BLOCKS
-    flash_attention.GPU_WGMMA = dots == "wgmma"
+    loops, blocks = spec
+    saved = flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_FORWARD_BLOCKS
+    flash_attention.GPU_WGMMA, flash_attention.GPU_TMA = LOOPS[loops]
     if blocks:
         flash_attention.GPU_FORWARD_BLOCKS = {
             width: blocks if width <= 128 else default
@@ -97,7 +100,8 @@ def attention_variant(spec):
     try:
         yield
     finally:
-        flash_attention.GPU_WGMMA, flash_attention.GPU_FORWARD_BLOCKS = saved
+        (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA,
+         flash_attention.GPU_FORWARD_BLOCKS) = saved
 
 
 def main(argv=None) -> int:
@@ -109,8 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--variants", nargs="+", type=variant_spec,
                     default=[variant_spec(v) for v in DEFAULT_VARIANTS],
-                    help="which of Tessera's kernels to time: wgmma or mma.sync dots, either "
-                         "with :BMxBN forward blocks (default: "
+                    help="which of Tessera's kernels to time: loops of wgmma (on TMA), "
+                         "wgmma-cp.async or mma.sync, any with :BMxBN forward blocks (default: "
                          f"{' '.join(DEFAULT_VARIANTS)})")
     add_kit_arguments(ap)
     args = ap.parse_args(argv)

@@ -71,6 +71,12 @@ MAX_WARPS = 8
 #: plain sm_90 builds run mma.sync either way). bench/attention_cuda.py
 #: turns it off to time the mma.sync kernels on the same GPU.
 GPU_WGMMA = True
+#: Whether wgmma loops stream their key/value (or query/dO) tiles through
+#: the tensor memory accelerator: one thread issues a block's copies and
+#: arms an mbarrier with their bytes, where cp.async has every thread
+#: compute addresses and issue 16-byte copies (FlashAttention-3's loads).
+#: bench/attention_cuda.py turns it off to time the cp.async ring.
+GPU_TMA = True
 
 # The softmax runs in base 2 (exp2, which the GPU computes directly): scores
 # and the running maximum are kept multiplied by log2(e), the log-sum-exp
@@ -85,6 +91,7 @@ class AttentionConfig:
     warps: int | None = None                 # warps per block (each dot splits them)
     stages: int | None = None                # key/value tiles in flight
     wgmma: bool = False                      # dots of whole warpgroups ask for wgmma
+    tma: bool = False                        # the loop's tiles are loaded with TMA (wgmma only)
 
     @property
     def threads(self) -> int:
@@ -125,6 +132,11 @@ class _Builder:
 
     def load(self, buf: ir.Value, lead, row: ir.Value, shape, element=None) -> ir.Value:
         return ttile.LoadOp(_tile_type(shape, element or self.elt), buf, lead + [row, _index(0)]).result
+
+    def stream(self, buf: ir.Value, lead, row: ir.Value, shape) -> ir.Value:
+        """A tile the loop loads each step (the B operand of its dots)."""
+        return ttile.LoadOp(_tile_type(shape, self.elt), buf, lead + [row, _index(0)],
+                            tma=self.cfg.tma or None).result
 
     def dot(self, a: ir.Value, b: ir.Value, acc: ir.Value | None = None) -> ir.Value:
         (m, _), (_, n) = self.shape(a), self.shape(b)
@@ -226,7 +238,8 @@ def _setup(op, cpu: bool, forward: bool):
     if GPU_WGMMA and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
             and cfg.bm == 16 * cfg.warps \
             and d % 64 == 0 and dv % 64 == 0:
-        cfg = replace(cfg, wgmma=True)
+        # (TMA's tensor maps take buffers of rank 5 at most.)
+        cfg = replace(cfg, wgmma=True, tma=GPU_TMA and len(lead) <= 3)
     b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
     return lead, seq, d, dv, cfg, b
 
@@ -249,8 +262,8 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
             m, l, acc = loop.inner_iter_args
-            k = b.load(k_buf, at, col, [bn, d])
-            v = b.load(v_buf, at, col, [bn, dv])
+            k = b.stream(k_buf, at, col, [bn, d])
+            v = b.stream(v_buf, at, col, [bn, dv])
             s = b.scores(q, k, row, col)
             # The running maximum m is of scale * s in base-2 units: the row
             # maximum of the raw scores times scale log2(e) (> 0: it commutes
@@ -297,7 +310,10 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     # `_dkdv` instances own key rows and step over query blocks: it takes the
     # forward's blocks transposed, so its loop carries as many rows as the
     # forward's (the rows its warps split) and loads the narrower blocks.
-    kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm)
+    # Its two [BM, D] f32 accumulators fill the register file at D = 128,
+    # where ptxas 13.0 fits its cp.async loop in 255 registers but spills
+    # 80 bytes from the TMA one: there it keeps cp.async.
+    kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm, tma=cfg.tma and max(d, dv) <= 64)
     kb = _Builder(kv_cfg, b.elt, b.scale, b.causal)
     bm, bn = kv_cfg.bm, kv_cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in = ins
@@ -321,8 +337,8 @@ def backward_kernels(op, name: str, ins, outs, module_block,
         with ir.InsertionPoint(loop.body):
             row = loop.induction_variable
             dk_acc, dv_acc = loop.inner_iter_args
-            q = kb.load(q_buf, at, row, [bm, d])
-            do = kb.load(do_buf, at, row, [bm, dv])
+            q = kb.stream(q_buf, at, row, [bm, d])
+            do = kb.stream(do_buf, at, row, [bm, dv])
             # The transposed blocks P^T and dS^T ([keys, queries]) come out
             # with this kernel's key rows, ready to be the A operand of dV's
             # and dK's dots; lse and delta run along their columns.
@@ -353,8 +369,8 @@ def backward_kernels(op, name: str, ins, outs, module_block,
         loop = scf.ForOp(_index(0), end, _index(bn), [b.fill([bm, d], 0.0)])
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
-            k = b.load(k_buf, at, col, [bn, d])
-            v = b.load(v_buf, at, col, [bn, dv])
+            k = b.stream(k_buf, at, col, [bn, d])
+            v = b.stream(v_buf, at, col, [bn, dv])
             _, ds = _probabilities(b, b.scores(q, k, row, col), lse, do, v, delta)
             scf.YieldOp([b.dot(b.operand(ds), k, loop.inner_iter_args[0])])
         b.store(ttile.MulOp(loop.results[0], b.fill([bm, d], b.scale)).result, dq_buf, at, row)

@@ -791,7 +791,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.names[iv] = saved
 
     def _staged_loop(self, iv: ir.Value, bounds, load, body, lag: int = 0,
-                     ready: str | None = None) -> None:
+                     ready: str | None = None, full: str | None = None) -> None:
         """An scf.for (induction variable `iv`, `bounds` lb/ub/step) whose
         loads stream through a ring of `stages` shared-memory slots:
         `load(slot)` emits the cp.async copies of one iteration (with `iv`
@@ -804,18 +804,24 @@ class CudaKernelEmitter(KernelEmitter):
         computations may still be reading their slots when the next
         iteration starts (asynchronous wgmma groups left in flight): the slot
         refilled is the one read lag + 1 iterations ago. With nothing ahead,
-        each iteration loads its own slot and ends with a barrier."""
+        each iteration loads its own slot and ends with a barrier.
+
+        With `full` (one mbarrier per slot, from _mbarrier_ring) `load(slot)`
+        issues TMA copies counted on `&full[slot]` (_tma_copies): thread 0
+        runs it, and each iteration waits on its slot's barrier phase
+        instead of a cp.async group."""
         lb, ub, step = (self.scalar(v) for v in bounds)
         ahead = self.stages - 1 - lag
         assert ahead >= 0, "a pipeline needs more stages than computations in flight"
 
         def issue(slot: str, it: str) -> None:
-            self.line("{")
+            self.line("if (threadIdx.x == 0) {" if full else "{")
             self.indent += 1
             self._at_iteration(iv, lb, step, it, lambda: load(slot))
             self.indent -= 1
             self.line("}")
-            self.line("tessera_cp_async_commit();")
+            if not full:
+                self.line("tessera_cp_async_commit();")
 
         self._trip_count(lb, ub, step)
         for s in range(ahead):
@@ -826,7 +832,10 @@ class CudaKernelEmitter(KernelEmitter):
         slot = "0" if self.stages == 1 else f"it % {self.stages}"
         if ahead == 0:
             issue(slot, "it")
-        self.line(f"tessera_cp_async_wait<{max(ahead - 1, 0)}>();")
+        if full:
+            self.line(f"tessera_mbarrier_wait(&{full}[{slot}], (unsigned)(it / {self.stages}) & 1);")
+        else:
+            self.line(f"tessera_cp_async_wait<{max(ahead - 1, 0)}>();")
         if ready:
             self.line(ready)
         self.line("__syncthreads();")
@@ -838,7 +847,8 @@ class CudaKernelEmitter(KernelEmitter):
             self.line("__syncthreads();")      # before the next iteration overwrites the slot
         self.indent -= 1
         self.line("}")
-        self.line("tessera_cp_async_wait<0>();")
+        if not full:
+            self.line("tessera_cp_async_wait<0>();")
         self.line("__syncthreads();")
 
     # -- loops with their tiles in registers (register_loop.py) ------------------------
@@ -1100,15 +1110,11 @@ class CudaKernelEmitter(KernelEmitter):
             self.line(f"tessera_tma_load_{rank}d({dst} + {panel * rows * 64}, {tmap}, "
                       f"{', '.join([inner] + coords[1:])}, {barrier});")
 
-    def _tma_ring(self, p, a_elems: int, b_elems: int, *barriers) -> tuple:
-        """The TMA ring's mbarriers, one per slot, initialized before a block
-        barrier: `full` (its copies' bytes, armed by one arrival) and
-        `barriers` ((name, arrivals a phase)); declares `n_it` and returns
-        the barriers' names and issue(slot, it), the copies of iteration
-        `it` into `slot` (for one thread to run)."""
-        lb, ub, step = (self.scalar(v) for v in p["bounds"])
+    def _mbarrier_ring(self, *barriers) -> list[str]:
+        """One mbarrier per ring slot for each of `barriers` ((name, arrivals
+        a phase)), initialized before a block barrier; returns their names."""
         names, inits = [], []
-        for name, count in [("full", 1), *barriers]:      # one mbarrier per slot
+        for name, count in barriers:
             offset = self._smem(8 * self.stages, align=8)
             self.line(f"uint64_t* const {name} = reinterpret_cast<uint64_t*>(tessera_smem + {offset});")
             names.append(name)
@@ -1118,17 +1124,31 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("  tessera_fence_barrier_init();")
         self.line("}")
         self.line("__syncthreads();")
+        return names
+
+    def _tma_copies(self, full: str, copies) -> None:
+        """One thread's code: arms mbarrier `full` with the bytes of `copies`
+        ((shared-memory destination, load, rows, cols) of 16-bit tiles) and
+        issues them."""
+        nbytes = sum(rows * cols * 2 for _, _, rows, cols in copies)
+        self.line(f"tessera_mbarrier_expect_tx({full}, {nbytes});")
+        for dst, load, rows, cols in copies:
+            self._tma_tile(dst, load, rows, cols, full)
+
+    def _tma_ring(self, p, a_elems: int, b_elems: int, *barriers) -> tuple:
+        """The GEMM's TMA ring: mbarriers `full` (its copies' bytes, armed by
+        one arrival) and `barriers`; declares `n_it` and returns the
+        barriers' names and issue(slot, it), the copies of iteration `it`
+        into `slot` (for one thread to run)."""
+        lb, ub, step = (self.scalar(v) for v in p["bounds"])
+        names = self._mbarrier_ring(("full", 1), *barriers)
         self._trip_count(lb, ub, step)
-        nbytes = (a_elems + b_elems) * 2
 
         def issue(slot: str, it: str) -> None:
-            full = f"&{names[0]}[{slot}]"
-
-            def copies():
-                self.line(f"tessera_mbarrier_expect_tx({full}, {nbytes});")
-                self._tma_tile(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"], full)
-                self._tma_tile(f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"], full)
-            self._at_iteration(p["iv"], lb, step, it, copies)
+            self._at_iteration(p["iv"], lb, step, it, lambda: self._tma_copies(
+                f"&{names[0]}[{slot}]",
+                [(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"]),
+                 (f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"])]))
         return names, issue
 
     def _tma_staged_loop(self, p, a_elems: int, b_elems: int, compute,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
-from .tile_emitter import _ELEMENTWISE_EXPRESSIONS, Tile, c_literal, ctype, tile_of
+from .tile_emitter import _ELEMENTWISE_EXPRESSIONS, EmitError, Tile, c_literal, ctype, tile_of
 from ..passes_common import enum_of
 
 @dataclass
@@ -318,12 +318,14 @@ class RegisterLoop:
         asks = any("wgmma" in o.attributes for o in self.body if o.name == "ttile.dot")
         wgmma_why = self._wgmma_reason() if asks else None
         self.wgmma = asks and wgmma_why is None
+        self.tma = self._tma(wgmma_why)
         instruction = ("wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and "
                        "mma.sync.m16n8k16 on plain sm_90" if self.wgmma
                        else "ldmatrix, mma.sync.m16n8k16")
+        copies = "TMA for wgmma, cp.async for mma.sync" if self.tma else "cp.async"
         em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
                 f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
-                f"{'s' if stages > 1 else ''} (cp.async, {instruction})")
+                f"{'s' if stages > 1 else ''} ({copies}, {instruction})")
         if wgmma_why:
             em.line(f"// (mma.sync, not wgmma: {wgmma_why})")
         self.line(f"const int {self.lane} = threadIdx.x & 31;")
@@ -373,6 +375,20 @@ class RegisterLoop:
             if n > 256:
                 return f"a dot's N = {n} is over wgmma's 256"
         return None
+
+    def _tma(self, wgmma_why: str | None) -> bool:
+        """Whether the wgmma loop's staged tiles come through the tensor
+        memory accelerator: all of them are `ttile.load {tma}`, or none."""
+        tma = ["tma" in load.attributes for load in self.loads]
+        if not any(tma):
+            return False
+        if not all(tma):
+            raise EmitError("a register loop's staged tiles are loaded with tma all or none "
+                            "(they share one ring)", self.op.location)
+        if not self.wgmma:
+            raise EmitError("ttile.load {tma} in a loop whose dots are not wgmma: "
+                            f"{wgmma_why or 'none asks for it'}", self.op.location)
+        return True
 
     def _ring_layout(self, wgmma: bool) -> tuple[list, int]:
         """[(row pitch or None, elements per slot)] per staged load, and the
@@ -447,10 +463,29 @@ class RegisterLoop:
             # first wait and barrier cover it.
             self.line("tessera_cp_async_commit();")
 
+        # TMA writes the wgmma ring through the async proxy that wgmma reads
+        # through; cp.async writes through the generic proxy, so each thread
+        # fences its landed copies (the ring's, or only the shared A
+        # operands' with TMA) before the barrier.
+        full = em._mbarrier_ring(("full", 1))[0] if wgmma and self.tma else None
+        ready = None
+        if wgmma and not full:
+            ready = "tessera_fence_proxy_async();"
+        elif full and self.smem_a:
+            # Their commit group is the only one: waited once, then no-ops.
+            ready = "tessera_cp_async_wait<0>(); tessera_fence_proxy_async();"
+
         def load(slot: str) -> None:
+            copies = []
             for tile_load, (name, _, ld, elems) in zip(self.loads, self.stage_ptr):
                 rows, cols = tile_of(tile_load.results[0].type)[0]
-                em._cp_async_tile(f"{name}_ring + ({slot}) * {elems}", tile_load, rows, cols, ld)
+                dst = f"{name}_ring + ({slot}) * {elems}"
+                if full:
+                    copies.append((dst, tile_load, rows, cols))
+                else:
+                    em._cp_async_tile(dst, tile_load, rows, cols, ld)
+            if full:
+                em._tma_copies(f"&{full}[{slot}]", copies)
 
         def body(slot: str) -> None:
             iv = em.fresh("k")
@@ -464,11 +499,7 @@ class RegisterLoop:
                 else:
                     self._emit(o)
 
-        # cp.async writes through the generic proxy and wgmma reads through
-        # the async proxy: each thread fences its landed copies before the
-        # barrier.
-        em._staged_loop(self.iv, list(op.operands)[:3], load, body,
-                        ready="tessera_fence_proxy_async();" if wgmma else None)
+        em._staged_loop(self.iv, list(op.operands)[:3], load, body, ready=ready, full=full)
         em.indent -= 1
         self.line("}")
 

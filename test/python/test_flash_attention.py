@@ -115,11 +115,12 @@ def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, arch, monk
     runs on tensor cores (64x64 blocks, except the backward's at D=96 and
     128: 64x32, 32x64 for dK/dV), and the loops keep their tiles in
     registers (register_loop.py); three 64-key blocks per query block
-    (S=192) run the cp.async ring through a full cycle. At head widths that are whole 128-byte
-    swizzle atoms (64, 128) every dot is a wgmma on sm_90a (B from the
-    swizzled ring, N-major or K-major; A from registers or, when invariant,
-    from shared memory), and mma.sync on plain sm_90 (where dK/dV's key
-    block is in shared memory at D=128: its accumulators take the
+    (S=192) run the ring through a full cycle. At head widths that are
+    whole 128-byte swizzle atoms (64, 128) every dot is a wgmma on sm_90a
+    (B from the swizzled ring, N-major or K-major, which TMA fills, or
+    cp.async for dK/dV at D=128; A from registers or, when invariant, from
+    shared memory), and mma.sync on plain sm_90 with cp.async (where dK/dV's
+    key block is in shared memory at D=128: its accumulators take the
     registers)."""
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     monkeypatch.setenv("TESSERA_EMULATE_ARCH", arch)
@@ -144,6 +145,9 @@ def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, arch, monk
         assert attention.count(" on wgmma: A from") == (9 if d % 64 == 0 else 0)
         assert attention.count("on wgmma: A from its swizzled shared-memory copy") == \
             (5 if d % 64 == 0 else 0)
+        # TMA fills the wgmma loops' rings, but dK/dV's at D=128 (it would spill).
+        assert attention.count("(TMA for wgmma, cp.async for mma.sync,") == \
+            {64: 3, 128: 2}.get(d, 0)
     ops = (q, k, v) if dtype == "fp32" else tuple(t.astype(BF16) for t in (q, k, v))
     tol = 2e-4 if dtype == "fp32" else 0.03
     for name, g, want in zip(("out", "dq", "dk", "dv"), got,

@@ -203,8 +203,8 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
 
 def _attention_forward(seq=128, d=64):
     """The causal bf16 attention forward kernel on wgmma (K and V through the
-    cp.async ring, Q's swizzled copy by cp.async too): inputs, CUDA source,
-    kernel name and launch."""
+    ring, by TMA or cp.async as flash_attention.GPU_TMA says; Q's swizzled
+    copy by cp.async): inputs, CUDA source, kernel name and launch."""
     rng = np.random.default_rng()
     q, k, v = (rng.standard_normal((1, 1, seq, d)).astype(BF16) for _ in range(3))
     trace = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, k, v,
@@ -215,16 +215,20 @@ def _attention_forward(seq=128, d=64):
     return (q, k, v), source, name, cfg
 
 
-@pytest.mark.parametrize("kernel", ["gemm-cp.async", "attention"])
+@pytest.mark.parametrize("kernel", ["gemm-cp.async", "attention-cp.async", "attention-tma"])
 def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch, tmp_path):
     """cp.async lands through the generic proxy, wgmma reads through the
     async proxy: each thread must fence.proxy.async its landed copies before
     the barrier that hands them to wgmma. The emulator tracks which thread's
     copies are unfenced and stops a wgmma that reads them: the generated
     kernels run, and the same kernels without their fences stop with a
-    message naming the operand and the threads."""
-    if kernel == "attention":
+    message naming the operand and the threads. (With TMA filling the
+    attention ring, Q's copy is the cp.async data left to fence.)"""
+    if kernel.startswith("attention"):
+        import tessera_passes.flash_attention as flash_attention
+        monkeypatch.setattr(flash_attention, "GPU_TMA", kernel == "attention-tma")
         inputs, source, name, cfg = _attention_forward()
+        assert ("(TMA for wgmma, cp.async for mma.sync," in source) == (kernel == "attention-tma")
         outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
         assert " on wgmma: A from its swizzled shared-memory copy" in source
     else:
@@ -321,11 +325,12 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
 
 @pytest.mark.parametrize("module, switch, value", [
     ("flash_attention", "GPU_WGMMA", False),
+    ("flash_attention", "GPU_TMA", False),
     ("flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
     ("lower_to_tile", "GROUPED_TILE_ORDER", False)])
 def test_compiler_fingerprint_counts_the_benchmarks_switches(module, switch, value, monkeypatch):
     """The benchmarks time kernel variants by setting these at run time
-    (attention on mma.sync, other forward blocks; GEMM tiles in row-major
+    (attention on mma.sync or cp.async, other forward blocks; GEMM tiles in row-major
     order): each must key a different bundle, not reuse the default one."""
     import importlib
     from tessera_compiler.bundle import compiler_fingerprint
@@ -379,7 +384,7 @@ def test_emulator_catches_wgmma_a_registers_changed_before_the_wait(tmp_path):
     def forward(src):
         out, lse = np.zeros((1, seq, d), BF16), np.zeros((1, seq, 1), np.float32)
         EmulatedKernels(src).launch(name, [q, k, v, out, lse], cfg["grid"], cfg["block"],
-                                    cfg["shared_bytes"])
+                                    cfg["shared_bytes"], cfg.get("tensor_maps", ()))
         return out.astype(np.float64)
     q64, k64, v64 = (t.astype(np.float64)[0] for t in (q, k, v))
     s = np.where(np.tri(seq, dtype=bool), q64 @ k64.T / np.sqrt(d), -np.inf)
