@@ -460,7 +460,8 @@ class RegisterLoop:
             base += self.bm * (k if wgmma else k + 8) * 2
         if self.smem_a:
             # Their own commit group, older than the ring's first: the loop's
-            # first wait and barrier cover it.
+            # first wait and barrier cover it (with a TMA ring, `ready` waits
+            # for it).
             self.line("tessera_cp_async_commit();")
 
         # TMA writes the wgmma ring through the async proxy that wgmma reads
@@ -472,7 +473,8 @@ class RegisterLoop:
         if wgmma and not full:
             ready = "tessera_fence_proxy_async();"
         elif full and self.smem_a:
-            # Their commit group is the only one: waited once, then no-ops.
+            # Their commit group is the only one: waited at the first
+            # iteration; later waits and fences find nothing to do.
             ready = "tessera_cp_async_wait<0>(); tessera_fence_proxy_async();"
 
         def load(slot: str) -> None:
