@@ -138,14 +138,20 @@ def _in_child(run, tmp_path):
     """The array `run()` returns, computed in a forked process (None if the
     process died), and what the process wrote to stderr."""
     import faulthandler
+    import gc
     import multiprocessing
     import os
     err, result = tmp_path / "stderr", tmp_path / "out.npy"
 
     def child():
+        # A forked child has only the forking thread: the collector must not
+        # destroy an MLIR context here, whose destructor joins its thread
+        # pool's threads (they exist only in the parent; it segfaults).
+        gc.disable()
         faulthandler.disable()      # the abort is expected: no Python traceback dump
         os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
         np.save(result, run())
+    gc.collect()                    # the parent's garbage dies in the parent
     process = multiprocessing.get_context("fork").Process(target=child)
     process.start()
     process.join(300)
