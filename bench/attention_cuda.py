@@ -36,8 +36,8 @@ import contextlib
 
 import numpy as np
 
-from cuda_bench import (add_kit_arguments, bundle_engine, gpu_bundle, time_cuda, torch_bf16,
-                        write_results)
+from cuda_bench import (add_kit_arguments, bundle_engine, gpu_bundle, results_meta, time_cuda,
+                        torch_bf16, write_results)
 
 
 def attention_step(q, k, v, do):
@@ -53,6 +53,14 @@ def attention_step(q, k, v, do):
 
 #: (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA) of each variant's loops.
 LOOPS = {"wgmma": (True, True), "wgmma-cp.async": (True, False), "mma.sync": (False, False)}
+#: The results table: header -> a row's cell.
+COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
+           "S": lambda r: str(r["seq"]), "D": lambda r: str(r["d"]),
+           "variant": lambda r: r["variant"],
+           "fwd TFLOP/s": lambda r: f"{r['tessera_fwd_tflops']:.1f}",
+           "torch fwd TFLOP/s": lambda r: f"{r['torch_fwd_tflops']:.1f}",
+           "fwd ratio": lambda r: f"{r['fwd_ratio']:.2f}",
+           "bwd ratio": lambda r: f"{r['bwd_ratio']:.2f}"}
 DEFAULT_VARIANTS = ["wgmma", "wgmma-cp.async", "mma.sync", "wgmma:64x32", "wgmma:64x128",
                     "wgmma:128x64", "wgmma:128x128"]
 
@@ -142,7 +150,7 @@ def main(argv=None) -> int:
 
     from tessera_runtime.bf16 import to_f32 as bf16_to_f32
 
-    rows = []
+    rows, meta = [], results_meta(cp, args.kit)
     for seq, d in cases:
         shape = (args.batch, args.heads, seq, d)
         rng = np.random.default_rng(0)
@@ -198,15 +206,10 @@ def main(argv=None) -> int:
                   f"TFLOP/s, torch {r['torch_fwd_tflops']:.1f} TFLOP/s, ratio "
                   f"{r['fwd_ratio']:.2f}; backward ratio {r['bwd_ratio']:.2f} "
                   f"(max rel err {err:.1e})")
-
-    write_results("attention_cuda", "Tessera flash attention vs torch SDPA (causal, bf16)",
-                  ["B", "H", "S", "D", "variant", "fwd TFLOP/s", "torch fwd TFLOP/s",
-                   "fwd ratio", "bwd ratio"], rows,
-                  [lambda r: str(r["batch"]), lambda r: str(r["heads"]), lambda r: str(r["seq"]),
-                   lambda r: str(r["d"]), lambda r: r["variant"],
-                   lambda r: f"{r['tessera_fwd_tflops']:.1f}",
-                   lambda r: f"{r['torch_fwd_tflops']:.1f}", lambda r: f"{r['fwd_ratio']:.2f}",
-                   lambda r: f"{r['bwd_ratio']:.2f}"], cp)
+            # After every row: a later case that faults or hangs keeps these.
+            write_results("attention_cuda", "Tessera flash attention vs torch SDPA (causal, bf16)",
+                          COLUMNS, rows, meta, ("batch", "heads", "seq", "d", "variant"),
+                          args.append)
     return 0
 
 

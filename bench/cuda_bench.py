@@ -28,6 +28,9 @@ def add_kit_arguments(ap: argparse.ArgumentParser) -> None:
                          "needed); compile the missing ones into it")
     ap.add_argument("--build-only", action="store_true",
                     help="compile the bundles into --kit and stop (no GPU needed)")
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to today's results file (same device and commit) "
+                         "instead of replacing it")
 
 
 def gpu_bundle(kit: Path | None, name: str, fn, *example) -> Path:
@@ -81,21 +84,39 @@ def torch_bf16(x: np.ndarray):
     return t.view(torch.bfloat16).cuda()
 
 
-def write_results(name: str, title: str, header: list[str], rows: list[dict],
-                  columns: list, cp) -> Path:
-    """Writes bench/results/<name>-<date>.{json,md}: `rows` with the device,
-    driver, commit and date; the table has `header` and, per row, the
-    formatted `columns` (callables of a row)."""
+def results_meta(cp, kit: Path | None = None) -> dict:
+    """Device, driver, date and commit for a results file. A GPU machine
+    that got a copy of the working tree has no git history: there the
+    commit is the one the kit was built from (its build.json)."""
     props = cp.cuda.runtime.getDeviceProperties(0)
-    meta = {"device": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
-            "date": datetime.date.today().isoformat(),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                     capture_output=True, text=True).stdout.strip()}
-    out = ROOT / "bench" / "results" / f"{name}-{meta['date']}"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    if not commit and kit is not None and (kit / "build.json").exists():
+        commit = json.loads((kit / "build.json").read_text()).get("commit") or ""
+    return {"device": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
+            "date": datetime.date.today().isoformat(), "commit": commit or "unknown"}
+
+
+def write_results(name: str, title: str, columns: dict, rows: list[dict],
+                  meta: dict, key: tuple[str, ...], append: bool = False,
+                  folder: Path = ROOT / "bench" / "results") -> Path:
+    """Writes <folder>/<name>-<date>.{json,md}: `rows` with `meta` (from
+    results_meta); the table has a column per `columns` entry (its header:
+    a callable formatting a row). With `append`, the rows join those
+    already in the day's file (from the same device and commit), replacing
+    any with the same `key` fields: how one variant per process adds up."""
+    out = folder / f"{name}-{meta['date']}"
+    if append and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        if {k: old["meta"].get(k) for k in ("device", "commit")} == \
+                {k: meta[k] for k in ("device", "commit")}:
+            fresh = {tuple(r[k] for k in key) for r in rows}
+            rows = [r for r in old["rows"] if tuple(r[k] for k in key) not in fresh] + rows
+    rows = sorted(rows, key=lambda r: tuple(r[k] for k in key))
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# {title} ({meta['device']}, driver {meta['driver']}, commit {meta['commit']}, "
-             f"{meta['date']})", "", "| " + " | ".join(header) + " |",
-             "| " + " | ".join("---:" for _ in header) + " |"]
-    lines += ["| " + " | ".join(col(r) for col in columns) + " |" for r in rows]
+             f"{meta['date']})", "", "| " + " | ".join(columns) + " |",
+             "| " + " | ".join("---:" for _ in columns) + " |"]
+    lines += ["| " + " | ".join(col(r) for col in columns.values()) + " |" for r in rows]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return out

@@ -26,8 +26,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cuda_bench import (add_kit_arguments, bundle_engine, gpu_bundle, time_cuda, torch_bf16,
-                        write_results)
+from cuda_bench import (add_kit_arguments, bundle_engine, gpu_bundle, results_meta, time_cuda,
+                        torch_bf16, write_results)
 
 
 def gemm(a, b):
@@ -36,6 +36,11 @@ def gemm(a, b):
 
 
 VARIANTS = ("producer", "thread0", "row-major")
+#: The results table: header -> a row's cell.
+COLUMNS = {"n": lambda r: str(r["n"]), "variant": lambda r: r["variant"],
+           "Tessera TFLOP/s": lambda r: f"{r['tessera_tflops']:.1f}",
+           "cuBLAS TFLOP/s": lambda r: f"{r['cublas_tflops']:.1f}",
+           "ratio": lambda r: f"{r['ratio']:.2f}"}
 
 
 @contextlib.contextmanager
@@ -82,7 +87,7 @@ def main(argv=None) -> int:
         return 0
 
     import cupy as cp
-    rows = []
+    rows, meta = [], results_meta(cp, args.kit)
     for n, variant in sorted(bundles, key=lambda key: key[0]):
         rng = np.random.default_rng(0)
         a = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(bf16)
@@ -120,12 +125,9 @@ def main(argv=None) -> int:
         print(f"{n}^3 bf16, {variant}: Tessera {rows[-1]['tessera_tflops']:.1f} TFLOP/s, cuBLAS "
               f"{rows[-1]['cublas_tflops']:.1f} TFLOP/s, ratio {rows[-1]['ratio']:.2f} "
               f"(max rel err {err:.1e})")
-
-    write_results("gemm_cuda", "Tessera GEMM vs cuBLAS",
-                  ["n", "variant", "Tessera TFLOP/s", "cuBLAS TFLOP/s", "ratio"], rows,
-                  [lambda r: str(r["n"]), lambda r: r["variant"],
-                   lambda r: f"{r['tessera_tflops']:.1f}",
-                   lambda r: f"{r['cublas_tflops']:.1f}", lambda r: f"{r['ratio']:.2f}"], cp)
+        # After every row: a later size that faults or hangs keeps these.
+        write_results("gemm_cuda", "Tessera GEMM vs cuBLAS", COLUMNS, rows, meta,
+                      ("n", "variant"), args.append)
     return 0
 
 

@@ -16,6 +16,15 @@ benchmarks (which measure Tessera and cuBLAS / torch SDPA in the same run),
 and writes OUT/gpu_checks.json plus the benchmarks' bench/results files,
 copied to OUT. Exit status 1 if any check failed.
 
+A first run on a new GPU may meet a kernel that never finishes or faults
+(a fault poisons the process' CUDA context): every check, the NCCL worker
+and every benchmark variant runs in a process of its own, killed with its
+process group after its time limit, and OUT/gpu_checks.json is rewritten
+after each, so one bad kernel costs only its own row and a call cut off
+by its time limit still brings back what finished. `--deadline` (560 s
+of a lent machine's 600 s call) bounds the whole run, the last
+`--bench-reserve` seconds kept for the benchmarks.
+
 Checks: the tensor-core GEMM with a fused epilogue on mma.sync, on wgmma fed
 by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages; copies issued by a
 producer warpgroup, or by thread 0 between iterations) and on wgmma fed by
@@ -33,6 +42,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -308,26 +318,48 @@ def _run_one(kit: Path, check: dict, engine: str, rank: int = 0) -> tuple[bool, 
 _RANK_VERDICT = "[gpu_kit rank verdict] "
 
 
-def _run_ranks(kit: Path, check: dict, engine: str) -> tuple[bool, str]:
-    """Runs a multi-rank check under mpiexec (`gpu_kit.py rank`, one process
-    per rank, all on the one GPU) and gathers the ranks' verdicts."""
-    ranks = check["ranks"]
-    env = _mpi_env()
-    proc = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, __file__, "rank",
-                           str(kit), check["name"], "--engine", engine],
-                          capture_output=True, text=True, timeout=900, env=env)
-    verdicts = [json.loads(line[len(_RANK_VERDICT):]) for line in proc.stdout.splitlines()
+def _isolated(argv: list[str], timeout: float, env: dict) -> tuple[int | None, str]:
+    """Runs `argv` in its own session, killing the whole process group (an
+    mpiexec and its ranks too) after `timeout` seconds: (exit status, or
+    None if it was killed; stdout + stderr). A kernel that hangs, or an
+    illegal address that poisons a CUDA context, stays in its process."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out + err
+
+
+def _run_check(kit: Path, check: dict, engine: str, timeout: float) -> tuple[bool, str]:
+    """Runs a check in a process of its own (`gpu_kit.py rank`; a multi-rank
+    check under mpiexec, one process per rank, all on the one GPU) and
+    gathers the ranks' verdicts."""
+    ranks = check.get("ranks", 1)
+    argv = [sys.executable, __file__, "rank", str(kit), check["name"], "--engine", engine]
+    if ranks > 1:
+        argv = [_mpiexec(), "-n", str(ranks)] + argv
+    status, output = _isolated(argv, timeout, _mpi_env())
+    verdicts = [json.loads(line[len(_RANK_VERDICT):]) for line in output.splitlines()
                 if line.startswith(_RANK_VERDICT)]
-    if proc.returncode != 0 or len(verdicts) != ranks:
-        return False, (f"mpiexec -n {ranks} exited {proc.returncode} with {len(verdicts)} "
-                       f"verdicts: {(proc.stdout + proc.stderr)[-2000:]}")
+    if status is None:
+        return False, (f"killed after {timeout:.0f} s with {len(verdicts)} of {ranks} verdicts "
+                       f"(a kernel that never finishes?): {output[-2000:]}")
+    if status != 0 or len(verdicts) != ranks:
+        return False, (f"{'mpiexec -n %d' % ranks if ranks > 1 else 'the check'} exited "
+                       f"{status} with {len(verdicts)} of {ranks} verdicts: {output[-2000:]}")
     verdicts.sort(key=lambda v: v["rank"])
+    if ranks == 1:
+        return verdicts[0]["ok"], verdicts[0]["detail"]
     return (all(v["ok"] for v in verdicts),
             "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts))
 
 
 def _rank_main(kit: Path, name: str, engine: str) -> int:
-    """One rank of a multi-rank check (under mpiexec): prints its verdict."""
+    """One check in this process (one rank of it, under mpiexec): prints its verdict."""
     import tessera_runtime
     rank = tessera_runtime.world()[0]
     check = next(c for c in json.loads((kit / "checks.json").read_text()) if c["name"] == name)
@@ -339,19 +371,37 @@ def _rank_main(kit: Path, name: str, engine: str) -> int:
     return 0
 
 
-def _run_checks(kit: Path, engine: str) -> list[dict]:
-    results = []
+class _Report:
+    """OUT/gpu_checks.json, rewritten after every step, so that a session
+    cut off by its time limit still brings back what it finished."""
+
+    def __init__(self, out: Path, engine: str):
+        self.path, self.engine = out / "gpu_checks.json", engine
+        self.checks, self.benchmarks = [], {}
+
+    def check(self, name: str, ok: bool, detail: str, seconds: float) -> None:
+        self.checks.append({"check": name, "ok": ok, "detail": detail, "seconds": seconds})
+        print(f"{'PASS' if ok else 'FAIL'} {name} ({seconds:.0f} s): {detail}", flush=True)
+        self.write()
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps({"engine": self.engine, "checks": self.checks,
+                                         "benchmarks": self.benchmarks}, indent=1))
+
+
+def _run_checks(kit: Path, engine: str, report: _Report, timeout: float, until: float) -> None:
+    """Every check, each given `timeout` seconds but none past `until`
+    (time.monotonic()); those left when time runs out are reported not run."""
     for check in json.loads((kit / "checks.json").read_text()):
-        start = time.perf_counter()
+        start = time.monotonic()
+        if until - start < min(timeout, 10):
+            report.check(check["name"], False, "not run: out of time", 0.0)
+            continue
         try:
-            ok, detail = (_run_ranks(kit, check, engine) if check.get("ranks", 1) > 1
-                          else _run_one(kit, check, engine))
+            ok, detail = _run_check(kit, check, engine, min(timeout, until - start))
         except Exception as e:             # a failing check must not stop the others
             ok, detail = False, f"{type(e).__name__}: {e}"
-        results.append({"check": check["name"], "ok": ok, "detail": detail,
-                        "seconds": time.perf_counter() - start})
-        print(f"{'PASS' if ok else 'FAIL'} {check['name']}: {detail}", flush=True)
-    return results
+        report.check(check["name"], ok, detail, time.monotonic() - start)
 
 
 def _mpiexec() -> str:
@@ -366,43 +416,76 @@ def _mpi_env() -> dict:
     return env
 
 
-def _run_nccl() -> dict:
+def _run_nccl(report: _Report, timeout: float) -> None:
     """The NCCL communicators on 2 ranks of one GPU (test/runtime/nccl_worker.py)."""
+    start = time.monotonic()
     mpiexec = _mpiexec()
     if not os.path.exists(mpiexec):
-        return {"check": "nccl-2-ranks", "ok": False, "detail": "no mpiexec"}
-    env = _mpi_env()
-    proc = subprocess.run([mpiexec, "-n", "2", sys.executable,
-                           str(ROOT / "test" / "runtime" / "nccl_worker.py")],
-                          capture_output=True, text=True, timeout=300, env=env)
-    ok = proc.returncode == 0 and proc.stdout.count("PASS") >= 12
-    print(f"{'PASS' if ok else 'FAIL'} nccl-2-ranks", flush=True)
-    return {"check": "nccl-2-ranks", "ok": ok,
-            "detail": (proc.stdout + proc.stderr)[-3000:]}
+        report.check("nccl-2-ranks", False, "no mpiexec", 0.0)
+        return
+    status, output = _isolated([mpiexec, "-n", "2", sys.executable,
+                                str(ROOT / "test" / "runtime" / "nccl_worker.py")],
+                               timeout, _mpi_env())
+    ok = status == 0 and output.count("PASS") >= 12
+    report.check("nccl-2-ranks", ok, ("" if status is not None else
+                                      f"killed after {timeout:.0f} s: ") + output[-3000:],
+                 time.monotonic() - start)
 
 
-def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True) -> int:
+def _benchmark_runs() -> list[tuple[str, str]]:
+    """(script, variant) per benchmark process: one variant each, so that a
+    variant that hangs or faults costs only its own rows."""
+    from attention_cuda import DEFAULT_VARIANTS
+    from gemm_cuda import VARIANTS
+    return [("gemm_cuda.py", v) for v in VARIANTS] + \
+        [("attention_cuda.py", v) for v in DEFAULT_VARIANTS]
+
+
+def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until: float) -> None:
+    """Each benchmark variant in its own process (`--append` gathers their
+    rows into the day's results file), the results files copied to OUT
+    after each."""
+    for script, variant in _benchmark_runs():
+        start = time.monotonic()
+        budget = min(timeout, until - start)
+        key = f"{script} {variant}"
+        if budget < min(timeout, 20):
+            report.benchmarks[key] = {"returncode": None, "output": "not run: out of time"}
+            report.write()
+            continue
+        status, output = _isolated([sys.executable, str(ROOT / "bench" / script), "--kit",
+                                    str(kit), "--variants", variant, "--append"],
+                                   budget, os.environ.copy())
+        if status is None:
+            output = f"killed after {budget:.0f} s\n" + output
+        report.benchmarks[key] = {"returncode": status, "seconds": time.monotonic() - start,
+                                  "output": output[-6000:]}
+        print(f"[gpu_kit] {key}: exit {status}\n{output[-3000:]}", flush=True)
+        for f in (ROOT / "bench" / "results").glob("*_cuda-*"):
+            shutil.copy(f, out / f.name)
+        report.write()
+
+
+def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True,
+        deadline: float = 560, check_timeout: float = 120, bench_timeout: float = 150,
+        bench_reserve: float = 240) -> int:
     """The kit's checks on `engine` (`cuda-emulated` runs them on the CPU,
     which is how the kit itself is tested), then, on a GPU, NCCL and the
-    benchmarks."""
+    benchmarks, all within `deadline` seconds: the checks leave the last
+    `bench_reserve` of them to the benchmarks."""
     out.mkdir(parents=True, exist_ok=True)
-    results = _run_checks(kit, engine)
+    until = time.monotonic() + deadline
     gpu = engine == "cuda"
+    benchmarks = gpu and benchmarks
+    report = _Report(out, engine)
+    _run_checks(kit, engine, report, check_timeout, until - bench_reserve * benchmarks)
     if gpu:
-        results.append(_run_nccl())
-    timings = {}
-    for script in BENCHMARKS if gpu and benchmarks else ():
-        proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit)],
-                              capture_output=True, text=True)
-        timings[script] = {"returncode": proc.returncode,
-                           "output": (proc.stdout + proc.stderr)[-6000:]}
-        print(proc.stdout + proc.stderr[-3000:], flush=True)
-    for f in (ROOT / "bench" / "results").glob("*_cuda-*"):
-        shutil.copy(f, out / f.name)
-    (out / "gpu_checks.json").write_text(json.dumps({"engine": engine, "checks": results,
-                                                     "benchmarks": timings}, indent=1))
-    failed = [r["check"] for r in results if not r["ok"]]
-    print(f"[gpu_kit] {len(results) - len(failed)}/{len(results)} checks passed"
+        _run_nccl(report, max(10.0, min(check_timeout, until - time.monotonic())))
+    if benchmarks:
+        _run_benchmarks(kit, out, report, bench_timeout, until)
+    report.write()
+    failed = [r["check"] for r in report.checks if not r["ok"]]
+    print(f"[gpu_kit] {len(report.checks) - len(failed)}/{len(report.checks)} checks passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
@@ -420,9 +503,20 @@ def main(argv=None) -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--engine", default="cuda", choices=["cuda", "cuda-emulated"],
                    help="cuda-emulated: run the checks on the CPU emulator instead (slow)")
+    r.add_argument("--deadline", type=float, default=560, metavar="S",
+                   help="finish within S seconds (a lent GPU machine's call has 600): steps "
+                        "that would start too late are reported not run (default 560)")
+    r.add_argument("--check-timeout", type=float, default=120, metavar="S",
+                   help="kill a check's processes after S seconds (default 120)")
+    r.add_argument("--bench-timeout", type=float, default=150, metavar="S",
+                   help="kill a benchmark variant's process after S seconds (default 150)")
+    r.add_argument("--bench-reserve", type=float, default=240, metavar="S",
+                   help="the checks stop S seconds before the deadline, which the "
+                        "benchmarks keep (default 240)")
     for p in (b, r):
         p.add_argument("--no-benchmarks", action="store_true", help="checks only")
-    one = sub.add_parser("rank", help="(internal) one rank of a multi-rank check, under mpiexec")
+    one = sub.add_parser("rank", help="(internal) run one check in this process: one rank of "
+                                      "it under mpiexec")
     one.add_argument("kit", type=Path)
     one.add_argument("check")
     one.add_argument("--engine", default="cuda", choices=["cuda", "cuda-emulated"])
@@ -432,7 +526,8 @@ def main(argv=None) -> int:
         return _rank_main(args.kit, args.check, args.engine)
     if args.command == "build":
         return build(args.kit, args.only, not args.no_benchmarks)
-    return run(args.kit, args.out, args.engine, not args.no_benchmarks)
+    return run(args.kit, args.out, args.engine, not args.no_benchmarks, args.deadline,
+               args.check_timeout, args.bench_timeout, args.bench_reserve)
 
 
 if __name__ == "__main__":

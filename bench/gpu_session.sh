@@ -30,4 +30,5 @@ python -c "import nvshmem.core" 2>/dev/null ||
     pip install --no-index --no-deps --find-links "$kit/wheels" nvshmem4py-cu13 2>&1 | tail -1
 pip list 2>/dev/null | grep -i -E "nvshmem|nccl|cuda-core|mpi4py" | tee -a "$out/device.txt"
 cat "$kit/build.json" 2>/dev/null | tee -a "$out/device.txt"
-python bench/gpu_kit.py run "$kit" "$out"
+# Within the call's 600 s, less what the installs took (bash's SECONDS).
+python bench/gpu_kit.py run "$kit" "$out" --deadline $((570 - SECONDS))

@@ -6,6 +6,7 @@ pipeline-stage bookkeeping, register epilogues and shuffle reductions are
 right. What it cannot: speed, and races a real GPU's timing would expose."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -470,34 +471,80 @@ def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path, check, expected_fil
     """bench/gpu_kit.py: `build` compiles a check's bundle with its inputs
     and expected outputs (per rank, for the NVSHMEM check that `run` starts
     under mpiexec); `run` (here on the emulated engine, with the compiler's
-    packages made unimportable) passes it, and reports FAIL with exit
-    status 1 once the expectation (of one rank) is wrong."""
+    packages made unimportable in every process) passes it in a process of
+    its own, reports FAIL with exit status 1 once the expectation (of one
+    rank) is wrong, and kills a check that outlives its time limit, with
+    every process it started, reporting it and going on."""
     import subprocess
     import sys
+    import time
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    kit, out = tmp_path / "kit", tmp_path / "out"
+    kit, out, site = tmp_path / "kit", tmp_path / "out", tmp_path / "site"
     built = subprocess.run([sys.executable, str(root / "bench" / "gpu_kit.py"), "build", str(kit),
                             "--only", check, "--no-benchmarks"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
-    runtime_only = ("import runpy, sys\n"
-                    "for m in ('tessera', 'tessera_compiler', 'tessera_mlir', 'tessera_passes'):\n"
-                    "    sys.modules[m] = None\n"
-                    f"sys.argv = ['gpu_kit.py', 'run', {str(kit)!r}, {str(out)!r}, "
-                    "'--engine', 'cuda-emulated']\n"
-                    f"runpy.run_path({str(root / 'bench' / 'gpu_kit.py')!r}, run_name='__main__')\n")
+    # The GPU machine has the runtime alone: so has every process here.
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        "for m in ('tessera', 'tessera_compiler', 'tessera_mlir', 'tessera_passes'):\n"
+        "    sys.modules[m] = None\n"
+        "if os.environ.get('KIT_CHECKS_HANG') and sys.argv[1:2] == ['rank']:\n"
+        "    time.sleep(300)                 # a check whose kernel never finishes\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ["PYTHONPATH"]])}
 
-    def run():
-        return subprocess.run([sys.executable, "-c", runtime_only], capture_output=True, text=True)
+    def run(*options, **extra_env):
+        return subprocess.run([sys.executable, str(root / "bench" / "gpu_kit.py"), "run",
+                               str(kit), str(out), "--engine", "cuda-emulated", *options],
+                              capture_output=True, text=True, env={**env, **extra_env})
     ok = run()
     assert ok.returncode == 0 and f"PASS {check}" in ok.stdout, ok.stdout + ok.stderr[-3000:]
     assert json.loads((out / "gpu_checks.json").read_text())["checks"][0]["ok"]
     expected = kit / "checks" / check / expected_file
     with np.load(expected) as npz:
-        wrong = npz["arr_0"] * 1.5 + 1
-    np.savez_compressed(expected, wrong)
+        right = npz["arr_0"]
+    np.savez_compressed(expected, right * 1.5 + 1)
     bad = run()
     assert bad.returncode == 1 and f"FAIL {check}" in bad.stdout, bad.stdout + bad.stderr[-3000:]
     if "rank1" in expected_file:        # rank 0 still passes; rank 1 names its error
         verdict = next(line for line in bad.stdout.splitlines() if line.startswith("FAIL"))
         assert "rank 0: max |diff|" in verdict and "rank 1: out0: max |diff|" in verdict, verdict
+    start = time.monotonic()
+    hung = run("--check-timeout", "5", KIT_CHECKS_HANG="1")
+    report = json.loads((out / "gpu_checks.json").read_text())["checks"]
+    assert hung.returncode == 1 and report[0]["detail"].startswith("killed after 5 s"), report
+    assert time.monotonic() - start < 60
+    leftover = subprocess.run(["pgrep", "-f", f"gpu_kit.py rank {kit}"], capture_output=True)
+    assert leftover.returncode == 1, leftover.stdout
+
+
+def test_bench_results_of_one_variant_per_process_add_up(tmp_path):
+    """bench/cuda_bench.write_results with `append` (how gpu_kit gathers a
+    benchmark run one variant per process): rows join the day's file,
+    a row with the same key replaces the older one, and a file from
+    another commit or device is replaced rather than mixed in."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from cuda_bench import write_results
+    meta = {"device": "H100", "driver": 13000, "date": "2026-11-22", "commit": "abc"}
+    columns = {"n": lambda r: str(r["n"]), "variant": lambda r: r["variant"],
+               "ratio": lambda r: f"{r['ratio']:.2f}"}
+
+    def write(rows, meta=meta, append=True):
+        path = write_results("gemm_cuda", "GEMM", columns, rows, meta, ("n", "variant"), append,
+                             folder=tmp_path)
+        table = path.with_suffix(".md").read_text().splitlines()[4:]
+        return json.loads(path.with_suffix(".json").read_text())["rows"], table
+    write([{"n": 4096, "variant": "producer", "ratio": 0.9}], append=False)
+    rows, _ = write([{"n": 4096, "variant": "thread0", "ratio": 0.8},
+                     {"n": 8192, "variant": "thread0", "ratio": 0.7}])
+    assert [(r["n"], r["variant"]) for r in rows] == [(4096, "producer"), (4096, "thread0"),
+                                                      (8192, "thread0")]
+    rows, table = write([{"n": 4096, "variant": "producer", "ratio": 0.95}])
+    assert [r["ratio"] for r in rows] == [0.95, 0.8, 0.7]
+    assert table == ["| 4096 | producer | 0.95 |", "| 4096 | thread0 | 0.80 |",
+                     "| 8192 | thread0 | 0.70 |"]
+    rows, _ = write([{"n": 4096, "variant": "row-major", "ratio": 1.0}], {**meta, "commit": "def"})
+    assert rows == [{"n": 4096, "variant": "row-major", "ratio": 1.0}]
