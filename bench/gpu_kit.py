@@ -55,6 +55,11 @@ BENCHMARKS = ("gemm_cuda.py", "attention_cuda.py")
 # AdamW's first step moves a parameter by lr * sign(gradient): where a
 # gradient is within rounding of zero the two engines may step opposite ways.
 ADAMW_LR = 3e-3
+# The checks' kernels trap (printing the barrier) when an mbarrier wait
+# outlasts this: a ring protocol that is wrong on real hardware fails its
+# check in seconds where it would hang until the process is killed. The
+# benchmarks' kernels are built without it.
+CHECK_WATCHDOG_S = 5.0
 
 
 # -- build (the compiler's side) ---------------------------------------------------
@@ -233,7 +238,12 @@ def build(kit: Path, only=None, benchmarks: bool = True) -> int:
     if unknown:
         raise SystemExit(f"gpu_kit: no check named {', '.join(sorted(unknown))}; "
                          f"the checks are {', '.join(CHECKS)}")
-    checks = [make(kit, name) for name, make in CHECKS.items() if not only or name in only]
+    from tessera_compiler.codegen import cuda_emitter
+    saved, cuda_emitter.WAIT_WATCHDOG_S = cuda_emitter.WAIT_WATCHDOG_S, CHECK_WATCHDOG_S
+    try:
+        checks = [make(kit, name) for name, make in CHECKS.items() if not only or name in only]
+    finally:
+        cuda_emitter.WAIT_WATCHDOG_S = saved
     (kit / "checks.json").write_text(json.dumps(checks, indent=1))
     for script in BENCHMARKS if benchmarks else ():
         subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit),
@@ -352,10 +362,12 @@ def _run_check(kit: Path, check: dict, engine: str, timeout: float) -> tuple[boo
         return False, (f"{'mpiexec -n %d' % ranks if ranks > 1 else 'the check'} exited "
                        f"{status} with {len(verdicts)} of {ranks} verdicts: {output[-2000:]}")
     verdicts.sort(key=lambda v: v["rank"])
-    if ranks == 1:
-        return verdicts[0]["ok"], verdicts[0]["detail"]
-    return (all(v["ok"] for v in verdicts),
-            "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts))
+    ok = all(v["ok"] for v in verdicts)
+    detail = verdicts[0]["detail"] if ranks == 1 else \
+        "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts)
+    # What the kernels' mbarrier watchdog printed before trapping.
+    watchdog = [line for line in output.splitlines() if line.startswith("tessera watchdog")]
+    return ok, detail + "".join(f"; {line}" for line in watchdog[:4])
 
 
 def _rank_main(kit: Path, name: str, engine: str) -> int:

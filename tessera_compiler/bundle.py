@@ -76,15 +76,17 @@ def _dict_attrs(func_op: ir.Operation, key: str, n: int):
 def compiler_fingerprint() -> str:
     """A hash of the compiler's own code (passes, emitters, dialect library)
     and its kernel configurations (GEMM tiles and tile order, attention's
-    blocks, wgmma and TMA switches), part of every bundle's cache key: a
+    blocks, wgmma and TMA switches, the mbarrier watchdog), part of every bundle's cache key: a
     changed compiler never reuses a bundle an older one wrote. The configurations
     count because benchmarks and tests set them at run time (the code is
     unchanged, the kernels are not)."""
     from tessera_passes import flash_attention, lower_to_tile
+
+    from .codegen import cuda_emitter
     configs = repr((lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS,
                     lower_to_tile.GROUPED_TILE_ORDER, flash_attention.GPU_WGMMA,
                     flash_attention.GPU_TMA, flash_attention.GPU_FORWARD_BLOCKS,
-                    flash_attention.GPU_BACKWARD_BLOCKS))
+                    flash_attention.GPU_BACKWARD_BLOCKS, cuda_emitter.WAIT_WATCHDOG_S))
     return hashlib.sha256((_code_fingerprint() + configs).encode()).hexdigest()[:16]
 
 

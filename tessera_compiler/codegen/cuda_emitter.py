@@ -52,6 +52,11 @@ from .register_loop import RegisterLoop
 
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
+#: Seconds after which a thread still waiting on an mbarrier prints the
+#: barrier and traps, or None (the default: no check in the wait loop). A
+#: ring whose phases are wrong then fails its launch in seconds instead of
+#: hanging the GPU: bench/gpu_kit.py builds its checks with it.
+WAIT_WATCHDOG_S: float | None = None
 _ALIGN = 16
 
 
@@ -1375,13 +1380,31 @@ template <int N> __device__ __forceinline__ void tessera_setmaxnreg_inc() {
 template <int N> __device__ __forceinline__ void tessera_setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\\n" :: "n"(N));
 }
-// Returns once the barrier's phase of this parity has completed.
+__device__ __forceinline__ uint64_t tessera_globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Returns once the barrier's phase of this parity has completed. With
+// TESSERA_WAIT_WATCHDOG_NS defined (cuda_emitter.WAIT_WATCHDOG_S), a wait
+// that outlasts it prints the barrier and traps.
 __device__ __forceinline__ void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
   uint32_t done;
+#ifdef TESSERA_WAIT_WATCHDOG_NS
+  const uint64_t start = tessera_globaltimer_ns();
+#endif
   do {
     asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n"
                  "selp.u32 %0, 1, 0, p;\\n}\\n"
                  : "=r"(done) : "r"(tessera_shared_address(bar)), "r"(parity) : "memory");
+#ifdef TESSERA_WAIT_WATCHDOG_NS
+    if (!done && tessera_globaltimer_ns() - start > TESSERA_WAIT_WATCHDOG_NS) {
+      printf("tessera watchdog: block (%u, %u, %u) thread %u waited %.1f s for phase parity %u "
+             "of the mbarrier at shared byte %u\\n", blockIdx.x, blockIdx.y, blockIdx.z,
+             threadIdx.x, TESSERA_WAIT_WATCHDOG_NS * 1e-9, parity, tessera_shared_address(bar));
+      __trap();
+    }
+#endif
   } while (!done);
 }
 """
@@ -1477,6 +1500,8 @@ def emit_cuda_kernels(module) -> tuple[str, dict]:
         launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
     parts[1:1] = [wgmma_wrapper(*shape) for shape in sorted(wgmma_shapes)]
+    if WAIT_WATCHDOG_S is not None:
+        parts.insert(0, f"#define TESSERA_WAIT_WATCHDOG_NS {int(WAIT_WATCHDOG_S * 1e9)}ull\n")
     if nvshmem:
         # Device-initiated communication: NVSHMEM's device API (compile with
         # -rdc=true and link libnvshmem_device; see build.build_cuda_cubin).

@@ -289,6 +289,31 @@ def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch, producer):
         assert producer is False or report["registers"] <= 168, (arch, report)
 
 
+@pytest.mark.parametrize("watchdog", [None, 5.0])
+def test_mbarrier_watchdog_is_compiled_in_only_when_asked(monkeypatch, watchdog):
+    """cuda_emitter.WAIT_WATCHDOG_S (which bench/gpu_kit.py sets for its
+    checks): the TMA GEMM's mbarrier waits read the global timer and trap
+    after that many seconds, printing the barrier; unset, the wait loop is
+    the bare try_wait. Either builds for sm_90a without spills, and the
+    emulator (which has its own limit) runs either."""
+    import subprocess
+    from tessera_compiler.codegen import cuda_emitter
+    from tessera_compiler.codegen.build import kernel_resources, nvcc
+    monkeypatch.setattr(cuda_emitter, "WAIT_WATCHDOG_S", watchdog)
+    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch, k_steps=5)
+    assert ("#define TESSERA_WAIT_WATCHDOG_NS 5000000000ull" in source) == bool(watchdog)
+    np.testing.assert_allclose(_emulate(source, name, cfg, x, w), ref, rtol=0.02, atol=0.05)
+    if nvcc() is None:
+        pytest.skip("nvcc is not installed on this machine")
+    ptx = subprocess.run([nvcc(), "-arch=sm_90a", "-std=c++17", "-O3", "-ptx", "-x", "cu", "-",
+                          "-o", "-"], input=source, capture_output=True, text=True)
+    assert ptx.returncode == 0, ptx.stderr[-2000:]
+    for watchdog_code in ("%globaltimer", "trap;", "vprintf"):
+        assert (watchdog_code in ptx.stdout) == bool(watchdog), watchdog_code
+    (report,) = kernel_resources(source, "sm_90a").values()
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+
+
 def test_tma_gemm_runs_from_a_bundle_on_the_emulated_engine(monkeypatch):
     """ts.jit for the GPU with the Hopper configuration: the bundle's launch
     record lists the kernel's tensor maps (the batched operands' 3-D boxes),
@@ -331,18 +356,20 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
 
 
 @pytest.mark.parametrize("module, switch, value", [
-    ("flash_attention", "GPU_WGMMA", False),
-    ("flash_attention", "GPU_TMA", False),
-    ("flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
-    ("lower_to_tile", "GROUPED_TILE_ORDER", False)])
+    ("tessera_passes.flash_attention", "GPU_WGMMA", False),
+    ("tessera_passes.flash_attention", "GPU_TMA", False),
+    ("tessera_passes.flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
+    ("tessera_passes.lower_to_tile", "GROUPED_TILE_ORDER", False),
+    ("tessera_compiler.codegen.cuda_emitter", "WAIT_WATCHDOG_S", 5.0)])
 def test_compiler_fingerprint_counts_the_benchmarks_switches(module, switch, value, monkeypatch):
     """The benchmarks time kernel variants by setting these at run time
     (attention on mma.sync or cp.async, other forward blocks; GEMM tiles in row-major
-    order): each must key a different bundle, not reuse the default one."""
+    order; the GPU kit's checks with the mbarrier watchdog): each must key a
+    different bundle, not reuse the default one."""
     import importlib
     from tessera_compiler.bundle import compiler_fingerprint
     default = compiler_fingerprint()
-    monkeypatch.setattr(importlib.import_module(f"tessera_passes.{module}"), switch, value)
+    monkeypatch.setattr(importlib.import_module(module), switch, value)
     assert compiler_fingerprint() != default
 
 
@@ -471,7 +498,8 @@ def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path, check, expected_fil
     """bench/gpu_kit.py: `build` compiles a check's bundle with its inputs
     and expected outputs (per rank, for the NVSHMEM check that `run` starts
     under mpiexec); `run` (here on the emulated engine, with the compiler's
-    packages made unimportable in every process) passes it in a process of
+    packages made unimportable in every process; its kernels built with the
+    mbarrier watchdog) passes it in a process of
     its own, reports FAIL with exit status 1 once the expectation (of one
     rank) is wrong, and kills a check that outlives its time limit, with
     every process it started, reporting it and going on."""
@@ -484,6 +512,9 @@ def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path, check, expected_fil
     built = subprocess.run([sys.executable, str(root / "bench" / "gpu_kit.py"), "build", str(kit),
                             "--only", check, "--no-benchmarks"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
+    # Checks trap a stuck mbarrier wait rather than hang (benchmarks do not).
+    assert "#define TESSERA_WAIT_WATCHDOG_NS" in \
+        (kit / "checks" / check / "bundle" / "kernels" / "kernels.cu").read_text()
     # The GPU machine has the runtime alone: so has every process here.
     site.mkdir()
     (site / "sitecustomize.py").write_text(
