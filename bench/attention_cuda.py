@@ -1,6 +1,8 @@
 """Tessera's flash-attention kernels against PyTorch's best attention
-(`scaled_dot_product_attention`, flash backend), causal, bf16, in the same
-run on the same GPU: forward, and backward (dQ, dK, dV).
+(`scaled_dot_product_attention`: the fastest of its flash, cuDNN and
+memory-efficient backends that run here, for the forward and for the
+backward), causal, bf16, in the same run on the same GPU: forward, and
+backward (dQ, dK, dV).
 
     python bench/attention_cuda.py                        # B=4 H=16 S=4096 D=64, 128
     python bench/attention_cuda.py --seq 2048 8192 --dims 64 --iters 20
@@ -60,7 +62,8 @@ COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
            "fwd TFLOP/s": lambda r: f"{r['tessera_fwd_tflops']:.1f}",
            "torch fwd TFLOP/s": lambda r: f"{r['torch_fwd_tflops']:.1f}",
            "fwd ratio": lambda r: f"{r['fwd_ratio']:.2f}",
-           "bwd ratio": lambda r: f"{r['bwd_ratio']:.2f}"}
+           "bwd ratio": lambda r: f"{r['bwd_ratio']:.2f}",
+           "torch fwd / bwd backend": lambda r: f"{r['fwd_peer']} / {r['bwd_peer']}"}
 DEFAULT_VARIANTS = ["wgmma", "wgmma-cp.async", "mma.sync", "wgmma:64x32", "wgmma:64x128",
                     "wgmma:128x64", "wgmma:128x128"]
 
@@ -112,6 +115,37 @@ def attention_variant(spec):
          flash_attention.GPU_FORWARD_BLOCKS) = saved
 
 
+#: torch's fused attention backends, the fastest of which is the peer.
+TORCH_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def torch_attention_times(q, k, v, do, iters: int, cp) -> dict:
+    """{backend: (forward s, backward s)} of torch's causal
+    scaled_dot_product_attention on each fused backend of TORCH_BACKENDS
+    that runs these tensors here (cuDNN's needs a recent cuDNN; the others
+    may refuse a shape)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    times = {}
+    for name in TORCH_BACKENDS:
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            continue
+        try:
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                forward = time_cuda(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                    iters, cp)
+                backward = time_cuda(lambda: torch.autograd.grad(out, (q, k, v), do,
+                                                                 retain_graph=True), iters, cp)
+        except RuntimeError as e:           # "No available kernel", an unsupported cuDNN
+            print(f"torch SDPA {name.lower()}: not available here ({str(e).splitlines()[0]})")
+            continue
+        times[name.lower()] = (forward, backward)
+    return times
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=4)
@@ -156,14 +190,17 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         q, k, v, do = (rng.standard_normal(shape).astype(bf16) for _ in range(4))
         tq, tk, tv, tdo = (torch_bf16(x).requires_grad_(True) for x in (q, k, v, do))
+        peers = torch_attention_times(tq, tk, tv, tdo, args.iters, cp)
+        if not peers:
+            raise SystemExit(f"no torch SDPA backend runs causal bf16 attention of {shape}")
+        (fwd_peer, t_ref), (bwd_peer, t_ref_bwd) = (
+            min(((name, t[i]) for name, t in peers.items()), key=lambda p: p[1]) for i in (0, 1))
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-            t_ref = time_cuda(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True),
-                              args.iters, cp)
-            ref = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-            t_ref_bwd = time_cuda(lambda: torch.autograd.grad(ref, (tq, tk, tv), tdo,
-                                                              retain_graph=True),
-                                  args.iters, cp)
-        want = ref.detach().float().cpu().numpy()
+            want = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+        want = want.detach().float().cpu().numpy()
+        print(f"S={seq} D={d} torch: " + ", ".join(
+            f"{name} forward {t[0] * 1e3:.2f} ms, backward {t[1] * 1e3:.2f} ms"
+            for name, t in peers.items()), flush=True)
         for variant in variants:
             engine = bundle_engine(bundles[seq, d, variant])
             names = list(engine._launches)
@@ -199,7 +236,9 @@ def main(argv=None) -> int:
                          "tessera_fwd_tflops": flops / t_fwd / 1e12,
                          "torch_fwd_tflops": flops / t_ref / 1e12,
                          "fwd_ratio": t_ref / t_fwd, "bwd_ratio": t_ref_bwd / t_bwd,
-                         "max_rel_err": err, "peer": "torch SDPA (flash backend)",
+                         "max_rel_err": err, "fwd_peer": fwd_peer, "bwd_peer": bwd_peer,
+                         "peers_ms": {name: [t[0] * 1e3, t[1] * 1e3]
+                                      for name, t in peers.items()},
                          "config": {n: engine._launches[n] for n in (fwd, dkdv, dq)}})
             r = rows[-1]
             print(f"S={seq} D={d} {variant}: forward Tessera {r['tessera_fwd_tflops']:.1f} "
@@ -207,7 +246,8 @@ def main(argv=None) -> int:
                   f"{r['fwd_ratio']:.2f}; backward ratio {r['bwd_ratio']:.2f} "
                   f"(max rel err {err:.1e})")
             # After every row: a later case that faults or hangs keeps these.
-            write_results("attention_cuda", "Tessera flash attention vs torch SDPA (causal, bf16)",
+            write_results("attention_cuda",
+                          "Tessera flash attention vs torch SDPA's fastest backend (causal, bf16)",
                           COLUMNS, rows, meta, ("batch", "heads", "seq", "d", "variant"),
                           args.append)
     return 0
