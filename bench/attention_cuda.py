@@ -21,14 +21,16 @@ and writes bench/results/attention_cuda-<date>.{json,md}.
 Variants of Tessera's kernels: `wgmma` (the default: on sm_90a every dot
 of the three loops is a wgmma.mma_async, B from a 128-byte-swizzled ring
 that the tensor memory accelerator fills where the kernel asks for it),
-`wgmma-cp.async` (the same ring filled by cp.async) and `mma.sync` (the
-same loops on mma.sync.m16n8k16 with ldmatrix: what plain sm_90 runs); any
+`wgmma-cp.async` (the same ring filled by cp.async), `mma.sync` (the
+same loops on mma.sync.m16n8k16 with ldmatrix: what plain sm_90 runs) and
+`wgmma-pingpong` (`wgmma`, with a forward block of two warpgroups taking
+turns at the tensor cores: flash_attention.GPU_PINGPONG); any
 with `:BMxBN` times forward blocks of BM query rows and BN keys per step in
 place of the compiler's (flash_attention.GPU_FORWARD_BLOCKS), at head widths
 up to 128. By default the bench times the compiler's kernels on all three,
 the wgmma forward at 64x32 and 64x128 around its 64x64, and at 128x64 and
-128x128 (two warpgroups sharing each key/value tile): the GPU's answer
-picks the defaults.
+128x128 (two warpgroups sharing each key/value tile), with and without
+ping-pong: the GPU's answer picks the defaults.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def attention_step(q, k, v, do):
     return (op.attention(q, k, v, causal=True),) + tuple(ts.grad(loss(q, k, v), [q, k, v]))
 
 
-#: (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA) of each variant's loops.
-LOOPS = {"wgmma": (True, True), "wgmma-cp.async": (True, False), "mma.sync": (False, False)}
+#: (flash_attention.GPU_WGMMA, GPU_TMA, GPU_PINGPONG) of each variant's loops.
+LOOPS = {"wgmma": (True, True, False), "wgmma-cp.async": (True, False, False),
+         "mma.sync": (False, False, False), "wgmma-pingpong": (True, True, True)}
 #: The results table: header -> a row's cell.
 COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
            "S": lambda r: str(r["seq"]), "D": lambda r: str(r["d"]),
@@ -65,7 +68,8 @@ COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
            "bwd ratio": lambda r: f"{r['bwd_ratio']:.2f}",
            "torch fwd / bwd backend": lambda r: f"{r['fwd_peer']} / {r['bwd_peer']}"}
 DEFAULT_VARIANTS = ["wgmma", "wgmma-cp.async", "mma.sync", "wgmma:64x32", "wgmma:64x128",
-                    "wgmma:128x64", "wgmma:128x128"]
+                    "wgmma:128x64", "wgmma:128x128", "wgmma-pingpong:128x64",
+                    "wgmma-pingpong:128x128"]
 
 
 def variant_spec(text: str) -> tuple[str, tuple[int, int] | None]:
@@ -73,6 +77,9 @@ def variant_spec(text: str) -> tuple[str, tuple[int, int] | None]:
     loops, _, blocks = text.partition(":")
     if loops not in LOOPS:
         raise argparse.ArgumentTypeError(f"variant {text!r}: loops are one of {', '.join(LOOPS)}")
+    if loops == "wgmma-pingpong" and not blocks.startswith("128x"):
+        raise argparse.ArgumentTypeError(f"variant {text!r}: ping-pong takes two warpgroups: "
+                                         "forward blocks of 128 rows, e.g. wgmma-pingpong:128x64")
     if not blocks:
         return loops, None
     try:
@@ -102,8 +109,9 @@ def attention_variant(spec):
         yield
         return
     loops, blocks = spec
-    saved = flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_FORWARD_BLOCKS
-    flash_attention.GPU_WGMMA, flash_attention.GPU_TMA = LOOPS[loops]
+    saved = (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG,
+             flash_attention.GPU_FORWARD_BLOCKS)
+    flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG = LOOPS[loops]
     if blocks:
         flash_attention.GPU_FORWARD_BLOCKS = {
             width: blocks if width <= 128 else default
@@ -111,7 +119,7 @@ def attention_variant(spec):
     try:
         yield
     finally:
-        (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA,
+        (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG,
          flash_attention.GPU_FORWARD_BLOCKS) = saved
 
 

@@ -77,6 +77,13 @@ GPU_WGMMA = True
 #: compute addresses and issue 16-byte copies (FlashAttention-3's loads).
 #: bench/attention_cuda.py turns it off to time the cp.async ring.
 GPU_TMA = True
+#: Whether a forward block of two warpgroups (BM = 128) marks its loop
+#: `ttile.pingpong`: the warpgroups take turns issuing their wgmmas (named
+#: barriers), so one's softmax runs under the other's GEMMs instead of
+#: both leaving the tensor cores idle at once (FlashAttention-3's
+#: ping-pong). bench/attention_cuda.py's `wgmma-pingpong:128xBN` variants
+#: time it; off until a GPU says it pays.
+GPU_PINGPONG = False
 
 # The softmax runs in base 2 (exp2, which the GPU computes directly): scores
 # and the running maximum are kept multiplied by log2(e), the log-sum-exp
@@ -92,6 +99,7 @@ class AttentionConfig:
     stages: int | None = None                # key/value tiles in flight
     wgmma: bool = False                      # dots of whole warpgroups ask for wgmma
     tma: bool = False                        # the loop's tiles are loaded with TMA (wgmma only)
+    pingpong: bool = False                   # two warpgroups take turns at the tensor cores
 
     @property
     def threads(self) -> int:
@@ -239,7 +247,8 @@ def _setup(op, cpu: bool, forward: bool):
             and cfg.bm == 16 * cfg.warps \
             and d % 64 == 0 and dv % 64 == 0:
         # (TMA's tensor maps take buffers of rank 5 at most.)
-        cfg = replace(cfg, wgmma=True, tma=GPU_TMA and len(lead) <= 3)
+        cfg = replace(cfg, wgmma=True, tma=GPU_TMA and len(lead) <= 3,
+                      pingpong=GPU_PINGPONG and cfg.warps == 8)
     b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
     return lead, seq, d, dv, cfg, b
 
@@ -259,6 +268,8 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
         end = _causal_end(row, bm, bn) if b.causal else _index(seq)
         m0, l0 = b.fill([bm, 1], float("-inf")), b.fill([bm, 1], 0.0)
         loop = scf.ForOp(_index(0), end, _index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
+        if cfg.pingpong:
+            loop.operation.attributes["ttile.pingpong"] = ir.UnitAttr.get()
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
             m, l, acc = loop.inner_iter_args

@@ -1298,6 +1298,15 @@ __device__ __forceinline__ void tessera_ldmatrix_x4_trans(uint32_t* r, const voi
   }
 TESSERA_MMA(tessera_mma_bf16, "bf16")
 TESSERA_MMA(tessera_mma_f16, "f16")
+// Named barrier ID (1..15; 0 is __syncthreads') of COUNT threads: sync
+// arrives and waits for all COUNT, arrive only arrives (warpgroups taking
+// turns: one waits on its barrier, the other arrives on it).
+__device__ __forceinline__ void tessera_named_barrier_sync(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\\n" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void tessera_named_barrier_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;\\n" :: "r"(id), "r"(count) : "memory");
+}
 #endif
 """
 

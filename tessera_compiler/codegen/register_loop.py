@@ -319,10 +319,13 @@ class RegisterLoop:
         wgmma_why = self._wgmma_reason() if asks else None
         self.wgmma = asks and wgmma_why is None
         self.tma = self._tma(wgmma_why)
+        self.pingpong = self._pingpong(wgmma_why)
         instruction = ("wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and "
                        "mma.sync.m16n8k16 on plain sm_90" if self.wgmma
                        else "ldmatrix, mma.sync.m16n8k16")
         copies = "TMA for wgmma, cp.async for mma.sync" if self.tma else "cp.async"
+        if self.pingpong:
+            instruction += "; the two warpgroups take turns issuing their wgmmas"
         em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
                 f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
                 f"{'s' if stages > 1 else ''} ({copies}, {instruction})")
@@ -388,6 +391,21 @@ class RegisterLoop:
         if not self.wgmma:
             raise EmitError("ttile.load {tma} in a loop whose dots are not wgmma: "
                             f"{wgmma_why or 'none asks for it'}", self.op.location)
+        return True
+
+    #: The named barriers of the ping-pong turns: warpgroup w waits on
+    #: barrier PINGPONG_BARRIER + w, which the other warpgroup arrives on.
+    PINGPONG_BARRIER = 1
+
+    def _pingpong(self, wgmma_why: str | None) -> bool:
+        """Whether the wgmma loop's two warpgroups take turns at the tensor
+        cores (`ttile.pingpong` on the loop: FlashAttention-3's ping-pong,
+        one warpgroup's softmax under the other's GEMMs)."""
+        if "ttile.pingpong" not in self.op.attributes:
+            return False
+        if not self.wgmma or self.warps != 8:
+            raise EmitError("ttile.pingpong on a loop that is not wgmma over two warpgroups: "
+                            + (wgmma_why or f"{self.warps} warps"), self.op.location)
         return True
 
     def _ring_layout(self, wgmma: bool) -> tuple[list, int]:
@@ -489,7 +507,14 @@ class RegisterLoop:
             if full:
                 em._tma_copies(f"&{full}[{slot}]", copies)
 
+        turns = wgmma and self.pingpong
+        first = self.PINGPONG_BARRIER
+
         def body(slot: str) -> None:
+            if turns:
+                # Warpgroup 0 takes the first turn: warpgroup 1 hands it over.
+                self.line(f"if (it == 0 && (threadIdx.x >> 7) == 1) "
+                          f"tessera_named_barrier_arrive({first}, 256);")
             iv = em.fresh("k")
             self.line(f"const int64_t {iv} = {lb} + it * {step};")
             em.names[self.iv] = iv
@@ -502,6 +527,11 @@ class RegisterLoop:
                     self._emit(o)
 
         em._staged_loop(self.iv, list(op.operands)[:3], load, body, ready=ready, full=full)
+        if turns:
+            # Warpgroup 1's hand-over after its last wgmma: warpgroup 0
+            # takes it, so no barrier keeps arrivals past the loop.
+            self.line(f"if (n_it > 0 && (threadIdx.x >> 7) == 0) "
+                      f"tessera_named_barrier_sync({first}, 256);")
         em.indent -= 1
         self.line("}")
 
@@ -708,12 +738,17 @@ class RegisterLoop:
         else:
             a_arg = f"{self.regs_of[a]}[0][kk / 16]" if a in self.regs_of else "ra[kk / 16]"
             call = f"tessera_wgmma_rs_bf16<{n}, {int(not k_major)}>"
+        turn = self.PINGPONG_BARRIER
+        if self.pingpong:       # wait for this warpgroup's turn
+            self.line(f"tessera_named_barrier_sync({turn} + (threadIdx.x >> 7), 256);")
         self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
         self.line("tessera_wgmma_fence();")
         self.line("#pragma unroll")
         self.line(f"for (int kk = 0; kk < {k}; kk += 16)")
         self.line(f"  {call}(&{r.name}[0][0][0], {a_arg}, {b_desc});")
         self.line("tessera_wgmma_commit();")
+        if self.pingpong:       # issued: the other warpgroup's turn while this one waits
+            self.line(f"tessera_named_barrier_arrive({turn + 1} - (threadIdx.x >> 7), 256);")
         self.line("tessera_wgmma_wait<0>();")
         self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
         em.indent -= 1

@@ -446,6 +446,75 @@ ttile.kernel @wgmma_register_loop_narrow(%q: memref<64x96xbf16>, %k: memref<256x
 
 // -----
 
+// `ttile.pingpong` on such a loop over 128 rows (two warpgroups): the
+// warpgroups take turns issuing their wgmmas. Warpgroup w waits on named
+// barrier 1 + w, issues and commits, then hands the turn over (arrives on
+// the other's) before waiting for its own group; warpgroup 1 gives the
+// first turn, warpgroup 0 takes the last hand-over after the loop.
+// CHECK-LABEL: // ttile.kernel @pingpong_register_loop
+// CHECK: // scf.for with its tiles in registers: 8 warps x 16 rows, {{.*}}; the two warpgroups take turns issuing their wgmmas)
+// CHECK: for (int64_t it = 0; it < n_it; ++it) {
+// CHECK: if (it == 0 && (threadIdx.x >> 7) == 1) tessera_named_barrier_arrive(1, 256);
+// CHECK: // ttile.dot 128x32x128 on wgmma
+// CHECK: tessera_named_barrier_sync(1 + (threadIdx.x >> 7), 256);
+// CHECK: tessera_wgmma_commit();
+// CHECK-NEXT: tessera_named_barrier_arrive(2 - (threadIdx.x >> 7), 256);
+// CHECK-NEXT: tessera_wgmma_wait<0>();
+// CHECK: // ttile.dot 128x128x32 on wgmma
+// CHECK: tessera_named_barrier_sync(1 + (threadIdx.x >> 7), 256);
+// CHECK: tessera_named_barrier_arrive(2 - (threadIdx.x >> 7), 256);
+// CHECK: if (n_it > 0 && (threadIdx.x >> 7) == 0) tessera_named_barrier_sync(1, 256);
+// CHECK: #else
+// CHECK-NOT: tessera_named_barrier
+// CHECK: #endif
+ttile.kernel @pingpong_register_loop(%q: memref<128x128xbf16>, %k: memref<256x128xbf16>, %v: memref<256x128xbf16>, %o: memref<128x128xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 256>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %c256 = arith.constant 256 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<128x128xbf16> -> !ttile.tile<128x128xbf16>
+  %zero = ttile.fill 0.0 : !ttile.tile<128x32xf32>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<128x128xf32>
+  %acc = scf.for %j = %c0 to %c256 step %c32 iter_args(%it = %acc0) -> (!ttile.tile<128x128xf32>) {
+    %tk = ttile.load %k[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
+    %tv = ttile.load %v[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<32x128xbf16> to !ttile.tile<128x32xbf16>
+    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x128xbf16>, !ttile.tile<128x32xbf16> -> !ttile.tile<128x32xf32>
+    %p = ttile.cast %s : !ttile.tile<128x32xf32> to !ttile.tile<128x32xbf16>
+    %d = ttile.dot %p, %tv, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x32xbf16>, !ttile.tile<32x128xbf16> -> !ttile.tile<128x128xf32>
+    scf.yield %d : !ttile.tile<128x128xf32>
+  } {ttile.pingpong}
+  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<128x128xf32>, memref<128x128xf32>
+  ttile.return
+}
+
+// -----
+
+// `ttile.pingpong` on a loop of one warpgroup has nobody to take turns with.
+ttile.kernel @pingpong_one_warpgroup(%q: memref<64x128xbf16>, %k: memref<256x128xbf16>, %v: memref<256x128xbf16>, %o: memref<64x128xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c32 = arith.constant 32 : index
+  %c256 = arith.constant 256 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<64x128xbf16> -> !ttile.tile<64x128xbf16>
+  %zero = ttile.fill 0.0 : !ttile.tile<64x32xf32>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x128xf32>
+  // expected-error @+1 {{ttile.pingpong on a loop that is not wgmma over two warpgroups: 4 warps}}
+  %acc = scf.for %j = %c0 to %c256 step %c32 iter_args(%it = %acc0) -> (!ttile.tile<64x128xf32>) {
+    %tk = ttile.load %k[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
+    %tv = ttile.load %v[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<32x128xbf16> to !ttile.tile<128x32xbf16>
+    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x128xbf16>, !ttile.tile<128x32xbf16> -> !ttile.tile<64x32xf32>
+    %p = ttile.cast %s : !ttile.tile<64x32xf32> to !ttile.tile<64x32xbf16>
+    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x32xbf16>, !ttile.tile<32x128xbf16> -> !ttile.tile<64x128xf32>
+    scf.yield %d : !ttile.tile<64x128xf32>
+  } {ttile.pingpong}
+  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x128xf32>, memref<64x128xf32>
+  ttile.return
+}
+
+// -----
+
 // The same loop with f32 operands stays on CUDA cores, and the emitter says why.
 // CHECK-LABEL: // ttile.kernel @f32_gemm
 // CHECK: // ttile.dot 16x16x16 on CUDA cores: f32 operands with an f32 accumulator (tensor cores: bf16/f16 into f32)

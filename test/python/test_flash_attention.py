@@ -182,17 +182,24 @@ def test_bf16_attention_kernels_compile_for_sm90_without_spills(d, arch):
     assert all(r["spill_stores"] == 0 for r in reports.values()), reports
 
 
+@pytest.mark.parametrize("pingpong", [False, True], ids=["", "pingpong"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_forward_blocks_of_two_warpgroups_emulated(d, monkeypatch):
+def test_forward_blocks_of_two_warpgroups_emulated(d, pingpong, monkeypatch):
     """Forward blocks of 128 query rows (flash_attention.MAX_WARPS = 8
     warps of 16 rows: two warpgroups, each a wgmma of M = 64 on the same
     staged key/value tiles), as the benchmark's `wgmma:128x64` variant
-    asks: the causal bf16 forward, generated as CUDA and run by the CPU
-    emulator for sm_90a, against float64; at D=128 nvcc builds it for
-    sm_90a without spilling."""
+    asks, and with the warpgroups taking turns at the tensor cores
+    (`wgmma-pingpong:128x64`: each waits on its named barrier before issuing
+    a wgmma and hands the turn over after; warpgroup 1 gives warpgroup 0
+    the first turn, warpgroup 0 takes the last hand-over): the causal bf16
+    forward, generated as CUDA and run by the CPU emulator for sm_90a
+    (which stops on a named barrier wait nobody completes, or arrivals
+    left at the block's end), against float64; at D=128 nvcc builds it
+    for sm_90a without spilling."""
     import tessera_passes.flash_attention as flash_attention
     monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
                         {64: (128, 64), 128: (128, 64), 256: (16, 16)})
+    monkeypatch.setattr(flash_attention, "GPU_PINGPONG", pingpong)
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
     rng = np.random.default_rng()
@@ -204,6 +211,13 @@ def test_forward_blocks_of_two_warpgroups_emulated(d, monkeypatch):
     assert "block (256)" in source and "8 warps x 16 rows" in source
     assert source.count("ttile.dot 128x") == 4          # Q K^T and P V, on wgmma and mma.sync
     assert source.count(" on wgmma: A from") == 2
+    turns = ["tessera_named_barrier_sync(1 + (threadIdx.x >> 7), 256);",
+             "tessera_named_barrier_arrive(2 - (threadIdx.x >> 7), 256);"]
+    assert [source.count(t) for t in turns] == [2 * pingpong] * 2      # around both wgmmas
+    assert ("if (it == 0 && (threadIdx.x >> 7) == 1) tessera_named_barrier_arrive(1, 256);"
+            in source) == pingpong
+    assert ("if (n_it > 0 && (threadIdx.x >> 7) == 0) tessera_named_barrier_sync(1, 256);"
+            in source) == pingpong
     want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
     err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
     assert err < 0.03, err
@@ -213,3 +227,26 @@ def test_forward_blocks_of_two_warpgroups_emulated(d, monkeypatch):
             pytest.skip("nvcc is not installed on this machine")
         reports = kernel_resources(source, "sm_90a")
         assert reports and all(r["spill_stores"] == 0 for r in reports.values()), reports
+
+
+def test_pingpong_on_a_loop_without_two_wgmma_warpgroups_is_an_emit_error(monkeypatch):
+    """`ttile.pingpong` asks the register loop's two warpgroups to take
+    turns issuing wgmmas: on a loop whose dots run on mma.sync it cannot
+    be honoured, and the CUDA emitter says so at the loop instead of
+    dropping it."""
+    import tessera_passes.flash_attention as flash_attention
+    from tessera_compiler.codegen import emit_cuda_kernels
+    from tessera_compiler.codegen.tile_emitter import EmitError
+    from tessera_mlir import ir
+    monkeypatch.setattr(flash_attention, "GPU_PINGPONG", True)
+    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
+                        {64: (128, 64), 128: (128, 64), 256: (16, 16)})
+    q = np.zeros((1, 2, 256, 64), BF16)
+    tile = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, q, q,
+                          target="gpu").tile
+    assert "{ttile.pingpong}" in tile
+    mma_sync = tile.replace(", wgmma}", "}").replace(" {tma}", "")
+    assert mma_sync.count("wgmma") == 0 and "tma}" not in mma_sync
+    with ir.Context(), pytest.raises(EmitError, match="ttile.pingpong on a loop that is not "
+                                                      "wgmma over two warpgroups"):
+        emit_cuda_kernels(ir.Module.parse(mma_sync))

@@ -258,6 +258,44 @@ def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch
     assert "cp.async wrote with no fence.proxy.async since" in stderr, stderr
 
 
+@pytest.mark.parametrize("broken", ["last hand-over kept", "turns on one barrier"])
+def test_emulator_catches_a_broken_pingpong_protocol(broken, monkeypatch, tmp_path):
+    """The attention forward whose two warpgroups take turns at the tensor
+    cores (flash_attention.GPU_PINGPONG, blocks of 128 rows) runs on the
+    emulator; with warpgroup 0 not taking warpgroup 1's last hand-over,
+    the block ends with an arrival pending on the barrier, and with both
+    warpgroups waiting on one barrier, they hand each other arrivals for
+    barriers of the wrong size: the emulator stops with a message
+    naming the barrier either way (a GPU would hang or misbehave)."""
+    import tessera_passes.flash_attention as flash_attention
+    monkeypatch.setattr(flash_attention, "GPU_PINGPONG", True)
+    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
+                        {64: (128, 64), 128: (128, 64), 256: (16, 16)})
+    inputs, source, name, cfg = _attention_forward(seq=256)
+    assert cfg["block"] == [256] and "take turns issuing their wgmmas" in source
+    outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+
+    def run(src):
+        def launch():
+            bufs = [a.copy() for a in list(inputs) + outputs]
+            EmulatedKernels(src).launch(name, bufs, cfg["grid"], cfg["block"],
+                                        cfg["shared_bytes"], cfg.get("tensor_maps", ()))
+            return bufs[len(inputs)].astype(np.float32)
+        return _in_child(launch, tmp_path)
+    out, stderr = run(source)
+    assert out is not None and np.isfinite(out).all(), stderr
+    if broken == "last hand-over kept":
+        taken = "if (n_it > 0 && (threadIdx.x >> 7) == 0) tessera_named_barrier_sync(1, 256);"
+        wrong, message = source.replace(taken, ""), "arrivals pending at the end of block"
+    else:
+        wrong = source.replace("tessera_named_barrier_sync(1 + (threadIdx.x >> 7), 256);",
+                               "tessera_named_barrier_sync(1, 128);")
+        message = "named barrier emulation: barrier 1 used with"
+    assert wrong != source
+    out, stderr = run(wrong)
+    assert out is None and message in stderr, stderr
+
+
 @pytest.mark.parametrize("producer", [True, False], ids=["producer", "thread0"])
 def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch, producer):
     """nvcc builds the 128x256 wgmma GEMM for sm_90a with wgmma.mma_async
@@ -358,12 +396,13 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
 @pytest.mark.parametrize("module, switch, value", [
     ("tessera_passes.flash_attention", "GPU_WGMMA", False),
     ("tessera_passes.flash_attention", "GPU_TMA", False),
+    ("tessera_passes.flash_attention", "GPU_PINGPONG", True),
     ("tessera_passes.flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
     ("tessera_passes.lower_to_tile", "GROUPED_TILE_ORDER", False),
     ("tessera_compiler.codegen.cuda_emitter", "WAIT_WATCHDOG_S", 5.0)])
 def test_compiler_fingerprint_counts_the_benchmarks_switches(module, switch, value, monkeypatch):
     """The benchmarks time kernel variants by setting these at run time
-    (attention on mma.sync or cp.async, other forward blocks; GEMM tiles in row-major
+    (attention on mma.sync or cp.async, other forward blocks, ping-pong; GEMM tiles in row-major
     order; the GPU kit's checks with the mbarrier watchdog): each must key a
     different bundle, not reuse the default one."""
     import importlib

@@ -2,7 +2,8 @@
 
 The CUDA source the emitter produces is compiled as C++ together with a shim
 that gives every CUDA thread of a block its own `std::thread`:
-`__syncthreads()` is a barrier over the block, the warp-level instructions
+`__syncthreads()` is a barrier over the block (named barriers, `bar.sync` /
+`bar.arrive` with a thread count, too), the warp-level instructions
 the tensor-core main loop uses (`ldmatrix`, `mma.sync.m16n8k16`) and
 `__shfl_xor_sync` exchange data between the 32 threads of a warp through a
 barrier. Each instruction is implemented from its definition in the PTX
@@ -60,6 +61,7 @@ _SHIM = r"""
 #include <barrier>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +103,51 @@ static thread_local Warp* my_warp;
 
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { my_warp->bar.arrive_and_wait(); }
+
+// Named barriers (bar.sync / bar.arrive ID, COUNT; ID 0 is __syncthreads'):
+// a barrier completes when COUNT threads have arrived; bar.sync arrives and
+// waits for that, bar.arrive only arrives. A wait nobody completes (120 s),
+// or arrivals still pending when the block ends, stop the process with a
+// message.
+struct NamedBarrier { unsigned arrived = 0, count = 0; uint64_t generation = 0; };
+static std::mutex named_lock;
+static std::condition_variable named_done;
+static NamedBarrier named_barriers[16];
+static uint64_t named_arrive_locked(unsigned id, unsigned count) {   // the phase it joined
+  if (id == 0 || id >= 16 || count == 0 || count % 32 || count > blockDim.x) {
+    std::fprintf(stderr, "named barrier emulation: barrier %u of %u threads in a block of %u\n",
+                 id, count, blockDim.x);
+    std::abort();
+  }
+  NamedBarrier& b = named_barriers[id];
+  if (b.arrived && b.count != count) {
+    std::fprintf(stderr, "named barrier emulation: barrier %u used with %u and %u threads\n", id,
+                 b.count, count);
+    std::abort();
+  }
+  b.count = count;
+  const uint64_t phase = b.generation;
+  if (++b.arrived == count) {
+    b.arrived = 0;
+    ++b.generation;
+    named_done.notify_all();
+  }
+  return phase;
+}
+inline void tessera_named_barrier_arrive(unsigned id, unsigned count) {
+  std::lock_guard<std::mutex> g(named_lock);
+  named_arrive_locked(id, count);
+}
+inline void tessera_named_barrier_sync(unsigned id, unsigned count) {
+  std::unique_lock<std::mutex> g(named_lock);
+  const uint64_t phase = named_arrive_locked(id, count);
+  if (!named_done.wait_for(g, std::chrono::seconds(120),
+                           [&] { return named_barriers[id].generation != phase; })) {
+    std::fprintf(stderr, "named barrier emulation: thread %u waited 120 s on barrier %u (%u of "
+                 "%u arrivals)\n", threadIdx.x, id, named_barriers[id].arrived, count);
+    std::abort();
+  }
+}
 
 template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
   static_assert(sizeof(T) <= 8, "shuffle of a wide type");
@@ -578,6 +625,7 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned*
         std::memset(tessera_smem, 0xff, sizeof(tessera_smem));   // no stale data by luck
         for (auto& chunk : smem_unfenced) chunk.store(0);
         mbarriers.clear();
+        for (auto& b : named_barriers) b = NamedBarrier{};
         std::vector<std::thread> pool;
         for (unsigned t = 0; t < threads; ++t)
           pool.emplace_back([=] {
@@ -593,6 +641,13 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** args, const unsigned*
             block_barrier->arrive_and_drop();
           });
         for (auto& th : pool) th.join();
+        for (unsigned id = 0; id < 16; ++id)
+          if (named_barriers[id].arrived) {
+            std::fprintf(stderr, "named barrier emulation: barrier %u has %u of %u arrivals "
+                         "pending at the end of block (%u, %u, %u)\n", id,
+                         named_barriers[id].arrived, named_barriers[id].count, x, y, z);
+            std::abort();
+          }
       }
   return 0;
 }
