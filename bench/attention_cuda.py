@@ -24,13 +24,16 @@ that the tensor memory accelerator fills where the kernel asks for it),
 `wgmma-cp.async` (the same ring filled by cp.async), `mma.sync` (the
 same loops on mma.sync.m16n8k16 with ldmatrix: what plain sm_90 runs) and
 `wgmma-pingpong` (`wgmma`, with a forward block of two warpgroups taking
-turns at the tensor cores: flash_attention.GPU_PINGPONG); any
+turns at the tensor cores: flash_attention.GPU_PINGPONG) and `wgmma-ahead`
+(`wgmma`, with each forward step issuing the next one's Q K^T under its
+softmax: GPU_ISSUE_AHEAD); any
 with `:BMxBN` times forward blocks of BM query rows and BN keys per step in
 place of the compiler's (flash_attention.GPU_FORWARD_BLOCKS), at head widths
 up to 128. By default the bench times the compiler's kernels on all three,
 the wgmma forward at 64x32 and 64x128 around its 64x64, and at 128x64 and
 128x128 (two warpgroups sharing each key/value tile), with and without
-ping-pong: the GPU's answer picks the defaults.
+ping-pong, and issuing ahead at 64x64 and 128x64: the GPU's answer picks
+the defaults.
 """
 
 from __future__ import annotations
@@ -55,9 +58,14 @@ def attention_step(q, k, v, do):
     return (op.attention(q, k, v, causal=True),) + tuple(ts.grad(loss(q, k, v), [q, k, v]))
 
 
-#: (flash_attention.GPU_WGMMA, GPU_TMA, GPU_PINGPONG) of each variant's loops.
-LOOPS = {"wgmma": (True, True, False), "wgmma-cp.async": (True, False, False),
-         "mma.sync": (False, False, False), "wgmma-pingpong": (True, True, True)}
+#: (flash_attention.GPU_WGMMA, GPU_TMA, GPU_PINGPONG, GPU_ISSUE_AHEAD) of each
+#: variant's loops.
+LOOPS = {"wgmma": (True, True, False, False), "wgmma-cp.async": (True, False, False, False),
+         "mma.sync": (False, False, False, False), "wgmma-pingpong": (True, True, True, False),
+         "wgmma-ahead": (True, True, False, True)}
+#: The flash_attention settings a variant sets (LOOPS' four, then the
+#: forward blocks), restored after.
+SWITCHES = ("GPU_WGMMA", "GPU_TMA", "GPU_PINGPONG", "GPU_ISSUE_AHEAD", "GPU_FORWARD_BLOCKS")
 #: The results table: header -> a row's cell.
 COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
            "S": lambda r: str(r["seq"]), "D": lambda r: str(r["d"]),
@@ -69,7 +77,7 @@ COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
            "torch fwd / bwd backend": lambda r: f"{r['fwd_peer']} / {r['bwd_peer']}"}
 DEFAULT_VARIANTS = ["wgmma", "wgmma-cp.async", "mma.sync", "wgmma:64x32", "wgmma:64x128",
                     "wgmma:128x64", "wgmma:128x128", "wgmma-pingpong:128x64",
-                    "wgmma-pingpong:128x128"]
+                    "wgmma-pingpong:128x128", "wgmma-ahead", "wgmma-ahead:128x64"]
 
 
 def variant_spec(text: str) -> tuple[str, tuple[int, int] | None]:
@@ -109,9 +117,9 @@ def attention_variant(spec):
         yield
         return
     loops, blocks = spec
-    saved = (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG,
-             flash_attention.GPU_FORWARD_BLOCKS)
-    flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG = LOOPS[loops]
+    saved = {name: getattr(flash_attention, name) for name in SWITCHES}
+    for name, value in zip(SWITCHES, LOOPS[loops]):
+        setattr(flash_attention, name, value)
     if blocks:
         flash_attention.GPU_FORWARD_BLOCKS = {
             width: blocks if width <= 128 else default
@@ -119,8 +127,8 @@ def attention_variant(spec):
     try:
         yield
     finally:
-        (flash_attention.GPU_WGMMA, flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG,
-         flash_attention.GPU_FORWARD_BLOCKS) = saved
+        for name, value in saved.items():
+            setattr(flash_attention, name, value)
 
 
 #: torch's fused attention backends, the fastest of which is the peer.

@@ -85,7 +85,7 @@ def compiler_fingerprint() -> str:
     from .codegen import cuda_emitter
     configs = repr((lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS,
                     lower_to_tile.GROUPED_TILE_ORDER, flash_attention.GPU_WGMMA,
-                    flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG,
+                    flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG, flash_attention.GPU_ISSUE_AHEAD,
                     flash_attention.GPU_FORWARD_BLOCKS,
                     flash_attention.GPU_BACKWARD_BLOCKS, cuda_emitter.WAIT_WATCHDOG_S))
     return hashlib.sha256((_code_fingerprint() + configs).encode()).hexdigest()[:16]

@@ -84,6 +84,14 @@ GPU_TMA = True
 #: ping-pong). bench/attention_cuda.py's `wgmma-pingpong:128xBN` variants
 #: time it; off until a GPU says it pays.
 GPU_PINGPONG = False
+#: Whether a wgmma forward loop on TMA marks itself `ttile.issue_ahead`:
+#: each iteration issues the next one's S = Q K^T right after waiting for
+#: its own, so the tensor cores compute it under this iteration's softmax
+#: (FlashAttention-3's overlap inside a warpgroup). It takes a third ring
+#: stage (the next key tile is in flight an iteration ahead) and a second
+#: [BM, BN] score tile in registers. bench/attention_cuda.py's
+#: `wgmma-ahead` variants time it; off until a GPU says it pays.
+GPU_ISSUE_AHEAD = False
 
 # The softmax runs in base 2 (exp2, which the GPU computes directly): scores
 # and the running maximum are kept multiplied by log2(e), the log-sum-exp
@@ -100,6 +108,7 @@ class AttentionConfig:
     wgmma: bool = False                      # dots of whole warpgroups ask for wgmma
     tma: bool = False                        # the loop's tiles are loaded with TMA (wgmma only)
     pingpong: bool = False                   # two warpgroups take turns at the tensor cores
+    issue_ahead: bool = False                # the next step's scores issued under this softmax
 
     @property
     def threads(self) -> int:
@@ -249,6 +258,8 @@ def _setup(op, cpu: bool, forward: bool):
         # (TMA's tensor maps take buffers of rank 5 at most.)
         cfg = replace(cfg, wgmma=True, tma=GPU_TMA and len(lead) <= 3,
                       pingpong=GPU_PINGPONG and cfg.warps == 8)
+        if forward and GPU_ISSUE_AHEAD and cfg.tma and not cfg.pingpong:
+            cfg = replace(cfg, issue_ahead=True, stages=3)
     b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
     return lead, seq, d, dv, cfg, b
 
@@ -268,8 +279,9 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Oper
         end = _causal_end(row, bm, bn) if b.causal else _index(seq)
         m0, l0 = b.fill([bm, 1], float("-inf")), b.fill([bm, 1], 0.0)
         loop = scf.ForOp(_index(0), end, _index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
-        if cfg.pingpong:
-            loop.operation.attributes["ttile.pingpong"] = ir.UnitAttr.get()
+        for marked in ("pingpong", "issue_ahead"):
+            if getattr(cfg, marked):
+                loop.operation.attributes[f"ttile.{marked}"] = ir.UnitAttr.get()
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
             m, l, acc = loop.inner_iter_args

@@ -320,12 +320,15 @@ class RegisterLoop:
         self.wgmma = asks and wgmma_why is None
         self.tma = self._tma(wgmma_why)
         self.pingpong = self._pingpong(wgmma_why)
+        self.ahead_dot = self._ahead_dot()
         instruction = ("wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and "
                        "mma.sync.m16n8k16 on plain sm_90" if self.wgmma
                        else "ldmatrix, mma.sync.m16n8k16")
         copies = "TMA for wgmma, cp.async for mma.sync" if self.tma else "cp.async"
         if self.pingpong:
             instruction += "; the two warpgroups take turns issuing their wgmmas"
+        if self.ahead_dot is not None:
+            instruction += "; the first dot of the next iteration issued before this one's rest"
         em.line(f"// scf.for with its tiles in registers: {self.warps} warps x {self.bm // self.warps} "
                 f"rows, {len(self.loads)} tile(s) staged through {stages} shared-memory buffer"
                 f"{'s' if stages > 1 else ''} ({copies}, {instruction})")
@@ -408,6 +411,33 @@ class RegisterLoop:
                             + (wgmma_why or f"{self.warps} warps"), self.op.location)
         return True
 
+    def _ahead_dot(self):
+        """The dot the wgmma branch issues one iteration ahead
+        (`ttile.issue_ahead` on the loop: FlashAttention-3's overlap of the
+        softmax with the next Q K^T inside a warpgroup), or None. It must be
+        the body's first dot, on a loop-invariant A, a staged B and a zero
+        accumulator, in a TMA ring of 3+ stages (the next iteration's tile
+        has been in flight for an iteration when this one starts)."""
+        if "ttile.issue_ahead" not in self.op.attributes:
+            return None
+        dots = [o for o in self.body if o.name == "ttile.dot"]
+        why = None
+        if not (self.wgmma and self.tma):
+            why = "its dots are not wgmma on a TMA ring"
+        elif self.em.stages < 3:
+            why = f"{self.em.stages} stages (the next iteration's tile must be in flight: 3+)"
+        elif self.pingpong:
+            why = "it also has ttile.pingpong (not combined yet)"
+        else:
+            a, _, acc = list(dots[0].operands)[:3]
+            zero = not isinstance(acc.owner, ir.Block) and acc.owner.operation.name == "ttile.fill" \
+                and ir.FloatAttr(acc.owner.operation.attributes["value"]).value == 0.0
+            if a not in self.invariant_a or not zero:
+                why = "its first dot's A is not loop-invariant or its accumulator is not zero"
+        if why:
+            raise EmitError(f"ttile.issue_ahead on a loop where {why}", self.op.location)
+        return dots[0]
+
     def _ring_layout(self, wgmma: bool) -> tuple[list, int]:
         """[(row pitch or None, elements per slot)] per staged load, and the
         bytes of the ring plus the shared A operands. mma.sync rows are padded
@@ -487,6 +517,7 @@ class RegisterLoop:
         # fences its landed copies (the ring's, or only the shared A
         # operands' with TMA) before the barrier.
         full = em._mbarrier_ring(("full", 1))[0] if wgmma and self.tma else None
+        self.full = full
         ready = None
         if wgmma and not full:
             ready = "tessera_fence_proxy_async();"
@@ -525,6 +556,12 @@ class RegisterLoop:
                     self._yield(o, self.carried_vals)
                 else:
                     self._emit(o)
+            if ahead:
+                self._ahead_rotate()
+
+        ahead = wgmma and self.ahead_dot is not None
+        if ahead:   # across iterations: each one's ahead dot is issued in the one before
+            self.ahead_cur = self._declare(self.ahead_dot.results[0], "frag")
 
         em._staged_loop(self.iv, list(op.operands)[:3], load, body, ready=ready, full=full)
         if turns:
@@ -652,7 +689,10 @@ class RegisterLoop:
 
     def _dot(self, o) -> None:
         if self.in_wgmma:
-            self._wgmma_dot(o)
+            if self.ahead_dot is not None and o == self.ahead_dot:
+                self._ahead(o)
+            else:
+                self._wgmma_dot(o)
             return
         a, b, acc = list(o.operands)[:3]
         (_, k), (_, n) = tile_of(a.type)[0], tile_of(b.type)[0]
@@ -691,7 +731,7 @@ class RegisterLoop:
         self.em.indent -= 1
         self.line("}")
 
-    def _wgmma_dot(self, o) -> None:
+    def _wgmma_dot(self, o, into: str | None = None, b_tile: str | None = None) -> None:
         """The dot on wgmma.mma_async.m64nNk16, one instruction per k step for
         the warpgroup's 64 rows: A from registers (the invariant operand's,
         or a computed tile packed to bf16 pairs, which are exactly the
@@ -699,17 +739,22 @@ class RegisterLoop:
         shared-memory copy, B from the staged tile through a descriptor:
         N-major when the tile is k x n, K-major when the dot reads its
         transpose. The group is waited for at once: the next op reads the
-        result."""
+        result. With `into` (an accumulator array the caller declared and
+        filled) the group is only issued and committed, reading B from
+        `b_tile` (a slot's pointer; default this iteration's)."""
         em = self.em
         a, b, acc = list(o.operands)[:3]
         (_, k), (_, n) = tile_of(a.type)[0], tile_of(b.type)[0]
         bval = self.vals[b]
         k_major = bval.kind == "stage_t"
         stage = bval.src if k_major else bval
-        name = self.stage_ptr[stage.stage][0]
+        name = b_tile or self.stage_ptr[stage.stage][0]
         rows = tile_of(self.loads[stage.stage].results[0].type)[0][0]
-        r = self._declare(o.results[0], "frag")
-        self._assign(o.results[0], "frag", lambda d: self._element(acc, d), "f32")
+        if into is None:
+            r = self._declare(o.results[0], "frag")
+            self._assign(o.results[0], "frag", lambda d: self._element(acc, d), "f32")
+        else:
+            r = _Val("frag", into)
         in_registers = a not in self.smem_a
         em.wgmma_shapes.add((n, "bf16", in_registers, not k_major))
         source = ("its swizzled shared-memory copy" if not in_registers else
@@ -749,9 +794,55 @@ class RegisterLoop:
         self.line("tessera_wgmma_commit();")
         if self.pingpong:       # issued: the other warpgroup's turn while this one waits
             self.line(f"tessera_named_barrier_arrive({turn + 1} - (threadIdx.x >> 7), 256);")
-        self.line("tessera_wgmma_wait<0>();")
-        self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
+        if into is None:
+            self.line("tessera_wgmma_wait<0>();")
+            self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{r.name}[0][0][0]);")
         em.indent -= 1
+        self.line("}")
+
+    def _ahead(self, o) -> None:
+        """The ahead dot (`_ahead_dot`) at its place in iteration `it`: its
+        result for this iteration (issued an iteration ago, or now in the
+        first) is waited for, then the next iteration's is issued into
+        `ahead_next` from the next slot, once its TMA copies have landed,
+        and runs under the rest of this iteration; `_ahead_rotate` moves
+        it to `ahead_cur` at the iteration's end."""
+        n = tile_of(o.results[0].type)[0][1]
+        cur, nxt = self.ahead_cur.name, self.em.fresh("sn")
+        zero = lambda d: "0.0f"     # noqa: E731
+        self.line("if (it == 0) {")
+        self.em.indent += 1
+        self._write(cur, "frag", n, zero)
+        self._wgmma_dot(o, into=cur)
+        self.em.indent -= 1
+        self.line("}")
+        self.line("tessera_wgmma_wait<0>();")
+        self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{cur}[0][0][0]);")
+        self.line(f"float {nxt}{self._dims('frag', n)};")
+        self.line("if (it + 1 < n_it) {")
+        self.em.indent += 1
+        stages = self.em.stages
+        self.line(f"tessera_mbarrier_wait(&{self.full}[(it + 1) % {stages}], "
+                  f"(unsigned)((it + 1) / {stages}) & 1);")
+        self._write(nxt, "frag", n, zero)
+        b = o.operands[1]
+        stage = self.vals[b].src if self.vals[b].kind == "stage_t" else self.vals[b]
+        ring, _, _, elems = self.stage_ptr[stage.stage]
+        self._wgmma_dot(o, into=nxt, b_tile=f"({ring}_ring + ((it + 1) % {stages}) * {elems})")
+        self.em.indent -= 1
+        self.line("}")
+        self.ahead_next = (nxt, n)
+
+    def _ahead_rotate(self) -> None:
+        """End of an iteration: the next iteration's ahead dot, complete
+        since this one's last wait, becomes its current one."""
+        nxt, n = self.ahead_next
+        cur = self.ahead_cur.name
+        self.line("if (it + 1 < n_it) {")
+        self.em.indent += 1
+        self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{nxt}[0][0][0]);")
+        self._write(cur, "frag", n, lambda d: f"{nxt}[mi][ni][q]")
+        self.em.indent -= 1
         self.line("}")
 
     def _yield(self, o, carried: list[_Val]) -> None:

@@ -515,6 +515,86 @@ ttile.kernel @pingpong_one_warpgroup(%q: memref<64x128xbf16>, %k: memref<256x128
 
 // -----
 
+// `ttile.issue_ahead` on a wgmma loop over a 3-stage TMA ring: the first
+// dot (loop-invariant A, zero accumulator) is issued one iteration ahead.
+// Iteration `it` waits for its own scores (issued in the one before, or
+// now in the first), waits for the next slot's TMA phase and issues the
+// next scores into a second register tile, runs the rest under them, and
+// moves them to the current tile at its end.
+// CHECK-LABEL: // ttile.kernel @issue_ahead_register_loop
+// CHECK: staged through 3 shared-memory buffers {{.*}}; the first dot of the next iteration issued before this one's rest)
+// CHECK: tessera_fence_barrier_init();
+// CHECK: __syncthreads();
+// CHECK-NEXT: float [[CUR:rv[0-9]+]][1][8][4];
+// CHECK-NEXT: const int64_t n_it =
+// CHECK: for (int64_t it = 0; it < n_it; ++it) {
+// CHECK: if (it == 0) {
+// CHECK: [[CUR]][mi][ni][q] = 0.0f;
+// CHECK: tessera_wgmma_commit();
+// CHECK-NOT: tessera_wgmma_wait
+// CHECK: tessera_wgmma_wait<0>();
+// CHECK-NEXT: tessera_wgmma_fence_operands<32>(&[[CUR]][0][0][0]);
+// CHECK-NEXT: float [[NEXT:sn[0-9]+]][1][8][4];
+// CHECK-NEXT: if (it + 1 < n_it) {
+// CHECK-NEXT: tessera_mbarrier_wait(&full[(it + 1) % 3], (unsigned)((it + 1) / 3) & 1);
+// CHECK: tessera_wgmma_bf16<64, 0>(&[[NEXT]][0][0][0], {{.*}}, tessera_wgmma_desc((st0_{{[0-9]+}}_ring + ((it + 1) % 3) * 4096)
+// CHECK-NEXT: tessera_wgmma_commit();
+// CHECK-NEXT: }
+// CHECK: // ttile.dot 64x64x64 on wgmma: A from registers, B N-major
+// CHECK: tessera_wgmma_wait<0>();
+// CHECK: if (it + 1 < n_it) {
+// CHECK-NEXT: tessera_wgmma_fence_operands<32>(&[[NEXT]][0][0][0]);
+// CHECK: [[CUR]][mi][ni][q] = [[NEXT]][mi][ni][q];
+// CHECK: #else
+ttile.kernel @issue_ahead_register_loop(%q: memref<64x64xbf16>, %k: memref<256x64xbf16>, %v: memref<256x64xbf16>, %o: memref<64x64xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 3 : i64} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %c256 = arith.constant 256 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
+  %zero = ttile.fill 0.0 : !ttile.tile<64x64xf32>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x64xf32>
+  %acc = scf.for %j = %c0 to %c256 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x64xf32>) {
+    %tk = ttile.load %k[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
+    %tv = ttile.load %v[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<64x64xbf16> to !ttile.tile<64x64xbf16>
+    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+    %p = ttile.cast %s : !ttile.tile<64x64xf32> to !ttile.tile<64x64xbf16>
+    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+    scf.yield %d : !ttile.tile<64x64xf32>
+  } {ttile.issue_ahead}
+  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x64xf32>, memref<64x64xf32>
+  ttile.return
+}
+
+// -----
+
+// Issuing ahead needs the next iteration's tile in flight when an
+// iteration starts: a 2-stage ring cannot.
+ttile.kernel @issue_ahead_two_stages(%q: memref<64x64xbf16>, %k: memref<256x64xbf16>, %v: memref<256x64xbf16>, %o: memref<64x64xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %c256 = arith.constant 256 : index
+  %tq = ttile.load %q[%c0, %c0] : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
+  %zero = ttile.fill 0.0 : !ttile.tile<64x64xf32>
+  %acc0 = ttile.fill 0.0 : !ttile.tile<64x64xf32>
+  // expected-error @+1 {{ttile.issue_ahead on a loop where 2 stages (the next iteration's tile must be in flight: 3+)}}
+  %acc = scf.for %j = %c0 to %c256 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x64xf32>) {
+    %tk = ttile.load %k[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
+    %tv = ttile.load %v[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
+    %kt = ttile.transpose %tk : !ttile.tile<64x64xbf16> to !ttile.tile<64x64xbf16>
+    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+    %p = ttile.cast %s : !ttile.tile<64x64xf32> to !ttile.tile<64x64xbf16>
+    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+    scf.yield %d : !ttile.tile<64x64xf32>
+  } {ttile.issue_ahead}
+  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x64xf32>, memref<64x64xf32>
+  ttile.return
+}
+
+// -----
+
 // The same loop with f32 operands stays on CUDA cores, and the emitter says why.
 // CHECK-LABEL: // ttile.kernel @f32_gemm
 // CHECK: // ttile.dot 16x16x16 on CUDA cores: f32 operands with an f32 accumulator (tensor cores: bf16/f16 into f32)

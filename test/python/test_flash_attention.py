@@ -250,3 +250,39 @@ def test_pingpong_on_a_loop_without_two_wgmma_warpgroups_is_an_emit_error(monkey
     with ir.Context(), pytest.raises(EmitError, match="ttile.pingpong on a loop that is not "
                                                       "wgmma over two warpgroups"):
         emit_cuda_kernels(ir.Module.parse(mma_sync))
+
+
+@pytest.mark.parametrize("blocks, d", [((64, 64), 64), ((64, 64), 128), ((128, 64), 64)])
+def test_forward_issuing_the_next_scores_ahead_emulated(blocks, d, monkeypatch):
+    """flash_attention.GPU_ISSUE_AHEAD (the bench's `wgmma-ahead`
+    variants): the forward loop on a 3-stage TMA ring waits for its own
+    S = Q K^T, then issues the next iteration's from the next slot once
+    that slot's copies have landed, and computes its softmax and P V
+    under it; the next scores move to the current ones at the iteration's
+    end. Run by the CPU emulator for sm_90a (where a wgmma reads its
+    operands only when waited for, and a TMA slot reads as NaN until its
+    phase is waited on) against float64, and built for sm_90a without
+    spilling."""
+    import tessera_passes.flash_attention as flash_attention
+    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
+                        {64: blocks, 128: blocks, 256: (16, 16)})
+    monkeypatch.setattr(flash_attention, "GPU_ISSUE_AHEAD", True)
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
+    rng = np.random.default_rng()
+    q, k, v, R = _inputs((1, 2, 256, d), d, np.float32, rng)
+    q, k, v = (t.astype(BF16) for t in (q, k, v))
+    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True), target="gpu")
+    got = compiled(q, k, v)
+    source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
+    assert "staged through 3 shared-memory buffers" in source
+    assert "the first dot of the next iteration issued before this one's rest" in source
+    assert "tessera_mbarrier_wait(&full[(it + 1) % 3], (unsigned)((it + 1) / 3) & 1);" in source
+    want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
+    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+    assert err < 0.03, err
+    from tessera_compiler.codegen.build import kernel_resources, nvcc
+    if nvcc() is None:
+        pytest.skip("nvcc is not installed on this machine")
+    reports = kernel_resources(source, "sm_90a")
+    assert reports and all(r["spill_stores"] == 0 for r in reports.values()), reports

@@ -296,6 +296,32 @@ def test_emulator_catches_a_broken_pingpong_protocol(broken, monkeypatch, tmp_pa
     assert out is None and message in stderr, stderr
 
 
+def test_emulator_catches_scores_issued_ahead_of_their_tile(monkeypatch, tmp_path):
+    """The forward that issues the next iteration's Q K^T ahead
+    (flash_attention.GPU_ISSUE_AHEAD) must first wait for the next slot's
+    TMA phase: without that wait the wgmma reads a tile that has not
+    landed, which the emulator shows as NaN (a TMA destination reads as
+    NaN until its phase is waited for)."""
+    import tessera_passes.flash_attention as flash_attention
+    monkeypatch.setattr(flash_attention, "GPU_ISSUE_AHEAD", True)
+    inputs, source, name, cfg = _attention_forward(seq=256)
+    outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+
+    def run(src):
+        def launch():
+            bufs = [a.copy() for a in list(inputs) + outputs]
+            EmulatedKernels(src).launch(name, bufs, cfg["grid"], cfg["block"],
+                                        cfg["shared_bytes"], cfg.get("tensor_maps", ()))
+            return bufs[len(inputs)].astype(np.float32)
+        return _in_child(launch, tmp_path)
+    out, stderr = run(source)
+    assert out is not None and np.isfinite(out).all(), stderr
+    landed = "tessera_mbarrier_wait(&full[(it + 1) % 3], (unsigned)((it + 1) / 3) & 1);"
+    assert landed in source
+    out, stderr = run(source.replace(landed, ""))
+    assert out is not None and not np.isfinite(out).all(), stderr
+
+
 @pytest.mark.parametrize("producer", [True, False], ids=["producer", "thread0"])
 def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch, producer):
     """nvcc builds the 128x256 wgmma GEMM for sm_90a with wgmma.mma_async
@@ -397,6 +423,7 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
     ("tessera_passes.flash_attention", "GPU_WGMMA", False),
     ("tessera_passes.flash_attention", "GPU_TMA", False),
     ("tessera_passes.flash_attention", "GPU_PINGPONG", True),
+    ("tessera_passes.flash_attention", "GPU_ISSUE_AHEAD", True),
     ("tessera_passes.flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
     ("tessera_passes.lower_to_tile", "GROUPED_TILE_ORDER", False),
     ("tessera_compiler.codegen.cuda_emitter", "WAIT_WATCHDOG_S", 5.0)])
