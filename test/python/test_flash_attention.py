@@ -182,6 +182,22 @@ def test_bf16_attention_kernels_compile_for_sm90_without_spills(d, arch):
     assert all(r["spill_stores"] == 0 for r in reports.values()), reports
 
 
+def _emulated_causal_forward(d: int, monkeypatch):
+    """The causal bf16 attention forward (S=256, D=d) compiled for the GPU
+    as flash_attention's settings say and run by the CPU emulator for
+    sm_90a: (its CUDA source, its largest error relative to float64)."""
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
+    rng = np.random.default_rng()
+    q, k, v, R = _inputs((1, 2, 256, d), d, np.float32, rng)
+    q, k, v = (t.astype(BF16) for t in (q, k, v))
+    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True), target="gpu")
+    got = compiled(q, k, v)
+    source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
+    want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
+    return source, np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+
+
 @pytest.mark.parametrize("pingpong", [False, True], ids=["", "pingpong"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_forward_blocks_of_two_warpgroups_emulated(d, pingpong, monkeypatch):
@@ -200,14 +216,7 @@ def test_forward_blocks_of_two_warpgroups_emulated(d, pingpong, monkeypatch):
     monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
                         {64: (128, 64), 128: (128, 64), 256: (16, 16)})
     monkeypatch.setattr(flash_attention, "GPU_PINGPONG", pingpong)
-    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
-    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
-    rng = np.random.default_rng()
-    q, k, v, R = _inputs((1, 2, 256, d), d, np.float32, rng)
-    q, k, v = (t.astype(BF16) for t in (q, k, v))
-    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True), target="gpu")
-    got = compiled(q, k, v)
-    source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
+    source, err = _emulated_causal_forward(d, monkeypatch)
     assert "block (256)" in source and "8 warps x 16 rows" in source
     assert source.count("ttile.dot 128x") == 4          # Q K^T and P V, on wgmma and mma.sync
     assert source.count(" on wgmma: A from") == 2
@@ -218,8 +227,6 @@ def test_forward_blocks_of_two_warpgroups_emulated(d, pingpong, monkeypatch):
             in source) == pingpong
     assert ("if (n_it > 0 && (threadIdx.x >> 7) == 0) tessera_named_barrier_sync(1, 256);"
             in source) == pingpong
-    want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
-    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
     assert err < 0.03, err
     if d == 128:
         from tessera_compiler.codegen.build import kernel_resources, nvcc
@@ -267,19 +274,10 @@ def test_forward_issuing_the_next_scores_ahead_emulated(blocks, d, monkeypatch):
     monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
                         {64: blocks, 128: blocks, 256: (16, 16)})
     monkeypatch.setattr(flash_attention, "GPU_ISSUE_AHEAD", True)
-    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
-    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
-    rng = np.random.default_rng()
-    q, k, v, R = _inputs((1, 2, 256, d), d, np.float32, rng)
-    q, k, v = (t.astype(BF16) for t in (q, k, v))
-    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True), target="gpu")
-    got = compiled(q, k, v)
-    source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
+    source, err = _emulated_causal_forward(d, monkeypatch)
     assert "staged through 3 shared-memory buffers" in source
     assert "the first dot of the next iteration issued before this one's rest" in source
     assert "tessera_mbarrier_wait(&full[(it + 1) % 3], (unsigned)((it + 1) / 3) & 1);" in source
-    want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
-    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
     assert err < 0.03, err
     from tessera_compiler.codegen.build import kernel_resources, nvcc
     if nvcc() is None:

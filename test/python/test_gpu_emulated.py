@@ -222,6 +222,23 @@ def _attention_forward(seq=128, d=64):
     return (q, k, v), source, name, cfg
 
 
+def _attention_outputs(inputs) -> list:
+    """Zeroed outputs of the attention forward kernel: out and lse."""
+    return [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+
+
+def _launch_in_child(source, name, cfg, inputs, outputs, tmp_path):
+    """Kernel `name` of `source` on the emulator over copies of `inputs` and
+    `outputs`, in a forked process: (its first output as f32, or None if
+    the process died; what it wrote to stderr)."""
+    def launch():
+        bufs = [a.copy() for a in list(inputs) + outputs]
+        EmulatedKernels(source).launch(name, bufs, cfg["grid"], cfg["block"],
+                                       cfg["shared_bytes"], cfg.get("tensor_maps", ()))
+        return bufs[len(inputs)].astype(np.float32)
+    return _in_child(launch, tmp_path)
+
+
 @pytest.mark.parametrize("kernel", ["gemm-cp.async", "attention-cp.async", "attention-tma"])
 def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch, tmp_path):
     """cp.async lands through the generic proxy, wgmma reads through the
@@ -236,19 +253,14 @@ def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch
         monkeypatch.setattr(flash_attention, "GPU_TMA", kernel == "attention-tma")
         inputs, source, name, cfg = _attention_forward()
         assert ("(TMA for wgmma, cp.async for mma.sync," in source) == (kernel == "attention-tma")
-        outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+        outputs = _attention_outputs(inputs)
         assert " on wgmma: A from its swizzled shared-memory copy" in source
     else:
         x, w, source, name, cfg, _ = _wgmma_gemm(monkeypatch, tma=False, producer=False)
         inputs, outputs = (x, w), [np.zeros((x.shape[0], w.shape[1]), BF16)]
 
     def run(src):
-        def launch():
-            bufs = [a.copy() for a in list(inputs) + outputs]
-            EmulatedKernels(src).launch(name, bufs, cfg["grid"], cfg["block"],
-                                        cfg["shared_bytes"], cfg.get("tensor_maps", ()))
-            return bufs[len(inputs)].astype(np.float32)
-        return _in_child(launch, tmp_path)
+        return _launch_in_child(src, name, cfg, inputs, outputs, tmp_path)
     out, stderr = run(source)
     assert out is not None and np.isfinite(out).all(), stderr
     broken = source.replace("tessera_fence_proxy_async();", "")
@@ -273,15 +285,10 @@ def test_emulator_catches_a_broken_pingpong_protocol(broken, monkeypatch, tmp_pa
                         {64: (128, 64), 128: (128, 64), 256: (16, 16)})
     inputs, source, name, cfg = _attention_forward(seq=256)
     assert cfg["block"] == [256] and "take turns issuing their wgmmas" in source
-    outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+    outputs = _attention_outputs(inputs)
 
     def run(src):
-        def launch():
-            bufs = [a.copy() for a in list(inputs) + outputs]
-            EmulatedKernels(src).launch(name, bufs, cfg["grid"], cfg["block"],
-                                        cfg["shared_bytes"], cfg.get("tensor_maps", ()))
-            return bufs[len(inputs)].astype(np.float32)
-        return _in_child(launch, tmp_path)
+        return _launch_in_child(src, name, cfg, inputs, outputs, tmp_path)
     out, stderr = run(source)
     assert out is not None and np.isfinite(out).all(), stderr
     if broken == "last hand-over kept":
@@ -305,15 +312,10 @@ def test_emulator_catches_scores_issued_ahead_of_their_tile(monkeypatch, tmp_pat
     import tessera_passes.flash_attention as flash_attention
     monkeypatch.setattr(flash_attention, "GPU_ISSUE_AHEAD", True)
     inputs, source, name, cfg = _attention_forward(seq=256)
-    outputs = [np.zeros_like(inputs[0]), np.zeros(inputs[0].shape[:-1] + (1,), np.float32)]
+    outputs = _attention_outputs(inputs)
 
     def run(src):
-        def launch():
-            bufs = [a.copy() for a in list(inputs) + outputs]
-            EmulatedKernels(src).launch(name, bufs, cfg["grid"], cfg["block"],
-                                        cfg["shared_bytes"], cfg.get("tensor_maps", ()))
-            return bufs[len(inputs)].astype(np.float32)
-        return _in_child(launch, tmp_path)
+        return _launch_in_child(src, name, cfg, inputs, outputs, tmp_path)
     out, stderr = run(source)
     assert out is not None and np.isfinite(out).all(), stderr
     landed = "tessera_mbarrier_wait(&full[(it + 1) % 3], (unsigned)((it + 1) / 3) & 1);"
