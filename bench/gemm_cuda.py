@@ -40,7 +40,11 @@ VARIANTS = ("producer", "thread0", "row-major")
 COLUMNS = {"n": lambda r: str(r["n"]), "variant": lambda r: r["variant"],
            "Tessera TFLOP/s": lambda r: f"{r['tessera_tflops']:.1f}",
            "cuBLAS TFLOP/s": lambda r: f"{r['cublas_tflops']:.1f}",
-           "ratio": lambda r: f"{r['ratio']:.2f}"}
+           "ratio": lambda r: f"{r['ratio']:.2f}",
+           "max rel err": lambda r: f"{r['max_rel_err']:.1e}" + ("" if r["valid"] else " WRONG")}
+#: A product further than this from cuBLAS's (relative to its largest
+#: element) marks the row wrong: its times do not count.
+MAX_REL_ERR = 0.02
 
 
 @contextlib.contextmanager
@@ -120,11 +124,14 @@ def main(argv=None) -> int:
                      "tessera_ms": t_tessera * 1e3, "cublas_ms": t_cublas * 1e3,
                      "tessera_tflops": flops / t_tessera / 1e12,
                      "cublas_tflops": flops / t_cublas / 1e12,
-                     "ratio": t_cublas / t_tessera, "max_rel_err": err, "peer": peer,
+                     "ratio": t_cublas / t_tessera, "max_rel_err": err,
+                     "valid": err < MAX_REL_ERR, "peer": peer,
                      "config": engine._launches[kernel]})
         print(f"{n}^3 bf16, {variant}: Tessera {rows[-1]['tessera_tflops']:.1f} TFLOP/s, cuBLAS "
               f"{rows[-1]['cublas_tflops']:.1f} TFLOP/s, ratio {rows[-1]['ratio']:.2f} "
-              f"(max rel err {err:.1e})")
+              f"(max rel err {err:.1e}"
+              + ("" if rows[-1]["valid"] else f": WRONG, over {MAX_REL_ERR}; the times do not count")
+              + ")")
         # After every row: a later size that faults or hangs keeps these.
         write_results("gemm_cuda", "Tessera GEMM vs cuBLAS", COLUMNS, rows, meta,
                       ("n", "variant"), args.append)

@@ -28,7 +28,8 @@ of a lent machine's 600 s call) bounds the whole run, the last
 Checks: the tensor-core GEMM with a fused epilogue on mma.sync, on wgmma fed
 by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages; copies issued by a
 producer warpgroup, or by thread 0 between iterations) and on wgmma fed by
-cp.async; causal flash attention forward and backward at D = 64 and 128;
+cp.async; causal flash attention forward and backward at D = 64 and 128
+(and the forward's ping-pong and issue-ahead variants);
 the all-gather + GEMM and GEMM + reduce-scatter kernels over NVSHMEM on 2
 ranks of the one GPU (run under mpiexec, one `gpu_kit.py rank` process per
 rank, with nvshmem4py from the kit's wheels); the example GPT's training step in fp32 and bf16 against
@@ -55,10 +56,10 @@ BENCHMARKS = ("gemm_cuda.py", "attention_cuda.py")
 # AdamW's first step moves a parameter by lr * sign(gradient): where a
 # gradient is within rounding of zero the two engines may step opposite ways.
 ADAMW_LR = 3e-3
-# The checks' kernels trap (printing the barrier) when an mbarrier wait
-# outlasts this: a ring protocol that is wrong on real hardware fails its
-# check in seconds where it would hang until the process is killed. The
-# benchmarks' kernels are built without it.
+# The checks' kernels trap when an mbarrier wait outlasts this (the launch
+# fails with an illegal-instruction error): a ring protocol that is wrong
+# on real hardware fails its check in seconds where it would hang until
+# the process is killed. The benchmarks' kernels are built without it.
 CHECK_WATCHDOG_S = 5.0
 
 
@@ -94,14 +95,17 @@ def _gemm_check(kit, name, config, shape, epilogue):
                                                     "atol": 0.03})])
 
 
-def _attention_check(kit, name, shape):
+def _attention_check(kit, name, shape, variant="wgmma"):
+    """Causal attention forward and backward, compiled as the attention
+    bench's `variant` (e.g. `wgmma-pingpong:128x64`) says."""
     import ml_dtypes
-    from attention_cuda import attention_step
+    from attention_cuda import attention_step, attention_variant, variant_spec
     from test_flash_attention import reference
     bf16 = ml_dtypes.bfloat16
     rng = np.random.default_rng()
     q, k, v, do = (rng.standard_normal(shape).astype(bf16) for _ in range(4))
-    bundle, inputs = _compile(attention_step, q, k, v, do)
+    with attention_variant(variant_spec(variant)):
+        bundle, inputs = _compile(attention_step, q, k, v, do)
     expected = reference(q, k, v, do.astype(np.float32), True, 1 / np.sqrt(shape[-1]))
     return _save(kit, name, bundle, inputs,
                  [(e, {"rule": "allclose", "rtol": 0.03, "atol": 0.02 * np.abs(e).max()})
@@ -221,6 +225,12 @@ CHECKS = {
         kit, n, (128, 256, 64, (8, 1), 4, True, {"tma": False}), (0, 512, 640, 512), "gelu"),
     "attention-causal-d64": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 64)),
     "attention-causal-d128": lambda kit, n: _attention_check(kit, n, (1, 2, 256, 128)),
+    "attention-causal-d128-pingpong-128x64": lambda kit, n: _attention_check(
+        kit, n, (1, 2, 256, 128), "wgmma-pingpong:128x64"),
+    "attention-causal-d64-ahead": lambda kit, n: _attention_check(
+        kit, n, (1, 2, 256, 64), "wgmma-ahead"),
+    "attention-causal-d128-ahead-128x64": lambda kit, n: _attention_check(
+        kit, n, (1, 2, 256, 128), "wgmma-ahead:128x64"),
     "nvshmem-gathered-gemm-2-ranks": lambda kit, n: _nvshmem_gemm_check(
         kit, n, "gather", (512, 256, 512)),
     "nvshmem-scattered-gemm-2-ranks": lambda kit, n: _nvshmem_gemm_check(
@@ -334,17 +344,25 @@ def _isolated(argv: list[str], timeout: float, env: dict) -> tuple[int | None, s
     None if it was killed; stdout + stderr). A kernel that hangs, or an
     illegal address that poisons a CUDA context, stays in its process."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+                            errors="replace", env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out + err
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, out + err
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:      # it ended on its own meanwhile
+            pass
+        try:        # a process that left the group may still hold the pipes
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = "", "(its output pipes stayed open after the kill)"
+        return None, (out or "") + (err or "")
 
 
-def _run_check(kit: Path, check: dict, engine: str, timeout: float) -> tuple[bool, str]:
+def _run_check(kit: Path, check: dict, engine: str, timeout: float,
+               cut_short: bool = False) -> tuple[bool, str]:
     """Runs a check in a process of its own (`gpu_kit.py rank`; a multi-rank
     check under mpiexec, one process per rank, all on the one GPU) and
     gathers the ranks' verdicts."""
@@ -356,18 +374,18 @@ def _run_check(kit: Path, check: dict, engine: str, timeout: float) -> tuple[boo
     verdicts = [json.loads(line[len(_RANK_VERDICT):]) for line in output.splitlines()
                 if line.startswith(_RANK_VERDICT)]
     if status is None:
-        return False, (f"killed after {timeout:.0f} s with {len(verdicts)} of {ranks} verdicts "
-                       f"(a kernel that never finishes?): {output[-2000:]}")
+        why = ("its time limit: a kernel that never finishes?" if not cut_short else
+               "all the run's deadline left it")
+        return False, (f"killed after {timeout:.0f} s ({why}) with {len(verdicts)} of {ranks} "
+                       f"verdicts: {output[-2000:]}")
     if status != 0 or len(verdicts) != ranks:
         return False, (f"{'mpiexec -n %d' % ranks if ranks > 1 else 'the check'} exited "
                        f"{status} with {len(verdicts)} of {ranks} verdicts: {output[-2000:]}")
     verdicts.sort(key=lambda v: v["rank"])
-    ok = all(v["ok"] for v in verdicts)
-    detail = verdicts[0]["detail"] if ranks == 1 else \
-        "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts)
-    # What the kernels' mbarrier watchdog printed before trapping.
-    watchdog = [line for line in output.splitlines() if line.startswith("tessera watchdog")]
-    return ok, detail + "".join(f"; {line}" for line in watchdog[:4])
+    if ranks == 1:
+        return verdicts[0]["ok"], verdicts[0]["detail"]
+    return (all(v["ok"] for v in verdicts),
+            "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts))
 
 
 def _rank_main(kit: Path, name: str, engine: str) -> int:
@@ -410,7 +428,8 @@ def _run_checks(kit: Path, engine: str, report: _Report, timeout: float, until: 
             report.check(check["name"], False, "not run: out of time", 0.0)
             continue
         try:
-            ok, detail = _run_check(kit, check, engine, min(timeout, until - start))
+            ok, detail = _run_check(kit, check, engine, min(timeout, until - start),
+                                    cut_short=until - start < timeout)
         except Exception as e:             # a failing check must not stop the others
             ok, detail = False, f"{type(e).__name__}: {e}"
         report.check(check["name"], ok, detail, time.monotonic() - start)
@@ -469,7 +488,9 @@ def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until
                                     str(kit), "--variants", variant, "--append"],
                                    budget, os.environ.copy())
         if status is None:
-            output = f"killed after {budget:.0f} s\n" + output
+            output = (f"killed after {budget:.0f} s ("
+                      + ("its time limit" if budget == timeout else "all the deadline left it")
+                      + ")\n" + output)
         report.benchmarks[key] = {"returncode": status, "seconds": time.monotonic() - start,
                                   "output": output[-6000:]}
         print(f"[gpu_kit] {key}: exit {status}\n{output[-3000:]}", flush=True)
@@ -480,7 +501,7 @@ def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until
 
 def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True,
         deadline: float = 560, check_timeout: float = 120, bench_timeout: float = 150,
-        bench_reserve: float = 240) -> int:
+        bench_reserve: float = 300) -> int:
     """The kit's checks on `engine` (`cuda-emulated` runs them on the CPU,
     which is how the kit itself is tested), then, on a GPU, NCCL and the
     benchmarks, all within `deadline` seconds: the checks leave the last
@@ -522,9 +543,9 @@ def main(argv=None) -> int:
                    help="kill a check's processes after S seconds (default 120)")
     r.add_argument("--bench-timeout", type=float, default=150, metavar="S",
                    help="kill a benchmark variant's process after S seconds (default 150)")
-    r.add_argument("--bench-reserve", type=float, default=240, metavar="S",
+    r.add_argument("--bench-reserve", type=float, default=300, metavar="S",
                    help="the checks stop S seconds before the deadline, which the "
-                        "benchmarks keep (default 240)")
+                        "benchmarks keep (default 300)")
     for p in (b, r):
         p.add_argument("--no-benchmarks", action="store_true", help="checks only")
     one = sub.add_parser("rank", help="(internal) run one check in this process: one rank of "

@@ -117,8 +117,11 @@ def nvshmem_home() -> Path | None:
 
 def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, int]]:
     """What ptxas reports for each kernel of a CUDA source compiled for
-    `arch`: {kernel: {"registers", "spill_stores", "spill_loads"}}. Raises
-    KernelBuildError when nvcc is missing or fails."""
+    `arch`: {kernel: {"registers", "spill_stores", "spill_loads"}}, plus
+    "wgmma_serialized" (ptxas's reason) for a kernel whose wgmma.mma_async
+    instructions ptxas serialized (it then waits for each one at issue:
+    correct, but the asynchronous overlap the kernel was written for is
+    gone). Raises KernelBuildError when nvcc is missing or fails."""
     tool = nvcc()
     if tool is None:
         raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
@@ -130,9 +133,14 @@ def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, 
         raise KernelBuildError(f"nvcc failed on generated kernels:\n{proc.stderr[-4000:]}")
     report, kernel = {}, None
     for line in proc.stderr.splitlines():
-        if "Function properties for" in line:
+        if "wgmma.mma_async instructions are serialized" in line:
+            # "... serialized due to <reason> in the function '<name>'"
+            reason, _, name = line.partition(" in the function ")
+            report.setdefault(name.strip(" '.\""), {})["wgmma_serialized"] = \
+                reason.split("serialized ", 1)[-1]
+        elif "Function properties for" in line:
             kernel = line.split()[-1]
-            report[kernel] = {}
+            report.setdefault(kernel, {})
         elif kernel and "spill stores" in line:
             stores, loads = (int(line.split(" bytes spill ")[i].split()[-1]) for i in (0, 1))
             report[kernel].update(spill_stores=stores, spill_loads=loads)

@@ -52,10 +52,13 @@ from .register_loop import RegisterLoop
 
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
-#: Seconds after which a thread still waiting on an mbarrier prints the
-#: barrier and traps, or None (the default: no check in the wait loop). A
-#: ring whose phases are wrong then fails its launch in seconds instead of
-#: hanging the GPU: bench/gpu_kit.py builds its checks with it.
+#: Seconds after which a thread still waiting on an mbarrier traps, or
+#: None (the default: no check in the wait loop). A ring whose phases are
+#: wrong then fails its launch in seconds instead of hanging the GPU:
+#: bench/gpu_kit.py builds its checks with it. It only reads the global
+#: timer and traps: a printf would be a function call, across which ptxas
+#: serializes every wgmma (measured: "wgmma pipeline crossing function
+#: boundary"), so the checks would not test the asynchronous kernels.
 WAIT_WATCHDOG_S: float | None = None
 _ALIGN = 16
 
@@ -1396,7 +1399,7 @@ __device__ __forceinline__ uint64_t tessera_globaltimer_ns() {
 }
 // Returns once the barrier's phase of this parity has completed. With
 // TESSERA_WAIT_WATCHDOG_NS defined (cuda_emitter.WAIT_WATCHDOG_S), a wait
-// that outlasts it prints the barrier and traps.
+// that outlasts it traps (the launch fails; no printf: see WAIT_WATCHDOG_S).
 __device__ __forceinline__ void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
   uint32_t done;
 #ifdef TESSERA_WAIT_WATCHDOG_NS
@@ -1407,12 +1410,7 @@ __device__ __forceinline__ void tessera_mbarrier_wait(uint64_t* bar, unsigned pa
                  "selp.u32 %0, 1, 0, p;\\n}\\n"
                  : "=r"(done) : "r"(tessera_shared_address(bar)), "r"(parity) : "memory");
 #ifdef TESSERA_WAIT_WATCHDOG_NS
-    if (!done && tessera_globaltimer_ns() - start > TESSERA_WAIT_WATCHDOG_NS) {
-      printf("tessera watchdog: block (%u, %u, %u) thread %u waited %.1f s for phase parity %u "
-             "of the mbarrier at shared byte %u\\n", blockIdx.x, blockIdx.y, blockIdx.z,
-             threadIdx.x, TESSERA_WAIT_WATCHDOG_NS * 1e-9, parity, tessera_shared_address(bar));
-      __trap();
-    }
+    if (!done && tessera_globaltimer_ns() - start > TESSERA_WAIT_WATCHDOG_NS) __trap();
 #endif
   } while (!done);
 }
