@@ -596,7 +596,8 @@ def test_gpu_kit_checks_run_with_the_runtime_alone(tmp_path, check, expected_fil
         "    sys.modules[m] = None\n"
         "if os.environ.get('KIT_CHECKS_HANG') and sys.argv[1:2] == ['rank']:\n"
         "    time.sleep(300)                 # a check whose kernel never finishes\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ["PYTHONPATH"]])}
+    paths = [str(site), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
     def run(*options, **extra_env):
         return subprocess.run([sys.executable, str(root / "bench" / "gpu_kit.py"), "run",
