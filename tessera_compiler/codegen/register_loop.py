@@ -834,12 +834,14 @@ class RegisterLoop:
         self.ahead_next = (nxt, n)
 
     def _ahead_rotate(self) -> None:
-        """End of an iteration: the next iteration's ahead dot, complete
-        since this one's last wait, becomes its current one."""
+        """End of an iteration: the next iteration's ahead dot becomes its
+        current one. (A later dot's wait has usually completed it already;
+        the wait here makes that so for any body.)"""
         nxt, n = self.ahead_next
         cur = self.ahead_cur.name
         self.line("if (it + 1 < n_it) {")
         self.em.indent += 1
+        self.line("tessera_wgmma_wait<0>();")
         self.line(f"tessera_wgmma_fence_operands<{n // 2}>(&{nxt}[0][0][0]);")
         self._write(cur, "frag", n, lambda d: f"{nxt}[mi][ni][q]")
         self.em.indent -= 1

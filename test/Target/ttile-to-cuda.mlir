@@ -543,6 +543,7 @@ ttile.kernel @pingpong_one_warpgroup(%q: memref<64x128xbf16>, %k: memref<256x128
 // CHECK: // ttile.dot 64x64x64 on wgmma: A from registers, B N-major
 // CHECK: tessera_wgmma_wait<0>();
 // CHECK: if (it + 1 < n_it) {
+// CHECK-NEXT: tessera_wgmma_wait<0>();
 // CHECK-NEXT: tessera_wgmma_fence_operands<32>(&[[NEXT]][0][0][0]);
 // CHECK: [[CUR]][mi][ni][q] = [[NEXT]][mi][ni][q];
 // CHECK: #else
