@@ -361,6 +361,13 @@ def _isolated(argv: list[str], timeout: float, env: dict) -> tuple[int | None, s
         return None, (out or "") + (err or "")
 
 
+def _killed(seconds: float, cut_short: bool) -> str:
+    """What a killed step's report says: after how long, and why."""
+    return (f"killed after {seconds:.0f} s ("
+            + ("all the run's deadline left it" if cut_short else
+               "its time limit: a kernel that never finishes?") + ")")
+
+
 def _run_check(kit: Path, check: dict, engine: str, timeout: float,
                cut_short: bool = False) -> tuple[bool, str]:
     """Runs a check in a process of its own (`gpu_kit.py rank`; a multi-rank
@@ -374,9 +381,7 @@ def _run_check(kit: Path, check: dict, engine: str, timeout: float,
     verdicts = [json.loads(line[len(_RANK_VERDICT):]) for line in output.splitlines()
                 if line.startswith(_RANK_VERDICT)]
     if status is None:
-        why = ("its time limit: a kernel that never finishes?" if not cut_short else
-               "all the run's deadline left it")
-        return False, (f"killed after {timeout:.0f} s ({why}) with {len(verdicts)} of {ranks} "
+        return False, (f"{_killed(timeout, cut_short)} with {len(verdicts)} of {ranks} "
                        f"verdicts: {output[-2000:]}")
     if status != 0 or len(verdicts) != ranks:
         return False, (f"{'mpiexec -n %d' % ranks if ranks > 1 else 'the check'} exited "
@@ -458,9 +463,8 @@ def _run_nccl(report: _Report, timeout: float) -> None:
                                 str(ROOT / "test" / "runtime" / "nccl_worker.py")],
                                timeout, _mpi_env())
     ok = status == 0 and output.count("PASS") >= 12
-    report.check("nccl-2-ranks", ok, ("" if status is not None else
-                                      f"killed after {timeout:.0f} s: ") + output[-3000:],
-                 time.monotonic() - start)
+    killed = "" if status is not None else _killed(timeout, False) + ": "
+    report.check("nccl-2-ranks", ok, killed + output[-3000:], time.monotonic() - start)
 
 
 def _benchmark_runs() -> list[tuple[str, str]]:
@@ -488,9 +492,7 @@ def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until
                                     str(kit), "--variants", variant, "--append"],
                                    budget, os.environ.copy())
         if status is None:
-            output = (f"killed after {budget:.0f} s ("
-                      + ("its time limit" if budget == timeout else "all the deadline left it")
-                      + ")\n" + output)
+            output = _killed(budget, budget < timeout) + "\n" + output
         report.benchmarks[key] = {"returncode": status, "seconds": time.monotonic() - start,
                                   "output": output[-6000:]}
         print(f"[gpu_kit] {key}: exit {status}\n{output[-3000:]}", flush=True)
