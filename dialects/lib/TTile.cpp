@@ -353,26 +353,43 @@ static LogicalResult verifySignals(Operation *op, Value signals) {
   return success();
 }
 
-LogicalResult PutOp::verify() {
-  auto src = llvm::cast<MemRefType>(getSource().getType());
-  auto dst = llvm::cast<MemRefType>(getDest().getType());
+/// A box copy between two buffers (put or get): same element type, one
+/// offset per dimension, and a box `shape` that fits the trailing dimensions
+/// of both.
+static LogicalResult verifyBoxCopy(Operation *op, Value source, ValueRange sourceOffsets,
+                                   Value dest, ValueRange destOffsets, ArrayRef<int64_t> shape) {
+  auto src = llvm::cast<MemRefType>(source.getType());
+  auto dst = llvm::cast<MemRefType>(dest.getType());
   if (src.getElementType() != dst.getElementType())
-    return emitOpError("'source' ") << src << " and 'dest' " << dst
-                                    << " have different element types";
-  if (getSourceOffsets().size() != static_cast<size_t>(src.getRank()) ||
-      getDestOffsets().size() != static_cast<size_t>(dst.getRank()))
-    return emitOpError("needs one offset per dimension of 'source' and 'dest'");
-  ArrayRef<int64_t> shape = getShape();
+    return op->emitOpError("'source' ") << src << " and 'dest' " << dst
+                                        << " have different element types";
+  if (sourceOffsets.size() != static_cast<size_t>(src.getRank()) ||
+      destOffsets.size() != static_cast<size_t>(dst.getRank()))
+    return op->emitOpError("needs one offset per dimension of 'source' and 'dest'");
   if (shape.empty() || shape.size() > static_cast<size_t>(std::min(src.getRank(), dst.getRank())))
-    return emitOpError("'shape' must have 1 to min(rank(source), rank(dest)) sizes");
+    return op->emitOpError("'shape' must have 1 to min(rank(source), rank(dest)) sizes");
   for (auto [i, n] : llvm::enumerate(shape)) {
     size_t fromEnd = shape.size() - i;
     if (n < 1 || n > src.getShape()[src.getRank() - fromEnd] ||
         n > dst.getShape()[dst.getRank() - fromEnd])
-      return emitOpError("'shape' [") << i << "] = " << n << " does not fit 'source' " << src
-                                      << " and 'dest' " << dst;
+      return op->emitOpError("'shape' [") << i << "] = " << n << " does not fit 'source' "
+                                          << src << " and 'dest' " << dst;
   }
+  return success();
+}
+
+LogicalResult PutOp::verify() {
+  if (failed(verifyBoxCopy(*this, getSource(), getSourceOffsets(), getDest(), getDestOffsets(),
+                           getShape())))
+    return failure();
   return verifySymmetric(*this, getDest(), "dest");
+}
+
+LogicalResult GetOp::verify() {
+  if (failed(verifyBoxCopy(*this, getSource(), getSourceOffsets(), getDest(), getDestOffsets(),
+                           getShape())))
+    return failure();
+  return verifySymmetric(*this, getSource(), "source");
 }
 
 LogicalResult SignalOp::verify() {

@@ -344,7 +344,9 @@ class CudaKernelEmitter(KernelEmitter):
         self.line(f"const int64_t {v} = nvshmem_n_pes();")
         self.names[op.results[0]] = v
 
-    def op_ttile_put(self, op):
+    def _box_copy(self, op, call: str) -> None:
+        """`call`(dest, source, bytes, pe) once per contiguous row of the box
+        `op` (a ttile.put or ttile.get) copies."""
         self._nvshmem()
         view = op.opview
         src, dst = self.names[view.source], self.names[view.dest]
@@ -362,15 +364,26 @@ class CudaKernelEmitter(KernelEmitter):
                 terms.append(at if stride == 1 else f"{at} * {stride}")
             return " + ".join(terms)
         ivs = []
-        for n in shape[:-1]:          # one call per contiguous row of the box
+        for n in shape[:-1]:
             iv = self.fresh("r")
             ivs.append(iv)
             self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv})")
         so = [self.scalar(v) for v in view.source_offsets]
         do = [self.scalar(v) for v in view.dest_offsets]
-        self.line(f"  nvshmemx_putmem_nbi_block({dst} + {base(dst_shape, do, ivs)}, "
+        self.line(f"  {call}({dst} + {base(dst_shape, do, ivs)}, "
                   f"{src} + {base(src_shape, so, ivs)}, {shape[-1] * nbytes}, "
                   f"(int){self.scalar(view.pe)});")
+
+    def op_ttile_put(self, op):
+        self._box_copy(op, "nvshmemx_putmem_nbi_block")
+
+    def op_ttile_get(self, op):
+        # Non-blocking gets of every row, then one quiet: the rows travel
+        # together rather than one round trip each; the barrier makes what
+        # each thread's share of the copy brought visible to the whole block.
+        self._box_copy(op, "nvshmemx_getmem_nbi_block")
+        self.line("nvshmem_quiet();")
+        self.sync()
 
     def _signal_word(self, op) -> str:
         """The address of the signal word `op` names (`signals[index]`)."""

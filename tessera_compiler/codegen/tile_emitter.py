@@ -18,8 +18,8 @@ from tessera_mlir import ir
 
 from ..passes_common import enum_of
 
-NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.signal", "ttile.wait",
-               "ttile.fence", "ttile.quiet"}
+NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
+               "ttile.wait", "ttile.fence", "ttile.quiet"}
 # Element type -> C type of a tile element. bf16 tiles compute in float (every
 # value rounded to bf16 precision); bf16 buffers hold the raw 16 bits.
 _CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "bf16": "float",

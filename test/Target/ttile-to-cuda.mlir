@@ -693,6 +693,36 @@ ttile.kernel @ag_gemm(%a: memref<64x128xbf16>, %b: memref<128x128xbf16>,
 
 // -----
 
+// A get pulls one row per call, all rows in flight together; the quiet
+// completes them and the barrier shares them with the whole block. A quiet
+// of its own completes the block's puts, then synchronizes the block too.
+// CHECK-LABEL: // ttile.kernel @pull
+// CHECK: float* arg0 = static_cast<float*>(arg0_);
+// CHECK: for (int64_t [[R:r[0-9]+]] = 0; [[R]] < 16; ++[[R]])
+// CHECK-NEXT: nvshmemx_getmem_nbi_block(arg1 + ([[Z:c[0-9]+]] + [[R]]) * 32 + [[Z]], arg0 + ({{.*}} + [[R]]) * 32 + [[Z]], 128, (int){{.*}});
+// CHECK-NEXT: nvshmem_quiet();
+// CHECK-NEXT: __syncthreads();
+// CHECK: nvshmemx_putmem_nbi_block(
+// CHECK-NEXT: nvshmem_quiet();
+// CHECK-NEXT: __syncthreads();
+ttile.kernel @pull(%all: memref<64x32xf32> {ttile.symmetric}, %a: memref<16x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %me = ttile.my_pe
+  %n = ttile.n_pes
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c16 = arith.constant 16 : index
+  %next = arith.addi %me, %c1 : index
+  %peer = arith.remui %next, %n : index
+  %row = arith.muli %peer, %c16 : index
+  ttile.get %all[%row, %c0] on %peer to %a[%c0, %c0] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
+  %mine = arith.muli %me, %c16 : index
+  ttile.put %a[%c0, %c0] to %all[%mine, %c0] on %peer {shape = array<i64: 16, 32>} : memref<16x32xf32> -> memref<64x32xf32>
+  ttile.quiet
+  ttile.return
+}
+
+// -----
+
 // Tiles share shared memory by lifetime: the second row-sum's input and
 // result reuse the bytes of the first's, which nothing reads any more.
 // CHECK-LABEL: ttile.kernel @reuse

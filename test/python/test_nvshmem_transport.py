@@ -162,3 +162,56 @@ def test_unknown_transport_is_rejected_with_the_line():
     with pytest.raises(ValueError, match=r"transport must be one of \['auto', 'nccl', 'nvshmem'\], "
                                          r"got 'mpi'  \[.*test_nvshmem_transport.py:\d+\]"):
         ts.graph.trace(lambda x, w: op.matmul(x, w, transport="mpi"), x, w, target="cpu")
+
+
+_PULL = """
+ttile.kernel @pull(%src: memref<16x32xf32> {ttile.symmetric}, %dst: memref<8x16xf32>,
+                   %twice: memref<8x16xf32>) attributes {grid = array<i64: 2>, block = array<i64: 64>} {
+  %pid = ttile.program_id 0
+  %me = ttile.my_pe
+  %n = ttile.n_pes
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c8 = arith.constant 8 : index
+  %next = arith.addi %me, %c1 : index
+  %peer = arith.remui %next, %n : index
+  %row = arith.muli %pid, %c4 : index
+  %from = arith.addi %row, %c4 : index
+  ttile.get %src[%from, %c8] on %peer to %dst[%row, %c0] {shape = array<i64: 4, 16>} : memref<16x32xf32> -> memref<8x16xf32>
+  %t = ttile.load %dst[%row, %c0] : memref<8x16xf32> -> !ttile.tile<4x16xf32>
+  %d = ttile.add %t, %t : !ttile.tile<4x16xf32>
+  ttile.store %d, %twice[%row, %c0] : !ttile.tile<4x16xf32>, memref<8x16xf32>
+  ttile.return
+}
+"""
+
+
+def test_get_pulls_a_box_from_the_next_pe():
+    """`ttile.get` on the CUDA emulator with two PEs sharing one symmetric
+    heap (each kernel run attached as one PE): every block pulls its 4 rows
+    of the box [4:12, 8:24] of the next PE's symmetric buffer, then reads
+    them back at once (the get completes and synchronizes the block before
+    the op after it): both outputs are the peer's data, not its own."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen.cuda_emitter import emit_cuda_kernels
+    from tessera_runtime.engines.cuda_emulator import EmulatedKernels
+    with ir.Context():
+        source, launches = emit_cuda_kernels(ir.Module.parse(_PULL))
+    assert "nvshmemx_getmem_nbi_block(" in source
+    cfg = launches["pull"]
+    heap_bytes, pes = 1 << 16, 2
+    heap = np.zeros(heap_bytes * pes, np.uint8)
+    rng = np.random.default_rng()
+    srcs = [np.ndarray((16, 32), np.float32, buffer=heap, offset=p * heap_bytes) for p in range(pes)]
+    for s in srcs:
+        s[...] = rng.standard_normal(s.shape)
+    kernels = EmulatedKernels(source)
+    for me in range(pes):
+        kernels.attach_symmetric_heap(heap.ctypes.data, heap_bytes, me, pes)
+        dst, twice = np.full((8, 16), np.nan, np.float32), np.zeros((8, 16), np.float32)
+        kernels.launch("pull", [srcs[me], dst, twice], cfg["grid"], cfg["block"],
+                       cfg["shared_bytes"])
+        peer = srcs[(me + 1) % pes][4:12, 8:24]
+        np.testing.assert_array_equal(dst, peer)
+        np.testing.assert_array_equal(twice, 2 * peer)

@@ -538,8 +538,8 @@ inline void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
 # processes of the job; the symmetric heap is one shared file mapping that
 # every PE maps whole, PE p's heap at `base + p * heap_bytes`, so a local
 # symmetric address becomes a peer's by moving it p - my_pe heaps over
-# (`SymmetricHeap` in emulated_cuda.py sets it up). A put is a copy by one
-# thread of the block; signals are atomics on the shared mapping; a wait
+# (`SymmetricHeap` in emulated_cuda.py sets it up). A put or a get is a copy
+# by one thread of the block; signals are atomics on the shared mapping; a wait
 # spins, and gives up (aborting the process with a message) after
 # TESSERA_NVSHMEM_WAIT_S seconds (default 120) rather than hang.
 _NVSHMEM_SHIM = r"""
@@ -578,6 +578,9 @@ inline int nvshmem_my_pe() { return tessera_pe; }
 inline int nvshmem_n_pes() { return tessera_npes; }
 inline void nvshmemx_putmem_nbi_block(void* dest, const void* src, size_t bytes, int pe) {
   if (threadIdx.x == 0) std::memcpy(tessera_on_pe(dest, pe), src, bytes);
+}
+inline void nvshmemx_getmem_nbi_block(void* dest, const void* src, size_t bytes, int pe) {
+  if (threadIdx.x == 0) std::memcpy(dest, tessera_on_pe(src, pe), bytes);
 }
 inline void nvshmem_fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void nvshmem_quiet() { std::atomic_thread_fence(std::memory_order_seq_cst); }

@@ -506,6 +506,33 @@ ttile.kernel @k(%a: memref<16x32xf32>, %all: memref<64x32xf32> {ttile.symmetric}
 
 // -----
 
+ttile.kernel @k(%all: memref<64x32xf32>, %a: memref<16x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.get' op 'source' must be a kernel argument marked {ttile.symmetric} (a buffer every PE allocated with nvshmem_malloc)}}
+  ttile.get %all[%c0, %c0] on %c0 to %a[%c0, %c0] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%all: memref<64x32xf32> {ttile.symmetric}, %a: memref<16x32xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.get' op 'source' 'memref<64x32xf32>' and 'dest' 'memref<16x32xbf16>' have different element types}}
+  ttile.get %all[%c0, %c0] on %c0 to %a[%c0, %c0] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xbf16>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%all: memref<64x32xf32> {ttile.symmetric}, %a: memref<16x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.get' op needs one offset per dimension of 'source' and 'dest'}}
+  ttile.get %all[%c0] on %c0 to %a[%c0, %c0] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
+  ttile.return
+}
+
+// -----
+
 ttile.kernel @k(%flags: memref<4xi32> {ttile.symmetric}) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index
   // expected-error @below {{'ttile.signal' op 'signals' must be a 1-D buffer of i64 signal words, got 'memref<4xi32>'}}

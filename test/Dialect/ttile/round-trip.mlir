@@ -203,3 +203,17 @@ ttile.kernel @push(%a: memref<16x32xf32>, %all: memref<64x32xf32> {ttile.symmetr
   ttile.quiet
   ttile.return
 }
+
+// -----
+
+// NVSHMEM: a get from a symmetric buffer on another PE into a local one.
+// CHECK-LABEL: ttile.kernel @pull(
+// CHECK: ttile.get %{{.*}}[%{{.*}}, %{{.*}}] on %{{.*}} to %{{.*}}[%{{.*}}, %{{.*}}] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
+ttile.kernel @pull(%all: memref<64x32xf32> {ttile.symmetric}, %a: memref<16x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 128>} {
+  %me = ttile.my_pe
+  %c0 = arith.constant 0 : index
+  %c16 = arith.constant 16 : index
+  %row = arith.muli %me, %c16 : index
+  ttile.get %all[%row, %c0] on %me to %a[%c0, %c0] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
+  ttile.return
+}

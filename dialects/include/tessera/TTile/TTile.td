@@ -339,7 +339,9 @@ def TTile_BarrierOp : TTile_Op<"barrier"> {
 // the same size on every PE). Puts are non-blocking; `ttile.fence` orders
 // them before later puts and signals to the same PE, `ttile.quiet` waits
 // until they are complete. A consumer waits on a signal word the producer
-// sets after its data (put, fence, signal).
+// sets after its data (put, fence, signal). A get pulls instead: it returns
+// once the data has landed, so it needs no signal when the peer's buffer is
+// known to be ready.
 //----------------------------------------------------------------------------
 
 def TTile_MyPeOp : TTile_Op<"my_pe", [Pure]> {
@@ -372,6 +374,31 @@ def TTile_PutOp : TTile_Op<"put", [AttrSizedOperandSegments,
                        Index:$pe, DenseI64ArrayAttr:$shape);
   let assemblyFormat = [{
     $source `[` $source_offsets `]` `to` $dest `[` $dest_offsets `]` `on` $pe attr-dict `:`
+    qualified(type($source)) `->` qualified(type($dest))
+  }];
+  let hasVerifier = 1;
+}
+
+def TTile_GetOp : TTile_Op<"get", [AttrSizedOperandSegments,
+                                    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "copy a box of a symmetric buffer on another PE into a local buffer";
+  let description = [{
+    Copies the box of `shape` at `source_offsets` of the symmetric buffer
+    `source` on PE `pe` to `dest_offsets` of `dest`. Every thread of the
+    block takes part (`nvshmemx_getmem_nbi_block`, one call per contiguous
+    row); the op then completes the block's outstanding operations
+    (`nvshmem_quiet`, which also completes earlier puts) and synchronizes the
+    block, so every thread may read `dest` after it.
+
+    ```mlir
+    ttile.get %gathered[%row, %c0] on %peer to %a[%c0, %c0] {shape = array<i64: 64, 128>} : memref<256x128xbf16> -> memref<64x128xbf16>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$source_offsets,
+                       AnyStaticShapeMemRef:$dest, Variadic<Index>:$dest_offsets,
+                       Index:$pe, DenseI64ArrayAttr:$shape);
+  let assemblyFormat = [{
+    $source `[` $source_offsets `]` `on` $pe `to` $dest `[` $dest_offsets `]` attr-dict `:`
     qualified(type($source)) `->` qualified(type($dest))
   }];
   let hasVerifier = 1;
