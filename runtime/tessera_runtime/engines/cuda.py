@@ -5,7 +5,8 @@
   has no uint16 dtype, so the NCCL communicators read uint16 as bf16) and
   converted back to `ml_dtypes.bfloat16` by `to_host`.
 * Kernels: the bundle's cubin (`cupy.RawModule(path=...)`), or its CUDA
-  source compiled with NVRTC when the bundle was built without nvcc. Each
+  source compiled with NVRTC (`nvrtc.py`: for the device's architecture,
+  sm_90a on Hopper) when the bundle was built without nvcc. Each
   launch uses the grid, block and dynamic shared memory the compiler recorded;
   kernels needing more than 48 KB of dynamic shared memory get their limit
   raised once.
@@ -110,7 +111,7 @@ class CUDAEngine(Engine):
         array = np.asarray(array)
         if bf16.is_bf16(array.dtype):
             array = array.view(np.uint16)
-        return self.cp.array(array, order="C", copy=True)
+        return self._upload(np.ascontiguousarray(array))
 
     def to_host(self, buffer, dtype=None):
         host = self.cp.asnumpy(buffer)
@@ -123,12 +124,12 @@ class CUDAEngine(Engine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"kernel binary not found: {path}")
-        cp = self.cp
-        if path.suffix == ".cubin":
-            self._module = cp.RawModule(path=str(path))
-        else:
-            self._module = cp.RawModule(code=path.read_text(), backend="nvrtc",
-                                        options=("-std=c++17", "--use_fast_math=false"))
+        cubin = path
+        if path.suffix != ".cubin":
+            from . import nvrtc
+            arch = nvrtc.arch_of(self.device.compute_capability)
+            cubin = nvrtc.compile_cubin(path.read_text(), arch, name=path.name)
+        self._module = self.cp.RawModule(path=str(cubin))
         self.kernel_library = path
         self._launches = dict(launches or {})
         self._functions.clear()
@@ -162,7 +163,7 @@ class CUDAEngine(Engine):
         grid, block, shared = tuple(cfg["grid"]), tuple(cfg["block"]), cfg["shared_bytes"]
         if cfg.get("tensor_maps"):
             maps = TensorMaps(cfg["tensor_maps"], cuda_tensor_map, lambda a: a.data.ptr,
-                              self._upload)
+                              lambda blob: self._upload(np.frombuffer(blob, np.uint8)))
 
             def arguments(args):
                 return tuple(args) + (maps.for_args(args),)
@@ -182,11 +183,12 @@ class CUDAEngine(Engine):
             fn(grid, block, arguments(args), shared_mem=shared, stream=stream)
         return launch_nvshmem
 
-    def _upload(self, blob: bytes):
-        """`blob` in device memory, there before any stream's next kernel
-        (copied on the null stream, which the non-blocking streams do not
-        wait for, then synchronized)."""
-        buffer = self.cp.asarray(np.frombuffer(blob, np.uint8))
+    def _upload(self, host: np.ndarray):
+        """`host` in device memory, there before any stream's next kernel.
+        cupy copies on the null stream, which the engine's non-blocking
+        streams do not wait for (and a copy from pageable memory may return
+        before the DMA lands), hence the synchronize."""
+        buffer = self.cp.array(host, order="C", copy=True)
         self.cp.cuda.Stream.null.synchronize()
         return buffer
 

@@ -41,18 +41,9 @@ import shutil
 
 import numpy as np
 
-from . import EngineError
+from . import EngineError, cache_dir
 from .tensor_maps import TensorMaps, emulated_tensor_map
 
-
-def _cache_dir() -> Path:
-    # The compiler's build cache root (TESSERA_CACHE_DIR), read here because
-    # the runtime does not import the compiler.
-    root = os.environ.get("TESSERA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tessera")
-    path = Path(root) / "emulated"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 _SHIM = r"""
 // CPU emulation of the CUDA features Tessera's generated kernels use.
@@ -682,13 +673,13 @@ class EmulatedKernels:
         source = (_SHIM + "".join(f"#define {d} 1\n" for d in defines) + cuda_source + "\n"
                   + _launcher())
         key = hashlib.sha256(source.encode()).hexdigest()[:24]
-        target = _cache_dir() / f"{key}.so"
+        target = cache_dir("emulated") / f"{key}.so"
         cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
         if not target.exists():
             if not cxx:
                 raise EngineError("CUDA emulation compiles kernels with a C++20 compiler: "
                                   "install g++ or set CXX")
-            with tempfile.TemporaryDirectory(dir=_cache_dir()) as tmp:
+            with tempfile.TemporaryDirectory(dir=cache_dir("emulated")) as tmp:
                 src = Path(tmp) / "emulated.cpp"
                 src.write_text(source)
                 out = Path(tmp) / "emulated.so"
