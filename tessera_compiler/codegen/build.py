@@ -52,14 +52,26 @@ def host_compiler() -> str:
 
 @lru_cache(maxsize=None)
 def _version(tool: str) -> str:
+    """Everything `tool --version` prints: nvcc's first line is the same for
+    every release (its build line, last, names the version)."""
     out = subprocess.run([tool, "--version"], capture_output=True, text=True)
-    return out.stdout.splitlines()[0] if out.stdout else tool
+    return (out.stdout + out.stderr) or tool
+
+
+def _file_identity(path: Path) -> str:
+    """A library the build links, as it stands: path, size and modification
+    time (a different NVSHMEM wheel gives a different key)."""
+    st = path.stat()
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext: str,
-                  inputs: tuple[Path, ...] = ()) -> Path:
-    """`tool flags <source or inputs> -o out`, cached by content."""
-    key = hashlib.sha256("\0".join([source, tool, _version(tool), *flags]).encode()).hexdigest()[:24]
+                  inputs: tuple[Path, ...] = (), depends: tuple[str, ...] = ()) -> Path:
+    """`tool flags <source or inputs> -o out`, cached by content: the source,
+    the tool and its version, the flags, and `depends` (what else the output
+    is made of, e.g. a linked library's identity)."""
+    key = hashlib.sha256("\0".join([source, tool, _version(tool), *flags, *depends])
+                         .encode()).hexdigest()[:24]
     target = cache_dir() / f"{key}{out_ext}"
     if target.exists():
         return target
@@ -77,12 +89,6 @@ def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext
                                    f"({Path(files[0]).name}):\n{proc.stderr[-4000:]}")
         os.replace(out, target)
     return target
-
-
-def _cached_build_from(obj: Path, tool: str, flags: list[str], out_ext: str) -> Path:
-    """A build step on an earlier step's output (keyed by that output's name,
-    itself a content hash)."""
-    return _cached_build(obj.name, "", tool, flags, out_ext, inputs=(obj,))
 
 
 def build_cpu_library(source: str) -> Path:
@@ -159,10 +165,12 @@ def build_cuda_cubin(source: str) -> Path:
                                "nvidia-cuda-nvcc wheel) to build GPU kernels ahead of time")
     if "#include <nvshmem.h>" not in source:
         return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")
-    obj = _cached_build(source, ".cu", tool, [*NVCC_FLAGS, *_nvshmem_flags(source), "-c"], ".o")
-    return _cached_build_from(obj, tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
-                                          f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
-                              ".cubin")
+    library = (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),)
+    obj = _cached_build(source, ".cu", tool, [*NVCC_FLAGS, *_nvshmem_flags(source), "-c"], ".o",
+                        depends=library)
+    return _cached_build(obj.name, "", tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
+                                              f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
+                         ".cubin", inputs=(obj,), depends=library)
 
 
 def _nvshmem_flags(source: str) -> list[str]:

@@ -78,6 +78,31 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
     assert build_cpu_library(src + "\n// changed\n") != first
 
 
+def test_build_cache_key_holds_the_compiler_version_and_linked_libraries(tmp_path, monkeypatch):
+    """A compiler upgrade (anywhere in its --version output: nvcc's first line
+    is the same for every release) or a different library to link builds
+    anew instead of reusing a stale object."""
+    from tessera_compiler.codegen import build
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    if nvcc() is not None:
+        first, *_, last = build._version(nvcc()).splitlines()
+        assert first.startswith("nvcc: NVIDIA") and "Build cuda_" in last
+    src = 'extern "C" int tessera_answer() { return 42; }\n'
+    cxx, flags = build.host_compiler(), [*build.CXX_FLAGS]
+    built = build._cached_build(src, ".cpp", cxx, flags, ".so")
+    assert build._cached_build(src, ".cpp", cxx, flags, ".so") == built
+    lib = tmp_path / "libdep.a"
+    lib.write_bytes(b"one")
+    with_lib = build._cached_build(src, ".cpp", cxx, flags, ".so",
+                                   depends=(build._file_identity(lib),))
+    assert with_lib != built
+    lib.write_bytes(b"other")
+    assert build._cached_build(src, ".cpp", cxx, flags, ".so",
+                               depends=(build._file_identity(lib),)) != with_lib
+    monkeypatch.setattr(build, "_version", lambda tool: "c++ (upgraded) 99.0")
+    assert build._cached_build(src, ".cpp", cxx, flags, ".so") != built
+
+
 def test_nvshmem_kernel_links_into_one_cubin():
     """The fused all-gather + GEMM kernel of the ttile-to-cuda lit test
     (puts, fence, signals, waits, then a tensor-core loop) compiles
