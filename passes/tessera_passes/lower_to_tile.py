@@ -665,11 +665,14 @@ class GroupTiler:
                 t = ttile.LoadOp(_tile_type(in_tile, elt), entry.arguments[0], at).result
                 r = ttile.ReduceOp(_tile_type(out_tile, elt), t, op.attributes["kind"],
                                    ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)).result
-                combine = {"sum": ttile.AddOp, "max": ttile.MaxOp, "prod": ttile.MulOp}.get(kind)
-                if combine is None:
-                    raise PassError(f"tessera-lower-to-tile: no column '{kind}' reduction yet",
-                                    op.location)
-                scf.YieldOp([combine(loop.inner_iter_args[0], r).result])
+                acc = loop.inner_iter_args[0]
+                if kind == "min":           # Tile IR has max only: min(a, b) = -max(-a, -b)
+                    neg = [ttile.NegOp(x).result for x in (acc, r)]
+                    combined = ttile.NegOp(ttile.MaxOp(*neg).result).result
+                else:
+                    combine = {"sum": ttile.AddOp, "max": ttile.MaxOp, "prod": ttile.MulOp}[kind]
+                    combined = combine(acc, r).result
+                scf.YieldOp([combined])
             if out_buf is not None:
                 ttile.StoreOp(loop.results[0], entry.arguments[1], offsets)
             ttile.ReturnOp()

@@ -125,7 +125,8 @@ func.func @auto_cpu(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<12
 
 // -----
 
-// transport = auto on the GPU target, operand within NVSHMEM_AUTO_MAX_BYTES: fused.
+// transport = auto on the GPU target, operand within NVSHMEM_AUTO_MAX_BYTES:
+// fused. A gathered operand past it (512 MiB of bf16) stays a collective.
 module attributes {tessera.target = "gpu"} {
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
 // CHECK-LABEL: func.func @auto_gpu
@@ -136,6 +137,15 @@ func.func @auto_gpu(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<12
   %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<auto>} : tensor<64x32xbf16> -> tensor<128x32xbf16>
   %1 = tgraph.matmul %0, %w : tensor<128x32xbf16>, tensor<32x16xbf16> -> tensor<128x16xbf16>
   return %1 : tensor<128x16xbf16>
+}
+// CHECK-LABEL: func.func @auto_gather_too_big
+// CHECK: tsched.collective_start <all_gather>
+// CHECK-NOT: gather_matmul
+// CHECK: tsched.launch @auto_gather_too_big_matmul_0
+func.func @auto_gather_too_big(%x: tensor<65536x2048xbf16>, %w: tensor<2048x16xbf16>) -> tensor<131072x16xbf16> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_gather %x on @mesh["tp"] dim 0 {transport = #tgraph.transport<auto>} : tensor<65536x2048xbf16> -> tensor<131072x2048xbf16>
+  %1 = tgraph.matmul %0, %w : tensor<131072x2048xbf16>, tensor<2048x16xbf16> -> tensor<131072x16xbf16>
+  return %1 : tensor<131072x16xbf16>
 }
 }
 

@@ -225,6 +225,48 @@ func.func private @ar(%a: tensor<8xf32>) -> tensor<8xf32> attributes {tsched.ker
 
 // -----
 
+// A column min: Tile IR has max only, so the loop combines with
+// -max(-acc, -r) from an identity of +inf.
+// CHECK-LABEL: ttile.kernel @cmin
+// CHECK: %[[Z:.*]] = ttile.fill 0x7FF0000000000000 : !ttile.tile<1x8xf32>
+// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[ACC:.*]] = %[[Z]])
+// CHECK: %[[R:.*]] = ttile.reduce %{{.*}} {dim = 0 : i64, kind = #tgraph.reduction<min>}
+// CHECK-NEXT: %[[NA:.*]] = ttile.neg %[[ACC]]
+// CHECK-NEXT: %[[NR:.*]] = ttile.neg %[[R]]
+// CHECK-NEXT: %[[M:.*]] = ttile.max %[[NA]], %[[NR]]
+// CHECK-NEXT: %[[N:.*]] = ttile.neg %[[M]]
+// CHECK-NEXT: scf.yield %[[N]]
+module attributes {tessera.target = "cpu"} {
+func.func @column_min(%g: memref<64x8xf32>) -> memref<1x8xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<1x8xf32>
+  tsched.launch @cmin on %s ins(%g : memref<64x8xf32>) outs(%0 : memref<1x8xf32>)
+  return %0 : memref<1x8xf32>
+}
+func.func private @cmin(%a: tensor<64x8xf32>) -> tensor<1x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.reduce <min> %a dims [0] : tensor<64x8xf32> -> tensor<1x8xf32>
+  return %0 : tensor<1x8xf32>
+}
+}
+
+// -----
+
+// A reduction over two dimensions, neither of them the last, is one kernel
+// per reduced dimension: the pass says which to split, at the op.
+func.func @two_dims(%a: memref<4x8x16xf32>) -> memref<1x1x16xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<1x1x16xf32>
+  tsched.launch @colsum on %s ins(%a : memref<4x8x16xf32>) outs(%0 : memref<1x1x16xf32>)
+  return %0 : memref<1x1x16xf32>
+}
+func.func private @colsum(%a: tensor<4x8x16xf32>) -> tensor<1x1x16xf32> attributes {tsched.kernel} {
+  // expected-error @+1 {{tessera-lower-to-tile reduces one dimension per kernel; split the reduction over [0, 1]}}
+  %0 = tgraph.reduce <sum> %a dims [0, 1] : tensor<4x8x16xf32> -> tensor<1x1x16xf32>
+  return %0 : tensor<1x1x16xf32>
+}
+
+// -----
+
 // CPU target. Softmax rows: max, subtract, exp, sum, divide fuse into one
 // kernel whose tile holds whole rows (the two launches of @bc included); the
 // intermediate buffers disappear; the matmul and the reshape become library
