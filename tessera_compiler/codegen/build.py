@@ -165,9 +165,9 @@ def build_cuda_cubin(source: str) -> Path:
                                "nvidia-cuda-nvcc wheel) to build GPU kernels ahead of time")
     if "#include <nvshmem.h>" not in source:
         return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")
+    flags = _nvshmem_flags(source)          # raises when NVSHMEM is not installed
     library = (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),)
-    obj = _cached_build(source, ".cu", tool, [*NVCC_FLAGS, *_nvshmem_flags(source), "-c"], ".o",
-                        depends=library)
+    obj = _cached_build(source, ".cu", tool, [*NVCC_FLAGS, *flags, "-c"], ".o", depends=library)
     return _cached_build(obj.name, "", tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
                                               f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
                          ".cubin", inputs=(obj,), depends=library)

@@ -103,6 +103,27 @@ def test_build_cache_key_holds_the_compiler_version_and_linked_libraries(tmp_pat
     assert build._cached_build(src, ".cpp", cxx, flags, ".so") != built
 
 
+def test_nvshmem_builds_are_keyed_by_the_device_library(monkeypatch):
+    """Both steps of an NVSHMEM kernel's build (compile, device-link) name the
+    libnvshmem_device.a they use in their cache key; without NVSHMEM the
+    build says what to install."""
+    from tessera_compiler.codegen import build
+    if nvcc() is None or build.nvshmem_home() is None:
+        pytest.skip("needs nvcc and NVSHMEM (pip install nvidia-nvshmem-cu13)")
+    steps = []
+
+    def record(source, suffix, tool, flags, out_ext, inputs=(), depends=()):
+        steps.append(depends)
+        return build.Path(f"/nonexistent/step{len(steps)}{out_ext}")
+    monkeypatch.setattr(build, "_cached_build", record)
+    build.build_cuda_cubin("#include <nvshmem.h>\n")
+    library = build._file_identity(build.nvshmem_home() / "lib" / "libnvshmem_device.a")
+    assert steps == [(library,), (library,)]
+    monkeypatch.setattr(build, "nvshmem_home", lambda: None)
+    with pytest.raises(KernelBuildError, match="pip install nvidia-nvshmem-cu13"):
+        build.build_cuda_cubin("#include <nvshmem.h>\n")
+
+
 def test_nvshmem_kernel_links_into_one_cubin():
     """The fused all-gather + GEMM kernel of the ttile-to-cuda lit test
     (puts, fence, signals, waits, then a tensor-core loop) compiles

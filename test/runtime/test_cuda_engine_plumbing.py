@@ -9,7 +9,8 @@ the dynamic shared memory limit raised once per kernel; a bundle without a
 cubin compiled by NVRTC for the device (sm_90a on Hopper); and the NVSHMEM
 launch protocol (initialize once with rank 0's id, register the module
 once, zero the signal words and run barrier_all on the launch's stream
-before every launch). What it cannot check is cupy's or NVSHMEM's behaviour
+before every launch). The fakes model what those checks depend on (cupy
+copies on the current stream), not more. What it cannot check is cupy's or NVSHMEM's behaviour
 itself: that is test_cuda_engine.py, on a GPU."""
 
 from __future__ import annotations
@@ -57,13 +58,15 @@ def _fake_cupy(log: _Recorder, compute_capability: str = "90"):
         def wait_event(self, event):
             log("wait_event", self.ptr, event)
 
-        def __enter__(self):
+        def __enter__(self):                  # `with stream:` makes it current
+            self.previous, Stream.current = Stream.current, self
             return self
 
         def __exit__(self, *exc):
+            Stream.current = self.previous
             return False
 
-    Stream.null = Stream(null=True)
+    Stream.null = Stream.current = Stream(null=True)
 
     class Event:
         def __init__(self, disable_timing=False):
@@ -96,8 +99,8 @@ def _fake_cupy(log: _Recorder, compute_capability: str = "90"):
         def use(self):
             pass
 
-    def array(host, order="C", copy=True):
-        log("upload", Stream.null.ptr)
+    def array(host, order="C", copy=True):     # cupy copies on the current stream
+        log("upload", Stream.current.ptr)
         return _DeviceArray(host)
 
     def memset_async(ptr, value, nbytes, stream):
@@ -109,6 +112,7 @@ def _fake_cupy(log: _Recorder, compute_capability: str = "90"):
     cp.cuda = types.SimpleNamespace(
         Stream=Stream, Event=Event, Device=Device,
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, memsetAsync=memset_async,
+                                      runtimeGetVersion=lambda: 13000,
                                       CUDARuntimeError=CUDARuntimeError))
     cp.RawModule, cp.array = RawModule, array
     cp.empty = lambda shape, dtype: _DeviceArray(np.empty(shape, dtype))
@@ -164,10 +168,12 @@ def test_streams_are_distinct_non_blocking_and_uploads_synchronize(engine):
     assert compute is not comm and compute.non_blocking and comm.non_blocking
     assert eng.stream("compute") is compute
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    buf = eng.from_host(x)
-    # The copy runs on the null stream; nothing may read it before it lands.
+    with compute:                   # whatever stream is current, the copy runs on
+        buf = eng.from_host(x.T)    # the null stream; nothing reads it before it lands
     assert log.calls == [("upload", 0), ("synchronize", 0)]
-    np.testing.assert_array_equal(eng.to_host(buf), x)
+    np.testing.assert_array_equal(eng.to_host(buf), x.T)
+    scalar = eng.to_host(eng.from_host(np.float32(2.5)))     # a 0-d input stays 0-d
+    assert scalar.shape == () and scalar == 2.5
 
 
 def test_launches_use_the_bundle_config_on_the_given_stream(engine, tmp_path):
@@ -193,8 +199,8 @@ def test_a_bundle_without_a_cubin_is_compiled_by_nvrtc_for_the_device(engine, tm
     eng, log = engine
     compiled = []
 
-    def compile_cubin(source, arch, name="kernels.cu"):
-        compiled.append((arch, name))
+    def compile_cubin(source, arch, name="kernels.cu", cuda_major=None):
+        compiled.append((arch, name, cuda_major))
         out = tmp_path / "built.cubin"
         out.write_bytes(b"\x7fELF")
         return out
@@ -202,7 +208,7 @@ def test_a_bundle_without_a_cubin_is_compiled_by_nvrtc_for_the_device(engine, tm
     source = tmp_path / "kernels.cu"
     source.write_text('extern "C" __global__ void k() {}\n')
     eng.load_kernels(source, {"k": {"grid": [1], "block": [32], "shared_bytes": 0}})
-    assert compiled == [("sm_90a", "kernels.cu")]
+    assert compiled == [("sm_90a", "kernels.cu", 13)]      # NVRTC of cupy's CUDA
     assert log.calls == [("module", str(tmp_path / "built.cubin"))]
     assert eng.kernel_library == source          # errors name the bundle's file
 

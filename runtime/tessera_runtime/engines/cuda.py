@@ -111,7 +111,7 @@ class CUDAEngine(Engine):
         array = np.asarray(array)
         if bf16.is_bf16(array.dtype):
             array = array.view(np.uint16)
-        return self._upload(np.ascontiguousarray(array))
+        return self._upload(array)
 
     def to_host(self, buffer, dtype=None):
         host = self.cp.asnumpy(buffer)
@@ -128,7 +128,9 @@ class CUDAEngine(Engine):
         if path.suffix != ".cubin":
             from . import nvrtc
             arch = nvrtc.arch_of(self.device.compute_capability)
-            cubin = nvrtc.compile_cubin(path.read_text(), arch, name=path.name)
+            cuda_major = self.cp.cuda.runtime.runtimeGetVersion() // 1000
+            cubin = nvrtc.compile_cubin(path.read_text(), arch, name=path.name,
+                                        cuda_major=cuda_major)
         self._module = self.cp.RawModule(path=str(cubin))
         self.kernel_library = path
         self._launches = dict(launches or {})
@@ -184,12 +186,15 @@ class CUDAEngine(Engine):
         return launch_nvshmem
 
     def _upload(self, host: np.ndarray):
-        """`host` in device memory, there before any stream's next kernel.
-        cupy copies on the null stream, which the engine's non-blocking
-        streams do not wait for (and a copy from pageable memory may return
-        before the DMA lands), hence the synchronize."""
-        buffer = self.cp.array(host, order="C", copy=True)
-        self.cp.cuda.Stream.null.synchronize()
+        """`host` (any layout, 0-d included) in C order in device memory,
+        there before any stream's next kernel. The copy runs on the null
+        stream, which the engine's non-blocking streams do not wait for (and
+        a copy from pageable memory may return before the DMA lands), hence
+        the synchronize."""
+        null = self.cp.cuda.Stream.null
+        with null:
+            buffer = self.cp.array(host, order="C", copy=True)
+        null.synchronize()
         return buffer
 
     # -- NVSHMEM -------------------------------------------------------------------
