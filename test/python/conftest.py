@@ -40,3 +40,31 @@ def run_mpi(tmp_path):
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def built_cleanly():
+    """check(source, arch="sm_90a", spill_bytes=0, serialized_by=None):
+    nvcc builds the CUDA `source` for `arch`, and ptxas reports for every
+    kernel at most `spill_bytes` of spill stores and loads, and no
+    serialized wgmma (which makes the asynchronous kernel a synchronous
+    one) unless for the known reason `serialized_by`. Returns ptxas's
+    report per (extern "C") kernel; skips the test where nvcc is missing."""
+    from tessera_compiler.codegen.build import kernel_resources, nvcc
+
+    def check(source: str, arch: str = "sm_90a", spill_bytes: int = 0,
+              serialized_by: str | None = None) -> dict:
+        if nvcc() is None:
+            pytest.skip("nvcc is not installed on this machine")
+        # Mangled names are library device functions ptxas reports beside the
+        # kernels (NVSHMEM's, in relocatable builds): not Tessera's to judge.
+        reports = {k: r for k, r in kernel_resources(source, arch).items()
+                   if not k.startswith("_Z")}
+        assert reports, "ptxas reported no kernel"
+        for kernel, used in reports.items():
+            assert used.get("spill_stores", 0) <= spill_bytes, (arch, kernel, used)
+            assert used.get("spill_loads", 0) <= spill_bytes, (arch, kernel, used)
+            assert used.get("wgmma_serialized", serialized_by) == serialized_by, \
+                (arch, kernel, used)
+        return reports
+    return check

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from tessera import dist, graph, op
-from tessera_compiler.codegen.build import (KernelBuildError, build_cuda_cubin, kernel_resources,
-                                            nvcc)
+from tessera_compiler.codegen.build import KernelBuildError, build_cuda_cubin, nvcc
 
 
 def _trace(target="gpu"):
@@ -37,7 +36,7 @@ def test_generated_cuda_compiles_for_sm90():
 
 @pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_every_kernel_of_the_gpt_training_step_compiles_for_sm90(precision):
+def test_every_kernel_of_the_gpt_training_step_compiles_for_sm90(precision, built_cleanly):
     """Every kernel of the example model's training step, for sm_90a, with no
     register spills (ptxas -v); in bf16 the GEMMs are tensor-core kernels."""
     import sys
@@ -55,10 +54,7 @@ def test_every_kernel_of_the_gpt_training_step_compiles_for_sm90(precision):
         assert levels.cuda.count("// tensor-core GEMM") >= 20
     with open(Path(build_cuda_cubin(levels.cuda)), "rb") as f:
         assert f.read(4) == b"\x7fELF"
-    reports = kernel_resources(levels.cuda)
-    assert set(reports) == set(levels.cuda_launches)
-    assert all(r["spill_stores"] == 0 and "wgmma_serialized" not in r
-               for r in reports.values()), reports
+    assert set(built_cleanly(levels.cuda)) == set(levels.cuda_launches)
 
 
 @pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
@@ -156,7 +152,7 @@ def _lit_cuda_kernels():
 
 @pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
 @pytest.mark.parametrize("chunk", _lit_cuda_kernels())
-def test_every_lit_kernel_compiles_for_sm90a_without_spills(chunk):
+def test_every_lit_kernel_compiles_for_sm90a_without_spills(chunk, built_cleanly):
     """Every kernel the ttile-to-cuda lit test pins lines of also builds:
     nvcc compiles it for sm_90a, and ptxas reports registers for each
     kernel, no spills and no serialized wgmma (the lit test checks the
@@ -171,11 +167,9 @@ def test_every_lit_kernel_compiles_for_sm90a_without_spills(chunk):
         source = emit_cuda(module)
     if "#include <nvshmem.h>" in source and nvshmem_home() is None:
         pytest.skip("needs NVSHMEM's headers (pip install nvidia-nvshmem-cu13)")
-    report = kernel_resources(source)
+    report = built_cleanly(source)
     for name in names:
         assert name in report and report[name].get("registers", 0) > 0, (name, report)
-        assert report[name].get("spill_stores", 0) == 0, (name, report[name])
-        assert "wgmma_serialized" not in report[name], (name, report[name])
 
 
 def test_nvrtc_compiles_every_lit_kernel_for_sm90a(tmp_path, monkeypatch):
@@ -223,7 +217,7 @@ def test_short_k_gemms_get_the_tensor_core_main_loop(k):
     assert "from shared memory" not in source
 
 
-def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch):
+def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch, built_cleanly):
     """gelu(r + x @ w) with the reduce-scatter in the GEMM (transport =
     "nvshmem") on a 4-rank tp mesh with 128x256 wgmma tiles: the loop over
     ranks holds the one tensor-core main loop (with its 4-stage ring), the
@@ -251,8 +245,11 @@ def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch):
     assert source.count("// tensor-core GEMM: block tile 128x256x64") == 1, source[:2000]
     cubin = build_cuda_cubin(levels.cuda).read_bytes()
     assert cubin[:4] == b"\x7fELF" and kernel.encode() in cubin
-    report = kernel_resources(levels.cuda)[kernel]
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+    # Measured: ptxas serializes the wgmmas of a kernel that calls NVSHMEM
+    # (the calls into libnvshmem_device are extern in a relocatable build;
+    # inlining them, NVSHMEM_ENABLE_ALL_DEVICE_INLINING, needs InfiniBand's
+    # mlx5dv.h). Any other reason fails here.
+    assert kernel in built_cleanly(levels.cuda, serialized_by="due to the presence of Extern calls")
 
 
 @pytest.mark.parametrize("m,k,n,element", [(16, 32, 16, "f32"), (7, 5, 13, "f32"),
