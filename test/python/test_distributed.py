@@ -53,8 +53,13 @@ def test_gpt_on_dp2_tp2_matches_single_device_for_50_steps(run_mpi, tmp_path):
 def test_gpt_in_bf16_on_tp2_follows_single_device(run_mpi, tmp_path):
     """bf16 autocast under tensor parallelism: its collectives carry bf16
     activations (MPI moves their bits, reduces them in float32 and rounds
-    once), and 2 tp ranks follow one device to bf16 rounding for 20 steps
-    (seed 5: losses within 4.5e-4, parameters within 8.4e-3)."""
+    once), and 2 tp ranks follow one device to bf16 rounding for 20 steps.
+    Measured: losses within 1.4e-3 and parameters within 1.1e-2 for seeds
+    1-9, but seed 827540306 has one step (17) 1.15e-2 apart (its neighbours
+    within 2.4e-3; the same on f44bd5d, before the NVRTC and get work):
+    a bf16 rounding flip moves one batch's loss. So the first 5 steps, before
+    rounding differences compound, are held to 2e-3, and all 20 to 2e-2; a
+    wrong shard or gradient is off by far more from the first step."""
     seed = _seed()
     _ok(run_mpi(1, WORKERS / "gpt_mesh_worker.py", seed, 1, 1, 20, tmp_path, "bf16",
                 timeout=300))
@@ -62,7 +67,9 @@ def test_gpt_in_bf16_on_tp2_follows_single_device(run_mpi, tmp_path):
                 timeout=300))
     one, mesh = (np.load(tmp_path / f"gpt-dp1-tp{tp}-bf16.npz") for tp in (1, 2))
     assert one["losses"][-1] < one["losses"][0] - 0.2
-    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=0, atol=5e-3,
+    np.testing.assert_allclose(mesh["losses"][:5], one["losses"][:5], rtol=0, atol=2e-3,
+                               err_msg=f"seed {seed}")
+    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=0, atol=2e-2,
                                err_msg=f"seed {seed}")
     for name in one.files:
         np.testing.assert_allclose(mesh[name], one[name], rtol=0, atol=4e-2,
