@@ -24,11 +24,11 @@ that the tensor memory accelerator fills where the kernel asks for it),
 `wgmma-cp.async` (the same ring filled by cp.async), `mma.sync` (the
 same loops on mma.sync.m16n8k16 with ldmatrix: what plain sm_90 runs) and
 `wgmma-pingpong` (`wgmma`, with a forward block of two warpgroups taking
-turns at the tensor cores: flash_attention.GPU_PINGPONG) and `wgmma-ahead`
+turns at the tensor cores: TargetOptions.pingpong) and `wgmma-ahead`
 (`wgmma`, with each forward step issuing the next one's Q K^T under its
-softmax: GPU_ISSUE_AHEAD); any
+softmax: TargetOptions.issue_ahead); any
 with `:BMxBN` times forward blocks of BM query rows and BN keys per step in
-place of the compiler's (flash_attention.GPU_FORWARD_BLOCKS), at head widths
+place of the compiler's (TargetOptions.attention_forward_blocks), at head widths
 up to 128. By default the bench times the compiler's kernels on all three,
 the wgmma forward at 64x32 and 64x128 around its 64x64, and at 128x64 and
 128x128 (two warpgroups sharing each key/value tile), with and without
@@ -39,7 +39,6 @@ the defaults.
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 import numpy as np
 
@@ -58,14 +57,11 @@ def attention_step(q, k, v, do):
     return (op.attention(q, k, v, causal=True),) + tuple(ts.grad(loss(q, k, v), [q, k, v]))
 
 
-#: (flash_attention.GPU_WGMMA, GPU_TMA, GPU_PINGPONG, GPU_ISSUE_AHEAD) of each
-#: variant's loops.
+#: The TargetOptions of each variant's loops (SWITCHES).
 LOOPS = {"wgmma": (True, True, False, False), "wgmma-cp.async": (True, False, False, False),
          "mma.sync": (False, False, False, False), "wgmma-pingpong": (True, True, True, False),
          "wgmma-ahead": (True, True, False, True)}
-#: The flash_attention settings a variant sets (LOOPS' four, then the
-#: forward blocks), restored after.
-SWITCHES = ("GPU_WGMMA", "GPU_TMA", "GPU_PINGPONG", "GPU_ISSUE_AHEAD", "GPU_FORWARD_BLOCKS")
+SWITCHES = ("wgmma", "tma", "pingpong", "issue_ahead")
 #: The results table: header -> a row's cell.
 COLUMNS = {"B": lambda r: str(r["batch"]), "H": lambda r: str(r["heads"]),
            "S": lambda r: str(r["seq"]), "D": lambda r: str(r["d"]),
@@ -112,29 +108,22 @@ def variant_name(spec) -> str:
     return loops + (f":{blocks[0]}x{blocks[1]}" if blocks else "")
 
 
-@contextlib.contextmanager
-def attention_variant(spec):
-    """Attention compiled inside runs its loops and forward blocks as `spec`
-    (from variant_spec) says (where the compiler is installed; on a GPU
-    machine without it the bundles come from the kit)."""
+def attention_options(spec, **changes):
+    """The TargetOptions attention is compiled with to run its loops and
+    forward blocks as `spec` (from variant_spec) says, with `changes`; None
+    where the compiler is not installed (on a GPU machine without it the
+    bundles come from the kit)."""
     try:
-        import tessera_passes.flash_attention as flash_attention
+        import tessera as ts
     except ImportError:
-        yield
-        return
+        return None
     loops, blocks = spec
-    saved = {name: getattr(flash_attention, name) for name in SWITCHES}
-    for name, value in zip(SWITCHES, LOOPS[loops]):
-        setattr(flash_attention, name, value)
+    options = ts.TargetOptions(target="gpu", **dict(zip(SWITCHES, LOOPS[loops])), **changes)
     if blocks:
-        flash_attention.GPU_FORWARD_BLOCKS = {
-            width: blocks if width <= 128 else default
-            for width, default in flash_attention.GPU_FORWARD_BLOCKS.items()}
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(flash_attention, name, value)
+        options = options.with_(attention_forward_blocks=tuple(
+            (width, blocks if width <= 128 else default)
+            for width, default in options.attention_forward_blocks))
+    return options
 
 
 #: torch's fused attention backends, the fastest of which is the peer.
@@ -192,13 +181,14 @@ def main(argv=None) -> int:
     bundles = {}
     variants = [variant_name(spec) for spec in args.variants]
     for spec, variant in zip(args.variants, variants):
-        with attention_variant(spec):
-            for seq, d in cases:
-                shape = (args.batch, args.heads, seq, d)
-                name = f"attention-{'x'.join(map(str, shape))}" + \
-                    ("" if variant == "wgmma" else "-" + variant.replace(":", "-fwd"))
-                bundles[seq, d, variant] = gpu_bundle(args.kit, name, attention_step,
-                                                      *(np.zeros(shape, bf16) for _ in range(4)))
+        options = attention_options(spec)
+        for seq, d in cases:
+            shape = (args.batch, args.heads, seq, d)
+            name = f"attention-{'x'.join(map(str, shape))}" + \
+                ("" if variant == "wgmma" else "-" + variant.replace(":", "-fwd"))
+            bundles[seq, d, variant] = gpu_bundle(args.kit, name, attention_step,
+                                                  *(np.zeros(shape, bf16) for _ in range(4)),
+                                                  options=options)
     if args.build_only:
         print(f"compiled {', '.join(str(b) for b in bundles.values())}")
         return 0

@@ -33,12 +33,13 @@ def add_kit_arguments(ap: argparse.ArgumentParser) -> None:
                          "instead of replacing it")
 
 
-def gpu_bundle(kit: Path | None, name: str, fn, *example) -> Path:
-    """The GPU-target bundle of `fn` for arguments shaped like `example`.
-    Where the compiler is installed: compiled now (the bundle cache makes
-    an unchanged one free) and, with a kit, copied to kit/name over any
-    older copy, so a kit never keeps a bundle an older compiler or other
-    settings wrote. Without it (the GPU machine): kit/name."""
+def gpu_bundle(kit: Path | None, name: str, fn, *example, options=None) -> Path:
+    """The GPU-target bundle of `fn` for arguments shaped like `example`,
+    compiled with `options` (a TargetOptions; default: the GPU target's
+    defaults). Where the compiler is installed: compiled now (the bundle
+    cache makes an unchanged one free) and, with a kit, copied to kit/name
+    over any older copy, so a kit never keeps a bundle an older compiler or
+    other options wrote. Without it (the GPU machine): kit/name."""
     try:
         import tessera as ts
     except ImportError:
@@ -46,7 +47,7 @@ def gpu_bundle(kit: Path | None, name: str, fn, *example) -> Path:
             return kit / name
         raise SystemExit(f"no bundle {name} in the kit ({kit}) and no compiler here to build "
                          "it: build the kit where the compiler is (bench/gpu_kit.py build)")
-    path, _ = ts.jit(fn, target="gpu").build(*example)
+    path, _ = ts.jit(fn, target=options if options is not None else "gpu").build(*example)
     if kit is None:
         return path
     kit.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ Needs a GPU with cupy; compile the bundle here (nvcc) or there.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -47,24 +46,18 @@ COLUMNS = {"n": lambda r: str(r["n"]), "variant": lambda r: r["variant"],
 MAX_REL_ERR = 0.02
 
 
-@contextlib.contextmanager
-def gemm_variant(variant: str):
-    """GEMMs compiled inside are fed and ordered as `variant` says (where the
-    compiler is installed; on a GPU machine without it the bundles come from
-    the kit)."""
+def gemm_options(variant: str):
+    """The TargetOptions GEMMs are compiled with to be fed and ordered as
+    `variant` says, or None where the compiler is not installed (on a GPU
+    machine without it the bundles come from the kit)."""
     try:
-        import tessera_passes.lower_to_tile as lower_to_tile
+        import tessera as ts
     except ImportError:
-        yield
-        return
-    saved = lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.GROUPED_TILE_ORDER
-    lower_to_tile.TENSOR_CORE_CONFIGS = [replace(c, producer=variant != "thread0")
-                                         for c in saved[0]]
-    lower_to_tile.GROUPED_TILE_ORDER = variant != "row-major"
-    try:
-        yield
-    finally:
-        lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.GROUPED_TILE_ORDER = saved
+        return None
+    default = ts.TargetOptions(target="gpu")
+    return default.with_(
+        gemm_configs=tuple(replace(c, producer=variant != "thread0") for c in default.gemm_configs),
+        grouped_tile_order=variant != "row-major")
 
 
 def main(argv=None) -> int:
@@ -81,11 +74,11 @@ def main(argv=None) -> int:
     bf16 = ml_dtypes.bfloat16
     bundles = {}
     for variant in args.variants:
-        with gemm_variant(variant):
-            for n in args.sizes:
-                name = f"gemm-{n}" + ("" if variant == "producer" else f"-{variant}")
-                bundles[n, variant] = gpu_bundle(args.kit, name, gemm, np.zeros((n, n), bf16),
-                                                 np.zeros((n, n), bf16))
+        options = gemm_options(variant)
+        for n in args.sizes:
+            name = f"gemm-{n}" + ("" if variant == "producer" else f"-{variant}")
+            bundles[n, variant] = gpu_bundle(args.kit, name, gemm, np.zeros((n, n), bf16),
+                                             np.zeros((n, n), bf16), options=options)
     if args.build_only:
         print(f"compiled {', '.join(str(b) for b in bundles.values())}")
         return 0

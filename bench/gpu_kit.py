@@ -70,7 +70,7 @@ def _gemm_check(kit, name, config, shape, epilogue):
     arguments, or None for the default choice)."""
     import ml_dtypes
 
-    import tessera_passes.lower_to_tile as lower_to_tile
+    import tessera as ts
     from tessera import op
     bf16 = ml_dtypes.bfloat16
     batch, m, k, n = shape
@@ -80,14 +80,11 @@ def _gemm_check(kit, name, config, shape, epilogue):
     w = (rng.standard_normal(lead + (k, n)) / np.sqrt(k)).astype(bf16)
     b = rng.standard_normal(n).astype(bf16)
     act = {"relu": op.relu, "gelu": op.gelu}[epilogue]
-    saved = lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS
+    options = _check_options()
     if config is not None:
-        lower_to_tile.TENSOR_CORE_CONFIGS = [lower_to_tile.GemmConfig(*config[:6], **config[6])]
-        lower_to_tile.TARGET_BLOCKS = 1
-    try:
-        bundle, inputs = _compile(lambda x, w, b: act(op.matmul(x, w) + b), x, w, b)
-    finally:
-        lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS = saved
+        options = options.with_(gemm_configs=(ts.GemmConfig(*config[:6], **config[6]),),
+                                target_blocks=1)
+    bundle, inputs = _compile(lambda x, w, b: act(op.matmul(x, w) + b), x, w, b, options=options)
     h = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
     ref = (np.maximum(h, 0) if epilogue == "relu"
            else 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3))))
@@ -99,13 +96,13 @@ def _attention_check(kit, name, shape, variant="wgmma"):
     """Causal attention forward and backward, compiled as the attention
     bench's `variant` (e.g. `wgmma-pingpong:128x64`) says."""
     import ml_dtypes
-    from attention_cuda import attention_step, attention_variant, variant_spec
+    from attention_cuda import attention_options, attention_step, variant_spec
     from test_flash_attention import reference
     bf16 = ml_dtypes.bfloat16
     rng = np.random.default_rng()
     q, k, v, do = (rng.standard_normal(shape).astype(bf16) for _ in range(4))
-    with attention_variant(variant_spec(variant)):
-        bundle, inputs = _compile(attention_step, q, k, v, do)
+    options = attention_options(variant_spec(variant), wait_watchdog_s=CHECK_WATCHDOG_S)
+    bundle, inputs = _compile(attention_step, q, k, v, do, options=options)
     expected = reference(q, k, v, do.astype(np.float32), True, 1 / np.sqrt(shape[-1]))
     return _save(kit, name, bundle, inputs,
                  [(e, {"rule": "allclose", "rtol": 0.03, "atol": 0.02 * np.abs(e).max()})
@@ -171,13 +168,19 @@ def _nvshmem_gemm_check(kit, name, kind, shape):
         fn, args = row_parallel, (dist.from_numpy(x, cols, mesh), dist.from_numpy(w, rows, mesh),
                                   dist.from_numpy(r, rows, mesh))
         parts = np.split(want + r.astype(np.float64), 2, axis=0)
-    bundle, inputs = ts.compile(fn, mesh=mesh, target="gpu").build_for_ranks(*args)
+    bundle, inputs = ts.compile(fn, mesh=mesh, target=_check_options()).build_for_ranks(*args)
     return _save(kit, name, bundle, inputs, [[(part, rule)] for part in parts], ranks=2)
 
 
-def _compile(fn, *args):
+def _check_options():
+    """The GPU target's options, with the checks' mbarrier watchdog."""
     import tessera as ts
-    return ts.jit(fn, target="gpu").build(*args)
+    return ts.TargetOptions(target="gpu", wait_watchdog_s=CHECK_WATCHDOG_S)
+
+
+def _compile(fn, *args, options=None):
+    import tessera as ts
+    return ts.jit(fn, target=options or _check_options()).build(*args)
 
 
 def _save(kit: Path, name: str, bundle: Path, inputs, expected, ranks: int = 1) -> dict:
@@ -248,12 +251,7 @@ def build(kit: Path, only=None, benchmarks: bool = True) -> int:
     if unknown:
         raise SystemExit(f"gpu_kit: no check named {', '.join(sorted(unknown))}; "
                          f"the checks are {', '.join(CHECKS)}")
-    from tessera_compiler.codegen import cuda_emitter
-    saved, cuda_emitter.WAIT_WATCHDOG_S = cuda_emitter.WAIT_WATCHDOG_S, CHECK_WATCHDOG_S
-    try:
-        checks = [make(kit, name) for name, make in CHECKS.items() if not only or name in only]
-    finally:
-        cuda_emitter.WAIT_WATCHDOG_S = saved
+    checks = [make(kit, name) for name, make in CHECKS.items() if not only or name in only]
     (kit / "checks.json").write_text(json.dumps(checks, indent=1))
     for script in BENCHMARKS if benchmarks else ():
         subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit),

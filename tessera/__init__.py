@@ -25,6 +25,7 @@ from .errors import CompileError, LaunchError, ShapeError, ShardingError, Tesser
 from .op import (concat, exp, isfinite, log, matmul, maximum, minimum, relu, reshape, softmax,
                  split, sqrt, tanh, transpose, where)
 from .types import Tensor
+from tessera_compiler.ir.options import GemmConfig, TargetOptions
 
 __version__ = "0.2.0"
 
@@ -34,4 +35,4 @@ __all__ = ["compile", "jit", "function", "CompiledFunction", "distribute", "mesh
            "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",
            "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
            "softmax", "relu", "exp", "log", "sqrt", "tanh", "where", "isfinite", "minimum",
-           "maximum"]
+           "maximum", "TargetOptions", "GemmConfig"]

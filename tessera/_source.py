@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ def user_frame() -> SourceLine:
     frame = inspect.currentframe()
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR + os.sep):
+        if not filename.startswith(PACKAGE_DIR + os.sep):
             info = inspect.getframeinfo(frame, context=1)
             text = info.code_context[0].strip() if info.code_context else ""
             return SourceLine(frame.f_code.co_filename, frame.f_lineno, text)

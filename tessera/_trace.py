@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tessera_compiler.mlir_context import new_context
-from tessera_compiler.sharding import ELEMENT_TYPES, Sharding
+from tessera_compiler.ir.context import new_context
+from tessera_compiler.ir.sharding import Sharding
+from tessera_compiler.ir.types import ELEMENT_TYPES
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
 from ._pytree import flatten
-from ._source import _PACKAGE_DIR, SourceLine, user_frame
+from ._source import PACKAGE_DIR, SourceLine, user_frame
 from .dtypes import as_dtype
 from .errors import ShapeError
 
@@ -205,7 +206,7 @@ def _variable_name(obj) -> str | None:
     """The name the user's code refers to `obj` by (for gradient dicts and
     argument names), found in the innermost user frame."""
     frame = inspect.currentframe()
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from tessera_compiler import graph_builder as gb
+from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
 from ._pytree import flatten, unflatten

@@ -3,6 +3,8 @@
     tessera launch -n 2 examples/tp_mlp.py        run a script on 2 ranks (wraps mpiexec)
     tessera trace -n 2 -o ir examples/tp_mlp.py   same, and write every compiled
                                                   function's IR at every level to ir/
+    tessera --env                                 every environment variable Tessera
+                                                  reads: its value now and what it does
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
 
 
 def find_mpiexec() -> str:
@@ -115,6 +119,9 @@ def main(argv=None) -> int:
         description="Tessera: a Python-first, MLIR-based compiler for distributed deep learning.",
         epilog="Compiler tools: tessera-opt (run passes on IR), tessera-translate "
                "(Tile IR to C++/CUDA). See README.md.")
+    parser.add_argument("--env", action="store_true",
+                        help="list every environment variable Tessera reads, its value now "
+                             "and what it does")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     launch = sub.add_parser("launch", help="run a script as N ranks (one per mesh device)",
@@ -145,11 +152,15 @@ def main(argv=None) -> int:
     if argv[:1] == ["_rank"]:                  # internal: one rank of `launch`
         return _rank(argv[1], argv[2:])
     opts = parser.parse_args(argv)
+    if opts.env:
+        from tessera_runtime import env
+        print(env.table())
+        return 0
     if opts.command == "launch":
         return _launch(opts.nprocs, opts.script, opts.args, timeout=opts.timeout)
     if opts.command == "trace":
         out = Path(opts.out).resolve()
-        code = _launch(opts.nprocs, opts.script, opts.args, {"TESSERA_DUMP_IR": str(out)})
+        code = _launch(opts.nprocs, opts.script, opts.args, {DUMP_ENV: str(out)})
         if out.exists():
             for path in sorted(out.rglob("*")):
                 if path.is_file():

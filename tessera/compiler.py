@@ -27,10 +27,12 @@ from pathlib import Path
 import numpy as np
 
 import tessera_runtime
+from tessera_runtime import env
 from tessera_compiler.bundle import compiler_fingerprint, write_bundle
 from tessera_compiler.codegen.build import cache_dir
+from tessera_compiler.ir.options import TARGETS, TargetOptions
 from tessera_compiler.pipeline import CompileError as _PipelineError
-from tessera_compiler.pipeline import TARGETS, Levels, collective_report, lower
+from tessera_compiler.pipeline import Levels, collective_report, lower
 
 from . import dist
 from . import mesh as _mesh_module
@@ -70,11 +72,12 @@ class CompiledFunction:
     tensor results are numpy arrays."""
 
     def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
-                 deterministic: bool | None = None, strategy=None, target: str | None = None):
+                 deterministic: bool | None = None, strategy=None,
+                 target: str | TargetOptions | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
-        self.target = target                   # None: TESSERA_TARGET, else "cpu"
+        self.target = target    # a name or TargetOptions; None: TESSERA_TARGET, else "cpu"
         self.numpy_results = numpy_results
         self.deterministic = deterministic     # None: dist.deterministic / env decide
         self.strategy = strategy               # a tessera.strategy.Strategy or None
@@ -139,13 +142,11 @@ class CompiledFunction:
         return bound, leaves, structure, mesh, tensors, specs, key
 
     # -- compilation ----------------------------------------------------------
-    def _target(self) -> str:
-        target = self.target or os.environ.get(TARGET_ENV) or "cpu"
-        if target not in TARGETS:
-            raise CompileError(f"{self.fn.__name__}: unknown target {target!r} (from "
-                               f"{'target=' if self.target else TARGET_ENV}); choose one of "
-                               f"{list(TARGETS)}")
-        return target
+    def _target(self) -> TargetOptions:
+        """The options this function compiles with: `target` (a TargetOptions,
+        or a target name with the default options), else TESSERA_TARGET,
+        else the CPU."""
+        return _options(self.target, self.fn.__name__)
 
     def _trace(self, bound, leaves, specs, mesh):
         def call(traced):
@@ -160,14 +161,15 @@ class CompiledFunction:
                               deterministic=dist.deterministic_enabled(self.deterministic),
                               scatter_axes=scatter)
 
-    def lower(self, *args, target: str = "cpu", **kwargs) -> Levels:
+    def lower(self, *args, target: str | TargetOptions = "cpu", **kwargs) -> Levels:
         """Every IR level and the kernel sources for these arguments (no
         execution). `target="gpu"` keeps matmuls as Tile IR GEMMs instead of
-        CPU BLAS calls."""
+        CPU BLAS calls; a TargetOptions sets every other knob too."""
         bound, leaves, _, mesh, _, specs, _ = self._prepare(args, kwargs)
-        return self._lower(self._trace(bound, leaves, specs, mesh), target)
+        return self._lower(self._trace(bound, leaves, specs, mesh),
+                           _options(target, self.fn.__name__))
 
-    def _lower(self, traced, target: str = "cpu") -> Levels:
+    def _lower(self, traced, target: TargetOptions) -> Levels:
         module = traced.module
         with module.context:
             try:
@@ -181,7 +183,7 @@ class CompiledFunction:
         # Locations carry the argument names the bundle records, so they are
         # part of what identifies it.
         text = traced.module.operation.get_asm(enable_debug_info=True)
-        digest = hashlib.sha256((compiler_fingerprint() + self._target() + text).encode()
+        digest = hashlib.sha256((compiler_fingerprint(self._target()) + text).encode()
                                 ).hexdigest()[:20]
         target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
         if tessera_runtime.world()[1] > 1:
@@ -216,7 +218,7 @@ class CompiledFunction:
 
     def _write_bundle(self, traced, mesh, target: Path) -> None:
         exists = (target / "manifest.json").exists()
-        if exists and not os.environ.get(DUMP_ENV) and REPORT_ENV not in os.environ:
+        if exists and not env.get(DUMP_ENV) and not env.is_set(REPORT_ENV):
             return
         levels = self._lower(traced, self._target())
         if not exists:
@@ -231,11 +233,11 @@ class CompiledFunction:
         self._dump(levels)
 
     def _dump(self, levels: Levels) -> None:
-        threshold = os.environ.get(REPORT_ENV)
+        threshold = env.raw(REPORT_ENV)
         if threshold is not None and tessera_runtime.world()[0] == 0:
             print("[tessera] " + collective_report(self.fn.__name__, levels.collectives,
                                                    int(threshold or 0)), file=sys.stderr)
-        out = os.environ.get(DUMP_ENV)
+        out = env.get(DUMP_ENV)
         if not out or tessera_runtime.world()[0] != 0:
             return
         folder = Path(out) / self.symbol
@@ -336,15 +338,29 @@ def _default_mesh() -> dist.Mesh:
     return dist.Mesh(axes=["dp"], devices=range(tessera_runtime.world()[1]), name="mesh")
 
 
+def _options(target, name: str) -> TargetOptions:
+    """`target` (a name, TargetOptions or None: TESSERA_TARGET, else "cpu")
+    as the TargetOptions a function named `name` compiles with."""
+    if isinstance(target, TargetOptions):
+        return target if target.target is not None else target.with_(target="cpu")
+    chosen = target or env.get(TARGET_ENV) or "cpu"
+    if chosen not in TARGETS:
+        raise CompileError(f"{name}: unknown target {chosen!r} (from "
+                           f"{'target=' if target else TARGET_ENV}); choose one of "
+                           f"{list(TARGETS)}")
+    return TargetOptions(target=chosen)
+
+
 def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-            target: str | None = None):
+            target: str | TargetOptions | None = None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
     `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
     `deterministic=True` fixes every reduction order (see `dist.deterministic`;
     the default follows that context and TESSERA_DETERMINISTIC). `target` is
     "cpu" (the default; or TESSERA_TARGET) or "gpu": CUDA kernels for sm_90a (Hopper)
     run by the `cuda` engine (cupy, NCCL), or emulated on the CPU with
-    TESSERA_CUDA_EMULATE=1."""
+    TESSERA_CUDA_EMULATE=1; or a `ts.TargetOptions` naming one of them and
+    any other compilation option (GEMM configurations, wgmma, TMA, ...)."""
     if fn is None:
         return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target)
     if isinstance(fn, CompiledFunction):
@@ -360,13 +376,13 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
 
 
 def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-        target: str | None = None):
+        target: str | TargetOptions | None = None):
     """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
     return compile(fn, mesh=mesh, deterministic=deterministic, target=target)
 
 
 def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-             target: str | None = None):
+             target: str | TargetOptions | None = None):
     """`@ts.function`: a compiled function with shape-annotated arguments
     (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
     return compile(fn, mesh=mesh, deterministic=deterministic, target=target)

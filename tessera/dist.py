@@ -11,14 +11,13 @@ script; a DTensor holds this rank's shard of the global tensor.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from tessera_runtime import world
+from tessera_runtime import env, world
 from tessera_runtime.mesh import MeshError, MeshInfo
 
 from ._source import SourceLine, assigned_name, user_frame
@@ -456,7 +455,7 @@ def deterministic_enabled(explicit: bool | None = None) -> bool:
     stack = getattr(_mode, "stack", [])
     if stack:
         return stack[-1]
-    return os.environ.get("TESSERA_DETERMINISTIC", "") not in ("", "0")
+    return env.flag("TESSERA_DETERMINISTIC")
 
 
 # -- inspection --------------------------------------------------------------------

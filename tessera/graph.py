@@ -42,10 +42,11 @@ class Trace:
         return "\n".join(parts)
 
 
-def trace(fn, *args, mesh=None, target: str = "cpu", **kwargs) -> Trace:
+def trace(fn, *args, mesh=None, target="cpu", **kwargs) -> Trace:
     """Lowers `fn` on `args` (DTensors or numpy arrays) through every level
     without running it; works in a single process for any mesh. `target`
-    is "cpu" (matmuls call BLAS) or "gpu" (matmuls are Tile IR GEMMs)."""
+    is "cpu" (matmuls call BLAS), "gpu" (matmuls are Tile IR GEMMs) or a
+    `ts.TargetOptions`."""
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn, mesh)
     return Trace(compiled.fn.__name__, compiled.lower(*args, target=target, **kwargs))
 

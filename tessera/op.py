@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from tessera_compiler import graph_builder as gb
+from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
 from ._source import SourceLine, user_frame
@@ -82,7 +82,7 @@ def _out(value, src) -> Traced:
 
 
 def _np_of(element) -> np.dtype:
-    from tessera_compiler.sharding import ELEMENT_TYPES
+    from tessera_compiler.ir.types import ELEMENT_TYPES
     return dtypes.as_dtype(ELEMENT_TYPES[str(element)])
 
 

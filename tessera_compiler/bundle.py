@@ -18,9 +18,11 @@ from pathlib import Path
 from tessera_mlir import ir
 
 from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
-from .passes_common import enum_of, location_name
+from .ir.options import TargetOptions
+from .ir.locations import location_name
+from .ir.sharding import Sharding, meshes_of
+from .ir.types import ELEMENT_TYPES, enum_of
 from .pipeline import Levels
-from .sharding import ELEMENT_TYPES, Sharding, meshes_of
 
 FORMAT_VERSION = 1
 
@@ -73,22 +75,13 @@ def _dict_attrs(func_op: ir.Operation, key: str, n: int):
     return [None] * n
 
 
-def compiler_fingerprint() -> str:
+def compiler_fingerprint(options: TargetOptions) -> str:
     """A hash of the compiler's own code (passes, emitters, dialect library)
-    and its kernel configurations (GEMM tiles and tile order, attention's
-    blocks, wgmma and TMA switches, the mbarrier watchdog), part of every bundle's cache key: a
-    changed compiler never reuses a bundle an older one wrote. The configurations
-    count because benchmarks and tests set them at run time (the code is
-    unchanged, the kernels are not)."""
-    from tessera_passes import flash_attention, lower_to_tile
-
-    from .codegen import cuda_emitter
-    configs = repr((lower_to_tile.TENSOR_CORE_CONFIGS, lower_to_tile.TARGET_BLOCKS,
-                    lower_to_tile.GROUPED_TILE_ORDER, flash_attention.GPU_WGMMA,
-                    flash_attention.GPU_TMA, flash_attention.GPU_PINGPONG, flash_attention.GPU_ISSUE_AHEAD,
-                    flash_attention.GPU_FORWARD_BLOCKS,
-                    flash_attention.GPU_BACKWARD_BLOCKS, cuda_emitter.WAIT_WATCHDOG_S))
-    return hashlib.sha256((_code_fingerprint() + configs).encode()).hexdigest()[:16]
+    and of the options it compiles with (`TargetOptions.digest()`: every
+    knob that changes kernels), part of every bundle's cache key: a changed
+    compiler, or the same one given other options, never reuses a bundle
+    written before."""
+    return hashlib.sha256((_code_fingerprint() + options.digest()).encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Optional, Sequence
 # When set, internal errors also print the Python traceback (tool developers
 # only; users get a one-line error). Shared with the passes' own guard.
 from tessera_passes import TRACEBACK_ENV
+from tessera_runtime import env
 
 DEFAULT_SPLIT_MARKER = "// -----"
 
@@ -592,7 +593,7 @@ ProcessFn = Callable[[object, Chunk, object, DiagnosticCollector], Optional[str]
 
 def internal_error_message(tool: str, exc: BaseException) -> str:
     msg = f"{tool}: internal error: {type(exc).__name__}: {exc}\n"
-    if os.environ.get(TRACEBACK_ENV):
+    if env.flag(TRACEBACK_ENV):
         msg += "".join(traceback.format_exception(exc))
     else:
         msg += f"{tool}: (set {TRACEBACK_ENV}=1 to see the Python traceback)\n"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -131,6 +132,50 @@ def parse_pass_pipeline(text: str) -> list[PipelineElement]:
     return elements
 
 
+def parse_pass_options(text: str, origin: str) -> dict[str, str | None]:
+    """`{target=gpu wgmma=false}` -> {"target": "gpu", "wgmma": "false"}
+    (MLIR's pass-option syntax: space-separated `name=value`, a value may
+    hold commas, braces or quotes; a bare `name` (a boolean's true) maps to
+    None)."""
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise UsageError(f"expected pass options in braces after the pass name in '{origin}'")
+    values: dict[str, str] = {}
+    for item in split_top_level(body[1:-1].replace("\t", " ").strip(), " "):
+        item = item.strip()
+        if not item:
+            continue
+        name, eq, value = item.partition("=")
+        values[name.strip()] = value.strip().strip("'\"") if eq else None
+    return values
+
+
+def pass_options(info, el: PipelineElement, base):
+    """The TargetOptions a Tessera pass runs with: `base` and the options
+    the pipeline element gives it, which must be among those it declares."""
+    if not el.rest:
+        return base
+    declared = {base.option_name(f) for f in getattr(info, "options", ())}
+    if not declared:
+        raise UsageError(f"Tessera pass '{el.name}' takes no options, got '{el.origin}'")
+    given = parse_pass_options(el.rest, el.origin)
+    unknown = [n for n in given if n not in declared]
+    if unknown:
+        known = ", ".join(sorted(declared)) or "none"
+        raise UsageError(f"Tessera pass '{el.name}' has no option '{unknown[0]}' "
+                         f"(its options: {known}; see '{TOOL} --help')")
+    for name, value in given.items():
+        if value is None:
+            if base.field_of(name).type not in ("bool", bool):
+                raise UsageError(f"pass option '{name}' in '{el.origin}' has no value "
+                                 "(name=value)")
+            given[name] = "true"
+    try:
+        return base.with_text(given)
+    except ValueError as e:
+        raise UsageError(f"invalid options for Tessera pass '{el.name}' in '{el.origin}': {e}") from None
+
+
 def flag_to_element(flag: str) -> PipelineElement:
     """``--canonicalize=max-iterations=3`` -> ``canonicalize{max-iterations=3}``."""
     body = flag.lstrip("-")
@@ -144,15 +189,16 @@ def build_pass_manager(elements: list[PipelineElement], context, opts: "Options"
     Raises UsageError for unknown passes or bad options."""
     from tessera_mlir import passmanager
 
+    from tessera_compiler.ir.options import TargetOptions
+
     registry = tessera_passes()
     pm = passmanager.PassManager("builtin.module", context=context)
     for el in elements:
         info = registry.get(el.name)
         if info is not None:
-            if el.rest:
-                raise UsageError(f"Tessera pass '{el.name}' takes no options, got '{el.origin}'")
+            options = pass_options(info, el, TargetOptions())
             try:
-                info.add_to(pm)
+                info.add_to(pm, options)
             except Exception as e:  # noqa: BLE001
                 raise UsageError(f"could not load Tessera pass '{el.name}': "
                                  f"{type(e).__name__}: {e}") from None
@@ -215,7 +261,8 @@ _OPTION_HELP = [
                                    "canonicalize, func.func(cse))' (alias -p)"),
     ("--<pass>[=<options>]", "add one pass, in command-line order: a Tessera pass below or any "
                              "upstream MLIR pass (--canonicalize=max-iterations=3 becomes "
-                             "canonicalize{max-iterations=3})"),
+                             "canonicalize{max-iterations=3}; --tessera-lower-to-tile='target=gpu "
+                             "wgmma=false' gives a Tessera pass its options)"),
     ("--split-input-file[=<marker>]", "process each '// -----'-separated chunk on its own; outputs "
                                       "are joined by '// -----'"),
     ("--output-split-marker=<marker>", "separator between the outputs of split chunks"),
@@ -263,9 +310,21 @@ def _pass_lines() -> list[str]:
     registry = tessera_passes()
     if not registry:
         return ["  (none: the tessera_passes package could not be imported)"]
+    from tessera_compiler.ir.options import OPTION_FIELDS, TargetOptions
+
+    defaults = TargetOptions()
     width = max(len(f) for f in registry) + 4
-    return [f"  --{flag:<{width - 2}} - {getattr(info, 'summary', '')}"
-            for flag, info in registry.items()]
+    lines = []
+    for flag, info in registry.items():
+        lines.append(f"  --{flag:<{width - 2}} - {getattr(info, 'summary', '')}")
+        if getattr(info, "options", ()):
+            lines.append(f"      options ({flag}{{name=value ...}}), with their defaults:")
+        for name in getattr(info, "options", ()):
+            option = TargetOptions.option_name(name)
+            doc = OPTION_FIELDS[option].metadata["doc"]
+            lines.append(f"        {option}={defaults.option_text(name)}")
+            lines += textwrap.wrap(doc, 96, initial_indent=" " * 12, subsequent_indent=" " * 12)
+    return lines
 
 
 _BOOL_TRUE = {"", "true", "1", "on", "yes"}

@@ -19,8 +19,9 @@ import tessera_passes
 
 from .codegen import emit_cpp, emit_cuda_kernels
 from .codegen.tile_emitter import EmitError
-from .passes_common import source_of
-from .sharding import PER_RANK_OPS
+from .ir.locations import source_of
+from .ir.options import TARGETS, TargetOptions
+from .ir.sharding import PER_RANK_OPS
 
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
@@ -89,6 +90,8 @@ class Levels:
     #: {kernel: {"grid", "block", "shared_bytes"}} of the CUDA kernels
     cuda_launches: dict = field(default_factory=dict, repr=False)
     target: str = "cpu"
+    #: the options the levels were compiled with
+    options: TargetOptions = field(default_factory=TargetOptions, repr=False)
     module: ir.Module | None = field(default=None, repr=False)
     #: what tessera-partition inserted, with the Python line that caused each
     collectives: list = field(default_factory=list, repr=False)
@@ -99,11 +102,12 @@ class Levels:
                 ("cpp", self.cpp), ("cuda", self.cuda)]
 
 
-def add_passes(pm: passmanager.PassManager, flags) -> None:
-    """Tessera passes by flag (through the registry), upstream passes by name."""
+def add_passes(pm: passmanager.PassManager, flags, options: TargetOptions) -> None:
+    """Tessera passes by flag (through the registry, given `options`),
+    upstream passes by name."""
     for flag in flags:
         if flag in tessera_passes.PASSES:
-            tessera_passes.get(flag).add_to(pm)
+            tessera_passes.get(flag).add_to(pm, options)
         else:
             pm.add(flag)
 
@@ -122,21 +126,32 @@ def _where(loc: ir.Location) -> str:
     return f"{src}: " if src else ""
 
 
-TARGETS = ("cpu", "gpu")
-
-
-def lower(module: ir.Module, target: str = "cpu") -> Levels:
-    """Lowers `module` (Graph IR) in place through every level. With
-    `target="cpu"` matmuls become BLAS library calls and the kernels C++;
-    with "gpu" matmuls are tiled Tile IR GEMMs (see tessera-lower-to-tile)
-    and the kernels CUDA C++ for sm_90a."""
+def target_options(target: str | TargetOptions | None) -> TargetOptions:
+    """`target` as TargetOptions: a target name ("cpu", "gpu") with every
+    other option at its default, or the options themselves (no target:
+    "cpu")."""
+    if target is None:
+        return TargetOptions(target="cpu")
+    if isinstance(target, TargetOptions):
+        return target if target.target is not None else target.with_(target="cpu")
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
-    levels = Levels(graph=str(module), target=target)
+    return TargetOptions(target=target)
+
+
+def lower(module: ir.Module, target: str | TargetOptions = "cpu") -> Levels:
+    """Lowers `module` (Graph IR) in place through every level, with
+    `target`'s options (a TargetOptions, or a target name for the default
+    options). On the CPU matmuls become BLAS library calls and the kernels
+    C++; on the GPU matmuls are tiled Tile IR GEMMs (see
+    tessera-lower-to-tile) and the kernels CUDA C++ for sm_90a."""
+    options = target_options(target)
+    target = options.target
+    levels = Levels(graph=str(module), target=target, options=options)
     module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
     for stage, flags in STAGES:
         pm = passmanager.PassManager("builtin.module", context=module.context)
-        add_passes(pm, flags)
+        add_passes(pm, flags, options)
         try:
             pm.run(module.operation)
         except ir.MLIRError as err:
@@ -148,7 +163,7 @@ def lower(module: ir.Module, target: str = "cpu") -> Levels:
         if target == "cpu":
             levels.cpp = emit_cpp(module)
         else:
-            levels.cuda, levels.cuda_launches = emit_cuda_kernels(module)
+            levels.cuda, levels.cuda_launches = emit_cuda_kernels(module, options)
     except EmitError as err:
         where = _where(err.location) if err.location is not None else ""
         raise CompileError(f"{where}error: {err}") from None

@@ -2,6 +2,7 @@
 
     tessera-translate --ttile-to-cpp  kernels.mlir -o kernels.cpp
     tessera-translate --ttile-to-cuda kernels.mlir -o kernels.cu
+    tessera-translate --ttile-to-cuda --options='wait-watchdog-s=5' kernels.mlir
 
 Input handling (`--split-input-file`, `--verify-diagnostics`, `-o`) is shared
 with tessera-opt (tessera_compiler/driver.py).
@@ -22,12 +23,18 @@ TRANSLATIONS = {
 }
 
 
-def _translate(name: str):
+#: The TargetOptions fields the CUDA translation reads.
+CUDA_OPTIONS = ("wait_watchdog_s", "register_budget")
+
+
+def _translate(name: str, options):
     def process(module_op, chunk, context, collector):
         from .codegen import emit_cpp, emit_cuda
         from .codegen.tile_emitter import EmitError
         try:
-            return (emit_cpp if name == "ttile-to-cpp" else emit_cuda)(module_op)
+            if name == "ttile-to-cpp":
+                return emit_cpp(module_op)
+            return emit_cuda(module_op, options)
         except EmitError as err:
             if err.location is not None:
                 err.location.emit_error(str(err))
@@ -53,16 +60,31 @@ def main(argv=None) -> int:
                         help="translate each '// -----'-separated chunk on its own")
     parser.add_argument("--verify-diagnostics", action="store_true",
                         help="check diagnostics against expected-error comments")
+    parser.add_argument("--options", default="", metavar="'NAME=VALUE ...'",
+                        help="code generation options for --ttile-to-cuda: "
+                             + ", ".join(n.replace("_", "-") for n in CUDA_OPTIONS)
+                             + " (see tessera-opt --help)")
     opts = parser.parse_args(argv)
+    from .ir.options import TargetOptions
+    try:
+        given = dict(item.split("=", 1) for item in opts.options.split())
+        unknown = [n for n in given if n.replace("-", "_") not in CUDA_OPTIONS]
+        if unknown or (given and opts.translation != "ttile-to-cuda"):
+            raise ValueError(f"no option '{(unknown or list(given))[0]}' for "
+                             f"--{opts.translation}")
+        options = TargetOptions(target="gpu").with_text(given)
+    except ValueError as err:
+        print(f"tessera-translate: error: {err}", file=sys.stderr)
+        return 1
     try:
         chunks = driver.read_chunks(opts.input, opts.split_input_file)
     except driver.InputError as err:
         print(f"tessera-translate: {err}", file=sys.stderr)
         return 1
-    options = driver.DriverOptions(split_input_file=opts.split_input_file,
-                                   verify_diagnostics=opts.verify_diagnostics)
-    code, text = driver.process_chunks(chunks, _translate(opts.translation), options,
-                                       tool="tessera-translate")
+    driver_options = driver.DriverOptions(split_input_file=opts.split_input_file,
+                                          verify_diagnostics=opts.verify_diagnostics)
+    code, text = driver.process_chunks(chunks, _translate(opts.translation, options),
+                                       driver_options, tool="tessera-translate")
     driver.write_output(text, opts.output)
     return code
 

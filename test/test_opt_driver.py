@@ -306,7 +306,8 @@ def register(monkeypatch):
 
     def add(flag, run, summary="a throwaway test pass"):
         info = tessera_passes.PassInfo(flag, "none", summary)
-        object.__setattr__(info, "load", lambda: run)     # PassInfo is frozen
+        # PassInfo is frozen; passes take (op, pass_, options), these ignore options.
+        object.__setattr__(info, "load", lambda: lambda op, pass_, options: run(op, pass_))
         monkeypatch.setitem(tessera_passes.PASSES, flag, info)
 
     return add

@@ -1,10 +1,15 @@
 """Tessera's compiler passes, one module per pass, registered lazily by flag.
 
-Each pass is a Python function ``run(op, pass_)`` over the MLIR Python bindings
-(``tessera_mlir``), where ``op`` is the operation the pass runs on (a
-``builtin.module``) and ``pass_`` is the ``ExternalPass`` used to signal failure.
-A pass that rejects its input emits an error diagnostic at the offending
-operation's location and calls ``pass_.signal_pass_failure()``.
+Each pass is a Python function ``run(op, pass_, options)`` over the MLIR Python
+bindings (``tessera_mlir``), where ``op`` is the operation the pass runs on (a
+``builtin.module``), ``pass_`` is the ``ExternalPass`` used to signal failure
+and ``options`` the ``TargetOptions`` it was given. A pass that rejects its
+input emits an error diagnostic at the offending operation's location and
+calls ``pass_.signal_pass_failure()``.
+
+Pass modules import only the bottom layer (``tessera_compiler.ir``), the
+generated bindings and this package's helpers (``sharding_rules``, ``tile``),
+never another pass (``test/test_layers.py`` checks it).
 
 The registry maps a flag (``tessera-partition``) to its module and a one-line
 summary; the module is imported only when the pass is used (as in xDSL), so
@@ -14,12 +19,14 @@ summary; the module is imported only when the pass is used (as in xDSL), so
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import sys
 import traceback
 from dataclasses import dataclass
 from typing import Callable
+
+from tessera_compiler.ir.options import DEFAULT, TargetOptions
+from tessera_runtime import env
 
 #: Set to print the Python traceback of a pass that raised (for developers).
 TRACEBACK_ENV = "TESSERA_OPT_TRACEBACK"
@@ -30,6 +37,9 @@ class PassInfo:
     flag: str
     module: str
     summary: str
+    #: The TargetOptions fields the pass reads (its options, in tessera-opt
+    #: as `flag{field-name=value}`).
+    options: tuple[str, ...] = ()
 
     def load(self) -> Callable:
         """The pass' ``run(op, pass_)`` function."""
@@ -40,17 +50,17 @@ class PassInfo:
         """`TesseraPartition` for `tessera-partition` (MLIR's pass-name style)."""
         return "".join(part[:1].upper() + part[1:] for part in re.split(r"[-_]", self.flag) if part)
 
-    def add_to(self, pm) -> None:
-        """Appends this pass to a PassManager. A Python exception escaping the pass
-        (a bug, not a user error) becomes an error diagnostic and a pass failure,
-        never a traceback through MLIR."""
+    def add_to(self, pm, options: TargetOptions = DEFAULT) -> None:
+        """Appends this pass, run with `options`, to a PassManager. A Python
+        exception escaping the pass (a bug, not a user error) becomes an
+        error diagnostic and a pass failure, never a traceback through MLIR."""
         run, flag = self.load(), self.flag
 
         def guarded(op, pass_):
             try:
-                run(op, pass_)
+                run(op, pass_, options)
             except Exception as err:  # noqa: BLE001 - reported as a diagnostic
-                if os.environ.get(TRACEBACK_ENV):
+                if env.flag(TRACEBACK_ENV):
                     sys.stderr.write(traceback.format_exc())
                 op.location.emit_error(f"pass '{flag}' raised {type(err).__name__}: {err}")
                 pass_.signal_pass_failure()
@@ -69,9 +79,13 @@ _PASSES = [
     PassInfo("tessera-bucket-collectives", "bucket_collectives",
              "Fuse all_reduces whose operands all exist before any result is used into one all_reduce of the concatenated values"),
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
-             "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; NVSHMEM all_gathers fused into their matmul's kernel"),
+             "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; NVSHMEM all_gathers fused into their matmul's kernel",
+             ("target", "nvshmem_auto_max_bytes")),
     PassInfo("tessera-lower-to-tile", "lower_to_tile",
-             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; flash-attention kernels for attention; NVSHMEM gathered GEMMs; library calls for matmul (CPU) and data movement"),
+             "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; flash-attention kernels for attention; NVSHMEM gathered GEMMs; library calls for matmul (CPU) and data movement",
+             ("target", "target_blocks", "grouped_tile_order", "gemm_configs", "wgmma", "tma",
+              "pingpong", "issue_ahead", "attention_forward_blocks",
+              "attention_backward_blocks")),
 ]
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}

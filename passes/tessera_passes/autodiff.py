@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from tessera_mlir import ir
 
-from tessera_compiler import graph_builder as gb
-from tessera_compiler.passes_common import PassError, enum_of, functions, ops_of, run_reporting
+from tessera_compiler.ir import graph_builder as gb
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+from tessera_compiler.ir.types import enum_of
 
 
 def _attr_list(op, name) -> list[int]:
@@ -185,7 +187,7 @@ def differentiate(grad_op: ir.Operation) -> None:
     grad_op.erase()
 
 
-def run(op, pass_):
+def run(op, pass_, options: TargetOptions):
     def body():
         for f in functions(op):
             for o in ops_of(f):

@@ -26,7 +26,8 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
-from tessera_compiler.passes_common import PassError, functions, ops_of, run_reporting
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
 
 #: Largest bucket, in elements (64 MiB of float32).
 BUCKET_ELEMENTS = 1 << 24
@@ -106,7 +107,7 @@ def _fuse(members: list[ir.Operation], func_op: ir.Operation) -> None:
         m.erase()
 
 
-def run(op, pass_):
+def run(op, pass_, options: TargetOptions):
     def body():
         for f in list(functions(op)):
             fused = [o for o in ops_of(f) if o.name == "tgraph.all_reduce"]

@@ -20,8 +20,9 @@ reduce_scatter of a matmul's partial sums over rows with `transport =
 nvshmem` becomes one kernel with the matmul (`<fn>_matmul_scatter_<n>`): a
 GEMM that pushes each partial tile to the rank owning its rows. `transport
 = auto` is resolved here: NVSHMEM on the GPU target when the symmetric
-buffers the fused kernel needs fit in `NVSHMEM_AUTO_MAX_BYTES`, else the
-runtime's collective library.
+buffers the fused kernel needs fit in `TargetOptions.nvshmem_auto_max_bytes`
+(256 MiB by default), else the runtime's collective library. Without a
+target (option or `tessera.target` attribute) nothing is fused.
 
 Argument and result shardings move to `tsched.sharding` attributes.
 """
@@ -33,18 +34,14 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tsched
 
-from tessera_compiler.passes_common import (PassError, arg_attr_dicts, enum_of, functions,
-                                            memref_of, ops_of, run_reporting, set_dict_entry)
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, ops_of,
+                                         run_reporting, set_dict_entry)
+from tessera_compiler.ir.types import enum_of, memref_of
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
 NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad"}
-# `transport = auto` picks NVSHMEM when the fused kernel's symmetric buffers
-# (a gather's gathered operand; a reduce-scatter's two copies of the
-# product) take at most this many bytes: a quarter of NVSHMEM's default
-# symmetric heap (1 GiB per PE), which every fused kernel's buffers share.
-# (A bound from memory, not yet from measurement: no GPU has run them.)
-NVSHMEM_AUTO_MAX_BYTES = 256 << 20
 
 
 def is_compute(op: ir.Operation) -> bool:
@@ -278,10 +275,15 @@ def _symmetric_bytes(op: ir.Operation) -> int:
     return 2 * _nbytes(op.operands[0])
 
 
-def resolve_transports(func_op: ir.Operation, gpu: bool) -> set:
+def resolve_transports(func_op: ir.Operation, gpu: bool, auto_max_bytes: int) -> set:
     """Settles each all_gather's and reduce_scatter's transport (auto becomes
     nccl or nvshmem) and returns the collectives to fuse into their matmul's
-    kernel."""
+    kernel. `auto` picks NVSHMEM when the fused kernel's symmetric buffers
+    (a gather's gathered operand; a reduce-scatter's two copies of the
+    product) take at most `auto_max_bytes`: by default a quarter of
+    NVSHMEM's default symmetric heap (1 GiB per PE), which every fused
+    kernel's buffers share (a bound from memory, not yet from measurement:
+    no GPU has run them)."""
     fused = set()
     for op in ops_of(func_op):
         if op.name not in FUSABLE or "transport" not in op.attributes:
@@ -299,19 +301,19 @@ def resolve_transports(func_op: ir.Operation, gpu: bool) -> set:
                                 f"GEMM: {why_not}; use 'auto' or 'nccl'", op.location)
         elif transport == "auto":
             transport = "nvshmem" if gpu and why_not is None and \
-                _symmetric_bytes(op) <= NVSHMEM_AUTO_MAX_BYTES else "nccl"
+                _symmetric_bytes(op) <= auto_max_bytes else "nccl"
         op.attributes["transport"] = ir.Attribute.parse(f"#tgraph.transport<{transport}>")
         if transport == "nvshmem":
             fused.add(op)
     return fused
 
 
-def lower_function(func_op: ir.Operation, gpu: bool) -> None:
+def lower_function(func_op: ir.Operation, gpu: bool, options: TargetOptions) -> None:
     if "tgraph.partitioned" not in func_op.attributes:
         raise PassError("run tessera-partition before tessera-lower-to-schedule "
                         f"(function @{ir.StringAttr(func_op.attributes['sym_name']).value} is not partitioned)",
                         func_op.location)
-    fused = resolve_transports(func_op, gpu)
+    fused = resolve_transports(func_op, gpu, options.nvshmem_auto_max_bytes)
     hoist_collectives(func_op)
     builder = ScheduleBuilder(func_op, fused)
     sched = builder.build()
@@ -320,13 +322,12 @@ def lower_function(func_op: ir.Operation, gpu: bool) -> None:
     sched.attributes["sym_name"] = ir.StringAttr.get(name)
 
 
-def run(op, pass_):
+def run(op, pass_, options: TargetOptions):
     def body():
-        target = op.attributes["tessera.target"] if "tessera.target" in op.attributes else None
-        gpu = target is not None and ir.StringAttr(target).value == "gpu"
+        gpu = options.resolved_target(op, default="cpu") == "gpu"
         for f in list(functions(op)):
             if "tsched.kernel" in f.attributes or not any(
                     o.name.startswith("tgraph.") for o in ops_of(f)):
                 continue
-            lower_function(f, gpu)
+            lower_function(f, gpu, options)
     run_reporting(op, pass_, body)

@@ -24,21 +24,21 @@ one tgraph op each. This pass decides how each runs:
    residual, cast) become its epilogue. The kernel's grid covers the batch
    and the `[M/BM, N/BN]` output tiles; each instance accumulates its
    `BM x BN` tile over `K` in `BK` steps with `ttile.dot` inside an
-   `scf.for`. The configuration (`gemm_config`) is part of the Tile IR:
+   `scf.for`. The configuration (`tile/gemm.py: gemm_config`) is part of the Tile IR:
    tile sizes in the tile types, `warps` on the dot, `stages` and `block` on
    the kernel. Half-precision operands accumulate in f32, cast back after
    the loop.
 
 4. Attention (every target). `tgraph.attention` becomes a flash-attention
    forward kernel and `tgraph.attention_grad` a `_dkdv` and a `_dq` kernel
-   (`flash_attention.py`).
+   (`tile/flash_attention.py`).
 5. GEMMs fused with a collective (GPU, an NVSHMEM transport). An all_gather
    + matmul kernel starts a GEMM run like a matmul, epilogue included, and
    becomes one GEMM that puts this rank's rows into every peer's symmetric
    copy of the gathered operand and waits, per output tile, only for the
-   rows it reads (`gathered_gemm.py`). A matmul + reduce_scatter kernel
+   rows it reads (`tile/gathered_gemm.py`). A matmul + reduce_scatter kernel
    becomes one GEMM that pushes each partial tile to the rank owning its
-   rows and sums what arrives for its own (`scattered_gemm.py`); its
+   rows and sums what arrives for its own (`tile/scattered_gemm.py`); its
    epilogue runs on the summed tile. The symmetric buffers are allocated
    (`tsched.alloc {symmetric}`) around the launch.
 
@@ -48,14 +48,23 @@ Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from tessera_mlir import ir
-from tessera_mlir.dialects import arith, func, scf, tsched, ttile
+from tessera_mlir.dialects import func, scf, tsched, ttile
 
-from tessera_compiler.passes_common import (PassError, enum_of, functions, function_type,
-                                            memref_of, ops_of, run_reporting)
-from tessera_compiler.sharding import meshes_of
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.sharding import meshes_of
+from tessera_compiler.ir.support import (PassError, function_type, functions, ops_of,
+                                         run_reporting)
+from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, grid_offsets, index,
+                                              largest_divisor, new_kernel, tile_type)
+from tessera_compiler.ir.types import enum_of, memref_of, shape_of
+
+from .tile import flash_attention
+from .tile.collective_gemm import CollectiveGemm
+from .tile.gathered_gemm import GatheredGemm
+from .tile.gemm import gemm_config, gemm_offsets, gemm_tile
+from .tile.scattered_gemm import ScatteredGemm
 
 TILE_ELEMENTWISE = {
     "tgraph.add": ttile.AddOp, "tgraph.sub": ttile.SubOp, "tgraph.mul": ttile.MulOp,
@@ -72,78 +81,6 @@ LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
 LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes")
 ELEMENTWISE_TILE_ELEMENTS = 4096
-THREADS_PER_BLOCK = 128
-# GEMM configurations for half-precision operands (tensor cores), largest
-# first; see GemmConfig.
-SIMT_TILE_CAP = (32, 32, 32)         # BM, BN, BK for other element types
-# Enough thread blocks to give each SM of an H100 (132) one.
-TARGET_BLOCKS = 132
-# Whether GEMM instances take output tiles in groups of tile rows
-# (gemm_group_rows); bench/gemm_cuda.py turns it off to time row-major order.
-GROUPED_TILE_ORDER = True
-
-
-def largest_divisor(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """A GEMM kernel's tiling: a `bm x bn` output tile per block, K in `bk`
-    steps; on tensor cores, `warps` (along M and N) split the tile and
-    `stages` shared-memory buffers pipeline the operand loads, `wgmma`
-    asks for Hopper's warpgroup MMA (each group of 4 warps owns 64 rows),
-    and `tma` for its operands through the tensor memory accelerator
-    (where they are kernel arguments; wgmma configurations only), issued
-    by an extra `producer` warpgroup (`ttile.kernel {producer_warpgroup}`)
-    while the `warps` only compute."""
-    bm: int
-    bn: int
-    bk: int
-    warps: tuple[int, int] | None = None     # None: CUDA cores
-    stages: int | None = None
-    wgmma: bool = False
-    tma: bool = True
-    producer: bool = True
-
-    @property
-    def threads(self) -> int:
-        return self.warps[0] * self.warps[1] * 32 if self.warps else THREADS_PER_BLOCK
-
-
-# wgmma with 2 warpgroups over 128 x 256 tiles and a 4-deep ring of 64-wide
-# K steps (192 KB) is the Hopper shape; 128x128x32 on 8 warps with a 3-deep
-# ring (57 KB) is the classic mma.sync shape; smaller ones fill the GPU when
-# there are few output tiles.
-TENSOR_CORE_CONFIGS = [GemmConfig(128, 256, 64, (8, 1), 4, wgmma=True),
-                       GemmConfig(128, 128, 64, (8, 1), 4, wgmma=True),
-                       GemmConfig(128, 128, 32, (2, 4), 3), GemmConfig(128, 64, 32, (2, 2), 3),
-                       GemmConfig(64, 128, 32, (2, 2), 3), GemmConfig(64, 64, 32, (2, 2), 3),
-                       GemmConfig(64, 32, 32, (2, 1), 3), GemmConfig(32, 32, 32, (2, 2), 2),
-                       GemmConfig(16, 16, 16, (1, 1), 2)]
-
-
-def gemm_config(batch: int, m: int, n: int, k: int, element: str) -> GemmConfig:
-    """The tile configuration of a `batch x [m, k] x [k, n]` GEMM: the largest
-    tensor-core configuration that divides the problem and still gives every
-    SM a block, else the smallest that divides it; CUDA-core tiles (largest
-    divisors up to 32) for other element types and shapes. Configurations
-    that leave K at least two steps come first: canonicalization folds a
-    one-step K loop into straight-line code, which the CUDA emitter runs
-    from shared memory instead of its pipelined tensor-core main loop."""
-    if element in ("bf16", "f16") and n % 8 == 0 and k % 8 == 0:
-        fitting = [cfg for cfg in TENSOR_CORE_CONFIGS
-                   if m % cfg.bm == 0 and n % cfg.bn == 0 and k % cfg.bk == 0]
-        fitting = [cfg for cfg in fitting if k >= 2 * cfg.bk] or fitting
-        for cfg in fitting:
-            if batch * (m // cfg.bm) * (n // cfg.bn) >= TARGET_BLOCKS:
-                return cfg
-        if fitting:
-            return fitting[-1]
-    return GemmConfig(*(largest_divisor(x, cap) for x, cap in zip((m, n, k), SIMT_TILE_CAP)))
 
 
 def kernel_body(kernel: ir.Operation) -> list[ir.Operation]:
@@ -153,36 +90,6 @@ def kernel_body(kernel: ir.Operation) -> list[ir.Operation]:
 def _launch_parts(launch: ir.Operation):
     view = launch.opview
     return view.stream, list(view.ins), list(view.outs)
-
-
-# --------------------------------------------------------------------------
-# Tile IR building blocks
-# --------------------------------------------------------------------------
-
-def _index(v: int) -> ir.Value:
-    return arith.ConstantOp(ir.IndexType.get(), v).result
-
-
-def _i64_array(values) -> ir.Attribute:
-    return ir.DenseI64ArrayAttr.get(list(values))
-
-
-def _tile_type(shape, element) -> ir.Type:
-    return ir.Type.parse(f"!ttile.tile<{'x'.join(map(str, shape))}x{element}>")
-
-
-def new_kernel(name: str, arg_types, grid: int, threads: int, tile_sizes, module_block, loc,
-               stages: int | None = None) -> tuple[ir.Operation, ir.Block]:
-    """An empty `ttile.kernel` on buffers `arg_types` (a linear grid) and its
-    entry block."""
-    with ir.InsertionPoint(module_block), loc:
-        k = ttile.KernelOp(name, ir.TypeAttr.get(ir.FunctionType.get(list(arg_types), [])),
-                           _i64_array([grid]), _i64_array([threads]))
-        k.attributes["ttile.tile_sizes"] = _i64_array(tile_sizes)
-        if stages:
-            k.attributes["stages"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), stages)
-        entry = k.body.blocks.append(*arg_types, arg_locs=[loc] * len(arg_types))
-    return k.operation, entry
 
 
 # --------------------------------------------------------------------------
@@ -218,10 +125,6 @@ def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -
 # 2-3. Loop fusion of tileable launches, GEMMs with their epilogues
 # --------------------------------------------------------------------------
 
-def _shape(v: ir.Value) -> list[int]:
-    return list(ir.ShapedType(v.type).shape)
-
-
 def _kernel_op(kernels, launch) -> ir.Operation:
     return kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])[0]
 
@@ -232,7 +135,7 @@ def _reduced_dims(op) -> list[int]:
 
 def _is_column_reduce(op) -> bool:
     dims = _reduced_dims(op)
-    rank = len(_shape(op.operands[0])) if dims else 0
+    rank = len(shape_of(op.operands[0])) if dims else 0
     return bool(dims) and (len(dims) != 1 or dims[0] != rank - 1)
 
 
@@ -250,17 +153,17 @@ def _domain(shapes) -> list[int] | None:
 
 
 def _op_shapes(op) -> list[list[int]]:
-    return [_shape(v) for v in list(op.operands) + list(op.results)]
+    return [shape_of(v) for v in list(op.operands) + list(op.results)]
 
 
 def _is_gemm(op) -> bool:
     return op.name == "tgraph.matmul"
 
 
-# The op names in the bodies of kernels that fuse a GEMM with its collective
-# (an NVSHMEM transport; tessera-lower-to-schedule makes them).
-COLLECTIVE_GEMMS = (("tgraph.all_gather", "tgraph.matmul"),
-                    ("tgraph.matmul", "tgraph.reduce_scatter"))
+# Kernels that fuse a GEMM with its collective (an NVSHMEM transport;
+# tessera-lower-to-schedule makes them), by the op names of their bodies.
+COLLECTIVE_GEMMS: dict[tuple[str, str], CollectiveGemm] = {
+    impl.body: impl for impl in (GatheredGemm(), ScatteredGemm())}
 
 
 def _collective_gemm(kernels, launch) -> list[ir.Operation] | None:
@@ -328,7 +231,7 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
         produced.clear()
         produced.update(produced_now)
         if gemm and _is_gemm(kop):
-            head = _shape(produced_now[0])
+            head = shape_of(produced_now[0])
             shapes = [head]
         else:
             head, shapes = None, _op_shapes(kop)
@@ -370,100 +273,12 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
     return groups
 
 
-def gemm_tile(cfg: GemmConfig, a_buf: ir.Value, b_buf: ir.Value, batch_offsets: list,
-              row: ir.Value, col: ir.Value, out_elt: ir.Type) -> ir.Value:
-    """The `[BM, BN]` output tile at (`row`, `col`) of `a_buf @ b_buf`: a loop
-    over K accumulating `ttile.dot`s of `[BM, BK]` and `[BK, BN]` tiles (in
-    f32 for half-precision operands), cast to `out_elt`. A wgmma loop loads
-    both tiles with the tensor memory accelerator when `cfg.tma` allows and
-    both buffers are kernel arguments (their tensor maps are built on the
-    host) of rank 5 or less; with `cfg.producer` the kernel gets a producer
-    warpgroup that issues those copies (one more warpgroup in its block)."""
-    tma = cfg.tma and cfg.wgmma and all(
-        isinstance(buf.owner, ir.Block) and len(ir.MemRefType(buf.type).shape) <= 5
-        for buf in (a_buf, b_buf))
-    if tma and cfg.producer:
-        kernel = a_buf.owner.owner
-        kernel.attributes["producer_warpgroup"] = ir.UnitAttr.get()
-        kernel.attributes["block"] = _i64_array([cfg.threads + 128])
-    k = ir.MemRefType(a_buf.type).shape[-1]
-    elt = ir.MemRefType(a_buf.type).element_type
-    acc_elt = ir.F32Type.get() if str(elt) in ("bf16", "f16") else out_elt
-    acc_t = _tile_type([cfg.bm, cfg.bn], acc_elt)
-    acc0 = ttile.FillOp(acc_t, ir.FloatAttr.get_f64(0.0)).result
-    loop = scf.ForOp(_index(0), _index(k), _index(cfg.bk), [acc0])
-    with ir.InsertionPoint(loop.body):
-        kk = loop.induction_variable
-        a = ttile.LoadOp(_tile_type([cfg.bm, cfg.bk], elt), a_buf, batch_offsets + [row, kk],
-                         tma=tma or None).result
-        b = ttile.LoadOp(_tile_type([cfg.bk, cfg.bn], elt), b_buf, batch_offsets + [kk, col],
-                         tma=tma or None).result
-        warps = _i64_array(cfg.warps) if cfg.warps else None
-        scf.YieldOp([ttile.DotOp(a, b, loop.inner_iter_args[0], warps=warps,
-                                 wgmma=cfg.wgmma or None).result])
-    result = loop.results[0]
-    if acc_elt != out_elt:
-        result = ttile.CastOp(_tile_type([cfg.bm, cfg.bn], out_elt), result).result
-    return result
-
-
-def _grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
-    """Element offsets of this instance's tile along each dimension: the linear
-    program id enumerates the grid `counts` row-major."""
-    pid = ttile.ProgramIdOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)).result
-    offsets = []
-    for d, count in enumerate(counts):
-        if count == 1:
-            offsets.append(_index(0))
-            continue
-        inner = 1
-        for c in counts[d + 1:]:
-            inner *= c
-        idx = arith.DivUIOp(pid, _index(inner)).result if inner > 1 else pid
-        if any(c > 1 for c in counts[:d]):
-            idx = arith.RemUIOp(idx, _index(count)).result
-        offsets.append(arith.MulIOp(idx, _index(tile[d])).result if tile[d] != 1 else idx)
-    return offsets
-
-
-def gemm_group_rows(m_tiles: int, n_tiles: int, bm: int, bn: int) -> int:
-    """How many rows of output tiles a GEMM's instances sweep together
-    (1: row-major order). The blocks running at once then cover a region of
-    about `group` x TARGET_BLOCKS/group tiles, and it is square in elements
-    (group * bm ~ TARGET_BLOCKS/group * bn) when group ~ sqrt(TARGET_BLOCKS *
-    bn / bm): the least operand traffic per wave. Row-major order would read
-    all of B every wave (128 MB at 8192^3 bf16, more than H100's 50 MB L2);
-    a 16 x 8 region of 128x256 tiles reads 32 MB of A and 33 MB of B. The
-    group divides the tile rows (no partial last group), and one wave's
-    worth of tiles needs no order."""
-    if not GROUPED_TILE_ORDER or m_tiles * n_tiles <= TARGET_BLOCKS or n_tiles == 1:
-        return 1
-    return largest_divisor(m_tiles, round(math.sqrt(TARGET_BLOCKS * bn / bm)))
-
-
-def _gemm_offsets(batch: list[int], m_tiles: int, n_tiles: int, bm: int,
-                  bn: int) -> list[ir.Value]:
-    """A GEMM instance's (batch..., row, column) offsets: batch-major, and
-    within a batch entry output tiles in groups of `gemm_group_rows` tile
-    rows, each group column by column (`_grid_offsets`' row-major order
-    when the group is one row)."""
-    group = gemm_group_rows(m_tiles, n_tiles, bm, bn)
-    if group == 1:
-        return _grid_offsets(batch + [m_tiles, n_tiles], [1] * len(batch) + [bm, bn])
-    *at, tile = _grid_offsets(batch + [m_tiles * n_tiles], [1] * (len(batch) + 1))
-    per_group = _index(group * n_tiles)
-    first_row = arith.MulIOp(arith.DivUIOp(tile, per_group).result, _index(group)).result
-    in_group = arith.RemUIOp(tile, per_group).result
-    row = arith.AddIOp(first_row, arith.RemUIOp(in_group, _index(group)).result).result
-    col = arith.DivUIOp(in_group, _index(group)).result
-    return at + [arith.MulIOp(row, _index(bm)).result, arith.MulIOp(col, _index(bn)).result]
-
-
 class GroupTiler:
     """Builds one ttile.kernel for a fusion group of launches."""
 
-    def __init__(self, group, kernels, name, module_block, meshes=None):
+    def __init__(self, group, kernels, name, module_block, options: TargetOptions, meshes=None):
         self.group = group
+        self.options = options
         self.ops = [_kernel_op(kernels, l) for l in group]
         # A GEMM fused with its collective (NVSHMEM) stands for its matmul.
         self.fused = _collective_gemm(kernels, group[0])
@@ -496,10 +311,9 @@ class GroupTiler:
         self.internal = [b for b in produced if b not in self.outputs]
 
     # -- tiling ------------------------------------------------------------
-    def _protocol(self):
-        """The module that builds the fused GEMM's communication."""
-        from . import gathered_gemm, scattered_gemm     # they import this module's builders
-        return gathered_gemm if self.fused[0].name == "tgraph.all_gather" else scattered_gemm
+    def _protocol(self) -> CollectiveGemm:
+        """What builds the fused GEMM's communication."""
+        return COLLECTIVE_GEMMS[tuple(o.name for o in self.fused)]
 
     def build(self) -> ir.Operation:
         if len(self.ops) == 1 and _is_column_reduce(self.ops[0]):
@@ -508,16 +322,17 @@ class GroupTiler:
         self.gemm = None
         if _is_gemm(self.ops[0]):
             # (A reduce-scatter's instances cover its result, not the product.)
-            out = _shape(self.fused[-1].results[0] if self.fused else self.ops[0].results[0])
+            out = shape_of(self.fused[-1].results[0] if self.fused else self.ops[0].results[0])
             *batch, m, n = out
-            k = _shape(self.ops[0].operands[0])[-1]
+            k = shape_of(self.ops[0].operands[0])[-1]
             elt = str(ir.ShapedType(self.ops[0].operands[0].type).element_type)
             if self.fused:
                 collective = next(o for o in self.fused if o is not self.ops[0])
                 self.mesh = self.meshes[ir.FlatSymbolRefAttr(collective.attributes["mesh"]).value]
-                self.gemm, self.symmetric = self._protocol().plan(*self.fused, self.mesh)
+                self.gemm, self.symmetric = self._protocol().plan(*self.fused, self.mesh,
+                                                                  self.options)
             else:
-                self.gemm = gemm_config(math.prod(batch), m, n, k, elt)
+                self.gemm = gemm_config(math.prod(batch), m, n, k, elt, self.options)
             dom, tile = out, [1] * len(batch) + [self.gemm.bm, self.gemm.bn]
             self.lead = len(batch)
         else:
@@ -575,34 +390,34 @@ class GroupTiler:
             return []
         if self.gemm:
             *batch, m, n = self.dom
-            return _gemm_offsets(batch, m // self.gemm.bm, n // self.gemm.bn, self.gemm.bm,
-                                 self.gemm.bn)
-        return _grid_offsets([d // t for d, t in zip(self.dom, self.tile)], self.tile)
+            return gemm_offsets(batch, m // self.gemm.bm, n // self.gemm.bn, self.gemm.bm,
+                                self.gemm.bn, self.options)
+        return grid_offsets([d // t for d, t in zip(self.dom, self.tile)], self.tile)
 
     def _tile_shape(self, v: ir.Value) -> list[int]:
-        shape = _shape(v)
+        shape = shape_of(v)
         if not shape:
             return [1]
         return [t if s == d else 1 for s, d, t in zip(shape, self.dom, self.tile)][self.lead:]
 
     def _value_offsets(self, v: ir.Value) -> list[ir.Value]:
-        shape = _shape(v)
-        return [o if s == d else _index(0) for s, d, o in zip(shape, self.dom, self.offsets)]
+        shape = shape_of(v)
+        return [o if s == d else index(0) for s, d, o in zip(shape, self.dom, self.offsets)]
 
-    def _tile_type(self, v: ir.Value) -> ir.Type:
-        return _tile_type(self._tile_shape(v), ir.ShapedType(v.type).element_type)
+    def _value_tile_type(self, v: ir.Value) -> ir.Type:
+        return tile_type(self._tile_shape(v), ir.ShapedType(v.type).element_type)
 
     def _operand(self, buf: ir.Value, tiles: dict) -> ir.Value:
         """The tile of `buf`: computed earlier in this kernel, or loaded."""
         if buf not in tiles:
-            tiles[buf] = ttile.LoadOp(self._tile_type(buf), self.arg_of[buf],
+            tiles[buf] = ttile.LoadOp(self._value_tile_type(buf), self.arg_of[buf],
                                       self._value_offsets(buf)).result
         return tiles[buf]
 
     def _tile_op(self, op, ins, out, tiles) -> ir.Value:
         name = op.name
         result = out
-        rtype = self._tile_type(result)
+        rtype = self._value_tile_type(result)
         xs = [self._operand(b, tiles) for b in ins]
         if name in TILE_ELEMENTWISE:
             return TILE_ELEMENTWISE[name](*xs).result
@@ -635,7 +450,7 @@ class GroupTiler:
                             f"the reduction over {dims}", op.location)
         d = dims[0]
         src = op.operands[0]
-        shape = _shape(src)
+        shape = shape_of(src)
         rank = len(shape)
         last = largest_divisor(shape[-1], 64)
         chunk = largest_divisor(shape[d], max(1, ELEMENTWISE_TILE_ELEMENTS // last))
@@ -654,16 +469,16 @@ class GroupTiler:
         k, entry = new_kernel(self.name, arg_types, grid, THREADS_PER_BLOCK, in_tile,
                               self.module_block, op.location)
         with ir.InsertionPoint(entry), op.location:
-            offsets = _grid_offsets(counts, in_tile)
+            offsets = grid_offsets(counts, in_tile)
             kind = enum_of(op)
             init = {"sum": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0}[kind]
-            acc0 = ttile.FillOp(_tile_type(out_tile, elt), ir.FloatAttr.get_f64(init)).result
-            loop = scf.ForOp(_index(0), _index(shape[d]), _index(chunk), [acc0])
+            acc0 = ttile.FillOp(tile_type(out_tile, elt), ir.FloatAttr.get_f64(init)).result
+            loop = scf.ForOp(index(0), index(shape[d]), index(chunk), [acc0])
             with ir.InsertionPoint(loop.body):
                 at = list(offsets)
                 at[d] = loop.induction_variable
-                t = ttile.LoadOp(_tile_type(in_tile, elt), entry.arguments[0], at).result
-                r = ttile.ReduceOp(_tile_type(out_tile, elt), t, op.attributes["kind"],
+                t = ttile.LoadOp(tile_type(in_tile, elt), entry.arguments[0], at).result
+                r = ttile.ReduceOp(tile_type(out_tile, elt), t, op.attributes["kind"],
                                    ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d)).result
                 acc = loop.inner_iter_args[0]
                 if kind == "min":           # Tile IR has max only: min(a, b) = -max(-a, -b)
@@ -710,7 +525,7 @@ def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
 
 
 def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
-                  gemm: bool, meshes: dict | None = None) -> set:
+                  gemm: bool, options: TargetOptions, meshes: dict | None = None) -> set:
     """Replaces each fusion group by one launch of a new ttile.kernel; returns
     the names of the tensor kernels the groups consumed. `taken` holds the
     fused kernels' names so far (a constant's kernel, launched once per
@@ -728,7 +543,7 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
             copy += 1
             name = f"{stem}_{copy}"
         taken.add(name)
-        tiler = GroupTiler(group, kernels, name, module_block, meshes)
+        tiler = GroupTiler(group, kernels, name, module_block, options, meshes)
         kernel = tiler.build()
         first = group[0]
         stream = _launch_parts(first)[0]
@@ -759,12 +574,11 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
 ATTENTION = ("tgraph.attention", "tgraph.attention_grad")
 
 
-def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target: bool) -> set:
+def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target: bool,
+                    options: TargetOptions) -> set:
     """Replaces each attention launch by launches of flash-attention kernels
-    (`flash_attention.py`): one for the forward op, two (`_dkdv`, `_dq`) for
-    its gradient. Returns the tensor kernels it consumed."""
-    from . import flash_attention
-
+    (`tile/flash_attention.py`): one for the forward op, two (`_dkdv`, `_dq`)
+    for its gradient. Returns the tensor kernels it consumed."""
     consumed = set()
     for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
         name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
@@ -774,10 +588,10 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
         stream, ins, outs = _launch_parts(launch)
         if kop.name == "tgraph.attention":
             made = [(flash_attention.forward_kernel(kop, name, ins, outs, module_block,
-                                                    cpu_target), ins, outs)]
+                                                    cpu_target, options), ins, outs)]
         else:
             made = flash_attention.backward_kernels(kop, name, ins, outs, module_block,
-                                                    cpu_target)
+                                                    cpu_target, options)
         with ir.InsertionPoint(launch), launch.location:
             for kernel, k_ins, k_outs in made:
                 symbol = ir.FlatSymbolRefAttr.get(ir.StringAttr(kernel.attributes["sym_name"]).value)
@@ -788,11 +602,10 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
     return consumed
 
 
-def run(op, pass_):
+def run(op, pass_, options: TargetOptions):
     def body():
         module_block = op.regions[0].blocks[0]
-        target = op.attributes["tessera.target"] if "tessera.target" in op.attributes else None
-        cpu_target = target is not None and ir.StringAttr(target).value == "cpu"
+        cpu_target = options.resolved_target(op) == "cpu"
         kernels = {ir.StringAttr(f.attributes["sym_name"]).value: f
                    for f in functions(op) if "tsched.kernel" in f.attributes}
         if not kernels:
@@ -802,9 +615,9 @@ def run(op, pass_):
         consumed, taken = set(), set()
         for f in schedules:
             duplicate_constants(f, kernels)
-            consumed |= fuse_and_tile(f, kernels, module_block, taken, gemm=not cpu_target,
-                                      meshes=meshes_of(op))
-            consumed |= lower_attention(f, kernels, module_block, cpu_target)
+            consumed |= fuse_and_tile(f, kernels, module_block, taken, not cpu_target, options,
+                                      meshes_of(op))
+            consumed |= lower_attention(f, kernels, module_block, cpu_target, options)
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
         for name, kernel in kernels.items():

@@ -1,7 +1,7 @@
 """tessera-partition: SPMD-partition Graph IR.
 
 Rewrites each distributed function from global to per-rank (local) shapes.
-For every op it asks the sharding rules (`tessera_compiler.sharding`) which
+For every op it asks the sharding rules (`sharding_rules.py`) which
 layout each operand must have and inserts what moves the operand there:
 
   replicated -> split          tgraph.axis_slice (a local copy, no communication;
@@ -28,14 +28,16 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
-from tessera_compiler.passes_common import (PassError, arg_attr_dicts, enum_of,
-                                            function_type, location_name, ops_of, run_reporting,
-                                            set_dict_entry, set_function_type)
-from tessera_compiler.sharding import Context, Mesh, Sharding
+from tessera_compiler.ir.locations import location_name
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.sharding import Mesh, Sharding
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type, ops_of,
+                                         run_reporting, set_dict_entry, set_function_type)
+from tessera_compiler.ir.types import enum_of
 
-from .propagate_sharding import (SHARDING, argument_shardings, context_of, distributed_functions,
-                                 op_rule, read_sharding, result_shardings, scatter_axes_of,
-                                 use_counts)
+from .sharding_rules import (SHARDING, Context, argument_shardings, context_of,
+                             distributed_functions, op_rule, read_sharding, result_shardings,
+                             scatter_axes_of, use_counts)
 
 I64 = lambda v: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)  # noqa: E731
 
@@ -310,7 +312,7 @@ def _arg_label(arg: ir.Value) -> str:
     return location_name(arg.location) or arg.get_name()
 
 
-def run(op, pass_):
+def run(op, pass_, options: TargetOptions):
     def body():
         for f, mesh in distributed_functions(op):
             partition_function(f, mesh)

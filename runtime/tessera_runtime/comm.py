@@ -21,10 +21,11 @@ it includes any compute it overlapped with).
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from abc import ABC, abstractmethod
+
+from . import env
 
 REDUCTIONS = ("sum", "max", "min", "prod")
 
@@ -50,7 +51,7 @@ class CompletedWork(Work):
 
 
 def trace_enabled() -> bool:
-    return os.environ.get("TESSERA_COMM_TRACE", "") not in ("", "0")
+    return env.flag("TESSERA_COMM_TRACE")
 
 
 class TracedWork(Work):

@@ -16,6 +16,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from tessera_runtime import env
+
 # -march=native: kernels are compiled on the machine that runs them (bundles
 # record the source, so another machine rebuilds). No -ffast-math: isfinite
 # checks (x - x == 0) and inf masks must keep IEEE semantics. -fno-trapping-math
@@ -36,15 +38,13 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TESSERA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tessera")
-    path = Path(root) / "kernels"
+    path = env.cache_root() / "kernels"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def host_compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = env.host_compiler()
     if not cxx:
         raise KernelBuildError("no C++ compiler found: install g++ or set CXX")
     return cxx
@@ -108,7 +108,7 @@ def nvshmem_home() -> Path | None:
     """The NVSHMEM installation with `include/nvshmem.h` and
     `lib/libnvshmem_device.a`: NVSHMEM_HOME, else the `nvidia-nvshmem-cu13`
     (or -cu12) wheel's directory."""
-    candidates = [os.environ.get("NVSHMEM_HOME")]
+    candidates = [env.get("NVSHMEM_HOME")]
     try:
         import nvidia.nvshmem as wheel
         candidates += [str(Path(p)) for p in wheel.__path__]

@@ -45,67 +45,27 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
-from .tile_emitter import (_BF16_HELPERS, _ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter,
-                           Tile, c_literal, ctype, kernels_of, marked_args, tile_of)
-from ..passes_common import enum_of
+from ..ir.analysis import multiple_of
+from ..ir.options import DEFAULT, TargetOptions
+from ..ir.support import kernels_of, marked_args
+from ..ir.types import enum_of, tile_of
+from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
 from .register_loop import RegisterLoop
+from .tile_emitter import (BF16_HELPERS, ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter, Tile,
+                           c_literal, ctype)
 
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
-#: Seconds after which a thread still waiting on an mbarrier traps, or
-#: None (the default: no check in the wait loop). A ring whose phases are
-#: wrong then fails its launch in seconds instead of hanging the GPU:
-#: bench/gpu_kit.py builds its checks with it. It only reads the global
-#: timer and traps: a printf would be a function call, across which ptxas
-#: serializes every wgmma (measured: "wgmma pipeline crossing function
-#: boundary"), so the checks would not test the asynchronous kernels.
-WAIT_WATCHDOG_S: float | None = None
 _ALIGN = 16
-
-
-# The preprocessor branch of a kernel's wgmma code (sm_90a, and the
-# emulator unless told to run the plain-sm_90 branch); its #else is mma.sync.
-WGMMA_BRANCH = ("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || "
-                "(defined(TESSERA_EMULATED_PTX) && !defined(TESSERA_EMULATE_NO_WGMMA))")
-
-
-def swizzled_desc(tile: str, rows: int, k: str, k_major: bool) -> str:
-    """The wgmma descriptor of the k step starting at element `k` (a multiple
-    of 16) of a `rows`-row tile stored 128-byte swizzled (`_cp_async_tile`
-    with no pitch: 64-column panels of `rows` 128-byte rows). K-major: the
-    tile's rows are M or N and its columns K, so a step is 16 columns within
-    a panel (SBO: 8 rows, 1024 bytes). N-major: its rows are K, so a step is
-    16 rows (LBO: the panel stride, SBO: 8 rows)."""
-    if k_major:
-        return f"tessera_wgmma_desc({tile} + ({k} >> 6) * {rows * 64} + ({k} & 63), 16, 1024)"
-    return f"tessera_wgmma_desc({tile} + {k} * 64, {rows * 128}, 1024)"
 
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
-POINTWISE = set(_ELEMENTWISE_EXPRESSIONS) | {
+POINTWISE = set(ELEMENTWISE_EXPRESSIONS) | {
     "ttile.fill", "ttile.iota", "ttile.broadcast", "ttile.load", "ttile.store"}
 
 _MMA_TYPES = {"bf16": "bf16", "f16": "f16"}
-
-_REDUCE = {"sum": ("0", "a + b"), "prod": ("1", "a * b"), "max": ("-INFINITY", "(b > a ? b : a)"),
-           "min": ("INFINITY", "(b < a ? b : a)")}
-
-
-@dataclass
-class Fragment:
-    """A tile held in registers as the accumulator of a tensor-core main loop:
-    thread (warp, lane) holds `name[mi][ni][q]` for element
-    row = wm0 + 16*mi + lane/4 + 8*(q/2), col = wn0 + 8*ni + 2*(lane%4) + q%2."""
-    name: str
-    shape: list[int]        # [BM, BN]
-    mt: int                 # 16-row mma tiles per warp
-    nt: int                 # 8-column mma tiles per warp
-    wm0: str                # C names of this warp's first row / column
-    wn0: str
-    lane: str
-
 
 @dataclass
 class Region:
@@ -115,31 +75,12 @@ class Region:
     fragment: Fragment | None = None
 
 
-def _multiple_of(value: ir.Value, n: int) -> bool:
-    """Whether index `value` is provably a multiple of `n` (constants, products
-    with a multiple, sums of multiples, loop variables stepping by one)."""
-    owner = value.owner
-    if isinstance(owner, ir.Block):
-        parent = owner.owner.operation
-        if parent.name == "scf.for" and value == owner.arguments[0]:
-            lb, _, step = list(parent.operands)[:3]
-            return _multiple_of(lb, n) and _multiple_of(step, n)
-        return False
-    op = owner.operation
-    if op.name == "arith.constant":
-        return ir.IntegerAttr(op.attributes["value"]).value % n == 0
-    if op.name == "arith.muli":
-        return any(_multiple_of(v, n) for v in op.operands)
-    if op.name in ("arith.addi", "arith.subi"):
-        return all(_multiple_of(v, n) for v in op.operands)
-    return False
-
-
 class CudaKernelEmitter(KernelEmitter):
     cuda = True
 
-    def __init__(self):
+    def __init__(self, options: TargetOptions = DEFAULT):
         super().__init__()
+        self.options = options
         self.region: Region | None = None
         self.frags: dict = {}               # value -> Fragment
         self.scalars: dict = {}             # value -> C name, inside a region loop
@@ -192,7 +133,7 @@ class CudaKernelEmitter(KernelEmitter):
                     self.last_use[arg] = max(end[op], self.last_use.get(res, end[op]))
         self.live, self.holes = {}, []       # tile -> (offset, bytes, last use); free ranges
 
-    def _smem(self, nbytes: int, align: int = _ALIGN) -> int:
+    def smem(self, nbytes: int, align: int = _ALIGN) -> int:
         """The offset, a multiple of `align`, of `nbytes` (rounded up to
         `_ALIGN`) of shared memory: the first free range that holds them,
         else the end. Alignment padding at the end stays free."""
@@ -234,7 +175,7 @@ class CudaKernelEmitter(KernelEmitter):
         tile = super().new_tile(value)
         size = 1 if tile.ctype == "bool" else (8 if tile.ctype in ("double", "int64_t") else 4)
         nbytes = tile.size * size
-        offset = self._smem(nbytes)
+        offset = self.smem(nbytes)
         owner = value.owner
         defined = self.position.get(owner.owner if isinstance(owner, ir.Block) else owner, 0)
         self.live[tile.name] = (offset, _aligned(nbytes),
@@ -581,7 +522,7 @@ class CudaKernelEmitter(KernelEmitter):
             # size-1 dimensions ignore them: broadcasting is free.
             self.scalars[result] = self._value(op.operands[0])
             return
-        if name not in _ELEMENTWISE_EXPRESSIONS:
+        if name not in ELEMENTWISE_EXPRESSIONS:
             raise EmitError(f"the CUDA emitter does not support '{name}'", op.location)
         self._define(result, self.expression(op, [self._value(v) for v in op.operands]))
 
@@ -605,7 +546,7 @@ class CudaKernelEmitter(KernelEmitter):
         r = self.new_tile(op.results[0])
         dim = ir.IntegerAttr(op.attributes["dim"]).value
         kind = enum_of(op)
-        identity, combine = _REDUCE[kind]
+        identity, combine = REDUCE[kind]
         inner = math.prod(src.shape[dim + 1:])
         n, outs = src.shape[dim], r.size
         # Lanes per output: a power of two up to a warp, so the partial results
@@ -654,14 +595,14 @@ class CudaKernelEmitter(KernelEmitter):
         self.line(f"float {acc}[{m // wm // 16}][{n // wn // 8}][4];")
         return acc, lane, wm0, wn0
 
-    def _mma_tiles(self, mma: str, acc: str, mt: int, nt: int) -> None:
+    def mma_tiles(self, mma: str, acc: str, mt: int, nt: int) -> None:
         """acc[mi][ni] += af[mi] x bf[ni] for every mma tile of the warp."""
         self.line("#pragma unroll")
         self.line(f"for (int mi = 0; mi < {mt}; ++mi)")
         self.line("#pragma unroll")
         self.line(f"  for (int ni = 0; ni < {nt}; ++ni) {mma}({acc}[mi][ni], af[mi], bf[ni]);")
 
-    def _load_a_fragments(self, smem: str, ld: int, k0: str, m0: str, lane: str, mt: int) -> None:
+    def load_a_fragments(self, smem: str, ld: int, k0: str, m0: str, lane: str, mt: int) -> None:
         """`af[mt][4]`: the mma A fragments of the k step starting at `k0`,
         for rows `m0` on, from a bf16 shared-memory tile (m x k, row pitch
         `ld`), one ldmatrix.x4 per 16 rows."""
@@ -669,7 +610,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.line(f"for (int mi = 0; mi < {mt}; ++mi) tessera_ldmatrix_x4(af[mi], {smem} + "
                   f"({m0} + 16 * mi + ({lane} & 15)) * {ld} + {k0} + ({lane} >> 4) * 8);")
 
-    def _load_b_fragments(self, smem: str, ld: int, k0: str, n0: str, lane: str, nt: int,
+    def load_b_fragments(self, smem: str, ld: int, k0: str, n0: str, lane: str, nt: int,
                           transposed: bool) -> None:
         """`bf[nt][2]`: the mma B fragments of the k step starting at `k0`, for
         columns `n0` on, from a bf16 shared-memory tile with row pitch `ld`,
@@ -741,7 +682,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.line(f"    const float* p = {b.name} + (kk + 2 * {t} + 8 * r) * {n} + {wn0} + 8 * ni + {g};")
         self.line(f"    bf[ni][r] = tessera_pack_bf16(p[0], p[{n}]);")
         self.line("  }")
-        self._mma_tiles("tessera_mma_bf16", acc, mt, nt)
+        self.mma_tiles("tessera_mma_bf16", acc, mt, nt)
         self.indent -= 1
         self.line("}")
         self.frags[op.results[0]] = Fragment(acc, [m, n], mt, nt, wm0, wn0, lane)
@@ -773,7 +714,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.for_each(M * N, body)
 
     # -- cp.async staging ------------------------------------------------------------
-    def _load_start(self, load) -> tuple[str, str, list[int]]:
+    def load_start(self, load) -> tuple[str, str, list[int]]:
         """(C name, flat element offset, shape) of the buffer a `ttile.load`
         reads, at its offsets."""
         buf = self.names[load.operands[0]]
@@ -782,13 +723,13 @@ class CudaKernelEmitter(KernelEmitter):
                            for d, v in enumerate(list(load.operands)[1:]))
         return buf, start, shape
 
-    def _cp_async_tile(self, dst: str, load, rows: int, cols: int, ld: int | None) -> None:
+    def cp_async_tile(self, dst: str, load, rows: int, cols: int, ld: int | None) -> None:
         """Copies `load`'s rows x cols 16-bit tile to shared memory at `dst`
         in 16-byte cp.async chunks over the block: rows `ld` elements apart,
         or, with `ld` None, in wgmma's 128-byte swizzle (64-column panels of
         128-byte rows, chunk c of row r at chunk c ^ (r % 8); see
         `_wgmma_main_loop`)."""
-        buf, start, shape = self._load_start(load)
+        buf, start, shape = self.load_start(load)
         place = (f"((c >> 6) * {rows} + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3)"
                  if ld is None else f"r * {ld} + c")
         self.line("#pragma unroll")
@@ -811,7 +752,7 @@ class CudaKernelEmitter(KernelEmitter):
         emit()
         self.names[iv] = saved
 
-    def _staged_loop(self, iv: ir.Value, bounds, load, body, lag: int = 0,
+    def staged_loop(self, iv: ir.Value, bounds, load, body, lag: int = 0,
                      ready: str | None = None, full: str | None = None) -> None:
         """An scf.for (induction variable `iv`, `bounds` lb/ub/step) whose
         loads stream through a ring of `stages` shared-memory slots:
@@ -827,8 +768,8 @@ class CudaKernelEmitter(KernelEmitter):
         refilled is the one read lag + 1 iterations ago. With nothing ahead,
         each iteration loads its own slot and ends with a barrier.
 
-        With `full` (one mbarrier per slot, from _mbarrier_ring) `load(slot)`
-        issues TMA copies counted on `&full[slot]` (_tma_copies): thread 0
+        With `full` (one mbarrier per slot, from mbarrier_ring) `load(slot)`
+        issues TMA copies counted on `&full[slot]` (tma_copies): thread 0
         runs it, and each iteration waits on its slot's barrier phase
         instead of a cp.async group."""
         lb, ub, step = (self.scalar(v) for v in bounds)
@@ -941,7 +882,7 @@ class CudaKernelEmitter(KernelEmitter):
             buf = list(load.operands)[0]
             shape = list(ir.MemRefType(buf.type).shape)
             offsets = list(load.operands)[1:]
-            if shape[-1] % 8 or not _multiple_of(offsets[-1], 8):
+            if shape[-1] % 8 or not multiple_of(offsets[-1], 8):
                 return None, "a loaded tile is not 16-byte aligned (cp.async needs it)"
         return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, wgmma=wgmma, tma=all(tma), iv=iv,
                     load_a=load_a,
@@ -973,8 +914,8 @@ class CudaKernelEmitter(KernelEmitter):
         # swizzled instead, in 1024-byte atoms that must start 1024-aligned.
         mma_ring = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
         wgmma_ring = stages * (bm * bk + bk * bn) * 2
-        ring = (self._smem(max(mma_ring, wgmma_ring), align=1024) if p["wgmma"]
-                else self._smem(mma_ring))
+        ring = (self.smem(max(mma_ring, wgmma_ring), align=1024) if p["wgmma"]
+                else self.smem(mma_ring))
         fill = c_literal(ir.FloatAttr(init.attributes["value"]).value, "float")
         instruction = ("wgmma.mma_async.m64n{bn}k16 from 128-byte-swizzled shared memory, "
                        "mma.sync.m16n8k16 on plain sm_90" if p["wgmma"]
@@ -1026,8 +967,8 @@ class CudaKernelEmitter(KernelEmitter):
                   f"{ring + self.stages * a_elems * 2});")
 
         def load_stage(stage: str) -> None:
-            self._cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], p["bm"], p["bk"], lda)
-            self._cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], p["bk"], p["bn"], ldb)
+            self.cp_async_tile(f"sa + ({stage}) * {a_elems}", p["load_a"], p["bm"], p["bk"], lda)
+            self.cp_async_tile(f"sb + ({stage}) * {b_elems}", p["load_b"], p["bk"], p["bn"], ldb)
         return load_stage
 
     def _mma_sync_main_loop(self, p, ring: int, acc: str, lane: str, wm0: str, wn0: str) -> None:
@@ -1049,13 +990,13 @@ class CudaKernelEmitter(KernelEmitter):
             self.line(f"for (int kk = 0; kk < {bk}; kk += 16) {{")
             self.indent += 1
             self.line(f"uint32_t af[{mt}][4], bf[{nt}][2];")
-            self._load_a_fragments("a_st", lda, "kk", wm0, lane, mt)
-            self._load_b_fragments("b_st", ldb, "kk", wn0, lane, nt, transposed=False)
-            self._mma_tiles(mma, acc, mt, nt)
+            self.load_a_fragments("a_st", lda, "kk", wm0, lane, mt)
+            self.load_b_fragments("b_st", ldb, "kk", wn0, lane, nt, transposed=False)
+            self.mma_tiles(mma, acc, mt, nt)
             self.indent -= 1
             self.line("}")
 
-        self._staged_loop(p["iv"], p["bounds"], load_stage, compute)
+        self.staged_loop(p["iv"], p["bounds"], load_stage, compute)
         self.indent -= 1
         self.line("}")
 
@@ -1064,7 +1005,7 @@ class CudaKernelEmitter(KernelEmitter):
         64g..64g+63 of the stage's A tile by its whole B tile, both read by
         the tensor cores from shared memory through matrix descriptors.
         Tiles are stored as 64-column panels of 128-byte rows, 16-byte chunks
-        XOR-swizzled by row % 8 (the 128-byte swizzle; `_cp_async_tile`): A
+        XOR-swizzled by row % 8 (the 128-byte swizzle; `cp_async_tile`): A
         is K-major (rows of K), B N-major (rows of N, panels of 64 columns
         `bk * 128` bytes apart, groups of 8 rows 1024 bytes apart). With 3+
         stages one iteration's wgmma group stays in flight while the next is
@@ -1104,7 +1045,7 @@ class CudaKernelEmitter(KernelEmitter):
             # cp.async writes through the generic proxy, wgmma reads through
             # the async proxy: each thread fences its landed copies before
             # the barrier.
-            self._staged_loop(p["iv"], p["bounds"], load_stage, compute, lag=lag,
+            self.staged_loop(p["iv"], p["bounds"], load_stage, compute, lag=lag,
                               ready="tessera_fence_proxy_async();")
         self.line("tessera_wgmma_wait<0>();")
         self.line(f"tessera_wgmma_fence_operands<{n_acc}>(&{acc}[0][0][0]);")
@@ -1116,7 +1057,7 @@ class CudaKernelEmitter(KernelEmitter):
         """Issues the TMA copies of `load`'s rows x cols tile to shared memory
         at `dst` (one thread): one box of `rows` x 64 columns per 64-column
         panel, each landing as `rows` 128-byte rows swizzled by the tensor
-        map (CU_TENSOR_MAP_SWIZZLE_128B), the layout `_cp_async_tile` writes
+        map (CU_TENSOR_MAP_SWIZZLE_128B), the layout `cp_async_tile` writes
         for wgmma; completion is counted in bytes on `barrier`. The tensor map
         (the load's kernel argument, that box) is the runtime's job."""
         source = list(load.operands)[0]
@@ -1131,12 +1072,12 @@ class CudaKernelEmitter(KernelEmitter):
             self.line(f"tessera_tma_load_{rank}d({dst} + {panel * rows * 64}, {tmap}, "
                       f"{', '.join([inner] + coords[1:])}, {barrier});")
 
-    def _mbarrier_ring(self, *barriers) -> list[str]:
+    def mbarrier_ring(self, *barriers) -> list[str]:
         """One mbarrier per ring slot for each of `barriers` ((name, arrivals
         a phase)), initialized before a block barrier; returns their names."""
         names, inits = [], []
         for name, count in barriers:
-            offset = self._smem(8 * self.stages, align=8)
+            offset = self.smem(8 * self.stages, align=8)
             self.line(f"uint64_t* const {name} = reinterpret_cast<uint64_t*>(tessera_smem + {offset});")
             names.append(name)
             inits.append(f"tessera_mbarrier_init(&{name}[s], {count});")
@@ -1147,7 +1088,7 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("__syncthreads();")
         return names
 
-    def _tma_copies(self, full: str, copies) -> None:
+    def tma_copies(self, full: str, copies) -> None:
         """One thread's code: arms mbarrier `full` with the bytes of `copies`
         ((shared-memory destination, load, rows, cols) of 16-bit tiles) and
         issues them."""
@@ -1162,11 +1103,11 @@ class CudaKernelEmitter(KernelEmitter):
         barriers' names and issue(slot, it), the copies of iteration `it`
         into `slot` (for one thread to run)."""
         lb, ub, step = (self.scalar(v) for v in p["bounds"])
-        names = self._mbarrier_ring(("full", 1), *barriers)
+        names = self.mbarrier_ring(("full", 1), *barriers)
         self._trip_count(lb, ub, step)
 
         def issue(slot: str, it: str) -> None:
-            self._at_iteration(p["iv"], lb, step, it, lambda: self._tma_copies(
+            self._at_iteration(p["iv"], lb, step, it, lambda: self.tma_copies(
                 f"&{names[0]}[{slot}]",
                 [(f"sa + ({slot}) * {a_elems}", p["load_a"], p["bm"], p["bk"]),
                  (f"sb + ({slot}) * {b_elems}", p["load_b"], p["bk"], p["bn"])]))
@@ -1411,8 +1352,8 @@ __device__ __forceinline__ uint64_t tessera_globaltimer_ns() {
   return t;
 }
 // Returns once the barrier's phase of this parity has completed. With
-// TESSERA_WAIT_WATCHDOG_NS defined (cuda_emitter.WAIT_WATCHDOG_S), a wait
-// that outlasts it traps (the launch fails; no printf: see WAIT_WATCHDOG_S).
+// TESSERA_WAIT_WATCHDOG_NS defined (TargetOptions.wait_watchdog_s), a wait
+// that outlasts it traps (the launch fails; no printf: see emit_cuda_kernels).
 __device__ __forceinline__ void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
   uint32_t done;
 #ifdef TESSERA_WAIT_WATCHDOG_NS
@@ -1497,7 +1438,7 @@ typedef unsigned long long uint64_t;
 #include <cstdint>
 #include <cstring>
 #endif
-""" + _BF16_HELPERS.format(q="__device__") + """\
+""" + BF16_HELPERS.format(q="__device__") + """\
 // 2^x on the special-function unit (subnormal results flush to zero).
 __device__ __forceinline__ float tessera_ex2(float x) {
 #ifdef TESSERA_EMULATED_PTX
@@ -1515,16 +1456,25 @@ __device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
 """ + _MMA_HELPERS + _WGMMA_HELPERS + _TMA_HELPERS
 
 
-def emit_cuda_kernels(module) -> tuple[str, dict]:
+def emit_cuda_kernels(module, options: TargetOptions = DEFAULT) -> tuple[str, dict]:
     """CUDA C++ for every ttile.kernel of `module`, and each kernel's launch
     configuration: {name: {"grid", "block", "shared_bytes"}}, plus, for
     kernels calling NVSHMEM, `"nvshmem": True` and `"signals"`: the indices
     of arguments marked `ttile.signals` (the runtime zeroes them, then runs a
-    barrier over all PEs, before each launch)."""
+    barrier over all PEs, before each launch).
+
+    `options.wait_watchdog_s` (None: no check) makes a thread still waiting
+    on an mbarrier after that many seconds trap, so a ring whose phases are
+    wrong fails its launch in seconds instead of hanging the GPU
+    (bench/gpu_kit.py builds its checks with it). The check only reads the
+    global timer and traps: a printf would be a function call, across which
+    ptxas serializes every wgmma (measured: "wgmma pipeline crossing
+    function boundary"), so the checks would not test the asynchronous
+    kernels."""
     parts, launches, nvshmem = [CUDA_PRELUDE], {}, False
     wgmma_shapes = set()
     for kernel in kernels_of(module):
-        emitter = CudaKernelEmitter()
+        emitter = CudaKernelEmitter(options)
         parts.append(emitter.emit_kernel(kernel))
         wgmma_shapes |= emitter.wgmma_shapes
         launch = dict(emitter.launch)
@@ -1534,8 +1484,9 @@ def emit_cuda_kernels(module) -> tuple[str, dict]:
         launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
     parts[1:1] = [wgmma_wrapper(*shape) for shape in sorted(wgmma_shapes)]
-    if WAIT_WATCHDOG_S is not None:
-        parts.insert(0, f"#define TESSERA_WAIT_WATCHDOG_NS {int(WAIT_WATCHDOG_S * 1e9)}ull\n")
+    if options.wait_watchdog_s is not None:
+        watchdog_ns = int(options.wait_watchdog_s * 1e9)
+        parts.insert(0, f"#define TESSERA_WAIT_WATCHDOG_NS {watchdog_ns}ull\n")
     if nvshmem:
         # Device-initiated communication: NVSHMEM's device API (compile with
         # -rdc=true and link libnvshmem_device; see build.build_cuda_cubin).
@@ -1543,6 +1494,6 @@ def emit_cuda_kernels(module) -> tuple[str, dict]:
     return "\n".join(parts), launches
 
 
-def emit_cuda(module) -> str:
+def emit_cuda(module, options: TargetOptions = DEFAULT) -> str:
     """CUDA C++: one `extern "C" __global__` kernel per ttile.kernel."""
-    return emit_cuda_kernels(module)[0]
+    return emit_cuda_kernels(module, options)[0]

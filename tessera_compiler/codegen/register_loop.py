@@ -38,8 +38,10 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
-from .tile_emitter import _ELEMENTWISE_EXPRESSIONS, EmitError, Tile, c_literal, ctype, tile_of
-from ..passes_common import enum_of
+from ..ir.analysis import multiple_of
+from ..ir.types import enum_of, tile_of
+from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
+from .tile_emitter import ELEMENTWISE_EXPRESSIONS, EmitError, Tile, c_literal, ctype
 
 @dataclass
 class _Val:
@@ -109,7 +111,6 @@ class RegisterLoop:
     # -- planning ----------------------------------------------------------------
     def plan(self) -> str | None:
         """None when the loop runs with its tiles in registers, else why not."""
-        from .cuda_emitter import _multiple_of
         em = self.em
         if em.threads % 32:
             return f"{em.threads} threads is not whole warps"
@@ -130,7 +131,7 @@ class RegisterLoop:
         self.loads, self.invariant_a, self.direct = [], [], set()
         kinds = {a: ("col" if tile_of(a.type)[0][1] == 1 else "frag") for a in self.carried}
         for o in self.body:
-            why = self._classify(o, kinds, _multiple_of)
+            why = self._classify(o, kinds, multiple_of)
             if why:
                 return why
         self.kinds = kinds
@@ -213,7 +214,7 @@ class RegisterLoop:
                 return "a reduction is not along the rows of an f32 register tile"
             kinds[o.results[0]] = "col"
             return None
-        if name in ("ttile.fill", "ttile.broadcast", "ttile.iota") or name in _ELEMENTWISE_EXPRESSIONS:
+        if name in ("ttile.fill", "ttile.broadcast", "ttile.iota") or name in ELEMENTWISE_EXPRESSIONS:
             shape = self._shape(o.results[0])
             if len(shape) != 2 or shape[0] != bm or (shape[1] != 1 and shape[1] % 8):
                 return f"'{name}' on a {'x'.join(map(str, shape))} tile (not [{bm}, 1] or [{bm}, 8k])"
@@ -309,7 +310,6 @@ class RegisterLoop:
 
     # -- emission ------------------------------------------------------------------
     def emit(self) -> None:
-        from .cuda_emitter import WGMMA_BRANCH
         em, op = self.em, self.op
         stages = em.stages
         self.vals: dict = {}
@@ -349,7 +349,7 @@ class RegisterLoop:
         # shared A operands.
         branches = (False, True) if self.wgmma else (False,)
         ring_bytes = max(self._ring_layout(wgmma)[1] for wgmma in branches)
-        ring = em._smem(ring_bytes, align=1024 if self.wgmma else 16)
+        ring = em.smem(ring_bytes, align=1024 if self.wgmma else 16)
         outer = dict(self.vals)
         if self.wgmma:
             self.line(WGMMA_BRANCH)
@@ -482,7 +482,7 @@ class RegisterLoop:
             self.line("#pragma unroll")
             self.line("    for (int r = 0; r < 4; ++r) {")
             if a in self.direct:         # two adjacent bf16s of the global buffer
-                buf, start, shape = em._load_start(a.owner.operation)
+                buf, start, shape = em.load_start(a.owner.operation)
                 self.line(f"      const uint16_t* p = {buf} + {start} + (int64_t){at[0]} * {shape[-1]} "
                           f"+ {at[1]};")
                 self.line(f"      {name}[mi][kk][r] = (uint32_t)p[0] | ((uint32_t)p[1] << 16);")
@@ -504,7 +504,7 @@ class RegisterLoop:
             name, k = em.fresh("sa"), tile_of(a.type)[0][1]
             self.smem_a[a] = (name, None if wgmma else k + 8)
             self.line(f"uint16_t* const {name} = reinterpret_cast<uint16_t*>(tessera_smem + {base});")
-            em._cp_async_tile(name, a.owner.operation, self.bm, k, self.smem_a[a][1])
+            em.cp_async_tile(name, a.owner.operation, self.bm, k, self.smem_a[a][1])
             base += self.bm * (k if wgmma else k + 8) * 2
         if self.smem_a:
             # Their own commit group, older than the ring's first: the loop's
@@ -516,7 +516,7 @@ class RegisterLoop:
         # through; cp.async writes through the generic proxy, so each thread
         # fences its landed copies (the ring's, or only the shared A
         # operands' with TMA) before the barrier.
-        full = em._mbarrier_ring(("full", 1))[0] if wgmma and self.tma else None
+        full = em.mbarrier_ring(("full", 1))[0] if wgmma and self.tma else None
         self.full = full
         ready = None
         if wgmma and not full:
@@ -534,9 +534,9 @@ class RegisterLoop:
                 if full:
                     copies.append((dst, tile_load, rows, cols))
                 else:
-                    em._cp_async_tile(dst, tile_load, rows, cols, ld)
+                    em.cp_async_tile(dst, tile_load, rows, cols, ld)
             if full:
-                em._tma_copies(f"&{full}[{slot}]", copies)
+                em.tma_copies(f"&{full}[{slot}]", copies)
 
         turns = wgmma and self.pingpong
         first = self.PINGPONG_BARRIER
@@ -563,7 +563,7 @@ class RegisterLoop:
         if ahead:   # across iterations: each one's ahead dot is issued in the one before
             self.ahead_cur = self._declare(self.ahead_dot.results[0], "frag")
 
-        em._staged_loop(self.iv, list(op.operands)[:3], load, body, ready=ready, full=full)
+        em.staged_loop(self.iv, list(op.operands)[:3], load, body, ready=ready, full=full)
         if turns:
             # Warpgroup 1's hand-over after its last wgmma: warpgroup 0
             # takes it, so no barrier keeps arrivals past the loop.
@@ -571,11 +571,6 @@ class RegisterLoop:
                       f"tessera_named_barrier_sync({first}, 256);")
         em.indent -= 1
         self.line("}")
-
-    #: Registers per thread that the loop's carried tiles and its invariant
-    #: A operands may take before the A operands move to shared memory
-    #: (sm_90 allows 255; the loop's temporaries need the rest).
-    REGISTER_BUDGET = 160
 
     def _shared_a_operands(self, wgmma: bool) -> dict:
         """The invariant A operands to keep in shared memory (as keys). Only
@@ -585,19 +580,19 @@ class RegisterLoop:
         there every one that qualifies goes; mma.sync
         reads it with ldmatrix per k step, so there the largest go first,
         only while the carried tiles and the A operands held in registers
-        exceed REGISTER_BUDGET."""
-        from .cuda_emitter import _multiple_of
+        exceed `TargetOptions.register_budget` registers per thread (160:
+        sm_90 allows 255; the loop's temporaries need the rest)."""
         carried = sum(self.mt * (tile_of(a.type)[0][1] // 8) * 4 if tile_of(a.type)[0][1] > 1
                       else self.mt * 2 for a in self.carried)
         regs = {a: self.mt * tile_of(a.type)[0][1] // 16 * 4 for a in self.invariant_a}
         total = carried + sum(regs.values())
         shared = {}
         for a in sorted(self.invariant_a, key=lambda a: -regs[a]):
-            if total <= self.REGISTER_BUDGET and not wgmma:
+            if total <= self.em.options.register_budget and not wgmma:
                 break
             load = a.owner.operation if not isinstance(a.owner, ir.Block) else None
             if a not in self.direct or list(ir.MemRefType(load.operands[0].type).shape)[-1] % 8 \
-                    or not _multiple_of(list(load.operands)[-1], 8) \
+                    or not multiple_of(list(load.operands)[-1], 8) \
                     or (wgmma and tile_of(a.type)[0][1] % 64):     # whole swizzle panels
                 continue
             shared[a] = None
@@ -653,7 +648,7 @@ class RegisterLoop:
         columns 8 ni + 2t + j, read from global memory."""
         em = self.em
         n = tile_of(result.type)[0][1]
-        buf, start, shape = em._load_start(load)
+        buf, start, shape = em.load_start(load)
         name = em.fresh("row")
         read = f"{buf}[{start} + (int64_t)(8 * ni + 2 * {self.t} + j) * {shape[-1]}]"
         if em.buffer_elements[buf] == "bf16":
@@ -666,9 +661,8 @@ class RegisterLoop:
         self.vals[result] = _Val("row", name, (1, n))
 
     def _reduce(self, o) -> None:
-        from .cuda_emitter import _REDUCE
         src = self.vals[o.operands[0]]
-        identity, combine = _REDUCE[enum_of(o)]
+        identity, combine = REDUCE[enum_of(o)]
         r = self._declare(o.results[0], "col")
         self.line("#pragma unroll")
         self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
@@ -712,7 +706,7 @@ class RegisterLoop:
         self.line(f"uint32_t af[{self.mt}][4], bf[{n // 8}][2];")
         if a in self.smem_a:
             sa, a_ld = self.smem_a[a]
-            self.em._load_a_fragments(sa, a_ld, "16 * kk", self.wm0, self.lane, self.mt)
+            self.em.load_a_fragments(sa, a_ld, "16 * kk", self.wm0, self.lane, self.mt)
         else:
             self.line("#pragma unroll")
             self.line(f"for (int mi = 0; mi < {self.mt}; ++mi)")
@@ -726,8 +720,8 @@ class RegisterLoop:
                 self.line(f"    const float* p = {x}[mi][2 * kk + (r >> 1)] + 2 * (r & 1);")
                 self.line("    af[mi][r] = tessera_pack_bf16(p[0], p[1]);")
             self.line("  }")
-        self.em._load_b_fragments(name, ld, "16 * kk", "0", self.lane, n // 8, transposed=trans)
-        self.em._mma_tiles("tessera_mma_bf16", r.name, self.mt, n // 8)
+        self.em.load_b_fragments(name, ld, "16 * kk", "0", self.lane, n // 8, transposed=trans)
+        self.em.mma_tiles("tessera_mma_bf16", r.name, self.mt, n // 8)
         self.em.indent -= 1
         self.line("}")
 
@@ -763,7 +757,6 @@ class RegisterLoop:
                   f"{'K-major (the staged tile read transposed)' if k_major else 'N-major'}")
         self.line("{")
         em.indent += 1
-        from .cuda_emitter import swizzled_desc
         if in_registers and a not in self.regs_of:
             x = self.vals[a].name
             self.line(f"uint32_t ra[{k // 16}][4];")
@@ -871,7 +864,6 @@ class RegisterLoop:
     def _results(self, carried: list[_Val]) -> None:
         """Fragments stay in registers (the emitter's Fragment); columns go to
         shared memory for whatever reads them after the loop."""
-        from .cuda_emitter import Fragment
         em = self.em
         spilled = False
         for res, val in zip(self.op.results, carried):

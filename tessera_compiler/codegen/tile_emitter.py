@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
-from ..passes_common import enum_of
+from ..ir.support import kernels_of, marked_args
+from ..ir.types import enum_of, tile_of
 
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
                "ttile.wait", "ttile.fence", "ttile.quiet"}
@@ -64,16 +65,9 @@ class Tile:
         return math.prod(self.shape)
 
 
-def tile_of(t: ir.Type) -> tuple[list[int], str]:
-    text = str(t)  # !ttile.tile<8x16xf32>
-    body = text[len("!ttile.tile<"):-1]
-    *dims, elt = body.split("x")
-    return [int(d) for d in dims], elt
-
-
 # Elementwise tile ops that are one C expression of their operands' elements
 # (`KernelEmitter.expression`; the result element type is `ct`).
-_ELEMENTWISE_EXPRESSIONS = {
+ELEMENTWISE_EXPRESSIONS = {
     "ttile.add": lambda em, op, ct, a, b: f"{a} + {b}",
     "ttile.sub": lambda em, op, ct, a, b: f"{a} - {b}",
     "ttile.mul": lambda em, op, ct, a, b: f"{a} * {b}",
@@ -189,7 +183,7 @@ class KernelEmitter:
     # -- ops ---------------------------------------------------------------
     def emit_op(self, op: ir.Operation) -> None:
         name = op.name
-        if name in _ELEMENTWISE_EXPRESSIONS:
+        if name in ELEMENTWISE_EXPRESSIONS:
             self._elementwise(op)
             return
         handler = getattr(self, "op_" + name.replace(".", "_"), None)
@@ -311,7 +305,7 @@ class KernelEmitter:
     def expression(self, op, xs: list[str]) -> str:
         """The C expression of elementwise `op` on operand elements `xs`."""
         ct = ctype(tile_of(op.results[0].type)[1], op.location)
-        return _ELEMENTWISE_EXPRESSIONS[op.name](self, op, ct, *xs)
+        return ELEMENTWISE_EXPRESSIONS[op.name](self, op, ct, *xs)
 
     def _elementwise(self, op):
         srcs = [self.names[v] for v in op.operands]
@@ -461,24 +455,9 @@ class KernelEmitter:
             self.for_each(t.size, lambda e, t=t, src=src: self.line(f"{t.name}[{e}] = {src.name}[{e}];"))
 
 
-def marked_args(kernel: ir.Operation, marker: str) -> list[int]:
-    """Indices of the kernel arguments whose attributes include `marker`
-    (`ttile.symmetric`, `ttile.signals`)."""
-    attrs = kernel.attributes
-    arg_attrs = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
-    return [i for i, d in enumerate(arg_attrs) if marker in ir.DictAttr(d)]
-
-
-def kernels_of(module) -> list[ir.Operation]:
-    """The ttile.kernel ops of a module (an `ir.Module` or its operation)."""
-    op = module.operation if isinstance(module, ir.Module) else module
-    return [k.operation for k in op.regions[0].blocks[0].operations
-            if k.operation.name == "ttile.kernel"]
-
-
 # bfloat16 <-> float by bit manipulation (round to nearest even), so the
 # generated code needs no compiler support for a bf16 type.
-_BF16_HELPERS = """\
+BF16_HELPERS = """\
 {q} inline float bf16_to_float(uint16_t h) {{
   uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4); return f;
 }}
@@ -584,7 +563,7 @@ _CPP_PRELUDE = """\
 #include <cstdint>
 #include <cstring>
 #include <vector>
-""" + _BF16_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
+""" + BF16_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
 
 def emit_cpp(module: ir.Module) -> str:
     """C++ for the CPU engine: one `extern "C"` function per ttile.kernel."""

@@ -1,4 +1,5 @@
 // RUN: tessera-opt %s --split-input-file --tessera-lower-to-schedule --verify-diagnostics | FileCheck %s
+// RUN: tessera-opt %s --split-input-file --pass-pipeline='builtin.module(tessera-lower-to-schedule{nvshmem-auto-max-bytes=4096})' --verify-diagnostics | FileCheck %s --check-prefix=SMALL
 
 // Inputs are partitioned Graph IR (per-rank shapes, explicit collectives), as
 // tessera-partition leaves it.
@@ -125,10 +126,15 @@ func.func @auto_cpu(%x: tensor<64x32xbf16>, %w: tensor<32x16xbf16>) -> tensor<12
 
 // -----
 
-// transport = auto on the GPU target, operand within NVSHMEM_AUTO_MAX_BYTES:
+// transport = auto on the GPU target, operand within nvshmem-auto-max-bytes:
 // fused. A gathered operand past it (512 MiB of bf16) stays a collective.
+// With the option at 4096 bytes the 16 KiB gathered operand stays one too.
 module attributes {tessera.target = "gpu"} {
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// SMALL-LABEL: func.func @auto_gpu
+// SMALL: tsched.collective_start <all_gather>
+// SMALL-NOT: gather_matmul
+// SMALL: tsched.launch @auto_gpu_matmul_0
 // CHECK-LABEL: func.func @auto_gpu
 // CHECK-NOT: tsched.collective_start
 // CHECK: tsched.launch @auto_gpu_gather_matmul_0
@@ -200,7 +206,7 @@ func.func @scattered(%h: tensor<128x32xbf16>, %w: tensor<32x16xbf16>, %r: tensor
 // -----
 
 // transport = auto on the GPU target: fused when both symmetric copies of
-// the product fit in NVSHMEM_AUTO_MAX_BYTES (256 MiB); a 16384 x 8192 bf16
+// the product fit in nvshmem-auto-max-bytes (256 MiB); a 16384 x 8192 bf16
 // product (256 MiB, 512 MiB in two copies) stays a collective.
 module attributes {tessera.target = "gpu"} {
 tgraph.mesh @mesh axes = ["tp"] shape = [2]

@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+import tessera as ts
 from tessera import dist, graph, op
 from tessera_compiler.codegen.build import KernelBuildError, build_cuda_cubin, nvcc
 
@@ -226,10 +227,9 @@ def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch, built_clea
     nothing in it."""
     import ml_dtypes
     from tessera_compiler.codegen.build import nvshmem_home
-    from tessera_passes import lower_to_tile
     if nvcc() is None or nvshmem_home() is None:
         pytest.skip("needs nvcc and NVSHMEM (pip install nvidia-nvshmem-cu13)")
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)     # the largest tiles
+    options = ts.TargetOptions(target="gpu", target_blocks=1)     # the largest tiles
     mesh = dist.Mesh(axes=["tp"], devices=range(4))
     rng = np.random.default_rng(0)
 
@@ -238,7 +238,7 @@ def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch, built_clea
                                dist.ShardSpec(partition=(part,), mesh_axes=("tp",)), mesh)
     x, w, r = split((512, 1024), "col"), split((1024, 512), "row"), split((512, 512), "row")
     levels = graph.trace(lambda x, w, r: op.gelu(r + op.matmul(x, w, transport="nvshmem")),
-                         x, w, r, mesh=mesh, target="gpu")
+                         x, w, r, mesh=mesh, target=options)
     (kernel,) = [k for k in levels.levels.cuda_launches if "matmul_scatter" in k]
     assert "nvshmemx_signal_op" in levels.cuda and "NVSHMEM_SIGNAL_ADD" in levels.cuda
     source = levels.cuda.split(f"// ttile.kernel @{kernel}")[1]

@@ -178,16 +178,17 @@ def test_bf16_attention_kernels_compile_for_sm90_without_spills(d, arch, built_c
     assert len(reports) == 3, reports
 
 
-def _emulated_causal_forward(d: int, monkeypatch):
+def _emulated_causal_forward(d: int, monkeypatch, **changes):
     """The causal bf16 attention forward (S=256, D=d) compiled for the GPU
-    as flash_attention's settings say and run by the CPU emulator for
+    with the TargetOptions `changes` and run by the CPU emulator for
     sm_90a: (its CUDA source, its largest error relative to float64)."""
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
     rng = np.random.default_rng()
     q, k, v, R = _inputs((1, 2, 256, d), d, np.float32, rng)
     q, k, v = (t.astype(BF16) for t in (q, k, v))
-    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True), target="gpu")
+    compiled = ts.jit(lambda q, k, v: op.attention(q, k, v, causal=True),
+                      target=ts.TargetOptions(target="gpu", **changes))
     got = compiled(q, k, v)
     source = (compiled._bundles[compiled._last_key] / "kernels" / "kernels.cu").read_text()
     want = reference(q, k, v, R, True, 1 / np.sqrt(d))[0]
@@ -197,7 +198,7 @@ def _emulated_causal_forward(d: int, monkeypatch):
 @pytest.mark.parametrize("pingpong", [False, True], ids=["", "pingpong"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_forward_blocks_of_two_warpgroups_emulated(d, pingpong, monkeypatch, built_cleanly):
-    """Forward blocks of 128 query rows (flash_attention.MAX_WARPS = 8
+    """Forward blocks of 128 query rows (tile/flash_attention.py: MAX_WARPS = 8
     warps of 16 rows: two warpgroups, each a wgmma of M = 64 on the same
     staged key/value tiles), as the benchmark's `wgmma:128x64` variant
     asks, and with the warpgroups taking turns at the tensor cores
@@ -208,11 +209,9 @@ def test_forward_blocks_of_two_warpgroups_emulated(d, pingpong, monkeypatch, bui
     (which stops on a named barrier wait nobody completes, or arrivals
     left at the block's end), against float64; at D=128 nvcc builds it
     for sm_90a without spilling."""
-    import tessera_passes.flash_attention as flash_attention
-    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
-                        {64: (128, 64), 128: (128, 64), 256: (16, 16)})
-    monkeypatch.setattr(flash_attention, "GPU_PINGPONG", pingpong)
-    source, err = _emulated_causal_forward(d, monkeypatch)
+    source, err = _emulated_causal_forward(
+        d, monkeypatch, pingpong=pingpong,
+        attention_forward_blocks={64: (128, 64), 128: (128, 64), 256: (16, 16)})
     assert "block (256)" in source and "8 warps x 16 rows" in source
     assert source.count("ttile.dot 128x") == 4          # Q K^T and P V, on wgmma and mma.sync
     assert source.count(" on wgmma: A from") == 2
@@ -233,16 +232,14 @@ def test_pingpong_on_a_loop_without_two_wgmma_warpgroups_is_an_emit_error(monkey
     turns issuing wgmmas: on a loop whose dots run on mma.sync it cannot
     be honoured, and the CUDA emitter says so at the loop instead of
     dropping it."""
-    import tessera_passes.flash_attention as flash_attention
     from tessera_compiler.codegen import emit_cuda_kernels
     from tessera_compiler.codegen.tile_emitter import EmitError
     from tessera_mlir import ir
-    monkeypatch.setattr(flash_attention, "GPU_PINGPONG", True)
-    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
-                        {64: (128, 64), 128: (128, 64), 256: (16, 16)})
+    options = ts.TargetOptions(target="gpu", pingpong=True, attention_forward_blocks={
+        64: (128, 64), 128: (128, 64), 256: (16, 16)})
     q = np.zeros((1, 2, 256, 64), BF16)
     tile = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, q, q,
-                          target="gpu").tile
+                          target=options).tile
     assert "{ttile.pingpong}" in tile
     mma_sync = tile.replace(", wgmma}", "}").replace(" {tma}", "")
     assert mma_sync.count("wgmma") == 0 and "tma}" not in mma_sync
@@ -253,7 +250,7 @@ def test_pingpong_on_a_loop_without_two_wgmma_warpgroups_is_an_emit_error(monkey
 
 @pytest.mark.parametrize("blocks, d", [((64, 64), 64), ((64, 64), 128), ((128, 64), 64)])
 def test_forward_issuing_the_next_scores_ahead_emulated(blocks, d, monkeypatch, built_cleanly):
-    """flash_attention.GPU_ISSUE_AHEAD (the bench's `wgmma-ahead`
+    """TargetOptions.issue_ahead (the bench's `wgmma-ahead`
     variants): the forward loop on a 3-stage TMA ring waits for its own
     S = Q K^T, then issues the next iteration's from the next slot once
     that slot's copies have landed, and computes its softmax and P V
@@ -262,11 +259,9 @@ def test_forward_issuing_the_next_scores_ahead_emulated(blocks, d, monkeypatch, 
     operands only when waited for, and a TMA slot reads as NaN until its
     phase is waited on) against float64, and built for sm_90a without
     spilling."""
-    import tessera_passes.flash_attention as flash_attention
-    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
-                        {64: blocks, 128: blocks, 256: (16, 16)})
-    monkeypatch.setattr(flash_attention, "GPU_ISSUE_AHEAD", True)
-    source, err = _emulated_causal_forward(d, monkeypatch)
+    source, err = _emulated_causal_forward(
+        d, monkeypatch, issue_ahead=True,
+        attention_forward_blocks={64: blocks, 128: blocks, 256: (16, 16)})
     assert "staged through 3 shared-memory buffers" in source
     assert "the first dot of the next iteration issued before this one's rest" in source
     assert "tessera_mbarrier_wait(&full[(it + 1) % 3], (unsigned)((it + 1) / 3) & 1);" in source

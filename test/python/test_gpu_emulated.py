@@ -30,6 +30,12 @@ GEMM_CONFIGS = [(128, 256, 64, (8, 1), 4, True), (128, 128, 64, (8, 1), 3, True)
                 (64, 64, 32, (2, 2), 3), (64, 32, 32, (2, 1), 3), (16, 16, 16, (1, 1), 2)]
 
 
+def _gemm_options(config, **changes) -> ts.TargetOptions:
+    """GPU options whose only GEMM configuration is `config` (GemmConfig's
+    positional fields)."""
+    return ts.TargetOptions(target="gpu", gemm_configs=(ts.GemmConfig(*config),), **changes)
+
+
 def _config_id(c):
     return (f"{c[0]}x{c[1]}x{c[2]}-w{c[3][0]}x{c[3][1]}-s{c[4]}"
             + ("-wgmma" if len(c) > 5 else ""))
@@ -42,9 +48,7 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch, built_cleanly
     wgmma from swizzled shared memory with 3+ stages keeping a group in
     flight) and the epilogue on the accumulator registers, against a
     float64 reference; built for sm_90a without spills where nvcc is."""
-    import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    options = _gemm_options(config, target_blocks=1)
     bm, bn, bk, _, stages = config[:5]
     rng = np.random.default_rng()
     batch, m, k, n = 2, 2 * bm, (stages + 2) * bk, bn      # more K steps than stages
@@ -55,9 +59,9 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch, built_cleanly
 
     def layer(x, w, b, r):
         return op.gelu(op.matmul(x, w) + b) + r
-    trace = ts.graph.trace(layer, x, w, b, r, target="gpu")
+    trace = ts.graph.trace(layer, x, w, b, r, target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
     gemm = [name for name in launches if "matmul" in name]
     assert len(gemm) == 1, launches
     assert f"block tile {bm}x{bn}x{bk}" in source and "tessera_mma_bf16(" in source
@@ -82,23 +86,22 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch, built_cleanly
 @pytest.mark.parametrize("config", [(64, 64, 32, (2, 2), 3),
                                     (128, 128, 64, (8, 1), 3, True)], ids=_config_id)
 def test_gemm_tiles_in_grouped_order(config, monkeypatch):
-    """With more output tiles than blocks run at once (TARGET_BLOCKS, here
+    """With more output tiles than blocks run at once (TargetOptions.target_blocks, here
     4), a GEMM's instances take its tiles in groups of tile rows (here 2 of
     the 4), column by column in a group: every tile of both batch entries is
     computed once, on mma.sync and on wgmma with a producer warpgroup's TMA
     copies (whose coordinates follow the grouped offsets)."""
-    import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 4)
+    from tessera_passes.tile.gemm import gemm_group_rows
+    options = _gemm_options(config, target_blocks=4)
     bm, bn, bk = config[:3]
-    assert lower_to_tile.gemm_group_rows(4, 2, bm, bn) == 2
+    assert gemm_group_rows(4, 2, bm, bn, options) == 2
     rng = np.random.default_rng()
     x = rng.standard_normal((2, 4 * bm, 2 * bk)).astype(BF16)
     w = (rng.standard_normal((2, 2 * bk, 2 * bn)) / 8).astype(BF16)
-    trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target="gpu")
+    trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target=options)
     assert "arith.remui" in trace.tile
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
     (name, cfg), = launches.items()
     out = np.zeros((2, 4 * bm, 2 * bn), BF16)
     EmulatedKernels(source).launch(name, [x, w, out], cfg["grid"], cfg["block"],
@@ -107,22 +110,22 @@ def test_gemm_tiles_in_grouped_order(config, monkeypatch):
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0.02, atol=0.02)
 
 
-def _wgmma_gemm(monkeypatch, stages=4, k_steps=6, tma=True, producer=True):
+def _wgmma_gemm(monkeypatch, stages=4, k_steps=6, tma=True, producer=True, **changes):
     """A 256 x 6*64 x 256 bf16 GEMM traced with the 128x256x64 wgmma
     configuration (TMA copies issued by a producer warpgroup, by thread 0
-    between the computing warps' iterations, or cp.async): inputs, CUDA
-    source, kernel name, launch and reference."""
-    import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS",
-                        [lower_to_tile.GemmConfig(128, 256, 64, (8, 1), stages, wgmma=True,
-                                                  tma=tma, producer=producer)])
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    between the computing warps' iterations, or cp.async), and other
+    TargetOptions `changes`: inputs, CUDA source, kernel name, launch and
+    reference."""
+    options = ts.TargetOptions(
+        target="gpu", target_blocks=1, **changes,
+        gemm_configs=(ts.GemmConfig(128, 256, 64, (8, 1), stages, wgmma=True, tma=tma,
+                                    producer=producer),))
     rng = np.random.default_rng()
     x = rng.standard_normal((256, 64 * k_steps)).astype(BF16)
     w = (rng.standard_normal((64 * k_steps, 256)) / 8).astype(BF16)
-    trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target="gpu")
+    trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
     (name, cfg), = launches.items()
     return x, w, source, name, cfg, x.astype(np.float64) @ w.astype(np.float64)
 
@@ -202,8 +205,8 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
         monkeypatch.setattr(CudaKernelEmitter, "_tma_staged_loop",
                             lambda self, *a: staged(self, *a, ahead=self.stages))
     else:
-        staged = CudaKernelEmitter._staged_loop
-        monkeypatch.setattr(CudaKernelEmitter, "_staged_loop",
+        staged = CudaKernelEmitter.staged_loop
+        monkeypatch.setattr(CudaKernelEmitter, "staged_loop",
                             lambda self, *a, lag=0, **kw: staged(self, *a, **kw))
     x, w, broken, name, cfg, ref = _wgmma_gemm(monkeypatch, tma=tma, producer=producer)
     assert "tessera_wgmma_wait<1>();" in broken and broken != source
@@ -214,16 +217,18 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
         assert not np.isfinite(out).all() or np.abs(out - ref).max() > 1.0
 
 
-def _attention_forward(seq=128, d=64):
+def _attention_forward(seq=128, d=64, **changes):
     """The causal bf16 attention forward kernel on wgmma (K and V through the
-    ring, by TMA or cp.async as flash_attention.GPU_TMA says; Q's swizzled
-    copy by cp.async): inputs, CUDA source, kernel name and launch."""
+    ring, by TMA or cp.async as TargetOptions.tma says; Q's swizzled copy by
+    cp.async), compiled with the TargetOptions `changes`: inputs, CUDA
+    source, kernel name and launch."""
+    options = ts.TargetOptions(target="gpu", **changes)
     rng = np.random.default_rng()
     q, k, v = (rng.standard_normal((1, 1, seq, d)).astype(BF16) for _ in range(3))
     trace = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, k, v,
-                           target="gpu")
+                           target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
     (name, cfg), = ((n, c) for n, c in launches.items() if "_attention_" in n)
     return (q, k, v), source, name, cfg
 
@@ -255,9 +260,7 @@ def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch
     message naming the operand and the threads. (With TMA filling the
     attention ring, Q's copy is the cp.async data left to fence.)"""
     if kernel.startswith("attention"):
-        import tessera_passes.flash_attention as flash_attention
-        monkeypatch.setattr(flash_attention, "GPU_TMA", kernel == "attention-tma")
-        inputs, source, name, cfg = _attention_forward()
+        inputs, source, name, cfg = _attention_forward(tma=kernel == "attention-tma")
         assert ("(TMA for wgmma, cp.async for mma.sync," in source) == (kernel == "attention-tma")
         outputs = _attention_outputs(inputs)
         assert " on wgmma: A from its swizzled shared-memory copy" in source
@@ -279,17 +282,15 @@ def test_emulator_catches_cp_async_data_wgmma_reads_unfenced(kernel, monkeypatch
 @pytest.mark.parametrize("broken", ["last hand-over kept", "turns on one barrier"])
 def test_emulator_catches_a_broken_pingpong_protocol(broken, monkeypatch, tmp_path):
     """The attention forward whose two warpgroups take turns at the tensor
-    cores (flash_attention.GPU_PINGPONG, blocks of 128 rows) runs on the
+    cores (TargetOptions.pingpong, blocks of 128 rows) runs on the
     emulator; with warpgroup 0 not taking warpgroup 1's last hand-over,
     the block ends with an arrival pending on the barrier, and with both
     warpgroups waiting on one barrier, they hand each other arrivals for
     barriers of the wrong size: the emulator stops with a message
     naming the barrier either way (a GPU would hang or misbehave)."""
-    import tessera_passes.flash_attention as flash_attention
-    monkeypatch.setattr(flash_attention, "GPU_PINGPONG", True)
-    monkeypatch.setattr(flash_attention, "GPU_FORWARD_BLOCKS",
-                        {64: (128, 64), 128: (128, 64), 256: (16, 16)})
-    inputs, source, name, cfg = _attention_forward(seq=256)
+    inputs, source, name, cfg = _attention_forward(
+        seq=256, pingpong=True,
+        attention_forward_blocks={64: (128, 64), 128: (128, 64), 256: (16, 16)})
     assert cfg["block"] == [256] and "take turns issuing their wgmmas" in source
     outputs = _attention_outputs(inputs)
 
@@ -311,13 +312,11 @@ def test_emulator_catches_a_broken_pingpong_protocol(broken, monkeypatch, tmp_pa
 
 def test_emulator_catches_scores_issued_ahead_of_their_tile(monkeypatch, tmp_path):
     """The forward that issues the next iteration's Q K^T ahead
-    (flash_attention.GPU_ISSUE_AHEAD) must first wait for the next slot's
+    (TargetOptions.issue_ahead) must first wait for the next slot's
     TMA phase: without that wait the wgmma reads a tile that has not
     landed, which the emulator shows as NaN (a TMA destination reads as
     NaN until its phase is waited for)."""
-    import tessera_passes.flash_attention as flash_attention
-    monkeypatch.setattr(flash_attention, "GPU_ISSUE_AHEAD", True)
-    inputs, source, name, cfg = _attention_forward(seq=256)
+    inputs, source, name, cfg = _attention_forward(seq=256, issue_ahead=True)
     outputs = _attention_outputs(inputs)
 
     def run(src):
@@ -362,7 +361,7 @@ def test_wgmma_kernel_compiles_for_sm90a_and_plain_sm90(monkeypatch, producer, b
 
 @pytest.mark.parametrize("watchdog", [None, 5.0])
 def test_mbarrier_watchdog_is_compiled_in_only_when_asked(monkeypatch, watchdog, built_cleanly):
-    """cuda_emitter.WAIT_WATCHDOG_S (which bench/gpu_kit.py sets for its
+    """TargetOptions.wait_watchdog_s (which bench/gpu_kit.py sets for its
     checks): the TMA GEMM's mbarrier waits read the global timer and trap
     after that many seconds; unset, the wait loop is the bare try_wait.
     Either builds for sm_90a without spills and without ptxas serializing
@@ -370,10 +369,8 @@ def test_mbarrier_watchdog_is_compiled_in_only_when_asked(monkeypatch, watchdog,
     test the asynchronous kernel; the emulator (which has its own limit)
     runs either."""
     import subprocess
-    from tessera_compiler.codegen import cuda_emitter
     from tessera_compiler.codegen.build import nvcc
-    monkeypatch.setattr(cuda_emitter, "WAIT_WATCHDOG_S", watchdog)
-    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch, k_steps=5)
+    x, w, source, name, cfg, ref = _wgmma_gemm(monkeypatch, k_steps=5, wait_watchdog_s=watchdog)
     assert ("#define TESSERA_WAIT_WATCHDOG_NS 5000000000ull" in source) == bool(watchdog)
     np.testing.assert_allclose(_emulate(source, name, cfg, x, w), ref, rtol=0.02, atol=0.05)
     if nvcc() is None:
@@ -392,15 +389,12 @@ def test_tma_gemm_runs_from_a_bundle_on_the_emulated_engine(monkeypatch):
     record lists the kernel's tensor maps (the batched operands' 3-D boxes),
     the engine builds them from the launch's buffers and passes them last,
     and the TMA-fed wgmma GEMM with its ReLU epilogue matches float64."""
-    import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS",
-                        [lower_to_tile.GemmConfig(128, 128, 64, (8, 1), 3, wgmma=True)])
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    options = _gemm_options((128, 128, 64, (8, 1), 3, True), target_blocks=1)
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     rng = np.random.default_rng()
     x = rng.standard_normal((2, 128, 320)).astype(BF16)
     w = (rng.standard_normal((2, 320, 256)) / 16).astype(BF16)
-    f = ts.jit(lambda x, w: op.relu(op.matmul(x, w)), target="gpu")
+    f = ts.jit(lambda x, w: op.relu(op.matmul(x, w)), target=options)
     out = f(x, w)
     source = _cuda_source(f)
     assert "tessera_tma_load_3d(sa + " in source and "tessera_tmaps" in source
@@ -415,37 +409,29 @@ def test_bundle_cache_tells_gemm_configurations_apart(monkeypatch):
     """Bundles are cached by program and compiler: a tile configuration set
     at run time (as the GEMM benchmark's variants do) is part of the key,
     so the second build below is not the first one's kernel again."""
-    import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
     x, w = np.zeros((128, 128), BF16), np.zeros((128, 256), BF16)
     blocks = []
     for producer in (True, False):
-        monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(
-            128, 256, 64, (8, 1), 2, wgmma=True, producer=producer)])
-        path, _ = ts.jit(lambda x, w: op.matmul(x, w), target="gpu").build(x, w)
+        options = ts.TargetOptions(target="gpu", target_blocks=1, gemm_configs=(ts.GemmConfig(
+            128, 256, 64, (8, 1), 2, wgmma=True, producer=producer),))
+        path, _ = ts.jit(lambda x, w: op.matmul(x, w), target=options).build(x, w)
         (launch,) = json.loads((path / "manifest.json").read_text())["launch"].values()
         blocks.append(launch["block"])
     assert blocks == [[384], [256]]
 
 
-@pytest.mark.parametrize("module, switch, value", [
-    ("tessera_passes.flash_attention", "GPU_WGMMA", False),
-    ("tessera_passes.flash_attention", "GPU_TMA", False),
-    ("tessera_passes.flash_attention", "GPU_PINGPONG", True),
-    ("tessera_passes.flash_attention", "GPU_ISSUE_AHEAD", True),
-    ("tessera_passes.flash_attention", "GPU_FORWARD_BLOCKS", {64: (64, 128), 128: (64, 128)}),
-    ("tessera_passes.lower_to_tile", "GROUPED_TILE_ORDER", False),
-    ("tessera_compiler.codegen.cuda_emitter", "WAIT_WATCHDOG_S", 5.0)])
-def test_compiler_fingerprint_counts_the_benchmarks_switches(module, switch, value, monkeypatch):
-    """The benchmarks time kernel variants by setting these at run time
+@pytest.mark.parametrize("switch, value", [
+    ("wgmma", False), ("tma", False), ("pingpong", True), ("issue_ahead", True),
+    ("attention_forward_blocks", {64: (64, 128), 128: (64, 128)}),
+    ("grouped_tile_order", False), ("wait_watchdog_s", 5.0)])
+def test_compiler_fingerprint_counts_the_benchmarks_switches(switch, value):
+    """The benchmarks time kernel variants by compiling with other options
     (attention on mma.sync or cp.async, other forward blocks, ping-pong; GEMM tiles in row-major
     order; the GPU kit's checks with the mbarrier watchdog): each must key a
     different bundle, not reuse the default one."""
-    import importlib
     from tessera_compiler.bundle import compiler_fingerprint
-    default = compiler_fingerprint()
-    monkeypatch.setattr(importlib.import_module(module), switch, value)
-    assert compiler_fingerprint() != default
+    default = compiler_fingerprint(ts.TargetOptions(target="gpu"))
+    assert compiler_fingerprint(ts.TargetOptions(target="gpu", **{switch: value})) != default
 
 
 def test_emulator_catches_a_wrong_fragment_layout():
@@ -536,17 +522,15 @@ def test_gemm_with_relu_or_silu_epilogue(activation, monkeypatch, built_cleanly)
     """The other activations of the GEMM epilogue (GELU is in the test
     above): one tensor-core kernel computing act(x @ w + b), emulated,
     against float64, and built for sm_90a without spills."""
-    import tessera_passes.lower_to_tile as lower_to_tile
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS",
-                        [lower_to_tile.GemmConfig(64, 64, 32, (2, 2), 3)])
+    options = _gemm_options((64, 64, 32, (2, 2), 3))
     rng = np.random.default_rng()
     x = rng.standard_normal((128, 128)).astype(BF16)
     w = (rng.standard_normal((128, 64)) / np.sqrt(128)).astype(BF16)
     b = rng.standard_normal(64).astype(BF16)
     act = getattr(op, activation)
-    trace = ts.graph.trace(lambda x, w, b: act(op.matmul(x, w) + b), x, w, b, target="gpu")
+    trace = ts.graph.trace(lambda x, w, b: act(op.matmul(x, w) + b), x, w, b, target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
     (name, cfg), = launches.items()
     assert "tessera_mma_bf16(" in source
     out = np.zeros((128, 64), BF16)

@@ -5,12 +5,12 @@ collective the partitioner inserts:
   "nvshmem" (or "auto", on the GPU target) the all-gather of x happens
   inside the GEMM kernel, which puts this rank's rows into every peer's
   symmetric buffer and waits per tile for the rows it reads
-  (passes/tessera_passes/gathered_gemm.py).
+  (passes/tessera_passes/tile/gathered_gemm.py).
 * scatter: x split by columns times a row-parallel w, added to a residual
   split by rows (a sequence-parallel output). With "nvshmem" the
   reduce-scatter of the partial products happens inside the GEMM kernel,
   which pushes each partial tile to the rank owning its rows and sums what
-  arrives for its own (passes/tessera_passes/scattered_gemm.py).
+  arrives for its own (passes/tessera_passes/tile/scattered_gemm.py).
 
 Without a GPU the fused kernels run in the CUDA emulator with NVSHMEM
 emulated across the ranks of an MPI job (a shared-memory symmetric heap,

@@ -59,12 +59,11 @@ def test_wgmma_gemm_with_epilogue_matches_numpy(config, monkeypatch):
     the check of the descriptor, swizzle and tensor-map layouts the emulator
     implements from the PTX ISA and the driver API's documentation."""
     import tessera as ts
-    import tessera_passes.lower_to_tile as lower_to_tile
     from tessera import op
-    monkeypatch.setattr(lower_to_tile, "TENSOR_CORE_CONFIGS", [lower_to_tile.GemmConfig(*config)])
-    monkeypatch.setattr(lower_to_tile, "TARGET_BLOCKS", 1)
+    options = ts.TargetOptions(target="gpu", target_blocks=1,
+                               gemm_configs=(ts.GemmConfig(*config),))
     x, w, b = _gemm_inputs(512, 640, 512)
-    f = ts.jit(lambda x, w, b: op.gelu(op.matmul(x, w) + b), target="gpu")
+    f = ts.jit(lambda x, w, b: op.gelu(op.matmul(x, w) + b), target=options)
     out = np.asarray(f(x, w, b), np.float64)
     h = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
     ref = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))

@@ -8,18 +8,16 @@ beyond `.shape` and `.dtype`.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
+
+from .. import env
 
 
 def cache_dir(kind: str) -> Path:
     """The directory for the runtime's own build products of `kind`, under
-    the compiler's cache root (TESSERA_CACHE_DIR), read here because the
-    runtime does not import the compiler."""
-    root = os.environ.get("TESSERA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tessera")
-    path = Path(root) / kind
+    the cache root the compiler shares (TESSERA_CACHE_DIR)."""
+    path = env.cache_root() / kind
     path.mkdir(parents=True, exist_ok=True)
     return path
 

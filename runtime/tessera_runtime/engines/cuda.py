@@ -33,12 +33,11 @@ nvshmem4py 0.4 API; not yet run on a GPU.)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
-from .. import bf16
+from .. import bf16, env
 from . import Engine, EngineError, Event
 from .tensor_maps import TensorMaps, cuda_tensor_map
 
@@ -87,7 +86,7 @@ class CUDAEngine(Engine):
         cp, count = _cupy()
         self.cp = cp
         if device is None:
-            device = int(os.environ.get("TESSERA_CUDA_DEVICE", world()[0] % count))
+            device = env.integer("TESSERA_CUDA_DEVICE", world()[0] % count)
         self.device = cp.cuda.Device(device)
         self.device.use()
         self._streams: dict = {}

@@ -37,10 +37,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import shutil
 
 import numpy as np
 
+from .. import env
 from . import EngineError, cache_dir
 from .tensor_maps import TensorMaps, emulated_tensor_map
 
@@ -674,7 +674,7 @@ class EmulatedKernels:
                   + _launcher())
         key = hashlib.sha256(source.encode()).hexdigest()[:24]
         target = cache_dir("emulated") / f"{key}.so"
-        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        cxx = env.host_compiler()
         if not target.exists():
             if not cxx:
                 raise EngineError("CUDA emulation compiles kernels with a C++20 compiler: "
@@ -699,7 +699,7 @@ class EmulatedKernels:
     def attach_symmetric_heap(self, base: int, heap_bytes: int, pe: int, n_pes: int) -> None:
         """Points the NVSHMEM emulation at the job's shared heap mapping
         (address `base`, `heap_bytes` per PE) as PE `pe` of `n_pes`."""
-        wait_s = float(os.environ.get("TESSERA_NVSHMEM_WAIT_S", "120"))
+        wait_s = env.number("TESSERA_NVSHMEM_WAIT_S", 120.0)
         self._lib.tessera_nvshmem_attach.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
                                                      ctypes.c_int, ctypes.c_int, ctypes.c_double]
         self._lib.tessera_nvshmem_attach(base, heap_bytes, pe, n_pes, wait_s)

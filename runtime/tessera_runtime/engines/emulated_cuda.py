@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import env
 from . import EngineError
 from .cpu import CPUEngine
 from .cuda_emulator import EmulatedKernels
@@ -92,7 +93,7 @@ class EmulatedCUDAEngine(CPUEngine):
         if self._heap is None:
             from .. import world
             rank, size = world()
-            heap = int(os.environ.get("TESSERA_EMULATED_NVSHMEM_HEAP", 256 << 20))
+            heap = env.integer("TESSERA_EMULATED_NVSHMEM_HEAP", 256 << 20)
             self._heap = SymmetricHeap(rank, size, heap)
         return self._heap.alloc(shape, dtype)
 
@@ -100,7 +101,7 @@ class EmulatedCUDAEngine(CPUEngine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"CUDA kernel source not found: {path}")
-        arch = os.environ.get("TESSERA_EMULATE_ARCH", "sm_90a")
+        arch = env.get("TESSERA_EMULATE_ARCH", "sm_90a")
         if arch not in _ARCH_DEFINES:
             raise EngineError(f"TESSERA_EMULATE_ARCH={arch!r}: the emulator runs kernels as "
                               f"{' or '.join(_ARCH_DEFINES)}")

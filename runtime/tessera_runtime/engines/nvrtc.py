@@ -22,6 +22,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from .. import env
 from . import EngineError, cache_dir
 
 OPTIONS = ("-std=c++17",)
@@ -36,9 +37,9 @@ def _candidates() -> list[Path]:
             dirs += [Path(root) / "cu13" / "lib", Path(root) / "cuda_nvrtc" / "lib"]
     except ImportError:
         pass
-    for env in ("CUDA_PATH", "CUDA_HOME"):
-        if os.environ.get(env):
-            dirs.append(Path(os.environ[env]) / "lib64")
+    for name in ("CUDA_PATH", "CUDA_HOME"):
+        if env.get(name):
+            dirs.append(Path(env.get(name)) / "lib64")
     dirs.append(Path("/usr/local/cuda/lib64"))
     return dirs
 

@@ -29,14 +29,14 @@ from mpi4py import MPI
 
 import tessera as ts
 from tessera import dist, op
-from tessera_passes import lower_to_tile
 
 kind = sys.argv[1]
 seed, m, k, n = (int(a) for a in sys.argv[2:6])
 dtype, transport, out_dir = sys.argv[6], sys.argv[7], sys.argv[8]
 epilogue = "epilogue" in sys.argv[9:]
+options = ts.TargetOptions(target="gpu")
 if "largest-tiles" in sys.argv[9:]:
-    lower_to_tile.TARGET_BLOCKS = 1
+    options = options.with_(target_blocks=1)
 
 mesh = dist.Mesh(axes=["tp"], devices=range(MPI.COMM_WORLD.Get_size()))
 rng = np.random.default_rng(seed)
@@ -53,13 +53,13 @@ X, W, R = (dist.from_numpy(a, layout=dist.ShardSpec(partition=(p,), mesh_axes=("
            for a, p in zip((x, w, r), split))
 
 
-@ts.compile(mesh=mesh, target="gpu")
+@ts.compile(mesh=mesh, target=options)
 def column_parallel(x, w, r):
     y = op.matmul(x, w, transport=transport)
     return op.gelu(y) + r if epilogue else y
 
 
-@ts.compile(mesh=mesh, target="gpu")
+@ts.compile(mesh=mesh, target=options)
 def row_parallel(x, w, r):
     y = r + op.matmul(x, w, transport=transport)
     return op.gelu(y) if epilogue else y

@@ -39,26 +39,12 @@ from dataclasses import dataclass, replace
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, ttile
 
-from tessera_compiler.codegen.tile_emitter import tile_of
-from tessera_compiler.passes_common import PassError
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.support import PassError
+from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, grid_offsets, i64, index,
+                                              largest_divisor, new_kernel, tile_type)
+from tessera_compiler.ir.types import shape_of, tile_of
 
-from .lower_to_tile import (THREADS_PER_BLOCK, _grid_offsets, _index, _shape, _tile_type,
-                            largest_divisor, new_kernel)
-
-#: Block sizes on GPUs: (BM query rows per instance, BN key rows per loop
-#: step) by head dimension, for the forward kernel and for the backward's
-#: (`_dq` as they stand; `_dkdv` transposed: BM key rows per instance, BN
-#: query rows per step). The CUDA emitter keeps bf16 loops' tiles in
-#: registers (register_loop.py), 4 warps of 16 rows; wider heads take
-#: narrower blocks along the loop, so the register tiles and the f32
-#: shared-memory path still fit. The forward carries one accumulator where
-#: `_dkdv` carries two, so at D=128 it keeps 64 keys per step (165
-#: registers on sm_90a, 80.5 KB of shared memory: 2 blocks per SM): every
-#: step rescales the whole [64, D] accumulator, which 32-key steps would do
-#: twice as often for the same scores, and Q K^T is a wgmma of N = 64.
-#: `_dkdv` at 64 x 64 would spill (104 bytes on sm_90a).
-GPU_FORWARD_BLOCKS = {64: (64, 64), 128: (64, 64), 256: (16, 16)}
-GPU_BACKWARD_BLOCKS = {64: (64, 64), 128: (64, 32), 256: (16, 16)}
 CPU_BLOCK = 64
 #: Each warp owns 16 query rows, so BM rows take BM / 16 warps, up to
 #: MAX_WARPS: BM = 128 is two warpgroups, each a wgmma of M = 64 on the
@@ -67,31 +53,6 @@ CPU_BLOCK = 64
 #: two 64-row blocks per SM is the GPU's answer (bench/attention_cuda.py's
 #: `wgmma:128xBN` variants).
 MAX_WARPS = 8
-#: Whether GPU attention asks for wgmma where the tiles allow it (sm_90a;
-#: plain sm_90 builds run mma.sync either way). bench/attention_cuda.py
-#: turns it off to time the mma.sync kernels on the same GPU.
-GPU_WGMMA = True
-#: Whether wgmma loops stream their key/value (or query/dO) tiles through
-#: the tensor memory accelerator: one thread issues a block's copies and
-#: arms an mbarrier with their bytes, where cp.async has every thread
-#: compute addresses and issue 16-byte copies (FlashAttention-3's loads).
-#: bench/attention_cuda.py turns it off to time the cp.async ring.
-GPU_TMA = True
-#: Whether a forward block of two warpgroups (BM = 128) marks its loop
-#: `ttile.pingpong`: the warpgroups take turns issuing their wgmmas (named
-#: barriers), so one's softmax runs under the other's GEMMs instead of
-#: both leaving the tensor cores idle at once (FlashAttention-3's
-#: ping-pong). bench/attention_cuda.py's `wgmma-pingpong:128xBN` variants
-#: time it; off until a GPU says it pays.
-GPU_PINGPONG = False
-#: Whether a wgmma forward loop on TMA marks itself `ttile.issue_ahead`:
-#: each iteration issues the next one's S = Q K^T right after waiting for
-#: its own, so the tensor cores compute it under this iteration's softmax
-#: (FlashAttention-3's overlap inside a warpgroup). It takes a third ring
-#: stage (the next key tile is in flight an iteration ahead) and a second
-#: [BM, BN] score tile in registers. bench/attention_cuda.py's
-#: `wgmma-ahead` variants time it; off until a GPU says it pays.
-GPU_ISSUE_AHEAD = False
 
 # The softmax runs in base 2 (exp2, which the GPU computes directly): scores
 # and the running maximum are kept multiplied by log2(e), the log-sum-exp
@@ -115,14 +76,16 @@ class AttentionConfig:
         return self.warps * 32 if self.warps else THREADS_PER_BLOCK
 
 
-def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool) -> AttentionConfig:
+def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool,
+                     options: TargetOptions) -> AttentionConfig:
     """Block sizes for sequence length `seq` and head width `head_dim`
-    (the larger of q's and v's), of the forward kernel or the backward's."""
+    (the larger of q's and v's), of the forward kernel or the backward's
+    (`options.attention_forward_blocks`, `attention_backward_blocks`)."""
     if cpu:
         b = largest_divisor(seq, CPU_BLOCK)
         return AttentionConfig(b, b)
-    blocks = GPU_FORWARD_BLOCKS if forward else GPU_BACKWARD_BLOCKS
-    bm, bn = next((v for width, v in sorted(blocks.items()) if head_dim <= width), (8, 8))
+    blocks = options.attention_forward_blocks if forward else options.attention_backward_blocks
+    bm, bn = next((v for width, v in blocks if head_dim <= width), (8, 8))
     bm, bn = largest_divisor(seq, bm), largest_divisor(seq, bn)
     # Warps of 16 query rows each (FlashAttention-2's split).
     warps = min(MAX_WARPS, bm // 16) if bm % 16 == 0 and bn % 16 == 0 else None
@@ -130,10 +93,6 @@ def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool) -> Atten
 
 
 # -- builders ------------------------------------------------------------------
-
-def _i64(v: int) -> ir.IntegerAttr:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
-
 
 class _Builder:
     """Tile IR for one attention kernel; `self.elt` is the operands' element
@@ -145,14 +104,14 @@ class _Builder:
         self.half = elt != self.acc
 
     def fill(self, shape, value: float, element=None) -> ir.Value:
-        return ttile.FillOp(_tile_type(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
+        return ttile.FillOp(tile_type(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
 
     def load(self, buf: ir.Value, lead, row: ir.Value, shape, element=None) -> ir.Value:
-        return ttile.LoadOp(_tile_type(shape, element or self.elt), buf, lead + [row, _index(0)]).result
+        return ttile.LoadOp(tile_type(shape, element or self.elt), buf, lead + [row, index(0)]).result
 
     def stream(self, buf: ir.Value, lead, row: ir.Value, shape) -> ir.Value:
         """A tile the loop loads each step (the B operand of its dots)."""
-        return ttile.LoadOp(_tile_type(shape, self.elt), buf, lead + [row, _index(0)],
+        return ttile.LoadOp(tile_type(shape, self.elt), buf, lead + [row, index(0)],
                             tma=self.cfg.tma or None).result
 
     def dot(self, a: ir.Value, b: ir.Value, acc: ir.Value | None = None) -> ir.Value:
@@ -179,13 +138,13 @@ class _Builder:
 
     def transpose(self, v: ir.Value) -> ir.Value:
         (m, n), element = tile_of(v.type)
-        return ttile.TransposeOp(_tile_type([n, m], element), v).result
+        return ttile.TransposeOp(tile_type([n, m], element), v).result
 
     def operand(self, v: ir.Value) -> ir.Value:
         """An f32 tile rounded to the operand type, for a tensor-core dot."""
         if not self.half:
             return v
-        return ttile.CastOp(_tile_type(self.shape(v), self.elt), v).result
+        return ttile.CastOp(tile_type(self.shape(v), self.elt), v).result
 
     def scores(self, q, k, row, col, transposed: bool = False) -> ir.Value:
         """q k^T ([queries, keys], not yet scaled) for query rows from `row`
@@ -196,9 +155,9 @@ class _Builder:
         if self.causal:
             i32 = ir.IntegerType.get_signless(32)
             query_dim, key_dim = (1, 0) if transposed else (0, 1)
-            queries = ttile.IotaOp(_tile_type(shape, i32), row, _i64(query_dim)).result
-            keys = ttile.IotaOp(_tile_type(shape, i32), col, _i64(key_dim)).result
-            keep = ttile.CompareOp(_tile_type(shape, ir.IntegerType.get_signless(1)), queries, keys,
+            queries = ttile.IotaOp(tile_type(shape, i32), row, i64(query_dim)).result
+            keys = ttile.IotaOp(tile_type(shape, i32), col, i64(key_dim)).result
+            keep = ttile.CompareOp(tile_type(shape, ir.IntegerType.get_signless(1)), queries, keys,
                                    ir.Attribute.parse("#tgraph.compare<ge>")).result
             s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
         return s
@@ -213,25 +172,25 @@ class _Builder:
 
     def broadcast(self, column: ir.Value, shape) -> ir.Value:
         """A [m, 1] column or [1, n] row repeated to `shape`."""
-        return ttile.BroadcastOp(_tile_type(shape, self.acc), column).result
+        return ttile.BroadcastOp(tile_type(shape, self.acc), column).result
 
     def row_reduce(self, x: ir.Value, kind: str) -> ir.Value:
         m, _ = self.shape(x)
-        return ttile.ReduceOp(_tile_type([m, 1], self.acc), x,
-                              ir.Attribute.parse(f"#tgraph.reduction<{kind}>"), _i64(1)).result
+        return ttile.ReduceOp(tile_type([m, 1], self.acc), x,
+                              ir.Attribute.parse(f"#tgraph.reduction<{kind}>"), i64(1)).result
 
     def store(self, v: ir.Value, buf: ir.Value, lead, row: ir.Value) -> None:
         shape, element = tile_of(v.type)
         target = ir.MemRefType(buf.type).element_type
         if str(target) != element:
-            v = ttile.CastOp(_tile_type(shape, target), v).result
-        ttile.StoreOp(v, buf, lead + [row, _index(0)])
+            v = ttile.CastOp(tile_type(shape, target), v).result
+        ttile.StoreOp(v, buf, lead + [row, index(0)])
 
 
 def _causal_end(start: ir.Value, rows: int, step: int) -> ir.Value:
     """The first multiple of `step` at or after `start + rows`."""
-    end = arith.AddIOp(start, _index(rows + step - 1)).result
-    return arith.MulIOp(arith.DivUIOp(end, _index(step)).result, _index(step)).result
+    end = arith.AddIOp(start, index(rows + step - 1)).result
+    return arith.MulIOp(arith.DivUIOp(end, index(step)).result, index(step)).result
 
 
 def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, module_block,
@@ -241,44 +200,45 @@ def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, mo
     return kernel, list(entry.arguments)
 
 
-def _setup(op, cpu: bool, forward: bool):
+def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
     q, _, v = list(op.operands)[:3]
-    *lead, seq, d = _shape(q)
-    dv = _shape(v)[-1]
-    cfg = attention_config(seq, max(d, dv), cpu, forward)
+    *lead, seq, d = shape_of(q)
+    dv = shape_of(v)[-1]
+    cfg = attention_config(seq, max(d, dv), cpu, forward, options)
     elt = ir.ShapedType(q.type).element_type
     if str(elt) not in ("f64", "f32", "bf16", "f16"):
         raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
                         "(f64, f32, bf16, f16)", op.location)
     # Hopper's wgmma where bf16 tiles are whole 128-byte swizzle atoms (head
     # widths multiples of 64) for whole warpgroups of 16-row warps.
-    if GPU_WGMMA and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
+    if options.wgmma and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
             and cfg.bm == 16 * cfg.warps \
             and d % 64 == 0 and dv % 64 == 0:
         # (TMA's tensor maps take buffers of rank 5 at most.)
-        cfg = replace(cfg, wgmma=True, tma=GPU_TMA and len(lead) <= 3,
-                      pingpong=GPU_PINGPONG and cfg.warps == 8)
-        if forward and GPU_ISSUE_AHEAD and cfg.tma and not cfg.pingpong:
+        cfg = replace(cfg, wgmma=True, tma=options.tma and len(lead) <= 3,
+                      pingpong=options.pingpong and cfg.warps == 8)
+        if forward and options.issue_ahead and cfg.tma and not cfg.pingpong:
             cfg = replace(cfg, issue_ahead=True, stages=3)
     b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
     return lead, seq, d, dv, cfg, b
 
 
-def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool) -> ir.Operation:
+def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
+                   options: TargetOptions) -> ir.Operation:
     """The flash-attention forward kernel of `tgraph.attention` `op` over
     buffers `ins` (q, k, v) and `outs` (out, lse)."""
-    lead, seq, d, dv, cfg, b = _setup(op, cpu, forward=True)
+    lead, seq, d, dv, cfg, b = _setup(op, cpu, True, options)
     bm, bn = cfg.bm, cfg.bn
     grid = math.prod(lead + [seq // bm])
     kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
         name, list(ins) + list(outs), grid, cfg, module_block, op.location)
     with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
-        *at, qi = _grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
-        row = arith.MulIOp(qi, _index(bm)).result
+        *at, qi = grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
+        row = arith.MulIOp(qi, index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
-        end = _causal_end(row, bm, bn) if b.causal else _index(seq)
+        end = _causal_end(row, bm, bn) if b.causal else index(seq)
         m0, l0 = b.fill([bm, 1], float("-inf")), b.fill([bm, 1], 0.0)
-        loop = scf.ForOp(_index(0), end, _index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
+        loop = scf.ForOp(index(0), end, index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
         for marked in ("pingpong", "issue_ahead"):
             if getattr(cfg, marked):
                 loop.operation.attributes[f"ttile.{marked}"] = ir.UnitAttr.get()
@@ -325,11 +285,11 @@ def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
     return p, ds
 
 
-def backward_kernels(op, name: str, ins, outs, module_block,
-                     cpu: bool) -> list[tuple[ir.Operation, list, list]]:
+def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
+                     options: TargetOptions) -> list[tuple[ir.Operation, list, list]]:
     """The `_dkdv` and `_dq` kernels of `tgraph.attention_grad` `op`, each
     with the input and output buffers it is launched on."""
-    lead, seq, d, dv, cfg, b = _setup(op, cpu, forward=False)
+    lead, seq, d, dv, cfg, b = _setup(op, cpu, False, options)
     # `_dkdv` instances own key rows and step over query blocks: it takes the
     # forward's blocks transposed, so its loop carries as many rows as the
     # forward's (the rows its warps split) and loads the narrower blocks.
@@ -348,14 +308,14 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     dkdv, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf) = _kernel(
         f"{name}_dkdv", kv_ins + kv_outs, batch * (seq // bn), kv_cfg, module_block, op.location)
     with ir.InsertionPoint(dkdv.regions[0].blocks[0]), op.location:
-        *at, kj = _grid_offsets(lead + [seq // bn], [1] * (len(lead) + 1))
-        col = arith.MulIOp(kj, _index(bn)).result
+        *at, kj = grid_offsets(lead + [seq // bn], [1] * (len(lead) + 1))
+        col = arith.MulIOp(kj, index(bn)).result
         k = kb.load(k_buf, at, col, [bn, d])
         v = kb.load(v_buf, at, col, [bn, dv])
         # Query blocks before the one holding row `col` see none of these keys.
-        start = arith.MulIOp(arith.DivUIOp(col, _index(bm)).result, _index(bm)).result \
-            if kb.causal else _index(0)
-        loop = scf.ForOp(start, _index(seq), _index(bm), [kb.fill([bn, d], 0.0),
+        start = arith.MulIOp(arith.DivUIOp(col, index(bm)).result, index(bm)).result \
+            if kb.causal else index(0)
+        loop = scf.ForOp(start, index(seq), index(bm), [kb.fill([bn, d], 0.0),
                                                            kb.fill([bn, dv], 0.0)])
         with ir.InsertionPoint(loop.body):
             row = loop.induction_variable
@@ -382,14 +342,14 @@ def backward_kernels(op, name: str, ins, outs, module_block,
     dq, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dq_buf) = _kernel(
         f"{name}_dq", q_ins + [dq_out], batch * (seq // bm), cfg, module_block, op.location)
     with ir.InsertionPoint(dq.regions[0].blocks[0]), op.location:
-        *at, qi = _grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
-        row = arith.MulIOp(qi, _index(bm)).result
+        *at, qi = grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
+        row = arith.MulIOp(qi, index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
         do = b.load(do_buf, at, row, [bm, dv])
         lse = b.load(lse_buf, at, row, [bm, 1], stat)
         delta = b.load(delta_buf, at, row, [bm, 1], stat)
-        end = _causal_end(row, bm, bn) if b.causal else _index(seq)
-        loop = scf.ForOp(_index(0), end, _index(bn), [b.fill([bm, d], 0.0)])
+        end = _causal_end(row, bm, bn) if b.causal else index(seq)
+        loop = scf.ForOp(index(0), end, index(bn), [b.fill([bm, d], 0.0)])
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
             k = b.stream(k_buf, at, col, [bn, d])

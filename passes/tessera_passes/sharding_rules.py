@@ -1,113 +1,21 @@
-"""Shardings, meshes and the per-op sharding rules shared by the passes.
+"""The per-op sharding rules, and how a function's values are read,
+shared by tessera-propagate-sharding and tessera-partition (not a pass).
 
-A `Sharding` mirrors `#tgraph.sharding<@mesh, [[axes of dim 0], ...], partial = [...]>`.
 The rules say, for an op and the shardings of its operands, which sharding
 each operand must have (the partitioner inserts collectives to get there) and
 which sharding the result then has. Propagation and partitioning both call the
-same rules, so they cannot disagree.
+same rules, so they cannot disagree. Rules reason about global shapes.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
-from .passes_common import enum_of
-
-#: Element types Tessera handles, by MLIR name, as numpy dtype names.
-ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
-                 "i32": "int32", "i64": "int64", "i8": "int8", "i1": "bool"}
-
-_SHARDING_RE = re.compile(
-    r'^#tgraph\.sharding<@(?P<mesh>[\w$.-]+|"[^"]*"), (?P<dims>\[.*?\])(?:, partial = (?P<partial>\[.*\]))?>$')
-
-
-@dataclass(frozen=True)
-class Sharding:
-    mesh: str
-    dims: tuple[tuple[str, ...], ...]
-    partial: tuple[str, ...] = ()
-
-    @staticmethod
-    def replicated(mesh: str, rank: int) -> "Sharding":
-        return Sharding(mesh, tuple(() for _ in range(rank)))
-
-    @staticmethod
-    def from_attr(attr: ir.Attribute) -> "Sharding":
-        text = str(attr)
-        m = _SHARDING_RE.match(text)
-        if not m:
-            raise ValueError(f"not a #tgraph.sharding attribute: {text}")
-        dims = json.loads(m["dims"])
-        partial = json.loads(m["partial"]) if m["partial"] else []
-        return Sharding(m["mesh"].strip('"'), tuple(tuple(d) for d in dims), tuple(partial))
-
-    def __str__(self) -> str:
-        dims = json.dumps([list(d) for d in self.dims])
-        text = f"#tgraph.sharding<@{self.mesh}, {dims}"
-        if self.partial:
-            text += f", partial = {json.dumps(list(self.partial))}"
-        return text + ">"
-
-    def to_attr(self) -> ir.Attribute:
-        return ir.Attribute.parse(str(self))
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
-
-    def with_dims(self, dims) -> "Sharding":
-        return replace(self, dims=tuple(tuple(d) for d in dims))
-
-    def with_partial(self, partial) -> "Sharding":
-        return replace(self, partial=tuple(partial))
-
-    def describe(self) -> str:
-        """Human-readable form for error messages: `[-, tp] partial(tp)`."""
-        parts = ["*".join(d) if d else "-" for d in self.dims]
-        text = "[" + ", ".join(parts) + "]"
-        return text + (f" partial({', '.join(self.partial)})" if self.partial else "")
-
-
-@dataclass(frozen=True)
-class Mesh:
-    name: str
-    axes: tuple[str, ...]
-    shape: tuple[int, ...]
-
-    def axis_size(self, axis: str) -> int:
-        return self.shape[self.axes.index(axis)]
-
-    def parts(self, axes) -> int:
-        """How many blocks a dimension split over `axes` has."""
-        return math.prod(self.axis_size(a) for a in axes)
-
-    def local_shape(self, shape, sharding: Sharding) -> list[int]:
-        return [s // self.parts(axes) for s, axes in zip(shape, sharding.dims)]
-
-
-#: Per-rank ops tessera-partition inserts (collectives and the local slice):
-#: they exist only in partitioned functions.
-PER_RANK_OPS = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
-                "tgraph.all_to_all", "tgraph.axis_slice")
-
-
-def meshes_of(module: ir.Module | ir.Operation) -> dict[str, Mesh]:
-    op = module.operation if isinstance(module, ir.Module) else module
-    meshes = {}
-    for inner in op.regions[0].blocks[0].operations:
-        if inner.operation.name == "tgraph.mesh":
-            attrs = inner.operation.attributes
-            name = ir.StringAttr(attrs["sym_name"]).value
-            axes = tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(attrs["axes"]))
-            shape = tuple(ir.DenseI64ArrayAttr(attrs["shape"]))
-            meshes[name] = Mesh(name, axes, shape)
-    return meshes
-
+from tessera_compiler.ir.sharding import PER_RANK_OPS, Mesh, Sharding, meshes_of
+from tessera_compiler.ir.support import PassError, arg_attr_dicts, functions, ops_of
+from tessera_compiler.ir.types import enum_of
 
 # --------------------------------------------------------------------------
 # Rules. Each returns the sharding every operand must have (the partitioner
@@ -427,3 +335,145 @@ def rule_for(op, operand_shardings: list[Sharding], ctx: Context) -> Rule:
     if rule is None:
         raise KeyError(op.name)
     return rule(op, operand_shardings, ctx)
+
+
+# --------------------------------------------------------------------------
+# How a function's values are read: its mesh, argument and result shardings,
+# and pending sums reduced for the ops that need them summed.
+# --------------------------------------------------------------------------
+
+SHARDING = "tgraph.sharding"
+#: Function attribute: reduce pending sums in a fixed order (see Context).
+DETERMINISTIC = "tgraph.deterministic"
+#: Function attribute: mesh axes whose pending sums are reduce-scattered (each
+#: rank keeps a block) rather than all-reduced when a consumer needs them
+#: summed; the ZeRO strategy sets it to the data-parallel axis.
+SCATTER_AXES = "tgraph.scatter_partials"
+
+
+def function_mesh(func_op: ir.Operation, meshes: dict[str, Mesh]) -> Mesh | None:
+    """The mesh a function is distributed over: the one its argument shardings
+    name, or the module's only mesh."""
+    names = set()
+    for d in arg_attr_dicts(func_op, "arg_attrs") + arg_attr_dicts(func_op, "res_attrs"):
+        if SHARDING in d:
+            names.add(Sharding.from_attr(d[SHARDING]).mesh)
+    if len(names) > 1:
+        raise PassError(f"function uses several meshes ({', '.join(sorted(names))}); "
+                        "one function must run on one mesh", func_op.location)
+    if names:
+        return meshes[names.pop()]
+    return next(iter(meshes.values())) if len(meshes) == 1 else None
+
+
+def argument_shardings(func_op: ir.Operation, mesh: Mesh) -> list[Sharding]:
+    block = func_op.regions[0].blocks[0]
+    result = []
+    for arg, d in zip(block.arguments, arg_attr_dicts(func_op, "arg_attrs")):
+        rank = ir.RankedTensorType(arg.type).rank
+        result.append(Sharding.from_attr(d[SHARDING]) if SHARDING in d
+                      else Sharding.replicated(mesh.name, rank))
+    return result
+
+
+def result_shardings(func_op: ir.Operation, types) -> list[Sharding | None]:
+    """The annotated shardings of the results; None where a result keeps the
+    layout it is computed in (with any pending sum reduced)."""
+    return [Sharding.from_attr(d[SHARDING]) if SHARDING in d else None
+            for _, d in zip(types, arg_attr_dicts(func_op, "res_attrs"))]
+
+
+def context_of(func_op: ir.Operation, mesh: Mesh) -> Context:
+    return Context(mesh, deterministic=DETERMINISTIC in func_op.attributes)
+
+
+def scatter_axes_of(func_op: ir.Operation) -> tuple[str, ...]:
+    if SCATTER_AXES not in func_op.attributes:
+        return ()
+    return tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(func_op.attributes[SCATTER_AXES]))
+
+
+def _check_shardable(op: ir.Operation) -> None:
+    name = op.name
+    if name in PER_RANK_OPS:
+        raise PassError(f"'{name}' is a per-rank collective and appears only after "
+                        "tessera-partition; before it, change a layout with tgraph.shard",
+                        op.location)
+    if name == "tgraph.grad":
+        raise PassError("run tessera-autodiff before tessera-propagate-sharding "
+                        "(tgraph.grad is still here)", op.location)
+    if not name.startswith("tgraph."):
+        raise PassError(f"'{name}' has no sharding rule: only tgraph ops can be distributed",
+                        op.location)
+
+
+def summed(s: Sharding, shape, ctx: Context, scatter_axes=(), only=None) -> Sharding:
+    """`s` with its pending sums reduced (those in `only`, default all): a sum
+    over one of `scatter_axes` is reduce-scattered, splitting the first
+    dimension that divides evenly; any other is all-reduced."""
+    dims = [list(d) for d in s.dims]
+    partial = list(s.partial)
+    for axis in (s.partial if only is None else only):
+        partial.remove(axis)
+        if axis not in scatter_axes:
+            continue
+        for d, size in enumerate(shape):
+            if size % (ctx.mesh.parts(dims[d]) * ctx.mesh.axis_size(axis)) == 0:
+                dims[d].append(axis)
+                break
+    return Sharding(s.mesh, tuple(tuple(d) for d in dims), tuple(partial))
+
+
+def use_counts(func_op: ir.Operation) -> dict:
+    """How many operands read each value (a value read twice by one op counts twice)."""
+    uses: dict = {}
+    for op in ops_of(func_op):
+        for v in op.operands:
+            uses[v] = uses.get(v, 0) + 1
+    return uses
+
+
+def read_sharding(value, s: Sharding, uses: dict, ctx: Context, scatter_axes=()) -> Sharding:
+    """The sharding an op reads `value` in. A pending sum several ops read is
+    reduced once, before its first reader, rather than carried lazily into
+    each (each would then reduce its own copy); a single reader keeps it lazy."""
+    if s.partial and uses.get(value, 0) > 1:
+        return summed(s, ctx.shape(value), ctx, scatter_axes)
+    return s
+
+
+def op_rule(op: ir.Operation, operands: list[Sharding], ctx: Context,
+            scatter_axes=()) -> tuple[Rule, list[Sharding]]:
+    """The rule for `op`, and the sharding each operand passes through first.
+
+    The second list differs from `operands` only for a pending sum over one of
+    `scatter_axes` that the op needs summed: it is reduce-scattered along its
+    first evenly divisible dimension, and the rule is asked again for the
+    now split operand (so the op, too, runs on one block per rank)."""
+    _check_shardable(op)
+    try:
+        rule = rule_for(op, operands, ctx)
+    except KeyError:
+        raise PassError(f"no sharding rule for '{op.name}'", op.location) from None
+    if not scatter_axes:
+        return rule, operands
+    staged = list(operands)
+    for i, (have, want) in enumerate(zip(operands, rule.operands)):
+        drop = [a for a in have.partial if a in scatter_axes and a not in want.partial
+                and a not in {x for d in want.dims for x in d}]
+        if drop:
+            staged[i] = summed(have, ctx.shape(op.operands[i]), ctx, scatter_axes, only=drop)
+    if staged != operands:
+        rule = rule_for(op, staged, ctx)
+    return rule, staged
+
+
+def distributed_functions(module_op: ir.Operation):
+    """(function, mesh) for each not-yet-partitioned function that runs on a mesh."""
+    meshes = meshes_of(module_op)
+    for f in list(functions(module_op)):
+        if "tgraph.partitioned" in f.attributes:
+            continue
+        mesh = function_mesh(f, meshes)
+        if mesh is not None:
+            yield f, mesh

@@ -1,22 +1,10 @@
-"""Small helpers shared by the pass modules in `tessera_passes`."""
+"""What every pass needs: `PassError` (a user-facing failure at an IR
+location), `run_reporting` (which turns it into a diagnostic) and walks over
+functions, kernels and their attributes."""
 
 from __future__ import annotations
 
-import re
-
 from tessera_mlir import ir
-
-
-def enum_of(op: ir.Operation, attr: str = "kind") -> str:
-    """The value of an enum attribute: `sum` of `#tgraph.reduction<sum>`,
-    `nvshmem` of `#tgraph.transport<nvshmem>`."""
-    return str(op.attributes[attr]).split("<")[1].rstrip(">")
-
-
-def memref_of(tensor_type: ir.Type) -> ir.MemRefType:
-    """The buffer type holding a ranked tensor type."""
-    t = ir.RankedTensorType(tensor_type)
-    return ir.MemRefType.get(list(t.shape), t.element_type)
 
 
 class PassError(Exception):
@@ -79,15 +67,16 @@ def set_function_type(func_op: ir.Operation, inputs, results) -> None:
     func_op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(inputs), list(results)))
 
 
-def location_name(loc: ir.Location) -> str | None:
-    """The name of a NameLoc (`loc("w1"(...))`), which the frontend uses to
-    record Python parameter names; None for other locations."""
-    m = re.match(r'loc\("([^"]+)"(?:\(|\)$)', str(loc))
-    return m.group(1) if m else None
+def kernels_of(module) -> list[ir.Operation]:
+    """The ttile.kernel ops of a module (an `ir.Module` or its operation)."""
+    op = module.operation if isinstance(module, ir.Module) else module
+    return [k.operation for k in op.regions[0].blocks[0].operations
+            if k.operation.name == "ttile.kernel"]
 
 
-def source_of(loc: ir.Location) -> str:
-    """`file.py:12` for a file location (possibly wrapped in a name), else ''."""
-    text = str(loc)
-    m = re.search(r'"([^"]+)":(\d+):\d+', text)
-    return f"{m.group(1)}:{m.group(2)}" if m else ""
+def marked_args(kernel: ir.Operation, marker: str) -> list[int]:
+    """Indices of the kernel arguments whose attributes include `marker`
+    (`ttile.symmetric`, `ttile.signals`)."""
+    attrs = kernel.attributes
+    arg_attrs = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
+    return [i for i, d in enumerate(arg_attrs) if marker in ir.DictAttr(d)]

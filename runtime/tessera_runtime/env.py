@@ -1,0 +1,150 @@
+"""Every environment variable Tessera reads, in one place: what it does, who
+reads it and its default. No other module reads the environment
+(`test/test_env.py` checks it); `tessera --env` prints this table with the
+values set now.
+
+It lives in the runtime because the runtime is the one package every other
+imports (a bundle runs where only the runtime is installed); it imports
+nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    #: who reads it: frontend (the `tessera` API), compiler, runtime, tests
+    reader: str
+    #: the value when unset, as text ("" for none)
+    default: str
+    doc: str
+
+
+# (rank, size) variables set by common MPI launchers, in the order `world()` tries them.
+LAUNCHER_RANKS = (
+    ("PMI_RANK", "PMI_SIZE"),                          # MPICH / Hydra, Intel MPI
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),  # Open MPI
+    ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),    # MVAPICH2
+    ("SLURM_PROCID", "SLURM_NTASKS"),                  # srun
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),            # Hydra, node-local: 1-node fallback
+)
+
+_VARIABLES = [
+    Variable("TESSERA_TARGET", "frontend", "cpu",
+             "default target of compiled functions: cpu or gpu"),
+    Variable("TESSERA_DETERMINISTIC", "frontend", "0",
+             "1: every reduction in a fixed order, bitwise reproducible (dist.deterministic)"),
+    Variable("TESSERA_DUMP_IR", "frontend", "",
+             "a folder: rank 0 writes every compiled function's IR at every level there "
+             "(`tessera trace` sets it)"),
+    Variable("TESSERA_COLLECTIVE_REPORT", "frontend", "",
+             "a byte count: print the collectives each compiled function needs that move at "
+             "least that many bytes per rank, with the Python line behind each"),
+    Variable("TESSERA_CACHE_DIR", "compiler, runtime", "$XDG_CACHE_HOME/tessera",
+             "where compiled kernels, bundles and NVRTC cubins are cached"),
+    Variable("XDG_CACHE_HOME", "compiler, runtime", "~/.cache",
+             "the cache's parent when TESSERA_CACHE_DIR is unset"),
+    Variable("CXX", "compiler, runtime", "c++",
+             "the host C++ compiler for CPU kernels and the CUDA emulator"),
+    Variable("NVSHMEM_HOME", "compiler", "",
+             "an NVSHMEM install to compile NVSHMEM kernels against (else the "
+             "nvidia-nvshmem-cu13 wheel)"),
+    Variable("TESSERA_OPT_TRACEBACK", "compiler", "",
+             "1: tessera-opt prints the Python traceback of a pass that raised (for developers)"),
+    Variable("TESSERA_COMM_TRACE", "runtime", "0",
+             "1: every rank logs every collective it runs"),
+    Variable("TESSERA_CUDA_EMULATE", "runtime", "0",
+             "1: run GPU bundles on the CPU emulator of the generated CUDA (cuda-emulated engine)"),
+    Variable("TESSERA_EMULATE_ARCH", "runtime", "sm_90a",
+             "the architecture the emulator runs kernels as: sm_90a (wgmma branches) or sm_90"),
+    Variable("TESSERA_EMULATED_NVSHMEM_HEAP", "runtime", str(256 << 20),
+             "bytes of the emulated NVSHMEM symmetric heap per PE"),
+    Variable("TESSERA_NVSHMEM_WAIT_S", "runtime", "120",
+             "seconds an emulated NVSHMEM signal wait spins before the emulator stops the kernel"),
+    Variable("TESSERA_CUDA_DEVICE", "runtime", "rank % devices",
+             "the GPU this process uses"),
+    Variable("CUDA_PATH", "runtime", "",
+             "a CUDA toolkit whose lib64 holds libnvrtc (after the nvidia-cuda-nvrtc wheel)"),
+    Variable("CUDA_HOME", "runtime", "", "as CUDA_PATH"),
+    Variable("TESSERA_STRICT_SKIPS", "tests", "0",
+             "1 (CI): a test that skips for anything but a missing GPU fails"),
+] + [Variable(rank, "runtime", "", f"this process' rank, with {size} (set by MPI launchers; "
+              "none set: a single process)") for rank, size in LAUNCHER_RANKS] \
+  + [Variable(size, "runtime", "", f"the job's size, with {rank}")
+     for rank, size in LAUNCHER_RANKS]
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in _VARIABLES}
+
+
+def _known(name: str) -> str:
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not a documented Tessera environment variable "
+                       "(add it to tessera_runtime/env.py)")
+    return name
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """The variable's value; `default` when unset (or set to "")."""
+    value = os.environ.get(_known(name))
+    return value if value else default
+
+
+def raw(name: str) -> str | None:
+    """The variable's value as set ("" included); None when unset."""
+    return os.environ.get(_known(name))
+
+
+def is_set(name: str) -> bool:
+    return _known(name) in os.environ
+
+
+def flag(name: str) -> bool:
+    """Whether the variable is set to anything but "" or "0"."""
+    return os.environ.get(_known(name), "") not in ("", "0")
+
+
+def integer(name: str, default: int) -> int:
+    value = get(name)
+    return default if value is None else int(value)
+
+
+def number(name: str, default: float) -> float:
+    value = get(name)
+    return default if value is None else float(value)
+
+
+def cache_root() -> Path:
+    """The root of every cache Tessera keeps (compiled kernels, bundles,
+    NVRTC cubins, emulator libraries)."""
+    root = get("TESSERA_CACHE_DIR") or os.path.join(
+        get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tessera")
+    return Path(root)
+
+
+def host_compiler() -> str | None:
+    """The host C++ compiler: CXX, else c++ or g++ on the PATH."""
+    return get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def table() -> str:
+    """Every variable, grouped by who reads it: its value now (or "unset")
+    and what it does, with its default."""
+    width = max(len(v.name) for v in _VARIABLES)
+    lines = []
+    for reader in dict.fromkeys(v.reader for v in _VARIABLES):
+        lines.append(f"read by the {reader}:")
+        for v in (v for v in _VARIABLES if v.reader == reader):
+            now = os.environ.get(v.name)
+            shown = "unset" if now is None else repr(now)
+            doc = v.doc + (f" (default: {v.default})" if v.default else "")
+            wrapped = textwrap.wrap(doc, 100 - width - 20) or [""]
+            lines.append(f"  {v.name:<{width}}  {shown:<14}  {wrapped[0]}")
+            lines += [" " * (width + 20) + w for w in wrapped[1:]]
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""The sharding model: `Sharding` mirrors `#tgraph.sharding<@mesh, [[axes of
+dim 0], ...], partial = [...]>` and `Mesh` a `tgraph.mesh` op. The per-op
+rules that reason with them are the passes' (`tessera_passes.sharding_rules`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, replace
+
+from tessera_mlir import ir
+
+_SHARDING_RE = re.compile(
+    r'^#tgraph\.sharding<@(?P<mesh>[\w$.-]+|"[^"]*"), (?P<dims>\[.*?\])(?:, partial = (?P<partial>\[.*\]))?>$')
+
+
+@dataclass(frozen=True)
+class Sharding:
+    mesh: str
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+
+    @staticmethod
+    def replicated(mesh: str, rank: int) -> "Sharding":
+        return Sharding(mesh, tuple(() for _ in range(rank)))
+
+    @staticmethod
+    def from_attr(attr: ir.Attribute) -> "Sharding":
+        text = str(attr)
+        m = _SHARDING_RE.match(text)
+        if not m:
+            raise ValueError(f"not a #tgraph.sharding attribute: {text}")
+        dims = json.loads(m["dims"])
+        partial = json.loads(m["partial"]) if m["partial"] else []
+        return Sharding(m["mesh"].strip('"'), tuple(tuple(d) for d in dims), tuple(partial))
+
+    def __str__(self) -> str:
+        dims = json.dumps([list(d) for d in self.dims])
+        text = f"#tgraph.sharding<@{self.mesh}, {dims}"
+        if self.partial:
+            text += f", partial = {json.dumps(list(self.partial))}"
+        return text + ">"
+
+    def to_attr(self) -> ir.Attribute:
+        return ir.Attribute.parse(str(self))
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def with_dims(self, dims) -> "Sharding":
+        return replace(self, dims=tuple(tuple(d) for d in dims))
+
+    def with_partial(self, partial) -> "Sharding":
+        return replace(self, partial=tuple(partial))
+
+    def describe(self) -> str:
+        """Human-readable form for error messages: `[-, tp] partial(tp)`."""
+        parts = ["*".join(d) if d else "-" for d in self.dims]
+        text = "[" + ", ".join(parts) + "]"
+        return text + (f" partial({', '.join(self.partial)})" if self.partial else "")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    name: str
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]
+
+    def axis_size(self, axis: str) -> int:
+        return self.shape[self.axes.index(axis)]
+
+    def parts(self, axes) -> int:
+        """How many blocks a dimension split over `axes` has."""
+        return math.prod(self.axis_size(a) for a in axes)
+
+    def local_shape(self, shape, sharding: Sharding) -> list[int]:
+        return [s // self.parts(axes) for s, axes in zip(shape, sharding.dims)]
+
+
+#: Per-rank ops tessera-partition inserts (collectives and the local slice):
+#: they exist only in partitioned functions.
+PER_RANK_OPS = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
+                "tgraph.all_to_all", "tgraph.axis_slice")
+
+
+def meshes_of(module: ir.Module | ir.Operation) -> dict[str, Mesh]:
+    op = module.operation if isinstance(module, ir.Module) else module
+    meshes = {}
+    for inner in op.regions[0].blocks[0].operations:
+        if inner.operation.name == "tgraph.mesh":
+            attrs = inner.operation.attributes
+            name = ir.StringAttr(attrs["sym_name"]).value
+            axes = tuple(ir.StringAttr(a).value for a in ir.ArrayAttr(attrs["axes"]))
+            shape = tuple(ir.DenseI64ArrayAttr(attrs["shape"]))
+            meshes[name] = Mesh(name, axes, shape)
+    return meshes

@@ -1,0 +1,260 @@
+"""The compiler's layers, checked on its source (every import statement,
+including those inside functions, so a lazy back edge is caught too):
+
+    tessera_mlir          the generated bindings
+    tessera_compiler.ir   the bottom layer: builders, types, attributes, options,
+                          the op table, pass support; imports only tessera_mlir
+    tessera_passes        passes (one module each) and their helpers
+                          (sharding_rules, tile/): import the bottom layer and
+                          the bindings; a pass never imports another pass
+    tessera_compiler.codegen
+                          Tile IR -> source; imports the bottom layer
+    tessera_compiler      pipeline, bundle, tessera-opt/-translate: the top of
+                          the compiler
+    tessera               the user API: the compiler's top and bottom layers and
+                          the runtime (the runtime imports none of them:
+                          test/runtime/test_runtime_imports.py)
+    tessera_runtime.env   the one module that reads the environment, which any
+                          layer but the bottom one may import
+
+No module imports a private name (`_x`) of another module, and the
+compiler's modules import each other without cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {"tessera": REPO / "tessera", "tessera_compiler": REPO / "tessera_compiler",
+            "tessera_passes": REPO / "passes" / "tessera_passes",
+            "tessera_runtime": REPO / "runtime" / "tessera_runtime"}
+
+
+def _modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
+    mods = {}
+    for package, root in packages.items():
+        for f in sorted(root.rglob("*.py")):
+            parts = [package] + list(f.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = f
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path, modules: dict) -> list[tuple[str, list[str], int]]:
+    """(module imported, names imported from it, line) for every import in
+    `path` (module `name`), relative imports resolved."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            names = [a.name for a in node.names]
+            # `from pkg import module` imports the module pkg.module (and
+            # runs pkg's __init__, as any import of a submodule does).
+            submodules = [n for n in names if f"{target}.{n}" in modules]
+            if len(submodules) < len(names):
+                out.append((target, names, node.lineno))
+            out += [(f"{target}.{n}", [], node.lineno) for n in submodules]
+    return out
+
+
+def _owner(target: str, modules: dict) -> str | None:
+    """The Tessera module `target` (a dotted name) is, or is inside."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _passes() -> set[str]:
+    import tessera_passes
+    return {f"tessera_passes.{info.module}" for info in tessera_passes.PASSES.values()}
+
+
+def layer_of(module: str) -> str:
+    if module == "tessera_runtime.env":
+        return "env"
+    if module.startswith("tessera_compiler.ir"):
+        return "ir"
+    if module.startswith("tessera_compiler.codegen"):
+        return "codegen"
+    if module.startswith("tessera_compiler"):
+        return "compiler"
+    return module.split(".")[0]
+
+
+#: For each layer, the Tessera layers and top-level packages it may import.
+#: `env` is tessera_runtime.env, the one module that reads the environment
+#: (every layer above the bottom one may ask it).
+ALLOWED = {
+    "ir": {"ir", "tessera_mlir"},
+    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env"},
+    "codegen": {"ir", "codegen", "tessera_mlir", "env"},
+    "compiler": {"ir", "codegen", "compiler", "tessera_passes", "tessera_mlir", "env"},
+    "tessera": {"ir", "compiler", "codegen", "tessera", "tessera_runtime", "tessera_mlir", "env"},
+}
+TESSERA_TOPS = {"tessera", "tessera_compiler", "tessera_passes", "tessera_runtime", "tessera_mlir"}
+
+
+def _edges(modules: dict):
+    for name, path in modules.items():
+        for target, names, line in _imports(name, path, modules):
+            if target.split(".")[0] in TESSERA_TOPS:
+                yield name, path, target, names, line
+
+
+def layering_violations(modules: dict) -> list[str]:
+    """Imports of a layer its module's layer may not import."""
+    bad = []
+    for name, path, target, _, line in _edges(modules):
+        layer = layer_of(name)
+        if layer not in ALLOWED:
+            continue
+        owner = _owner(target, modules)
+        to = layer_of(owner) if owner else target.split(".")[0]
+        if to not in ALLOWED[layer]:
+            bad.append(f"{path}:{line}: {name} ({layer}) imports {target} ({to})")
+    return bad
+
+
+def pass_imports(modules: dict, passes: set[str]) -> list[str]:
+    """Imports of a pass module by another module of tessera_passes."""
+    bad = []
+    for name, path, target, _, line in _edges(modules):
+        owner = _owner(target, modules)
+        if name.startswith("tessera_passes") and owner in passes and owner != name:
+            bad.append(f"{path}:{line}: {name} imports the pass {owner}")
+    return bad
+
+
+def private_imports(modules: dict) -> list[str]:
+    """`from m import _x`, or `m._x` on an imported module m, where m is
+    another Tessera module."""
+    bad = []
+    for name, path, target, names, line in _edges(modules):
+        if target not in modules or target == name:
+            continue
+        for n in names:
+            if n.startswith("_") and not n.startswith("__"):
+                bad.append(f"{path}:{line}: {name} imports {target}.{n}")
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in modules and a.asname:
+                        aliases[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in modules:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases and node.attr.startswith("_") \
+                    and not node.attr.startswith("__"):
+                bad.append(f"{path}:{node.lineno}: {name} reads "
+                           f"{aliases[node.value.id]}.{node.attr}")
+    return bad
+
+
+def import_cycles(modules: dict) -> list[str]:
+    """Cycles among the imports of tessera_compiler's and tessera_passes'
+    modules (a package's __init__ importing its own submodules is none)."""
+    graph: dict[str, set[str]] = {}
+    for name, _, target, _, _ in _edges(modules):
+        owner = _owner(target, modules)
+        if owner and owner != name and name.split(".")[0] in ("tessera_compiler", "tessera_passes") \
+                and owner.split(".")[0] in ("tessera_compiler", "tessera_passes"):
+            graph.setdefault(name, set()).add(owner)
+    cycles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        for n in sorted(graph.get(m, ())):
+            if m.startswith(n + ".") or n.startswith(m + "."):
+                continue
+            if state.get(n) == "open":
+                cycles.append(" -> ".join(stack[stack.index(n):] + [n]))
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    return cycles
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    bad = layering_violations(MODULES)
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_passes_import_no_other_pass():
+    """Passes share code through the bottom layer or this package's helper
+    modules (sharding_rules, tile/), never by importing each other; helpers
+    import no pass."""
+    passes = _passes()
+    assert len(passes) >= 6, passes
+    bad = pass_imports(MODULES, passes)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    """`from m import _x` (or `m._x` on an imported module m) reaches into
+    another module's internals: make the name public where it belongs."""
+    bad = private_imports(MODULES)
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+def test_compiler_modules_import_each_other_without_cycles():
+    cycles = import_cycles(MODULES)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_checks_catch_a_back_edge_a_pass_import_a_private_name_and_a_cycle(tmp_path):
+    """The checks above, on a small tree that breaks each rule once (they
+    would pass vacuously on a tree they cannot read)."""
+    files = {
+        "tessera_compiler/__init__.py": "",
+        "tessera_compiler/ir/__init__.py": "",
+        "tessera_compiler/ir/types.py": "import tessera_passes.alpha\n",          # back edge
+        "tessera_compiler/codegen/__init__.py": "",
+        "tessera_compiler/codegen/a.py": "from .b import _helper\n",            # private; cycle
+        "tessera_compiler/codegen/b.py": "from . import a\n_helper = 1\n",
+        "tessera_passes/__init__.py": "",
+        "tessera_passes/alpha.py": "from tessera_compiler.ir import types\n",
+        "tessera_passes/beta.py": "from . import alpha\n",                       # pass -> pass
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    fake = _modules({"tessera_compiler": tmp_path / "tessera_compiler",
+                     "tessera_passes": tmp_path / "tessera_passes"})
+    assert [v.split(": ", 1)[1] for v in layering_violations(fake)] == [
+        "tessera_compiler.ir.types (ir) imports tessera_passes.alpha (tessera_passes)"]
+    assert [v.split(": ", 1)[1] for v in pass_imports(
+        fake, {"tessera_passes.alpha", "tessera_passes.beta"})] == [
+        "tessera_passes.beta imports the pass tessera_passes.alpha"]
+    assert [v.split(": ", 1)[1] for v in private_imports(fake)] == [
+        "tessera_compiler.codegen.a imports tessera_compiler.codegen.b._helper"]
+    assert import_cycles(fake) == [
+        "tessera_compiler.codegen.a -> tessera_compiler.codegen.b -> tessera_compiler.codegen.a",
+        "tessera_compiler.ir.types -> tessera_passes.alpha -> tessera_compiler.ir.types"]
+    # ... and see the real tree's layers and edges.
+    layers = {layer_of(m) for m in MODULES}
+    assert {"ir", "codegen", "compiler", "tessera_passes", "tessera"} <= layers
+    edges = {(layer_of(n), layer_of(_owner(t, MODULES) or t)) for n, _, t, _, _ in _edges(MODULES)}
+    assert ("tessera_passes", "ir") in edges and ("compiler", "tessera_passes") in edges
