@@ -17,6 +17,7 @@ from __future__ import annotations
 from tessera_mlir import ir
 
 from tessera_compiler.ir import graph_builder as gb
+from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
 from tessera_compiler.ir.types import enum_of
@@ -52,43 +53,9 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     if len(gs) > 1 and name != "attention":
         raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
                         op.location)
-    if name == "add":
-        return [g, g]
-    if name == "sub":
-        return [g, gb.unary("neg", g)]
-    if name == "mul":
-        return [gb.binary("mul", g, x[1]), gb.binary("mul", g, x[0])]
-    if name == "div":
-        ga = gb.binary("div", g, x[1])
-        return [ga, gb.unary("neg", gb.binary("mul", ga, out))]     # -g a / b^2 = -(g/b) (a/b)
-    if name == "max":
-        take_lhs = gb.compare("ge", x[0], x[1])
-        zero = gb.zeros_like(g)
-        return [gb.select(take_lhs, g, zero), gb.select(take_lhs, zero, g)]
-    if name == "neg":
-        return [gb.unary("neg", g)]
-    if name == "exp":
-        return [gb.binary("mul", g, out)]
-    if name == "log":
-        return [gb.binary("div", g, x[0])]
-    if name == "tanh":
-        one = gb.fill(gb.shape_of(out), gb.element_of(out), 1.0)
-        return [gb.binary("mul", g, gb.binary("sub", one, gb.binary("mul", out, out)))]
-    if name == "sqrt":
-        half = gb.fill(gb.shape_of(out), gb.element_of(out), 0.5)
-        return [gb.binary("div", gb.binary("mul", g, half), out)]
-    if name == "rsqrt":                                               # -x^(-3/2) / 2
-        c = gb.fill(gb.shape_of(out), gb.element_of(out), -0.5)
-        return [gb.binary("mul", gb.binary("mul", g, c),
-                          gb.binary("mul", out, gb.binary("mul", out, out)))]
-    if name == "relu":
-        positive = gb.compare("gt", x[0], gb.zeros_like(x[0]))
-        return [gb.select(positive, g, gb.zeros_like(g))]
-    if name == "select":
-        zero = gb.zeros_like(g)
-        return [None, gb.select(x[0], g, zero), gb.select(x[0], zero, g)]
-    if name == "cast":
-        return [gb.cast(g, gb.element_of(x[0]))]
+    elementwise = ops.GRAPH_ELEMENTWISE.get(op.name)
+    if elementwise is not None:      # the op table's rule (None: no derivative)
+        return elementwise.vjp(x, out, g, op) if elementwise.vjp else [None] * len(x)
     if name == "broadcast":
         return [gb.sum_to(g, gb.shape_of(x[0]))]
     if name == "reduce":
@@ -136,7 +103,7 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
                           [len(gb.shape_of(out)) - 1])
         return gb.attention_grad(*x, g, op.results[1], delta, "causal" in op.attributes,
                                  ir.FloatAttr(op.attributes["scale"]).value)
-    if name in ("compare", "iota", "fill"):
+    if name in ("iota", "fill"):
         return [None] * len(x)
     raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
 

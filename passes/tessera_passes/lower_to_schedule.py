@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from tessera_mlir import ir
-from tessera_mlir.dialects import func, tsched
+from tessera_mlir.dialects import func, tgraph, tsched
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, ops_of,
@@ -79,6 +79,7 @@ class ScheduleBuilder:
         self.on_compute: set = set()   # buffers last written by a compute launch
         self.kernel_count = 0
         self.fused = fused             # collectives lowered inside their matmul's kernel
+        # (Parameterless types, spelled as IR: nothing to read back from them.)
         self.stream_t = ir.Type.parse("!tsched.stream")
         self.token_t = ir.Type.parse("!tsched.token")
         self.event_t = ir.Type.parse("!tsched.event")
@@ -190,7 +191,7 @@ class ScheduleBuilder:
                 tsched.EventWaitOp(event, comm)
             dst = tsched.AllocOp(memref_of(op.results[0].type)).result
             attrs = op.attributes
-            kind = ir.Attribute.parse(f"#tsched.collective<{COLLECTIVES[op.name]}>")
+            kind = tsched.CollectiveKindAttr.get(COLLECTIVES[op.name])
             start = tsched.CollectiveStartOp(
                 self.token_t, kind, src_buf, dst, comm, attrs["mesh"], attrs["axis"],
                 reduction=attrs["kind"] if "kind" in attrs else None,
@@ -302,7 +303,7 @@ def resolve_transports(func_op: ir.Operation, gpu: bool, auto_max_bytes: int) ->
         elif transport == "auto":
             transport = "nvshmem" if gpu and why_not is None and \
                 _symmetric_bytes(op) <= auto_max_bytes else "nccl"
-        op.attributes["transport"] = ir.Attribute.parse(f"#tgraph.transport<{transport}>")
+        op.attributes["transport"] = tgraph.TransportAttr.get(transport)
         if transport == "nvshmem":
             fused.add(op)
     return fused

@@ -52,6 +52,7 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, scf, tsched, ttile
 
+from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import (PassError, function_type, functions, ops_of,
@@ -66,14 +67,9 @@ from .tile.gathered_gemm import GatheredGemm
 from .tile.gemm import gemm_config, gemm_offsets, gemm_tile
 from .tile.scattered_gemm import ScatteredGemm
 
-TILE_ELEMENTWISE = {
-    "tgraph.add": ttile.AddOp, "tgraph.sub": ttile.SubOp, "tgraph.mul": ttile.MulOp,
-    "tgraph.div": ttile.DivOp, "tgraph.max": ttile.MaxOp, "tgraph.relu": ttile.ReluOp,
-    "tgraph.neg": ttile.NegOp, "tgraph.exp": ttile.ExpOp, "tgraph.log": ttile.LogOp,
-    "tgraph.tanh": ttile.TanhOp, "tgraph.sqrt": ttile.SqrtOp, "tgraph.rsqrt": ttile.RsqrtOp,
-    "tgraph.select": ttile.SelectOp}
-TILEABLE = set(TILE_ELEMENTWISE) | {"tgraph.compare", "tgraph.cast", "tgraph.fill",
-                                    "tgraph.iota", "tgraph.broadcast", "tgraph.reduce"}
+# Elementwise ops (the op table's) and the other ops a fused kernel tiles.
+TILEABLE = set(ops.GRAPH_ELEMENTWISE) | {"tgraph.fill", "tgraph.iota", "tgraph.broadcast",
+                                         "tgraph.reduce"}
 LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph.slice": "slice",
            "tgraph.pad": "pad", "tgraph.concat": "concat", "tgraph.gather": "gather",
            "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice"}
@@ -81,6 +77,17 @@ LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
 LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes")
 ELEMENTWISE_TILE_ELEMENTS = 4096
+
+
+def tile_elementwise(op: ir.Operation, result_type: ir.Type, xs: list[ir.Value]) -> ir.Value:
+    """`ttile.<name>` of elementwise `tgraph.<name>` op `op` on tiles `xs`
+    (compare keeps its kind, compare and cast their result type)."""
+    name = op.name.split(".", 1)[1]
+    if name == "compare":
+        return ttile.CompareOp(result_type, xs[0], xs[1], op.attributes["kind"]).result
+    if name == "cast":
+        return ttile.CastOp(result_type, xs[0]).result
+    return getattr(ttile, "".join(p.capitalize() for p in name.split("_")) + "Op")(*xs).result
 
 
 def kernel_body(kernel: ir.Operation) -> list[ir.Operation]:
@@ -419,12 +426,8 @@ class GroupTiler:
         result = out
         rtype = self._value_tile_type(result)
         xs = [self._operand(b, tiles) for b in ins]
-        if name in TILE_ELEMENTWISE:
-            return TILE_ELEMENTWISE[name](*xs).result
-        if name == "tgraph.compare":
-            return ttile.CompareOp(rtype, xs[0], xs[1], op.attributes["kind"]).result
-        if name == "tgraph.cast":
-            return ttile.CastOp(rtype, xs[0]).result
+        if name in ops.GRAPH_ELEMENTWISE:
+            return tile_elementwise(op, rtype, xs)
         if name == "tgraph.fill":
             return ttile.FillOp(rtype, op.attributes["value"]).result
         if name == "tgraph.iota":

@@ -167,7 +167,7 @@ class Resharder:
         return value
 
     def _all_reduce(self, value, kind, axis):
-        return tgraph.AllReduceOp(value, ir.Attribute.parse(f"#tgraph.reduction<{kind}>"),
+        return tgraph.AllReduceOp(value, tgraph.ReductionKindAttr.get(kind),
                                   self.mesh_ref, ir.StringAttr.get(axis),
                                   deterministic=self.deterministic or None).result
 
@@ -178,7 +178,7 @@ class Resharder:
 
     def _reduce_scatter(self, value, axis, dim):
         result = _resized(value, shrink={dim: self.mesh.axis_size(axis)})
-        return tgraph.ReduceScatterOp(result, value, ir.Attribute.parse("#tgraph.reduction<sum>"),
+        return tgraph.ReduceScatterOp(result, value, tgraph.ReductionKindAttr.get("sum"),
                                       self.mesh_ref, ir.StringAttr.get(axis), I64(dim),
                                       deterministic=self.deterministic or None).result
 

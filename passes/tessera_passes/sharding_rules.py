@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
+from tessera_compiler.ir import ops
 from tessera_compiler.ir.sharding import PER_RANK_OPS, Mesh, Sharding, meshes_of
 from tessera_compiler.ir.support import PassError, arg_attr_dicts, functions, ops_of
 from tessera_compiler.ir.types import enum_of
@@ -76,22 +77,24 @@ def merge_dims(operands: list[Sharding], blocked: set[str] = frozenset()):
 
 
 def _linear_partial(name: str, operands: list[Sharding], ctx: Context) -> tuple[str, ...]:
-    """The pending sum that survives elementwise op `name`, or ()."""
+    """The pending sum that survives elementwise op `name`, or () (what the
+    op table says of its linearity)."""
     partials = [o.partial for o in operands]
     if not any(partials):
         return ()
-    if name in ("tgraph.add", "tgraph.sub"):
+    linear = ops.GRAPH_ELEMENTWISE[name].linear
+    if linear == "same":
         return partials[0] if all(p == partials[0] for p in partials) else ()
-    if name == "tgraph.neg":
+    if linear == "unary":
         return partials[0]
     if ctx.deterministic:
         return ()
     # Linear in one argument: x*c, x/c, and select between two partial values.
-    if name == "tgraph.mul" and sum(bool(p) for p in partials) == 1:
+    if linear == "one" and sum(bool(p) for p in partials) == 1:
         return next(p for p in partials if p)
-    if name == "tgraph.div" and partials[0] and not partials[1]:
+    if linear == "first" and partials[0] and not partials[1]:
         return partials[0]
-    if name == "tgraph.select" and not partials[0] and partials[1] == partials[2]:
+    if linear == "select" and not partials[0] and partials[1] == partials[2]:
         return partials[1]
     return ()
 
@@ -324,9 +327,8 @@ RULES = {
     "tgraph.attention": attention_rule,
     "tgraph.attention_grad": attention_rule,
 }
-for _name in ("add", "sub", "neg", "relu", "mul", "div", "max", "exp", "log", "tanh", "sqrt",
-              "rsqrt", "compare", "select", "cast"):
-    RULES[f"tgraph.{_name}"] = elementwise_rule
+for _name in ops.GRAPH_ELEMENTWISE:
+    RULES[_name] = elementwise_rule
 
 
 def rule_for(op, operand_shardings: list[Sharding], ctx: Context) -> Rule:

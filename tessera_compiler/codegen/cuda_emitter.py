@@ -48,7 +48,7 @@ from tessera_mlir import ir
 from ..ir.analysis import multiple_of
 from ..ir.options import DEFAULT, TargetOptions
 from ..ir.support import kernels_of, marked_args
-from ..ir.types import enum_of, tile_of
+from ..ir.types import enum_of, is_tile, tile_of
 from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
 from .register_loop import RegisterLoop
 from .tile_emitter import (BF16_HELPERS, ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter, Tile,
@@ -187,7 +187,7 @@ class CudaKernelEmitter(KernelEmitter):
     def sync(self) -> None:
         self.line("__syncthreads();")
 
-    def _fast(self, ct: str, fn: str, arg: str) -> str:
+    def fast(self, ct: str, fn: str, arg: str) -> str:
         # A float exp as 2^(x * log2 e) on the special-function unit
         # (tessera_ex2), where expf without fast math is a longer accurate
         # range reduction (and exp2f made ptxas spill in attention). The
@@ -197,7 +197,7 @@ class CudaKernelEmitter(KernelEmitter):
             return f"tessera_ex2(({arg}) * 1.4426950408889634f)"
         if fn == "exp2" and ct == "float":
             return f"tessera_ex2({arg})"
-        return super()._fast(ct, fn, arg)
+        return super().fast(ct, fn, arg)
 
     def element_loop(self, e: str, n) -> str:
         # Strided by the threads still running (not blockDim.x): a producer
@@ -359,7 +359,7 @@ class CudaKernelEmitter(KernelEmitter):
     # -- pointwise regions ---------------------------------------------------------
     def _tile_shapes(self, op) -> list[list[int]]:
         return [tile_of(v.type)[0] for v in list(op.operands) + list(op.results)
-                if str(v.type).startswith("!ttile.tile")]
+                if is_tile(v.type)]
 
     def _add_to_region(self, op) -> None:
         shapes = self._tile_shapes(op)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from tessera_mlir import ir
 
 from ..ir.analysis import multiple_of
-from ..ir.types import enum_of, tile_of
+from ..ir.types import enum_of, is_tile, tile_of
 from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
 from .tile_emitter import ELEMENTWISE_EXPRESSIONS, EmitError, Tile, c_literal, ctype
 
@@ -117,7 +117,7 @@ class RegisterLoop:
         self.warps = em.threads // 32
         if not self.carried:
             return "nothing is carried"
-        shapes = [tile_of(a.type) if str(a.type).startswith("!ttile.tile") else ([], "")
+        shapes = [tile_of(a.type) if is_tile(a.type) else ([], "")
                   for a in self.carried]
         self.bm = shapes[0][0][0] if shapes[0][0] else 0
         for arg, (shape, elt) in zip(self.carried, shapes):
@@ -141,7 +141,7 @@ class RegisterLoop:
         return tuple(tile_of(v.type)[0])
 
     def _outside_tile(self, v) -> bool:
-        return not _defined_inside(v, self.op) and str(v.type).startswith("!ttile.tile")
+        return not _defined_inside(v, self.op) and is_tile(v.type)
 
     def _classify(self, o, kinds, multiple_of) -> str | None:
         name, bm = o.name, self.bm
@@ -219,7 +219,7 @@ class RegisterLoop:
             if len(shape) != 2 or shape[0] != bm or (shape[1] != 1 and shape[1] % 8):
                 return f"'{name}' on a {'x'.join(map(str, shape))} tile (not [{bm}, 1] or [{bm}, 8k])"
             for v in o.operands:
-                if not str(v.type).startswith("!ttile.tile"):
+                if not is_tile(v.type):
                     continue
                 if kinds.get(v) in ("stage", "stage_t"):
                     return f"'{name}' reads a loaded tile (only dots read those)"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tessera_mlir import ir
 
 from ..ir.support import kernels_of, marked_args
+from ..ir.ops import TILE_ELEMENTWISE
 from ..ir.types import enum_of, tile_of
 
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
@@ -65,28 +66,10 @@ class Tile:
         return math.prod(self.shape)
 
 
-# Elementwise tile ops that are one C expression of their operands' elements
-# (`KernelEmitter.expression`; the result element type is `ct`).
-ELEMENTWISE_EXPRESSIONS = {
-    "ttile.add": lambda em, op, ct, a, b: f"{a} + {b}",
-    "ttile.sub": lambda em, op, ct, a, b: f"{a} - {b}",
-    "ttile.mul": lambda em, op, ct, a, b: f"{a} * {b}",
-    "ttile.div": lambda em, op, ct, a, b: f"{a} / {b}",
-    "ttile.max": lambda em, op, ct, a, b: f"({a} > {b} ? {a} : {b})",
-    "ttile.neg": lambda em, op, ct, a: f"-{a}",
-    "ttile.relu": lambda em, op, ct, a: f"({a} > 0 ? {a} : 0)",
-    "ttile.log": lambda em, op, ct, a: em._math("log", a),
-    "ttile.sqrt": lambda em, op, ct, a: em._math("sqrt", a),
-    "ttile.rsqrt": lambda em, op, ct, a: f"({ct})1 / {em._math('sqrt', a)}",
-    "ttile.exp": lambda em, op, ct, a: em._fast(ct, "exp", a),
-    "ttile.exp2": lambda em, op, ct, a: em._fast(ct, "exp2", a),
-    "ttile.tanh": lambda em, op, ct, a: em._fast(ct, "tanh", a),
-    "ttile.select": lambda em, op, ct, c, a, b: f"({c} ? {a} : {b})",
-    "ttile.compare": lambda em, op, ct, a, b: f"({a} {_COMPARE[enum_of(op)]} {b})",
-    # bf16 results compute in float (rounded by the caller); i1 is "nonzero".
-    "ttile.cast": lambda em, op, ct, a: f"({a} != 0)" if ct == "bool" else f"({ct})({a})",
-}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+# Elementwise tile ops: one C expression of their operands' elements each,
+# from the op table (`KernelEmitter.expression`; the result element type is
+# `ct`).
+ELEMENTWISE_EXPRESSIONS = {name: e.c for name, e in TILE_ELEMENTWISE.items()}
 
 
 @dataclass
@@ -315,16 +298,17 @@ class KernelEmitter:
         self.for_each(r.size, lambda e: self.line(
             f"{r.name}[{e}] = {wrap(self.expression(op, [f'{s.name}[{e}]' for s in srcs]))};"))
 
-    def _math(self, fn: str, arg: str) -> str:
+    def math(self, fn: str, arg: str) -> str:
+        """The C library's `fn`."""
         return f"{fn}({arg})" if self.cuda else f"std::{fn}({arg})"
 
-    def _fast(self, ct: str, fn: str, arg: str) -> str:
+    def fast(self, ct: str, fn: str, arg: str) -> str:
         """The vectorizable float version on the CPU, libm otherwise."""
         if not self.cuda and ct == "float":
             if fn == "exp2":            # tessera_exp reduces by powers of 2 itself
                 return f"tessera_exp(({arg}) * 0.69314718055994531f)"
             return f"tessera_{fn}({arg})"
-        return self._math(fn, arg)
+        return self.math(fn, arg)
 
     def op_ttile_broadcast(self, op):
         src = self.names[op.operands[0]]

@@ -40,26 +40,26 @@ def _dense(values) -> ir.Attribute:
     return ir.DenseI64ArrayAttr.get([int(v) for v in values])
 
 
-# -- elementwise ----------------------------------------------------------------
+# -- elementwise (the ops of `ops.py`'s table) ------------------------------------
 
-BINARY = {"add": tgraph.AddOp, "sub": tgraph.SubOp, "mul": tgraph.MulOp,
-          "div": tgraph.DivOp, "max": tgraph.MaxOp}
-UNARY = {"neg": tgraph.NegOp, "exp": tgraph.ExpOp, "log": tgraph.LogOp,
-         "tanh": tgraph.TanhOp, "sqrt": tgraph.SqrtOp, "rsqrt": tgraph.RsqrtOp,
-         "relu": tgraph.ReluOp}
+def op_class(name: str):
+    """The generated builder of `tgraph.<name>` (`tgraph.AddOp` for "add")."""
+    return getattr(tgraph, "".join(p.capitalize() for p in name.split("_")) + "Op")
 
 
 def binary(kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
-    return BINARY[kind](a, b).result
+    """`tgraph.<kind> a, b` (add, sub, mul, div, max)."""
+    return op_class(kind)(a, b).result
 
 
 def unary(kind: str, x: ir.Value) -> ir.Value:
-    return UNARY[kind](x).result
+    """`tgraph.<kind> x` (neg, exp, log, tanh, sqrt, rsqrt, relu)."""
+    return op_class(kind)(x).result
 
 
 def compare(kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
     t = ranked(shape_of(a), ir.IntegerType.get_signless(1))
-    return tgraph.CompareOp(t, a, b, ir.Attribute.parse(f"#tgraph.compare<{kind}>")).result
+    return tgraph.CompareOp(t, a, b, tgraph.CompareKindAttr.get(kind)).result
 
 
 def select(cond: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -118,7 +118,7 @@ def broadcast(x: ir.Value, shape) -> ir.Value:
 def reduce(x: ir.Value, kind: str, dims) -> ir.Value:
     """Reduces over `dims`, keeping them with size 1. Emitted one dimension at a
     time (innermost first): each kernel then reduces along a single dimension."""
-    attr = ir.Attribute.parse(f"#tgraph.reduction<{kind}>")
+    attr = tgraph.ReductionKindAttr.get(kind)
     for d in sorted(set(dims), reverse=True):
         shape = shape_of(x)
         if shape[d] == 1:
@@ -167,7 +167,7 @@ def concat(xs: list[ir.Value], dim: int) -> ir.Value:
 
 def matmul(a: ir.Value, b: ir.Value, transport: str | None = None) -> ir.Value:
     shape = shape_of(a)[:-1] + [shape_of(b)[-1]]
-    attr = ir.Attribute.parse(f"#tgraph.transport<{transport}>") if transport else None
+    attr = tgraph.TransportAttr.get(transport) if transport else None
     return tgraph.MatmulOp(ranked(shape, element_of(a)), a, b, transport=attr).result
 
 

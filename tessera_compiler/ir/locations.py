@@ -3,20 +3,24 @@ records in them."""
 
 from __future__ import annotations
 
-import re
-
 from tessera_mlir import ir
 
 
 def location_name(loc: ir.Location) -> str | None:
     """The name of a NameLoc (`loc("w1"(...))`), which the frontend uses to
     record Python parameter names; None for other locations."""
-    m = re.match(r'loc\("([^"]+)"(?:\(|\)$)', str(loc))
-    return m.group(1) if m else None
+    return loc.name_str if loc.is_a_name() else None
 
 
 def source_of(loc: ir.Location) -> str:
-    """`file.py:12` for a file location (possibly wrapped in a name), else ''."""
-    text = str(loc)
-    m = re.search(r'"([^"]+)":(\d+):\d+', text)
-    return f"{m.group(1)}:{m.group(2)}" if m else ""
+    """`file.py:12` for the first file location in `loc` (itself, or inside
+    a name, call site or fused location), else ''."""
+    if loc.is_a_file():
+        return f"{loc.filename}:{loc.start_line}"
+    if loc.is_a_name():
+        return source_of(loc.child_loc)
+    if loc.is_a_callsite():
+        return source_of(loc.callee) or source_of(loc.caller)
+    if loc.is_a_fused():
+        return next((s for s in map(source_of, loc.locations) if s), "")
+    return ""

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, replace
 
 from tessera_mlir import ir
-
-_SHARDING_RE = re.compile(
-    r'^#tgraph\.sharding<@(?P<mesh>[\w$.-]+|"[^"]*"), (?P<dims>\[.*?\])(?:, partial = (?P<partial>\[.*\]))?>$')
+from tessera_mlir.dialects import tgraph
 
 
 @dataclass(frozen=True)
@@ -28,13 +25,10 @@ class Sharding:
 
     @staticmethod
     def from_attr(attr: ir.Attribute) -> "Sharding":
-        text = str(attr)
-        m = _SHARDING_RE.match(text)
-        if not m:
-            raise ValueError(f"not a #tgraph.sharding attribute: {text}")
-        dims = json.loads(m["dims"])
-        partial = json.loads(m["partial"]) if m["partial"] else []
-        return Sharding(m["mesh"].strip('"'), tuple(tuple(d) for d in dims), tuple(partial))
+        if not tgraph.ShardingAttr.isinstance(attr):
+            raise ValueError(f"not a #tgraph.sharding attribute: {attr}")
+        s = tgraph.ShardingAttr(attr)
+        return Sharding(s.mesh, tuple(tuple(d) for d in s.dims), tuple(s.partial))
 
     def __str__(self) -> str:
         dims = json.dumps([list(d) for d in self.dims])
@@ -44,7 +38,8 @@ class Sharding:
         return text + ">"
 
     def to_attr(self) -> ir.Attribute:
-        return ir.Attribute.parse(str(self))
+        return tgraph.ShardingAttr.get(self.mesh, [list(d) for d in self.dims],
+                                       list(self.partial))
 
     @property
     def rank(self) -> int:

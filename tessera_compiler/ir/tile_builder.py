@@ -10,6 +10,8 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, ttile
 
+from .types import tile_type  # noqa: F401  (re-exported: the builders' tile types)
+
 #: Threads per block of a kernel whose tiles are not split over warps.
 THREADS_PER_BLOCK = 128
 
@@ -33,11 +35,6 @@ def i64(v: int) -> ir.IntegerAttr:
 
 def i64_array(values) -> ir.Attribute:
     return ir.DenseI64ArrayAttr.get(list(values))
-
-
-def tile_type(shape, element) -> ir.Type:
-    """`!ttile.tile<{shape}x{element}>` (`element` an ir.Type or its name)."""
-    return ir.Type.parse(f"!ttile.tile<{'x'.join(map(str, shape))}x{element}>")
 
 
 def new_kernel(name: str, arg_types, grid: int, threads: int, tile_sizes, module_block, loc,

@@ -1,9 +1,11 @@
 """Element types, buffer types, tile types and enum attributes, read as
-Python values."""
+Python values through the typed classes of `tessera_mlir.dialects`
+(`TileType`, `ReductionKindAttr`, ...), never by parsing printed IR."""
 
 from __future__ import annotations
 
 from tessera_mlir import ir
+from tessera_mlir.dialects import tgraph, tsched, ttile
 
 #: Element types Tessera handles, by MLIR name, as numpy dtype names.
 ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
@@ -11,6 +13,10 @@ ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "
 
 #: Bytes per element of each element type (i1 is stored as one byte).
 ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i8": 1, "i1": 1}
+
+#: The enum attributes of Tessera's dialects.
+ENUM_ATTRS = (tgraph.ReductionKindAttr, tgraph.TransportAttr, tgraph.CompareKindAttr,
+              tsched.CollectiveKindAttr)
 
 
 def memref_of(tensor_type: ir.Type) -> ir.MemRefType:
@@ -25,18 +31,27 @@ def shape_of(v: ir.Value) -> list[int]:
 
 
 def is_tile(t: ir.Type) -> bool:
-    return str(t).startswith("!ttile.tile")
+    return ttile.TileType.isinstance(t)
 
 
 def tile_of(t: ir.Type) -> tuple[list[int], str]:
     """(shape, element type name) of a `!ttile.tile<8x16xf32>`."""
-    text = str(t)
-    body = text[len("!ttile.tile<"):-1]
-    *dims, elt = body.split("x")
-    return [int(d) for d in dims], elt
+    tile = ttile.TileType(t)
+    return list(tile.shape), str(tile.element_type)
+
+
+def tile_type(shape, element) -> ir.Type:
+    """`!ttile.tile<{shape}x{element}>` (`element` an ir.Type or its name)."""
+    if not isinstance(element, ir.Type):
+        element = ir.Type.parse(str(element))
+    return ttile.TileType.get(list(shape), element)
 
 
 def enum_of(op: ir.Operation, attr: str = "kind") -> str:
-    """The value of an enum attribute: `sum` of `#tgraph.reduction<sum>`,
-    `nvshmem` of `#tgraph.transport<nvshmem>`."""
-    return str(op.attributes[attr]).split("<")[1].rstrip(">")
+    """The value of an enum attribute of `op`: `sum` of
+    `#tgraph.reduction<sum>`, `nvshmem` of `#tgraph.transport<nvshmem>`."""
+    a = op.attributes[attr]
+    for cls in ENUM_ATTRS:
+        if cls.isinstance(a):
+            return cls(a).value
+    raise TypeError(f"attribute '{attr}' of '{op.name}' is not a Tessera enum: {a}")

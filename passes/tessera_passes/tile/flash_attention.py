@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tessera_mlir import ir
-from tessera_mlir.dialects import arith, scf, ttile
+from tessera_mlir.dialects import arith, scf, tgraph, ttile
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import PassError
@@ -158,7 +158,7 @@ class _Builder:
             queries = ttile.IotaOp(tile_type(shape, i32), row, i64(query_dim)).result
             keys = ttile.IotaOp(tile_type(shape, i32), col, i64(key_dim)).result
             keep = ttile.CompareOp(tile_type(shape, ir.IntegerType.get_signless(1)), queries, keys,
-                                   ir.Attribute.parse("#tgraph.compare<ge>")).result
+                                   tgraph.CompareKindAttr.get("ge")).result
             s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
         return s
 
@@ -177,7 +177,7 @@ class _Builder:
     def row_reduce(self, x: ir.Value, kind: str) -> ir.Value:
         m, _ = self.shape(x)
         return ttile.ReduceOp(tile_type([m, 1], self.acc), x,
-                              ir.Attribute.parse(f"#tgraph.reduction<{kind}>"), i64(1)).result
+                              tgraph.ReductionKindAttr.get(kind), i64(1)).result
 
     def store(self, v: ir.Value, buf: ir.Value, lead, row: ir.Value) -> None:
         shape, element = tile_of(v.type)

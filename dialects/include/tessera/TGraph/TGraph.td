@@ -176,10 +176,12 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
 //----------------------------------------------------------------------------
 // Elementwise ops. Operands have equal types: broadcasting is explicit
 // (tgraph.broadcast), so sharding and differentiation rules stay per-op.
+// Each `Elementwise` op has an entry in the op table
+// (tessera_compiler/ir/ops.py), which every pass and emitter reads.
 //----------------------------------------------------------------------------
 
 class TGraph_BinaryOp<string mnemonic, string what>
-    : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType, Elementwise]> {
   let summary = "elementwise " # what;
   let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
   let results = (outs AnyRankedTensor:$result);
@@ -192,7 +194,7 @@ def TGraph_DivOp : TGraph_BinaryOp<"div", "division">;
 def TGraph_MaxOp : TGraph_BinaryOp<"max", "maximum">;
 
 class TGraph_UnaryOp<string mnemonic, string what>
-    : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType, Elementwise]> {
   let summary = "elementwise " # what;
   let arguments = (ins AnyRankedTensor:$input);
   let results = (outs AnyRankedTensor:$result);
@@ -218,7 +220,7 @@ def TGraph_CompareKindAttr
   let assemblyFormat = "`<` $value `>`";
 }
 
-def TGraph_CompareOp : TGraph_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>]> {
+def TGraph_CompareOp : TGraph_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>, Elementwise]> {
   let summary = "elementwise comparison giving an i1 tensor";
   let description = [{
     ```mlir
@@ -232,7 +234,9 @@ def TGraph_CompareOp : TGraph_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>
   let hasVerifier = 1;
 }
 
-def TGraph_SelectOp : TGraph_Op<"select", [Pure, AllTypesMatch<["on_true", "on_false", "result"]>]> {
+def TGraph_SelectOp : TGraph_Op<"select", [Pure,
+                                           AllTypesMatch<["on_true", "on_false", "result"]>,
+                                           Elementwise]> {
   let summary = "elementwise `cond ? on_true : on_false`";
   let arguments = (ins AnyRankedTensor:$cond, AnyRankedTensor:$on_true,
                        AnyRankedTensor:$on_false);
@@ -241,7 +245,7 @@ def TGraph_SelectOp : TGraph_Op<"select", [Pure, AllTypesMatch<["on_true", "on_f
   let hasVerifier = 1;
 }
 
-def TGraph_CastOp : TGraph_Op<"cast", [Pure]> {
+def TGraph_CastOp : TGraph_Op<"cast", [Pure, Elementwise]> {
   let summary = "elementwise conversion to another element type";
   let description = [{
     Float to float conversions round to nearest even (f32 -> bf16 included).

@@ -205,8 +205,10 @@ def TTile_DotOp : TTile_Op<"dot", [Pure, AllTypesMatch<["acc", "result"]>]> {
   let hasVerifier = 1;
 }
 
+// Elementwise ops (`Elementwise`): each has an entry in the op table
+// (tessera_compiler/ir/ops.py), from which both emitters take its expression.
 class TTile_BinaryOp<string mnemonic, string what>
-    : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType, Elementwise]> {
   let summary = "elementwise " # what # " of two tiles";
   let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs);
   let results = (outs TTile_TileType:$result);
@@ -219,7 +221,7 @@ def TTile_SubOp : TTile_BinaryOp<"sub", "difference">;
 def TTile_DivOp : TTile_BinaryOp<"div", "quotient">;
 
 class TTile_UnaryOp<string mnemonic, string what>
-    : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType]> {
+    : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType, Elementwise]> {
   let summary = what # " of each element of a tile";
   let arguments = (ins TTile_TileType:$input);
   let results = (outs TTile_TileType:$result);
@@ -245,7 +247,7 @@ def TTile_CompareAttr : Attr<
   let convertFromStorage = "$_self.getValue()";
 }
 
-def TTile_CompareOp : TTile_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>]> {
+def TTile_CompareOp : TTile_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>, Elementwise]> {
   let summary = "elementwise comparison giving an i1 tile";
   let arguments = (ins TTile_TileType:$lhs, TTile_TileType:$rhs, TTile_CompareAttr:$kind);
   let results = (outs TTile_TileType:$result);
@@ -255,7 +257,9 @@ def TTile_CompareOp : TTile_Op<"compare", [Pure, AllTypesMatch<["lhs", "rhs"]>]>
   let hasVerifier = 1;
 }
 
-def TTile_SelectOp : TTile_Op<"select", [Pure, AllTypesMatch<["on_true", "on_false", "result"]>]> {
+def TTile_SelectOp : TTile_Op<"select", [Pure,
+                                         AllTypesMatch<["on_true", "on_false", "result"]>,
+                                         Elementwise]> {
   let summary = "elementwise `cond ? on_true : on_false`";
   let arguments = (ins TTile_TileType:$cond, TTile_TileType:$on_true, TTile_TileType:$on_false);
   let results = (outs TTile_TileType:$result);
@@ -265,7 +269,7 @@ def TTile_SelectOp : TTile_Op<"select", [Pure, AllTypesMatch<["on_true", "on_fal
   let hasVerifier = 1;
 }
 
-def TTile_CastOp : TTile_Op<"cast", [Pure]> {
+def TTile_CastOp : TTile_Op<"cast", [Pure, Elementwise]> {
   let summary = "convert each element to another element type";
   let arguments = (ins TTile_TileType:$input);
   let results = (outs TTile_TileType:$result);

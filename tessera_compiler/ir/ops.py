@@ -1,0 +1,170 @@
+"""The elementwise op table: one entry per elementwise op of Graph IR and
+Tile IR, with every fact the compiler needs about it:
+
+    tracer          graph_builder builds `tgraph.<name>` (tessera.op wraps it)
+    sharding rules  `linear`: which pending partial sums pass through the op
+    autodiff        `vjp`: the vector-Jacobian product, in Graph IR
+    tile lowering   `tgraph.<name>` becomes `ttile.<name>`
+    emitters        `c`: the element's C/CUDA expression
+    tests           `numpy`: the float64 reference; `domain` of test inputs
+
+Adding an elementwise op: its ODS definition in TGraph.td and TTile.td (with
+the `Elementwise` trait) and one entry here; `test/python/test_op_table.py`
+checks that every `Pure`, `Elementwise` op of the dialects has one and that
+every consumer takes it from here (and computes it right, against numpy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tessera_mlir import ir
+
+from . import graph_builder as gb
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    name: str                       # tgraph.<name> and ttile.<name>
+    operands: int
+    summary: str
+    #: The element's C expression: c(emitter, op, ctype, *operand expressions).
+    #: `emitter.math(fn, x)` is the C library's function, `emitter.fast(ctype,
+    #: fn, x)` the emitter's fastest accurate one (CPU: vectorizable; GPU:
+    #: the special-function unit).
+    c: Callable[..., str]
+    #: The float64 reference: numpy(*operands, op attributes).
+    numpy: Callable
+    #: Cotangents of the operands given the result's: vjp(operands, result,
+    #: cotangent, op) (Graph IR, at the current insertion point); None where
+    #: the op has no derivative (its operands get none).
+    vjp: Callable | None
+    #: How a pending partial sum over a mesh axis passes through the op:
+    #: "same" (add, sub: when every operand has the same one), "unary" (neg),
+    #: "one" (mul: linear in whichever one operand has it), "first" (div:
+    #: x / c), "select" (the two values, not the condition), "" (none).
+    linear: str = ""
+    #: Whether Graph IR has the op (exp2 is Tile IR only: flash attention's
+    #: base-2 softmax).
+    graph: bool = True
+    #: Inputs for numeric tests: "real", "positive" (log, sqrt, rsqrt).
+    domain: str = "real"
+
+
+def _select_vjp(x, out, g, op):
+    zero = gb.zeros_like(g)
+    return [None, gb.select(x[0], g, zero), gb.select(x[0], zero, g)]
+
+
+def _max_vjp(x, out, g, op):
+    take_lhs = gb.compare("ge", x[0], x[1])
+    zero = gb.zeros_like(g)
+    return [gb.select(take_lhs, g, zero), gb.select(take_lhs, zero, g)]
+
+
+def _div_vjp(x, out, g, op):
+    ga = gb.binary("div", g, x[1])
+    return [ga, gb.unary("neg", gb.binary("mul", ga, out))]     # -g a / b^2 = -(g/b) (a/b)
+
+
+def _tanh_vjp(x, out, g, op):
+    one = gb.fill(gb.shape_of(out), gb.element_of(out), 1.0)
+    return [gb.binary("mul", g, gb.binary("sub", one, gb.binary("mul", out, out)))]
+
+
+def _sqrt_vjp(x, out, g, op):
+    half = gb.fill(gb.shape_of(out), gb.element_of(out), 0.5)
+    return [gb.binary("div", gb.binary("mul", g, half), out)]
+
+
+def _rsqrt_vjp(x, out, g, op):                                  # -x^(-3/2) / 2
+    c = gb.fill(gb.shape_of(out), gb.element_of(out), -0.5)
+    return [gb.binary("mul", gb.binary("mul", g, c),
+                      gb.binary("mul", out, gb.binary("mul", out, out)))]
+
+
+def _relu_vjp(x, out, g, op):
+    positive = gb.compare("gt", x[0], gb.zeros_like(x[0]))
+    return [gb.select(positive, g, gb.zeros_like(g))]
+
+
+#: C comparison operators by #tgraph.compare case.
+COMPARE_C = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+COMPARE_NUMPY = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+                 "gt": np.greater, "ge": np.greater_equal}
+
+
+def _compare_c(em, op, ct, a, b):
+    from .types import enum_of
+    return f"({a} {COMPARE_C[enum_of(op)]} {b})"
+
+
+def _compare_numpy(a, b, op):
+    from .types import enum_of
+    return COMPARE_NUMPY[enum_of(op)](a, b)
+
+
+_TABLE = [
+    Elementwise("add", 2, "a + b", lambda em, op, ct, a, b: f"{a} + {b}",
+                lambda a, b, op: a + b, lambda x, out, g, op: [g, g], linear="same"),
+    Elementwise("sub", 2, "a - b", lambda em, op, ct, a, b: f"{a} - {b}",
+                lambda a, b, op: a - b, lambda x, out, g, op: [g, gb.unary("neg", g)],
+                linear="same"),
+    Elementwise("mul", 2, "a * b", lambda em, op, ct, a, b: f"{a} * {b}",
+                lambda a, b, op: a * b,
+                lambda x, out, g, op: [gb.binary("mul", g, x[1]), gb.binary("mul", g, x[0])],
+                linear="one"),
+    Elementwise("div", 2, "a / b", lambda em, op, ct, a, b: f"{a} / {b}",
+                lambda a, b, op: a / b, _div_vjp, linear="first"),
+    Elementwise("max", 2, "the larger of a and b",
+                lambda em, op, ct, a, b: f"({a} > {b} ? {a} : {b})",
+                lambda a, b, op: np.maximum(a, b), _max_vjp),
+    Elementwise("neg", 1, "-x", lambda em, op, ct, a: f"-{a}", lambda a, op: -a,
+                lambda x, out, g, op: [gb.unary("neg", g)], linear="unary"),
+    Elementwise("relu", 1, "max(x, 0)", lambda em, op, ct, a: f"({a} > 0 ? {a} : 0)",
+                lambda a, op: np.maximum(a, 0), _relu_vjp),
+    Elementwise("exp", 1, "e^x", lambda em, op, ct, a: em.fast(ct, "exp", a),
+                lambda a, op: np.exp(a), lambda x, out, g, op: [gb.binary("mul", g, out)]),
+    Elementwise("exp2", 1, "2^x", lambda em, op, ct, a: em.fast(ct, "exp2", a),
+                lambda a, op: np.exp2(a), None, graph=False),
+    Elementwise("log", 1, "natural logarithm", lambda em, op, ct, a: em.math("log", a),
+                lambda a, op: np.log(a), lambda x, out, g, op: [gb.binary("div", g, x[0])],
+                domain="positive"),
+    Elementwise("tanh", 1, "hyperbolic tangent", lambda em, op, ct, a: em.fast(ct, "tanh", a),
+                lambda a, op: np.tanh(a), _tanh_vjp),
+    Elementwise("sqrt", 1, "square root", lambda em, op, ct, a: em.math("sqrt", a),
+                lambda a, op: np.sqrt(a), _sqrt_vjp, domain="positive"),
+    Elementwise("rsqrt", 1, "1 / sqrt(x)",
+                lambda em, op, ct, a: f"({ct})1 / {em.math('sqrt', a)}",
+                lambda a, op: 1 / np.sqrt(a), _rsqrt_vjp, domain="positive"),
+    Elementwise("compare", 2, "a <kind> b (an i1 tensor)", _compare_c, _compare_numpy,
+                None),
+    Elementwise("select", 3, "cond ? a : b", lambda em, op, ct, c, a, b: f"({c} ? {a} : {b})",
+                lambda c, a, b, op: np.where(c, a, b), _select_vjp, linear="select"),
+    # bf16 results compute in float (the emitter rounds them); i1 is "nonzero".
+    Elementwise("cast", 1, "x converted to the result's element type",
+                lambda em, op, ct, a: f"({a} != 0)" if ct == "bool" else f"({ct})({a})",
+                lambda a, op: a,
+                lambda x, out, g, op: [gb.cast(g, gb.element_of(x[0]))]),
+]
+
+#: Every elementwise op, by name.
+ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in _TABLE}
+#: Those of Graph IR, by op name (`tgraph.add`).
+GRAPH_ELEMENTWISE: dict[str, Elementwise] = {f"tgraph.{e.name}": e for e in _TABLE if e.graph}
+#: All of them as Tile IR ops (`ttile.add`).
+TILE_ELEMENTWISE: dict[str, Elementwise] = {f"ttile.{e.name}": e for e in _TABLE}
+
+
+def of(op: ir.Operation) -> Elementwise | None:
+    """The table's entry for `op` (a tgraph or ttile op), or None."""
+    return GRAPH_ELEMENTWISE.get(op.name) or TILE_ELEMENTWISE.get(op.name)
+
+
+def positive(shape, rng) -> np.ndarray:
+    """Test inputs of the "positive" domain (away from 0)."""
+    return np.abs(rng.standard_normal(shape)) + 0.5
+
