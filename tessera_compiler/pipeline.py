@@ -5,6 +5,9 @@
   partitioned  after tessera-propagate-sharding, tessera-partition
   schedule     after tessera-lower-to-schedule
   tile         after tessera-lower-to-tile (the schedule plus ttile kernels)
+  gpu          (GPU target) after tessera-gpu-pipeline, -place and -alloc-shared:
+               the Tile IR with how each kernel runs on an SM, which the CUDA
+               printer reads
   cpp / cuda   kernel sources emitted from the Tile IR
 """
 
@@ -29,6 +32,7 @@ STAGES = [
                      "tessera-bucket-collectives"]),
     ("schedule", ["tessera-lower-to-schedule"]),
     ("tile", ["tessera-lower-to-tile", "canonicalize", "cse"]),
+    ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]
 
 
@@ -85,6 +89,7 @@ class Levels:
     partitioned: str = ""
     schedule: str = ""
     tile: str = ""
+    gpu: str = ""
     cpp: str = ""
     cuda: str = ""
     #: {kernel: {"grid", "block", "shared_bytes"}} of the CUDA kernels
@@ -98,7 +103,7 @@ class Levels:
 
     def items(self):
         return [("graph", self.graph), ("autodiff", self.autodiff), ("partitioned", self.partitioned),
-                ("schedule", self.schedule), ("tile", self.tile),
+                ("schedule", self.schedule), ("tile", self.tile), ("gpu", self.gpu),
                 ("cpp", self.cpp), ("cuda", self.cuda)]
 
 
@@ -150,6 +155,8 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu") -> Levels:
     levels = Levels(graph=str(module), target=target, options=options)
     module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
     for stage, flags in STAGES:
+        if stage == "gpu" and target != "gpu":
+            continue
         pm = passmanager.PassManager("builtin.module", context=module.context)
         add_passes(pm, flags, options)
         try:

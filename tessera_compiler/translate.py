@@ -27,6 +27,39 @@ TRANSLATIONS = {
 CUDA_OPTIONS = ("wait_watchdog_s", "register_budget")
 
 
+def schedule_for_gpu(module_op, options) -> None:
+    """Runs the GPU scheduling passes (tessera-gpu-pipeline, -place,
+    -alloc-shared) on `module_op`'s kernels, afresh: the CUDA printer reads
+    what they decide. Raises ir.MLIRError with their diagnostics."""
+    import tessera_passes
+    from tessera_mlir import passmanager
+    pm = passmanager.PassManager("builtin.module", context=module_op.context)
+    for flag in tessera_passes.GPU_SCHEDULE:
+        tessera_passes.get(flag).add_to(pm, options)
+    pm.run(module_op)
+
+
+def ttile_to_cuda(module, options=None) -> tuple[str, dict]:
+    """CUDA C++ for the kernels of Tile IR `module` (an ir.Module or its
+    operation), scheduled for the GPU first, and each kernel's launch
+    configuration (see codegen.emit_cuda_kernels). Raises EmitError, with
+    the message and location of the first error diagnostic, where Tile IR
+    cannot be scheduled or printed."""
+    from tessera_mlir import ir
+    from .codegen import emit_cuda_kernels
+    from .codegen.tile_emitter import EmitError
+    from .ir.options import TargetOptions
+    options = options or TargetOptions(target="gpu")
+    op = module.operation if isinstance(module, ir.Module) else module
+    try:
+        schedule_for_gpu(op, options)
+    except ir.MLIRError as err:
+        first = err.error_diagnostics[0] if err.error_diagnostics else None
+        raise EmitError(first.message if first else str(err),
+                        first.location if first else None) from None
+    return emit_cuda_kernels(op, options)
+
+
 def _translate(name: str, options):
     def process(module_op, chunk, context, collector):
         from .codegen import emit_cpp, emit_cuda
@@ -34,6 +67,7 @@ def _translate(name: str, options):
         try:
             if name == "ttile-to-cpp":
                 return emit_cpp(module_op)
+            schedule_for_gpu(module_op, options)
             return emit_cuda(module_op, options)
         except EmitError as err:
             if err.location is not None:

@@ -134,3 +134,56 @@ TESSERA_DEFINE_CAPI_ENUM_ATTR(ReductionKind, tessera::tgraph)
 TESSERA_DEFINE_CAPI_ENUM_ATTR(Transport, tessera::tgraph)
 TESSERA_DEFINE_CAPI_ENUM_ATTR(CompareKind, tessera::tgraph)
 TESSERA_DEFINE_CAPI_ENUM_ATTR(CollectiveKind, tessera::tsched)
+TESSERA_DEFINE_CAPI_ENUM_ATTR(Placement, tessera::ttile)
+TESSERA_DEFINE_CAPI_ENUM_ATTR(Mma, tessera::ttile)
+
+//===----------------------------------------------------------------------===//
+// #ttile.pipeline
+//===----------------------------------------------------------------------===//
+
+using tessera::ttile::PipelineAttr;
+
+bool tesseraAttributeIsAPipeline(MlirAttribute attr) {
+  return llvm::isa<PipelineAttr>(unwrap(attr));
+}
+
+MlirTypeID tesseraPipelineAttrGetTypeID(void) { return wrap(PipelineAttr::getTypeID()); }
+
+MlirAttribute tesseraPipelineAttrGet(MlirContext ctx, MlirStringRef kind, MlirStringRef mma,
+                                     MlirStringRef copies, int64_t stages, int64_t lag,
+                                     bool producer, bool pingpong, bool issueAhead) {
+  using namespace tessera::ttile;
+  MLIRContext *context = unwrap(ctx);
+  auto error = [&] { return emitError(UnknownLoc::get(context)); };
+  std::optional<LoopKind> k = symbolizeLoopKind(unwrap(kind));
+  std::optional<Mma> m = symbolizeMma(unwrap(mma));
+  std::optional<Copies> c = symbolizeCopies(unwrap(copies));
+  if (!k || !m || !c) {
+    error() << "unknown pipeline kind, instruction or copies: " << unwrap(kind) << ", "
+            << unwrap(mma) << ", " << unwrap(copies);
+    return MlirAttribute{nullptr};
+  }
+  return wrap(PipelineAttr::getChecked(error, context, *k, *m, *c, stages, lag, producer,
+                                       pingpong, issueAhead));
+}
+
+static PipelineAttr pipeline(MlirAttribute attr) {
+  return llvm::cast<PipelineAttr>(unwrap(attr));
+}
+
+MlirStringRef tesseraPipelineAttrGetKind(MlirAttribute attr) {
+  return wrap(tessera::ttile::stringifyLoopKind(pipeline(attr).getKind()));
+}
+MlirStringRef tesseraPipelineAttrGetMma(MlirAttribute attr) {
+  return wrap(tessera::ttile::stringifyMma(pipeline(attr).getMma()));
+}
+MlirStringRef tesseraPipelineAttrGetCopies(MlirAttribute attr) {
+  return wrap(tessera::ttile::stringifyCopies(pipeline(attr).getCopies()));
+}
+int64_t tesseraPipelineAttrGetStages(MlirAttribute attr) { return pipeline(attr).getStages(); }
+int64_t tesseraPipelineAttrGetLag(MlirAttribute attr) { return pipeline(attr).getLag(); }
+bool tesseraPipelineAttrGetProducer(MlirAttribute attr) { return pipeline(attr).getProducer(); }
+bool tesseraPipelineAttrGetPingpong(MlirAttribute attr) { return pipeline(attr).getPingpong(); }
+bool tesseraPipelineAttrGetIssueAhead(MlirAttribute attr) {
+  return pipeline(attr).getIssueAhead();
+}

@@ -12,6 +12,9 @@ using namespace mlir;
 using namespace tessera::ttile;
 
 #include "tessera/TTile/TTileDialect.cpp.inc"
+#include "tessera/TTile/TTileEnums.cpp.inc"
+#define GET_ATTRDEF_CLASSES
+#include "tessera/TTile/TTileAttrs.cpp.inc"
 #define GET_TYPEDEF_CLASSES
 #include "tessera/TTile/TTileTypes.cpp.inc"
 #define GET_OP_CLASSES
@@ -21,6 +24,10 @@ void TTileDialect::initialize() {
   addTypes<
 #define GET_TYPEDEF_LIST
 #include "tessera/TTile/TTileTypes.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "tessera/TTile/TTileAttrs.cpp.inc"
       >();
   addOperations<
 #define GET_OP_LIST
@@ -407,4 +414,178 @@ LogicalResult WaitOp::verify() {
   if (failed(verifySignals(*this, getSignals())))
     return failure();
   return verifySymmetric(*this, getSignals(), "signals");
+}
+
+//===----------------------------------------------------------------------===//
+// The GPU schedule (discardable attributes; see TTile.td)
+//===----------------------------------------------------------------------===//
+
+LogicalResult PipelineAttr::verify(function_ref<InFlightDiagnostic()> emitError, LoopKind kind,
+                                   Mma mma, Copies copies, int64_t stages, int64_t lag,
+                                   bool producer, bool pingpong, bool issueAhead) {
+  if (stages < 1 || stages > 8)
+    return emitError() << "pipeline stages must be 1 to 8, got " << stages;
+  if (lag < 0 || lag >= stages)
+    return emitError() << "pipeline lag (wgmma groups in flight) must be below its " << stages
+                       << " stages, got " << lag;
+  if (copies == Copies::tma && mma != Mma::wgmma)
+    return emitError() << "a pipeline filled by TMA must be a wgmma one";
+  if (producer && (kind != LoopKind::gemm || copies != Copies::tma))
+    return emitError() << "a producer warpgroup feeds only a GEMM main loop's TMA ring";
+  if ((pingpong || issueAhead) && (kind != LoopKind::registers || mma != Mma::wgmma))
+    return emitError() << "ping-pong and issuing ahead are for wgmma loops with their tiles "
+                          "in registers";
+  if (issueAhead && (copies != Copies::tma || stages < 3 || pingpong))
+    return emitError() << "issuing ahead needs a TMA ring of 3 stages or more, without ping-pong";
+  return success();
+}
+
+/// `attr` is one `T` (an op with one result) or an array of them, one per
+/// result; `check` judges each.
+template <typename T>
+static LogicalResult verifyPerResult(Operation *op, NamedAttribute attr, StringRef what,
+                                     function_ref<LogicalResult(T)> check) {
+  if (auto one = llvm::dyn_cast<T>(attr.getValue())) {
+    if (op->getNumResults() != 1)
+      return op->emitOpError("'") << attr.getName() << "' of an op with "
+                                  << op->getNumResults() << " results must be an array of "
+                                  << what << ", one per result";
+    return check(one);
+  }
+  auto list = llvm::dyn_cast<ArrayAttr>(attr.getValue());
+  if (!list || list.size() != op->getNumResults())
+    return op->emitOpError("'") << attr.getName() << "' must be " << what
+                                << " (or an array of them, one per result), got "
+                                << attr.getValue();
+  for (Attribute a : list) {
+    auto one = llvm::dyn_cast<T>(a);
+    if (!one)
+      return op->emitOpError("'") << attr.getName() << "' lists " << a << ", not " << what;
+    if (failed(check(one)))
+      return failure();
+  }
+  return success();
+}
+
+static bool isLoop(Operation *op) { return op->getName().getStringRef() == "scf.for"; }
+
+/// The byte offset of a shared-memory allocation: 16-byte aligned.
+static LogicalResult checkOffset(Operation *op, StringRef name, int64_t offset, bool allowNone) {
+  if (allowNone && offset == -1)
+    return success();
+  if (offset < 0 || offset % 16)
+    return op->emitOpError("'") << name << "' offsets must be 16-byte aligned bytes"
+                                << (allowNone ? " (or -1: none)" : "") << ", got " << offset;
+  return success();
+}
+
+LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  Attribute value = attr.getValue();
+  auto unit = [&]() -> LogicalResult {
+    if (!llvm::isa<UnitAttr>(value))
+      return op->emitOpError("'") << name << "' is a unit attribute, got " << value;
+    return success();
+  };
+  auto integer = [&]() -> std::optional<int64_t> {
+    auto i = llvm::dyn_cast<IntegerAttr>(value);
+    if (!i) {
+      op->emitOpError("'") << name << "' must be an integer, got " << value;
+      return std::nullopt;
+    }
+    return i.getInt();
+  };
+  auto onLoop = [&]() -> LogicalResult {
+    if (!isLoop(op))
+      return op->emitOpError("'") << name << "' belongs on an scf.for";
+    return success();
+  };
+  if (name == "ttile.place")
+    return verifyPerResult<PlacementAttr>(op, attr, "#ttile.place",
+                                      [](PlacementAttr) { return success(); });
+  if (name == "ttile.smem") {
+    if (auto list = llvm::dyn_cast<DenseI64ArrayAttr>(value)) {
+      if (static_cast<unsigned>(list.size()) != op->getNumResults())
+        return op->emitOpError("'ttile.smem' must list one offset per result (")
+               << op->getNumResults() << "), got " << list.size();
+      for (int64_t offset : list.asArrayRef())
+        if (failed(checkOffset(op, name, offset, true)))
+          return failure();
+      return success();
+    }
+    std::optional<int64_t> offset = integer();
+    if (!offset)
+      return failure();
+    return checkOffset(op, name, *offset, false);
+  }
+  if (name == "ttile.region") {
+    std::optional<int64_t> region = integer();
+    if (!region)
+      return failure();
+    if (*region < 0)
+      return op->emitOpError("'ttile.region' must be >= 0, got ") << *region;
+    return success();
+  }
+  if (name == "ttile.spill" || name == "ttile.release")
+    return unit();
+  if (name == "ttile.pingpong" || name == "ttile.issue_ahead")
+    return failed(unit()) ? failure() : onLoop();
+  if (name == "ttile.pipeline") {
+    if (!llvm::isa<PipelineAttr>(value))
+      return op->emitOpError("'ttile.pipeline' must be a #ttile.pipeline, got ") << value;
+    return onLoop();
+  }
+  if (name == "ttile.ring") {
+    std::optional<int64_t> offset = integer();
+    if (!offset || failed(checkOffset(op, name, *offset, false)))
+      return failure();
+    return onLoop();
+  }
+  if (name == "ttile.barriers") {
+    auto list = llvm::dyn_cast<DenseI64ArrayAttr>(value);
+    if (!list)
+      return op->emitOpError("'ttile.barriers' must be an array<i64> of byte offsets, got ")
+             << value;
+    for (int64_t offset : list.asArrayRef())
+      if (offset < 0 || offset % 8)
+        return op->emitOpError("'ttile.barriers' offsets must be 8-byte aligned bytes, got ")
+               << offset;
+    return onLoop();
+  }
+  if (name == "ttile.shared_in") {
+    auto list = llvm::dyn_cast<ArrayAttr>(value);
+    if (!list || !llvm::all_of(list, [](Attribute a) { return llvm::isa<MmaAttr>(a); }))
+      return op->emitOpError("'ttile.shared_in' must list #ttile.mma branches, got ") << value;
+    return success();
+  }
+  if (name == "ttile.fallback") {
+    if (!llvm::isa<StringAttr>(value))
+      return op->emitOpError("'ttile.fallback' must be a string (why), got ") << value;
+    return success();
+  }
+  if (name == "ttile.smem_bytes") {
+    std::optional<int64_t> bytes = integer();
+    if (!bytes)
+      return failure();
+    if (!llvm::isa<KernelOp>(op))
+      return op->emitOpError("'ttile.smem_bytes' belongs on a ttile.kernel");
+    if (*bytes < 0)
+      return op->emitOpError("'ttile.smem_bytes' must be >= 0, got ") << *bytes;
+    return success();
+  }
+  if (name == "ttile.domain") {
+    auto shape = llvm::dyn_cast<DenseI64ArrayAttr>(value);
+    if (!shape || !llvm::all_of(shape.asArrayRef(), [](int64_t d) { return d >= 1; }))
+      return op->emitOpError("'ttile.domain' must be an array<i64> of sizes >= 1, got ") << value;
+    if (!op->hasAttr("ttile.region"))
+      return op->emitOpError("'ttile.domain' belongs on the first op of a pointwise region "
+                             "(one with 'ttile.region')");
+    return success();
+  }
+  if (name == "ttile.tile_sizes") {
+    if (!llvm::isa<DenseI64ArrayAttr>(value))
+      return op->emitOpError("'ttile.tile_sizes' must be an array<i64>, got ") << value;
+    return success();
+  }
+  return op->emitOpError("unknown Tile IR attribute '") << name << "'";
 }

@@ -7,7 +7,10 @@
 //   ShardingAttr        #tgraph.sharding<@mesh, [[...]], partial = [...]>:
 //                       mesh, dims, partial
 //   ReductionKindAttr, TransportAttr, CompareKindAttr (tgraph),
-//   CollectiveKindAttr (tsched): value (the case name)
+//   CollectiveKindAttr (tsched), PlaceAttr and MmaAttr (ttile): value (the case
+//   name)
+//   PipelineAttr        #ttile.pipeline<...>: kind, mma, copies, stages, lag,
+//                       producer, pingpong, issue_ahead
 //
 // Importing the module registers each class with the bindings' type and
 // attribute casters, so `value.type` and `op.attributes[...]` come back as
@@ -181,4 +184,39 @@ NB_MODULE(_tesseraDialects, m) {
   enumAttr(m, "CollectiveKindAttr", "#tsched.collective", tesseraAttributeIsACollectiveKind,
            tesseraCollectiveKindAttrGetTypeID, tesseraCollectiveKindAttrGet,
            tesseraCollectiveKindAttrGetValue);
+  enumAttr(m, "PlaceAttr", "#ttile.place", tesseraAttributeIsAPlacement,
+           tesseraPlacementAttrGetTypeID, tesseraPlacementAttrGet, tesseraPlacementAttrGetValue);
+  enumAttr(m, "MmaAttr", "#ttile.mma", tesseraAttributeIsAMma, tesseraMmaAttrGetTypeID,
+           tesseraMmaAttrGet, tesseraMmaAttrGetValue);
+
+  mlir_attribute_subclass(m, "PipelineAttr", tesseraAttributeIsAPipeline,
+                          tesseraPipelineAttrGetTypeID)
+      .def_classmethod(
+          "get",
+          [](nb::object cls, const std::string &kind, const std::string &mma,
+             const std::string &copies, int64_t stages, int64_t lag, bool producer,
+             bool pingpong, bool issueAhead, MlirContext ctx) {
+            return cls(checked<MlirAttribute>(ctx, "pipeline", [&] {
+              return tesseraPipelineAttrGet(ctx, toRef(kind), toRef(mma), toRef(copies), stages,
+                                            lag, producer, pingpong, issueAhead);
+            }));
+          },
+          nb::arg("cls"), nb::arg("kind"), nb::arg("mma"), nb::arg("copies"), nb::arg("stages"),
+          nb::arg("lag") = 0, nb::arg("producer") = false, nb::arg("pingpong") = false,
+          nb::arg("issue_ahead") = false, nb::arg("context") = nb::none(),
+          "#ttile.pipeline<kind, mma, copies, stages, lag, producer, pingpong, issue_ahead>.")
+      .def_property_readonly(
+          "kind", [](MlirAttribute a) { return toString(tesseraPipelineAttrGetKind(a)); },
+          "gemm or registers.")
+      .def_property_readonly(
+          "mma", [](MlirAttribute a) { return toString(tesseraPipelineAttrGetMma(a)); },
+          "mma_sync or wgmma.")
+      .def_property_readonly(
+          "copies", [](MlirAttribute a) { return toString(tesseraPipelineAttrGetCopies(a)); },
+          "cp_async or tma.")
+      .def_property_readonly("stages", tesseraPipelineAttrGetStages)
+      .def_property_readonly("lag", tesseraPipelineAttrGetLag)
+      .def_property_readonly("producer", tesseraPipelineAttrGetProducer)
+      .def_property_readonly("pingpong", tesseraPipelineAttrGetPingpong)
+      .def_property_readonly("issue_ahead", tesseraPipelineAttrGetIssueAhead);
 }

@@ -86,7 +86,18 @@ _PASSES = [
              ("target", "target_blocks", "grouped_tile_order", "gemm_configs", "wgmma", "tma",
               "pingpong", "issue_ahead", "attention_forward_blocks",
               "attention_backward_blocks")),
+    PassInfo("tessera-gpu-pipeline", "gpu_pipeline",
+             "Schedule each scf.for of a GPU kernel on tensor cores (#ttile.pipeline: GEMM main loop or registers, mma.sync or wgmma, cp.async or TMA ring, stages, lag, producer warpgroup, ping-pong, issuing ahead) and place a register loop's values",
+             ("register_budget",)),
+    PassInfo("tessera-gpu-place", "gpu_place",
+             "Place every other tile value of a GPU kernel: registers in a pointwise region (ttile.region), a tensor-core fragment or shared memory; mark where fragments spill"),
+    PassInfo("tessera-gpu-alloc-shared", "gpu_alloc_shared",
+             "Give shared tiles, rings and mbarriers of a GPU kernel their byte offsets (ttile.smem, ttile.ring, ttile.barriers), reusing dead tiles' bytes (ttile.release), and the kernel its total (ttile.smem_bytes)"),
 ]
+
+#: The passes that schedule Tile IR for the GPU, in order (the CUDA printer
+#: reads what they decide).
+GPU_SCHEDULE = ("tessera-gpu-pipeline", "tessera-gpu-place", "tessera-gpu-alloc-shared")
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}
 

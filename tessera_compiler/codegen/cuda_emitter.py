@@ -45,34 +45,27 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
-from ..ir.analysis import multiple_of
+from ..ir import gpu_schedule as gs
 from ..ir.options import DEFAULT, TargetOptions
 from ..ir.support import kernels_of, marked_args
-from ..ir.types import enum_of, is_tile, tile_of
+from ..ir.types import enum_of, tile_of
 from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
 from .register_loop import RegisterLoop
 from .tile_emitter import (BF16_HELPERS, ELEMENTWISE_EXPRESSIONS, EmitError, KernelEmitter, Tile,
                            c_literal, ctype)
 
-#: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
-MAX_SHARED_BYTES = 227 * 1024
-_ALIGN = 16
+POINTWISE = gs.POINTWISE
+_MMA_TYPES = gs.MMA_TYPES
 
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-POINTWISE = set(ELEMENTWISE_EXPRESSIONS) | {
-    "ttile.fill", "ttile.iota", "ttile.broadcast", "ttile.load", "ttile.store"}
-
-_MMA_TYPES = {"bf16": "bf16", "f16": "f16"}
 
 @dataclass
 class Region:
-    """Pending pointwise ops over one iteration shape (`domain`)."""
+    """Pending pointwise ops over one iteration shape (`domain`): region
+    `number` of tessera-gpu-place."""
     ops: list
     domain: list[int]
     fragment: Fragment | None = None
+    number: int = -1
 
 
 class CudaKernelEmitter(KernelEmitter):
@@ -84,102 +77,33 @@ class CudaKernelEmitter(KernelEmitter):
         self.region: Region | None = None
         self.frags: dict = {}               # value -> Fragment
         self.scalars: dict = {}             # value -> C name, inside a region loop
-        self.shared_bytes = 0
         self.smem_decls: list[str] = []
         self.threads = 1            # threads running the code being emitted
-        self.producer = False       # a producer warpgroup still to place (see _producer_warpgroup)
-        self.simt_reason = None     # why the last GEMM loop is not on tensor cores
+        self.barrier_offsets: list[int] = []    # the next mbarrier arrays' (mbarrier_ring)
         # The wgmma instructions used: (N, element type, A in registers, B N-major).
         self.wgmma_shapes: set = set()
         self.tensor_maps: list = []         # {"arg", "box"} of each TMA tensor map, in order
         self.uses_nvshmem = False
 
-    # -- shared memory -----------------------------------------------------------
-    # Tiles share the kernel's one shared-memory buffer by lifetime: a tile's
-    # bytes are reused once the last op reading it has been emitted (a value
-    # read inside a loop lives until the loop ends; a loop-carried tile until
-    # the loop's result is last read). Attention keeps a dozen block-sized
-    # tiles per iteration, which would not fit side by side.
-    def _plan_lifetimes(self, entry: ir.Block) -> None:
-        order, self.position, self.last_use = [], {}, {}
-        end = {}
-
-        def walk(block):
-            for op in block.operations:
-                op = op.operation
-                self.position[op] = len(order)
-                order.append(op)
-                for region in op.regions:
-                    for b in region.blocks:
-                        walk(b)
-                end[op] = len(order) - 1
-
-        walk(entry)
-
-        def def_parent(v):
-            owner = v.owner
-            return owner.owner if isinstance(owner, ir.Block) else owner.parent
-
-        for op in order:
-            for v in op.operands:
-                home, at = def_parent(v), op
-                while at.parent is not None and at.parent != home and at.parent.name != "ttile.kernel":
-                    at = at.parent.operation
-                self.last_use[v] = max(self.last_use.get(v, -1), end[at])
-        for op in order:
-            if op.name == "scf.for":
-                args = list(op.regions[0].blocks[0].arguments)[1:]
-                for arg, res in zip(args, op.results):
-                    self.last_use[arg] = max(end[op], self.last_use.get(res, end[op]))
-        self.live, self.holes = {}, []       # tile -> (offset, bytes, last use); free ranges
-
-    def smem(self, nbytes: int, align: int = _ALIGN) -> int:
-        """The offset, a multiple of `align`, of `nbytes` (rounded up to
-        `_ALIGN`) of shared memory: the first free range that holds them,
-        else the end. Alignment padding at the end stays free."""
-        nbytes = _aligned(nbytes)
-        for i, (offset, size) in enumerate(self.holes):
-            start = -(-offset // align) * align
-            if size - (start - offset) >= nbytes:
-                self.holes[i:i + 1] = [h for h in ((offset, start - offset),
-                                                   (start + nbytes, offset + size - start - nbytes))
-                                       if h[1]]
-                return start
-        start = -(-self.shared_bytes // align) * align
-        if start > self.shared_bytes:
-            self.holes.append((self.shared_bytes, start - self.shared_bytes))
-        self.shared_bytes = start + nbytes
-        return start
-
-    def _release(self, position: int) -> None:
-        """Frees the tiles no op at or after `position` reads; a barrier first,
-        so no thread still reads one when another reuses its bytes."""
-        dead = [t for t, (_, _, last) in self.live.items() if last < position]
-        if not dead:
-            return
+    # -- shared memory: offsets from tessera-gpu-alloc-shared -----------------------
+    def _release(self) -> None:
+        """Tiles died here (`ttile.release`): a barrier before their bytes are
+        reused, so no thread still reads one when another overwrites it."""
         if not self.lines or self.lines[-1].strip() != "__syncthreads();":
             self.sync()
-        for t in dead:
-            offset, nbytes, _ = self.live.pop(t)
-            self.holes.append((offset, nbytes))
-        self.holes.sort()
-        merged = []
-        for offset, size in self.holes:
-            if merged and merged[-1][0] + merged[-1][1] == offset:
-                merged[-1] = (merged[-1][0], merged[-1][1] + size)
-            else:
-                merged.append((offset, size))
-        self.holes = merged
+
+    def _offset(self, value: ir.Value) -> int:
+        """The byte offset of `value`'s shared tile: its defining op's
+        `ttile.smem`, or a shared loop's (for a carried block argument)."""
+        owner = value.owner
+        if isinstance(owner, ir.Block):         # the carried tile of a shared loop
+            loop = owner.owner.operation
+            return gs.smem(loop.results[ir.BlockArgument(value).arg_number - 1])
+        return gs.smem(value)
 
     def new_tile(self, value: ir.Value) -> Tile:
         tile = super().new_tile(value)
-        size = 1 if tile.ctype == "bool" else (8 if tile.ctype in ("double", "int64_t") else 4)
-        nbytes = tile.size * size
-        offset = self.smem(nbytes)
-        owner = value.owner
-        defined = self.position.get(owner.owner if isinstance(owner, ir.Block) else owner, 0)
-        self.live[tile.name] = (offset, _aligned(nbytes),
-                                self.last_use.get(value, defined))
+        offset = self._offset(value)
         self.smem_decls.append(f"{tile.ctype}* const {tile.name} = reinterpret_cast<{tile.ctype}*>"
                                f"(tessera_smem + {offset});  // tile {'x'.join(map(str, tile.shape))}")
         return tile
@@ -209,11 +133,14 @@ class CudaKernelEmitter(KernelEmitter):
         name, grid, entry, params, prologue = self.signature(kernel)
         block = list(ir.DenseI64ArrayAttr(kernel.attributes["block"]))
         self.threads = block_threads = math.prod(block)
-        self.producer = "producer_warpgroup" in kernel.attributes
         self.stages = (ir.IntegerAttr(kernel.attributes["stages"]).value
                        if "stages" in kernel.attributes else 2)
         self.kernel_location = kernel.location
-        self._plan_lifetimes(entry)
+        if not gs.planned(kernel):
+            raise EmitError(f"kernel @{name} has no GPU schedule: run tessera-gpu-pipeline, "
+                            "tessera-gpu-place and tessera-gpu-alloc-shared first "
+                            "(tessera-translate --ttile-to-cuda does)", kernel.location)
+        self.shared_bytes = gs.integer(kernel, gs.SMEM_BYTES)
         start = len(self.lines)
         for d in range(len(grid)):
             self.line(f"const int64_t pid{d} = blockIdx.{'xyz'[d]};")
@@ -221,13 +148,6 @@ class CudaKernelEmitter(KernelEmitter):
             self.emit_op(op.operation)
         self.flush()
         body = self.lines[start:]
-        if self.producer:
-            raise EmitError(f"kernel @{name} has a producer_warpgroup but no wgmma GEMM main loop "
-                            "with tma loads for it to feed", kernel.location)
-        if self.shared_bytes > MAX_SHARED_BYTES:
-            raise EmitError(f"kernel @{name} needs {self.shared_bytes} bytes of shared memory; "
-                            f"an sm_90 block has at most {MAX_SHARED_BYTES}: use smaller tiles "
-                            "or fewer stages", kernel.location)
         self.launch = {"grid": grid, "block": block, "shared_bytes": self.shared_bytes}
         if self.tensor_maps:
             # One device buffer of 128-byte CUtensorMaps, built by the runtime
@@ -247,21 +167,35 @@ class CudaKernelEmitter(KernelEmitter):
 
     # -- dispatch ----------------------------------------------------------------
     def emit_op(self, op: ir.Operation) -> None:
-        if op.name == "ttile.load" and "tma" in op.attributes:
-            raise EmitError("a ttile.load {tma} is emitted only as an operand of a wgmma GEMM "
-                            "loop (acc = dot(load, load, acc) with both loads tma)", op.location)
         if op.name in POINTWISE:
             self._add_to_region(op)
             return
-        if op.name == "scf.for" and (self._emit_mma_loop(op) or self._emit_register_loop(op)):
-            return
+        if op.name == "scf.for":
+            pipeline = gs.pipeline(op)
+            if pipeline is not None:
+                if pipeline.kind == "gemm":
+                    self._emit_mma_loop(op, pipeline)
+                else:
+                    self._emit_register_loop(op, pipeline)
+                return
+            why = gs.fallback(op)
+            if why is not None:
+                self.flush()
+                self.line(f"// scf.for with its tiles in shared memory: {why}")
         if op.name.startswith("ttile.") or op.name.startswith("scf."):
             self.flush()
-            for v in op.operands:
+            self._spill_read(op.operands, op)
+            if gs.flag(op, gs.RELEASE):
+                self._release()
+        super().emit_op(op)
+
+    def _spill_read(self, values, op) -> None:
+        """Before `op` (marked `ttile.spill`), the fragments among `values`
+        go to their shared tiles."""
+        if gs.flag(op, gs.SPILL):
+            for v in values:
                 if v in self.frags:
                     self._spill(v)
-            self._release(self.position[op])
-        super().emit_op(op)
 
     def op_ttile_barrier(self, op):
         self.sync()
@@ -357,36 +291,24 @@ class CudaKernelEmitter(KernelEmitter):
         self.sync()
 
     # -- pointwise regions ---------------------------------------------------------
-    def _tile_shapes(self, op) -> list[list[int]]:
-        return [tile_of(v.type)[0] for v in list(op.operands) + list(op.results)
-                if is_tile(v.type)]
-
     def _add_to_region(self, op) -> None:
-        shapes = self._tile_shapes(op)
-        frag = next((self.frags[v] for v in op.operands if v in self.frags), None)
-        region = self.region
-        if region is not None:
-            domain = _common_shape([region.domain] + shapes)
-            if domain is None or (frag is not None and region.fragment not in (None, frag)) \
-                    or (region.fragment is not None and domain != region.fragment.shape) \
-                    or (frag is not None and domain != frag.shape):
-                self.flush()
-                region = None
-            else:
-                region.domain = domain
-                region.fragment = region.fragment or frag
-        if region is None:
-            domain = _common_shape(shapes)
-            if domain is None:
-                raise EmitError(f"'{op.name}' mixes tile shapes {shapes}", op.location)
-            if frag is not None and domain != frag.shape:
-                for v in op.operands:
-                    if v in self.frags:
-                        self._spill(v)
-                frag = None
-            self.region = Region([op], domain, frag)
+        """Pointwise `op` joins its region (`ttile.region`); a new region
+        starts after the pending one is emitted, its fragments spilled
+        first where `ttile.spill` says. Ops without a region are folded
+        into the loop that reads them."""
+        number = gs.region(op)
+        if number is None:
             return
-        region.ops.append(op)
+        if self.region is None or self.region.number != number:
+            self.flush()
+            self._spill_read(op.operands, op)
+            domain = list(ir.DenseI64ArrayAttr(op.attributes[gs.DOMAIN]))
+            self.region = Region([op], domain, None, number)
+        else:
+            self.region.ops.append(op)
+        if self.region.fragment is None:
+            self.region.fragment = next((self.frags[v] for v in op.operands if v in self.frags),
+                                        None)
 
     def flush(self) -> None:
         """Emits the pending region as one loop over its domain."""
@@ -394,13 +316,9 @@ class CudaKernelEmitter(KernelEmitter):
         if region is None:
             return
         # Tiles dead before the region's first op make room for its outputs.
-        self._release(min(self.position[op] for op in region.ops))
-        members = {op for op in region.ops}
-        outside = []
-        for op in region.ops:
-            for v in op.results:
-                if any(u.owner.operation not in members for u in v.uses):
-                    outside.append(v)
+        if gs.flag(region.ops[0], gs.RELEASE):
+            self._release()
+        outside = [v for op in region.ops for v in op.results if gs.smem(v) is not None]
         domain = region.domain
         frag = region.fragment
         if frag is not None:
@@ -629,21 +547,6 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("}")
 
     # -- dot on tensor cores from shared-memory tiles ------------------------------
-    def _tile_mma_reason(self, op) -> str | None:
-        """Why `op` (a dot outside a GEMM main loop) cannot run on tensor cores
-        from its shared-memory operands, or None."""
-        (m, k), elt = tile_of(op.operands[0].type)
-        (_, n), b_elt = tile_of(op.operands[1].type)
-        acc_elt = tile_of(op.results[0].type)[1]
-        if elt != "bf16" or b_elt != "bf16" or acc_elt != "f32":
-            return f"{elt} x {b_elt} operands into {acc_elt} (this path: bf16 into f32)"
-        if "warps" not in op.attributes:
-            return "the dot has no 'warps'"
-        wm, wn = list(ir.DenseI64ArrayAttr(op.attributes["warps"]))
-        if (m // wm) % 16 or (n // wn) % 8 or k % 16:
-            return f"warp tile {m // wm}x{n // wn} or K {k} does not divide into m16n8k16"
-        return None
-
     def _tile_mma(self, op) -> None:
         """acc + a x b on tensor cores, operands read from their shared-memory
         tiles into mma fragments (bf16 pairs packed per thread as the PTX ISA
@@ -689,20 +592,15 @@ class CudaKernelEmitter(KernelEmitter):
 
     # -- dot (SIMT): each thread computes whole output elements ---------------------
     def op_ttile_dot(self, op):
-        why = self._tile_mma_reason(op)
-        if why is None:
-            self.simt_reason = None
+        if gs.place(op.results[0]) == "fragment":       # tessera-gpu-pipeline: tensor cores
             self._tile_mma(op)
             return
-        if self.simt_reason:
-            why = f"{self.simt_reason}; {why}"
-        self.simt_reason = why
+        why = gs.fallback(op)
         a, b, acc = (self.names[v] for v in list(op.operands)[:3])
         r = self.new_tile(op.results[0])
         M, K = a.shape
         N = b.shape[1]
         acc_t = r.ctype
-        why, self.simt_reason = self.simt_reason, None
         self.line(f"// ttile.dot {M}x{N}x{K} on CUDA cores" + (f": {why}" if why else ""))
 
         def body(e):
@@ -814,108 +712,28 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("__syncthreads();")
 
     # -- loops with their tiles in registers (register_loop.py) ------------------------
-    def _emit_register_loop(self, op) -> bool:
-        loop = RegisterLoop(self, op)
-        if not loop.carried:        # a loop over peers or chunks, not over tiles
-            return False
-        why = loop.plan()
-        if why is not None:
-            self.flush()
-            self.line(f"// scf.for with its tiles in shared memory: {why}")
-            return False
-        direct = loop.read_directly()
-        if self.region is not None:
-            self.region.ops = [o for o in self.region.ops if o not in direct]
-            if not self.region.ops:
-                self.region = None
+    def _emit_register_loop(self, op, pipeline) -> None:
         self.flush()
-        for v in loop.operands():
-            if v in self.frags:         # register tiles from before: to shared memory
-                self._spill(v)
-        self._release(self.position[op])
-        self.simt_reason = None
-        loop.emit()
-        return True
+        self._spill_read(gs.loop_reads(op), op)     # register tiles from before: to shared memory
+        if gs.flag(op, gs.RELEASE):
+            self._release()
+        self.barrier_offsets = gs.barriers(op)
+        RegisterLoop(self, op, pipeline).emit()
 
     # -- tensor-core GEMM main loop --------------------------------------------------
-    def _mma_plan(self, op):
-        """(plan, None) when `op` is an scf.for this emitter runs on tensor
-        cores, else (None, why not)."""
-        block = op.regions[0].blocks[0]
-        body = [o.operation for o in block.operations]
-        iv, carried = block.arguments[0], list(block.arguments)[1:]
-        if len(carried) != 1 or len(body) != 4:
-            return None, "the loop is not acc = dot(load, load, acc)"
-        loads, dot, yield_ = body[:2], body[2], body[3]
-        if dot.name != "ttile.dot" or any(l.name != "ttile.load" for l in loads) \
-                or yield_.operands[0] != dot.results[0] or dot.operands[2] != carried[0]:
-            return None, "the loop is not acc = dot(load, load, acc)"
-        if "warps" not in dot.attributes:
-            return None, "the dot has no 'warps'"
-        by_result = {l.results[0]: l for l in loads}
-        if dot.operands[0] not in by_result or dot.operands[1] not in by_result:
-            return None, "the dot's operands are not the loop's loads"
-        load_a, load_b = by_result[dot.operands[0]], by_result[dot.operands[1]]
-        wgmma = "wgmma" in dot.attributes
-        tma = ["tma" in l.attributes for l in (load_a, load_b)]
-        if any(tma) and not (all(tma) and wgmma):
-            raise EmitError("ttile.load {tma} needs both operands of a wgmma dot loaded with tma",
-                            dot.location)
-        (bm, bk), elt = tile_of(dot.operands[0].type)
-        (_, bn), _ = tile_of(dot.operands[1].type)
-        acc_shape, acc_elt = tile_of(dot.results[0].type)
-        wm, wn = list(ir.DenseI64ArrayAttr(dot.attributes["warps"]))
-        if elt not in _MMA_TYPES or acc_elt != "f32":
-            return None, f"{elt} operands with an {acc_elt} accumulator (tensor cores: bf16/f16 into f32)"
-        if (bm // wm) % 16 or (bn // wn) % 16 or bk % 16:
-            return None, (f"warp tile {bm // wm}x{bn // wn} or K step {bk} is not a multiple of 16")
-        if wgmma and (bn % 64 or bk % 64):
-            raise EmitError(f"'wgmma' on a GEMM main loop needs whole 128-byte swizzle atoms in its "
-                            f"shared-memory tiles: N and K multiples of 64, not N = {bn}, K = {bk}",
-                            dot.location)
-        init = op.operands[3]
-        init_op = init.owner
-        if isinstance(init_op, ir.Block) or init_op.operation.name != "ttile.fill" or \
-                len(list(init.uses)) != 1:
-            return None, "the accumulator does not start from a ttile.fill"
-        for load in (load_a, load_b):
-            buf = list(load.operands)[0]
-            shape = list(ir.MemRefType(buf.type).shape)
-            offsets = list(load.operands)[1:]
-            if shape[-1] % 8 or not multiple_of(offsets[-1], 8):
-                return None, "a loaded tile is not 16-byte aligned (cp.async needs it)"
-        return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, elt=elt, wgmma=wgmma, tma=all(tma), iv=iv,
-                    load_a=load_a,
-                    load_b=load_b, init=init_op.operation, result=op.results[0],
-                    bounds=list(op.operands)[:3]), None
-
-    def _emit_mma_loop(self, op) -> bool:
-        plan, why = self._mma_plan(op)
-        if self.producer:
-            why = why or self._producer_reason(op, plan)
-            if why:
-                raise EmitError(f"the kernel's producer warpgroup has no GEMM main loop to feed: "
-                                f"{why}", op.location)
-        if plan is None:
-            self.simt_reason = why
-            return False
-        self.simt_reason = None
-        # The accumulator's initial fill is folded into the registers' setup.
-        init = plan["init"]
-        if self.region is not None and any(o == init for o in self.region.ops):
-            self.region.ops = [o for o in self.region.ops if o != init]
-            if not self.region.ops:
-                self.region = None
+    def _emit_mma_loop(self, op, pipeline) -> None:
+        """A GEMM main loop as tessera-gpu-pipeline scheduled it (its
+        accumulator's initial fill is folded into the registers' setup)."""
+        g, _ = gs.match_gemm_loop(op)
+        p = dict(bm=g.bm, bn=g.bn, bk=g.bk, wm=g.wm, wn=g.wn, elt=g.elt, wgmma=pipeline.wgmma,
+                 tma=pipeline.tma, iv=g.iv, load_a=g.load_a, load_b=g.load_b, init=g.init,
+                 result=g.result, bounds=g.bounds)
+        init = p["init"]
         self.flush()
-        p = plan
         bm, bn, bk, wm, wn, stages = p["bm"], p["bn"], p["bk"], p["wm"], p["wn"], self.stages
         mt, nt = bm // wm // 16, bn // wn // 8
-        # mma.sync rows are padded 16 B (conflict-free ldmatrix); wgmma's are
-        # swizzled instead, in 1024-byte atoms that must start 1024-aligned.
-        mma_ring = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
-        wgmma_ring = stages * (bm * bk + bk * bn) * 2
-        ring = (self.smem(max(mma_ring, wgmma_ring), align=1024) if p["wgmma"]
-                else self.smem(mma_ring))
+        ring = gs.integer(op, gs.RING)
+        self.barrier_offsets = gs.barriers(op)
         fill = c_literal(ir.FloatAttr(init.attributes["value"]).value, "float")
         instruction = ("wgmma.mma_async.m64n{bn}k16 from 128-byte-swizzled shared memory, "
                        "mma.sync.m16n8k16 on plain sm_90" if p["wgmma"]
@@ -927,9 +745,9 @@ class CudaKernelEmitter(KernelEmitter):
         acc, lane, wm0, wn0 = self._warp_accumulator(bm, bn, wm, wn)
         self.line("#pragma unroll")
         self.line(f"for (int i = 0; i < {mt * nt * 4}; ++i) (&{acc}[0][0][0])[i] = {fill};")
-        producer = self.producer
+        producer = pipeline.producer
         if producer:        # from here on only the computing warps run
-            self.producer, self.threads = False, self.threads - 128
+            self.threads = self.threads - 128
         if p["wgmma"]:
             # wgmma is an arch-specific (sm_90a) feature: NVRTC through cupy
             # compiles for plain sm_90, which gets the mma.sync loop instead.
@@ -944,18 +762,6 @@ class CudaKernelEmitter(KernelEmitter):
         if p["wgmma"]:
             self.line("#endif")
         self.frags[p["result"]] = Fragment(acc, [bm, bn], mt, nt, wm0, wn0, lane)
-        return True
-
-    def _producer_reason(self, op, plan) -> str | None:
-        """Why the loop `op` (with its `_mma_plan`) cannot be fed by the
-        kernel's producer warpgroup, or None."""
-        if not (plan["wgmma"] and plan["tma"]):
-            return "the loop's dot is not wgmma on tma loads"
-        if op.parent.name != "ttile.kernel":
-            return "the loop is nested in another op (the producer leaves the kernel after it)"
-        if self.frags:
-            return "register tiles from before the loop would need the producer's threads"
-        return None
 
     def _gemm_ring(self, p, ring: int, a_elems: int, b_elems: int, lda, ldb):
         """Declares the GEMM ring's A and B slot arrays (`sa`, `sb`: `stages`
@@ -1074,10 +880,11 @@ class CudaKernelEmitter(KernelEmitter):
 
     def mbarrier_ring(self, *barriers) -> list[str]:
         """One mbarrier per ring slot for each of `barriers` ((name, arrivals
-        a phase)), initialized before a block barrier; returns their names."""
+        a phase)) at the loop's `ttile.barriers` offsets, initialized before
+        a block barrier; returns their names."""
         names, inits = [], []
         for name, count in barriers:
-            offset = self.smem(8 * self.stages, align=8)
+            offset = self.barrier_offsets.pop(0)    # tessera-gpu-alloc-shared's
             self.line(f"uint64_t* const {name} = reinterpret_cast<uint64_t*>(tessera_smem + {offset});")
             names.append(name)
             inits.append(f"tessera_mbarrier_init(&{name}[s], {count});")
@@ -1208,17 +1015,6 @@ class CudaKernelEmitter(KernelEmitter):
         self.line("}")
         self.indent -= 1
         self.line("}")
-
-
-def _common_shape(shapes) -> list[int] | None:
-    """The shape every one of `shapes` broadcasts to (same rank, each
-    dimension equal or 1), or None."""
-    if not shapes or len({len(s) for s in shapes}) != 1:
-        return None
-    dom = [max(d) for d in zip(*shapes)]
-    if any(a not in (1, b) for s in shapes for a, b in zip(s, dom)):
-        return None
-    return dom
 
 
 # PTX wrappers for the tensor-core main loop (sm_80+ instructions; sm_90 runs

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
-from ..ir.analysis import multiple_of
-from ..ir.types import enum_of, is_tile, tile_of
+from ..ir import gpu_schedule as gs
+from ..ir.types import enum_of, tile_of
 from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
-from .tile_emitter import ELEMENTWISE_EXPRESSIONS, EmitError, Tile, c_literal, ctype
+from .tile_emitter import Tile, c_literal, ctype
 
 @dataclass
 class _Val:
@@ -75,164 +75,27 @@ def _defined_inside(v: ir.Value, loop: ir.Operation) -> bool:
 
 
 class RegisterLoop:
-    def __init__(self, em, op: ir.Operation):
+    """Prints an scf.for that tessera-gpu-pipeline scheduled with its tiles
+    in registers (`#ttile.pipeline<kind = registers, ...>`): its values'
+    placements, its staged loads, how each invariant A operand is read and
+    the ring's offset are in the IR."""
+
+    def __init__(self, em, op: ir.Operation, pipeline: gs.Pipeline):
         self.em, self.op = em, op
         self.block = op.regions[0].blocks[0]
         self.iv = self.block.arguments[0]
         self.carried = list(self.block.arguments)[1:]
         self.body = [o.operation for o in self.block.operations]
-
-    def operands(self) -> list[ir.Value]:
-        """Every value the loop reads: its initial values and its body's operands."""
-        return list(self.op.operands)[3:] + [v for o in self.body for v in o.operands]
-
-    def read_directly(self) -> set:
-        """Ops before the loop that only the loop reads and that it reads
-        without a shared-memory tile: `ttile.fill`s (literals inside) and
-        loads of bf16 dot A operands (read from global memory straight into
-        mma registers). Call after plan()."""
-        ops = set()
-        for v in self.operands():
-            owner = v.owner
-            if isinstance(owner, ir.Block) or _defined_inside(v, self.op) \
-                    or not all(_within(u.owner.operation, self.op) for u in v.uses):
-                continue
-            o = owner.operation
-            if o.name == "ttile.fill":
-                ops.add(o)
-            elif o.name == "ttile.load" and v in self.invariant_a \
-                    and str(ir.MemRefType(o.operands[0].type).element_type) == "bf16" \
-                    and all(u.owner.operation.name == "ttile.dot" and u.operand_number == 0
-                            for u in v.uses):
-                ops.add(o)
-        self.direct = {o.results[0] for o in ops if o.name == "ttile.load"}
-        return ops
-
-    # -- planning ----------------------------------------------------------------
-    def plan(self) -> str | None:
-        """None when the loop runs with its tiles in registers, else why not."""
-        em = self.em
-        if em.threads % 32:
-            return f"{em.threads} threads is not whole warps"
         self.warps = em.threads // 32
-        if not self.carried:
-            return "nothing is carried"
-        shapes = [tile_of(a.type) if is_tile(a.type) else ([], "")
-                  for a in self.carried]
-        self.bm = shapes[0][0][0] if shapes[0][0] else 0
-        for arg, (shape, elt) in zip(self.carried, shapes):
-            if len(shape) != 2 or shape[0] != self.bm or elt != "f32" \
-                    or (shape[1] != 1 and shape[1] % 8):
-                return f"carried {arg.type} is not an f32 [{self.bm}, 1] or [{self.bm}, 8k] tile"
-        if self.bm % (16 * self.warps):
-            return (f"carried tiles of {self.bm} rows do not split over {self.warps} warps "
-                    "of 16-row slices")
+        self.bm = tile_of(self.carried[0].type)[0][0]
         self.mt = self.bm // (16 * self.warps)
-        self.loads, self.invariant_a, self.direct = [], [], set()
-        kinds = {a: ("col" if tile_of(a.type)[0][1] == 1 else "frag") for a in self.carried}
-        for o in self.body:
-            why = self._classify(o, kinds, multiple_of)
-            if why:
-                return why
-        self.kinds = kinds
-        return None
-
-    def _shape(self, v):
-        return tuple(tile_of(v.type)[0])
-
-    def _outside_tile(self, v) -> bool:
-        return not _defined_inside(v, self.op) and is_tile(v.type)
-
-    def _classify(self, o, kinds, multiple_of) -> str | None:
-        name, bm = o.name, self.bm
-        if name == "scf.yield":
-            return None
-        if name == "ttile.load" and tile_of(o.results[0].type)[0][1:] == [1] and all(
-                u.owner.operation.name == "ttile.transpose" for u in o.results[0].uses):
-            # A column read as a row (lse, delta along a transposed block's
-            # columns): each thread loads its columns from global memory.
-            rows = tile_of(o.results[0].type)[0][0]
-            if rows % 8 or any(v != self.iv and _defined_inside(v, self.op) for v in o.operands[1:]):
-                return f"a {rows}x1 column read as a row is not a multiple of 8 long, or its offsets are computed in the loop"
-            kinds[o.results[0]] = "rowload"
-            return None
-        if name == "ttile.load":
-            shape, elt = tile_of(o.results[0].type)
-            buf = o.operands[0]
-            mt = ir.MemRefType(buf.type)
-            offsets = list(o.operands)[1:]
-            if len(shape) != 2 or elt != "bf16" or str(mt.element_type) != "bf16":
-                return f"a loaded tile {o.results[0].type} is not a 2-D bf16 tile of a bf16 buffer"
-            if shape[0] % 16 or shape[1] % 16 or list(mt.shape)[-1] % 8 \
-                    or not multiple_of(offsets[-1], 8):
-                return f"a loaded tile {shape[0]}x{shape[1]} is not 16-aligned for cp.async/ldmatrix"
-            if any(v != self.iv and _defined_inside(v, self.op) for v in offsets):
-                return "a load's offsets are computed inside the loop"
-            for u in o.results[0].uses:
-                user = u.owner.operation
-                ok = (user.name == "ttile.dot" and u.operand_number == 1) or (
-                    user.name == "ttile.transpose" and all(
-                        w.owner.operation.name == "ttile.dot" and w.operand_number == 1
-                        for w in user.results[0].uses))
-                if not ok:
-                    return "a loaded tile is used other than as a dot's B operand"
-            kinds[o.results[0]] = "stage"
-            self.loads.append(o)
-            return None
-        if name == "ttile.transpose":
-            kind = {"stage": "stage_t", "rowload": "row"}.get(kinds.get(o.operands[0]))
-            if kind is None:
-                return "a transpose of something other than a loaded tile"
-            kinds[o.results[0]] = kind
-            return None
-        if name == "ttile.dot":
-            a, b, acc = list(o.operands)[:3]
-            (m, k), a_elt = tile_of(a.type)
-            (_, n), b_elt = tile_of(b.type)
-            if "warps" not in o.attributes or \
-                    list(ir.DenseI64ArrayAttr(o.attributes["warps"])) != [self.warps, 1]:
-                return f"a dot's warps are not {self.warps}x1 (whole rows per warp)"
-            if a_elt != "bf16" or b_elt != "bf16" or tile_of(o.results[0].type)[1] != "f32":
-                return "a dot is not bf16 x bf16 into f32"
-            if m != bm or k % 16 or n % 16:
-                return f"a dot {m}x{n}x{k} does not tile into m16n8k16 over {bm} rows"
-            if kinds.get(b) not in ("stage", "stage_t"):
-                return "a dot's B operand is not a loaded tile"
-            if self._outside_tile(a):
-                if a not in self.invariant_a:
-                    self.invariant_a.append(a)
-            elif kinds.get(a) != "frag":
-                return "a dot's A operand is neither loop-invariant nor a register tile"
-            if not (kinds.get(acc) in ("frag", "const") or self._outside_tile(acc)):
-                return "a dot's accumulator is not a register tile"
-            kinds[o.results[0]] = "frag"
-            return None
-        if name == "ttile.reduce":
-            src = o.operands[0]
-            if ir.IntegerAttr(o.attributes["dim"]).value != 1 or kinds.get(src) not in ("frag",) \
-                    or tile_of(src.type)[1] != "f32":
-                return "a reduction is not along the rows of an f32 register tile"
-            kinds[o.results[0]] = "col"
-            return None
-        if name in ("ttile.fill", "ttile.broadcast", "ttile.iota") or name in ELEMENTWISE_EXPRESSIONS:
-            shape = self._shape(o.results[0])
-            if len(shape) != 2 or shape[0] != bm or (shape[1] != 1 and shape[1] % 8):
-                return f"'{name}' on a {'x'.join(map(str, shape))} tile (not [{bm}, 1] or [{bm}, 8k])"
-            for v in o.operands:
-                if not is_tile(v.type):
-                    continue
-                if kinds.get(v) in ("stage", "stage_t"):
-                    return f"'{name}' reads a loaded tile (only dots read those)"
-                if shape[1] == 1 and self._shape(v)[1] != 1:
-                    return f"'{name}' narrows a [{bm}, n] tile to a column"
-            if name == "ttile.fill":
-                kinds[o.results[0]] = "const"
-            elif name == "ttile.broadcast":
-                kinds[o.results[0]] = "bcast"
-            else:
-                kinds[o.results[0]] = "col" if shape[1] == 1 else "frag"
-            return None
-        return f"'{name}' in the loop body"
+        self.loads, self.invariant_a = gs.register_loop_parts(op)
+        self.direct = {a for a in self.invariant_a if gs.place(a) == "global"}
+        self.wgmma, self.tma = pipeline.wgmma, pipeline.tma
+        self.pingpong = pipeline.pingpong
+        self.ahead_dot = next(o for o in self.body if o.name == "ttile.dot") \
+            if pipeline.issue_ahead else None
+        self.wgmma_why = gs.fallback(op)        # why its dots are not on wgmma
 
     # -- emission helpers ------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -315,12 +178,7 @@ class RegisterLoop:
         self.vals: dict = {}
         self.lane, self.wm0 = em.fresh("lane"), em.fresh("wm")
         self.g, self.t = f"({self.lane} >> 2)", f"({self.lane} & 3)"
-        asks = any("wgmma" in o.attributes for o in self.body if o.name == "ttile.dot")
-        wgmma_why = self._wgmma_reason() if asks else None
-        self.wgmma = asks and wgmma_why is None
-        self.tma = self._tma(wgmma_why)
-        self.pingpong = self._pingpong(wgmma_why)
-        self.ahead_dot = self._ahead_dot()
+        wgmma_why = self.wgmma_why
         instruction = ("wgmma.mma_async from 128-byte-swizzled shared memory; ldmatrix and "
                        "mma.sync.m16n8k16 on plain sm_90" if self.wgmma
                        else "ldmatrix, mma.sync.m16n8k16")
@@ -347,9 +205,7 @@ class RegisterLoop:
 
         # One shared-memory region holds either branch's staging ring and
         # shared A operands.
-        branches = (False, True) if self.wgmma else (False,)
-        ring_bytes = max(self._ring_layout(wgmma)[1] for wgmma in branches)
-        ring = em.smem(ring_bytes, align=1024 if self.wgmma else 16)
+        ring = gs.integer(op, gs.RING)
         outer = dict(self.vals)
         if self.wgmma:
             self.line(WGMMA_BRANCH)
@@ -362,96 +218,16 @@ class RegisterLoop:
         self.vals = outer
         self._results(carried)
 
-    def _wgmma_reason(self) -> str | None:
-        """Why the loop's dots, some of which ask for wgmma, run on mma.sync
-        (None: wgmma)."""
-        dots = [o for o in self.body if o.name == "ttile.dot"]
-        if not all("wgmma" in o.attributes for o in dots):
-            return "only some of the loop's dots ask for wgmma (its tiles have one layout)"
-        if self.warps % 4 or self.mt != 1:
-            return (f"{self.warps} warps of {self.bm // self.warps} rows are not warpgroups of "
-                    "16-row warps")
-        for load in self.loads:
-            rows, cols = tile_of(load.results[0].type)[0]
-            if cols % 64 or rows % 8:
-                return (f"a staged {rows}x{cols} tile is not whole 128-byte swizzle atoms "
-                        "(8 rows by 64 columns)")
-        for o in dots:
-            n = tile_of(o.operands[1].type)[0][1]
-            if n > 256:
-                return f"a dot's N = {n} is over wgmma's 256"
-        return None
-
-    def _tma(self, wgmma_why: str | None) -> bool:
-        """Whether the wgmma loop's staged tiles come through the tensor
-        memory accelerator: all of them are `ttile.load {tma}`, or none."""
-        tma = ["tma" in load.attributes for load in self.loads]
-        if not any(tma):
-            return False
-        if not all(tma):
-            raise EmitError("a register loop's staged tiles are loaded with tma all or none "
-                            "(they share one ring)", self.op.location)
-        if not self.wgmma:
-            raise EmitError("ttile.load {tma} in a loop whose dots are not wgmma: "
-                            f"{wgmma_why or 'none asks for it'}", self.op.location)
-        return True
-
     #: The named barriers of the ping-pong turns: warpgroup w waits on
     #: barrier PINGPONG_BARRIER + w, which the other warpgroup arrives on.
     PINGPONG_BARRIER = 1
 
-    def _pingpong(self, wgmma_why: str | None) -> bool:
-        """Whether the wgmma loop's two warpgroups take turns at the tensor
-        cores (`ttile.pingpong` on the loop: FlashAttention-3's ping-pong,
-        one warpgroup's softmax under the other's GEMMs)."""
-        if "ttile.pingpong" not in self.op.attributes:
-            return False
-        if not self.wgmma or self.warps != 8:
-            raise EmitError("ttile.pingpong on a loop that is not wgmma over two warpgroups: "
-                            + (wgmma_why or f"{self.warps} warps"), self.op.location)
-        return True
-
-    def _ahead_dot(self):
-        """The dot the wgmma branch issues one iteration ahead
-        (`ttile.issue_ahead` on the loop: FlashAttention-3's overlap of the
-        softmax with the next Q K^T inside a warpgroup), or None. It must be
-        the body's first dot, on a loop-invariant A, a staged B and a zero
-        accumulator, in a TMA ring of 3+ stages (the next iteration's tile
-        has been in flight for an iteration when this one starts)."""
-        if "ttile.issue_ahead" not in self.op.attributes:
-            return None
-        dots = [o for o in self.body if o.name == "ttile.dot"]
-        why = None
-        if not (self.wgmma and self.tma):
-            why = "its dots are not wgmma on a TMA ring"
-        elif self.em.stages < 3:
-            why = f"{self.em.stages} stages (the next iteration's tile must be in flight: 3+)"
-        elif self.pingpong:
-            why = "it also has ttile.pingpong (not combined yet)"
-        else:
-            a, _, acc = list(dots[0].operands)[:3]
-            zero = not isinstance(acc.owner, ir.Block) and acc.owner.operation.name == "ttile.fill" \
-                and ir.FloatAttr(acc.owner.operation.attributes["value"]).value == 0.0
-            if a not in self.invariant_a or not zero:
-                why = "its first dot's A is not loop-invariant or its accumulator is not zero"
-        if why:
-            raise EmitError(f"ttile.issue_ahead on a loop where {why}", self.op.location)
-        return dots[0]
-
     def _ring_layout(self, wgmma: bool) -> tuple[list, int]:
         """[(row pitch or None, elements per slot)] per staged load, and the
-        bytes of the ring plus the shared A operands. mma.sync rows are padded
-        by 16 bytes so ldmatrix's eight row addresses hit distinct banks;
-        wgmma's are 128-byte swizzled (pitch None), 1024-byte atoms."""
-        layout, nbytes = [], 0
-        for load in self.loads:
-            rows, cols = tile_of(load.results[0].type)[0]
-            ld = None if wgmma else cols + 8
-            layout.append((ld, rows * (ld or cols)))
-            nbytes += self.em.stages * layout[-1][1] * 2
-        for a in self._shared_a_operands(wgmma):
-            nbytes += self.bm * (tile_of(a.type)[0][1] + (0 if wgmma else 8)) * 2
-        return layout, nbytes
+        bytes of the ring plus the shared A operands, in the `wgmma` or the
+        mma.sync branch (gpu_schedule.register_ring)."""
+        return gs.register_ring(self.loads, list(self._shared_a_operands(wgmma)), self.bm,
+                                self.em.stages, wgmma)
 
     def _emit_loop(self, ring: int, wgmma: bool) -> None:
         """The staging ring from byte `ring` and the loop, its dots on wgmma
@@ -573,31 +349,13 @@ class RegisterLoop:
         self.line("}")
 
     def _shared_a_operands(self, wgmma: bool) -> dict:
-        """The invariant A operands to keep in shared memory (as keys). Only
-        16-byte-aligned bf16 loads read directly from global memory qualify
-        (copied by cp.async; for wgmma, whole 64-column swizzle panels).
-        wgmma reads A from shared memory as cheaply as from registers, so
-        there every one that qualifies goes; mma.sync
-        reads it with ldmatrix per k step, so there the largest go first,
-        only while the carried tiles and the A operands held in registers
-        exceed `TargetOptions.register_budget` registers per thread (160:
-        sm_90 allows 255; the loop's temporaries need the rest)."""
-        carried = sum(self.mt * (tile_of(a.type)[0][1] // 8) * 4 if tile_of(a.type)[0][1] > 1
-                      else self.mt * 2 for a in self.carried)
+        """The invariant A operands the `wgmma` (or mma.sync) branch keeps in
+        shared memory (tessera-gpu-pipeline's `ttile.shared_in`), as keys,
+        largest first (their copies' order in the ring's region)."""
+        branch = "wgmma" if wgmma else "mma_sync"
         regs = {a: self.mt * tile_of(a.type)[0][1] // 16 * 4 for a in self.invariant_a}
-        total = carried + sum(regs.values())
-        shared = {}
-        for a in sorted(self.invariant_a, key=lambda a: -regs[a]):
-            if total <= self.em.options.register_budget and not wgmma:
-                break
-            load = a.owner.operation if not isinstance(a.owner, ir.Block) else None
-            if a not in self.direct or list(ir.MemRefType(load.operands[0].type).shape)[-1] % 8 \
-                    or not multiple_of(list(load.operands)[-1], 8) \
-                    or (wgmma and tile_of(a.type)[0][1] % 64):     # whole swizzle panels
-                continue
-            shared[a] = None
-            total -= regs[a]
-        return shared
+        return {a: None for a in sorted(self.invariant_a, key=lambda a: -regs[a])
+                if branch in gs.shared_in(a)}
 
     def _fill_literal(self, v: ir.Value) -> str | None:
         owner = v.owner

@@ -127,14 +127,14 @@ def test_nvshmem_kernel_links_into_one_cubin():
     relocatable and device-links with libnvshmem_device into one sm_90a cubin."""
     from pathlib import Path
     from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cuda
+    from tessera_compiler.translate import ttile_to_cuda
     from tessera_compiler.codegen.build import nvshmem_home
     if nvcc() is None or nvshmem_home() is None:
         pytest.skip("needs nvcc and NVSHMEM (pip install nvidia-nvshmem-cu13)")
     text = (Path(__file__).resolve().parents[1] / "Target" / "ttile-to-cuda.mlir").read_text()
     chunk = next(c for c in text.split("// -----") if "@ag_gemm" in c)
     with ir.Context():
-        source = emit_cuda(ir.Module.parse(chunk))
+        source, _ = ttile_to_cuda(ir.Module.parse(chunk))
     assert "#include <nvshmem.h>" in source
     cubin = build_cuda_cubin(source).read_bytes()
     assert cubin[:4] == b"\x7fELF" and b"ag_gemm" in cubin
@@ -159,13 +159,13 @@ def test_every_lit_kernel_compiles_for_sm90a_without_spills(chunk, built_cleanly
     kernel, no spills and no serialized wgmma (the lit test checks the
     text; this checks the text is CUDA that compiles as intended)."""
     from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cuda
+    from tessera_compiler.translate import ttile_to_cuda
     from tessera_compiler.codegen.build import nvshmem_home
     with ir.Context():
         module = ir.Module.parse(chunk)
         names = [ir.StringAttr(o.attributes["sym_name"]).value for o in module.body.operations
                  if o.operation.name == "ttile.kernel"]
-        source = emit_cuda(module)
+        source, _ = ttile_to_cuda(module)
     if "#include <nvshmem.h>" in source and nvshmem_home() is None:
         pytest.skip("needs NVSHMEM's headers (pip install nvidia-nvshmem-cu13)")
     report = built_cleanly(source)
@@ -180,7 +180,7 @@ def test_nvrtc_compiles_every_lit_kernel_for_sm90a(tmp_path, monkeypatch):
     calling NVSHMEM is refused with the reason (NVRTC cannot link
     NVSHMEM's device library), as is a source NVRTC rejects."""
     from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cuda
+    from tessera_compiler.translate import ttile_to_cuda
     from tessera_runtime.engines import EngineError, nvrtc
     if nvrtc.library() is None:
         pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc)")
@@ -190,7 +190,7 @@ def test_nvrtc_compiles_every_lit_kernel_for_sm90a(tmp_path, monkeypatch):
     for param in _lit_cuda_kernels():
         chunk, = param.values
         with ir.Context():
-            source = emit_cuda(ir.Module.parse(chunk))
+            source, _ = ttile_to_cuda(ir.Module.parse(chunk))
         if "#include <nvshmem.h>" in source:
             with pytest.raises(EngineError, match="calls NVSHMEM, whose device library only nvcc"):
                 nvrtc.compile_cubin(source, "sm_90a")

@@ -232,8 +232,8 @@ def test_pingpong_on_a_loop_without_two_wgmma_warpgroups_is_an_emit_error(monkey
     turns issuing wgmmas: on a loop whose dots run on mma.sync it cannot
     be honoured, and the CUDA emitter says so at the loop instead of
     dropping it."""
-    from tessera_compiler.codegen import emit_cuda_kernels
     from tessera_compiler.codegen.tile_emitter import EmitError
+    from tessera_compiler.translate import ttile_to_cuda
     from tessera_mlir import ir
     options = ts.TargetOptions(target="gpu", pingpong=True, attention_forward_blocks={
         64: (128, 64), 128: (128, 64), 256: (16, 16)})
@@ -245,7 +245,7 @@ def test_pingpong_on_a_loop_without_two_wgmma_warpgroups_is_an_emit_error(monkey
     assert mma_sync.count("wgmma") == 0 and "tma}" not in mma_sync
     with ir.Context(), pytest.raises(EmitError, match="ttile.pingpong on a loop that is not "
                                                       "wgmma over two warpgroups"):
-        emit_cuda_kernels(ir.Module.parse(mma_sync))
+        ttile_to_cuda(ir.Module.parse(mma_sync))
 
 
 @pytest.mark.parametrize("blocks, d", [((64, 64), 64), ((64, 64), 128), ((128, 64), 64)])

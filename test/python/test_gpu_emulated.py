@@ -61,7 +61,7 @@ def test_tensor_core_gemm_with_fused_epilogue(config, monkeypatch, built_cleanly
         return op.gelu(op.matmul(x, w) + b) + r
     trace = ts.graph.trace(layer, x, w, b, r, target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu), options)
     gemm = [name for name in launches if "matmul" in name]
     assert len(gemm) == 1, launches
     assert f"block tile {bm}x{bn}x{bk}" in source and "tessera_mma_bf16(" in source
@@ -101,7 +101,7 @@ def test_gemm_tiles_in_grouped_order(config, monkeypatch):
     trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target=options)
     assert "arith.remui" in trace.tile
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu), options)
     (name, cfg), = launches.items()
     out = np.zeros((2, 4 * bm, 2 * bn), BF16)
     EmulatedKernels(source).launch(name, [x, w, out], cfg["grid"], cfg["block"],
@@ -125,7 +125,7 @@ def _wgmma_gemm(monkeypatch, stages=4, k_steps=6, tma=True, producer=True, **cha
     w = (rng.standard_normal((64 * k_steps, 256)) / 8).astype(BF16)
     trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu), options)
     (name, cfg), = launches.items()
     return x, w, source, name, cfg, x.astype(np.float64) @ w.astype(np.float64)
 
@@ -228,7 +228,7 @@ def _attention_forward(seq=128, d=64, **changes):
     trace = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, k, v,
                            target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu), options)
     (name, cfg), = ((n, c) for n, c in launches.items() if "_attention_" in n)
     return (q, k, v), source, name, cfg
 
@@ -442,7 +442,7 @@ def test_emulator_catches_a_wrong_fragment_layout():
     w = rng.standard_normal((32, 32)).astype(BF16)
     trace = ts.graph.trace(lambda x, w: op.matmul(x, w), x, w, target="gpu")
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu))
     (name, cfg), = launches.items()
     broken = source.replace("+ 8 * (", "+ 0 * (")      # rows g+8 written as rows g
     assert broken != source
@@ -470,7 +470,7 @@ def test_emulator_catches_wgmma_a_registers_changed_before_the_wait(tmp_path):
     trace = ts.graph.trace(lambda q, k, v: op.attention(q, k, v, causal=True), q, k, v,
                            target="gpu")
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile))
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu))
     (name, cfg), = launches.items()
     issue = next(line for line in source.splitlines() if "ra[kk / 16], tessera_wgmma_desc(" in line)
     assert "tessera_wgmma_rs_bf16<64, 1>(" in issue       # P (registers) x V (N-major)
@@ -530,7 +530,7 @@ def test_gemm_with_relu_or_silu_epilogue(activation, monkeypatch, built_cleanly)
     act = getattr(op, activation)
     trace = ts.graph.trace(lambda x, w, b: act(op.matmul(x, w) + b), x, w, b, target=options)
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(trace.tile), options)
+        source, launches = emit_cuda_kernels(ir.Module.parse(trace.gpu), options)
     (name, cfg), = launches.items()
     assert "tessera_mma_bf16(" in source
     out = np.zeros((128, 64), BF16)

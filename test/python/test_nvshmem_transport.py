@@ -194,10 +194,10 @@ def test_get_pulls_a_box_from_the_next_pe():
     them back at once (the get completes and synchronizes the block before
     the op after it): both outputs are the peer's data, not its own."""
     from tessera_mlir import ir
-    from tessera_compiler.codegen.cuda_emitter import emit_cuda_kernels
+    from tessera_compiler.translate import ttile_to_cuda
     from tessera_runtime.engines.cuda_emulator import EmulatedKernels
     with ir.Context():
-        source, launches = emit_cuda_kernels(ir.Module.parse(_PULL))
+        source, launches = ttile_to_cuda(ir.Module.parse(_PULL))
     assert "nvshmemx_getmem_nbi_block(" in source
     cfg = launches["pull"]
     heap_bytes, pes = 1 << 16, 2

@@ -187,7 +187,8 @@ def test_every_tile_op_computes_its_reference(emitter):
     through the C++ emitter (built and run) and the CUDA emitter (run by the
     CPU emulator), against float64 numpy."""
     from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp, emit_cuda_kernels
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.translate import ttile_to_cuda
     from tessera_compiler.codegen.build import build_cpu_library
     from tessera_runtime.engines.cuda_emulator import EmulatedKernels
     entries = list(ops.ELEMENTWISE.values())
@@ -196,7 +197,7 @@ def test_every_tile_op_computes_its_reference(emitter):
         if emitter == "cpp":
             source = emit_cpp(module)
         else:
-            source, launches = emit_cuda_kernels(module)
+            source, launches = ttile_to_cuda(module)
     rng = np.random.default_rng()
     inputs = [_inputs(e, (4, 8), rng) for e in entries]
     outputs = [np.full((4, 8), np.nan) for _ in entries]

@@ -72,8 +72,30 @@ TESSERA_DECLARE_CAPI_ENUM_ATTR(ReductionKind)
 TESSERA_DECLARE_CAPI_ENUM_ATTR(Transport)
 TESSERA_DECLARE_CAPI_ENUM_ATTR(CompareKind)
 TESSERA_DECLARE_CAPI_ENUM_ATTR(CollectiveKind)
+TESSERA_DECLARE_CAPI_ENUM_ATTR(Placement)
+TESSERA_DECLARE_CAPI_ENUM_ATTR(Mma)
 
 #undef TESSERA_DECLARE_CAPI_ENUM_ATTR
+
+//===----------------------------------------------------------------------===//
+// #ttile.pipeline<kind = ..., mma = ..., copies = ..., stages = ..., ...>
+//===----------------------------------------------------------------------===//
+
+MLIR_CAPI_EXPORTED bool tesseraAttributeIsAPipeline(MlirAttribute attr);
+MLIR_CAPI_EXPORTED MlirTypeID tesseraPipelineAttrGetTypeID(void);
+/// Enum parameters by case name; a null attribute (with a diagnostic) for an
+/// unknown name or an invalid combination.
+MLIR_CAPI_EXPORTED MlirAttribute tesseraPipelineAttrGet(
+    MlirContext ctx, MlirStringRef kind, MlirStringRef mma, MlirStringRef copies,
+    int64_t stages, int64_t lag, bool producer, bool pingpong, bool issueAhead);
+MLIR_CAPI_EXPORTED MlirStringRef tesseraPipelineAttrGetKind(MlirAttribute attr);
+MLIR_CAPI_EXPORTED MlirStringRef tesseraPipelineAttrGetMma(MlirAttribute attr);
+MLIR_CAPI_EXPORTED MlirStringRef tesseraPipelineAttrGetCopies(MlirAttribute attr);
+MLIR_CAPI_EXPORTED int64_t tesseraPipelineAttrGetStages(MlirAttribute attr);
+MLIR_CAPI_EXPORTED int64_t tesseraPipelineAttrGetLag(MlirAttribute attr);
+MLIR_CAPI_EXPORTED bool tesseraPipelineAttrGetProducer(MlirAttribute attr);
+MLIR_CAPI_EXPORTED bool tesseraPipelineAttrGetPingpong(MlirAttribute attr);
+MLIR_CAPI_EXPORTED bool tesseraPipelineAttrGetIssueAhead(MlirAttribute attr);
 
 #ifdef __cplusplus
 }

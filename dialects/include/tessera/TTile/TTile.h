@@ -7,6 +7,9 @@
 #include "tessera/TGraph/TGraph.h"
 
 #include "tessera/TTile/TTileDialect.h.inc"
+#include "tessera/TTile/TTileEnums.h.inc"
+#define GET_ATTRDEF_CLASSES
+#include "tessera/TTile/TTileAttrs.h.inc"
 #define GET_TYPEDEF_CLASSES
 #include "tessera/TTile/TTileTypes.h.inc"
 #define GET_OP_CLASSES

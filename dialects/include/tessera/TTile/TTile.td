@@ -13,6 +13,7 @@
 
 include "mlir/IR/OpBase.td"
 include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/RegionKindInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
@@ -43,6 +44,9 @@ def TTile_Dialect : Dialect {
   }];
   let cppNamespace = "::tessera::ttile";
   let useDefaultTypePrinterParser = 1;
+  let useDefaultAttributePrinterParser = 1;
+  // The GPU schedule's discardable attributes (`ttile.place`, ...; see below).
+  let hasOperationAttrVerify = 1;
   let dependentDialects = ["::tessera::tgraph::TGraphDialect"];
 }
 
@@ -51,6 +55,123 @@ def TTile_TileType : TypeDef<TTile_Dialect, "Tile"> {
   let summary = "a statically shaped tile of elements held by one kernel instance";
   let parameters = (ins ArrayRefParameter<"int64_t">:$shape, "::mlir::Type":$elementType);
   let hasCustomAssemblyFormat = 1;
+  let genVerifyDecl = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// The GPU schedule
+//
+// How a kernel runs on a streaming multiprocessor, decided by three passes
+// and read by the CUDA printer (tessera-translate --ttile-to-cuda), which
+// decides nothing itself:
+//
+//   tessera-gpu-pipeline     each scf.for: a GEMM main loop or a loop with its
+//                            tiles in registers on tensor cores (#ttile.pipeline:
+//                            instruction, ring filled by cp.async or TMA,
+//                            stages, wgmma groups in flight, producer warpgroup,
+//                            ping-pong, issuing ahead) or neither
+//                            (`ttile.fallback`: why); the placement of the
+//                            values of register loops
+//   tessera-gpu-place        every other tile value: registers inside one
+//                            pointwise region (`ttile.region`: one per-thread
+//                            loop), a tensor-core fragment, or shared memory;
+//                            where fragments are copied to shared memory
+//                            (`ttile.spill`)
+//   tessera-gpu-alloc-shared byte offsets of shared tiles (`ttile.smem`), rings
+//                            (`ttile.ring`) and mbarriers (`ttile.barriers`),
+//                            where dead tiles' bytes are reused
+//                            (`ttile.release`: a block barrier first), and the
+//                            kernel's total (`ttile.smem_bytes`)
+//
+// They are discardable attributes of the ops they describe (ttile, scf and
+// arith ops), checked by the dialect's attribute verifier.
+//===----------------------------------------------------------------------===//
+
+def TTile_Placement : I32EnumAttr<"Placement", "where a tile value lives while a GPU kernel runs", [
+    // Each thread's elements, inside the one pointwise region computing them.
+    I32EnumAttrCase<"registers", 0>,
+    // A tile in the block's shared memory (offset: `ttile.smem`).
+    I32EnumAttrCase<"shared", 1>,
+    // Tensor-core accumulator registers (the m16n8k16 layout over `warps`).
+    I32EnumAttrCase<"fragment", 2>,
+    // A register loop's [BM, 1] column: each thread's rows.
+    I32EnumAttrCase<"column", 3>,
+    // A register loop's [1, n] row: each thread's columns.
+    I32EnumAttrCase<"row", 4>,
+    // A loop's load, streamed through its ring of shared-memory slots.
+    I32EnumAttrCase<"staged", 5>,
+    // The transpose of a staged tile (read transposed from its slot).
+    I32EnumAttrCase<"staged_transposed", 6>,
+    // A fill, folded into the code that reads it.
+    I32EnumAttrCase<"literal", 7>,
+    // A broadcast, read at its result's coordinates.
+    I32EnumAttrCase<"broadcast", 8>,
+    // Read from global memory where it is used (a register loop's
+    // loop-invariant A operand, or a column it reads as a row).
+    I32EnumAttrCase<"global", 9>]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::ttile";
+}
+
+def TTile_PlaceAttr : EnumAttr<TTile_Dialect, TTile_Placement, "place"> {
+  let summary = "where a tile value lives on the GPU (`ttile.place`)";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def TTile_Mma : I32EnumAttr<"Mma", "tensor-core instruction", [
+    I32EnumAttrCase<"mma_sync", 0>, I32EnumAttrCase<"wgmma", 1>]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::ttile";
+}
+
+def TTile_MmaAttr : EnumAttr<TTile_Dialect, TTile_Mma, "mma"> {
+  let summary = "a tensor-core instruction (`mma.sync` or Hopper's `wgmma`)";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def TTile_Copies : I32EnumAttr<"Copies", "how a loop's ring of shared-memory slots is filled", [
+    I32EnumAttrCase<"cp_async", 0>, I32EnumAttrCase<"tma", 1>]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::ttile";
+}
+
+def TTile_LoopKind : I32EnumAttr<"LoopKind", "what a pipelined loop is", [
+    // acc = dot(load A, load B, acc): a GEMM main loop.
+    I32EnumAttrCase<"gemm", 0>,
+    // A loop whose carried and computed tiles stay in registers (attention's).
+    I32EnumAttrCase<"registers", 1>]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::tessera::ttile";
+}
+
+def TTile_PipelineAttr : AttrDef<TTile_Dialect, "Pipeline"> {
+  let mnemonic = "pipeline";
+  let summary = "the schedule of an scf.for on tensor cores (`ttile.pipeline`)";
+  let description = [{
+    `kind`: a GEMM main loop or a loop with its tiles in registers. `mma`:
+    the tensor-core instruction (a wgmma loop is also printed on mma.sync for
+    plain sm_90, in the same registers). Its loads stream through a ring of
+    `stages` shared-memory slots filled by `copies` (cp.async, or TMA with an
+    mbarrier per slot); `lag` wgmma groups stay in flight while the next is
+    issued, so the slot refilled is the one read `lag + 1` iterations ago.
+    `producer`: a producer warpgroup only issues the ring's TMA copies (warp
+    specialization). `pingpong`: the block's two warpgroups take turns at
+    the tensor cores. `issue_ahead`: the first dot of the next iteration is
+    issued under this one's softmax.
+
+    ```mlir
+    #ttile.pipeline<kind = gemm, mma = wgmma, copies = tma, stages = 4, lag = 1, producer = true>
+    ```
+  }];
+  let parameters = (ins EnumParameter<TTile_LoopKind>:$kind,
+                        EnumParameter<TTile_Mma>:$mma,
+                        EnumParameter<TTile_Copies>:$copies,
+                        "int64_t":$stages,
+                        DefaultValuedParameter<"int64_t", "0">:$lag,
+                        DefaultValuedParameter<"bool", "false">:$producer,
+                        DefaultValuedParameter<"bool", "false">:$pingpong,
+                        DefaultValuedParameter<"bool", "false">:$issue_ahead);
+  let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }
 
