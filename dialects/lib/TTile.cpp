@@ -447,20 +447,20 @@ static LogicalResult verifyPerResult(Operation *op, NamedAttribute attr, StringR
                                      function_ref<LogicalResult(T)> check) {
   if (auto one = llvm::dyn_cast<T>(attr.getValue())) {
     if (op->getNumResults() != 1)
-      return op->emitOpError("'") << attr.getName() << "' of an op with "
+      return op->emitOpError("'") << attr.getName().getValue() << "' of an op with "
                                   << op->getNumResults() << " results must be an array of "
                                   << what << ", one per result";
     return check(one);
   }
   auto list = llvm::dyn_cast<ArrayAttr>(attr.getValue());
   if (!list || list.size() != op->getNumResults())
-    return op->emitOpError("'") << attr.getName() << "' must be " << what
+    return op->emitOpError("'") << attr.getName().getValue() << "' must be " << what
                                 << " (or an array of them, one per result), got "
                                 << attr.getValue();
   for (Attribute a : list) {
     auto one = llvm::dyn_cast<T>(a);
     if (!one)
-      return op->emitOpError("'") << attr.getName() << "' lists " << a << ", not " << what;
+      return op->emitOpError("'") << attr.getName().getValue() << "' lists " << a << ", not " << what;
     if (failed(check(one)))
       return failure();
   }

@@ -28,8 +28,8 @@ from tessera_mlir import ir
 
 from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import PassError, kernels_of, run_reporting
-from tessera_compiler.ir.types import tile_of
+from tessera_compiler.ir.support import PassError, kernels_of, nested_ops, run_reporting
+from tessera_compiler.ir.types import is_tile, tile_of
 
 
 class KernelAllocator:
@@ -230,6 +230,11 @@ class KernelAllocator:
 
 def allocate(module_op: ir.Operation) -> None:
     for kernel in kernels_of(module_op):
+        unplaced = next((o for o in nested_ops(kernel) if gs.PLACE not in o.attributes
+                         and any(is_tile(r.type) for r in o.results)), None)
+        if unplaced is not None:
+            raise PassError(f"'{unplaced.name}' has no ttile.place: run tessera-gpu-place "
+                            "before tessera-gpu-alloc-shared", unplaced.location)
         KernelAllocator(kernel).run()
 
 

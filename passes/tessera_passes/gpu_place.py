@@ -32,7 +32,7 @@ from tessera_mlir import ir
 
 from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import PassError, kernels_of, run_reporting
+from tessera_compiler.ir.support import PassError, kernels_of, nested_ops, run_reporting
 from tessera_compiler.ir.types import is_tile, tile_of
 
 
@@ -193,6 +193,14 @@ def place(module_op: ir.Operation) -> None:
         if gs.SMEM_BYTES in kernel.attributes:      # placed already: schedule afresh
             raise PassError("kernel is scheduled already; run tessera-gpu-pipeline first "
                             "(it clears the schedule)", kernel.location)
+        # (tessera-gpu-pipeline marks every dot and every loop carrying values.)
+        unscheduled = next((o for o in nested_ops(kernel)
+                            if (o.name == "ttile.dot" or o.name == "scf.for" and len(o.results))
+                            and not any(a in o.attributes
+                                        for a in (gs.PIPELINE, gs.FALLBACK, gs.PLACE))), None)
+        if unscheduled is not None:
+            raise PassError(f"'{unscheduled.name}' has no schedule: run tessera-gpu-pipeline "
+                            "before tessera-gpu-place", unscheduled.location)
         KernelPlacer(kernel).run()
 
 

@@ -74,6 +74,19 @@ def kernels_of(module) -> list[ir.Operation]:
             if k.operation.name == "ttile.kernel"]
 
 
+def nested_ops(op: ir.Operation) -> list[ir.Operation]:
+    """Every operation inside `op`'s regions, in program order (pre-order)."""
+    found = []
+
+    def visit(inner):
+        if inner is not op:
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
 def marked_args(kernel: ir.Operation, marker: str) -> list[int]:
     """Indices of the kernel arguments whose attributes include `marker`
     (`ttile.symmetric`, `ttile.signals`)."""

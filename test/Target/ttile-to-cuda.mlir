@@ -288,25 +288,6 @@ ttile.kernel @producer_gemm(%a: memref<256x320xbf16>, %b: memref<320x256xbf16>, 
 
 // -----
 
-// A producer warpgroup feeds only a wgmma GEMM main loop on tma loads.
-ttile.kernel @producer_without_tma(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: memref<128x256xf32>)
-    attributes {grid = array<i64: 1>, block = array<i64: 384>, stages = 3 : i64, producer_warpgroup} {
-  %c0 = arith.constant 0 : index
-  %c64 = arith.constant 64 : index
-  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
-  // expected-error @+1 {{the kernel's producer warpgroup has no GEMM main loop to feed: the loop's dot is not wgmma on tma loads}}
-  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
-    %ta = ttile.load %a[%c0, %k] : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
-    %tb = ttile.load %b[%k, %c0] : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
-    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
-    scf.yield %d : !ttile.tile<128x256xf32>
-  }
-  ttile.store %acc, %c[%c0, %c0] : !ttile.tile<128x256xf32>, memref<128x256xf32>
-  ttile.return
-}
-
-// -----
-
 // expected-error @+1 {{kernel @producer_idle has a producer_warpgroup but no wgmma GEMM main loop with tma loads for it to feed}}
 ttile.kernel @producer_idle(%a: memref<64x64xf32>, %c: memref<64x64xf32>)
     attributes {grid = array<i64: 1>, block = array<i64: 256>, producer_warpgroup} {
@@ -318,52 +299,13 @@ ttile.kernel @producer_idle(%a: memref<64x64xf32>, %c: memref<64x64xf32>)
 
 // -----
 
-// TMA fills only the ring of a wgmma GEMM: on one operand alone, or outside
-// such a loop, it is an error.
-ttile.kernel @tma_one_operand(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>, %c: memref<128x256xf32>)
-    attributes {grid = array<i64: 1>, block = array<i64: 256>, stages = 3 : i64} {
-  %c0 = arith.constant 0 : index
-  %c64 = arith.constant 64 : index
-  %acc0 = ttile.fill 0.0 : !ttile.tile<128x256xf32>
-  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x256xf32>) {
-    %ta = ttile.load %a[%c0, %k] {tma} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
-    %tb = ttile.load %b[%k, %c0] : memref<64x256xbf16> -> !ttile.tile<64x256xbf16>
-    // expected-error @+1 {{ttile.load {tma} needs both operands of a wgmma dot loaded with tma}}
-    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
-    scf.yield %d : !ttile.tile<128x256xf32>
-  }
-  ttile.store %acc, %c[%c0, %c0] : !ttile.tile<128x256xf32>, memref<128x256xf32>
-  ttile.return
-}
-
-// -----
-
+// TMA fills only the ring of a wgmma GEMM: outside such a loop it is an error.
 ttile.kernel @tma_elementwise(%a: memref<64x64xbf16>, %c: memref<64x64xbf16>)
     attributes {grid = array<i64: 1>, block = array<i64: 128>} {
   %c0 = arith.constant 0 : index
   // expected-error @+1 {{a ttile.load {tma} is emitted only as an operand of a wgmma GEMM loop (acc = dot(load, load, acc) with both loads tma)}}
   %t = ttile.load %a[%c0, %c0] {tma} : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
   ttile.store %t, %c[%c0, %c0] : !ttile.tile<64x64xbf16>, memref<64x64xbf16>
-  ttile.return
-}
-
-// -----
-
-// wgmma with N = 32 on a GEMM main loop: its swizzled tiles need whole
-// 64-column atoms (the verifier allows any N the instruction has).
-ttile.kernel @wgmma_narrow_gemm(%a: memref<64x64xbf16>, %b: memref<64x32xbf16>, %c: memref<64x32xf32>)
-    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 3 : i64} {
-  %c0 = arith.constant 0 : index
-  %c64 = arith.constant 64 : index
-  %acc0 = ttile.fill 0.0 : !ttile.tile<64x32xf32>
-  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x32xf32>) {
-    %ta = ttile.load %a[%c0, %k] : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
-    %tb = ttile.load %b[%k, %c0] : memref<64x32xbf16> -> !ttile.tile<64x32xbf16>
-    // expected-error @+1 {{'wgmma' on a GEMM main loop needs whole 128-byte swizzle atoms in its shared-memory tiles: N and K multiples of 64, not N = 32, K = 64}}
-    %d = ttile.dot %ta, %tb, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x32xbf16> -> !ttile.tile<64x32xf32>
-    scf.yield %d : !ttile.tile<64x32xf32>
-  }
-  ttile.store %acc, %c[%c0, %c0] : !ttile.tile<64x32xf32>, memref<64x32xf32>
   ttile.return
 }
 
@@ -498,31 +440,6 @@ ttile.kernel @pingpong_register_loop(%q: memref<128x128xbf16>, %k: memref<256x12
 
 // -----
 
-// `ttile.pingpong` on a loop of one warpgroup has nobody to take turns with.
-ttile.kernel @pingpong_one_warpgroup(%q: memref<64x128xbf16>, %k: memref<256x128xbf16>, %v: memref<256x128xbf16>, %o: memref<64x128xf32>)
-    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 2 : i64} {
-  %c0 = arith.constant 0 : index
-  %c32 = arith.constant 32 : index
-  %c256 = arith.constant 256 : index
-  %tq = ttile.load %q[%c0, %c0] : memref<64x128xbf16> -> !ttile.tile<64x128xbf16>
-  %zero = ttile.fill 0.0 : !ttile.tile<64x32xf32>
-  %acc0 = ttile.fill 0.0 : !ttile.tile<64x128xf32>
-  // expected-error @+1 {{ttile.pingpong on a loop that is not wgmma over two warpgroups: 4 warps}}
-  %acc = scf.for %j = %c0 to %c256 step %c32 iter_args(%it = %acc0) -> (!ttile.tile<64x128xf32>) {
-    %tk = ttile.load %k[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
-    %tv = ttile.load %v[%j, %c0] : memref<256x128xbf16> -> !ttile.tile<32x128xbf16>
-    %kt = ttile.transpose %tk : !ttile.tile<32x128xbf16> to !ttile.tile<128x32xbf16>
-    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x128xbf16>, !ttile.tile<128x32xbf16> -> !ttile.tile<64x32xf32>
-    %p = ttile.cast %s : !ttile.tile<64x32xf32> to !ttile.tile<64x32xbf16>
-    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x32xbf16>, !ttile.tile<32x128xbf16> -> !ttile.tile<64x128xf32>
-    scf.yield %d : !ttile.tile<64x128xf32>
-  } {ttile.pingpong}
-  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x128xf32>, memref<64x128xf32>
-  ttile.return
-}
-
-// -----
-
 // `ttile.issue_ahead` on a wgmma loop over a 3-stage TMA ring: the first
 // dot (loop-invariant A, zero accumulator) is issued one iteration ahead.
 // Iteration `it` waits for its own scores (issued in the one before, or
@@ -563,32 +480,6 @@ ttile.kernel @issue_ahead_register_loop(%q: memref<64x64xbf16>, %k: memref<256x6
   %tq = ttile.load %q[%c0, %c0] : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
   %zero = ttile.fill 0.0 : !ttile.tile<64x64xf32>
   %acc0 = ttile.fill 0.0 : !ttile.tile<64x64xf32>
-  %acc = scf.for %j = %c0 to %c256 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x64xf32>) {
-    %tk = ttile.load %k[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
-    %tv = ttile.load %v[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
-    %kt = ttile.transpose %tk : !ttile.tile<64x64xbf16> to !ttile.tile<64x64xbf16>
-    %s = ttile.dot %tq, %kt, %zero {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
-    %p = ttile.cast %s : !ttile.tile<64x64xf32> to !ttile.tile<64x64xbf16>
-    %d = ttile.dot %p, %tv, %it {warps = array<i64: 4, 1>, wgmma} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
-    scf.yield %d : !ttile.tile<64x64xf32>
-  } {ttile.issue_ahead}
-  ttile.store %acc, %o[%c0, %c0] : !ttile.tile<64x64xf32>, memref<64x64xf32>
-  ttile.return
-}
-
-// -----
-
-// Issuing ahead needs the next iteration's tile in flight when an
-// iteration starts: a 2-stage ring cannot.
-ttile.kernel @issue_ahead_two_stages(%q: memref<64x64xbf16>, %k: memref<256x64xbf16>, %v: memref<256x64xbf16>, %o: memref<64x64xf32>)
-    attributes {grid = array<i64: 1>, block = array<i64: 128>, stages = 2 : i64} {
-  %c0 = arith.constant 0 : index
-  %c64 = arith.constant 64 : index
-  %c256 = arith.constant 256 : index
-  %tq = ttile.load %q[%c0, %c0] : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
-  %zero = ttile.fill 0.0 : !ttile.tile<64x64xf32>
-  %acc0 = ttile.fill 0.0 : !ttile.tile<64x64xf32>
-  // expected-error @+1 {{ttile.issue_ahead on a loop where 2 stages (the next iteration's tile must be in flight: 3+)}}
   %acc = scf.for %j = %c0 to %c256 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x64xf32>) {
     %tk = ttile.load %k[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>
     %tv = ttile.load %v[%j, %c0] {tma} : memref<256x64xbf16> -> !ttile.tile<64x64xbf16>

@@ -595,3 +595,201 @@ ttile.kernel @k(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>) attributes {gr
   %d = ttile.dot %x, %y, %acc {warps = array<i64: 8, 1>, wgmma} : !ttile.tile<128x64xbf16>, !ttile.tile<64x256xbf16> -> !ttile.tile<128x256xf32>
   ttile.return
 }
+// -----
+
+// The GPU schedule's attributes (set by tessera-gpu-pipeline, -place and
+// -alloc-shared) are checked like the ops.
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+2 {{pipeline stages must be 1 to 8, got 0}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = mma_sync, copies = cp_async, stages = 0>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+2 {{pipeline lag (wgmma groups in flight) must be below its 2 stages, got 2}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = wgmma, copies = cp_async, stages = 2, lag = 2>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+2 {{a pipeline filled by TMA must be a wgmma one}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = mma_sync, copies = tma, stages = 2>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+2 {{a producer warpgroup feeds only a GEMM main loop's TMA ring}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.pipeline = #ttile.pipeline<kind = registers, mma = wgmma, copies = tma, stages = 2, producer = true>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+2 {{ping-pong and issuing ahead are for wgmma loops with their tiles in registers}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = wgmma, copies = cp_async, stages = 2, pingpong = true>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @+2 {{issuing ahead needs a TMA ring of 3 stages or more, without ping-pong}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.pipeline = #ttile.pipeline<kind = registers, mma = wgmma, copies = tma, stages = 2, issue_ahead = true>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.pipeline' belongs on an scf.for}}
+  %x = ttile.fill 0.0 {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = mma_sync, copies = cp_async, stages = 2>} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{expected ::tessera::ttile::Placement to be one of: registers, shared, fragment, column, row, staged, staged_transposed, literal, broadcast, global}}
+  // expected-error @below {{failed to parse TTile_PlaceAttr parameter 'value' which is to be a `::tessera::ttile::Placement`}}
+  %x = ttile.fill 0.0 {ttile.place = #ttile.place<nowhere>} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.place' must be #ttile.place (or an array of them, one per result), got "shared"}}
+  %x = ttile.fill 0.0 {ttile.place = "shared"} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %x = ttile.fill 0.0 : !ttile.tile<8xf32>
+  // expected-error @below {{'scf.for' op 'ttile.place' of an op with 2 results must be an array of #ttile.place, one per result}}
+  %r:2 = scf.for %i = %c0 to %c0 step %c0 iter_args(%u = %x, %v = %x) -> (!ttile.tile<8xf32>, !ttile.tile<8xf32>) {
+    scf.yield %u, %v : !ttile.tile<8xf32>, !ttile.tile<8xf32>
+  } {ttile.place = #ttile.place<shared>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.smem' offsets must be 16-byte aligned bytes, got 12}}
+  %x = ttile.fill 0.0 {ttile.smem = 12 : i64} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.smem' must list one offset per result (1), got 2}}
+  %x = ttile.fill 0.0 {ttile.smem = array<i64: 0, 16>} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.region' must be >= 0, got -1}}
+  %x = ttile.fill 0.0 {ttile.region = -1 : i64} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.domain' belongs on the first op of a pointwise region (one with 'ttile.region')}}
+  %x = ttile.fill 0.0 {ttile.domain = array<i64: 8>} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.spill' is a unit attribute, got true}}
+  %x = ttile.fill 0.0 {ttile.spill = true} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.pingpong' belongs on an scf.for}}
+  %x = ttile.fill 0.0 {ttile.pingpong} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'scf.for' op 'ttile.barriers' offsets must be 8-byte aligned bytes, got 4}}
+  scf.for %i = %c0 to %c0 step %c0 {
+  } {ttile.barriers = array<i64: 0, 4>}
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.ring' belongs on an scf.for}}
+  %x = ttile.fill 0.0 {ttile.ring = 0 : i64} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.shared_in' must list #ttile.mma branches, got ["wgmma"]}}
+  %x = ttile.fill 0.0 {ttile.shared_in = ["wgmma"]} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.fallback' must be a string (why), got 1 : i64}}
+  %x = ttile.fill 0.0 {ttile.fallback = 1 : i64} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op 'ttile.smem_bytes' belongs on a ttile.kernel}}
+  %x = ttile.fill 0.0 {ttile.smem_bytes = 0 : i64} : !ttile.tile<8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  // expected-error @below {{'ttile.fill' op unknown Tile IR attribute 'ttile.plcae'}}
+  %x = ttile.fill 0.0 {ttile.plcae = #ttile.place<shared>} : !ttile.tile<8xf32>
+  ttile.return
+}

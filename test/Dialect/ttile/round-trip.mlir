@@ -217,3 +217,34 @@ ttile.kernel @pull(%all: memref<64x32xf32> {ttile.symmetric}, %a: memref<16x32xf
   ttile.get %all[%row, %c0] on %me to %a[%c0, %c0] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
   ttile.return
 }
+
+// -----
+
+// The GPU schedule (tessera-gpu-pipeline, -place, -alloc-shared) as
+// attributes: each prints as it parses.
+// CHECK-LABEL: ttile.kernel @scheduled(
+// CHECK-SAME: ttile.smem_bytes = 29184 : i64
+// CHECK: ttile.fill 0.000000e+00 {ttile.place = #ttile.place<literal>}
+// CHECK: ttile.load %{{.*}} {ttile.place = #ttile.place<staged>}
+// CHECK: ttile.dot %{{.*}} {ttile.place = #ttile.place<fragment>, warps = array<i64: 8, 1>}
+// CHECK: } {ttile.barriers = array<i64: 24576, 24600>, ttile.pipeline = #ttile.pipeline<kind = gemm, mma = wgmma, copies = tma, stages = 3, lag = 1, producer = true>, ttile.place = #ttile.place<fragment>, ttile.ring = 0 : i64}
+// CHECK: ttile.exp %{{.*}} {ttile.domain = array<i64: 64, 64>, ttile.place = #ttile.place<shared>, ttile.region = 1 : i64, ttile.smem = 24624 : i64, ttile.spill}
+// CHECK: ttile.reduce %{{.*}} {dim = 1 : i64, kind = #tgraph.reduction<sum>, ttile.fallback = "why", ttile.place = [#ttile.place<column>], ttile.release, ttile.shared_in = [#ttile.mma<mma_sync>, #ttile.mma<wgmma>], ttile.smem = array<i64: -1>}
+// CHECK: } {ttile.issue_ahead, ttile.pipeline = #ttile.pipeline<kind = registers, mma = wgmma, copies = tma, stages = 3, issue_ahead = true>}
+ttile.kernel @scheduled(%a: memref<64x64xbf16>, %r: memref<64x1xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 384>, producer_warpgroup, stages = 3 : i64, ttile.smem_bytes = 29184 : i64} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %acc0 = ttile.fill 0.0 {ttile.place = #ttile.place<literal>} : !ttile.tile<64x64xf32>
+  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<64x64xf32>) {
+    %ta = ttile.load %a[%c0, %k] {ttile.place = #ttile.place<staged>} : memref<64x64xbf16> -> !ttile.tile<64x64xbf16>
+    %d = ttile.dot %ta, %ta, %it {ttile.place = #ttile.place<fragment>, warps = array<i64: 8, 1>} : !ttile.tile<64x64xbf16>, !ttile.tile<64x64xbf16> -> !ttile.tile<64x64xf32>
+    scf.yield %d : !ttile.tile<64x64xf32>
+  } {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = wgmma, copies = tma, stages = 3, lag = 1, producer = true>, ttile.place = #ttile.place<fragment>, ttile.ring = 0 : i64, ttile.barriers = array<i64: 24576, 24600>}
+  %e = ttile.exp %acc {ttile.domain = array<i64: 64, 64>, ttile.region = 1 : i64, ttile.place = #ttile.place<shared>, ttile.spill, ttile.smem = 24624 : i64} : !ttile.tile<64x64xf32>
+  %s = ttile.reduce %e {dim = 1 : i64, kind = #tgraph.reduction<sum>, ttile.fallback = "why", ttile.place = [#ttile.place<column>], ttile.release, ttile.shared_in = [#ttile.mma<mma_sync>, #ttile.mma<wgmma>], ttile.smem = array<i64: -1>} : !ttile.tile<64x64xf32> -> !ttile.tile<64x1xf32>
+  scf.for %j = %c0 to %c64 step %c64 {
+  } {ttile.pipeline = #ttile.pipeline<kind = registers, mma = wgmma, copies = tma, stages = 3, issue_ahead = true>, ttile.issue_ahead}
+  ttile.store %s, %r[%c0, %c0] : !ttile.tile<64x1xf32>, memref<64x1xf32>
+  ttile.return
+}
