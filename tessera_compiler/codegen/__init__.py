@@ -4,5 +4,5 @@ local arrays; the CUDA emitter runs one thread block per grid point, keeps
 chains of elementwise ops in registers, and runs GEMM main loops on tensor
 cores."""
 
-from .cuda_emitter import emit_cuda, emit_cuda_kernels  # noqa: F401
+from .cuda import emit_cuda, emit_cuda_kernels  # noqa: F401
 from .tile_emitter import emit_cpp  # noqa: F401

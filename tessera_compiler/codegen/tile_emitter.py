@@ -1,5 +1,5 @@
 """Emits C++ for the CPU engine from Tile IR (the CUDA emitter,
-`cuda_emitter.py`, builds on this one).
+the `cuda` package, builds on this one).
 
 Every `ttile.kernel` becomes an `extern "C"` function taking one `void*` per
 buffer argument (inputs, then outputs; shapes are static and compiled in).

@@ -203,6 +203,120 @@ def test_nvrtc_compiles_every_lit_kernel_for_sm90a(tmp_path, monkeypatch):
         nvrtc.compile_cubin('extern "C" __global__ void k() { not cuda; }', "sm_90a")
 
 
+
+# -- the PTX header (tessera_compiler/codegen/cuda/tessera_ptx.cuh) -----------------------
+# Its functions by the sections of the header: those of sm_80 and later, those
+# of sm_90a (wgmma, TMA, mbarriers; with the wgmma templates and descriptor),
+# and the declarations the CPU emulator defines.
+_SM80 = ("// -- sm_80 and later", "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n")
+_SM90A = ("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n", "#endif  // TESSERA_PTX_CUH")
+_EMULATED = ("#ifdef TESSERA_EMULATED_PTX\n// -- the emulator's", "#else\n")
+_BOTH = ("#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(TESSERA_EMULATED_PTX)\n",
+         "#endif  // TESSERA_PTX_CUH")
+#: Defined for sm_90a, used only inside the header.
+_HEADER_INTERNAL = {"tessera_globaltimer_ns"}
+#: An instance of each template (ptxas checks the immediates: setmaxnreg takes
+#: 24 to 256 in steps of 8). A new template needs one here.
+_INSTANCES = {"tessera_cp_async_wait": "<0>", "tessera_wgmma_wait": "<1>",
+              "tessera_wgmma_fence_operands": "<32>", "tessera_setmaxnreg_inc": "<232>",
+              "tessera_setmaxnreg_dec": "<40>", "tessera_wgmma_bf16": "<64, 1>",
+              "tessera_wgmma_f16": "<64, 1>", "tessera_wgmma_rs_bf16": "<64, 0>",
+              "tessera_wgmma_rs_f16": "<64, 0>"}
+
+
+def _functions(text: str) -> set[str]:
+    """The tessera_* functions `text` declares or defines."""
+    return set(re.findall(r"^(?:template <[^>]*> )?(?:__device__ )?(?:__forceinline__ |inline )?"
+                          r"\w+ (tessera_\w+)\(", text, re.M)
+               + re.findall(r"^TESSERA_MMA\((tessera_\w+),", text, re.M))
+
+
+def _section(header: str, bounds) -> str:
+    start, end = bounds
+    return header[header.index(start):header.index(end, header.index(start) + len(start))]
+
+
+def _every_function_source(extra: str = "") -> str:
+    """The prelude, the wgmma instructions of both element types, and a
+    kernel that takes the address of every function the header declares
+    (so that each is compiled, and for the emulator, must be defined)."""
+    from tessera_compiler.codegen.cuda.prelude import CUDA_PRELUDE, PTX_HEADER, wgmma_wrapper
+    sm80 = sorted(_functions(_section(PTX_HEADER, _SM80)) | {"tessera_ex2"})
+    sm90a = sorted(_functions(_section(PTX_HEADER, _SM90A)) - _HEADER_INTERNAL - set(sm80))
+
+    def take(names):
+        return [f"  out[i++] = (unsigned long long)&{n}{_INSTANCES.get(n, '')};" for n in names]
+    wrappers = [wgmma_wrapper(64, elt, registers_a=rs, mn_major_b=not rs)
+                for elt in ("bf16", "f16") for rs in (False, True)]
+    return "\n".join([CUDA_PRELUDE, *wrappers, extra,
+                      'extern "C" __global__ void every_function(unsigned long long* out) {',
+                      "  int i = 0;", *take(sm80),
+                      "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(TESSERA_EMULATED_PTX)",
+                      *take(sm90a), "#endif", "}", ""])
+
+
+def test_the_ptx_header_declares_what_the_printer_calls():
+    """One header holds the PTX the printer calls: every tessera_* function
+    a lit kernel's source calls is the prelude's (the header's, or a bf16
+    helper), and the header declares for the CPU emulator exactly the
+    functions it defines as PTX (but its internal timer)."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen.cuda.prelude import CUDA_PRELUDE, PTX_HEADER
+    from tessera_compiler.translate import ttile_to_cuda
+    called = set()
+    for param in _lit_cuda_kernels():
+        chunk, = param.values
+        with ir.Context():
+            source, _ = ttile_to_cuda(ir.Module.parse(chunk))
+        kernels = source.split(CUDA_PRELUDE, 1)[1]
+        called |= set(re.findall(r"\b(tessera_[a-z0-9_]+)\s*[(<]", kernels))
+    provided = _functions(CUDA_PRELUDE)
+    assert {"tessera_mma_bf16", "tessera_wgmma_bf16", "tessera_tma_load_2d",
+            "tessera_mbarrier_wait", "tessera_named_barrier_sync"} <= called
+    assert called <= provided, sorted(called - provided)
+    ptx = _functions(_section(PTX_HEADER, _SM80)) | _functions(_section(PTX_HEADER, _SM90A))
+    emulated = _functions(_section(PTX_HEADER, _EMULATED)) | _functions(_section(PTX_HEADER, _BOTH))
+    assert "tessera_wgmma_desc" in emulated and "tessera_mbarrier_wait" in emulated
+    assert emulated | _HEADER_INTERNAL == ptx, sorted(emulated ^ (ptx - _HEADER_INTERNAL))
+
+
+@pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])
+def test_the_ptx_header_compiles_with_nvcc(arch, tmp_path):
+    """nvcc (ptxas included) compiles every function of the header: those of
+    sm_90a for sm_90a only, the others for plain sm_90 too."""
+    import subprocess
+    src = tmp_path / "every_function.cu"
+    src.write_text(_every_function_source())
+    proc = subprocess.run([nvcc(), f"-arch={arch}", "-std=c++17", "-cubin", str(src),
+                           "-o", str(tmp_path / "every_function.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_ptx_header_compiles_with_nvrtc(tmp_path, monkeypatch):
+    """So does NVRTC (the runtime's compiler for bundles built without nvcc)."""
+    from tessera_runtime.engines import nvrtc
+    if nvrtc.library() is None:
+        pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc)")
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    for arch in ("sm_90a", "sm_90"):
+        assert nvrtc.compile_cubin(_every_function_source(), arch).read_bytes()[:4] == b"\x7fELF"
+
+
+def test_the_emulator_defines_every_function_the_header_declares(tmp_path, monkeypatch):
+    """The CPU emulator compiles the header with its own definitions: the
+    kernel taking every function's address loads, so each declaration has a
+    matching definition; a declared function nobody defines fails to load."""
+    from tessera_runtime.engines.cuda_emulator import EmulatedKernels
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    EmulatedKernels(_every_function_source())
+    missing = "__device__ __forceinline__ void tessera_not_defined(uint64_t* bar);\n"
+    with pytest.raises(OSError, match="undefined symbol: .*tessera_not_defined"):
+        EmulatedKernels(_every_function_source(missing).replace(
+            "  int i = 0;", "  int i = 0;\n  out[i++] = (unsigned long long)&tessera_not_defined;"))
+
+
 @pytest.mark.parametrize("k", [32, 64, 128])
 def test_short_k_gemms_get_the_tensor_core_main_loop(k):
     """A bf16 GEMM whose K is one step of the largest fitting tile (K = 64

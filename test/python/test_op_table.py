@@ -90,7 +90,7 @@ def test_every_consumer_takes_the_table():
     """Structure: the sharding rules, autodiff, the tile lowering and both
     emitters reach every op through the table (the numeric tests below show
     what they do with it)."""
-    from tessera_compiler.codegen.cuda_emitter import POINTWISE
+    from tessera_compiler.ir.gpu_schedule import POINTWISE
     from tessera_compiler.codegen.tile_emitter import ELEMENTWISE_EXPRESSIONS
     from tessera_compiler.ir import graph_builder as gb
     from tessera_passes import lower_to_tile, sharding_rules

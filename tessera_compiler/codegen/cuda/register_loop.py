@@ -26,8 +26,9 @@ does:
   accumulator layout of two adjacent n8 tiles is exactly the A layout of
   one k16 step, so P never leaves registers.
 
-`RegisterLoop(emitter, op).plan()` says why a loop does not fit (or None);
-`emit()` writes it. Results leave as register Fragments (`[BM, n]`, which
+tessera-gpu-pipeline decides which loops run this way and where each value
+lives (`RegisterLoopPlan`); `RegisterLoop(emitter, op, pipeline).emit()`
+prints one. Results leave as register Fragments (`[BM, n]`, which
 the emitter's pointwise epilogue reads directly) or shared-memory tiles
 (`[BM, 1]` columns).
 """
@@ -38,10 +39,10 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
-from ..ir import gpu_schedule as gs
-from ..ir.types import enum_of, tile_of
-from .cuda_common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
-from .tile_emitter import Tile, c_literal, ctype
+from ...ir import gpu_schedule as gs
+from ...ir.types import enum_of, tile_of
+from ..tile_emitter import Tile, c_literal, ctype
+from .common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
 
 @dataclass
 class _Val:
