@@ -28,7 +28,7 @@ from tessera_mlir import ir
 
 from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import PassError, kernels_of, nested_ops, run_reporting
+from tessera_compiler.ir.support import PassError, child_ops, kernels_of, nested_ops, run_reporting
 from tessera_compiler.ir.types import is_tile, tile_of
 
 
@@ -222,10 +222,8 @@ class KernelAllocator:
             args = list(op.regions[0].blocks[0].arguments)[1:]
             for arg, result in zip(args, op.results):
                 gs.set_smem(result, self.tile(arg))
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    self.visit(inner.operation)
+        for inner in child_ops(op):
+            self.visit(inner)
 
 
 def allocate(module_op: ir.Operation) -> None:

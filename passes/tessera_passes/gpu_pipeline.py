@@ -48,7 +48,7 @@ from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.analysis import multiple_of
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.ops import TILE_ELEMENTWISE
-from tessera_compiler.ir.support import PassError, kernels_of, run_reporting
+from tessera_compiler.ir.support import PassError, child_ops, kernels_of, run_reporting
 from tessera_compiler.ir.types import is_tile, tile_of
 
 #: Placement of a register loop's values by the kind the plan gives them.
@@ -364,10 +364,8 @@ class KernelPipeliner:
                 return
         elif op.name == "ttile.dot":
             self.dot(op)
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    self.visit(inner.operation)
+        for inner in child_ops(op):
+            self.visit(inner)
 
     def gemm_loop(self, op: ir.Operation) -> bool:
         try:

@@ -32,7 +32,7 @@ from tessera_mlir import ir
 
 from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import PassError, kernels_of, nested_ops, run_reporting
+from tessera_compiler.ir.support import PassError, child_ops, kernels_of, nested_ops, run_reporting
 from tessera_compiler.ir.types import is_tile, tile_of
 
 
@@ -182,10 +182,8 @@ class KernelPlacer:
             if len(op.results):
                 gs.set_places(op, ["shared" if is_tile(r.type) else "registers"
                                    for r in op.results])
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    self.visit(inner.operation)
+        for inner in child_ops(op):
+            self.visit(inner)
 
 
 def place(module_op: ir.Operation) -> None:

@@ -74,6 +74,12 @@ def kernels_of(module) -> list[ir.Operation]:
             if k.operation.name == "ttile.kernel"]
 
 
+def child_ops(op: ir.Operation) -> list[ir.Operation]:
+    """The operations directly inside `op`'s regions (one level down), in order."""
+    return [inner.operation for region in op.regions for block in region.blocks
+            for inner in block.operations]
+
+
 def nested_ops(op: ir.Operation) -> list[ir.Operation]:
     """Every operation inside `op`'s regions, in program order (pre-order)."""
     found = []
