@@ -20,7 +20,8 @@ from ._trace import autocast
 from .autodiff import grad, value_and_grad
 from .compiler import CompiledFunction, compile, function, jit
 from .strategy import distribute
-from .dtypes import bf16, bfloat16, bool_, f16, f32, f64, float16, float32, float64, int32, int64
+from .dtypes import (bf16, bfloat16, bool_, f16, f32, f64, float16, float32, float64, int32,
+                     int64, tensor)
 from .errors import CompileError, LaunchError, ShapeError, ShardingError, TesseraError
 from .op import (concat, exp, isfinite, log, matmul, maximum, minimum, relu, reshape, softmax,
                  split, sqrt, tanh, transpose, where)
@@ -35,4 +36,4 @@ __all__ = ["compile", "jit", "function", "CompiledFunction", "distribute", "mesh
            "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",
            "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
            "softmax", "relu", "exp", "log", "sqrt", "tanh", "where", "isfinite", "minimum",
-           "maximum", "TargetOptions", "GemmConfig"]
+           "maximum", "TargetOptions", "GemmConfig", "tensor"]

@@ -124,6 +124,18 @@ class TraceState:
     fn_loc: ir.Location
     mesh: object
     captured: list = field(default_factory=list)     # (object, Traced), in argument order
+    #: the mesh was not chosen (no mesh=, no DTensor argument): a captured
+    #: DTensor may supply it (see MeshFromCapture)
+    mesh_is_default: bool = False
+
+
+class MeshFromCapture(Exception):
+    """Raised while tracing a function whose mesh nobody chose when it uses a
+    DTensor it captured (a closure): trace again on that tensor's mesh."""
+
+    def __init__(self, mesh):
+        super().__init__(f"trace again on {mesh}")
+        self.mesh = mesh
 
 
 def current() -> TraceState | None:
@@ -186,6 +198,15 @@ def capture(obj, src: SourceLine) -> Traced:
     if isinstance(obj, dist.DTensor):
         shape, dtype, dims, partial = obj.shape, obj.dtype, tuple(obj.dims), tuple(obj.layout.partial)
         name = obj.name
+        if obj.mesh != state.mesh:
+            if state.mesh_is_default:
+                raise MeshFromCapture(obj.mesh)
+            from .errors import ShardingError
+            raise ShardingError(
+                f"{_variable_name(obj) or name} (used at {src}) is a DTensor on the "
+                f"{obj.mesh.topology}, but {ir.StringAttr(state.func.attributes['sym_name']).value} "
+                f"is compiled for the {state.mesh.topology}; make it on that mesh, or compile "
+                "for its mesh (mesh=)")
     else:
         arr = np.asarray(obj)
         shape, dtype, dims, partial = arr.shape, arr.dtype, tuple(() for _ in arr.shape), ()
@@ -240,7 +261,7 @@ class TraceResult:
 
 
 def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: bool = False,
-                   scatter_axes: tuple = ()) -> TraceResult:
+                   scatter_axes: tuple = (), mesh_is_default: bool = False) -> TraceResult:
     """Graph IR for `fn` called on tensors described by `specs`. `call(traced)`
     calls `fn` with the traced tensors placed in its arguments (default:
     positionally). `deterministic` and `scatter_axes` become the function's
@@ -265,7 +286,7 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: boo
             if scatter_axes:
                 f.attributes["tgraph.scatter_partials"] = ir.ArrayAttr.get(
                     [ir.StringAttr.get(a) for a in scatter_axes])
-        state = TraceState(f, entry, fn_loc, mesh)
+        state = TraceState(f, entry, fn_loc, mesh, mesh_is_default=mesh_is_default)
         with ir.InsertionPoint(entry):
             args = [Traced(v, s.shape, s.dtype) for v, s in zip(entry.arguments, specs)]
             previous, _state.trace = current(), state

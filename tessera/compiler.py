@@ -36,9 +36,12 @@ from tessera_compiler.pipeline import Levels, collective_report, lower
 
 from . import dist
 from . import mesh as _mesh_module
+from ._mpi import bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
+from ._rank_agreement import agree_on_program
 from ._source import user_frame
-from ._trace import ArgSpec, autocast_dtype, current, symbol_name, trace_function
+from ._trace import (ArgSpec, MeshFromCapture, autocast_dtype, current, symbol_name,
+                     trace_function)
 from .errors import CompileError, ShardingError
 from .types import check_annotations
 
@@ -73,7 +76,7 @@ class CompiledFunction:
 
     def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
                  deterministic: bool | None = None, strategy=None,
-                 target: str | TargetOptions | None = None):
+                 target: str | TargetOptions | None = None, dynamic=()):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.mesh = mesh
@@ -83,11 +86,14 @@ class CompiledFunction:
         self.strategy = strategy               # a tessera.strategy.Strategy or None
         self.symbol = symbol_name(fn)          # safe in file names and C symbols
         self._signature = inspect.signature(fn)
+        self.dynamic = _dynamic_names(fn, self._signature, dynamic)
         self._annotated = bool(getattr(fn, "__annotations__", None))
         self._programs: dict = {}
         self._traces: dict = {}
         self._bundles: dict = {}
         self._last_key = None
+        self._captured_mesh = None     # the mesh of DTensors the function captures
+        self._last_layouts = None      # (mesh, ArgSpecs) of the last call
 
     # -- signature ----------------------------------------------------------
     def _bind(self, args, kwargs):
@@ -96,6 +102,13 @@ class CompiledFunction:
         except TypeError as e:
             raise TypeError(f"{self.fn.__name__}: {e}  [{user_frame()}]") from None
         bound.apply_defaults()
+        for name in self.dynamic:
+            # Python numbers of a dynamic argument are 0-d f32 tensors: a new
+            # value is new data, not a new program.
+            leaves, structure = flatten(bound.arguments[name])
+            bound.arguments[name] = unflatten(structure, [
+                np.asarray(x, np.float32) if isinstance(x, (int, float)) and
+                not isinstance(x, bool) else x for x in leaves])
         return bound
 
     def _mesh_for(self, leaves) -> dist.Mesh:
@@ -104,6 +117,8 @@ class CompiledFunction:
             meshes.add(self.mesh)
         elif self.strategy is not None and not meshes:
             meshes.add(self.strategy.mesh_for())
+        elif self._captured_mesh is not None and not meshes:
+            meshes.add(self._captured_mesh)
         if len(meshes) > 1:
             raise ShardingError(f"{self.fn.__name__}: arguments live on different meshes "
                                 f"({', '.join(m.topology for m in meshes)})")
@@ -124,6 +139,7 @@ class CompiledFunction:
         if self.strategy is not None:
             # The strategy lays out the arrays it was given (batch split, state sharded).
             leaves = [self.strategy.place(name, leaf, mesh) for name, leaf in zip(names, leaves)]
+            self.strategy.check_split(self.fn.__name__, bound.arguments.keys(), leaves)
         # Per tensor leaf: its spec, and the DTensor or (replicated, so also
         # the local value) the array.
         tensors, specs = [], []
@@ -152,22 +168,39 @@ class CompiledFunction:
         def call(traced):
             it = iter(traced)
             filled = [next(it) if _is_tensor(l) else l for l in leaves]
-            values = unflatten(flatten(tuple(bound.arguments.values()))[1], filled)
+            structure = flatten(tuple(bound.arguments.values()))[1]
+            values = unflatten(structure, filled)
             rebound = self._signature.bind_partial()
             rebound.arguments.update(zip(bound.arguments.keys(), values))
-            return self.fn(*rebound.args, **rebound.kwargs)
+            out = self.fn(*rebound.args, **rebound.kwargs)
+            _refuse_mutated_arguments(self.fn.__name__, bound.arguments.keys(), values,
+                                      filled, structure)
+            return out
         scatter = self.strategy.scatter_axes if self.strategy is not None else ()
         return trace_function(self.fn, specs, mesh, call,
                               deterministic=dist.deterministic_enabled(self.deterministic),
-                              scatter_axes=scatter)
+                              scatter_axes=scatter, mesh_is_default=mesh is _default_mesh())
+
+    def _prepare_and_trace(self, args, kwargs, prepared=None):
+        """`_prepare` (unless given), then the trace: (prepared, traced). A
+        function whose mesh nobody chose takes the mesh of the DTensors it
+        captures (found while tracing, so it is traced again on that mesh)."""
+        prepared = prepared or self._prepare(args, kwargs)
+        bound, leaves, _, mesh, _, specs, _ = prepared
+        try:
+            return prepared, self._trace(bound, leaves, specs, mesh)
+        except MeshFromCapture as found:
+            self._captured_mesh = found.mesh
+        prepared = self._prepare(args, kwargs)
+        bound, leaves, _, mesh, _, specs, _ = prepared
+        return prepared, self._trace(bound, leaves, specs, mesh)
 
     def lower(self, *args, target: str | TargetOptions = "cpu", **kwargs) -> Levels:
         """Every IR level and the kernel sources for these arguments (no
         execution). `target="gpu"` keeps matmuls as Tile IR GEMMs instead of
         CPU BLAS calls; a TargetOptions sets every other knob too."""
-        bound, leaves, _, mesh, _, specs, _ = self._prepare(args, kwargs)
-        return self._lower(self._trace(bound, leaves, specs, mesh),
-                           _options(target, self.fn.__name__))
+        _, traced = self._prepare_and_trace(args, kwargs)
+        return self._lower(traced, _options(target, self.fn.__name__))
 
     def _lower(self, traced, target: TargetOptions) -> Levels:
         module = traced.module
@@ -198,8 +231,7 @@ class CompiledFunction:
         load its bundle (every rank compiling the same program would multiply
         the compile time by the ranks per node). A compile error reaches every
         rank, so none is left waiting in a collective."""
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
+        comm = world_comm()
         failure, error = None, ""
         if comm.Get_rank() == 0:
             try:
@@ -208,7 +240,7 @@ class CompiledFunction:
                 failure = err
                 error = str(err) if isinstance(err, CompileError) else \
                     f"rank 0 failed compiling {self.fn.__name__}: {type(err).__name__}: {err}"
-        error = _bcast_text(comm, error)
+        error = bcast_text(comm, error)
         if failure is not None:
             raise failure
         if error:
@@ -254,15 +286,21 @@ class CompiledFunction:
             # Called from another function being compiled: inline it.
             check_annotations(self.fn, self._signature, self._bind(args, kwargs).arguments)
             return self.fn(*args, **kwargs)
-        bound, leaves, _, mesh, tensors, specs, key = self._prepare(args, kwargs)
+        prepared = self._prepare(args, kwargs)
+        self._enter_mesh(prepared[3])
+        entry = self._programs.get(prepared[-1])
+        if entry is None:
+            prepared, traced = self._prepare_and_trace(args, kwargs, prepared)
+            self._enter_mesh(prepared[3])
+        _, leaves, _, mesh, tensors, specs, key = prepared
+        self._last_layouts = (mesh, specs)
         as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
-        mesh.require_rank(f"calling {self.fn.__name__}")
-        _mesh_module._used(mesh)
-        if mesh.size > 1:
-            dist.install_abort_on_error()
         entry = self._programs.get(key)
         if entry is None:
-            traced = self._trace(bound, leaves, specs, mesh)
+            if tessera_runtime.world()[1] > 1:
+                # Before any collective of this program: the ranks must have
+                # traced the same one (see _rank_agreement).
+                agree_on_program(self.fn.__name__, traced.module, repr(self._target()))
             program = tessera_runtime.load_bundle(self._bundle(key, traced, mesh))
             entry = self._programs[key] = (program, traced)
         program, traced = entry
@@ -276,6 +314,31 @@ class CompiledFunction:
             results.append(t.numpy() if as_numpy else t)
         out = unflatten(traced.structure, results)
         return out
+
+    def describe_layouts(self) -> str:
+        """How the last call laid out each tensor argument over the mesh
+        (what `dist.inspect(fn)` prints): which were split over which axis."""
+        if self._last_layouts is None:
+            raise RuntimeError(f"{self.fn.__name__} has not been called yet; call it once, "
+                               "then inspect it")
+        mesh, specs = self._last_layouts
+        plan = f", strategy {self.strategy.name}" if self.strategy is not None else ""
+        lines = [f"{self.fn.__name__} on the {mesh.topology}{plan}:"]
+        width = max((len(s.name) for s in specs), default=0)
+        for s in specs:
+            split = [f"dim {d} over {' x '.join(axes)}" for d, axes in enumerate(s.dims) if axes]
+            split += [f"partial sum over {a}" for a in s.partial]
+            lines.append(f"  {s.name:<{width}}  {list(s.shape)} {np.dtype(s.dtype).name}  "
+                         + (", ".join(split) or "replicated"))
+        return "\n".join(lines)
+
+    def _enter_mesh(self, mesh: dist.Mesh) -> None:
+        """This process must be a device of `mesh`; with several, an error on
+        any rank aborts them all (none is left waiting in a collective)."""
+        mesh.require_rank(f"calling {self.fn.__name__}")
+        _mesh_module._used(mesh)
+        if mesh.size > 1:
+            dist.install_abort_on_error()
 
     def build(self, *args, **kwargs) -> tuple[Path, list[np.ndarray]]:
         """Compiles for these arguments without running: the bundle
@@ -295,8 +358,7 @@ class CompiledFunction:
         return path, [_local_inputs(tensors, traced, rank) for rank in range(mesh.size)]
 
     def _build(self, args, kwargs):
-        bound, leaves, _, mesh, tensors, specs, key = self._prepare(args, kwargs)
-        traced = self._trace(bound, leaves, specs, mesh)
+        (_, _, _, mesh, tensors, _, key), traced = self._prepare_and_trace(args, kwargs)
         path = self._bundle(key, traced, mesh)
         self._last_key = key
         return path, tensors, traced, mesh
@@ -313,6 +375,38 @@ class CompiledFunction:
         return path
 
 
+def _refuse_mutated_arguments(name, arg_names, values, leaves, structure) -> None:
+    """A compiled function runs on its arguments' values, so an assignment
+    into an argument's dict or list (`state["loss_scale"] *= 0.5`) would
+    change nothing the caller sees: refuse it at trace time, naming the entry
+    and the line that computed the new value."""
+    now, now_structure = flatten(tuple(values))
+    if now_structure == structure and all(a is b for a, b in zip(now, leaves)):
+        return
+    before = dict(zip(paths(unflatten(structure, leaves)), leaves))
+    after = dict(zip(paths(tuple(values)), now))
+    changed = next((p for p in after if p not in before or after[p] is not before[p]), None) \
+        or next(p for p in before if p not in after)
+    index, _, rest = changed.partition(".")
+    shown = list(arg_names)[int(index)] + "".join(
+        f"[{k}]" if k.isdigit() else f"[{k!r}]" for k in rest.split(".") if k)
+    source = getattr(after.get(changed), "source", None)
+    where = f" (the new value is computed at {source})" if source else ""
+    raise CompileError(
+        f"{name} changes its argument {shown} in place{where}: a compiled function works on "
+        "its arguments' values, so the change would be lost. Return the new value instead "
+        "(e.g. `return loss, {**state, 'loss_scale': new_scale}`) and keep the returned one.")
+
+
+def _dynamic_names(fn, signature, dynamic) -> tuple[str, ...]:
+    names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic)
+    unknown = [n for n in names if n not in signature.parameters]
+    if unknown:
+        raise TypeError(f"{fn.__name__}: dynamic= names {unknown}, which are not parameters "
+                        f"of {fn.__name__}{signature}")
+    return names
+
+
 def _local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
     """What the program takes: this rank's (or `rank`'s) block of each tensor
     argument, then the constants the trace captured."""
@@ -320,17 +414,6 @@ def _local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
         return t.local() if rank is None else t.block(rank)
     return [block(t) if isinstance(t, dist.DTensor) else np.asarray(t)
             for t in list(tensors) + list(traced.captured)]
-
-
-def _bcast_text(comm, text: str) -> str:
-    """Rank 0's `text` on every rank, as raw bytes (no pickle)."""
-    data = np.frombuffer(text.encode(), np.uint8) if comm.Get_rank() == 0 else None
-    size = np.array([0 if data is None else data.size], np.int64)
-    comm.Bcast(size, root=0)
-    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
-    if size[0]:
-        comm.Bcast(buf, root=0)
-    return buf.tobytes().decode()
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,7 +435,7 @@ def _options(target, name: str) -> TargetOptions:
 
 
 def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-            target: str | TargetOptions | None = None):
+            target: str | TargetOptions | None = None, dynamic=()):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
     `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
     `deterministic=True` fixes every reduction order (see `dist.deterministic`;
@@ -360,9 +443,13 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
     "cpu" (the default; or TESSERA_TARGET) or "gpu": CUDA kernels for sm_90a (Hopper)
     run by the `cuda` engine (cupy, NCCL), or emulated on the CPU with
     TESSERA_CUDA_EMULATE=1; or a `ts.TargetOptions` naming one of them and
-    any other compilation option (GEMM configurations, wgmma, TMA, ...)."""
+    any other compilation option (GEMM configurations, wgmma, TMA, ...).
+    `dynamic` names arguments whose Python numbers are data (learning rate,
+    loss scale): a new value runs the same program instead of compiling
+    another (other numbers are baked into the program)."""
     if fn is None:
-        return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target)
+        return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target,
+                                 dynamic=dynamic)
     if isinstance(fn, CompiledFunction):
         if mesh is not None:
             fn.mesh = mesh
@@ -370,19 +457,21 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
             fn.deterministic = deterministic
         if target is not None:
             fn.target = target
+        if dynamic:
+            fn.dynamic = _dynamic_names(fn.fn, fn._signature, dynamic)
         return fn
     return CompiledFunction(fn, mesh, numpy_results=mesh is None, deterministic=deterministic,
-                            target=target)
+                            target=target, dynamic=dynamic)
 
 
 def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-        target: str | TargetOptions | None = None):
+        target: str | TargetOptions | None = None, dynamic=()):
     """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target)
+    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic)
 
 
 def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-             target: str | TargetOptions | None = None):
+             target: str | TargetOptions | None = None, dynamic=()):
     """`@ts.function`: a compiled function with shape-annotated arguments
     (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target)
+    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic)

@@ -20,27 +20,13 @@ import numpy as np
 from tessera_runtime import env, world
 from tessera_runtime.mesh import MeshError, MeshInfo
 
+from ._mpi import bcast_text, raw_view, world_comm
+from .dtypes import as_dtype
 from ._source import SourceLine, assigned_name, user_frame
 from .errors import LaunchError, ShardingError
 
 __all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
-           "deterministic"]
-
-_DTYPES = {"f32": np.float32, "float32": np.float32, "fp32": np.float32,
-           "f64": np.float64, "float64": np.float64,
-           "f16": np.float16, "float16": np.float16, "fp16": np.float16,
-           "int32": np.int32, "i32": np.int32, "int64": np.int64}
-
-
-def _np_dtype(dtype) -> np.dtype:
-    if dtype is None:
-        return np.dtype(np.float32)
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise TypeError(f"unsupported dtype '{dtype}' (supported: {', '.join(sorted(_DTYPES))})")
-        return np.dtype(_DTYPES[dtype])
-    return np.dtype(dtype)
-
+           "deterministic", "broadcast", "scatter", "redistribute"]
 
 def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
     """Splits n devices into k axes as evenly as possible, larger axes first:
@@ -115,7 +101,12 @@ class Mesh:
     @property
     def rank(self) -> int | None:
         """This process' world rank when the running job is this mesh; None otherwise
-        (e.g. a single process looking at a 2-device mesh, as `graph.trace` does)."""
+        (e.g. a single process looking at a 2-device mesh, as `graph.trace` does).
+        Not readable inside a compiled function: see `_refuse_while_tracing`."""
+        _refuse_while_tracing("rank")
+        return self._process_rank()
+
+    def _process_rank(self) -> int | None:
         rank, size = world()
         if size == self.size and rank in self._info.devices:
             return rank
@@ -123,18 +114,19 @@ class Mesh:
 
     def require_rank(self, what: str) -> int:
         rank, size = world()
-        if self.rank is None:
+        if self._process_rank() is None:
             raise LaunchError(
                 f"{what} needs the {self.topology} to run as {self.size} processes, but this "
                 f"process is rank {rank} of {size}; start the script with "
                 f"`tessera launch -n {self.size} SCRIPT` (or `mpiexec -n {self.size} python SCRIPT`)")
-        return self.rank
+        return self._process_rank()
 
     @property
     def coords(self) -> dict[str, int] | None:
         """This process' coordinate on each axis, e.g. {"dp": 1, "tp": 0}
         (None when this process is not a device of the running mesh)."""
-        rank = self.rank
+        _refuse_while_tracing("coords")
+        rank = self._process_rank()
         return None if rank is None else dict(zip(self.axes, self._info.coords(rank)))
 
     def submesh(self, *axes: str, rank: int | None = None) -> "Mesh":
@@ -162,6 +154,24 @@ class Mesh:
 
     def __hash__(self) -> int:
         return hash((self.axes, self._info.shape, self._info.devices))
+
+
+def _refuse_while_tracing(what: str) -> None:
+    """A compiled (global-view) function is one program for every rank, so
+    its Python code must not see which rank runs it: a branch on the rank
+    would trace a different program on each rank (see _rank_agreement)."""
+    from ._trace import current
+    state = current()
+    if state is None:
+        return
+    from tessera_mlir import ir
+    name = ir.StringAttr(state.func.attributes["sym_name"]).value
+    raise ShardingError(
+        f"mesh.{what} read at {user_frame()} while compiling {name}: a compiled function is "
+        "one program for the whole mesh (the global view), so it cannot depend on which rank "
+        "runs it. Give each rank its part through layouts (dist.ShardSpec on the arguments, "
+        "ts.distribute strategies) and let the compiler insert the collectives; read the rank "
+        "outside the compiled function for rank-specific Python work (logging, files).")
 
 
 @dataclass(frozen=True)
@@ -278,7 +288,7 @@ class DTensor:
         value (a tensor from `from_numpy`, e.g. in one process compiling for
         a multi-rank job); this rank's shard otherwise."""
         if self._global is None:
-            own = self.mesh.rank
+            own = self.mesh._process_rank()
             if rank != own:
                 held = f"only rank {own}'s shard" if own is not None else "a shard"
                 raise ShardingError(f"DTensor '{self.name or 'tensor'}': this process holds "
@@ -313,6 +323,21 @@ class DTensor:
     def __float__(self) -> float:
         return float(self.item())
 
+    def redistribute(self, layout: ShardSpec) -> "DTensor":
+        """This tensor in another layout, moved by the cheapest collectives the
+        partitioner knows (a local slice, all_to_all, reduce_scatter,
+        all_reduce, all_gather). Every rank of the mesh must call it."""
+        return redistribute(self, layout)
+
+    def replicate(self) -> "DTensor":
+        """The whole value on every rank (pending sums reduced)."""
+        return redistribute(self, ShardSpec())
+
+    def shard(self, dim, axis: str) -> "DTensor":
+        """Split along `dim` ("row", "col" or an index) over mesh axis `axis`,
+        every other dimension replicated."""
+        return redistribute(self, ShardSpec((dim,), (axis,)))
+
     @property
     def nbytes(self) -> int:
         """Bytes of this rank's shard (what the tensor costs each rank)."""
@@ -323,6 +348,43 @@ class DTensor:
                 f"layout={_describe(self.dims, self.layout.partial)}, mesh={self.mesh.topology!r})")
 
 
+_RESHARDERS: dict = {}
+
+
+def redistribute(x, layout: ShardSpec):
+    """`x` in `layout`. Inside a compiled function (global view) this pins
+    the value's layout and the partitioner inserts the collectives, as JAX's
+    with_sharding_constraint; on a DTensor outside one it runs those
+    collectives now (one small compiled program per layout, cached)."""
+    from ._trace import Traced, current
+    if isinstance(x, Traced):
+        state = current()
+        from tessera_compiler.ir.sharding import Sharding
+        from tessera_mlir import ir
+        from tessera_mlir.dialects import tgraph
+        from ._trace import current_location
+        dims = layout.dims_for(x.ndim, state.mesh, getattr(x, "name", None) or "tensor")
+        where = user_frame()
+        check_divisible(x.shape, dims, state.mesh, "dist.redistribute", where)
+        with current_location(where):
+            attr = Sharding(state.mesh.name, dims, layout.partial).to_attr()
+            value = tgraph.ShardOp(x.value, attr).result
+        return Traced(value, x.shape, x.dtype, where)
+    if not isinstance(x, DTensor):
+        raise TypeError(f"dist.redistribute expects a DTensor (or a traced tensor inside a "
+                        f"compiled function), got {type(x).__name__}")
+    key = (layout, x.mesh)
+    if key not in _RESHARDERS:
+        from .compiler import compile as compile_fn
+
+        def reshard(t):
+            return redistribute(t, layout)
+        _RESHARDERS[key] = compile_fn(reshard, mesh=x.mesh)
+    out = _RESHARDERS[key](x)
+    out.name = x.name
+    return out
+
+
 def _describe(dims, partial=()) -> str:
     text = "[" + ", ".join("*".join(d) if d else "-" for d in dims) + "]"
     return text + (f" partial({', '.join(partial)})" if partial else "")
@@ -330,14 +392,10 @@ def _describe(dims, partial=()) -> str:
 
 def _assemble(t: DTensor) -> np.ndarray:
     """Gathers every rank's shard (MPI Allgather on raw buffers) into the global value."""
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    comm = world_comm()
     local = np.array(t._local, order="C")
     parts = np.empty((comm.Get_size(),) + local.shape, dtype=local.dtype)
-    # MPI moves bytes; dtypes it does not know (ml_dtypes' bfloat16) go as
-    # unsigned integers of the same width.
-    raw = np.dtype(f"u{local.dtype.itemsize}") if local.dtype.kind == "V" else local.dtype
-    comm.Allgather(local.view(raw), parts.view(raw))
+    comm.Allgather(raw_view(local), raw_view(parts))
     out = np.zeros(t.shape, dtype=t.dtype)
     info = t.mesh.info
     partial = [info.axis_index(a) for a in t.layout.partial]
@@ -362,23 +420,72 @@ def _assemble(t: DTensor) -> np.ndarray:
 
 
 def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
-               name: str | None = None) -> DTensor:
-    """Distributes a numpy array (the same global value on every rank) over `mesh`."""
+               name: str | None = None, src: int | None = None) -> DTensor:
+    """Distributes a numpy array over `mesh`: the same global value on every
+    rank, or with `src=r` only rank r's (the others pass None), which sends
+    each rank its own block and nothing more."""
     where = user_frame()
     name = name or assigned_name(where) or "tensor"
     if mesh is None:
         raise ShardingError(f"{name}: dist.from_numpy needs mesh=  [{where}]")
     layout = layout or ShardSpec()
+    if src is not None:
+        return _from_rank(array, layout, mesh, name, src, where)
     array = np.asarray(array)
     dims = layout.dims_for(array.ndim, mesh, name)
     check_divisible(array.shape, dims, mesh, name, where)
-    rank = mesh.rank
+    rank = mesh._process_rank()
     if rank is None:
         # Not running on this mesh (a single process inspecting it): keep the value.
         return DTensor(None, array.shape, array.dtype, layout, mesh, name, global_value=array)
     # np.array, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     local = np.array(array[mesh.info.local_slices(array.shape, dims, rank)], order="C")
     return DTensor(local, array.shape, array.dtype, layout, mesh, name)
+
+
+def _from_rank(array, layout: ShardSpec, mesh: Mesh, name: str, src: int,
+               where: SourceLine) -> DTensor:
+    """`from_numpy(array, src=src)`: rank `src` cuts the blocks and sends each
+    rank its own (point-to-point, raw bytes); the shape and dtype travel first."""
+    rank = mesh.require_rank(f"dist.from_numpy({name}, src={src})")
+    if src not in mesh.device_ids:
+        raise ShardingError(f"{name}: src={src} is not a rank of the {mesh.topology}  [{where}]")
+    comm = world_comm()
+    header = ""
+    if rank == src:
+        array = np.asarray(array)
+        header = f"{array.dtype.name}|{','.join(map(str, array.shape))}"
+    dtype_name, _, dims_text = bcast_text(comm, header, root=src).partition("|")
+    dtype = np.dtype(dtype_name)        # bfloat16 too: .dtypes registered ml_dtypes
+    shape = tuple(int(d) for d in dims_text.split(",") if d)
+    dims = layout.dims_for(len(shape), mesh, name)
+    check_divisible(shape, dims, mesh, name, where)
+    local = np.empty(mesh.info.local_shape(shape, dims), dtype)
+    if rank == src:
+        for r in mesh.device_ids:
+            block = np.ascontiguousarray(array[mesh.info.local_slices(shape, dims, r)])
+            if r == src:
+                local[...] = block
+            else:
+                comm.Send(raw_view(block), dest=r, tag=17)
+    else:
+        comm.Recv(raw_view(local), source=src, tag=17)
+    return DTensor(local, shape, dtype, layout, mesh, name)
+
+
+def broadcast(array, mesh: Mesh, src: int = 0, name: str | None = None) -> DTensor:
+    """Rank `src`'s array, replicated on every rank of `mesh` (the others pass
+    None)."""
+    name = name or assigned_name(user_frame()) or "tensor"
+    return from_numpy(array, ShardSpec(), mesh, name=name, src=src)
+
+
+def scatter(array, layout: ShardSpec, mesh: Mesh, src: int = 0,
+            name: str | None = None) -> DTensor:
+    """Rank `src`'s array, split over `mesh` as `layout` says: each rank
+    receives only its block (the others pass None)."""
+    name = name or assigned_name(user_frame()) or "tensor"
+    return from_numpy(array, layout, mesh, name=name, src=src)
 
 
 def from_tree(tree, layouts, mesh: Mesh, name: str | None = None):
@@ -400,19 +507,87 @@ def from_tree(tree, layouts, mesh: Mesh, name: str | None = None):
 
 
 def tensor(shape, layout: ShardSpec | None = None, mesh: Mesh | None = None, dtype="f32",
-           init: str = "zeros", seed: int = 0, name: str | None = None) -> DTensor:
-    """A new distributed tensor: `init="zeros"` or `"random"` (normal, seeded, the same
-    global value whatever the mesh)."""
+           init: str = "random", seed: int = 0, scale: float = 1.0,
+           name: str | None = None) -> DTensor:
+    """A new distributed tensor made where it lives: each rank builds only its
+    own block, so no rank ever holds the global array (a 10M x 4096 bf16 table
+    split four ways costs each rank its 19 GiB shard, not 76 GiB).
+
+    `init="random"` (the default) draws normal values times `scale` from a
+    counter-based generator keyed by (`seed`, global element index): the global
+    value is the same whatever the mesh and layout. `init="zeros"` is zeros.
+    `dtype` is a name ("f32", "bf16", "fp16", ...), a `ts` dtype or a numpy one."""
     where = user_frame()
     name = name or assigned_name(where) or "tensor"
-    np_dtype = _np_dtype(dtype)
-    if init == "zeros":
-        value = np.zeros(shape, dtype=np_dtype)
-    elif init == "random":
-        value = np.random.default_rng(seed).standard_normal(shape).astype(np_dtype)
-    else:
-        raise ValueError(f"{name}: init must be 'zeros' or 'random', got {init!r}")
-    return from_numpy(value, layout=layout, mesh=mesh, name=name)
+    np_dtype = as_dtype(dtype if dtype is not None else "f32")
+    if init not in ("zeros", "random"):
+        raise ValueError(f"{name}: init must be 'zeros' or 'random', got {init!r}  [{where}]")
+    if mesh is None:
+        raise ShardingError(f"{name}: dist.tensor needs mesh=  [{where}]")
+    shape = tuple(int(d) for d in shape)
+    layout = layout or ShardSpec()
+    dims = layout.dims_for(len(shape), mesh, name)
+    check_divisible(shape, dims, mesh, name, where)
+
+    def make(index) -> np.ndarray:
+        if init == "zeros":
+            return np.zeros(tuple(s.stop - s.start for s in index), np_dtype)
+        return counter_normal(shape, index, seed, scale, np_dtype)
+
+    rank = mesh._process_rank()
+    full = tuple(slice(0, d) for d in shape)
+    if rank is None:      # a single process looking at the mesh: the global value
+        return DTensor(None, shape, np_dtype, layout, mesh, name, global_value=make(full))
+    return DTensor(make(mesh.info.local_slices(shape, dims, rank)), shape, np_dtype, layout,
+                   mesh, name)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: a bijection of uint64 whose outputs for
+    consecutive inputs are statistically independent."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def counter_normal(shape, index, seed: int, scale: float, dtype,
+                   chunk_elements: int = 1 << 20) -> np.ndarray:
+    """Block `index` (slices of a tensor of `shape`) of a standard normal
+    tensor keyed by `seed`: element i of the global tensor (row-major) is
+    Box-Muller of two uniforms hashed from (seed, 2i) and (seed, 2i+1), so any
+    block is computed alone. Works through the block a few million elements at
+    a time (about 80 bytes of scratch per element of a chunk: 80 MiB), so
+    the scratch stays bounded whatever the block."""
+    box = tuple(s.stop - s.start for s in index)
+    out = np.empty(box, dtype)
+    if not out.size:
+        return out
+    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+    key = _mix64(np.array([seed], np.uint64) + _GOLDEN)[0]
+    rows = max(1, chunk_elements // max(1, int(np.prod(box[1:], dtype=np.int64))))
+    with np.errstate(over="ignore"):
+        for r0 in range(0, box[0] if box else 1, rows):
+            r1 = min(r0 + rows, box[0]) if box else 1
+            flat = np.zeros((r1 - r0,) + box[1:] if box else (), np.uint64)
+            for d, (sl, stride) in enumerate(zip(index, strides)):
+                lo = sl.start + (r0 if d == 0 else 0)
+                n = (r1 - r0) if d == 0 else box[d]
+                axis = np.arange(lo, lo + n, dtype=np.uint64) * np.uint64(stride)
+                flat = flat + axis.reshape((-1,) + (1,) * (len(box) - d - 1))
+            counter = flat * np.uint64(2) + key
+            u1 = (_mix64(counter) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+            u2 = (_mix64(counter + np.uint64(1)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+            normal = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+            if scale != 1.0:
+                normal *= scale
+            if box:
+                out[r0:r1] = normal
+            else:
+                out[()] = normal
+    return out
 
 
 # -- deterministic mode ------------------------------------------------------------
@@ -422,7 +597,7 @@ _mode = threading.local()
 
 class deterministic:
     """`with dist.deterministic(reduce_tree="binary"):` functions compiled (and
-    called) inside reduce every cross-rank sum in a fixed binary tree over rank
+    called) inside, or whose body contains such a block, reduce every cross-rank sum in a fixed binary tree over rank
     order and keep partial sums lazy only through additions, so that results
     are bitwise reproducible from run to run. With gradients accumulated over
     microbatches in a binary tree (`ts.optim.accumulate_grad`), they are also
@@ -440,6 +615,14 @@ class deterministic:
     def __enter__(self):
         stack = getattr(_mode, "stack", [])
         _mode.stack = stack + [self.enabled]
+        from ._trace import current
+        state = current()
+        if state is not None and self.enabled:
+            # Inside a function being compiled (as the collectives guide
+            # writes it): the whole function reduces deterministically, since
+            # a reduction order is a property of the program, not of a line.
+            from tessera_mlir import ir
+            state.func.attributes["tgraph.deterministic"] = ir.UnitAttr.get()
         return self
 
     def __exit__(self, *exc):
@@ -460,13 +643,20 @@ def deterministic_enabled(explicit: bool | None = None) -> bool:
 
 # -- inspection --------------------------------------------------------------------
 
-def inspect(t: DTensor, file=None) -> str:
+def inspect(t, file=None) -> str:
     """Prints (to `file`, default stdout; only on rank 0 when running as
     several ranks) and returns a description of a DTensor: its global shape,
     layout, and per rank its mesh coordinate, local shape and the block of the
-    global tensor it holds. Needs no communication."""
+    global tensor it holds. Needs no communication. Given a compiled
+    function: how its last call laid out each tensor argument."""
+    if hasattr(t, "describe_layouts"):          # a compiled function: its arguments
+        text = t.describe_layouts()
+        if world()[0] == 0:
+            print(text, file=file or sys.stdout)
+        return text
     if not isinstance(t, DTensor):
-        raise TypeError(f"dist.inspect expects a DTensor, got {type(t).__name__}")
+        raise TypeError(f"dist.inspect expects a DTensor or a compiled function, got "
+                        f"{type(t).__name__}")
     info = t.mesh.info
     lines = [f"DTensor {t.name or ''} global {list(t.shape)} {t.dtype.name}, layout "
              f"{_describe(t.dims, t.layout.partial)} on the {t.mesh.topology}"]

@@ -47,3 +47,12 @@ def promote(a, b) -> np.dtype:
     if is_float(a) != is_float(b):
         return a if is_float(a) else b
     return np.promote_types(a, b)
+
+
+def tensor(value, dtype=None) -> np.ndarray:
+    """`ts.tensor(65536.0)`: a constant tensor (a numpy array; f32 for Python
+    floats, as the design docs' loss-scale cap expects). Inside a compiled
+    function it is captured as an input like any array."""
+    if dtype is None and isinstance(value, float):
+        dtype = f32
+    return np.asarray(value, dtype=as_dtype(dtype) if dtype is not None else None)

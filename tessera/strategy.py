@@ -81,6 +81,22 @@ class Strategy:
         return dist.from_numpy(array, layout=spec or dist.ShardSpec(), mesh=mesh, name=path)
 
 
+    def check_split(self, fn_name: str, arg_names, placed) -> None:
+        """A data-parallel strategy that splits nothing would run the whole
+        batch on every rank, silently: refuse it, naming what it saw."""
+        if self.name not in ("data_parallel", "zero_redundancy_optimizer"):
+            return
+        if any(isinstance(leaf, dist.DTensor) and any(self.axis in d for d in leaf.dims)
+               for leaf in placed):
+            return
+        seen = ", ".join(dict.fromkeys(arg_names)) or "none"
+        raise dist.ShardingError(
+            f"{fn_name}: ts.distribute(strategy={self.name!r}) found no batch to split over "
+            f"'{self.axis}': it splits the arrays under the arguments named "
+            f"{', '.join(repr(b) for b in self.batch)}, and {fn_name} takes {seen}. Name the "
+            f"batch argument: ts.distribute(strategy={self.name!r}, batch=(\"mbs\",)).")
+
+
 def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | None = None,
                axis: str = "dp", batch=("batch", "microbatches"),
                state=("opt_state", "optimizer_state", "state"), layouts=None,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tessera_mlir import ir, passmanager
-
 import tessera_passes
+from tessera_mlir import ir, passmanager
+from tessera_runtime import env
 
 from .codegen import emit_cpp, emit_cuda_kernels
 from .codegen.tile_emitter import EmitError
@@ -118,11 +118,20 @@ def add_passes(pm: passmanager.PassManager, flags, options: TargetOptions) -> No
 
 
 def _format_diagnostics(err: ir.MLIRError) -> str:
-    lines = []
+    """MLIR's errors with their Python lines. The note with the failing
+    operation's IR (often the whole function) only with TESSERA_SHOW_IR=1:
+    the message and the line are what a user acts on."""
+    show_ir = env.flag("TESSERA_SHOW_IR")
+    lines, hidden = [], False
     for d in err.error_diagnostics:
         lines.append(f"{_where(d.location)}error: {d.message}")
         for note in d.notes:
+            if note.message.startswith("see current operation") and not show_ir:
+                hidden = True
+                continue
             lines.append(f"{_where(note.location)}note: {note.message}")
+    if hidden:
+        lines.append("(TESSERA_SHOW_IR=1 shows the IR of the failing operation)")
     return "\n".join(lines) or str(err)
 
 

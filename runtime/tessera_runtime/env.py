@@ -47,6 +47,9 @@ _VARIABLES = [
     Variable("TESSERA_COLLECTIVE_REPORT", "frontend", "",
              "a byte count: print the collectives each compiled function needs that move at "
              "least that many bytes per rank, with the Python line behind each"),
+    Variable("TESSERA_SHOW_IR", "compiler", "0",
+             "1: compile errors include the IR of the operation that failed (MLIR's "
+             "'see current operation' note)"),
     Variable("TESSERA_CACHE_DIR", "compiler, runtime", "$XDG_CACHE_HOME/tessera",
              "where compiled kernels, bundles and NVRTC cubins are cached"),
     Variable("XDG_CACHE_HOME", "compiler, runtime", "~/.cache",

@@ -57,7 +57,7 @@ def test_indivisible_dimension_names_tensor_dimension_axis_and_line():
 
 def test_dist_tensor_zeros_and_seeded_random():
     mesh = dist.Mesh(axes=["tp"], devices=range(1))
-    z = dist.tensor((4, 6), layout=dist.ShardSpec(), mesh=mesh, dtype="f32")
+    z = dist.tensor((4, 6), layout=dist.ShardSpec(), mesh=mesh, dtype="f32", init="zeros")
     assert z.shape == (4, 6) and z.dtype == np.float32 and not z.numpy().any()
     a = dist.tensor((4, 6), mesh=mesh, init="random", seed=3)
     b = dist.tensor((4, 6), mesh=mesh, init="random", seed=3)

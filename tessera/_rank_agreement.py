@@ -1,0 +1,122 @@
+"""Every rank of a job must run the same compiled program.
+
+A global-view function is one program for the whole mesh: each rank runs its
+part and the collectives pair up because every rank issues them in the same
+order with the same sizes. Python code that branches on the rank (or on
+anything else that differs between processes) traces a different program on
+each rank, and nothing in MPI or NCCL notices: the ranks' collectives are
+paired with each other's and the result is a mixture of the programs, or
+garbage. So before a freshly traced program runs, the ranks compare a
+fingerprint of its Graph IR (one 32-byte all-gather per compilation); when they
+differ, every rank raises the same error naming the ranks and the first op
+where their programs part, and nothing runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from tessera_compiler.ir.types import ELEMENT_BYTES
+from tessera_mlir import ir
+
+from ._mpi import allgather_text, world_comm
+from ._source import SourceLine
+from .errors import CompileError
+
+DIGEST_BYTES = 32
+
+
+def program_ops(module: ir.Module) -> list[str]:
+    """One line per op of the traced program: its text without SSA names'
+    history (locations dropped) and the Python line it came from."""
+    lines = []
+    for op in module.body.operations:
+        for inner in _func_ops(op):
+            text = inner.get_asm(enable_debug_info=False).strip().splitlines()[0]
+            lines.append(f"{text}  ({_bytes(inner)} bytes){_where(inner.location)}")
+    return lines
+
+
+def _func_ops(op) -> list:
+    if op.operation.name != "func.func":
+        return [op.operation]
+    return [inner.operation for inner in op.regions[0].blocks[0].operations]
+
+
+def _bytes(op) -> int:
+    """Bytes of the op's tensor results (what a differing op would move)."""
+    total = 0
+    for result in op.results:
+        if isinstance(result.type, ir.RankedTensorType):
+            t = result.type
+            total += int(np.prod(t.shape, dtype=np.int64)) * ELEMENT_BYTES.get(
+                str(t.element_type), 4)
+    return total
+
+
+def _where(loc: ir.Location) -> str:
+    text = str(loc)          # loc("file.py":12:0) or a fused/named location around one
+    start = text.find('"')
+    if start < 0:
+        return ""
+    end = text.find('"', start + 1)
+    rest = text[end + 1:].split(":")
+    line = rest[1] if len(rest) > 1 else "?"
+    return f"  at {SourceLine(text[start + 1:end], int(line) if line.isdigit() else 0)}"
+
+
+def fingerprint(module: ir.Module, extra: str = "") -> bytes:
+    """The program as the ranks must agree on it: its Graph IR without
+    locations (two ranks may reach the same op from different lines), plus
+    `extra` (the compilation options)."""
+    text = module.operation.get_asm(enable_debug_info=False)
+    return hashlib.sha256((extra + "\n" + text).encode()).digest()
+
+
+def agree_on_program(name: str, module: ir.Module, extra: str = "") -> None:
+    """Raises CompileError on every rank unless every rank of COMM_WORLD
+    traced the same program. Collective: every rank must call it."""
+    comm = world_comm()
+    mine = np.frombuffer(fingerprint(module, extra), np.uint8)
+    every = np.empty((comm.Get_size(), DIGEST_BYTES), np.uint8)
+    comm.Allgather(mine, every)
+    if (every == every[0]).all():
+        return
+    # Rare and fatal: now exchange the programs themselves to say where they differ.
+    texts = allgather_text(comm, "\n".join(program_ops(module)))
+    raise CompileError(describe_mismatch(name, [bytes(d) for d in every],
+                                         [t.splitlines() for t in texts]))
+
+
+def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]) -> str:
+    """The error every rank raises: the groups of ranks that traced the same
+    program, and for each group after the first the first op where its
+    program differs from rank 0's."""
+    groups: dict[bytes, list[int]] = {}
+    for rank, digest in enumerate(digests):
+        groups.setdefault(digest, []).append(rank)
+    ranks = list(groups.values())
+    lines = [f"{name}: the ranks traced {len(ranks)} different programs ("
+             + "; ".join(f"program {k + 1} on rank{'s' if len(g) > 1 else ''} {_ranks(g)}"
+                         for k, g in enumerate(ranks))
+             + "), so their collectives would pair with each other's and mix the programs' "
+             "data; nothing ran."]
+    base = programs[0]
+    for group in ranks[1:]:
+        other = programs[group[0]]
+        i = next((k for k, (a, b) in enumerate(zip(base, other)) if a != b),
+                 min(len(base), len(other)))
+        lines.append(f"  first difference, op #{i} of the program:")
+        lines.append(f"    rank 0: {base[i] if i < len(base) else '(program ends)'}")
+        lines.append(f"    rank {group[0]}: {other[i] if i < len(other) else '(program ends)'}")
+    lines.append("A compiled function is one program for every rank: Python code inside it must "
+                 "not depend on the rank (ts.mesh.current().rank, MPI, per-process data used as "
+                 "constants). Put rank-dependent placement in the layouts (ShardSpec), and "
+                 "rank-dependent values in the arguments.")
+    return "\n".join(lines)
+
+
+def _ranks(group: list[int]) -> str:
+    return ", ".join(map(str, group))

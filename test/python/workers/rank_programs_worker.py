@@ -1,0 +1,114 @@
+"""The frontend's multi-rank guarantees on 2 ranks, one job for all of them
+(each case ends on every rank before the next starts, errors included):
+
+- programs that differ across ranks stop with an error on every rank
+  naming the ranks and the first differing op, before any collective;
+- reading the rank inside a compiled function is a trace-time error;
+- `dist.tensor(init="random")` blocks equal the single-process global value;
+- `dist.from_numpy(src=0)`, `dist.scatter` and `dist.broadcast` move rank 0's
+  array, blocks only; `DTensor.shard/.replicate` reshard it;
+- a function takes the mesh of the DTensor it captures;
+- `dist.deterministic()` inside a compiled function marks it deterministic.
+
+Writes OUT/rank{r}.json with what each case saw.
+
+    mpiexec -n 2 python rank_programs_worker.py SEED OUT
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import tessera as ts
+from tessera import dist, op
+from tessera_runtime import world
+
+seed, out = int(sys.argv[1]), Path(sys.argv[2])
+rank, size = world()
+assert size == 2, "run with mpiexec -n 2"
+report: dict = {}
+rng = np.random.default_rng(seed)
+mesh = dist.Mesh(axes=["dp"], devices=range(2))
+
+
+def error_of(call) -> str:
+    try:
+        call()
+    except ts.TesseraError as err:
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
+# -- the issue's measured case: a 4 x 3 array of ones split by rows, rank 0
+# summing x, rank 1 summing 2x; both returned 18.0 before.
+ones = dist.from_numpy(np.ones((4, 3), np.float32), dist.ShardSpec((0,), ("dp",)), mesh)
+my_rank = rank        # the Python value a user would close over
+
+
+@ts.compile(mesh=mesh)
+def branchy_sum(x):
+    return op.sum(x) if my_rank == 0 else op.sum(x * 2.0)
+
+
+report["mixed_sum"] = error_of(lambda: branchy_sum(ones))
+
+
+# -- the training guide's ZeRO step reads the rank inside the function.
+@ts.function
+@ts.distribute(strategy="data_parallel")
+def zero_style(batch):
+    if ts.mesh.current().rank == 0:
+        return op.sum(batch)
+    return op.sum(batch * 2.0)
+
+
+report["zero_branch"] = error_of(lambda: zero_style(np.ones((4, 3), np.float32)))
+
+# -- the same program on both ranks still runs (the check costs nothing more).
+report["agreed_sum"] = float(ts.compile(lambda x: op.sum(x * 3.0), mesh=mesh)(ones).item())
+
+# -- distributed tensors made where they live.
+made = dist.tensor((6, 8), layout=dist.ShardSpec(partition=("col",), mesh_axes=("dp",)), mesh=mesh, dtype="bf16", seed=seed % 1000)
+report["random_block"] = np.asarray(made.local(), np.float32).tolist()
+report["random_local_shape"] = list(made.local().shape)
+
+source = rng.standard_normal((4, 6)).astype(np.float32) if rank == 0 else None
+scattered = dist.scatter(source, dist.ShardSpec((0,), ("dp",)), mesh, src=0)
+sent = dist.from_numpy(source, dist.ShardSpec(("col",), ("dp",)), mesh, src=0)
+everywhere = dist.broadcast(source, mesh, src=0)
+report["scattered"] = scattered.local().tolist()
+report["sent"] = sent.local().tolist()
+report["broadcast"] = everywhere.local().tolist()
+report["source"] = source.tolist() if rank == 0 else None
+# Reshards: columns -> rows is one all_to_all; replicate gathers.
+report["moved"] = sent.shard(0, "dp").local().tolist()
+report["replicated"] = sent.replicate().local().tolist()
+
+# -- a mesh taken from a captured DTensor (no mesh=, no DTensor argument).
+W = dist.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4),
+                    dist.ShardSpec(("col",), ("dp",)), mesh)
+
+
+@ts.jit
+def uses_captured(x):
+    return op.matmul(x, W)
+
+
+result = uses_captured(np.ones((2, 3), np.float32))
+report["captured_matmul"] = np.asarray(result).tolist()
+
+# -- deterministic() written inside the compiled function.
+
+
+@ts.compile(mesh=mesh)
+def det_inside(x):
+    with dist.deterministic(reduce_tree="binary"):
+        return op.sum(x)
+
+
+report["det_inside_ir"] = "tgraph.deterministic" in det_inside.lower(ones).graph
+report["det_inside_value"] = float(det_inside(ones).item())
+
+(out / f"rank{rank}.json").write_text(json.dumps(report))
