@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +64,8 @@ class Mesh:
         if not nested and shape is None:
             shape = _balanced_shape(len(devices), len(axes))
         self._info = MeshInfo(axes, shape=shape, devices=devices, name=name)
+        if world()[1] > 1:
+            install_abort_on_error()
 
     # -- descriptions -------------------------------------------------------
     @property
@@ -672,9 +675,24 @@ def inspect(t, file=None) -> str:
     return text
 
 
+#: point-to-point tags of the failure report (never used by collectives)
+_FAILED_TAG, _PRINTED_TAG = 0x7E55, 0x7E56
+#: how long rank 0 waits for other ranks' reports, and they for its answer
+_REPORT_WINDOW_S = 1.0
+
+
 def install_abort_on_error() -> None:
     """Makes an uncaught exception on any rank abort the whole MPI job, so other
-    ranks never wait forever in a collective for a rank that died."""
+    ranks never wait forever in a collective for a rank that died. When several
+    ranks fail at once (an error every rank raises, such as a bad layout),
+    rank 0 prints the traceback once and lists the ranks that failed with
+    the same error (and any other rank's different one)."""
+    if getattr(sys.excepthook, "__name__", "") == "hook":
+        return
+    # Every rank of the job gets here (making a mesh, calling a compiled
+    # function), so initialising MPI now is what the program would do anyway,
+    # and the hook can then always reach the other ranks.
+    from mpi4py import MPI  # noqa: F401
     previous = sys.excepthook
 
     def hook(kind, value, tb):
@@ -687,23 +705,67 @@ def install_abort_on_error() -> None:
         if not aborting:
             previous(kind, value, tb)
             return
-        # One write, then a pause before Abort: mpiexec forwards a rank's
-        # stderr asynchronously and Abort kills the forwarder, so a line
-        # written just before it was sometimes lost (seen in CI: the
-        # traceback arrived, the rank line after it did not).
-        import time
         import traceback
-        rank = MPI.COMM_WORLD.Get_rank()
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+        summary = f"{kind.__name__}: {value}"
         if previous is sys.__excepthook__:
             report = "".join(traceback.format_exception(kind, value, tb))
         else:                                  # the user's own hook still runs
             previous(kind, value, tb)
             report = ""
-        sys.stderr.write(report + f"[tessera] rank {rank} failed: {kind.__name__}: {value}; "
-                           f"aborting all ranks\n")
-        sys.stderr.flush()
+        if rank == 0:
+            failed = _collect_failures(comm, summary)
+            same = [r for r, text in failed.items() if text == summary]
+            lines = [report + f"[tessera] rank{'s' if len(same) > 1 else ''} "
+                     f"{', '.join(map(str, same))} failed with this error"]
+            lines += [f"[tessera] rank {r} failed: {text}" for r, text in failed.items()
+                      if text != summary]
+            sys.stderr.write("\n".join(lines) + "; aborting all ranks\n")
+            sys.stderr.flush()
+            for r in failed:
+                if r:
+                    comm.Send(np.zeros(1, np.uint8), dest=r, tag=_PRINTED_TAG)
+        elif not _reported_to_rank0(comm, summary):
+            sys.stderr.write(report + f"[tessera] rank {rank} failed: {summary}; "
+                             "aborting all ranks\n")
+            sys.stderr.flush()
+        # A pause before Abort: mpiexec forwards a rank's stderr
+        # asynchronously and Abort kills the forwarder, so a line written
+        # just before it was sometimes lost (seen in CI).
         time.sleep(0.5)
-        MPI.COMM_WORLD.Abort(1)
+        comm.Abort(1)
 
-    if getattr(sys.excepthook, "__name__", "") != "hook":
-        sys.excepthook = hook
+    sys.excepthook = hook
+
+
+def _collect_failures(comm, own: str) -> dict[int, str]:
+    """Rank 0's view of who failed: itself, and every rank whose report
+    arrives within the window (all of them, when an error hits every rank)."""
+    from mpi4py import MPI
+    failed = {0: own}
+    deadline = time.monotonic() + _REPORT_WINDOW_S
+    status = MPI.Status()
+    while len(failed) < comm.Get_size() and time.monotonic() < deadline:
+        if not comm.Iprobe(source=MPI.ANY_SOURCE, tag=_FAILED_TAG, status=status):
+            time.sleep(0.01)
+            continue
+        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        comm.Recv(buf, source=status.Get_source(), tag=_FAILED_TAG)
+        failed[status.Get_source()] = buf.tobytes().decode(errors="replace")
+    return dict(sorted(failed.items()))
+
+
+def _reported_to_rank0(comm, summary: str) -> bool:
+    """Sends this rank's error to rank 0; True when rank 0 printed it in
+    time (it had failed too), else this rank prints its own."""
+    data = np.frombuffer(summary.encode(), np.uint8)
+    request = comm.Isend(data, dest=0, tag=_FAILED_TAG)
+    deadline = time.monotonic() + 2 * _REPORT_WINDOW_S
+    while time.monotonic() < deadline:
+        if comm.Iprobe(source=0, tag=_PRINTED_TAG):
+            comm.Recv(np.empty(1, np.uint8), source=0, tag=_PRINTED_TAG)
+            request.Wait()
+            return True
+        time.sleep(0.01)
+    return False
