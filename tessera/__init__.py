@@ -16,6 +16,7 @@
 """
 
 from . import dist, graph, mesh, nn, op, optim
+from . import dist as distributed          # `ts.distributed.all_gather`, as the docs write it
 from ._trace import autocast
 from .autodiff import grad, value_and_grad
 from .compiler import CompiledFunction, compile, function, jit
@@ -30,7 +31,7 @@ from tessera_compiler.ir.options import GemmConfig, TargetOptions
 
 __version__ = "0.2.0"
 
-__all__ = ["compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
+__all__ = ["distributed", "compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
            "value_and_grad",
            "autocast", "Tensor", "dist", "graph", "nn", "op", "optim", "f32", "f64", "f16",
            "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",

@@ -27,7 +27,8 @@ from ._source import SourceLine, assigned_name, user_frame
 from .errors import LaunchError, ShardingError
 
 __all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
-           "deterministic", "broadcast", "scatter", "redistribute"]
+           "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
+           "all_gather", "reduce_scatter"]
 
 def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
     """Splits n devices into k axes as evenly as possible, larger axes first:
@@ -769,3 +770,6 @@ def _reported_to_rank0(comm, summary: str) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+from .collectives import all_gather, all_reduce, allreduce, reduce_scatter  # noqa: E402

@@ -668,3 +668,46 @@ def autodiff(loss, wrt=None):
     respect to every float tensor the function captured (its parameters)."""
     from .autodiff import grad
     return grad(loss, wrt)
+
+
+# ----------------------------------------------------------------------------
+# Eager calls: an op called outside a compiled function on numpy arrays or
+# DTensors (the design docs' `Y = op.matmul(X, W)` at top level) runs as a
+# one-op compiled program, cached per op and signature like any compiled
+# function: DTensors in, DTensors out (in the layout the partitioner gives
+# the result); numpy in, numpy out.
+# ----------------------------------------------------------------------------
+
+_EAGER: dict = {}
+
+
+def _is_concrete(x) -> bool:
+    from . import dist
+    return isinstance(x, (np.ndarray, dist.DTensor))
+
+
+def _eager(fn):
+    import functools
+
+    from ._pytree import flatten
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if current() is not None:
+            return fn(*args, **kwargs)
+        leaves, _ = flatten((args, kwargs))
+        if not any(_is_concrete(x) for x in leaves):
+            return fn(*args, **kwargs)     # no tensor: the op's own error
+        compiled = _EAGER.get(fn.__name__)
+        if compiled is None:
+            from .compiler import CompiledFunction
+            compiled = _EAGER[fn.__name__] = CompiledFunction(fn, None, numpy_results=True)
+        return compiled(*args, **kwargs)
+    return call
+
+
+for _name in __all__:
+    if _name != "autodiff" and callable(globals().get(_name)):
+        globals()[_name] = _eager(globals()[_name])
+flash_attention = attention
+del _name

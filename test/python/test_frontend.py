@@ -136,9 +136,18 @@ def test_op_shape_errors_name_op_shapes_and_line():
     assert "test_frontend.py:" in text
 
 
-def test_ops_outside_compile_are_rejected():
+def test_ops_outside_compile_run_eagerly_or_name_the_problem():
+    """Outside a compiled function an op on arrays runs as a one-op compiled
+    program (cached: the second call compiles nothing); on no tensor at all
+    it says it needs one."""
+    x = np.random.default_rng().standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(op.relu(x), np.maximum(x, 0))
+    np.testing.assert_allclose(op.matmul(x, x.T), x @ x.T, rtol=1e-5)
+    programs = len(op._EAGER["relu"]._programs)
+    op.relu(-x)
+    assert len(op._EAGER["relu"]._programs) == programs
     with pytest.raises(RuntimeError, match="outside a function compiled by tessera"):
-        op.relu(np.zeros(3))
+        op.relu([1.0, 2.0])
 
 
 def test_save_writes_a_bundle(tmp_path):

@@ -57,6 +57,22 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
         np.testing.assert_array_equal(seen["broadcast"], source)
         np.testing.assert_array_equal(seen["moved"], source[2 * r:2 * r + 2])
         np.testing.assert_array_equal(seen["replicated"], source)
+    # Eager: X @ W with W split by columns is split by columns; all_gather
+    # makes it whole on both ranks.
+    for seen in ranks:
+        assert "layout=[-, tp]" in seen["eager_split"]
+        np.testing.assert_allclose(seen["eager_gathered"], seen["eager_reference"], rtol=1e-5,
+                                   atol=1e-5)
+    # Per-rank arrays combined over dp: sum, concatenation, and each rank's
+    # row block of the sum.
+    products = [np.array(seen["local_product"]) for seen in ranks]
+    for r, seen in enumerate(ranks):
+        np.testing.assert_allclose(seen["local_sum"], products[0] + products[1], rtol=1e-6)
+        np.testing.assert_array_equal(seen["local_gather"], np.concatenate(products, axis=1))
+        np.testing.assert_allclose(seen["local_scatter"], (products[0] + products[1])[r:r + 1],
+                                   rtol=1e-6)
+        assert seen["pending_reduced"] == [[3.0, 3.0], [3.0, 3.0]]
+        assert seen["reduced_kept"] is True
     # dist.tensor(init="random"): each rank's block of the same global value
     # one process makes for the whole tensor (mesh- and layout-independent).
     one = dist.Mesh(axes=["tp"], devices=range(1))
@@ -251,3 +267,13 @@ def test_autocast_and_ts_tensor_work_inside_the_compiled_function():
     np.testing.assert_allclose(y.astype(np.float64), bf, rtol=1e-2, atol=1e-2)
     assert not np.allclose(y.astype(np.float64), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
     assert float(capped) == 65536.0 and ts.tensor(1.5).dtype == np.float32
+
+
+def test_collectives_inside_a_compiled_function_say_what_the_global_view_does():
+    @ts.jit
+    def f(x):
+        return dist.all_reduce(x * 2.0, axis="dp")
+    with pytest.raises(ts.ShardingError) as err:
+        f(np.ones(3, np.float32))
+    assert "inside a compiled function: in the global view the compiler inserts" in str(err.value)
+    assert "test_rank_programs.py:" in str(err.value)

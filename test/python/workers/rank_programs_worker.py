@@ -8,7 +8,8 @@
 - `dist.from_numpy(src=0)`, `dist.scatter` and `dist.broadcast` move rank 0's
   array, blocks only; `DTensor.shard/.replicate` reshard it;
 - a function takes the mesh of the DTensor it captures;
-- `dist.deterministic()` inside a compiled function marks it deterministic.
+- `dist.deterministic()` inside a compiled function marks it deterministic;
+- eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets).
 
 Writes OUT/rank{r}.json with what each case saw.
 
@@ -110,5 +111,31 @@ def det_inside(x):
 
 report["det_inside_ir"] = "tgraph.deterministic" in det_inside.lower(ones).graph
 report["det_inside_value"] = float(det_inside(ones).item())
+
+# -- eager ops and collectives, as the design docs write them at top level.
+# Collectives guide 3.2: a column-split weight, an eager matmul, an all_gather.
+tp = dist.Mesh(axes=["tp"], devices=range(2))
+X = np.random.default_rng(seed + 99).standard_normal((3, 4)).astype(np.float32)  # same on all
+Wt = dist.tensor((4, 8), layout=dist.ShardSpec(partition=("col",), mesh_axes=("tp",)),
+                 mesh=tp, seed=seed % 997)
+Y = op.matmul(X, Wt)
+report["eager_split"] = repr(Y)
+Y = dist.all_gather(Y, axis="tp")
+report["eager_gathered"] = np.asarray(Y.local(), np.float64).tolist()
+report["eager_reference"] = (X.astype(np.float64) @ Wt.numpy().astype(np.float64)).tolist()
+# Performance guide 7.4: per-rank arrays, an eager matmul, an all_reduce over dp.
+mine = np.random.default_rng(seed + 1 + rank)
+W_local = mine.standard_normal((2, 3)).astype(np.float32)
+X_local = mine.standard_normal((3, 2)).astype(np.float32)
+Y_local = op.matmul(W_local, X_local)
+report["local_product"] = Y_local.tolist()
+report["local_sum"] = dist.all_reduce(Y_local, axis="dp").tolist()
+report["local_gather"] = ts.distributed.all_gather(Y_local, axis="dp", dim=1).tolist()
+report["local_scatter"] = dist.reduce_scatter(Y_local, axis="dp", dim=0).tolist()
+# A pending sum reduced; a reduced value passed through (ts.grad's gradients).
+pending = dist.from_numpy(np.full((2, 2), 1.5, np.float32), dist.ShardSpec(partial=("dp",)),
+                          mesh)
+report["pending_reduced"] = dist.all_reduce(pending, axis="dp").local().tolist()
+report["reduced_kept"] = dist.allreduce({"g": everywhere}, axis="dp")["g"] is everywhere
 
 (out / f"rank{rank}.json").write_text(json.dumps(report))
