@@ -693,16 +693,12 @@ def install_abort_on_error() -> None:
     # Every rank of the job gets here (making a mesh, calling a compiled
     # function), so initialising MPI now is what the program would do anyway,
     # and the hook can then always reach the other ranks.
-    from mpi4py import MPI  # noqa: F401
+    from mpi4py import MPI
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        try:
-            from mpi4py import MPI
-            aborting = (MPI.Is_initialized() and not MPI.Is_finalized()
-                        and MPI.COMM_WORLD.Get_size() > 1)
-        except ImportError:
-            aborting = False
+        aborting = (MPI.Is_initialized() and not MPI.Is_finalized()
+                    and MPI.COMM_WORLD.Get_size() > 1)
         if not aborting:
             previous(kind, value, tb)
             return
