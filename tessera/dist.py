@@ -360,13 +360,11 @@ def redistribute(x, layout: ShardSpec):
     the value's layout and the partitioner inserts the collectives, as JAX's
     with_sharding_constraint; on a DTensor outside one it runs those
     collectives now (one small compiled program per layout, cached)."""
-    from ._trace import Traced, current
+    from ._trace import Traced, current, current_location
     if isinstance(x, Traced):
         state = current()
         from tessera_compiler.ir.sharding import Sharding
-        from tessera_mlir import ir
         from tessera_mlir.dialects import tgraph
-        from ._trace import current_location
         dims = layout.dims_for(x.ndim, state.mesh, getattr(x, "name", None) or "tensor")
         where = user_frame()
         check_divisible(x.shape, dims, state.mesh, "dist.redistribute", where)
