@@ -28,21 +28,41 @@ from .errors import CompileError
 DIGEST_BYTES = 32
 
 
+COLLECTIVES = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
+               "tgraph.all_to_all")
+
+
 def program_ops(module: ir.Module) -> list[str]:
-    """One line per op of the traced program: its text without SSA names'
-    history (locations dropped) and the Python line it came from."""
+    """One line per op the ranks must agree on: every op of the global
+    program, and the collectives of per-rank (local-view) bodies, which may
+    otherwise differ by rank. Each line: the op's text (no location), its
+    result bytes and the Python line it came from."""
     lines = []
     for op in module.body.operations:
-        for inner in _func_ops(op):
-            text = inner.get_asm(enable_debug_info=False).strip().splitlines()[0]
-            lines.append(f"{text}  ({_bytes(inner)} bytes){_where(inner.location)}")
+        for inner in _agreed_ops(op.operation):
+            lines.append(f"{_text(inner)}  ({_bytes(inner)} bytes){_where(inner.location)}")
     return lines
 
 
-def _func_ops(op) -> list:
-    if op.operation.name != "func.func":
-        return [op.operation]
-    return [inner.operation for inner in op.regions[0].blocks[0].operations]
+def _text(op) -> str:
+    """An op as the ranks compare it. A per-rank body's collective is named
+    by what it does (kind, axis, types), not its SSA names, which depend on
+    the rank-specific code before it."""
+    if op.name in COLLECTIVES and "tgraph.local" in op.parent.attributes:
+        attrs = ", ".join(f"{name} = {op.attributes[name]}" for name in sorted(
+            op.attributes[i].name for i in range(len(op.attributes))))
+        types = ", ".join(str(v.type) for v in op.operands)
+        return f"{op.name} {{{attrs}}} : {types} -> {op.results[0].type}"
+    return op.get_asm(enable_debug_info=False).strip().splitlines()[0]
+
+
+def _agreed_ops(op) -> list:
+    if op.name != "func.func":
+        return [op]
+    inner = [o.operation for o in op.regions[0].blocks[0].operations]
+    if "tgraph.local" in op.attributes:
+        return [o for o in inner if o.name in COLLECTIVES]
+    return inner
 
 
 def _bytes(op) -> int:
@@ -69,10 +89,17 @@ def _where(loc: ir.Location) -> str:
 
 def fingerprint(module: ir.Module, extra: str = "") -> bytes:
     """The program as the ranks must agree on it: its Graph IR without
-    locations (two ranks may reach the same op from different lines), plus
-    `extra` (the compilation options)."""
-    text = module.operation.get_asm(enable_debug_info=False)
-    return hashlib.sha256((extra + "\n" + text).encode()).digest()
+    locations (two ranks may reach the same op from different lines), its
+    per-rank bodies by their collectives (per axis, in order), plus `extra`
+    (the compilation options)."""
+    parts = [extra]
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "tgraph.local" in op.attributes:
+            parts += [_text(o) for o in _agreed_ops(op)]
+        else:
+            parts.append(op.get_asm(enable_debug_info=False))
+    return hashlib.sha256("\n".join(parts).encode()).digest()
 
 
 def agree_on_program(name: str, module: ir.Module, extra: str = "") -> None:
@@ -111,10 +138,11 @@ def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]
         lines.append(f"  first difference, op #{i} of the program:")
         lines.append(f"    rank 0: {base[i] if i < len(base) else '(program ends)'}")
         lines.append(f"    rank {group[0]}: {other[i] if i < len(other) else '(program ends)'}")
-    lines.append("A compiled function is one program for every rank: Python code inside it must "
-                 "not depend on the rank (ts.mesh.current().rank, MPI, per-process data used as "
-                 "constants). Put rank-dependent placement in the layouts (ShardSpec), and "
-                 "rank-dependent values in the arguments.")
+    lines.append("A compiled function is one program for every rank: its global-view code must "
+                 "not depend on the rank (MPI, per-process data used as constants), and per-rank "
+                 "code (dist.spmd) may differ by rank only where its collectives still pair up, "
+                 "the same kind, axis and size in the same order. Put rank-dependent placement "
+                 "in the layouts (ShardSpec), and rank-dependent values in the arguments.")
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ import inspect
 import os
 import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,6 +128,11 @@ class TraceState:
     #: the mesh was not chosen (no mesh=, no DTensor argument): a captured
     #: DTensor may supply it (see MeshFromCapture)
     mesh_is_default: bool = False
+    #: tracing a local-view (per-rank) body: values have block shapes and
+    #: collectives are explicit (see local_view)
+    local: bool = False
+    #: in a local body, the layout of each captured tensor (its block is passed)
+    capture_specs: list = field(default_factory=list)
 
 
 class MeshFromCapture(Exception):
@@ -212,15 +218,58 @@ def capture(obj, src: SourceLine) -> Traced:
         shape, dtype, dims, partial = arr.shape, arr.dtype, tuple(() for _ in arr.shape), ()
         name = None
     name = name or _variable_name(obj) or f"captured{len(state.captured)}"
+    if state.local:
+        # A per-rank body sees a captured DTensor's block, in its layout.
+        from .dist import ShardSpec
+        spec = obj.layout if isinstance(obj, dist.DTensor) else ShardSpec()
+        shape = state.mesh.info.local_shape(shape, dims)
+        state.capture_specs.append(spec)
     t = ir.RankedTensorType.get(list(shape), element_type(dtype))
     arg = state.entry.add_argument(t, ir.Location.name(name, childLoc=state.fn_loc))
-    attrs = list(ir.ArrayAttr(state.func.attributes["arg_attrs"]))
-    attrs.append(ir.DictAttr.get({"tgraph.sharding": Sharding(state.mesh.name, dims, partial).to_attr()}))
-    state.func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+    if not state.local:
+        attrs = list(ir.ArrayAttr(state.func.attributes["arg_attrs"]))
+        attrs.append(ir.DictAttr.get(
+            {"tgraph.sharding": Sharding(state.mesh.name, dims, partial).to_attr()}))
+        state.func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+    else:
+        state.func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in state.entry.arguments], []))
     traced = Traced(arg, shape, dtype, src)
     traced.name = name
     state.captured.append((obj, traced))
     return traced
+
+
+def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Traced:
+    """`x` as a tensor of the function being traced: a traced tensor as is, a
+    Python number as a constant of `like`'s dtype (f32 if none), a numpy
+    array or DTensor captured as an input. `what` names the caller in errors."""
+    from tessera_compiler.ir import graph_builder as gb
+
+    from . import dist, dtypes
+    if isinstance(x, Traced):
+        return x
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.ndarray):
+        dtype = like.dtype if like is not None else dtypes.f32
+        if isinstance(x, float) and not dtypes.is_float(dtype):
+            dtype = dtypes.f32
+        with current_location(src):
+            return Traced(gb.fill([], element_type(dtype), float(x)), (), dtype, src)
+    if isinstance(x, (np.ndarray, np.generic, dist.DTensor)):
+        with current_location(src):
+            return capture(x, src)
+    raise ShapeError(f"{what}: cannot use a {type(x).__name__} as a tensor  [{src}]")
+
+
+@contextmanager
+def tracing(state: TraceState):
+    """Records ops into `state` (a nested function, such as a per-rank body)
+    inside the block, then returns to the trace that was current."""
+    previous, _state.trace = current(), state
+    try:
+        yield state
+    finally:
+        _state.trace = previous
 
 
 def _variable_name(obj) -> str | None:

@@ -13,9 +13,10 @@ Called outside a compiled function they run now:
   docs' `Y_local`) and combine it with the same-named arrays of the other
   ranks along the axis of the current mesh (MPI on raw buffers).
 
-Inside a compiled function the compiler inserts every collective from the
-layouts; per-rank code with explicit collectives (the local view) is not
-built yet, so a traced tensor is an error saying so.
+In per-rank code (`dist.spmd`, `@op.kernel`) they are collectives of the
+traced program over one mesh axis (see local_view). Inside a global-view
+compiled function the compiler inserts every collective from the layouts,
+so a collective there is an error pointing to redistribute and the local view.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ._pytree import flatten, unflatten
 from ._source import user_frame
 from .errors import ShardingError
 
-__all__ = ["all_reduce", "allreduce", "all_gather", "reduce_scatter"]
+__all__ = ["all_reduce", "allreduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 _OPS = ("sum", "max", "min")
 _GROUPS: dict = {}
@@ -39,18 +40,19 @@ def all_reduce(x, axis: str, op: str = "sum"):
     if op not in _OPS:
         raise ValueError(f"dist.all_reduce: op must be one of {_OPS}, got {op!r}")
     return _each(x, "all_reduce", axis, lambda t: _dtensor_all_reduce(t, axis, op),
-                 lambda a: _local(a, axis, "all_reduce", op=op))
+                 lambda a: _local(a, axis, "all_reduce", op=op), op=op)
 
 
 allreduce = all_reduce
 
 
-def all_gather(x, axis: str, dim: int = 0):
+def all_gather(x, axis: str, dim: int = -1):
     """`x` gathered over mesh axis `axis`: a DTensor split over it comes back
-    whole along that dimension; numpy arrays (this rank's block) are
-    concatenated along `dim` in axis order."""
+    whole along that dimension; blocks (numpy arrays of each rank, or traced
+    blocks in per-rank code) are concatenated along `dim` in axis order (by
+    default the last, where a column-parallel matmul splits its output)."""
     return _each(x, "all_gather", axis, lambda t: _dtensor_gather(t, axis),
-                 lambda a: _local(a, axis, "all_gather", dim=dim))
+                 lambda a: _local(a, axis, "all_gather", dim=dim), dim=dim)
 
 
 def reduce_scatter(x, axis: str, dim: int = 0, op: str = "sum"):
@@ -59,22 +61,41 @@ def reduce_scatter(x, axis: str, dim: int = 0, op: str = "sum"):
     if op != "sum":
         raise ValueError("dist.reduce_scatter: only op='sum'")
     return _each(x, "reduce_scatter", axis, lambda t: _dtensor_reduce_scatter(t, axis, dim),
-                 lambda a: _local(a, axis, "reduce_scatter", dim=dim))
+                 lambda a: _local(a, axis, "reduce_scatter", dim=dim), dim=dim)
 
 
-def _each(x, name, axis, on_dtensor, on_array):
+def all_to_all(x, axis: str, split_dim: int, concat_dim: int):
+    """Per-rank code only (`dist.spmd`): cut `x` into axis-size pieces along
+    `split_dim`, send piece j to rank j of `axis`, and concatenate what
+    arrives along `concat_dim` in rank order."""
+    def outside(_):
+        raise ShardingError(f"dist.all_to_all at {user_frame()} is for per-rank code: call it "
+                            "inside a function decorated with @dist.spmd (a DTensor moves "
+                            "between splits with t.redistribute(layout))")
+    return _each(x, "all_to_all", axis, outside, outside, split_dim=split_dim,
+                 concat_dim=concat_dim)
+
+
+def _each(x, name, axis, on_dtensor, on_array, **args):
+    """`name` applied to every tensor of `x`: as a collective of per-rank code
+    (a traced tensor in dist.spmd), a layout change (a DTensor) or an MPI
+    collective of this rank's array (numpy)."""
     from . import dist
-    from ._trace import Traced
+    from ._trace import Traced, current
     leaves, structure = flatten(x)
     out = []
     for leaf in leaves:
+        if isinstance(leaf, Traced) and current().local:
+            from .local_view import collective
+            out.append(collective(name, leaf, axis, **args))
+            continue
         if isinstance(leaf, Traced):
             raise ShardingError(
                 f"dist.{name}(..., axis={axis!r}) at {user_frame()} inside a compiled "
                 "function: in the global view the compiler inserts every collective the "
                 "layouts need (a pending sum is reduced where it is read, a split gathered); "
-                "change a layout with dist.redistribute(x, layout). Per-rank code with "
-                "explicit collectives (the local view) is not built yet.")
+                "change a layout with dist.redistribute(x, layout), or write per-rank code "
+                "with explicit collectives in a function decorated with @dist.spmd.")
         if isinstance(leaf, dist.DTensor):
             if axis not in leaf.mesh.axes:
                 raise ShardingError(f"dist.{name}: axis {axis!r} is not in the "

@@ -28,7 +28,7 @@ from .errors import LaunchError, ShardingError
 
 __all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
            "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
-           "all_gather", "reduce_scatter"]
+           "all_gather", "reduce_scatter", "all_to_all", "spmd", "axis_index"]
 
 def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
     """Splits n devices into k axes as evenly as possible, larger axes first:
@@ -166,7 +166,7 @@ def _refuse_while_tracing(what: str) -> None:
     would trace a different program on each rank (see _rank_agreement)."""
     from ._trace import current
     state = current()
-    if state is None:
+    if state is None or state.local:      # per-rank code may ask (see local_view)
         return
     from tessera_mlir import ir
     name = ir.StringAttr(state.func.attributes["sym_name"]).value
@@ -475,11 +475,22 @@ def _from_rank(array, layout: ShardSpec, mesh: Mesh, name: str, src: int,
     return DTensor(local, shape, dtype, layout, mesh, name)
 
 
-def broadcast(array, mesh: Mesh, src: int = 0, name: str | None = None) -> DTensor:
-    """Rank `src`'s array, replicated on every rank of `mesh` (the others pass
-    None)."""
+def broadcast(x, axis: str | None = None, src: int = 0, mesh: Mesh | None = None,
+              name: str | None = None):
+    """Rank `src`'s value on every rank. Outside compiled functions: a numpy
+    array rank `src` holds (the others pass None) becomes a replicated
+    DTensor on `mesh`. In per-rank code (`dist.spmd`): the value of the rank
+    at coordinate `src` along `axis`."""
+    from ._trace import Traced
+    if isinstance(x, Traced):
+        from .local_view import collective
+        if axis is None:
+            raise ShardingError(f"dist.broadcast in per-rank code needs axis=  [{user_frame()}]")
+        return collective("broadcast", x, axis, src=src)
+    if mesh is None:
+        raise ShardingError(f"dist.broadcast of an array needs mesh=  [{user_frame()}]")
     name = name or assigned_name(user_frame()) or "tensor"
-    return from_numpy(array, ShardSpec(), mesh, name=name, src=src)
+    return from_numpy(x, ShardSpec(), mesh, name=name, src=src)
 
 
 def scatter(array, layout: ShardSpec, mesh: Mesh, src: int = 0,
@@ -766,4 +777,6 @@ def _reported_to_rank0(comm, summary: str) -> bool:
     return False
 
 
-from .collectives import all_gather, all_reduce, allreduce, reduce_scatter  # noqa: E402
+from .collectives import (all_gather, all_reduce, all_to_all, allreduce,  # noqa: E402
+                          reduce_scatter)
+from .local_view import axis_index, spmd  # noqa: E402

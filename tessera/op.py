@@ -23,7 +23,8 @@ from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
 from ._source import SourceLine, user_frame
-from ._trace import Traced, autocast_dtype, capture, current, current_location, element_type
+from ._trace import (Traced, as_traced, autocast_dtype, current, current_location,
+                     element_type)
 from .errors import ShapeError
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "isfinite", "cast", "sum", "mean", "max", "softmax", "log_softmax", "layernorm",
     "rmsnorm", "embedding", "attention", "flash_attention", "cross_entropy", "reshape",
     "transpose", "split", "concat", "index", "transformer_block", "autodiff", "linear",
+    "kernel",
 ]
 
 
@@ -61,19 +63,7 @@ def _describe(x) -> str:
 
 def _tensor(name: str, x, src: SourceLine, like: Traced | None = None) -> Traced:
     """`x` as a traced tensor: Python numbers take `like`'s dtype (f32 if none)."""
-    if isinstance(x, Traced):
-        return x
-    if isinstance(x, (bool, int, float)) and not isinstance(x, np.ndarray):
-        dtype = like.dtype if like is not None else dtypes.f32
-        if isinstance(x, float) and not dtypes.is_float(dtype):
-            dtype = dtypes.f32
-        with current_location(src):
-            return Traced(gb.fill([], element_type(dtype), float(x)), (), dtype, src)
-    from . import dist
-    if isinstance(x, (np.ndarray, np.generic, dist.DTensor)):
-        with current_location(src):
-            return capture(x, src)
-    raise ShapeError(f"op.{name}: cannot use a {type(x).__name__} as a tensor  [{src}]")
+    return as_traced(f"op.{name}", x, src, like)
 
 
 def _out(value, src) -> Traced:
@@ -663,6 +653,13 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
     return x
 
 
+def kernel(fn=None, *, mesh=None, in_specs=None, out_specs=None):
+    """`@op.kernel` (the tutorials' name): a per-rank function with explicit
+    collectives, `dist.spmd`. Called on DTensors it takes their layouts."""
+    from .local_view import spmd
+    return spmd(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
 def autodiff(loss, wrt=None):
     """Gradients of scalar `loss`; see `tessera.grad`. Without `wrt`: with
     respect to every float tensor the function captured (its parameters)."""
@@ -707,7 +704,7 @@ def _eager(fn):
 
 
 for _name in __all__:
-    if _name != "autodiff" and callable(globals().get(_name)):
+    if _name not in ("autodiff", "kernel") and callable(globals().get(_name)):
         globals()[_name] = _eager(globals()[_name])
 flash_attention = attention
 del _name

@@ -28,7 +28,10 @@ zero_redundancy_optimizer
 
 tensor_parallel
     Arrays are placed by `layouts` (a function `(path, array) -> ShardSpec`),
-    e.g. the Megatron layout in examples/train_gpt.py.
+    e.g. the Megatron layout in examples/train_gpt.py. Without `layouts` the
+    function is per-rank code (`dist.spmd`) over the blocks of its DTensor
+    arguments, with explicit collectives, as the training guide writes
+    `tensor_parallel_linear`.
 """
 
 from __future__ import annotations
@@ -109,9 +112,6 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
     if strategy not in STRATEGIES:
         raise ValueError(f"ts.distribute: unknown strategy {strategy!r} (known: "
                          f"{', '.join(STRATEGIES)})")
-    if strategy == "tensor_parallel" and layouts is None:
-        raise ValueError("ts.distribute(strategy='tensor_parallel') needs layouts=, a function "
-                         "(path, array) -> ShardSpec giving each parameter's split")
     if mesh_axes:
         axis = list(mesh_axes)[0]
     if mesh is not None and axis not in mesh.axes:
@@ -119,6 +119,11 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
     plan = Strategy(strategy, mesh, axis, tuple(batch), tuple(state), layouts)
 
     def wrap(f):
+        if strategy == "tensor_parallel" and layouts is None:
+            # Per-rank code over its DTensor arguments' blocks (the training
+            # guide's tensor_parallel_linear): the local view.
+            from .local_view import spmd
+            return CompiledFunction(spmd(f, mesh=mesh), mesh)
         if isinstance(f, CompiledFunction):
             f.strategy = plan
             return f

@@ -210,7 +210,8 @@ LogicalResult TGraphDialect::verifyRegionResultAttribute(Operation *op, unsigned
 LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
                                                       NamedAttribute attr) {
   // Function-level partitioning options (see tessera-partition).
-  if (attr.getName() == "tgraph.partitioned" || attr.getName() == "tgraph.deterministic") {
+  if (attr.getName() == "tgraph.partitioned" || attr.getName() == "tgraph.deterministic" ||
+      attr.getName() == "tgraph.local") {
     if (!llvm::isa<UnitAttr>(attr.getValue()))
       return op->emitError() << "'" << attr.getName().getValue() << "' must be a unit attribute";
     return success();
@@ -672,3 +673,66 @@ LogicalResult ShardOp::verifySymbolUses(SymbolTableCollection &) {
   return verifyShardingOf(*this, getSharding(), getResult().getType(),
                           "the annotated value", [&] { return emitOpError(); });
 }
+
+//===----------------------------------------------------------------------===//
+// SpmdOp
+//===----------------------------------------------------------------------===//
+
+/// The per-rank type of a value of global type `global` laid out as
+/// `sharding` (each dimension divided by the sizes of the axes splitting it).
+static FailureOr<RankedTensorType> localType(Operation *op, ShardingAttr sharding,
+                                             RankedTensorType global) {
+  auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(op, sharding.getMesh());
+  if (!mesh)
+    return failure();
+  SmallVector<int64_t> shape(global.getShape());
+  for (int64_t d = 0; d < global.getRank(); ++d)
+    for (StringRef axis : sharding.getDimAxes(d))
+      shape[d] /= *mesh.getAxisSize(axis);
+  return RankedTensorType::get(shape, global.getElementType());
+}
+
+/// Checks one side of the op (its inputs or its results) against the body's
+/// per-rank types: a sharding per value, valid for its global type, whose
+/// block is the body's type.
+static LogicalResult verifySpmdSide(SpmdOp op, ArrayAttr shardings, TypeRange globals,
+                                    ArrayRef<Type> locals, StringRef what) {
+  if (shardings.size() != globals.size() || locals.size() != globals.size())
+    return op.emitOpError("has ") << globals.size() << " " << what << "s, "
+                                  << shardings.size() << " " << what
+                                  << " shardings, and its body has " << locals.size();
+  for (auto [i, entry] : llvm::enumerate(shardings)) {
+    auto sharding = llvm::dyn_cast<ShardingAttr>(entry);
+    if (!sharding)
+      return op.emitOpError() << what << " sharding #" << i
+                              << " must be a #tgraph.sharding attribute";
+    if (failed(verifyShardingOf(op, sharding, globals[i], Twine(what) + " #" + Twine(i),
+                                [&] { return op.emitOpError(); })))
+      return failure();
+    FailureOr<RankedTensorType> block =
+        localType(op, sharding, llvm::cast<RankedTensorType>(globals[i]));
+    if (failed(block))
+      return failure();     // verifyShardingOf reported the unknown mesh
+    if (*block != locals[i])
+      return op.emitOpError() << what << " #" << i << " of type " << globals[i]
+                              << " laid out as " << sharding << " has blocks of type "
+                              << *block << ", but the body's is " << locals[i];
+  }
+  return success();
+}
+
+LogicalResult SpmdOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto body = llvm::dyn_cast_or_null<FunctionOpInterface>(
+      symbols.lookupNearestSymbolFrom(*this, getBodyAttr()));
+  if (!body)
+    return emitOpError("refers to unknown function ") << getBodyAttr();
+  if (!body->hasAttr("tgraph.local"))
+    return emitOpError("body ") << getBodyAttr()
+                                << " must be a local-view function (marked tgraph.local)";
+  if (failed(verifySpmdSide(*this, getInShardings(), getInputs().getTypes(),
+                            body.getArgumentTypes(), "input")))
+    return failure();
+  return verifySpmdSide(*this, getOutShardings(), getResults().getTypes(),
+                        body.getResultTypes(), "result");
+}
+

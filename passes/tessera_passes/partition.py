@@ -28,18 +28,19 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
+from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.locations import location_name
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import Mesh, Sharding
-from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type, ops_of,
-                                         run_reporting, set_dict_entry, set_function_type)
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type, functions,
+                                         ops_of, run_reporting, set_dict_entry,
+                                         set_function_type)
 from tessera_compiler.ir.types import enum_of
 
 from .sharding_rules import (SHARDING, Context, argument_shardings, context_of,
                              distributed_functions, op_rule, read_sharding, result_shardings,
                              scatter_axes_of, use_counts)
 
-I64 = lambda v: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)  # noqa: E731
 
 
 def _local_type(global_type: ir.Type, mesh: Mesh, s: Sharding, what: str,
@@ -55,22 +56,12 @@ def _local_type(global_type: ir.Type, mesh: Mesh, s: Sharding, what: str,
     return ir.RankedTensorType.get(mesh.local_shape(shape, s), t.element_type)
 
 
-def _resized(value: ir.Value, grow: dict | None = None, shrink: dict | None = None
-             ) -> ir.RankedTensorType:
-    """`value`'s type with dimension d multiplied by grow[d] / divided by shrink[d]."""
-    t = ir.RankedTensorType(value.type)
-    grow, shrink = grow or {}, shrink or {}
-    shape = [s * grow.get(d, 1) // shrink.get(d, 1) for d, s in enumerate(t.shape)]
-    return ir.RankedTensorType.get(shape, t.element_type)
-
-
 class Resharder:
     """Inserts the ops that move a local value from one sharding to another."""
 
     def __init__(self, ctx: Context, current: dict):
         self.ctx = ctx                    # the mesh, deterministic mode, global shapes
         self.mesh = ctx.mesh
-        self.mesh_ref = ir.FlatSymbolRefAttr.get(ctx.mesh.name)
         self.deterministic = ctx.deterministic
         self.current = current            # value -> its sharding (the partitioner's map)
         # (value, target) -> resharded value: a value several ops need in the
@@ -167,31 +158,21 @@ class Resharder:
         return value
 
     def _all_reduce(self, value, kind, axis):
-        return tgraph.AllReduceOp(value, tgraph.ReductionKindAttr.get(kind),
-                                  self.mesh_ref, ir.StringAttr.get(axis),
-                                  deterministic=self.deterministic or None).result
+        return gb.all_reduce(value, kind, self.ctx.mesh.name, axis, self.deterministic)
 
     def _all_gather(self, value, axis, dim):
-        result = _resized(value, grow={dim: self.mesh.axis_size(axis)})
-        return tgraph.AllGatherOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
-                                  I64(dim)).result
+        return gb.all_gather(value, self.ctx.mesh.name, axis, dim, self.mesh.axis_size(axis))
 
     def _reduce_scatter(self, value, axis, dim):
-        result = _resized(value, shrink={dim: self.mesh.axis_size(axis)})
-        return tgraph.ReduceScatterOp(result, value, tgraph.ReductionKindAttr.get("sum"),
-                                      self.mesh_ref, ir.StringAttr.get(axis), I64(dim),
-                                      deterministic=self.deterministic or None).result
+        return gb.reduce_scatter(value, self.ctx.mesh.name, axis, dim,
+                                 self.mesh.axis_size(axis), self.deterministic)
 
     def _all_to_all(self, value, axis, split_dim, concat_dim):
-        n = self.mesh.axis_size(axis)
-        result = _resized(value, grow={concat_dim: n}, shrink={split_dim: n})
-        return tgraph.AllToAllOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
-                                 I64(split_dim), I64(concat_dim)).result
+        return gb.all_to_all(value, self.ctx.mesh.name, axis, split_dim, concat_dim,
+                             self.mesh.axis_size(axis))
 
     def _axis_slice(self, value, axis, dim):
-        result = _resized(value, shrink={dim: self.mesh.axis_size(axis)})
-        return tgraph.AxisSliceOp(result, value, self.mesh_ref, ir.StringAttr.get(axis),
-                                  I64(dim)).result
+        return gb.axis_slice(value, self.ctx.mesh.name, axis, dim, self.mesh.axis_size(axis))
 
 
 def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
@@ -214,6 +195,7 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
 
     wanted_results = result_shardings(func_op, ftype.results)
     final_results = []
+    inlined = set()           # the local-view bodies inlined, erased at the end
     uses = use_counts(func_op)
     for op in ops_of(func_op):
         if op.name != "func.return":
@@ -230,6 +212,9 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
                 want = want or current[v].with_partial(())
                 op.operands[i] = reshard(v, current[v], want, op)
                 final_results.append(want)
+            continue
+        if op.name == "tgraph.spmd":
+            inlined.add(_inline_spmd(op, reshard, current, ctx))
             continue
         if op.name == "tgraph.shard":
             target = Sharding.from_attr(op.attributes["sharding"])
@@ -273,6 +258,9 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     for op in ops_of(func_op):
         if op.name == "tgraph.matmul" and "transport" in op.attributes:
             _hand_transport(op)
+    for body in list(functions(func_op.parent)):
+        if ir.StringAttr(body.attributes["sym_name"]).value in inlined:
+            body.erase()
     res_dicts = arg_attr_dicts(func_op, "res_attrs")
     res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, final_results)]
     ret = ops_of(func_op)[-1]
@@ -280,6 +268,35 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     func_op.attributes["arg_attrs"] = ir.ArrayAttr.get(list(arg_dicts))
     func_op.attributes["res_attrs"] = ir.ArrayAttr.get(list(res_dicts))
     func_op.attributes["tgraph.partitioned"] = ir.UnitAttr.get()
+
+
+def _inline_spmd(op: ir.Operation, reshard, current: dict, ctx) -> str:
+    """A `tgraph.spmd` call of a local-view body: each operand resharded to
+    its in-sharding becomes the body's argument (its block is what the body
+    computes on), the body's ops move here unchanged (they are per-rank
+    already, their collectives explicit), and what the body returns stands
+    for the op's results in their out-shardings. Returns the body's name."""
+    name = ir.FlatSymbolRefAttr(op.attributes["body"]).value
+    body = next(f for f in functions(op.parent.parent)
+                if ir.StringAttr(f.attributes["sym_name"]).value == name)
+    block = body.regions[0].blocks[0]
+    for v, arg, attr in zip(list(op.operands), block.arguments,
+                            ir.ArrayAttr(op.attributes["in_shardings"])):
+        arg.replace_all_uses_with(reshard(v, current[v], Sharding.from_attr(attr), op))
+    inner = [o.operation for o in block.operations]
+    for o in inner[:-1]:
+        o.move_before(op)
+    for result, value, attr in zip(op.results, list(inner[-1].operands),
+                                   ir.ArrayAttr(op.attributes["out_shardings"])):
+        sharding = Sharding.from_attr(attr)
+        if current.get(value, sharding) != sharding:
+            raise PassError(f"the local-view function {name} returns one block as two results "
+                            "with different layouts; return a copy for each", op.location)
+        current[value] = sharding
+        ctx.global_shapes[value] = list(ir.RankedTensorType(result.type).shape)
+        result.replace_all_uses_with(value)
+    op.erase()
+    return name
 
 
 def _hand_transport(matmul: ir.Operation) -> None:

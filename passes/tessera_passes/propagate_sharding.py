@@ -3,7 +3,8 @@
 Starts from the `tgraph.sharding` attributes of function arguments (an
 argument without one is replicated) and walks the body forward, applying the
 per-op rules of `sharding_rules.py`. Each op gets a `tgraph.sharding`
-attribute describing its result; `tgraph.shard` pins a value's sharding.
+attribute describing its result; `tgraph.shard` pins a value's sharding, and
+a `tgraph.spmd` gives its results its `out_shardings`.
 Collectives are per-rank ops and may only appear after partitioning.
 """
 
@@ -30,6 +31,10 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
         shardings[arg] = s
     for op in ops_of(func_op):
         if op.name == "func.return":
+            continue
+        if op.name == "tgraph.spmd":      # results as its out_shardings say
+            for r, attr in zip(op.results, ir.ArrayAttr(op.attributes["out_shardings"])):
+                shardings[r] = Sharding.from_attr(attr)
             continue
         if op.name == "tgraph.shard":
             s = Sharding.from_attr(op.attributes["sharding"])

@@ -474,7 +474,9 @@ def distributed_functions(module_op: ir.Operation):
     """(function, mesh) for each not-yet-partitioned function that runs on a mesh."""
     meshes = meshes_of(module_op)
     for f in list(functions(module_op)):
-        if "tgraph.partitioned" in f.attributes:
+        # A local-view body (tgraph.local) is per-rank already: tessera-partition
+        # inlines it where its tgraph.spmd calls it.
+        if "tgraph.partitioned" in f.attributes or "tgraph.local" in f.attributes:
             continue
         mesh = function_mesh(f, meshes)
         if mesh is not None:

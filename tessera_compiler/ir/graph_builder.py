@@ -214,3 +214,49 @@ def attention_grad(q, k, v, dout, lse, delta, causal: bool, scale: float) -> lis
     op = tgraph.AttentionGradOp(q.type, k.type, v.type, q, k, v, dout, lse, delta,
                                 ir.FloatAttr.get_f64(scale), causal=causal or None)
     return list(op.results)
+
+
+# -- collectives (per-rank values: after partitioning, or in a local-view body) ---
+
+def _resized(x: ir.Value, dim: int, times: int = 1, over: int = 1) -> ir.RankedTensorType:
+    """`x`'s type with dimension `dim` multiplied by `times`, divided by `over`."""
+    shape = shape_of(x)
+    shape[dim] = shape[dim] * times // over
+    return ranked(shape, element_of(x))
+
+
+def _on(mesh: str, axis: str):
+    return ir.FlatSymbolRefAttr.get(mesh), ir.StringAttr.get(axis)
+
+
+def all_reduce(x: ir.Value, kind: str, mesh: str, axis: str,
+               deterministic: bool = False) -> ir.Value:
+    return tgraph.AllReduceOp(x, tgraph.ReductionKindAttr.get(kind), *_on(mesh, axis),
+                              deterministic=deterministic or None).result
+
+
+def all_gather(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> ir.Value:
+    return tgraph.AllGatherOp(_resized(x, dim, times=axis_size), x, *_on(mesh, axis),
+                              _i64(dim)).result
+
+
+def reduce_scatter(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int,
+                   deterministic: bool = False) -> ir.Value:
+    return tgraph.ReduceScatterOp(_resized(x, dim, over=axis_size), x,
+                                  tgraph.ReductionKindAttr.get("sum"), *_on(mesh, axis),
+                                  _i64(dim), deterministic=deterministic or None).result
+
+
+def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: int,
+               axis_size: int) -> ir.Value:
+    shape = shape_of(x)
+    shape[concat_dim] *= axis_size
+    shape[split_dim] //= axis_size
+    return tgraph.AllToAllOp(ranked(shape, element_of(x)), x, *_on(mesh, axis),
+                             _i64(split_dim), _i64(concat_dim)).result
+
+
+def axis_slice(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> ir.Value:
+    return tgraph.AxisSliceOp(_resized(x, dim, over=axis_size), x, *_on(mesh, axis),
+                              _i64(dim)).result
+

@@ -301,3 +301,43 @@ func.func @transport_unused(%h: tensor<16x16xf32> {tgraph.sharding = #tgraph.sha
   %1 = tgraph.exp %0 : tensor<16x32xf32>
   return %1 : tensor<16x32xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// A local-view call: the replicated operand is sliced to the rows the
+// in-sharding gives each rank, the body's ops (its explicit all_reduce
+// included) move into the caller unchanged, the body is erased, and the
+// result is the replicated sum the out-sharding declares (no collective
+// added after it).
+// CHECK-LABEL: func.func @spmd_inlined
+// CHECK-NEXT: %[[X:.*]] = tgraph.axis_slice %arg0 on @mesh["dp"] dim 0 : tensor<8x4xf32> -> tensor<4x4xf32>
+// CHECK-NEXT: %[[E:.*]] = tgraph.exp %[[X]] : tensor<4x4xf32>
+// CHECK-NEXT: %[[S:.*]] = tgraph.all_reduce <sum> %[[E]] on @mesh["dp"] : tensor<4x4xf32>
+// CHECK-NEXT: %[[T:.*]] = tgraph.tanh %[[S]] {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}[], []]>} : tensor<4x4xf32>
+// CHECK-NEXT: return %[[T]] : tensor<4x4xf32>
+// CHECK-NOT: tgraph.local
+func.func @spmd_inlined(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  %y = tgraph.spmd @spmd_inlined_body(%x) in [#tgraph.sharding<@mesh, [["dp"], []]>] out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+  %z = tgraph.tanh %y : tensor<4x4xf32>
+  return %z : tensor<4x4xf32>
+}
+func.func private @spmd_inlined_body(%x: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {tgraph.local} {
+  %e = tgraph.exp %x : tensor<4x4xf32>
+  %s = tgraph.all_reduce <sum> %e on @mesh["dp"] : tensor<4x4xf32>
+  return %s : tensor<4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// One block returned as two results in different layouts.
+func.func @spmd_one_block_two_layouts(%x: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<4x4xf32>) {
+  // expected-error @+1 {{the local-view function spmd_twice_body returns one block as two results with different layouts; return a copy for each}}
+  %y:2 = tgraph.spmd @spmd_twice_body(%x) in [#tgraph.sharding<@mesh, [["dp"], []]>] out [#tgraph.sharding<@mesh, [["dp"], []]>, #tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<4x4xf32>)
+  return %y#0, %y#1 : tensor<8x4xf32>, tensor<4x4xf32>
+}
+func.func private @spmd_twice_body(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) attributes {tgraph.local} {
+  %e = tgraph.exp %x : tensor<4x4xf32>
+  return %e, %e : tensor<4x4xf32>, tensor<4x4xf32>
+}

@@ -212,3 +212,26 @@ func.func @attention(%q: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.shardin
   %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
   return %o#0 : tensor<2x4x8x16xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// A local-view call's results have its out-shardings: the exp after it is
+// split by rows like the first result, the neg (linear) a pending sum like
+// the second; the body is left alone (it is per-rank).
+// CHECK-LABEL: func.func @spmd_results
+// CHECK: tgraph.exp %{{.*}}#0 {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}["dp"], []]>}
+// CHECK: tgraph.neg %{{.*}}#1 {tgraph.sharding = #tgraph.sharding<@mesh, {{\[}}[], []], partial = ["dp"]>}
+// CHECK: func.func private @spmd_results_body
+// CHECK-NOT: tgraph.sharding
+func.func @spmd_results(%x: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<4x4xf32>) {
+  %y:2 = tgraph.spmd @spmd_results_body(%x) in [#tgraph.sharding<@mesh, [["dp"], []]>] out [#tgraph.sharding<@mesh, [["dp"], []]>, #tgraph.sharding<@mesh, [[], []], partial = ["dp"]>] : (tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<4x4xf32>)
+  %e = tgraph.exp %y#0 : tensor<8x4xf32>
+  %t = tgraph.neg %y#1 : tensor<4x4xf32>
+  return %e, %t : tensor<8x4xf32>, tensor<4x4xf32>
+}
+func.func private @spmd_results_body(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) attributes {tgraph.local} {
+  %e = tgraph.exp %x : tensor<4x4xf32>
+  %n = tgraph.neg %x : tensor<4x4xf32>
+  return %e, %n : tensor<4x4xf32>, tensor<4x4xf32>
+}

@@ -73,6 +73,29 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
                                    rtol=1e-6)
         assert seen["pending_reduced"] == [[3.0, 3.0], [3.0, 3.0]]
         assert seen["reduced_kept"] is True
+    # The local view. Tutorial 4.3's dp_step: the sum over ranks of each
+    # row block's x x^T; the training guide's tensor-parallel linear and
+    # attention against float64; per-rank code that differs by rank but
+    # pairs its collectives; and per-rank code that does not, caught.
+    X8 = np.array(ranks[0]["X8"])
+    x_in, w_qkv, w_out = (np.array(a) for a in ranks[0]["attention_inputs"])
+    attention = _tp_attention_reference(x_in, w_qkv, w_out, heads=4, ranks=2)
+    for seen in ranks:
+        np.testing.assert_allclose(seen["dp_step"], X8[:2] @ X8[:2].T + X8[2:] @ X8[2:].T,
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(seen["tp_linear"], seen["tp_linear_ref"], rtol=1e-2,
+                                   atol=3e-2)
+        np.testing.assert_allclose(seen["tp_attention"], attention, rtol=5e-2, atol=5e-2)
+        np.testing.assert_allclose(seen["scaled_sum"], 2 * X8[:2] + 3 * X8[2:], rtol=1e-5)
+        np.testing.assert_array_equal(seen["spmd_coordinate"], [[0] * 3] * 2 + [[1] * 3] * 2)
+        np.testing.assert_array_equal(seen["spmd_from_rank1"], X8[2:])
+        np.testing.assert_allclose(seen["spmd_summed_block"], 2 * X8, rtol=1e-6)
+        np.testing.assert_array_equal(seen["spmd_swapped"],
+                                      [np.concatenate([X8[r], X8[2 + r]]) for r in range(2)])
+        mismatch = seen["mismatched"]
+        assert "the ranks traced 2 different programs" in mismatch
+        assert "rank 0: tgraph.all_reduce {axis = \"dp\"" in mismatch
+        assert "rank 1: tgraph.all_gather {axis = \"dp\"" in mismatch
     # dist.tensor(init="random"): each rank's block of the same global value
     # one process makes for the whole tensor (mesh- and layout-independent).
     one = dist.Mesh(axes=["tp"], devices=range(1))
@@ -94,6 +117,27 @@ def test_redistribute_inside_a_compiled_function_pins_the_layout():
     assert [c.op for c in trace.collectives] == ["all_to_all"]
     assert '-> (tensor<2x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>})' \
         in trace.partitioned
+
+
+def _tp_attention_reference(x, w_qkv, w_out, heads: int, ranks: int) -> np.ndarray:
+    """The training guide's tensor-parallel attention in float64: rank r's
+    column block of w_qkv holds its heads' q, k and v; its row block of
+    w_out projects them; the ranks' projections sum."""
+    B, S, D = x.shape
+    width = D // heads
+    local = heads // ranks
+    block = 3 * local * width
+    total = np.zeros((B, S, w_out.shape[1]))
+    for r in range(ranks):
+        q, k, v = np.split(x @ w_qkv[:, r * block:(r + 1) * block], 3, axis=-1)
+        q, k, v = (t.reshape(B, S, local, width).transpose(0, 2, 1, 3) for t in (q, k, v))
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(width)
+        scores = np.where(np.tril(np.ones((S, S), bool)), scores, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        o = (p / p.sum(-1, keepdims=True)) @ v
+        o = o.transpose(0, 2, 1, 3).reshape(B, S, local * width)
+        total += o @ w_out[r * local * width:(r + 1) * local * width]
+    return total
 
 
 def test_a_mismatch_message_names_every_group_and_the_first_differing_op():
@@ -277,3 +321,32 @@ def test_collectives_inside_a_compiled_function_say_what_the_global_view_does():
         f(np.ones(3, np.float32))
     assert "inside a compiled function: in the global view the compiler inserts" in str(err.value)
     assert "test_rank_programs.py:" in str(err.value)
+
+
+def test_a_per_rank_result_that_differs_across_an_axis_needs_its_out_specs():
+    """Without out_specs a result must be the same on every rank: one that
+    still depends on a split input (no collective since) is an error saying
+    how to lay its blocks out; with out_specs it is the blocks side by side."""
+    mesh = dist.Mesh(axes=["dp"], devices=range(2))
+    x = dist.from_numpy(np.ones((4, 3), np.float32), dist.ShardSpec((0,), ("dp",)), mesh)
+    rows = dist.ShardSpec((0,), ("dp",))
+    doubled = dist.spmd(lambda b: b * 2.0, mesh=mesh, in_specs=rows)
+    with pytest.raises(ts.ShardingError) as err:
+        ts.graph.trace(lambda x: doubled(x), x)
+    assert "<lambda> result #0 differs across mesh axis 'dp'" in str(err.value)
+    assert "dist.ShardSpec((0,), ('dp',))" in str(err.value)
+    reduced = dist.spmd(lambda b: dist.all_reduce(op.sum(b * 2.0), axis="dp"), mesh=mesh,
+                        in_specs=rows)
+    trace = ts.graph.trace(lambda x: reduced(x), x)
+    # The argument is already split by rows: the only collective is the
+    # body's own all_reduce.
+    assert [c.op for c in trace.collectives] == ["all_reduce"]
+    laid = dist.spmd(lambda b: b * 2.0, mesh=mesh, in_specs=rows, out_specs=rows)
+    assert '#tgraph.sharding<@mesh, [["dp"], []]>' in ts.graph.trace(lambda x: laid(x), x).graph
+
+
+def test_per_rank_collectives_outside_per_rank_code_say_where_they_belong():
+    with pytest.raises(ts.ShardingError, match="is for per-rank code"):
+        dist.axis_index("dp")
+    with pytest.raises(ts.ShardingError, match="dist.all_to_all .* is for per-rank code"):
+        dist.all_to_all(np.ones((2, 2), np.float32), axis="dp", split_dim=0, concat_dim=1)

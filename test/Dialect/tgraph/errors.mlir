@@ -544,3 +544,65 @@ func.func @unknown_transport(%a: tensor<4x4xf32>) -> tensor<4x4xf32> {
   %0 = tgraph.matmul %a, %a {transport = #tgraph.transport<mpi>} : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
   return %0 : tensor<4x4xf32>
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// tgraph.spmd
+//===----------------------------------------------------------------------===//
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @spmd_unknown_body(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.spmd' op refers to unknown function @nowhere}}
+  %y = tgraph.spmd @nowhere(%x) in [#tgraph.sharding<@mesh, [["tp"], []]>] out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @spmd_global_body(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.spmd' op body @body must be a local-view function (marked tgraph.local)}}
+  %y = tgraph.spmd @body(%x) in [#tgraph.sharding<@mesh, [["tp"], []]>] out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+func.func private @body(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  return %x : tensor<4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @spmd_block_type(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.spmd' op input #0 of type 'tensor<8x4xf32>' laid out as #tgraph.sharding<@mesh, [["tp"], []]> has blocks of type 'tensor<4x4xf32>', but the body's is 'tensor<8x4xf32>'}}
+  %y = tgraph.spmd @body(%x) in [#tgraph.sharding<@mesh, [["tp"], []]>] out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+func.func private @body(%x: tensor<8x4xf32>) -> tensor<4x4xf32> attributes {tgraph.local} {
+  %s = tgraph.slice %x offsets [0, 0] : tensor<8x4xf32> -> tensor<4x4xf32>
+  return %s : tensor<4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @spmd_counts(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.spmd' op has 1 inputs, 2 input shardings, and its body has 1}}
+  %y = tgraph.spmd @body(%x) in [#tgraph.sharding<@mesh, [["tp"], []]>, #tgraph.sharding<@mesh, [[], []]>] out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+func.func private @body(%x: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {tgraph.local} {
+  return %x : tensor<4x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+func.func @spmd_bad_axis(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @below {{'tgraph.spmd' op sharding of input #0 splits dimension 0 over axis 'dp', which mesh @mesh does not have}}
+  %y = tgraph.spmd @body(%x) in [#tgraph.sharding<@mesh, [["dp"], []]>] out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+func.func private @body(%x: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {tgraph.local} {
+  return %x : tensor<4x4xf32>
+}

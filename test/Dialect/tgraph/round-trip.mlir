@@ -120,3 +120,15 @@ func.func @attention(%q: tensor<2x64x16xbf16>, %k: tensor<2x64x16xbf16>, %v: ten
   %g:3 = tgraph.attention_grad %q, %k, %v, %o#0, %o#1, %d {causal, scale = 0.125 : f64} : tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>, tensor<2x64x32xbf16>, tensor<2x64x1xf32>, tensor<2x64x1xf32> -> tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>
   return %g#0 : tensor<2x64x16xbf16>
 }
+
+// CHECK-LABEL: func.func @spmd_call
+// CHECK: tgraph.spmd @spmd_body(%{{.*}}) in [#tgraph.sharding<@mesh, {{\[}}["tp"], []]>] out [#tgraph.sharding<@mesh, {{\[}}[], []], partial = ["tp"]>] : (tensor<8x4xf32>) -> tensor<2x4xf32>
+// CHECK: func.func private @spmd_body({{.*}}) -> tensor<2x4xf32> attributes {tgraph.local}
+func.func @spmd_call(%x: tensor<8x4xf32>) -> tensor<2x4xf32> {
+  %y = tgraph.spmd @spmd_body(%x) in [#tgraph.sharding<@mesh, [["tp"], []]>] out [#tgraph.sharding<@mesh, [[], []], partial = ["tp"]>] : (tensor<8x4xf32>) -> tensor<2x4xf32>
+  return %y : tensor<2x4xf32>
+}
+func.func private @spmd_body(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes {tgraph.local} {
+  %s = tgraph.all_reduce <sum> %x on @mesh["tp"] : tensor<2x4xf32>
+  return %x : tensor<2x4xf32>
+}

@@ -9,7 +9,9 @@
   array, blocks only; `DTensor.shard/.replicate` reshard it;
 - a function takes the mesh of the DTensor it captures;
 - `dist.deterministic()` inside a compiled function marks it deterministic;
-- eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets).
+- eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets);
+- the local view: the tutorial's dp_step, the training guide's tensor-parallel
+  linear and attention, rank-dependent per-rank code.
 
 Writes OUT/rank{r}.json with what each case saw.
 
@@ -78,7 +80,7 @@ report["random_local_shape"] = list(made.local().shape)
 source = rng.standard_normal((4, 6)).astype(np.float32) if rank == 0 else None
 scattered = dist.scatter(source, dist.ShardSpec((0,), ("dp",)), mesh, src=0)
 sent = dist.from_numpy(source, dist.ShardSpec(("col",), ("dp",)), mesh, src=0)
-everywhere = dist.broadcast(source, mesh, src=0)
+everywhere = dist.broadcast(source, mesh=mesh, src=0)
 report["scattered"] = scattered.local().tolist()
 report["sent"] = sent.local().tolist()
 report["broadcast"] = everywhere.local().tolist()
@@ -137,5 +139,120 @@ pending = dist.from_numpy(np.full((2, 2), 1.5, np.float32), dist.ShardSpec(parti
                           mesh)
 report["pending_reduced"] = dist.all_reduce(pending, axis="dp").local().tolist()
 report["reduced_kept"] = dist.allreduce({"g": everywhere}, axis="dp")["g"] is everywhere
+
+# -- the local view: per-rank code with explicit collectives.
+# Tutorial 4.3, as written: x split by rows over dp.
+X8 = np.random.default_rng(seed + 5).standard_normal((4, 3)).astype(np.float32)
+x_rows = dist.from_numpy(X8, dist.ShardSpec((0,), ("dp",)), mesh)
+
+
+@op.kernel
+def dp_step(x):
+    # Local gradient
+    grad = op.matmul(x, x.T)
+    # Global sync across data-parallel axis
+    grad = dist.allreduce(grad, axis="dp")
+    return grad
+
+
+report["dp_step"] = dp_step(x_rows).local().tolist()
+report["X8"] = X8.tolist()
+
+
+# Training guide: tensor_parallel_linear and tensor_parallel_attention, as
+# written (the guide's file ends inside the attention; it finishes with the
+# row-parallel output projection and an all_reduce). Data: bf16 DTensors,
+# weights split by output columns (w_out by input rows).
+@ts.function
+@ts.distribute(strategy="tensor_parallel", mesh_axes=["tp"])
+def tensor_parallel_linear(
+    x: ts.Tensor["B", "S", "D_in", ts.bf16],
+    weight: ts.Tensor["D_in", "D_out", ts.bf16],
+    bias: ts.Tensor["D_out", ts.bf16] = None
+) -> ts.Tensor["B", "S", "D_out", ts.bf16]:
+    """Tensor parallel linear layer."""
+    partial_output = ts.matmul(x, weight)
+    if bias is not None:
+        partial_output = partial_output + bias
+    complete_output = ts.distributed.all_gather(partial_output, axis="tp")
+    return complete_output
+
+
+@ts.function
+@ts.distribute(strategy="tensor_parallel", mesh_axes=["tp"])
+def tensor_parallel_attention(
+    x: ts.Tensor["B", "S", "D", ts.bf16],
+    w_qkv: ts.Tensor["D", "3*D_head*H", ts.bf16],
+    w_out: ts.Tensor["D_head*H", "D", ts.bf16],
+    num_heads: int
+) -> ts.Tensor["B", "S", "D", ts.bf16]:
+    B, S, D = x.shape
+    local_heads = num_heads // ts.mesh.current().size  # Heads per GPU
+    head_dim = D // num_heads
+    local_qkv = ts.matmul(x, w_qkv)  # [B, S, 3*D_head*local_heads]
+    q, k, v = ts.split(local_qkv, sections=3, dim=-1)
+    q = q.reshape(B, S, local_heads, head_dim).transpose(1, 2)
+    k = k.reshape(B, S, local_heads, head_dim).transpose(1, 2)
+    v = v.reshape(B, S, local_heads, head_dim).transpose(1, 2)
+    local_attn_out = ts.nn.flash_attention(q, k, v, causal=True)
+    local_attn_out = local_attn_out.transpose(1, 2).reshape(B, S, -1)
+    return dist.all_reduce(ts.matmul(local_attn_out, w_out), axis="tp")
+
+
+data = np.random.default_rng(seed + 11)
+xa = data.standard_normal((2, 3, 8)).astype(ts.bf16)
+w_lin = data.standard_normal((8, 6)).astype(ts.bf16)
+b_lin = data.standard_normal((6,)).astype(ts.bf16)
+cols = dist.ShardSpec(("col",), ("tp",))
+linear_out = tensor_parallel_linear(dist.from_numpy(xa, mesh=tp), dist.from_numpy(w_lin, cols, tp),
+                             dist.from_numpy(b_lin, cols, tp))
+report["tp_linear"] = np.asarray(linear_out.local(), np.float64).tolist()
+report["tp_linear_ref"] = (xa.astype(np.float64) @ w_lin.astype(np.float64)
+                           + b_lin.astype(np.float64)).tolist()
+w_qkv = (0.3 * data.standard_normal((8, 24))).astype(ts.bf16)
+w_out = (0.3 * data.standard_normal((8, 8))).astype(ts.bf16)
+att = tensor_parallel_attention(dist.from_numpy(xa, mesh=tp), dist.from_numpy(w_qkv, cols, tp),
+                                dist.from_numpy(w_out, dist.ShardSpec(("row",), ("tp",)), tp), 4)
+report["tp_attention"] = np.asarray(att.local(), np.float64).tolist()
+report["attention_inputs"] = [a.astype(np.float64).tolist() for a in (xa, w_qkv, w_out)]
+
+
+# Per-rank programs may differ (here by a factor) as long as their
+# collectives pair up; different collectives are an error naming them.
+@dist.spmd(mesh=mesh, in_specs=dist.ShardSpec((0,), ("dp",)))
+def scaled_sum(x):
+    factor = 2.0 if ts.mesh.current().rank == 0 else 3.0
+    return dist.all_reduce(x * factor, axis="dp")
+
+
+report["scaled_sum"] = scaled_sum(x_rows).local().tolist()
+
+
+@dist.spmd(mesh=mesh, in_specs=dist.ShardSpec((0,), ("dp",)))
+def mismatched(x):
+    if ts.mesh.current().rank == 0:
+        return dist.all_reduce(x, axis="dp")
+    return dist.all_gather(x, axis="dp", dim=0)[:2]
+
+
+report["mismatched"] = error_of(lambda: mismatched(x_rows))
+
+# Every per-rank collective and the rank's coordinate, against numpy.
+rows = dist.ShardSpec((0,), ("dp",))
+
+
+@dist.spmd(mesh=mesh, in_specs=rows, out_specs=(rows, None, rows, rows))
+def collectives(x):                         # x: rows 2r, 2r+1 of X8
+    coordinate = x * 0.0 + op.cast(dist.axis_index("dp"), ts.f32)
+    from_rank1 = dist.broadcast(x, axis="dp", src=1)
+    whole = dist.all_gather(x, axis="dp", dim=0)
+    summed_block = dist.reduce_scatter(whole, axis="dp", dim=0)
+    swapped = dist.all_to_all(x, axis="dp", split_dim=0, concat_dim=1)
+    return coordinate, from_rank1, summed_block, swapped
+
+
+names = ("coordinate", "from_rank1", "summed_block", "swapped")
+for name, value in zip(names, collectives(x_rows)):
+    report[f"spmd_{name}"] = value.numpy().tolist()
 
 (out / f"rank{rank}.json").write_text(json.dumps(report))

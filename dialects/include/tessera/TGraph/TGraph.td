@@ -643,4 +643,33 @@ def TGraph_ShardOp : TGraph_Op<"shard", [Pure, SameOperandsAndResultType,
   let assemblyFormat = "$input `:` type($result) `to` qualified($sharding) attr-dict";
 }
 
+def TGraph_SpmdOp : TGraph_Op<"spmd", [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "run a per-rank (local-view) function on the blocks of global values";
+  let description = [{
+    The local view inside the global one (JAX's `shard_map`): each input is
+    resharded to its `in_shardings` entry and every rank calls `body` on its
+    block; `body` (a `func.func` marked `tgraph.local`) computes on per-rank
+    shapes and may use the collectives itself. Its results are the blocks of
+    global values laid out as `out_shardings` says (a partial entry: the
+    blocks are summands). `tessera-partition` inlines the body.
+
+    ```mlir
+    %y = tgraph.spmd @step_local(%x) in [#tgraph.sharding<@mesh, [["dp"], []]>]
+         out [#tgraph.sharding<@mesh, [[], []]>] : (tensor<8x4xf32>) -> tensor<4x4xf32>
+    func.func private @step_local(%x: tensor<4x4xf32>) -> tensor<4x4xf32>
+        attributes {tgraph.local} {
+      %s = tgraph.all_reduce <sum> %x on @mesh["dp"] : tensor<4x4xf32>
+      return %s : tensor<4x4xf32>
+    }
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$body, Variadic<AnyRankedTensor>:$inputs,
+                       ArrayAttr:$in_shardings, ArrayAttr:$out_shardings);
+  let results = (outs Variadic<AnyRankedTensor>:$results);
+  let assemblyFormat = [{
+    $body `(` $inputs `)` `in` $in_shardings `out` $out_shardings attr-dict `:`
+    functional-type($inputs, $results)
+  }];
+}
+
 #endif // TESSERA_TGRAPH_TD
