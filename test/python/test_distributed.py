@@ -45,8 +45,11 @@ def test_gpt_on_dp2_tp2_matches_single_device_for_50_steps(run_mpi, tmp_path):
     # far more than 1e-4 within a few steps.
     np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-4, atol=1e-4,
                                err_msg=f"seed {seed}")
+    # Parameters: seed 1903057906 puts one wqkv element 1.51e-4 apart (-0.03275
+    # vs -0.03260) after 50 steps, on the base commit a0010cc as well: the
+    # same fp32 drift, so 2e-4; a wrong shard is off by the weight itself.
     for name in one.files:
-        np.testing.assert_allclose(mesh[name], one[name], rtol=1e-3, atol=1e-4,
+        np.testing.assert_allclose(mesh[name], one[name], rtol=1e-3, atol=2e-4,
                                    err_msg=f"{name}, seed {seed}")
 
 
