@@ -31,6 +31,7 @@ import numpy as np
 
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.sharding import Sharding
+from tessera_compiler.ir.spmd import returned, varying_axes
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
@@ -110,7 +111,8 @@ class LocalFunction:
                 inputs.append(as_traced(self.fn.__name__, obj, src))
             dims = spec.dims_for(inputs[-1].ndim, mesh, "captured tensor")
             in_attrs.append(Sharding(mesh.name, tuple(dims), tuple(spec.partial)).to_attr())
-        varying = varying_axes(body, [_spec_axes(s) for s in specs + state.capture_specs])
+        axes = varying_axes(body, [_spec_axes(s) for s in specs + state.capture_specs])
+        varying = [axes.get(v, set()) for v in returned(body)]
         out_specs = self._out_specs(outputs, varying, mesh, src)
         result_types, out_attrs = [], []
         for i, (o, spec) in enumerate(zip(outputs, out_specs)):
@@ -231,29 +233,6 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
                 value = gb.all_to_all(x.value, mesh.name, axis, dims["split_dim"],
                                       dims["concat_dim"], n)
         return Traced(value, ir.RankedTensorType(value.type).shape, x.dtype, src)
-
-
-def varying_axes(body: ir.Operation, arg_axes: list[set]) -> list[set]:
-    """For each result of a local-view body, the mesh axes along which its
-    value may differ between ranks: an input varies over the axes its spec
-    splits (or sums) over; an op's result over its operands' union; an
-    all_reduce or all_gather over `a` makes it the same along `a`; a
-    reduce_scatter, all_to_all or axis_slice over `a` makes it differ."""
-    block = body.regions[0].blocks[0]
-    axes = {arg: set(a) for arg, a in zip(block.arguments, arg_axes)}
-    for inner in block.operations:
-        op = inner.operation
-        if op.name == "func.return":
-            return [axes.get(v, set()) for v in op.operands]
-        union = set().union(*[axes.get(v, set()) for v in op.operands]) if len(op.operands) \
-            else set()
-        if op.name in ("tgraph.all_reduce", "tgraph.all_gather"):
-            union.discard(ir.StringAttr(op.attributes["axis"]).value)
-        elif op.name in ("tgraph.reduce_scatter", "tgraph.all_to_all", "tgraph.axis_slice"):
-            union.add(ir.StringAttr(op.attributes["axis"]).value)
-        for r in op.results:
-            axes[r] = union
-    return []
 
 
 def _is_tensor(x) -> bool:

@@ -15,10 +15,13 @@ are checked against float64 finite differences in test/python/test_autodiff.py.
 from __future__ import annotations
 
 from tessera_mlir import ir
+from tessera_mlir.dialects import func, tgraph
 
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.sharding import Sharding, meshes_of
+from tessera_compiler.ir.spmd import Varying, axis_of, body_of, returned
 from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
 from tessera_compiler.ir.types import enum_of
 
@@ -105,18 +108,135 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
                                  ir.FloatAttr(op.attributes["scale"]).value)
     if name in ("iota", "fill"):
         return [None] * len(x)
+    if name == "spmd":
+        return _spmd_vjp(op, gs)
     raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
 
 
-def _relevant_ops(body: list[ir.Operation], wrt: list[ir.Value], loss: ir.Value) -> list:
-    """Ops on a path from some `wrt` value to `loss`, in program order."""
-    depends = set(wrt)           # values that depend on some wrt value
+# -- per-rank (local-view) code ----------------------------------------------------
+
+def _spmd_vjp(op: ir.Operation, gs: list) -> list:
+    """The cotangents of a `tgraph.spmd`'s operands: another `tgraph.spmd`
+    whose per-rank body recomputes the forward body and runs reverse mode on
+    it. A cotangent that differs between the ranks along an axis its input is
+    not split over is a sum of the ranks' contributions (JAX's rule for
+    values used by every rank): its out-sharding is partial over that axis,
+    and the partitioner reduces it where it is read."""
+    body = body_of(op)
+    in_specs = [Sharding.from_attr(a) for a in ir.ArrayAttr(op.attributes["in_shardings"])]
+    out_specs = [Sharding.from_attr(a) for a in ir.ArrayAttr(op.attributes["out_shardings"])]
+    mesh = meshes_of(body.parent)[(in_specs + out_specs)[0].mesh]
+    wanted = [i for i, g in enumerate(gs) if g is not None]
+    block = body.regions[0].blocks[0]
+    n_in = len(block.arguments)
+    outs = returned(body)
+    types = [a.type for a in block.arguments] + [outs[i].type for i in wanted]
+    backward = _new_local_function(body, "_vjp", types)
+    entry = backward.regions[0].blocks[0]
+    varying = Varying({a: _split_axes(s) | set(s.partial) for a, s in
+                       zip(entry.arguments, in_specs)})
+    for k, i in enumerate(wanted):          # a cotangent is uniform over summed axes
+        varying.known[entry.arguments[n_in + k]] = _split_axes(out_specs[i])
+    with ir.InsertionPoint(entry), op.location:
+        mapping = dict(zip(block.arguments, entry.arguments[:n_in]))
+        cloned = []
+        for inner in list(block.operations)[:-1]:
+            copy = inner.operation.clone(ip=ir.InsertionPoint(entry))
+            for index, v in enumerate(inner.operation.operands):
+                copy.operands[index] = mapping.get(v, v)
+            mapping.update(zip(inner.operation.results, copy.results))
+            cloned.append(copy)
+        cotangent: dict = {}
+        arguments = set(entry.arguments)
+
+        def accumulate(value, g):
+            # A value every rank holds alike, whose cotangent differs by rank,
+            # was used by each rank's own computation: its cotangent is the
+            # sum of theirs (an argument's sum is left to its out-sharding).
+            if value not in arguments:
+                for axis in sorted(varying(g) - varying(value)):
+                    g = gb.all_reduce(g, "sum", mesh.name, axis)
+            cotangent[value] = gb.binary("add", cotangent[value], g) \
+                if value in cotangent else g
+
+        for k, i in enumerate(wanted):
+            accumulate(mapping.get(outs[i], outs[i]), entry.arguments[n_in + k])
+        targets = [mapping.get(outs[i], outs[i]) for i in wanted]
+        for inner in reversed(_ops_between(cloned, entry.arguments[:n_in], targets)):
+            cts = [cotangent.get(r) for r in inner.results]
+            if all(g is None for g in cts):
+                continue
+            with inner.location:
+                rule = _collective_vjp(inner, cts[0], varying, mesh) \
+                    if inner.name in _COLLECTIVES else vjp(inner, cts)
+                for operand, ct in zip(inner.operands, rule):
+                    if ct is not None and gb.is_float(operand):
+                        accumulate(operand, ct)
+        grads = [cotangent.get(a) if a in cotangent else gb.zeros_like(a)
+                 for a in entry.arguments[:n_in]]
+        func.ReturnOp(grads)
+    backward.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        types, [g.type for g in grads]))
+    out_attrs = []
+    for g, spec in zip(grads, in_specs):
+        summed = sorted(varying(g) - _split_axes(spec))
+        out_attrs.append(Sharding(spec.mesh, spec.dims, tuple(summed)).to_attr())
+    in_attrs = [s.to_attr() for s in in_specs] + \
+        [out_specs[i].with_partial(()).to_attr() for i in wanted]
+    call = tgraph.SpmdOp([v.type for v in op.operands],
+                         ir.FlatSymbolRefAttr.get(ir.StringAttr(
+                             backward.attributes["sym_name"]).value),
+                         list(op.operands) + [gs[i] for i in wanted],
+                         ir.ArrayAttr.get(in_attrs), ir.ArrayAttr.get(out_attrs))
+    return list(call.results)
+
+
+_COLLECTIVES = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
+                "tgraph.all_to_all", "tgraph.axis_slice")
+
+
+def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> list:
+    """A per-rank collective's VJP, for the cotangent `g` of its result (the
+    same on every rank when the result is: see accumulate). For an operand
+    that differs by rank: an all_reduce passes the cotangent on, an
+    all_gather hands each rank its block of it, a reduce_scatter all-gathers
+    it, an all_to_all sends it back. An operand every rank holds alike was
+    combined as each rank's own copy, so its cotangent is summed over the
+    axis too (JAX's transpose of the implicit pbroadcast)."""
+    axis = axis_of(op)
+    n = mesh.axis_size(axis)
+    if op.name == "tgraph.all_reduce":
+        if enum_of(op) != "sum":
+            raise PassError(f"tessera-autodiff: no derivative for a '{enum_of(op)}' "
+                            "all_reduce", op.location)
+        ct = g
+    elif op.name == "tgraph.all_gather":
+        ct = gb.axis_slice(g, mesh.name, axis, ir.IntegerAttr(op.attributes["dim"]).value, n)
+    elif op.name == "tgraph.reduce_scatter":
+        ct = gb.all_gather(g, mesh.name, axis, ir.IntegerAttr(op.attributes["dim"]).value, n)
+    elif op.name == "tgraph.all_to_all":
+        ct = gb.all_to_all(g, mesh.name, axis, ir.IntegerAttr(op.attributes["concat_dim"]).value,
+                           ir.IntegerAttr(op.attributes["split_dim"]).value, n)
+    else:
+        raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
+    if axis not in varying(op.operands[0]):
+        ct = gb.all_reduce(ct, "sum", mesh.name, axis)
+    return [ct]
+
+
+def _split_axes(sharding: Sharding) -> set:
+    return {a for d in sharding.dims for a in d}
+
+
+def _ops_between(body: list, sources, targets) -> list:
+    """The ops of `body` on a path from some `sources` value to some `targets` value."""
+    depends = set(sources)
     forward = []
     for op in body:
         if any(v in depends for v in op.operands):
             forward.append(op)
             depends.update(op.results)
-    needed = {loss}
+    needed = set(targets)
     relevant = []
     for op in reversed(forward):
         if any(r in needed for r in op.results):
@@ -125,11 +245,29 @@ def _relevant_ops(body: list[ir.Operation], wrt: list[ir.Value], loss: ir.Value)
     return list(reversed(relevant))
 
 
+def _new_local_function(like: ir.Operation, suffix: str, arg_types) -> ir.Operation:
+    """An empty private per-rank function next to `like`, named after it."""
+    module_block = like.parent.regions[0].blocks[0]
+    taken = {ir.StringAttr(o.operation.attributes["sym_name"]).value
+             for o in module_block.operations if "sym_name" in o.operation.attributes}
+    base = ir.StringAttr(like.attributes["sym_name"]).value + suffix
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    with ir.InsertionPoint(module_block), like.location:
+        f = func.FuncOp(name, (arg_types, []))
+        f.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        f.attributes["tgraph.local"] = ir.UnitAttr.get()
+        f.add_entry_block()
+    return f.operation
+
+
 def differentiate(grad_op: ir.Operation) -> None:
     loss, *wrt = list(grad_op.operands)
     block_ops = ops_of(grad_op.parent)
     body = block_ops[: block_ops.index(grad_op)]
-    ops = _relevant_ops(body, wrt, loss)
+    ops = _ops_between(body, wrt, [loss])
     cotangent: dict = {}
 
     def accumulate(value, g):
@@ -156,7 +294,7 @@ def differentiate(grad_op: ir.Operation) -> None:
 
 def run(op, pass_, options: TargetOptions):
     def body():
-        for f in functions(op):
+        for f in list(functions(op)):     # (differentiating adds per-rank bodies)
             for o in ops_of(f):
                 if o.name == "tgraph.grad":
                     differentiate(o)

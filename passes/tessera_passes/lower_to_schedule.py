@@ -201,6 +201,11 @@ class ScheduleBuilder:
                 deterministic=attrs["deterministic"] if "deterministic" in attrs else None)
             self.pending[dst] = start.result
             self.buffers[op.results[0]] = dst
+            if not list(op.results[0].uses):
+                # Nothing reads it (a per-rank body's forward collective whose
+                # value only its backward recomputes): every rank still runs
+                # it, so wait for it at once and let its buffers go.
+                self.use(op.results[0], compute)
             return
         raise PassError(f"tessera-lower-to-schedule cannot lower '{op.name}'", op.location)
 

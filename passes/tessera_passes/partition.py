@@ -32,6 +32,7 @@ from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.locations import location_name
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import Mesh, Sharding
+from tessera_compiler.ir.spmd import body_of
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type, functions,
                                          ops_of, run_reporting, set_dict_entry,
                                          set_function_type)
@@ -276,9 +277,8 @@ def _inline_spmd(op: ir.Operation, reshard, current: dict, ctx) -> str:
     computes on), the body's ops move here unchanged (they are per-rank
     already, their collectives explicit), and what the body returns stands
     for the op's results in their out-shardings. Returns the body's name."""
-    name = ir.FlatSymbolRefAttr(op.attributes["body"]).value
-    body = next(f for f in functions(op.parent.parent)
-                if ir.StringAttr(f.attributes["sym_name"]).value == name)
+    body = body_of(op)
+    name = ir.StringAttr(body.attributes["sym_name"]).value
     block = body.regions[0].blocks[0]
     for v, arg, attr in zip(list(op.operands), block.arguments,
                             ir.ArrayAttr(op.attributes["in_shardings"])):

@@ -110,3 +110,45 @@ func.func @lse(%q: tensor<8x4xf32>) -> tensor<8x4xf32> {
   %g = tgraph.grad %1 wrt %q : tensor<f32>, tensor<8x4xf32> -> tensor<8x4xf32>
   return %g : tensor<8x4xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// Through per-rank code: the gradient is a second tgraph.spmd whose body
+// recomputes the forward and runs reverse mode. w is replicated but each
+// rank's rows of x give its own contribution, so w's cotangent is a pending
+// sum over dp (partial out-sharding); the all_reduce's cotangent passes on.
+// CHECK-LABEL: func.func @through_spmd
+// CHECK: %[[G:.*]]:2 = tgraph.spmd @through_spmd_body_vjp(%arg0, %arg1, %{{.*}}) in [#tgraph.sharding<@mesh, {{\[}}["dp"], []]>, #tgraph.sharding<@mesh, {{\[}}[], []]>, #tgraph.sharding<@mesh, []>] out [#tgraph.sharding<@mesh, {{\[}}["dp"], []]>, #tgraph.sharding<@mesh, {{\[}}[], []], partial = ["dp"]>]
+// CHECK: return %[[G]]#1
+// CHECK: func.func private @through_spmd_body_vjp(%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<3x2xf32>, %{{.*}}: tensor<f32>) -> (tensor<2x3xf32>, tensor<3x2xf32>) attributes {tgraph.local}
+// CHECK: tgraph.all_reduce <sum>
+// CHECK: tgraph.matmul
+func.func @through_spmd(%x: tensor<4x3xf32>, %w: tensor<3x2xf32>) -> tensor<3x2xf32> {
+  %l = tgraph.spmd @through_spmd_body(%x, %w) in [#tgraph.sharding<@mesh, [["dp"], []]>, #tgraph.sharding<@mesh, [[], []]>] out [#tgraph.sharding<@mesh, []>] : (tensor<4x3xf32>, tensor<3x2xf32>) -> tensor<f32>
+  %g = tgraph.grad %l wrt %w : tensor<f32>, tensor<3x2xf32> -> tensor<3x2xf32>
+  return %g : tensor<3x2xf32>
+}
+func.func private @through_spmd_body(%x: tensor<2x3xf32>, %w: tensor<3x2xf32>) -> tensor<f32> attributes {tgraph.local} {
+  %y = tgraph.matmul %x, %w : tensor<2x3xf32>, tensor<3x2xf32> -> tensor<2x2xf32>
+  %r = tgraph.reduce <sum> %y dims [0, 1] : tensor<2x2xf32> -> tensor<1x1xf32>
+  %s = tgraph.reshape %r : tensor<1x1xf32> to tensor<f32>
+  %t = tgraph.all_reduce <sum> %s on @mesh["dp"] : tensor<f32>
+  return %t : tensor<f32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+func.func @max_all_reduce(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %l = tgraph.spmd @max_body(%x) in [#tgraph.sharding<@mesh, [["dp"]]>] out [#tgraph.sharding<@mesh, [[]]>] : (tensor<4xf32>) -> tensor<2xf32>
+  %r = tgraph.reduce <sum> %l dims [0] : tensor<2xf32> -> tensor<1xf32>
+  %s = tgraph.reshape %r : tensor<1xf32> to tensor<f32>
+  %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<4xf32> -> tensor<4xf32>
+  return %g : tensor<4xf32>
+}
+func.func private @max_body(%x: tensor<2xf32>) -> tensor<2xf32> attributes {tgraph.local} {
+  // expected-error @+1 {{tessera-autodiff: no derivative for a 'max' all_reduce}}
+  %m = tgraph.all_reduce <max> %x on @mesh["dp"] : tensor<2xf32>
+  return %m : tensor<2xf32>
+}

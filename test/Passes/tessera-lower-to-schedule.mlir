@@ -250,3 +250,19 @@ func.func @scatter_columns(%h: tensor<128x32xbf16>, %w: tensor<32x16xbf16>) -> t
   return %1 : tensor<128x8xbf16>
 }
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// A collective nothing reads (a per-rank body's forward all_gather whose
+// value only the backward recomputes) still runs on every rank: it is waited
+// for at once, before its buffers are freed.
+// CHECK-LABEL: func.func @unread_collective(
+// CHECK: %[[T:.*]] = tsched.collective_start <all_gather> %{{.*}} -> %[[D:.*]] on
+// CHECK-NEXT: tsched.collective_wait %[[T]]
+// CHECK: tsched.free %[[D]]
+func.func @unread_collective(%x: tensor<4x2xf32>) -> tensor<4x2xf32> attributes {tgraph.partitioned} {
+  %g = tgraph.all_gather %x on @mesh["dp"] dim 1 : tensor<4x2xf32> -> tensor<4x4xf32>
+  %e = tgraph.exp %x : tensor<4x2xf32>
+  return %e : tensor<4x2xf32>
+}

@@ -92,6 +92,7 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
         np.testing.assert_allclose(seen["spmd_summed_block"], 2 * X8, rtol=1e-6)
         np.testing.assert_array_equal(seen["spmd_swapped"],
                                       [np.concatenate([X8[r], X8[2 + r]]) for r in range(2)])
+        _check_local_view_gradients(seen, X8)
         mismatch = seen["mismatched"]
         assert "the ranks traced 2 different programs" in mismatch
         assert "rank 0: tgraph.all_reduce {axis = \"dp\"" in mismatch
@@ -117,6 +118,31 @@ def test_redistribute_inside_a_compiled_function_pins_the_layout():
     assert [c.op for c in trace.collectives] == ["all_to_all"]
     assert '-> (tensor<2x6xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>})' \
         in trace.partitioned
+
+
+def _check_local_view_gradients(seen: dict, X: np.ndarray) -> None:
+    """The worker's sum of four per-rank losses (see local_view_grads) and
+    its gradients against central finite differences of the same loss in
+    float64 numpy: sum((XW)^2) + 0.5 sum((XW)^2) + 2 sum(X^2) + sum(X^3)
+    + 2 sum(W^2)."""
+    W = np.array(seen["Wg"])
+
+    def loss(x, w):
+        y = x @ w
+        return 1.5 * np.sum(y * y) + 2 * np.sum(x * x) + np.sum(x ** 3) + 2 * np.sum(w * w)
+
+    def finite_differences(f, a, h=1e-6):
+        g = np.zeros_like(a)
+        for i in np.ndindex(a.shape):
+            step = np.zeros_like(a)
+            step[i] = h
+            g[i] = (f(a + step) - f(a - step)) / (2 * h)
+        return g
+    np.testing.assert_allclose(seen["grad_loss"], loss(X, W), rtol=1e-5)
+    np.testing.assert_allclose(seen["grad_x"], finite_differences(lambda x: loss(x, W), X),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(seen["grad_w"], finite_differences(lambda w: loss(X, w), W),
+                               rtol=1e-4, atol=1e-4)
 
 
 def _tp_attention_reference(x, w_qkv, w_out, heads: int, ranks: int) -> np.ndarray:

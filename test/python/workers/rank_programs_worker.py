@@ -255,4 +255,53 @@ names = ("coordinate", "from_rank1", "summed_block", "swapped")
 for name, value in zip(names, collectives(x_rows)):
     report[f"spmd_{name}"] = value.numpy().tolist()
 
+# Gradients through per-rank code: data parallel (w replicated, its
+# gradient summed over the ranks), tensor parallel (w split by columns,
+# all_gather), and the reduce_scatter and all_to_all rules.
+cols = dist.ShardSpec(("col",), ("dp",))
+
+
+@dist.spmd(mesh=mesh, in_specs=(rows, None))
+def dp_loss(x, w):
+    y = op.matmul(x, w)
+    return dist.all_reduce(op.sum(y * y), axis="dp")
+
+
+@dist.spmd(mesh=mesh, in_specs=(None, cols))
+def tp_loss(x, w):
+    z = dist.all_gather(op.matmul(x, w), axis="dp", dim=1)
+    return op.sum(z * z * 0.5)
+
+
+@dist.spmd(mesh=mesh, in_specs=rows)
+def scatter_loss(x):
+    whole = dist.all_gather(x, axis="dp", dim=0)
+    part = dist.reduce_scatter(whole * whole, axis="dp", dim=0)
+    return dist.all_reduce(op.sum(part), axis="dp")
+
+
+@dist.spmd(mesh=mesh, in_specs=rows)
+def swap_loss(x):
+    s = dist.all_to_all(x, axis="dp", split_dim=0, concat_dim=1)
+    return dist.all_reduce(op.sum(s * s * s), axis="dp")
+
+
+@dist.spmd(mesh=mesh, in_specs=None)
+def copies_loss(w):                 # every rank's copy of w counts: 2 sum(w^2)
+    return dist.all_reduce(op.sum(w * w), axis="dp")
+
+
+@ts.jit(mesh=mesh)
+def local_view_grads(x, w):
+    loss = dp_loss(x, w) + tp_loss(x, w) + scatter_loss(x) + swap_loss(x) + copies_loss(w)
+    return loss, ts.grad(loss, [x, w])
+
+
+Wg = np.random.default_rng(seed + 13).standard_normal((3, 4)).astype(np.float32)
+loss, (gx, gw) = local_view_grads(X8, Wg)
+report["grad_loss"] = float(loss.numpy())
+report["grad_x"] = gx.numpy().tolist()
+report["grad_w"] = gw.numpy().tolist()
+report["Wg"] = Wg.tolist()
+
 (out / f"rank{rank}.json").write_text(json.dumps(report))
