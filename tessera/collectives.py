@@ -15,8 +15,10 @@ Called outside a compiled function they run now:
 
 In per-rank code (`dist.spmd`, `@op.kernel`) they are collectives of the
 traced program over one mesh axis (see local_view). Inside a global-view
-compiled function the compiler inserts every collective from the layouts,
-so a collective there is an error pointing to redistribute and the local view.
+compiled function a value is the global value, so all_reduce and all_gather
+return it as is (the partitioner reduces and gathers where the layouts need
+it); the others, which would change the value, are errors pointing to
+redistribute and the local view.
 """
 
 from __future__ import annotations
@@ -90,12 +92,19 @@ def _each(x, name, axis, on_dtensor, on_array, **args):
             out.append(collective(name, leaf, axis, **args))
             continue
         if isinstance(leaf, Traced):
+            if name in ("all_reduce", "all_gather"):
+                # The global view's value already is the reduced (gathered)
+                # one: the partitioner reduces a pending sum and gathers a split
+                # where they are read, as the training guide's data-parallel
+                # step expects of `dist.all_reduce(grads, axis="dp")`.
+                out.append(leaf)
+                continue
             raise ShardingError(
                 f"dist.{name}(..., axis={axis!r}) at {user_frame()} inside a compiled "
-                "function: in the global view the compiler inserts every collective the "
-                "layouts need (a pending sum is reduced where it is read, a split gathered); "
-                "change a layout with dist.redistribute(x, layout), or write per-rank code "
-                "with explicit collectives in a function decorated with @dist.spmd.")
+                "function: in the global view values are global and the compiler inserts "
+                "the collectives their layouts need; change a layout with "
+                "dist.redistribute(x, layout), or write per-rank code with explicit "
+                "collectives in a function decorated with @dist.spmd.")
         if isinstance(leaf, dist.DTensor):
             if axis not in leaf.mesh.axes:
                 raise ShardingError(f"dist.{name}: axis {axis!r} is not in the "

@@ -567,12 +567,12 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def counter_normal(shape, index, seed: int, scale: float, dtype,
-                   chunk_elements: int = 1 << 20) -> np.ndarray:
+                   chunk_elements: int = 1 << 18) -> np.ndarray:
     """Block `index` (slices of a tensor of `shape`) of a standard normal
     tensor keyed by `seed`: element i of the global tensor (row-major) is
     Box-Muller of two uniforms hashed from (seed, 2i) and (seed, 2i+1), so any
     block is computed alone. Works through the block a few million elements at
-    a time (about 80 bytes of scratch per element of a chunk: 80 MiB), so
+    a time (about 80 bytes of scratch per element of a chunk: 20 MiB), so
     the scratch stays bounded whatever the block."""
     box = tuple(s.stop - s.start for s in index)
     out = np.empty(box, dtype)

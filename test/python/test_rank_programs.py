@@ -341,13 +341,22 @@ def test_autocast_and_ts_tensor_work_inside_the_compiled_function():
     assert float(capped) == 65536.0 and ts.tensor(1.5).dtype == np.float32
 
 
-def test_collectives_inside_a_compiled_function_say_what_the_global_view_does():
+def test_collectives_in_the_global_view_keep_the_global_value():
+    """In a global-view function all_reduce and all_gather return the value
+    (the partitioner reduces and gathers where needed); reduce_scatter, which
+    would change it, says where per-rank code goes."""
     @ts.jit
     def f(x):
-        return dist.all_reduce(x * 2.0, axis="dp")
+        return dist.all_reduce(dist.all_gather(x * 2.0, axis="dp"), axis="dp")
+    x = np.random.default_rng(_seed()).standard_normal(3).astype(np.float32)
+    np.testing.assert_array_equal(f(x), x * 2)
+
+    @ts.jit
+    def g(x):
+        return dist.reduce_scatter(x, axis="dp")
     with pytest.raises(ts.ShardingError) as err:
-        f(np.ones(3, np.float32))
-    assert "inside a compiled function: in the global view the compiler inserts" in str(err.value)
+        g(np.ones(4, np.float32))
+    assert "inside a compiled function: in the global view values are global" in str(err.value)
     assert "test_rank_programs.py:" in str(err.value)
 
 
