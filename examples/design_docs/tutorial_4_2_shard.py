@@ -9,7 +9,6 @@ the same seed holds there.
 """
 import resource
 
-import numpy as np
 
 from tessera import dist
 
