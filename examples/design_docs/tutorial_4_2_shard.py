@@ -9,7 +9,6 @@ the same seed holds there.
 """
 import resource
 
-
 from tessera import dist
 
 mesh = dist.Mesh(axes=["tp"], devices=range(2))
