@@ -10,8 +10,9 @@
 - a function takes the mesh of the DTensor it captures;
 - `dist.deterministic()` inside a compiled function marks it deterministic;
 - eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets);
-- the local view: the tutorial's dp_step, the training guide's tensor-parallel
-  linear and attention, rank-dependent per-rank code.
+- the local view: the tutorial's dp_step, rank-dependent per-rank code, every
+  per-rank collective, gradients through per-rank code (the training guide's
+  tensor-parallel functions run in examples/design_docs).
 
 Writes OUT/rank{r}.json with what each case saw.
 
@@ -157,64 +158,6 @@ def dp_step(x):
 
 report["dp_step"] = dp_step(x_rows).local().tolist()
 report["X8"] = X8.tolist()
-
-
-# Training guide: tensor_parallel_linear and tensor_parallel_attention, as
-# written (the guide's file ends inside the attention; it finishes with the
-# row-parallel output projection and an all_reduce). Data: bf16 DTensors,
-# weights split by output columns (w_out by input rows).
-@ts.function
-@ts.distribute(strategy="tensor_parallel", mesh_axes=["tp"])
-def tensor_parallel_linear(
-    x: ts.Tensor["B", "S", "D_in", ts.bf16],
-    weight: ts.Tensor["D_in", "D_out", ts.bf16],
-    bias: ts.Tensor["D_out", ts.bf16] = None
-) -> ts.Tensor["B", "S", "D_out", ts.bf16]:
-    """Tensor parallel linear layer."""
-    partial_output = ts.matmul(x, weight)
-    if bias is not None:
-        partial_output = partial_output + bias
-    complete_output = ts.distributed.all_gather(partial_output, axis="tp")
-    return complete_output
-
-
-@ts.function
-@ts.distribute(strategy="tensor_parallel", mesh_axes=["tp"])
-def tensor_parallel_attention(
-    x: ts.Tensor["B", "S", "D", ts.bf16],
-    w_qkv: ts.Tensor["D", "3*D_head*H", ts.bf16],
-    w_out: ts.Tensor["D_head*H", "D", ts.bf16],
-    num_heads: int
-) -> ts.Tensor["B", "S", "D", ts.bf16]:
-    B, S, D = x.shape
-    local_heads = num_heads // ts.mesh.current().size  # Heads per GPU
-    head_dim = D // num_heads
-    local_qkv = ts.matmul(x, w_qkv)  # [B, S, 3*D_head*local_heads]
-    q, k, v = ts.split(local_qkv, sections=3, dim=-1)
-    q = q.reshape(B, S, local_heads, head_dim).transpose(1, 2)
-    k = k.reshape(B, S, local_heads, head_dim).transpose(1, 2)
-    v = v.reshape(B, S, local_heads, head_dim).transpose(1, 2)
-    local_attn_out = ts.nn.flash_attention(q, k, v, causal=True)
-    local_attn_out = local_attn_out.transpose(1, 2).reshape(B, S, -1)
-    return dist.all_reduce(ts.matmul(local_attn_out, w_out), axis="tp")
-
-
-data = np.random.default_rng(seed + 11)
-xa = data.standard_normal((2, 3, 8)).astype(ts.bf16)
-w_lin = data.standard_normal((8, 6)).astype(ts.bf16)
-b_lin = data.standard_normal((6,)).astype(ts.bf16)
-cols = dist.ShardSpec(("col",), ("tp",))
-linear_out = tensor_parallel_linear(dist.from_numpy(xa, mesh=tp), dist.from_numpy(w_lin, cols, tp),
-                             dist.from_numpy(b_lin, cols, tp))
-report["tp_linear"] = np.asarray(linear_out.local(), np.float64).tolist()
-report["tp_linear_ref"] = (xa.astype(np.float64) @ w_lin.astype(np.float64)
-                           + b_lin.astype(np.float64)).tolist()
-w_qkv = (0.3 * data.standard_normal((8, 24))).astype(ts.bf16)
-w_out = (0.3 * data.standard_normal((8, 8))).astype(ts.bf16)
-att = tensor_parallel_attention(dist.from_numpy(xa, mesh=tp), dist.from_numpy(w_qkv, cols, tp),
-                                dist.from_numpy(w_out, dist.ShardSpec(("row",), ("tp",)), tp), 4)
-report["tp_attention"] = np.asarray(att.local(), np.float64).tolist()
-report["attention_inputs"] = [a.astype(np.float64).tolist() for a in (xa, w_qkv, w_out)]
 
 
 # Per-rank programs may differ (here by a factor) as long as their
