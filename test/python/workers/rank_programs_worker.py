@@ -10,9 +10,9 @@
 - a function takes the mesh of the DTensor it captures;
 - `dist.deterministic()` inside a compiled function marks it deterministic;
 - eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets);
-- the local view: the tutorial's dp_step, rank-dependent per-rank code, every
-  per-rank collective, gradients through per-rank code (the training guide's
-  tensor-parallel functions run in examples/design_docs).
+- the local view: rank-dependent per-rank code, every per-rank collective,
+  gradients through per-rank code (the docs' per-rank snippets run in
+  examples/design_docs).
 
 Writes OUT/rank{r}.json with what each case saw.
 
@@ -141,22 +141,10 @@ pending = dist.from_numpy(np.full((2, 2), 1.5, np.float32), dist.ShardSpec(parti
 report["pending_reduced"] = dist.all_reduce(pending, axis="dp").local().tolist()
 report["reduced_kept"] = dist.allreduce({"g": everywhere}, axis="dp")["g"] is everywhere
 
-# -- the local view: per-rank code with explicit collectives.
-# Tutorial 4.3, as written: x split by rows over dp.
+# -- the local view: per-rank code with explicit collectives (the tutorial's
+# dp_step runs in examples/design_docs). x split by rows over dp.
 X8 = np.random.default_rng(seed + 5).standard_normal((4, 3)).astype(np.float32)
 x_rows = dist.from_numpy(X8, dist.ShardSpec((0,), ("dp",)), mesh)
-
-
-@op.kernel
-def dp_step(x):
-    # Local gradient
-    grad = op.matmul(x, x.T)
-    # Global sync across data-parallel axis
-    grad = dist.allreduce(grad, axis="dp")
-    return grad
-
-
-report["dp_step"] = dp_step(x_rows).local().tolist()
 report["X8"] = X8.tolist()
 
 
