@@ -86,14 +86,17 @@ def torch_bf16(x: np.ndarray):
 
 
 def results_meta(cp, kit: Path | None = None) -> dict:
-    """Device, driver, date and commit for a results file. A GPU machine
-    that got a copy of the working tree has no git history: there the
-    commit is the one the kit was built from (its build.json)."""
+    """Device, driver, date and commit for a results file. With a kit, the
+    commit is the one the kit was built from (its build.json): what ran is
+    the kit, and the GPU machine's copy of the tree may carry a stale git
+    HEAD (the first H100 run recorded the session's base commit)."""
     props = cp.cuda.runtime.getDeviceProperties(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    if not commit and kit is not None and (kit / "build.json").exists():
+    commit = ""
+    if kit is not None and (kit / "build.json").exists():
         commit = json.loads((kit / "build.json").read_text()).get("commit") or ""
+    if not commit:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
     return {"device": props["name"].decode(), "driver": cp.cuda.runtime.driverGetVersion(),
             "date": datetime.date.today().isoformat(), "commit": commit or "unknown"}
 
