@@ -240,6 +240,13 @@ def capture(obj, src: SourceLine) -> Traced:
     return traced
 
 
+def is_tensor(x) -> bool:
+    """Whether a leaf of a function's arguments is a tensor (a numpy array or
+    scalar, a DTensor, a traced tensor) rather than static data."""
+    from . import dist
+    return isinstance(x, (Traced, np.ndarray, np.generic, dist.DTensor))
+
+
 def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Traced:
     """`x` as a tensor of the function being traced: a traced tensor as is, a
     Python number as a constant of `like`'s dtype (f32 if none), a numpy

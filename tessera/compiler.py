@@ -29,10 +29,9 @@ import numpy as np
 import tessera_runtime
 from tessera_runtime import env
 from tessera_compiler.bundle import compiler_fingerprint, write_bundle
-from tessera_compiler.codegen.build import cache_dir
-from tessera_compiler.ir.options import TARGETS, TargetOptions
+from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.pipeline import CompileError as _PipelineError
-from tessera_compiler.pipeline import Levels, collective_report, lower
+from tessera_compiler.pipeline import Levels, collective_report, lower, target_options
 
 from . import dist
 from . import mesh as _mesh_module
@@ -40,8 +39,8 @@ from ._mpi import bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import agree_on_program
 from ._source import user_frame
-from ._trace import (ArgSpec, MeshFromCapture, autocast_dtype, current, symbol_name,
-                     trace_function)
+from ._trace import (ArgSpec, MeshFromCapture, autocast_dtype, current, is_tensor,
+                     symbol_name, trace_function)
 from .errors import CompileError, ShardingError
 from .types import check_annotations
 
@@ -51,10 +50,6 @@ TARGET_ENV = "TESSERA_TARGET"
 #: Print the collectives a compiled function needs (those of at least this
 #: many bytes per rank) with the Python line behind each.
 REPORT_ENV = "TESSERA_COLLECTIVE_REPORT"
-
-
-def _is_tensor(x) -> bool:
-    return isinstance(x, (np.ndarray, np.generic, dist.DTensor))
 
 
 def _static_key(x):
@@ -148,11 +143,11 @@ class CompiledFunction:
                 tensors.append(leaf)
                 specs.append(ArgSpec(name, leaf.shape, leaf.dtype, tuple(leaf.dims),
                                      tuple(leaf.layout.partial)))
-            elif _is_tensor(leaf):
+            elif is_tensor(leaf):
                 arr = np.asarray(leaf)
                 tensors.append(arr)
                 specs.append(ArgSpec(name, arr.shape, arr.dtype, ((),) * arr.ndim, ()))
-        static = tuple(_static_key(l) for l in leaves if not _is_tensor(l))
+        static = tuple(_static_key(l) for l in leaves if not is_tensor(l))
         key = (structure, static, tuple(specs), mesh, autocast_dtype(),
                dist.deterministic_enabled(self.deterministic), self._target())
         return bound, leaves, structure, mesh, tensors, specs, key
@@ -167,7 +162,7 @@ class CompiledFunction:
     def _trace(self, bound, leaves, specs, mesh):
         def call(traced):
             it = iter(traced)
-            filled = [next(it) if _is_tensor(l) else l for l in leaves]
+            filled = [next(it) if is_tensor(l) else l for l in leaves]
             structure = flatten(tuple(bound.arguments.values()))[1]
             values = unflatten(structure, filled)
             rebound = self._signature.bind_partial()
@@ -218,7 +213,7 @@ class CompiledFunction:
         text = traced.module.operation.get_asm(enable_debug_info=True)
         digest = hashlib.sha256((compiler_fingerprint(self._target()) + text).encode()
                                 ).hexdigest()[:20]
-        target = cache_dir().parent / "bundles" / f"{self.symbol}-{digest}.tsb"
+        target = env.cache_dir("bundles") / f"{self.symbol}-{digest}.tsb"
         if tessera_runtime.world()[1] > 1:
             self._bundle_on_rank0(traced, mesh, target)
         else:
@@ -290,19 +285,19 @@ class CompiledFunction:
         self._enter_mesh(prepared[3])
         entry = self._programs.get(prepared[-1])
         if entry is None:
+            # (The trace may find the mesh in captured DTensors: a new key.)
             prepared, traced = self._prepare_and_trace(args, kwargs, prepared)
-            self._enter_mesh(prepared[3])
-        _, leaves, _, mesh, tensors, specs, key = prepared
-        self._last_layouts = (mesh, specs)
-        as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
-        entry = self._programs.get(key)
-        if entry is None:
+            _, _, _, mesh, _, _, key = prepared
+            self._enter_mesh(mesh)
             if tessera_runtime.world()[1] > 1:
                 # Before any collective of this program: the ranks must have
                 # traced the same one (see _rank_agreement).
                 agree_on_program(self.fn.__name__, traced.module, repr(self._target()))
             program = tessera_runtime.load_bundle(self._bundle(key, traced, mesh))
             entry = self._programs[key] = (program, traced)
+        _, leaves, _, mesh, tensors, specs, key = prepared
+        self._last_layouts = (mesh, specs)
+        as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
         program, traced = entry
         self._last_key = key
         outputs = program.run(_local_inputs(tensors, traced))
@@ -424,14 +419,11 @@ def _default_mesh() -> dist.Mesh:
 def _options(target, name: str) -> TargetOptions:
     """`target` (a name, TargetOptions or None: TESSERA_TARGET, else "cpu")
     as the TargetOptions a function named `name` compiles with."""
-    if isinstance(target, TargetOptions):
-        return target if target.target is not None else target.with_(target="cpu")
-    chosen = target or env.get(TARGET_ENV) or "cpu"
-    if chosen not in TARGETS:
-        raise CompileError(f"{name}: unknown target {chosen!r} (from "
-                           f"{'target=' if target else TARGET_ENV}); choose one of "
-                           f"{list(TARGETS)}")
-    return TargetOptions(target=chosen)
+    try:
+        return target_options(target or env.get(TARGET_ENV))
+    except _PipelineError as err:
+        raise CompileError(f"{name}: {err} (from {'target=' if target else TARGET_ENV})"
+                           ) from None
 
 
 def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,

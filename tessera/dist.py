@@ -571,35 +571,23 @@ def counter_normal(shape, index, seed: int, scale: float, dtype,
     """Block `index` (slices of a tensor of `shape`) of a standard normal
     tensor keyed by `seed`: element i of the global tensor (row-major) is
     Box-Muller of two uniforms hashed from (seed, 2i) and (seed, 2i+1), so any
-    block is computed alone. Works through the block a few million elements at
-    a time (about 80 bytes of scratch per element of a chunk: 20 MiB), so
-    the scratch stays bounded whatever the block."""
+    block is computed alone. Works through the block `chunk_elements` at a
+    time (about 80 bytes of scratch per element: 20 MiB), so the scratch stays
+    bounded whatever the block."""
+    if not shape:                       # a scalar: element 0 of a 1-vector
+        return counter_normal((1,), (slice(0, 1),), seed, scale, dtype).reshape(())
     box = tuple(s.stop - s.start for s in index)
     out = np.empty(box, dtype)
-    if not out.size:
-        return out
-    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
     key = _mix64(np.array([seed], np.uint64) + _GOLDEN)[0]
-    rows = max(1, chunk_elements // max(1, int(np.prod(box[1:], dtype=np.int64))))
+    rows = max(1, chunk_elements // max(1, math.prod(box[1:])))
     with np.errstate(over="ignore"):
-        for r0 in range(0, box[0] if box else 1, rows):
-            r1 = min(r0 + rows, box[0]) if box else 1
-            flat = np.zeros((r1 - r0,) + box[1:] if box else (), np.uint64)
-            for d, (sl, stride) in enumerate(zip(index, strides)):
-                lo = sl.start + (r0 if d == 0 else 0)
-                n = (r1 - r0) if d == 0 else box[d]
-                axis = np.arange(lo, lo + n, dtype=np.uint64) * np.uint64(stride)
-                flat = flat + axis.reshape((-1,) + (1,) * (len(box) - d - 1))
-            counter = flat * np.uint64(2) + key
+        for r0 in range(0, box[0], rows):
+            r1 = min(r0 + rows, box[0])
+            grid = np.ogrid[(slice(index[0].start + r0, index[0].start + r1),) + tuple(index[1:])]
+            counter = np.ravel_multi_index(grid, shape).astype(np.uint64) * np.uint64(2) + key
             u1 = (_mix64(counter) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
             u2 = (_mix64(counter + np.uint64(1)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-            normal = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
-            if scale != 1.0:
-                normal *= scale
-            if box:
-                out[r0:r1] = normal
-            else:
-                out[()] = normal
+            out[r0:r1] = scale * np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
     return out
 
 

@@ -31,14 +31,15 @@ import numpy as np
 
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.sharding import Sharding
-from tessera_compiler.ir.spmd import returned, varying_axes
+from tessera_compiler.ir.spmd import new_local_function, returned, varying_axes
+from tessera_compiler.ir.support import symbol_of
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from ._trace import (TraceState, Traced, as_traced, current, current_location, element_type,
-                     tracing)
+                     is_tensor, tracing)
 from .errors import ShapeError, ShardingError
 
 __all__ = ["spmd", "axis_index"]
@@ -59,22 +60,17 @@ class LocalFunction:
 
     # -- called outside any compiled function: a global program around it ---
     def _run(self, args):
+        """A global program that calls this function: its arguments keep
+        their layouts (a DTensor's is its in-spec unless in_specs says)."""
         from . import dist
         from .compiler import CompiledFunction
-        specs = self.in_specs
-        if specs is None:            # @op.kernel on DTensors: their own layouts
-            specs = tuple(a.layout if isinstance(a, dist.DTensor) else dist.ShardSpec()
-                          for a in args)
         mesh = self.mesh or next((a.mesh for a in args if isinstance(a, dist.DTensor)), None)
-        key = (tuple(specs) if isinstance(specs, (tuple, list)) else specs, mesh)
-        if key not in self._standalone:
-            local = LocalFunction(self.fn, mesh, specs, self.out_specs)
-
+        if mesh not in self._standalone:
             def program(*xs):
-                return local(*xs)
+                return self(*xs)
             program.__name__ = self.fn.__name__
-            self._standalone[key] = CompiledFunction(program, mesh, numpy_results=mesh is None)
-        return self._standalone[key](*args)
+            self._standalone[mesh] = CompiledFunction(program, mesh, numpy_results=mesh is None)
+        return self._standalone[mesh](*args)
 
     # -- called while tracing a global program ------------------------------
     def _trace_into(self, outer: TraceState, args):
@@ -88,7 +84,7 @@ class LocalFunction:
                                 f"called in a function compiled for the {mesh.topology}")
         src = user_frame()
         leaves, arg_structure = flatten(tuple(args))
-        is_input = [_is_tensor(a) for a in leaves]
+        is_input = [is_tensor(a) for a in leaves]
         inputs = [as_traced(self.fn.__name__, a, src) for a, t in zip(leaves, is_input) if t]
         if self.in_specs is None:     # each argument's own layout, where it has one
             specs = [_declared_spec(x, outer) for x in inputs]
@@ -112,7 +108,7 @@ class LocalFunction:
             dims = spec.dims_for(inputs[-1].ndim, mesh, "captured tensor")
             in_attrs.append(Sharding(mesh.name, tuple(dims), tuple(spec.partial)).to_attr())
         axes = varying_axes(body, [_spec_axes(s) for s in specs + state.capture_specs])
-        varying = [axes.get(v, set()) for v in returned(body)]
+        varying = [axes(v) for v in returned(body)]
         out_specs = self._out_specs(outputs, varying, mesh, src)
         result_types, out_attrs = [], []
         for i, (o, spec) in enumerate(zip(outputs, out_specs)):
@@ -122,7 +118,7 @@ class LocalFunction:
             result_types.append(ir.RankedTensorType.get(shape, element_type(o.dtype)))
             out_attrs.append(Sharding(mesh.name, tuple(dims), tuple(spec.partial)).to_attr())
         with current_location(src):
-            op = tgraph.SpmdOp(result_types, ir.FlatSymbolRefAttr.get(_symbol(body)),
+            op = tgraph.SpmdOp(result_types, ir.FlatSymbolRefAttr.get(symbol_of(body)),
                                [x.value for x in inputs], ir.ArrayAttr.get(in_attrs),
                                ir.ArrayAttr.get(out_attrs))
         results = [Traced(r, ir.RankedTensorType(t).shape, o.dtype, src)
@@ -132,13 +128,10 @@ class LocalFunction:
     def _trace_body(self, outer: TraceState, inputs, block_types, arguments):
         """The body function: `self.fn` traced on blocks of `inputs` (typed
         `block_types`); `arguments(blocks)` rebuilds its arguments."""
-        module_block = outer.func.operation.parent.regions[0].blocks[0]
-        name = _unique_name(module_block, f"{_symbol(outer.func)}_{self.fn.__name__}_local")
-        with ir.InsertionPoint(module_block):
-            body = func.FuncOp(name, (block_types, []))
-            body.attributes["sym_visibility"] = ir.StringAttr.get("private")
-            body.attributes["tgraph.local"] = ir.UnitAttr.get()
-            entry = body.add_entry_block(arg_locs=[outer.fn_loc] * len(block_types))
+        body = new_local_function(outer.func.operation.parent.regions[0].blocks[0],
+                                  f"{symbol_of(outer.func)}_{self.fn.__name__}_local",
+                                  block_types, outer.fn_loc, [outer.fn_loc] * len(block_types))
+        entry = body.regions[0].blocks[0]
         state = TraceState(body, entry, outer.fn_loc, outer.mesh, local=True)
         with ir.InsertionPoint(entry):
             args = [Traced(v, ir.RankedTensorType(t).shape, x.dtype)
@@ -153,7 +146,7 @@ class LocalFunction:
             func.ReturnOp([o.value for o in leaves])
         body.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
             [a.type for a in entry.arguments], [o.value.type for o in leaves]))
-        return body.operation, state, leaves, structure
+        return body, state, leaves, structure
 
     def _out_specs(self, outputs, varying, mesh, src):
         from . import dist
@@ -235,11 +228,6 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
         return Traced(value, ir.RankedTensorType(value.type).shape, x.dtype, src)
 
 
-def _is_tensor(x) -> bool:
-    from . import dist
-    return isinstance(x, (Traced, np.ndarray, np.generic, dist.DTensor))
-
-
 def _merge(leaves, is_input, blocks) -> list:
     it = iter(blocks)
     return [next(it) if t else leaf for leaf, t in zip(leaves, is_input)]
@@ -280,17 +268,3 @@ def _local_state(what: str) -> TraceState:
         raise ShardingError(f"{what} at {user_frame()} is for per-rank code: call it inside a "
                             "function decorated with @dist.spmd (or @op.kernel)")
     return state
-
-
-def _symbol(func_op) -> str:
-    return ir.StringAttr(func_op.attributes["sym_name"]).value
-
-
-def _unique_name(block: ir.Block, base: str) -> str:
-    taken = {ir.StringAttr(o.operation.attributes["sym_name"]).value
-             for o in block.operations if "sym_name" in o.operation.attributes}
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
-    return name

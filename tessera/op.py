@@ -23,8 +23,8 @@ from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
 from ._source import SourceLine, user_frame
-from ._trace import (Traced, as_traced, autocast_dtype, current, current_location,
-                     element_type)
+from ._trace import (Traced, as_traced, autocast_dtype, current, current_location, element_type,
+                     is_tensor)
 from .errors import ShapeError
 
 __all__ = [
@@ -678,11 +678,6 @@ def autodiff(loss, wrt=None):
 _EAGER: dict = {}
 
 
-def _is_concrete(x) -> bool:
-    from . import dist
-    return isinstance(x, (np.ndarray, dist.DTensor))
-
-
 def _eager(fn):
     import functools
 
@@ -693,7 +688,7 @@ def _eager(fn):
         if current() is not None:
             return fn(*args, **kwargs)
         leaves, _ = flatten((args, kwargs))
-        if not any(_is_concrete(x) for x in leaves):
+        if not any(is_tensor(x) for x in leaves):
             return fn(*args, **kwargs)     # no tensor: the op's own error
         compiled = _EAGER.get(fn.__name__)
         if compiled is None:

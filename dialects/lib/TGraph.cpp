@@ -132,7 +132,8 @@ SmallVector<StringRef> ShardingAttr::getPartialAxes() const {
 /// are per-rank shapes.
 static LogicalResult verifyShardingOf(Operation *anchor, ShardingAttr sharding,
                                       Type type, const Twine &what,
-                                      function_ref<InFlightDiagnostic()> emitError) {
+                                      function_ref<InFlightDiagnostic()> emitError,
+                                      SmallVectorImpl<int64_t> *blockShape = nullptr) {
   auto tensor = llvm::dyn_cast<RankedTensorType>(type);
   if (!tensor)
     return emitError() << "sharding on " << what << " needs a ranked tensor, got " << type;
@@ -164,6 +165,9 @@ static LogicalResult verifyShardingOf(Operation *anchor, ShardingAttr sharding,
                          << tensor.getDimSize(d)
                          << ") is not divisible by the " << parts
                          << " shards its sharding asks for";
+    if (blockShape)
+      blockShape->push_back(tensor.isDynamicDim(d) ? ShapedType::kDynamic
+                                                   : tensor.getDimSize(d) / parts);
   }
   for (StringRef axis : sharding.getPartialAxes())
     if (!mesh.getAxisSize(axis))
@@ -678,20 +682,6 @@ LogicalResult ShardOp::verifySymbolUses(SymbolTableCollection &) {
 // SpmdOp
 //===----------------------------------------------------------------------===//
 
-/// The per-rank type of a value of global type `global` laid out as
-/// `sharding` (each dimension divided by the sizes of the axes splitting it).
-static FailureOr<RankedTensorType> localType(Operation *op, ShardingAttr sharding,
-                                             RankedTensorType global) {
-  auto mesh = SymbolTable::lookupNearestSymbolFrom<MeshOp>(op, sharding.getMesh());
-  if (!mesh)
-    return failure();
-  SmallVector<int64_t> shape(global.getShape());
-  for (int64_t d = 0; d < global.getRank(); ++d)
-    for (StringRef axis : sharding.getDimAxes(d))
-      shape[d] /= *mesh.getAxisSize(axis);
-  return RankedTensorType::get(shape, global.getElementType());
-}
-
 /// Checks one side of the op (its inputs or its results) against the body's
 /// per-rank types: a sharding per value, valid for its global type, whose
 /// block is the body's type.
@@ -706,17 +696,16 @@ static LogicalResult verifySpmdSide(SpmdOp op, ArrayAttr shardings, TypeRange gl
     if (!sharding)
       return op.emitOpError() << what << " sharding #" << i
                               << " must be a #tgraph.sharding attribute";
+    SmallVector<int64_t> shape;
     if (failed(verifyShardingOf(op, sharding, globals[i], Twine(what) + " #" + Twine(i),
-                                [&] { return op.emitOpError(); })))
+                                [&] { return op.emitOpError(); }, &shape)))
       return failure();
-    FailureOr<RankedTensorType> block =
-        localType(op, sharding, llvm::cast<RankedTensorType>(globals[i]));
-    if (failed(block))
-      return failure();     // verifyShardingOf reported the unknown mesh
-    if (*block != locals[i])
+    auto block = RankedTensorType::get(
+        shape, llvm::cast<RankedTensorType>(globals[i]).getElementType());
+    if (block != locals[i])
       return op.emitOpError() << what << " #" << i << " of type " << globals[i]
                               << " laid out as " << sharding << " has blocks of type "
-                              << *block << ", but the body's is " << locals[i];
+                              << block << ", but the body's is " << locals[i];
   }
   return success();
 }

@@ -469,12 +469,15 @@ static LogicalResult verifyPerResult(Operation *op, NamedAttribute attr, StringR
 
 static bool isLoop(Operation *op) { return op->getName().getStringRef() == "scf.for"; }
 
-/// The byte offset of a shared-memory allocation: 16-byte aligned.
-static LogicalResult checkOffset(Operation *op, StringRef name, int64_t offset, bool allowNone) {
+/// The byte offset of a shared-memory allocation: `align`-byte aligned
+/// (16 for tiles, 8 for mbarriers).
+static LogicalResult checkOffset(Operation *op, StringRef name, int64_t offset, bool allowNone,
+                                 int64_t align = 16) {
   if (allowNone && offset == -1)
     return success();
-  if (offset < 0 || offset % 16)
-    return op->emitOpError("'") << name << "' offsets must be 16-byte aligned bytes"
+  if (offset < 0 || offset % align)
+    return op->emitOpError("'") << name << "' offsets must be " << align
+                                << "-byte aligned bytes"
                                 << (allowNone ? " (or -1: none)" : "") << ", got " << offset;
   return success();
 }
@@ -547,9 +550,8 @@ LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribu
       return op->emitOpError("'ttile.barriers' must be an array<i64> of byte offsets, got ")
              << value;
     for (int64_t offset : list.asArrayRef())
-      if (offset < 0 || offset % 8)
-        return op->emitOpError("'ttile.barriers' offsets must be 8-byte aligned bytes, got ")
-               << offset;
+      if (failed(checkOffset(op, name, offset, false, 8)))
+        return failure();
     return onLoop();
   }
   if (name == "ttile.shared_in") {

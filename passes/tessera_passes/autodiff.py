@@ -21,8 +21,9 @@ from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import Sharding, meshes_of
-from tessera_compiler.ir.spmd import Varying, axis_of, body_of, returned
-from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+from tessera_compiler.ir.spmd import (PER_RANK_COLLECTIVES, Varying, axis_of, body_of,
+                                     new_local_function, returned)
+from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting, symbol_of
 from tessera_compiler.ir.types import enum_of
 
 
@@ -131,7 +132,8 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
     n_in = len(block.arguments)
     outs = returned(body)
     types = [a.type for a in block.arguments] + [outs[i].type for i in wanted]
-    backward = _new_local_function(body, "_vjp", types)
+    backward = new_local_function(body.parent.regions[0].blocks[0], symbol_of(body) + "_vjp",
+                                  types, body.location)
     entry = backward.regions[0].blocks[0]
     varying = Varying({a: _split_axes(s) | set(s.partial) for a, s in
                        zip(entry.arguments, in_specs)})
@@ -140,38 +142,31 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
     with ir.InsertionPoint(entry), op.location:
         mapping = dict(zip(block.arguments, entry.arguments[:n_in]))
         cloned = []
-        for inner in list(block.operations)[:-1]:
+        for inner in _feeding(list(block.operations)[:-1], [outs[i] for i in wanted]):
             copy = inner.operation.clone(ip=ir.InsertionPoint(entry))
             for index, v in enumerate(inner.operation.operands):
                 copy.operands[index] = mapping.get(v, v)
             mapping.update(zip(inner.operation.results, copy.results))
             cloned.append(copy)
-        cotangent: dict = {}
         arguments = set(entry.arguments)
 
-        def accumulate(value, g):
+        def summed(value, g):
             # A value every rank holds alike, whose cotangent differs by rank,
             # was used by each rank's own computation: its cotangent is the
             # sum of theirs (an argument's sum is left to its out-sharding).
             if value not in arguments:
                 for axis in sorted(varying(g) - varying(value)):
                     g = gb.all_reduce(g, "sum", mesh.name, axis)
-            cotangent[value] = gb.binary("add", cotangent[value], g) \
-                if value in cotangent else g
+            return g
 
-        for k, i in enumerate(wanted):
-            accumulate(mapping.get(outs[i], outs[i]), entry.arguments[n_in + k])
-        targets = [mapping.get(outs[i], outs[i]) for i in wanted]
-        for inner in reversed(_ops_between(cloned, entry.arguments[:n_in], targets)):
-            cts = [cotangent.get(r) for r in inner.results]
-            if all(g is None for g in cts):
-                continue
-            with inner.location:
-                rule = _collective_vjp(inner, cts[0], varying, mesh) \
-                    if inner.name in _COLLECTIVES else vjp(inner, cts)
-                for operand, ct in zip(inner.operands, rule):
-                    if ct is not None and gb.is_float(operand):
-                        accumulate(operand, ct)
+        def rule(inner, cts):
+            if inner.name in PER_RANK_COLLECTIVES:
+                return _collective_vjp(inner, cts[0], varying, mesh)
+            return vjp(inner, cts)
+
+        seeds = [(mapping.get(outs[i], outs[i]), entry.arguments[n_in + k])
+                 for k, i in enumerate(wanted)]
+        cotangent = backprop(cloned, entry.arguments[:n_in], seeds, rule, summed)
         grads = [cotangent.get(a) if a in cotangent else gb.zeros_like(a)
                  for a in entry.arguments[:n_in]]
         func.ReturnOp(grads)
@@ -184,15 +179,10 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
     in_attrs = [s.to_attr() for s in in_specs] + \
         [out_specs[i].with_partial(()).to_attr() for i in wanted]
     call = tgraph.SpmdOp([v.type for v in op.operands],
-                         ir.FlatSymbolRefAttr.get(ir.StringAttr(
-                             backward.attributes["sym_name"]).value),
+                         ir.FlatSymbolRefAttr.get(symbol_of(backward)),
                          list(op.operands) + [gs[i] for i in wanted],
                          ir.ArrayAttr.get(in_attrs), ir.ArrayAttr.get(out_attrs))
     return list(call.results)
-
-
-_COLLECTIVES = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
-                "tgraph.all_to_all", "tgraph.axis_slice")
 
 
 def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> list:
@@ -224,6 +214,18 @@ def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> li
     return [ct]
 
 
+def _feeding(body: list, targets) -> list:
+    """The ops of `body` whose results `targets` depend on, in order: the
+    forward work a backward body must recompute (the rest is dead there)."""
+    needed, kept = set(targets), []
+    for op in reversed(body):
+        op = op.operation
+        if any(r in needed for r in op.results):
+            kept.append(op)
+            needed.update(op.operands)
+    return list(reversed(kept))
+
+
 def _split_axes(sharding: Sharding) -> set:
     return {a for d in sharding.dims for a in d}
 
@@ -236,56 +238,42 @@ def _ops_between(body: list, sources, targets) -> list:
         if any(v in depends for v in op.operands):
             forward.append(op)
             depends.update(op.results)
-    needed = set(targets)
-    relevant = []
-    for op in reversed(forward):
-        if any(r in needed for r in op.results):
-            relevant.append(op)
-            needed.update(v for v in op.operands if v in depends)
-    return list(reversed(relevant))
+    return _feeding(forward, targets)
 
 
-def _new_local_function(like: ir.Operation, suffix: str, arg_types) -> ir.Operation:
-    """An empty private per-rank function next to `like`, named after it."""
-    module_block = like.parent.regions[0].blocks[0]
-    taken = {ir.StringAttr(o.operation.attributes["sym_name"]).value
-             for o in module_block.operations if "sym_name" in o.operation.attributes}
-    base = ir.StringAttr(like.attributes["sym_name"]).value + suffix
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
-    with ir.InsertionPoint(module_block), like.location:
-        f = func.FuncOp(name, (arg_types, []))
-        f.attributes["sym_visibility"] = ir.StringAttr.get("private")
-        f.attributes["tgraph.local"] = ir.UnitAttr.get()
-        f.add_entry_block()
-    return f.operation
+def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
+    """Reverse mode over the ops of `body` on a path from `sources` to the
+    seeded values: `seeds` are (value, cotangent) pairs; `rule(op, cts)`
+    gives an op's operand cotangents (default `vjp`); `adjust(value, ct)`
+    may change a cotangent before it is added to `value`'s. Builds at the
+    current insertion point; returns every value's summed cotangent."""
+    rule = rule or vjp
+    cotangent: dict = {}
+
+    def accumulate(value, g):
+        if adjust is not None:
+            g = adjust(value, g)
+        cotangent[value] = gb.binary("add", cotangent[value], g) if value in cotangent else g
+
+    for value, g in seeds:
+        accumulate(value, g)
+    for op in reversed(_ops_between(body, sources, [v for v, _ in seeds])):
+        cts = [cotangent.get(r) for r in op.results]
+        if all(g is None for g in cts):
+            continue
+        with op.location:
+            for operand, ct in zip(op.operands, rule(op, cts)):
+                if ct is not None and gb.is_float(operand):
+                    accumulate(operand, ct)
+    return cotangent
 
 
 def differentiate(grad_op: ir.Operation) -> None:
     loss, *wrt = list(grad_op.operands)
     block_ops = ops_of(grad_op.parent)
-    body = block_ops[: block_ops.index(grad_op)]
-    ops = _ops_between(body, wrt, [loss])
-    cotangent: dict = {}
-
-    def accumulate(value, g):
-        if value in cotangent:
-            g = gb.binary("add", cotangent[value], g)
-        cotangent[value] = g
-
     with ir.InsertionPoint(grad_op), grad_op.location:
-        if wrt:
-            accumulate(loss, gb.fill([], gb.element_of(loss), 1.0))
-        for op in reversed(ops):
-            gs = [cotangent.get(r) for r in op.results]
-            if all(g is None for g in gs):
-                continue
-            with op.location:
-                for operand, ct in zip(op.operands, vjp(op, gs)):
-                    if ct is not None and gb.is_float(operand):
-                        accumulate(operand, ct)
+        seeds = [(loss, gb.fill([], gb.element_of(loss), 1.0))] if wrt else []
+        cotangent = backprop(block_ops[: block_ops.index(grad_op)], wrt, seeds)
         grads = [cotangent[w] if w in cotangent else gb.zeros_like(w) for w in wrt]
     for result, g in zip(grad_op.results, grads):
         result.replace_all_uses_with(g)

@@ -33,9 +33,9 @@ from tessera_compiler.ir.locations import location_name
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import Mesh, Sharding
 from tessera_compiler.ir.spmd import body_of
-from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type, functions,
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type,
                                          ops_of, run_reporting, set_dict_entry,
-                                         set_function_type)
+                                         set_function_type, symbol_of)
 from tessera_compiler.ir.types import enum_of
 
 from .sharding_rules import (SHARDING, Context, argument_shardings, context_of,
@@ -196,7 +196,7 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
 
     wanted_results = result_shardings(func_op, ftype.results)
     final_results = []
-    inlined = set()           # the local-view bodies inlined, erased at the end
+    inlined = []              # the local-view bodies inlined, erased at the end
     uses = use_counts(func_op)
     for op in ops_of(func_op):
         if op.name != "func.return":
@@ -215,7 +215,7 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
                 final_results.append(want)
             continue
         if op.name == "tgraph.spmd":
-            inlined.add(_inline_spmd(op, reshard, current, ctx))
+            inlined.append(_inline_spmd(op, reshard, current, ctx))
             continue
         if op.name == "tgraph.shard":
             target = Sharding.from_attr(op.attributes["sharding"])
@@ -259,9 +259,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     for op in ops_of(func_op):
         if op.name == "tgraph.matmul" and "transport" in op.attributes:
             _hand_transport(op)
-    for body in list(functions(func_op.parent)):
-        if ir.StringAttr(body.attributes["sym_name"]).value in inlined:
-            body.erase()
+    for body in inlined:
+        body.erase()
     res_dicts = arg_attr_dicts(func_op, "res_attrs")
     res_dicts = [set_dict_entry(d, SHARDING, s.to_attr()) for d, s in zip(res_dicts, final_results)]
     ret = ops_of(func_op)[-1]
@@ -276,9 +275,9 @@ def _inline_spmd(op: ir.Operation, reshard, current: dict, ctx) -> str:
     its in-sharding becomes the body's argument (its block is what the body
     computes on), the body's ops move here unchanged (they are per-rank
     already, their collectives explicit), and what the body returns stands
-    for the op's results in their out-shardings. Returns the body's name."""
+    for the op's results in their out-shardings. Returns the (now empty) body."""
     body = body_of(op)
-    name = ir.StringAttr(body.attributes["sym_name"]).value
+    name = symbol_of(body)
     block = body.regions[0].blocks[0]
     for v, arg, attr in zip(list(op.operands), block.arguments,
                             ir.ArrayAttr(op.attributes["in_shardings"])):
@@ -296,7 +295,7 @@ def _inline_spmd(op: ir.Operation, reshard, current: dict, ctx) -> str:
         ctx.global_shapes[value] = list(ir.RankedTensorType(result.type).shape)
         result.replace_all_uses_with(value)
     op.erase()
-    return name
+    return body
 
 
 def _hand_transport(matmul: ir.Operation) -> None:

@@ -15,7 +15,6 @@ importing it initializes MPI.
 
 from __future__ import annotations
 
-
 from importlib import import_module
 
 from . import env
@@ -53,6 +52,7 @@ def world() -> tuple[int, int]:
     imports (and initializes) MPI. No variables set means a single process.
     """
     for rank_var, size_var in env.LAUNCHER_RANKS:
-        if env.is_set(rank_var) and env.is_set(size_var):
-            return int(env.get(rank_var)), int(env.get(size_var))
+        rank, size = env.get(rank_var), env.get(size_var)
+        if rank is not None and size is not None:
+            return int(rank), int(size)
     return 0, 1

@@ -113,14 +113,24 @@ def flag(name: str) -> bool:
     return os.environ.get(_known(name), "") not in ("", "0")
 
 
-def integer(name: str, default: int) -> int:
-    value = get(name)
-    return default if value is None else int(value)
+def value(name: str) -> str:
+    """The variable's value, else the default the table documents (for
+    variables whose default is a value, not a description)."""
+    return get(name) or VARIABLES[name].default
 
 
-def number(name: str, default: float) -> float:
-    value = get(name)
-    return default if value is None else float(value)
+def integer(name: str, default: int | None = None) -> int:
+    """As an integer; unset: `default`, else the table's default."""
+    text = get(name)
+    return int(text) if text is not None else default if default is not None \
+        else int(VARIABLES[name].default)
+
+
+def number(name: str, default: float | None = None) -> float:
+    """As a float; unset: `default`, else the table's default."""
+    text = get(name)
+    return float(text) if text is not None else default if default is not None \
+        else float(VARIABLES[name].default)
 
 
 def cache_root() -> Path:
@@ -129,6 +139,14 @@ def cache_root() -> Path:
     root = get("TESSERA_CACHE_DIR") or os.path.join(
         get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tessera")
     return Path(root)
+
+
+def cache_dir(kind: str) -> Path:
+    """The cache's directory for build products of `kind` ("kernels",
+    "bundles", "nvrtc", "emulated"), created if missing."""
+    path = cache_root() / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def host_compiler() -> str | None:

@@ -38,9 +38,7 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    path = env.cache_root() / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return env.cache_dir("kernels")
 
 
 def host_compiler() -> str:

@@ -13,23 +13,44 @@ the ranks.
 from __future__ import annotations
 
 from tessera_mlir import ir
+from tessera_mlir.dialects import func
 
-from .support import functions
+from .support import symbol_of
 
 #: collectives after which a value is the same on every rank of the axis
 UNIFORM_AFTER = ("tgraph.all_reduce", "tgraph.all_gather")
 #: ops after which a value differs along the axis
 VARYING_AFTER = ("tgraph.reduce_scatter", "tgraph.all_to_all", "tgraph.axis_slice")
+#: every per-rank op over one mesh axis
+PER_RANK_COLLECTIVES = UNIFORM_AFTER + VARYING_AFTER
 
 
 def body_of(spmd_op: ir.Operation) -> ir.Operation:
     """The `tgraph.local` function a `tgraph.spmd` calls."""
-    name = ir.FlatSymbolRefAttr(spmd_op.attributes["body"]).value
     module = spmd_op.parent
     while module.name != "builtin.module":
         module = module.parent
-    return next(f for f in functions(module)
-                if ir.StringAttr(f.attributes["sym_name"]).value == name)
+    name = ir.FlatSymbolRefAttr(spmd_op.attributes["body"]).value
+    return ir.SymbolTable(module)[name].operation
+
+
+def new_local_function(module_block: ir.Block, base: str, arg_types, loc: ir.Location,
+                       arg_locs=None) -> ir.Operation:
+    """An empty private per-rank function (`tgraph.local`) at the end of the
+    module, named `base` (with a number added if that name is taken); its
+    entry block has arguments of `arg_types` and no terminator yet."""
+    taken = {symbol_of(o.operation) for o in module_block.operations
+             if "sym_name" in o.operation.attributes}
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    with ir.InsertionPoint(module_block), loc:
+        f = func.FuncOp(name, (list(arg_types), []))
+        f.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        f.attributes["tgraph.local"] = ir.UnitAttr.get()
+        f.add_entry_block(arg_locs=arg_locs)
+    return f.operation
 
 
 def varies(op: ir.Operation, operand_axes: list[set]) -> set:
@@ -46,17 +67,11 @@ def axis_of(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["axis"]).value
 
 
-def varying_axes(body: ir.Operation, arg_axes: list[set]) -> dict:
-    """Every value of `body` (a per-rank function) mapped to the axes it
-    varies along, given its arguments'."""
+def varying_axes(body: ir.Operation, arg_axes: list[set]) -> "Varying":
+    """Which axes `body`'s values vary along (call it on a value), given
+    its arguments'."""
     block = body.regions[0].blocks[0]
-    axes = {arg: set(a) for arg, a in zip(block.arguments, arg_axes)}
-    for inner in block.operations:
-        op = inner.operation
-        result = varies(op, [axes.get(v, set()) for v in op.operands])
-        for r in op.results:
-            axes[r] = result
-    return axes
+    return Varying({arg: set(a) for arg, a in zip(block.arguments, arg_axes)})
 
 
 def returned(body: ir.Operation) -> list[ir.Value]:

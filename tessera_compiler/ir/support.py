@@ -74,6 +74,11 @@ def kernels_of(module) -> list[ir.Operation]:
             if k.operation.name == "ttile.kernel"]
 
 
+def symbol_of(op: ir.Operation) -> str:
+    """The `sym_name` of a symbol op (a function, a mesh)."""
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
 def child_ops(op: ir.Operation) -> list[ir.Operation]:
     """The operations directly inside `op`'s regions (one level down), in order."""
     return [inner.operation for region in op.regions for block in region.blocks

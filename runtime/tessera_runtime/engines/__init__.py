@@ -9,17 +9,6 @@ beyond `.shape` and `.dtype`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
-
-from .. import env
-
-
-def cache_dir(kind: str) -> Path:
-    """The directory for the runtime's own build products of `kind`, under
-    the cache root the compiler shares (TESSERA_CACHE_DIR)."""
-    path = env.cache_root() / kind
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 class EngineError(RuntimeError):

@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import env
-from . import EngineError, cache_dir
+from ..env import cache_dir
+from . import EngineError
 from .tensor_maps import TensorMaps, emulated_tensor_map
 
 
@@ -699,7 +700,7 @@ class EmulatedKernels:
     def attach_symmetric_heap(self, base: int, heap_bytes: int, pe: int, n_pes: int) -> None:
         """Points the NVSHMEM emulation at the job's shared heap mapping
         (address `base`, `heap_bytes` per PE) as PE `pe` of `n_pes`."""
-        wait_s = env.number("TESSERA_NVSHMEM_WAIT_S", 120.0)
+        wait_s = env.number("TESSERA_NVSHMEM_WAIT_S")
         self._lib.tessera_nvshmem_attach.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
                                                      ctypes.c_int, ctypes.c_int, ctypes.c_double]
         self._lib.tessera_nvshmem_attach(base, heap_bytes, pe, n_pes, wait_s)

@@ -93,7 +93,7 @@ class EmulatedCUDAEngine(CPUEngine):
         if self._heap is None:
             from .. import world
             rank, size = world()
-            heap = env.integer("TESSERA_EMULATED_NVSHMEM_HEAP", 256 << 20)
+            heap = env.integer("TESSERA_EMULATED_NVSHMEM_HEAP")
             self._heap = SymmetricHeap(rank, size, heap)
         return self._heap.alloc(shape, dtype)
 
@@ -101,7 +101,7 @@ class EmulatedCUDAEngine(CPUEngine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"CUDA kernel source not found: {path}")
-        arch = env.get("TESSERA_EMULATE_ARCH", "sm_90a")
+        arch = env.value("TESSERA_EMULATE_ARCH")
         if arch not in _ARCH_DEFINES:
             raise EngineError(f"TESSERA_EMULATE_ARCH={arch!r}: the emulator runs kernels as "
                               f"{' or '.join(_ARCH_DEFINES)}")

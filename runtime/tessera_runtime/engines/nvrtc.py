@@ -23,7 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import env
-from . import EngineError, cache_dir
+from ..env import cache_dir
+from . import EngineError
 
 OPTIONS = ("-std=c++17",)
 
@@ -38,8 +39,8 @@ def _candidates() -> list[Path]:
     except ImportError:
         pass
     for name in ("CUDA_PATH", "CUDA_HOME"):
-        if env.get(name):
-            dirs.append(Path(env.get(name)) / "lib64")
+        if (path := env.get(name)):
+            dirs.append(Path(path) / "lib64")
     dirs.append(Path("/usr/local/cuda/lib64"))
     return dirs
 

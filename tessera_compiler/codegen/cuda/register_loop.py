@@ -61,20 +61,6 @@ class _Val:
     stage: int = -1
 
 
-def _within(at: ir.Operation, loop: ir.Operation) -> bool:
-    """Whether operation `at` is `loop` or nested in it."""
-    while at is not None:
-        if at == loop:
-            return True
-        at = at.parent.operation if at.parent is not None else None
-    return False
-
-
-def _defined_inside(v: ir.Value, loop: ir.Operation) -> bool:
-    owner = v.owner
-    return _within(owner.owner if isinstance(owner, ir.Block) else owner.operation, loop)
-
-
 class RegisterLoop:
     """Prints an scf.for that tessera-gpu-pipeline scheduled with its tiles
     in registers (`#ttile.pipeline<kind = registers, ...>`): its values'
