@@ -498,6 +498,14 @@ LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribu
     }
     return i.getInt();
   };
+  auto count = [&]() -> std::optional<int64_t> {     // an integer >= 0
+    std::optional<int64_t> i = integer();
+    if (i && *i < 0) {
+      op->emitOpError("'") << name << "' must be >= 0, got " << *i;
+      return std::nullopt;
+    }
+    return i;
+  };
   auto onLoop = [&]() -> LogicalResult {
     if (!isLoop(op))
       return op->emitOpError("'") << name << "' belongs on an scf.for";
@@ -521,14 +529,8 @@ LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribu
       return failure();
     return checkOffset(op, name, *offset, false);
   }
-  if (name == "ttile.region") {
-    std::optional<int64_t> region = integer();
-    if (!region)
-      return failure();
-    if (*region < 0)
-      return op->emitOpError("'ttile.region' must be >= 0, got ") << *region;
-    return success();
-  }
+  if (name == "ttile.region")
+    return count() ? success() : failure();
   if (name == "ttile.spill" || name == "ttile.release")
     return unit();
   if (name == "ttile.pingpong" || name == "ttile.issue_ahead")
@@ -566,13 +568,10 @@ LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribu
     return success();
   }
   if (name == "ttile.smem_bytes") {
-    std::optional<int64_t> bytes = integer();
-    if (!bytes)
+    if (!count())
       return failure();
     if (!llvm::isa<KernelOp>(op))
       return op->emitOpError("'ttile.smem_bytes' belongs on a ttile.kernel");
-    if (*bytes < 0)
-      return op->emitOpError("'ttile.smem_bytes' must be >= 0, got ") << *bytes;
     return success();
   }
   if (name == "ttile.domain") {
