@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera_compiler.ir.context import new_context
+from tessera_compiler.ir.pipeline import tag_location
 from tessera_compiler.ir.sharding import Sharding
 from tessera_compiler.ir.types import ELEMENT_TYPES
 from tessera_mlir import ir
@@ -176,8 +177,18 @@ class autocast:
 
 
 def current_location(src: SourceLine | None = None) -> ir.Location:
+    """The location of an op traced now: the user's line, tagged with the
+    pipeline stage call and microbatch while a pipelined step is traced."""
     src = src or user_frame()
-    return ir.Location.file(src.filename, src.line, 0)
+    loc = ir.Location.file(src.filename, src.line, 0)
+    tag = getattr(_state, "pipeline_tag", None)
+    return tag_location(loc, *tag) if tag is not None else loc
+
+
+def set_pipeline_tag(tag: tuple | None) -> None:
+    """(stage call, microbatch) of the ops traced from now on (either may be
+    None), or None outside a pipelined step (see tessera.pipeline)."""
+    _state.pipeline_tag = tag
 
 
 def require_tracing(op_name: str, *operands) -> SourceLine:
@@ -218,6 +229,8 @@ def capture(obj, src: SourceLine) -> Traced:
         shape, dtype, dims, partial = arr.shape, arr.dtype, tuple(() for _ in arr.shape), ()
         name = None
     name = name or _variable_name(obj) or f"captured{len(state.captured)}"
+    if any(t.name == name for _, t in state.captured):
+        name = f"{name}_{len(state.captured)}"      # (two arrays the code calls `w`)
     if state.local:
         # A per-rank body sees a captured DTensor's block, in its layout.
         from .dist import ShardSpec

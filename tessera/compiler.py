@@ -171,6 +171,10 @@ class CompiledFunction:
             _refuse_mutated_arguments(self.fn.__name__, bound.arguments.keys(), values,
                                       filled, structure)
             return out
+        return self._trace_with(call, bound, leaves, specs, mesh)
+
+    def _trace_with(self, call, bound, leaves, specs, mesh):
+        """Graph IR of `call(traced arguments)` (see _trace)."""
         scatter = self.strategy.scatter_axes if self.strategy is not None else ()
         return trace_function(self.fn, specs, mesh, call,
                               deterministic=dist.deterministic_enabled(self.deterministic),

@@ -5,6 +5,9 @@ from __future__ import annotations
 from tessera_compiler.pipeline import Levels, collective_report
 
 from .compiler import CompiledFunction
+from .pipeline import pipeline, stage
+
+__all__ = ["Trace", "trace", "backward", "training_step", "stage", "pipeline"]
 
 
 class Trace:
@@ -15,14 +18,14 @@ class Trace:
         self.name = name
         self.levels = levels
 
-    def __getattr__(self, stage):
+    def __getattr__(self, level):
         levels = self.__dict__.get("levels")
-        if levels is not None and stage in dict(levels.items()):
-            return getattr(levels, stage)
-        raise AttributeError(stage)
+        if levels is not None and level in dict(levels.items()):
+            return getattr(levels, level)
+        raise AttributeError(level)
 
-    def __getitem__(self, stage):
-        return dict(self.levels.items())[stage]
+    def __getitem__(self, level):
+        return dict(self.levels.items())[level]
 
     @property
     def collectives(self) -> list:
@@ -37,8 +40,8 @@ class Trace:
 
     def __str__(self) -> str:
         parts = []
-        for stage, text in self.levels.items():
-            parts.append(f"// ===== {self.name}: {stage} =====\n{text}")
+        for level, text in self.levels.items():
+            parts.append(f"// ===== {self.name}: {level} =====\n{text}")
         return "\n".join(parts)
 
 

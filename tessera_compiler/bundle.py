@@ -188,6 +188,14 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
                 ins["dim"] = ir.IntegerAttr(attrs["dim"]).value
             if "concat_dim" in attrs:
                 ins["concat_dim"] = ir.IntegerAttr(attrs["concat_dim"]).value
+            if "root" in attrs:
+                ins["root"] = ir.IntegerAttr(attrs["root"]).value
+        elif kind in ("tsched.send", "tsched.recv"):
+            view = op.opview
+            ins = {"op": kind.split(".")[1], "result": name(op.results[0]),
+                   "stream": name.names[view.stream], "buffer": name(view.buffer),
+                   "peer": ir.IntegerAttr(op.attributes["peer"]).value,
+                   "axis": ir.StringAttr(op.attributes["axis"]).value}
         elif kind == "tsched.collective_wait":
             ins = {"op": "collective_wait", "token": name(op.operands[0]),
                    "stream": name.names[op.operands[1]]}
@@ -199,16 +207,44 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             ins = {"op": "return", "values": [name(v) for v in op.operands]}
         else:
             raise ValueError(f"cannot serialize '{kind}' into a bundle program")
+        if "tsched.action" in op.attributes:
+            ins["on"] = _action_json(ir.DictAttr(op.attributes["tsched.action"]))
         instructions.append(ins)
 
     program = {"entry": ir.StringAttr(func_op.attributes["sym_name"]).value,
                "inputs": inputs, "outputs": outputs, "streams": streams,
                "instructions": instructions}
+    if "tsched.pipeline" in func_op.attributes:
+        program["pipeline"] = _pipeline_json(ir.DictAttr(func_op.attributes["tsched.pipeline"]))
     if mesh is not None:
         program["mesh"] = {"name": mesh.name, "axes": list(mesh.axes), "shape": list(mesh.shape),
                            "devices": devices if devices is not None
                            else list(range(math.prod(mesh.shape)))}
     return program
+
+
+def _action_json(d: ir.DictAttr) -> dict:
+    """The rank that runs an instruction (`axis`, `rank`) and, for a stage
+    action, which (`kind`, `stage`, `chunk`, `microbatch`)."""
+    out = {}
+    for entry in d:
+        a = entry.attr
+        out[entry.name] = ir.StringAttr(a).value if isinstance(a, ir.StringAttr) \
+            else ir.IntegerAttr(a).value
+    return out
+
+
+def _pipeline_json(d: ir.DictAttr) -> dict:
+    out = {"axis": ir.StringAttr(d["axis"]).value,
+           "schedule": ir.StringAttr(d["schedule"]).value,
+           "overlap": ir.BoolAttr(d["overlap"]).value}
+    for key in ("ranks", "stages", "microbatches"):
+        out[key] = ir.IntegerAttr(d[key]).value
+    out["costs"] = [{"kind": ir.StringAttr(ir.DictAttr(c)["kind"]).value,
+                     "stage": ir.IntegerAttr(ir.DictAttr(c)["stage"]).value,
+                     "cost": ir.FloatAttr(ir.DictAttr(c)["cost"]).value}
+                    for c in ir.ArrayAttr(d["costs"])]
+    return out
 
 
 def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = None) -> Path:

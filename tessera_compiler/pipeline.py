@@ -2,8 +2,9 @@
 
   graph        traced Graph IR (global shapes)
   autodiff     after tessera-autodiff (tgraph.grad replaced by backward Graph IR)
-  partitioned  after tessera-propagate-sharding, tessera-partition
-  schedule     after tessera-lower-to-schedule
+  partitioned  after tessera-propagate-sharding, tessera-partition,
+               tessera-bucket-collectives and (pipelines) tessera-pipeline-schedule
+  schedule     after tessera-lower-to-schedule, checked by tessera-verify-schedule
   tile         after tessera-lower-to-tile (the schedule plus ttile kernels)
   gpu          (GPU target) after tessera-gpu-pipeline, -place and -alloc-shared:
                the Tile IR with how each kernel runs on an SM, which the CUDA
@@ -29,8 +30,8 @@ from .ir.sharding import PER_RANK_OPS
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
     ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize",
-                     "tessera-bucket-collectives"]),
-    ("schedule", ["tessera-lower-to-schedule"]),
+                     "tessera-bucket-collectives", "tessera-pipeline-schedule"]),
+    ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
     ("tile", ["tessera-lower-to-tile", "canonicalize", "cse"]),
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]

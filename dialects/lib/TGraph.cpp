@@ -220,6 +220,16 @@ LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
       return op->emitError() << "'" << attr.getName().getValue() << "' must be a unit attribute";
     return success();
   }
+  if (attr.getName() == "tgraph.pipeline") {
+    // How tessera-pipeline-schedule runs the function (see tessera.pipeline).
+    auto dict = llvm::dyn_cast<DictionaryAttr>(attr.getValue());
+    if (!dict || !llvm::isa_and_nonnull<StringAttr>(dict.get("axis")) ||
+        !llvm::isa_and_nonnull<StringAttr>(dict.get("schedule")) ||
+        !llvm::isa_and_nonnull<IntegerAttr>(dict.get("microbatches")))
+      return op->emitError("'tgraph.pipeline' must be a dictionary with 'axis' and 'schedule' "
+                           "strings and an integer 'microbatches'");
+    return success();
+  }
   if (attr.getName() == "tgraph.scatter_partials") {
     auto axes = llvm::dyn_cast<ArrayAttr>(attr.getValue());
     if (!axes || !llvm::all_of(axes, [](Attribute a) { return llvm::isa<StringAttr>(a); }))
@@ -670,6 +680,28 @@ LogicalResult AxisSliceOp::verifySymbolUses(SymbolTableCollection &symbols) {
                           static_cast<int64_t>(getDim()), *size, /*gather=*/false);
 }
 int64_t AxisSliceOp::getAxisSize() {
+  return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
+}
+
+LogicalResult TransferOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  FailureOr<int64_t> size = lookupAxisSize(*this, &symbols, getMeshAttr(), getAxis());
+  if (failed(size))
+    return failure();
+  int64_t from = static_cast<int64_t>(getFrom());
+  if (from < 0 || from >= *size)
+    return emitOpError("'from' ") << from << " is not a rank of axis '" << getAxis()
+                                  << "' (size " << *size << ")";
+  if (std::optional<uint64_t> to = getTo()) {
+    int64_t dest = static_cast<int64_t>(*to);
+    if (dest < 0 || dest >= *size)
+      return emitOpError("'to' ") << dest << " is not a rank of axis '" << getAxis()
+                                  << "' (size " << *size << ")";
+    if (dest == from)
+      return emitOpError("sends rank ") << from << " a value it already holds";
+  }
+  return success();
+}
+int64_t TransferOp::getAxisSize() {
   return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
 }
 

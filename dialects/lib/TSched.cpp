@@ -98,6 +98,15 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
     return emitOpError("'src' ") << src << " and 'dst' " << dst
                                  << " must have the same rank and element type";
   CollectiveKind kind = getKind();
+  if (kind == CollectiveKind::broadcast) {
+    if (!getRoot() || static_cast<int64_t>(*getRoot()) >= *size)
+      return emitOpError("<broadcast> needs a 'root' rank of axis '") << getAxis()
+                                                                     << "' (size " << *size << ")";
+    if (src.getShape() != dst.getShape())
+      return emitOpError("broadcast 'src' ") << src << " and 'dst' " << dst
+                                             << " must have the same shape";
+    return success();
+  }
   bool reduces = kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
   if (reduces && !getReduction())
     return emitOpError("<") << stringifyCollectiveKind(kind)
@@ -142,4 +151,26 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
                                    << " along dim " << dim;
   }
   return success();
+}
+
+template <typename Op>
+static LogicalResult verifyPeer(Op op, SymbolTableCollection &symbols) {
+  auto mesh = symbols.lookupNearestSymbolFrom<tgraph::MeshOp>(op, op.getMeshAttr());
+  if (!mesh)
+    return op.emitOpError("refers to unknown mesh ") << op.getMeshAttr();
+  std::optional<int64_t> size = mesh.getAxisSize(op.getAxis());
+  if (!size)
+    return op.emitOpError("mesh ") << op.getMeshAttr() << " has no axis '" << op.getAxis() << "'";
+  int64_t peer = static_cast<int64_t>(op.getPeer());
+  if (peer < 0 || peer >= *size)
+    return op.emitOpError("peer ") << peer << " is not a rank of axis '" << op.getAxis()
+                                   << "' (size " << *size << ")";
+  return success();
+}
+
+LogicalResult SendOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyPeer(*this, symbols);
+}
+LogicalResult RecvOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyPeer(*this, symbols);
 }

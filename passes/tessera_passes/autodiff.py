@@ -7,7 +7,10 @@ given the cotangent of an op's result it adds the cotangents of its float
 operands. The seed is d loss / d loss = 1. Cotangents reaching the same value
 are summed; a `%wi` that `%loss` does not depend on gets a zero gradient.
 
-Every rule below is Graph IR built with `graph_builder`, so the backward code
+Backward ops take the location of the forward op they come from, named
+`tessera.backward` (which tessera-pipeline-schedule reads to tell a
+stage's backward from its forward). Every rule below is Graph IR built
+with `graph_builder`, so the backward code
 is partitioned, scheduled, fused and tiled like the forward code. The rules
 are checked against float64 finite differences in test/python/test_autodiff.py.
 """
@@ -20,6 +23,7 @@ from tessera_mlir.dialects import func, tgraph
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.pipeline import backward_location
 from tessera_compiler.ir.sharding import Sharding, meshes_of
 from tessera_compiler.ir.spmd import (PER_RANK_COLLECTIVES, Varying, axis_of, body_of,
                                      new_local_function, returned)
@@ -261,7 +265,7 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
         cts = [cotangent.get(r) for r in op.results]
         if all(g is None for g in cts):
             continue
-        with op.location:
+        with backward_location(op.location):
             for operand, ct in zip(op.operands, rule(op, cts)):
                 if ct is not None and gb.is_float(operand):
                     accumulate(operand, ct)
@@ -271,7 +275,7 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
 def differentiate(grad_op: ir.Operation) -> None:
     loss, *wrt = list(grad_op.operands)
     block_ops = ops_of(grad_op.parent)
-    with ir.InsertionPoint(grad_op), grad_op.location:
+    with ir.InsertionPoint(grad_op), backward_location(grad_op.location):
         seeds = [(loss, gb.fill([], gb.element_of(loss), 1.0))] if wrt else []
         cotangent = backprop(block_ops[: block_ops.index(grad_op)], wrt, seeds)
         grads = [cotangent[w] if w in cotangent else gb.zeros_like(w) for w in wrt]

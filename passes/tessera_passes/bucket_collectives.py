@@ -16,7 +16,8 @@ result (its operand would not exist yet), so the order of computation is
 kept. Elementwise reductions commute with concatenation, and a deterministic
 tree is per element, so the results are the same bits. Groups are capped at
 BUCKET_ELEMENTS elements. Runs on partitioned functions (after
-tessera-partition).
+tessera-partition), except pipelined ones (not yet: their all_reduces
+belong to different ranks' stages).
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ def run(op, pass_, options: TargetOptions):
     def body():
         for f in list(functions(op)):
             fused = [o for o in ops_of(f) if o.name == "tgraph.all_reduce"]
-            if not fused:
+            if not fused or "tgraph.pipeline" in f.attributes:
+                # (A pipeline's all_reduces belong to different ranks' stages;
+                # bucketing them would need a bucket per rank and action.)
                 continue
             if "tgraph.partitioned" not in f.attributes:
                 raise PassError("tgraph.all_reduce in a function that is not partitioned: run "

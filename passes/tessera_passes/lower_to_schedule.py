@@ -25,6 +25,15 @@ buffers the fused kernel needs fit in `TargetOptions.nvshmem_auto_max_bytes`
 target (option or `tessera.target` attribute) nothing is fused.
 
 Argument and result shardings move to `tsched.sharding` attributes.
+
+A pipeline (after tessera-pipeline-schedule): every op keeps the
+`tsched.action` of the Graph IR op it comes from (the rank that runs it), a
+`tgraph.transfer` to one rank becomes a `tsched.send` on the sender, right
+after the value is made, and a `tsched.recv` on the receiver, waited where
+the value is first read; sends are waited at the end of the sender's
+program. A transfer to every rank is a `<broadcast>` collective from its
+rank. With `overlap = false` in `tsched.pipeline`, each collective is waited
+for where it starts.
 """
 
 from __future__ import annotations
@@ -69,9 +78,19 @@ def hoist_collectives(func_op: ir.Operation) -> None:
         anchors[key] = op
 
 
+ACTION = "tsched.action"
+PIPELINE = "tsched.pipeline"
+
+
 class ScheduleBuilder:
     def __init__(self, func_op: ir.Operation, fused: set = frozenset()):
         self.src = func_op
+        self.action = None             # the tsched.action of the op being lowered
+        self.sends: list = []          # (token, action) of every send, waited at the end
+        self.transfers: dict = {}      # producer op -> transfers reading its result
+        info = ir.DictAttr(func_op.attributes[PIPELINE]) if PIPELINE in func_op.attributes \
+            else None
+        self.overlap = info is None or "overlap" not in info or ir.BoolAttr(info["overlap"]).value
         self.name = ir.StringAttr(func_op.attributes["sym_name"]).value
         self.buffers: dict = {}        # tensor value -> buffer value
         self.pending: dict = {}        # buffer -> token of the collective writing it
@@ -83,6 +102,13 @@ class ScheduleBuilder:
         self.stream_t = ir.Type.parse("!tsched.stream")
         self.token_t = ir.Type.parse("!tsched.token")
         self.event_t = ir.Type.parse("!tsched.event")
+
+    def tag(self, op, action=None):
+        """Marks `op` as run only by the rank of the op being lowered (or of `action`)."""
+        action = action if action is not None else self.action
+        if action is not None:
+            op.operation.attributes[ACTION] = action
+        return op
 
     # -- kernels ---------------------------------------------------------
     def make_kernel(self, ops: list[ir.Operation], kind: str | None = None
@@ -119,8 +145,8 @@ class ScheduleBuilder:
         for the last op's results."""
         kernel, inputs = self.make_kernel(ops, kind)
         ins = [self.use(v, compute) for v in inputs]
-        outs = [tsched.AllocOp(memref_of(r.type)).result for r in ops[-1].results]
-        tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs)
+        outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in ops[-1].results]
+        self.tag(tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs))
         for r, out in zip(ops[-1].results, outs):
             self.buffers[r] = out
             self.on_compute.add(out)
@@ -134,7 +160,7 @@ class ScheduleBuilder:
         if token is not None:
             streams = self.waited.setdefault(token, [])
             if stream not in streams:
-                tsched.CollectiveWaitOp(token, stream)
+                self.tag(tsched.CollectiveWaitOp(token, stream))
                 streams.append(stream)
         return buf
 
@@ -152,6 +178,8 @@ class ScheduleBuilder:
                      for d in arg_attr_dicts(src, "res_attrs")]
         with ir.InsertionPoint(src), src.location:
             sched = func.FuncOp(self.name + ".schedule", (in_types, out_types))
+            if PIPELINE in src.attributes:
+                sched.attributes[PIPELINE] = src.attributes[PIPELINE]
             sched.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_dicts)
             sched.attributes["res_attrs"] = ir.ArrayAttr.get(res_dicts)
             entry = sched.add_entry_block(arg_locs=[a.location for a in block.arguments])
@@ -162,13 +190,63 @@ class ScheduleBuilder:
             compute = tsched.StreamOp(self.stream_t, "compute").result
             comm = tsched.StreamOp(self.stream_t, "comm").result
             for op in ops_of(src):
+                if op.name == "tgraph.transfer" and "to" in op.attributes:
+                    producer = op.operands[0].owner
+                    self.transfers.setdefault(producer, []).append(op)
+            for op in ops_of(src):
+                self.action = op.attributes[ACTION] if ACTION in op.attributes else None
                 with op.location:
                     self.lower_op(op, compute, comm)
+                for transfer in self.transfers.get(op, []):
+                    with transfer.location:
+                        self.send(transfer, compute, comm)
         self.insert_frees(entry)
         return sched.operation
 
+    def start_on_comm(self, value, compute, comm) -> ir.Value:
+        """`value`'s buffer, ordered after the compute launch that wrote it."""
+        src_buf = self.use(value, comm)
+        if src_buf in self.on_compute:
+            event = self.tag(tsched.EventRecordOp(self.event_t, compute)).result
+            self.tag(tsched.EventWaitOp(event, comm))
+        return src_buf
+
+    def send(self, transfer: ir.Operation, compute, comm) -> None:
+        """The sender's half of a transfer, right after its value is made."""
+        attrs = transfer.attributes
+        buf = self.start_on_comm(transfer.operands[0], compute, comm)
+        token = self.tag(tsched.SendOp(self.token_t, buf, attrs["to"], comm, attrs["mesh"],
+                                       attrs["axis"])).result
+        self.sends.append((token, self.action))
+
+    def receive(self, transfer: ir.Operation, compute, comm) -> None:
+        """The receiver's half of a transfer (the sender's was emitted with
+        its value); a transfer to every rank is a broadcast from its rank."""
+        attrs = transfer.attributes
+        dst = self.tag(tsched.AllocOp(memref_of(transfer.results[0].type))).result
+        if "to" in attrs:
+            token = self.tag(tsched.RecvOp(self.token_t, dst, attrs["from"], comm, attrs["mesh"],
+                                           attrs["axis"])).result
+        else:
+            root = ir.DictAttr.get({"axis": attrs["axis"], "rank": attrs["from"]})
+            self.action = root                     # only the root reads the value
+            src_buf = self.use(transfer.operands[0], comm)
+            if src_buf in self.on_compute:
+                event = self.tag(tsched.EventRecordOp(self.event_t, compute), root).result
+                self.tag(tsched.EventWaitOp(event, comm), root)
+            token = tsched.CollectiveStartOp(
+                self.token_t, tsched.CollectiveKindAttr.get("broadcast"), src_buf, dst, comm,
+                attrs["mesh"], attrs["axis"], root=attrs["from"]).result
+        self.pending[dst] = token
+        self.buffers[transfer.results[0]] = dst
+
     def lower_op(self, op: ir.Operation, compute, comm) -> None:
+        if op.name == "tgraph.transfer":
+            self.receive(op, compute, comm)
+            return
         if op.name == "func.return":
+            for token, action in self.sends:
+                self.tag(tsched.CollectiveWaitOp(token, comm), action)
             bufs = [self.use(v, compute) for v in op.operands]
             func.ReturnOp(bufs)
             return
@@ -185,11 +263,8 @@ class ScheduleBuilder:
                 self.launch([op], None, compute)       # (else: with its reduce_scatter)
             return
         if op.name in COLLECTIVES:
-            src_buf = self.use(op.operands[0], comm)
-            if src_buf in self.on_compute:
-                event = tsched.EventRecordOp(self.event_t, compute).result
-                tsched.EventWaitOp(event, comm)
-            dst = tsched.AllocOp(memref_of(op.results[0].type)).result
+            src_buf = self.start_on_comm(op.operands[0], compute, comm)
+            dst = self.tag(tsched.AllocOp(memref_of(op.results[0].type))).result
             attrs = op.attributes
             kind = tsched.CollectiveKindAttr.get(COLLECTIVES[op.name])
             start = tsched.CollectiveStartOp(
@@ -199,9 +274,10 @@ class ScheduleBuilder:
                 else None,
                 concat_dim=attrs["concat_dim"] if "concat_dim" in attrs else None,
                 deterministic=attrs["deterministic"] if "deterministic" in attrs else None)
+            self.tag(start)
             self.pending[dst] = start.result
             self.buffers[op.results[0]] = dst
-            if not list(op.results[0].uses):
+            if not list(op.results[0].uses) or not self.overlap:
                 # Nothing reads it (a per-rank body's forward collective whose
                 # value only its backward recomputes): every rank still runs
                 # it, so wait for it at once and let its buffers go.
@@ -222,6 +298,8 @@ class ScheduleBuilder:
                 allocated.append(op.results[0])
             if op.name == "tsched.collective_start":
                 token_buffers[op.results[0]] = list(op.operands)[:2]
+            if op.name in ("tsched.send", "tsched.recv"):
+                token_buffers[op.results[0]] = [op.operands[0]]
             for v in op.operands:
                 last_use[v] = i
                 for b in token_buffers.get(v, []):
@@ -232,7 +310,9 @@ class ScheduleBuilder:
                 continue
             at = ops[last_use.get(buf, ops.index(buf.owner))]
             with ir.InsertionPoint.after(at), at.location:
-                tsched.FreeOp(buf)
+                free = tsched.FreeOp(buf)
+            if ACTION in buf.owner.attributes:     # freed by the rank that made it
+                free.operation.attributes[ACTION] = buf.owner.attributes[ACTION]
 
 
 def _nbytes(value: ir.Value) -> int:

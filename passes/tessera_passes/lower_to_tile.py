@@ -221,6 +221,25 @@ def _hoist(launch, before, produced) -> bool:
     return True
 
 
+ACTION = "tsched.action"
+
+
+def _rank_key(op: ir.Operation):
+    """The pipeline rank that runs `op` (None: every rank); ops of different
+    ranks never share a kernel."""
+    if ACTION not in op.attributes:
+        return None
+    d = ir.DictAttr(op.attributes[ACTION])
+    return (ir.StringAttr(d["axis"]).value, ir.IntegerAttr(d["rank"]).value)
+
+
+def _copy_action(src: ir.Operation, *made) -> None:
+    """Gives ops made in place of `src` its pipeline action (its rank)."""
+    if ACTION in src.attributes:
+        for op in made:
+            op.operation.attributes[ACTION] = src.attributes[ACTION]
+
+
 def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> list[list[ir.Operation]]:
     """Maximal runs of consecutive tileable launches (allocs and frees between
     them do not break a run) whose shapes share one iteration domain. With
@@ -246,6 +265,10 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
     for op in ops_of(sched):
         if op.name in ("tsched.alloc", "tsched.free"):
             continue
+        if op.name == "tsched.launch" and current and _rank_key(op) != _rank_key(current[0]):
+            groups.append(current)
+            current, shapes, head = [], [], None
+            produced.clear()
         if op.name == "tsched.launch":
             kop = _kernel_op(kernels, op)
             fused = _collective_gemm(kernels, op)
@@ -512,13 +535,15 @@ def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
             continue
         for consumer in consumers:
             with ir.InsertionPoint(consumer), consumer.location:
-                copy = tsched.AllocOp(ir.MemRefType(buf.type)).result
-                tsched.LaunchOp(launch.attributes["kernel"], stream, [], [copy])
+                alloc = tsched.AllocOp(ir.MemRefType(buf.type))
+                copy = alloc.result
+                made = tsched.LaunchOp(launch.attributes["kernel"], stream, [], [copy])
             for i, v in enumerate(list(consumer.operands)):
                 if v == buf:
                     consumer.operands[i] = copy
             with ir.InsertionPoint.after(consumer), consumer.location:
-                tsched.FreeOp(copy)
+                free = tsched.FreeOp(copy)
+            _copy_action(consumer, alloc, made, free)
         for u in [u.owner.operation for u in buf.uses]:
             if u.name == "tsched.free":
                 u.erase()
@@ -558,12 +583,12 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
                     and not owner.is_before_in_block(first):
                 owner.move_before(first)
         with ir.InsertionPoint(first), first.location:
-            scratch = [tsched.AllocOp(t, symmetric=True).result for t in tiler.symmetric]
+            scratch = [tsched.AllocOp(t, symmetric=True) for t in tiler.symmetric]
             fused = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, tiler.inputs,
-                                    tiler.outputs + scratch)
+                                    tiler.outputs + [a.result for a in scratch])
         with ir.InsertionPoint.after(fused), first.location:
-            for buf in scratch:
-                tsched.FreeOp(buf)
+            frees = [tsched.FreeOp(a.result) for a in scratch]
+        _copy_action(first, fused, *scratch, *frees)
         for launch in group:
             launch.erase()
         for b in tiler.internal:
@@ -598,7 +623,7 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
         with ir.InsertionPoint(launch), launch.location:
             for kernel, k_ins, k_outs in made:
                 symbol = ir.FlatSymbolRefAttr.get(ir.StringAttr(kernel.attributes["sym_name"]).value)
-                tsched.LaunchOp(symbol, stream, k_ins, k_outs)
+                _copy_action(launch, tsched.LaunchOp(symbol, stream, k_ins, k_outs))
                 kernel.move_before(next(iter(kernels.values())))
         launch.erase()
         consumed.add(name)

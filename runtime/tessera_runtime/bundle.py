@@ -20,7 +20,7 @@ from .mesh import MeshError, MeshInfo
 
 FORMAT = "tessera-bundle"
 SUPPORTED_VERSIONS = (1,)
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 REDUCTIONS = ("sum", "max", "min", "prod")
 
 
@@ -76,6 +76,9 @@ class ProgramSpec:
     outputs: list[TensorSpec]
     streams: list[str]
     instructions: list[Instr]
+    #: a pipeline's schedule (axis, schedule, ranks, stages, microbatches,
+    #: each action's cost), or None
+    pipeline: dict | None = None
 
 
 @dataclass
@@ -207,6 +210,8 @@ _OPS: dict[str, dict[str, str]] = {
     "collective_start": {"result": _STR, "stream": _STR, "collective": _STR,
                          "axis": _STR, "src": _STR, "dst": _STR},
     "collective_wait": {"token": _STR, "stream": _STR},
+    "send": {"result": _STR, "stream": _STR, "buffer": _STR, "axis": _STR},
+    "recv": {"result": _STR, "stream": _STR, "buffer": _STR, "axis": _STR},
     "return": {"values": _STRS},
 }
 
@@ -248,6 +253,17 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
         if kind == "all_to_all":
             fields["concat_dim"] = r.get(raw, "concat_dim", where, int)
         fields["deterministic"] = r.get(raw, "deterministic", where, bool, default=False)
+        if kind == "broadcast":
+            fields["root"] = r.get(raw, "root", where, int)
+    if op in ("send", "recv"):
+        fields["peer"] = r.get(raw, "peer", where, int)
+    if "on" in raw:
+        # Run only by one rank along a mesh axis (a pipeline stage's action).
+        on = r.get(raw, "on", where, dict)
+        fields["on"] = (r.get(on, "axis", f"{where}.on", str), r.get(on, "rank", f"{where}.on", int))
+        if "kind" in on:
+            fields["action"] = (f"{on.get('chunk', 0)}{on['kind']}{on.get('microbatch', 0)}",
+                                on.get("stage", 0))
     if op == "alloc":
         fields["symmetric"] = r.get(raw, "symmetric", where, bool, default=False)
     if op == "launch" and "library" in raw:
@@ -321,7 +337,8 @@ def read_program(path: Path) -> ProgramSpec:
     instrs = [_read_instr(r, i, raw)
               for i, raw in enumerate(r.get(p, "instructions", "", list))]
     return ProgramSpec(path=path, mesh=mesh, inputs=inputs, outputs=outputs,
-                       streams=streams, instructions=instrs)
+                       streams=streams, instructions=instrs,
+                       pipeline=r.get(p, "pipeline", "", dict, default=None))
 
 
 def read_bundle(path) -> Bundle:

@@ -165,6 +165,23 @@ class Communicator(ABC):
         return self._traced(self._shift(src, dst, offset % self.size, stream),
                             f"shift {offset:+d}", src)
 
+    def send(self, buf, peer: int, stream=None) -> Work:
+        """Start sending `buf` to rank `peer` of this axis. Sends and
+        receives between two ranks pair up in the order they are started
+        (the schedule verifier proves the orders agree)."""
+        self._check_peer(peer, "send")
+        return self._traced(self._send(buf, peer, stream), f"send to {peer}", buf)
+
+    def recv(self, buf, peer: int, stream=None) -> Work:
+        """Start receiving into `buf` from rank `peer` of this axis."""
+        self._check_peer(peer, "recv")
+        return self._traced(self._recv(buf, peer, stream), f"recv from {peer}", buf)
+
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise CommError(f"{what}: peer {peer} must be another rank of this axis "
+                            f"(size {self.size}, this rank {self.rank})")
+
     # -- backend hooks ----------------------------------------------------------
     @abstractmethod
     def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work: ...
@@ -183,6 +200,12 @@ class Communicator(ABC):
 
     @abstractmethod
     def _shift(self, src, dst, offset, stream) -> Work: ...
+
+    @abstractmethod
+    def _send(self, buf, peer, stream) -> Work: ...
+
+    @abstractmethod
+    def _recv(self, buf, peer, stream) -> Work: ...
 
 
 class SelfCommunicator(Communicator):
@@ -214,6 +237,11 @@ class SelfCommunicator(Communicator):
 
     def _shift(self, src, dst, offset, stream) -> Work:
         return self._copy(src, dst)
+
+    def _send(self, buf, peer, stream) -> Work:
+        raise CommError("send on a size-1 axis")     # _check_peer refuses first
+
+    _recv = _send
 
 
 def leading_is_trivial(shape, dim: int) -> bool:

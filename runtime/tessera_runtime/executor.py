@@ -9,6 +9,12 @@ waited before `return`. A bad program therefore fails at load time on every
 rank alike, instead of half-way through a run with collectives in flight
 (which would hang the other ranks).
 
+A pipeline's program holds every stage's actions: an instruction with `on`
+= (axis, rank) runs only on the rank with that coordinate along the axis,
+so each rank verifies and runs its own subsequence (`send` / `recv` pair
+them up; the compiler's tessera-verify-schedule proved they match and
+cannot deadlock). A broadcast's `src` exists on its root only.
+
 The executor only uses the `Engine` and `Communicator` interfaces and the
 `.shape` / `.dtype` of buffers, so other engines plug in unchanged.
 """
@@ -44,6 +50,15 @@ def _count(profile: dict, key: str, seconds: float) -> None:
     entry[1] += 1
 
 
+def _roles(ins: Instr) -> dict:
+    """The buffers an in-flight transfer reads (`src`) and writes (`dst`)."""
+    if ins.op == "send":
+        return {"src": ins["buffer"]}
+    if ins.op == "recv":
+        return {"dst": ins["buffer"]}
+    return {"src": ins["src"], "dst": ins["dst"]}
+
+
 class ScheduleExecutor:
     #: Set to a dict to accumulate [seconds, calls] per launch (key: kernel
     #: name, or "library:<routine>") and for communication ("collective:start",
@@ -65,7 +80,22 @@ class ScheduleExecutor:
         # References to collectives abandoned by a failed run: MPI may still
         # be writing into their buffers, so they must stay alive.
         self._abandoned: list = []
+        #: this rank's instructions (a pipeline's other stages run elsewhere)
+        self.instructions = [ins for ins in program.instructions
+                             if "on" not in ins.fields or self._runs_here(ins["on"])]
         self._verify()
+
+    def _runs_here(self, on) -> bool:
+        axis, rank = on
+        comm = self.comms.get(axis)
+        if comm is None:
+            raise ScheduleError(f"{self._source}: an instruction runs on rank {rank} of axis "
+                                f"'{axis}', which the mesh does not have")
+        return comm.rank == rank
+
+    def _reads_src(self, ins: Instr) -> bool:
+        """Whether this rank reads a collective's `src` (a broadcast's only on its root)."""
+        return ins["collective"] != "broadcast" or self.comms[ins["axis"]].rank == ins["root"]
 
     # ------------------------------------------------------------------
     # Static verification
@@ -100,7 +130,7 @@ class ScheduleExecutor:
         def in_flight(name, roles):
             for tok, start in pending.items():
                 for role in roles:
-                    if start[role] == name:
+                    if _roles(start).get(role) == name:
                         return tok, role
             return None
 
@@ -115,7 +145,7 @@ class ScheduleExecutor:
             meta[spec.value] = (spec.local_shape, spec.dtype)
 
         returned = False
-        for ins in p.instructions:
+        for ins in self.instructions:
             if returned:
                 raise self._err(ins, "instruction after return")
             if "stream" in ins.fields and ins["stream"] not in streams:
@@ -144,11 +174,24 @@ class ScheduleExecutor:
             elif op == "event_wait":
                 use(ins["event"], "event", ins, "event")
             elif op == "collective_start":
-                use(ins["src"], "buffer", ins, "src")
+                reads = self._reads_src(ins)
+                if reads:
+                    use(ins["src"], "buffer", ins, "src")
+                    not_in_flight(ins["src"], ins, "reads")
                 use(ins["dst"], "buffer", ins, "dst")
-                not_in_flight(ins["src"], ins, "reads")
                 not_in_flight(ins["dst"], ins, "writes", ("src", "dst"))
-                self._check_collective_shapes(ins, meta[ins["src"]], meta[ins["dst"]])
+                self._check_collective_shapes(ins, meta[ins["src"] if reads else ins["dst"]],
+                                              meta[ins["dst"]])
+                define(ins["result"], "token", ins)
+                pending[ins["result"]] = ins
+            elif op in ("send", "recv"):
+                use(ins["buffer"], "buffer", ins, "buffer")
+                if op == "send":
+                    not_in_flight(ins["buffer"], ins, "sends")
+                else:
+                    not_in_flight(ins["buffer"], ins, "receives into", ("src", "dst"))
+                if ins["axis"] not in self.comms:
+                    raise self._err(ins, f"axis '{ins['axis']}' is not a mesh axis")
                 define(ins["result"], "token", ins)
                 pending[ins["result"]] = ins
             elif op == "collective_wait":
@@ -181,10 +224,10 @@ class ScheduleExecutor:
             raise self._err(ins, f"axis '{axis}' is not a mesh axis "
                                  f"{list(self.program.mesh.axes)}")
         n = self.program.mesh.axis_size(axis)
-        if kind != "all_reduce" and not 0 <= dim < len(sshape):
+        if kind not in ("all_reduce", "broadcast") and not 0 <= dim < len(sshape):
             raise self._err(ins, f"dim {dim} is out of range for rank-{len(sshape)} "
                                  f"src '{ins['src']}'")
-        if kind == "all_reduce":
+        if kind in ("all_reduce", "broadcast"):
             expect = sshape
         elif kind == "all_to_all":
             concat = ins["concat_dim"]
@@ -249,7 +292,7 @@ class ScheduleExecutor:
         (a training step runs hundreds of launches; per-call lookups add up)."""
         if getattr(self, "_prepared", None) is None:
             eng, plan, symmetric = self.engine, [], set()
-            for ins in self.program.instructions:
+            for ins in self.instructions:
                 if ins.op == "launch" and ins.get("library") == "reshape":
                     # Buffers are written once (by their producer), so a reshape
                     # can be a view of its input instead of a copy.
@@ -330,6 +373,11 @@ class ScheduleExecutor:
                     pending[ins["result"]] = self._start_collective(ins, values)
                     if profile is not None:
                         _count(profile, "collective:start", time.perf_counter() - t0)
+                elif op in ("send", "recv"):
+                    comm = self.comms[ins["axis"]]
+                    move = comm.send if op == "send" else comm.recv
+                    pending[ins["result"]] = move(values[ins["buffer"]], ins["peer"],
+                                                  stream=eng.stream(ins["stream"]))
                 elif op == "collective_wait":
                     work = pending.pop(ins["token"], None)
                     if work is not None:        # later waits (other streams): done
@@ -352,7 +400,8 @@ class ScheduleExecutor:
 
     def _start_collective(self, ins: Instr, values: dict):
         comm = self.comms[ins["axis"]]
-        src, dst = values[ins["src"]], values[ins["dst"]]
+        dst = values[ins["dst"]]
+        src = values[ins["src"]] if self._reads_src(ins) else dst
         stream = self.engine.stream(ins["stream"])
         kind = ins["collective"]
         if kind == "all_reduce":
@@ -361,5 +410,7 @@ class ScheduleExecutor:
             return comm.all_gather(src, dst, ins["dim"], stream=stream)
         if kind == "all_to_all":
             return comm.all_to_all(src, dst, ins["dim"], ins["concat_dim"], stream=stream)
+        if kind == "broadcast":
+            return comm.broadcast(src, dst, ins["root"], stream=stream)
         return comm.reduce_scatter(src, dst, ins["dim"], ins["reduction"],
                                    ins["deterministic"], stream=stream)

@@ -203,6 +203,19 @@ class MPICommunicator(Communicator):
         return MPIWork([send, recv], keepalive=(src, dst))
 
 
+    #: Tag of pipeline transfers (their order pairs them, see Communicator.send).
+    P2P_TAG = TreeAllReduceWork.TAG + 2
+
+    def _send(self, buf, peer, stream) -> Work:
+        _check_host(buf)
+        return MPIWork(self.comm.Isend(_wire(buf), dest=peer, tag=self.P2P_TAG), keepalive=(buf,))
+
+    def _recv(self, buf, peer, stream) -> Work:
+        _check_host(buf)
+        return MPIWork(self.comm.Irecv(_wire(buf), source=peer, tag=self.P2P_TAG),
+                       keepalive=(buf,))
+
+
 def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
     """One communicator per mesh axis for this process.
 

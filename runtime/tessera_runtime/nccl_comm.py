@@ -179,6 +179,16 @@ class NCCLCommunicator(Communicator):
         nccl.groupEnd()
         return NCCLWork(s, keepalive=(src, dst))
 
+    def _send(self, buf, peer, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        self.comm.send(_ptr(buf), buf.size, _nccl_type(buf.dtype), peer, _stream_ptr(s))
+        return NCCLWork(s, keepalive=(buf,))
+
+    def _recv(self, buf, peer, stream) -> Work:
+        s = stream if stream is not None else cp.cuda.get_current_stream()
+        self.comm.recv(_ptr(buf), buf.size, _nccl_type(buf.dtype), peer, _stream_ptr(s))
+        return NCCLWork(s, keepalive=(buf,))
+
 
 def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
     """One NCCL communicator per mesh axis for this process (every rank of

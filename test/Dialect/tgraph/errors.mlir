@@ -606,3 +606,28 @@ func.func @spmd_bad_axis(%x: tensor<8x4xf32>) -> tensor<4x4xf32> {
 func.func private @body(%x: tensor<4x4xf32>) -> tensor<4x4xf32> attributes {tgraph.local} {
   return %x : tensor<4x4xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [4]
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.transfer' op 'to' 4 is not a rank of axis 'pp' (size 4)}}
+  %0 = tgraph.transfer %x on @mesh["pp"] from 0 to 4 : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [4]
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.transfer' op sends rank 1 a value it already holds}}
+  %0 = tgraph.transfer %x on @mesh["pp"] from 1 to 1 : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @below {{'tgraph.pipeline' must be a dictionary with 'axis' and 'schedule' strings and an integer 'microbatches'}}
+func.func @f() attributes {tgraph.pipeline = {axis = "pp"}} {
+  return
+}

@@ -132,3 +132,13 @@ func.func private @spmd_body(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes 
   %s = tgraph.all_reduce <sum> %x on @mesh["tp"] : tensor<2x4xf32>
   return %x : tensor<2x4xf32>
 }
+
+// Pipeline transfers: to one rank, and to every rank of the axis (a broadcast).
+// CHECK-LABEL: func.func @transfers
+// CHECK: tgraph.transfer %{{.*}} on @mesh["tp"] from 0 to 3 : tensor<4x8xf32>
+// CHECK: tgraph.transfer %{{.*}} on @mesh["tp"] from 2 : tensor<4x8xf32>
+func.func @transfers(%x: tensor<4x8xf32>) -> tensor<4x8xf32> attributes {tgraph.pipeline = {axis = "tp", schedule = "1F1B", microbatches = 2 : i64}} {
+  %0 = tgraph.transfer %x on @mesh["tp"] from 0 to 3 : tensor<4x8xf32>
+  %1 = tgraph.transfer %0 on @mesh["tp"] from 2 : tensor<4x8xf32>
+  return %1 : tensor<4x8xf32>
+}

@@ -263,9 +263,9 @@ func.func @f(%a: memref<6xf32>, %b: memref<1xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{expected ::tessera::tsched::CollectiveKind to be one of: all_reduce, all_gather, reduce_scatter}}
+  // expected-error @below {{expected ::tessera::tsched::CollectiveKind to be one of: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast}}
   // expected-error @below {{failed to parse TSched_CollectiveKindAttr parameter 'value'}}
-  %t = tsched.collective_start <broadcast> %a -> %a on %s over @mesh["tp"] : memref<8xf32> -> memref<8xf32>
+  %t = tsched.collective_start <scatter> %a -> %a on %s over @mesh["tp"] : memref<8xf32> -> memref<8xf32>
   return
 }
 
@@ -308,5 +308,35 @@ func.func @f(%e: !tsched.event, %s: !tsched.stream) {
 // -----
 
 func.func @f(%s: !tsched.queue) { // expected-error {{type `queue` in dialect `tsched`}}
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @f(%a: memref<8xf32>) {
+  %s = tsched.stream "comm"
+  // expected-error @below {{'tsched.send' op peer 2 is not a rank of axis 'pp' (size 2)}}
+  %t = tsched.send %a to 2 on %s over @mesh["pp"] : memref<8xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @f(%a: memref<8xf32>) {
+  %s = tsched.stream "comm"
+  // expected-error @below {{'tsched.recv' op mesh @mesh has no axis 'tp'}}
+  %t = tsched.recv %a from 0 on %s over @mesh["tp"] : memref<8xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @f(%a: memref<8xf32>, %b: memref<8xf32>) {
+  %s = tsched.stream "comm"
+  // expected-error @below {{'tsched.collective_start' op <broadcast> needs a 'root' rank of axis 'pp' (size 2)}}
+  %t = tsched.collective_start <broadcast> %a -> %b on %s over @mesh["pp"] : memref<8xf32> -> memref<8xf32>
   return
 }

@@ -84,3 +84,20 @@ func.func @types(%s: !tsched.stream, %e: !tsched.event, %t: !tsched.token) {
 // CHECK-LABEL: func.func private @kinds()
 // CHECK-SAME: kinds = [#tsched.collective<all_reduce>, #tsched.collective<all_gather>, #tsched.collective<reduce_scatter>]
 func.func private @kinds() attributes {kinds = [#tsched.collective<all_reduce>, #tsched.collective<all_gather>, #tsched.collective<reduce_scatter>]}
+
+// Point-to-point transfers of a pipeline, each run by one rank of "tp"
+// (tsched.action), and a broadcast from rank 1.
+// CHECK-LABEL: func.func @p2p
+// CHECK: %[[T0:.*]] = tsched.send %{{.*}} to 1 on %{{.*}} over @mesh["tp"] {tsched.action = {axis = "tp", rank = 0 : i64}} : memref<4x8xf32>
+// CHECK: %[[T1:.*]] = tsched.recv %{{.*}} from 0 on %{{.*}} over @mesh["tp"] {tsched.action = {axis = "tp", rank = 1 : i64}} : memref<4x8xf32>
+// CHECK: tsched.collective_start <broadcast> %{{.*}} -> %{{.*}} on %{{.*}} over @mesh["tp"] {root = 1 : i64} : memref<4x8xf32> -> memref<4x8xf32>
+func.func @p2p(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
+  %comm = tsched.stream "comm"
+  %t0 = tsched.send %a to 1 on %comm over @mesh["tp"] {tsched.action = {axis = "tp", rank = 0 : i64}} : memref<4x8xf32>
+  %t1 = tsched.recv %b from 0 on %comm over @mesh["tp"] {tsched.action = {axis = "tp", rank = 1 : i64}} : memref<4x8xf32>
+  tsched.collective_wait %t0 on %comm {tsched.action = {axis = "tp", rank = 0 : i64}}
+  tsched.collective_wait %t1 on %comm {tsched.action = {axis = "tp", rank = 1 : i64}}
+  %t2 = tsched.collective_start <broadcast> %a -> %b on %comm over @mesh["tp"] {root = 1 : i64} : memref<4x8xf32> -> memref<4x8xf32>
+  tsched.collective_wait %t2 on %comm
+  return
+}

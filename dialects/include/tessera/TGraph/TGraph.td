@@ -627,6 +627,32 @@ def TGraph_AxisSliceOp : TGraph_CollectiveOp<"axis_slice", [Pure]> {
   let extraClassDeclaration = extraBaseClassDeclaration;
 }
 
+def TGraph_TransferOp : TGraph_CollectiveOp<"transfer", [SameOperandsAndResultType]> {
+  let summary = "move a value from one rank of a mesh axis to another (pipeline stages)";
+  let description = [{
+    A pipeline's per-rank programs live in one function: every op carries the
+    `tsched.action` it belongs to, which names the rank (along `axis`) that
+    runs it. `tgraph.transfer` is how a value made on rank `from` reaches
+    rank `to`: `input` is read on `from`, the result exists on `to`.
+    Without `to`, the result exists on every rank of the axis (a broadcast
+    from `from`, used to hand a stage's gradients and the loss to every
+    rank). Inserted by `tessera-pipeline-schedule`; `tessera-lower-to-schedule`
+    makes it a `tsched.send` / `tsched.recv` pair (or a broadcast).
+
+    ```mlir
+    %1 = tgraph.transfer %0 on @mesh["pp"] from 0 to 1 : tensor<4x8xf32>
+    %2 = tgraph.transfer %0 on @mesh["pp"] from 3 : tensor<8x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh, StrAttr:$axis,
+                       I64Attr:$from, OptionalAttr<I64Attr>:$to);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `on` $mesh `[` $axis `]` `from` $from (`to` $to^)? attr-dict `:` type($result)
+  }];
+  let extraClassDeclaration = extraBaseClassDeclaration;
+}
+
 def TGraph_ShardOp : TGraph_Op<"shard", [Pure, SameOperandsAndResultType,
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "annotate (and if needed, reshard) a value to a sharding";

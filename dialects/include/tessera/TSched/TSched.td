@@ -56,7 +56,8 @@ def TSched_TokenType : TypeDef<TSched_Dialect, "Token"> {
 
 def TSched_CollectiveKind : I32EnumAttr<"CollectiveKind", "collective operation", [
     I32EnumAttrCase<"all_reduce", 0>, I32EnumAttrCase<"all_gather", 1>,
-    I32EnumAttrCase<"reduce_scatter", 2>, I32EnumAttrCase<"all_to_all", 3>]> {
+    I32EnumAttrCase<"reduce_scatter", 2>, I32EnumAttrCase<"all_to_all", 3>,
+    I32EnumAttrCase<"broadcast", 4>]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::tessera::tsched";
 }
@@ -133,7 +134,9 @@ def TSched_CollectiveStartOp : TSched_Op<"collective_start",
     `dst` must not be read until the returned token is waited on.
     Attributes: `reduction` (`#tgraph.reduction<...>`, for all_reduce and
     reduce_scatter), `dim` (for all_gather and reduce_scatter; the split
-    dimension of all_to_all), `concat_dim` (all_to_all) and `deterministic`
+    dimension of all_to_all), `concat_dim` (all_to_all), `root` (broadcast:
+    the rank along `axis` whose `src` every rank receives in `dst`; only it
+    reads `src`, which may be defined on it alone) and `deterministic`
     (fixed reduction order).
   }];
   let arguments = (ins TSched_CollectiveKindAttr:$kind,
@@ -141,13 +144,39 @@ def TSched_CollectiveStartOp : TSched_Op<"collective_start",
                        TSched_StreamType:$stream, FlatSymbolRefAttr:$mesh,
                        StrAttr:$axis, OptionalAttr<TSched_ReductionAttr>:$reduction,
                        OptionalAttr<I64Attr>:$dim, OptionalAttr<I64Attr>:$concat_dim,
-                       UnitAttr:$deterministic);
+                       OptionalAttr<I64Attr>:$root, UnitAttr:$deterministic);
   let results = (outs TSched_TokenType:$token);
   let assemblyFormat = [{
     $kind $src `->` $dst `on` $stream `over` $mesh `[` $axis `]` attr-dict
     `:` type($src) `->` type($dst)
   }];
 }
+
+class TSched_PointToPointOp<string mnemonic, string direction, string what>
+    : TSched_Op<mnemonic, [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "start " # what # " over a mesh axis (a pipeline transfer)";
+  let description = [{
+    Point-to-point transfers between pipeline stages. Both start on a stream
+    and return a token that `tsched.collective_wait` completes: a send's
+    buffer must stay alive and unwritten until then; a recv's buffer must not
+    be read before. Sends and recvs between two ranks pair up in program
+    order (the k-th send from A to B is the k-th recv on B from A), which
+    `tessera-verify-schedule` checks for every rank before anything runs.
+    The op runs only on the rank named by its `tsched.action`.
+
+    ```mlir
+    %t0 = tsched.send %a to 1 on %comm over @mesh["pp"] : memref<4x8xf32>
+    %t1 = tsched.recv %b from 0 on %comm over @mesh["pp"] : memref<4x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeMemRef:$buffer, I64Attr:$peer,
+                       TSched_StreamType:$stream, FlatSymbolRefAttr:$mesh, StrAttr:$axis);
+  let results = (outs TSched_TokenType:$token);
+  let assemblyFormat = "$buffer `" # direction # "` $peer `on` $stream `over` $mesh `[` $axis `]` attr-dict `:` type($buffer)";
+}
+
+def TSched_SendOp : TSched_PointToPointOp<"send", "to", "sending a buffer to a peer">;
+def TSched_RecvOp : TSched_PointToPointOp<"recv", "from", "receiving a buffer from a peer">;
 
 def TSched_CollectiveWaitOp : TSched_Op<"collective_wait"> {
   let summary = "make a stream wait until a collective has completed";

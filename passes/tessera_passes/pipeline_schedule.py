@@ -1,0 +1,366 @@
+"""tessera-pipeline-schedule: turn a partitioned, microbatch-unrolled step
+into every pipeline rank's program, in one function.
+
+Runs on functions with a `tgraph.pipeline` attribute (`axis`, `schedule`,
+`microbatches`, `stages`: the stage calls per microbatch; see
+tessera.pipeline), after tessera-partition. The tracer tagged every op with
+its stage call and microbatch, and autodiff marked the backward ops (both in
+locations, see tessera_compiler.ir.pipeline). This pass
+
+1. maps stage call `i` to a virtual stage (interleaved: `i`, on rank
+   `i mod p`; otherwise the calls of rank `i // (n/p)` form one stage) and
+   each op to an action: F, or for backward ops B when the previous stage
+   waits for its result (the input's gradient and what it needs) and W
+   otherwise (the weights' gradients). Only zero_bubble keeps W apart; the
+   other schedules run each W with its B;
+2. costs every action (flops of its ops, microbatch 0) and simulates the
+   schedule (`ir.pipeline.simulate`): every rank's action order;
+3. places the ops no stage owns: the step's combination of the
+   microbatches' results on the rank holding their inputs, right after the
+   last of them; input slices and constants with their users (copied onto
+   each rank that uses them);
+4. connects the ranks: a value used on another rank than its own becomes a
+   `tgraph.transfer` to it (its recv at the start of the first action that
+   reads it; recvs from one peer posted in the order the peer sends, so
+   the k-th send pairs with the k-th recv), and each result of the step a
+   `tgraph.transfer` from its rank to every rank (a broadcast);
+5. orders the block by the simulated start times (so every rank's ops, in
+   program order, follow its schedule) and tags every op run by one rank
+   with `tsched.action = {axis, rank, kind, stage, chunk, microbatch}`.
+
+The function gets `tsched.pipeline` (axis, schedule, ranks, stages,
+microbatches, overlap, and each action's cost), which the bundle carries
+for `step.pipeline_report()`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tessera_mlir import ir
+from tessera_mlir.dialects import tgraph
+
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.pipeline import Action, simulate, tag_of
+from tessera_compiler.ir.sharding import meshes_of
+from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+
+ACTION = "tsched.action"
+INFO = "tsched.pipeline"
+
+
+def _i64(v: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
+
+
+def _op(x):
+    """An op as its Operation (owners and users come back as OpViews; dict
+    keys must be one kind), a block as itself."""
+    return x if isinstance(x, ir.Block) else x.operation
+
+
+def _flops(op: ir.Operation) -> float:
+    """A cost for the cost model: 2 m n k for a matmul, one per result
+    element otherwise."""
+    total = 0.0
+    for r in op.results:
+        if isinstance(r.type, ir.RankedTensorType):
+            total += math.prod(ir.RankedTensorType(r.type).shape)
+    if op.name == "tgraph.matmul":
+        k = ir.RankedTensorType(op.operands[0].type).shape[-1]
+        total *= 2 * k
+    return total
+
+
+class Pipeline:
+    def __init__(self, func_op: ir.Operation):
+        self.func = func_op
+        info = ir.DictAttr(func_op.attributes["tgraph.pipeline"])
+        self.axis = ir.StringAttr(info["axis"]).value
+        self.schedule = ir.StringAttr(info["schedule"]).value
+        self.microbatches = ir.IntegerAttr(info["microbatches"]).value
+        self.calls = ir.IntegerAttr(info["stages"]).value
+        self.overlap = ir.BoolAttr(info["overlap"]).value if "overlap" in info else True
+        self.names = [ir.StringAttr(a).value for a in ir.ArrayAttr(info["names"])] \
+            if "names" in info else [f"stage {i}" for i in range(self.calls)]
+        module = func_op.parent
+        meshes = meshes_of(module)
+        mesh = next((m for m in meshes.values() if self.axis in m.axes), None)
+        if mesh is None:
+            raise PassError(f"tgraph.pipeline: no mesh has an axis '{self.axis}'",
+                            func_op.location)
+        self.mesh = mesh
+        self.ranks = mesh.axis_size(self.axis)
+        if self.calls % self.ranks:
+            raise PassError(f"the step makes {self.calls} stage calls, which do not split evenly "
+                            f"over the {self.ranks} ranks of axis '{self.axis}'",
+                            func_op.location)
+        interleaved = self.schedule == "interleaved"
+        self.stages = self.calls if interleaved else self.ranks
+        self.per_rank = 1 if interleaved else self.calls // self.ranks
+
+    def stage_of(self, call: int) -> int:
+        return call if self.schedule == "interleaved" else call // self.per_rank
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.ranks
+
+    def describe(self, stage: int) -> str:
+        calls = [i for i in range(self.calls) if self.stage_of(i) == stage]
+        return ", ".join(self.names[i] for i in calls)
+
+
+def _classify(pipe: Pipeline, body: list) -> tuple[dict, list]:
+    """Each tagged op's action, and the ops no stage owns (in block order)."""
+    actions, floating = {}, []
+    backward: dict = {}
+    for op in body:
+        tag = tag_of(op.location)
+        if tag.stage is None or tag.microbatch is None:
+            floating.append(op)
+            continue
+        if not 0 <= tag.stage < pipe.calls or not 0 <= tag.microbatch < pipe.microbatches:
+            raise PassError(f"op tagged with stage call {tag.stage} / microbatch "
+                            f"{tag.microbatch}, outside the pipeline's {pipe.calls} calls and "
+                            f"{pipe.microbatches} microbatches", op.location)
+        stage = pipe.stage_of(tag.stage)
+        if tag.backward:
+            backward.setdefault((stage, tag.microbatch), []).append(op)
+        else:
+            actions[op] = Action("F", stage, tag.microbatch)
+    split = pipe.schedule == "zero_bubble"
+    stage_of = {op: a.stage for op, a in actions.items()}
+    for (stage, j), ops in backward.items():
+        for op in ops:
+            stage_of[op] = stage
+    for (stage, j), ops in backward.items():
+        members = set(ops)
+        # B: what another stage reads (the input's gradient), and what it needs.
+        needed = {op for op in ops if any(
+            stage_of.get(_op(u.owner), stage) != stage for r in op.results for u in r.uses)}
+        for op in reversed(ops):
+            if op in needed:
+                for v in op.operands:
+                    owner = _op(v.owner)
+                    if not isinstance(owner, ir.Block) and owner in members:
+                        needed.add(owner)
+        for op in ops:
+            kind = "B" if op in needed or not split else "W"
+            actions[op] = Action(kind, stage, j)
+    return actions, floating
+
+
+def _check_shared_parameters(pipe: Pipeline, func_op, actions: dict) -> None:
+    """A parameter used by two stages on different ranks would need its
+    gradient summed across ranks: refused, naming both stages."""
+    block = func_op.regions[0].blocks[0]
+    for arg in block.arguments:
+        ranks = {}
+        for use in arg.uses:
+            a = actions.get(_op(use.owner))
+            if a is not None:
+                ranks.setdefault(pipe.rank_of(a.stage), (a.stage, _op(use.owner)))
+        if len(ranks) > 1 and any(actions.get(_op(u.owner), Action("F", 0, 0)).kind != "F"
+                                  for u in arg.uses):
+            (s1, op1), (s2, op2) = list(ranks.values())[:2]
+            raise PassError(
+                f"a parameter is used by stage {pipe.describe(s1)} and by stage "
+                f"{pipe.describe(s2)}, which run on different ranks of '{pipe.axis}' "
+                "(its gradient would be split between them); give each stage its own "
+                "parameters", op2.location)
+
+
+def _costs(actions: dict) -> dict:
+    """(kind, stage) -> cost of microbatch 0's action (the cost model)."""
+    costs: dict = {}
+    for op, a in actions.items():
+        if a.microbatch == 0:
+            costs[(a.kind, a.stage)] = costs.get((a.kind, a.stage), 0.0) + _flops(op)
+    return costs
+
+
+def schedule_function(func_op: ir.Operation) -> None:
+    pipe = Pipeline(func_op)
+    block = func_op.regions[0].blocks[0]
+    body = ops_of(func_op)
+    ret = body[-1]
+    body = body[:-1]
+    actions, floating = _classify(pipe, body)
+    _check_shared_parameters(pipe, func_op, actions)
+    forward_only = all(a.kind == "F" for a in actions.values())
+    costs = _costs(actions)
+    split = pipe.schedule == "zero_bubble"
+    plan = simulate(pipe.schedule, pipe.ranks, pipe.stages, pipe.microbatches,
+                    cost=lambda a: costs.get((a.kind, a.stage), 0.0) if not forward_only
+                    or a.kind == "F" else 0.0,
+                    split_backward=split)
+    position = {}          # action -> (start, rank, index in the rank's order)
+    for r, row in enumerate(plan.rows):
+        for i, t in enumerate(row):
+            position[t.action] = (t.start, r, i)
+
+    def rank(op):
+        a = actions.get(op)
+        return None if a is None else pipe.rank_of(a.stage)
+
+    def owner_of(v):
+        o = v.owner
+        return None if isinstance(o, ir.Block) else o.operation
+
+    # Ops that combine stage results (the step's epilogue): at the latest of
+    # their operands' actions.
+    unplaced = []
+    for op in floating:
+        placed = [actions[owner_of(v)] for v in op.operands if owner_of(v) in actions]
+        if placed:
+            actions[op] = max(placed, key=lambda a: position[a])
+        else:
+            unplaced.append(op)
+    # Input slices and constants: with each rank's first user. (An op's
+    # hash follows its operands and attributes, so every dict above is read
+    # before any op is changed: rewiring waits in `rewire` until the end.)
+    global_ops = set()
+    rewire = []            # (user, operand number, new value)
+    for op in reversed(unplaced):
+        by_rank: dict = {}
+        for r in op.results:
+            for use in r.uses:
+                user = _op(use.owner)
+                a = actions.get(user)
+                if a is None:
+                    by_rank.setdefault(None, user)
+                    continue
+                rk = pipe.rank_of(a.stage)
+                if rk not in by_rank or position[a] < position[actions[by_rank[rk]]]:
+                    by_rank[rk] = user
+        ranked = [rk for rk in by_rank if rk is not None]
+        if None in by_rank or not ranked:
+            global_ops.add(op)          # every rank computes it
+            continue
+        first, *others = ranked
+        actions[op] = actions[by_rank[first]]
+        for rk in others:
+            copy = op.clone(ip=ir.InsertionPoint(op)).operation
+            actions[copy] = actions[by_rank[rk]]
+            for i, r in enumerate(op.results):
+                for use in r.uses:
+                    user = _op(use.owner)
+                    if actions.get(user) is not None and pipe.rank_of(actions[user].stage) == rk:
+                        rewire.append((user, use.operand_number, copy.results[i]))
+
+    mesh_ref = ir.FlatSymbolRefAttr.get(pipe.mesh.name)
+    axis = ir.StringAttr.get(pipe.axis)
+    # Values read on another rank: one transfer per (value, rank).
+    made: dict = {}        # (value, rank) -> [transfer op, action, producer]
+    for op in [o.operation for o in block.operations]:
+        a = actions.get(op)
+        if a is None:
+            continue
+        here = pipe.rank_of(a.stage)
+        for i, v in enumerate(op.operands):
+            producer = owner_of(v)
+            if producer is None or producer not in actions:
+                continue
+            there = pipe.rank_of(actions[producer].stage)
+            if there == here:
+                continue
+            entry = made.get((v, here))
+            if entry is None:
+                with ir.InsertionPoint(op), op.location:
+                    t = tgraph.TransferOp(v, mesh_ref, axis, _i64(there), to=_i64(here))
+                entry = made[(v, here)] = [t.operation, a, producer]
+            elif position[a] < position[entry[1]]:
+                entry[1] = a
+            rewire.append((op, i, entry[0].results[0]))
+    # The step's results reach every rank.
+    results = []
+    for i, v in enumerate(ret.operands):
+        producer = owner_of(v)
+        if producer is not None and producer in actions:
+            with ir.InsertionPoint(ret), producer.location:
+                b = tgraph.TransferOp(v, mesh_ref, axis, _i64(rank(producer)))
+            results.append((b.operation, i))
+
+    # Order: by simulated start time, then rank, then program order.
+    placed = []            # [key, op, action or None]
+    for index, op in enumerate([o.operation for o in block.operations][:-1]):
+        if op in global_ops:
+            placed.append([(-1.0, -1, -1, 0, index), op, None])
+        elif op in actions:
+            start, r, i = position[actions[op]]
+            placed.append([(start, r, i, 1, index), op, actions[op]])
+    for b, _ in results:
+        placed.append([(math.inf, 0, 0, 0, len(placed)), b, None])
+    # A transfer's recv goes first in its action; recvs from one peer in the
+    # order the peer sends (the k-th send pairs with the k-th recv).
+    channels: dict = {}
+    for (v, here), (t, a, producer) in made.items():
+        entry = [position[a][:3] + (0, 0), t, a]
+        placed.append(entry)
+        send_key = position[actions[producer]]
+        channels.setdefault((rank(producer), here), []).append((send_key, entry))
+    for chan in channels.values():
+        chan.sort(key=lambda e: e[0])
+        order = [entry for _, entry in chan]
+        for k in range(len(order) - 1, -1, -1):
+            current = order[k][0][:3] + (0, k)
+            if k + 1 < len(order) and current > order[k + 1][0]:
+                current = order[k + 1][0][:3] + (0, k)
+            order[k][0] = current
+    if len(placed) != len(list(block.operations)) - 1:
+        stray = [o.operation for o in block.operations][:-1]
+        raise PassError("tessera-pipeline-schedule: an op was placed on no rank", stray[0].location)
+
+    # Now change the IR.
+    for user, number, value in rewire:
+        user.operands[number] = value
+    for b, i in results:
+        ret.operands[i] = b.results[0]
+    placed.sort(key=lambda e: e[0])
+    for _, op, _ in placed:
+        op.move_before(ret)
+    _check_order(block)
+    for _, op, a in placed:
+        if a is not None:
+            op.attributes[ACTION] = ir.DictAttr.get({
+                "axis": axis, "rank": _i64(pipe.rank_of(a.stage)),
+                "kind": ir.StringAttr.get(a.kind), "stage": _i64(a.stage),
+                "chunk": _i64(a.stage // pipe.ranks), "microbatch": _i64(a.microbatch)})
+    func_op.attributes[INFO] = ir.DictAttr.get({
+        "axis": axis, "schedule": ir.StringAttr.get(pipe.schedule),
+        "ranks": _i64(pipe.ranks), "stages": _i64(pipe.stages),
+        "microbatches": _i64(pipe.microbatches), "overlap": ir.BoolAttr.get(pipe.overlap),
+        "costs": ir.ArrayAttr.get([ir.DictAttr.get({
+            "kind": ir.StringAttr.get(k), "stage": _i64(s),
+            "cost": ir.FloatAttr.get(ir.F64Type.get(), float(c))})
+            for (k, s), c in sorted(costs.items())]),
+    })
+    del func_op.attributes["tgraph.pipeline"]
+
+
+def _check_order(block: ir.Block) -> None:
+    """Every operand is defined before its use (the schedule respects the
+    program's dependences); a violation is a compiler bug, reported with
+    both lines."""
+    seen = set(block.arguments)
+    for op in block.operations:
+        op = op.operation
+        for v in op.operands:
+            if v not in seen:
+                raise PassError("tessera-pipeline-schedule: this op was scheduled before the "
+                                f"value it reads (made at {v.owner.location}); the pipeline "
+                                "schedule does not follow the program's dependences",
+                                op.location)
+        seen.update(op.results)
+
+
+def run(op, pass_, options: TargetOptions):
+    def body():
+        for f in list(functions(op)):
+            if "tgraph.pipeline" not in f.attributes:
+                continue
+            if "tgraph.partitioned" not in f.attributes:
+                raise PassError("run tessera-partition before tessera-pipeline-schedule",
+                                f.location)
+            schedule_function(f)
+    run_reporting(op, pass_, body)

@@ -1,0 +1,403 @@
+"""Pipeline parallelism (`tessera.pipeline`, `graph.stage`, `graph.pipeline`).
+
+    @graph.stage("block")                  # every call of a stage function is one stage
+    def block(w, x):
+        return op.tanh(op.matmul(x, w))
+
+    @pipeline.run(mesh=mesh, axis="pp", schedule="1F1B", microbatches=8)
+    def step(ws, x, y):
+        def loss_fn(ws):
+            h = x
+            for w in ws:
+                h = block(w, h)
+            return op.mean((h - y) * (h - y))
+        return ts.value_and_grad(loss_fn)(ws)
+
+The step is traced once per microbatch (its batch arguments split along dim
+0), every op tagged with the stage call it belongs to (ops after a stage
+call belong to that stage, ops before the first to the first). The
+compiler (`tessera-pipeline-schedule`) then places stage call `i` on rank
+`i // (n / p)` of the `pp` axis (`i mod p` for the interleaved schedule),
+splits each stage's backward into B (its input's gradient) and W (its
+weights' gradients), orders every rank's actions by the schedule, and
+connects the stages with point-to-point transfers that a static check
+proves deadlock-free (`tessera-verify-schedule`). Results are the
+microbatches' mean for scalars and gradients, and their concatenation for
+per-example outputs; every rank receives them.
+
+The batch arguments are every argument but the first (the parameters), or
+the only one; `batch=("x", "y")` names them.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from tessera_compiler.ir.pipeline import SCHEDULES, schedule_name, simulate
+
+from . import _trace
+from ._pytree import flatten, unflatten
+from ._source import user_frame
+from ._trace import Traced, current
+from .compiler import CompiledFunction
+from .errors import CompileError, TesseraError
+
+_local = threading.local()
+
+
+class PipelineError(TesseraError, ValueError):
+    """A pipeline that cannot run as written (names the stage and the line)."""
+
+
+# -- defaults set by tessera.schedule -------------------------------------------------
+
+class _Defaults:
+    microbatches: int | None = None
+    all_reduce_overlap: bool = True
+
+
+defaults = _Defaults()
+
+
+# -- stages ---------------------------------------------------------------------------
+
+class _Tracing:
+    """The microbatch being traced and the stage calls made in it so far."""
+
+    def __init__(self, microbatch: int):
+        self.microbatch = microbatch
+        self.calls: list = []          # (stage name, SourceLine)
+
+
+def _tracing() -> _Tracing | None:
+    return getattr(_local, "tracing", None)
+
+
+class Stage:
+    """A function whose every call (while a pipelined step is traced) is one
+    pipeline stage; called anywhere else it is the plain function."""
+
+    def __init__(self, fn, name: str | None = None):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "stage")
+
+    def __repr__(self) -> str:
+        return f"<pipeline stage {self.name!r}>"
+
+    def __call__(self, *args, **kwargs):
+        tracing = _tracing()
+        if tracing is None or current() is None:
+            return self.fn(*args, **kwargs)
+        src = user_frame()
+        index = len(tracing.calls)
+        tracing.calls.append((self.name, src))
+        _trace.set_pipeline_tag((index, tracing.microbatch))
+        out = self.fn(*args, **kwargs)
+        if not any(isinstance(leaf, Traced) for leaf in flatten(out)[0]):
+            raise PipelineError(
+                f"stage '{self.name}' (stage {index}, called at {src}) returns "
+                f"{'nothing' if out is None else type(out).__name__}; a stage must return the "
+                "tensors the next stage takes")
+        return out
+
+
+def stage(name=None):
+    """`@graph.stage("encoder")`: mark a function as a pipeline stage (also
+    `@graph.stage` without a name)."""
+    if callable(name):
+        return Stage(name)
+    return lambda fn: Stage(fn, name)
+
+
+def compose(stages: int, assign: list):
+    """`pipeline.compose(stages=4, assign=[b0, b1, b2, b3])`: makes each
+    callable of `assign` a stage, in that list (so a loop over it afterwards
+    calls the stages), and returns the list."""
+    if len(assign) != stages:
+        raise PipelineError(f"pipeline.compose(stages={stages}) got {len(assign)} callables to "
+                            f"assign  [{user_frame()}]")
+    assign[:] = [f if isinstance(f, Stage) else Stage(f, getattr(f, "__name__", f"b{i}"))
+                 for i, f in enumerate(assign)]
+    return assign
+
+
+# -- the pipelined step -----------------------------------------------------------------
+
+class Report:
+    """What `step.pipeline_report()` returns: `str()` is the rank x time grid
+    of actions (`0F3`: chunk 0, forward of microbatch 3; `B` input
+    gradient, `W` weight gradient; `.` idle), `.bubble` the idle fraction
+    under the cost model, `.peak_activations` per rank (in microbatches),
+    and `.formula` = (p-1)/(m+p-1) for comparison."""
+
+    def __init__(self, plan, costs: dict):
+        self.plan = plan
+        self.schedule = plan.schedule
+        self.bubble = plan.bubble
+        self.peak_activations = plan.peak_activations()
+        self.costs = costs
+        p, m = plan.ranks, plan.microbatches
+        self.formula = (p - 1) / (m + p - 1)
+
+    def __str__(self) -> str:
+        head = (f"{self.schedule} pipeline: {self.plan.ranks} ranks, {self.plan.stages} stages, "
+                f"{self.plan.microbatches} microbatches; bubble {self.bubble:.1%} "
+                f"((p-1)/(m+p-1) = {self.formula:.1%}); peak activations per rank "
+                f"{self.peak_activations} microbatches")
+        return head + "\n" + self.plan.grid()
+
+    __repr__ = __str__
+
+
+class PipelinedFunction(CompiledFunction):
+    """A step compiled as a pipeline over one mesh axis (see the module)."""
+
+    def __init__(self, fn, mesh, axis: str, schedule: str, microbatches: int | None,
+                 virtual_stages: int | None, batch, stages: list | None,
+                 deterministic=None, target=None):
+        name = schedule_name(schedule)
+        src = user_frame()
+        if name is None:
+            raise PipelineError(f"unknown pipeline schedule {schedule!r} for {fn.__name__}; "
+                                f"choose one of {list(SCHEDULES)}  [{src}]")
+        super().__init__(fn, mesh, numpy_results=False, deterministic=deterministic,
+                         target=target)
+        self.axis = axis
+        self.schedule = name
+        self.microbatches = microbatches
+        self.virtual_stages = virtual_stages
+        self.batch = (batch,) if isinstance(batch, str) else tuple(batch) if batch else None
+        self.stages = stages
+        self.overlap = defaults.all_reduce_overlap
+        self._last_stage_calls: list = []
+        self._report = None
+
+    # -- tracing ------------------------------------------------------------------
+    def _mesh_for(self, leaves):
+        mesh = super()._mesh_for(leaves)
+        if self.axis not in mesh.axes:
+            raise PipelineError(f"{self.fn.__name__}: the pipeline axis '{self.axis}' is not an "
+                                f"axis of the {mesh.topology}")
+        return mesh
+
+    def _microbatches(self) -> int:
+        m = self.microbatches = self.microbatches or defaults.microbatches
+        if m is None:
+            raise PipelineError(f"{self.fn.__name__}: say how many microbatches "
+                                "(pipeline.run(microbatches=...) or "
+                                "schedule.pipeline_microbatches(n))")
+        return int(m)
+
+    def _batch_names(self, names) -> list[str]:
+        if self.batch is not None:
+            unknown = [b for b in self.batch if b not in names]
+            if unknown:
+                raise PipelineError(f"{self.fn.__name__}: batch= names {unknown}, which are not "
+                                    f"parameters of {self.fn.__name__}{self._signature}")
+            return list(self.batch)
+        return list(names) if len(names) == 1 else list(names)[1:]
+
+    def _trace(self, bound, leaves, specs, mesh):
+        m = self._microbatches()
+        p = mesh.axis_size(self.axis)
+        names = list(bound.arguments.keys())
+        batch_names = self._batch_names(names)
+        fn_name = self.fn.__name__
+        calls_per_microbatch = []
+
+        def call(traced):
+            it = iter(traced)
+            filled = [next(it) if _trace.is_tensor(l) else l for l in leaves]
+            structure = flatten(tuple(bound.arguments.values()))[1]
+            values = dict(zip(names, unflatten(structure, filled)))
+            batch = _batch_size(fn_name, values, batch_names, m)
+            size = batch // m
+            results = []
+            for j in range(m):
+                tracing = _Tracing(j)
+                _local.tracing = tracing
+                _trace.set_pipeline_tag((None, j))
+                try:
+                    args = {k: (_split(v, j, size) if k in batch_names else v)
+                            for k, v in values.items()}
+                    _trace.set_pipeline_tag((0, j))
+                    rebound = self._signature.bind_partial()
+                    rebound.arguments.update(args)
+                    results.append(self.fn(*rebound.args, **rebound.kwargs))
+                finally:
+                    _local.tracing = None
+                    _trace.set_pipeline_tag(None)
+                calls_per_microbatch.append(tracing.calls)
+            return _combine(results, size)
+
+        traced = super()._trace_with(call, bound, leaves, specs, mesh)
+        calls = calls_per_microbatch[0]
+        self._check_stages(calls, calls_per_microbatch, p)
+        self._last_stage_calls = calls
+        with traced.module.context:
+            from tessera_mlir import ir
+            i64 = ir.IntegerType.get_signless(64)
+            f = next(o for o in traced.module.body.operations if o.operation.name == "func.func")
+            f.attributes["tgraph.pipeline"] = ir.DictAttr.get({
+                "axis": ir.StringAttr.get(self.axis),
+                "schedule": ir.StringAttr.get(self.schedule),
+                "microbatches": ir.IntegerAttr.get(i64, m),
+                "stages": ir.IntegerAttr.get(i64, len(calls)),
+                "overlap": ir.BoolAttr.get(self.overlap),
+                "names": ir.ArrayAttr.get([ir.StringAttr.get(f"'{n}' (called at {s})")
+                                           for n, s in calls]),
+            })
+        return traced
+
+    def _check_stages(self, calls, per_microbatch, p: int) -> None:
+        name = self.fn.__name__
+        n = len(calls)
+        where = f"  [{user_frame()}]"
+        if any(len(c) != n for c in per_microbatch):
+            raise PipelineError(f"{name} calls its stages a different number of times for "
+                                "different microbatches; a pipeline's stages must not depend "
+                                "on the data" + where)
+        if n == 0:
+            raise PipelineError(
+                f"{name} calls no pipeline stage: mark the functions each stage runs with "
+                "@graph.stage (or pipeline.compose) and call them in the step" + where)
+        if self.stages is not None:
+            expected = [s.name for s in self.stages]
+            got = [c[0] for c in calls]
+            if got != expected:
+                raise PipelineError(f"{name} was declared with stages {expected} but calls "
+                                    f"{got}" + where)
+        if n % p:
+            raise PipelineError(
+                f"{name} calls {n} pipeline stages ({', '.join(f'{c[0]} at {c[1]}' for c in calls)}) "
+                f"but the '{self.axis}' axis has {p} ranks: the stages must split evenly over "
+                f"the ranks (a multiple of {p} stage calls)" + where)
+        m = self.microbatches
+        if self.schedule == "interleaved" and m > p and m % p:
+            raise PipelineError(f"{name}: the interleaved schedule takes microbatches in groups "
+                                f"of the {p} ranks of '{self.axis}'; {m} microbatches is not a "
+                                f"multiple of {p}" + where)
+        if self.schedule == "interleaved":
+            v = self.virtual_stages or n // p
+            if v * p != n or v < 2:
+                raise PipelineError(
+                    f"{name}: the interleaved schedule with virtual_stages={v} on {p} ranks "
+                    f"needs {v * p} stage calls (at least 2 per rank), the step makes {n}" + where)
+        elif self.virtual_stages not in (None, 1):
+            raise PipelineError(f"{name}: virtual_stages={self.virtual_stages} needs "
+                                f"schedule='interleaved', not {self.schedule!r}" + where)
+
+    def pipeline_report(self) -> Report:
+        """The schedule of the last call: grid, bubble, peak activations
+        (computed by the cost model the compiler scheduled with)."""
+        if self._last_key is None or self._last_key not in self._programs:
+            raise RuntimeError(f"{self.fn.__name__} has not been called yet; call it once, "
+                               "then ask for its pipeline_report()")
+        program, _ = self._programs[self._last_key]
+        info = program.bundle.program.pipeline
+        if info is None:
+            raise CompileError(f"{self.fn.__name__}'s bundle has no pipeline schedule")
+        costs = {(a["kind"], a["stage"]): a["cost"] for a in info["costs"]}
+        plan = simulate(info["schedule"], info["ranks"], info["stages"], info["microbatches"],
+                        cost=lambda a: costs.get((a.kind, a.stage), 0.0),
+                        split_backward=info["schedule"] == "zero_bubble")
+        return Report(plan, costs)
+
+
+def _batch_size(fn_name, values: dict, batch_names, m: int) -> int:
+    sizes = {}
+    for name in batch_names:
+        for leaf in flatten(values[name])[0]:
+            if isinstance(leaf, Traced):
+                if not leaf.shape:
+                    raise PipelineError(f"{fn_name}: batch argument '{name}' holds a scalar; "
+                                        "batch arguments are split along dim 0 into microbatches")
+                sizes[name] = leaf.shape[0]
+    if not sizes:
+        raise PipelineError(f"{fn_name}: no batch tensor to split into microbatches "
+                            f"(batch arguments: {batch_names})")
+    if len(set(sizes.values())) > 1:
+        raise PipelineError(f"{fn_name}: the batch arguments have different batch sizes "
+                            f"{sizes}; they are split together along dim 0")
+    batch = next(iter(sizes.values()))
+    if batch % m:
+        raise PipelineError(f"{fn_name}: the batch of {batch} (dim 0 of "
+                            f"{', '.join(sizes)}) does not split into {m} microbatches of equal "
+                            f"size; choose microbatches dividing {batch}")
+    return batch
+
+
+def _split(value, j: int, size: int):
+    leaves, structure = flatten(value)
+    return unflatten(structure, [leaf[j * size:(j + 1) * size] if isinstance(leaf, Traced)
+                                 else leaf for leaf in leaves])
+
+
+def _combine(results: list, size: int):
+    """One result from the microbatches': gradients and scalars averaged (a
+    mean loss over the whole batch and its gradient), per-example outputs
+    (leading dimension the microbatch size) concatenated."""
+    from . import op
+    leaves = [flatten(r)[0] for r in results]
+    structure = flatten(results[0])[1]
+    out = []
+    for parts in zip(*leaves):
+        first = parts[0]
+        if not isinstance(first, Traced):
+            out.append(first)
+            continue
+        owner = first.value.owner
+        is_grad = not isinstance(owner, type(None)) and hasattr(owner, "name") and \
+            owner.name == "tgraph.grad"
+        if first.shape and first.shape[0] == size and not is_grad:
+            out.append(op.concat(list(parts), dim=0))
+        else:
+            total = parts[0]
+            for x in parts[1:]:
+                total = total + x
+            out.append(total * (1.0 / len(parts)) if len(parts) > 1 else total)
+    return unflatten(structure, out)
+
+
+def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule: str = "1F1B",
+        microbatches: int | None = None, virtual_stages: int | None = None, batch=None,
+        stages: list | None = None, deterministic: bool | None = None, target=None):
+    """`@pipeline.run(mesh=mesh, axis="pp", schedule="1F1B", microbatches=8)`:
+    compile a step as a pipeline (see the module). `mesh_axes=("pp",)` is the
+    collectives guide's spelling of `axis`; without a mesh, one `pp` axis over
+    every rank of the job. `schedule`: "gpipe", "1F1B", "interleaved" (with
+    `virtual_stages` chunks per rank) or "zero_bubble"."""
+    if axis is None:
+        axis = mesh_axes[0] if mesh_axes else "pp"
+    if schedule_name(schedule) is None:
+        raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose one of "
+                            f"{list(SCHEDULES)}  [{user_frame()}]")
+
+    def wrap(f):
+        m = mesh
+        if m is None:
+            from . import dist
+            import tessera_runtime
+            m = dist.Mesh(axes=[axis], devices=range(tessera_runtime.world()[1]))
+        return PipelinedFunction(f, m, axis, schedule, microbatches, virtual_stages, batch,
+                                 stages, deterministic=deterministic, target=target)
+    return wrap if fn is None else wrap(fn)
+
+
+def pipeline(stages: list, mesh=None, axis: str = "pp", schedule: str = "1F1B",
+             microbatches: int | None = None, **kwargs):
+    """`@graph.pipeline(stages=[encoder, decoder], mesh=mesh, axis="pp")`: a
+    step whose stage calls must be exactly `stages`, in order."""
+    bad = [s for s in stages if not isinstance(s, Stage)]
+    if bad:
+        raise PipelineError(f"graph.pipeline(stages=...): {bad[0]!r} is not a @graph.stage "
+                            f"function  [{user_frame()}]")
+    m = microbatches or defaults.microbatches or len(stages)
+    return run(mesh=mesh, axis=axis, schedule=schedule, microbatches=m, stages=list(stages),
+               **kwargs)
+
+
+__all__ = ["run", "compose", "stage", "pipeline", "Stage", "Report", "PipelineError",
+           "PipelinedFunction"]

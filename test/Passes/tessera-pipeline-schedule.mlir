@@ -1,0 +1,42 @@
+// RUN: tessera-opt %s --split-input-file --tessera-pipeline-schedule --verify-diagnostics | FileCheck %s
+
+// Two stage calls (model.py:3 and :4) on the 2 ranks of "pp", two
+// microbatches, forward only: each op is tagged with the rank and action
+// that runs it, rank 0's forwards come first (1F1B), a transfer carries
+// each activation to rank 1 at the start of the action that reads it, and
+// each result is broadcast from rank 1.
+// CHECK-LABEL: func.func @step
+// CHECK-SAME: tsched.pipeline = {axis = "pp", costs = [{cost = 6.400000e+01 : f64, kind = "F", stage = 0 : i64}, {cost = 8.000000e+00 : f64, kind = "F", stage = 1 : i64}], microbatches = 2 : i64, overlap = true, ranks = 2 : i64, schedule = "1F1B", stages = 2 : i64}
+// CHECK: %[[A0:.*]] = tgraph.matmul %arg1, %arg0 {tsched.action = {axis = "pp", chunk = 0 : i64, kind = "F", microbatch = 0 : i64, rank = 0 : i64, stage = 0 : i64}}
+// CHECK: %[[A1:.*]] = tgraph.matmul %arg2, %arg0 {tsched.action = {{.*}}microbatch = 1 : i64, rank = 0 : i64
+// CHECK: %[[T0:.*]] = tgraph.transfer %[[A0]] on @mesh["pp"] from 0 to 1 {tsched.action = {{.*}}microbatch = 0 : i64, rank = 1 : i64, stage = 1 : i64}
+// CHECK: %[[B0:.*]] = tgraph.tanh %[[T0]] {tsched.action = {{.*}}rank = 1 : i64
+// CHECK: %[[T1:.*]] = tgraph.transfer %[[A1]] on @mesh["pp"] from 0 to 1
+// CHECK: %[[B1:.*]] = tgraph.tanh %[[T1]]
+// CHECK: %[[R0:.*]] = tgraph.transfer %[[B0]] on @mesh["pp"] from 1 : tensor<2x4xf32>
+// CHECK: %[[R1:.*]] = tgraph.transfer %[[B1]] on @mesh["pp"] from 1 : tensor<2x4xf32>
+// CHECK: return %[[R0]], %[[R1]]
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @step(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 2 : i64, stages = 2 : i64}} {
+  %a0 = tgraph.matmul %x0, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %b0 = tgraph.tanh %a0 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %a1 = tgraph.matmul %x1, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=1"("model.py":3:0))
+  %b1 = tgraph.tanh %a1 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=1"("model.py":4:0))
+  return %b0, %b1 : tensor<2x4xf32>, tensor<2x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+// expected-error @below {{run tessera-partition before tessera-pipeline-schedule}}
+func.func @unpartitioned(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes {tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 2 : i64}} {
+  return %x : tensor<2x4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+// expected-error @below {{the step makes 3 stage calls, which do not split evenly over the 2 ranks of axis 'pp'}}
+func.func @uneven(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 3 : i64}} {
+  return %x : tensor<2x4xf32>
+}

@@ -1,0 +1,85 @@
+// RUN: tessera-opt %s --split-input-file --tessera-verify-schedule --verify-diagnostics | FileCheck %s
+
+// Rank 0 sends to rank 1, which receives and sends back: every send pairs
+// with its recv in order and nothing waits forever.
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+// CHECK-LABEL: func.func @ping_pong
+func.func @ping_pong(%a: memref<4xf32>, %b: memref<4xf32>, %c: memref<4xf32>) {
+  %comm = tsched.stream "comm"
+  %s0 = tsched.send %a to 1 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32>
+  %r1 = tsched.recv %b from 0 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 1 : i64}} : memref<4xf32>
+  tsched.collective_wait %r1 on %comm {tsched.action = {axis = "pp", rank = 1 : i64}}
+  %s1 = tsched.send %b to 0 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 1 : i64}} : memref<4xf32>
+  %r0 = tsched.recv %c from 1 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32>
+  tsched.collective_wait %r0 on %comm {tsched.action = {axis = "pp", rank = 0 : i64}}
+  tsched.collective_wait %s0 on %comm {tsched.action = {axis = "pp", rank = 0 : i64}}
+  tsched.collective_wait %s1 on %comm {tsched.action = {axis = "pp", rank = 1 : i64}}
+  return
+}
+
+// -----
+
+// Each rank waits for the other's value before sending its own: a deadlock,
+// rejected at compile time with where each rank waits (rank 0 at the wait
+// below for rank 1's send #0, rank 1 at its wait for rank 0's).
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @deadlock(%a: memref<4xf32>, %b: memref<4xf32>) {
+  %comm = tsched.stream "comm"
+  %r0 = tsched.recv %b from 1 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32>
+  // expected-error @below {{the ranks of 'pp' deadlock: rank 0 waits at tsched.collective_wait}}
+  tsched.collective_wait %r0 on %comm {tsched.action = {axis = "pp", rank = 0 : i64}}
+  %r1 = tsched.recv %a from 0 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 1 : i64}} : memref<4xf32>
+  tsched.collective_wait %r1 on %comm {tsched.action = {axis = "pp", rank = 1 : i64}}
+  %s0 = tsched.send %a to 1 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32>
+  %s1 = tsched.send %b to 0 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 1 : i64}} : memref<4xf32>
+  tsched.collective_wait %s0 on %comm {tsched.action = {axis = "pp", rank = 0 : i64}}
+  tsched.collective_wait %s1 on %comm {tsched.action = {axis = "pp", rank = 1 : i64}}
+  return
+}
+
+// -----
+
+// The k-th send and the k-th recv between two ranks pair up: their types must agree.
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @mismatch(%a: memref<4xf32>, %b: memref<8xf32>) {
+  %comm = tsched.stream "comm"
+  %s0 = tsched.send %a to 1 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32>
+  // expected-error @below {{moves memref<4xf32> but the recv it pairs with}}
+  %r1 = tsched.recv %b from 0 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 1 : i64}} : memref<8xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @unpaired(%a: memref<4xf32>) {
+  %comm = tsched.stream "comm"
+  // expected-error @below {{rank 0 sends 1 buffers to rank 1, which receives 0 from it}}
+  %s0 = tsched.send %a to 1 on %comm over @mesh["pp"] {tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32>
+  return
+}
+
+// -----
+
+// The ranks of an axis must issue its collectives in one order.
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @collective_order(%a: memref<4xf32>, %b: memref<4xf32>, %c: memref<8xf32>) {
+  %comm = tsched.stream "comm"
+  %t0 = tsched.collective_start <all_reduce> %a -> %b on %comm over @mesh["pp"] {reduction = #tgraph.reduction<sum>, tsched.action = {axis = "pp", rank = 0 : i64}} : memref<4xf32> -> memref<4xf32>
+  // expected-error @below {{collective #0 over 'pp' differs between ranks: rank 1 runs tsched.collective_start}}
+  %t1 = tsched.collective_start <all_gather> %a -> %c on %comm over @mesh["pp"] {dim = 0 : i64, tsched.action = {axis = "pp", rank = 1 : i64}} : memref<4xf32> -> memref<8xf32>
+  return
+}
+
+// -----
+
+// A microbatch's backward before its forward.
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func private @k(memref<4xf32>) -> memref<4xf32>
+func.func @order(%a: memref<4xf32>, %b: memref<4xf32>) {
+  %s = tsched.stream "compute"
+  tsched.launch @k on %s ins(%a : memref<4xf32>) outs(%b : memref<4xf32>) {tsched.action = {axis = "pp", rank = 0 : i64, kind = "B", stage = 0 : i64, microbatch = 1 : i64}}
+  // expected-error @below {{rank 0 runs F of stage 0, microbatch 1 after its B: each microbatch's F must come before its B, and B before W}}
+  tsched.launch @k on %s ins(%a : memref<4xf32>) outs(%b : memref<4xf32>) {tsched.action = {axis = "pp", rank = 0 : i64, kind = "F", stage = 0 : i64, microbatch = 1 : i64}}
+  return
+}

@@ -1,0 +1,141 @@
+"""Pipeline parallelism (tessera.pipeline, graph.stage): every schedule
+gives the unpipelined loss and gradient (float64 numpy reference, fresh
+seeds), the cost model's bubbles and activation peaks, and the errors a
+pipeline can make, each raised before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import dist, graph, op, pipeline
+from tessera.pipeline import PipelineError
+from tessera_compiler.ir.pipeline import formula_bubble, simulate
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def test_every_schedule_matches_one_device_on_four_ranks(run_mpi, tmp_path):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    proc = run_mpi(4, WORKERS / "pipeline_worker.py", seed, tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads((tmp_path / "pipeline.json").read_text())
+    for case in ("gpipe/8", "1F1B/8", "zero_bubble/8", "interleaved/8", "1F1B/2"):
+        got = seen[case]
+        assert abs(got["loss"] - got["ref_loss"]) <= 1e-5 * max(1.0, abs(got["ref_loss"])), case
+        assert got["grad_err"] <= 1e-5 * max(1.0, got["grad_scale"]), case
+        assert "rank 3:" in got["grid"] and got["grid"].startswith(case.split("/")[0])
+    # Activations held: 1F1B at most p on rank 0, GPipe all m.
+    assert seen["1F1B/8"]["peak"][0] == 4 and seen["gpipe/8"]["peak"][0] == 8
+    # Under the compiler's cost model: interleaved and zero bubble idle less than 1F1B.
+    assert seen["interleaved/8"]["bubble"] < seen["1F1B/8"]["bubble"]
+    assert seen["zero_bubble/8"]["bubble"] < seen["1F1B/8"]["bubble"]
+    # Fewer microbatches than stages runs, with a larger bubble.
+    assert seen["1F1B/2"]["bubble"] > seen["1F1B/8"]["bubble"]
+    assert seen["same_bits"], "deterministic schedules differ in their bits"
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (2, 4), (4, 2)])
+def test_equal_costs_give_the_textbook_bubble(p, m):
+    # Backward = twice the forward. Only zero bubble splits it into B and W
+    # (the other schedules run the whole backward as one action).
+    def cost(schedule):
+        split = schedule == "zero_bubble"
+        per = {"F": 1.0, "B": 1.0 if split else 2.0, "W": 1.0 if split else 0.0}
+        chunks = 2 if schedule == "interleaved" else 1      # stages of half the work
+        return lambda a: per[a.kind] / chunks
+
+    plans = {s: simulate(s, p, p * (2 if s == "interleaved" else 1), m, cost=cost(s))
+             for s in ("gpipe", "1F1B", "interleaved", "zero_bubble")}
+    assert plans["gpipe"].bubble == pytest.approx(formula_bubble(p, m), abs=1e-9)
+    assert plans["1F1B"].bubble == pytest.approx(formula_bubble(p, m), abs=1e-9)
+    assert plans["zero_bubble"].bubble < plans["1F1B"].bubble
+    if m >= p:
+        assert plans["interleaved"].bubble < plans["1F1B"].bubble
+    assert plans["1F1B"].peak_activations()[0] == min(p, m)
+    assert plans["gpipe"].peak_activations()[0] == m
+    assert plans["zero_bubble"].peak_activations()[0] <= min(p, m)
+    # Every rank runs every action of its stages exactly once.
+    for plan in plans.values():
+        for r, row in enumerate(plan.rows):
+            assert len(row) == 3 * m * plan.stages // p
+            assert all(t.action.stage % p == r for t in row)
+
+
+mesh4 = dist.Mesh(axes=["pp"], devices=range(4))
+
+
+@graph.stage("block")
+def block(w, x):
+    return op.tanh(op.matmul(x, w))
+
+
+def _data(calls=4, batch=16):
+    rng = np.random.default_rng()
+    ws = [rng.standard_normal((6, 6)).astype(np.float32) for _ in range(calls)]
+    return ws, rng.standard_normal((batch, 6)).astype(np.float32), \
+        rng.standard_normal((batch, 6)).astype(np.float32)
+
+
+def _train(schedule="1F1B", microbatches=4, body=None):
+    @pipeline.run(mesh=mesh4, axis="pp", schedule=schedule, microbatches=microbatches)
+    def step(ws, x, y):
+        def loss_fn(ws):
+            h = x
+            for w in ws:
+                h = (body or block)(w, h)
+            return op.mean((h - y) * (h - y))
+        return ts.value_and_grad(loss_fn)(ws)
+    return step
+
+
+def test_unknown_schedule_is_refused_where_it_is_written():
+    with pytest.raises(PipelineError, match=r"unknown pipeline schedule 'pipedream'.*"
+                                            r"gpipe.*1F1B.*test_pipeline.py"):
+        _train(schedule="pipedream")
+
+
+def test_stage_count_must_split_over_the_axis():
+    with pytest.raises(PipelineError, match=r"calls 3 pipeline stages \(block at .*test_pipeline"
+                                            r".py:\d+.*the 'pp' axis has 4 ranks"):
+        _train().lower(*_data(calls=3))
+
+
+def test_microbatches_must_divide_the_batch():
+    with pytest.raises(PipelineError, match=r"batch of 18 .* does not split into 4 microbatches"):
+        _train().lower(*_data(batch=18))
+
+
+def test_a_stage_returning_nothing_is_named():
+    @graph.stage("silent")
+    def silent(w, x):
+        op.tanh(op.matmul(x, w))
+
+    with pytest.raises(PipelineError, match=r"stage 'silent' \(stage 0, called at .*"
+                                            r"test_pipeline.py:\d+\) returns nothing"):
+        _train(body=silent).lower(*_data())
+
+
+def test_a_parameter_shared_by_two_stages_is_refused():
+    @pipeline.run(mesh=mesh4, axis="pp", microbatches=4)
+    def tied(ws, x, y):
+        def loss_fn(ws):
+            h = x
+            for i in range(4):
+                h = block(ws[0] if i in (0, 3) else ws[i], h)
+            return op.mean((h - y) * (h - y))
+        return ts.value_and_grad(loss_fn)(ws)
+
+    with pytest.raises(ts.CompileError, match=r"a parameter is used by stage 'block' \(called "
+                                              r"at .*\) and by stage 'block'.*different ranks"):
+        tied.lower(*_data())
+
+
+def test_stage_functions_run_plainly_outside_pipelines():
+    ws, x, _ = _data()
+    got = ts.jit(lambda w, x: block(w, x))(ws[0], x)
+    np.testing.assert_allclose(got, np.tanh(x.astype(np.float64) @ ws[0]), rtol=1e-5, atol=1e-6)
