@@ -34,7 +34,9 @@ from __future__ import annotations
 import functools
 import threading
 
-from tessera_compiler.ir.pipeline import SCHEDULES, schedule_name, simulate
+from tessera_compiler.ir.pipeline import SCHEDULES, formula_bubble, schedule_name, simulate
+from tessera_compiler.ir.support import i64
+from tessera_mlir import ir
 
 from . import _trace
 from ._pytree import flatten, unflatten
@@ -138,8 +140,7 @@ class Report:
         self.bubble = plan.bubble
         self.peak_activations = plan.peak_activations()
         self.costs = costs
-        p, m = plan.ranks, plan.microbatches
-        self.formula = (p - 1) / (m + p - 1)
+        self.formula = formula_bubble(plan.ranks, plan.microbatches)
 
     def __str__(self) -> str:
         head = (f"{self.schedule} pipeline: {self.plan.ranks} ranks, {self.plan.stages} stages, "
@@ -171,8 +172,6 @@ class PipelinedFunction(CompiledFunction):
         self.batch = (batch,) if isinstance(batch, str) else tuple(batch) if batch else None
         self.stages = stages
         self.overlap = defaults.all_reduce_overlap
-        self._last_stage_calls: list = []
-        self._report = None
 
     # -- tracing ------------------------------------------------------------------
     def _mesh_for(self, leaves):
@@ -235,16 +234,13 @@ class PipelinedFunction(CompiledFunction):
         traced = super()._trace_with(call, bound, leaves, specs, mesh)
         calls = calls_per_microbatch[0]
         self._check_stages(calls, calls_per_microbatch, p)
-        self._last_stage_calls = calls
         with traced.module.context:
-            from tessera_mlir import ir
-            i64 = ir.IntegerType.get_signless(64)
             f = next(o for o in traced.module.body.operations if o.operation.name == "func.func")
             f.attributes["tgraph.pipeline"] = ir.DictAttr.get({
                 "axis": ir.StringAttr.get(self.axis),
                 "schedule": ir.StringAttr.get(self.schedule),
-                "microbatches": ir.IntegerAttr.get(i64, m),
-                "stages": ir.IntegerAttr.get(i64, len(calls)),
+                "microbatches": i64(m),
+                "stages": i64(len(calls)),
                 "overlap": ir.BoolAttr.get(self.overlap),
                 "names": ir.ArrayAttr.get([ir.StringAttr.get(f"'{n}' (called at {s})")
                                            for n, s in calls]),
@@ -301,8 +297,7 @@ class PipelinedFunction(CompiledFunction):
             raise CompileError(f"{self.fn.__name__}'s bundle has no pipeline schedule")
         costs = {(a["kind"], a["stage"]): a["cost"] for a in info["costs"]}
         plan = simulate(info["schedule"], info["ranks"], info["stages"], info["microbatches"],
-                        cost=lambda a: costs.get((a.kind, a.stage), 0.0),
-                        split_backward=info["schedule"] == "zero_bubble")
+                        cost=lambda a: costs.get((a.kind, a.stage), 0.0))
         return Report(plan, costs)
 
 
@@ -348,9 +343,7 @@ def _combine(results: list, size: int):
         if not isinstance(first, Traced):
             out.append(first)
             continue
-        owner = first.value.owner
-        is_grad = not isinstance(owner, type(None)) and hasattr(owner, "name") and \
-            owner.name == "tgraph.grad"
+        is_grad = getattr(first.value.owner, "name", None) == "tgraph.grad"
         if first.shape and first.shape[0] == size and not is_grad:
             out.append(op.concat(list(parts), dim=0))
         else:
@@ -371,11 +364,8 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
     `virtual_stages` chunks per rank) or "zero_bubble"."""
     if axis is None:
         axis = mesh_axes[0] if mesh_axes else "pp"
-    if schedule_name(schedule) is None:
-        raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose one of "
-                            f"{list(SCHEDULES)}  [{user_frame()}]")
 
-    def wrap(f):
+    def wrap(f):                  # (PipelinedFunction refuses an unknown schedule)
         m = mesh
         if m is None:
             from . import dist

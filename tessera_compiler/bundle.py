@@ -20,6 +20,7 @@ from tessera_mlir import ir
 from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
 from .ir.options import TargetOptions
 from .ir.locations import location_name
+from .ir.pipeline import ACTION, INFO
 from .ir.sharding import Sharding, meshes_of
 from .ir.types import ELEMENT_TYPES, enum_of
 from .pipeline import Levels
@@ -207,15 +208,15 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             ins = {"op": "return", "values": [name(v) for v in op.operands]}
         else:
             raise ValueError(f"cannot serialize '{kind}' into a bundle program")
-        if "tsched.action" in op.attributes:
-            ins["on"] = _action_json(ir.DictAttr(op.attributes["tsched.action"]))
+        if ACTION in op.attributes:
+            ins["on"] = _action_json(ir.DictAttr(op.attributes[ACTION]))
         instructions.append(ins)
 
     program = {"entry": ir.StringAttr(func_op.attributes["sym_name"]).value,
                "inputs": inputs, "outputs": outputs, "streams": streams,
                "instructions": instructions}
-    if "tsched.pipeline" in func_op.attributes:
-        program["pipeline"] = _pipeline_json(ir.DictAttr(func_op.attributes["tsched.pipeline"]))
+    if INFO in func_op.attributes:
+        program["pipeline"] = _pipeline_json(ir.DictAttr(func_op.attributes[INFO]))
     if mesh is not None:
         program["mesh"] = {"name": mesh.name, "axes": list(mesh.axes), "shape": list(mesh.shape),
                            "devices": devices if devices is not None

@@ -8,10 +8,10 @@ operands. The seed is d loss / d loss = 1. Cotangents reaching the same value
 are summed; a `%wi` that `%loss` does not depend on gets a zero gradient.
 
 Backward ops take the location of the forward op they come from, named
-`tessera.backward` (which tessera-pipeline-schedule reads to tell a
-stage's backward from its forward). Every rule below is Graph IR built
-with `graph_builder`, so the backward code
-is partitioned, scheduled, fused and tiled like the forward code. The rules
+`tessera.backward` (which tessera-pipeline-schedule reads to tell a stage's
+backward from its forward). Every rule below is Graph IR built with
+`graph_builder`, so the backward code is partitioned, scheduled, fused and
+tiled like the forward code. The rules
 are checked against float64 finite differences in test/python/test_autodiff.py.
 """
 

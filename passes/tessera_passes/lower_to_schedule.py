@@ -44,6 +44,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph, tsched
 
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.pipeline import ACTION, INFO, copy_action
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, ops_of,
                                          run_reporting, set_dict_entry)
 from tessera_compiler.ir.types import enum_of, memref_of
@@ -78,18 +79,13 @@ def hoist_collectives(func_op: ir.Operation) -> None:
         anchors[key] = op
 
 
-ACTION = "tsched.action"
-PIPELINE = "tsched.pipeline"
-
-
 class ScheduleBuilder:
     def __init__(self, func_op: ir.Operation, fused: set = frozenset()):
         self.src = func_op
         self.action = None             # the tsched.action of the op being lowered
         self.sends: list = []          # (token, action) of every send, waited at the end
         self.transfers: dict = {}      # producer op -> transfers reading its result
-        info = ir.DictAttr(func_op.attributes[PIPELINE]) if PIPELINE in func_op.attributes \
-            else None
+        info = ir.DictAttr(func_op.attributes[INFO]) if INFO in func_op.attributes else None
         self.overlap = info is None or "overlap" not in info or ir.BoolAttr(info["overlap"]).value
         self.name = ir.StringAttr(func_op.attributes["sym_name"]).value
         self.buffers: dict = {}        # tensor value -> buffer value
@@ -178,8 +174,8 @@ class ScheduleBuilder:
                      for d in arg_attr_dicts(src, "res_attrs")]
         with ir.InsertionPoint(src), src.location:
             sched = func.FuncOp(self.name + ".schedule", (in_types, out_types))
-            if PIPELINE in src.attributes:
-                sched.attributes[PIPELINE] = src.attributes[PIPELINE]
+            if INFO in src.attributes:
+                sched.attributes[INFO] = src.attributes[INFO]
             sched.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_dicts)
             sched.attributes["res_attrs"] = ir.ArrayAttr.get(res_dicts)
             entry = sched.add_entry_block(arg_locs=[a.location for a in block.arguments])
@@ -228,12 +224,9 @@ class ScheduleBuilder:
             token = self.tag(tsched.RecvOp(self.token_t, dst, attrs["from"], comm, attrs["mesh"],
                                            attrs["axis"])).result
         else:
-            root = ir.DictAttr.get({"axis": attrs["axis"], "rank": attrs["from"]})
-            self.action = root                     # only the root reads the value
-            src_buf = self.use(transfer.operands[0], comm)
-            if src_buf in self.on_compute:
-                event = self.tag(tsched.EventRecordOp(self.event_t, compute), root).result
-                self.tag(tsched.EventWaitOp(event, comm), root)
+            # Only the root reads the value: what orders it runs there alone.
+            self.action = ir.DictAttr.get({"axis": attrs["axis"], "rank": attrs["from"]})
+            src_buf = self.start_on_comm(transfer.operands[0], compute, comm)
             token = tsched.CollectiveStartOp(
                 self.token_t, tsched.CollectiveKindAttr.get("broadcast"), src_buf, dst, comm,
                 attrs["mesh"], attrs["axis"], root=attrs["from"]).result
@@ -311,8 +304,7 @@ class ScheduleBuilder:
             at = ops[last_use.get(buf, ops.index(buf.owner))]
             with ir.InsertionPoint.after(at), at.location:
                 free = tsched.FreeOp(buf)
-            if ACTION in buf.owner.attributes:     # freed by the rank that made it
-                free.operation.attributes[ACTION] = buf.owner.attributes[ACTION]
+            copy_action(buf.owner, free)           # freed by the rank that made it
 
 
 def _nbytes(value: ir.Value) -> int:

@@ -54,6 +54,7 @@ from tessera_mlir.dialects import func, scf, tsched, ttile
 
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.pipeline import action_rank, copy_action
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import (PassError, function_type, functions, ops_of,
                                          run_reporting)
@@ -221,25 +222,6 @@ def _hoist(launch, before, produced) -> bool:
     return True
 
 
-ACTION = "tsched.action"
-
-
-def _rank_key(op: ir.Operation):
-    """The pipeline rank that runs `op` (None: every rank); ops of different
-    ranks never share a kernel."""
-    if ACTION not in op.attributes:
-        return None
-    d = ir.DictAttr(op.attributes[ACTION])
-    return (ir.StringAttr(d["axis"]).value, ir.IntegerAttr(d["rank"]).value)
-
-
-def _copy_action(src: ir.Operation, *made) -> None:
-    """Gives ops made in place of `src` its pipeline action (its rank)."""
-    if ACTION in src.attributes:
-        for op in made:
-            op.operation.attributes[ACTION] = src.attributes[ACTION]
-
-
 def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> list[list[ir.Operation]]:
     """Maximal runs of consecutive tileable launches (allocs and frees between
     them do not break a run) whose shapes share one iteration domain. With
@@ -265,7 +247,8 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
     for op in ops_of(sched):
         if op.name in ("tsched.alloc", "tsched.free"):
             continue
-        if op.name == "tsched.launch" and current and _rank_key(op) != _rank_key(current[0]):
+        # Launches of different pipeline ranks never share a kernel.
+        if op.name == "tsched.launch" and current and action_rank(op) != action_rank(current[0]):
             groups.append(current)
             current, shapes, head = [], [], None
             produced.clear()
@@ -543,7 +526,7 @@ def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
                     consumer.operands[i] = copy
             with ir.InsertionPoint.after(consumer), consumer.location:
                 free = tsched.FreeOp(copy)
-            _copy_action(consumer, alloc, made, free)
+            copy_action(consumer, alloc, made, free)
         for u in [u.owner.operation for u in buf.uses]:
             if u.name == "tsched.free":
                 u.erase()
@@ -588,7 +571,7 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
                                     tiler.outputs + [a.result for a in scratch])
         with ir.InsertionPoint.after(fused), first.location:
             frees = [tsched.FreeOp(a.result) for a in scratch]
-        _copy_action(first, fused, *scratch, *frees)
+        copy_action(first, fused, *scratch, *frees)
         for launch in group:
             launch.erase()
         for b in tiler.internal:
@@ -623,7 +606,7 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
         with ir.InsertionPoint(launch), launch.location:
             for kernel, k_ins, k_outs in made:
                 symbol = ir.FlatSymbolRefAttr.get(ir.StringAttr(kernel.attributes["sym_name"]).value)
-                _copy_action(launch, tsched.LaunchOp(symbol, stream, k_ins, k_outs))
+                copy_action(launch, tsched.LaunchOp(symbol, stream, k_ins, k_outs))
                 kernel.move_before(next(iter(kernels.values())))
         launch.erase()
         consumed.add(name)

@@ -41,17 +41,9 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.pipeline import Action, simulate, tag_of
+from tessera_compiler.ir.pipeline import ACTION, INFO, Action, simulate, tag_of
 from tessera_compiler.ir.sharding import meshes_of
-from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
-
-ACTION = "tsched.action"
-INFO = "tsched.pipeline"
-
-
-def _i64(v: int) -> ir.IntegerAttr:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
-
+from tessera_compiler.ir.support import PassError, functions, i64, ops_of, run_reporting
 
 def _op(x):
     """An op as its Operation (owners and users come back as OpViews; dict
@@ -74,7 +66,6 @@ def _flops(op: ir.Operation) -> float:
 
 class Pipeline:
     def __init__(self, func_op: ir.Operation):
-        self.func = func_op
         info = ir.DictAttr(func_op.attributes["tgraph.pipeline"])
         self.axis = ir.StringAttr(info["axis"]).value
         self.schedule = ir.StringAttr(info["schedule"]).value
@@ -187,13 +178,9 @@ def schedule_function(func_op: ir.Operation) -> None:
     body = body[:-1]
     actions, floating = _classify(pipe, body)
     _check_shared_parameters(pipe, func_op, actions)
-    forward_only = all(a.kind == "F" for a in actions.values())
-    costs = _costs(actions)
-    split = pipe.schedule == "zero_bubble"
+    costs = _costs(actions)      # (a forward-only step has no B or W costs: they take no time)
     plan = simulate(pipe.schedule, pipe.ranks, pipe.stages, pipe.microbatches,
-                    cost=lambda a: costs.get((a.kind, a.stage), 0.0) if not forward_only
-                    or a.kind == "F" else 0.0,
-                    split_backward=split)
+                    cost=lambda a: costs.get((a.kind, a.stage), 0.0))
     position = {}          # action -> (start, rank, index in the rank's order)
     for r, row in enumerate(plan.rows):
         for i, t in enumerate(row):
@@ -267,7 +254,7 @@ def schedule_function(func_op: ir.Operation) -> None:
             entry = made.get((v, here))
             if entry is None:
                 with ir.InsertionPoint(op), op.location:
-                    t = tgraph.TransferOp(v, mesh_ref, axis, _i64(there), to=_i64(here))
+                    t = tgraph.TransferOp(v, mesh_ref, axis, i64(there), to=i64(here))
                 entry = made[(v, here)] = [t.operation, a, producer]
             elif position[a] < position[entry[1]]:
                 entry[1] = a
@@ -278,7 +265,7 @@ def schedule_function(func_op: ir.Operation) -> None:
         producer = owner_of(v)
         if producer is not None and producer in actions:
             with ir.InsertionPoint(ret), producer.location:
-                b = tgraph.TransferOp(v, mesh_ref, axis, _i64(rank(producer)))
+                b = tgraph.TransferOp(v, mesh_ref, axis, i64(rank(producer)))
             results.append((b.operation, i))
 
     # Order: by simulated start time, then rank, then program order.
@@ -323,15 +310,15 @@ def schedule_function(func_op: ir.Operation) -> None:
     for _, op, a in placed:
         if a is not None:
             op.attributes[ACTION] = ir.DictAttr.get({
-                "axis": axis, "rank": _i64(pipe.rank_of(a.stage)),
-                "kind": ir.StringAttr.get(a.kind), "stage": _i64(a.stage),
-                "chunk": _i64(a.stage // pipe.ranks), "microbatch": _i64(a.microbatch)})
+                "axis": axis, "rank": i64(pipe.rank_of(a.stage)),
+                "kind": ir.StringAttr.get(a.kind), "stage": i64(a.stage),
+                "chunk": i64(a.stage // pipe.ranks), "microbatch": i64(a.microbatch)})
     func_op.attributes[INFO] = ir.DictAttr.get({
         "axis": axis, "schedule": ir.StringAttr.get(pipe.schedule),
-        "ranks": _i64(pipe.ranks), "stages": _i64(pipe.stages),
-        "microbatches": _i64(pipe.microbatches), "overlap": ir.BoolAttr.get(pipe.overlap),
+        "ranks": i64(pipe.ranks), "stages": i64(pipe.stages),
+        "microbatches": i64(pipe.microbatches), "overlap": ir.BoolAttr.get(pipe.overlap),
         "costs": ir.ArrayAttr.get([ir.DictAttr.get({
-            "kind": ir.StringAttr.get(k), "stage": _i64(s),
+            "kind": ir.StringAttr.get(k), "stage": i64(s),
             "cost": ir.FloatAttr.get(ir.F64Type.get(), float(c))})
             for (k, s), c in sorted(costs.items())]),
     })

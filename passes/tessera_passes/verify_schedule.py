@@ -27,11 +27,11 @@ from __future__ import annotations
 from tessera_mlir import ir
 
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.pipeline import ACTION, action_rank
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
 from tessera_compiler.ir.locations import source_of
 
-ACTION = "tsched.action"
 #: the ops that do an action's work (its F / B / W order is checked on them)
 ORDERED = ("tsched.launch", "tsched.send", "tsched.recv", "tsched.collective_start")
 
@@ -43,11 +43,6 @@ def _action(op: ir.Operation):
     if "axis" not in d or "rank" not in d:
         raise PassError("'tsched.action' must name an 'axis' and a 'rank'", op.location)
     return d
-
-
-def _axis_rank(op: ir.Operation):
-    d = _action(op)
-    return None if d is None else (ir.StringAttr(d["axis"]).value, ir.IntegerAttr(d["rank"]).value)
 
 
 def _where(op: ir.Operation) -> str:
@@ -81,7 +76,7 @@ def verify_axis(func_op: ir.Operation, axis: str, size: int) -> None:
     for r in range(size):
         mine = []
         for op in body:
-            where = _axis_rank(op)
+            where = action_rank(op)
             if where is None or where[0] != axis or where[1] == r:
                 mine.append(op)
         ranks.append(_Rank(r, mine))
@@ -214,7 +209,7 @@ def run(op, pass_, options: TargetOptions):
         for f in list(functions(op)):
             axes = {}
             for inner in ops_of(f):
-                where = _axis_rank(inner)
+                where = action_rank(inner)
                 if where is not None:
                     axes.setdefault(where[0], inner)
             for axis, first in axes.items():

@@ -261,9 +261,6 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
         # Run only by one rank along a mesh axis (a pipeline stage's action).
         on = r.get(raw, "on", where, dict)
         fields["on"] = (r.get(on, "axis", f"{where}.on", str), r.get(on, "rank", f"{where}.on", int))
-        if "kind" in on:
-            fields["action"] = (f"{on.get('chunk', 0)}{on['kind']}{on.get('microbatch', 0)}",
-                                on.get("stage", 0))
     if op == "alloc":
         fields["symmetric"] = r.get(raw, "symmetric", where, bool, default=False)
     if op == "launch" and "library" in raw:

@@ -202,7 +202,6 @@ class MPICommunicator(Communicator):
         recv = self.comm.Irecv(_wire(dst), source=(r - offset) % n, tag=TreeAllReduceWork.TAG + 1)
         return MPIWork([send, recv], keepalive=(src, dst))
 
-
     #: Tag of pipeline transfers (their order pairs them, see Communicator.send).
     P2P_TAG = TreeAllReduceWork.TAG + 2
 

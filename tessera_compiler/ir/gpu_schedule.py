@@ -25,6 +25,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import ttile
 
 from .ops import TILE_ELEMENTWISE
+from .support import i64  # noqa: F401  (re-exported: the passes write gs.i64)
 
 PLACE, REGION, SPILL, RELEASE = "ttile.place", "ttile.region", "ttile.spill", "ttile.release"
 DOMAIN = "ttile.domain"
@@ -152,10 +153,6 @@ def pipeline(loop: ir.Operation) -> Pipeline | None:
 
 def integer(op: ir.Operation, name: str) -> int | None:
     return ir.IntegerAttr(op.attributes[name]).value if name in op.attributes else None
-
-
-def i64(value: int) -> ir.Attribute:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
 
 
 def barriers(loop: ir.Operation) -> list[int]:

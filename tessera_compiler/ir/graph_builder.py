@@ -11,6 +11,8 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
+from .support import i64
+
 
 def tensor_type(v: ir.Value) -> ir.RankedTensorType:
     return ir.RankedTensorType(v.type)
@@ -30,10 +32,6 @@ def is_float(v: ir.Value) -> bool:
 
 def ranked(shape, element: ir.Type) -> ir.RankedTensorType:
     return ir.RankedTensorType.get(list(shape), element)
-
-
-def _i64(v: int) -> ir.IntegerAttr:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(v))
 
 
 def _dense(values) -> ir.Attribute:
@@ -81,7 +79,7 @@ def zeros_like(x: ir.Value) -> ir.Value:
 
 
 def iota(shape, dim: int, element: ir.Type) -> ir.Value:
-    return tgraph.IotaOp(ranked(shape, element), _i64(dim)).result
+    return tgraph.IotaOp(ranked(shape, element), i64(dim)).result
 
 
 # -- shapes -----------------------------------------------------------------------
@@ -162,7 +160,7 @@ def concat(xs: list[ir.Value], dim: int) -> ir.Value:
         return xs[0]
     shape = shape_of(xs[0])
     shape[dim] = sum(shape_of(x)[dim] for x in xs)
-    return tgraph.ConcatOp(ranked(shape, element_of(xs[0])), xs, _i64(dim)).result
+    return tgraph.ConcatOp(ranked(shape, element_of(xs[0])), xs, i64(dim)).result
 
 
 def matmul(a: ir.Value, b: ir.Value, transport: str | None = None) -> ir.Value:
@@ -237,14 +235,14 @@ def all_reduce(x: ir.Value, kind: str, mesh: str, axis: str,
 
 def all_gather(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> ir.Value:
     return tgraph.AllGatherOp(_resized(x, dim, times=axis_size), x, *_on(mesh, axis),
-                              _i64(dim)).result
+                              i64(dim)).result
 
 
 def reduce_scatter(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int,
                    deterministic: bool = False) -> ir.Value:
     return tgraph.ReduceScatterOp(_resized(x, dim, over=axis_size), x,
                                   tgraph.ReductionKindAttr.get("sum"), *_on(mesh, axis),
-                                  _i64(dim), deterministic=deterministic or None).result
+                                  i64(dim), deterministic=deterministic or None).result
 
 
 def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: int,
@@ -253,10 +251,10 @@ def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: in
     shape[concat_dim] *= axis_size
     shape[split_dim] //= axis_size
     return tgraph.AllToAllOp(ranked(shape, element_of(x)), x, *_on(mesh, axis),
-                             _i64(split_dim), _i64(concat_dim)).result
+                             i64(split_dim), i64(concat_dim)).result
 
 
 def axis_slice(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> ir.Value:
     return tgraph.AxisSliceOp(_resized(x, dim, over=axis_size), x, *_on(mesh, axis),
-                              _i64(dim)).result
+                              i64(dim)).result
 

@@ -36,8 +36,13 @@ SCHEDULES = ("gpipe", "1F1B", "interleaved", "zero_bubble")
 ALIASES = {"gpipe": "gpipe", "1f1b": "1F1B", "interleaved": "interleaved",
            "interleaved_1f1b": "interleaved", "zero_bubble": "zero_bubble",
            "zb": "zero_bubble", "zbh1": "zero_bubble", "zb-h1": "zero_bubble"}
-#: location metadata the autodiff pass puts on backward ops
+#: the name autodiff gives backward ops' locations
 BACKWARD = "tessera.backward"
+#: the attribute naming the rank (and stage action) that runs an op:
+#: {axis, rank} and, for a stage's work, {kind, stage, chunk, microbatch}
+ACTION = "tsched.action"
+#: a pipelined schedule function's schedule and cost model (read by the report)
+INFO = "tsched.pipeline"
 
 
 def schedule_name(name: str) -> str | None:
@@ -98,6 +103,21 @@ def tag_of(loc: ir.Location) -> Tag:
             walk(loc.callee)
     walk(loc)
     return tag
+
+
+def action_rank(op: ir.Operation) -> tuple[str, int] | None:
+    """(axis, rank) of the one rank that runs `op`; None: every rank does."""
+    if ACTION not in op.attributes:
+        return None
+    d = ir.DictAttr(op.attributes[ACTION])
+    return ir.StringAttr(d["axis"]).value, ir.IntegerAttr(d["rank"]).value
+
+
+def copy_action(src: ir.Operation, *made) -> None:
+    """Gives ops made in place of (or for) `src` its action: the same rank runs them."""
+    if ACTION in src.attributes:
+        for op in made:
+            op.operation.attributes[ACTION] = src.attributes[ACTION]
 
 
 # -- schedules ----------------------------------------------------------------------
@@ -219,19 +239,10 @@ def simulate(schedule: str, ranks: int, stages: int, microbatches: int,
 
     counts = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
     # Activations in flight (forwards whose W has not run) allowed per rank.
-    if schedule == "gpipe":
-        limit = [m * chunks] * p
-    elif schedule == "interleaved":
-        limit = [min(m * chunks, (p - r - 1) * 2 + (chunks - 1) * p + 1) for r in range(p)]
-    else:
-        limit = [min(m * chunks, p - r) for r in range(p)]
+    limit = [m if schedule == "gpipe" else min(m, p - r) for r in range(p)]
 
     def order_key(a: Action):
-        # Microbatches in groups of p, each group through every chunk in turn
-        # (forward: chunk order; backward: reverse chunk order).
-        chunk = a.stage // p
-        group = a.microbatch // p if schedule == "interleaved" else 0
-        return (group, chunk if a.kind == "F" else -chunk, a.microbatch)
+        return a.microbatch
 
     fixed = _interleaved_orders(p, chunks, m) if schedule == "interleaved" else None
 

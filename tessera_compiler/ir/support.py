@@ -27,6 +27,11 @@ def run_reporting(op: ir.Operation, pass_, body) -> None:
         pass_.signal_pass_failure()
 
 
+def i64(value: int) -> ir.IntegerAttr:
+    """A signless 64-bit integer attribute."""
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(value))
+
+
 def functions(module_op: ir.Operation):
     """The func.func ops (with bodies) directly inside `module_op`."""
     block = module_op.regions[0].blocks[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, ttile
 
+from .support import i64
 from .types import tile_type  # noqa: F401  (re-exported: the builders' tile types)
 
 #: Threads per block of a kernel whose tiles are not split over warps.
@@ -27,10 +28,6 @@ def largest_divisor(n: int, cap: int) -> int:
 def index(v: int) -> ir.Value:
     """An `index` constant."""
     return arith.ConstantOp(ir.IndexType.get(), v).result
-
-
-def i64(v: int) -> ir.IntegerAttr:
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), v)
 
 
 def i64_array(values) -> ir.Attribute:
