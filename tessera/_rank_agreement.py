@@ -28,6 +28,10 @@ from .errors import CompileError
 DIGEST_BYTES = 32
 
 
+#: on a per-rank body that sends or receives: every rank's sends and recvs
+#: (each process traces every rank's body, so all must find the same plan)
+PEER_PLAN = "tessera.peer_plan"
+
 COLLECTIVES = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
                "tgraph.all_to_all")
 
@@ -39,9 +43,19 @@ def program_ops(module: ir.Module) -> list[str]:
     result bytes and the Python line it came from."""
     lines = []
     for op in module.body.operations:
+        if PEER_PLAN in op.operation.attributes:
+            lines += _plan(op.operation)
         for inner in _agreed_ops(op.operation):
             lines.append(f"{_text(inner)}  ({_bytes(inner)} bytes){_where(inner.location)}")
     return lines
+
+
+def _plan(body) -> list[str]:
+    """A per-rank body's sends and receives on every rank, as this process
+    traced them (local_view records them on the body)."""
+    name = ir.StringAttr(body.attributes["sym_name"]).value
+    return [f"{name} {line}" for line in
+            ir.StringAttr(body.attributes[PEER_PLAN]).value.splitlines()]
 
 
 def _text(op) -> str:
@@ -90,12 +104,14 @@ def _where(loc: ir.Location) -> str:
 def fingerprint(module: ir.Module, extra: str = "") -> bytes:
     """The program as the ranks must agree on it: its Graph IR without
     locations (two ranks may reach the same op from different lines), its
-    per-rank bodies by their collectives (per axis, in order), plus `extra`
-    (the compilation options)."""
+    per-rank bodies by their collectives (per axis, in order) and the sends
+    and receives every rank's copy of them makes, plus `extra` (the
+    compilation options)."""
     parts = [extra]
     for op in module.body.operations:
         op = op.operation
         if op.name == "func.func" and "tgraph.local" in op.attributes:
+            parts += _plan(op) if PEER_PLAN in op.attributes else []
             parts += [_text(o) for o in _agreed_ops(op)]
         else:
             parts.append(op.get_asm(enable_debug_info=False))
@@ -142,7 +158,9 @@ def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]
                  "not depend on the rank (MPI, per-process data used as constants), and per-rank "
                  "code (dist.spmd) may differ by rank only where its collectives still pair up, "
                  "the same kind, axis and size in the same order. Put rank-dependent placement "
-                 "in the layouts (ShardSpec), and rank-dependent values in the arguments.")
+                 "in the layouts (ShardSpec), and rank-dependent values in the arguments. "
+                 "(Python's hash() of a str differs between processes unless PYTHONHASHSEED is "
+                 "set, as `tessera launch` sets it.)")
     return "\n".join(lines)
 
 

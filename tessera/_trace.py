@@ -134,6 +134,13 @@ class TraceState:
     local: bool = False
     #: in a local body, the layout of each captured tensor (its block is passed)
     capture_specs: list = field(default_factory=list)
+    #: in a local body: the mesh rank it is traced for (None: this process'),
+    #: whether its Python code read the rank, its sends and recvs in order
+    #: (see local_view.PeerOp), and the types of named recvs found so far
+    rank: int | None = None
+    read_rank: bool = False
+    peers: list = field(default_factory=list)
+    recv_types: dict = field(default_factory=dict)
 
 
 class MeshFromCapture(Exception):

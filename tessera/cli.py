@@ -44,7 +44,10 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
         print("tessera: -n must be at least 1", file=sys.stderr)
         return 2
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", "_rank", script, *args]
-    proc = subprocess.Popen(cmd, env={**thread_limits(n), **os.environ, **(env or {})},
+    # PYTHONHASHSEED: every rank hashes a str alike, so per-rank code such
+    # as the training guide's `hash(param_name) % size` agrees across ranks.
+    proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0", **os.environ,
+                                      **(env or {})},
                             start_new_session=True)
     try:
         return proc.wait(timeout=timeout)

@@ -28,7 +28,8 @@ from .errors import LaunchError, ShardingError
 
 __all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
            "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
-           "all_gather", "reduce_scatter", "all_to_all", "spmd", "axis_index"]
+           "all_gather", "reduce_scatter", "all_to_all", "spmd", "axis_index", "send", "recv",
+           "recv_from"]
 
 def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
     """Splits n devices into k axes as evenly as possible, larger axes first:
@@ -111,6 +112,14 @@ class Mesh:
         return self._process_rank()
 
     def _process_rank(self) -> int | None:
+        from ._trace import current
+        state = current()
+        if state is not None and state.local and state.mesh == self:
+            # Per-rank code: the rank its body is traced for (local_view
+            # traces it for every rank when it reads the rank).
+            state.read_rank = True
+            if state.rank is not None:
+                return state.rank
         rank, size = world()
         if size == self.size and rank in self._info.devices:
             return rank
@@ -767,4 +776,6 @@ def _reported_to_rank0(comm, summary: str) -> bool:
 
 from .collectives import (all_gather, all_reduce, all_to_all, allreduce,  # noqa: E402
                           reduce_scatter)
-from .local_view import axis_index, spmd  # noqa: E402
+from .local_view import axis_index, recv, send, spmd  # noqa: E402
+
+recv_from = recv          # `ts.distributed.recv_from(owner_rank, name)`, as the training guide writes it

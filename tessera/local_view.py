@@ -31,18 +31,22 @@ import numpy as np
 
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.sharding import Sharding
-from tessera_compiler.ir.spmd import new_local_function, returned, varying_axes
+from tessera_compiler.ir import p2p
+from tessera_compiler.ir.spmd import new_local_function, returned, unique_symbol, varying_axes
+from tessera_compiler.ir.locations import source_of
 from tessera_compiler.ir.support import symbol_of
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
-from ._pytree import flatten, unflatten
+from ._pytree import flatten, paths, unflatten
+from ._rank_agreement import PEER_PLAN
 from ._source import user_frame
 from ._trace import (TraceState, Traced, as_traced, current, current_location, element_type,
                      is_tensor, tracing)
-from .errors import ShapeError, ShardingError
+from .dtypes import as_dtype
+from .errors import CompileError, ShapeError, ShardingError
 
-__all__ = ["spmd", "axis_index"]
+__all__ = ["spmd", "axis_index", "send", "recv"]
 
 
 class LocalFunction:
@@ -98,9 +102,18 @@ class LocalFunction:
             block_types.append(ir.RankedTensorType.get(list(mesh.info.local_shape(x.shape, dims)),
                                                        element_type(x.dtype)))
             in_attrs.append(Sharding(mesh.name, tuple(dims), tuple(spec.partial)).to_attr())
-        body, state, outputs, structure = self._trace_body(
-            outer, inputs, block_types, lambda blocks: unflatten(arg_structure, _merge(
-                leaves, is_input, blocks)))
+
+        def arguments(blocks):
+            return unflatten(arg_structure, _merge(leaves, is_input, blocks))
+        try:
+            trace = self._trace_body(outer, inputs, block_types, arguments)
+        except TypeNotYetKnown as e:
+            trace = e.trace
+        if trace.body is None or trace.state.read_rank or trace.state.peers:
+            # The body may differ by rank: trace every rank's and pair them.
+            trace = _every_rank(self, trace, outer, inputs, block_types, arguments,
+                                [_spec_axes(s) for s in specs])
+        body, state, outputs, structure = trace.body, trace.state, trace.outputs, trace.structure
         # Tensors the body captured reach it as more inputs, in their layouts.
         for obj, spec in zip([o for o, _ in state.captured], state.capture_specs):
             with current_location(src):
@@ -108,7 +121,8 @@ class LocalFunction:
             dims = spec.dims_for(inputs[-1].ndim, mesh, "captured tensor")
             in_attrs.append(Sharding(mesh.name, tuple(dims), tuple(spec.partial)).to_attr())
         axes = varying_axes(body, [_spec_axes(s) for s in specs + state.capture_specs])
-        varying = [axes(v) for v in returned(body)]
+        axes.known.update(trace.recv_axes)
+        varying = [axes(v) | trace.varying.get(i, set()) for i, v in enumerate(returned(body))]
         out_specs = self._out_specs(outputs, varying, mesh, src)
         result_types, out_attrs = [], []
         for i, (o, spec) in enumerate(zip(outputs, out_specs)):
@@ -125,28 +139,41 @@ class LocalFunction:
                    for r, t, o in zip(op.results, result_types, outputs)]
         return unflatten(structure, results)
 
-    def _trace_body(self, outer: TraceState, inputs, block_types, arguments):
+    def body_name(self, outer: TraceState) -> str:
+        return f"{symbol_of(outer.func)}_{self.fn.__name__}_local"
+
+    def _trace_body(self, outer: TraceState, inputs, block_types, arguments, rank=None,
+                    recv_types=None) -> "Trace":
         """The body function: `self.fn` traced on blocks of `inputs` (typed
-        `block_types`); `arguments(blocks)` rebuilds its arguments."""
+        `block_types`) for mesh rank `rank` (None: this process');
+        `arguments(blocks)` rebuilds its arguments; `recv_types` are the
+        types of named recvs that other ranks' programs gave."""
         body = new_local_function(outer.func.operation.parent.regions[0].blocks[0],
-                                  f"{symbol_of(outer.func)}_{self.fn.__name__}_local",
+                                  self.body_name(outer),
                                   block_types, outer.fn_loc, [outer.fn_loc] * len(block_types))
         entry = body.regions[0].blocks[0]
-        state = TraceState(body, entry, outer.fn_loc, outer.mesh, local=True)
-        with ir.InsertionPoint(entry):
-            args = [Traced(v, ir.RankedTensorType(t).shape, x.dtype)
-                    for v, t, x in zip(entry.arguments, block_types, inputs)]
-            with tracing(state):
-                out = self.fn(*arguments(args))
-            leaves, structure = flatten(out)
-            for i, o in enumerate(leaves):
-                if not isinstance(o, Traced):
-                    raise ShapeError(f"{self.fn.__name__} must return tensors computed with "
-                                     f"tessera ops; result #{i} is a {type(o).__name__}")
-            func.ReturnOp([o.value for o in leaves])
-        body.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            [a.type for a in entry.arguments], [o.value.type for o in leaves]))
-        return body, state, leaves, structure
+        state = TraceState(body, entry, outer.fn_loc, outer.mesh, local=True, rank=rank,
+                           recv_types=dict(recv_types or {}))
+        try:
+            with ir.InsertionPoint(entry):
+                args = [Traced(v, ir.RankedTensorType(t).shape, x.dtype)
+                        for v, t, x in zip(entry.arguments, block_types, inputs)]
+                with tracing(state):
+                    out = self.fn(*arguments(args))
+                leaves, structure = flatten(out)
+                for i, o in enumerate(leaves):
+                    if not isinstance(o, Traced):
+                        raise ShapeError(f"{self.fn.__name__} must return tensors computed "
+                                         f"with tessera ops; result #{i} is a {type(o).__name__}")
+                func.ReturnOp([o.placeholder if isinstance(o, PendingRecv) else o.value
+                               for o in leaves])
+        except BaseException as e:
+            body.erase()
+            if isinstance(e, TypeNotYetKnown):
+                e.trace = Trace(None, state, [], None, [])
+            raise
+        set_body_type(body)
+        return Trace(body, state, leaves, structure, paths(out))
 
     def _out_specs(self, outputs, varying, mesh, src):
         from . import dist
@@ -226,6 +253,408 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
                 value = gb.all_to_all(x.value, mesh.name, axis, dims["split_dim"],
                                       dims["concat_dim"], n)
         return Traced(value, ir.RankedTensorType(value.type).shape, x.dtype, src)
+
+
+# -- point-to-point: sends and receives between ranks ----------------------
+
+def send(x, to: int, *, axis: str | None = None, name: str | None = None) -> None:
+    """Per-rank code: send this rank's `x` to rank `to` of the mesh (with
+    `axis`: the rank whose coordinate along `axis` is `to`, the others as
+    this rank's). It pairs, in program order, with a `dist.recv` from this
+    rank on `to`; `name` lets the receiver ask for it by name."""
+    state = _local_state("dist.send")
+    src = user_frame()
+    x = as_traced("dist.send", x, src)
+    axis, coord, peer = _peer(state, to, axis, "dist.send", src)
+    with current_location(src):
+        op = gb.send(x.value, state.mesh.name, axis, coord)
+    state.peers.append(PeerOp("send", peer, axis, name, src, op, x))
+
+
+def recv(frm: int, name: str | None = None, *, like=None, shape=None, dtype=None,
+         axis: str | None = None) -> Traced:
+    """Per-rank code: the value rank `frm` sends this rank (see `send`).
+    Its type is `like`'s, or `shape` and `dtype`; without them, `name` finds
+    it in the sender's program: a value it sends with that `name`, or else
+    the result it returns under that key, which it then sends here without
+    being told (`ts.distributed.recv_from(owner_rank, param_name)`)."""
+    state = _local_state("dist.recv")
+    src = user_frame()
+    axis, coord, peer = _peer(state, frm, axis, "dist.recv", src)
+    index = sum(1 for p in state.peers if p.kind == "recv")
+    if like is not None:
+        shape, dtype = like.shape, like.dtype
+    if shape is None:
+        if name is None:
+            raise ShapeError(f"dist.recv from rank {frm} at {src}: give the value's type "
+                             "(like=, or shape= and dtype=), or the name= its sender uses")
+        shape, dtype = state.recv_types.get(index, (None, None))
+    pending = shape is None
+    dtype = np.dtype(np.float32) if pending else as_dtype(dtype)
+    result_type = ir.RankedTensorType.get([] if pending else list(shape), element_type(dtype))
+    with current_location(src):
+        value = gb.recv(result_type, state.mesh.name, axis, coord)
+    state.peers.append(PeerOp("recv", peer, axis, name, src, value.owner.operation, None,
+                              pending))
+    if pending:
+        return PendingRecv(value, frm, name, src)
+    return Traced(value, tuple(shape), dtype, src)
+
+
+class PeerOp:
+    """A send or recv of a per-rank body, in trace order: `peer` is the
+    other rank (a mesh rank), `traced` what a send sends; a `pending` recv
+    waits for its type from the sender's program."""
+
+    def __init__(self, kind, peer, axis, name, source, op, traced=None, pending=False):
+        self.kind, self.peer, self.axis, self.name = kind, peer, axis, name
+        self.source, self.op, self.traced, self.pending = source, op, traced, pending
+
+
+class TypeNotYetKnown(ShapeError):
+    """A named recv's value was used before the sender's program gave its
+    type (the body is traced again once it has)."""
+
+    def __init__(self, pending: "PendingRecv"):
+        super().__init__(
+            f"ts.distributed.recv_from({pending.frm}, {pending.name!r}) at {pending.source}: its "
+            f"value is used before rank {pending.frm}'s program gives its shape; give it with "
+            "like=, or shape= and dtype=")
+        self.trace = None
+
+
+class PendingRecv(Traced):
+    """A named recv whose type only the sender's program knows: it may be
+    returned, not computed with, until the body is traced again with it."""
+
+    def __init__(self, placeholder: ir.Value, frm: int, name: str, source):
+        self.placeholder, self.frm, self.name, self.source = placeholder, frm, name, source
+
+    def _unknown(self):
+        raise TypeNotYetKnown(self)
+
+    value = property(lambda self: self._unknown())
+    shape = property(lambda self: self._unknown())
+    dtype = property(lambda self: self._unknown())
+
+
+class Trace:
+    """One rank's traced body: the function, its trace state, its result
+    leaves, their structure and their paths (`weights.wq`)."""
+
+    def __init__(self, body, state, outputs, structure, leaf_paths):
+        self.body, self.state, self.outputs = body, state, outputs
+        self.structure, self.paths = structure, leaf_paths
+        self.error = None
+        self.implicit_sends: list = []    # (result index, peer rank)
+        self.varying: dict = {}           # result index -> axes it differs along across ranks
+        self.recv_axes: dict = {}         # recv result -> axes its value differs along
+
+
+def set_body_type(body: ir.Operation) -> None:
+    block = body.regions[0].blocks[0]
+    ret = list(block.operations)[-1]
+    body.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        [a.type for a in block.arguments], [v.type for v in ret.operands]))
+
+
+def _own_rank(mesh) -> int | None:
+    from tessera_runtime import world
+    rank, size = world()
+    return rank if size == mesh.size and rank in mesh.device_ids else None
+
+
+def _peer(state: TraceState, peer: int, axis: str | None, what: str, src):
+    """(axis, coordinate along it, mesh rank) of `peer` as seen by the rank
+    `state` traces for."""
+    mesh = state.mesh
+    me = state.rank if state.rank is not None else _own_rank(mesh)
+    if me is None:
+        raise ShardingError(f"{what} at {src}: sends and receives are between the ranks of a "
+                            f"running job, and this process is not one of the {mesh.topology}'s "
+                            f"ranks; start it with `tessera launch -n {mesh.size}`")
+    mine = list(mesh.info.coords(me))
+    peer = int(peer)
+    if axis is not None:
+        if axis not in mesh.axes:
+            raise ShardingError(f"{what}: axis {axis!r} is not in the {mesh.topology}  [{src}]")
+        coord = peer
+        if not 0 <= coord < mesh.axis_size(axis):
+            raise ShardingError(f"{what}: {coord} is not a rank of axis {axis!r} (size "
+                                f"{mesh.axis_size(axis)})  [{src}]")
+        theirs = list(mine)
+        theirs[mesh.axes.index(axis)] = coord
+        peer = mesh.info.rank_at(theirs)
+    else:
+        if not 0 <= peer < mesh.size:
+            raise ShardingError(f"{what}: {peer} is not a rank of the {mesh.topology}  [{src}]")
+        theirs = list(mesh.info.coords(peer))
+        differ = [a for a, x, y in zip(mesh.axes, mine, theirs) if x != y]
+        if len(differ) > 1:
+            raise ShardingError(f"{what}: rank {me} and rank {peer} differ on axes "
+                                f"{', '.join(differ)}; a send or recv runs along one mesh axis "
+                                f"(give axis=)  [{src}]")
+        axis = differ[0] if differ else mesh.axes[0]
+        coord = theirs[mesh.axes.index(axis)]
+    if peer == me:
+        raise ShardingError(f"{what}: rank {me} would {'send to' if what == 'dist.send' else 'receive from'} "
+                            f"itself  [{src}]")
+    return axis, coord, peer
+
+
+def _trace_for(fn, outer, inputs, block_types, arguments, rank, recv_types) -> Trace:
+    """`fn`'s body traced for `rank`; a trace that used a named recv's
+    value before its type was known comes back with no body."""
+    try:
+        return fn._trace_body(outer, inputs, block_types, arguments, rank, recv_types)
+    except TypeNotYetKnown as e:
+        e.trace.error = e
+        return e.trace
+
+
+def _every_rank(fn, first: Trace, outer, inputs, block_types, arguments, arg_axes) -> Trace:
+    """The body of a per-rank function whose code may differ by rank (it
+    read the rank, or sends and receives): traced for every rank of the
+    mesh, its named recvs typed from their senders' programs, every rank's
+    sends, recvs and collectives checked to pair up and finish (the same
+    check, with the same verdict, on every rank), and this rank's body
+    with the sends other ranks' recv_from asked of it."""
+    mesh = outer.mesh
+    me = _own_rank(mesh)
+    if me is None or mesh.size == 1:
+        if first.error is not None:
+            raise first.error
+        return first
+    traces = {me: first}
+    try:
+        for r in range(mesh.size):
+            if r != me:
+                traces[r] = _trace_for(fn, outer, inputs, block_types, arguments, r, {})
+        for _ in range(2):      # again for recvs of values that were themselves received
+            types = _resolve(traces, fn.fn.__name__)
+            redo = [r for r, t in traces.items()
+                    if t.body is None or any(p.pending for p in t.state.peers)]
+            if not redo:
+                break
+            for r in redo:
+                if traces[r].body is not None:
+                    traces[r].body.erase()
+                traces[r] = _trace_for(fn, outer, inputs, block_types, arguments,
+                                       r if r != me else None, types.get(r, {}))
+        for t in traces.values():
+            if t.error is not None:
+                raise t.error
+            pending = next((p for p in t.state.peers if p.pending), None)
+            if pending is not None:
+                raise TypeNotYetKnown(PendingRecv(None, pending.peer, pending.name,
+                                                  pending.source))
+        _resolve(traces, fn.fn.__name__)
+        _check_names(traces, fn.fn.__name__)
+        plan = _check_pairing(traces, mesh, fn.fn.__name__)
+        _varying_across_ranks(traces, mesh, arg_axes)
+    finally:
+        for r, t in traces.items():
+            if r != me and t.body is not None:
+                t.body.erase()
+    own = traces[me]
+    # Named as if traced once (the other ranks' bodies took names meanwhile),
+    # so every rank's global program calls the same symbol.
+    own.body.attributes["sym_name"] = ir.StringAttr.get(unique_symbol(
+        own.body.parent.regions[0].blocks[0], fn.body_name(outer), but=own.body))
+    own.body.attributes[PEER_PLAN] = ir.StringAttr.get(plan)
+    ret = list(own.body.regions[0].blocks[0].operations)[-1]
+    for index, peer in own.implicit_sends:
+        axis, coord, _ = _peer(own.state, peer, None, "recv_from", own.paths[index])
+        with ir.InsertionPoint(ret), ret.location:
+            gb.send(own.outputs[index].value, mesh.name, axis, coord)
+    return own
+
+
+def _named_result(trace: Trace, name: str):
+    return next((i for i, p in enumerate(trace.paths)
+                 if p == name or p.endswith("." + name)), None)
+
+
+def _resolve(traces: dict, fn_name: str) -> dict:
+    """The types of every rank's named recvs, from their senders' programs
+    ({rank: {recv index: (shape, dtype)}}); records on each sender the
+    results it must send (`implicit_sends`)."""
+    types: dict = {}
+    for t in traces.values():
+        t.implicit_sends = []
+    for rank, t in traces.items():
+        recvs = [p for p in t.state.peers if p.kind == "recv"]
+        for index, p in enumerate(recvs):
+            if p.name is None:
+                continue
+            sender = traces[p.peer]
+            explicit = [s for s in sender.state.peers
+                        if s.kind == "send" and s.peer == rank and s.name == p.name]
+            if explicit:
+                x = explicit[0].traced
+                types.setdefault(rank, {})[index] = (x.shape, x.dtype)
+                continue
+            if sender.body is None:
+                continue        # its program is traced again first
+            leaf = _named_result(sender, p.name)
+            if leaf is None:
+                returns = ", ".join(sender.paths) or "nothing"
+                raise CompileError(
+                    f"{fn_name}: ts.distributed.recv_from({p.peer}, {p.name!r}) on rank {rank} "
+                    f"at {p.source}: rank {p.peer} neither sends a value named {p.name!r} to "
+                    f"it (dist.send(x, {rank}, name={p.name!r})) nor returns one under that "
+                    f"key (it returns {returns})")
+            out = sender.outputs[leaf]
+            if not isinstance(out, PendingRecv):
+                types.setdefault(rank, {})[index] = (out.shape, out.dtype)
+            sender.implicit_sends.append((leaf, rank))
+    return types
+
+
+def _check_pairing(traces: dict, mesh, fn_name: str) -> str:
+    """Raises CompileError unless every rank's sends, recvs and collectives
+    pair up and finish (tessera_compiler.ir.p2p); returns the plan, one line
+    per rank, for the ranks to agree on."""
+    def describe(op) -> str:
+        if op.name == "func.return":
+            return f"the end of {fn_name}"
+        where = source_of(op.location)
+        return f"{op.name} at {where}" if where else op.name
+
+    programs = []
+    for rank, t in sorted(traces.items()):
+        coords = list(mesh.info.coords(rank))
+
+        def peer_rank(op, coords=coords):
+            axis = ir.StringAttr(op.attributes["axis"]).value
+            other = list(coords)
+            other[mesh.axes.index(axis)] = ir.IntegerAttr(
+                op.attributes["to" if op.name == "tgraph.send" else "from"]).value
+            return mesh.info.rank_at(other)
+
+        extra = [(t.outputs[i].value, peer, f"the send of result {t.paths[i]!r} to rank {peer} "
+                  f"(its recv_from)") for i, peer in t.implicit_sends]
+        programs.append(p2p.program_of(
+            t.body, rank, peer_rank, lambda axis, r=rank: tuple(mesh.info.axis_group(axis, r)),
+            describe, extra_sends=extra))
+    try:
+        p2p.check(programs, mesh.axis_size)
+    except p2p.PeerError as e:
+        raise CompileError(f"{fn_name}: {e}; nothing ran") from None
+    return "\n".join(f"rank {p.rank}: " + ", ".join(
+        (f"send to {s.channel[1]}" if s.kind == "send" else f"recv from {s.channel[0]}")
+        + f" {s.type} ({s.what})" for s in p.steps
+        if isinstance(s, p2p.Start) and s.kind in ("send", "recv")) for p in programs)
+
+
+def _varying_across_ranks(traces: dict, mesh, arg_axes: list) -> None:
+    """Which axes each rank's results differ along: a received value along
+    those of the value its sender sent (`recv_axes`, seeds for the body's
+    own analysis), and a result along the axes where ranks' programs compute
+    it differently (by the ops that make it; a received value stands for
+    what its sender sent), so a result that a branch on the rank makes
+    differ is not taken for a replicated one."""
+    for _ in range(2):          # twice: a value sent may itself have been received
+        analyses = {}
+        for r, t in traces.items():
+            analyses[r] = varying_axes(t.body, arg_axes + [_spec_axes(c) for c in
+                                                            t.state.capture_specs])
+            analyses[r].known.update(t.recv_axes)
+        for r, t in traces.items():
+            for p in t.state.peers:
+                if p.kind == "recv":
+                    t.recv_axes[p.op.results[0]] = set(analyses[p.peer](
+                        _sent_value(traces, t, p)))
+    prints = {r: _Fingerprints(t, traces) for r, t in traces.items()}
+    own = next(iter(traces.values()))
+    for index in range(len(own.outputs)):
+        axes = set()
+        for axis in mesh.axes:
+            for r in traces:
+                group = mesh.info.axis_group(axis, r)
+                if len({prints[g].of_result(index) for g in group}) > 1:
+                    axes.add(axis)
+        for t in traces.values():
+            t.varying[index] = axes
+
+
+class _Fingerprints:
+    """A value of one rank's body as the ops that compute it (hash-consed),
+    with each recv standing for what its sender sent."""
+
+    def __init__(self, trace: Trace, traces: dict):
+        self.trace, self.traces, self.memo = trace, traces, {}
+        self.sent = {}
+        self.coll_index = {}
+        counts: dict = {}
+        for op in [o.operation for o in trace.body.regions[0].blocks[0].operations]:
+            if op.name in ("tgraph.all_reduce", "tgraph.all_gather"):
+                axis = ir.StringAttr(op.attributes["axis"]).value
+                counts[axis] = counts.get(axis, -1) + 1
+                self.coll_index[op.results[0]] = f"{op.name}#{counts[axis]}@{axis}"
+
+    def of_result(self, index: int) -> str:
+        ret = list(self.trace.body.regions[0].blocks[0].operations)[-1]
+        return self.of(ret.operands[index])
+
+    def of(self, value) -> str:
+        import hashlib
+        if value in self.memo:
+            return self.memo[value]
+        if value in self.coll_index:           # the same on every rank of its group
+            text = self.coll_index[value]
+        elif isinstance(value.owner, ir.Block):
+            text = f"arg{value.arg_number}"
+        else:
+            op = value.owner.operation if hasattr(value.owner, "operation") else value.owner
+            if op.name == "tgraph.recv":        # stands for what was sent
+                self.memo[value] = self._sent(op)
+                return self.memo[value]
+            else:
+                attrs = [f"{a}={op.attributes[a]}" for a in op.attributes]
+                text = "|".join([op.name, str(value.type)] + attrs +
+                                [self.of(v) for v in op.operands])
+        self.memo[value] = hashlib.sha1(text.encode()).hexdigest()
+        return self.memo[value]
+
+    def _sent(self, recv_op) -> str:
+        record = next(p for p in self.trace.state.peers if p.op == recv_op)
+        return _Fingerprints(self.traces[record.peer], self.traces).of(
+            _sent_value(self.traces, self.trace, record))
+
+
+def _sends_to(sender: Trace, rank: int) -> list:
+    """(name, value) of what `sender` sends `rank`, in the order it sends
+    them: its own sends, then the results other ranks' recv_from asked for."""
+    sends = [(s.name, s.traced.value) for s in sender.state.peers
+             if s.kind == "send" and s.peer == rank]
+    return sends + [(sender.paths[i], sender.outputs[i].value)
+                    for i, peer in sender.implicit_sends if peer == rank]
+
+
+def _sent_value(traces: dict, receiver: Trace, record: PeerOp):
+    """The sender's value that `record` (a recv of `receiver`) receives."""
+    rank = next(r for r, t in traces.items() if t is receiver)
+    from_same = [p for p in receiver.state.peers if p.kind == "recv" and p.peer == record.peer]
+    return _sends_to(traces[record.peer], rank)[from_same.index(record)][1]
+
+
+def _check_names(traces: dict, fn_name: str) -> None:
+    """The k-th recv on a rank from a sender pairs with the sender's k-th
+    send to it: a named recv must get the value of that name."""
+    for rank, t in traces.items():
+        for sender in {p.peer for p in t.state.peers if p.kind == "recv"}:
+            recvs = [p for p in t.state.peers if p.kind == "recv" and p.peer == sender]
+            sends = _sends_to(traces[sender], rank)
+            for k, (p, (name, _)) in enumerate(zip(recvs, sends)):
+                if p.name is not None and name is not None and \
+                        not (name == p.name or name.endswith("." + p.name)):
+                    raise CompileError(
+                        f"{fn_name}: recv #{k} on rank {rank} from rank {sender} asks for "
+                        f"{p.name!r} at {p.source}, but rank {sender}'s send #{k} to it is "
+                        f"{name!r} (sends pair with recvs in program order: receive them in "
+                        "the order they are sent; values recv_from names are sent after the "
+                        "sender's own sends); nothing ran")
 
 
 def _merge(leaves, is_input, blocks) -> list:

@@ -24,7 +24,11 @@ zero_redundancy_optimizer
     dimension. Gradients are then reduce-scattered rather than all-reduced,
     the optimizer updates each rank's block, and parameters come back split:
     the next step all-gathers them where it uses them. Optimizer memory per
-    rank falls by the axis size.
+    rank falls by the axis size. A function with no batch argument is an
+    optimizer step written per rank (the training guide's
+    `zero_optimizer_step`: each rank updates the parameters it owns and
+    `ts.distributed.recv_from(owner, name)` the others): per-rank code
+    (`dist.spmd`) over its arguments.
 
 tensor_parallel
     Arrays are placed by `layouts` (a function `(path, array) -> ShardSpec`),
@@ -36,6 +40,7 @@ tensor_parallel
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +105,15 @@ class Strategy:
             f"batch argument: ts.distribute(strategy={self.name!r}, batch=(\"mbs\",)).")
 
 
+def _takes(f, names) -> bool:
+    """Whether `f` has a parameter named in `names`."""
+    try:
+        params = inspect.signature(f).parameters
+    except (TypeError, ValueError):
+        return True
+    return any(n in params for n in names)
+
+
 def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | None = None,
                axis: str = "dp", batch=("batch", "microbatches"),
                state=("opt_state", "optimizer_state", "state"), layouts=None,
@@ -119,9 +133,11 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
     plan = Strategy(strategy, mesh, axis, tuple(batch), tuple(state), layouts)
 
     def wrap(f):
-        if strategy == "tensor_parallel" and layouts is None:
-            # Per-rank code over its DTensor arguments' blocks (the training
-            # guide's tensor_parallel_linear): the local view.
+        if (strategy == "tensor_parallel" and layouts is None) or (
+                strategy == "zero_redundancy_optimizer" and not _takes(f, batch)):
+            # Per-rank code over its arguments' blocks (the training guide's
+            # tensor_parallel_linear; its zero_optimizer_step, which takes no
+            # batch and updates the parameters its rank owns): the local view.
             from .local_view import spmd
             return CompiledFunction(spmd(f, mesh=mesh), mesh)
         if isinstance(f, CompiledFunction):

@@ -705,6 +705,33 @@ int64_t TransferOp::getAxisSize() {
   return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
 }
 
+/// A point-to-point peer: a coordinate of the op's mesh axis.
+template <typename OpT>
+static LogicalResult verifyPeer(OpT op, SymbolTableCollection &symbols, int64_t peer,
+                                StringRef which) {
+  FailureOr<int64_t> size = lookupAxisSize(op, &symbols, op.getMeshAttr(), op.getAxis());
+  if (failed(size))
+    return failure();
+  if (peer < 0 || peer >= *size)
+    return op.emitOpError("'") << which << "' " << peer << " is not a rank of axis '"
+                               << op.getAxis() << "' (size " << *size << ")";
+  return success();
+}
+
+LogicalResult SendOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyPeer(*this, symbols, static_cast<int64_t>(getTo()), "to");
+}
+int64_t SendOp::getAxisSize() {
+  return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
+}
+
+LogicalResult RecvOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyPeer(*this, symbols, static_cast<int64_t>(getFrom()), "from");
+}
+int64_t RecvOp::getAxisSize() {
+  return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
+}
+
 LogicalResult ShardOp::verifySymbolUses(SymbolTableCollection &) {
   return verifyShardingOf(*this, getSharding(), getResult().getType(),
                           "the annotated value", [&] { return emitOpError(); });

@@ -128,6 +128,14 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
     values used by every rank): its out-sharding is partial over that axis,
     and the partitioner reduces it where it is read."""
     body = body_of(op)
+    p2p = next((o for o in ops_of(body) if o.name in ("tgraph.send", "tgraph.recv")), None)
+    if p2p is not None:
+        # The backward would recompute the forward's communication and send
+        # cotangents the other way, on every rank's program at once: not yet.
+        raise PassError(f"tessera-autodiff: no derivative through per-rank sends and receives "
+                        f"('{p2p.name}' in {symbol_of(body)}); take gradients of a function "
+                        "without dist.send / dist.recv, or move the values with collectives",
+                        p2p.location)
     in_specs = [Sharding.from_attr(a) for a in ir.ArrayAttr(op.attributes["in_shardings"])]
     out_specs = [Sharding.from_attr(a) for a in ir.ArrayAttr(op.attributes["out_shardings"])]
     mesh = meshes_of(body.parent)[(in_specs + out_specs)[0].mesh]

@@ -32,7 +32,8 @@ A pipeline (after tessera-pipeline-schedule): every op keeps the
 after the value is made, and a `tsched.recv` on the receiver, waited where
 the value is first read; sends are waited at the end of the sender's
 program. A transfer to every rank is a `<broadcast>` collective from its
-rank. With `overlap = false` in `tsched.pipeline`, each collective is waited
+rank. Per-rank code's `tgraph.send` / `tgraph.recv` (each rank's own
+program holds its half) become the same `tsched.send` / `tsched.recv`. With `overlap = false` in `tsched.pipeline`, each collective is waited
 for where it starts.
 """
 
@@ -51,7 +52,7 @@ from tessera_compiler.ir.types import enum_of, memref_of
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
-NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad"}
+NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad", "tgraph.send", "tgraph.recv"}
 
 
 def is_compute(op: ir.Operation) -> bool:
@@ -220,7 +221,7 @@ class ScheduleBuilder:
         its value); a transfer to every rank is a broadcast from its rank."""
         attrs = transfer.attributes
         dst = self.tag(tsched.AllocOp(memref_of(transfer.results[0].type))).result
-        if "to" in attrs:
+        if "to" in attrs or transfer.name == "tgraph.recv":
             token = self.tag(tsched.RecvOp(self.token_t, dst, attrs["from"], comm, attrs["mesh"],
                                            attrs["axis"])).result
         else:
@@ -232,10 +233,15 @@ class ScheduleBuilder:
                 attrs["mesh"], attrs["axis"], root=attrs["from"]).result
         self.pending[dst] = token
         self.buffers[transfer.results[0]] = dst
+        if not list(transfer.results[0].uses):
+            self.use(transfer.results[0], compute)      # unread: done with it at once
 
     def lower_op(self, op: ir.Operation, compute, comm) -> None:
-        if op.name == "tgraph.transfer":
+        if op.name in ("tgraph.transfer", "tgraph.recv"):
             self.receive(op, compute, comm)
+            return
+        if op.name == "tgraph.send":                   # per-rank code's own send
+            self.send(op, compute, comm)
             return
         if op.name == "func.return":
             for token, action in self.sends:

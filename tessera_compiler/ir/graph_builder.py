@@ -254,6 +254,14 @@ def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: in
                              i64(split_dim), i64(concat_dim)).result
 
 
+def send(x: ir.Value, mesh: str, axis: str, to: int) -> ir.Operation:
+    return tgraph.SendOp(x, *_on(mesh, axis), i64(to)).operation
+
+
+def recv(result_type: ir.Type, mesh: str, axis: str, frm: int) -> ir.Value:
+    return tgraph.RecvOp(result_type, *_on(mesh, axis), i64(frm)).result
+
+
 def axis_slice(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> ir.Value:
     return tgraph.AxisSliceOp(_resized(x, dim, over=axis_size), x, *_on(mesh, axis),
                               i64(dim)).result

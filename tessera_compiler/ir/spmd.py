@@ -34,17 +34,24 @@ def body_of(spmd_op: ir.Operation) -> ir.Operation:
     return ir.SymbolTable(module)[name].operation
 
 
+def unique_symbol(module_block: ir.Block, base: str, but: ir.Operation | None = None) -> str:
+    """`base`, with a number added if a symbol of the module (other than
+    `but`) has that name."""
+    taken = {symbol_of(o.operation) for o in module_block.operations
+             if "sym_name" in o.operation.attributes and (but is None or o.operation != but)}
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    return name
+
+
 def new_local_function(module_block: ir.Block, base: str, arg_types, loc: ir.Location,
                        arg_locs=None) -> ir.Operation:
     """An empty private per-rank function (`tgraph.local`) at the end of the
     module, named `base` (with a number added if that name is taken); its
     entry block has arguments of `arg_types` and no terminator yet."""
-    taken = {symbol_of(o.operation) for o in module_block.operations
-             if "sym_name" in o.operation.attributes}
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
+    name = unique_symbol(module_block, base)
     with ir.InsertionPoint(module_block), loc:
         f = func.FuncOp(name, (list(arg_types), []))
         f.attributes["sym_visibility"] = ir.StringAttr.get("private")

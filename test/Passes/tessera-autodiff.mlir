@@ -152,3 +152,20 @@ func.func private @max_body(%x: tensor<2xf32>) -> tensor<2xf32> attributes {tgra
   %m = tgraph.all_reduce <max> %x on @mesh["dp"] : tensor<2xf32>
   return %m : tensor<2xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+func.func @through_send(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %l = tgraph.spmd @send_body(%x) in [#tgraph.sharding<@mesh, [["dp"]]>] out [#tgraph.sharding<@mesh, [["dp"]]>] : (tensor<4xf32>) -> tensor<4xf32>
+  %r = tgraph.reduce <sum> %l dims [0] : tensor<4xf32> -> tensor<1xf32>
+  %s = tgraph.reshape %r : tensor<1xf32> to tensor<f32>
+  %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<4xf32> -> tensor<4xf32>
+  return %g : tensor<4xf32>
+}
+func.func private @send_body(%x: tensor<2xf32>) -> tensor<2xf32> attributes {tgraph.local} {
+  // expected-error @+1 {{tessera-autodiff: no derivative through per-rank sends and receives ('tgraph.send' in send_body)}}
+  tgraph.send %x on @mesh["dp"] to 1 : tensor<2xf32>
+  %r = tgraph.recv on @mesh["dp"] from 1 : tensor<2xf32>
+  return %r : tensor<2xf32>
+}

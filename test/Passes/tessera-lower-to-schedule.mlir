@@ -266,3 +266,30 @@ func.func @unread_collective(%x: tensor<4x2xf32>) -> tensor<4x2xf32> attributes 
   %e = tgraph.exp %x : tensor<4x2xf32>
   return %e : tensor<4x2xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// Per-rank code's send and recv: the send starts once its value exists and
+// is waited for at the end; a recv is waited for where it is first read, or
+// at once when nothing reads it.
+// CHECK-LABEL: func.func @peers(
+// CHECK: %[[E:.*]] = tsched.alloc
+// CHECK: tsched.launch @peers_exp_{{.*}} outs(%[[E]] :
+// CHECK: %[[S:.*]] = tsched.send %[[E]] to 1 on %{{.*}} over @mesh["dp"] : memref<4xf32>
+// CHECK: %[[R:.*]] = tsched.recv %{{.*}} from 1 on %{{.*}} over @mesh["dp"] : memref<4xf32>
+// CHECK: %[[U:.*]] = tsched.recv %{{.*}} from 1 on
+// CHECK-NEXT: tsched.collective_wait %[[U]]
+// CHECK: tsched.collective_wait %[[R]]
+// CHECK: tsched.launch @peers_add_
+// CHECK: tsched.collective_wait %[[S]]
+// CHECK-NEXT: tsched.free %[[E]]
+// CHECK: return
+func.func @peers(%x: tensor<4xf32>) -> tensor<4xf32> attributes {tgraph.partitioned} {
+  %e = tgraph.exp %x : tensor<4xf32>
+  tgraph.send %e on @mesh["dp"] to 1 : tensor<4xf32>
+  %r = tgraph.recv on @mesh["dp"] from 1 : tensor<4xf32>
+  %unread = tgraph.recv on @mesh["dp"] from 1 : tensor<4xf32>
+  %s = tgraph.add %r, %x : tensor<4xf32>
+  return %s : tensor<4xf32>
+}

@@ -27,9 +27,10 @@ def run_mpi(tmp_path):
         pytest.skip("mpiexec not found (pip install mpich)")
 
     def run(n, script, *args, env=None, timeout=120):
-        # One BLAS thread per rank, as `tessera launch` sets: N ranks each
-        # spinning one thread per core oversubscribe the machine badly.
-        full_env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **os.environ,
+        # One BLAS thread per rank and one str hash, as `tessera launch` sets:
+        # N ranks each spinning one thread per core oversubscribe the machine.
+        full_env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                    "PYTHONHASHSEED": "0", **os.environ,
                     "TESSERA_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}
         return subprocess.run([mpiexec, "-n", str(n), sys.executable, str(script), *map(str, args)],
                               capture_output=True, text=True, timeout=timeout, env=full_env,

@@ -39,6 +39,7 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     for r in results:
         assert r["ok"], f"seed {seed}, rank {r['rank']}"
+        assert r["swaps_exact"], f"seed {seed}, rank {r['rank']}: send/recv on dp x tp"
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

@@ -89,9 +89,13 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
                                       [np.concatenate([X8[r], X8[2 + r]]) for r in range(2)])
         _check_local_view_gradients(seen, X8)
         mismatch = seen["mismatched"]
-        assert "the ranks traced 2 different programs" in mismatch
-        assert "rank 0: tgraph.all_reduce {axis = \"dp\"" in mismatch
-        assert "rank 1: tgraph.all_gather {axis = \"dp\"" in mismatch
+        # (found while tracing: the body reads the rank, so every rank's is traced)
+        assert mismatch.startswith("CompileError: mismatched: collective #0 over 'dp' differs "
+                                   "between ranks: rank "), mismatch
+        assert "runs tgraph.all_reduce over 'dp' tensor<2x3xf32> (tgraph.all_reduce at " \
+            in mismatch and "runs tgraph.all_gather over 'dp'" in mismatch
+        assert "rank_programs_worker.py:" in mismatch and mismatch == ranks[0]["mismatched"]
+    _check_point_to_point(ranks)
     # dist.tensor(init="random"): each rank's block of the same global value
     # one process makes for the whole tensor (mesh- and layout-independent).
     one = dist.Mesh(axes=["tp"], devices=range(1))
@@ -100,6 +104,49 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
         assert seen["random_local_shape"] == [6, 4]
         np.testing.assert_array_equal(seen["random_block"],
                                       whole[:, 4 * r:4 * r + 4].astype(np.float32))
+
+
+def _check_point_to_point(ranks: list) -> None:
+    """Sends and receives in per-rank code (see the worker): values moved
+    exactly, recv_from's implied sends, and the programs that would mispair
+    or hang stopped with the same error on every rank, naming the ops."""
+    R = np.array(ranks[0]["R"], np.float32)
+    # ring: rank r holds rows 2r:2r+2 and gets rank r-1's block, doubled, + 1
+    np.testing.assert_array_equal(np.array(ranks[0]["ring"], np.float32),
+                                  np.concatenate([R[2:], R[:2]]) * np.float32(2) + np.float32(1))
+    params = {k: np.array(v, np.float32) for k, v in ranks[0]["params"].items()}
+    grads = {k: np.array(v, np.float32) for k, v in ranks[0]["grads"].items()}
+    for seen in ranks:
+        # each parameter updated by its owner, the same bits on every rank
+        for name in params:
+            np.testing.assert_array_equal(
+                np.array(seen["zero"][name], np.float32),
+                params[name] - np.float32(0.5) * grads[name])
+        w3 = params["wq"] * np.float32(3)
+        np.testing.assert_array_equal(np.array(seen["used_before_known"]["w"], np.float32), w3)
+        np.testing.assert_array_equal(np.array(seen["used_before_known"]["twice"], np.float32),
+                                      w3 * np.float32(2))
+    # Each process traced a plan of its own (rank 0 sending, and rank 1): the
+    # ranks' agreement on every rank's sends and recvs stops it.
+    differs = ranks[0]["owner_per_process"]
+    assert "the ranks traced 2 different programs" in differs, differs
+    assert "owner_per_process_local rank 0: send to 1 tensor<3x2xf32> (the send of result " \
+        "'w' to rank 1" in differs
+    assert "owner_per_process_local rank 0: recv from 1 tensor<3x2xf32> (tgraph.recv at " \
+        in differs
+    for case in ("never_sent", "both_wait", "wrong_shape", "unknown_name"):
+        assert ranks[0][case] == ranks[1][case], case      # the same verdict everywhere
+    assert ranks[0]["never_sent"].startswith(
+        "CompileError: never_sent: the ranks would wait for each other forever: rank 1 waits "
+        "at the end of never_sent for rank 0's send #0 to it (tgraph.recv at ")
+    both = ranks[0]["both_wait"]
+    assert "rank 0 waits at tgraph.mul at " in both and "rank 1 waits at tgraph.mul" in both
+    assert "rank_programs_worker.py:" in both and both.endswith("nothing ran")
+    assert "send #0 from rank 0 to rank 1 moves tensor<3x2xf32> (tgraph.send at " in \
+        ranks[0]["wrong_shape"]
+    assert "expects tensor<2x2xf32> (tgraph.recv at " in ranks[0]["wrong_shape"]
+    assert "ts.distributed.recv_from(0, 'weights') on rank 1 at " in ranks[0]["unknown_name"]
+    assert "nor returns one under that key (it returns w)" in ranks[0]["unknown_name"]
 
 
 def test_redistribute_inside_a_compiled_function_pins_the_layout():

@@ -627,6 +627,24 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+func.func @f(%x: tensor<4xf32>) {
+  // expected-error @below {{'tgraph.send' op 'to' 2 is not a rank of axis 'dp' (size 2)}}
+  tgraph.send %x on @mesh["dp"] to 2 : tensor<4xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+func.func @f() -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.recv' op refers to unknown mesh @other}}
+  %0 = tgraph.recv on @other["dp"] from 0 : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 // expected-error @below {{'tgraph.pipeline' must be a dictionary with 'axis' and 'schedule' strings and an integer 'microbatches'}}
 func.func @f() attributes {tgraph.pipeline = {axis = "pp"}} {
   return

@@ -133,6 +133,16 @@ func.func private @spmd_body(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes 
   return %x : tensor<2x4xf32>
 }
 
+// Per-rank code's sends and receives (each rank's program holds its half).
+// CHECK-LABEL: func.func private @peers
+// CHECK: tgraph.send %{{.*}} on @mesh["tp"] to 1 : tensor<4x8xf32>
+// CHECK: tgraph.recv on @mesh["tp"] from 3 : tensor<2x2xf32>
+func.func private @peers(%x: tensor<4x8xf32>) -> tensor<2x2xf32> attributes {tgraph.local} {
+  tgraph.send %x on @mesh["tp"] to 1 : tensor<4x8xf32>
+  %0 = tgraph.recv on @mesh["tp"] from 3 : tensor<2x2xf32>
+  return %0 : tensor<2x2xf32>
+}
+
 // Pipeline transfers: to one rank, and to every rank of the axis (a broadcast).
 // CHECK-LABEL: func.func @transfers
 // CHECK: tgraph.transfer %{{.*}} on @mesh["tp"] from 0 to 3 : tensor<4x8xf32>

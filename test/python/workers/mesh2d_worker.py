@@ -1,4 +1,5 @@
-"""The MLP on a 2-D dp x tp mesh (4 ranks): rows of x split over dp, w1 columns and
+"""The MLP on a 2-D dp x tp mesh (4 ranks), and per-rank sends and receives along
+each axis. Rows of x split over dp, w1 columns and
 w2 rows over tp. The result is a partial sum over tp with rows split over dp: the
 compiler reduces it over tp and the result keeps its dp row split."""
 
@@ -26,6 +27,26 @@ def mlp(x, w1, w2):
     return op.matmul(op.relu(op.matmul(x, w1)), w2)
 
 
+# Point-to-point on a 2-D mesh: each rank swaps its x rows with its tp peer
+# (axis="tp", coordinates) and sends them to its dp peer (a mesh rank that
+# differs on dp only); every rank's program is checked before it runs.
+@dist.spmd(mesh=mesh, in_specs=dist.ShardSpec((0,), ("dp",)),
+           out_specs=dist.ShardSpec((0, 1), ("dp", "tp")))
+def swaps(x):
+    dp, tp = ts.mesh.current().coords["dp"], ts.mesh.current().coords["tp"]
+    dist.send(x + float(tp), 1 - tp, axis="tp")
+    from_tp = dist.recv(1 - tp, like=x, axis="tp")
+    dp_peer = ts.mesh.current().rank ^ 2                 # devices [[0, 1], [2, 3]]
+    dist.send(from_tp * 10.0, dp_peer)
+    return dist.recv(dp_peer, shape=x.shape, dtype="f32")[:, 6 * tp:6 * tp + 6]
+
+
+got = swaps(X).numpy()
+ref_swaps = np.empty_like(x)
+for d in (0, 1):
+    for t in (0, 1):   # block (d, t): dp peer's rows, after its tp peer added 1 - t, x10
+        ref_swaps[4 * d:4 * d + 4, 6 * t:6 * t + 6] = \
+            (x[4 * (1 - d):4 * (1 - d) + 4, 6 * t:6 * t + 6] + (1 - t)) * 10.0
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
@@ -33,5 +54,6 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
     json.dump({"rank": mesh.rank, "x_local": list(X.local().shape),
                "y_local": list(Y.local().shape), "y_layout": repr(Y),
                "ok": bool(np.allclose(Y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())),
+               "swaps_exact": bool(np.array_equal(got, ref_swaps)),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)

@@ -12,7 +12,8 @@
 - eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets);
 - the local view: rank-dependent per-rank code, every per-rank collective,
   gradients through per-rank code (the docs' per-rank snippets run in
-  examples/design_docs).
+  examples/design_docs); sends and receives, recv_from by name, and
+  programs whose sends and receives would mispair or hang.
 
 Writes OUT/rank{r}.json with what each case saw.
 
@@ -234,5 +235,97 @@ report["grad_loss"] = float(loss.numpy())
 report["grad_x"] = gx.numpy().tolist()
 report["grad_w"] = gw.numpy().tolist()
 report["Wg"] = Wg.tolist()
+
+
+# -- point-to-point in per-rank code: a ring shift of fresh blocks, the
+# training guide's ZeRO step (recv_from by name, the owner's send implied),
+# a named value used before its type is known, and programs that would
+# mispair or hang, caught before anything runs.
+R = np.random.default_rng(seed + 21).standard_normal((4, 3)).astype(np.float32)
+
+
+@dist.spmd(mesh=mesh, in_specs=rows, out_specs=rows)
+def ring_shift(x):
+    me, n = ts.mesh.current().rank, ts.mesh.current().size
+    dist.send(x * 2.0, (me + 1) % n)
+    return dist.recv((me - 1) % n, like=x) + 1.0
+
+
+report["ring"] = ring_shift(dist.from_numpy(R, rows, mesh)).numpy().tolist()
+report["R"] = R.tolist()
+same = np.random.default_rng(seed + 22)      # the same arrays on both ranks
+params = {"wq": same.standard_normal((3, 2)).astype(np.float32),
+          "bias": same.standard_normal((4,)).astype(np.float32),
+          "wo": same.standard_normal((2, 2)).astype(np.float32)}
+grads = {k: same.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
+
+
+@dist.spmd(mesh=mesh)
+def zero_step(weights, gradients):
+    updated = {}
+    for name, gradient in gradients.items():
+        owner = sum(map(ord, name)) % ts.mesh.current().size
+        if ts.mesh.current().rank == owner:
+            updated[name] = weights[name] - 0.5 * gradient
+        else:
+            updated[name] = ts.distributed.recv_from(owner, name)
+    return updated
+
+
+report["zero"] = {k: v.numpy().tolist() for k, v in zero_step(params, grads).items()}
+report["params"] = {k: v.tolist() for k, v in params.items()}
+report["grads"] = {k: v.tolist() for k, v in grads.items()}
+
+
+@dist.spmd(mesh=mesh)
+def used_before_known(w):
+    if ts.mesh.current().rank == 0:
+        return {"w": w * 3.0, "twice": dist.recv(1, "twice")}
+    return {"w": ts.distributed.recv_from(0, "w"), "twice": dist.recv(0, "w") * 2.0}
+
+
+report["used_before_known"] = {k: v.numpy().tolist() for k, v in used_before_known(
+    params["wq"]).items()}
+
+
+@dist.spmd(mesh=mesh)
+def never_sent(w):
+    if ts.mesh.current().rank == 1:
+        return dist.recv(0, like=w)
+    return w
+
+
+@dist.spmd(mesh=mesh)
+def both_wait(w):
+    peer = 1 - ts.mesh.current().rank
+    got = dist.recv(peer, like=w)
+    dist.send(got * 2.0, peer)
+    return op.sum(got)
+
+
+@dist.spmd(mesh=mesh)
+def wrong_shape(w):
+    if ts.mesh.current().rank == 0:
+        dist.send(w, 1)
+        return w
+    return dist.recv(0, shape=(2, 2), dtype=np.float32)
+
+
+@dist.spmd(mesh=mesh)
+def unknown_name(w):
+    if ts.mesh.current().rank == 0:
+        return {"w": w}
+    return {"w": ts.distributed.recv_from(0, "weights")}
+
+
+@dist.spmd(mesh=mesh)
+def owner_per_process(w):          # `my_rank` is this process' rank: the plans differ
+    if ts.mesh.current().rank == my_rank:
+        return {"w": w * 2.0}
+    return {"w": ts.distributed.recv_from(my_rank, "w")}
+
+
+for case in (never_sent, both_wait, wrong_shape, unknown_name, owner_per_process):
+    report[case.__name__] = error_of(lambda: case(params["wq"]))
 
 (out / f"rank{rank}.json").write_text(json.dumps(report))

@@ -653,6 +653,45 @@ def TGraph_TransferOp : TGraph_CollectiveOp<"transfer", [SameOperandsAndResultTy
   let extraClassDeclaration = extraBaseClassDeclaration;
 }
 
+def TGraph_SendOp : TGraph_CollectiveOp<"send"> {
+  let summary = "send this rank's value to another rank of a mesh axis (per-rank code)";
+  let description = [{
+    Only in a per-rank (local-view, `tgraph.local`) body, where each rank
+    traced its own program: this rank sends `input` to the rank whose
+    coordinate along `axis` is `to` (the others the same as this rank's).
+    It pairs, in program order, with a `tgraph.recv` from this rank in the
+    receiver's program; the frontend checks the pairing, the types and that
+    no rank waits forever, across every rank's program, before anything
+    runs. `tessera-lower-to-schedule` makes it a `tsched.send`.
+
+    ```mlir
+    tgraph.send %0 on @mesh["dp"] to 1 : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh, StrAttr:$axis,
+                       I64Attr:$to);
+  let assemblyFormat = "$input `on` $mesh `[` $axis `]` `to` $to attr-dict `:` type($input)";
+  let extraClassDeclaration = extraBaseClassDeclaration;
+}
+
+def TGraph_RecvOp : TGraph_CollectiveOp<"recv"> {
+  let summary = "receive a value from another rank of a mesh axis (per-rank code)";
+  let description = [{
+    The other half of `tgraph.send`: the value the rank with coordinate
+    `from` along `axis` sends this rank (its k-th send here is this rank's
+    k-th recv from it). `tessera-lower-to-schedule` makes it a `tsched.recv`,
+    waited for where the value is first read.
+
+    ```mlir
+    %1 = tgraph.recv on @mesh["dp"] from 0 : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$mesh, StrAttr:$axis, I64Attr:$from);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "`on` $mesh `[` $axis `]` `from` $from attr-dict `:` type($result)";
+  let extraClassDeclaration = extraBaseClassDeclaration;
+}
+
 def TGraph_ShardOp : TGraph_Op<"shard", [Pure, SameOperandsAndResultType,
     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let summary = "annotate (and if needed, reshard) a value to a sharding";
