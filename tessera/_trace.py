@@ -143,6 +143,21 @@ class TraceState:
     recv_types: dict = field(default_factory=dict)
 
 
+def declared_dims(x: Traced) -> tuple:
+    """The mesh axes each dimension of `x` is split over, when `x` is an
+    argument of the function being traced that was given a layout; else
+    nothing split."""
+    from tessera_compiler.ir.sharding import Sharding
+    state = current()
+    value = x.value
+    if state is not None and isinstance(value, ir.BlockArgument) and value.owner == state.entry \
+            and "arg_attrs" in state.func.attributes:
+        attrs = ir.DictAttr(ir.ArrayAttr(state.func.attributes["arg_attrs"])[value.arg_number])
+        if "tgraph.sharding" in attrs:
+            return Sharding.from_attr(attrs["tgraph.sharding"]).dims
+    return ((),) * x.ndim
+
+
 class MeshFromCapture(Exception):
     """Raised while tracing a function whose mesh nobody chose when it uses a
     DTensor it captured (a closure): trace again on that tensor's mesh."""

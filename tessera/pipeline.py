@@ -212,14 +212,14 @@ class PipelinedFunction(CompiledFunction):
             structure = flatten(tuple(bound.arguments.values()))[1]
             values = dict(zip(names, unflatten(structure, filled)))
             batch = _batch_size(fn_name, values, batch_names, m)
-            size = batch // m
+            blocks = _row_blocks(values, batch_names, mesh)
             results = []
             for j in range(m):
                 tracing = _Tracing(j)
                 _local.tracing = tracing
                 _trace.set_pipeline_tag((None, j))
                 try:
-                    args = {k: (_split(v, j, size) if k in batch_names else v)
+                    args = {k: (_split(v, j, m, mesh, fn_name) if k in batch_names else v)
                             for k, v in values.items()}
                     _trace.set_pipeline_tag((0, j))
                     rebound = self._signature.bind_partial()
@@ -229,7 +229,7 @@ class PipelinedFunction(CompiledFunction):
                     _local.tracing = None
                     _trace.set_pipeline_tag(None)
                 calls_per_microbatch.append(tracing.calls)
-            return _combine(results, size)
+            return _combine(results, batch // m, blocks)
 
         traced = super()._trace_with(call, bound, leaves, specs, mesh)
         calls = calls_per_microbatch[0]
@@ -324,16 +324,48 @@ def _batch_size(fn_name, values: dict, batch_names, m: int) -> int:
     return batch
 
 
-def _split(value, j: int, size: int):
+def _split(value, j: int, m: int, mesh, fn_name: str):
+    """Microbatch `j` of `m` of each batch tensor in `value`. A batch split
+    over other mesh axes (dp) is cut within each rank's block: microbatch j
+    is the j-th slice of every dp block, so each dp replica of the pipeline
+    runs its own rows (no gather)."""
     leaves, structure = flatten(value)
-    return unflatten(structure, [leaf[j * size:(j + 1) * size] if isinstance(leaf, Traced)
-                                 else leaf for leaf in leaves])
+    return unflatten(structure, [_microbatch(leaf, j, m, mesh, fn_name)
+                                 if isinstance(leaf, Traced) else leaf for leaf in leaves])
 
 
-def _combine(results: list, size: int):
+def _blocks(x: Traced, mesh) -> int:
+    """How many row blocks `x` is split into (over dp, say)."""
+    k = 1
+    for axis in _trace.declared_dims(x)[0] if x.ndim else ():
+        k *= mesh.axis_size(axis)
+    return k
+
+
+def _row_blocks(values: dict, batch_names, mesh) -> int:
+    return max([_blocks(leaf, mesh) for name in batch_names
+                for leaf in flatten(values[name])[0] if isinstance(leaf, Traced)] or [1])
+
+
+def _microbatch(x: Traced, j: int, m: int, mesh, fn_name: str) -> Traced:
+    k = _blocks(x, mesh)
+    rows = x.shape[0]
+    if rows % (k * m):
+        raise PipelineError(f"{fn_name}: a batch of {rows} rows split over {k} data-parallel "
+                            f"ranks ({rows // k} each) does not split into {m} microbatches of "
+                            f"equal size; choose microbatches dividing {rows // k}")
+    size = rows // (k * m)
+    if k == 1:
+        return x[j * size:(j + 1) * size]
+    blocks = x.reshape(k, rows // k, *x.shape[1:])
+    return blocks[:, j * size:(j + 1) * size].reshape(k * size, *x.shape[1:])
+
+
+def _combine(results: list, size: int, blocks: int):
     """One result from the microbatches': gradients and scalars averaged (a
     mean loss over the whole batch and its gradient), per-example outputs
-    (leading dimension the microbatch size) concatenated."""
+    (leading dimension the microbatch size) concatenated back into batch
+    order (within each of the `blocks` row blocks, see _split)."""
     from . import op
     leaves = [flatten(r)[0] for r in results]
     structure = flatten(results[0])[1]
@@ -345,7 +377,12 @@ def _combine(results: list, size: int):
             continue
         is_grad = getattr(first.value.owner, "name", None) == "tgraph.grad"
         if first.shape and first.shape[0] == size and not is_grad:
-            out.append(op.concat(list(parts), dim=0))
+            if blocks == 1:
+                out.append(op.concat(list(parts), dim=0))
+            else:
+                rest = tuple(first.shape[1:])
+                cut = [x.reshape(blocks, size // blocks, *rest) for x in parts]
+                out.append(op.concat(cut, dim=1).reshape(size * len(parts), *rest))
         else:
             total = parts[0]
             for x in parts[1:]:

@@ -107,7 +107,9 @@ def _classify(pipe: Pipeline, body: list) -> tuple[dict, list]:
     backward: dict = {}
     for op in body:
         tag = tag_of(op.location)
-        if tag.stage is None or tag.microbatch is None:
+        # A constant (fill, iota) goes with its users, whatever stage traced
+        # it: CSE leaves one fill for identical ones in every stage.
+        if tag.stage is None or tag.microbatch is None or not list(op.operands):
             floating.append(op)
             continue
         if not 0 <= tag.stage < pipe.calls or not 0 <= tag.microbatch < pipe.microbatches:
@@ -239,12 +241,15 @@ def schedule_function(func_op: ir.Operation) -> None:
     axis = ir.StringAttr.get(pipe.axis)
     # Values read on another rank: one transfer per (value, rank).
     made: dict = {}        # (value, rank) -> [transfer op, action, producer]
+    copied = {(user, number) for user, number, _ in rewire}   # they read their rank's copy
     for op in [o.operation for o in block.operations]:
         a = actions.get(op)
         if a is None:
             continue
         here = pipe.rank_of(a.stage)
         for i, v in enumerate(op.operands):
+            if (op, i) in copied:
+                continue
             producer = owner_of(v)
             if producer is None or producer not in actions:
                 continue
@@ -334,7 +339,8 @@ def _check_order(block: ir.Block) -> None:
         op = op.operation
         for v in op.operands:
             if v not in seen:
-                raise PassError("tessera-pipeline-schedule: this op was scheduled before the "
+                raise PassError(f"tessera-pipeline-schedule: this op ({op.name}) was scheduled "
+                                "before the "
                                 f"value it reads (made at {v.owner.location}); the pipeline "
                                 "schedule does not follow the program's dependences",
                                 op.location)
