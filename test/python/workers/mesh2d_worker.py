@@ -33,7 +33,7 @@ def mlp(x, w1, w2):
 @dist.spmd(mesh=mesh, in_specs=dist.ShardSpec((0,), ("dp",)),
            out_specs=dist.ShardSpec((0, 1), ("dp", "tp")))
 def swaps(x):
-    dp, tp = ts.mesh.current().coords["dp"], ts.mesh.current().coords["tp"]
+    tp = ts.mesh.current().coords["tp"]
     dist.send(x + float(tp), 1 - tp, axis="tp")
     from_tp = dist.recv(1 - tp, like=x, axis="tp")
     dp_peer = ts.mesh.current().rank ^ 2                 # devices [[0, 1], [2, 3]]
