@@ -1,0 +1,295 @@
+"""Pipeline schedules on 4 CPU ranks (one pipeline stage each): Tessera's
+measured idle share per rank against its cost model's bubble and
+(p-1)/(m+p-1), and its step time against PyTorch's
+`torch.distributed.pipelining` (ScheduleGPipe / Schedule1F1B on gloo) with the
+same model, the same microbatches, in the same run.
+
+What it measures, per schedule: the median wall time of one pipelined
+forward + backward (the loss and every parameter's gradient of one batch, no
+optimizer step) of the example GPT (`examples/train_gpt.py`: embedding with
+the first stage, one transformer block per stage, the head and loss with the
+last), and for Tessera each rank's share of the step spent blocked waiting for
+a transfer or collective (the runtime's own timing, `ScheduleExecutor.profile`
+"collective:wait") beside the share running kernels.
+
+  * Tessera: `tessera launch -n 4` on a `pp` mesh of 4, `train_gpt.
+    make_pipeline_step(...).gradients` (schedules gpipe, 1F1B, zero_bubble).
+  * PyTorch: `mpiexec -n 4` processes joined by gloo over loopback, each
+    holding one stage (`PipelineStage` of an `nn.Module` with the same
+    parameters), `ScheduleGPipe` / `Schedule1F1B` with the same microbatch
+    count (PyTorch has no zero-bubble schedule for one stage per rank
+    outside its IR-based API; its row is empty).
+
+Both start from the same parameters and batch; the losses must agree to 1e-4
+(relative) or the script exits 1. The ratio printed is Tessera / PyTorch
+(> 1: Tessera is slower). Results go to bench/results/pipeline_cpu-<date>.json/.md.
+
+    .venv/bin/python bench/pipeline_cpu.py --torch-python /path/to/python-with-torch
+    .venv/bin/python bench/pipeline_cpu.py --steps 5               # quick
+
+Threads: one BLAS / torch thread per rank (4 ranks share the machine's cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
+    if str(ROOT / _p) not in sys.path:
+        sys.path.insert(0, str(ROOT / _p))
+
+import numpy as np  # noqa: E402
+
+SCHEDULES = ("gpipe", "1F1B", "zero_bubble")
+TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
+RANKS = 4
+
+
+def config(args) -> dict:
+    return {"width": args.width, "depth": RANKS, "heads": args.heads, "batch": args.batch,
+            "length": args.length, "microbatches": args.microbatches, "seed": 0,
+            "steps": args.steps}
+
+
+def setup(cfg):
+    import train_gpt as ex
+    params = ex.init_params(cfg["width"], cfg["depth"], cfg["heads"], 2 * cfg["length"],
+                            cfg["seed"])
+    batch = ex.make_batch(np.random.default_rng(cfg["seed"]), cfg["batch"], cfg["length"])
+    return params, batch
+
+
+# -- Tessera, one rank of `tessera launch -n 4` ---------------------------------------
+
+def tessera_worker(cfg: dict, out: Path) -> None:
+    import tessera as ts
+    import train_gpt as ex
+    from tessera import dist
+    from tessera_runtime.executor import ScheduleExecutor
+    mesh = dist.Mesh(axes=["dp", "tp", "pp"], shape=(1, 1, RANKS))
+    params, batch = setup(cfg)
+    opt = ts.optim.AdamW(lr=3e-3)
+    report = {}
+    for schedule in SCHEDULES:
+        grads_of = ex.make_pipeline_step(opt, cfg["heads"], mesh, schedule,
+                                         cfg["microbatches"], clip=1.0).gradients
+        t0 = time.perf_counter()
+        loss, _ = grads_of(params, batch)
+        compile_s = time.perf_counter() - t0
+        ScheduleExecutor.profile = {}
+        times = []
+        for _ in range(cfg["steps"]):
+            t0 = time.perf_counter()
+            loss, _ = grads_of(params, batch)
+            times.append(time.perf_counter() - t0)
+        profile, ScheduleExecutor.profile = ScheduleExecutor.profile, None
+        total = sum(times)
+        waiting = profile.get("collective:wait", [0.0])[0]
+        compute = sum(s for k, (s, _) in profile.items() if not k.startswith("collective:"))
+        plan = grads_of.pipeline_report()
+        report[schedule] = {
+            "loss": float(np.asarray(loss)), "compile_s": compile_s,
+            "step_ms": 1e3 * statistics.median(times),
+            "wait_share": waiting / total, "compute_share": compute / total,
+            "model_bubble": plan.bubble, "formula": plan.formula,
+            "grid": str(plan)}
+    (out / f"tessera-rank{mesh.rank}.json").write_text(json.dumps(report))
+
+
+# -- PyTorch, one rank of `mpiexec -n 4` (a Python with torch, no Tessera) ---------
+
+def torch_worker(cfg: dict, out: Path) -> None:
+    import torch
+    import torch.distributed as tdist
+    import torch.nn.functional as F
+    from torch.distributed import pipelining
+    torch.set_num_threads(1)
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")     # loopback only
+    os.environ.setdefault("MASTER_PORT", "29517")
+    tdist.init_process_group("gloo", rank=rank, world_size=size)
+    saved = np.load(out / "model.npz")           # the driver's (no Tessera import here)
+    params = {k: saved[k] for k in ("wte", "wpe", "lnf_w", "lnf_b", "head")}
+    params["blocks"] = [{k.split(".")[2]: saved[k] for k in saved.files
+                         if k.startswith(f"blocks.{i}.")} for i in range(cfg["depth"])]
+    batch = {"inputs": saved["inputs"], "targets": saved["targets"]}
+    heads = cfg["heads"]
+
+    class Stage(torch.nn.Module):
+        """Block `rank` of the GPT; the embedding on the first stage, the
+        final norm and head on the last (as train_gpt.gpt places them)."""
+
+        def __init__(self):
+            super().__init__()
+            t = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in
+                 params["blocks"][rank].items()}
+            self.blk = torch.nn.ParameterDict(t)
+            extra = (["wte", "wpe"] if rank == 0 else []) + \
+                (["lnf_w", "lnf_b", "head"] if rank == size - 1 else [])
+            self.extra = torch.nn.ParameterDict({k: torch.nn.Parameter(torch.tensor(params[k]))
+                                                 for k in extra})
+
+        def forward(self, x):
+            e, b = self.extra, self.blk
+            if rank == 0:
+                x = F.embedding(x, e["wte"]) + e["wpe"]
+            B, S, D = x.shape
+            H, Dh = heads, D // heads
+            h = F.layer_norm(x, (D,), b["ln1_w"], b["ln1_b"], eps=1e-5)
+            qkv = (h @ b["wqkv"]).reshape(B, S, H, 3, Dh)
+            q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + a.transpose(1, 2).reshape(B, S, D) @ b["wo"]
+            h = F.layer_norm(x, (D,), b["ln2_w"], b["ln2_b"], eps=1e-5)
+            x = x + (F.gelu(h @ b["w1"] + b["b1"], approximate="tanh") @ b["w2"] + b["b2"])
+            if rank == size - 1:
+                x = F.layer_norm(x, (D,), e["lnf_w"], e["lnf_b"], eps=1e-5) @ e["head"]
+            return x
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=-100)
+
+    inputs = torch.from_numpy(batch["inputs"]).long()
+    targets = torch.from_numpy(batch["targets"]).long()
+    m = cfg["microbatches"]
+    report = {}
+    for schedule, cls in TORCH_SCHEDULES.items():
+        module = Stage()
+        stage = pipelining.PipelineStage(module, rank, size, torch.device("cpu"))
+        runner = getattr(pipelining, cls)(stage, n_microbatches=m, loss_fn=loss_fn)
+
+        def step():
+            module.zero_grad(set_to_none=True)
+            losses = []
+            if rank == 0:
+                runner.step(inputs)
+            elif rank == size - 1:
+                runner.step(target=targets, losses=losses)
+            else:
+                runner.step()
+            return float(torch.stack(losses).detach().mean()) if losses else None
+
+        t0 = time.perf_counter()
+        loss = step()
+        first_s = time.perf_counter() - t0
+        times = []
+        for _ in range(cfg["steps"]):
+            tdist.barrier()
+            t0 = time.perf_counter()
+            loss = step()
+            times.append(time.perf_counter() - t0)
+        report[schedule] = {"loss": loss, "first_s": first_s,
+                            "step_ms": 1e3 * statistics.median(times)}
+    (out / f"torch-rank{rank}.json").write_text(json.dumps(report))
+    tdist.destroy_process_group()
+
+
+# -- the driver ------------------------------------------------------------------
+
+def run_tessera(cfg: dict, out: Path) -> list[dict]:
+    cmd = [sys.executable, "-m", "tessera", "launch", "-n", str(RANKS), __file__,
+           "--worker", "tessera", "--out", str(out), "--config", json.dumps(cfg)]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return [json.loads((out / f"tessera-rank{r}.json").read_text()) for r in range(RANKS)]
+
+
+def run_torch(cfg: dict, out: Path, python: str) -> list[dict] | None:
+    from tessera._pytree import flatten, paths
+    from tessera.cli import find_mpiexec
+    params, batch = setup(cfg)
+    np.savez(out / "model.npz", **dict(zip(paths(params), flatten(params)[0])), **batch)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    cmd = [find_mpiexec(), "-n", str(RANKS), python, __file__, "--worker", "torch",
+           "--out", str(out), "--config", json.dumps(cfg)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
+    if proc.returncode:
+        print(f"pipeline_cpu: the PyTorch run failed (exit {proc.returncode})", file=sys.stderr)
+        return None
+    return [json.loads((out / f"torch-rank{r}.json").read_text()) for r in range(RANKS)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step")
+    ap.add_argument("--length", type=int, default=8, help="digits (sequence 2 x this)")
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--torch-python", default=None,
+                    help="a Python with torch (CPU) to run the PyTorch side; without it "
+                         "only Tessera is measured")
+    ap.add_argument("--worker", choices=["tessera", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker = tessera_worker if args.worker == "tessera" else torch_worker
+        worker(json.loads(args.config), Path(args.out))
+        return 0
+
+    cfg = config(args)
+    out = Path(tempfile.mkdtemp(prefix="pipeline_cpu-"))        # the workers' reports
+    tess = run_tessera(cfg, out)
+    torch_ranks = run_torch(cfg, out, args.torch_python) if args.torch_python else None
+    p, m = RANKS, cfg["microbatches"]
+    rows, failed = [], False
+    for schedule in SCHEDULES:
+        t = tess[0][schedule]
+        waits = [r[schedule]["wait_share"] for r in tess]
+        row = {"schedule": schedule, "tessera_ms": max(r[schedule]["step_ms"] for r in tess),
+               "wait_share_per_rank": waits, "measured_bubble": statistics.mean(waits),
+               "model_bubble": t["model_bubble"], "formula": (p - 1) / (m + p - 1),
+               "compute_share_per_rank": [r[schedule]["compute_share"] for r in tess],
+               "compile_s": t["compile_s"], "loss": t["loss"]}
+        if torch_ranks and schedule in TORCH_SCHEDULES:
+            tt = torch_ranks[-1][schedule]
+            row["torch_ms"] = max(r[schedule]["step_ms"] for r in torch_ranks)
+            row["ratio"] = row["tessera_ms"] / row["torch_ms"]
+            row["torch_loss"] = tt["loss"]
+            if abs(tt["loss"] - t["loss"]) > 1e-4 * abs(t["loss"]):
+                print(f"{schedule}: losses differ: Tessera {t['loss']} PyTorch {tt['loss']}",
+                      file=sys.stderr)
+                failed = True
+        rows.append(row)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    today = datetime.date.today().isoformat()
+    head = (f"pipeline_cpu: {RANKS} ranks x 1 stage, GPT width {cfg['width']}, batch "
+            f"{cfg['batch']} x {2 * cfg['length']} tokens in {m} microbatches; {platform.node()} "
+            f"({os.cpu_count()} cores), commit {commit}, {today}")
+    lines = [head, "", "| schedule | Tessera ms | PyTorch ms | ratio | idle measured | "
+             "idle model | (p-1)/(m+p-1) | idle per rank |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        torch_ms = f"{r['torch_ms']:.1f}" if "torch_ms" in r else "-"
+        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        lines.append(f"| {r['schedule']} | {r['tessera_ms']:.1f} | {torch_ms} | {ratio} | "
+                     f"{100 * r['measured_bubble']:.1f}% | {100 * r['model_bubble']:.1f}% | "
+                     f"{100 * r['formula']:.1f}% | "
+                     + " ".join(f"{100 * w:.0f}%" for w in r["wait_share_per_rank"]) + " |")
+    text = "\n".join(lines)
+    print(text)
+    for r in rows:
+        print(f"\n{r['schedule']} (cost model):\n{tess[0][r['schedule']]['grid']}")
+    results = ROOT / "bench" / "results"
+    (results / f"pipeline_cpu-{today}.md").write_text(text + "\n")
+    (results / f"pipeline_cpu-{today}.json").write_text(json.dumps(
+        {"config": cfg, "commit": commit, "date": today, "machine": platform.node(),
+         "cores": os.cpu_count(), "rows": rows}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
