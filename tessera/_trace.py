@@ -204,6 +204,9 @@ def current_location(src: SourceLine | None = None) -> ir.Location:
     src = src or user_frame()
     loc = ir.Location.file(src.filename, src.line, 0)
     tag = getattr(_state, "pipeline_tag", None)
+    split = getattr(_state, "pipeline_split", None)
+    if tag is not None and tag[0] is not None and split is not None:
+        tag = (split.next_stage(), tag[1])
     return tag_location(loc, *tag) if tag is not None else loc
 
 
@@ -211,6 +214,25 @@ def set_pipeline_tag(tag: tuple | None) -> None:
     """(stage call, microbatch) of the ops traced from now on (either may be
     None), or None outside a pipelined step (see tessera.pipeline)."""
     _state.pipeline_tag = tag
+
+
+class StageSplit:
+    """Stages without markers (`pipeline.run(stages=N)`): the op calls of a
+    microbatch, counted in trace order, each get stage k from `cuts[k]` on;
+    with no cuts, each call is its own stage (to measure their costs)."""
+
+    def __init__(self, cuts: list | None = None):
+        self.cuts, self.count = cuts, 0
+
+    def next_stage(self) -> int:
+        i, self.count = self.count, self.count + 1
+        if self.cuts is None:
+            return i
+        return sum(1 for c in self.cuts[1:] if c <= i)
+
+
+def set_pipeline_split(split: StageSplit | None) -> None:
+    _state.pipeline_split = split
 
 
 def require_tracing(op_name: str, *operands) -> SourceLine:

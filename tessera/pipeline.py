@@ -34,8 +34,9 @@ from __future__ import annotations
 import functools
 import threading
 
-from tessera_compiler.ir.pipeline import SCHEDULES, formula_bubble, schedule_name, simulate
-from tessera_compiler.ir.support import i64
+from tessera_compiler.ir.pipeline import (SCHEDULES, balanced_cuts, flops, formula_bubble,
+                                          schedule_name, simulate, tag_of)
+from tessera_compiler.ir.support import i64, ops_of
 from tessera_mlir import ir
 
 from . import _trace
@@ -134,8 +135,9 @@ class Report:
     under the cost model, `.peak_activations` per rank (in microbatches),
     and `.formula` = (p-1)/(m+p-1) for comparison."""
 
-    def __init__(self, plan, costs: dict):
+    def __init__(self, plan, costs: dict, split_costs: list | None = None):
         self.plan = plan
+        self.split_costs = split_costs        # stages=N: each stage's forward cost
         self.schedule = plan.schedule
         self.bubble = plan.bubble
         self.peak_activations = plan.peak_activations()
@@ -147,6 +149,12 @@ class Report:
                 f"{self.plan.microbatches} microbatches; bubble {self.bubble:.1%} "
                 f"((p-1)/(m+p-1) = {self.formula:.1%}); peak activations per rank "
                 f"{self.peak_activations} microbatches")
+        forward = [self.costs.get(("F", s), 0.0) for s in range(self.plan.stages)]
+        head += "\nforward cost per stage (flops of microbatch 0): " + " ".join(
+            f"{c:.3g}" for c in forward)
+        if self.split_costs is not None:
+            head += (f" (stages={self.plan.stages} without markers: cut where the cumulative "
+                     f"cost crosses k/{self.plan.stages} of the total)")
         return head + "\n" + self.plan.grid()
 
     __repr__ = __str__
@@ -170,7 +178,10 @@ class PipelinedFunction(CompiledFunction):
         self.microbatches = microbatches
         self.virtual_stages = virtual_stages
         self.batch = (batch,) if isinstance(batch, str) else tuple(batch) if batch else None
-        self.stages = stages
+        # stages: the Stage list graph.pipeline declared, or a count to split into
+        self.auto_stages = stages if isinstance(stages, int) else None
+        self.stages = None if isinstance(stages, int) else stages
+        self.split_costs = None
         self.overlap = defaults.all_reduce_overlap
 
     # -- tracing ------------------------------------------------------------------
@@ -206,6 +217,8 @@ class PipelinedFunction(CompiledFunction):
         fn_name = self.fn.__name__
         calls_per_microbatch = []
 
+        split = self._split_points(bound, leaves, specs, mesh) if self.auto_stages else None
+
         def call(traced):
             it = iter(traced)
             filled = [next(it) if _trace.is_tensor(l) else l for l in leaves]
@@ -222,12 +235,23 @@ class PipelinedFunction(CompiledFunction):
                     args = {k: (_split(v, j, m, mesh, fn_name) if k in batch_names else v)
                             for k, v in values.items()}
                     _trace.set_pipeline_tag((0, j))
+                    if split is not None:
+                        split.count = 0
+                        _trace.set_pipeline_split(split)
                     rebound = self._signature.bind_partial()
                     rebound.arguments.update(args)
                     results.append(self.fn(*rebound.args, **rebound.kwargs))
                 finally:
                     _local.tracing = None
                     _trace.set_pipeline_tag(None)
+                    _trace.set_pipeline_split(None)
+                if split is not None:
+                    if tracing.calls:
+                        raise PipelineError(f"{fn_name}: stages={self.auto_stages} splits a step "
+                                            "without stage markers, but it calls @graph.stage "
+                                            "functions; use one or the other  "
+                                            f"[{tracing.calls[0][1]}]")
+                    tracing.calls = [(f"part {k}", user_frame()) for k in range(len(split.cuts))]
                 calls_per_microbatch.append(tracing.calls)
             return _combine(results, batch // m, blocks)
 
@@ -246,6 +270,52 @@ class PipelinedFunction(CompiledFunction):
                                            for n, s in calls]),
             })
         return traced
+
+    def _split_points(self, bound, leaves, specs, mesh) -> _trace.StageSplit:
+        """Where to cut a step without stage markers into `auto_stages`
+        stages: trace it once with every op call its own stage, cost each
+        call's forward ops of microbatch 0 (the pipeline cost model's
+        flops), and cut the calls into runs of about equal cost."""
+        counting = _trace.StageSplit()
+        fn_name = self.fn.__name__
+        m = self._microbatches()
+        names = list(bound.arguments.keys())
+        batch_names = self._batch_names(names)
+
+        def call(traced):
+            it = iter(traced)
+            filled = [next(it) if _trace.is_tensor(l) else l for l in leaves]
+            structure = flatten(tuple(bound.arguments.values()))[1]
+            values = dict(zip(names, unflatten(structure, filled)))
+            _batch_size(fn_name, values, batch_names, m)
+            args = {k: (_split(v, 0, m, mesh, fn_name) if k in batch_names else v)
+                    for k, v in values.items()}
+            _trace.set_pipeline_tag((0, 0))
+            _trace.set_pipeline_split(counting)
+            try:
+                rebound = self._signature.bind_partial()
+                rebound.arguments.update(args)
+                return self.fn(*rebound.args, **rebound.kwargs)
+            finally:
+                _trace.set_pipeline_tag(None)
+                _trace.set_pipeline_split(None)
+
+        traced = super()._trace_with(call, bound, leaves, specs, mesh)
+        costs = [0.0] * counting.count
+        with traced.module.context:
+            for f in traced.module.body.operations:
+                for op in ops_of(f.operation) if f.operation.name == "func.func" else []:
+                    tag = tag_of(op.location)
+                    if tag.stage is not None and tag.microbatch == 0 and not tag.backward \
+                            and op.name != "tgraph.grad":      # (its backward comes later)
+                        costs[tag.stage] += flops(op)
+        try:
+            cuts = balanced_cuts(costs, self.auto_stages)
+        except ValueError as e:
+            raise PipelineError(f"{fn_name}: stages={self.auto_stages}: {e}  "
+                                f"[{user_frame()}]") from None
+        self.split_costs = [sum(costs[a:b]) for a, b in zip(cuts, cuts[1:] + [len(costs)])]
+        return _trace.StageSplit(cuts)
 
     def _check_stages(self, calls, per_microbatch, p: int) -> None:
         name = self.fn.__name__
@@ -298,7 +368,7 @@ class PipelinedFunction(CompiledFunction):
         costs = {(a["kind"], a["stage"]): a["cost"] for a in info["costs"]}
         plan = simulate(info["schedule"], info["ranks"], info["stages"], info["microbatches"],
                         cost=lambda a: costs.get((a.kind, a.stage), 0.0))
-        return Report(plan, costs)
+        return Report(plan, costs, self.split_costs)
 
 
 def _batch_size(fn_name, values: dict, batch_names, m: int) -> int:
@@ -398,7 +468,10 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
     compile a step as a pipeline (see the module). `mesh_axes=("pp",)` is the
     collectives guide's spelling of `axis`; without a mesh, one `pp` axis over
     every rank of the job. `schedule`: "gpipe", "1F1B", "interleaved" (with
-    `virtual_stages` chunks per rank) or "zero_bubble"."""
+    `virtual_stages` chunks per rank) or "zero_bubble". `stages=N` on a step
+    that calls no @graph.stage function cuts its op calls, in trace order,
+    into N runs of about equal forward cost (the pipeline cost model's
+    flops); `pipeline_report()` shows each stage's cost."""
     if axis is None:
         axis = mesh_axes[0] if mesh_axes else "pp"
 

@@ -41,7 +41,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.pipeline import ACTION, INFO, Action, simulate, tag_of
+from tessera_compiler.ir.pipeline import ACTION, INFO, Action, flops, simulate, tag_of
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import PassError, functions, i64, ops_of, run_reporting
 
@@ -49,19 +49,6 @@ def _op(x):
     """An op as its Operation (owners and users come back as OpViews; dict
     keys must be one kind), a block as itself."""
     return x if isinstance(x, ir.Block) else x.operation
-
-
-def _flops(op: ir.Operation) -> float:
-    """A cost for the cost model: 2 m n k for a matmul, one per result
-    element otherwise."""
-    total = 0.0
-    for r in op.results:
-        if isinstance(r.type, ir.RankedTensorType):
-            total += math.prod(ir.RankedTensorType(r.type).shape)
-    if op.name == "tgraph.matmul":
-        k = ir.RankedTensorType(op.operands[0].type).shape[-1]
-        total *= 2 * k
-    return total
 
 
 class Pipeline:
@@ -168,7 +155,7 @@ def _costs(actions: dict) -> dict:
     costs: dict = {}
     for op, a in actions.items():
         if a.microbatch == 0:
-            costs[(a.kind, a.stage)] = costs.get((a.kind, a.stage), 0.0) + _flops(op)
+            costs[(a.kind, a.stage)] = costs.get((a.kind, a.stage), 0.0) + flops(op)
     return costs
 
 

@@ -27,6 +27,7 @@ This module also reads the pipeline tags the tracer puts in locations.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tessera_mlir import ir
@@ -66,6 +67,35 @@ def tag_location(loc: ir.Location, stage: int | None, microbatch: int | None) ->
                                      (("stage", stage), ("microbatch", microbatch))
                                      if v is not None)
     return ir.Location.name(name, childLoc=loc)
+
+
+def flops(op: ir.Operation) -> float:
+    """An op's cost for the cost model: 2 m n k for a matmul, one per result
+    element otherwise."""
+    total = 0.0
+    for r in op.results:
+        if isinstance(r.type, ir.RankedTensorType):
+            total += math.prod(ir.RankedTensorType(r.type).shape)
+    if op.name == "tgraph.matmul":
+        k = ir.RankedTensorType(op.operands[0].type).shape[-1]
+        total *= 2 * k
+    return total
+
+
+def balanced_cuts(costs: list, stages: int) -> list[int]:
+    """The first of `costs`' items in each of `stages` consecutive runs of
+    about equal total cost (an item goes to the run its cost's midpoint
+    falls in); ValueError when some run would be empty."""
+    total = sum(costs) or 1.0
+    owner, before = [], 0.0
+    for c in costs:
+        owner.append(min(stages - 1, int(stages * (before + c / 2) / total)))
+        before += c
+    cuts = [owner.index(k) if k in owner else -1 for k in range(stages)]
+    if -1 in cuts:
+        raise ValueError(f"{len(costs)} op calls do not split into {stages} stages of "
+                         "balanced cost")
+    return cuts
 
 
 def backward_location(loc: ir.Location) -> ir.Location:

@@ -24,11 +24,12 @@ def test_every_schedule_matches_one_device_on_four_ranks(run_mpi, tmp_path):
     proc = run_mpi(4, WORKERS / "pipeline_worker.py", seed, tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = json.loads((tmp_path / "pipeline.json").read_text())
-    for case in ("gpipe/8", "1F1B/8", "zero_bubble/8", "interleaved/8", "1F1B/2"):
+    for case in ("gpipe/8", "1F1B/8", "zero_bubble/8", "interleaved/8", "1F1B/2", "auto/4"):
         got = seen[case]
         assert abs(got["loss"] - got["ref_loss"]) <= 1e-5 * max(1.0, abs(got["ref_loss"])), case
         assert got["grad_err"] <= 1e-5 * max(1.0, got["grad_scale"]), case
-        assert "rank 3:" in got["grid"] and got["grid"].startswith(case.split("/")[0])
+        schedule = {"auto": "1F1B"}.get(case.split("/")[0], case.split("/")[0])
+        assert "rank 3:" in got["grid"] and got["grid"].startswith(schedule)
     # Activations held: 1F1B at most p on rank 0, GPipe all m.
     assert seen["1F1B/8"]["peak"][0] == 4 and seen["gpipe/8"]["peak"][0] == 8
     # Under the compiler's cost model: interleaved and zero bubble idle less than 1F1B.
@@ -37,6 +38,12 @@ def test_every_schedule_matches_one_device_on_four_ranks(run_mpi, tmp_path):
     # Fewer microbatches than stages runs, with a larger bubble.
     assert seen["1F1B/2"]["bubble"] > seen["1F1B/8"]["bubble"]
     assert seen["same_bits"], "deterministic schedules differ in their bits"
+    # stages=4 without markers: each stage one block (2*4*6*6 + 4*6 flops of
+    # microbatch 0), the last also the loss; the report says so.
+    costs = seen["auto/4"]["split_costs"]
+    assert costs[:3] == [312.0, 312.0, 312.0] and 312.0 < costs[3] < 400.0, costs
+    assert "forward cost per stage (flops of microbatch 0): 312 312 312 " in seen["auto/4"]["grid"]
+    assert "stages=4 without markers" in seen["auto/4"]["grid"]
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (2, 4), (4, 2)])
@@ -108,6 +115,29 @@ def test_stage_count_must_split_over_the_axis():
 def test_microbatches_must_divide_the_batch():
     with pytest.raises(PipelineError, match=r"batch of 18 .* does not split into 4 microbatches"):
         _train().lower(*_data(batch=18))
+
+
+def test_stages_without_markers_need_enough_ops_and_no_markers():
+    def unmarked(stages, body):
+        @pipeline.run(mesh=mesh4, axis="pp", microbatches=4, stages=stages)
+        def step(ws, x, y):
+            def loss_fn(ws):
+                h = x
+                for w in ws:
+                    h = body(w, h)
+                return op.mean((h - y) * (h - y))
+            return ts.value_and_grad(loss_fn)(ws)
+        return step
+
+    def plain(w, x):
+        return op.tanh(op.matmul(x, w))
+
+    with pytest.raises(PipelineError, match=r"stages=4 splits a step without stage markers, "
+                                            r"but it calls @graph.stage functions"):
+        unmarked(4, block).lower(*_data())
+    with pytest.raises(PipelineError, match=r"stages=64: \d+ op calls do not split into 64 "
+                                            r"stages of balanced cost"):
+        unmarked(64, plain).lower(*_data())
 
 
 def test_a_stage_returning_nothing_is_named():

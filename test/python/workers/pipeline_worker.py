@@ -1,5 +1,6 @@
 """4 ranks on a `pp` axis: the issue's training program under every
-schedule, and fewer microbatches than stages, against a float64 numpy
+schedule, fewer microbatches than stages, and the same step without stage
+markers split by `stages=4`, against a float64 numpy
 reference on fresh random inputs (seed from argv). Rank 0 writes what it
 saw to <out>/pipeline.json."""
 
@@ -64,6 +65,32 @@ for schedule, m, calls in cases:
         "grad_err": max(float(np.abs(np.asarray(g) - r).max()) for g, r in zip(grads, ref_grads)),
         "grad_scale": max(float(np.abs(r).max()) for r in ref_grads),
         "bubble": report.bubble, "peak": report.peak_activations, "grid": str(report)}
+# No stage markers: stages=4 cuts the traced step into 4 runs of equal cost.
+def plain_block(w, x):
+    return op.tanh(op.matmul(x, w))
+
+
+@pipeline.run(mesh=mesh, axis="pp", schedule="1F1B", microbatches=4, stages=4)
+def unmarked(ws, x, y):
+    def loss_fn(ws):
+        h = x
+        for w in ws:
+            h = plain_block(w, h)
+        return op.mean((h - y) * (h - y))
+    return ts.value_and_grad(loss_fn)(ws)
+
+
+ws = [(rng.standard_normal((6, 6)) * 0.5).astype(np.float32) for _ in range(4)]
+x = rng.standard_normal((16, 6)).astype(np.float32)
+y = rng.standard_normal((16, 6)).astype(np.float32)
+loss, grads = unmarked(ws, x, y)
+ref_loss, ref_grads = reference(ws, x, y)
+report = unmarked.pipeline_report()
+seen["auto/4"] = {
+    "loss": float(np.asarray(loss)), "ref_loss": ref_loss,
+    "grad_err": max(float(np.abs(np.asarray(g) - r).max()) for g, r in zip(grads, ref_grads)),
+    "grad_scale": max(float(np.abs(r).max()) for r in ref_grads),
+    "split_costs": report.split_costs, "grid": str(report)}
 # Deterministic mode: the schedules give the same bits.
 ws = [(rng.standard_normal((6, 6)) * 0.5).astype(np.float32) for _ in range(4)]
 x = rng.standard_normal((16, 6)).astype(np.float32)
