@@ -88,8 +88,8 @@ def _data(calls=4, batch=16):
         rng.standard_normal((batch, 6)).astype(np.float32)
 
 
-def _train(schedule="1F1B", microbatches=4, body=None):
-    @pipeline.run(mesh=mesh4, axis="pp", schedule=schedule, microbatches=microbatches)
+def _train(schedule="1F1B", microbatches=4, body=None, **kw):
+    @pipeline.run(mesh=mesh4, axis="pp", schedule=schedule, microbatches=microbatches, **kw)
     def step(ws, x, y):
         def loss_fn(ws):
             h = x
@@ -118,26 +118,12 @@ def test_microbatches_must_divide_the_batch():
 
 
 def test_stages_without_markers_need_enough_ops_and_no_markers():
-    def unmarked(stages, body):
-        @pipeline.run(mesh=mesh4, axis="pp", microbatches=4, stages=stages)
-        def step(ws, x, y):
-            def loss_fn(ws):
-                h = x
-                for w in ws:
-                    h = body(w, h)
-                return op.mean((h - y) * (h - y))
-            return ts.value_and_grad(loss_fn)(ws)
-        return step
-
-    def plain(w, x):
-        return op.tanh(op.matmul(x, w))
-
     with pytest.raises(PipelineError, match=r"stages=4 splits a step without stage markers, "
                                             r"but it calls @graph.stage functions"):
-        unmarked(4, block).lower(*_data())
+        _train(stages=4).lower(*_data())
     with pytest.raises(PipelineError, match=r"stages=64: \d+ op calls do not split into 64 "
                                             r"stages of balanced cost"):
-        unmarked(64, plain).lower(*_data())
+        _train(stages=64, body=block.fn).lower(*_data())
 
 
 def test_a_stage_returning_nothing_is_named():
