@@ -5,7 +5,8 @@
   partitioned  after tessera-propagate-sharding, tessera-partition,
                tessera-bucket-collectives and (pipelines) tessera-pipeline-schedule
   schedule     after tessera-lower-to-schedule, checked by tessera-verify-schedule
-  tile         after tessera-lower-to-tile (the schedule plus ttile kernels)
+  tile         after tessera-lower-to-tile (the schedule plus ttile kernels) and
+               tessera-merge-kernels (one kernel for identical copies)
   gpu          (GPU target) after tessera-gpu-pipeline, -place and -alloc-shared:
                the Tile IR with how each kernel runs on an SM, which the CUDA
                printer reads
@@ -32,7 +33,7 @@ STAGES = [
     ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize",
                      "tessera-bucket-collectives", "tessera-pipeline-schedule"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
-    ("tile", ["tessera-lower-to-tile", "canonicalize", "cse"]),
+    ("tile", ["tessera-lower-to-tile", "canonicalize", "cse", "tessera-merge-kernels"]),
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]
 

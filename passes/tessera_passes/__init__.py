@@ -90,6 +90,8 @@ _PASSES = [
              ("target", "target_blocks", "grouped_tile_order", "gemm_configs", "wgmma", "tma",
               "pingpong", "issue_ahead", "attention_forward_blocks",
               "attention_backward_blocks")),
+    PassInfo("tessera-merge-kernels", "merge_kernels",
+             "Merge kernels (Tile IR kernels, library declarations) identical but for their names into one, and launch it instead of the others (a pipelined step's microbatches repeat every kernel)"),
     PassInfo("tessera-gpu-pipeline", "gpu_pipeline",
              "Schedule each scf.for of a GPU kernel on tensor cores (#ttile.pipeline: GEMM main loop or registers, mma.sync or wgmma, cp.async or TMA ring, stages, lag, producer warpgroup, ping-pong, issuing ahead) and place a register loop's values",
              ("register_budget",)),
