@@ -143,10 +143,9 @@ class TraceState:
     recv_types: dict = field(default_factory=dict)
 
 
-def declared_dims(x: Traced) -> tuple:
-    """The mesh axes each dimension of `x` is split over, when `x` is an
-    argument of the function being traced that was given a layout; else
-    nothing split."""
+def declared_sharding(x: Traced):
+    """The layout `x` was given as an argument of the function being traced
+    (its `tgraph.sharding`), or None for any other value."""
     from tessera_compiler.ir.sharding import Sharding
     state = current()
     value = x.value
@@ -154,8 +153,8 @@ def declared_dims(x: Traced) -> tuple:
             and "arg_attrs" in state.func.attributes:
         attrs = ir.DictAttr(ir.ArrayAttr(state.func.attributes["arg_attrs"])[value.arg_number])
         if "tgraph.sharding" in attrs:
-            return Sharding.from_attr(attrs["tgraph.sharding"]).dims
-    return ((),) * x.ndim
+            return Sharding.from_attr(attrs["tgraph.sharding"])
+    return None
 
 
 class MeshFromCapture(Exception):

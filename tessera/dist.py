@@ -120,6 +120,10 @@ class Mesh:
             state.read_rank = True
             if state.rank is not None:
                 return state.rank
+        return self._job_rank()
+
+    def _job_rank(self) -> int | None:
+        """This process' world rank when the running job is this mesh."""
         rank, size = world()
         if size == self.size and rank in self._info.devices:
             return rank

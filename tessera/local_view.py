@@ -26,6 +26,7 @@ its spec, found by following which axes each value varies over.
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 
@@ -41,8 +42,8 @@ from tessera_mlir.dialects import func, tgraph
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import PEER_PLAN
 from ._source import user_frame
-from ._trace import (TraceState, Traced, as_traced, current, current_location, element_type,
-                     is_tensor, tracing)
+from ._trace import (TraceState, Traced, as_traced, current, current_location,
+                     declared_sharding, element_type, is_tensor, tracing)
 from .dtypes import as_dtype
 from .errors import CompileError, ShapeError, ShardingError
 
@@ -91,7 +92,7 @@ class LocalFunction:
         is_input = [is_tensor(a) for a in leaves]
         inputs = [as_traced(self.fn.__name__, a, src) for a, t in zip(leaves, is_input) if t]
         if self.in_specs is None:     # each argument's own layout, where it has one
-            specs = [_declared_spec(x, outer) for x in inputs]
+            specs = [_declared_spec(x) for x in inputs]
         else:
             specs = _specs_for(self.in_specs, len(inputs), "in_specs", self.fn.__name__)
         block_types, in_attrs = [], []
@@ -268,7 +269,7 @@ def send(x, to: int, *, axis: str | None = None, name: str | None = None) -> Non
     axis, coord, peer = _peer(state, to, axis, "dist.send", src)
     with current_location(src):
         op = gb.send(x.value, state.mesh.name, axis, coord)
-    state.peers.append(PeerOp("send", peer, axis, name, src, op, x))
+    state.peers.append(PeerOp("send", peer, name, src, op, x))
 
 
 def recv(frm: int, name: str | None = None, *, like=None, shape=None, dtype=None,
@@ -294,8 +295,7 @@ def recv(frm: int, name: str | None = None, *, like=None, shape=None, dtype=None
     result_type = ir.RankedTensorType.get([] if pending else list(shape), element_type(dtype))
     with current_location(src):
         value = gb.recv(result_type, state.mesh.name, axis, coord)
-    state.peers.append(PeerOp("recv", peer, axis, name, src, value.owner.operation, None,
-                              pending))
+    state.peers.append(PeerOp("recv", peer, name, src, value.owner.operation, None, pending))
     if pending:
         return PendingRecv(value, frm, name, src)
     return Traced(value, tuple(shape), dtype, src)
@@ -306,8 +306,8 @@ class PeerOp:
     other rank (a mesh rank), `traced` what a send sends; a `pending` recv
     waits for its type from the sender's program."""
 
-    def __init__(self, kind, peer, axis, name, source, op, traced=None, pending=False):
-        self.kind, self.peer, self.axis, self.name = kind, peer, axis, name
+    def __init__(self, kind, peer, name, source, op, traced=None, pending=False):
+        self.kind, self.peer, self.name = kind, peer, name
         self.source, self.op, self.traced, self.pending = source, op, traced, pending
 
 
@@ -358,17 +358,11 @@ def set_body_type(body: ir.Operation) -> None:
         [a.type for a in block.arguments], [v.type for v in ret.operands]))
 
 
-def _own_rank(mesh) -> int | None:
-    from tessera_runtime import world
-    rank, size = world()
-    return rank if size == mesh.size and rank in mesh.device_ids else None
-
-
 def _peer(state: TraceState, peer: int, axis: str | None, what: str, src):
     """(axis, coordinate along it, mesh rank) of `peer` as seen by the rank
     `state` traces for."""
     mesh = state.mesh
-    me = state.rank if state.rank is not None else _own_rank(mesh)
+    me = state.rank if state.rank is not None else mesh._job_rank()
     if me is None:
         raise ShardingError(f"{what} at {src}: sends and receives are between the ranks of a "
                             f"running job, and this process is not one of the {mesh.topology}'s "
@@ -397,8 +391,8 @@ def _peer(state: TraceState, peer: int, axis: str | None, what: str, src):
         axis = differ[0] if differ else mesh.axes[0]
         coord = theirs[mesh.axes.index(axis)]
     if peer == me:
-        raise ShardingError(f"{what}: rank {me} would {'send to' if what == 'dist.send' else 'receive from'} "
-                            f"itself  [{src}]")
+        verb = "send to" if what == "dist.send" else "receive from"
+        raise ShardingError(f"{what}: rank {me} would {verb} itself  [{src}]")
     return axis, coord, peer
 
 
@@ -420,7 +414,7 @@ def _every_rank(fn, first: Trace, outer, inputs, block_types, arguments, arg_axe
     check, with the same verdict, on every rank), and this rank's body
     with the sends other ranks' recv_from asked of it."""
     mesh = outer.mesh
-    me = _own_rank(mesh)
+    me = mesh._job_rank()
     if me is None or mesh.size == 1:
         if first.error is not None:
             raise first.error
@@ -430,11 +424,12 @@ def _every_rank(fn, first: Trace, outer, inputs, block_types, arguments, arg_axe
         for r in range(mesh.size):
             if r != me:
                 traces[r] = _trace_for(fn, outer, inputs, block_types, arguments, r, {})
-        for _ in range(2):      # again for recvs of values that were themselves received
+        # Twice at most: again for recvs of values that were themselves received.
+        for attempt in range(3):
             types = _resolve(traces, fn.fn.__name__)
             redo = [r for r, t in traces.items()
                     if t.body is None or any(p.pending for p in t.state.peers)]
-            if not redo:
+            if not redo or attempt == 2:
                 break
             for r in redo:
                 if traces[r].body is not None:
@@ -448,7 +443,6 @@ def _every_rank(fn, first: Trace, outer, inputs, block_types, arguments, arg_axe
             if pending is not None:
                 raise TypeNotYetKnown(PendingRecv(None, pending.peer, pending.name,
                                                   pending.source))
-        _resolve(traces, fn.fn.__name__)
         _check_names(traces, fn.fn.__name__)
         plan = _check_pairing(traces, mesh, fn.fn.__name__)
         _varying_across_ranks(traces, mesh, arg_axes)
@@ -565,7 +559,8 @@ def _varying_across_ranks(traces: dict, mesh, arg_axes: list) -> None:
                 if p.kind == "recv":
                     t.recv_axes[p.op.results[0]] = set(analyses[p.peer](
                         _sent_value(traces, t, p)))
-    prints = {r: _Fingerprints(t, traces) for r, t in traces.items()}
+    prints: dict = {}
+    prints.update({r: _Fingerprints(t, traces, prints) for r, t in traces.items()})
     own = next(iter(traces.values()))
     for index in range(len(own.outputs)):
         axes = set()
@@ -580,11 +575,12 @@ def _varying_across_ranks(traces: dict, mesh, arg_axes: list) -> None:
 
 class _Fingerprints:
     """A value of one rank's body as the ops that compute it (hash-consed),
-    with each recv standing for what its sender sent."""
+    with each recv standing for what its sender sent (read from the
+    sender's fingerprints in `prints`, rank -> _Fingerprints, shared so that
+    every value is hashed once)."""
 
-    def __init__(self, trace: Trace, traces: dict):
-        self.trace, self.traces, self.memo = trace, traces, {}
-        self.sent = {}
+    def __init__(self, trace: Trace, traces: dict, prints: dict):
+        self.trace, self.traces, self.prints, self.memo = trace, traces, prints, {}
         self.coll_index = {}
         counts: dict = {}
         for op in [o.operation for o in trace.body.regions[0].blocks[0].operations]:
@@ -598,7 +594,6 @@ class _Fingerprints:
         return self.of(ret.operands[index])
 
     def of(self, value) -> str:
-        import hashlib
         if value in self.memo:
             return self.memo[value]
         if value in self.coll_index:           # the same on every rank of its group
@@ -606,21 +601,17 @@ class _Fingerprints:
         elif isinstance(value.owner, ir.Block):
             text = f"arg{value.arg_number}"
         else:
-            op = value.owner.operation if hasattr(value.owner, "operation") else value.owner
+            op = value.owner.operation
             if op.name == "tgraph.recv":        # stands for what was sent
-                self.memo[value] = self._sent(op)
+                record = next(p for p in self.trace.state.peers if p.op == op)
+                self.memo[value] = self.prints[record.peer].of(
+                    _sent_value(self.traces, self.trace, record))
                 return self.memo[value]
-            else:
-                attrs = [f"{a}={op.attributes[a]}" for a in op.attributes]
-                text = "|".join([op.name, str(value.type)] + attrs +
-                                [self.of(v) for v in op.operands])
+            attrs = [f"{a}={op.attributes[a]}" for a in op.attributes]
+            text = "|".join([op.name, str(value.type)] + attrs +
+                            [self.of(v) for v in op.operands])
         self.memo[value] = hashlib.sha1(text.encode()).hexdigest()
         return self.memo[value]
-
-    def _sent(self, recv_op) -> str:
-        record = next(p for p in self.trace.state.peers if p.op == recv_op)
-        return _Fingerprints(self.traces[record.peer], self.traces).of(
-            _sent_value(self.traces, self.trace, record))
 
 
 def _sends_to(sender: Trace, rank: int) -> list:
@@ -662,16 +653,14 @@ def _merge(leaves, is_input, blocks) -> list:
     return [next(it) if t else leaf for leaf, t in zip(leaves, is_input)]
 
 
-def _declared_spec(x: Traced, outer: TraceState):
-    """The layout an argument of the compiled function was given (its
-    `tgraph.sharding`); replicated for any other value."""
+def _declared_spec(x: Traced):
+    """The layout an argument of the compiled function was given; replicated
+    for any other value."""
     from . import dist
-    value = x.value
-    if isinstance(value, ir.BlockArgument) and value.owner == outer.entry:
-        attrs = ir.ArrayAttr(outer.func.attributes["arg_attrs"])[value.arg_number]
-        sharding = Sharding.from_attr(ir.DictAttr(attrs)["tgraph.sharding"])
-        return dist.ShardSpec.from_dims(sharding.dims, sharding.partial)
-    return dist.ShardSpec()
+    sharding = declared_sharding(x)
+    if sharding is None:
+        return dist.ShardSpec()
+    return dist.ShardSpec.from_dims(sharding.dims, sharding.partial)
 
 
 def _spec_axes(spec) -> set:

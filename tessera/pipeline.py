@@ -212,12 +212,34 @@ class PipelinedFunction(CompiledFunction):
     def _trace(self, bound, leaves, specs, mesh):
         m = self._microbatches()
         p = mesh.axis_size(self.axis)
+        split = self._split_points(bound, leaves, specs, mesh) if self.auto_stages else None
+        traced, calls_per_microbatch = self._trace_microbatches(bound, leaves, specs, mesh, m,
+                                                                split)
+        calls = calls_per_microbatch[0]
+        self._check_stages(calls, calls_per_microbatch, p)
+        with traced.module.context:
+            f = next(o for o in traced.module.body.operations if o.operation.name == "func.func")
+            f.attributes["tgraph.pipeline"] = ir.DictAttr.get({
+                "axis": ir.StringAttr.get(self.axis),
+                "schedule": ir.StringAttr.get(self.schedule),
+                "microbatches": i64(m),
+                "stages": i64(len(calls)),
+                "overlap": ir.BoolAttr.get(self.overlap),
+                "names": ir.ArrayAttr.get([ir.StringAttr.get(f"'{n}' (called at {s})")
+                                           for n, s in calls]),
+            })
+        return traced
+
+    def _trace_microbatches(self, bound, leaves, specs, mesh, count: int, split):
+        """`self.fn` traced on microbatches 0 .. count-1 (of the step's m),
+        each op tagged with its stage call (or, with `split`, the stage of
+        its op call) and microbatch, the results combined; returns the
+        traced program and each microbatch's stage calls."""
+        m = self._microbatches()
         names = list(bound.arguments.keys())
         batch_names = self._batch_names(names)
         fn_name = self.fn.__name__
         calls_per_microbatch = []
-
-        split = self._split_points(bound, leaves, specs, mesh) if self.auto_stages else None
 
         def call(traced):
             it = iter(traced)
@@ -227,7 +249,7 @@ class PipelinedFunction(CompiledFunction):
             batch = _batch_size(fn_name, values, batch_names, m)
             blocks = _row_blocks(values, batch_names, mesh)
             results = []
-            for j in range(m):
+            for j in range(count):
                 tracing = _Tracing(j)
                 _local.tracing = tracing
                 _trace.set_pipeline_tag((None, j))
@@ -251,56 +273,21 @@ class PipelinedFunction(CompiledFunction):
                                             "without stage markers, but it calls @graph.stage "
                                             "functions; use one or the other  "
                                             f"[{tracing.calls[0][1]}]")
-                    tracing.calls = [(f"part {k}", user_frame()) for k in range(len(split.cuts))]
+                    tracing.calls = [(f"part {k}", user_frame())
+                                     for k in range(len(split.cuts or ()))]
                 calls_per_microbatch.append(tracing.calls)
             return _combine(results, batch // m, blocks)
 
         traced = super()._trace_with(call, bound, leaves, specs, mesh)
-        calls = calls_per_microbatch[0]
-        self._check_stages(calls, calls_per_microbatch, p)
-        with traced.module.context:
-            f = next(o for o in traced.module.body.operations if o.operation.name == "func.func")
-            f.attributes["tgraph.pipeline"] = ir.DictAttr.get({
-                "axis": ir.StringAttr.get(self.axis),
-                "schedule": ir.StringAttr.get(self.schedule),
-                "microbatches": i64(m),
-                "stages": i64(len(calls)),
-                "overlap": ir.BoolAttr.get(self.overlap),
-                "names": ir.ArrayAttr.get([ir.StringAttr.get(f"'{n}' (called at {s})")
-                                           for n, s in calls]),
-            })
-        return traced
+        return traced, calls_per_microbatch
 
     def _split_points(self, bound, leaves, specs, mesh) -> _trace.StageSplit:
         """Where to cut a step without stage markers into `auto_stages`
-        stages: trace it once with every op call its own stage, cost each
-        call's forward ops of microbatch 0 (the pipeline cost model's
-        flops), and cut the calls into runs of about equal cost."""
+        stages: trace microbatch 0 once with every op call its own stage,
+        cost each call's forward ops (the pipeline cost model's flops), and
+        cut the calls into runs of about equal cost."""
         counting = _trace.StageSplit()
-        fn_name = self.fn.__name__
-        m = self._microbatches()
-        names = list(bound.arguments.keys())
-        batch_names = self._batch_names(names)
-
-        def call(traced):
-            it = iter(traced)
-            filled = [next(it) if _trace.is_tensor(l) else l for l in leaves]
-            structure = flatten(tuple(bound.arguments.values()))[1]
-            values = dict(zip(names, unflatten(structure, filled)))
-            _batch_size(fn_name, values, batch_names, m)
-            args = {k: (_split(v, 0, m, mesh, fn_name) if k in batch_names else v)
-                    for k, v in values.items()}
-            _trace.set_pipeline_tag((0, 0))
-            _trace.set_pipeline_split(counting)
-            try:
-                rebound = self._signature.bind_partial()
-                rebound.arguments.update(args)
-                return self.fn(*rebound.args, **rebound.kwargs)
-            finally:
-                _trace.set_pipeline_tag(None)
-                _trace.set_pipeline_split(None)
-
-        traced = super()._trace_with(call, bound, leaves, specs, mesh)
+        traced, _ = self._trace_microbatches(bound, leaves, specs, mesh, 1, counting)
         costs = [0.0] * counting.count
         with traced.module.context:
             for f in traced.module.body.operations:
@@ -312,7 +299,7 @@ class PipelinedFunction(CompiledFunction):
         try:
             cuts = balanced_cuts(costs, self.auto_stages)
         except ValueError as e:
-            raise PipelineError(f"{fn_name}: stages={self.auto_stages}: {e}  "
+            raise PipelineError(f"{self.fn.__name__}: stages={self.auto_stages}: {e}  "
                                 f"[{user_frame()}]") from None
         self.split_costs = [sum(costs[a:b]) for a, b in zip(cuts, cuts[1:] + [len(costs)])]
         return _trace.StageSplit(cuts)
@@ -406,8 +393,9 @@ def _split(value, j: int, m: int, mesh, fn_name: str):
 
 def _blocks(x: Traced, mesh) -> int:
     """How many row blocks `x` is split into (over dp, say)."""
+    sharding = _trace.declared_sharding(x)
     k = 1
-    for axis in _trace.declared_dims(x)[0] if x.ndim else ():
+    for axis in sharding.dims[0] if sharding is not None and x.ndim else ():
         k *= mesh.axis_size(axis)
     return k
 

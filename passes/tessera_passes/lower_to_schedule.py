@@ -33,8 +33,9 @@ after the value is made, and a `tsched.recv` on the receiver, waited where
 the value is first read; sends are waited at the end of the sender's
 program. A transfer to every rank is a `<broadcast>` collective from its
 rank. Per-rank code's `tgraph.send` / `tgraph.recv` (each rank's own
-program holds its half) become the same `tsched.send` / `tsched.recv`. With `overlap = false` in `tsched.pipeline`, each collective is waited
-for where it starts.
+program holds its half) become the same `tsched.send` / `tsched.recv`. With
+`overlap = false` in `tsched.pipeline`, each collective is waited for where
+it starts.
 """
 
 from __future__ import annotations

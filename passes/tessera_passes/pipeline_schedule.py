@@ -327,9 +327,8 @@ def _check_order(block: ir.Block) -> None:
         for v in op.operands:
             if v not in seen:
                 raise PassError(f"tessera-pipeline-schedule: this op ({op.name}) was scheduled "
-                                "before the "
-                                f"value it reads (made at {v.owner.location}); the pipeline "
-                                "schedule does not follow the program's dependences",
+                                f"before the value it reads (made at {v.owner.location}); the "
+                                "pipeline schedule does not follow the program's dependences",
                                 op.location)
         seen.update(op.results)
 
