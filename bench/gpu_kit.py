@@ -46,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -333,7 +334,6 @@ def _run_one(kit: Path, check: dict, engine: str, rank: int = 0) -> tuple[bool, 
 
 
 # A multi-rank check's processes report on stdout, one line each.
-_RANK_VERDICT = "[gpu_kit rank verdict] "
 
 
 def _isolated(argv: list[str], timeout: float, env: dict) -> tuple[int | None, str]:
@@ -372,12 +372,15 @@ def _run_check(kit: Path, check: dict, engine: str, timeout: float,
     check under mpiexec, one process per rank, all on the one GPU) and
     gathers the ranks' verdicts."""
     ranks = check.get("ranks", 1)
-    argv = [sys.executable, __file__, "rank", str(kit), check["name"], "--engine", engine]
-    if ranks > 1:
-        argv = [_mpiexec(), "-n", str(ranks)] + argv
-    status, output = _isolated(argv, timeout, _mpi_env())
-    verdicts = [json.loads(line[len(_RANK_VERDICT):]) for line in output.splitlines()
-                if line.startswith(_RANK_VERDICT)]
+    # Each rank writes its verdict to a file of its own: lines that ranks print
+    # reach mpiexec's stdout interleaved, even mid-line.
+    with tempfile.TemporaryDirectory(prefix="gpu_kit_verdicts_") as verdict_dir:
+        argv = [sys.executable, __file__, "rank", str(kit), check["name"], "--engine", engine,
+                "--verdict-dir", verdict_dir]
+        if ranks > 1:
+            argv = [_mpiexec(), "-n", str(ranks)] + argv
+        status, output = _isolated(argv, timeout, _mpi_env())
+        verdicts = [json.loads(f.read_text()) for f in Path(verdict_dir).glob("rank*.json")]
     if status is None:
         return False, (f"{_killed(timeout, cut_short)} with {len(verdicts)} of {ranks} "
                        f"verdicts: {output[-2000:]}")
@@ -391,8 +394,9 @@ def _run_check(kit: Path, check: dict, engine: str, timeout: float,
             "; ".join(f"rank {v['rank']}: {v['detail']}" for v in verdicts))
 
 
-def _rank_main(kit: Path, name: str, engine: str) -> int:
-    """One check in this process (one rank of it, under mpiexec): prints its verdict."""
+def _rank_main(kit: Path, name: str, engine: str, verdict_dir: Path) -> int:
+    """One check in this process (one rank of it, under mpiexec): writes its
+    verdict to VERDICT_DIR/rank<r>.json."""
     import tessera_runtime
     rank = tessera_runtime.world()[0]
     check = next(c for c in json.loads((kit / "checks.json").read_text()) if c["name"] == name)
@@ -400,7 +404,10 @@ def _rank_main(kit: Path, name: str, engine: str) -> int:
         ok, detail = _run_one(kit, check, engine, rank)
     except Exception as e:             # reported, not raised: the other rank may be waiting
         ok, detail = False, f"{type(e).__name__}: {e}"
-    print(_RANK_VERDICT + json.dumps({"rank": rank, "ok": ok, "detail": detail}), flush=True)
+    verdict = json.dumps({"rank": rank, "ok": ok, "detail": detail})
+    partial = verdict_dir / f"rank{rank}.json.partial"    # read whole or not at all
+    partial.write_text(verdict)
+    partial.rename(verdict_dir / f"rank{rank}.json")
     return 0
 
 
@@ -553,10 +560,11 @@ def main(argv=None) -> int:
     one.add_argument("kit", type=Path)
     one.add_argument("check")
     one.add_argument("--engine", default="cuda", choices=["cuda", "cuda-emulated"])
+    one.add_argument("--verdict-dir", type=Path, required=True)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "bench"))
     if args.command == "rank":
-        return _rank_main(args.kit, args.check, args.engine)
+        return _rank_main(args.kit, args.check, args.engine, args.verdict_dir)
     if args.command == "build":
         return build(args.kit, args.only, not args.no_benchmarks)
     return run(args.kit, args.out, args.engine, not args.no_benchmarks, args.deadline,

@@ -412,8 +412,10 @@ def test_failing_python_pass_reports_its_diagnostic(tmp_path, register, capfd):
     assert rc == 0, err
 
 
-def test_python_pass_exception_is_a_diagnostic_not_a_traceback(tmp_path, register, capfd):
+def test_python_pass_exception_is_a_diagnostic_not_a_traceback(tmp_path, register, capfd,
+                                                              monkeypatch):
     from tessera_compiler import opt
+    monkeypatch.delenv("TESSERA_OPT_TRACEBACK", raising=False)   # a developer's shell may set it
 
     def crash(op, pass_):
         raise RuntimeError("kaboom")
