@@ -312,11 +312,8 @@ class DTensor:
                                     f"{held}, not the global value that rank {rank}'s block "
                                     "is cut from (make it with dist.from_numpy)")
             return self.local()
-        if self.layout.partial:
-            raise ShardingError(f"DTensor '{self.name or 'tensor'}': a partial tensor has no "
-                                "single global value to take rank blocks of")
         index = self.mesh.info.local_slices(self.shape, self.dims, rank)
-        return np.array(self._global[index], order="C")
+        return _summand(np.array(self._global[index], order="C"), self.layout, self.mesh, rank)
 
     def numpy(self) -> np.ndarray:
         """The global value, on every rank (a collective when the tensor is split
@@ -455,7 +452,18 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
         return DTensor(None, array.shape, array.dtype, layout, mesh, name, global_value=array)
     # np.array, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     local = np.array(array[mesh.info.local_slices(array.shape, dims, rank)], order="C")
-    return DTensor(local, array.shape, array.dtype, layout, mesh, name)
+    return DTensor(_summand(local, layout, mesh, rank), array.shape, array.dtype, layout, mesh, name)
+
+
+def _summand(block: np.ndarray, layout: ShardSpec, mesh: Mesh, rank: int) -> np.ndarray:
+    """Rank `rank`'s share of a value laid out `layout`: its block, except
+    that a partial value (a pending sum over the partial axes) is the block
+    on the ranks at coordinate 0 of every partial axis and zeros on the
+    others, so that the sum is the value."""
+    coords = mesh.info.coords(rank)
+    if any(coords[mesh.info.axis_index(a)] for a in layout.partial):
+        return np.zeros_like(block)
+    return block
 
 
 def _from_rank(array, layout: ShardSpec, mesh: Mesh, name: str, src: int,
@@ -478,7 +486,8 @@ def _from_rank(array, layout: ShardSpec, mesh: Mesh, name: str, src: int,
     local = np.empty(mesh.info.local_shape(shape, dims), dtype)
     if rank == src:
         for r in mesh.device_ids:
-            block = np.ascontiguousarray(array[mesh.info.local_slices(shape, dims, r)])
+            block = _summand(np.ascontiguousarray(array[mesh.info.local_slices(shape, dims, r)]),
+                             layout, mesh, r)
             if r == src:
                 local[...] = block
             else:

@@ -15,6 +15,7 @@ and row-reduction parts into a few kernels.
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
@@ -294,10 +295,21 @@ def _dims(name, x: Traced, dim, src) -> list[int]:
     return out
 
 
+def _dim_or_axis(name: str, dim, axis, default=None):
+    """`axis=` (numpy's, JAX's name) is accepted wherever `dim=` (the design
+    docs', PyTorch's) is."""
+    if axis is not None and dim is not None and dim != default:
+        raise TypeError(f"op.{name}: give dim= or axis=, not both  [{_where_called(name)}]")
+    return axis if axis is not None else dim
+
+
 def _reduce(kind: str, name: str, x, dim, keepdim) -> Traced:
     src = _where_called(name)
     x = _tensor(name, x, src)
     dims = _dims(name, x, dim, src)
+    if kind == "max" and any(x.shape[d] == 0 for d in dims):
+        raise ShapeError(f"op.{name}: reduction over a zero-size dimension of {list(x.shape)} has "
+                         f"no identity (numpy raises too)  [{src}]")
     with current_location(src):
         v = gb.reduce(x.value, kind, dims)
         if not keepdim:
@@ -305,19 +317,23 @@ def _reduce(kind: str, name: str, x, dim, keepdim) -> Traced:
         return _out(v, src)
 
 
-def sum(x, dim=None, keepdim: bool = False) -> Traced:  # noqa: A001 - the design docs' name
-    """Sum over `dim` (an int, a tuple, or None for all)."""
-    return _reduce("sum", "sum", x, dim, keepdim)
+def sum(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:  # noqa: A001
+    """Sum over `dim` (an int, a tuple, or None for all; `axis=` is the same);
+    over a zero-size dimension, 0."""
+    return _reduce("sum", "sum", x, _dim_or_axis("sum", dim, axis), keepdim)
 
 
-def max(x, dim=None, keepdim: bool = False) -> Traced:  # noqa: A001
-    """Maximum over `dim`."""
-    return _reduce("max", "max", x, dim, keepdim)
+def max(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:  # noqa: A001
+    """Maximum over `dim` (or `axis`); a zero-size dimension is an error, as in numpy."""
+    return _reduce("max", "max", x, _dim_or_axis("max", dim, axis), keepdim)
 
 
-def mean(x, dim=None, keepdim: bool = False) -> Traced:
+def mean(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:
+    """Mean over `dim` (or `axis`); over a zero-size dimension NaN (0 / 0),
+    numpy's result (numpy also warns)."""
     src = _where_called("mean")
     x = _tensor("mean", x, src)
+    dim = _dim_or_axis("mean", dim, axis)
     n = int(np.prod([x.shape[d] for d in _dims("mean", x, dim, src)]))
     return div(sum(x, dim, keepdim), float(n))
 
@@ -369,8 +385,9 @@ def transpose(x, *dims) -> Traced:
         return _out(gb.transpose(x.value, perm), src)
 
 
-def split(x, sections, dim: int = -1) -> list[Traced]:
-    """`sections` equal parts (an int) or parts of the given sizes along `dim`."""
+def split(x, sections, dim: int = -1, *, axis=None) -> list[Traced]:
+    """`sections` equal parts (an int) or parts of the given sizes along `dim` (or `axis`)."""
+    dim = _dim_or_axis("split", dim, axis, default=-1)
     src = _where_called("split")
     x = _tensor("split", x, src)
     d = _dims("split", x, dim, src)[0]
@@ -393,7 +410,8 @@ def split(x, sections, dim: int = -1) -> list[Traced]:
 
 def index(x, key) -> Traced:
     """`x[key]` for integers and unit-step slices per leading dimension
-    (`x[0]`, `x[:, 1:3]`); an integer drops its dimension."""
+    (`x[0]`, `x[:, 1:3]`; an empty slice is a zero-size dimension); an
+    integer drops its dimension."""
     src = _where_called("index")
     x = _tensor("index", x, src)
     key = key if isinstance(key, tuple) else (key,)
@@ -409,10 +427,11 @@ def index(x, key) -> Traced:
             offsets[d], shape[d], keep[d] = i, 1, None
         elif isinstance(k, slice):
             start, stop, step = k.indices(x.shape[d])
-            if step != 1 or stop <= start:
-                raise ShapeError(f"op.index: only non-empty unit-step slices are supported, got "
+            if step != 1:
+                raise ShapeError(f"op.index: only unit-step slices are supported, got "
                                  f"{k} for dimension {d} of {list(x.shape)}  [{src}]")
-            offsets[d], shape[d], keep[d] = start, stop - start, stop - start
+            size = builtins.max(stop - start, 0)          # x[2:1] is empty, as in numpy
+            offsets[d], shape[d], keep[d] = start, size, size
         else:
             raise ShapeError(f"op.index: cannot index with a {type(k).__name__}  [{src}]")
     with current_location(src):
@@ -420,8 +439,9 @@ def index(x, key) -> Traced:
         return _out(gb.reshape(v, [s for s in keep if s is not None]), src)
 
 
-def concat(xs, dim: int = 0) -> Traced:
-    """Concatenation along `dim`."""
+def concat(xs, dim: int = 0, *, axis=None) -> Traced:
+    """Concatenation along `dim` (or `axis`)."""
+    dim = _dim_or_axis("concat", dim, axis, default=0)
     src = _where_called("concat")
     xs = [_tensor("concat", x, src) for x in xs]
     d = _dims("concat", xs[0], dim, src)[0]
@@ -470,12 +490,15 @@ def matmul(a, b, transport: str | None = None) -> Traced:
         raise DTypeError(f"op.matmul: operand dtypes differ: {_describe(a)} and {_describe(b)}  "
                          f"[{src}]")
     _require_float("matmul", src, a, b)
-    if a.ndim < 2 or b.ndim < 2:
-        raise ShapeError(f"op.matmul: operands must have rank >= 2, got shapes {list(a.shape)} "
-                         f"and {list(b.shape)}  [{src}]")
-    if a.shape[-1] != b.shape[-2]:
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"op.matmul: operands must have rank >= 1, got shapes {list(a.shape)} "
+                         f"and {list(b.shape)} (a scalar factor is op.mul)  [{src}]")
+    k_rhs = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if a.shape[-1] != k_rhs:
         raise ShapeError(f"op.matmul: contraction dimensions differ: lhs {list(a.shape)} has "
-                         f"K = {a.shape[-1]}, rhs {list(b.shape)} has K = {b.shape[-2]}  [{src}]")
+                         f"K = {a.shape[-1]}, rhs {list(b.shape)} has K = {k_rhs}  [{src}]")
+    if a.ndim == 1 or b.ndim == 1:
+        return _matmul_vector(a, b, transport)
     with current_location(src):
         if b.ndim == 2 and a.ndim > 2:
             flat = gb.reshape(a.value, [int(np.prod(a.shape[:-1])), a.shape[-1]])
@@ -485,6 +508,22 @@ def matmul(a, b, transport: str | None = None) -> Traced:
             raise ShapeError(f"op.matmul: batch dimensions differ: {list(a.shape)} and "
                              f"{list(b.shape)}  [{src}]")
         return _out(gb.matmul(a.value, b.value, transport), src)
+
+
+def _matmul_vector(a: Traced, b: Traced, transport) -> Traced:
+    """numpy's rules for a 1-D operand: on the left it is a row [1, K], on
+    the right a column [K, 1], and that added dimension leaves the result.
+    A vector times a batch of matrices is the batch's transposes times the
+    vector as a column."""
+    k = a.shape[-1]
+    if a.ndim == 1 and b.ndim > 2:
+        out = matmul(transpose(b, -1, -2), reshape(a, k, 1), transport)
+        return reshape(out, *b.shape[:-2], b.shape[-1])
+    lhs = reshape(a, 1, k) if a.ndim == 1 else a
+    rhs = reshape(b, k, 1) if b.ndim == 1 else b
+    out = matmul(lhs, rhs, transport)
+    shape = (a.shape[:-1] if a.ndim > 1 else ()) + (b.shape[-1:] if b.ndim > 1 else ())
+    return reshape(out, *shape)
 
 
 def linear(x, w, b=None, transport: str | None = None) -> Traced:
@@ -498,19 +537,28 @@ def _float32_for_numerics(x: Traced, src) -> Traced:
     return _cast_to(x, dtypes.f32, src) if x.dtype in (dtypes.bf16, dtypes.f16) else x
 
 
-def softmax(x, dim: int = -1) -> Traced:
-    """exp(x - max) / sum(exp(x - max)) along `dim`."""
+def _minus_max(x: Traced, dim) -> Traced:
+    """x - max(x) along `dim` (softmax's shift, for exp not to overflow); an
+    empty `x` (its max has no identity) has nothing to shift."""
+    return x if 0 in x.shape else sub(x, max(x, dim, keepdim=True))
+
+
+def softmax(x, dim: int = -1, *, axis=None) -> Traced:
+    """exp(x - max) / sum(exp(x - max)) along `dim` (or `axis`)."""
     src = _where_called("softmax")
+    dim = _dim_or_axis("softmax", dim, axis, default=-1)
     x = _float32_for_numerics(_tensor("softmax", x, src), src)
     _require_float("softmax", src, x)
-    e = exp(sub(x, max(x, dim, keepdim=True)))
+    e = exp(_minus_max(x, dim))
     return div(e, sum(e, dim, keepdim=True))
 
 
-def log_softmax(x, dim: int = -1) -> Traced:
+def log_softmax(x, dim: int = -1, *, axis=None) -> Traced:
+    """x - log(sum(exp(x))) along `dim` (or `axis`), computed shifted by the max."""
     src = _where_called("log_softmax")
+    dim = _dim_or_axis("log_softmax", dim, axis, default=-1)
     x = _float32_for_numerics(_tensor("log_softmax", x, src), src)
-    shifted = sub(x, max(x, dim, keepdim=True))
+    shifted = _minus_max(x, dim)
     return sub(shifted, log(sum(exp(shifted), dim, keepdim=True)))
 
 

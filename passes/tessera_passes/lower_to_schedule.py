@@ -36,6 +36,13 @@ rank. Per-rank code's `tgraph.send` / `tgraph.recv` (each rank's own
 program holds its half) become the same `tsched.send` / `tsched.recv`. With
 `overlap = false` in `tsched.pipeline`, each collective is waited for where
 it starts.
+
+Zero-size tensors launch nothing: a kernel whose results have no elements
+is its (empty) result buffers. A sum or matmul whose result has elements
+but which reads a zero-size operand (a sum over a zero-size dimension, a
+matmul with K = 0, as the backward of a zero-row matmul is) launches a
+fill with the reduction's identity, numpy's result (0 for sum and matmul,
+-inf / +inf for max / min, 1 for prod).
 """
 
 from __future__ import annotations
@@ -47,13 +54,32 @@ from tessera_mlir.dialects import func, tgraph, tsched
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import ACTION, INFO, copy_action
-from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, ops_of,
-                                         run_reporting, set_dict_entry)
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, non_tensor_signature,
+                                         ops_of, run_reporting, set_dict_entry)
 from tessera_compiler.ir.types import enum_of, memref_of
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
 NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad", "tgraph.send", "tgraph.recv"}
+# What a reduction over no elements is.
+EMPTY_REDUCTION = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
+
+
+def _is_empty(value: ir.Value) -> bool:
+    return 0 in ir.ShapedType(value.type).shape
+
+
+def _empty_reduction_value(op: ir.Operation) -> float | None:
+    """The value every element of `op`'s result has when it reads a
+    zero-size operand but has elements itself, or None when it is not such
+    an op."""
+    if not any(_is_empty(v) for v in op.operands) or all(_is_empty(r) for r in op.results):
+        return None
+    if op.name == "tgraph.matmul":
+        return 0.0
+    if op.name == "tgraph.reduce":
+        return EMPTY_REDUCTION[enum_of(op)]
+    return None
 
 
 def is_compute(op: ir.Operation) -> bool:
@@ -141,11 +167,24 @@ class ScheduleBuilder:
     def launch(self, ops: list[ir.Operation], kind: str | None, compute) -> None:
         """Launches a kernel of `ops` on the compute stream into new buffers
         for the last op's results."""
-        kernel, inputs = self.make_kernel(ops, kind)
-        ins = [self.use(v, compute) for v in inputs]
-        outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in ops[-1].results]
-        self.tag(tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs))
-        for r, out in zip(ops[-1].results, outs):
+        results = list(ops[-1].results)
+        if all(_is_empty(r) for r in results):         # nothing to compute
+            inside = {r for op in ops for r in op.results}
+            for v in {v for op in ops for v in op.operands if v not in inside}:
+                self.use(v, compute)   # a collective writing an input is still waited for
+            outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in results]
+        else:
+            identity = _empty_reduction_value(ops[-1]) if len(ops) == 1 else None
+            if identity is not None:
+                with ir.InsertionPoint(ops[0]):
+                    ops = [tgraph.FillOp(ops[0].results[0].type,
+                                         ir.FloatAttr.get_f64(identity)).operation]
+                kind = "fill"
+            kernel, inputs = self.make_kernel(ops, kind)
+            ins = [self.use(v, compute) for v in inputs]
+            outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in results]
+            self.tag(tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs))
+        for r, out in zip(results, outs):
             self.buffers[r] = out
             self.on_compute.add(out)
 
@@ -393,6 +432,15 @@ def resolve_transports(func_op: ir.Operation, gpu: bool, auto_max_bytes: int) ->
     return fused
 
 
+def _is_graph_function(f: ir.Operation) -> bool:
+    """Graph IR: tgraph ops, or (an identity, a pass-through) tensors in its
+    signature and no Schedule IR yet."""
+    body = ops_of(f)
+    if any(o.name.startswith("tgraph.") for o in body):
+        return True
+    return not any(o.name.startswith("tsched.") for o in body) and non_tensor_signature(f) is None
+
+
 def lower_function(func_op: ir.Operation, gpu: bool, options: TargetOptions) -> None:
     if "tgraph.partitioned" not in func_op.attributes:
         raise PassError("run tessera-partition before tessera-lower-to-schedule "
@@ -411,8 +459,7 @@ def run(op, pass_, options: TargetOptions):
     def body():
         gpu = options.resolved_target(op, default="cpu") == "gpu"
         for f in list(functions(op)):
-            if "tsched.kernel" in f.attributes or not any(
-                    o.name.startswith("tgraph.") for o in ops_of(f)):
+            if "tsched.kernel" in f.attributes or not _is_graph_function(f):
                 continue
             lower_function(f, gpu, options)
     run_reporting(op, pass_, body)

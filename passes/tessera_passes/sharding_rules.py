@@ -15,7 +15,8 @@ from tessera_mlir import ir
 
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.sharding import PER_RANK_OPS, Mesh, Sharding, meshes_of
-from tessera_compiler.ir.support import PassError, arg_attr_dicts, functions, ops_of
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, non_tensor_signature,
+                                         ops_of, symbol_of)
 from tessera_compiler.ir.types import enum_of
 
 # --------------------------------------------------------------------------
@@ -477,6 +478,12 @@ def distributed_functions(module_op: ir.Operation):
         # A local-view body (tgraph.local) is per-rank already: tessera-partition
         # inlines it where its tgraph.spmd calls it.
         if "tgraph.partitioned" in f.attributes or "tgraph.local" in f.attributes:
+            continue
+        not_graph = non_tensor_signature(f)
+        if not_graph:           # Schedule or Tile IR: not this pass's; tgraph ops in it are wrong
+            if any(o.name.startswith("tgraph.") for o in ops_of(f)):
+                raise PassError(f"function @{symbol_of(f)} holds Graph IR ops but is not a Graph "
+                                f"IR function: its {not_graph}, not a tensor", f.location)
             continue
         mesh = function_mesh(f, meshes)
         if mesh is not None:

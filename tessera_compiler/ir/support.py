@@ -68,6 +68,17 @@ def function_type(func_op: ir.Operation) -> ir.FunctionType:
     return ir.FunctionType(ir.TypeAttr(func_op.attributes["function_type"]).value)
 
 
+def non_tensor_signature(func_op: ir.Operation) -> str | None:
+    """The first argument or result of `func_op` that is not a ranked tensor
+    (Graph IR's signatures hold tensors only), described; None if none is."""
+    signature = function_type(func_op)
+    for what, types in (("argument", signature.inputs), ("result", signature.results)):
+        for i, t in enumerate(types):
+            if not isinstance(t, ir.RankedTensorType):
+                return f"{what} {i} is {t}"
+    return None
+
+
 def set_function_type(func_op: ir.Operation, inputs, results) -> None:
     func_op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(inputs), list(results)))
 

@@ -102,3 +102,23 @@ ttile.kernel @unplaced(%a: memref<32x64xf32>, %r: memref<32x1xf32>) attributes {
   ttile.store %s, %r[%c0, %c0] {ttile.domain = array<i64: 32, 1>, ttile.region = 1 : i64} : !ttile.tile<32x1xf32>, memref<32x1xf32>
   ttile.return
 }
+
+// -----
+
+// A loop whose #ttile.pipeline says gemm but whose body is not a GEMM main
+// loop (here the dot has no `warps`): a diagnostic, not a crash.
+ttile.kernel @not_a_gemm_loop(%a: memref<128x64xbf16>, %b: memref<64x128xbf16>, %c: memref<128x128xf32>)
+    attributes {block = array<i64: 128>, grid = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %acc0 = ttile.fill 0.0 {ttile.place = #ttile.place<literal>} : !ttile.tile<128x128xf32>
+  // expected-error @+1 {{this loop's #ttile.pipeline says kind = gemm, but the dot has no 'warps': run tessera-gpu-pipeline to schedule it}}
+  %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x128xf32>) {
+    %ta = ttile.load %a[%c0, %k] {ttile.place = #ttile.place<staged>} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
+    %tb = ttile.load %b[%k, %c0] {ttile.place = #ttile.place<staged>} : memref<64x128xbf16> -> !ttile.tile<64x128xbf16>
+    %d = ttile.dot %ta, %tb, %it {ttile.place = #ttile.place<fragment>} : !ttile.tile<128x64xbf16>, !ttile.tile<64x128xbf16> -> !ttile.tile<128x128xf32>
+    scf.yield %d : !ttile.tile<128x128xf32>
+  } {ttile.pipeline = #ttile.pipeline<kind = gemm, mma = mma_sync, copies = cp_async, stages = 2>, ttile.place = #ttile.place<fragment>}
+  ttile.store %acc, %c[%c0, %c0] {ttile.domain = array<i64: 128, 128>, ttile.region = 1 : i64} : !ttile.tile<128x128xf32>, memref<128x128xf32>
+  ttile.return
+}

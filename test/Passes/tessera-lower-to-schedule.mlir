@@ -293,3 +293,57 @@ func.func @peers(%x: tensor<4xf32>) -> tensor<4xf32> attributes {tgraph.partitio
   %s = tgraph.add %r, %x : tensor<4xf32>
   return %s : tensor<4xf32>
 }
+
+// -----
+
+// An identity is a Graph IR function too (it has no tgraph op): its result
+// is its argument's buffer.
+// CHECK-LABEL: func.func @identity(
+// CHECK-SAME: %[[X:.*]]: memref<3x4xf32>
+// CHECK-NOT: tsched.launch
+// CHECK: return %[[X]] : memref<3x4xf32>
+func.func @identity(%x: tensor<3x4xf32>) -> tensor<3x4xf32> attributes {tgraph.partitioned} {
+  return %x : tensor<3x4xf32>
+}
+
+// -----
+
+// Zero-size tensors launch nothing; a sum over a zero-size dimension, a
+// max over one and a matmul with K = 0 are fills of their identity.
+// CHECK-LABEL: func.func @empty(
+// CHECK-NOT: tsched.launch @empty_exp
+// CHECK: tsched.launch @empty_fill_{{[0-9]+}} on
+// CHECK: tsched.launch @empty_fill_{{[0-9]+}} on
+// CHECK: tsched.launch @empty_fill_{{[0-9]+}} on
+// CHECK-NOT: tsched.launch
+// CHECK: return
+// CHECK: func.func private @empty_fill_{{[0-9]+}}() -> tensor<1x3xf32>
+// CHECK-NEXT: tgraph.fill 0.000000e+00
+// CHECK: func.func private @empty_fill_{{[0-9]+}}() -> tensor<1x3xf32>
+// CHECK-NEXT: tgraph.fill 0xFFF0000000000000
+// CHECK: func.func private @empty_fill_{{[0-9]+}}() -> tensor<2x3xf32>
+// CHECK-NEXT: tgraph.fill 0.000000e+00
+func.func @empty(%x: tensor<0x3xf32>, %a: tensor<2x0xf32>) -> (tensor<0x3xf32>, tensor<1x3xf32>, tensor<1x3xf32>, tensor<2x3xf32>) attributes {tgraph.partitioned} {
+  %e = tgraph.exp %x : tensor<0x3xf32>
+  %s = tgraph.reduce <sum> %x dims [0] : tensor<0x3xf32> -> tensor<1x3xf32>
+  %m = tgraph.reduce <max> %x dims [0] : tensor<0x3xf32> -> tensor<1x3xf32>
+  %p = tgraph.matmul %a, %x : tensor<2x0xf32>, tensor<0x3xf32> -> tensor<2x3xf32>
+  return %e, %s, %m, %p : tensor<0x3xf32>, tensor<1x3xf32>, tensor<1x3xf32>, tensor<2x3xf32>
+}
+
+// -----
+
+// A collective feeding only zero-size work (found by the distributed
+// fuzzer): nothing is launched, but it is still waited for before its
+// buffer is freed.
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// CHECK-LABEL: func.func @gathered_then_empty(
+// CHECK: %[[G:.*]] = tsched.collective_start <all_gather>
+// CHECK-NEXT: tsched.collective_wait %[[G]]
+// CHECK-NEXT: tsched.free
+// CHECK-NOT: tsched.launch
+func.func @gathered_then_empty(%x: tensor<1xf32>) -> tensor<0xf32> attributes {tgraph.partitioned} {
+  %g = tgraph.all_gather %x on @mesh["dp"] dim 0 : tensor<1xf32> -> tensor<2xf32>
+  %s = tgraph.slice %g offsets [0] : tensor<2xf32> -> tensor<0xf32>
+  return %s : tensor<0xf32>
+}

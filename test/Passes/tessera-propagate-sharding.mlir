@@ -235,3 +235,25 @@ func.func private @spmd_results_body(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, t
   %n = tgraph.neg %x : tensor<4x4xf32>
   return %e, %n : tensor<4x4xf32>, tensor<4x4xf32>
 }
+
+// -----
+
+// Schedule IR (buffers) is not this pass's input: a function of memrefs
+// with only Schedule IR in it is left alone ...
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @schedule_ir(
+// CHECK-NEXT: tsched.stream "comm"
+func.func @schedule_ir(%a: memref<6xf32>) {
+  %s = tsched.stream "comm"
+  return
+}
+
+// -----
+
+// ... and Graph IR ops on buffers are an error, not a crash.
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// expected-error @+1 {{function @mixed holds Graph IR ops but is not a Graph IR function: its argument 0 is memref<4xf32>, not a tensor}}
+func.func @mixed(%a: memref<4xf32>, %x: tensor<4xf32>) -> tensor<4xf32> {
+  %e = tgraph.exp %x : tensor<4xf32>
+  return %e : tensor<4xf32>
+}

@@ -1,0 +1,91 @@
+"""One rank of the distributed fuzz run (test_fuzz_distributed.py starts it
+under mpiexec): random programs with random ShardSpecs on a 1-D mesh (2
+ranks) or a 2 x 2 mesh (4 ranks), each checked against the same program
+run replicated (every rank the whole program, as on one device) and against
+float64 numpy. Hypothesis runs derandomized in every rank, and each
+example's verdict is agreed by all ranks before hypothesis sees it, so
+every rank draws, shrinks and reports the same programs.
+
+argv: 1d|2d EXAMPLES OUT_DIR. Rank 0 writes OUT_DIR/current.py (the
+program being run, as a script: a hang names it) and OUT_DIR/result.json."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from mpi4py import MPI
+
+import oracles
+import programs
+import tessera as ts
+from tessera import dist
+
+kind, examples, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+comm = MPI.COMM_WORLD
+if kind == "1d":
+    mesh, mesh_text = dist.Mesh(axes=["dp"], devices=[0, 1]), 'dist.Mesh(axes=["dp"], devices=[0, 1])'
+    axes = {"dp": 2}
+else:
+    mesh = dist.Mesh(axes=["dp", "tp"], devices=[[0, 1], [2, 3]])
+    mesh_text = 'dist.Mesh(axes=["dp", "tp"], devices=[[0, 1], [2, 3]])'
+    axes = {"dp": 2, "tp": 2}
+count = [0]
+
+
+def check(p) -> str | None:
+    """What is wrong with `p` on the mesh, on this rank (None: nothing)."""
+    arrays = p.draw_inputs(seed=2)
+    filename = str(out / f"program_{count[0]}.py")
+    try:
+        def sharded(fn, *args):
+            placed = [dist.from_numpy(a, dist.ShardSpec(*p.specs[v.name]), mesh)
+                      for v, a in zip(p.arguments(), args)]
+            return ts.jit(fn)(*placed)
+        got = oracles.run(p, arrays, filename, call=sharded)
+        one_device = oracles.run(p, arrays, filename)
+    except Exception as e:           # any error on a valid program is a bug
+        return f"{type(e).__name__}: {e}"
+    if p.wrt:
+        wrong = oracles.judge_gradient(p, arrays, got)
+        one_device_wrong = oracles.judge_gradient(p, arrays, one_device)
+    else:
+        wrong = oracles.judge_forward(p, arrays, got)
+        one_device_wrong = oracles.judge_forward(p, arrays, one_device)
+    if wrong and not one_device_wrong:
+        return f"sharded differs, replicated matches: {wrong}"
+    if wrong:
+        return f"wrong on the mesh and replicated: {wrong}"
+    for i, (a, b) in enumerate(zip(got, one_device)):
+        bad = programs.compare(a, b.astype("float64"), 1.0 + programs._finite_max(b), p.uses_bf16)
+        if bad:
+            return f"result {i}: sharded and replicated runs differ: {bad}"
+    return None
+
+
+@settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(p=programs.sharded_programs(axes))
+def test_sharded(p):
+    count[0] += 1
+    if comm.rank == 0:
+        (out / "current.py").write_text(p.source(seed=2, mesh=mesh_text))
+    own = check(p)
+    verdicts = comm.allgather(own)            # every rank's, so all decide alike
+    wrong = [(r, v) for r, v in enumerate(verdicts) if v]
+    if wrong:
+        rank, what = wrong[0]
+        raise AssertionError(f"rank {rank}: {what}\n--- the program, as a script "
+                             f"(mpiexec -n {comm.size}) ---\n{p.source(seed=2, mesh=mesh_text)}")
+
+
+start = time.time()
+failure = None
+try:
+    test_sharded()
+except AssertionError as e:
+    failure = str(e)
+if comm.rank == 0:
+    (out / "result.json").write_text(json.dumps({"programs": count[0], "seconds": time.time() - start,
+                                                 "failure": failure}))

@@ -1,0 +1,604 @@
+"""Random Tessera programs for differential testing: a hypothesis strategy,
+a printer that writes a program as runnable Python, and its float64 numpy
+reference.
+
+A program is straight-line code over the op set (elementwise and
+broadcasting, reductions with `dim=`/`axis=`/keepdim, reshape, transpose,
+slicing, concat, split, matmul of ranks 1-4, softmax, layernorm,
+cross-entropy, casts to and from bf16) with small shapes, zero-size
+dimensions included. Tessera runs exactly the text `Program.source()`
+prints (it is exec'd from a file of its own), so a failure's repro is that
+text. Hypothesis shrinks a failing program to a minimal one: fewer steps,
+smaller shapes, earlier op kinds in `UNARY`/`STEPS`.
+
+Tolerances (documented in docs/testing.md): results are compared with
+|tessera - numpy| <= atol + rtol * |numpy| elementwise, where numpy runs in
+float64 (rounding to bf16 where the program's values are bf16) and `atol`
+scales with the largest magnitude any intermediate value reached, since
+float32 rounding errors of intermediates (not of the result) are what
+survive cancellation: float32 rtol 1e-4, atol 1e-5 x scale; a program
+that touches bf16: rtol 3e-2, atol 3e-2 x scale. NaNs and infinities must
+appear in the same places, with the same signs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+MAX_ELEMENTS = 120          # per value: programs stay fast to compile and to check
+# Shrinks toward 1; a zero-size dimension one time in 20.
+DIM_SIZES = st.sampled_from([1, 2, 3, 4, 5, 2, 3, 4, 1, 2, 3, 4, 5, 2, 3, 4, 3, 4, 2, 0])
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    shape: tuple
+    dtype: str              # "f32", "bf16" or "i32" (cross-entropy targets)
+    bound: float            # |value| <= bound on inputs drawn from N(0, 1) clipped at 3
+
+
+@dataclass(frozen=True)
+class Step:
+    out: Value
+    text: str               # the right-hand side, as Tessera source
+    ref: object             # numpy float64 implementation: ref(env) -> array
+
+
+@dataclass
+class Program:
+    inputs: list = field(default_factory=list)      # Values
+    steps: list = field(default_factory=list)       # Steps
+    results: list = field(default_factory=list)     # Values
+    wrt: list = field(default_factory=list)         # inputs differentiated (a gradient program)
+    specs: dict = field(default_factory=dict)       # argument -> (partition, mesh_axes, partial)
+
+    @property
+    def uses_bf16(self) -> bool:
+        return any(s.out.dtype == "bf16" for s in self.steps)
+
+    # -- text ----------------------------------------------------------------
+    def function_source(self) -> str:
+        args = ", ".join(v.name for v in self.arguments())
+        lines = [f"def program({args}):"]
+        lines += [f"    {s.out.name} = {s.text}" for s in self.steps]
+        if self.wrt:
+            lines.append(f"    loss = op.sum(op.mul({self.results[0].name}, weight))")
+            lines.append(f"    return ts.grad(loss, [{', '.join(v.name for v in self.wrt)}])")
+        else:
+            lines.append(f"    return {', '.join(v.name for v in self.results)}"
+                         + ("," if len(self.results) == 1 else ""))
+        return "\n".join(lines) + "\n"
+
+    def source(self, seed: int = 0, mesh: str | None = None) -> str:
+        """The program as a script that runs it (on `mesh`, a `dist.Mesh(...)`
+        expression, with the inputs' ShardSpecs) and compares with numpy."""
+        inputs = self.arguments()
+        out = ["import numpy as np", "import tessera as ts", "from tessera import dist, op", ""]
+        out.append(self.function_source())
+        out.append(f"rng = np.random.default_rng({seed})")
+        for v in inputs:
+            out.append(f"{v.name} = {_input_text(v)}")
+        names = [v.name for v in inputs]
+        if mesh:
+            out.append(f"mesh = {mesh}")
+            names = [f"dist.from_numpy({v.name}, {spec_text(*self.specs[v.name])}, mesh)"
+                     if v.name in self.specs else v.name for v in inputs]
+        out.append(f"print(ts.jit(program)({', '.join(names)}))")
+        return "\n".join(out) + "\n"
+
+    def arguments(self) -> list:
+        """The function's arguments: the inputs, and a gradient program's weight."""
+        return self.inputs + ([Value("weight", self.results[0].shape, "f32", 1.0)] if self.wrt else [])
+
+    def function(self, filename: str):
+        """The Tessera function, exec'd from the text `function_source` prints
+        (registered with linecache, so that errors name its lines)."""
+        import tessera as ts
+        from tessera import dist, op
+        text = self.function_source()
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        namespace = {"ts": ts, "op": op, "dist": dist, "np": np}
+        exec(compile(text, filename, "exec"), namespace)
+        return namespace["program"]
+
+    # -- data and reference --------------------------------------------------
+    def draw_inputs(self, seed: int) -> dict:
+        rng = np.random.default_rng(seed)
+        arrays = {}
+        for v in self.arguments():
+            arrays[v.name] = _draw(rng, v)
+        return arrays
+
+    def reference(self, arrays: dict) -> tuple[list, float]:
+        """The results in float64 (values rounded to bf16 where the program's
+        are), and the largest magnitude of any finite intermediate (the
+        tolerance's scale)."""
+        env = {name: np.asarray(a, np.float64) if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16
+               else a for name, a in arrays.items()}
+        scale = max([1.0] + [_finite_max(a) for a in env.values()])
+        for s in self.steps:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)   # numpy's mean of nothing
+                value = np.asarray(s.ref(env), np.float64 if s.out.dtype != "i32" else np.int64)
+            if s.out.dtype == "bf16":
+                value = value.astype(ml_dtypes.bfloat16).astype(np.float64)
+            env[s.out.name] = value
+            scale = max(scale, _finite_max(value))
+        return [env[v.name] for v in self.results], scale
+
+    def loss(self, arrays: dict) -> float:
+        """A gradient program's loss, sum(result * weight), in float64."""
+        results, _ = self.reference(arrays)
+        return float(np.sum(results[0] * arrays["weight"]))
+
+
+def spec_text(partition, mesh_axes, partial=()) -> str:
+    args = [f"partition={tuple(partition)}", f"mesh_axes={tuple(mesh_axes)}"] if partition else []
+    return f"dist.ShardSpec({', '.join(args + ([f'partial={tuple(partial)}'] if partial else []))})"
+
+
+def _finite_max(a) -> float:
+    a = np.asarray(a, np.float64)
+    finite = a[np.isfinite(a)]
+    return float(np.abs(finite).max()) if finite.size else 0.0
+
+
+def _draw(rng, v: Value) -> np.ndarray:
+    if v.dtype == "i32":     # targets: classes in [0, V), sometimes ignore_index
+        classes = v.bound
+        t = rng.integers(0, int(classes), size=v.shape) if classes else np.zeros(v.shape, np.int64)
+        return np.where(rng.random(v.shape) < 0.2, -100, t).astype(np.int32)
+    x = np.clip(rng.standard_normal(v.shape), -3, 3).astype(np.float32)
+    return x.astype(ml_dtypes.bfloat16) if v.dtype == "bf16" else x
+
+
+def _input_text(v: Value) -> str:
+    if v.dtype == "i32":
+        return f"rng.integers(0, {int(v.bound)}, size={v.shape}).astype(np.int32)"
+    text = f"np.clip(rng.standard_normal({v.shape}), -3, 3).astype(np.float32)"
+    return f"{text}.astype(ts.bf16)" if v.dtype == "bf16" else text
+
+
+def compare(got, ref: np.ndarray, scale: float, bf16: bool) -> str | None:
+    """None when `got` matches the float64 reference, else what differs."""
+    got = np.asarray(got)
+    if got.shape != ref.shape:
+        return f"shape {list(got.shape)}, numpy {list(ref.shape)}"
+    g = got.astype(np.float64)
+    for what, mask in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        if not np.array_equal(mask(g), mask(ref)):
+            return f"{what} at different places: tessera {g.ravel()[:8]}, numpy {ref.ravel()[:8]}"
+    rtol, atol = (3e-2, 3e-2 * scale) if bf16 else (1e-4, 1e-5 * scale)
+    finite = np.isfinite(ref)
+    err = np.abs(g - ref)[finite]
+    bad = err > atol + rtol * np.abs(ref[finite])
+    if bad.any():
+        return (f"max |diff| {err.max():.3g} (atol {atol:.3g}, rtol {rtol:g}); "
+                f"tessera {g[finite][bad][:4]}, numpy {ref[finite][bad][:4]}")
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Generation
+# ----------------------------------------------------------------------------
+
+def _size(shape) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+class _Builder:
+    """The program under construction: values so far, and fresh names."""
+
+    def __init__(self, draw, allow_bf16: bool, allow_int: bool):
+        self.draw, self.allow_bf16, self.allow_int = draw, allow_bf16, allow_int
+        self.program = Program()
+        self.counter = itertools.count()
+        self.values: list[Value] = []
+
+    def new_input(self, shape, dtype="f32", bound=3.0) -> Value:
+        v = Value(f"x{len(self.program.inputs)}", tuple(shape), dtype, bound)
+        self.program.inputs.append(v)
+        if dtype != "i32":
+            self.values.append(v)
+        return v
+
+    def step(self, text, ref, shape, dtype, bound) -> Value:
+        v = Value(f"v{next(self.counter)}", tuple(shape), dtype, float(bound))
+        self.program.steps.append(Step(v, text, ref))
+        self.values.append(v)
+        return v
+
+    def shape(self, min_dims=0, max_dims=4) -> tuple:
+        ndim = self.draw(st.integers(min_dims, max_dims))
+        dims = []
+        for _ in range(ndim):
+            dims.append(self.draw(DIM_SIZES))
+            if _size(dims) > MAX_ELEMENTS:
+                dims[-1] = 1
+        return tuple(dims)
+
+    def pick(self, ok=lambda v: True) -> Value | None:
+        """A value `ok` accepts: the latest such, half the time (programs are
+        chains more than fans), else any (shrinking toward the latest)."""
+        choices = [v for v in self.values if ok(v)][::-1]
+        if not choices:
+            return None
+        return choices[0] if self.draw(st.booleans()) else self.draw(st.sampled_from(choices))
+
+
+def _float(v: Value) -> bool:
+    return v.dtype in ("f32", "bf16")
+
+
+# Unary ops: (name, tessera text, numpy, new bound from old, largest operand bound).
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _gelu(x):   # tanh approximation, as op.gelu
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+UNARY = [
+    ("neg", "op.neg({x})", lambda x: -x, lambda b: b, math.inf),
+    ("relu", "op.relu({x})", lambda x: np.maximum(x, 0), lambda b: b, math.inf),
+    ("tanh", "op.tanh({x})", np.tanh, lambda b: 1.0, math.inf),
+    ("sigmoid", "op.sigmoid({x})", _sigmoid, lambda b: 1.0, math.inf),
+    ("exp", "op.exp({x})", np.exp, math.exp, 8.0),
+    ("square", "op.square({x})", np.square, lambda b: b * b, 1e4),
+    ("silu", "op.silu({x})", lambda x: x * _sigmoid(x), lambda b: b, math.inf),
+    ("gelu", "op.gelu({x})", _gelu, lambda b: b, math.inf),
+    ("log", "op.log(op.add(op.square({x}), 1.0))", lambda x: np.log(x * x + 1),
+     lambda b: math.log(b * b + 1), 1e4),
+    ("sqrt", "op.sqrt(op.add(op.square({x}), 1.0))", lambda x: np.sqrt(x * x + 1),
+     lambda b: math.sqrt(b * b + 1), 1e4),
+    ("rsqrt", "op.rsqrt(op.add(op.square({x}), 1.0))", lambda x: 1 / np.sqrt(x * x + 1),
+     lambda b: 1.0, 1e4),
+    ("scale", "op.mul({x}, 0.5)", lambda x: x * 0.5, lambda b: b * 0.5, math.inf),
+]
+
+BINARY = [
+    ("add", "op.add({a}, {b})", np.add, lambda p, q: p + q),
+    ("sub", "{a} - {b}", np.subtract, lambda p, q: p + q),
+    ("mul", "{a} * {b}", np.multiply, lambda p, q: p * q),
+    ("div", "op.div({a}, op.add(op.square({b}), 1.0))", lambda a, b: a / (b * b + 1),
+     lambda p, q: p),
+    ("maximum", "op.maximum({a}, {b})", np.maximum, max),
+    ("minimum", "op.minimum({a}, {b})", np.minimum, max),
+]
+
+
+def _unary(b: _Builder):
+    x = b.pick(_float)
+    name, text, ref, bound, limit = b.draw(st.sampled_from(
+        [u for u in UNARY if x is not None and x.bound <= u[4]] or [UNARY[0]]))
+    if x is None:
+        return
+    b.step(text.format(x=x.name), lambda env, n=x.name, f=ref: f(env[n]), x.shape, x.dtype,
+           bound(x.bound))
+
+
+def _broadcast_partner(b: _Builder, shape) -> tuple:
+    """A shape broadcasting with `shape`: some dims made 1, some leading ones dropped."""
+    dims = [1 if b.draw(st.booleans()) else n for n in shape]
+    drop = b.draw(st.integers(0, len(dims)))
+    return tuple(dims[drop:])
+
+
+def _binary(b: _Builder):
+    a = b.pick(_float)
+    if a is None:
+        return
+    name, text, ref, bound = b.draw(st.sampled_from(BINARY))
+    how = b.draw(st.sampled_from(["value", "scalar", "broadcast", "same"]))
+    if how == "scalar":
+        c = b.draw(st.sampled_from([2.0, -0.5, 1.5]))
+        other = Value(repr(c), (), a.dtype, abs(c))
+        value_of = (lambda env, c=c: c)
+    else:
+        other = b.pick(lambda v: v.dtype == a.dtype and v.shape == a.shape and v is not a) \
+            if how == "value" else None
+        if other is None:
+            other = b.new_input(a.shape if how == "same" else _broadcast_partner(b, a.shape),
+                                a.dtype)
+        value_of = (lambda env, n=other.name: env[n])
+    lhs, rhs = (lambda env, n=a.name: env[n]), value_of
+    left, right = a, other
+    if how != "scalar" and b.draw(st.booleans()):       # either operand order
+        lhs, rhs, left, right = rhs, lhs, right, left
+    b.step(text.format(a=left.name, b=right.name), lambda env, f=ref, p=lhs, q=rhs: f(p(env), q(env)),
+           np.broadcast_shapes(a.shape, other.shape), a.dtype, bound(left.bound, right.bound))
+
+
+def _reduction(b: _Builder):
+    x = b.pick(lambda v: _float(v) and v.shape != ())
+    if x is None:
+        return
+    kind = b.draw(st.sampled_from(["sum", "mean", "max"]))
+    dims = tuple(sorted(b.draw(st.sets(st.integers(0, len(x.shape) - 1), min_size=1,
+                                       max_size=len(x.shape)))))
+    if kind == "max" and any(x.shape[d] == 0 for d in dims):
+        kind = "sum"
+    keep = b.draw(st.booleans())
+    spelled = b.draw(st.sampled_from(["dim", "axis", "all"]))
+    if spelled == "all":
+        dims, arg = tuple(range(len(x.shape))), ""
+    else:
+        d = dims[0] - len(x.shape) if b.draw(st.booleans()) and len(dims) == 1 else dims[0]
+        arg = f", {spelled}={d if len(dims) == 1 else dims}"
+    if keep:
+        arg += ", keepdim=True"
+    numpy = {"sum": np.sum, "mean": np.mean, "max": np.max}[kind]
+    shape = tuple(1 if i in dims else n for i, n in enumerate(x.shape) if keep or i not in dims)
+    n = _size([x.shape[d] for d in dims])
+    bound = x.bound * (n if kind == "sum" else 1)
+    b.step(f"op.{kind}({x.name}{arg})",
+           lambda env, nm=x.name, f=numpy, d=dims, k=keep: f(env[nm], axis=d, keepdims=k),
+           shape, x.dtype, bound)
+
+
+def _reshape(b: _Builder):
+    x = b.pick(_float)
+    if x is None:
+        return
+    shape = list(x.shape)
+    how = b.draw(st.sampled_from(["flatten", "merge", "split", "unsqueeze"]))
+    if how == "flatten" or (how == "merge" and len(shape) < 2):
+        new = [_size(shape)]
+    elif how == "merge":
+        i = b.draw(st.integers(0, len(shape) - 2))
+        new = shape[:i] + [shape[i] * shape[i + 1]] + shape[i + 2:]
+    elif how == "split" and any(n in (4, 6) for n in shape):
+        i = next(i for i, n in enumerate(shape) if n in (4, 6))
+        new = shape[:i] + [2, shape[i] // 2] + shape[i + 1:]
+    else:
+        i = b.draw(st.integers(0, len(shape)))
+        new = shape[:i] + [1] + shape[i:]
+    spelled = list(new)
+    if _size(new) and b.draw(st.booleans()) and new:
+        spelled[b.draw(st.integers(0, len(new) - 1))] = -1
+    args = ", ".join(map(str, spelled))
+    b.step(f"op.reshape({x.name}{', ' if args else ''}{args})",
+           lambda env, n=x.name, s=tuple(new): env[n].reshape(s), new, x.dtype, x.bound)
+
+
+def _transpose(b: _Builder):
+    x = b.pick(lambda v: _float(v) and len(v.shape) >= 2)
+    if x is None:
+        return
+    perm = tuple(b.draw(st.permutations(range(len(x.shape)))))
+    b.step(f"op.transpose({x.name}, {perm})", lambda env, n=x.name, p=perm: env[n].transpose(p),
+           tuple(x.shape[p] for p in perm), x.dtype, x.bound)
+
+
+def _slice(b: _Builder):
+    x = b.pick(lambda v: _float(v) and v.shape and v.shape[0] >= 1)
+    if x is None:
+        return
+    n = x.shape[0]
+    if b.draw(st.booleans()):
+        i = b.draw(st.integers(0, n - 1))
+        b.step(f"{x.name}[{i}]", lambda env, nm=x.name, i=i: env[nm][i], x.shape[1:], x.dtype, x.bound)
+        return
+    lo = b.draw(st.integers(0, n))
+    hi = b.draw(st.integers(lo, n))
+    b.step(f"{x.name}[{lo}:{hi}]", lambda env, nm=x.name, lo=lo, hi=hi: env[nm][lo:hi],
+           (hi - lo,) + x.shape[1:], x.dtype, x.bound)
+
+
+def _concat(b: _Builder):
+    x = b.pick(lambda v: _float(v) and v.shape)
+    if x is None:
+        return
+    d = b.draw(st.integers(0, len(x.shape) - 1))
+    other_shape = list(x.shape)
+    other_shape[d] = b.draw(st.integers(0, 3))
+    y = b.new_input(other_shape, x.dtype)
+    spelled = b.draw(st.sampled_from(["axis", "dim"]))
+    out = list(x.shape)
+    out[d] += other_shape[d]
+    b.step(f"op.concat([{x.name}, {y.name}], {spelled}={d})",
+           lambda env, p=x.name, q=y.name, d=d: np.concatenate([env[p], env[q]], axis=d),
+           out, x.dtype, max(x.bound, y.bound))
+
+
+def _split(b: _Builder):
+    x = b.pick(lambda v: _float(v) and any(n % 2 == 0 and n for n in v.shape))
+    if x is None:
+        return
+    d = b.draw(st.sampled_from([i for i, n in enumerate(x.shape) if n % 2 == 0 and n]))
+    part = b.draw(st.integers(0, 1))
+    shape = list(x.shape)
+    shape[d] //= 2
+    b.step(f"op.split({x.name}, 2, dim={d})[{part}]",
+           lambda env, n=x.name, d=d, p=part: np.split(env[n], 2, axis=d)[p],
+           shape, x.dtype, x.bound)
+
+
+def _matmul(b: _Builder):
+    a = b.pick(lambda v: _float(v) and 1 <= len(v.shape) <= 4)
+    if a is None:
+        return
+    k = a.shape[-1]
+    if len(a.shape) == 1:
+        rank = b.draw(st.integers(1, 3))
+    else:
+        rank = b.draw(st.sampled_from([1, 2, len(a.shape)]))
+    n = b.draw(st.integers(1, 4))
+    if rank == 1:
+        shape = (k,)
+    elif rank == 2 or len(a.shape) == 1:
+        shape = (*((b.draw(st.integers(1, 3)),) * (rank - 2)), k, n)
+    else:
+        shape = (*a.shape[:-2], k, n)
+    if _size(shape) > MAX_ELEMENTS:
+        shape = (k,)
+    w = b.new_input(shape, a.dtype)
+    out = np.matmul(np.zeros(a.shape), np.zeros(shape)).shape
+    left = b.draw(st.booleans()) and len(a.shape) == 1 == len(shape)
+    text = f"{a.name} @ {w.name}" if b.draw(st.booleans()) else f"op.matmul({a.name}, {w.name})"
+    if left:
+        text = f"op.matmul({w.name}, {a.name})"
+    b.step(text, lambda env, p=a.name, q=w.name: np.matmul(env[p], env[q]), out, a.dtype,
+           a.bound * w.bound * max(k, 1))
+
+
+def _normalize(b: _Builder):
+    x = b.pick(lambda v: _float(v) and v.shape)
+    if x is None:
+        return
+    kind = b.draw(st.sampled_from(["softmax", "log_softmax", "layernorm", "rmsnorm"]))
+    last = x.shape[-1]
+    if kind in ("softmax", "log_softmax"):
+        d = b.draw(st.integers(-len(x.shape), len(x.shape) - 1))
+        spelled = b.draw(st.sampled_from(["dim", "axis"]))
+
+        def ref(env, n=x.name, d=d, log=kind == "log_softmax"):
+            v = env[n]
+            shifted = v - (v.max(axis=d, keepdims=True) if v.size else 0)
+            lse = np.log(np.exp(shifted).sum(axis=d, keepdims=True))
+            return shifted - lse if log else np.exp(shifted - lse)
+        b.step(f"op.{kind}({x.name}, {spelled}={d})", ref, x.shape, "f32",
+               1.0 if kind == "softmax" else 2 * x.bound + math.log(max(last, 1)) + 1)
+        return
+    affine = b.draw(st.booleans())
+    w = b.new_input((last,), x.dtype) if affine else None
+    bias = b.new_input((last,), x.dtype) if affine and kind == "layernorm" else None
+    eps = 1e-5 if kind == "layernorm" else 1e-6
+
+    def norm(env, n=x.name, kind=kind, w=w and w.name, bias=bias and bias.name, eps=eps):
+        v = env[n]
+        if kind == "layernorm":
+            c = v - v.mean(axis=-1, keepdims=True)
+            y = c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+        else:
+            y = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps)
+        y = y * env[w] if w else y
+        return y + env[bias] if bias else y
+    args = "".join(f", {p.name}" for p in (w, bias) if p is not None)
+    b.step(f"op.{kind}({x.name}{args})", norm, x.shape, "f32",
+           math.sqrt(max(last, 1)) * 3 * 3 + 3)
+
+
+def _cross_entropy(b: _Builder):
+    if not b.allow_int:
+        return
+    x = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[1] >= 1)
+    if x is None:
+        return
+    n, classes = x.shape
+    t = b.new_input((n,), "i32", bound=classes)
+
+    def ref(env, lg=x.name, t=t.name):
+        v, tg = env[lg], env[t]
+        valid = (tg >= 0) & (tg < v.shape[1])
+        if not v.size:
+            return np.float64(0.0)
+        shifted = v - v.max(axis=1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        nll = -logp[np.arange(len(tg)), np.where(valid, tg, 0)] * valid
+        return nll.sum() / max(valid.sum(), 1)
+    b.step(f"ts.nn.cross_entropy({x.name}, {t.name})", ref, (), "f32",
+           2 * x.bound + math.log(classes) + 1)
+
+
+def _cast(b: _Builder):
+    if not b.allow_bf16:
+        return
+    x = b.pick(_float)
+    if x is None:
+        return
+    to = "f32" if x.dtype == "bf16" else "bf16"
+    b.step(f"op.cast({x.name}, ts.{'float32' if to == 'f32' else 'bf16'})",
+           lambda env, n=x.name: env[n], x.shape, to, x.bound)
+
+
+STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
+         _normalize, _cross_entropy, _cast]
+
+
+@st.composite
+def programs(draw, max_steps: int = 8, allow_bf16: bool = True, allow_int: bool = True,
+             steps=tuple(STEPS), min_rank: int = 0):
+    """A random program; the last value it made is its result (and, at
+    random, one more). Shrinks toward fewer steps, smaller shapes and the
+    earlier entries of `steps`."""
+    b = _Builder(draw, allow_bf16, allow_int)
+    b.new_input(b.shape(min_dims=min_rank), "f32")
+    for _ in range(draw(st.integers(2, max_steps))):
+        draw(st.sampled_from(list(steps)))(b)
+    p = b.program
+    last = p.steps[-1].out if p.steps else p.inputs[0]
+    p.results = [last]
+    extra = [v for v in b.values if v is not last]
+    if extra and draw(st.booleans()):
+        p.results.append(draw(st.sampled_from(extra)))
+    return p
+
+
+@st.composite
+def gradient_programs(draw, max_steps: int = 5):
+    """A program and the inputs to differentiate sum(result * weight) by
+    (float32 only: the oracle is a finite difference of the float64 reference)."""
+    p = draw(programs(max_steps=max_steps, allow_bf16=False, allow_int=True))
+    floats = [v for v in p.inputs if v.dtype == "f32"]
+    p.results = p.results[:1]
+    p.wrt = draw(st.lists(st.sampled_from(floats), min_size=1, max_size=len(floats), unique=True))
+    return p
+
+
+def central_difference(loss, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(central difference of the float64 function `loss` at each element
+    of `x`, mask of the elements where it is differentiable: its one-sided
+    differences agree; a relu at 0, tied maxima are not)."""
+    x = np.asarray(x, np.float64)
+    grad, smooth = np.zeros(x.shape), np.zeros(x.shape, bool)
+    base = loss(x)
+    h = 1e-6
+    for i in np.ndindex(x.shape):
+        shifted = {}
+        for sign in (1, -1):
+            y = x.copy()
+            y[i] += sign * h
+            shifted[sign] = loss(y)
+        forward, backward = (shifted[1] - base) / h, (base - shifted[-1]) / h
+        grad[i] = (shifted[1] - shifted[-1]) / (2 * h)
+        smooth[i] = abs(forward - backward) <= 1e-3 * (1 + abs(grad[i]))
+    return grad, smooth
+
+
+def finite_difference(p: Program, arrays: dict, wrt: Value) -> tuple[np.ndarray, np.ndarray]:
+    """`central_difference` of a gradient program's loss by input `wrt`."""
+    return central_difference(lambda x: p.loss({**arrays, wrt.name: x}), arrays[wrt.name])
+
+
+@st.composite
+def sharded_programs(draw, axes: dict):
+    """A program (a third of them gradient programs) and a ShardSpec for
+    each argument over a mesh with `axes` (name -> size): each axis splits
+    at most one dimension it divides, or none (replicated); an axis that
+    splits nothing may hold a float argument as a partial sum."""
+    p = draw(gradient_programs() if draw(st.integers(0, 2)) == 0 else programs())
+    for v in p.arguments():
+        parts = [1] * len(v.shape)
+        partition, mesh_axes = [], []
+        for axis, size in axes.items():
+            fits = [d for d, n in enumerate(v.shape) if n % (parts[d] * size) == 0]
+            d = draw(st.sampled_from([None] + fits))
+            if d is not None:
+                parts[d] *= size
+                partition.append(d)
+                mesh_axes.append(axis)
+        partial = tuple(a for a in axes if a not in mesh_axes and v.dtype != "i32"
+                        and draw(st.integers(0, 3)) == 0)
+        p.specs[v.name] = (tuple(partition), tuple(mesh_axes), partial)
+    return p
