@@ -168,21 +168,22 @@ class ScheduleBuilder:
         """Launches a kernel of `ops` on the compute stream into new buffers
         for the last op's results."""
         results = list(ops[-1].results)
+        inside = {r for op in ops for r in op.results}
+        reads = {v for op in ops for v in op.operands if v not in inside}
         if all(_is_empty(r) for r in results):         # nothing to compute
-            inside = {r for op in ops for r in op.results}
-            for v in {v for op in ops for v in op.operands if v not in inside}:
-                self.use(v, compute)   # a collective writing an input is still waited for
-            outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in results]
-        else:
-            identity = _empty_reduction_value(ops[-1]) if len(ops) == 1 else None
-            if identity is not None:
-                with ir.InsertionPoint(ops[0]):
-                    ops = [tgraph.FillOp(ops[0].results[0].type,
-                                         ir.FloatAttr.get_f64(identity)).operation]
-                kind = "fill"
+            ops = []
+        elif len(ops) == 1 and _empty_reduction_value(ops[0]) is not None:
+            with ir.InsertionPoint(ops[0]):
+                ops = [tgraph.FillOp(ops[0].results[0].type,
+                                     ir.FloatAttr.get_f64(_empty_reduction_value(ops[0]))).operation]
+            kind = "fill"
+        if ops:
             kernel, inputs = self.make_kernel(ops, kind)
             ins = [self.use(v, compute) for v in inputs]
-            outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in results]
+        for v in reads:    # an input the kernel no longer reads: its collective is still waited
+            self.use(v, compute)
+        outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in results]
+        if ops:
             self.tag(tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, ins, outs))
         for r, out in zip(results, outs):
             self.buffers[r] = out

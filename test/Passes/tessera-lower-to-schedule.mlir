@@ -347,3 +347,20 @@ func.func @gathered_then_empty(%x: tensor<1xf32>) -> tensor<0xf32> attributes {t
   %s = tgraph.slice %g offsets [0] : tensor<2xf32> -> tensor<0xf32>
   return %s : tensor<0xf32>
 }
+
+// -----
+
+// A matmul with K = 0 of a collective's result (found by the distributed
+// fuzzer: a dot product of two empty partial sums) is a fill that reads
+// nothing, but the collective is still waited for before its buffer goes.
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// CHECK-LABEL: func.func @reduced_then_k0(
+// CHECK: %[[R:.*]] = tsched.collective_start <all_reduce>
+// CHECK-NEXT: tsched.collective_wait %[[R]]
+// CHECK-NEXT: tsched.free
+// CHECK: tsched.launch @reduced_then_k0_fill_{{[0-9]+}} on %{{.*}} outs(
+func.func @reduced_then_k0(%x: tensor<2x0xf32>, %w: tensor<0x3xf32>) -> tensor<2x3xf32> attributes {tgraph.partitioned} {
+  %r = tgraph.all_reduce <sum> %x on @mesh["dp"] : tensor<2x0xf32>
+  %p = tgraph.matmul %r, %w : tensor<2x0xf32>, tensor<0x3xf32> -> tensor<2x3xf32>
+  return %p : tensor<2x3xf32>
+}
