@@ -49,15 +49,21 @@ def test_zero_row_matmul_gradient_is_zero():
     np.testing.assert_array_equal(dw, np.zeros((2, 3)))
 
 
-def test_zero_size_dimensions_on_the_gpu_target(built_cleanly):
+def test_zero_size_dimensions_on_the_gpu_target(built_cleanly, monkeypatch):
     """The GPU target's kernels for the same programs: no zero-size grid
-    (Tile IR verifies), and the CUDA builds."""
+    (Tile IR verifies), the CUDA builds, and on the emulated GPU the results
+    are numpy's."""
     def program(x, a):
-        return op.sum(x, dim=0), a @ x, op.exp(x)
-    levels = ts.jit(program).lower(np.zeros((0, 3), np.float32), np.zeros((2, 0), np.float32),
-                                   target="gpu")
+        return op.sum(x, dim=0), a @ x, op.exp(x), op.mean(x, axis=0)
+    x, a = np.zeros((0, 3), np.float32), np.zeros((2, 0), np.float32)
+    levels = ts.jit(program).lower(x, a, target="gpu")
     assert "grid = array<i64: 0" not in levels.tile
     built_cleanly(levels.cuda)
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    total, product, e, mean = ts.jit(program, target="gpu")(x, a)
+    np.testing.assert_array_equal(total, np.zeros(3))
+    np.testing.assert_array_equal(product, np.zeros((2, 3)))
+    assert e.shape == (0, 3) and np.isnan(mean).all() and mean.shape == (3,)
 
 
 def test_empty_slices_are_zero_size_dimensions():
