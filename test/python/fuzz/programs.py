@@ -62,6 +62,17 @@ class Program:
     specs: dict = field(default_factory=dict)       # argument -> (partition, mesh_axes, partial)
 
     @property
+    def elementwise_exact(self) -> bool:
+        """No reduction, matmul or norm anywhere and no partial argument:
+        every result element is computed by the same float operations
+        however the arguments are split, so a sharded run must give the
+        replicated run's bits."""
+        combining = ("op.sum", "op.mean", "op.max", "@", "op.matmul", "softmax", "norm(",
+                     "cross_entropy")
+        return not self.wrt and not any(spec[2:] and spec[2] for spec in self.specs.values()) \
+            and not any(c in s.text for s in self.steps for c in combining)
+
+    @property
     def uses_bf16(self) -> bool:
         return any(s.out.dtype == "bf16" for s in self.steps)
 
