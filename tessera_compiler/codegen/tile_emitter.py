@@ -395,8 +395,9 @@ class KernelEmitter:
         r = self.new_tile(op.results[0])
         dim = ir.IntegerAttr(op.attributes["dim"]).value
         kind = enum_of(op)
-        combine = {"sum": "acc + x", "prod": "acc * x", "max": "(x > acc ? x : acc)",
-                   "min": "(x < acc ? x : acc)"}[kind]
+        # max / min propagate NaN, as numpy's do (x != x: x is NaN).
+        combine = {"sum": "acc + x", "prod": "acc * x", "max": "(x > acc || x != x ? x : acc)",
+                   "min": "(x < acc || x != x ? x : acc)"}[kind]
         inner = math.prod(src.shape[dim + 1:])
         n = src.shape[dim]
 

@@ -120,11 +120,11 @@ _TABLE = [
     Elementwise("div", 2, "a / b", lambda em, op, ct, a, b: f"{a} / {b}",
                 lambda a, b, op: a / b, _div_vjp, linear="first"),
     Elementwise("max", 2, "the larger of a and b",
-                lambda em, op, ct, a, b: f"({a} > {b} ? {a} : {b})",
+                lambda em, op, ct, a, b: f"({a} > {b} || {a} != {a} ? {a} : {b})",  # NaN wins
                 lambda a, b, op: np.maximum(a, b), _max_vjp),
     Elementwise("neg", 1, "-x", lambda em, op, ct, a: f"-{a}", lambda a, op: -a,
                 lambda x, out, g, op: [gb.unary("neg", g)], linear="unary"),
-    Elementwise("relu", 1, "max(x, 0)", lambda em, op, ct, a: f"({a} > 0 ? {a} : 0)",
+    Elementwise("relu", 1, "max(x, 0)", lambda em, op, ct, a: f"({a} < 0 ? 0 : {a})",  # NaN stays
                 lambda a, op: np.maximum(a, 0), _relu_vjp),
     Elementwise("exp", 1, "e^x", lambda em, op, ct, a: em.fast(ct, "exp", a),
                 lambda a, op: np.exp(a), lambda x, out, g, op: [gb.binary("mul", g, out)]),

@@ -14,7 +14,7 @@
 // CHECK: [[D:t[0-9]+]][e] = [[IT:t[0-9]+]][e];
 // CHECK-NEXT: tessera_dot({{t[0-9]+}}, {{t[0-9]+}}, [[D]], 4, 2, 4);
 // relu, add, mul, max, exp, exp2 (the vectorizable exp of x ln 2), reduce
-// CHECK: > 0 ? {{.*}} : 0)
+// CHECK: < 0 ? 0 : {{.*}})
 // CHECK: tessera_exp(
 // CHECK: tessera_exp(({{.*}}) * 0.69314718055994531f)
 // CHECK: for (int64_t q = 1; q < 4; ++q)

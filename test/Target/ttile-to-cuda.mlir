@@ -24,10 +24,10 @@
 // CHECK: // ttile.dot 4x4x2 on CUDA cores: the dot has no 'warps'
 // CHECK: for (int64_t k = 0; k < 2; ++k) s +=
 // CHECK: for (int64_t [[E:e[0-9]+]] = threadIdx.x; [[E]] < 16; [[E]] += 64) {
-// CHECK: const float [[R:v[0-9]+]] = ([[ACC:t[0-9]+]][{{.*}}] > 0 ? [[ACC]][{{.*}}] : 0);
+// CHECK: const float [[R:v[0-9]+]] = ([[ACC:t[0-9]+]][{{.*}}] < 0 ? 0 : [[ACC]][{{.*}}]);
 // CHECK-NEXT: const float [[S:v[0-9]+]] = [[R]] + [[ACC]][{{.*}}];
 // CHECK-NEXT: const float [[M:v[0-9]+]] = [[S]] * [[S]];
-// CHECK-NEXT: const float [[X:v[0-9]+]] = ([[M]] > [[S]] ? [[M]] : [[S]]);
+// CHECK-NEXT: const float [[X:v[0-9]+]] = ([[M]] > [[S]] || [[M]] != [[M]] ? [[M]] : [[S]]);
 // CHECK-NEXT: const float [[EX:v[0-9]+]] = tessera_ex2(([[X]]) * 1.4426950408889634f);
 // CHECK-NEXT: const float [[EX2:v[0-9]+]] = tessera_ex2([[EX]]);
 // CHECK-NEXT: [[T:t[0-9]+]][{{.*}}] = [[EX2]];
@@ -666,7 +666,7 @@ ttile.kernel @reuse(%x: memref<32x64xf32>, %y: memref<32x64xf32>, %a: memref<32x
 // CHECK: // ttile.dot 32x32x16: A from loop-invariant registers, B transposed from the staged tile (ldmatrix)
 // CHECK: af[mi][r] = [[QA]][mi][kk][r];
 // CHECK: tessera_ldmatrix_x4(r, st0_
-// CHECK: for (int off = 1; off < 4; off <<= 1) { const float b = __shfl_xor_sync(0xffffffffu, a, off); a = (b > a ? b : a); }
+// CHECK: for (int off = 1; off < 4; off <<= 1) { const float b = __shfl_xor_sync(0xffffffffu, a, off); a = (b > a || b != b ? b : a); }
 // CHECK: = bf16_round((float)(
 // CHECK: // ttile.dot 32x16x32: A from registers, B from the staged tile (ldmatrix.trans)
 // CHECK: af[mi][r] = tessera_pack_bf16(p[0], p[1]);

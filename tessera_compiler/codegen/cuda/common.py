@@ -25,8 +25,10 @@ def swizzled_desc(tile: str, rows: int, k: str, k_major: bool) -> str:
     return f"tessera_wgmma_desc({tile} + {k} * 64, {rows * 128}, 1024)"
 
 
-REDUCE = {"sum": ("0", "a + b"), "prod": ("1", "a * b"), "max": ("-INFINITY", "(b > a ? b : a)"),
-           "min": ("INFINITY", "(b < a ? b : a)")}
+# max / min propagate NaN, as numpy's do (b != b: b is NaN).
+REDUCE = {"sum": ("0", "a + b"), "prod": ("1", "a * b"),
+          "max": ("-INFINITY", "(b > a || b != b ? b : a)"),
+          "min": ("INFINITY", "(b < a || b != b ? b : a)")}
 
 
 @dataclass

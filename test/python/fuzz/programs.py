@@ -164,6 +164,8 @@ def _finite_max(a) -> float:
 
 
 def _draw(rng, v: Value) -> np.ndarray:
+    if v.dtype == "i32" and v.bound < 0:     # embedding ids in [0, V)
+        return rng.integers(0, int(-v.bound), size=v.shape).astype(np.int32)
     if v.dtype == "i32":     # targets: classes in [0, V), sometimes ignore_index
         classes = v.bound
         t = rng.integers(0, int(classes), size=v.shape) if classes else np.zeros(v.shape, np.int64)
@@ -174,7 +176,7 @@ def _draw(rng, v: Value) -> np.ndarray:
 
 def _input_text(v: Value) -> str:
     if v.dtype == "i32":
-        return f"rng.integers(0, {int(v.bound)}, size={v.shape}).astype(np.int32)"
+        return f"rng.integers(0, {abs(int(v.bound))}, size={v.shape}).astype(np.int32)"
     text = f"np.clip(rng.standard_normal({v.shape}), -3, 3).astype(np.float32)"
     return f"{text}.astype(ts.bf16)" if v.dtype == "bf16" else text
 
@@ -533,8 +535,54 @@ def _cast(b: _Builder):
            lambda env, n=x.name: env[n], x.shape, to, x.bound)
 
 
+def _select(b: _Builder):
+    """where(a > b, a, b) (or <, >=, <=, ==, != and either order of the branches)."""
+    a = b.pick(_float)
+    if a is None:
+        return
+    other = b.pick(lambda v: v.dtype == a.dtype and v.shape == a.shape and v is not a) \
+        or b.new_input(_broadcast_partner(b, a.shape), a.dtype)
+    name, numpy = b.draw(st.sampled_from([("greater", np.greater), ("less", np.less),
+                                          ("greater_equal", np.greater_equal),
+                                          ("less_equal", np.less_equal), ("equal", np.equal),
+                                          ("not_equal", np.not_equal)]))
+    swap = b.draw(st.booleans())
+    first, second = (other, a) if swap else (a, other)
+    b.step(f"op.where(op.{name}({a.name}, {other.name}), {first.name}, {second.name})",
+           lambda env, p=a.name, q=other.name, f=numpy, s=swap:
+           np.where(f(env[p], env[q]), *((env[q], env[p]) if s else (env[p], env[q]))),
+           np.broadcast_shapes(a.shape, other.shape), a.dtype, max(a.bound, other.bound))
+
+
+def _power(b: _Builder):
+    x = b.pick(lambda v: _float(v) and v.bound <= 30)
+    if x is None:
+        return
+    p = b.draw(st.sampled_from([2, 3, 0, 1, 0.5, -0.5]))
+    if p in (0.5, -0.5):          # of a positive value
+        text, ref = (f"op.pow(op.add(op.square({x.name}), 1.0), {p})",
+                     lambda env, n=x.name, p=p: (env[n] ** 2 + 1) ** p)
+        bound = (x.bound ** 2 + 1) ** 0.5
+    else:
+        text, ref = f"op.pow({x.name}, {p})", (lambda env, n=x.name, p=p: env[n] ** p)
+        bound = max(x.bound ** p, 1.0)
+    b.step(text, ref, x.shape, x.dtype, bound)
+
+
+def _embedding(b: _Builder):
+    if not b.allow_int:
+        return
+    table = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[0] >= 1)
+    if table is None:
+        return
+    ids = b.new_input(b.shape(min_dims=1, max_dims=2), "i32", bound=-table.shape[0])
+    b.step(f"op.embedding({ids.name}, {table.name})",
+           lambda env, i=ids.name, t=table.name: env[t][env[i]],
+           ids.shape + table.shape[1:], table.dtype, table.bound)
+
+
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
-         _normalize, _cross_entropy, _cast]
+         _normalize, _cross_entropy, _cast, _select, _power, _embedding]
 
 
 @st.composite

@@ -130,3 +130,23 @@ def test_from_numpy_with_a_partial_layout_holds_the_value():
     for tp in (0, 1):
         np.testing.assert_array_equal(blocks[tp], x[:, 3 * tp:3 * tp + 3])
         np.testing.assert_array_equal(blocks[2 + tp], np.zeros((4, 3)))
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_relu_maximum_and_max_propagate_nan(target, monkeypatch):
+    """NaN in, NaN out, as in numpy and PyTorch (found by the forward fuzzer
+    as relu(mean of nothing) = 0): relu, op.maximum / op.minimum and max
+    reductions on both targets (the GPU's on the emulated engine)."""
+    if target == "gpu":
+        monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    x = _rng().standard_normal((4, 40)).astype(np.float32)
+    x[1, 3] = x[2, 39] = np.nan
+    y = _rng().standard_normal((4, 40)).astype(np.float32)
+
+    def program(x, y):
+        return op.relu(x), op.maximum(x, y), op.maximum(y, x), op.minimum(x, y), op.max(x, dim=1)
+    got = ts.jit(program, target=target)(x, y)
+    want = (np.maximum(x, 0), np.maximum(x, y), np.maximum(y, x), np.minimum(x, y), x.max(1))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g, w, rtol=1e-6)

@@ -136,7 +136,9 @@ report["local_product"] = Y_local.tolist()
 report["local_sum"] = dist.all_reduce(Y_local, axis="dp").tolist()
 report["local_gather"] = ts.distributed.all_gather(Y_local, axis="dp", dim=1).tolist()
 report["local_scatter"] = dist.reduce_scatter(Y_local, axis="dp", dim=0).tolist()
-# A pending sum reduced; a reduced value passed through (ts.grad's gradients).
+# A pending sum reduced (from_numpy holds 1.5 as a pending sum: rank 0 has
+# it, rank 1 zeros, so the sum is 1.5); a reduced value passed through
+# (ts.grad's gradients).
 pending = dist.from_numpy(np.full((2, 2), 1.5, np.float32), dist.ShardSpec(partial=("dp",)),
                           mesh)
 report["pending_reduced"] = dist.all_reduce(pending, axis="dp").local().tolist()
