@@ -166,6 +166,9 @@ def maximum(a, b) -> Traced:
 
 def minimum(a, b) -> Traced:
     """Elementwise min(a, b) = -max(-a, -b)."""
+    # Promoted first: a Python number beside a bf16 tensor is bf16 (numpy's
+    # rule); negated alone it would become an f32 tensor.
+    a, b = _elementwise_operands("minimum", _where_called("minimum"), a, b)
     return neg(maximum(neg(a), neg(b)))
 
 

@@ -150,3 +150,14 @@ def test_relu_maximum_and_max_propagate_nan(target, monkeypatch):
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_minimum_of_bf16_and_a_number_stays_bf16():
+    """A Python number beside a bf16 tensor is bf16 (numpy's rule), in
+    op.minimum too (found by the forward fuzzer: it negated the number
+    alone, an f32 tensor, and the result became f32)."""
+    x = _rng().standard_normal(5).astype(ts.bf16)
+    for got in ts.jit(lambda x: (op.minimum(x, 0.5), op.minimum(0.5, x), op.maximum(x, 0.5)))(x):
+        assert got.dtype == ts.bf16
+    np.testing.assert_array_equal(ts.jit(lambda x: op.minimum(x, 0.5))(x),
+                                  np.minimum(x.astype(np.float32), 0.5).astype(ts.bf16))
