@@ -333,9 +333,6 @@ def _run_one(kit: Path, check: dict, engine: str, rank: int = 0) -> tuple[bool, 
                 or "; ".join(v[1] for v in verdicts[:3]))
 
 
-# A multi-rank check's processes report on stdout, one line each.
-
-
 def _isolated(argv: list[str], timeout: float, env: dict) -> tuple[int | None, str]:
     """Runs `argv` in its own session, killing the whole process group (an
     mpiexec and its ranks too) after `timeout` seconds: (exit status, or

@@ -103,9 +103,9 @@ class Traced:
     def reshape(self, *shape): return _op().reshape(self, *shape)
     def transpose(self, *dims): return _op().transpose(self, *dims)
     def astype(self, dtype): return _op().cast(self, dtype)
-    def sum(self, dim=None, keepdim=False, *, axis=None): return _op().sum(self, dim, keepdim, axis=axis)
-    def mean(self, dim=None, keepdim=False, *, axis=None): return _op().mean(self, dim, keepdim, axis=axis)
-    def max(self, dim=None, keepdim=False, *, axis=None): return _op().max(self, dim, keepdim, axis=axis)
+    def sum(self, *args, **kwargs): return _op().sum(self, *args, **kwargs)
+    def mean(self, *args, **kwargs): return _op().mean(self, *args, **kwargs)
+    def max(self, *args, **kwargs): return _op().max(self, *args, **kwargs)
 
     @property
     def T(self): return _op().transpose(self)

@@ -460,6 +460,8 @@ def _summand(block: np.ndarray, layout: ShardSpec, mesh: Mesh, rank: int) -> np.
     that a partial value (a pending sum over the partial axes) is the block
     on the ranks at coordinate 0 of every partial axis and zeros on the
     others, so that the sum is the value."""
+    if not layout.partial:
+        return block
     coords = mesh.info.coords(rank)
     if any(coords[mesh.info.axis_index(a)] for a in layout.partial):
         return np.zeros_like(block)

@@ -15,7 +15,6 @@ and row-reduction parts into a few kernels.
 
 from __future__ import annotations
 
-import builtins
 import math
 
 import numpy as np
@@ -433,7 +432,7 @@ def index(x, key) -> Traced:
             if step != 1:
                 raise ShapeError(f"op.index: only unit-step slices are supported, got "
                                  f"{k} for dimension {d} of {list(x.shape)}  [{src}]")
-            size = builtins.max(stop - start, 0)          # x[2:1] is empty, as in numpy
+            size = stop - start if stop > start else 0     # x[2:1] is empty, as in numpy
             offsets[d], shape[d], keep[d] = start, size, size
         else:
             raise ShapeError(f"op.index: cannot index with a {type(k).__name__}  [{src}]")

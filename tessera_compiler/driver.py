@@ -531,14 +531,13 @@ def parse_chunk(ir, context, chunk: Chunk, collector: DiagnosticCollector,
     ``collector``."""
     with context:
         before = len(collector.diagnostics)
-        index_array = next((m for m in _INDEX_ARRAY_RE.finditer(chunk.text) if "//" not in
-                            chunk.text[chunk.text.rfind("\n", 0, m.start()) + 1:m.start()]), None)
-        if index_array:
-            line = chunk.text.count("\n", 0, index_array.start()) + 1
-            col = index_array.start() - chunk.text.rfind("\n", 0, index_array.start())
-            collector.error("dense arrays of 'index' are not supported (their size is the "
-                            "target's); use i64, e.g. array<i64: ...>", chunk.source_name, line, col)
-            return None
+        for line, text in enumerate(chunk.text.split("\n"), 1):
+            index_array = _INDEX_ARRAY_RE.search(text.split("//")[0])     # not in comments
+            if index_array:
+                collector.error("dense arrays of 'index' are not supported (their size is the "
+                                "target's); use i64, e.g. array<i64: ...>", chunk.source_name,
+                                line, index_array.start() + 1)
+                return None
         try:
             op = ir.Operation.parse(chunk.text, source_name=chunk.source_name)
         except ir.MLIRError as e:

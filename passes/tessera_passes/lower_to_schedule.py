@@ -169,18 +169,17 @@ class ScheduleBuilder:
         for the last op's results."""
         results = list(ops[-1].results)
         inside = {r for op in ops for r in op.results}
-        reads = {v for op in ops for v in op.operands if v not in inside}
-        if all(_is_empty(r) for r in results):         # nothing to compute
-            ops = []
-        elif len(ops) == 1 and _empty_reduction_value(ops[0]) is not None:
+        reads = list(dict.fromkeys(v for op in ops for v in op.operands if v not in inside))
+        identity = _empty_reduction_value(ops[0]) if len(ops) == 1 else None
+        if all(_is_empty(r) for r in results):
+            ops = []                                   # nothing to compute
+        elif identity is not None:
             with ir.InsertionPoint(ops[0]):
-                ops = [tgraph.FillOp(ops[0].results[0].type,
-                                     ir.FloatAttr.get_f64(_empty_reduction_value(ops[0]))).operation]
+                ops = [tgraph.FillOp(results[0].type, ir.FloatAttr.get_f64(identity)).operation]
             kind = "fill"
-        if ops:
-            kernel, inputs = self.make_kernel(ops, kind)
-            ins = [self.use(v, compute) for v in inputs]
-        for v in reads:    # an input the kernel no longer reads: its collective is still waited
+        kernel, inputs = self.make_kernel(ops, kind) if ops else (None, [])
+        ins = [self.use(v, compute) for v in inputs]
+        for v in reads:     # what a fill or no launch no longer reads: its collective is waited
             self.use(v, compute)
         outs = [self.tag(tsched.AllocOp(memref_of(r.type))).result for r in results]
         if ops:

@@ -471,9 +471,13 @@ def op_rule(op: ir.Operation, operands: list[Sharding], ctx: Context,
     return rule, staged
 
 
-def distributed_functions(module_op: ir.Operation):
-    """(function, mesh) for each not-yet-partitioned function that runs on a mesh."""
+def distributed_functions(module_op: ir.Operation) -> list:
+    """(function, mesh) for each not-yet-partitioned function that runs on a
+    mesh, all found before the caller changes any: partitioning a function
+    erases the local-view bodies it inlines, which a lazy walk would then
+    touch (a use after free, seen as a rare segfault)."""
     meshes = meshes_of(module_op)
+    found = []
     for f in list(functions(module_op)):
         # A local-view body (tgraph.local) is per-rank already: tessera-partition
         # inlines it where its tgraph.spmd calls it.
@@ -487,4 +491,5 @@ def distributed_functions(module_op: ir.Operation):
             continue
         mesh = function_mesh(f, meshes)
         if mesh is not None:
-            yield f, mesh
+            found.append((f, mesh))
+    return found

@@ -65,7 +65,7 @@ def check(p) -> str | None:
                 return (f"result {i}: sharded and replicated runs differ in bits, with no "
                         f"reduction to reorder: {a.ravel()[:4]} vs {b.ravel()[:4]}")
             continue
-        bad = programs.compare(a, b.astype("float64"), 1.0 + programs._finite_max(b), p.uses_bf16)
+        bad = programs.compare(a, b.astype("float64"), 1.0 + programs.finite_max(b), p.uses_bf16)
         if bad:
             return f"result {i}: sharded and replicated runs differ: {bad}"
     return None

@@ -16,17 +16,26 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import tessera_passes
 from tessera_compiler import opt
+from tessera_compiler.pipeline import STAGES
 
 REPO = Path(__file__).resolve().parents[3]
 INTERNAL = ("internal error", "raised ", "Traceback", "LLVM ERROR", "Assertion", "UNREACHABLE")
-# Every Tessera pass, and the compile pipeline's stages as one pipeline per target.
-PASSES = [line.split()[0] for line in opt._pass_lines() if line.lstrip().startswith("--tessera-")]
-FULL = ("tessera-autodiff,canonicalize,cse,tessera-propagate-sharding,tessera-partition,"
-        "canonicalize,tessera-bucket-collectives,tessera-pipeline-schedule,"
-        "tessera-lower-to-schedule,tessera-verify-schedule,tessera-lower-to-tile{target=%s},"
-        "canonicalize,cse,tessera-merge-kernels")
-PIPELINES = [["--pass-pipeline=builtin.module(%s)" % (FULL % t)] for t in ("cpu", "gpu")]
+PASSES = [f"--{flag}" for flag in tessera_passes.PASSES]
+
+
+def _compile_pipeline(target: str) -> list[str]:
+    """The compiler's own pass list (tessera_compiler.pipeline.STAGES) for
+    `target`, as one --pass-pipeline; passes with a target option get it."""
+    flags = [f for stage, stage_flags in STAGES if stage != "gpu" or target == "gpu"
+             for f in stage_flags]
+    return ["--pass-pipeline=builtin.module(%s)" % ",".join(
+        f"{f}{{target={target}}}" if f in tessera_passes.PASSES
+        and "target" in tessera_passes.PASSES[f].options else f for f in flags)]
+
+
+PIPELINES = [_compile_pipeline("cpu"), _compile_pipeline("gpu")]
 
 
 def corpus() -> list[str]:

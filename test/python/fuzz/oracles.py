@@ -31,16 +31,14 @@ def run(p: Program, arrays: dict, filename: str, call=None) -> list:
     fn = p.function(filename)
     args = [arrays[v.name] for v in p.arguments()]
     out = (call or (lambda f, *a: ts.jit(f)(*a)))(fn, *args)
-    return [np.asarray(getattr(o, "numpy", lambda o=o: o)()) for o in out]
+    return [o.numpy() if isinstance(o, ts.dist.DTensor) else np.asarray(o) for o in out]
 
 
 def judge_forward(p: Program, arrays: dict, got: list) -> str | None:
     """What is wrong with `got` (Tessera's results), or None."""
     refs, scale = p.reference(arrays)
     for i, (g, ref, v) in enumerate(zip(got, refs, p.results)):
-        want = {"f32": np.float32, "bf16": "bfloat16", "i32": np.int32}[v.dtype]
-        if np.dtype(g.dtype).name != np.dtype(want).name if want != "bfloat16" \
-                else g.dtype.name != "bfloat16":
+        if g.dtype.name != {"f32": "float32", "bf16": "bfloat16", "i32": "int32"}[v.dtype]:
             return f"result {i} ({v.name}): dtype {g.dtype}, expected {v.dtype}"
         wrong = compare(g, ref, scale, p.uses_bf16)
         if wrong:

@@ -135,7 +135,7 @@ class Program:
         tolerance's scale)."""
         env = {name: np.asarray(a, np.float64) if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16
                else a for name, a in arrays.items()}
-        scale = max([1.0] + [_finite_max(a) for a in env.values()])
+        scale = max([1.0] + [finite_max(a) for a in env.values()])
         for s in self.steps:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)   # numpy's mean of nothing
@@ -143,7 +143,7 @@ class Program:
             if s.out.dtype == "bf16":
                 value = value.astype(ml_dtypes.bfloat16).astype(np.float64)
             env[s.out.name] = value
-            scale = max(scale, _finite_max(value))
+            scale = max(scale, finite_max(value))
         return [env[v.name] for v in self.results], scale
 
     def loss(self, arrays: dict) -> float:
@@ -157,7 +157,7 @@ def spec_text(partition, mesh_axes, partial=()) -> str:
     return f"dist.ShardSpec({', '.join(args + ([f'partial={tuple(partial)}'] if partial else []))})"
 
 
-def _finite_max(a) -> float:
+def finite_max(a) -> float:
     a = np.asarray(a, np.float64)
     finite = a[np.isfinite(a)]
     return float(np.abs(finite).max()) if finite.size else 0.0
@@ -239,13 +239,25 @@ class _Builder:
                 dims[-1] = 1
         return tuple(dims)
 
-    def pick(self, ok=lambda v: True) -> Value | None:
+    def pick(self, ok=lambda v: True, optional: bool = False) -> Value | None:
         """A value `ok` accepts: the latest such, half the time (programs are
-        chains more than fans), else any (shrinking toward the latest)."""
+        chains more than fans), else any (shrinking toward the latest). When
+        there is none: None if `optional`, else the step is skipped."""
         choices = [v for v in self.values if ok(v)][::-1]
         if not choices:
-            return None
+            if optional:
+                return None
+            raise _Skip
         return choices[0] if self.draw(st.booleans()) else self.draw(st.sampled_from(choices))
+
+    def need(self, allowed: bool) -> None:
+        """Skips the step unless `allowed` (a kind of value this program may not hold)."""
+        if not allowed:
+            raise _Skip
+
+
+class _Skip(Exception):
+    """The step has no operand it can take in this program: it adds nothing."""
 
 
 def _float(v: Value) -> bool:
@@ -292,10 +304,7 @@ BINARY = [
 
 def _unary(b: _Builder):
     x = b.pick(_float)
-    name, text, ref, bound, limit = b.draw(st.sampled_from(
-        [u for u in UNARY if x is not None and x.bound <= u[4]] or [UNARY[0]]))
-    if x is None:
-        return
+    name, text, ref, bound, limit = b.draw(st.sampled_from([u for u in UNARY if x.bound <= u[4]]))
     b.step(text.format(x=x.name), lambda env, n=x.name, f=ref: f(env[n]), x.shape, x.dtype,
            bound(x.bound))
 
@@ -309,8 +318,6 @@ def _broadcast_partner(b: _Builder, shape) -> tuple:
 
 def _binary(b: _Builder):
     a = b.pick(_float)
-    if a is None:
-        return
     name, text, ref, bound = b.draw(st.sampled_from(BINARY))
     how = b.draw(st.sampled_from(["value", "scalar", "broadcast", "same"]))
     if how == "scalar":
@@ -320,8 +327,8 @@ def _binary(b: _Builder):
         other = Value(repr(c), (), a.dtype, abs(c))
         value_of = (lambda env, c=c: c)
     else:
-        other = b.pick(lambda v: v.dtype == a.dtype and v.shape == a.shape and v is not a) \
-            if how == "value" else None
+        other = b.pick(lambda v: v.dtype == a.dtype and v.shape == a.shape and v is not a,
+                       optional=True) if how == "value" else None
         if other is None:
             other = b.new_input(a.shape if how == "same" else _broadcast_partner(b, a.shape),
                                 a.dtype)
@@ -336,8 +343,6 @@ def _binary(b: _Builder):
 
 def _reduction(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.shape != ())
-    if x is None:
-        return
     kind = b.draw(st.sampled_from(["sum", "mean", "max"]))
     dims = tuple(sorted(b.draw(st.sets(st.integers(0, len(x.shape) - 1), min_size=1,
                                        max_size=len(x.shape)))))
@@ -363,8 +368,6 @@ def _reduction(b: _Builder):
 
 def _reshape(b: _Builder):
     x = b.pick(_float)
-    if x is None:
-        return
     shape = list(x.shape)
     how = b.draw(st.sampled_from(["flatten", "merge", "split", "unsqueeze"]))
     if how == "flatten" or (how == "merge" and len(shape) < 2):
@@ -388,8 +391,6 @@ def _reshape(b: _Builder):
 
 def _transpose(b: _Builder):
     x = b.pick(lambda v: _float(v) and len(v.shape) >= 2)
-    if x is None:
-        return
     perm = tuple(b.draw(st.permutations(range(len(x.shape)))))
     b.step(f"op.transpose({x.name}, {perm})", lambda env, n=x.name, p=perm: env[n].transpose(p),
            tuple(x.shape[p] for p in perm), x.dtype, x.bound)
@@ -397,8 +398,6 @@ def _transpose(b: _Builder):
 
 def _slice(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.shape and v.shape[0] >= 1)
-    if x is None:
-        return
     n = x.shape[0]
     if b.draw(st.booleans()):
         i = b.draw(st.integers(0, n - 1))
@@ -412,8 +411,6 @@ def _slice(b: _Builder):
 
 def _concat(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.shape)
-    if x is None:
-        return
     d = b.draw(st.integers(0, len(x.shape) - 1))
     other_shape = list(x.shape)
     other_shape[d] = b.draw(st.integers(0, 3))
@@ -428,8 +425,6 @@ def _concat(b: _Builder):
 
 def _split(b: _Builder):
     x = b.pick(lambda v: _float(v) and any(n % 2 == 0 and n for n in v.shape))
-    if x is None:
-        return
     d = b.draw(st.sampled_from([i for i, n in enumerate(x.shape) if n % 2 == 0 and n]))
     part = b.draw(st.integers(0, 1))
     shape = list(x.shape)
@@ -441,8 +436,6 @@ def _split(b: _Builder):
 
 def _matmul(b: _Builder):
     a = b.pick(lambda v: _float(v) and 1 <= len(v.shape) <= 4)
-    if a is None:
-        return
     k = a.shape[-1]
     if len(a.shape) == 1:
         rank = b.draw(st.integers(1, 3))
@@ -469,8 +462,6 @@ def _matmul(b: _Builder):
 
 def _normalize(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.shape)
-    if x is None:
-        return
     kind = b.draw(st.sampled_from(["softmax", "log_softmax", "layernorm", "rmsnorm"]))
     last = x.shape[-1]
     if kind in ("softmax", "log_softmax"):
@@ -505,11 +496,8 @@ def _normalize(b: _Builder):
 
 
 def _cross_entropy(b: _Builder):
-    if not b.allow_int:
-        return
+    b.need(b.allow_int)
     x = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[1] >= 1)
-    if x is None:
-        return
     n, classes = x.shape
     t = b.new_input((n,), "i32", bound=classes)
 
@@ -527,11 +515,8 @@ def _cross_entropy(b: _Builder):
 
 
 def _cast(b: _Builder):
-    if not b.allow_bf16:
-        return
+    b.need(b.allow_bf16)
     x = b.pick(_float)
-    if x is None:
-        return
     to = "f32" if x.dtype == "bf16" else "bf16"
     b.step(f"op.cast({x.name}, ts.{'float32' if to == 'f32' else 'bf16'})",
            lambda env, n=x.name: env[n], x.shape, to, x.bound)
@@ -540,10 +525,8 @@ def _cast(b: _Builder):
 def _select(b: _Builder):
     """where(a > b, a, b) (or <, >=, <=, ==, != and either order of the branches)."""
     a = b.pick(_float)
-    if a is None:
-        return
-    other = b.pick(lambda v: v.dtype == a.dtype and v.shape == a.shape and v is not a) \
-        or b.new_input(_broadcast_partner(b, a.shape), a.dtype)
+    other = b.pick(lambda v: v.dtype == a.dtype and v.shape == a.shape and v is not a,
+                   optional=True) or b.new_input(_broadcast_partner(b, a.shape), a.dtype)
     name, numpy = b.draw(st.sampled_from([("greater", np.greater), ("less", np.less),
                                           ("greater_equal", np.greater_equal),
                                           ("less_equal", np.less_equal), ("equal", np.equal),
@@ -558,8 +541,6 @@ def _select(b: _Builder):
 
 def _power(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.bound <= 30)
-    if x is None:
-        return
     p = b.draw(st.sampled_from([2, 3, 0, 1, 0.5, -0.5]))
     if p in (0.5, -0.5):          # of a positive value
         text, ref = (f"op.pow(op.add(op.square({x.name}), 1.0), {p})",
@@ -572,11 +553,8 @@ def _power(b: _Builder):
 
 
 def _embedding(b: _Builder):
-    if not b.allow_int:
-        return
+    b.need(b.allow_int)
     table = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[0] >= 1)
-    if table is None:
-        return
     ids = b.new_input(b.shape(min_dims=1, max_dims=2), "i32", bound=-table.shape[0])
     b.step(f"op.embedding({ids.name}, {table.name})",
            lambda env, i=ids.name, t=table.name: env[t][env[i]],
@@ -596,7 +574,10 @@ def programs(draw, max_steps: int = 8, allow_bf16: bool = True, allow_int: bool 
     b = _Builder(draw, allow_bf16, allow_int)
     b.new_input(b.shape(min_dims=min_rank), "f32")
     for _ in range(draw(st.integers(2, max_steps))):
-        draw(st.sampled_from(list(steps)))(b)
+        try:
+            draw(st.sampled_from(list(steps)))(b)
+        except _Skip:
+            pass
     p = b.program
     last = p.steps[-1].out if p.steps else p.inputs[0]
     p.results = [last]
