@@ -8,6 +8,8 @@ ln(12) ~ 2.5 and falls towards 0 as the model learns to attend backwards.
     python examples/train_gpt.py                       # fp32, ~1 minute on 2 cores
     python examples/train_gpt.py --precision bf16      # bf16 autocast + dynamic loss scaling
     python examples/train_gpt.py --accum 2             # gradient accumulation over 2 microbatches
+    python examples/train_gpt.py --remat full          # recompute each block in the backward
+    python examples/train_gpt.py --memory-budget 8MiB  # the compiler picks what to recompute
     tessera launch -n 4 examples/train_gpt.py --dp 2 --tp 2   # 4 ranks: data x tensor parallel
     tessera launch -n 4 examples/train_gpt.py --pp 2 --tp 2 --microbatches 4   # + pipeline
 
@@ -90,41 +92,47 @@ def shard_batch(mesh, batch):
     return dist.from_tree(batch, dist.ShardSpec((0,), ("dp",)), mesh)
 
 
+#: --remat: what each transformer block recomputes in the backward (ts.remat)
+REMAT = {"none": None, "selective": "selective", "dots": "dots_saveable", "full": "full"}
+
+
 @graph.stage("blocks")
-def block_group(blocks: list, x, heads: int):
+def block_group(blocks: list, x, heads: int, remat=None):
     """Consecutive transformer blocks: one pipeline stage under --pp (called
-    outside a pipelined step, just the blocks)."""
-    return op.transformer_block(x, depth=len(blocks), params=blocks, heads=heads)
+    outside a pipelined step, just the blocks). `remat`: see op.transformer_block."""
+    return op.transformer_block(x, depth=len(blocks), params=blocks, heads=heads, remat=remat)
 
 
-def gpt(params, tokens, heads: int, stages: int = 1):
+def gpt(params, tokens, heads: int, stages: int = 1, remat=None):
     """tokens [B, S] -> logits [B, S, VOCAB]; the blocks as `stages` groups."""
     x = op.embedding(tokens, params["wte"]) + params["wpe"]
     per = len(params["blocks"]) // stages
     for i in range(stages):
-        x = block_group(params["blocks"][i * per:(i + 1) * per], x, heads)
+        x = block_group(params["blocks"][i * per:(i + 1) * per], x, heads, remat)
     x = op.layernorm(x, params["lnf_w"], params["lnf_b"])
     return op.matmul(x, params["head"])
 
 
-def loss_fn(params, batch, heads, stages: int = 1):
-    logits = gpt(params, batch["inputs"], heads, stages)
+def loss_fn(params, batch, heads, stages: int = 1, remat=None):
+    logits = gpt(params, batch["inputs"], heads, stages, remat)
     return ts.nn.cross_entropy(logits.reshape(-1, VOCAB), batch["targets"].reshape(-1),
                                ignore_index=-100)
 
 
-def make_step(opt, heads: int, precision: str, clip: float):
-    """The compiled training step: (loss, params, opt_state, scaler, grad_norm)."""
+def make_step(opt, heads: int, precision: str, clip: float, remat=None, memory_budget=None):
+    """The compiled training step: (loss, params, opt_state, scaler, grad_norm).
+    `remat` recomputes every block's forward in the backward (a policy, see
+    ts.remat); `memory_budget` lets the compiler choose per block instead."""
 
-    @ts.jit
+    @ts.jit(memory_budget=memory_budget)
     def train_step(params, opt_state, scaler, microbatches):
         grads, total = None, 0.0
         for batch in microbatches:              # gradient accumulation (unrolled)
             if precision == "bf16":
                 with ts.autocast(dtype=ts.bf16):
-                    loss = loss_fn(params, batch, heads)
+                    loss = loss_fn(params, batch, heads, remat=remat)
             else:
-                loss = loss_fn(params, batch, heads)
+                loss = loss_fn(params, batch, heads, remat=remat)
             scaled = loss * (scaler["scale"] / len(microbatches))
             grads = ts.optim.accumulate(grads, ts.grad(scaled, params))
             total = loss + total
@@ -141,7 +149,23 @@ def make_step(opt, heads: int, precision: str, clip: float):
     return train_step
 
 
-def make_pipeline_step(opt, heads: int, mesh, schedule: str, microbatches: int, clip: float):
+def make_gradients(heads: int, precision: str, remat=None):
+    """The compiled loss and gradients of one batch, (loss, grads) = f(params,
+    batch), without the optimizer (for tests that compare gradients bit by bit)."""
+
+    @ts.jit
+    def loss_and_grads(params, batch):
+        def loss(p):
+            if precision == "bf16":
+                with ts.autocast(dtype=ts.bf16):
+                    return loss_fn(p, batch, heads, remat=remat)
+            return loss_fn(p, batch, heads, remat=remat)
+        return ts.value_and_grad(loss)(params)
+    return loss_and_grads
+
+
+def make_pipeline_step(opt, heads: int, mesh, schedule: str, microbatches: int, clip: float,
+                       remat=None):
     """The training step on a mesh with a `pp` axis: the loss and gradients
     of one global batch, pipelined over `pp` in `microbatches`
     (`pipeline.run`), then clipping and AdamW compiled as a second function.
@@ -151,7 +175,7 @@ def make_pipeline_step(opt, heads: int, mesh, schedule: str, microbatches: int, 
     @pipeline.run(mesh=mesh, axis="pp", schedule=schedule, microbatches=microbatches,
                   batch="batch")
     def gradients(params, batch):
-        return ts.value_and_grad(lambda p: loss_fn(p, batch, heads, stages))(params)
+        return ts.value_and_grad(lambda p: loss_fn(p, batch, heads, stages, remat))(params)
 
     @ts.jit
     def update(params, opt_state, grads):
@@ -169,14 +193,15 @@ def make_pipeline_step(opt, heads: int, mesh, schedule: str, microbatches: int, 
 
 
 def step_case(width: int, depth: int, heads: int, length: int, batch: int, precision: str,
-              seed: int):
+              seed: int, remat=None, memory_budget=None):
     """A compiled training step and its arguments (params, opt_state, scaler,
     microbatches), small enough for tests that compare engines and targets."""
     params = init_params(width, depth, heads, 2 * length, seed)
     opt = ts.optim.AdamW(lr=3e-3)
     args = (params, opt.init(params), ts.optim.loss_scale_init(1.0),
             [make_batch(np.random.default_rng(seed), batch, length)])
-    return make_step(opt, heads, precision, clip=1.0), args
+    return make_step(opt, heads, precision, clip=1.0, remat=remat,
+                     memory_budget=memory_budget), args
 
 
 # -- reporting -------------------------------------------------------------------
@@ -239,6 +264,13 @@ def main(argv=None) -> int:
                     help="with --pp: microbatches per step (a step is --batch x this)")
     ap.add_argument("--schedule", default="1F1B",
                     choices=["gpipe", "1F1B", "zero_bubble"], help="with --pp: the schedule")
+    ap.add_argument("--remat", choices=list(REMAT), default="none",
+                    help="what each block recomputes in the backward instead of keeping: "
+                         "nothing (none), attention's core (selective), everything but its "
+                         "matmuls (dots), everything (full)")
+    ap.add_argument("--memory-budget", default=None, metavar="BYTES",
+                    help="bytes per rank (or e.g. 8MiB) the planned peak must fit: the "
+                         "compiler chooses what each block recomputes (not with --pp)")
     ap.add_argument("--plot", default="gpt_loss.png", help="loss-curve PNG to write")
     args = ap.parse_args(argv)
 
@@ -248,6 +280,8 @@ def main(argv=None) -> int:
             ap.error(f"--pp {args.pp} stages need a --depth they divide (got {args.depth})")
         if args.precision != "fp32" or args.accum != 1:
             ap.error("--pp runs fp32 without --accum (its microbatches are the accumulation)")
+        if args.memory_budget is not None:
+            ap.error("--memory-budget does not apply to --pp yet (use --remat)")
         mesh = dist.Mesh(axes=["dp", "tp", "pp"], shape=(args.dp, args.tp, args.pp))
         mesh.require_rank(f"--dp {args.dp} --tp {args.tp} --pp {args.pp}")
     elif args.dp * args.tp > 1:
@@ -266,14 +300,16 @@ def main(argv=None) -> int:
     scaler = ts.optim.loss_scale_init(2.0 ** 12 if args.precision == "bf16" else 1.0)
     if args.pp > 1:
         pipelined = make_pipeline_step(opt, args.heads, mesh, args.schedule, args.microbatches,
-                                       clip=1.0)
+                                       clip=1.0, remat=REMAT[args.remat])
 
         def step_fn(params, opt_state, scaler, batches):
             loss, params, opt_state, norm = pipelined(params, opt_state, batches[0])
             return loss, params, opt_state, scaler, norm
         per_step = args.microbatches
     else:
-        step_fn, per_step = make_step(opt, args.heads, args.precision, clip=1.0), args.accum
+        step_fn = make_step(opt, args.heads, args.precision, clip=1.0, remat=REMAT[args.remat],
+                            memory_budget=args.memory_budget)
+        per_step = args.accum
     n_params = sum(int(np.prod(p.shape)) for p in ts._pytree.flatten(params)[0])
     say(f"GPT: {args.depth} layers, width {args.width}, {args.heads} heads, {n_params:,} "
         f"parameters; {args.precision}; batch {args.batch} x {per_step} x {seq} tokens"
@@ -286,6 +322,16 @@ def main(argv=None) -> int:
         return [shard_batch(mesh, make_batch(rng, args.batch, args.length))
                 for _ in range(args.accum)]
 
+    if args.pp == 1:      # the memory plan, before anything runs
+        try:
+            plan = step_fn.memory_report(params, opt_state, scaler, batches())
+        except ts.CompileError as err:     # (a budget nothing fits)
+            say(err)
+            return 2
+        held = ", ".join(f"{cat} {n / 2**20:.2f} MiB"
+                         for cat, n in plan.ranks[0].by_category.items() if n)
+        how = f"budget {args.memory_budget}" if args.memory_budget else f"remat {args.remat}"
+        say(f"memory plan: peak {plan.peak / 2**20:.2f} MiB per rank ({how}): {held}")
     t0 = time.perf_counter()
     first = step_fn(params, opt_state, scaler, batches())
     say(f"compiled the training step in {time.perf_counter() - t0:.1f} s")

@@ -20,6 +20,7 @@ from . import dist as distributed          # `ts.distributed.all_gather`, as the
 from ._trace import autocast
 from .autodiff import grad, value_and_grad
 from .compiler import CompiledFunction, compile, function, jit
+from .remat import remat
 from .strategy import distribute
 from .dtypes import (bf16, bfloat16, bool_, f16, f32, f64, float16, float32, float64, int32,
                      int64, tensor)
@@ -32,6 +33,7 @@ from tessera_compiler.ir.options import GemmConfig, TargetOptions
 __version__ = "0.2.0"
 
 __all__ = ["distributed", "compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
+           "remat",
            "value_and_grad",
            "autocast", "Tensor", "dist", "graph", "nn", "op", "optim", "pipeline", "schedule", "f32", "f64", "f16",
            "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",

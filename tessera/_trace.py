@@ -141,6 +141,11 @@ class TraceState:
     read_rank: bool = False
     peers: list = field(default_factory=list)
     recv_types: dict = field(default_factory=dict)
+    #: recomputation regions marked so far (see tessera.remat), and whether
+    #: unmarked candidates (`remat="auto"`, transformer blocks) become regions
+    #: for the memory budget to choose from
+    remat_regions: int = 0
+    remat_candidates: bool = False
 
 
 def declared_sharding(x: Traced):
@@ -373,11 +378,13 @@ class TraceResult:
 
 
 def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: bool = False,
-                   scatter_axes: tuple = (), mesh_is_default: bool = False) -> TraceResult:
+                   scatter_axes: tuple = (), mesh_is_default: bool = False,
+                   remat_candidates: bool = False) -> TraceResult:
     """Graph IR for `fn` called on tensors described by `specs`. `call(traced)`
     calls `fn` with the traced tensors placed in its arguments (default:
     positionally). `deterministic` and `scatter_axes` become the function's
-    `tgraph.deterministic` and `tgraph.scatter_partials` (see tessera-partition)."""
+    `tgraph.deterministic` and `tgraph.scatter_partials` (see tessera-partition);
+    `remat_candidates` marks candidate recomputation regions (see tessera.remat)."""
     ctx = new_context()
     fn_src = function_source(fn)
     fn_loc = ir.Location.file(fn_src.filename, fn_src.line, 0, context=ctx)
@@ -398,7 +405,8 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: boo
             if scatter_axes:
                 f.attributes["tgraph.scatter_partials"] = ir.ArrayAttr.get(
                     [ir.StringAttr.get(a) for a in scatter_axes])
-        state = TraceState(f, entry, fn_loc, mesh, mesh_is_default=mesh_is_default)
+        state = TraceState(f, entry, fn_loc, mesh, mesh_is_default=mesh_is_default,
+                           remat_candidates=remat_candidates)
         with ir.InsertionPoint(entry):
             args = [Traced(v, s.shape, s.dtype) for v, s in zip(entry.arguments, specs)]
             previous, _state.trace = current(), state

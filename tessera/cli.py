@@ -3,6 +3,8 @@
     tessera launch -n 2 examples/tp_mlp.py        run a script on 2 ranks (wraps mpiexec)
     tessera trace -n 2 -o ir examples/tp_mlp.py   same, and write every compiled
                                                   function's IR at every level to ir/
+    tessera trace --memory examples/train_gpt.py  same, and print each function's
+                                                  memory plan (peak bytes per rank)
     tessera --env                                 every environment variable Tessera
                                                   reads: its value now and what it does
 """
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 
 DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
+MEMORY_ENV = "TESSERA_MEMORY_REPORT"
 
 
 def find_mpiexec() -> str:
@@ -147,6 +150,11 @@ def main(argv=None) -> int:
                                        "C++/CUDA of each function it compiles to OUT/<function>/.")
     trace.add_argument("-n", "--nprocs", type=int, default=1, help="number of ranks (default 1)")
     trace.add_argument("-o", "--out", default="tessera-ir", help="output folder (default tessera-ir)")
+    trace.add_argument("--memory", action="store_true",
+                       help="also print each compiled function's memory plan: every rank's "
+                            "planned peak bytes and, at the peak, what holds it (parameters, "
+                            "gradients, optimizer state, activations, communication) with the "
+                            "largest tensors and their Python lines")
     trace.add_argument("script")
     trace.add_argument("args", nargs=argparse.REMAINDER)
 
@@ -163,7 +171,10 @@ def main(argv=None) -> int:
         return _launch(opts.nprocs, opts.script, opts.args, timeout=opts.timeout)
     if opts.command == "trace":
         out = Path(opts.out).resolve()
-        code = _launch(opts.nprocs, opts.script, opts.args, {DUMP_ENV: str(out)})
+        extra = {DUMP_ENV: str(out)}
+        if opts.memory:
+            extra[MEMORY_ENV] = "1"
+        code = _launch(opts.nprocs, opts.script, opts.args, extra)
         if out.exists():
             for path in sorted(out.rglob("*")):
                 if path.is_file():

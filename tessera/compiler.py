@@ -31,7 +31,12 @@ from tessera_runtime import env
 from tessera_compiler.bundle import compiler_fingerprint, write_bundle
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.pipeline import CompileError as _PipelineError
+from tessera_compiler.ir.context import new_context
+from tessera_compiler.memory_budget import apply as apply_remat
+from tessera_compiler.memory_budget import choose as choose_remat
+from tessera_compiler.memory_budget import parse_bytes
 from tessera_compiler.pipeline import Levels, collective_report, lower, target_options
+from tessera_mlir import ir
 
 from . import dist
 from . import mesh as _mesh_module
@@ -50,6 +55,8 @@ TARGET_ENV = "TESSERA_TARGET"
 #: Print the collectives a compiled function needs (those of at least this
 #: many bytes per rank) with the Python line behind each.
 REPORT_ENV = "TESSERA_COLLECTIVE_REPORT"
+#: Print each compiled function's memory plan.
+MEMORY_ENV = "TESSERA_MEMORY_REPORT"
 
 
 def _static_key(x):
@@ -71,9 +78,14 @@ class CompiledFunction:
 
     def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
                  deterministic: bool | None = None, strategy=None,
-                 target: str | TargetOptions | None = None, dynamic=()):
+                 target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        #: bytes per rank the planned peak must fit (None: no limit); the
+        #: compiler chooses which blocks to recompute (tessera_compiler.memory_budget)
+        self.memory_budget = None if memory_budget is None else _budget(memory_budget, fn)
+        #: the recomputation the memory budget chose at the last compile
+        self.remat_choice = None
         self.mesh = mesh
         self.target = target    # a name or TargetOptions; None: TESSERA_TARGET, else "cpu"
         self.numpy_results = numpy_results
@@ -85,6 +97,9 @@ class CompiledFunction:
         self._annotated = bool(getattr(fn, "__annotations__", None))
         self._programs: dict = {}
         self._traces: dict = {}
+        self._graph_text: dict = {}    # key -> the traced Graph IR (what the bundle is of)
+        self._plans: dict = {}         # key -> memory plan, once computed
+        self._remat_choices: dict = {}  # (program, options, budget) -> memory_budget.Choice
         self._bundles: dict = {}
         self._last_key = None
         self._captured_mesh = None     # the mesh of DTensors the function captures
@@ -178,7 +193,8 @@ class CompiledFunction:
         scatter = self.strategy.scatter_axes if self.strategy is not None else ()
         return trace_function(self.fn, specs, mesh, call,
                               deterministic=dist.deterministic_enabled(self.deterministic),
-                              scatter_axes=scatter, mesh_is_default=mesh is _default_mesh())
+                              scatter_axes=scatter, mesh_is_default=mesh is _default_mesh(),
+                              remat_candidates=self.memory_budget is not None)
 
     def _prepare_and_trace(self, args, kwargs, prepared=None):
         """`_prepare` (unless given), then the trace: (prepared, traced). A
@@ -199,15 +215,56 @@ class CompiledFunction:
         execution). `target="gpu"` keeps matmuls as Tile IR GEMMs instead of
         CPU BLAS calls; a TargetOptions sets every other knob too."""
         _, traced = self._prepare_and_trace(args, kwargs)
-        return self._lower(traced, _options(target, self.fn.__name__))
+        return self._lower(traced.module, _options(target, self.fn.__name__))
 
-    def _lower(self, traced, target: TargetOptions) -> Levels:
-        module = traced.module
+    def _lower(self, module, target: TargetOptions, plan_only: bool = False) -> Levels:
         with module.context:
             try:
-                return lower(module, target)
+                if self.memory_budget is not None:
+                    self._choose_remat(module, target)
+                return lower(module, target, plan_only=plan_only)
             except _PipelineError as err:
                 raise CompileError(f"compiling {self.fn.__name__} failed:\n{err}") from None
+
+    def _choose_remat(self, module, target: TargetOptions) -> None:
+        """Sets the recomputation policies that fit the memory budget (once
+        per program: memory_report and the call share the choice)."""
+        key = (hashlib.sha256(module.operation.get_asm(enable_debug_info=True).encode())
+               .hexdigest(), target, self.memory_budget)
+        choice = self._remat_choices.get(key)
+        if choice is not None:
+            apply_remat(module, choice)
+        else:
+            choice = self._remat_choices[key] = choose_remat(
+                module, target, self.memory_budget, _progress if _talks() else None)
+            if _talks():
+                _progress(choice.describe())
+        self.remat_choice = choice
+
+    def memory_report(self, *args, **kwargs):
+        """The memory plan (tessera_compiler.memory.MemoryPlan) of this
+        function for these arguments (with none: for the last call's):
+        each rank's planned peak bytes (`.peak`, `.ranks[r].peak`) and, at
+        the peak, the live buffers by category (parameters, gradients,
+        optimizer state, activations, communication, inputs, update), the
+        largest named with their Python lines. `print()` it for a table.
+        Compiles (to Tile IR) without running."""
+        if args or kwargs:
+            prepared, traced = self._prepare_and_trace(args, kwargs)
+            key, module = prepared[-1], traced.module
+        elif self._last_key is not None:
+            key = self._last_key
+            if key in self._plans:
+                return self._plans[key]
+            module = ir.Module.parse(self._graph_text[key], new_context())
+        else:
+            raise RuntimeError(f"{self.fn.__name__}.memory_report(): pass the arguments "
+                               "(nothing has been compiled yet)")
+        self._plans[key] = self._entry_plan(self._lower(module, self._target(), plan_only=True))
+        return self._plans[key]
+
+    def _entry_plan(self, levels: Levels):
+        return levels.memory.get(self.symbol) or next(iter(levels.memory.values()))
 
     def _bundle(self, key, traced, mesh) -> Path:
         if key in self._bundles:
@@ -215,17 +272,19 @@ class CompiledFunction:
         # Locations carry the argument names the bundle records, so they are
         # part of what identifies it.
         text = traced.module.operation.get_asm(enable_debug_info=True)
-        digest = hashlib.sha256((compiler_fingerprint(self._target()) + text).encode()
+        self._graph_text[key] = text
+        budget = f"memory_budget={self.memory_budget}" if self.memory_budget is not None else ""
+        digest = hashlib.sha256((compiler_fingerprint(self._target()) + budget + text).encode()
                                 ).hexdigest()[:20]
         target = env.cache_dir("bundles") / f"{self.symbol}-{digest}.tsb"
         if tessera_runtime.world()[1] > 1:
-            self._bundle_on_rank0(traced, mesh, target)
+            self._bundle_on_rank0(key, traced, mesh, target)
         else:
-            self._write_bundle(traced, mesh, target)
+            self._write_bundle(key, traced, mesh, target)
         self._bundles[key] = target
         return target
 
-    def _bundle_on_rank0(self, traced, mesh, target: Path) -> None:
+    def _bundle_on_rank0(self, key, traced, mesh, target: Path) -> None:
         """In a multi-rank job rank 0 compiles while the others wait, then they
         load its bundle (every rank compiling the same program would multiply
         the compile time by the ranks per node). A compile error reaches every
@@ -234,7 +293,7 @@ class CompiledFunction:
         failure, error = None, ""
         if comm.Get_rank() == 0:
             try:
-                self._write_bundle(traced, mesh, target)
+                self._write_bundle(key, traced, mesh, target)
             except Exception as err:            # every rank must hear of it
                 failure = err
                 error = str(err) if isinstance(err, CompileError) else \
@@ -245,13 +304,15 @@ class CompiledFunction:
         if error:
             raise CompileError(error)
         if not (target / "manifest.json").exists():
-            self._write_bundle(traced, mesh, target)   # no shared file system
+            self._write_bundle(key, traced, mesh, target)   # no shared file system
 
-    def _write_bundle(self, traced, mesh, target: Path) -> None:
+    def _write_bundle(self, key, traced, mesh, target: Path) -> None:
         exists = (target / "manifest.json").exists()
-        if exists and not env.get(DUMP_ENV) and not env.is_set(REPORT_ENV):
+        if exists and not env.get(DUMP_ENV) and not env.is_set(REPORT_ENV) \
+                and not env.flag(MEMORY_ENV):
             return
-        levels = self._lower(traced, self._target())
+        levels = self._lower(traced.module, self._target())
+        self._plans[key] = self._entry_plan(levels)
         if not exists:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
@@ -264,6 +325,8 @@ class CompiledFunction:
         self._dump(levels)
 
     def _dump(self, levels: Levels) -> None:
+        if env.flag(MEMORY_ENV) and tessera_runtime.world()[0] == 0:
+            print("[tessera] " + str(self._entry_plan(levels)), file=sys.stderr)
         threshold = env.raw(REPORT_ENV)
         if threshold is not None and tessera_runtime.world()[0] == 0:
             print("[tessera] " + collective_report(self.fn.__name__, levels.collectives,
@@ -374,6 +437,22 @@ class CompiledFunction:
         return path
 
 
+def _budget(budget, fn) -> int:
+    try:
+        return parse_bytes(budget)
+    except ValueError as err:
+        raise ValueError(f"{getattr(fn, '__name__', 'fn')}: {err}") from None
+
+
+def _talks() -> bool:
+    """Whether this process reports compile progress (rank 0 does)."""
+    return tessera_runtime.world()[0] == 0
+
+
+def _progress(text: str) -> None:
+    print(f"[tessera] {text}", file=sys.stderr, flush=True)
+
+
 def _refuse_mutated_arguments(name, arg_names, values, leaves, structure) -> None:
     """A compiled function runs on its arguments' values, so an assignment
     into an argument's dict or list (`state["loss_scale"] *= 0.5`) would
@@ -431,7 +510,7 @@ def _options(target, name: str) -> TargetOptions:
 
 
 def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-            target: str | TargetOptions | None = None, dynamic=()):
+            target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
     `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
     `deterministic=True` fixes every reduction order (see `dist.deterministic`;
@@ -442,10 +521,14 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
     any other compilation option (GEMM configurations, wgmma, TMA, ...).
     `dynamic` names arguments whose Python numbers are data (learning rate,
     loss scale): a new value runs the same program instead of compiling
-    another (other numbers are baked into the program)."""
+    another (other numbers are baked into the program). `memory_budget`
+    (bytes, or a string such as "6GiB") bounds every rank's planned peak:
+    the compiler chooses which transformer blocks and `ts.remat(policy="auto")`
+    regions to recompute (see `ts.remat`), or fails naming the smallest peak
+    it can reach; `fn.memory_report(*args)` shows the plan."""
     if fn is None:
         return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target,
-                                 dynamic=dynamic)
+                                 dynamic=dynamic, memory_budget=memory_budget)
     if isinstance(fn, CompiledFunction):
         if mesh is not None:
             fn.mesh = mesh
@@ -455,19 +538,23 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
             fn.target = target
         if dynamic:
             fn.dynamic = _dynamic_names(fn.fn, fn._signature, dynamic)
+        if memory_budget is not None:
+            fn.memory_budget = _budget(memory_budget, fn.fn)
         return fn
     return CompiledFunction(fn, mesh, numpy_results=mesh is None, deterministic=deterministic,
-                            target=target, dynamic=dynamic)
+                            target=target, dynamic=dynamic, memory_budget=memory_budget)
 
 
 def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-        target: str | TargetOptions | None = None, dynamic=()):
+        target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
     """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic)
+    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
+                   memory_budget=memory_budget)
 
 
 def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-             target: str | TargetOptions | None = None, dynamic=()):
+             target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
     """`@ts.function`: a compiled function with shape-annotated arguments
     (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic)
+    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
+                   memory_budget=memory_budget)

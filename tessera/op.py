@@ -231,9 +231,9 @@ def silu(x) -> Traced:
 
 
 def gelu(x) -> Traced:
-    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
-    return mul(mul(x, 0.5), add(tanh(inner), 1.0))
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    One op (`tgraph.gelu`): its backward keeps only its input."""
+    return _unary("gelu", "gelu", x)
 
 
 def _compare(kind: str, name: str, a, b) -> Traced:
@@ -669,8 +669,15 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
 
 
 def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bool = True,
-                      norm: str = "layernorm") -> Traced:
+                      norm: str = "layernorm", remat=None) -> Traced:
     """`depth` pre-norm decoder blocks: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    `remat` recomputes each block's forward in the backward instead of
+    keeping its activations (see `ts.remat`): True or "full"
+    (nothing_saveable), "selective" (attention's core only), "dots_saveable",
+    or "auto" (the compile's `memory_budget` chooses). The default, None,
+    keeps everything unless the function is compiled with a `memory_budget`,
+    which then chooses for every block.
 
     `params` is a list of `depth` dicts (see `ts.nn.init_transformer`) with
     `ln1_w, ln1_b, wqkv [D, 3D], wo [D, D], ln2_w, ln2_b, w1 [D, F], b1, w2 [F, D], b2`.
@@ -690,16 +697,19 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
     B, S, D = x.shape
     if D % heads:
         raise ShapeError(f"op.transformer_block: width {D} is not divisible by heads={heads}  [{src}]")
+    from .remat import policy_name, region
+    policy = policy_name("auto" if remat is None else remat, "op.transformer_block")
     normalize = layernorm if norm == "layernorm" else (lambda h, w, b: rmsnorm(h, w))
     for p in params:
-        h = normalize(x, p["ln1_w"], p["ln1_b"])
-        qkv = reshape(matmul(h, p["wqkv"]), B, S, heads, 3, D // heads)
-        q, k, v = (transpose(qkv[:, :, :, i], 1, 2) for i in range(3))
-        a = attention(q, k, v, causal=causal)
-        a = reshape(transpose(a, 1, 2), B, S, D)
-        x = add(x, matmul(a, p["wo"]))
-        h = normalize(x, p["ln2_w"], p["ln2_b"])
-        x = add(x, add(matmul(gelu(add(matmul(h, p["w1"]), p["b1"])), p["w2"]), p["b2"]))
+        with region(policy):
+            h = normalize(x, p["ln1_w"], p["ln1_b"])
+            qkv = reshape(matmul(h, p["wqkv"]), B, S, heads, 3, D // heads)
+            q, k, v = (transpose(qkv[:, :, :, i], 1, 2) for i in range(3))
+            a = attention(q, k, v, causal=causal)
+            a = reshape(transpose(a, 1, 2), B, S, D)
+            x = add(x, matmul(a, p["wo"]))
+            h = normalize(x, p["ln2_w"], p["ln2_b"])
+            x = add(x, add(matmul(gelu(add(matmul(h, p["w1"]), p["b1"])), p["w2"]), p["b2"]))
     return x
 
 

@@ -27,6 +27,7 @@ from .codegen.tile_emitter import EmitError
 from .ir.locations import source_of
 from .ir.options import TARGETS, TargetOptions
 from .ir.sharding import PER_RANK_OPS
+from .memory import graph_facts, plan_memory
 
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
@@ -102,6 +103,8 @@ class Levels:
     module: ir.Module | None = field(default=None, repr=False)
     #: what tessera-partition inserted, with the Python line that caused each
     collectives: list = field(default_factory=list, repr=False)
+    #: {function: MemoryPlan}: each rank's planned peak (see memory.py)
+    memory: dict = field(default_factory=dict, repr=False)
 
     def items(self):
         return [("graph", self.graph), ("autodiff", self.autodiff), ("partitioned", self.partitioned),
@@ -155,18 +158,22 @@ def target_options(target: str | TargetOptions | None) -> TargetOptions:
     return TargetOptions(target=target)
 
 
-def lower(module: ir.Module, target: str | TargetOptions = "cpu") -> Levels:
+def lower(module: ir.Module, target: str | TargetOptions = "cpu",
+          plan_only: bool = False) -> Levels:
     """Lowers `module` (Graph IR) in place through every level, with
     `target`'s options (a TargetOptions, or a target name for the default
     options). On the CPU matmuls become BLAS library calls and the kernels
     C++; on the GPU matmuls are tiled Tile IR GEMMs (see
-    tessera-lower-to-tile) and the kernels CUDA C++ for sm_90a."""
+    tessera-lower-to-tile) and the kernels CUDA C++ for sm_90a.
+    `plan_only`: stop at Tile IR, with the memory plan (no GPU schedule, no
+    kernel source)."""
     options = target_options(target)
     target = options.target
     levels = Levels(graph=str(module), target=target, options=options)
     module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
+    facts = graph_facts(module)
     for stage, flags in STAGES:
-        if stage == "gpu" and target != "gpu":
+        if stage == "gpu" and (target != "gpu" or plan_only):
             continue
         pm = passmanager.PassManager("builtin.module", context=module.context)
         add_passes(pm, flags, options)
@@ -177,6 +184,11 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu") -> Levels:
         setattr(levels, stage, str(module))
         if stage == "partitioned":
             levels.collectives = collectives_of(module)
+        if stage == "tile":
+            levels.memory = plan_memory(module, facts)
+    levels.module = module
+    if plan_only:
+        return levels
     try:
         if target == "cpu":
             levels.cpp = emit_cpp(module)
@@ -185,5 +197,4 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu") -> Levels:
     except EmitError as err:
         where = _where(err.location) if err.location is not None else ""
         raise CompileError(f"{where}error: {err}") from None
-    levels.module = module
     return levels

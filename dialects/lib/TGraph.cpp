@@ -236,6 +236,35 @@ LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
       return op->emitError("'tgraph.scatter_partials' must be an array of mesh axis names");
     return success();
   }
+  if (attr.getName() == "tgraph.remat") {
+    // An op of a recomputation region (tessera.remat): the autodiff pass
+    // recomputes the region's forward before its backward, keeping what
+    // `policy` saves. Consumed by tessera-autodiff.
+    auto dict = llvm::dyn_cast<DictionaryAttr>(attr.getValue());
+    auto region = dict ? llvm::dyn_cast_or_null<IntegerAttr>(dict.get("region")) : nullptr;
+    auto policy = dict ? llvm::dyn_cast_or_null<StringAttr>(dict.get("policy")) : nullptr;
+    if (!region || !policy || dict.size() != 2)
+      return op->emitError("'tgraph.remat' must be a dictionary with an integer 'region' and a "
+                           "string 'policy'");
+    if (region.getInt() < 0)
+      return op->emitError() << "'tgraph.remat' region must be >= 0, got " << region.getInt();
+    if (!llvm::is_contained(llvm::ArrayRef<llvm::StringRef>{"none", "nothing_saveable",
+                                                             "dots_saveable", "selective"},
+                            policy.getValue()))
+      return op->emitError() << "unknown 'tgraph.remat' policy '" << policy.getValue()
+                             << "' (none, nothing_saveable, dots_saveable, selective)";
+    if (op->getDialect() != this || op->getNumResults() == 0)
+      return op->emitError("'tgraph.remat' marks tgraph ops with results");
+    return success();
+  }
+  if (attr.getName() == "tgraph.recompute") {
+    // A copy tessera-autodiff made of region `value`'s forward op, read by the
+    // region's backward (it keeps CSE from merging it with the original).
+    auto region = llvm::dyn_cast<IntegerAttr>(attr.getValue());
+    if (!region || region.getInt() < 0)
+      return op->emitError("'tgraph.recompute' must be a non-negative integer (the region)");
+    return success();
+  }
   if (attr.getName() == getShardingAttrName()) {
     // Ops with several results (attention) give them all one sharding.
     if (op->getNumResults() == 0)

@@ -7,6 +7,23 @@ given the cotangent of an op's result it adds the cotangents of its float
 operands. The seed is d loss / d loss = 1. Cotangents reaching the same value
 are summed; a `%wi` that `%loss` does not depend on gets a zero gradient.
 
+Recomputation (`tessera.remat`): forward ops marked `tgraph.remat = {region
+= R, policy = P}` are not kept for the backward. When the reverse walk
+reaches region R's last op, the region's forward is copied right there (each
+copy marked `tgraph.recompute = R`, which keeps CSE from merging it back
+into the original) and the region's VJP rules read the copies; the
+originals die with their last forward use. The copies are the same ops on
+the same inputs, so they compute the same bits (the CPU kernels round every
+op, whatever it is fused with). They are not sunk to their first readers:
+a block's second half reads its first half, so that would not shrink the
+working set, and it breaks the fused runs (measured: 1.25 MiB more at the
+peak of an 8-block GPT). What a policy keeps instead
+of recomputing: `nothing_saveable` nothing (only the region's inputs, which
+are defined outside it), `dots_saveable` matmul products, `selective`
+everything but attention (Megatron's selective recomputation of the
+attention core); `none` marks a candidate region that is kept (the memory
+budget may choose a policy for it). Copies nothing reads fold away.
+
 Backward ops take the location of the forward op they come from, named
 `tessera.backward` (which tessera-pipeline-schedule reads to tell a stage's
 backward from its forward). Every rule below is Graph IR built with
@@ -23,7 +40,7 @@ from tessera_mlir.dialects import func, tgraph
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.pipeline import backward_location
+from tessera_compiler.ir.pipeline import backward_location, recompute_location
 from tessera_compiler.ir.sharding import Sharding, meshes_of
 from tessera_compiler.ir.spmd import (PER_RANK_COLLECTIVES, Varying, axis_of, body_of,
                                      new_local_function, returned)
@@ -253,6 +270,65 @@ def _ops_between(body: list, sources, targets) -> list:
     return _feeding(forward, targets)
 
 
+REMAT = "tgraph.remat"
+RECOMPUTE = "tgraph.recompute"
+#: what each policy keeps instead of recomputing (None: anything it meets)
+SAVED_BY_POLICY = {"nothing_saveable": lambda op: False,
+                   "dots_saveable": lambda op: op.name == "tgraph.matmul",
+                   "selective": lambda op: op.name != "tgraph.attention"}
+#: ops never copied: a per-rank body's VJP recomputes its body itself
+NOT_RECOMPUTED = {"tgraph.spmd", "tgraph.grad"}
+
+
+def remat_of(op: ir.Operation) -> tuple[int, str] | None:
+    """(region, policy) of an op in a recomputation region, else None."""
+    if REMAT not in op.attributes:
+        return None
+    d = ir.DictAttr(op.attributes[REMAT])
+    return ir.IntegerAttr(d["region"]).value, ir.StringAttr(d["policy"]).value
+
+
+class Recompute:
+    """The recomputed copies of the regions' forward ops, made the first time
+    the reverse walk needs one (at the region's last op: right before its
+    backward, so the copies live only as long as the backward reads them)."""
+
+    def __init__(self, body: list):
+        self.regions: dict = {}
+        for op in body:
+            marked = remat_of(op)
+            if marked is not None and marked[1] != "none":
+                self.regions.setdefault(marked[0], (marked[1], []))[1].append(op)
+        self.copies: dict = {}          # forward op -> its copy
+        self.done: set = set()
+
+    def primal(self, op: ir.Operation) -> ir.Operation:
+        """The op whose operands and results `op`'s VJP should read."""
+        marked = remat_of(op)
+        if marked is None or marked[0] not in self.regions:
+            return op
+        if marked[0] not in self.done:
+            self.done.add(marked[0])
+            self._copy(marked[0])
+        return self.copies.get(op, op)
+
+    def _copy(self, region: int) -> None:
+        policy, region_ops = self.regions[region]
+        saved = SAVED_BY_POLICY[policy]
+        mapping: dict = {}
+        for op in region_ops:
+            if op.name in NOT_RECOMPUTED or saved(op):
+                continue
+            copy = op.clone()
+            for index, v in enumerate(op.operands):
+                copy.operands[index] = mapping.get(v, v)
+            copy.location = recompute_location(op.location)
+            del copy.attributes[REMAT]
+            copy.attributes[RECOMPUTE] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), region)
+            mapping.update(zip(op.results, copy.results))
+            self.copies[op] = copy
+
+
 def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
     """Reverse mode over the ops of `body` on a path from `sources` to the
     seeded values: `seeds` are (value, cotangent) pairs; `rule(op, cts)`
@@ -260,6 +336,7 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
     may change a cotangent before it is added to `value`'s. Builds at the
     current insertion point; returns every value's summed cotangent."""
     rule = rule or vjp
+    recompute = Recompute(body)
     cotangent: dict = {}
 
     def accumulate(value, g):
@@ -274,7 +351,7 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
         if all(g is None for g in cts):
             continue
         with backward_location(op.location):
-            for operand, ct in zip(op.operands, rule(op, cts)):
+            for operand, ct in zip(op.operands, rule(recompute.primal(op), cts)):
                 if ct is not None and gb.is_float(operand):
                     accumulate(operand, ct)
     return cotangent
@@ -298,4 +375,8 @@ def run(op, pass_, options: TargetOptions):
             for o in ops_of(f):
                 if o.name == "tgraph.grad":
                     differentiate(o)
+        for f in functions(op):           # the regions are consumed
+            for o in ops_of(f):
+                if REMAT in o.attributes:
+                    del o.attributes[REMAT]
     run_reporting(op, pass_, body)

@@ -159,8 +159,9 @@ class ScheduleBuilder:
                         clone.operands[i] = mapped[v] if v in inside else next(args)
                     for r, c in zip(op.results, clone.results):
                         mapped[r] = c
-                    if "tgraph.sharding" in clone.attributes:
-                        del clone.attributes["tgraph.sharding"]
+                    for attr in ("tgraph.sharding", "tgraph.recompute"):   # (kernels merge
+                        if attr in clone.attributes:                       # by their text)
+                            del clone.attributes[attr]
                 func.ReturnOp(list(clone.results))
         return name, inputs
 

@@ -47,6 +47,9 @@ _VARIABLES = [
     Variable("TESSERA_COLLECTIVE_REPORT", "frontend", "",
              "a byte count: print the collectives each compiled function needs that move at "
              "least that many bytes per rank, with the Python line behind each"),
+    Variable("TESSERA_MEMORY_REPORT", "frontend", "0",
+             "1: rank 0 prints each compiled function's memory plan (peak bytes per rank and "
+             "what holds it; `tessera trace --memory` sets it)"),
     Variable("TESSERA_SHOW_IR", "compiler", "0",
              "1: compile errors include the IR of the operation that failed (MLIR's "
              "'see current operation' note)"),

@@ -21,6 +21,7 @@ The executor only uses the `Engine` and `Communicator` interfaces and the
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -65,6 +66,10 @@ class ScheduleExecutor:
     #: "collective:wait": the time the rank spent starting collectives and
     #: blocked waiting for them) over every run of every program (bench/).
     profile: dict | None = None
+    #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
+    #: allocation the schedule makes; what the compiler's memory plan predicts)
+    memory: dict | None = None
+
     def __init__(self, program: ProgramSpec, engine, communicators: dict):
         self.program = program
         self.engine = engine
@@ -292,12 +297,17 @@ class ScheduleExecutor:
         (a training step runs hundreds of launches; per-call lookups add up)."""
         if getattr(self, "_prepared", None) is None:
             eng, plan, symmetric = self.engine, [], set()
+            # Buffers are written once (by their producer), so a reshape can
+            # be a view of its input instead of a copy, its buffer never allocated.
+            views = {ins["args"][1] for ins in self.instructions
+                     if ins.op == "launch" and ins.get("library") == "reshape"}
+            shapes: dict = {}
             for ins in self.instructions:
-                if ins.op == "launch" and ins.get("library") == "reshape":
-                    # Buffers are written once (by their producer), so a reshape
-                    # can be a view of its input instead of a copy.
+                if ins.op == "alloc" and ins["result"] in views:
+                    shapes[ins["result"]] = tuple(ins["shape"])
+                elif ins.op == "launch" and ins.get("library") == "reshape":
                     src, dst = ins["args"]
-                    plan.append(("view", src, dst, ins))
+                    plan.append(("view", src, (dst, shapes[dst]), ins))
                 elif ins.op == "launch":
                     stream = eng.stream(ins["stream"])
                     if "library" in ins.fields:
@@ -315,7 +325,9 @@ class ScheduleExecutor:
                     plan.append(("symmetric", ins["result"],
                                  (tuple(ins["shape"]), ins["dtype"], ins.index), ins))
                 elif ins.op == "alloc":
-                    plan.append(("alloc", ins["result"], (tuple(ins["shape"]), ins["dtype"]), ins))
+                    shape, dtype = tuple(ins["shape"]), ins["dtype"]
+                    plan.append(("alloc", ins["result"],
+                                 (shape, dtype, math.prod(shape) * np.dtype(dtype).itemsize), ins))
                 elif ins.op == "free" and ins["buffer"] in symmetric:
                     plan.append(("forget", ins["buffer"], None, ins))
                 elif ins.op == "free":
@@ -345,6 +357,12 @@ class ScheduleExecutor:
                   for spec, arr in zip(self.program.inputs, local_inputs)}
         pending: dict = {}
         profile = ScheduleExecutor.profile
+        # The bytes this rank holds: the inputs (copied in), each allocation
+        # until its free; a view keeps its input's allocation alive.
+        size = {spec.value: values[spec.value].nbytes for spec in self.program.inputs}
+        live = peak = sum(size.values())
+        root: dict = {}          # view -> the buffer owning its memory
+        holders: dict = {}       # buffer with views -> how many refer to it
         try:
             for op, a, b, ins in self._plan():
                 if op == "call":
@@ -355,15 +373,30 @@ class ScheduleExecutor:
                         a([values[v] for v in b])
                         _count(profile, ins["profile_key"], time.perf_counter() - t0)
                 elif op == "view":
-                    values[b] = eng.reshape_view(values[a], values[b].shape)
+                    values[b[0]] = eng.reshape_view(values[a], b[1])
+                    owner = root[b[0]] = root.get(a, a)
+                    holders[owner] = holders.get(owner, 1) + 1
                 elif op == "alloc":
-                    values[a] = eng.alloc(*b)
+                    values[a] = eng.alloc(b[0], b[1])
+                    size[a] = b[2]
+                    live += b[2]
+                    peak = max(peak, live)
                 elif op == "free":
                     eng.free(values.pop(a))
+                    owner = root.pop(a, a)
+                    count = holders.pop(owner, 1) - 1
+                    if count:
+                        holders[owner] = count
+                    else:
+                        live -= size.pop(owner)
                 elif op == "symmetric":
                     values[a] = eng.alloc_symmetric(*b)
+                    size[a] = values[a].nbytes
+                    live += size[a]
+                    peak = max(peak, live)
                 elif op == "forget":
                     values.pop(a)
+                    live -= size.pop(a)
                 elif op == "event_record":
                     values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
                 elif op == "event_wait":
@@ -391,6 +424,7 @@ class ScheduleExecutor:
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
                     eng.synchronize()
+                    self.memory = {"peak_bytes": peak, "end_bytes": live}
                     return [eng.to_host(values[v], spec.dtype)
                             for v, spec in zip(ins["values"], self.program.outputs)]
         finally:

@@ -40,6 +40,12 @@ class Program:
         shards (one array per `outputs` entry, of its `local_shape`)."""
         return self._executor.run(list(local_inputs))
 
+    @property
+    def memory(self) -> dict | None:
+        """The last run's bytes on this rank: {"peak_bytes", "end_bytes"}
+        (its inputs and every buffer the schedule allocates)."""
+        return self._executor.memory
+
     def shard_inputs(self, global_inputs) -> list:
         """This rank's local shards of full (global) input arrays, following
         each input's `sharding`. Inputs that are partial sums cannot be

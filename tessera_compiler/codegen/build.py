@@ -22,9 +22,12 @@ from tessera_runtime import env
 # record the source, so another machine rebuilds). No -ffast-math: isfinite
 # checks (x - x == 0) and inf masks must keep IEEE semantics. -fno-trapping-math
 # (we never enable FP traps) lets GCC if-convert the selects in exp/tanh and so
-# vectorize them: 6x on a GELU.
-CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-std=c++17",
-             "-shared", "-fPIC"]
+# vectorize them: 6x on a GELU. -ffp-contract=off: every op rounds its result
+# (as numpy does), so a value's bits do not depend on which ops a kernel fused
+# it with; GCC's default for C++ contracts a*b+c across statements into an FMA,
+# and a recomputed value (ts.remat) fused differently would change bits.
+CXX_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
+             "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC"]
 # sm_90a: Hopper with its arch-specific features (wgmma.mma_async); such a
 # cubin runs on compute capability 9.0 (H100, H200) only. Kernels guard their
 # wgmma loops, so the same source also builds for plain sm_90.

@@ -75,6 +75,37 @@ def _tanh_vjp(x, out, g, op):
     return [gb.binary("mul", g, gb.binary("sub", one, gb.binary("mul", out, out)))]
 
 
+#: GELU's tanh approximation: 0.5 x (1 + tanh(C (x + K x^3)))
+GELU_C, GELU_K = 0.7978845608028654, 0.044715
+
+
+def _gelu_c(em, op, ct, a):
+    inner = f"({ct}){GELU_C!r} * ({a} + ({ct}){GELU_K!r} * {a} * {a} * {a})"
+    return f"({ct})0.5 * {a} * (({ct})1 + {em.fast(ct, 'tanh', inner)})"
+
+
+def _gelu_numpy(a, op):
+    return 0.5 * a * (1 + np.tanh(GELU_C * (a + GELU_K * a ** 3)))
+
+
+def _gelu_vjp(x, out, g, op):
+    # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) C (1 + 3 K x^2), t = tanh(C (x + K x^3)):
+    # from the input alone, so the backward keeps nothing else (it fuses into one kernel).
+    x0 = x[0]
+
+    def c(v):
+        return gb.fill(gb.shape_of(x0), gb.element_of(x0), v)
+
+    def mul(a, b):
+        return gb.binary("mul", a, b)
+    x2 = mul(x0, x0)
+    t = gb.unary("tanh", mul(c(GELU_C), gb.binary("add", x0, mul(c(GELU_K), mul(x2, x0)))))
+    left = mul(c(0.5), gb.binary("add", c(1.0), t))
+    slope = mul(c(GELU_C), gb.binary("add", c(1.0), mul(c(3 * GELU_K), x2)))
+    right = mul(mul(mul(c(0.5), x0), gb.binary("sub", c(1.0), mul(t, t))), slope)
+    return [mul(g, gb.binary("add", left, right))]
+
+
 def _sqrt_vjp(x, out, g, op):
     half = gb.fill(gb.shape_of(out), gb.element_of(out), 0.5)
     return [gb.binary("div", gb.binary("mul", g, half), out)]
@@ -135,6 +166,7 @@ _TABLE = [
                 domain="positive"),
     Elementwise("tanh", 1, "hyperbolic tangent", lambda em, op, ct, a: em.fast(ct, "tanh", a),
                 lambda a, op: np.tanh(a), _tanh_vjp),
+    Elementwise("gelu", 1, "GELU (tanh approximation)", _gelu_c, _gelu_numpy, _gelu_vjp),
     Elementwise("sqrt", 1, "square root", lambda em, op, ct, a: em.math("sqrt", a),
                 lambda a, op: np.sqrt(a), _sqrt_vjp, domain="positive"),
     Elementwise("rsqrt", 1, "1 / sqrt(x)",

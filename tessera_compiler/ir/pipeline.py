@@ -39,6 +39,8 @@ ALIASES = {"gpipe": "gpipe", "1f1b": "1F1B", "interleaved": "interleaved",
            "zb": "zero_bubble", "zbh1": "zero_bubble", "zb-h1": "zero_bubble"}
 #: the name autodiff gives backward ops' locations
 BACKWARD = "tessera.backward"
+#: ... and the copies it makes of a recomputation region's forward (also backward)
+RECOMPUTE = "tessera.recompute"
 #: the attribute naming the rank (and stage action) that runs an op:
 #: {axis, rank} and, for a stage's work, {kind, stage, chunk, microbatch}
 ACTION = "tsched.action"
@@ -103,11 +105,17 @@ def backward_location(loc: ir.Location) -> ir.Location:
     return ir.Location.name(BACKWARD, childLoc=loc)
 
 
+def recompute_location(loc: ir.Location) -> ir.Location:
+    """`loc` marked as a recomputed forward op's (backward code too)."""
+    return ir.Location.name(RECOMPUTE, childLoc=backward_location(loc))
+
+
 @dataclass
 class Tag:
     stage: int | None = None
     microbatch: int | None = None
     backward: bool = False
+    recompute: bool = False
 
 
 def tag_of(loc: ir.Location) -> Tag:
@@ -120,6 +128,8 @@ def tag_of(loc: ir.Location) -> Tag:
             name = loc.name_str
             if name == BACKWARD:
                 tag.backward = True
+            elif name == RECOMPUTE:
+                tag.recompute = True
             elif name.startswith(PIPELINE_PREFIX):
                 for part in name[len(PIPELINE_PREFIX) + 1:].split(":"):
                     key, _, value = part.partition("=")

@@ -169,3 +169,62 @@ func.func private @send_body(%x: tensor<2xf32>) -> tensor<2xf32> attributes {tgr
   %r = tgraph.recv on @mesh["dp"] from 1 : tensor<2xf32>
   return %r : tensor<2xf32>
 }
+
+// -----
+
+// Recomputation (ts.remat, policy nothing_saveable): the region's forward is
+// copied right before its backward, each copy marked tgraph.recompute; the
+// tanh's VJP reads the copy, so the forward tanh dies with its last forward
+// use. The region marks are consumed.
+// CHECK-LABEL: func.func @remat_nothing_saveable
+// CHECK-NOT: tgraph.remat
+// CHECK: %[[MM:.*]] = tgraph.matmul %arg0, %arg1 : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT: %[[TANH:.*]] = tgraph.tanh %[[MM]] : tensor<4x8xf32>
+// CHECK-NEXT: %[[SUM:.*]] = tgraph.reduce <sum> %[[TANH]]
+// CHECK: %[[MM2:.*]] = tgraph.matmul %arg0, %arg1 {tgraph.recompute = 0 : i64} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+// CHECK-NEXT: %[[TANH2:.*]] = tgraph.tanh %[[MM2]] {tgraph.recompute = 0 : i64} : tensor<4x8xf32>
+// CHECK: tgraph.mul %[[TANH2]], %[[TANH2]] : tensor<4x8xf32>
+// CHECK-NOT: tgraph.mul %[[TANH]]
+// CHECK: return
+func.func @remat_nothing_saveable(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %0 = tgraph.matmul %x, %w {tgraph.remat = {policy = "nothing_saveable", region = 0 : i64}} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %1 = tgraph.tanh %0 {tgraph.remat = {policy = "nothing_saveable", region = 0 : i64}} : tensor<4x8xf32>
+  %2 = tgraph.reduce <sum> %1 dims [0, 1] : tensor<4x8xf32> -> tensor<1x1xf32>
+  %3 = tgraph.reshape %2 : tensor<1x1xf32> to tensor<f32>
+  %4 = tgraph.grad %3 wrt %w : tensor<f32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  return %4 : tensor<8x8xf32>
+}
+
+// -----
+
+// dots_saveable keeps the matmul's product: only the tanh is recomputed, from it.
+// CHECK-LABEL: func.func @remat_dots_saveable
+// CHECK: %[[MM:.*]] = tgraph.matmul %arg0, %arg1 : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+// CHECK-NOT: tgraph.matmul %arg0, %arg1 {tgraph.recompute
+// CHECK: %[[TANH2:.*]] = tgraph.tanh %[[MM]] {tgraph.recompute = 5 : i64} : tensor<4x8xf32>
+// CHECK: tgraph.mul %[[TANH2]], %[[TANH2]] : tensor<4x8xf32>
+func.func @remat_dots_saveable(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %0 = tgraph.matmul %x, %w {tgraph.remat = {policy = "dots_saveable", region = 5 : i64}} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %1 = tgraph.tanh %0 {tgraph.remat = {policy = "dots_saveable", region = 5 : i64}} : tensor<4x8xf32>
+  %2 = tgraph.reduce <sum> %1 dims [0, 1] : tensor<4x8xf32> -> tensor<1x1xf32>
+  %3 = tgraph.reshape %2 : tensor<1x1xf32> to tensor<f32>
+  %4 = tgraph.grad %3 wrt %w : tensor<f32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  return %4 : tensor<8x8xf32>
+}
+
+// -----
+
+// selective recomputes attention only, and a candidate region (policy none)
+// nothing: without attention both differentiate as if unmarked.
+// CHECK-LABEL: func.func @remat_selective_and_none
+// CHECK-NOT: tgraph.recompute
+// CHECK-NOT: tgraph.remat
+// CHECK: return
+func.func @remat_selective_and_none(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %0 = tgraph.matmul %x, %w {tgraph.remat = {policy = "selective", region = 0 : i64}} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %1 = tgraph.tanh %0 {tgraph.remat = {policy = "none", region = 1 : i64}} : tensor<4x8xf32>
+  %2 = tgraph.reduce <sum> %1 dims [0, 1] : tensor<4x8xf32> -> tensor<1x1xf32>
+  %3 = tgraph.reshape %2 : tensor<1x1xf32> to tensor<f32>
+  %4 = tgraph.grad %3 wrt %w : tensor<f32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  return %4 : tensor<8x8xf32>
+}

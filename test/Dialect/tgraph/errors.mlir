@@ -649,3 +649,42 @@ func.func @f() -> tensor<4xf32> {
 func.func @f() attributes {tgraph.pipeline = {axis = "pp"}} {
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{unknown 'tgraph.remat' policy 'everything' (none, nothing_saveable, dots_saveable, selective)}}
+  %0 = tgraph.tanh %x {tgraph.remat = {policy = "everything", region = 0 : i64}} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.remat' must be a dictionary with an integer 'region' and a string 'policy'}}
+  %0 = tgraph.tanh %x {tgraph.remat = {policy = "selective"}} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.remat' region must be >= 0, got -1}}
+  %0 = tgraph.tanh %x {tgraph.remat = {policy = "selective", region = -1 : i64}} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @below {{'tgraph.remat' marks tgraph ops with results}}
+func.func @f() attributes {tgraph.remat = {policy = "selective", region = 0 : i64}} {
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.recompute' must be a non-negative integer (the region)}}
+  %0 = tgraph.tanh %x {tgraph.recompute = "0"} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}

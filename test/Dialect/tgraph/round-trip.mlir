@@ -152,3 +152,13 @@ func.func @transfers(%x: tensor<4x8xf32>) -> tensor<4x8xf32> attributes {tgraph.
   %1 = tgraph.transfer %0 on @mesh["tp"] from 2 : tensor<4x8xf32>
   return %1 : tensor<4x8xf32>
 }
+
+// Recomputation marks: a region's ops (tessera.remat) and autodiff's copies.
+// CHECK-LABEL: func.func @remat_marks
+// CHECK: tgraph.tanh %{{.*}} {tgraph.remat = {policy = "dots_saveable", region = 3 : i64}} : tensor<4xf32>
+// CHECK: tgraph.tanh %{{.*}} {tgraph.recompute = 3 : i64} : tensor<4xf32>
+func.func @remat_marks(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %0 = tgraph.tanh %x {tgraph.remat = {policy = "dots_saveable", region = 3 : i64}} : tensor<4xf32>
+  %1 = tgraph.tanh %x {tgraph.recompute = 3 : i64} : tensor<4xf32>
+  return %0, %1 : tensor<4xf32>, tensor<4xf32>
+}

@@ -60,6 +60,8 @@ class Program:
     results: list = field(default_factory=list)     # Values
     wrt: list = field(default_factory=list)         # inputs differentiated (a gradient program)
     specs: dict = field(default_factory=dict)       # argument -> (partition, mesh_axes, partial)
+    #: (first step, end step, policy): those steps as a ts.remat region
+    remat: tuple | None = None
 
     @property
     def elementwise_exact(self) -> bool:
@@ -81,6 +83,15 @@ class Program:
         args = ", ".join(v.name for v in self.arguments())
         lines = [f"def program({args}):"]
         lines += [f"    {s.out.name} = {s.text}" for s in self.steps]
+        if self.remat is not None:
+            first, end, policy = self.remat
+            before = [v.name for v in self.arguments()] + [s.out.name for s in self.steps[:first]]
+            made = ", ".join(s.out.name for s in self.steps[first:end]) + ","
+            lines[1 + first:1 + end] = (
+                [f"    def region({', '.join(before)}):"]
+                + [f"        {s.out.name} = {s.text}" for s in self.steps[first:end]]
+                + [f"        return {made}",
+                   f"    {made} = ts.remat(region, policy={policy!r})({', '.join(before)})"])
         if self.wrt:
             lines.append(f"    loss = op.sum(op.mul({self.results[0].name}, weight))")
             lines.append(f"    return ts.grad(loss, [{', '.join(v.name for v in self.wrt)}])")
@@ -595,6 +606,11 @@ def gradient_programs(draw, max_steps: int = 5):
     floats = [v for v in p.inputs if v.dtype == "f32"]
     p.results = p.results[:1]
     p.wrt = draw(st.lists(st.sampled_from(floats), min_size=1, max_size=len(floats), unique=True))
+    if p.steps and draw(st.booleans()):         # some steps recomputed in the backward
+        first = draw(st.integers(0, len(p.steps) - 1))
+        end = draw(st.integers(first + 1, len(p.steps)))
+        p.remat = (first, end, draw(st.sampled_from(
+            ["nothing_saveable", "dots_saveable", "selective"])))
     return p
 
 

@@ -4,8 +4,10 @@ failure prints the minimal program hypothesis shrank it to, as a script
 that runs it. TESSERA_FUZZ_EXAMPLES=N runs N programs per test from a fresh
 seed (see docs/testing.md)."""
 
+import dataclasses
 import itertools
 
+import numpy as np
 from hypothesis import given, note
 
 import oracles
@@ -48,7 +50,8 @@ def test_random_gradients_match_finite_differences(p, tmp_path_factory):
     """ts.grad of sum(result * weight) by a random subset of a random
     program's inputs matches central differences of the float64 numpy
     reference wherever the loss is differentiable (one-sided differences
-    agree)."""
+    agree); with some steps in a ts.remat region (random policy), its
+    gradients are also the same bits as without the region."""
     seed = 1
     arrays = p.draw_inputs(seed)
     note(p.source(seed))
@@ -58,3 +61,10 @@ def test_random_gradients_match_finite_differences(p, tmp_path_factory):
         raise AssertionError(_failure(p, seed, f"{type(e).__name__}: {e}")) from None
     wrong = oracles.judge_gradient(p, arrays, got)
     assert wrong is None, _failure(p, seed, wrong)
+    if p.remat is not None:
+        # Recomputation repeats the same kernels: the same bits as without it.
+        plain = _run(dataclasses.replace(p, remat=None), arrays, tmp_path_factory)
+        for a, b in zip(got, plain):
+            a, b = np.ascontiguousarray(np.asarray(a)), np.ascontiguousarray(np.asarray(b))
+            assert a.tobytes() == b.tobytes(), _failure(
+                p, seed, f"ts.remat{p.remat} changed the gradients' bits")

@@ -99,6 +99,6 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
         "symmetric_allocs": tile.count("tsched.alloc {symmetric}"),
         "collectives": schedule.count("tsched.collective_start"),
         "kernels": tile.count("ttile.kernel @"),
-        "epilogue_in_fused_gemm": ("ttile.tanh" in fused_kernel) == epilogue
+        "epilogue_in_fused_gemm": ("ttile.gelu" in fused_kernel) == epilogue
                                   and "ttile.add" in fused_kernel,
     }))

@@ -31,6 +31,14 @@ def TGraph_Dialect : Dialect {
     carries one too. `tessera-partition` rewrites the function to local
     (per-rank) shapes and inserts the collectives the shardings imply.
 
+    Recomputation (`tessera.remat`): the ops of a region carry
+    `tgraph.remat = {region = N : i64, policy = "..."}` (policy
+    `nothing_saveable`, `dots_saveable`, `selective`, or `none` for a
+    candidate region the memory budget may choose for). `tessera-autodiff`
+    consumes them: it copies the region's forward before the region's
+    backward, marking each copy `tgraph.recompute = N : i64` (which keeps CSE
+    from merging it back into the original).
+
     ```mlir
     tgraph.mesh @mesh axes = ["tp"] shape = [2]
     func.func @mlp(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], []]>},
@@ -205,6 +213,10 @@ def TGraph_NegOp : TGraph_UnaryOp<"neg", "negation">;
 def TGraph_ExpOp : TGraph_UnaryOp<"exp", "e^x">;
 def TGraph_LogOp : TGraph_UnaryOp<"log", "natural logarithm">;
 def TGraph_TanhOp : TGraph_UnaryOp<"tanh", "hyperbolic tangent">;
+// One op, not a composite: its VJP keeps its input only (a composite of
+// eight primitives keeps about twelve intermediates of the MLP's width).
+def TGraph_GeluOp : TGraph_UnaryOp<"gelu",
+    "GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))">;
 def TGraph_SqrtOp : TGraph_UnaryOp<"sqrt", "square root">;
 def TGraph_RsqrtOp : TGraph_UnaryOp<"rsqrt", "1 / sqrt(x)">;
 

@@ -357,6 +357,7 @@ def TTile_Exp2Op : TTile_UnaryOp<"exp2", "2^x">;
 def TTile_NegOp : TTile_UnaryOp<"neg", "-x">;
 def TTile_LogOp : TTile_UnaryOp<"log", "log(x)">;
 def TTile_TanhOp : TTile_UnaryOp<"tanh", "tanh(x)">;
+def TTile_GeluOp : TTile_UnaryOp<"gelu", "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))">;
 def TTile_SqrtOp : TTile_UnaryOp<"sqrt", "sqrt(x)">;
 def TTile_RsqrtOp : TTile_UnaryOp<"rsqrt", "1 / sqrt(x)">;
 
