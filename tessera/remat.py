@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager
 
-from tessera_mlir import ir
+from tessera_compiler.ir.remat import REMAT, mark
 
 from ._source import user_frame
 from ._trace import current
@@ -38,8 +38,6 @@ POLICIES = ("nothing_saveable", "dots_saveable", "selective")
 _ALIASES = {True: "nothing_saveable", "full": "nothing_saveable", "auto": "none",
             False: None, None: None, "none": None,
             **{p: p for p in POLICIES}}
-#: the Graph IR attribute marking an op of a region
-REMAT = "tgraph.remat"
 
 
 def policy_name(policy, what: str) -> str | None:
@@ -83,9 +81,7 @@ def region(policy: str | None):
     number = state.remat_regions
     state.remat_regions += 1
     yield
-    marks = ir.DictAttr.get({"region": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), number),
-                             "policy": ir.StringAttr.get(policy)})
     for op in list(block.operations)[before:]:
         op = op.operation
         if op.name.startswith("tgraph.") and len(op.results) and REMAT not in op.attributes:
-            op.attributes[REMAT] = marks
+            mark(op, number, policy)

@@ -35,6 +35,7 @@ from tessera_mlir import ir
 
 from .ir.locations import location_name, source_of
 from .ir.pipeline import action_rank, tag_of
+from .ir.remat import remat_of
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "communication",
               "inputs", "update")
@@ -163,11 +164,9 @@ def graph_facts(module: ir.Module) -> GraphFacts:
                     if isinstance(v, ir.BlockArgument) and v.owner == block:
                         facts.parameters.setdefault(name, set()).add(v.arg_number)
                 facts.loss_inputs.setdefault(name, set()).update(_arguments_under(op.operands[0]))
-            if "tgraph.remat" in op.attributes:
-                d = ir.DictAttr(op.attributes["tgraph.remat"])
-                policy = ir.StringAttr(d["policy"]).value
-                if policy != "none":
-                    facts.remat.setdefault(name, {})[ir.IntegerAttr(d["region"]).value] = policy
+            marked = remat_of(op)
+            if marked is not None and marked[1] != "none":
+                facts.remat.setdefault(name, {})[marked[0]] = marked[1]
     return facts
 
 

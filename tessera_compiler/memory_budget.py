@@ -28,11 +28,11 @@ from tessera_mlir import ir
 
 from .ir.options import TargetOptions
 from .ir.pipeline import flops
+from .ir.remat import RECOMPUTED, mark, remat_of
 from .pipeline import CompileError, Levels, lower
 
 #: the policies in the order they cost recomputed FLOPs
 LEVELS = ("none", "selective", "dots_saveable", "nothing_saveable")
-REMAT = "tgraph.remat"
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -88,10 +88,9 @@ def candidates(module: ir.Module) -> dict:
             continue
         for op in f.regions[0].blocks[0].operations:
             op = op.operation
-            if REMAT in op.attributes:
-                d = ir.DictAttr(op.attributes[REMAT])
-                if ir.StringAttr(d["policy"]).value == "none":
-                    regions.setdefault(ir.IntegerAttr(d["region"]).value, []).append(op)
+            marked = remat_of(op)
+            if marked is not None and marked[1] == "none":
+                regions.setdefault(marked[0], []).append(op)
     return regions
 
 
@@ -104,11 +103,7 @@ def _cost(op: ir.Operation) -> float:
 
 def recompute_flops(ops: list, policy: str) -> float:
     """FLOPs a region's backward recomputes under `policy`."""
-    recomputed = {"none": lambda op: False,
-                  "selective": lambda op: op.name == "tgraph.attention",
-                  "dots_saveable": lambda op: op.name != "tgraph.matmul",
-                  "nothing_saveable": lambda op: True}[policy]
-    return sum(_cost(op) for op in ops if recomputed(op))
+    return sum(_cost(op) for op in ops if RECOMPUTED[policy](op))
 
 
 def _with_policies(module: ir.Module, policies: dict) -> ir.Module:
@@ -181,6 +176,4 @@ def apply(module: ir.Module, choice: Choice) -> None:
 def _set(module: ir.Module, regions: dict, policies: dict) -> None:
     for region, ops in regions.items():
         for op in ops:
-            op.attributes[REMAT] = ir.DictAttr.get({
-                "region": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), region),
-                "policy": ir.StringAttr.get(policies.get(region, "none"))})
+            mark(op, region, policies.get(region, "none"))

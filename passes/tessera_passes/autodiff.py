@@ -41,6 +41,7 @@ from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import backward_location, recompute_location
+from tessera_compiler.ir.remat import REMAT, RECOMPUTED, mark_copy, remat_of
 from tessera_compiler.ir.sharding import Sharding, meshes_of
 from tessera_compiler.ir.spmd import (PER_RANK_COLLECTIVES, Varying, axis_of, body_of,
                                      new_local_function, returned)
@@ -270,22 +271,8 @@ def _ops_between(body: list, sources, targets) -> list:
     return _feeding(forward, targets)
 
 
-REMAT = "tgraph.remat"
-RECOMPUTE = "tgraph.recompute"
-#: what each policy keeps instead of recomputing (None: anything it meets)
-SAVED_BY_POLICY = {"nothing_saveable": lambda op: False,
-                   "dots_saveable": lambda op: op.name == "tgraph.matmul",
-                   "selective": lambda op: op.name != "tgraph.attention"}
 #: ops never copied: a per-rank body's VJP recomputes its body itself
 NOT_RECOMPUTED = {"tgraph.spmd", "tgraph.grad"}
-
-
-def remat_of(op: ir.Operation) -> tuple[int, str] | None:
-    """(region, policy) of an op in a recomputation region, else None."""
-    if REMAT not in op.attributes:
-        return None
-    d = ir.DictAttr(op.attributes[REMAT])
-    return ir.IntegerAttr(d["region"]).value, ir.StringAttr(d["policy"]).value
 
 
 class Recompute:
@@ -314,17 +301,16 @@ class Recompute:
 
     def _copy(self, region: int) -> None:
         policy, region_ops = self.regions[region]
-        saved = SAVED_BY_POLICY[policy]
+        recomputed = RECOMPUTED[policy]
         mapping: dict = {}
         for op in region_ops:
-            if op.name in NOT_RECOMPUTED or saved(op):
+            if op.name in NOT_RECOMPUTED or not recomputed(op):
                 continue
             copy = op.clone()
             for index, v in enumerate(op.operands):
                 copy.operands[index] = mapping.get(v, v)
             copy.location = recompute_location(op.location)
-            del copy.attributes[REMAT]
-            copy.attributes[RECOMPUTE] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), region)
+            mark_copy(copy, region)
             mapping.update(zip(op.results, copy.results))
             self.copies[op] = copy
 
