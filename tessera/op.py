@@ -25,7 +25,7 @@ from . import dtypes
 from ._source import SourceLine, user_frame
 from ._trace import (Traced, as_traced, autocast_dtype, current, current_location, element_type,
                      is_tensor)
-from .errors import ShapeError
+from .errors import ShapeError, ShardingError
 
 __all__ = [
     "matmul", "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum",
@@ -34,7 +34,7 @@ __all__ = [
     "isfinite", "cast", "sum", "mean", "max", "softmax", "log_softmax", "layernorm",
     "rmsnorm", "embedding", "attention", "flash_attention", "cross_entropy", "reshape",
     "transpose", "split", "concat", "index", "transformer_block", "autodiff", "linear",
-    "kernel",
+    "kernel", "moe", "topk",
 ]
 
 
@@ -725,6 +725,199 @@ def autodiff(loss, wrt=None):
     respect to every float tensor the function captured (its parameters)."""
     from .autodiff import grad
     return grad(loss, wrt)
+
+
+# ----------------------------------------------------------------------------
+# Mixture of experts
+# ----------------------------------------------------------------------------
+# Mixture of experts (`op.moe`) and top-k selection (`op.topk`).
+#
+# `op.moe(x, experts={"router": Wr, "w1": W1, "w2": W2[, "w3": W3]}, k=2)`
+# routes each token of `x[..., D]` to the `k` experts with the largest router
+# logits `x @ Wr` and returns the sum of their outputs weighted by the softmax
+# of those k logits. Each expert is `gelu(x @ w1[e]) @ w2[e]`, or SwiGLU
+# `(silu(x @ w1[e]) * (x @ w3[e])) @ w2[e]` when `w3` is given.
+#
+# In Graph IR it is a composite: `tgraph.topk` picks the experts,
+# `tgraph.moe_dispatch` copies each token's row into an expert-ordered buffer,
+# `tgraph.grouped_matmul` runs one GEMM per expert over its rows,
+# `tgraph.moe_collect` reads each token's results back, and elementwise ops
+# weight and sum them. The gates' derivative flows through a one-hot read of
+# the chosen logits; routing itself (which experts) has none, as everywhere.
+#
+# Capacity (`capacity_factor=c`): each expert keeps
+# `ceil(tokens * k * c / E)` rows, filled first choices first, each in token
+# order; a dropped choice contributes zero (its gate is not renormalised).
+# `capacity_factor=None` drops nothing.
+#
+# The combine adds a token's k weighted expert outputs in choice order (the
+# highest gate first): a fixed order, so results are bitwise reproducible.
+
+_TRANSPORTS = ("nccl", "mpi", "nvshmem", "auto")
+_PACK_DTYPES = (None, "fp8_e4m3", "bf16")
+
+
+def topk(x, k: int):
+    """(values, indices) of the `k` largest entries of `x`'s last dimension,
+    largest first; equal values: the lower index first. `values` is
+    differentiable (a one-hot read of `x`), `indices` is int32."""
+    src = _where_called("topk")
+    x = as_traced("op.topk", x, src)
+    _require_float("topk", src, x)
+    n = x.shape[-1] if x.ndim else 0
+    if not x.ndim or not 1 <= k <= n:
+        raise ShapeError(f"op.topk: k={k} must be in [1, {n}] (the last dimension of "
+                         f"{list(x.shape)})  [{src}]")
+    with current_location(src):
+        indices = _out(gb.topk(x.value, k), src)
+    return _read_chosen(x, indices, src), indices
+
+
+def _one_hot(indices: Traced, n: int, dtype, src) -> Traced:
+    """[..., k, n]: 1 where the last index is indices[..., k], else 0."""
+    lead = list(indices.shape)
+    with current_location(src):
+        cols = _out(gb.iota(lead + [n], len(lead), element_type(indices.dtype)), src)
+    return cast(equal(reshape(indices, *lead, 1), cols), dtype)
+
+
+def _read_chosen(x: Traced, indices: Traced, src) -> Traced:
+    """x[..., indices[..., j]] as a sum over a one-hot mask (differentiable in x)."""
+    n = x.shape[-1]
+    hit = _one_hot(indices, n, x.dtype, src)
+    return sum(mul(hit, reshape(x, *x.shape[:-1], 1, n)), -1)
+
+
+def _weight(experts: dict, name: str, src) -> Traced:
+    if name not in experts:
+        raise ShapeError(f"op.moe: experts has no '{name}' (expected keys 'router', 'w1', 'w2' "
+                         f"and optionally 'w3'; got {sorted(experts)})  [{src}]")
+    return as_traced(f"op.moe experts['{name}']", experts[name], src)
+
+
+def _check_transport(transport, src) -> None:
+    kind = transport.get("type") if isinstance(transport, dict) else transport
+    if kind is not None and kind not in _TRANSPORTS:
+        raise ShapeError(f"op.moe: transport {transport!r}: the type must be one of "
+                         f"{', '.join(_TRANSPORTS)}  [{src}]")
+    if isinstance(transport, dict):
+        unknown = set(transport) - {"type", "multi_qp", "pack_dtype"}
+        if unknown:
+            raise ShapeError(f"op.moe: transport has unknown keys {sorted(unknown)} (known: "
+                             f"type, multi_qp, pack_dtype)  [{src}]")
+        if transport.get("pack_dtype") not in _PACK_DTYPES:
+            raise ShapeError(f"op.moe: pack_dtype {transport['pack_dtype']!r} must be one of "
+                             f"{_PACK_DTYPES}  [{src}]")
+
+
+def _check_unsplit(weights: dict, mesh, src) -> None:
+    """Expert parallelism (experts split over a mesh axis) is not built yet:
+    say so instead of gathering every expert onto every rank."""
+    from .dist import DTensor
+    for name, w in weights.items():
+        if isinstance(w, DTensor) and any(w.dims):
+            raise ShardingError(f"op.moe: experts['{name}'] is split over mesh axes "
+                                f"{[a for d in w.dims for a in d]}; expert parallelism "
+                                f"(experts split over 'ep') is not supported yet: pass the "
+                                f"experts replicated  [{src}]")
+    if mesh is not None and "ep" in getattr(mesh, "axes", ()) and mesh.axis_size("ep") > 1:
+        raise ShardingError(f"op.moe: mesh {mesh.axes} has an 'ep' axis of size "
+                            f"{mesh.axis_size('ep')}; expert parallelism is not supported yet "
+                            f"(run the layer with replicated experts, without an 'ep' axis)  "
+                            f"[{src}]")
+
+
+def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None,
+        return_aux: bool = False, transport=None, deterministic: bool = True, mesh=None):
+    """A mixture-of-experts layer over the last dimension of `x[..., D]`.
+
+    `experts` holds `router [D, E]`, `w1 [E, D, F]`, `w2 [E, F, D]` and
+    optionally `w3 [E, D, F]` (SwiGLU experts), as arrays, DTensors or traced
+    tensors. `router="topk"` with `k` in `1..E`. `capacity_factor`: None
+    (dropless) or a number (see the module's doc for the drop policy).
+    `return_aux=True` returns `(y, aux)` with `aux["load_balance"]`
+    (`E * sum_e f_e P_e`: f the fraction of routed choices that chose e, P
+    the mean router probability), `aux["z_loss"]` (mean squared log-sum-exp
+    of the router logits) and `aux["dropped"]` (the fraction of choices
+    dropped by capacity). The router logits and gates are float32 (float64
+    for a float64 `x`).
+    `deterministic=True` is the only mode: the combine order is fixed."""
+    src = user_frame()
+    _where_called("moe")
+    if router != "topk":
+        raise ShapeError(f"op.moe: router {router!r} is not supported (router='topk')  [{src}]")
+    if not isinstance(experts, dict):
+        raise ShapeError(f"op.moe: experts must be a dict of weights, got "
+                         f"{type(experts).__name__}  [{src}]")
+    _check_transport(transport, src)
+    _check_unsplit(experts, mesh, src)
+    if not deterministic:
+        raise ShapeError(f"op.moe: deterministic=False is not offered: the combine order is "
+                         f"fixed, which costs nothing  [{src}]")
+    x = as_traced("op.moe", x, src)
+    wr, w1, w2 = (_weight(experts, n, src) for n in ("router", "w1", "w2"))
+    w3 = _weight(experts, "w3", src) if "w3" in experts else None
+    if x.ndim < 1:
+        raise ShapeError(f"op.moe: x must be [..., D], got a scalar  [{src}]")
+    D = x.shape[-1]
+    if wr.ndim != 2 or wr.shape[0] != D:
+        raise ShapeError(f"op.moe: experts['router'] must be [D={D}, E], got {list(wr.shape)} "
+                         f"(dimension 0 must equal x's last dimension)  [{src}]")
+    E = wr.shape[1]
+    if w1.ndim != 3 or w1.shape[:2] != (E, D):
+        raise ShapeError(f"op.moe: experts['w1'] must be [E={E}, D={D}, F], got "
+                         f"{list(w1.shape)}  [{src}]")
+    F = w1.shape[2]
+    for name, w, want in (("w2", w2, (E, F, D)), ("w3", w3, (E, D, F))):
+        if w is not None and tuple(w.shape) != want:
+            which = next((d for d in range(3) if w.ndim != 3 or w.shape[d] != want[d]), 0)
+            raise ShapeError(f"op.moe: experts['{name}'] must be {list(want)} (E from the "
+                             f"router, D from x, F from w1), got {list(w.shape)}: dimension "
+                             f"{which} differs  [{src}]")
+    if not isinstance(k, int) or not 1 <= k <= E:
+        raise ShapeError(f"op.moe: k={k} must be an integer in [1, E={E}]  [{src}]")
+    if capacity_factor is not None and not capacity_factor > 0:
+        raise ShapeError(f"op.moe: capacity_factor={capacity_factor} must be positive (or None "
+                         f"for dropless)  [{src}]")
+    _require_float("moe", src, x, wr, w1, w2, *([w3] if w3 is not None else []))
+
+    T = int(np.prod(x.shape[:-1]))
+    tokens = reshape(x, T, D)
+    dtype = x.dtype
+    w1, w2 = cast(w1, dtype), cast(w2, dtype)
+    route = dtypes.f64 if dtype == dtypes.f64 else dtypes.f32       # routing never in half
+    logits = matmul(cast(tokens, route), cast(wr, route))                # [T, E]
+    gates, chosen = topk(logits, k)                                               # [T, k]
+    gates = softmax(gates, -1)       # = softmax over all E, renormalised over the k
+    capacity = 0 if capacity_factor is None else math.ceil(T * k * capacity_factor / E)
+    with current_location(src):
+        rows, sizes = gb.moe_dispatch(tokens.value, chosen.value, E, capacity)
+        rows, sizes = _out(rows, src), _out(sizes, src)
+
+    def grouped(a: Traced, w: Traced) -> Traced:
+        with current_location(src):
+            return _out(gb.grouped_matmul(a.value, w.value, sizes.value), src)
+
+    h = grouped(rows, w1)
+    act = gelu(h) if w3 is None else mul(silu(h), grouped(rows, cast(w3, dtype)))
+    outs = grouped(act, w2)                                                       # [N, D]
+    with current_location(src):
+        picked = _out(gb.moe_collect(outs.value, chosen.value, E, capacity), src)  # [T, k, D]
+    weighted = mul(cast(picked, route), reshape(gates, T, k, 1))
+    y = reshape(cast(sum(weighted, 1), dtype), *x.shape)
+    if not return_aux:
+        return y
+    # Switch / GShard load balance: f_e (routed share, no gradient) times
+    # P_e (mean router probability, differentiable), scaled so balance is 1.
+    share = div(sum(_one_hot(chosen, E, route, src), (0, 1)), float(T * k))    # [E]
+    prob = mean(softmax(logits, -1), 0)                                     # [E]
+    top = max(logits, -1, keepdim=True)
+    lse = add(log(sum(exp(sub(logits, top)), -1)), reshape(top, T))
+    kept = sum(cast(sizes, route))
+    aux = {"load_balance": mul(sum(mul(share, prob)), float(E)),
+           "z_loss": mean(mul(lse, lse)),
+           "dropped": sub(1.0, div(kept, float(T * k)))}
+    return y, aux
 
 
 # ----------------------------------------------------------------------------

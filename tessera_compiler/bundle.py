@@ -101,14 +101,16 @@ def _code_fingerprint() -> str:
 
 
 def _attr_json(a: ir.Attribute):
-    """A library attribute as JSON: integer arrays, integers, strings and
-    arrays of strings (mesh axis names)."""
+    """A library attribute as JSON: integer arrays, integers, strings, unit
+    attributes (true) and arrays of strings (mesh axis names)."""
     if isinstance(a, ir.DenseI64ArrayAttr):
         return list(a)
     if isinstance(a, ir.IntegerAttr):
         return a.value
     if isinstance(a, ir.StringAttr):
         return a.value
+    if isinstance(a, ir.UnitAttr):
+        return True
     return [ir.StringAttr(x).value for x in ir.ArrayAttr(a)]
 
 

@@ -266,10 +266,21 @@ LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
     return success();
   }
   if (attr.getName() == getShardingAttrName()) {
-    // Ops with several results (attention) give them all one sharding.
+    // Ops with several results give them all one sharding (attention), or
+    // one each, as an array, where their ranks differ (moe_dispatch).
     if (op->getNumResults() == 0)
       return op->emitError() << "'" << attr.getName().getValue()
                              << "' needs an op with a result";
+    if (auto each = llvm::dyn_cast<ArrayAttr>(attr.getValue())) {
+      if (each.size() != op->getNumResults())
+        return op->emitError() << "'" << attr.getName().getValue() << "' has " << each.size()
+                               << " shardings for " << op->getNumResults() << " results";
+      for (auto [result, sharding] : llvm::zip(op->getResults(), each))
+        if (failed(verifyShardingNamedAttr(op, NamedAttribute(attr.getName(), sharding),
+                                           result.getType(), "the result")))
+          return failure();
+      return success();
+    }
     for (Value result : op->getResults())
       if (failed(verifyShardingNamedAttr(op, attr, result.getType(), "the result")))
         return failure();
@@ -503,6 +514,130 @@ LogicalResult GatherOp::verify() {
 LogicalResult ScatterAddOp::verify() {
   return verifyRowIndexing(*this, getResult().getType(), getIndices().getType(),
                            getUpdates().getType());
+}
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+static bool isI32(Type t) { return t.isSignlessInteger(32); }
+
+LogicalResult TopKOp::verify() {
+  auto in = getInput().getType();
+  auto out = getIndices().getType();
+  if (in.getRank() < 1 || !isa<FloatType>(in.getElementType()))
+    return emitOpError("'input' must be a float tensor of rank >= 1, got ") << in;
+  int64_t n = in.getDimSize(in.getRank() - 1), k = getK();
+  if (k < 1 || k > n)
+    return emitOpError("k = ") << k << " must be in [1, " << n << "] (the last dimension)";
+  SmallVector<int64_t> shape(in.getShape());
+  shape.back() = k;
+  if (!isI32(out.getElementType()) || out.getShape() != ArrayRef<int64_t>(shape))
+    return emitOpError("result must be tensor<") << shapeString(shape) << "xi32>, got " << out;
+  return success();
+}
+
+/// The rows of the dispatch layout of `experts[T, k]` over `numExperts`
+/// experts with `capacity` (0: dropless), after checking the attributes.
+static FailureOr<int64_t> verifyDispatchLayout(Operation *op, RankedTensorType experts,
+                                                int64_t numExperts, int64_t capacity) {
+  if (experts.getRank() != 2 || !isI32(experts.getElementType()))
+    return op->emitOpError("'experts' must be a [tokens, k] i32 tensor, got ") << experts;
+  int64_t tokens = experts.getDimSize(0), k = experts.getDimSize(1);
+  if (numExperts < 1 || k > numExperts)
+    return op->emitOpError("experts ") << numExperts << " must be >= k = " << k;
+  if (capacity < 0)
+    return op->emitOpError("capacity ") << capacity << " must be >= 0 (0: dropless)";
+  int64_t rows = tokens * k;
+  return capacity == 0 ? rows : std::min(rows, numExperts * capacity);
+}
+
+/// `rows[N, D...]`, checked against the layout's row count and the feature
+/// shape `features` (D...) and element type of the token side.
+static LogicalResult verifyDispatchRows(Operation *op, RankedTensorType rowsType, int64_t n,
+                                        ArrayRef<int64_t> features, Type element) {
+  SmallVector<int64_t> want{n};
+  want.append(features.begin(), features.end());
+  auto wanted = RankedTensorType::get(want, element);
+  if (rowsType != wanted)
+    return op->emitOpError("rows must be ") << wanted << " for this routing, got " << rowsType;
+  return success();
+}
+
+LogicalResult MoeDispatchOp::verify() {
+  auto experts = getExperts().getType();
+  auto rows = verifyDispatchLayout(*this, experts, getNumExperts(), getCapacity());
+  if (failed(rows))
+    return failure();
+  auto in = getInput().getType();
+  int64_t tokens = experts.getDimSize(0), k = experts.getDimSize(1);
+  bool perToken = in.getRank() == 2 && in.getDimSize(0) == tokens;
+  bool perChoice = in.getRank() == 3 && in.getDimSize(0) == tokens && in.getDimSize(1) == k;
+  if (!perToken && !perChoice)
+    return emitOpError("'input' must be [") << tokens << ", D] or [" << tokens << ", " << k
+                                            << ", D] for 'experts' " << experts << ", got " << in;
+  ArrayRef<int64_t> features = in.getShape().drop_front(perChoice ? 2 : 1);
+  if (failed(verifyDispatchRows(*this, getRows().getType(), *rows, features,
+                                in.getElementType())))
+    return failure();
+  auto sizes = getSizes().getType();
+  if (sizes.getRank() != 1 || sizes.getDimSize(0) != getNumExperts() || !isI32(sizes.getElementType()))
+    return emitOpError("'sizes' must be tensor<") << getNumExperts() << "xi32>, got " << sizes;
+  return success();
+}
+
+LogicalResult MoeCollectOp::verify() {
+  auto experts = getExperts().getType();
+  auto rows = verifyDispatchLayout(*this, experts, getNumExperts(), getCapacity());
+  if (failed(rows))
+    return failure();
+  auto out = getResult().getType();
+  SmallVector<int64_t> lead{experts.getDimSize(0), experts.getDimSize(1)};
+  if (out.getRank() != 3 || out.getShape().take_front(2) != ArrayRef<int64_t>(lead))
+    return emitOpError("result must be [") << lead[0] << ", " << lead[1] << ", D], got " << out;
+  return verifyDispatchRows(*this, getRows().getType(), *rows, out.getShape().drop_front(2),
+                            out.getElementType());
+}
+
+/// `sizes` of a grouped op: a 1-D integer tensor whose length is a multiple
+/// of the number of groups.
+static LogicalResult verifySegments(Operation *op, RankedTensorType sizes, int64_t groups) {
+  if (sizes.getRank() != 1 || !isInteger(sizes.getElementType()))
+    return op->emitOpError("'sizes' must be a 1-D integer tensor, got ") << sizes;
+  if (groups < 1 || sizes.getDimSize(0) % groups != 0)
+    return op->emitOpError("'sizes' has ") << sizes.getDimSize(0)
+                                           << " segments, not a multiple of the " << groups
+                                           << " groups";
+  return success();
+}
+
+LogicalResult GroupedMatmulOp::verify() {
+  auto lhs = getLhs().getType(), rhs = getRhs().getType(), out = getResult().getType();
+  if (lhs.getRank() != 2 || rhs.getRank() != 3)
+    return emitOpError("operands must be lhs [N, K] and rhs [G, K, M], got ") << lhs << " and "
+                                                                            << rhs;
+  if (lhs.getElementType() != rhs.getElementType() || out.getElementType() != lhs.getElementType())
+    return emitOpError("operands and result must have one element type");
+  int64_t k = rhs.getDimSize(getTransposeRhs() ? 2 : 1), m = rhs.getDimSize(getTransposeRhs() ? 1 : 2);
+  if (k != lhs.getDimSize(1))
+    return emitOpError("contracting dimensions differ: lhs ") << lhs << ", rhs " << rhs
+                                                              << (getTransposeRhs() ? " (transposed)" : "");
+  if (out.getShape() != ArrayRef<int64_t>{lhs.getDimSize(0), m})
+    return emitOpError("result must be [") << lhs.getDimSize(0) << ", " << m << "], got " << out;
+  return verifySegments(*this, getSizes().getType(), rhs.getDimSize(0));
+}
+
+LogicalResult GroupedOuterOp::verify() {
+  auto lhs = getLhs().getType(), rhs = getRhs().getType(), out = getResult().getType();
+  if (lhs.getRank() != 2 || rhs.getRank() != 2 || lhs.getDimSize(0) != rhs.getDimSize(0))
+    return emitOpError("operands must be lhs [N, K] and rhs [N, M], got ") << lhs << " and " << rhs;
+  if (out.getRank() != 3 || out.getDimSize(1) != lhs.getDimSize(1) ||
+      out.getDimSize(2) != rhs.getDimSize(1))
+    return emitOpError("result must be [G, ") << lhs.getDimSize(1) << ", " << rhs.getDimSize(1)
+                                              << "], got " << out;
+  if (lhs.getElementType() != rhs.getElementType() || out.getElementType() != lhs.getElementType())
+    return emitOpError("operands and result must have one element type");
+  return verifySegments(*this, getSizes().getType(), out.getDimSize(0));
 }
 
 //===----------------------------------------------------------------------===//

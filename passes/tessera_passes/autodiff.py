@@ -76,7 +76,7 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     name = op.name.split(".", 1)[1]
     x = [_rematerialize(v) for v in op.operands]
     out, g = op.results[0], gs[0]
-    if len(gs) > 1 and name != "attention":
+    if any(c is not None for c in gs[1:]) and name != "attention":
         raise PassError(f"tessera-autodiff: cannot differentiate through '{op.name}'",
                         op.location)
     elementwise = ops.GRAPH_ELEMENTWISE.get(op.name)
@@ -129,7 +129,25 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
                           [len(gb.shape_of(out)) - 1])
         return gb.attention_grad(*x, g, op.results[1], delta, "causal" in op.attributes,
                                  ir.FloatAttr(op.attributes["scale"]).value)
-    if name in ("iota", "fill"):
+    if name in ("moe_dispatch", "moe_collect"):
+        # Transposes of each other: a dispatched row's cotangent goes back to
+        # its (token, choice), a collected one's to its row (sizes: none).
+        layout = (ir.IntegerAttr(op.attributes["num_experts"]).value,
+                  ir.IntegerAttr(op.attributes["capacity"]).value)
+        if name == "moe_collect":
+            return [gb.moe_dispatch(g, x[1], *layout)[0], None]
+        back = gb.moe_collect(g, x[1], *layout)
+        if len(gb.shape_of(x[0])) == 2:           # one row per token: sum its choices
+            back = gb.reshape(gb.reduce(back, "sum", [1]), gb.shape_of(x[0]))
+        return [back, None]
+    if name == "grouped_matmul":
+        transposed = "transpose_rhs" in op.attributes
+        groups = gb.shape_of(x[1])[0]
+        dx = gb.grouped_matmul(g, x[1], x[2], transpose_rhs=not transposed)
+        dw = gb.grouped_outer(g, x[0], x[2], groups) if transposed else \
+            gb.grouped_outer(x[0], g, x[2], groups)
+        return [dx, dw, None]
+    if name in ("iota", "fill", "topk"):
         return [None] * len(x)
     if name == "spmd":
         return _spmd_vjp(op, gs)

@@ -73,10 +73,14 @@ TILEABLE = set(ops.GRAPH_ELEMENTWISE) | {"tgraph.fill", "tgraph.iota", "tgraph.b
                                          "tgraph.reduce"}
 LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph.slice": "slice",
            "tgraph.pad": "pad", "tgraph.concat": "concat", "tgraph.gather": "gather",
-           "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice"}
+           "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice",
+           "tgraph.topk": "topk", "tgraph.moe_dispatch": "moe_dispatch",
+           "tgraph.moe_collect": "moe_collect", "tgraph.grouped_matmul": "grouped_matmul",
+           "tgraph.grouped_outer": "grouped_outer"}
 # `axis` and `row_axes` name mesh axes: the runtime turns them into this
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
-LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes")
+LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes", "k", "num_experts", "capacity",
+                 "transpose_rhs")
 ELEMENTWISE_TILE_ELEMENTS = 4096
 
 

@@ -31,7 +31,7 @@ from tessera_mlir.dialects import tgraph
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.locations import location_name
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.sharding import Mesh, Sharding
+from tessera_compiler.ir.sharding import Mesh, Sharding, results_attr
 from tessera_compiler.ir.spmd import body_of
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, function_type,
                                          ops_of, run_reporting, set_dict_entry,
@@ -234,15 +234,14 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             if moved not in current:
                 current[moved] = rule.operands[i]
                 ctx.global_shapes[moved] = ctx.shape(v)
-        for r in op.results:
+        for r, s in zip(op.results, rule.of_results(op)):
             ctx.global_shapes[r] = ctx.shape(r)
-            r.set_type(_local_type(r.type, mesh, rule.result, f"the result of {op.name}",
-                                   op.location))
-            current[r] = rule.result
+            r.set_type(_local_type(r.type, mesh, s, f"the result of {op.name}", op.location))
+            current[r] = s
         result = op.results[0]
         for name, value in rule.attrs.items():
             op.attributes[name] = ir.ArrayAttr.get([ir.StringAttr.get(a) for a in value])
-        op.attributes[SHARDING] = rule.result.to_attr()
+        op.attributes[SHARDING] = results_attr(rule.of_results(op))
         if rule.post:
             # E.g. a max over a split dimension: all-reduce the local maxima
             # right away and let every later user read the reduced value.

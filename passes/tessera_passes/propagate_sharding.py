@@ -13,7 +13,7 @@ from __future__ import annotations
 from tessera_mlir import ir
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.sharding import Mesh, Sharding
+from tessera_compiler.ir.sharding import Mesh, Sharding, results_attr
 from tessera_compiler.ir.support import ops_of, run_reporting
 
 from .sharding_rules import (SHARDING, argument_shardings, context_of, distributed_functions,
@@ -37,12 +37,12 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
                 shardings[r] = Sharding.from_attr(attr)
             continue
         if op.name == "tgraph.shard":
-            s = Sharding.from_attr(op.attributes["sharding"])
+            each = [Sharding.from_attr(op.attributes["sharding"])]
         else:
             read = [read_sharding(v, shardings[v], uses, ctx, scatter) for v in op.operands]
-            s = op_rule(op, read, ctx, scatter)[0].result
-        op.attributes[SHARDING] = s.to_attr()
-        for r in op.results:
+            each = op_rule(op, read, ctx, scatter)[0].of_results(op)
+        op.attributes[SHARDING] = results_attr(each)
+        for r, s in zip(op.results, each):
             shardings[r] = s
     return shardings
 

@@ -36,6 +36,12 @@ class Rule:
     post: list[tuple[str, str]] = field(default_factory=list)
     #: attributes the partitioned op gets (e.g. `row_axes` of a gather)
     attrs: dict = field(default_factory=dict)
+    #: each result's sharding, for ops whose results differ in rank
+    #: (moe_dispatch's rows and sizes); else every result has `result`'s
+    results: list[Sharding] | None = None
+
+    def of_results(self, op) -> list[Sharding]:
+        return self.results or [self.result] * len(op.results)
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,23 @@ def replicated_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
                 Sharding.replicated(ctx.mesh.name, len(ctx.shape(op.results[0]))))
 
 
+def topk_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """Per row: the leading dimensions keep their split, the last is whole."""
+    x = ins[0].with_partial(())
+    x = x.with_dims(x.dims[:-1] + ((),))
+    return Rule([x], x)
+
+
+def moe_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """moe_dispatch, moe_collect, grouped_matmul and grouped_outer in the
+    global view: every operand whole, every rank computes the whole layer
+    (correct on any mesh). Expert parallelism does not come from these
+    rules: op.moe writes the per-rank exchange itself (a local-view body)."""
+    whole = [Sharding.replicated(ctx.mesh.name, o.rank) for o in ins]
+    results = [Sharding.replicated(ctx.mesh.name, len(ctx.shape(r))) for r in op.results]
+    return Rule(whole, results[0], results=results)
+
+
 def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """attention and attention_grad: batch and head dimensions keep their
     split (head-parallel attention needs no communication); each rank
@@ -327,6 +350,11 @@ RULES = {
     "tgraph.iota": replicated_rule,
     "tgraph.attention": attention_rule,
     "tgraph.attention_grad": attention_rule,
+    "tgraph.topk": topk_rule,
+    "tgraph.moe_dispatch": moe_rule,
+    "tgraph.moe_collect": moe_rule,
+    "tgraph.grouped_matmul": moe_rule,
+    "tgraph.grouped_outer": moe_rule,
 }
 for _name in ops.GRAPH_ELEMENTWISE:
     RULES[_name] = elementwise_rule

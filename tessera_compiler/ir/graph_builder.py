@@ -184,6 +184,55 @@ def scatter_add(updates: ir.Value, ids: ir.Value, rows: int) -> ir.Value:
     return tgraph.ScatterAddOp(ranked(shape, element_of(updates)), updates, ids).result
 
 
+# -- mixture of experts ----------------------------------------------------------------
+
+def _i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def topk(x: ir.Value, k: int) -> ir.Value:
+    """i32 indices of the `k` largest entries of `x`'s last dimension (`tgraph.topk`)."""
+    shape = shape_of(x)[:-1] + [k]
+    return tgraph.TopKOp(ranked(shape, _i32()), x, k).result
+
+
+def dispatch_rows(tokens: int, k: int, num_experts: int, capacity: int) -> int:
+    """Rows of the dispatch layout (`tgraph.moe_dispatch`'s verifier agrees)."""
+    return tokens * k if capacity == 0 else min(tokens * k, num_experts * capacity)
+
+
+def moe_dispatch(x: ir.Value, experts: ir.Value, num_experts: int,
+                 capacity: int) -> tuple[ir.Value, ir.Value]:
+    """(rows, sizes): `x`'s rows ([T, D], or [T, k, D] one per choice) in the
+    dispatch layout of `experts` [T, k] (`tgraph.moe_dispatch`)."""
+    tokens, k = shape_of(experts)
+    rows = dispatch_rows(tokens, k, num_experts, capacity)
+    op = tgraph.MoeDispatchOp(ranked([rows, shape_of(x)[-1]], element_of(x)),
+                              ranked([num_experts], _i32()), x, experts, num_experts, capacity)
+    return op.results[0], op.results[1]
+
+
+def moe_collect(rows: ir.Value, experts: ir.Value, num_experts: int, capacity: int) -> ir.Value:
+    """[T, k, D]: each (token, choice)'s row of the dispatch layout (`tgraph.moe_collect`)."""
+    shape = shape_of(experts) + [shape_of(rows)[-1]]
+    return tgraph.MoeCollectOp(ranked(shape, element_of(rows)), rows, experts, num_experts,
+                               capacity).result
+
+
+def grouped_matmul(x: ir.Value, w: ir.Value, sizes: ir.Value,
+                   transpose_rhs: bool = False) -> ir.Value:
+    """Segment `s` of `x`'s rows times `w[s mod G]` (`tgraph.grouped_matmul`)."""
+    m = shape_of(w)[1 if transpose_rhs else 2]
+    return tgraph.GroupedMatmulOp(ranked([shape_of(x)[0], m], element_of(x)), x, w, sizes,
+                                  transpose_rhs=transpose_rhs or None).result
+
+
+def grouped_outer(x: ir.Value, g: ir.Value, sizes: ir.Value, groups: int) -> ir.Value:
+    """[G, K, M]: per group, the sum of x_s^T g_s over its segments (`tgraph.grouped_outer`)."""
+    shape = [groups, shape_of(x)[1], shape_of(g)[1]]
+    return tgraph.GroupedOuterOp(ranked(shape, element_of(x)), x, g, sizes).result
+
+
 def grad(loss: ir.Value, wrt: list[ir.Value]) -> list[ir.Value]:
     return list(tgraph.GradOp([w.type for w in wrt], loss, wrt).results)
 

@@ -58,6 +58,14 @@ class Sharding:
         return text + (f" partial({', '.join(self.partial)})" if self.partial else "")
 
 
+def results_attr(shardings: list[Sharding]) -> ir.Attribute:
+    """An op's `tgraph.sharding`: one for all its results, or an array with
+    one per result where they differ (results of different ranks)."""
+    if all(s == shardings[0] for s in shardings):
+        return shardings[0].to_attr()
+    return ir.ArrayAttr.get([s.to_attr() for s in shardings])
+
+
 @dataclass(frozen=True)
 class Mesh:
     name: str

@@ -98,6 +98,92 @@ def scatter_add(xp, attrs, updates, ids, out):
     xp.add.at(out, local[mine], updates[mine])
 
 
+# -- mixture of experts -------------------------------------------------------------
+
+def _host(xp, a) -> np.ndarray:
+    """A small device array (segment sizes) on the host."""
+    return xp.asnumpy(a) if hasattr(xp, "asnumpy") else np.asarray(a)
+
+
+def topk(xp, attrs, x, out):
+    """Indices of the k largest along the last dim, largest first, ties to the
+    lower index (a stable sort of the negated values)."""
+    values = x if x.dtype.itemsize >= 4 else x.astype(xp.float32)
+    order = xp.argsort(-values, axis=-1, kind="stable")
+    out[...] = order[..., :out.shape[-1]]
+
+
+def _dispatch_slots(xp, experts, num_experts: int, capacity: int):
+    """(slots, kept): the row of each (token, choice) in the dispatch layout
+    (-1 where dropped) and each expert's kept row count. Rows are packed by
+    expert; within one, by (choice, token): first choices first, each in
+    token order. A capacity keeps each expert's first `capacity` rows."""
+    tokens, k = experts.shape
+    n = tokens * k
+    flat = experts.T.reshape(-1).astype(xp.int64)          # choice-major: (j, t)
+    if n and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+        bad = flat[(flat < 0) | (flat >= num_experts)]
+        raise LibraryError(f"moe routing: expert index {int(bad[0])} is out of range for "
+                           f"{num_experts} experts")
+    order = xp.argsort(flat * n + xp.arange(n), axis=0)     # unique keys: (expert, j, t)
+    counts = xp.bincount(flat, minlength=num_experts)
+    starts = xp.cumsum(counts) - counts
+    rank = xp.empty(n, dtype=xp.int64)
+    rank[order] = xp.arange(n) - starts[flat[order]]        # position within its expert
+    kept = counts if capacity == 0 else xp.minimum(counts, capacity)
+    kept_starts = xp.cumsum(kept) - kept
+    limit = n if capacity == 0 else capacity
+    slots = xp.where(rank < limit, kept_starts[flat] + rank, -1)
+    return slots.reshape(k, tokens).T, kept
+
+
+def moe_dispatch(xp, attrs, x, experts, rows, sizes):
+    slots, kept = _dispatch_slots(xp, experts, attrs["num_experts"], attrs["capacity"])
+    sizes[...] = kept
+    rows.fill(0)
+    t, j = xp.nonzero(slots >= 0)
+    rows[slots[t, j]] = x[t] if x.ndim == 2 else x[t, j]
+
+
+def moe_collect(xp, attrs, rows, experts, out):
+    slots, _ = _dispatch_slots(xp, experts, attrs["num_experts"], attrs["capacity"])
+    out.fill(0)
+    t, j = xp.nonzero(slots >= 0)
+    out[t, j] = rows[slots[t, j]]
+
+
+def _segments(xp, sizes, rows: int, what: str):
+    """(start, stop) of each segment of `sizes`."""
+    bounds = np.concatenate([[0], np.cumsum(_host(xp, sizes).astype(np.int64))])
+    if bounds[-1] > rows or (np.diff(bounds) < 0).any():
+        raise LibraryError(f"{what}: segment sizes {_host(xp, sizes).tolist()} do not fit "
+                           f"{rows} rows")
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def grouped_matmul(xp, attrs, x, w, sizes, out):
+    wide = _compute_dtype(xp, out.dtype)
+    out.fill(0)
+    for s, (a, b) in enumerate(_segments(xp, sizes, x.shape[0], "grouped_matmul")):
+        if a == b:
+            continue
+        wg = w[s % w.shape[0]]
+        wg = wg.T if attrs.get("transpose_rhs") else wg
+        if wide is None:
+            xp.matmul(x[a:b], wg, out=out[a:b])
+        else:
+            out[a:b] = xp.matmul(x[a:b].astype(wide), wg.astype(wide)).astype(out.dtype)
+
+
+def grouped_outer(xp, attrs, x, g, sizes, out):
+    wide = _compute_dtype(xp, out.dtype) or out.dtype
+    acc = xp.zeros(out.shape, dtype=wide)
+    for s, (a, b) in enumerate(_segments(xp, sizes, x.shape[0], "grouped_outer")):
+        if a != b:                   # segments in order: a deterministic sum
+            acc[s % out.shape[0]] += xp.matmul(x[a:b].T.astype(wide), g[a:b].astype(wide))
+    out[...] = acc.astype(out.dtype)
+
+
 def axis_slice(xp, attrs, a, out):
     """This rank's block along `dim` of a value replicated over a mesh axis."""
     dim, (index, _) = attrs["dim"], attrs["block"]
@@ -109,4 +195,6 @@ def axis_slice(xp, attrs, a, out):
 
 ROUTINES = {"matmul": matmul, "reshape": reshape, "transpose": transpose, "slice": slice_,
             "pad": pad, "concat": concat, "gather": gather, "scatter_add": scatter_add,
-            "axis_slice": axis_slice}
+            "axis_slice": axis_slice, "topk": topk, "moe_dispatch": moe_dispatch,
+            "moe_collect": moe_collect, "grouped_matmul": grouped_matmul,
+            "grouped_outer": grouped_outer}

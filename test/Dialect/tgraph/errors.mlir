@@ -688,3 +688,79 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
   %0 = tgraph.tanh %x {tgraph.recompute = "0"} : tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+func.func @f(%l: tensor<16x8xf32>) -> tensor<16x9xi32> {
+  // expected-error @below {{'tgraph.topk' op k = 9 must be in [1, 8] (the last dimension)}}
+  %0 = tgraph.topk %l k 9 : tensor<16x8xf32> -> tensor<16x9xi32>
+  return %0 : tensor<16x9xi32>
+}
+
+// -----
+
+func.func @f(%l: tensor<16x8xf32>) -> tensor<16x2xi64> {
+  // expected-error @below {{'tgraph.topk' op result must be tensor<16x2xi32>, got 'tensor<16x2xi64>'}}
+  %0 = tgraph.topk %l k 2 : tensor<16x8xf32> -> tensor<16x2xi64>
+  return %0 : tensor<16x2xi64>
+}
+
+// -----
+
+func.func @f(%x: tensor<16x4xf32>, %e: tensor<16x2xi32>) -> tensor<16x4xf32> {
+  // expected-error @below {{'tgraph.moe_dispatch' op rows must be 'tensor<32x4xf32>' for this routing, got 'tensor<16x4xf32>'}}
+  %0:2 = tgraph.moe_dispatch %x[%e] experts 8 capacity 0 : tensor<16x4xf32>, tensor<16x2xi32> -> tensor<16x4xf32>, tensor<8xi32>
+  return %0#0 : tensor<16x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<16x4xf32>, %e: tensor<16x2xi32>) -> tensor<24x4xf32> {
+  // expected-error @below {{'tgraph.moe_dispatch' op experts 1 must be >= k = 2}}
+  %0:2 = tgraph.moe_dispatch %x[%e] experts 1 capacity 12 : tensor<16x4xf32>, tensor<16x2xi32> -> tensor<24x4xf32>, tensor<1xi32>
+  return %0#0 : tensor<24x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<8x4xf32>, %e: tensor<16x2xi32>) -> tensor<32x4xf32> {
+  // expected-error @below {{'tgraph.moe_dispatch' op 'input' must be [16, D] or [16, 2, D] for 'experts' 'tensor<16x2xi32>', got 'tensor<8x4xf32>'}}
+  %0:2 = tgraph.moe_dispatch %x[%e] experts 8 capacity 0 : tensor<8x4xf32>, tensor<16x2xi32> -> tensor<32x4xf32>, tensor<8xi32>
+  return %0#0 : tensor<32x4xf32>
+}
+
+// -----
+
+func.func @f(%r: tensor<32x4xf32>, %e: tensor<16x2xf32>) -> tensor<16x2x4xf32> {
+  // expected-error @below {{'tgraph.moe_collect' op 'experts' must be a [tokens, k] i32 tensor, got 'tensor<16x2xf32>'}}
+  %0 = tgraph.moe_collect %r[%e] experts 8 capacity 0 : tensor<32x4xf32>, tensor<16x2xf32> -> tensor<16x2x4xf32>
+  return %0 : tensor<16x2x4xf32>
+}
+
+// -----
+
+func.func @f(%r: tensor<32x4xf32>, %w: tensor<8x5x6xf32>, %s: tensor<8xi32>) -> tensor<32x6xf32> {
+  // expected-error @below {{'tgraph.grouped_matmul' op contracting dimensions differ: lhs 'tensor<32x4xf32>', rhs 'tensor<8x5x6xf32>'}}
+  %0 = tgraph.grouped_matmul %r, %w, %s : tensor<32x4xf32>, tensor<8x5x6xf32>, tensor<8xi32> -> tensor<32x6xf32>
+  return %0 : tensor<32x6xf32>
+}
+
+// -----
+
+func.func @f(%r: tensor<32x4xf32>, %w: tensor<8x4x6xf32>, %s: tensor<6xi32>) -> tensor<32x6xf32> {
+  // expected-error @below {{'tgraph.grouped_matmul' op 'sizes' has 6 segments, not a multiple of the 8 groups}}
+  %0 = tgraph.grouped_matmul %r, %w, %s : tensor<32x4xf32>, tensor<8x4x6xf32>, tensor<6xi32> -> tensor<32x6xf32>
+  return %0 : tensor<32x6xf32>
+}
+
+// -----
+
+func.func @f(%r: tensor<32x4xf32>, %g: tensor<16x6xf32>, %s: tensor<8xi32>) -> tensor<8x4x6xf32> {
+  // expected-error @below {{'tgraph.grouped_outer' op operands must be lhs [N, K] and rhs [N, M], got 'tensor<32x4xf32>' and 'tensor<16x6xf32>'}}
+  %0 = tgraph.grouped_outer %r, %g, %s : tensor<32x4xf32>, tensor<16x6xf32>, tensor<8xi32> -> tensor<8x4x6xf32>
+  return %0 : tensor<8x4x6xf32>
+}

@@ -112,6 +112,25 @@ func.func @training_ops(%x: tensor<4x8xf32>, %b: tensor<1x8xf32>, %ids: tensor<4
   return %g#0 : tensor<4x8xf32>
 }
 
+// CHECK-LABEL: func.func @moe
+// CHECK: %[[E:.*]] = tgraph.topk %{{.*}} k 2 : tensor<16x8xf32> -> tensor<16x2xi32>
+// CHECK: %[[R:.*]], %[[S:.*]] = tgraph.moe_dispatch %{{.*}}[%[[E]]] experts 8 capacity 0 : tensor<16x4xf32>, tensor<16x2xi32> -> tensor<32x4xf32>, tensor<8xi32>
+// CHECK: tgraph.grouped_matmul %[[R]], %{{.*}}, %[[S]] : tensor<32x4xf32>, tensor<8x4x6xf32>, tensor<8xi32> -> tensor<32x6xf32>
+// CHECK: tgraph.grouped_matmul %{{.*}}, %{{.*}}, %[[S]] {transpose_rhs} : tensor<32x6xf32>, tensor<8x4x6xf32>, tensor<8xi32> -> tensor<32x4xf32>
+// CHECK: tgraph.grouped_outer %[[R]], %{{.*}}, %[[S]] : tensor<32x4xf32>, tensor<32x6xf32>, tensor<8xi32> -> tensor<8x4x6xf32>
+// CHECK: tgraph.moe_collect %{{.*}}[%[[E]]] experts 8 capacity 3 : tensor<24x4xf32>, tensor<16x2xi32> -> tensor<16x2x4xf32>
+// CHECK: tgraph.moe_dispatch %{{.*}}[%[[E]]] experts 8 capacity 3 : tensor<16x2x4xf32>, tensor<16x2xi32> -> tensor<24x4xf32>, tensor<8xi32>
+func.func @moe(%l: tensor<16x8xf32>, %x: tensor<16x4xf32>, %w: tensor<8x4x6xf32>, %c: tensor<24x4xf32>) -> tensor<8x4x6xf32> {
+  %e = tgraph.topk %l k 2 : tensor<16x8xf32> -> tensor<16x2xi32>
+  %r:2 = tgraph.moe_dispatch %x[%e] experts 8 capacity 0 : tensor<16x4xf32>, tensor<16x2xi32> -> tensor<32x4xf32>, tensor<8xi32>
+  %h = tgraph.grouped_matmul %r#0, %w, %r#1 : tensor<32x4xf32>, tensor<8x4x6xf32>, tensor<8xi32> -> tensor<32x6xf32>
+  %b = tgraph.grouped_matmul %h, %w, %r#1 {transpose_rhs} : tensor<32x6xf32>, tensor<8x4x6xf32>, tensor<8xi32> -> tensor<32x4xf32>
+  %dw = tgraph.grouped_outer %r#0, %h, %r#1 : tensor<32x4xf32>, tensor<32x6xf32>, tensor<8xi32> -> tensor<8x4x6xf32>
+  %y = tgraph.moe_collect %c[%e] experts 8 capacity 3 : tensor<24x4xf32>, tensor<16x2xi32> -> tensor<16x2x4xf32>
+  %d:2 = tgraph.moe_dispatch %y[%e] experts 8 capacity 3 : tensor<16x2x4xf32>, tensor<16x2xi32> -> tensor<24x4xf32>, tensor<8xi32>
+  return %dw : tensor<8x4x6xf32>
+}
+
 // CHECK-LABEL: func.func @attention
 // CHECK: %{{.*}}, %[[LSE:.*]] = tgraph.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, scale = 1.250000e-01 : f64} : tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16> -> tensor<2x64x32xbf16>, tensor<2x64x1xf32>
 // CHECK: tgraph.attention_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[LSE]], %{{.*}} {causal, scale = 1.250000e-01 : f64} : {{.*}} -> tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>

@@ -572,8 +572,69 @@ def _embedding(b: _Builder):
            ids.shape + table.shape[1:], table.dtype, table.bound)
 
 
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def moe_reference(x, ex, k, capacity_factor=None):
+    """(y, aux) of the MoE layer in float64, written from its definition."""
+    x = np.asarray(x, np.float64)
+    lead, D = x.shape[:-1], x.shape[-1]
+    t = x.reshape(-1, D)
+    T = t.shape[0]
+    w = {n: np.asarray(v, np.float64) for n, v in ex.items()}
+    E = w["router"].shape[1]
+    logits = t @ w["router"]
+    chosen = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    gates = _softmax(np.take_along_axis(logits, chosen, 1))
+    cap = math.inf if capacity_factor is None else math.ceil(T * k * capacity_factor / E)
+    used, kept = np.zeros(E, int), np.zeros((T, k), bool)
+    for j in range(k):                       # first choices first, each in token order
+        for i in range(T):
+            e = chosen[i, j]
+            if used[e] < cap:
+                used[e] += 1
+                kept[i, j] = True
+    y = np.zeros_like(t)
+    for i in range(T):
+        for j in range(k):
+            if kept[i, j]:
+                e = chosen[i, j]
+                h = t[i] @ w["w1"][e]
+                a = (h / (1 + np.exp(-h))) * (t[i] @ w["w3"][e]) if "w3" in w else _gelu(h)
+                y[i] += gates[i, j] * (a @ w["w2"][e])
+    share = np.bincount(chosen.ravel(), minlength=E) / (T * k)
+    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    aux = {"load_balance": E * np.sum(share * _softmax(logits).mean(0)),
+           "z_loss": np.mean(lse ** 2), "dropped": 1 - kept.sum() / (T * k)}
+    return y.reshape(*lead, D), aux
+
+
+def _moe_bound(x: float, D: int, F: int, swiglu: bool) -> float:
+    h = x * 3 * max(D, 1)                           # |x @ w1| (weights within 3)
+    return (h * h if swiglu else h) * 3 * max(F, 1)
+
+
+def _moe(b: _Builder):
+    x = b.pick(lambda v: v.dtype == "f32" and v.shape and v.shape[-1] >= 1)
+    D = x.shape[-1]
+    E = b.draw(st.integers(1, 4))
+    k = b.draw(st.integers(1, E))
+    F = b.draw(st.integers(1, 4))
+    capacity = b.draw(st.sampled_from([None, 0.5, 1.0]))
+    names = ["router", "w1", "w2"] + (["w3"] if b.draw(st.booleans()) else [])
+    shapes = {"router": (D, E), "w1": (E, D, F), "w2": (E, F, D), "w3": (E, D, F)}
+    ws = {n: b.new_input(shapes[n], "f32") for n in names}
+    experts = "{" + ", ".join(f"{n!r}: {w.name}" for n, w in ws.items()) + "}"
+    b.step(f"op.moe({x.name}, experts={experts}, k={k}, capacity_factor={capacity})",
+           lambda env, n=x.name, ws=ws, k=k, c=capacity: moe_reference(
+               env[n], {m: env[w.name] for m, w in ws.items()}, k, c)[0],
+           x.shape, "f32", _moe_bound(x.bound, D, F, "w3" in ws))
+
+
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
-         _normalize, _cross_entropy, _cast, _select, _power, _embedding]
+         _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe]
 
 
 @st.composite

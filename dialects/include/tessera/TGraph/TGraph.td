@@ -440,6 +440,130 @@ def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
 }
 
 //----------------------------------------------------------------------------
+// Mixture of experts: routing, the dispatch buffer, grouped expert GEMMs
+//----------------------------------------------------------------------------
+
+def TGraph_TopKOp : TGraph_Op<"topk", [Pure]> {
+  let summary = "indices of the k largest entries along the last dimension";
+  let description = [{
+    `indices[..., j]` is the position of the `j`-th largest entry of
+    `input[..., :]` (largest first; equal values: the lower index first).
+    The result is i32 with `input`'s shape but `k` in the last dimension.
+    No derivative (the values a caller needs are read back from the input
+    with a one-hot mask, which differentiates).
+
+    ```mlir
+    %i = tgraph.topk %logits k 2 : tensor<16x8xf32> -> tensor<16x2xi32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, I64Attr:$k);
+  let results = (outs AnyRankedTensor:$indices);
+  let assemblyFormat = "$input `k` $k attr-dict `:` type($input) `->` type($indices)";
+  let hasVerifier = 1;
+}
+
+def TGraph_MoeDispatchOp : TGraph_Op<"moe_dispatch", [Pure]> {
+  let summary = "copy each token's row to the slots of the experts it chose";
+  let description = [{
+    `experts[T, k]` (i32) are the experts each token chose, in choice order.
+    The result `rows[N, D]` holds one row per kept (token, choice), packed
+    by expert: expert 0's rows first, then expert 1's, ...; within an
+    expert, first choices before second choices, each in token order.
+    `sizes[E]` (i32) counts each expert's rows; rows past their sum are zero.
+
+    `capacity = 0` keeps every choice (dropless; `N = T * k`). A capacity
+    `C > 0` keeps each expert's first `C` rows in that order and drops the
+    rest (`N = min(T * k, E * C)`). `input` is `[T, D]` (each choice copies
+    the token's row) or `[T, k, D]` (a row per choice: the derivative of
+    `tgraph.moe_collect`). Indices outside `[0, E)` are an error at run time.
+
+    ```mlir
+    %rows, %sizes = tgraph.moe_dispatch %x[%experts] experts 8 capacity 0
+        : tensor<16x32xf32>, tensor<16x2xi32> -> tensor<32x32xf32>, tensor<8xi32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, AnyRankedTensor:$experts,
+                       I64Attr:$num_experts, I64Attr:$capacity);
+  let results = (outs AnyRankedTensor:$rows, AnyRankedTensor:$sizes);
+  let assemblyFormat = [{
+    $input `[` $experts `]` `experts` $num_experts `capacity` $capacity attr-dict
+    `:` type($input) `,` type($experts) `->` type($rows) `,` type($sizes)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_MoeCollectOp : TGraph_Op<"moe_collect", [Pure]> {
+  let summary = "read each (token, choice)'s row back from the dispatch layout";
+  let description = [{
+    The inverse movement of `tgraph.moe_dispatch` with the same `experts`,
+    `num_experts` and `capacity`: `result[t, j, :]` is the row that
+    (token `t`, choice `j`) was dispatched to, or zeros where it was dropped.
+    The caller weights and sums over `j` (in choice order: a fixed order, so
+    the combine is deterministic).
+
+    ```mlir
+    %y = tgraph.moe_collect %rows[%experts] experts 8 capacity 0
+        : tensor<32x32xf32>, tensor<16x2xi32> -> tensor<16x2x32xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$rows, AnyRankedTensor:$experts,
+                       I64Attr:$num_experts, I64Attr:$capacity);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $rows `[` $experts `]` `experts` $num_experts `capacity` $capacity attr-dict
+    `:` type($rows) `,` type($experts) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_GroupedMatmulOp : TGraph_Op<"grouped_matmul", [Pure]> {
+  let summary = "a GEMM per segment of rows, each with its group's weight";
+  let description = [{
+    `lhs[N, K]` is cut into consecutive segments of `sizes[S]` rows
+    (integers); segment `s` is multiplied by `rhs[s mod G]` (`rhs[G, K, M]`,
+    or `[G, M, K]` transposed with `transpose_rhs`). Rows past the segments
+    are zero in the result `[N, M]`. One segment per expert is a mixture of
+    experts' FFN; `S = R * G` segments are rows received from `R` ranks,
+    each ordered by expert.
+
+    ```mlir
+    %h = tgraph.grouped_matmul %rows, %w1, %sizes
+        : tensor<32x16xf32>, tensor<8x16x64xf32>, tensor<8xi32> -> tensor<32x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs, AnyRankedTensor:$sizes,
+                       UnitAttr:$transpose_rhs);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $sizes attr-dict `:` type($lhs) `,` type($rhs) `,` type($sizes)
+    `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_GroupedOuterOp : TGraph_Op<"grouped_outer", [Pure]> {
+  let summary = "per group, the sum of lhs^T rhs over its segments";
+  let description = [{
+    The weight gradient of `tgraph.grouped_matmul`: with `lhs[N, K]` and
+    `rhs[N, M]` cut into the segments of `sizes[S]`,
+    `result[g] = sum over segments s with s mod G = g of lhs_s^T rhs_s`
+    (`result[G, K, M]`; segments added in order, so the sum is deterministic).
+
+    ```mlir
+    %dw = tgraph.grouped_outer %rows, %dh, %sizes
+        : tensor<32x16xf32>, tensor<32x64xf32>, tensor<8xi32> -> tensor<8x16x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs, AnyRankedTensor:$sizes);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $sizes attr-dict `:` type($lhs) `,` type($rhs) `,` type($sizes)
+    `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+//----------------------------------------------------------------------------
 // Attention (fused: the [S, S] score matrix is never materialized)
 //----------------------------------------------------------------------------
 

@@ -1,0 +1,126 @@
+"""op.moe and op.topk against a float64 numpy reference on fresh random
+inputs: routing (top-k, ties to the lower index), dropless and capacity
+dispatch (first choices first, token order), GELU and SwiGLU experts, the
+auxiliary losses, and every gradient against float64 central differences."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import op
+from tessera.errors import ShapeError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+from programs import moe_reference as reference  # noqa: E402  (the fuzzers' reference)
+
+
+def _experts(rng, D, F, E, swiglu=False, dtype=np.float32):
+    ex = {"router": rng.standard_normal((D, E)),
+          "w1": rng.standard_normal((E, D, F)) / np.sqrt(D),
+          "w2": rng.standard_normal((E, F, D)) / np.sqrt(F)}
+    if swiglu:
+        ex["w3"] = rng.standard_normal((E, D, F)) / np.sqrt(D)
+    return {n: v.astype(dtype) for n, v in ex.items()}
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("capacity_factor", [None, 0.6])
+def test_moe_matches_reference(swiglu, capacity_factor):
+    rng = np.random.default_rng()
+    B, S, D, F, E, k = 2, 6, 8, 12, 4, 2
+    x = rng.standard_normal((B, S, D)).astype(np.float32)
+    ex = _experts(rng, D, F, E, swiglu)
+
+    @ts.jit
+    def layer(x, ex):
+        return op.moe(x, experts=ex, router="topk", k=k, capacity_factor=capacity_factor,
+                      return_aux=True)
+
+    y, aux = layer(x, ex)
+    want, want_aux = reference(x, ex, k, capacity_factor)
+    np.testing.assert_allclose(np.asarray(y), want, rtol=2e-5, atol=2e-5)
+    for name in ("load_balance", "z_loss", "dropped"):
+        np.testing.assert_allclose(float(aux[name]), want_aux[name], rtol=2e-5, atol=1e-6,
+                                   err_msg=name)
+    if capacity_factor is not None:
+        assert want_aux["dropped"] > 0          # the case drops something
+
+
+def test_moe_k_equals_experts_and_k1():
+    """k = E (every expert, nothing to drop) and k = 1 (Switch)."""
+    rng = np.random.default_rng()
+    D, F, E = 6, 8, 3
+    x = rng.standard_normal((10, D)).astype(np.float32)
+    ex = _experts(rng, D, F, E)
+    for k in (1, E):
+        y = ts.jit(lambda x, ex: op.moe(x, experts=ex, k=k))(x, ex)
+        np.testing.assert_allclose(np.asarray(y), reference(x, ex, k)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_topk_ties_take_the_lower_index():
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 5.0, 5.0]], np.float32)
+    values, idx = ts.jit(lambda x: op.topk(x, 3))(x)
+    np.testing.assert_array_equal(np.asarray(idx), [[1, 2, 3], [0, 1, 2]])
+    np.testing.assert_array_equal(np.asarray(values), [[3, 3, 2], [5, 5, 5]])
+    assert np.asarray(idx).dtype == np.int32
+
+
+H = 1e-6
+
+
+@pytest.mark.parametrize("swiglu,capacity_factor", [(False, None), (True, 0.75)])
+def test_moe_gradients_match_finite_differences(swiglu, capacity_factor):
+    """d/d(x, router, w1, w2[, w3]) of sum(y * R) + the auxiliary losses, in
+    float64, against central differences of the compiled forward."""
+    rng = np.random.default_rng()
+    T, D, F, E, k = 6, 4, 5, 4, 2
+    x = rng.standard_normal((T, D))
+    ex = _experts(rng, D, F, E, swiglu, np.float64)
+    R = rng.standard_normal((T, D))
+
+    def loss(x, ex):
+        y, aux = op.moe(x, experts=ex, k=k, capacity_factor=capacity_factor, return_aux=True)
+        return op.sum(op.mul(y, R)) + 0.3 * aux["load_balance"] + 0.1 * aux["z_loss"]
+
+    value = ts.jit(loss)
+    grads = ts.jit(lambda x, ex: ts.grad(loss(x, ex), [x, ex]))(x, ex)
+    want_y, want_aux = reference(x, ex, k, capacity_factor)
+    np.testing.assert_allclose(float(value(x, ex)), np.sum(want_y * R) + 0.3 *
+                               want_aux["load_balance"] + 0.1 * want_aux["z_loss"], rtol=1e-10)
+    inputs = {"x": x, **ex}
+    got = {"x": grads[0], **grads[1]}
+    for name, a in inputs.items():
+        fd = np.zeros_like(a)
+        for j in np.ndindex(a.shape):
+            moved = []
+            for step in (H, -H):
+                args = {n: v.copy() for n, v in inputs.items()}
+                args[name][j] += step
+                moved.append(float(value(args.pop("x"), args)))
+            fd[j] = (moved[0] - moved[1]) / (2 * H)
+        np.testing.assert_allclose(np.asarray(got[name]), fd, rtol=1e-5, atol=1e-7,
+                                   err_msg=f"gradient wrt {name}")
+
+
+def test_moe_errors_name_the_tensor_dimension_and_line():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    ex = _experts(rng, 6, 8, 4)
+
+    def check(pattern, **change):
+        bad = {**ex, **{n: v for n, v in change.items() if n != "k"}}
+        k = change.get("k", 2)
+        with pytest.raises(ShapeError, match=pattern) as info:
+            ts.jit(lambda x, e: op.moe(x, experts=e, k=k))(x, bad)
+        assert "test_moe.py" in str(info.value)
+
+    check(r"k=5 must be an integer in \[1, E=4\]", k=5)
+    check(r"experts\['router'\] must be \[D=6, E\], got \[5, 4\]",
+          router=np.zeros((5, 4), np.float32))
+    check(r"experts\['w2'\] must be \[4, 8, 6\].*got \[3, 8, 6\]: dimension 0",
+          w2=np.zeros((3, 8, 6), np.float32))
+    check(r"experts\['w1'\] must be \[E=4, D=6, F\], got \[4, 5, 8\]",
+          w1=np.zeros((4, 5, 8), np.float32))
