@@ -810,21 +810,127 @@ def _check_transport(transport, src) -> None:
                              f"{_PACK_DTYPES}  [{src}]")
 
 
-def _check_unsplit(weights: dict, mesh, src) -> None:
-    """Expert parallelism (experts split over a mesh axis) is not built yet:
-    say so instead of gathering every expert onto every rank."""
-    from .dist import DTensor
-    for name, w in weights.items():
-        if isinstance(w, DTensor) and any(w.dims):
-            raise ShardingError(f"op.moe: experts['{name}'] is split over mesh axes "
-                                f"{[a for d in w.dims for a in d]}; expert parallelism "
-                                f"(experts split over 'ep') is not supported yet: pass the "
-                                f"experts replicated  [{src}]")
-    if mesh is not None and "ep" in getattr(mesh, "axes", ()) and mesh.axis_size("ep") > 1:
-        raise ShardingError(f"op.moe: mesh {mesh.axes} has an 'ep' axis of size "
-                            f"{mesh.axis_size('ep')}; expert parallelism is not supported yet "
-                            f"(run the layer with replicated experts, without an 'ep' axis)  "
-                            f"[{src}]")
+def _expert_mesh(weights: dict, mesh, src):
+    """(mesh, ep size): the mesh `mesh=` names, else the one the function is
+    compiled for; ep > 1 when it has an 'ep' axis of more than one rank."""
+    if mesh is None:
+        mesh = current().mesh
+    if mesh is None or "ep" not in mesh.axes:
+        return mesh, 1
+    return mesh, mesh.axis_size("ep")
+
+
+def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layout,
+                    src, exchange=None) -> tuple[Traced, Traced]:
+    """(y [T, D] in the gates' dtype, the kept rows per expert [E]): dispatch,
+    the experts' grouped GEMMs, collect, and the gate-weighted sum over each
+    token's choices (in choice order). `exchange` (expert parallelism) moves
+    the dispatched rows to the ranks holding their experts and back."""
+    T, k = chosen.shape
+    with current_location(src):
+        rows, sizes = gb.moe_dispatch(tokens.value, chosen.value, layout)
+        rows, kept = _out(rows, src), _out(sizes, src)
+    segments = kept
+    if exchange is not None:
+        rows, segments = exchange(rows), exchange.counts(kept)
+
+    def grouped(a: Traced, w: Traced) -> Traced:
+        with current_location(src):
+            return _out(gb.grouped_matmul(a.value, w.value, segments.value), src)
+
+    w1, w2, *w3 = weights
+    h = grouped(rows, w1)
+    act = gelu(h) if not w3 else mul(silu(h), grouped(rows, w3[0]))
+    outs = grouped(act, w2)                                                       # [N, D]
+    if exchange is not None:
+        outs = exchange(outs)                                   # back to the rows' ranks
+    with current_location(src):
+        picked = _out(gb.moe_collect(outs.value, chosen.value, layout), src)     # [T, k, D]
+    weighted = mul(cast(picked, gates.dtype), reshape(gates, T, k, 1))
+    return sum(weighted, 1), kept
+
+
+class _ExpertExchange:
+    """Inside the expert-parallel body: the uniform all-to-all over 'ep' of
+    the dispatch layout's blocks (block r holds rank r's experts' rows), and
+    of the kept-row counts, so each rank learns how many rows of each of its
+    experts every source sent (the counts go first: the grouped GEMMs read
+    them)."""
+
+    def __init__(self, ep: int):
+        self.ep = ep
+
+    def __call__(self, rows: Traced) -> Traced:
+        from .local_view import collective
+        n, d = rows.shape
+        blocks = reshape(rows, self.ep, n // self.ep, d)
+        # Block r to rank r; what arrives lies side by side in source order.
+        moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1)
+        return reshape(moved, n, d)
+
+    def counts(self, kept: Traced) -> Traced:
+        from .local_view import collective
+        per_rank = reshape(kept, self.ep, kept.shape[0] // self.ep)               # [ep, E / ep]
+        moved = collective("all_to_all", per_rank, "ep", split_dim=0, concat_dim=1)
+        return reshape(moved, self.ep, kept.shape[0] // self.ep)                  # [source, e]
+
+
+def _fill_base(chosen: Traced, E: int, shards: int, src) -> Traced:
+    """[shards, k, E] i32: for each token shard, the rows of each (choice j,
+    expert e) that precede its own in the global fill order (every shard's
+    choices j' < j of e, and shards before it of choice j), so that each
+    rank drops exactly what one device would."""
+    T, k = chosen.shape
+    hit = _one_hot(chosen, E, dtypes.f32, src)                                    # [T, k, E]
+    per_shard = sum(reshape(hit, shards, T // shards, k, E), 1)                   # [S, k, E]
+    with current_location(src):
+        def strictly_lower(n):                       # [n, n]: 1 where row > column
+            rows = _out(gb.iota([n, n], 0, element_type(np.dtype(np.int32))), src)
+            cols = _out(gb.iota([n, n], 1, element_type(np.dtype(np.int32))), src)
+            return cast(greater(rows, cols), dtypes.f32)
+    earlier_shards = matmul(strictly_lower(shards), reshape(per_shard, shards, k * E))
+    earlier_choices = matmul(strictly_lower(k), sum(per_shard, 0))                # [k, E]
+    base = add(reshape(earlier_shards, shards, k, E), reshape(earlier_choices, 1, k, E))
+    return cast(base, np.int32)
+
+
+def _expert_parallel(tokens, chosen, gates, weights, E: int, capacity: int, mesh, ep: int,
+                     src) -> tuple[Traced, Traced]:
+    """The expert-parallel layer as a local-view body over `mesh`: tokens
+    split over the 'ep' (and 'dp') axes, experts over 'ep'; each rank routes
+    its tokens, exchanges counts then rows with one all-to-all each, runs its
+    experts' grouped GEMMs, sends the results back and combines them."""
+    from .dist import ShardSpec
+    from .local_view import spmd
+    T, D = tokens.shape
+    token_axes = tuple(a for a in mesh.axes if a in ("ep", "dp"))
+    shards = int(np.prod([mesh.axis_size(a) for a in token_axes]))
+    if E % ep:
+        raise ShapeError(f"op.moe: experts['w1'] dimension 0 (E={E} experts) does not split "
+                         f"over mesh axis 'ep' (size {ep})  [{src}]")
+    if T % shards:
+        raise ShapeError(f"op.moe: {T} tokens do not split over mesh axes {list(token_axes)} "
+                         f"({shards} shards)  [{src}]")
+    by_token = ShardSpec(partition=(0,) * len(token_axes), mesh_axes=token_axes)
+    by_expert = ShardSpec(partition=(0,), mesh_axes=("ep",))
+    args = [tokens, chosen, gates] + list(weights)
+    specs = [by_token] * 3 + [by_expert] * len(weights)
+    if capacity:
+        args.append(_fill_base(chosen, E, shards, src))
+        specs.append(by_token)
+    n_weights = len(weights)
+
+    def body(tokens, chosen, gates, *rest):
+        local_weights, base = rest[:n_weights], rest[n_weights:]
+        layout = gb.DispatchLayout(E, capacity, blocks=ep,
+                                   base=reshape(base[0], *base[0].shape[1:]).value
+                                   if base else None)
+        y, kept = _expert_outputs(tokens, chosen, gates, local_weights, layout, src,
+                                  _ExpertExchange(ep))
+        return y, reshape(kept, 1, E)
+
+    y, kept = spmd(body, mesh=mesh, in_specs=specs, out_specs=(by_token, by_token))(*args)
+    return y, sum(kept, 0)
 
 
 def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None,
@@ -850,7 +956,7 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
         raise ShapeError(f"op.moe: experts must be a dict of weights, got "
                          f"{type(experts).__name__}  [{src}]")
     _check_transport(transport, src)
-    _check_unsplit(experts, mesh, src)
+    mesh, ep = _expert_mesh(experts, mesh, src)
     if not deterministic:
         raise ShapeError(f"op.moe: deterministic=False is not offered: the combine order is "
                          f"fixed, which costs nothing  [{src}]")
@@ -890,21 +996,13 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
     gates, chosen = topk(logits, k)                                               # [T, k]
     gates = softmax(gates, -1)       # = softmax over all E, renormalised over the k
     capacity = 0 if capacity_factor is None else math.ceil(T * k * capacity_factor / E)
-    with current_location(src):
-        rows, sizes = gb.moe_dispatch(tokens.value, chosen.value, E, capacity)
-        rows, sizes = _out(rows, src), _out(sizes, src)
-
-    def grouped(a: Traced, w: Traced) -> Traced:
-        with current_location(src):
-            return _out(gb.grouped_matmul(a.value, w.value, sizes.value), src)
-
-    h = grouped(rows, w1)
-    act = gelu(h) if w3 is None else mul(silu(h), grouped(rows, cast(w3, dtype)))
-    outs = grouped(act, w2)                                                       # [N, D]
-    with current_location(src):
-        picked = _out(gb.moe_collect(outs.value, chosen.value, E, capacity), src)  # [T, k, D]
-    weighted = mul(cast(picked, route), reshape(gates, T, k, 1))
-    y = reshape(cast(sum(weighted, 1), dtype), *x.shape)
+    weights = [w1, w2] + ([cast(w3, dtype)] if w3 is not None else [])
+    if ep == 1:
+        y, sizes = _expert_outputs(tokens, chosen, gates, weights, gb.DispatchLayout(E, capacity),
+                                   src)
+    else:
+        y, sizes = _expert_parallel(tokens, chosen, gates, weights, E, capacity, mesh, ep, src)
+    y = reshape(cast(y, dtype), *x.shape)
     if not return_aux:
         return y
     # Switch / GShard load balance: f_e (routed share, no gradient) times

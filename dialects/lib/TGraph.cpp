@@ -538,9 +538,11 @@ LogicalResult TopKOp::verify() {
 }
 
 /// The rows of the dispatch layout of `experts[T, k]` over `numExperts`
-/// experts with `capacity` (0: dropless), after checking the attributes.
+/// experts with `capacity` (0: dropless) in `blocks` blocks, after checking
+/// the attributes and the optional `base[k, E]`.
 static FailureOr<int64_t> verifyDispatchLayout(Operation *op, RankedTensorType experts,
-                                                int64_t numExperts, int64_t capacity) {
+                                                Value base, int64_t numExperts,
+                                                int64_t capacity, int64_t blocks) {
   if (experts.getRank() != 2 || !isI32(experts.getElementType()))
     return op->emitOpError("'experts' must be a [tokens, k] i32 tensor, got ") << experts;
   int64_t tokens = experts.getDimSize(0), k = experts.getDimSize(1);
@@ -548,8 +550,16 @@ static FailureOr<int64_t> verifyDispatchLayout(Operation *op, RankedTensorType e
     return op->emitOpError("experts ") << numExperts << " must be >= k = " << k;
   if (capacity < 0)
     return op->emitOpError("capacity ") << capacity << " must be >= 0 (0: dropless)";
+  if (blocks < 1 || numExperts % blocks != 0)
+    return op->emitOpError("blocks = ") << blocks << " must divide the " << numExperts
+                                        << " experts";
+  if (base) {
+    auto want = RankedTensorType::get({k, numExperts}, experts.getElementType());
+    if (cast<RankedTensorType>(base.getType()) != want)
+      return op->emitOpError("'base' must be ") << want << ", got " << base.getType();
+  }
   int64_t rows = tokens * k;
-  return capacity == 0 ? rows : std::min(rows, numExperts * capacity);
+  return blocks * (capacity == 0 ? rows : std::min(rows, numExperts / blocks * capacity));
 }
 
 /// `rows[N, D...]`, checked against the layout's row count and the feature
@@ -566,7 +576,8 @@ static LogicalResult verifyDispatchRows(Operation *op, RankedTensorType rowsType
 
 LogicalResult MoeDispatchOp::verify() {
   auto experts = getExperts().getType();
-  auto rows = verifyDispatchLayout(*this, experts, getNumExperts(), getCapacity());
+  auto rows = verifyDispatchLayout(*this, experts, getBase(), getNumExperts(), getCapacity(),
+                                   getBlocks());
   if (failed(rows))
     return failure();
   auto in = getInput().getType();
@@ -588,7 +599,8 @@ LogicalResult MoeDispatchOp::verify() {
 
 LogicalResult MoeCollectOp::verify() {
   auto experts = getExperts().getType();
-  auto rows = verifyDispatchLayout(*this, experts, getNumExperts(), getCapacity());
+  auto rows = verifyDispatchLayout(*this, experts, getBase(), getNumExperts(), getCapacity(),
+                                   getBlocks());
   if (failed(rows))
     return failure();
   auto out = getResult().getType();
@@ -599,15 +611,19 @@ LogicalResult MoeCollectOp::verify() {
                             out.getElementType());
 }
 
-/// `sizes` of a grouped op: a 1-D integer tensor whose length is a multiple
-/// of the number of groups.
-static LogicalResult verifySegments(Operation *op, RankedTensorType sizes, int64_t groups) {
-  if (sizes.getRank() != 1 || !isInteger(sizes.getElementType()))
-    return op->emitOpError("'sizes' must be a 1-D integer tensor, got ") << sizes;
-  if (groups < 1 || sizes.getDimSize(0) % groups != 0)
-    return op->emitOpError("'sizes' has ") << sizes.getDimSize(0)
-                                           << " segments, not a multiple of the " << groups
-                                           << " groups";
+/// `sizes` of a grouped op: integers, `[S]` or `[B, S]` (B blocks of the
+/// `rows`), S a multiple of the number of groups.
+static LogicalResult verifySegments(Operation *op, RankedTensorType sizes, int64_t groups,
+                                    int64_t rows) {
+  if ((sizes.getRank() != 1 && sizes.getRank() != 2) || !isInteger(sizes.getElementType()))
+    return op->emitOpError("'sizes' must be a [S] or [blocks, S] integer tensor, got ") << sizes;
+  int64_t segments = sizes.getDimSize(sizes.getRank() - 1);
+  if (groups < 1 || segments % groups != 0)
+    return op->emitOpError("'sizes' has ") << segments << " segments, not a multiple of the "
+                                           << groups << " groups";
+  if (sizes.getRank() == 2 && (sizes.getDimSize(0) < 1 || rows % sizes.getDimSize(0) != 0))
+    return op->emitOpError("'sizes' has ") << sizes.getDimSize(0) << " blocks, which do not "
+                                           << "divide the " << rows << " rows";
   return success();
 }
 
@@ -624,7 +640,7 @@ LogicalResult GroupedMatmulOp::verify() {
                                                               << (getTransposeRhs() ? " (transposed)" : "");
   if (out.getShape() != ArrayRef<int64_t>{lhs.getDimSize(0), m})
     return emitOpError("result must be [") << lhs.getDimSize(0) << ", " << m << "], got " << out;
-  return verifySegments(*this, getSizes().getType(), rhs.getDimSize(0));
+  return verifySegments(*this, getSizes().getType(), rhs.getDimSize(0), lhs.getDimSize(0));
 }
 
 LogicalResult GroupedOuterOp::verify() {
@@ -637,7 +653,7 @@ LogicalResult GroupedOuterOp::verify() {
                                               << "], got " << out;
   if (lhs.getElementType() != rhs.getElementType() || out.getElementType() != lhs.getElementType())
     return emitOpError("operands and result must have one element type");
-  return verifySegments(*this, getSizes().getType(), out.getDimSize(0));
+  return verifySegments(*this, getSizes().getType(), out.getDimSize(0), lhs.getDimSize(0));
 }
 
 //===----------------------------------------------------------------------===//

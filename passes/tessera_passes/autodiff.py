@@ -132,14 +132,14 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     if name in ("moe_dispatch", "moe_collect"):
         # Transposes of each other: a dispatched row's cotangent goes back to
         # its (token, choice), a collected one's to its row (sizes: none).
-        layout = (ir.IntegerAttr(op.attributes["num_experts"]).value,
-                  ir.IntegerAttr(op.attributes["capacity"]).value)
+        layout = gb.DispatchLayout.of(op)
+        routing = [None] * (len(x) - 1)           # experts (and base): integers
         if name == "moe_collect":
-            return [gb.moe_dispatch(g, x[1], *layout)[0], None]
-        back = gb.moe_collect(g, x[1], *layout)
+            return [gb.moe_dispatch(g, x[1], layout)[0]] + routing
+        back = gb.moe_collect(g, x[1], layout)
         if len(gb.shape_of(x[0])) == 2:           # one row per token: sum its choices
             back = gb.reshape(gb.reduce(back, "sum", [1]), gb.shape_of(x[0]))
-        return [back, None]
+        return [back] + routing
     if name == "grouped_matmul":
         transposed = "transpose_rhs" in op.attributes
         groups = gb.shape_of(x[1])[0]

@@ -80,7 +80,7 @@ LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph
 # `axis` and `row_axes` name mesh axes: the runtime turns them into this
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
 LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes", "k", "num_experts", "capacity",
-                 "transpose_rhs")
+                 "blocks", "transpose_rhs")
 ELEMENTWISE_TILE_ELEMENTS = 4096
 
 

@@ -8,6 +8,8 @@ both emit exactly the same IR for the same operation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
@@ -196,27 +198,50 @@ def topk(x: ir.Value, k: int) -> ir.Value:
     return tgraph.TopKOp(ranked(shape, _i32()), x, k).result
 
 
-def dispatch_rows(tokens: int, k: int, num_experts: int, capacity: int) -> int:
+def dispatch_rows(tokens: int, k: int, num_experts: int, capacity: int, blocks: int = 1) -> int:
     """Rows of the dispatch layout (`tgraph.moe_dispatch`'s verifier agrees)."""
-    return tokens * k if capacity == 0 else min(tokens * k, num_experts * capacity)
+    per_block = tokens * k if capacity == 0 else min(tokens * k, num_experts // blocks * capacity)
+    return blocks * per_block
 
 
-def moe_dispatch(x: ir.Value, experts: ir.Value, num_experts: int,
-                 capacity: int) -> tuple[ir.Value, ir.Value]:
+@dataclass(frozen=True)
+class DispatchLayout:
+    """How `tgraph.moe_dispatch` / `moe_collect` lay out rows: the experts,
+    the capacity (0: dropless), the optional fill-order `base` [k, E] and the
+    expert-parallel `blocks`."""
+    num_experts: int
+    capacity: int = 0
+    base: ir.Value | None = None
+    blocks: int = 1
+
+    @staticmethod
+    def of(op: ir.Operation) -> "DispatchLayout":
+        return DispatchLayout(ir.IntegerAttr(op.attributes["num_experts"]).value,
+                              ir.IntegerAttr(op.attributes["capacity"]).value,
+                              op.operands[2] if len(op.operands) > 2 else None,
+                              ir.IntegerAttr(op.attributes["blocks"]).value)
+
+    def _attrs(self) -> dict:
+        return {"base": self.base, "blocks": self.blocks if self.blocks != 1 else None}
+
+
+def moe_dispatch(x: ir.Value, experts: ir.Value,
+                 layout: DispatchLayout) -> tuple[ir.Value, ir.Value]:
     """(rows, sizes): `x`'s rows ([T, D], or [T, k, D] one per choice) in the
     dispatch layout of `experts` [T, k] (`tgraph.moe_dispatch`)."""
     tokens, k = shape_of(experts)
-    rows = dispatch_rows(tokens, k, num_experts, capacity)
+    rows = dispatch_rows(tokens, k, layout.num_experts, layout.capacity, layout.blocks)
     op = tgraph.MoeDispatchOp(ranked([rows, shape_of(x)[-1]], element_of(x)),
-                              ranked([num_experts], _i32()), x, experts, num_experts, capacity)
+                              ranked([layout.num_experts], _i32()), x, experts,
+                              layout.num_experts, layout.capacity, **layout._attrs())
     return op.results[0], op.results[1]
 
 
-def moe_collect(rows: ir.Value, experts: ir.Value, num_experts: int, capacity: int) -> ir.Value:
+def moe_collect(rows: ir.Value, experts: ir.Value, layout: DispatchLayout) -> ir.Value:
     """[T, k, D]: each (token, choice)'s row of the dispatch layout (`tgraph.moe_collect`)."""
     shape = shape_of(experts) + [shape_of(rows)[-1]]
-    return tgraph.MoeCollectOp(ranked(shape, element_of(rows)), rows, experts, num_experts,
-                               capacity).result
+    return tgraph.MoeCollectOp(ranked(shape, element_of(rows)), rows, experts,
+                               layout.num_experts, layout.capacity, **layout._attrs()).result
 
 
 def grouped_matmul(x: ir.Value, w: ir.Value, sizes: ir.Value,

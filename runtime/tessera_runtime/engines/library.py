@@ -113,11 +113,15 @@ def topk(xp, attrs, x, out):
     out[...] = order[..., :out.shape[-1]]
 
 
-def _dispatch_slots(xp, experts, num_experts: int, capacity: int):
-    """(slots, kept): the row of each (token, choice) in the dispatch layout
-    (-1 where dropped) and each expert's kept row count. Rows are packed by
-    expert; within one, by (choice, token): first choices first, each in
-    token order. A capacity keeps each expert's first `capacity` rows."""
+def _dispatch_slots(xp, experts, attrs, base=None):
+    """The row of each (token, choice) in the dispatch layout (-1 where
+    dropped) and each expert's kept row count. Rows are packed by expert
+    (each block of E / blocks experts padded to N / blocks rows); within an
+    expert, by (choice, token). A choice's position in its expert's fill
+    order is base[j, e] (default: this call's earlier choices of e) plus its
+    rank among the (j, e) rows; a capacity keeps positions below it."""
+    num_experts, capacity = attrs["num_experts"], attrs["capacity"]
+    blocks = attrs.get("blocks", 1)
     tokens, k = experts.shape
     n = tokens * k
     flat = experts.T.reshape(-1).astype(xp.int64)          # choice-major: (j, t)
@@ -125,40 +129,59 @@ def _dispatch_slots(xp, experts, num_experts: int, capacity: int):
         bad = flat[(flat < 0) | (flat >= num_experts)]
         raise LibraryError(f"moe routing: expert index {int(bad[0])} is out of range for "
                            f"{num_experts} experts")
-    order = xp.argsort(flat * n + xp.arange(n), axis=0)     # unique keys: (expert, j, t)
-    counts = xp.bincount(flat, minlength=num_experts)
-    starts = xp.cumsum(counts) - counts
+    group = xp.repeat(xp.arange(k), tokens) * num_experts + flat      # (j, e)
+    order = xp.argsort(group * n + xp.arange(n), axis=0)              # by (j, e), then token
+    counts = xp.bincount(group, minlength=k * num_experts)            # [k * E]
     rank = xp.empty(n, dtype=xp.int64)
-    rank[order] = xp.arange(n) - starts[flat[order]]        # position within its expert
-    kept = counts if capacity == 0 else xp.minimum(counts, capacity)
-    kept_starts = xp.cumsum(kept) - kept
+    rank[order] = xp.arange(n) - (xp.cumsum(counts) - counts)[group[order]]
+    counts = counts.reshape(k, num_experts)
+    if base is None:                                   # this call's earlier choices of e
+        base = xp.cumsum(counts, axis=0) - counts
+    base = xp.asarray(base, dtype=xp.int64).reshape(-1)
     limit = n if capacity == 0 else capacity
-    slots = xp.where(rank < limit, kept_starts[flat] + rank, -1)
+    position = base[group] + rank
+    kept_je = xp.clip(limit - base.reshape(k, num_experts), 0, counts)   # [k, E]
+    kept = kept_je.sum(axis=0)                                           # [E]
+    per_block = num_experts // blocks
+    rows = tokens * k if capacity == 0 else min(tokens * k, per_block * capacity)
+    first = xp.cumsum(kept.reshape(blocks, per_block), axis=1) - kept.reshape(blocks, per_block)
+    first = first.reshape(-1) + xp.repeat(xp.arange(blocks) * rows, per_block)   # [E]
+    before = (xp.cumsum(kept_je, axis=0) - kept_je).reshape(-1)          # earlier choices kept
+    slots = xp.where(position < limit, first[flat] + before[group] + rank, -1)
     return slots.reshape(k, tokens).T, kept
 
 
-def moe_dispatch(xp, attrs, x, experts, rows, sizes):
-    slots, kept = _dispatch_slots(xp, experts, attrs["num_experts"], attrs["capacity"])
+def moe_dispatch(xp, attrs, x, experts, *rest):
+    *base, rows, sizes = rest
+    slots, kept = _dispatch_slots(xp, experts, attrs, *base)
     sizes[...] = kept
     rows.fill(0)
     t, j = xp.nonzero(slots >= 0)
     rows[slots[t, j]] = x[t] if x.ndim == 2 else x[t, j]
 
 
-def moe_collect(xp, attrs, rows, experts, out):
-    slots, _ = _dispatch_slots(xp, experts, attrs["num_experts"], attrs["capacity"])
+def moe_collect(xp, attrs, rows, experts, *rest):
+    *base, out = rest
+    slots, _ = _dispatch_slots(xp, experts, attrs, *base)
     out.fill(0)
     t, j = xp.nonzero(slots >= 0)
     out[t, j] = rows[slots[t, j]]
 
 
 def _segments(xp, sizes, rows: int, what: str):
-    """(start, stop) of each segment of `sizes`."""
-    bounds = np.concatenate([[0], np.cumsum(_host(xp, sizes).astype(np.int64))])
-    if bounds[-1] > rows or (np.diff(bounds) < 0).any():
-        raise LibraryError(f"{what}: segment sizes {_host(xp, sizes).tolist()} do not fit "
-                           f"{rows} rows")
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    """(start, stop) of each segment of `sizes` ([S], or [B, S]: B blocks of
+    rows / B rows, each block's segments from its first row)."""
+    host = _host(xp, sizes).astype(np.int64)
+    host = host[None] if host.ndim == 1 else host
+    height = rows // host.shape[0]
+    out = []
+    for b, block in enumerate(host):
+        bounds = b * height + np.concatenate([[0], np.cumsum(block)])
+        if (block < 0).any() or bounds[-1] > (b + 1) * height:
+            raise LibraryError(f"{what}: segment sizes {host.tolist()} do not fit {rows} rows "
+                               f"in {host.shape[0]} block(s)")
+        out += list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    return out
 
 
 def grouped_matmul(xp, attrs, x, w, sizes, out):

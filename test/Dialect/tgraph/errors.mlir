@@ -764,3 +764,27 @@ func.func @f(%r: tensor<32x4xf32>, %g: tensor<16x6xf32>, %s: tensor<8xi32>) -> t
   %0 = tgraph.grouped_outer %r, %g, %s : tensor<32x4xf32>, tensor<16x6xf32>, tensor<8xi32> -> tensor<8x4x6xf32>
   return %0 : tensor<8x4x6xf32>
 }
+
+// -----
+
+func.func @f(%x: tensor<16x4xf32>, %e: tensor<16x2xi32>) -> tensor<96x4xf32> {
+  // expected-error @below {{'tgraph.moe_dispatch' op blocks = 3 must divide the 8 experts}}
+  %0:2 = tgraph.moe_dispatch %x[%e] experts 8 capacity 0 {blocks = 3 : i64} : tensor<16x4xf32>, tensor<16x2xi32> -> tensor<96x4xf32>, tensor<8xi32>
+  return %0#0 : tensor<96x4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<16x4xf32>, %e: tensor<16x2xi32>, %b: tensor<8xi32>) -> tensor<32x4xf32> {
+  // expected-error @below {{'tgraph.moe_dispatch' op 'base' must be 'tensor<2x8xi32>', got 'tensor<8xi32>'}}
+  %0:2 = tgraph.moe_dispatch %x[%e, %b] experts 8 capacity 2 : tensor<16x4xf32>, tensor<16x2xi32>, tensor<8xi32> -> tensor<16x4xf32>, tensor<8xi32>
+  return %0#0 : tensor<16x4xf32>
+}
+
+// -----
+
+func.func @f(%r: tensor<30x4xf32>, %w: tensor<4x4x6xf32>, %s: tensor<4x4xi32>) -> tensor<30x6xf32> {
+  // expected-error @below {{'tgraph.grouped_matmul' op 'sizes' has 4 blocks, which do not divide the 30 rows}}
+  %0 = tgraph.grouped_matmul %r, %w, %s : tensor<30x4xf32>, tensor<4x4x6xf32>, tensor<4x4xi32> -> tensor<30x6xf32>
+  return %0 : tensor<30x6xf32>
+}

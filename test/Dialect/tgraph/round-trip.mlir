@@ -131,6 +131,17 @@ func.func @moe(%l: tensor<16x8xf32>, %x: tensor<16x4xf32>, %w: tensor<8x4x6xf32>
   return %dw : tensor<8x4x6xf32>
 }
 
+// CHECK-LABEL: func.func @moe_expert_parallel
+// CHECK: tgraph.moe_dispatch %{{.*}}[%{{.*}}, %{{.*}}] experts 8 capacity 3 {blocks = 2 : i64} : tensor<16x4xf32>, tensor<16x2xi32>, tensor<2x8xi32> -> tensor<24x4xf32>, tensor<8xi32>
+// CHECK: tgraph.grouped_matmul %{{.*}}, %{{.*}}, %{{.*}} : tensor<24x4xf32>, tensor<4x4x6xf32>, tensor<2x4xi32> -> tensor<24x6xf32>
+// CHECK: tgraph.moe_collect %{{.*}}[%{{.*}}, %{{.*}}] experts 8 capacity 3 {blocks = 2 : i64} : tensor<24x4xf32>, tensor<16x2xi32>, tensor<2x8xi32> -> tensor<16x2x4xf32>
+func.func @moe_expert_parallel(%x: tensor<16x4xf32>, %e: tensor<16x2xi32>, %b: tensor<2x8xi32>, %w: tensor<4x4x6xf32>, %s: tensor<2x4xi32>) -> tensor<16x2x4xf32> {
+  %r:2 = tgraph.moe_dispatch %x[%e, %b] experts 8 capacity 3 {blocks = 2 : i64} : tensor<16x4xf32>, tensor<16x2xi32>, tensor<2x8xi32> -> tensor<24x4xf32>, tensor<8xi32>
+  %h = tgraph.grouped_matmul %r#0, %w, %s : tensor<24x4xf32>, tensor<4x4x6xf32>, tensor<2x4xi32> -> tensor<24x6xf32>
+  %y = tgraph.moe_collect %r#0[%e, %b] experts 8 capacity 3 {blocks = 2 : i64} : tensor<24x4xf32>, tensor<16x2xi32>, tensor<2x8xi32> -> tensor<16x2x4xf32>
+  return %y : tensor<16x2x4xf32>
+}
+
 // CHECK-LABEL: func.func @attention
 // CHECK: %{{.*}}, %[[LSE:.*]] = tgraph.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, scale = 1.250000e-01 : f64} : tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16> -> tensor<2x64x32xbf16>, tensor<2x64x1xf32>
 // CHECK: tgraph.attention_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[LSE]], %{{.*}} {causal, scale = 1.250000e-01 : f64} : {{.*}} -> tensor<2x64x16xbf16>, tensor<2x64x16xbf16>, tensor<2x64x32xbf16>

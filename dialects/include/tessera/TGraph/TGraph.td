@@ -469,25 +469,39 @@ def TGraph_MoeDispatchOp : TGraph_Op<"moe_dispatch", [Pure]> {
     The result `rows[N, D]` holds one row per kept (token, choice), packed
     by expert: expert 0's rows first, then expert 1's, ...; within an
     expert, first choices before second choices, each in token order.
-    `sizes[E]` (i32) counts each expert's rows; rows past their sum are zero.
+    `sizes[E]` (i32) counts each expert's rows; other rows are zero.
 
-    `capacity = 0` keeps every choice (dropless; `N = T * k`). A capacity
-    `C > 0` keeps each expert's first `C` rows in that order and drops the
-    rest (`N = min(T * k, E * C)`). `input` is `[T, D]` (each choice copies
-    the token's row) or `[T, k, D]` (a row per choice: the derivative of
-    `tgraph.moe_collect`). Indices outside `[0, E)` are an error at run time.
+    `capacity = 0` keeps every choice (dropless). A capacity `C > 0` keeps
+    the choices whose position in their expert's fill order (first choices
+    first, token order) is below `C`; the rest are dropped. That position is
+    `base[j, e]` plus the choice's rank among this call's (choice j, expert
+    e) rows: the optional `base[k, E]` (i32) counts the rows that precede
+    them in the fill order (earlier choices, and other ranks' earlier
+    tokens); without it, this call's own earlier choices.
+
+    `blocks = B` (an expert-parallel layout, one block per rank holding
+    `E / B` consecutive experts) pads each block to `N / B` rows, so that a
+    uniform all-to-all of the blocks sends each rank its experts' rows;
+    `N / B` is `T * k`, or `min(T * k, E / B * C)` with a capacity.
+
+    `input` is `[T, D]` (each choice copies the token's row) or `[T, k, D]`
+    (a row per choice: the derivative of `tgraph.moe_collect`). Expert
+    indices outside `[0, E)` are an error at run time.
 
     ```mlir
     %rows, %sizes = tgraph.moe_dispatch %x[%experts] experts 8 capacity 0
         : tensor<16x32xf32>, tensor<16x2xi32> -> tensor<32x32xf32>, tensor<8xi32>
+    %r2, %s2 = tgraph.moe_dispatch %x[%experts, %base] experts 8 capacity 3 {blocks = 2 : i64}
+        : tensor<16x32xf32>, tensor<16x2xi32>, tensor<2x8xi32> -> tensor<24x32xf32>, tensor<8xi32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, AnyRankedTensor:$experts,
-                       I64Attr:$num_experts, I64Attr:$capacity);
+                       Optional<AnyRankedTensor>:$base, I64Attr:$num_experts,
+                       I64Attr:$capacity, DefaultValuedAttr<I64Attr, "1">:$blocks);
   let results = (outs AnyRankedTensor:$rows, AnyRankedTensor:$sizes);
   let assemblyFormat = [{
-    $input `[` $experts `]` `experts` $num_experts `capacity` $capacity attr-dict
-    `:` type($input) `,` type($experts) `->` type($rows) `,` type($sizes)
+    $input `[` $experts (`,` $base^)? `]` `experts` $num_experts `capacity` $capacity attr-dict
+    `:` type($input) `,` type($experts) (`,` type($base)^)? `->` type($rows) `,` type($sizes)
   }];
   let hasVerifier = 1;
 }
@@ -496,10 +510,10 @@ def TGraph_MoeCollectOp : TGraph_Op<"moe_collect", [Pure]> {
   let summary = "read each (token, choice)'s row back from the dispatch layout";
   let description = [{
     The inverse movement of `tgraph.moe_dispatch` with the same `experts`,
-    `num_experts` and `capacity`: `result[t, j, :]` is the row that
-    (token `t`, choice `j`) was dispatched to, or zeros where it was dropped.
-    The caller weights and sums over `j` (in choice order: a fixed order, so
-    the combine is deterministic).
+    `base`, `num_experts`, `capacity` and `blocks`: `result[t, j, :]` is the
+    row that (token `t`, choice `j`) was dispatched to, or zeros where it was
+    dropped. The caller weights and sums over `j` (in choice order: a fixed
+    order, so the combine is deterministic).
 
     ```mlir
     %y = tgraph.moe_collect %rows[%experts] experts 8 capacity 0
@@ -507,11 +521,12 @@ def TGraph_MoeCollectOp : TGraph_Op<"moe_collect", [Pure]> {
     ```
   }];
   let arguments = (ins AnyRankedTensor:$rows, AnyRankedTensor:$experts,
-                       I64Attr:$num_experts, I64Attr:$capacity);
+                       Optional<AnyRankedTensor>:$base, I64Attr:$num_experts,
+                       I64Attr:$capacity, DefaultValuedAttr<I64Attr, "1">:$blocks);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
-    $rows `[` $experts `]` `experts` $num_experts `capacity` $capacity attr-dict
-    `:` type($rows) `,` type($experts) `->` type($result)
+    $rows `[` $experts (`,` $base^)? `]` `experts` $num_experts `capacity` $capacity attr-dict
+    `:` type($rows) `,` type($experts) (`,` type($base)^)? `->` type($result)
   }];
   let hasVerifier = 1;
 }
@@ -521,10 +536,11 @@ def TGraph_GroupedMatmulOp : TGraph_Op<"grouped_matmul", [Pure]> {
   let description = [{
     `lhs[N, K]` is cut into consecutive segments of `sizes[S]` rows
     (integers); segment `s` is multiplied by `rhs[s mod G]` (`rhs[G, K, M]`,
-    or `[G, M, K]` transposed with `transpose_rhs`). Rows past the segments
-    are zero in the result `[N, M]`. One segment per expert is a mixture of
-    experts' FFN; `S = R * G` segments are rows received from `R` ranks,
-    each ordered by expert.
+    or `[G, M, K]` transposed with `transpose_rhs`). With `sizes[B, S]` the
+    rows are `B` blocks of `N / B` and block `b`'s segments start at its
+    first row (the blocks an expert-parallel all-to-all received, one per
+    source rank). Rows outside the segments are zero in the result
+    `[N, M]`. One segment per expert is a mixture of experts' FFN.
 
     ```mlir
     %h = tgraph.grouped_matmul %rows, %w1, %sizes
@@ -545,7 +561,7 @@ def TGraph_GroupedOuterOp : TGraph_Op<"grouped_outer", [Pure]> {
   let summary = "per group, the sum of lhs^T rhs over its segments";
   let description = [{
     The weight gradient of `tgraph.grouped_matmul`: with `lhs[N, K]` and
-    `rhs[N, M]` cut into the segments of `sizes[S]`,
+    `rhs[N, M]` cut into the segments of `sizes[S]` (or `[B, S]`, in blocks),
     `result[g] = sum over segments s with s mod G = g of lhs_s^T rhs_s`
     (`result[G, K, M]`; segments added in order, so the sum is deterministic).
 
