@@ -16,9 +16,11 @@ __all__ = ["flash_attention", "attention", "cross_entropy", "embedding", "gelu",
 
 
 def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
-                     dtype=np.float32) -> list[dict]:
+                     dtype=np.float32, experts: int = 0) -> list[dict]:
     """Parameters of `depth` pre-norm decoder blocks for `op.transformer_block`
-    (GPT-2 style init: normal(0, 0.02), output projections scaled by 1/sqrt(2 depth))."""
+    (GPT-2 style init: normal(0, 0.02), output projections scaled by 1/sqrt(2 depth)).
+    With `experts=E`, each block's MLP is a mixture of E experts (`op.moe`):
+    its parameters are `moe = {router [D, E], w1 [E, D, F], w2 [E, F, D]}`."""
     rng = np.random.default_rng(seed)
     hidden = mlp_ratio * width
     std, out_std = 0.02, 0.02 / np.sqrt(2 * depth)
@@ -28,11 +30,17 @@ def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
 
     layers = []
     for _ in range(depth):
-        layers.append({
+        layer = {
             "ln1_w": np.ones(width, dtype), "ln1_b": np.zeros(width, dtype),
             "wqkv": normal((width, 3 * width), std), "wo": normal((width, width), out_std),
             "ln2_w": np.ones(width, dtype), "ln2_b": np.zeros(width, dtype),
-            "w1": normal((width, hidden), std), "b1": np.zeros(hidden, dtype),
-            "w2": normal((hidden, width), out_std), "b2": np.zeros(width, dtype),
-        })
+        }
+        if experts:
+            layer["moe"] = {"router": normal((width, experts), std),
+                            "w1": normal((experts, width, hidden), std),
+                            "w2": normal((experts, hidden, width), out_std)}
+        else:
+            layer.update({"w1": normal((width, hidden), std), "b1": np.zeros(hidden, dtype),
+                          "w2": normal((hidden, width), out_std), "b2": np.zeros(width, dtype)})
+        layers.append(layer)
     return layers

@@ -669,7 +669,8 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
 
 
 def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bool = True,
-                      norm: str = "layernorm", remat=None) -> Traced:
+                      norm: str = "layernorm", remat=None, moe_k: int = 2,
+                      capacity_factor=None, return_aux: bool = False):
     """`depth` pre-norm decoder blocks: x + attn(norm(x)), then x + mlp(norm(x)).
 
     `remat` recomputes each block's forward in the backward instead of
@@ -681,7 +682,10 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
 
     `params` is a list of `depth` dicts (see `ts.nn.init_transformer`) with
     `ln1_w, ln1_b, wqkv [D, 3D], wo [D, D], ln2_w, ln2_b, w1 [D, F], b1, w2 [F, D], b2`.
-    `x` is `[B, S, D]`.
+    `x` is `[B, S, D]`. A block whose dict holds `moe` (router, w1, w2 of
+    `op.moe`) instead of the MLP's weights has a mixture-of-experts MLP with
+    `moe_k` experts per token and `capacity_factor`; `return_aux=True` then
+    returns `(x, [each such block's op.moe aux])`.
 
     The columns of `wqkv` are grouped by head: `[D, heads, 3, D // heads]`
     holds each head's q, k and v projections side by side. Splitting its
@@ -700,6 +704,7 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
     from .remat import policy_name, region
     policy = policy_name("auto" if remat is None else remat, "op.transformer_block")
     normalize = layernorm if norm == "layernorm" else (lambda h, w, b: rmsnorm(h, w))
+    auxes = []
     for p in params:
         with region(policy):
             h = normalize(x, p["ln1_w"], p["ln1_b"])
@@ -709,8 +714,15 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
             a = reshape(transpose(a, 1, 2), B, S, D)
             x = add(x, matmul(a, p["wo"]))
             h = normalize(x, p["ln2_w"], p["ln2_b"])
-            x = add(x, add(matmul(gelu(add(matmul(h, p["w1"]), p["b1"])), p["w2"]), p["b2"]))
-    return x
+            if "moe" in p:
+                y, aux = moe(h, experts=p["moe"], k=moe_k, capacity_factor=capacity_factor,
+                             return_aux=True)
+                x = add(x, y)
+                auxes.append(aux)
+            else:
+                x = add(x, add(matmul(gelu(add(matmul(h, p["w1"]), p["b1"])), p["w2"]),
+                               p["b2"]))
+    return (x, auxes) if return_aux else x
 
 
 def kernel(fn=None, *, mesh=None, in_specs=None, out_specs=None):
@@ -945,7 +957,8 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
     (`E * sum_e f_e P_e`: f the fraction of routed choices that chose e, P
     the mean router probability), `aux["z_loss"]` (mean squared log-sum-exp
     of the router logits) and `aux["dropped"]` (the fraction of choices
-    dropped by capacity). The router logits and gates are float32 (float64
+    dropped by capacity), and `aux["expert_tokens"]`, the rows each expert
+    processed (int32 [E]). The router logits and gates are float32 (float64
     for a float64 `x`).
     `deterministic=True` is the only mode: the combine order is fixed."""
     src = user_frame()
@@ -1014,7 +1027,8 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
     kept = sum(cast(sizes, route))
     aux = {"load_balance": mul(sum(mul(share, prob)), float(E)),
            "z_loss": mean(mul(lse, lse)),
-           "dropped": sub(1.0, div(kept, float(T * k)))}
+           "dropped": sub(1.0, div(kept, float(T * k))),
+           "expert_tokens": sizes}
     return y, aux
 
 
@@ -1041,10 +1055,11 @@ def _eager(fn):
         leaves, _ = flatten((args, kwargs))
         if not any(is_tensor(x) for x in leaves):
             return fn(*args, **kwargs)     # no tensor: the op's own error
-        compiled = _EAGER.get(fn.__name__)
+        mesh = kwargs.get("mesh")              # op.moe(..., mesh=mesh): compiled for it
+        compiled = _EAGER.get((fn.__name__, mesh))
         if compiled is None:
             from .compiler import CompiledFunction
-            compiled = _EAGER[fn.__name__] = CompiledFunction(fn, None, numpy_results=True)
+            compiled = _EAGER[fn.__name__, mesh] = CompiledFunction(fn, mesh, numpy_results=True)
         return compiled(*args, **kwargs)
     return call
 
