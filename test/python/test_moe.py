@@ -152,3 +152,10 @@ def test_expert_parallel_equals_one_device(run_mpi, tmp_path):
         assert (dropped > 0) == ("capacity=0.75" in case), (case, dropped)
         for name, error in errors.items():
             assert error < 1e-5, f"{case}: {name} differs by {error:.2e}"
+
+
+def test_the_user_docs_example_runs():
+    """docs/moe.md's first example, as written."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "moe.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/moe.md", "exec"), {})
