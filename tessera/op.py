@@ -25,7 +25,7 @@ from . import dtypes
 from ._source import SourceLine, user_frame
 from ._trace import (Traced, as_traced, autocast_dtype, current, current_location, element_type,
                      is_tensor)
-from .errors import ShapeError, ShardingError
+from .errors import ShapeError
 
 __all__ = [
     "matmul", "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum",
