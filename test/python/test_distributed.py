@@ -74,7 +74,11 @@ def test_pipelined_gpt_on_dp_tp_pp_meshes_matches_single_device(run_mpi, tmp_pat
         np.testing.assert_allclose(piped["losses"], one["losses"], rtol=1e-5, atol=1e-5,
                                    err_msg=what)
         for name in one.files:
-            np.testing.assert_allclose(piped[name], one[name], rtol=1e-4, atol=2e-5,
+            # AdamW divides by sqrt(v): a near-zero gradient's rounding can move
+            # its parameter by a visible share of lr (3e-3) per step. Seed
+            # 1931018285 moved one of 3072 wqkv entries 3.7e-5 in 20 steps (the
+            # same bits before and after the MoE change), so 1e-4, not 2e-5.
+            np.testing.assert_allclose(piped[name], one[name], rtol=1e-4, atol=1e-4,
                                        err_msg=f"{name}, {what}")
 
 

@@ -143,9 +143,9 @@ def test_ops_outside_compile_run_eagerly_or_name_the_problem():
     x = np.random.default_rng().standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_array_equal(op.relu(x), np.maximum(x, 0))
     np.testing.assert_allclose(op.matmul(x, x.T), x @ x.T, rtol=1e-5)
-    programs = len(op._EAGER["relu"]._programs)
+    programs = len(op._EAGER["relu", None]._programs)
     op.relu(-x)
-    assert len(op._EAGER["relu"]._programs) == programs
+    assert len(op._EAGER["relu", None]._programs) == programs
     with pytest.raises(RuntimeError, match="outside a function compiled by tessera"):
         op.relu([1.0, 2.0])
 
