@@ -657,11 +657,7 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     V = logits.shape[-1]
     N = int(np.prod(targets.shape))
     logits = reshape(logits, N, V)
-    targets = reshape(targets, N, 1)
-    with current_location(src):
-        cols = _out(gb.iota([N, V], 1, element_type(targets.dtype)), src)
-    onehot = where(equal(targets, cols), 1.0, 0.0)                      # [N, V], zero row if ignored
-    onehot = cast(onehot, logits.dtype)
+    onehot = _one_hot(reshape(targets, N), V, logits.dtype, src)        # [N, V], zero row if ignored
     valid = sum(onehot, -1)                                              # [N]: 1 or 0
     nll = neg(sum(mul(log_softmax(logits, -1), onehot), -1))             # [N]
     count = maximum(sum(valid), 1.0)
@@ -822,7 +818,7 @@ def _check_transport(transport, src) -> None:
                              f"{_PACK_DTYPES}  [{src}]")
 
 
-def _expert_mesh(weights: dict, mesh, src):
+def _expert_mesh(mesh):
     """(mesh, ep size): the mesh `mesh=` names, else the one the function is
     compiled for; ep > 1 when it has an 'ep' axis of more than one rank."""
     if mesh is None:
@@ -895,11 +891,12 @@ def _fill_base(chosen: Traced, E: int, shards: int, src) -> Traced:
     T, k = chosen.shape
     hit = _one_hot(chosen, E, dtypes.f32, src)                                    # [T, k, E]
     per_shard = sum(reshape(hit, shards, T // shards, k, E), 1)                   # [S, k, E]
-    with current_location(src):
-        def strictly_lower(n):                       # [n, n]: 1 where row > column
-            rows = _out(gb.iota([n, n], 0, element_type(np.dtype(np.int32))), src)
-            cols = _out(gb.iota([n, n], 1, element_type(np.dtype(np.int32))), src)
-            return cast(greater(rows, cols), dtypes.f32)
+
+    def strictly_lower(n):                           # [n, n]: 1 where row > column
+        with current_location(src):
+            rows, cols = (_out(gb.iota([n, n], d, element_type(np.dtype(np.int32))), src)
+                          for d in (0, 1))
+        return cast(greater(rows, cols), dtypes.f32)
     earlier_shards = matmul(strictly_lower(shards), reshape(per_shard, shards, k * E))
     earlier_choices = matmul(strictly_lower(k), sum(per_shard, 0))                # [k, E]
     base = add(reshape(earlier_shards, shards, k, E), reshape(earlier_choices, 1, k, E))
@@ -969,7 +966,7 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
         raise ShapeError(f"op.moe: experts must be a dict of weights, got "
                          f"{type(experts).__name__}  [{src}]")
     _check_transport(transport, src)
-    mesh, ep = _expert_mesh(experts, mesh, src)
+    mesh, ep = _expert_mesh(mesh)
     if not deterministic:
         raise ShapeError(f"op.moe: deterministic=False is not offered: the combine order is "
                          f"fixed, which costs nothing  [{src}]")
@@ -1003,13 +1000,12 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
     T = int(np.prod(x.shape[:-1]))
     tokens = reshape(x, T, D)
     dtype = x.dtype
-    w1, w2 = cast(w1, dtype), cast(w2, dtype)
     route = dtypes.f64 if dtype == dtypes.f64 else dtypes.f32       # routing never in half
     logits = matmul(cast(tokens, route), cast(wr, route))                # [T, E]
     gates, chosen = topk(logits, k)                                               # [T, k]
     gates = softmax(gates, -1)       # = softmax over all E, renormalised over the k
     capacity = 0 if capacity_factor is None else math.ceil(T * k * capacity_factor / E)
-    weights = [w1, w2] + ([cast(w3, dtype)] if w3 is not None else [])
+    weights = [cast(w, dtype) for w in (w1, w2, w3) if w is not None]
     if ep == 1:
         y, sizes = _expert_outputs(tokens, chosen, gates, weights, gb.DispatchLayout(E, capacity),
                                    src)

@@ -302,10 +302,14 @@ def scatter_add_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
 
 
 def replicated_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
-    """Ops that create values (fill, iota): replicated. Consumers that want
-    them split slice them locally."""
-    return Rule([Sharding.replicated(ctx.mesh.name, o.rank) for o in ins],
-                Sharding.replicated(ctx.mesh.name, len(ctx.shape(op.results[0]))))
+    """Every operand whole and every result replicated: ops that create
+    values (fill, iota; consumers that want them split slice them locally),
+    and the MoE layout ops in the global view (dispatch, collect, the grouped
+    GEMMs: every rank computes the whole layer, correct on any mesh; expert
+    parallelism comes from op.moe's own per-rank body, not from a rule)."""
+    results = [Sharding.replicated(ctx.mesh.name, len(ctx.shape(r))) for r in op.results]
+    return Rule([Sharding.replicated(ctx.mesh.name, o.rank) for o in ins], results[0],
+                results=results)
 
 
 def topk_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
@@ -313,16 +317,6 @@ def topk_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     x = ins[0].with_partial(())
     x = x.with_dims(x.dims[:-1] + ((),))
     return Rule([x], x)
-
-
-def moe_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
-    """moe_dispatch, moe_collect, grouped_matmul and grouped_outer in the
-    global view: every operand whole, every rank computes the whole layer
-    (correct on any mesh). Expert parallelism does not come from these
-    rules: op.moe writes the per-rank exchange itself (a local-view body)."""
-    whole = [Sharding.replicated(ctx.mesh.name, o.rank) for o in ins]
-    results = [Sharding.replicated(ctx.mesh.name, len(ctx.shape(r))) for r in op.results]
-    return Rule(whole, results[0], results=results)
 
 
 def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
@@ -351,10 +345,10 @@ RULES = {
     "tgraph.attention": attention_rule,
     "tgraph.attention_grad": attention_rule,
     "tgraph.topk": topk_rule,
-    "tgraph.moe_dispatch": moe_rule,
-    "tgraph.moe_collect": moe_rule,
-    "tgraph.grouped_matmul": moe_rule,
-    "tgraph.grouped_outer": moe_rule,
+    "tgraph.moe_dispatch": replicated_rule,
+    "tgraph.moe_collect": replicated_rule,
+    "tgraph.grouped_matmul": replicated_rule,
+    "tgraph.grouped_outer": replicated_rule,
 }
 for _name in ops.GRAPH_ELEMENTWISE:
     RULES[_name] = elementwise_rule

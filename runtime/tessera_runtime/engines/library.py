@@ -113,10 +113,10 @@ def topk(xp, attrs, x, out):
     out[...] = order[..., :out.shape[-1]]
 
 
-def _dispatch_slots(xp, experts, attrs, base=None):
-    """The row of each (token, choice) in the dispatch layout (-1 where
-    dropped) and each expert's kept row count. Rows are packed by expert
-    (each block of E / blocks experts padded to N / blocks rows); within an
+def _dispatch_slots(xp, experts, attrs, rows: int, base=None):
+    """The row of each (token, choice) in the dispatch layout of `rows` rows
+    (-1 where dropped) and each expert's kept row count. Rows are packed by
+    expert (each block of E / blocks experts padded to rows / blocks); within an
     expert, by (choice, token). A choice's position in its expert's fill
     order is base[j, e] (default: this call's earlier choices of e) plus its
     rank among the (j, e) rows; a capacity keeps positions below it."""
@@ -143,9 +143,8 @@ def _dispatch_slots(xp, experts, attrs, base=None):
     kept_je = xp.clip(limit - base.reshape(k, num_experts), 0, counts)   # [k, E]
     kept = kept_je.sum(axis=0)                                           # [E]
     per_block = num_experts // blocks
-    rows = tokens * k if capacity == 0 else min(tokens * k, per_block * capacity)
     first = xp.cumsum(kept.reshape(blocks, per_block), axis=1) - kept.reshape(blocks, per_block)
-    first = first.reshape(-1) + xp.repeat(xp.arange(blocks) * rows, per_block)   # [E]
+    first = first.reshape(-1) + xp.repeat(xp.arange(blocks) * (rows // blocks), per_block)
     before = (xp.cumsum(kept_je, axis=0) - kept_je).reshape(-1)          # earlier choices kept
     slots = xp.where(position < limit, first[flat] + before[group] + rank, -1)
     return slots.reshape(k, tokens).T, kept
@@ -153,7 +152,7 @@ def _dispatch_slots(xp, experts, attrs, base=None):
 
 def moe_dispatch(xp, attrs, x, experts, *rest):
     *base, rows, sizes = rest
-    slots, kept = _dispatch_slots(xp, experts, attrs, *base)
+    slots, kept = _dispatch_slots(xp, experts, attrs, rows.shape[0], *base)
     sizes[...] = kept
     rows.fill(0)
     t, j = xp.nonzero(slots >= 0)
@@ -162,7 +161,7 @@ def moe_dispatch(xp, attrs, x, experts, *rest):
 
 def moe_collect(xp, attrs, rows, experts, *rest):
     *base, out = rest
-    slots, _ = _dispatch_slots(xp, experts, attrs, *base)
+    slots, _ = _dispatch_slots(xp, experts, attrs, rows.shape[0], *base)
     out.fill(0)
     t, j = xp.nonzero(slots >= 0)
     out[t, j] = rows[slots[t, j]]

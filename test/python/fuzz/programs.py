@@ -471,6 +471,11 @@ def _matmul(b: _Builder):
            a.bound * w.bound * max(k, 1))
 
 
+def _log_softmax(v, axis=-1):
+    shifted = v - (v.max(axis=axis, keepdims=True) if v.size else 0)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
 def _normalize(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.shape)
     kind = b.draw(st.sampled_from(["softmax", "log_softmax", "layernorm", "rmsnorm"]))
@@ -480,10 +485,8 @@ def _normalize(b: _Builder):
         spelled = b.draw(st.sampled_from(["dim", "axis"]))
 
         def ref(env, n=x.name, d=d, log=kind == "log_softmax"):
-            v = env[n]
-            shifted = v - (v.max(axis=d, keepdims=True) if v.size else 0)
-            lse = np.log(np.exp(shifted).sum(axis=d, keepdims=True))
-            return shifted - lse if log else np.exp(shifted - lse)
+            v = _log_softmax(env[n], d)
+            return v if log else np.exp(v)
         b.step(f"op.{kind}({x.name}, {spelled}={d})", ref, x.shape, "f32",
                1.0 if kind == "softmax" else 2 * x.bound + math.log(max(last, 1)) + 1)
         return
@@ -572,11 +575,6 @@ def _embedding(b: _Builder):
            ids.shape + table.shape[1:], table.dtype, table.bound)
 
 
-def _softmax(a):
-    e = np.exp(a - a.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
 def moe_reference(x, ex, k, capacity_factor=None):
     """(y, aux) of the MoE layer in float64, written from its definition."""
     x = np.asarray(x, np.float64)
@@ -587,7 +585,7 @@ def moe_reference(x, ex, k, capacity_factor=None):
     E = w["router"].shape[1]
     logits = t @ w["router"]
     chosen = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    gates = _softmax(np.take_along_axis(logits, chosen, 1))
+    gates = np.exp(_log_softmax(np.take_along_axis(logits, chosen, 1)))
     cap = math.inf if capacity_factor is None else math.ceil(T * k * capacity_factor / E)
     used, kept = np.zeros(E, int), np.zeros((T, k), bool)
     for j in range(k):                       # first choices first, each in token order
@@ -602,11 +600,12 @@ def moe_reference(x, ex, k, capacity_factor=None):
             if kept[i, j]:
                 e = chosen[i, j]
                 h = t[i] @ w["w1"][e]
-                a = (h / (1 + np.exp(-h))) * (t[i] @ w["w3"][e]) if "w3" in w else _gelu(h)
+                a = h * _sigmoid(h) * (t[i] @ w["w3"][e]) if "w3" in w else _gelu(h)
                 y[i] += gates[i, j] * (a @ w["w2"][e])
     share = np.bincount(chosen.ravel(), minlength=E) / (T * k)
-    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
-    aux = {"load_balance": E * np.sum(share * _softmax(logits).mean(0)),
+    log_p = _log_softmax(logits)
+    lse = logits[:, 0] - log_p[:, 0]                 # log p = logit - log-sum-exp
+    aux = {"load_balance": E * np.sum(share * np.exp(log_p).mean(0)),
            "z_loss": np.mean(lse ** 2), "dropped": 1 - kept.sum() / (T * k)}
     return y.reshape(*lead, D), aux
 
