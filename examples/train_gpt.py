@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 import tessera as ts
-from tessera import dist, graph, op, pipeline
+from tessera import checkpoint, dist, graph, op, pipeline
 
 DIGITS, SEP = 10, 10            # tokens 0-9 are digits, 10 separates the halves
 VOCAB = 12                      # 11 is unused padding for prompts
@@ -313,8 +313,18 @@ def main(argv=None) -> int:
                     help="expert capacity (--moe; default: dropless)")
     ap.add_argument("--moe-coef", type=float, default=0.01, help="load-balance loss weight")
     ap.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (--moe)")
+    ap.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                    help="save checkpoints (tessera.checkpoint: sharded safetensors, atomic, "
+                         "written in the background) into DIR")
+    ap.add_argument("--save-every", type=int, default=100, metavar="N",
+                    help="with --checkpoint-dir: save after every N steps (the 3 newest kept)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --checkpoint-dir: continue from its latest checkpoint (any mesh: "
+                         "the saved shards are read in this run's layouts)")
     ap.add_argument("--plot", default="gpt_loss.png", help="loss-curve PNG to write")
     args = ap.parse_args(argv)
+    if args.resume and not args.checkpoint_dir:
+        ap.error("--resume needs --checkpoint-dir")
     MOE.update(k=args.top_k, capacity_factor=args.capacity_factor, coef=args.moe_coef)
 
     mesh = None
@@ -385,6 +395,26 @@ def main(argv=None) -> int:
                          for cat, n in plan.ranks[0].by_category.items() if n)
         how = f"budget {args.memory_budget}" if args.memory_budget else f"remat {args.remat}"
         say(f"memory plan: peak {plan.peak / 2**20:.2f} MiB per rank ({how}): {held}")
+    done = 0                                   # steps already taken (--resume)
+    found = checkpoint.latest(args.checkpoint_dir) if args.resume else None
+    if found is not None:
+        # The saved shards are read in this run's layouts (`like`): the job may
+        # resume on another mesh. The data stream continues from the saved RNG.
+        saved = checkpoint.load(found, directory=args.checkpoint_dir, mesh=mesh,
+                                like={"tensors": params, "optimizer": opt_state})
+        params, opt_state = saved.tensors, saved.optimizer
+        done, scaler, rng = saved.extra["step"], saved.extra["scaler"], saved.extra["rng"]
+        say(f"resumed from checkpoint {found} in {args.checkpoint_dir} (step {done})")
+    if done >= args.steps:
+        say(f"nothing to do: the checkpoint is at step {done} of {args.steps}")
+        return 0
+
+    def after(step):
+        if args.checkpoint_dir and step % args.save_every == 0:
+            checkpoint.save(f"step_{step}", tensors=params, optimizer=opt_state,
+                            extra={"step": step, "scaler": scaler, "rng": rng},
+                            directory=args.checkpoint_dir, async_io=True, keep=3)
+
     t0 = time.perf_counter()
     first = step_fn(params, opt_state, scaler, batches())
     say(f"compiled the training step in {time.perf_counter() - t0:.1f} s")
@@ -392,12 +422,14 @@ def main(argv=None) -> int:
         print(pipelined.gradients.pipeline_report())
     losses, bar = [float(first[0])], Progress(args.steps if lead else 0)
     params, opt_state, scaler = first[1], first[2], first[3]
+    after(done + 1)
     tokens = args.batch * per_step * seq
     start = time.perf_counter()
-    for step in range(2, args.steps + 1):
+    for step in range(done + 2, args.steps + 1):
         loss, params, opt_state, scaler, _ = step_fn(params, opt_state, scaler, batches())
+        after(step)
         losses.append(float(loss))
-        rate = tokens * (step - 1) / (time.perf_counter() - start)
+        rate = tokens * (step - 1 - done) / (time.perf_counter() - start)
         if lead:
             bar.update(step, losses[-1], rate, float(scaler["scale"]))
         if counts is not None and (step % 100 == 0 or step == args.steps):
@@ -407,8 +439,10 @@ def main(argv=None) -> int:
     if lead:
         bar.close()
     elapsed = time.perf_counter() - start
-    say(f"trained {args.steps} steps in {elapsed:.1f} s; loss {losses[0]:.3f} -> "
+    say(f"trained {args.steps - done} steps in {elapsed:.1f} s; loss {losses[0]:.3f} -> "
         f"{np.mean(losses[-10:]):.3f} (mean of the last 10 steps)")
+    if args.checkpoint_dir:
+        say(f"checkpoints in {args.checkpoint_dir}: {', '.join(checkpoint.list(args.checkpoint_dir))}")
 
     if lead:
         plot(losses, args.plot, args.precision)
