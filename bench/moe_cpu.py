@@ -30,12 +30,10 @@ Threads: one BLAS / torch thread per rank (4 ranks share the machine's cores).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +45,8 @@ for _p in ("runtime", "passes", ".", "build/dev/python_packages"):
         sys.path.insert(0, str(ROOT / _p))
 
 import numpy as np  # noqa: E402
+
+from cpu_ranks import add_worker_arguments, commit_and_date, run_ranks, run_worker  # noqa: E402
 
 RANKS = 4
 
@@ -103,12 +103,12 @@ def tessera_worker(cfg: dict, out: Path) -> None:
     run()
     compile_s = time.perf_counter() - t0
     ScheduleExecutor.profile = {}
-    _, step_ms, total, (value, (_, gex)) = timed(run, cfg["steps"])
+    first, step_ms, total, (value, (_, gex)) = timed(run, cfg["steps"])
     profile, ScheduleExecutor.profile = ScheduleExecutor.profile, None
-    # The profile counted the first timed call too: scale to the timed calls.
+    # The profile counts timed's first call too.
     comm = sum(s for key, (s, _) in profile.items() if key.startswith("collective:"))
     report = {"loss": float(np.asarray(value)), "compile_s": compile_s, "step_ms": step_ms,
-              "comm_share": comm / (total + 1e-3 * step_ms),
+              "comm_share": comm / (first + total),
               "router_grad": np.asarray(gex["router"]).tolist(),
               "profile": {k: v[0] for k, v in sorted(profile.items(), key=lambda kv: -kv[1][0])[:8]}}
     (out / f"tessera-rank{mesh.rank}.json").write_text(json.dumps(report))
@@ -201,29 +201,13 @@ def torch_worker(cfg: dict, out: Path) -> None:
     tdist.barrier()
     a2a_seconds[0] = 0.0
     first, step_ms, total, loss = timed(run, cfg["steps"])
-    report = {"loss": loss, "step_ms": step_ms, "comm_share": a2a_seconds[0] / total,
+    report = {"loss": loss, "step_ms": step_ms, "comm_share": a2a_seconds[0] / (first + total),
               "router_grad": wr.grad.numpy().tolist()}
     (out / f"torch-rank{rank}.json").write_text(json.dumps(report))
     tdist.destroy_process_group()
 
 
 # -- the driver ------------------------------------------------------------------
-
-def run_workers(which: str, cfg: dict, out: Path, python: str | None) -> list[dict] | None:
-    if which == "tessera":
-        cmd = [sys.executable, "-m", "tessera", "launch", "-n", str(RANKS)]
-        env = None
-    else:
-        from tessera.cli import find_mpiexec
-        cmd = [find_mpiexec(), "-n", str(RANKS), python]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    cmd += [__file__, "--worker", which, "--out", str(out), "--config", json.dumps(cfg)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env)
-    if proc.returncode:
-        print(f"moe_cpu: the {which} run failed (exit {proc.returncode})", file=sys.stderr)
-        return None
-    return [json.loads((out / f"{which}-rank{r}.json").read_text()) for r in range(RANKS)]
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -234,25 +218,19 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=2, help="experts per token")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--torch-python", default=None,
-                    help="a Python with torch (CPU) to run the PyTorch side; without it "
-                         "only Tessera is measured")
-    ap.add_argument("--worker", choices=["tessera", "torch"], help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--config", help=argparse.SUPPRESS)
+    add_worker_arguments(ap)
     args = ap.parse_args(argv)
-    if args.worker:
-        worker = tessera_worker if args.worker == "tessera" else torch_worker
-        worker(json.loads(args.config), Path(args.out))
+    if run_worker(args, {"tessera": tessera_worker, "torch": torch_worker}):
         return 0
 
     cfg = {"tokens": args.tokens, "D": args.D, "F": args.F, "E": args.E, "k": args.k,
            "steps": args.steps, "seed": args.seed}
     out = Path(tempfile.mkdtemp(prefix="moe_cpu-"))          # the workers' reports
-    tess = run_workers("tessera", cfg, out, None)
+    tess = run_ranks(__file__, "tessera", RANKS, cfg, out)
     if tess is None:
         return 1
-    peer = run_workers("torch", cfg, out, args.torch_python) if args.torch_python else None
+    peer = run_ranks(__file__, "torch", RANKS, cfg, out, args.torch_python) \
+        if args.torch_python else None
     row = {"tessera_ms": max(r["step_ms"] for r in tess), "compile_s": tess[0]["compile_s"],
            "tessera_comm_share": statistics.mean(r["comm_share"] for r in tess),
            "loss": tess[0]["loss"], "tessera_profile_rank0": tess[0]["profile"]}
@@ -270,9 +248,7 @@ def main(argv=None) -> int:
                   f"{row['torch_loss']}, router gradient {row['router_grad_rel_err']:.2e}",
                   file=sys.stderr)
             failed = True
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
-    today = datetime.date.today().isoformat()
+    commit, today = commit_and_date()
     head = (f"moe_cpu: ep={RANKS} ranks, tokens {cfg['tokens']}, D {cfg['D']}, F {cfg['F']}, "
             f"E {cfg['E']}, k {cfg['k']}, dropless, forward+backward; {platform.node()} "
             f"({os.cpu_count()} cores), commit {commit}, {today}")

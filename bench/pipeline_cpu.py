@@ -33,12 +33,10 @@ Threads: one BLAS / torch thread per rank (4 ranks share the machine's cores).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,8 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
         sys.path.insert(0, str(ROOT / _p))
 
 import numpy as np  # noqa: E402
+
+from cpu_ranks import add_worker_arguments, commit_and_date, run_ranks, run_worker  # noqa: E402
 
 SCHEDULES = ("gpipe", "1F1B", "zero_bubble")
 TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
@@ -198,26 +198,11 @@ def torch_worker(cfg: dict, out: Path) -> None:
 
 # -- the driver ------------------------------------------------------------------
 
-def run_tessera(cfg: dict, out: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "tessera", "launch", "-n", str(RANKS), __file__,
-           "--worker", "tessera", "--out", str(out), "--config", json.dumps(cfg)]
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    return [json.loads((out / f"tessera-rank{r}.json").read_text()) for r in range(RANKS)]
-
-
 def run_torch(cfg: dict, out: Path, python: str) -> list[dict] | None:
     from tessera._pytree import flatten, paths
-    from tessera.cli import find_mpiexec
     params, batch = setup(cfg)
     np.savez(out / "model.npz", **dict(zip(paths(params), flatten(params)[0])), **batch)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    cmd = [find_mpiexec(), "-n", str(RANKS), python, __file__, "--worker", "torch",
-           "--out", str(out), "--config", json.dumps(cfg)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env)
-    if proc.returncode:
-        print(f"pipeline_cpu: the PyTorch run failed (exit {proc.returncode})", file=sys.stderr)
-        return None
-    return [json.loads((out / f"torch-rank{r}.json").read_text()) for r in range(RANKS)]
+    return run_ranks(__file__, "torch", RANKS, cfg, out, python)
 
 
 def main(argv=None) -> int:
@@ -228,21 +213,16 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=8, help="digits (sequence 2 x this)")
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--torch-python", default=None,
-                    help="a Python with torch (CPU) to run the PyTorch side; without it "
-                         "only Tessera is measured")
-    ap.add_argument("--worker", choices=["tessera", "torch"], help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--config", help=argparse.SUPPRESS)
+    add_worker_arguments(ap)
     args = ap.parse_args(argv)
-    if args.worker:
-        worker = tessera_worker if args.worker == "tessera" else torch_worker
-        worker(json.loads(args.config), Path(args.out))
+    if run_worker(args, {"tessera": tessera_worker, "torch": torch_worker}):
         return 0
 
     cfg = config(args)
     out = Path(tempfile.mkdtemp(prefix="pipeline_cpu-"))        # the workers' reports
-    tess = run_tessera(cfg, out)
+    tess = run_ranks(__file__, "tessera", RANKS, cfg, out)
+    if tess is None:
+        return 1
     torch_ranks = run_torch(cfg, out, args.torch_python) if args.torch_python else None
     p, m = RANKS, cfg["microbatches"]
     rows, failed = [], False
@@ -264,9 +244,7 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 failed = True
         rows.append(row)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
-    today = datetime.date.today().isoformat()
+    commit, today = commit_and_date()
     head = (f"pipeline_cpu: {RANKS} ranks x 1 stage, GPT width {cfg['width']}, batch "
             f"{cfg['batch']} x {2 * cfg['length']} tokens in {m} microbatches; {platform.node()} "
             f"({os.cpu_count()} cores), commit {commit}, {today}")

@@ -148,6 +148,10 @@ def _snapshot(tree_name: str, tree, rank: int, part: _Part) -> None:
             entry = {"kind": "tensor", "shape": list(leaf.shape), "dtype": leaf.dtype.name,
                      "layout": _layout_json(leaf.layout, leaf.mesh), "blocks": []}
             own = leaf.mesh._process_rank()
+            if own is None and _job()[1] > 1:
+                raise CheckpointError(f"checkpoint: {path} is a DTensor on a {leaf.mesh.size}-"
+                                      f"device mesh, but this job runs {_job()[1]} processes; "
+                                      "save it from a job of its mesh's size")
             if own is None:                       # one process holding the global value
                 owned = [(np.array(leaf.numpy(), order="C"), [0] * leaf.ndim)]
             else:

@@ -4,6 +4,7 @@ layouts, surviving a rank killed mid-save, with errors that name the tag,
 tensor and file."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 
 from tessera import checkpoint, dist
+from tessera._pytree import flatten, paths
 from tessera.checkpoint import CheckpointError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 WORKER = Path(__file__).resolve().parent / "workers" / "checkpoint_worker.py"
 
 
@@ -154,7 +155,6 @@ def test_example_resumes_bitwise_as_if_never_stopped(tmp_path):
     """train_gpt.py --checkpoint-dir: 3 steps, stop, --resume to 6 ends with
     the same bits (parameters, AdamW state, loss scale, data position) as 6
     steps in one go."""
-    import subprocess
     example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
     common = [sys.executable, str(example), "--width", "32", "--depth", "1", "--heads", "2",
               "--batch", "8", "--length", "4", "--save-every", "3",
@@ -171,7 +171,6 @@ def test_example_resumes_bitwise_as_if_never_stopped(tmp_path):
     a = checkpoint.load("step_6", directory=tmp_path / "straight")
     b = checkpoint.load("step_6", directory=tmp_path / "stopped")
     for name in ("tensors", "optimizer"):
-        from tessera._pytree import flatten, paths
         for path, x, y in zip(paths(getattr(a, name), name), flatten(getattr(a, name))[0],
                               flatten(getattr(b, name))[0]):
             assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), path
