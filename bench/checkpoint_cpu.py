@@ -15,13 +15,11 @@ safetensors floor s. Results go to bench/results/checkpoint_cpu-<date>.json/.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,8 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
         sys.path.insert(0, str(ROOT / _p))
 
 import numpy as np  # noqa: E402
+
+from cpu_ranks import commit_and_date, write_results  # noqa: E402
 
 
 def gpt_tree():
@@ -93,9 +93,7 @@ def main(argv=None) -> int:
         rows[name] = measure(tree, directory / name.split()[0], args.repeat)
         print(name, json.dumps(rows[name]), flush=True)
     shutil.rmtree(directory, ignore_errors=True) if args.dir is None else None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
-    today = datetime.date.today().isoformat()
+    commit, today = commit_and_date()
     lines = [f"checkpoint_cpu: one process, median of {args.repeat}; {platform.node()} "
              f"({os.cpu_count()} cores), commit {commit}, {today}", "",
              "| tree | MiB | sync save s | async: blocks s | blocks / sync | async: committed s "
@@ -106,11 +104,7 @@ def main(argv=None) -> int:
                      f"{r['async_total_s']:.3f} | {r['floor_s']:.3f} |")
     text = "\n".join(lines)
     print(text)
-    results = ROOT / "bench" / "results"
-    (results / f"checkpoint_cpu-{today}.md").write_text(text + "\n")
-    (results / f"checkpoint_cpu-{today}.json").write_text(json.dumps(
-        {"commit": commit, "date": today, "machine": platform.node(), "cores": os.cpu_count(),
-         "rows": rows}, indent=1))
+    write_results("checkpoint_cpu", commit, today, text, {"rows": rows})
     return 0
 
 

@@ -1,7 +1,8 @@
 """Plumbing shared by the CPU benchmarks that run Tessera on N ranks
 (`tessera launch`) and the same work in PyTorch on N ranks (mpiexec + gloo) in
 one run: the hidden worker arguments, running one side's ranks and reading
-their JSON reports, and the commit/date a results file records."""
+their JSON reports, the torch ranks' gloo group, and the results files with
+the commit, date and machine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import datetime
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +57,30 @@ def run_ranks(script: str, which: str, ranks: int, cfg: dict, out: Path,
     return [json.loads((out / f"{which}-rank{r}.json").read_text()) for r in range(ranks)]
 
 
+def torch_ranks(port: int):
+    """In a torch worker under mpiexec: one torch thread, a gloo process group
+    over loopback on `port`; returns (rank, size)."""
+    import torch
+    import torch.distributed as tdist
+    torch.set_num_threads(1)
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")     # loopback only
+    os.environ.setdefault("MASTER_PORT", str(port))
+    tdist.init_process_group("gloo", rank=rank, world_size=size)
+    return rank, size
+
+
 def commit_and_date() -> tuple[str, str]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()
     return commit, datetime.date.today().isoformat()
+
+
+def write_results(name: str, commit: str, today: str, text: str, record: dict) -> None:
+    """bench/results/<name>-<date>.md (the printed table) and .json (`record`
+    with the commit, date, machine and cores)."""
+    results = ROOT / "bench" / "results"
+    (results / f"{name}-{today}.md").write_text(text + "\n")
+    (results / f"{name}-{today}.json").write_text(json.dumps(
+        {**record, "commit": commit, "date": today, "machine": platform.node(),
+         "cores": os.cpu_count()}, indent=1))

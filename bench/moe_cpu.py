@@ -46,7 +46,8 @@ for _p in ("runtime", "passes", ".", "build/dev/python_packages"):
 
 import numpy as np  # noqa: E402
 
-from cpu_ranks import add_worker_arguments, commit_and_date, run_ranks, run_worker  # noqa: E402
+from cpu_ranks import (add_worker_arguments, commit_and_date, run_ranks,  # noqa: E402
+                       run_worker, torch_ranks, write_results)
 
 RANKS = 4
 
@@ -120,11 +121,7 @@ def torch_worker(cfg: dict, out: Path) -> None:
     import torch
     import torch.distributed as tdist
     import torch.nn.functional as F
-    torch.set_num_threads(1)
-    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")     # loopback only
-    os.environ.setdefault("MASTER_PORT", "29519")
-    tdist.init_process_group("gloo", rank=rank, world_size=size)
+    rank, size = torch_ranks(29519)
     g = inputs(cfg)
     T, E, k = cfg["tokens"] // size, cfg["E"], cfg["k"]
     local = E // size
@@ -264,11 +261,7 @@ def main(argv=None) -> int:
              + ", ".join(f"{k} {v:.3f}" for k, v in row["tessera_profile_rank0"].items())]
     text = "\n".join(lines)
     print(text)
-    results = ROOT / "bench" / "results"
-    (results / f"moe_cpu-{today}.md").write_text(text + "\n")
-    (results / f"moe_cpu-{today}.json").write_text(json.dumps(
-        {"config": cfg, "commit": commit, "date": today, "machine": platform.node(),
-         "cores": os.cpu_count(), "row": row}, indent=1))
+    write_results("moe_cpu", commit, today, text, {"config": cfg, "row": row})
     return 1 if failed else 0
 
 

@@ -49,7 +49,8 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
 
 import numpy as np  # noqa: E402
 
-from cpu_ranks import add_worker_arguments, commit_and_date, run_ranks, run_worker  # noqa: E402
+from cpu_ranks import (add_worker_arguments, commit_and_date, run_ranks,  # noqa: E402
+                       run_worker, torch_ranks, write_results)
 
 SCHEDULES = ("gpipe", "1F1B", "zero_bubble")
 TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
@@ -114,11 +115,7 @@ def torch_worker(cfg: dict, out: Path) -> None:
     import torch.distributed as tdist
     import torch.nn.functional as F
     from torch.distributed import pipelining
-    torch.set_num_threads(1)
-    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")     # loopback only
-    os.environ.setdefault("MASTER_PORT", "29517")
-    tdist.init_process_group("gloo", rank=rank, world_size=size)
+    rank, size = torch_ranks(29517)
     saved = np.load(out / "model.npz")           # the driver's (no Tessera import here)
     params = {k: saved[k] for k in ("wte", "wpe", "lnf_w", "lnf_b", "head")}
     params["blocks"] = [{k.split(".")[2]: saved[k] for k in saved.files
@@ -261,11 +258,7 @@ def main(argv=None) -> int:
     print(text)
     for r in rows:
         print(f"\n{r['schedule']} (cost model):\n{tess[0][r['schedule']]['grid']}")
-    results = ROOT / "bench" / "results"
-    (results / f"pipeline_cpu-{today}.md").write_text(text + "\n")
-    (results / f"pipeline_cpu-{today}.json").write_text(json.dumps(
-        {"config": cfg, "commit": commit, "date": today, "machine": platform.node(),
-         "cores": os.cpu_count(), "rows": rows}, indent=1))
+    write_results("pipeline_cpu", commit, today, text, {"config": cfg, "rows": rows})
     return 1 if failed else 0
 
 

@@ -426,14 +426,16 @@ def main(argv=None) -> int:
     tokens = args.batch * per_step * seq
     start = time.perf_counter()
     for step in range(done + 2, args.steps + 1):
-        loss, params, opt_state, scaler, _ = step_fn(params, opt_state, scaler, batches())
+        batch = batches()
+        loss, params, opt_state, scaler, _ = step_fn(params, opt_state, scaler, batch)
         after(step)
         losses.append(float(loss))
         rate = tokens * (step - 1 - done) / (time.perf_counter() - start)
         if lead:
             bar.update(step, losses[-1], rate, float(scaler["scale"]))
         if counts is not None and (step % 100 == 0 or step == args.steps):
-            per_block = np.asarray(counts(params, batches()[0]["inputs"]))
+            # On this step's batch: drawing another would shift the data stream.
+            per_block = np.asarray(counts(params, batch[0]["inputs"]))
             say(f"\n  tokens per expert at step {step}: "
                 + "; ".join(f"block {i}: {row.tolist()}" for i, row in enumerate(per_block)))
     if lead:

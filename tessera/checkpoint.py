@@ -39,8 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tessera_runtime import world
+
 from ._pytree import flatten, paths, unflatten
 from .dist import DTensor, Mesh, ShardSpec
+from .dtypes import bf16
 from .errors import TesseraError
 
 FORMAT = "tessera-checkpoint"
@@ -58,17 +61,12 @@ class CheckpointError(TesseraError, RuntimeError):
 _COMM = None                   # a duplicate of MPI_COMM_WORLD for the writer threads
 
 
-def _job() -> tuple[int, int]:
-    from tessera_runtime import world
-    return world()
-
-
 def _comm():
     """The job's own communicator for checkpoints (None in one process): the
     background writer talks over it while the main thread runs collectives
     on COMM_WORLD (MPI_THREAD_MULTIPLE)."""
     global _COMM
-    if _job()[1] == 1:
+    if world()[1] == 1:
         return None
     if _COMM is None:
         from ._mpi import world_comm
@@ -148,12 +146,12 @@ def _snapshot(tree_name: str, tree, rank: int, part: _Part) -> None:
             entry = {"kind": "tensor", "shape": list(leaf.shape), "dtype": leaf.dtype.name,
                      "layout": _layout_json(leaf.layout, leaf.mesh), "blocks": []}
             own = leaf.mesh._process_rank()
-            if own is None and _job()[1] > 1:
+            if own is None and world()[1] > 1:
                 raise CheckpointError(f"checkpoint: {path} is a DTensor on a {leaf.mesh.size}-"
-                                      f"device mesh, but this job runs {_job()[1]} processes; "
+                                      f"device mesh, but this job runs {world()[1]} processes; "
                                       "save it from a job of its mesh's size")
             if own is None:                       # one process holding the global value
-                owned = [(np.array(leaf.numpy(), order="C"), [0] * leaf.ndim)]
+                owned = [(np.ascontiguousarray(leaf.numpy()), [0] * leaf.ndim)]
             else:
                 split = {a for d in leaf.dims for a in d}
                 coords = leaf.mesh.coords
@@ -325,7 +323,7 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
     started = time.perf_counter()
     _settle()                                # one save at a time, in call order
     from ._mpi import allgather_text, bcast_text
-    rank, size = _job()
+    rank, size = world()
     comm = _comm()
     directory = Path(directory)
     handle = SaveHandle(tag, directory)
@@ -492,11 +490,9 @@ class _Reader:
                 continue
             src = tuple(slice(l - st, h - st) for l, h, st in zip(lo, hi, b["start"]))
             dst = tuple(slice(l - s.start, h - s.start) for l, h, s in zip(lo, hi, box))
+            saved = self._file(b["file"])
             try:
-                piece = self._file(b["file"]).get_slice(b["key"])[src] if src else \
-                    self._file(b["file"]).get_tensor(b["key"])
-            except CheckpointError:
-                raise
+                piece = saved.get_slice(b["key"])[src] if src else saved.get_tensor(b["key"])
             except Exception as e:                               # noqa: BLE001
                 raise CheckpointError(f"checkpoint '{self.tag}': tensor {entry['path']}: "
                                       f"block {b['key']} of {b['file']}: {e}") from None
@@ -509,10 +505,7 @@ class _Reader:
 
 
 def _dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    return bf16 if name == "bfloat16" else np.dtype(name)      # numpy has no bfloat16 name
 
 
 def _load_leaf(entry: dict, reader: _Reader, mesh, layouts, like):

@@ -736,10 +736,8 @@ def autodiff(loss, wrt=None):
 
 
 # ----------------------------------------------------------------------------
-# Mixture of experts
+# Mixture of experts (`op.moe`) and top-k selection (`op.topk`)
 # ----------------------------------------------------------------------------
-# Mixture of experts (`op.moe`) and top-k selection (`op.topk`).
-#
 # `op.moe(x, experts={"router": Wr, "w1": W1, "w2": W2[, "w3": W3]}, k=2)`
 # routes each token of `x[..., D]` to the `k` experts with the largest router
 # logits `x @ Wr` and returns the sum of their outputs weighted by the softmax

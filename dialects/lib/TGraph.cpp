@@ -537,12 +537,14 @@ LogicalResult TopKOp::verify() {
   return success();
 }
 
-/// The rows of the dispatch layout of `experts[T, k]` over `numExperts`
-/// experts with `capacity` (0: dropless) in `blocks` blocks, after checking
-/// the attributes and the optional `base[k, E]`.
-static FailureOr<int64_t> verifyDispatchLayout(Operation *op, RankedTensorType experts,
-                                                Value base, int64_t numExperts,
-                                                int64_t capacity, int64_t blocks) {
+/// The rows of the dispatch layout of a dispatch or collect op (`experts[T,
+/// k]` over `num_experts` experts with `capacity` (0: dropless) in `blocks`
+/// blocks), after checking the attributes and the optional `base[k, E]`.
+template <typename DispatchOrCollect>
+static FailureOr<int64_t> verifyDispatchLayout(DispatchOrCollect op) {
+  RankedTensorType experts = op.getExperts().getType();
+  Value base = op.getBase();
+  int64_t numExperts = op.getNumExperts(), capacity = op.getCapacity(), blocks = op.getBlocks();
   if (experts.getRank() != 2 || !isI32(experts.getElementType()))
     return op->emitOpError("'experts' must be a [tokens, k] i32 tensor, got ") << experts;
   int64_t tokens = experts.getDimSize(0), k = experts.getDimSize(1);
@@ -576,8 +578,7 @@ static LogicalResult verifyDispatchRows(Operation *op, RankedTensorType rowsType
 
 LogicalResult MoeDispatchOp::verify() {
   auto experts = getExperts().getType();
-  auto rows = verifyDispatchLayout(*this, experts, getBase(), getNumExperts(), getCapacity(),
-                                   getBlocks());
+  auto rows = verifyDispatchLayout(*this);
   if (failed(rows))
     return failure();
   auto in = getInput().getType();
@@ -599,8 +600,7 @@ LogicalResult MoeDispatchOp::verify() {
 
 LogicalResult MoeCollectOp::verify() {
   auto experts = getExperts().getType();
-  auto rows = verifyDispatchLayout(*this, experts, getBase(), getNumExperts(), getCapacity(),
-                                   getBlocks());
+  auto rows = verifyDispatchLayout(*this);
   if (failed(rows))
     return failure();
   auto out = getResult().getType();
