@@ -37,6 +37,7 @@ holds E/N of them; tokens travel to their experts by all-to-all).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -154,23 +155,40 @@ def expert_tokens(params, tokens, heads: int):
     return op.concat([op.reshape(a["expert_tokens"], 1, -1) for a in aux], 0)
 
 
-def make_step(opt, heads: int, precision: str, clip: float, remat=None, memory_budget=None):
+def precision_loss(params, batch, heads: int, precision: str, remat=None):
+    """`loss_fn` in `precision`: fp32, or bf16 under autocast."""
+    if precision == "bf16":
+        with ts.autocast(dtype=ts.bf16):
+            return loss_fn(params, batch, heads, remat=remat)
+    return loss_fn(params, batch, heads, remat=remat)
+
+
+def make_step(opt, heads: int, precision: str, clip: float, remat=None, memory_budget=None,
+              deterministic: bool = False):
     """The compiled training step: (loss, params, opt_state, scaler, grad_norm).
     `remat` recomputes every block's forward in the backward (a policy, see
-    ts.remat); `memory_budget` lets the compiler choose per block instead."""
+    ts.remat); `memory_budget` lets the compiler choose per block instead.
+    `deterministic`: the microbatches come as one stack [M, b, S] and
+    `ts.optim.accumulate_grad` splits them over dp, summing in a fixed tree
+    (with `dist.deterministic`, the same bits on any dp size)."""
+
+    def batch_loss(params, batch):
+        return precision_loss(params, batch, heads, precision, remat)
 
     @ts.jit(memory_budget=memory_budget)
     def train_step(params, opt_state, scaler, microbatches):
-        grads, total = None, 0.0
-        for batch in microbatches:              # gradient accumulation (unrolled)
-            if precision == "bf16":
-                with ts.autocast(dtype=ts.bf16):
-                    loss = loss_fn(params, batch, heads, remat=remat)
-            else:
-                loss = loss_fn(params, batch, heads, remat=remat)
-            scaled = loss * (scaler["scale"] / len(microbatches))
-            grads = ts.optim.accumulate(grads, ts.grad(scaled, params))
-            total = loss + total
+        if deterministic:
+            total, grads = ts.optim.accumulate_grad(
+                lambda p, mb: batch_loss(p, mb) * scaler["scale"], params, microbatches[0])
+            total = total / scaler["scale"]
+        else:
+            grads, total = None, 0.0
+            for batch in microbatches:          # gradient accumulation (unrolled)
+                loss = batch_loss(params, batch)
+                scaled = loss * (scaler["scale"] / len(microbatches))
+                grads = ts.optim.accumulate(grads, ts.grad(scaled, params))
+                total = loss + total
+            total = total / len(microbatches)
         grads, finite = ts.optim.unscale(grads, scaler)
         grads, norm = ts.optim.clip_by_global_norm(grads, clip)
         new_params, new_state = opt.update(params, grads, opt_state)
@@ -179,7 +197,7 @@ def make_step(opt, heads: int, precision: str, clip: float, remat=None, memory_b
         opt_state = ts.optim.where_finite(finite, new_state, opt_state)
         if precision == "bf16":
             scaler = ts.optim.update_loss_scale(scaler, finite)
-        return total / len(microbatches), params, opt_state, scaler, norm
+        return total, params, opt_state, scaler, norm
 
     return train_step
 
@@ -190,12 +208,8 @@ def make_gradients(heads: int, precision: str, remat=None):
 
     @ts.jit
     def loss_and_grads(params, batch):
-        def loss(p):
-            if precision == "bf16":
-                with ts.autocast(dtype=ts.bf16):
-                    return loss_fn(p, batch, heads, remat=remat)
-            return loss_fn(p, batch, heads, remat=remat)
-        return ts.value_and_grad(loss)(params)
+        return ts.value_and_grad(lambda p: precision_loss(p, batch, heads, precision, remat))(
+            params)
     return loss_and_grads
 
 
@@ -291,7 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dp", type=int, default=1, help="data-parallel ranks")
+    ap.add_argument("--dp", type=int, default=None,
+                    help="data-parallel ranks (default: the ranks left after --tp, --pp, --ep)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline stages, one per rank of a pp axis (--depth must divide)")
@@ -313,9 +328,13 @@ def main(argv=None) -> int:
                     help="expert capacity (--moe; default: dropless)")
     ap.add_argument("--moe-coef", type=float, default=0.01, help="load-balance loss weight")
     ap.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (--moe)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="fixed reduction orders and the --accum microbatches split over dp "
+                         "(ts.optim.accumulate_grad): the same bits on any dp size")
     ap.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                     help="save checkpoints (tessera.checkpoint: sharded safetensors, atomic, "
-                         "written in the background) into DIR")
+                         "written in the background) into DIR at dist.elastic safe points; "
+                         "under `tessera launch --elastic` a restarted job resumes from them")
     ap.add_argument("--save-every", type=int, default=100, metavar="N",
                     help="with --checkpoint-dir: save after every N steps (the 3 newest kept)")
     ap.add_argument("--resume", action="store_true",
@@ -326,6 +345,21 @@ def main(argv=None) -> int:
     if args.resume and not args.checkpoint_dir:
         ap.error("--resume needs --checkpoint-dir")
     MOE.update(k=args.top_k, capacity_factor=args.capacity_factor, coef=args.moe_coef)
+
+    fixed = args.tp * args.pp * args.ep         # mesh axes a restart keeps; dp takes the rest
+    dp_given = args.dp is not None
+    if not dp_given:
+        args.dp = max(1, dist.world_size() // fixed)
+    if args.deterministic and (args.pp > 1 or args.accum % args.dp):
+        ap.error(f"--deterministic splits the --accum {args.accum} microbatches over dp "
+                 f"{args.dp} (a multiple is needed), without --pp")
+
+    def accepts(ranks: int) -> bool:
+        """The job sizes this run can continue on (for dist.elastic)."""
+        dp = ranks // fixed
+        return ranks % fixed == 0 and (dp == args.dp if dp_given else
+                                       args.accum % dp == 0 if args.deterministic else
+                                       args.batch % (dp * args.ep) == 0)
 
     mesh = None
     if args.ep > 1 and (not args.moe or args.tp > 1 or args.pp > 1):
@@ -347,6 +381,22 @@ def main(argv=None) -> int:
     elif args.dp * args.tp > 1:
         mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
         mesh.require_rank(f"--dp {args.dp} --tp {args.tp}")
+    with contextlib.ExitStack() as scope:
+        if args.deterministic:
+            scope.enter_context(dist.deterministic(reduce_tree="binary"))
+        # Checkpoints are saved at dist.elastic's safe points (after each step),
+        # so that `tessera launch --elastic` can restart the job on fewer or
+        # more ranks from the latest of them.
+        job = scope.enter_context(dist.elastic(
+            rejoin=True, safe_point="step", directory=args.checkpoint_dir,
+            every=args.save_every, keep=3, world_sizes=accepts)) if args.checkpoint_dir else None
+        return train(args, mesh, job)
+
+
+def train(args, mesh, job) -> int:
+    """Builds the model on `mesh` (None: one device), trains it (resuming
+    from `job`'s latest checkpoint after --resume or an elastic restart)
+    and samples from it."""
     lead = mesh is None or mesh.rank == 0       # the rank that prints
     say = print if lead else (lambda *a, **k: None)
 
@@ -368,7 +418,7 @@ def main(argv=None) -> int:
         per_step = args.microbatches
     else:
         step_fn = make_step(opt, args.heads, args.precision, clip=1.0, remat=REMAT[args.remat],
-                            memory_budget=args.memory_budget)
+                            memory_budget=args.memory_budget, deterministic=args.deterministic)
         per_step = args.accum
     n_params = sum(int(np.prod(p.shape)) for p in ts._pytree.flatten(params)[0])
     say(f"GPT: {args.depth} layers, width {args.width}, {args.heads} heads, {n_params:,} "
@@ -382,8 +432,10 @@ def main(argv=None) -> int:
     def batches():
         if args.pp > 1:       # one global batch; the pipeline cuts the microbatches
             return [shard_batch(mesh, make_batch(rng, args.batch * per_step, args.length))]
-        return [shard_batch(mesh, make_batch(rng, args.batch, args.length))
-                for _ in range(args.accum)]
+        drawn = [make_batch(rng, args.batch, args.length) for _ in range(args.accum)]
+        if args.deterministic:    # one [accum, batch, S] stack: microbatches split over dp
+            return [shard_batch(mesh, {k: np.stack([b[k] for b in drawn]) for k in drawn[0]})]
+        return [shard_batch(mesh, b) for b in drawn]
 
     if args.pp == 1:      # the memory plan, before anything runs
         try:
@@ -396,24 +448,23 @@ def main(argv=None) -> int:
         how = f"budget {args.memory_budget}" if args.memory_budget else f"remat {args.remat}"
         say(f"memory plan: peak {plan.peak / 2**20:.2f} MiB per rank ({how}): {held}")
     done = 0                                   # steps already taken (--resume)
-    found = checkpoint.latest(args.checkpoint_dir) if args.resume else None
-    if found is not None:
-        # The saved shards are read in this run's layouts (`like`): the job may
-        # resume on another mesh. The data stream continues from the saved RNG.
-        saved = checkpoint.load(found, directory=args.checkpoint_dir, mesh=mesh,
-                                like={"tensors": params, "optimizer": opt_state})
-        params, opt_state = saved.tensors, saved.optimizer
-        done, scaler, rng = saved.extra["step"], saved.extra["scaler"], saved.extra["rng"]
-        say(f"resumed from checkpoint {found} in {args.checkpoint_dir} (step {done})")
+    if job is not None and (args.resume or job.restart):
+        # The saved shards are read in this run's layouts (the values given):
+        # the job may resume on another mesh. The data stream continues from
+        # the saved RNG.
+        saved = job.resume(tensors=params, optimizer=opt_state)
+        if saved.tag is not None:
+            params, opt_state = saved.tensors, saved.optimizer
+            done, scaler, rng = job.step, saved.extra["scaler"], saved.extra["rng"]
+            say(f"resumed from checkpoint {saved.tag} in {args.checkpoint_dir} (step {done})")
     if done >= args.steps:
         say(f"nothing to do: the checkpoint is at step {done} of {args.steps}")
         return 0
 
     def after(step):
-        if args.checkpoint_dir and step % args.save_every == 0:
-            checkpoint.save(f"step_{step}", tensors=params, optimizer=opt_state,
-                            extra={"step": step, "scaler": scaler, "rng": rng},
-                            directory=args.checkpoint_dir, async_io=True, keep=3)
+        if job is not None:
+            job.safe_point(step, tensors=params, optimizer=opt_state,
+                           extra={"scaler": scaler, "rng": rng})
 
     t0 = time.perf_counter()
     first = step_fn(params, opt_state, scaler, batches())

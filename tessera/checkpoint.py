@@ -396,6 +396,13 @@ def latest(directory="checkpoints") -> str | None:
     return tags[-1][1] if tags else None
 
 
+def manifest(tag: str = "latest", directory="checkpoints") -> dict:
+    """The JSON manifest of committed checkpoint `tag` (its trees, leaves,
+    blocks and the JSON values of `extra`), without reading any tensor."""
+    _settle()
+    return _read_manifest(Path(directory), tag)[1]
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: its trees (None where not saved) and manifest."""

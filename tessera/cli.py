@@ -1,6 +1,8 @@
 """The `tessera` command.
 
     tessera launch -n 2 examples/tp_mlp.py        run a script on 2 ranks (wraps mpiexec)
+    tessera launch -n 4 --elastic 2:4 train.py    same, restarted on the ranks left when one
+                                                  dies (the script uses dist.elastic)
     tessera trace -n 2 -o ir examples/tp_mlp.py   same, and write every compiled
                                                   function's IR at every level to ir/
     tessera trace --memory examples/train_gpt.py  same, and print each function's
@@ -17,7 +19,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+
+from . import elastic
 
 DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
 MEMORY_ENV = "TESSERA_MEMORY_REPORT"
@@ -34,12 +40,13 @@ def find_mpiexec() -> str:
 
 
 def _launch(n: int, script: str, args: list[str], env: dict | None = None,
-            timeout: float | None = None) -> int:
+            timeout: float | None = None, watch=None) -> int:
     """Runs `script` as `n` ranks. Each rank runs under `tessera _rank`, which
     reports how it ended: a rank that raises aborts the job (and says so); one
     that exits non-zero or is killed is named, and mpiexec then stops the
     others. With `timeout`, a job still running after that many seconds is
-    stopped with exit status 124."""
+    stopped with exit status 124. `watch`, if given, is called about twice a
+    second while the job runs."""
     if not Path(script).exists():
         print(f"tessera: no such script: {script}", file=sys.stderr)
         return 2
@@ -52,8 +59,17 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0", **os.environ,
                                       **(env or {})},
                             start_new_session=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return proc.wait(timeout=timeout)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return proc.wait(timeout=left if watch is None else
+                                 min(0.5, left) if left is not None else 0.5)
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                watch()
     except subprocess.TimeoutExpired:
         print(f"tessera: the job ran longer than --timeout {timeout:g} s; stopping all "
               f"{n} ranks", file=sys.stderr)
@@ -62,6 +78,122 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     except KeyboardInterrupt:
         _stop(proc)
         return 130
+
+
+def _elastic_range(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--elastic {text!r}: expected MIN:MAX, e.g. 2:4") \
+            from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"--elastic {text!r}: need 1 <= MIN <= MAX")
+    return low, high
+
+
+class _ElasticJob:
+    """`tessera launch --elastic MIN:MAX`: runs the job, and when it fails or
+    stops to resize, starts it again on the largest size the script accepts
+    (`dist.elastic(world_sizes=...)`) that the ranks left allow. Ranks left:
+    without `--slots-file`, the ranks of the last run less those that died
+    (killed by a signal the launcher did not send, or gone without a word);
+    with it, the number the file holds now (a cluster agent rewrites it as
+    nodes leave and join). A rank that exited with an error keeps its slot."""
+
+    def __init__(self, n: int, low: int, high: int, max_restarts: int, slots_file: str | None,
+                 timeout: float | None):
+        self.size, self.low, self.high = n, low, high
+        self.max_restarts, self.slots_file, self.timeout = max_restarts, slots_file, timeout
+        self.control = Path(tempfile.mkdtemp(prefix="tessera-elastic-"))
+
+    def _job(self) -> dict | None:
+        return elastic.read_json(self.control / elastic.JOB_FILE)
+
+    def _slots(self) -> int | None:
+        if self.slots_file is None:
+            return None
+        try:
+            return int(Path(self.slots_file).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None                   # unreadable now: keep the size there is
+
+    def _best(self, capacity: int, job: dict) -> int | None:
+        fits = [n for n in job["world_sizes"] if self.low <= n <= min(self.high, capacity)]
+        return max(fits) if fits else None
+
+    def _watch(self) -> None:
+        """While the job runs: ask it to grow at its next safe point when the
+        slots file allows a larger size it accepts (`rejoin=True`)."""
+        job, request = self._job(), self.control / elastic.REQUEST_FILE
+        slots = self._slots()
+        if job is None or not job.get("rejoin") or slots is None or request.exists():
+            return
+        best = self._best(slots, job)
+        if best is not None and best > self.size:
+            elastic.write_json(request, {"size": best})
+
+    def _lost(self) -> tuple[int, str]:
+        """How many ranks of the last run died (their slots are gone), and why."""
+        reports = [r for r in (elastic.read_json(p) for p in
+                               sorted((self.control / elastic.RANKS_DIR).glob("*.json"))) if r]
+        died = [r for r in reports if r.get("signal") and not r.get("stopped")]
+        if not reports:                   # a rank vanished with its wrapper (its node is gone)
+            return 1, "a rank vanished"
+        why = "; ".join(f"rank {r['rank']} was killed by {r['signal']}" if r.get("signal") else
+                        f"rank {r['rank']} exited with status {r['code']}" for r in reports)
+        return len(died), why
+
+    def run(self, script: str, args: list[str]) -> int:
+        failures = restarts = 0
+        try:
+            while True:
+                shutil.rmtree(self.control / elastic.RANKS_DIR, ignore_errors=True)
+                (self.control / elastic.RANKS_DIR).mkdir()
+                for name in (elastic.REQUEST_FILE, elastic.RESIZED_FILE):
+                    (self.control / name).unlink(missing_ok=True)
+                code = _launch(self.size, script, args, timeout=self.timeout,
+                               watch=self._watch, env={
+                                   "TESSERA_ELASTIC_CONTROL": str(self.control),
+                                   "TESSERA_ELASTIC_RESTART": str(restarts),
+                                   "TESSERA_ELASTIC_MAX": str(self.high)})
+                resized = elastic.read_json(self.control / elastic.RESIZED_FILE)
+                # 2: a usage error (no such script, bad arguments): another run
+                # fails the same way. 124, 130: --timeout, Ctrl-C.
+                if code == 0 and resized is None or code in (2, 124, 130):
+                    return code
+                job = self._job()
+                if job is None:
+                    _say("the script never entered dist.elastic, so it cannot resume: "
+                         "not restarting")
+                    return code
+                lost, why = (0, "ranks came back") if resized else self._lost()
+                if not resized:
+                    if failures >= self.max_restarts:
+                        _say(f"the job failed again after {failures} restart"
+                             f"{'s' if failures != 1 else ''} (--max-restarts "
+                             f"{self.max_restarts}): giving up")
+                        return code
+                    failures += 1
+                slots = self._slots()
+                capacity = slots if slots is not None else self.size - lost
+                new = self._best(capacity, job)
+                if new is None:
+                    _say(f"{capacity} rank{'s' if capacity != 1 else ''} left, and the script "
+                         f"accepts none of {job['world_sizes']} within --elastic "
+                         f"{self.low}:{self.high}: giving up")
+                    return code or 1
+                restarts += 1
+                found = elastic.saved_step(job["directory"])
+                where = f"resuming at step {found[1]}" if found else "starting from step 0"
+                _say(f"restart {restarts}: {self.size} -> {new} ranks, {where} ({why})")
+                self.size = new
+        finally:
+            shutil.rmtree(self.control, ignore_errors=True)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"[tessera] {text}\n")
+    sys.stderr.flush()
 
 
 def thread_limits(ranks: int) -> dict:
@@ -104,18 +236,28 @@ def _rank(script: str, args: list[str]) -> int:
 
     child = subprocess.Popen([sys.executable, script, *args], close_fds=False,
                              preexec_fn=die_with_parent)
+    stopped = []                      # signals the job's stop forwarded to the child
+
+    def forward(sig, _frame):
+        stopped.append(sig)
+        child.send_signal(sig)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, _f: child.send_signal(s))
+        signal.signal(sig, forward)
     code = child.wait()
     if code == 0:
         return 0
+    control = elastic.control_dir()
+    if control is not None:           # how this rank ended, for `launch --elastic`
+        elastic.write_json(control / elastic.RANKS_DIR / f"{rank}.json", {
+            "rank": rank, "code": code, "stopped": bool(stopped),
+            "signal": signal.Signals(-code).name if code < 0 else None})
     if code < 0:
         how = f"was killed by {signal.Signals(-code).name}"
         code = 128 - code
     else:
         how = f"exited with status {code}"
-    sys.stderr.write(f"[tessera] rank {rank} {how}: stopping the job\n")
-    sys.stderr.flush()
+    if not stopped:
+        _say(f"rank {rank} {how}: stopping the job")
     return code
 
 
@@ -137,9 +279,23 @@ def main(argv=None) -> int:
                                         "is stopped and the failing rank is named. "
                                         "TESSERA_COMM_TRACE=1 logs every collective; "
                                         "TESSERA_DETERMINISTIC=1 fixes every reduction order.")
-    launch.add_argument("-n", "--nprocs", type=int, default=1, help="number of ranks (default 1)")
+    launch.add_argument("-n", "--nprocs", type=int, default=None,
+                        help="number of ranks (default 1; with --elastic, MAX)")
     launch.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="stop every rank and exit 124 if the job runs longer")
+    launch.add_argument("--elastic", type=_elastic_range, default=None, metavar="MIN:MAX",
+                        help="restart the job when a rank dies, on the ranks left (at least MIN, "
+                             "at most MAX; the largest size the script's dist.elastic accepts), "
+                             "resuming from its latest checkpoint; grow back when --slots-file "
+                             "allows. Each resize is printed: `[tessera] restart 1: 4 -> 2 "
+                             "ranks, resuming at step 120`")
+    launch.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="with --elastic: give up after N restarts caused by failures "
+                             "(default 3; resizes to grow do not count)")
+    launch.add_argument("--slots-file", default=None, metavar="FILE",
+                        help="with --elastic: a file holding how many ranks may run now, read "
+                             "at each restart and twice a second while the job runs (a cluster "
+                             "agent rewrites it as nodes leave and come back)")
     launch.add_argument("script")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -168,7 +324,16 @@ def main(argv=None) -> int:
         print(env.table())
         return 0
     if opts.command == "launch":
-        return _launch(opts.nprocs, opts.script, opts.args, timeout=opts.timeout)
+        if opts.elastic is None:
+            if opts.slots_file:
+                parser.error("--slots-file needs --elastic MIN:MAX")
+            return _launch(opts.nprocs or 1, opts.script, opts.args, timeout=opts.timeout)
+        low, high = opts.elastic
+        n = opts.nprocs or high
+        if not low <= n <= high:
+            parser.error(f"-n {n} is outside --elastic {low}:{high}")
+        return _ElasticJob(n, low, high, opts.max_restarts, opts.slots_file,
+                           opts.timeout).run(opts.script, opts.args)
     if opts.command == "trace":
         out = Path(opts.out).resolve()
         extra = {DUMP_ENV: str(out)}

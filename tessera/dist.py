@@ -29,7 +29,7 @@ from .errors import LaunchError, ShardingError
 __all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
            "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
            "all_gather", "reduce_scatter", "all_to_all", "spmd", "axis_index", "send", "recv",
-           "recv_from"]
+           "recv_from", "world_size", "elastic"]
 
 def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
     """Splits n devices into k axes as evenly as possible, larger axes first:
@@ -171,6 +171,12 @@ class Mesh:
 
     def __hash__(self) -> int:
         return hash((self.axes, self._info.shape, self._info.devices))
+
+
+def world_size() -> int:
+    """How many processes this job runs (1 for a plain `python script.py`):
+    what a script sizes its mesh from, e.g. `shape=(dist.world_size() // tp, tp)`."""
+    return world()[1]
 
 
 def _refuse_while_tracing(what: str) -> None:
@@ -794,3 +800,4 @@ from .collectives import (all_gather, all_reduce, all_to_all, allreduce,  # noqa
 from .local_view import axis_index, recv, send, spmd  # noqa: E402
 
 recv_from = recv          # `ts.distributed.recv_from(owner_rank, name)`, as the training guide writes it
+from .elastic import Elastic as elastic  # noqa: E402  (`with dist.elastic(...) as job:`)

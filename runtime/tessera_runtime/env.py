@@ -79,6 +79,16 @@ _VARIABLES = [
     Variable("CUDA_PATH", "runtime", "",
              "a CUDA toolkit whose lib64 holds libnvrtc (after the nvidia-cuda-nvrtc wheel)"),
     Variable("CUDA_HOME", "runtime", "", "as CUDA_PATH"),
+    Variable("TESSERA_ELASTIC_CONTROL", "frontend", "",
+             "the control folder of `tessera launch --elastic` (set by the launcher): "
+             "dist.elastic reports the sizes the script accepts there and hears resize requests"),
+    Variable("TESSERA_ELASTIC_RESTART", "frontend", "0",
+             "how many times `tessera launch --elastic` restarted this job (set by the launcher)"),
+    Variable("TESSERA_ELASTIC_MAX", "frontend", "0",
+             "the largest job `tessera launch --elastic` may start (set by the launcher)"),
+    Variable("TESSERA_ELASTIC_KILL", "frontend", "",
+             "RANK:STEP: that rank kills itself with SIGKILL at that dist.elastic safe point of "
+             "the job's first run (to test elastic restarts)"),
     Variable("TESSERA_STRICT_SKIPS", "tests", "0",
              "1 (CI): a test that skips for anything but a missing GPU fails"),
 ] + [Variable(rank, "runtime", "", f"this process' rank, with {size} (set by MPI launchers; "

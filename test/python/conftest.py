@@ -38,6 +38,17 @@ def run_mpi(tmp_path):
     return run
 
 
+@pytest.fixture
+def tessera_launch():
+    """tessera_launch(*args, env=None, timeout=120) -> CompletedProcess of
+    `tessera launch ARGS`, as a user runs it (from the repository root)."""
+    def run(*args, env=None, timeout=120):
+        return subprocess.run([sys.executable, "-m", "tessera", "launch", *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                              env={**os.environ, **(env or {})})
+    return run
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
