@@ -172,19 +172,17 @@ def make_step(opt, heads: int, precision: str, clip: float, remat=None, memory_b
     `ts.optim.accumulate_grad` splits them over dp, summing in a fixed tree
     (with `dist.deterministic`, the same bits on any dp size)."""
 
-    def batch_loss(params, batch):
-        return precision_loss(params, batch, heads, precision, remat)
-
     @ts.jit(memory_budget=memory_budget)
     def train_step(params, opt_state, scaler, microbatches):
         if deterministic:
             total, grads = ts.optim.accumulate_grad(
-                lambda p, mb: batch_loss(p, mb) * scaler["scale"], params, microbatches[0])
+                lambda p, mb: precision_loss(p, mb, heads, precision, remat) * scaler["scale"],
+                params, microbatches[0])
             total = total / scaler["scale"]
         else:
             grads, total = None, 0.0
             for batch in microbatches:          # gradient accumulation (unrolled)
-                loss = batch_loss(params, batch)
+                loss = precision_loss(params, batch, heads, precision, remat)
                 scaled = loss * (scaler["scale"] / len(microbatches))
                 grads = ts.optim.accumulate(grads, ts.grad(scaled, params))
                 total = loss + total

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -59,15 +60,15 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0", **os.environ,
                                       **(env or {})},
                             start_new_session=True)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    poll = math.inf if watch is None else 0.5
     try:
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = min(poll, max(0.0, deadline - time.monotonic()))
             try:
-                return proc.wait(timeout=left if watch is None else
-                                 min(0.5, left) if left is not None else 0.5)
+                return proc.wait(timeout=None if wait == math.inf else wait)
             except subprocess.TimeoutExpired:
-                if deadline is not None and time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:
                     raise
                 watch()
     except subprocess.TimeoutExpired:

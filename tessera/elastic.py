@@ -110,7 +110,7 @@ class Elastic:
                                f"{', '.join(map(repr, SAFE_POINTS))}")
         if not isinstance(every, int) or every < 1:
             raise ElasticError(f"dist.elastic: every={every!r} must be a positive integer")
-        self.rejoin, self.safe_point_kind = bool(rejoin), safe_point
+        self.rejoin = bool(rejoin)
         self.directory, self.every, self.keep = Path(directory), every, keep
         self._accepts = world_sizes if callable(world_sizes) else \
             (lambda n, sizes=frozenset(world_sizes): n in sizes) if world_sizes is not None \
@@ -119,6 +119,8 @@ class Elastic:
         self.rank, self.world_size = world()
         self.step = 0                     # the step the state belongs to (0: fresh)
         self._handle = None
+        self._control = control_dir()     # read once: safe points run every step
+        self._kill_at = _kill_step(self.rank) if self.restart == 0 else None
 
     # -- the launcher's side of the job --------------------------------------------
 
@@ -135,9 +137,8 @@ class Elastic:
             raise ElasticError(f"dist.elastic: this job runs {self.world_size} rank"
                                f"{'s' if self.world_size > 1 else ''}, which the script does "
                                f"not accept (its world_sizes accepts {shown} of 1-{upto})")
-        control = control_dir()
-        if control is not None and self.rank == 0:
-            write_json(control / JOB_FILE, {
+        if self._control is not None and self.rank == 0:
+            write_json(self._control / JOB_FILE, {
                 "world_sizes": sizes, "rejoin": self.rejoin,
                 "directory": str(self.directory.resolve()), "world_size": self.world_size})
         return self
@@ -180,10 +181,9 @@ class Elastic:
     def _resize_requested(self) -> bool:
         """Whether the launcher asked for a resize: rank 0 looks, every rank
         learns its answer (so they all stop at the same safe point)."""
-        control = control_dir()
-        if control is None or not self.rejoin:
+        if self._control is None or not self.rejoin:
             return False
-        wanted = "1" if self.rank == 0 and (control / REQUEST_FILE).exists() else ""
+        wanted = "1" if self.rank == 0 and (self._control / REQUEST_FILE).exists() else ""
         if self.world_size > 1:
             from ._mpi import bcast_text, world_comm
             wanted = bcast_text(world_comm(), wanted)
@@ -197,7 +197,10 @@ class Elastic:
         if extra is not None and not isinstance(extra, dict):
             raise ElasticError("dist.elastic: safe_point's extra must be a dict (the step is "
                                "added to it as extra['step'])")
-        _fault_injection(step, self.restart, self.rank)
+        if step == self._kill_at:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
         resize = self._resize_requested()
         if step % self.every == 0 or resize:
             self._handle = checkpoint.save(
@@ -207,23 +210,19 @@ class Elastic:
         self.step = step
         if resize:
             self._handle.wait()
-            control = control_dir()
             if self.rank == 0:
-                write_json(control / RESIZED_FILE, {"step": step, "tag": f"step_{step}"})
+                write_json(self._control / RESIZED_FILE, {"step": step, "tag": f"step_{step}"})
             raise _Resize(0)
 
 
-def _fault_injection(step: int, restart: int, rank: int) -> None:
-    """TESSERA_ELASTIC_KILL=RANK:STEP: rank RANK kills itself with SIGKILL at
-    safe point STEP of the job's first run (to test the restart path)."""
+def _kill_step(rank: int) -> int | None:
+    """TESSERA_ELASTIC_KILL=RANK:STEP: the safe point at which this rank kills
+    itself with SIGKILL in the job's first run (to test the restart path)."""
     spec = env.get("TESSERA_ELASTIC_KILL")
-    if not spec or restart:
-        return
+    if not spec:
+        return None
     try:
-        victim, at = (int(x) for x in spec.split(":"))
+        victim, step = (int(x) for x in spec.split(":"))
     except ValueError:
         raise ElasticError(f"TESSERA_ELASTIC_KILL={spec!r} must be RANK:STEP") from None
-    if (victim, at) == (rank, step):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    return step if victim == rank else None
