@@ -50,7 +50,9 @@ class Elementwise:
     #: Whether Graph IR has the op (exp2 is Tile IR only: flash attention's
     #: base-2 softmax).
     graph: bool = True
-    #: Inputs for numeric tests: "real", "positive" (log, sqrt, rsqrt).
+    #: Inputs for numeric tests: "real", "positive" (log, sqrt, rsqrt),
+    #: "nonzero" (div: a divisor near 0 puts a pole within finite
+    #: differences' step, e.g. d/db = -8e5 at b ~ 1e-3).
     domain: str = "real"
 
 
@@ -149,7 +151,7 @@ _TABLE = [
                 lambda x, out, g, op: [gb.binary("mul", g, x[1]), gb.binary("mul", g, x[0])],
                 linear="one"),
     Elementwise("div", 2, "a / b", lambda em, op, ct, a, b: f"{a} / {b}",
-                lambda a, b, op: a / b, _div_vjp, linear="first"),
+                lambda a, b, op: a / b, _div_vjp, linear="first", domain="nonzero"),
     Elementwise("max", 2, "the larger of a and b",
                 lambda em, op, ct, a, b: f"({a} > {b} || {a} != {a} ? {a} : {b})",  # NaN wins
                 lambda a, b, op: np.maximum(a, b), _max_vjp),
@@ -196,7 +198,11 @@ def of(op: ir.Operation) -> Elementwise | None:
     return GRAPH_ELEMENTWISE.get(op.name) or TILE_ELEMENTWISE.get(op.name)
 
 
-def positive(shape, rng) -> np.ndarray:
-    """Test inputs of the "positive" domain (away from 0)."""
-    return np.abs(rng.standard_normal(shape)) + 0.5
+def sample_inputs(domain: str, shape, rng) -> np.ndarray:
+    """Random float64 test inputs of `domain`: "real" (standard normal),
+    "positive" (at least 0.5), "nonzero" (either sign, at least 0.5 from 0)."""
+    x = rng.standard_normal(shape)
+    if domain == "positive":
+        return np.abs(x) + 0.5
+    return x + 0.5 * np.sign(x) if domain == "nonzero" else x
 

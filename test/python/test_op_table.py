@@ -37,8 +37,7 @@ TRACER = {
 
 def _inputs(e: ops.Elementwise, shape, rng) -> list[np.ndarray]:
     n = 2 if e.name == "select" else e.operands
-    draw = ops.positive if e.domain == "positive" else lambda s, r: r.standard_normal(s)
-    return [draw(shape, rng).astype(np.float32) for _ in range(n)]
+    return [ops.sample_inputs(e.domain, shape, rng).astype(np.float32) for _ in range(n)]
 
 
 def _reference(e: ops.Elementwise, xs: list[np.ndarray]) -> np.ndarray:
