@@ -67,7 +67,7 @@ def tessera_worker(cfg: dict, steps: int, out: Path) -> None:
     import tessera as ts
     import tessera_runtime
     from tessera import dist
-    from tessera_runtime.executor import ScheduleExecutor
+    from tessera_runtime import profiler
     import train_gpt as ex
 
     mesh = dist.Mesh(axes=["dp", "tp"], shape=(cfg["dp"], cfg["tp"]))
@@ -85,13 +85,13 @@ def tessera_worker(cfg: dict, steps: int, out: Path) -> None:
     for _ in range(3):
         step(params, state, scaler, micro)
     times = []
-    ScheduleExecutor.profile = {}
+    profiler.start()
     for _ in range(steps):
         comm.Barrier()
         t0 = time.perf_counter()
         step(params, state, scaler, micro)
         times.append(time.perf_counter() - t0)
-    prof = ScheduleExecutor.profile
+    prof = profiler.stop().totals()
     comm_s = sum(prof.get(k, [0.0])[0] for k in ("collective:start", "collective:wait"))
     calls = prof.get("collective:start", [0, 0])[1] // steps
     mine = np.array([statistics.median(times), comm_s / steps, sum(times) / steps])

@@ -10,7 +10,7 @@ random [T, D]) and its gradient with respect to x, the router and the experts
 
   * Tessera: `tessera launch -n 4`, `ts.jit(mesh=ep4)` of `op.moe(...,
     mesh=mesh)` and `ts.grad`; the all-to-all share is the runtime's own
-    timing of its collectives (`ScheduleExecutor.profile`).
+    timing of its collectives (`tessera_runtime.profiler`).
   * PyTorch: `mpiexec -n 4` processes joined by gloo over loopback; route,
     sort the choices by expert, exchange per-expert counts, then the rows with
     variable splits (`all_to_all_single`), grouped per local expert, GEMMs,
@@ -81,7 +81,7 @@ def timed(step, steps: int):
 def tessera_worker(cfg: dict, out: Path) -> None:
     import tessera as ts
     from tessera import dist, op
-    from tessera_runtime.executor import ScheduleExecutor
+    from tessera_runtime import profiler
     mesh = dist.Mesh(axes=["ep"], shape=(RANKS,))
     g = inputs(cfg)
     by_rank = dist.ShardSpec((0,), ("ep",))
@@ -99,13 +99,12 @@ def tessera_worker(cfg: dict, out: Path) -> None:
         value, grads = step(x, R, experts)
         return value, grads
 
-    ScheduleExecutor.profile = None
     t0 = time.perf_counter()
     run()
     compile_s = time.perf_counter() - t0
-    ScheduleExecutor.profile = {}
+    profiler.start()
     first, step_ms, total, (value, (_, gex)) = timed(run, cfg["steps"])
-    profile, ScheduleExecutor.profile = ScheduleExecutor.profile, None
+    profile = profiler.stop().totals()
     # The profile counts timed's first call too.
     comm = sum(s for key, (s, _) in profile.items() if key.startswith("collective:"))
     report = {"loss": float(np.asarray(value)), "compile_s": compile_s, "step_ms": step_ms,

@@ -9,7 +9,7 @@ forward + backward (the loss and every parameter's gradient of one batch, no
 optimizer step) of the example GPT (`examples/train_gpt.py`: embedding with
 the first stage, one transformer block per stage, the head and loss with the
 last), and for Tessera each rank's share of the step spent blocked waiting for
-a transfer or collective (the runtime's own timing, `ScheduleExecutor.profile`
+a transfer or collective (the runtime's own timing, `tessera_runtime.profiler`
 "collective:wait") beside the share running kernels.
 
   * Tessera: `tessera launch -n 4` on a `pp` mesh of 4, `train_gpt.
@@ -77,7 +77,7 @@ def tessera_worker(cfg: dict, out: Path) -> None:
     import tessera as ts
     import train_gpt as ex
     from tessera import dist
-    from tessera_runtime.executor import ScheduleExecutor
+    from tessera_runtime import profiler
     mesh = dist.Mesh(axes=["dp", "tp", "pp"], shape=(1, 1, RANKS))
     params, batch = setup(cfg)
     opt = ts.optim.AdamW(lr=3e-3)
@@ -88,13 +88,13 @@ def tessera_worker(cfg: dict, out: Path) -> None:
         t0 = time.perf_counter()
         loss, _ = grads_of(params, batch)
         compile_s = time.perf_counter() - t0
-        ScheduleExecutor.profile = {}
+        profiler.start()
         times = []
         for _ in range(cfg["steps"]):
             t0 = time.perf_counter()
             loss, _ = grads_of(params, batch)
             times.append(time.perf_counter() - t0)
-        profile, ScheduleExecutor.profile = ScheduleExecutor.profile, None
+        profile = profiler.stop().totals()
         total = sum(times)
         waiting = profile.get("collective:wait", [0.0])[0]
         compute = sum(s for k, (s, _) in profile.items() if not k.startswith("collective:"))

@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 
 import tessera as ts  # noqa: E402
 import train_gpt  # noqa: E402  (examples/train_gpt.py)
-from tessera_runtime.executor import ScheduleExecutor  # noqa: E402
+from tessera_runtime import profiler  # noqa: E402
 
 try:
     import torch  # noqa: E402
@@ -163,13 +163,12 @@ class EngineProfile:
 
     @contextmanager
     def installed(self):
-        """Turns on the runtime's per-launch timing (ScheduleExecutor.profile)."""
-        times: dict = {}
-        ScheduleExecutor.profile = times
+        """Turns on the runtime's per-launch timing (tessera_runtime.profiler)."""
+        profiler.start()
         try:
             yield self
         finally:
-            ScheduleExecutor.profile = None
+            times = profiler.stop().totals()
             for key, (seconds, calls) in times.items():
                 if key.startswith("library:"):
                     self.library_s[key[len("library:"):]] += seconds

@@ -3,6 +3,9 @@
     tessera launch -n 2 examples/tp_mlp.py        run a script on 2 ranks (wraps mpiexec)
     tessera launch -n 4 --elastic 2:4 train.py    same, restarted on the ranks left when one
                                                   dies (the script uses dist.elastic)
+    tessera launch -n 4 --profile prof train.py   same, and print every rank's compute /
+                                                  communication balance; prof/trace.json
+                                                  is one Perfetto timeline of all ranks
     tessera trace -n 2 -o ir examples/tp_mlp.py   same, and write every compiled
                                                   function's IR at every level to ir/
     tessera trace --memory examples/train_gpt.py  same, and print each function's
@@ -24,10 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from tessera_runtime import env as tessera_env
+from tessera_runtime import flight
+
 from . import elastic
 
 DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
 MEMORY_ENV = "TESSERA_MEMORY_REPORT"
+FLIGHT_ENV = "TESSERA_FLIGHT_DIR"
+PROFILE_ENV = "TESSERA_PROFILE"
 
 
 def find_mpiexec() -> str:
@@ -41,7 +49,7 @@ def find_mpiexec() -> str:
 
 
 def _launch(n: int, script: str, args: list[str], env: dict | None = None,
-            timeout: float | None = None, watch=None) -> int:
+            timeout: float | None = None, watch=None, profile: str | None = None) -> int:
     """Runs `script` as `n` ranks. Each rank runs under `tessera _rank`, which
     reports how it ended: a rank that raises aborts the job (and says so); one
     that exits non-zero or is killed is named, and mpiexec then stops the
@@ -54,23 +62,40 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     if n < 1:
         print("tessera: -n must be at least 1", file=sys.stderr)
         return 2
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", "_rank", script, *args]
+    # The profile folder reaches the script through its rank's wrapper (the
+    # wrapper imports tessera too, and must not profile itself).
+    wrapper = ["_rank"] + (["--profile", str(Path(profile).resolve())] if profile else [])
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", *wrapper, script, *args]
+    env = {**(env or {})}
+    flight_dir = env.get(FLIGHT_ENV) or tessera_env.get(FLIGHT_ENV)
+    own_flight_dir = not flight_dir
+    if own_flight_dir:
+        flight_dir = env[FLIGHT_ENV] = tempfile.mkdtemp(prefix="tessera-flight-")
+    hang = _HangWatch(Path(flight_dir), n)
     # PYTHONHASHSEED: every rank hashes a str alike, so per-rank code such
     # as the training guide's `hash(param_name) % size` agrees across ranks.
     proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0", **os.environ,
-                                      **(env or {})},
+                                      **env},
                             start_new_session=True)
     deadline = math.inf if timeout is None else time.monotonic() + timeout
-    poll = math.inf if watch is None else 0.5
     try:
         while True:
-            wait = min(poll, max(0.0, deadline - time.monotonic()))
+            wait = min(0.5, max(0.0, deadline - time.monotonic()))
             try:
-                return proc.wait(timeout=None if wait == math.inf else wait)
+                return proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 if time.monotonic() >= deadline:
                     raise
-                watch()
+                if hang():
+                    # The ranks that timed out now fail with CollectiveTimeout
+                    # and end the job; stop whatever is left after that.
+                    try:
+                        return proc.wait(timeout=5) or 1
+                    except subprocess.TimeoutExpired:
+                        _stop(proc)
+                        return 1
+                if watch is not None:
+                    watch()
     except subprocess.TimeoutExpired:
         print(f"tessera: the job ran longer than --timeout {timeout:g} s; stopping all "
               f"{n} ranks", file=sys.stderr)
@@ -79,6 +104,36 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     except KeyboardInterrupt:
         _stop(proc)
         return 130
+    finally:
+        if own_flight_dir:
+            shutil.rmtree(flight_dir, ignore_errors=True)
+
+
+class _HangWatch:
+    """Turns a collective timeout on any rank into one diagnosis: asks every
+    rank for its flight recorder (flight.REQUEST_FILE), merges the records and prints
+    which ranks wait in which collective and which never started it."""
+
+    def __init__(self, directory: Path, n: int):
+        self.directory, self.n = directory, n
+
+    def __call__(self) -> bool:
+        dumps = flight.read_dumps(self.directory)
+        if not any(d["reason"].startswith("timeout") for d in dumps.values()):
+            return False
+        (self.directory / flight.REQUEST_FILE).touch()
+        deadline = time.monotonic() + 3.0
+        while len(dumps) < self.n and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dumps = flight.read_dumps(self.directory)
+        (self.directory / "collected").touch()
+        seconds = next(float(d["timeout"]) for d in dumps.values() if "timeout" in d) \
+            if any("timeout" in d for d in dumps.values()) else None
+        after = f" (no progress in {seconds:g} s, TESSERA_COLLECTIVE_TIMEOUT)" if seconds else ""
+        _say(f"a collective did not complete{after}; the ranks' flight recorders say:")
+        for line in flight.diagnose(dumps, self.n):
+            _say(line)
+        return True
 
 
 def _elastic_range(text: str) -> tuple[int, int]:
@@ -221,7 +276,7 @@ def _stop(proc: subprocess.Popen) -> None:
             return
 
 
-def _rank(script: str, args: list[str]) -> int:
+def _rank(script: str, args: list[str], profile: str | None = None) -> int:
     """One rank: runs the script in a child process and reports a failure
     with the rank's number. The child dies with this process (PDEATHSIG), so
     when mpiexec stops a job no rank is left behind waiting in a collective."""
@@ -236,7 +291,8 @@ def _rank(script: str, args: list[str]) -> int:
             pass
 
     child = subprocess.Popen([sys.executable, script, *args], close_fds=False,
-                             preexec_fn=die_with_parent)
+                             preexec_fn=die_with_parent,
+                             env={**os.environ, PROFILE_ENV: profile} if profile else None)
     stopped = []                      # signals the job's stop forwarded to the child
 
     def forward(sig, _frame):
@@ -278,7 +334,9 @@ def main(argv=None) -> int:
                                         "mesh device r. Exits with the job's exit status. If a "
                                         "rank raises, exits non-zero or is killed, every rank "
                                         "is stopped and the failing rank is named. "
-                                        "TESSERA_COMM_TRACE=1 logs every collective; "
+                                        "TESSERA_COMM_TRACE=1 logs every collective; a collective "
+                                        "stuck for TESSERA_COLLECTIVE_TIMEOUT seconds (default "
+                                        "600) stops the job and names the ranks it waits for; "
                                         "TESSERA_DETERMINISTIC=1 fixes every reduction order.")
     launch.add_argument("-n", "--nprocs", type=int, default=None,
                         help="number of ranks (default 1; with --elastic, MAX)")
@@ -297,6 +355,11 @@ def main(argv=None) -> int:
                         help="with --elastic: a file holding how many ranks may run now, read "
                              "at each restart and twice a second while the job runs (a cluster "
                              "agent rewrites it as nodes leave and come back)")
+    launch.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile the whole run as dist.profile() does: rank 0 prints each "
+                             "rank's compute / communication / waiting / idle balance at exit "
+                             "and writes DIR/trace.json (one Perfetto timeline for all ranks; "
+                             "open it in ui.perfetto.dev) and DIR/summary.txt")
     launch.add_argument("script")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -318,6 +381,8 @@ def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["_rank"]:                  # internal: one rank of `launch`
+        if argv[1:2] == ["--profile"]:
+            return _rank(argv[3], argv[4:], profile=argv[2])
         return _rank(argv[1], argv[2:])
     opts = parser.parse_args(argv)
     if opts.env:
@@ -328,7 +393,10 @@ def main(argv=None) -> int:
         if opts.elastic is None:
             if opts.slots_file:
                 parser.error("--slots-file needs --elastic MIN:MAX")
-            return _launch(opts.nprocs or 1, opts.script, opts.args, timeout=opts.timeout)
+            return _launch(opts.nprocs or 1, opts.script, opts.args, timeout=opts.timeout,
+                           profile=opts.profile)
+        if opts.profile:
+            parser.error("--profile with --elastic: profile one size at a time, without --elastic")
         low, high = opts.elastic
         n = opts.nprocs or high
         if not low <= n <= high:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._mpi import raw_view, world_comm
+from ._mpi import world_comm
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from .errors import ShardingError
@@ -168,30 +168,36 @@ def _group(axis: str):
         for i, c in enumerate(coords):
             if i != keep:
                 color = color * mesh.info.shape[i] + c
-        _GROUPS[key] = world_comm().Split(color, coords[keep])
+        # The runtime's communicator: numbered, flight-recorded and bounded
+        # by TESSERA_COLLECTIVE_TIMEOUT like a compiled program's collectives.
+        from tessera_runtime.mpi_comm import MPICommunicator
+        group = MPICommunicator(world_comm().Split(color, coords[keep]))
+        group.name_group(axis, rank, mesh.info.axis_group(axis, rank))
+        _GROUPS[key] = group
     return _GROUPS[key]
 
 
 def _local(a: np.ndarray, axis: str, kind: str, op: str = "sum", dim: int = 0) -> np.ndarray:
-    from mpi4py import MPI
     comm = _group(axis)
-    n = comm.Get_size()
+    n = comm.size
     a = np.ascontiguousarray(a)
-    wide = a.astype(np.float32) if a.dtype.kind == "V" else a     # bf16: reduce in f32
+    source = str(user_frame())
     if kind == "all_reduce":
-        out = np.empty_like(wide)
-        comm.Allreduce(wide, out, op={"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op])
-        return out.astype(a.dtype)
+        out = np.empty_like(a)
+        comm.all_reduce(a, out, op, source=source).wait()
+        return out
     dim = dim % max(a.ndim, 1)
     if kind == "all_gather":
-        parts = np.empty((n,) + a.shape, a.dtype)
-        comm.Allgather(raw_view(a), raw_view(parts))
-        return np.concatenate(list(parts), axis=dim)
+        shape = list(a.shape)
+        shape[dim] *= n
+        out = np.empty(shape, a.dtype)
+        comm.all_gather(a, out, dim, source=source).wait()
+        return out
     if a.shape[dim] % n:
         raise ShardingError(f"dist.reduce_scatter: dimension {dim} (size {a.shape[dim]}) is "
                             f"not divisible by axis {axis!r} (size {n})")
-    # MPI scatters along the first dimension: bring `dim` there and back.
-    front = np.ascontiguousarray(np.moveaxis(wide, dim, 0))
-    out = np.empty((front.shape[0] // n,) + front.shape[1:], front.dtype)
-    comm.Reduce_scatter_block(front, out, op=MPI.SUM)
-    return np.ascontiguousarray(np.moveaxis(out, 0, dim)).astype(a.dtype)
+    shape = list(a.shape)
+    shape[dim] //= n
+    out = np.empty(shape, a.dtype)
+    comm.reduce_scatter(a, out, dim, source=source).wait()
+    return out

@@ -29,7 +29,7 @@ from .errors import LaunchError, ShardingError
 __all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
            "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
            "all_gather", "reduce_scatter", "all_to_all", "spmd", "axis_index", "send", "recv",
-           "recv_from", "world_size", "elastic"]
+           "recv_from", "world_size", "elastic", "profile"]
 
 def _balanced_shape(n: int, k: int) -> tuple[int, ...]:
     """Splits n devices into k axes as evenly as possible, larger axes first:
@@ -801,3 +801,4 @@ from .local_view import axis_index, recv, send, spmd  # noqa: E402
 
 recv_from = recv          # `ts.distributed.recv_from(owner_rank, name)`, as the training guide writes it
 from .elastic import Elastic as elastic  # noqa: E402  (`with dist.elastic(...) as job:`)
+from .profiling import profile  # noqa: E402  (`with dist.profile() as prof:`)

@@ -19,13 +19,16 @@ from tessera_mlir import ir
 
 from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
 from .ir.options import TargetOptions
-from .ir.locations import location_name
+from .ir.locations import location_name, source_of
 from .ir.pipeline import ACTION, INFO
 from .ir.sharding import Sharding, meshes_of
 from .ir.types import ELEMENT_TYPES, enum_of
 from .pipeline import Levels
 
 FORMAT_VERSION = 1
+
+#: instructions the runtime times and records (they carry `loc`)
+_TIMED = ("launch", "collective_start", "send", "recv")
 
 
 def _dtype(element: ir.Type) -> str:
@@ -212,6 +215,12 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             raise ValueError(f"cannot serialize '{kind}' into a bundle program")
         if ACTION in op.attributes:
             ins["on"] = _action_json(ir.DictAttr(op.attributes[ACTION]))
+        if ins["op"] in _TIMED:
+            # The user's Python line, for the profiler's timeline and the
+            # flight recorder (absent where the op has no file location).
+            loc = source_of(op.location)
+            if loc:
+                ins["loc"] = loc
         instructions.append(ins)
 
     program = {"entry": ir.StringAttr(func_op.attributes["sym_name"]).value,

@@ -83,7 +83,14 @@ class Resharder:
         remade = self._remake(value, target, before)
         if remade is not None:
             return remade
-        with ir.InsertionPoint(before), before.location:
+        # The reshard's Python line (profiles, flight recorder, errors): its
+        # reader's, except a return's, which is the function's `def`: there
+        # the op that produced the value says more.
+        loc = before.location
+        owner = getattr(value.owner, "operation", value.owner)
+        if before.name == "func.return" and isinstance(owner, ir.Operation):
+            loc = owner.location
+        with ir.InsertionPoint(before), loc:
             dims = [list(d) for d in current.dims]
             want = [list(d) for d in target.dims]
             used = lambda: {a for d in dims for a in d}  # noqa: E731

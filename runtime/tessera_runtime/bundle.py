@@ -79,6 +79,8 @@ class ProgramSpec:
     #: a pipeline's schedule (axis, schedule, ranks, stages, microbatches,
     #: each action's cost), or None
     pipeline: dict | None = None
+    #: the compiled function's name
+    entry: str = "main"
 
 
 @dataclass
@@ -263,6 +265,9 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
         fields["on"] = (r.get(on, "axis", f"{where}.on", str), r.get(on, "rank", f"{where}.on", int))
     if op == "alloc":
         fields["symmetric"] = r.get(raw, "symmetric", where, bool, default=False)
+    if "loc" in raw:
+        # The user's Python line behind the instruction (profiles, flight recorder).
+        fields["loc"] = r.get(raw, "loc", where, str)
     if op == "launch" and "library" in raw:
         fields["library"] = r.get(raw, "library", where, str)
         fields["attrs"] = r.get(raw, "attrs", where, dict, default={})
@@ -335,7 +340,8 @@ def read_program(path: Path) -> ProgramSpec:
               for i, raw in enumerate(r.get(p, "instructions", "", list))]
     return ProgramSpec(path=path, mesh=mesh, inputs=inputs, outputs=outputs,
                        streams=streams, instructions=instrs,
-                       pipeline=r.get(p, "pipeline", "", dict, default=None))
+                       pipeline=r.get(p, "pipeline", "", dict, default=None),
+                       entry=r.get(p, "entry", "", str, default=path.parent.name))
 
 
 def read_bundle(path) -> Bundle:

@@ -10,7 +10,10 @@ not be modified or freed).
 
 Subclasses implement `_all_reduce`, `_all_gather`, `_reduce_scatter` and
 `_all_to_all`; the public methods here validate shapes and arguments once for
-every backend, and log every collective when `TESSERA_COMM_TRACE=1`:
+every backend, number each collective per axis and record it in the flight
+recorder (`flight`, whose watchdog ends a wait longer than
+TESSERA_COLLECTIVE_TIMEOUT), and log every collective when
+`TESSERA_COMM_TRACE=1`:
 
     [tessera comm] rank 3 tp all_reduce sum 65536 B 0.214 ms
 
@@ -25,7 +28,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 
-from . import env
+from . import env, flight
 
 REDUCTIONS = ("sum", "max", "min", "prod")
 
@@ -42,6 +45,10 @@ class Work(ABC):
         """Block until the collective has completed and `dst` holds the result.
         Calling it again is a no-op."""
 
+    #: True where `wait` only orders a device stream after the collective
+    #: (NCCL): its completion is not observed on the host
+    on_device = False
+
 
 class CompletedWork(Work):
     """A collective that finished when it was started (e.g. size-1 axis)."""
@@ -54,19 +61,28 @@ def trace_enabled() -> bool:
     return env.flag("TESSERA_COMM_TRACE")
 
 
-class TracedWork(Work):
-    """Logs a collective (op, axis, bytes, time from start to completion)."""
+class RecordedWork(Work):
+    """A started collective as the flight recorder follows it: its wait is
+    watched (flight.FlightRecorder's watchdog ends a wait longer than
+    TESSERA_COLLECTIVE_TIMEOUT), its completion recorded (and logged with
+    TESSERA_COMM_TRACE)."""
 
-    def __init__(self, work: Work, text: str):
-        self._work, self._text, self._t0 = work, text, time.perf_counter()
-        self._logged = False
+    def __init__(self, work: Work, entry: flight.Entry, trace: str | None):
+        self._work, self.entry, self._trace = work, entry, trace
+        self._t0 = time.perf_counter()
+        self.on_device = work.on_device
+        if work.on_device:
+            entry.state = "scheduled"
 
     def wait(self) -> None:
+        if self.entry.state == "completed":
+            return
+        self.entry.waiting_since = time.monotonic()
         self._work.wait()
-        if not self._logged:
-            self._logged = True
+        self.entry.state, self.entry.t_end = "completed", time.time()
+        if self._trace is not None:
             ms = (time.perf_counter() - self._t0) * 1e3
-            sys.stderr.write(f"[tessera comm] {self._text} {ms:.3f} ms\n")
+            sys.stderr.write(f"[tessera comm] {self._trace} {ms:.3f} ms\n")
             sys.stderr.flush()
 
 
@@ -92,15 +108,34 @@ class Communicator(ABC):
     #: what the trace calls this group (the mesh axis) and this process
     label: str = "group"
     world_rank: int = 0
+    #: collectives started so far (the flight recorder's sequence number)
+    issued: int = 0
 
-    def _traced(self, work: Work, what: str, buf) -> Work:
-        if not trace_enabled():
-            return work
-        return TracedWork(work, f"rank {self.world_rank} {self.label} {what} {_nbytes(buf)} B")
+    def name_group(self, axis: str, world_rank: int, members: list[int]) -> None:
+        """This communicator is mesh axis `axis` of world rank `world_rank`,
+        over the world ranks `members` (in axis order)."""
+        self.label, self.world_rank = axis, world_rank
+        flight.RECORDER.join(axis, world_rank, members)
+
+    def _traced(self, work: Work, what: str, buf, source: str | None,
+                peer: int | None = None) -> Work:
+        if peer is None:
+            self.issued += 1
+            seq = self.issued
+        else:                           # transfers are numbered per peer
+            seqs = self.__dict__.setdefault("_p2p_issued", {})
+            seq = seqs[what, peer] = seqs.get((what, peer), 0) + 1
+        nbytes = _nbytes(buf)
+        entry = flight.RECORDER.record(seq, what.split()[0], self.label, nbytes, source, peer)
+        if peer is not None:
+            what = f"{what} {'to' if what == 'send' else 'from'} {peer}"
+        trace = (f"rank {self.world_rank} {self.label} {what} {nbytes} B"
+                 if trace_enabled() else None)
+        return RecordedWork(work, entry, trace)
 
     # -- public, validated entry points ------------------------------------
     def all_reduce(self, src, dst, reduction: str = "sum",
-                   deterministic: bool = False, stream=None) -> Work:
+                   deterministic: bool = False, stream=None, source: str | None = None) -> Work:
         """dst = reduce(src over ranks); src may be dst (in place). With
         `deterministic`, the contributions are combined in a fixed binary
         tree over rank order, ((r0+r1)+(r2+r3)), on every engine."""
@@ -111,24 +146,27 @@ class Communicator(ABC):
                             f"dst shape {tuple(dst.shape)}")
         work = self._all_reduce(src, dst, reduction, bool(deterministic), stream)
         tag = " deterministic" if deterministic else ""
-        return self._traced(work, f"all_reduce {reduction}{tag}", src)
+        return self._traced(work, f"all_reduce {reduction}{tag}", src, source)
 
-    def all_gather(self, src, dst, dim: int = 0, stream=None) -> Work:
+    def all_gather(self, src, dst, dim: int = 0, stream=None, source: str | None = None) -> Work:
         """dst = concatenate(src of every rank, in rank order) along `dim`."""
         _check_dtype(src, dst, "all_gather")
         _check_split(dst, src, dim, self.size, "all_gather", "dst", "src")
-        return self._traced(self._all_gather(src, dst, dim, stream), f"all_gather dim {dim}", dst)
+        return self._traced(self._all_gather(src, dst, dim, stream), f"all_gather dim {dim}", dst,
+                            source)
 
     def reduce_scatter(self, src, dst, dim: int = 0, reduction: str = "sum",
-                       deterministic: bool = False, stream=None) -> Work:
+                       deterministic: bool = False, stream=None,
+                       source: str | None = None) -> Work:
         """dst = this rank's block along `dim` of reduce(src over ranks)."""
         _check_reduction(reduction)
         _check_dtype(src, dst, "reduce_scatter")
         _check_split(src, dst, dim, self.size, "reduce_scatter", "src", "dst")
         work = self._reduce_scatter(src, dst, dim, reduction, bool(deterministic), stream)
-        return self._traced(work, f"reduce_scatter {reduction} dim {dim}", src)
+        return self._traced(work, f"reduce_scatter {reduction} dim {dim}", src, source)
 
-    def all_to_all(self, src, dst, split_dim: int, concat_dim: int, stream=None) -> Work:
+    def all_to_all(self, src, dst, split_dim: int, concat_dim: int, stream=None,
+                   source: str | None = None) -> Work:
         """Block j of src along `split_dim` goes to rank j; dst is the blocks
         received, concatenated along `concat_dim` in rank order."""
         _check_dtype(src, dst, "all_to_all")
@@ -145,17 +183,18 @@ class Communicator(ABC):
             raise CommError(f"all_to_all: src {ss} split along dim {split_dim} over {n} ranks "
                             f"and concatenated along dim {concat_dim} cannot give dst {ds}")
         work = self._all_to_all(src, dst, split_dim, concat_dim, stream)
-        return self._traced(work, f"all_to_all dims {split_dim}->{concat_dim}", src)
+        return self._traced(work, f"all_to_all dims {split_dim}->{concat_dim}", src, source)
 
-    def broadcast(self, src, dst, root: int = 0, stream=None) -> Work:
+    def broadcast(self, src, dst, root: int = 0, stream=None, source: str | None = None) -> Work:
         """dst = src of rank `root` (src is read on the root only)."""
         _check_dtype(src, dst, "broadcast")
         if tuple(src.shape) != tuple(dst.shape) or not 0 <= root < self.size:
             raise CommError(f"broadcast: src {tuple(src.shape)} and dst {tuple(dst.shape)} must "
                             f"have one shape and root {root} must be a rank of {self.size}")
-        return self._traced(self._broadcast(src, dst, root, stream), f"broadcast root {root}", src)
+        return self._traced(self._broadcast(src, dst, root, stream), f"broadcast root {root}", src,
+                            source)
 
-    def shift(self, src, dst, offset: int = 1, stream=None) -> Work:
+    def shift(self, src, dst, offset: int = 1, stream=None, source: str | None = None) -> Work:
         """Point-to-point ring shift: rank r sends src to rank (r + offset) mod
         size and receives dst from rank (r - offset) mod size (pipeline stages
         hand activations on this way)."""
@@ -163,19 +202,19 @@ class Communicator(ABC):
         if tuple(src.shape) != tuple(dst.shape):
             raise CommError(f"shift: src {tuple(src.shape)} and dst {tuple(dst.shape)} differ")
         return self._traced(self._shift(src, dst, offset % self.size, stream),
-                            f"shift {offset:+d}", src)
+                            f"shift {offset:+d}", src, source)
 
-    def send(self, buf, peer: int, stream=None) -> Work:
+    def send(self, buf, peer: int, stream=None, source: str | None = None) -> Work:
         """Start sending `buf` to rank `peer` of this axis. Sends and
         receives between two ranks pair up in the order they are started
         (the schedule verifier proves the orders agree)."""
         self._check_peer(peer, "send")
-        return self._traced(self._send(buf, peer, stream), f"send to {peer}", buf)
+        return self._traced(self._send(buf, peer, stream), "send", buf, source, peer)
 
-    def recv(self, buf, peer: int, stream=None) -> Work:
+    def recv(self, buf, peer: int, stream=None, source: str | None = None) -> Work:
         """Start receiving into `buf` from rank `peer` of this axis."""
         self._check_peer(peer, "recv")
-        return self._traced(self._recv(buf, peer, stream), f"recv from {peer}", buf)
+        return self._traced(self._recv(buf, peer, stream), "recv", buf, source, peer)
 
     def _check_peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self.size or peer == self.rank:

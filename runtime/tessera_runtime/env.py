@@ -66,6 +66,18 @@ _VARIABLES = [
              "1: tessera-opt prints the Python traceback of a pass that raised (for developers)"),
     Variable("TESSERA_COMM_TRACE", "runtime", "0",
              "1: every rank logs every collective it runs"),
+    Variable("TESSERA_COLLECTIVE_TIMEOUT", "runtime", "600",
+             "seconds a collective or transfer may take to complete before the rank dumps "
+             "its flight recorder (its last collectives) and fails with CollectiveTimeout"),
+    Variable("TESSERA_FLIGHT_RING", "runtime", "64",
+             "how many of its latest collectives and transfers each rank's flight recorder "
+             "keeps"),
+    Variable("TESSERA_FLIGHT_DIR", "runtime", "",
+             "a folder where each rank writes its flight recorder on a timeout, when asked "
+             "(SIGUSR1) and at exit; `tessera launch` sets it and merges the records"),
+    Variable("TESSERA_PROFILE", "frontend", "",
+             "a folder: profile the whole run as dist.profile does and write trace.json and "
+             "summary.txt there (`tessera launch --profile DIR` sets it)"),
     Variable("TESSERA_CUDA_EMULATE", "runtime", "0",
              "1: run GPU bundles on the CPU emulator of the generated CUDA (cuda-emulated engine)"),
     Variable("TESSERA_EMULATE_ARCH", "runtime", "sm_90a",

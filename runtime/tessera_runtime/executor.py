@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from . import profiler
 from .bundle import Instr, ProgramSpec
 
 
@@ -45,12 +46,6 @@ def _fmt(shape, dtype) -> str:
     return f"{list(shape)} {np.dtype(dtype).name}"
 
 
-def _count(profile: dict, key: str, seconds: float) -> None:
-    entry = profile.setdefault(key, [0.0, 0])
-    entry[0] += seconds
-    entry[1] += 1
-
-
 def _roles(ins: Instr) -> dict:
     """The buffers an in-flight transfer reads (`src`) and writes (`dst`)."""
     if ins.op == "send":
@@ -61,11 +56,6 @@ def _roles(ins: Instr) -> dict:
 
 
 class ScheduleExecutor:
-    #: Set to a dict to accumulate [seconds, calls] per launch (key: kernel
-    #: name, or "library:<routine>") and for communication ("collective:start",
-    #: "collective:wait": the time the rank spent starting collectives and
-    #: blocked waiting for them) over every run of every program (bench/).
-    profile: dict | None = None
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan predicts)
     memory: dict | None = None
@@ -356,7 +346,8 @@ class ScheduleExecutor:
         values = {spec.value: eng.from_host(arr)
                   for spec, arr in zip(self.program.inputs, local_inputs)}
         pending: dict = {}
-        profile = ScheduleExecutor.profile
+        rec = profiler.active()
+        timing = _RunTiming(eng, self.program.entry) if rec is not None else None
         # The bytes this rank holds: the inputs (copied in), each allocation
         # until its free; a view keeps its input's allocation alive.
         size = {spec.value: values[spec.value].nbytes for spec in self.program.inputs}
@@ -366,12 +357,13 @@ class ScheduleExecutor:
         try:
             for op, a, b, ins in self._plan():
                 if op == "call":
-                    if profile is None:
+                    if timing is None:
                         a([values[v] for v in b])
                     else:
-                        t0 = time.perf_counter()
+                        stream = eng.stream(ins["stream"])
+                        t0 = eng.timestamp(stream)
                         a([values[v] for v in b])
-                        _count(profile, ins["profile_key"], time.perf_counter() - t0)
+                        timing.launch(ins, t0, eng.timestamp(stream))
                 elif op == "view":
                     values[b[0]] = eng.reshape_view(values[a], b[1])
                     owner = root[b[0]] = root.get(a, a)
@@ -401,29 +393,38 @@ class ScheduleExecutor:
                     values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
                 elif op == "event_wait":
                     eng.wait_event(values[ins["event"]], eng.stream(ins["stream"]))
-                elif op == "collective_start":
-                    t0 = time.perf_counter() if profile is not None else 0.0
-                    pending[ins["result"]] = self._start_collective(ins, values)
-                    if profile is not None:
-                        _count(profile, "collective:start", time.perf_counter() - t0)
-                elif op in ("send", "recv"):
-                    comm = self.comms[ins["axis"]]
-                    move = comm.send if op == "send" else comm.recv
-                    pending[ins["result"]] = move(values[ins["buffer"]], ins["peer"],
-                                                  stream=eng.stream(ins["stream"]))
+                elif op == "collective_start" or op == "send" or op == "recv":
+                    if timing is not None:
+                        stream = eng.stream(ins["stream"])
+                        t0, h0 = eng.timestamp(stream), time.perf_counter()
+                    if op == "collective_start":
+                        work = self._start_collective(ins, values)
+                    else:
+                        comm = self.comms[ins["axis"]]
+                        move = comm.send if op == "send" else comm.recv
+                        work = move(values[ins["buffer"]], ins["peer"],
+                                    stream=eng.stream(ins["stream"]), source=ins.get("loc"))
+                    pending[ins["result"]] = work
+                    if timing is not None:
+                        timing.start(ins, work, t0, eng.timestamp(stream),
+                                     time.perf_counter() - h0)
                 elif op == "collective_wait":
                     work = pending.pop(ins["token"], None)
                     if work is not None:        # later waits (other streams): done
-                        t0 = time.perf_counter() if profile is not None else 0.0
-                        work.wait()
-                        if profile is not None:
-                            _count(profile, "collective:wait", time.perf_counter() - t0)
+                        if timing is None:
+                            work.wait()
+                        else:
+                            t0 = time.perf_counter()
+                            work.wait()
+                            timing.wait(ins, work, t0, time.perf_counter())
                 elif op == "return":
                     # Verified statically; re-checked because returning with
                     # a collective in flight would hand out garbage.
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
                     eng.synchronize()
+                    if timing is not None:
+                        timing.finish(rec)
                     self.memory = {"peak_bytes": peak, "end_bytes": live}
                     return [eng.to_host(values[v], spec.dtype)
                             for v, spec in zip(ins["values"], self.program.outputs)]
@@ -436,15 +437,73 @@ class ScheduleExecutor:
         comm = self.comms[ins["axis"]]
         dst = values[ins["dst"]]
         src = values[ins["src"]] if self._reads_src(ins) else dst
-        stream = self.engine.stream(ins["stream"])
+        where = {"stream": self.engine.stream(ins["stream"]), "source": ins.get("loc")}
         kind = ins["collective"]
         if kind == "all_reduce":
-            return comm.all_reduce(src, dst, ins["reduction"], ins["deterministic"], stream=stream)
+            return comm.all_reduce(src, dst, ins["reduction"], ins["deterministic"], **where)
         if kind == "all_gather":
-            return comm.all_gather(src, dst, ins["dim"], stream=stream)
+            return comm.all_gather(src, dst, ins["dim"], **where)
         if kind == "all_to_all":
-            return comm.all_to_all(src, dst, ins["dim"], ins["concat_dim"], stream=stream)
+            return comm.all_to_all(src, dst, ins["dim"], ins["concat_dim"], **where)
         if kind == "broadcast":
-            return comm.broadcast(src, dst, ins["root"], stream=stream)
+            return comm.broadcast(src, dst, ins["root"], **where)
         return comm.reduce_scatter(src, dst, ins["dim"], ins["reduction"],
-                                   ins["deterministic"], stream=stream)
+                                   ins["deterministic"], **where)
+
+
+class _RunTiming:
+    """One profiled run's timestamps, turned into the recorder's slices once
+    the run has synchronized (a GPU engine's stamps are events until then)."""
+
+    def __init__(self, engine, entry: str):
+        self.engine, self.entry = engine, entry
+        engine.begin_timestamps()
+        self.t_run = time.perf_counter()
+        self.launches: list = []        # (ins, stamp, stamp)
+        self.transfers: dict = {}       # token -> (ins, work, stamp, stamp, start seconds)
+        self.done: list = []            # (ins, work, stamp, stamp, start s, wait ins, t0, t1)
+
+    def launch(self, ins: Instr, t0, t1) -> None:
+        self.launches.append((ins, t0, t1))
+
+    def start(self, ins: Instr, work, t0, t1, host_seconds: float) -> None:
+        self.transfers[ins["result"]] = (ins, work, t0, t1, host_seconds)
+
+    def wait(self, ins: Instr, work, t0: float, t1: float) -> None:
+        self.done.append(self.transfers.pop(ins["token"]) + (ins, t0, t1))
+
+    def finish(self, rec: profiler.Recorder) -> None:
+        resolve = self.engine.resolve_timestamps
+        stamps = resolve([t for _, t0, t1 in self.launches for t in (t0, t1)] +
+                         [t for d in self.done for t in (d[2], d[3])])
+        k = 0
+        for ins, _, _ in self.launches:
+            name = ins.get("library") or ins["kernel"]
+            rec.add(ins["stream"], name, "compute", stamps[k], stamps[k + 1],
+                    {"op": name, "key": ins["profile_key"], "source": ins.get("loc"),
+                     "schedule_op": f"tsched.launch @{ins['kernel']}, instructions[{ins.index}]"})
+            k += 2
+        for ins, work, _, _, host_seconds, wait_ins, w0, w1 in self.done:
+            t0, t1 = stamps[k], stamps[k + 1]
+            k += 2
+            entry = getattr(work, "entry", None)
+            p2p = ins.op in ("send", "recv")
+            kind = ins.op if p2p else ins["collective"]
+            args = {"op": kind, "axis": ins["axis"], "source": ins.get("loc"),
+                    "schedule_op": f"tsched.{ins.op}, instructions[{ins.index}]",
+                    "start_seconds": host_seconds, "wait_seconds": w1 - w0}
+            if entry is not None:
+                args.update(bytes=entry.nbytes, seq=entry.seq)
+            if p2p:
+                args["peer"] = ins["peer"]
+            # A host communicator (MPI) completes in the wait; a device one
+            # (NCCL) between the stamps around its start on its stream.
+            end = t1 if getattr(work, "on_device", False) else w1
+            rec.add(ins["stream"], f"{kind} {ins['axis']}", "p2p" if p2p else "comm", t0,
+                    max(end, t0), args)
+            if not getattr(work, "on_device", False):
+                rec.add(wait_ins["stream"], f"wait {kind} {ins['axis']}", "wait", w0, w1,
+                        {"op": kind, "axis": ins["axis"], "source": ins.get("loc"),
+                         "schedule_op": f"tsched.collective_wait, instructions[{wait_ins.index}]"})
+        rec.add("host", self.entry, "run", self.t_run, time.perf_counter(),
+                {"schedule_op": f"func.func @{self.entry}"})

@@ -238,5 +238,5 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
                             f"{coords[i]}/{mesh_info.shape[i]}")
         out[axis] = MPICommunicator(sub)
     for axis, comm_ in out.items():
-        comm_.label, comm_.world_rank = axis, rank
+        comm_.name_group(axis, rank, mesh_info.axis_group(axis, rank))
     return out

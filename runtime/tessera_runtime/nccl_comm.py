@@ -208,7 +208,7 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
         unique = _unique_id_from(raw.tobytes())
         out[axis] = NCCLCommunicator(nccl.NcclCommunicator(sub.Get_size(), unique, sub.Get_rank()),
                                      sub.Get_size(), sub.Get_rank())
-        out[axis].label, out[axis].world_rank = axis, rank
+        out[axis].name_group(axis, rank, mesh_info.axis_group(axis, rank))
     return out
 
 

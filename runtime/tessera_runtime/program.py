@@ -77,7 +77,10 @@ def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = Fa
                             f"rank {rank} of a {size}-process job without MPI; run the "
                             f"program with `mpiexec -n {mesh.num_devices}`")
         rank = mesh.devices[0]   # the one process plays the one device
-        return rank, {axis: SelfCommunicator() for axis in mesh.axes}
+        comms = {axis: SelfCommunicator() for axis in mesh.axes}
+        for axis, comm in comms.items():
+            comm.name_group(axis, rank, [rank])
+        return rank, comms
     from . import mpi_comm                     # lazy: initializes MPI
     comm = mpi_comm.MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

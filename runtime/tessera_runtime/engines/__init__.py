@@ -8,6 +8,7 @@ beyond `.shape` and `.dtype`.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 
@@ -107,6 +108,19 @@ class Engine(ABC):
 
     def synchronize(self) -> None:
         """Block until all enqueued work has finished."""
+
+    # -- profiling (profiler.py): a stamp before and after each launch ------------------
+    def begin_timestamps(self) -> None:
+        """A profiled run starts (a GPU engine anchors its event clock here)."""
+
+    def timestamp(self, stream):
+        """A point in `stream`: on a host engine, where launches are
+        synchronous, the host clock now (time.perf_counter)."""
+        return time.perf_counter()
+
+    def resolve_timestamps(self, stamps) -> list[float]:
+        """`stamps` as perf_counter seconds (called after synchronize)."""
+        return stamps
 
 
 ENGINES = ("cpu", "cuda", "cuda-emulated")

@@ -33,6 +33,8 @@ nvshmem4py 0.4 API; not yet run on a GPU.)
 
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 
 import numpy as np
@@ -268,3 +270,22 @@ class CUDAEngine(Engine):
     def synchronize(self) -> None:
         for s in self._streams.values():
             s.synchronize()
+
+    # -- profiling: CUDA events, placed on the host clock after the run ----------------
+    def begin_timestamps(self) -> None:
+        # An origin event recorded on an idle device, at a known host time:
+        # every later event's elapsed time from it is a host time.
+        self.synchronize()
+        origin = self.cp.cuda.Event()
+        origin.record(self.cp.cuda.Stream.null)
+        origin.synchronize()
+        self._origin = (origin, time.perf_counter())
+
+    def timestamp(self, stream):
+        event = self.cp.cuda.Event()
+        event.record(stream)
+        return event
+
+    def resolve_timestamps(self, stamps) -> list[float]:
+        origin, host = self._origin
+        return [host + self.cp.cuda.get_elapsed_time(origin, e) * 1e-3 for e in stamps]

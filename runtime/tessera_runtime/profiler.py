@@ -1,0 +1,71 @@
+"""What one rank did, as timestamped slices (read by `dist.profile` and the benchmarks).
+
+While a `Recorder` is active (`start()` .. `stop()`), the executor adds a
+slice for every kernel launch and library call (category `compute`), every
+collective from its start to its completion (`comm`) and every point-to-point
+transfer (`p2p`), each on the program stream it ran on, plus every blocking
+wait (`wait`, on the stream that waited) and every program run (`run`, on the
+`host` thread). Slices hold seconds on this process' `time.perf_counter`
+clock: host engines stamp them directly, the CUDA engine with CUDA events
+resolved once the run has synchronized (`Engine.timestamp`).
+
+Off, which is the default, the executor checks `active()` once per run and
+runs the same loop as without profiling.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class Recorder:
+    """The slices of one process between `start()` and `stop()`."""
+
+    def __init__(self):
+        self.t_start = time.perf_counter()
+        self.t_stop: float | None = None
+        #: (stream, name, category, t0, t1, args)
+        self.slices: list[tuple] = []
+
+    def add(self, stream: str, name: str, category: str, t0: float, t1: float,
+            args: dict) -> None:
+        self.slices.append((stream, name, category, t0, t1, args))
+
+    def totals(self) -> dict:
+        """{key: [seconds, calls]}: per kernel (its name), library routine
+        (`library:<routine>`), and the host time spent starting and waiting
+        for collectives (`collective:start`, `collective:wait`)."""
+        out: dict = {}
+        for _, _, cat, t0, t1, args in self.slices:
+            key = {"compute": args.get("key"), "wait": "collective:wait"}.get(cat)
+            if cat in ("comm", "p2p"):
+                key = "collective:start"
+                t1 = t0 + args.get("start_seconds", 0.0)
+            if key is not None:
+                entry = out.setdefault(key, [0.0, 0])
+                entry[0] += t1 - t0
+                entry[1] += 1
+        return out
+
+
+_active: Recorder | None = None
+
+
+def active() -> Recorder | None:
+    return _active
+
+
+def start() -> Recorder:
+    """Start recording this process' slices (replacing any active recorder)."""
+    global _active
+    _active = Recorder()
+    return _active
+
+
+def stop() -> Recorder | None:
+    """Stop recording; returns the recorder that was active."""
+    global _active
+    rec, _active = _active, None
+    if rec is not None:
+        rec.t_stop = time.perf_counter()
+    return rec

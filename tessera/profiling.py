@@ -1,0 +1,297 @@
+"""`dist.profile()`: where a distributed step's time goes, on every rank.
+
+    with dist.profile("step.json") as prof:       # every rank enters and leaves together
+        for _ in range(5):
+            loss = step(params, batch)
+    print(prof.table)                               # rank 0 also prints it on exit
+
+Inside the block the runtime records every kernel launch, library call,
+collective (start to completion, bytes, axis), transfer and blocking wait, per
+rank and per stream (`tessera_runtime.profiler`). On exit every rank's record
+is gathered and
+
+- `prof.ranks` holds each rank's balance, `prof.table` prints it: compute;
+  communication exposed (the host blocked on it) split into *waiting* for the
+  group's last rank to arrive and the *transfer* itself; communication hidden
+  under compute; runtime overhead (the executor's own work between launches);
+  idle (time outside Tessera: the user's Python, data loading); each as ms per
+  step and share of the step, and the share of communication overlapped;
+- rank 0 writes one Chrome / Perfetto trace (`traceEvents`): a process per
+  rank, a thread per stream (`host` holds program runs and the gaps between
+  them), `X` slices whose `args` name the op, axis, bytes, the Schedule IR
+  instruction and the user's Python line. Clocks are aligned across ranks by
+  offsets measured when the block starts (the minimum-round-trip ping-pong of
+  NTP against rank 0), so a collective lines up across processes.
+
+`tessera launch --profile DIR script.py` profiles a whole run the same way
+(TESSERA_PROFILE=DIR) and writes DIR/trace.json and DIR/summary.txt.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import tessera_runtime
+from tessera_runtime import env, flight, profiler
+
+__all__ = ["profile"]
+
+_PINGS = 8
+
+
+def _clock_offsets(comm) -> list[float]:
+    """offsets[r] = rank r's perf_counter minus rank 0's at the same instant,
+    from the ping-pong with the smallest round trip (its error is at most
+    half that round trip)."""
+    import time
+    rank, size = comm.Get_rank(), comm.Get_size()
+    offsets = np.zeros(size)
+    stamp = np.zeros(1)
+    for peer in range(1, size):
+        if rank == 0:
+            best = np.inf
+            for _ in range(_PINGS):
+                t0 = time.perf_counter()
+                comm.Send(np.array([t0]), dest=peer, tag=7101)
+                comm.Recv(stamp, source=peer, tag=7102)
+                t1 = time.perf_counter()
+                if t1 - t0 < best:
+                    best, offsets[peer] = t1 - t0, stamp[0] - (t0 + t1) / 2
+        elif rank == peer:
+            for _ in range(_PINGS):
+                comm.Recv(stamp, source=0, tag=7101)
+                comm.Send(np.array([time.perf_counter()]), dest=0, tag=7102)
+    comm.Bcast(offsets, root=0)
+    return offsets.tolist()
+
+
+class profile:
+    """Profile the ranks' work inside the `with` block (see the module docs).
+
+    trace:  where rank 0 writes the Perfetto trace JSON (None: no file)
+    steps:  how many steps the block runs, for the per-step columns (default:
+            the number of runs of the program that ran most often)
+    show:   rank 0 prints the table on exit
+    """
+
+    def __init__(self, trace: str | Path | None = "tessera_trace.json", steps: int | None = None,
+                 show: bool = True):
+        self.trace_path = Path(trace) if trace is not None else None
+        self.steps, self.show = steps, show
+        self.ranks: list[dict] = []
+        self.table = ""
+        self._comm = None
+
+    def __enter__(self) -> "profile":
+        rank, size = tessera_runtime.world()
+        self.rank = rank
+        if size > 1:
+            from ._mpi import world_comm
+            self._comm = world_comm()
+            self._offsets = _clock_offsets(self._comm)
+        else:
+            self._offsets = [0.0]
+        self._recorder = profiler.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        rec = profiler.stop()
+        mine = json.dumps({"rank": self.rank, "t_start": rec.t_start, "t_stop": rec.t_stop,
+                           "groups": flight.RECORDER.groups,
+                           "slices": [list(s) for s in rec.slices]})
+        if self._comm is not None:
+            from ._mpi import allgather_text
+            records = [json.loads(t) for t in allgather_text(self._comm, mine)]
+        else:
+            records = [json.loads(mine)]
+        for r in records:
+            shift = self._offsets[r["rank"]]       # onto rank 0's clock
+            r["t_start"] -= shift
+            r["t_stop"] -= shift
+            for s in r["slices"]:
+                s[3] -= shift
+                s[4] -= shift
+        self.ranks = balance(records, self.steps)
+        self.table = _table(self.ranks)
+        if self.rank == 0:
+            if self.trace_path is not None:
+                self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+                self.trace_path.write_text(json.dumps(perfetto_trace(records, self._offsets)))
+                self.table += f"\ntrace (open in ui.perfetto.dev): {self.trace_path}"
+            if self.show:
+                print(self.table, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Intervals
+# ---------------------------------------------------------------------------
+
+def _union(spans) -> list[tuple[float, float]]:
+    out: list = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersect(xs, ys) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The balance table
+# ---------------------------------------------------------------------------
+
+_COLUMNS = (("compute", "compute"), ("transfer", "comm exposed"), ("waiting", "waiting"),
+            ("overhead", "runtime"), ("idle", "outside runs"))
+
+
+def balance(records: list[dict], steps: int | None) -> list[dict]:
+    """Each rank's time in seconds by kind (the columns add up to the window)."""
+    # When each rank started each collective of each group: who arrived last.
+    arrivals: dict = {}
+    for r in records:
+        for stream, name, cat, t0, t1, args in r["slices"]:
+            if cat == "comm" and "seq" in args:
+                key = (args["axis"], tuple(r["groups"].get(args["axis"], [r["rank"]])),
+                       args["seq"])
+                arrivals[key] = max(arrivals.get(key, t0), t0)
+    runs = Counter(name for r in records if r["rank"] == records[0]["rank"]
+                   for _, name, cat, *_ in r["slices"] if cat == "run")
+    n_steps = steps or (max(runs.values()) if runs else 1)
+    out = []
+    for r in sorted(records, key=lambda r: r["rank"]):
+        by = {"compute": [], "comm": [], "run": []}
+        waiting = 0.0
+        for stream, name, cat, t0, t1, args in r["slices"]:
+            if cat in ("compute", "run"):
+                by[cat].append((t0, t1))
+            elif cat in ("comm", "p2p"):
+                by["comm"].append((t0, t1))
+                if "seq" in args and cat == "comm":
+                    key = (args["axis"], tuple(r["groups"].get(args["axis"], [r["rank"]])),
+                           args["seq"])
+                    waiting += min(max(0.0, arrivals[key] - t0), args.get("wait_seconds", 0.0))
+        compute, comm, run = (_union(by[k]) for k in ("compute", "comm", "run"))
+        busy = _union(compute + comm)
+        window = r["t_stop"] - r["t_start"]
+        hidden = _length(_intersect(comm, compute))
+        exposed = _length(busy) - _length(compute)
+        waiting = min(waiting, exposed)
+        total_comm = _length(comm)
+        out.append({
+            "rank": r["rank"], "steps": n_steps, "window": window,
+            "compute": _length(compute), "transfer": exposed - waiting, "waiting": waiting,
+            "hidden": hidden,
+            "overhead": max(0.0, _length(run) - _length(_intersect(busy, run))),
+            "idle": max(0.0, window - _length(_union(busy + run))),
+            "overlap": hidden / total_comm if total_comm else None,
+        })
+    return out
+
+
+def _table(ranks: list[dict]) -> str:
+    if not ranks:
+        return ""
+    steps = ranks[0]["steps"]
+    head = f"[tessera profile] {len(ranks)} rank{'s' * (len(ranks) > 1)}, {steps} step" \
+           f"{'s' * (steps > 1)}: ms per step (share of the step)"
+    cols = [label for _, label in _COLUMNS] + ["step", "comm hidden", "overlapped"]
+    lines = [head, "rank" + "".join(f"{c:>15}" for c in cols)]
+    for r in ranks:
+        share = (lambda s: s / r["window"] * 100) if r["window"] else (lambda s: 0.0)
+        cells = [f"{r[k] / steps * 1e3:.2f} ({share(r[k]):.0f}%)" for k, _ in _COLUMNS]
+        cells.append(f"{r['window'] / steps * 1e3:.2f}")
+        cells.append(f"{r['hidden'] / steps * 1e3:.2f}")
+        cells.append("-" if r["overlap"] is None else f"{r['overlap'] * 100:.0f}%")
+        lines.append(f"{r['rank']:<4}" + "".join(f"{c:>15}" for c in cells))
+    lines.append("comm exposed: blocked on a collective or transfer once its whole group was in "
+                 "it; waiting: blocked until the group's last rank arrived; runtime: the "
+                 "executor between launches; outside runs: Python, compiling, data; comm "
+                 "hidden: in flight under compute (not in the step's sum)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# The Perfetto trace
+# ---------------------------------------------------------------------------
+
+def perfetto_trace(records: list[dict], offsets: list[float]) -> dict:
+    origin = min(r["t_start"] for r in records)
+    events = []
+
+    def us(t: float) -> float:
+        return round((t - origin) * 1e6, 3)
+
+    for r in sorted(records, key=lambda r: r["rank"]):
+        pid = r["rank"]
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                       "args": {"name": f"rank {pid}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                       "args": {"sort_index": pid}})
+        streams = ["host"] + sorted({s[0] for s in r["slices"]} - {"host"})
+        for tid, stream in enumerate(streams):
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                           "args": {"name": stream}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid}})
+        tids = {s: i for i, s in enumerate(streams)}
+        runs = []
+        for stream, name, cat, t0, t1, args in r["slices"]:
+            if cat == "run":
+                runs.append((t0, t1))
+            shown = {k: v for k, v in args.items() if v is not None and k != "key"}
+            events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tids[stream],
+                           "ts": us(t0), "dur": round(max(t1 - t0, 0.0) * 1e6, 3),
+                           "args": shown})
+        # The host gaps: time between runs inside the profiled block.
+        edge = r["t_start"]
+        for a, b in _union(runs) + [(r["t_stop"], r["t_stop"])]:
+            if a > edge:
+                events.append({"ph": "X", "name": "outside Tessera", "cat": "idle", "pid": pid,
+                               "tid": 0, "ts": us(edge), "dur": round((a - edge) * 1e6, 3),
+                               "args": {"what": "host gap: the user's Python between runs"}})
+            edge = max(edge, b)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": "tessera dist.profile",
+                          "clock_offsets_s": {str(r): o for r, o in enumerate(offsets)}}}
+
+
+# ---------------------------------------------------------------------------
+# `tessera launch --profile DIR`
+# ---------------------------------------------------------------------------
+
+def profile_from_env() -> None:
+    """With TESSERA_PROFILE=DIR, profile the whole process (called once when
+    tessera is imported): DIR/trace.json and DIR/summary.txt at exit."""
+    folder = env.get("TESSERA_PROFILE")
+    if not folder:
+        return
+    prof = profile(Path(folder) / "trace.json")
+    prof.__enter__()
+
+    def finish():
+        prof.__exit__(None, None, None)
+        if prof.rank == 0:
+            (Path(folder) / "summary.txt").write_text(prof.table + "\n")
+    atexit.register(finish)

@@ -1,0 +1,110 @@
+"""Seeing what a distributed step does (issue 29): `tessera launch --profile`
+and `dist.profile` (one Perfetto trace for all ranks, a balance per rank),
+and the flight recorder that names the rank a hang waits for."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tessera.profiling import balance, perfetto_trace
+from tessera_runtime.flight import diagnose
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def _slice(stream, cat, t0, t1, **args):
+    return [stream, f"{cat} slice", cat, t0, t1, args]
+
+
+def test_balance_splits_each_rank_s_window_into_its_parts():
+    # Rank 0 starts tp all_reduce #1 at 2.0, rank 1 only at 3.0: rank 0 waits
+    # 1.0 of its 1.5 blocked seconds for rank 1, the remaining 0.5 is transfer.
+    group = {"tp": [0, 1]}
+    r0 = {"rank": 0, "t_start": 0.0, "t_stop": 10.0, "groups": group, "slices": [
+        _slice("host", "run", 1.0, 6.0),
+        _slice("compute", "compute", 1.0, 2.0, key="k"),
+        _slice("comm", "comm", 2.0, 4.0, axis="tp", seq=1, wait_seconds=1.5),
+        _slice("compute", "compute", 2.0, 2.5, key="k"),        # hidden under the collective
+        _slice("compute", "compute", 4.0, 5.0, key="k")]}
+    r1 = {"rank": 1, "t_start": 0.0, "t_stop": 10.0, "groups": group, "slices": [
+        _slice("host", "run", 3.0, 4.0),
+        _slice("comm", "comm", 3.0, 4.0, axis="tp", seq=1, wait_seconds=1.0)]}
+    b0, b1 = balance([r0, r1], steps=None)
+    assert b0["steps"] == 1 and b0["window"] == 10.0
+    assert b0["compute"] == pytest.approx(2.5) and b0["hidden"] == pytest.approx(0.5)
+    assert b0["waiting"] == pytest.approx(1.0) and b0["transfer"] == pytest.approx(0.5)
+    assert b0["overhead"] == pytest.approx(1.0)               # run 5.0 - busy 4.0
+    assert b0["idle"] == pytest.approx(5.0)
+    assert b0["overlap"] == pytest.approx(0.25)               # 0.5 of the 2.0 in flight
+    assert b1["waiting"] == 0.0 and b1["transfer"] == pytest.approx(1.0)
+    for b in (b0, b1):
+        assert b["compute"] + b["transfer"] + b["waiting"] + b["overhead"] + b["idle"] == \
+            pytest.approx(b["window"])
+    trace = perfetto_trace([r0, r1], [0.0, 0.0])
+    gaps = [e for e in trace["traceEvents"] if e.get("cat") == "idle" and e["pid"] == 1]
+    assert [(g["ts"], g["dur"]) for g in gaps] == [(0.0, 3e6), (4e6, 6e6)]
+
+
+def test_launch_profile_writes_one_perfetto_trace_of_every_rank_and_stream(tessera_launch,
+                                                                            tmp_path):
+    out = tmp_path / "prof"
+    proc = tessera_launch("-n", 2, "--profile", out, "examples/tp_mlp.py")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "[tessera profile] 2 ranks" in proc.stdout
+    summary = (out / "summary.txt").read_text()
+    assert re.search(r"^0 .*%.*\n1 .*%", summary, re.M), summary
+    trace = json.loads((out / "trace.json").read_text())
+    assert set(trace["otherData"]["clock_offsets_s"]) == {"0", "1"}
+    events = trace["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X"}
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert threads == {(p, s) for p in (0, 1) for s in ("host", "compute", "comm")}
+    tids = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    for e in (e for e in events if e["ph"] == "X"):
+        assert (e["pid"], e["tid"]) in tids and e["ts"] >= 0 and e["dur"] >= 0, e
+        assert isinstance(e["name"], str) and isinstance(e["args"], dict), e
+    comm = [e for e in events if e.get("cat") == "comm"]
+    assert len(comm) == 2                       # the one all_reduce, on each rank
+    for e in comm:
+        assert e["args"]["op"] == "all_reduce" and e["args"]["axis"] == "tp"
+        assert e["args"]["bytes"] == 64 * 128 * 4
+        assert re.fullmatch(r".*examples/tp_mlp\.py:\d+", e["args"]["source"])
+        assert e["args"]["schedule_op"].startswith("tsched.collective_start")
+    launches = [e for e in events if e.get("cat") == "compute"]
+    assert {e["pid"] for e in launches} == {0, 1}
+    assert all(e["args"]["schedule_op"].startswith("tsched.launch @") for e in launches)
+
+
+def test_a_skipped_collective_is_named_by_the_flight_recorder_within_the_timeout(
+        tessera_launch):
+    t0 = time.monotonic()
+    proc = tessera_launch("-n", 3, WORKERS / "skip_collective_worker.py",
+                          env={"TESSERA_COLLECTIVE_TIMEOUT": "2"}, timeout=90)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    where = r"\(skip_collective_worker\.py:\d+\)"
+    assert re.search(rf"\[tessera\] tp all_reduce #3 {where}: ranks 0,2 waiting, rank 1 never "
+                     rf"started it; rank 1 last completed tp all_reduce #2 {where}",
+                     proc.stderr), proc.stderr[-3000:]
+    assert "CollectiveTimeout" in proc.stderr
+    assert took < 60
+
+
+def test_diagnose_names_a_rank_in_another_collective_and_a_silent_one():
+    def entry(seq, op, state, nbytes=64):
+        return {"seq": seq, "op": op, "axis": "dp", "nbytes": nbytes, "state": state,
+                "source": "/x/train.py:7", "peer": None}
+    group = {"dp": [0, 1, 2]}
+    dumps = {0: {"rank": 0, "reason": "timeout", "groups": group,
+                 "entries": [entry(4, "all_reduce", "completed"),
+                             entry(5, "all_reduce", "timed out")]},
+             1: {"rank": 1, "reason": "asked by the launcher", "groups": group,
+                 "entries": [entry(5, "all_gather", "started", 128)]}}
+    (line,) = diagnose(dumps, 3)
+    assert line == ("dp all_reduce #5 (train.py:7): rank 0 waiting, rank 1 is in all_gather "
+                    "of 128 B under that number instead, rank 2 left no flight record")
