@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -47,7 +48,6 @@ def _clock_offsets(comm) -> list[float]:
     """offsets[r] = rank r's perf_counter minus rank 0's at the same instant,
     from the ping-pong with the smallest round trip (its error is at most
     half that round trip)."""
-    import time
     rank, size = comm.Get_rank(), comm.Get_size()
     offsets = np.zeros(size)
     stamp = np.zeros(1)
@@ -98,8 +98,12 @@ class profile:
         self._recorder = profiler.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, value, tb) -> None:
         rec = profiler.stop()
+        if kind is not None:
+            # The block raised on this rank: gathering now would wait for ranks
+            # that may never get here (the error aborts the job instead).
+            return
         mine = json.dumps({"rank": self.rank, "t_start": rec.t_start, "t_stop": rec.t_stop,
                            "groups": flight.RECORDER.groups,
                            "slices": [list(s) for s in rec.slices]})
