@@ -127,10 +127,9 @@ class _HangWatch:
             time.sleep(0.05)
             dumps = flight.read_dumps(self.directory)
         (self.directory / "collected").touch()
-        seconds = next(float(d["timeout"]) for d in dumps.values() if "timeout" in d) \
-            if any("timeout" in d for d in dumps.values()) else None
-        after = f" (no progress in {seconds:g} s, TESSERA_COLLECTIVE_TIMEOUT)" if seconds else ""
-        _say(f"a collective did not complete{after}; the ranks' flight recorders say:")
+        seconds = next(d["timeout"] for d in dumps.values() if d["reason"].startswith("timeout"))
+        _say(f"a collective did not complete (no progress in {seconds:g} s, "
+             "TESSERA_COLLECTIVE_TIMEOUT); the ranks' flight recorders say:")
         for line in flight.diagnose(dumps, self.n):
             _say(line)
         return True

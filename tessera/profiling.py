@@ -172,13 +172,16 @@ _COLUMNS = (("compute", "compute"), ("transfer", "comm exposed"), ("waiting", "w
 
 def balance(records: list[dict], steps: int | None) -> list[dict]:
     """Each rank's time in seconds by kind (the columns add up to the window)."""
-    # When each rank started each collective of each group: who arrived last.
+    def collective(r: dict, args: dict) -> tuple:
+        """One collective across its group: (axis, group's ranks, number)."""
+        return args["axis"], tuple(r["groups"].get(args["axis"], [r["rank"]])), args["seq"]
+
+    # When the last rank of each group started each of its collectives.
     arrivals: dict = {}
     for r in records:
         for stream, name, cat, t0, t1, args in r["slices"]:
             if cat == "comm" and "seq" in args:
-                key = (args["axis"], tuple(r["groups"].get(args["axis"], [r["rank"]])),
-                       args["seq"])
+                key = collective(r, args)
                 arrivals[key] = max(arrivals.get(key, t0), t0)
     runs = Counter(name for r in records if r["rank"] == records[0]["rank"]
                    for _, name, cat, *_ in r["slices"] if cat == "run")
@@ -193,9 +196,8 @@ def balance(records: list[dict], steps: int | None) -> list[dict]:
             elif cat in ("comm", "p2p"):
                 by["comm"].append((t0, t1))
                 if "seq" in args and cat == "comm":
-                    key = (args["axis"], tuple(r["groups"].get(args["axis"], [r["rank"]])),
-                           args["seq"])
-                    waiting += min(max(0.0, arrivals[key] - t0), args.get("wait_seconds", 0.0))
+                    late = arrivals[collective(r, args)] - t0
+                    waiting += min(max(0.0, late), args.get("wait_seconds", 0.0))
         compute, comm, run = (_union(by[k]) for k in ("compute", "comm", "run"))
         busy = _union(compute + comm)
         window = r["t_stop"] - r["t_start"]

@@ -45,10 +45,6 @@ class Work(ABC):
         """Block until the collective has completed and `dst` holds the result.
         Calling it again is a no-op."""
 
-    #: True where `wait` only orders a device stream after the collective
-    #: (NCCL): its completion is not observed on the host
-    on_device = False
-
 
 class CompletedWork(Work):
     """A collective that finished when it was started (e.g. size-1 axis)."""
@@ -70,9 +66,6 @@ class RecordedWork(Work):
     def __init__(self, work: Work, entry: flight.Entry, trace: str | None):
         self._work, self.entry, self._trace = work, entry, trace
         self._t0 = time.perf_counter()
-        self.on_device = work.on_device
-        if work.on_device:
-            entry.state = "scheduled"
 
     def wait(self) -> None:
         if self.entry.state == "completed":

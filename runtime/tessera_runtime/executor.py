@@ -406,8 +406,7 @@ class ScheduleExecutor:
                                     stream=eng.stream(ins["stream"]), source=ins.get("loc"))
                     pending[ins["result"]] = work
                     if timing is not None:
-                        timing.start(ins, work, t0, eng.timestamp(stream),
-                                     time.perf_counter() - h0)
+                        timing.start(ins, work, t0, time.perf_counter() - h0)
                 elif op == "collective_wait":
                     work = pending.pop(ins["token"], None)
                     if work is not None:        # later waits (other streams): done
@@ -459,33 +458,32 @@ class _RunTiming:
         self.engine, self.entry = engine, entry
         engine.begin_timestamps()
         self.t_run = time.perf_counter()
-        self.launches: list = []        # (ins, stamp, stamp)
-        self.transfers: dict = {}       # token -> (ins, work, stamp, stamp, start seconds)
-        self.done: list = []            # (ins, work, stamp, stamp, start s, wait ins, t0, t1)
+        self.launches: list = []        # (ins, stamp before, stamp after)
+        self.started: dict = {}         # token -> (ins, work, stamp at start, host s starting)
+        self.done: list = []            # started + (wait ins, host wait start, host wait end)
 
     def launch(self, ins: Instr, t0, t1) -> None:
         self.launches.append((ins, t0, t1))
 
-    def start(self, ins: Instr, work, t0, t1, host_seconds: float) -> None:
-        self.transfers[ins["result"]] = (ins, work, t0, t1, host_seconds)
+    def start(self, ins: Instr, work, t0, host_seconds: float) -> None:
+        self.started[ins["result"]] = (ins, work, t0, host_seconds)
 
     def wait(self, ins: Instr, work, t0: float, t1: float) -> None:
-        self.done.append(self.transfers.pop(ins["token"]) + (ins, t0, t1))
+        self.done.append(self.started.pop(ins["token"]) + (ins, t0, t1))
 
     def finish(self, rec: profiler.Recorder) -> None:
-        resolve = self.engine.resolve_timestamps
-        stamps = resolve([t for _, t0, t1 in self.launches for t in (t0, t1)] +
-                         [t for d in self.done for t in (d[2], d[3])])
-        k = 0
+        # Every collective and transfer (MPI, and NCCL, whose wait blocks the
+        # host too) completes in its wait: it spans its start stamp to the
+        # wait's end on the host clock.
+        stamps = iter(self.engine.resolve_timestamps(
+            [t for _, t0, t1 in self.launches for t in (t0, t1)] + [d[2] for d in self.done]))
         for ins, _, _ in self.launches:
             name = ins.get("library") or ins["kernel"]
-            rec.add(ins["stream"], name, "compute", stamps[k], stamps[k + 1],
+            rec.add(ins["stream"], name, "compute", next(stamps), next(stamps),
                     {"op": name, "key": ins["profile_key"], "source": ins.get("loc"),
                      "schedule_op": f"tsched.launch @{ins['kernel']}, instructions[{ins.index}]"})
-            k += 2
-        for ins, work, _, _, host_seconds, wait_ins, w0, w1 in self.done:
-            t0, t1 = stamps[k], stamps[k + 1]
-            k += 2
+        for ins, work, _, host_seconds, wait_ins, w0, w1 in self.done:
+            t0 = next(stamps)
             entry = getattr(work, "entry", None)
             p2p = ins.op in ("send", "recv")
             kind = ins.op if p2p else ins["collective"]
@@ -496,14 +494,10 @@ class _RunTiming:
                 args.update(bytes=entry.nbytes, seq=entry.seq)
             if p2p:
                 args["peer"] = ins["peer"]
-            # A host communicator (MPI) completes in the wait; a device one
-            # (NCCL) between the stamps around its start on its stream.
-            end = t1 if getattr(work, "on_device", False) else w1
             rec.add(ins["stream"], f"{kind} {ins['axis']}", "p2p" if p2p else "comm", t0,
-                    max(end, t0), args)
-            if not getattr(work, "on_device", False):
-                rec.add(wait_ins["stream"], f"wait {kind} {ins['axis']}", "wait", w0, w1,
-                        {"op": kind, "axis": ins["axis"], "source": ins.get("loc"),
-                         "schedule_op": f"tsched.collective_wait, instructions[{wait_ins.index}]"})
+                    max(w1, t0), args)
+            rec.add(wait_ins["stream"], f"wait {kind} {ins['axis']}", "wait", w0, w1,
+                    {"op": kind, "axis": ins["axis"], "source": ins.get("loc"),
+                     "schedule_op": f"tsched.collective_wait, instructions[{wait_ins.index}]"})
         rec.add("host", self.entry, "run", self.t_run, time.perf_counter(),
                 {"schedule_op": f"func.func @{self.entry}"})

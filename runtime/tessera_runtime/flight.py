@@ -4,8 +4,7 @@ a hang names the rank it waits for.
 Each communicator numbers its collectives (`seq`, from 1, per mesh axis; the
 ranks of an axis group issue them in the same order, so #17 on one rank is
 #17 on the others) and records each one here: op, axis, bytes, the user's
-Python line, and its state (`started`, `scheduled` on a device stream,
-`completed`, `timed out`). The ring keeps the last TESSERA_FLIGHT_RING.
+Python line, and its state (`started`, `completed`, `timed out`). The ring keeps the last TESSERA_FLIGHT_RING.
 
 A watchdog thread (started with the first communicator; the wait itself
 stays the backend's blocking one, so recording costs nothing measurable)

@@ -6,8 +6,9 @@ collective from its start to its completion (`comm`) and every point-to-point
 transfer (`p2p`), each on the program stream it ran on, plus every blocking
 wait (`wait`, on the stream that waited) and every program run (`run`, on the
 `host` thread). Slices hold seconds on this process' `time.perf_counter`
-clock: host engines stamp them directly, the CUDA engine with CUDA events
-resolved once the run has synchronized (`Engine.timestamp`).
+clock: host engines stamp them directly, the CUDA engine its launches and
+collective starts with CUDA events resolved once the run has synchronized
+(`Engine.timestamp`); a collective ends when its wait returns on the host.
 
 Off, which is the default, the executor checks `active()` once per run and
 runs the same loop as without profiling.
@@ -37,14 +38,17 @@ class Recorder:
         for collectives (`collective:start`, `collective:wait`)."""
         out: dict = {}
         for _, _, cat, t0, t1, args in self.slices:
-            key = {"compute": args.get("key"), "wait": "collective:wait"}.get(cat)
-            if cat in ("comm", "p2p"):
-                key = "collective:start"
-                t1 = t0 + args.get("start_seconds", 0.0)
-            if key is not None:
-                entry = out.setdefault(key, [0.0, 0])
-                entry[0] += t1 - t0
-                entry[1] += 1
+            if cat == "compute":
+                key, seconds = args["key"], t1 - t0
+            elif cat == "wait":
+                key, seconds = "collective:wait", t1 - t0
+            elif cat in ("comm", "p2p"):
+                key, seconds = "collective:start", args["start_seconds"]
+            else:
+                continue
+            entry = out.setdefault(key, [0.0, 0])
+            entry[0] += seconds
+            entry[1] += 1
         return out
 
 
