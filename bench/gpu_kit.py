@@ -450,7 +450,7 @@ def _mpi_env() -> dict:
     """Ranks share the one GPU; only the runtime is importable."""
     env = {**os.environ, "NCCL_MULTI_RANK_GPU_ENABLE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault("TESSERA_NVSHMEM_WAIT_S", "120")   # the emulator's limit on a signal wait
+    env.setdefault("TESSERA_EMULATOR_WAIT_S", "120")   # the emulator's limit on a signal wait
     return env
 
 

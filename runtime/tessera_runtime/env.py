@@ -84,8 +84,9 @@ _VARIABLES = [
              "the architecture the emulator runs kernels as: sm_90a (wgmma branches) or sm_90"),
     Variable("TESSERA_EMULATED_NVSHMEM_HEAP", "runtime", str(256 << 20),
              "bytes of the emulated NVSHMEM symmetric heap per PE"),
-    Variable("TESSERA_NVSHMEM_WAIT_S", "runtime", "120",
-             "seconds an emulated NVSHMEM signal wait spins before the emulator stops the kernel"),
+    Variable("TESSERA_EMULATOR_WAIT_S", "runtime", "120",
+             "seconds an emulated wait (mbarrier, named barrier, NVSHMEM signal) spins before "
+             "the emulator stops the kernel with a message"),
     Variable("TESSERA_CUDA_DEVICE", "runtime", "rank % devices",
              "the GPU this process uses"),
     Variable("CUDA_PATH", "runtime", "",

@@ -170,6 +170,33 @@ def _in_child(run, tmp_path):
     return (np.load(result) if process.exitcode == 0 else None), err.read_text()
 
 
+def test_emulator_gives_up_on_a_wait_nobody_completes(monkeypatch, tmp_path):
+    """A kernel whose mbarrier phase never gets its second arrival would hang
+    a GPU; the emulator stops it after TESSERA_EMULATOR_WAIT_S seconds with
+    a message naming the barrier and what is missing."""
+    source = r"""
+extern "C" __global__ void lonely_wait(float* out) {
+  uint64_t* bar = reinterpret_cast<uint64_t*>(tessera_smem + 64);
+  if (threadIdx.x == 0) tessera_mbarrier_init(bar, 2);
+  __syncthreads();
+  if (threadIdx.x == 0) tessera_mbarrier_arrive(bar);
+  tessera_mbarrier_wait(bar, 0);
+  out[threadIdx.x] = 1.0f;
+}
+"""
+    monkeypatch.setenv("TESSERA_EMULATOR_WAIT_S", "1")
+    out, stderr = _in_child(lambda: _launch_one(source, "lonely_wait", 32), tmp_path)
+    assert out is None
+    assert re.search(r"mbarrier emulation: thread \d+ waited 1 s for phase parity 0 of the "
+                     r"barrier at shared byte 64: 1 arrivals missing", stderr), stderr
+
+
+def _launch_one(source, name, threads):
+    out = np.zeros(threads, np.float32)
+    EmulatedKernels(source).launch(name, [out], (1,), (threads,))
+    return out
+
+
 def test_wgmma_kernel_on_plain_sm90_runs_its_mma_sync_loop(monkeypatch):
     """A wgmma GEMM compiled without sm_90a's features (NVRTC through cupy
     targets plain sm_90) takes its mma.sync branch, which leaves the same
@@ -187,7 +214,10 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
     real kernel is right. Producer warpgroup: it refills without waiting for
     the computing warps to release the slot (the emulator stops: a slot's
     barrier gets a new phase's arrival before its last phase was waited
-    for); TMA from thread 0: copies one
+    for, or, when the other computing threads complete two phases first, a
+    lagging thread waits for a parity that has come round again and the
+    emulator gives up on that wait, as a GPU would hang); TMA from thread 0:
+    copies one
     iteration further ahead; cp.async (the ring without `tma` loads): no lag
     for the group in flight."""
     from tessera_compiler.codegen.cuda import CudaKernelEmitter
@@ -211,9 +241,11 @@ def test_emulator_catches_a_slot_refilled_under_a_wgmma_in_flight(monkeypatch, c
                             lambda self, *a, lag=0, **kw: staged(self, *a, **kw))
     x, w, broken, name, cfg, ref = _wgmma_gemm(monkeypatch, tma=tma, producer=producer)
     assert "tessera_wgmma_wait<1>();" in broken and broken != source
+    monkeypatch.setenv("TESSERA_EMULATOR_WAIT_S", "10")    # the hang is the broken kernel's
     out, stderr = _emulate_in_child(broken, name, cfg, x, w, tmp_path)
     if out is None:
-        assert "mbarrier emulation: more arrivals than the barrier's count" in stderr, stderr
+        assert re.search(r"mbarrier emulation: (more arrivals than the barrier's count|"
+                         r"thread \d+ waited 10 s for phase parity)", stderr), stderr
     else:
         assert not np.isfinite(out).all() or np.abs(out - ref).max() > 1.0
 

@@ -42,7 +42,7 @@ def _seed() -> int:
 def _run(run_mpi, tmp_path, kind, m, k, n, dtype, transport, *extra, ranks=2):
     proc = run_mpi(ranks, WORKERS / "collective_gemm_worker.py", kind, _seed(), m, k, n, dtype,
                    transport, tmp_path, *extra,
-                   env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_NVSHMEM_WAIT_S": "100"}, timeout=400)
+                   env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_EMULATOR_WAIT_S": "100"}, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in range(ranks)]
 

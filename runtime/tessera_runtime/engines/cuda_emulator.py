@@ -77,6 +77,10 @@ struct dim3 { unsigned x = 1, y = 1, z = 1; };
 static thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
 alignas(1024) unsigned char tessera_smem[232448];
+// Seconds a wait (mbarrier, named barrier, NVSHMEM signal) spins before the
+// emulator gives up on it: TESSERA_EMULATOR_WAIT_S, set when the library loads.
+static double tessera_wait_s = 120.0;
+extern "C" void tessera_emulator_wait(double seconds) { tessera_wait_s = seconds; }
 
 using std::exp; using std::tanh; using std::log; using std::sqrt;
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
@@ -98,8 +102,8 @@ inline void __syncwarp(unsigned = 0xffffffffu) { my_warp->bar.arrive_and_wait();
 
 // Named barriers (bar.sync / bar.arrive ID, COUNT; ID 0 is __syncthreads'):
 // a barrier completes when COUNT threads have arrived; bar.sync arrives and
-// waits for that, bar.arrive only arrives. A wait nobody completes (120 s),
-// or arrivals still pending when the block ends, stop the process with a
+// waits for that, bar.arrive only arrives. A wait nobody completes (within
+// tessera_wait_s), or arrivals still pending when the block ends, stop the process with a
 // message.
 struct NamedBarrier { unsigned arrived = 0, count = 0; uint64_t generation = 0; };
 static std::mutex named_lock;
@@ -133,10 +137,11 @@ inline void tessera_named_barrier_arrive(unsigned id, unsigned count) {
 inline void tessera_named_barrier_sync(unsigned id, unsigned count) {
   std::unique_lock<std::mutex> g(named_lock);
   const uint64_t phase = named_arrive_locked(id, count);
-  if (!named_done.wait_for(g, std::chrono::seconds(120),
+  if (!named_done.wait_for(g, std::chrono::duration<double>(tessera_wait_s),
                            [&] { return named_barriers[id].generation != phase; })) {
-    std::fprintf(stderr, "named barrier emulation: thread %u waited 120 s on barrier %u (%u of "
-                 "%u arrivals)\n", threadIdx.x, id, named_barriers[id].arrived, count);
+    std::fprintf(stderr, "named barrier emulation: thread %u waited %.0f s on barrier %u (%u of "
+                 "%u arrivals)\n", threadIdx.x, tessera_wait_s, id, named_barriers[id].arrived,
+                 count);
     std::abort();
   }
 }
@@ -425,7 +430,7 @@ static size_t run_tma(const TmaCopy& copy) {
 // thread first waits on a phase whose arrivals are in and whose copies
 // cover the announced bytes (as late as PTX allows; their destinations
 // read as NaN until then). Copies of more bytes than announced, a barrier
-// used before its init, or a wait nobody satisfies (120 s) stop the
+// used before its init, or a wait nobody satisfies (tessera_wait_s) stop the
 // process with a message instead of hanging as a GPU would.
 struct Mbarrier { int expected = 0, pending = 0; unsigned phase = 0; int64_t tx = 0;
                   std::vector<TmaCopy> copies; };
@@ -513,10 +518,11 @@ inline void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
         b.tx = 0; ++b.phase; b.pending = b.expected;
         return;
       }
-      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(120)) {
-        std::fprintf(stderr, "mbarrier emulation: thread %u waited 120 s for phase parity %u of "
+      if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(tessera_wait_s)) {
+        std::fprintf(stderr, "mbarrier emulation: thread %u waited %.0f s for phase parity %u of "
                      "the barrier at shared byte %u: %d arrivals missing, %lld of %lld bytes "
-                     "issued\n", threadIdx.x, parity, tessera_shared_address(bar), b.pending,
+                     "issued\n", threadIdx.x, tessera_wait_s, parity, tessera_shared_address(bar),
+                     b.pending,
                      (long long)issued, (long long)b.tx);
         std::abort();
       }
@@ -533,7 +539,7 @@ inline void tessera_mbarrier_wait(uint64_t* bar, unsigned parity) {
 # (`SymmetricHeap` in emulated_cuda.py sets it up). A put or a get is a copy
 # by one thread of the block; signals are atomics on the shared mapping; a wait
 # spins, and gives up (aborting the process with a message) after
-# TESSERA_NVSHMEM_WAIT_S seconds (default 120) rather than hang.
+# TESSERA_EMULATOR_WAIT_S seconds (default 120) rather than hang.
 _NVSHMEM_SHIM = r"""
 #include <atomic>
 #include <chrono>
@@ -546,12 +552,10 @@ enum { NVSHMEM_CMP_EQ, NVSHMEM_CMP_NE, NVSHMEM_CMP_GT, NVSHMEM_CMP_GE, NVSHMEM_C
 static unsigned char* tessera_heap_base = nullptr;
 static uint64_t tessera_heap_bytes = 0;
 static int tessera_pe = 0, tessera_npes = 1;
-static double tessera_wait_s = 120.0;
 
-extern "C" void tessera_nvshmem_attach(void* base, uint64_t heap_bytes, int pe, int npes,
-                                       double wait_s) {
+extern "C" void tessera_nvshmem_attach(void* base, uint64_t heap_bytes, int pe, int npes) {
   tessera_heap_base = static_cast<unsigned char*>(base);
-  tessera_heap_bytes = heap_bytes; tessera_pe = pe; tessera_npes = npes; tessera_wait_s = wait_s;
+  tessera_heap_bytes = heap_bytes; tessera_pe = pe; tessera_npes = npes;
 }
 
 static unsigned char* tessera_on_pe(const void* local, int pe) {
@@ -693,6 +697,8 @@ class EmulatedKernels:
                 os.replace(out, target)
         self._lib = ctypes.CDLL(str(target))
         self._tensor_maps: dict = {}
+        self._lib.tessera_emulator_wait.argtypes = [ctypes.c_double]
+        self._lib.tessera_emulator_wait(env.number("TESSERA_EMULATOR_WAIT_S"))
         self._lib.tessera_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                               ctypes.POINTER(ctypes.c_void_p),
                                               ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]
@@ -700,10 +706,9 @@ class EmulatedKernels:
     def attach_symmetric_heap(self, base: int, heap_bytes: int, pe: int, n_pes: int) -> None:
         """Points the NVSHMEM emulation at the job's shared heap mapping
         (address `base`, `heap_bytes` per PE) as PE `pe` of `n_pes`."""
-        wait_s = env.number("TESSERA_NVSHMEM_WAIT_S")
         self._lib.tessera_nvshmem_attach.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
-                                                     ctypes.c_int, ctypes.c_int, ctypes.c_double]
-        self._lib.tessera_nvshmem_attach(base, heap_bytes, pe, n_pes, wait_s)
+                                                     ctypes.c_int, ctypes.c_int]
+        self._lib.tessera_nvshmem_attach(base, heap_bytes, pe, n_pes)
 
     def launch(self, kernel: str, buffers, grid, block, shared_bytes: int = 0,
                tensor_maps=()) -> None:
