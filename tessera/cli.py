@@ -377,6 +377,16 @@ def main(argv=None) -> int:
     trace.add_argument("script")
     trace.add_argument("args", nargs=argparse.REMAINDER)
 
+    calibrate = sub.add_parser(
+        "calibrate", help="measure this host for the cost model (trace.cost())",
+        description="Run the cost model's microbenchmarks as N ranks at once (kernels, BLAS, "
+                    "copies, the executor, collectives over the world and over pairs), print "
+                    "the machine description and cache it, so that `trace.cost(\"cpu\")` "
+                    "predicts steps of N ranks on this host. Takes about a minute.")
+    calibrate.add_argument("-n", "--nprocs", type=int, default=1, help="ranks (default 1)")
+    calibrate.add_argument("--force", action="store_true",
+                           help="measure again even if a calibration is cached")
+
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["_rank"]:                  # internal: one rank of `launch`
@@ -413,6 +423,17 @@ def main(argv=None) -> int:
                 if path.is_file():
                     print(path)
         return code
+    if opts.command == "calibrate":
+        import json
+        from .machine import cache_path, calibrate as measure, machine
+        if opts.nprocs < 1:
+            parser.error("-n must be at least 1")
+        cached = cache_path(opts.nprocs).exists() and not opts.force
+        described = machine("cpu", opts.nprocs) if cached else measure(opts.nprocs)
+        print(json.dumps(described.to_json(), indent=1))
+        print(("cached" if cached else "written") + f": {cache_path(opts.nprocs)}",
+              file=sys.stderr)
+        return 0
     parser.print_help()
     return 2
 

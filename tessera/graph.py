@@ -38,11 +38,33 @@ class Trace:
         largest first: where an expensive reshard (a full gather) comes from."""
         return collective_report(self.name, self.collectives, min_bytes)
 
+    def cost(self, machine="cpu", ranks_per_node: int | None = None):
+        """The cost model's prediction of one call on every rank of the mesh
+        (`tessera_compiler.cost`): `.step_s`, `.ranks[r].parts` (compute,
+        comm exposed / hidden, runtime, call, in seconds), `.table()`.
+        `machine`: "cpu" (this host, calibrated once with as many ranks as
+        the mesh has, or `ranks_per_node`), "h100-node", "h200-node" or a
+        `Machine`."""
+        from tessera_compiler.cost import estimate
+        from .machine import machine as describe
+        ranks = 1
+        mesh = self.levels.module and _mesh_size(self.levels.module)
+        if mesh:
+            ranks = mesh
+        return estimate(self.levels.module, describe(machine, ranks=ranks_per_node or ranks))
+
     def __str__(self) -> str:
         parts = []
         for level, text in self.levels.items():
             parts.append(f"// ===== {self.name}: {level} =====\n{text}")
         return "\n".join(parts)
+
+
+def _mesh_size(module) -> int:
+    from tessera_compiler.ir.sharding import meshes_of
+    import math
+    meshes = meshes_of(module)
+    return math.prod(next(iter(meshes.values())).shape) if meshes else 1
 
 
 def trace(fn, *args, mesh=None, target="cpu", **kwargs) -> Trace:

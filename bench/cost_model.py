@@ -1,0 +1,159 @@
+"""The cost model against measurement: the example GPT's training step on a
+2 x 2 (dp x tp) mesh of 4 CPU ranks, predicted by `trace.cost("cpu")` and
+measured by `dist.profile()` in the same run.
+
+What it does:
+  1. the machine description of this host running 4 ranks (`tessera
+     calibrate -n 4`, measured once and cached; `--recalibrate` measures again);
+  2. `tessera launch -n 4` of a worker that builds the example's step
+     (`examples/train_gpt.py`: Megatron-style tp layout, batch split over dp),
+     warms it up, and profiles `--steps` steps; rank 0 also traces the step
+     and asks the cost model;
+  3. prints, per part of the step (compute, comm exposed = transfer +
+     waiting, runtime = the executor's own work, call = outside the runs), the
+     measured and predicted milliseconds per step and the error, and writes
+     bench/results/cost_model-<date>.md/.json with machine, commit and date.
+
+    .venv/bin/python bench/cost_model.py                 # width 128, depth 2
+    .venv/bin/python bench/cost_model.py --width 256 --depth 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
+    if str(ROOT / _p) not in sys.path:
+        sys.path.insert(0, str(ROOT / _p))
+
+PARTS = (("compute", ("compute",), "compute"),
+         ("comm exposed", ("transfer", "waiting"), "comm_exposed"),
+         ("runtime", ("overhead",), "runtime"),
+         ("call (outside runs)", ("idle",), "call"))
+
+
+def worker(cfg: dict, steps: int, out: Path) -> None:
+    import numpy as np
+    import tessera as ts
+    import tessera_runtime
+    from tessera import dist
+    import train_gpt as ex
+
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(cfg["dp"], cfg["tp"]))
+    params = ex.init_params(cfg["width"], cfg["depth"], cfg["heads"], 2 * cfg["length"], 0)
+    batch = ex.make_batch(np.random.default_rng(0), cfg["batch"], cfg["length"])
+    opt = ts.optim.AdamW(lr=3e-3, betas=(0.9, 0.98), weight_decay=0.01)
+    state = opt.init(params)
+    params, state = ex.distribute(mesh, params, state)
+    scaler = ts.optim.loss_scale_init(1.0)
+    step = ex.make_step(opt, cfg["heads"], "fp32", clip=1.0)
+    micro = [ex.shard_batch(mesh, batch)]
+    for _ in range(3):
+        step(params, state, scaler, micro)                  # compile, warm up
+    with dist.profile(trace=None, steps=steps, show=False) as prof:
+        for _ in range(steps):
+            step(params, state, scaler, micro)
+    if tessera_runtime.world()[0] == 0:
+        cost = ts.graph.trace(step, params, state, scaler, micro).cost("cpu")
+        measured_kinds: dict = {}
+        for key, (seconds, _) in prof._recorder.totals().items():
+            kind = key.split(":", 1)[1] if key.startswith("library:") else \
+                "generated kernels" if ":" not in key else None
+            if kind:
+                measured_kinds[kind] = measured_kinds.get(kind, 0.0) + seconds / steps
+        predicted_kinds: dict = {}
+        for _, what, category, seconds, _ in cost.ranks[0].items:
+            if category == "compute":
+                kind = what.split("[")[1].rstrip("]") if "[" in what else "generated kernels"
+                predicted_kinds[kind] = predicted_kinds.get(kind, 0.0) + seconds
+        out.write_text(json.dumps({
+            "kinds": {k: [measured_kinds.get(k, 0.0), predicted_kinds.get(k, 0.0)]
+                      for k in sorted(set(measured_kinds) | set(predicted_kinds))},
+            "measured": prof.ranks,
+            "predicted": [{"rank": p.rank, "step_s": p.step_s, **p.parts} for p in cost.ranks],
+            "machine": cost.machine.to_json(), "table": cost.table()}))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--length", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--recalibrate", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    cfg = {"width": args.width, "depth": args.depth, "heads": args.heads, "batch": args.batch,
+           "length": args.length, "dp": 2, "tp": 2}
+    if args.worker:
+        worker(cfg, args.steps, Path(args.worker))
+        return 0
+
+    from tessera.machine import calibrate, machine
+    described = calibrate(4) if args.recalibrate else machine("cpu", ranks=4)
+    out = ROOT / "bench" / "results" / ".cost-model.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(ROOT / p) for p in ("build/dev/python_packages", ".", "passes", "runtime", "examples"))
+        + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "tessera", "launch", "--timeout", "900", "-n", "4", __file__,
+           *(argv if argv is not None else sys.argv[1:]), "--worker", str(out)]
+    subprocess.run(cmd, check=True, env=env, cwd=str(ROOT))
+    result = json.loads(out.read_text())
+    out.unlink()
+
+    def mean(rows, keys):
+        return sum(sum(r[k] for k in keys) / r["steps"] for r in rows) / len(rows)
+
+    measured, predicted = result["measured"], result["predicted"]
+    rows = []
+    for label, mkeys, pkey in PARTS:
+        m = mean(measured, mkeys)
+        p = sum(r[pkey] for r in predicted) / len(predicted)
+        rows.append((label, m, p))
+    m_step = sum(r["window"] / r["steps"] for r in measured) / len(measured)
+    p_step = max(r["step_s"] for r in predicted)
+    rows.append(("step", m_step, p_step))
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    date = datetime.date.today().isoformat()
+    head = (f"cost model vs dist.profile: GPT w{args.width} d{args.depth}, batch {args.batch} x "
+            f"{2 * args.length} tokens, dp=2 x tp=2 on 4 CPU ranks, {args.steps} steps\n"
+            f"machine: {platform.node()} ({os.cpu_count()} cores), commit {commit}, {date}\n"
+            f"machine description: {described.source}\n")
+    lines = [head, "| part (per step, mean over ranks) | measured ms | predicted ms | error |",
+             "|---|---:|---:|---:|"]
+    for label, m, p in rows:
+        err = (p - m) / m if m else float("nan")
+        lines.append(f"| {label} | {m * 1e3:.2f} | {p * 1e3:.2f} | {err:+.0%} |")
+    lines += ["", "compute by kind, rank 0:", "",
+              "| kind | measured ms | predicted ms | error |", "|---|---:|---:|---:|"]
+    for kind, (m, p) in result["kinds"].items():
+        err = f"{(p - m) / m:+.0%}" if m else "n/a"
+        lines.append(f"| {kind} | {m * 1e3:.2f} | {p * 1e3:.2f} | {err} |")
+    text = "\n".join(lines)
+    print(text)
+    print("\n" + result["table"])
+    results = ROOT / "bench" / "results"
+    name = f"cost_model-{date}-w{args.width}d{args.depth}"
+    (results / f"{name}.md").write_text(text + "\n\n```\n" + result["table"] + "\n```\n")
+    (results / f"{name}.json").write_text(json.dumps({
+        "config": cfg, "steps": args.steps, "commit": commit, "date": date,
+        "host": platform.node(), "rows": [{"part": label, "measured_s": m, "predicted_s": p}
+                                          for label, m, p in rows],
+        "measured": measured, "predicted": predicted, "machine": result["machine"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

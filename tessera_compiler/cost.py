@@ -1,0 +1,445 @@
+"""The cost model: how long a compiled step takes on each rank of a machine.
+
+A prediction needs only the compiled program (the Schedule IR function as
+`program.json` instructions, and the Tile IR kernels) and a `Machine`:
+
+  kernel        launch_s + max(bytes / memory rate, elementwise ops / vector
+                rate + transcendental ops / their rate + dot FLOPs / GEMM rate),
+                the op counts read from the kernel's Tile IR (ops on tiles,
+                times the grid, times constant loop trip counts)
+  matmul        gemm_call_s + 2 m n k (x batch) / GEMM rate of the dtype
+  other library launch_s + 2 x its output's bytes / copy (or transpose) rate
+  collective    the ring alpha-beta model of the link its group uses: an
+                all_reduce of B bytes over n ranks takes 2(n-1) alpha +
+                2(n-1)/n B beta, all_gather / reduce_scatter / all_to_all
+                (n-1) alpha + (n-1)/n B beta (B: the larger buffer), a
+                send or recv alpha + B beta. A group whose ranks all sit on one
+                node (`ranks_per_node`) uses the `intra` link, else `inter`.
+  instruction   instruction_s of executor work each (allocs, events, ...)
+  call          call_s per call of the compiled function, plus argument_s per
+                argument and result (Python: pytrees, checks, outputs)
+
+`predict` walks one rank's instructions in order with a clock per stream and
+one for the host: a launch runs when its stream is free (the host waits for
+it unless the machine launches asynchronously), an event orders two
+streams, and a collective runs on its stream from its start, hidden under
+compute until the stream that waits for it needs it; on a machine without
+`overlap` (MPI on the CPU progresses only inside MPI calls) it runs at its
+wait instead. With more ranks on a node than it has cores (4 ranks on this
+2-core machine), the ranks take turns: a step lasts at least the ranks' host
+work over the cores, and a rank spends the difference in its collectives
+waiting for ranks that are not running (`dist.profile`'s "waiting"). The
+parts add up to the step: compute, comm exposed, runtime (instructions),
+call; comm hidden is what overlapped.
+
+Machines: `h100-node` and `h200-node` are datasheet descriptions (8 GPUs per
+node on NVLink, InfiniBand between nodes; rates scaled by typical achieved
+efficiency, not measured here); `cpu` is this machine, measured by
+`tessera.machine.calibrate` (cached per host and ranks per node).
+A point-to-point transfer is costed on its own rank only: the time its peer
+makes it wait (a pipeline's bubble) is the pipeline schedule's business
+(`tessera_compiler.ir.pipeline.simulate`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+from tessera_mlir import ir
+
+#: Tile IR ops counted as transcendental (a libm call or a polynomial each)
+TRANSCENDENTAL = frozenset({"ttile.exp", "ttile.log", "ttile.tanh", "ttile.gelu", "ttile.sqrt",
+                            "ttile.rsqrt", "ttile.div"})
+#: Tile IR ops that move data and compute nothing (their bytes are the kernel's)
+_MOVES = frozenset({"ttile.load", "ttile.store", "ttile.return", "ttile.program_id",
+                    "ttile.barrier", "ttile.fill", "ttile.iota"})
+_BYTES = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "float16": 2, "bfloat16": 2,
+          "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link's alpha (seconds per message step) and beta (seconds per byte)."""
+    alpha_s: float
+    beta_s: float
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the cost model knows about a machine (rates per rank)."""
+    name: str
+    #: GEMM FLOP/s by dtype name ("default" for the others)
+    gemm_flops: dict
+    gemm_call_s: float
+    #: generated kernels: bytes/s of loads and stores, elementwise ops/s,
+    #: transcendental ops/s, and the fixed cost of a launch
+    memory_bytes_per_s: float
+    vector_ops_per_s: float
+    transcendental_ops_per_s: float
+    launch_s: float
+    #: library copies (pad, slice, concat, reshape, gather, scatter) and
+    #: transposes: bytes/s read and written
+    copy_bytes_per_s: float
+    transpose_bytes_per_s: float
+    #: the executor's work per instruction, and a compiled function's per call
+    instruction_s: float
+    call_s: float
+    #: ... plus this per argument and result of the call (pytrees, checks)
+    argument_s: float
+    intra: Link
+    inter: Link
+    ranks_per_node: int
+    #: host cores per node that run the ranks' host work: with more ranks
+    #: than cores, the ranks take turns (see `predict`)
+    cores_per_node: int
+    #: collectives progress while the rank computes (NCCL); False: only
+    #: inside the wait (MPI on the CPU)
+    overlap: bool
+    #: the host runs ahead of the streams (GPU); False: a launch returns
+    #: when its work is done (CPU engine)
+    async_launch: bool
+    #: how the numbers were obtained
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Machine":
+        d = dict(d)
+        d["intra"], d["inter"] = Link(**d["intra"]), Link(**d["inter"])
+        return cls(**d)
+
+    def gemm_rate(self, dtype: str) -> float:
+        return self.gemm_flops.get(dtype, self.gemm_flops["default"])
+
+    def link(self, stride: int, n: int) -> Link:
+        """The link of a group of `n` ranks `stride` apart in world order."""
+        return self.intra if stride * (n - 1) < self.ranks_per_node else self.inter
+
+
+def _gpu_node(name: str, hbm_bytes_per_s: float) -> Machine:
+    # H100/H200 SXM datasheet peaks times typical achieved efficiency:
+    # dense bf16 989 TFLOP/s (~70% in large GEMMs), fp32 67 TFLOP/s without
+    # TF32, NVLink 4 450 GB/s per direction (NCCL reaches ~360 GB/s bus
+    # bandwidth), NDR InfiniBand 400 Gb/s per GPU (~45 GB/s).
+    return Machine(
+        name=name, gemm_flops={"bfloat16": 690e12, "float16": 690e12, "float32": 50e12,
+                               "default": 50e12},
+        gemm_call_s=4e-6, memory_bytes_per_s=0.85 * hbm_bytes_per_s,
+        vector_ops_per_s=30e12, transcendental_ops_per_s=4e12, launch_s=4e-6,
+        copy_bytes_per_s=0.8 * hbm_bytes_per_s, transpose_bytes_per_s=0.6 * hbm_bytes_per_s,
+        instruction_s=2e-6, call_s=50e-6, argument_s=2e-6,
+        intra=Link(2e-6, 1 / 360e9), inter=Link(5e-6, 1 / 45e9), ranks_per_node=8,
+        cores_per_node=8,
+        overlap=True, async_launch=True,
+        source="datasheet peaks x typical efficiency (not measured by Tessera)")
+
+
+BUILTIN = {"h100-node": _gpu_node("h100-node", 3.35e12),
+           "h200-node": _gpu_node("h200-node", 4.8e12)}
+
+
+# ---------------------------------------------------------------------------
+# What each kernel does
+# ---------------------------------------------------------------------------
+@dataclass
+class KernelWork:
+    """A generated kernel's work: elementwise, transcendental and dot FLOPs."""
+    vector: float = 0.0
+    transcendental: float = 0.0
+    dot: float = 0.0
+
+
+_TILE = re.compile(r"!ttile\.tile<((?:\d+x)+)")
+
+
+def _tile_shape(t: ir.Type) -> list[int]:
+    """A `!ttile.tile<AxBxT>`'s shape ([] for other types)."""
+    m = _TILE.match(str(t))
+    return [int(d) for d in m.group(1).split("x") if d] if m else []
+
+
+def _trip_count(op: ir.Operation) -> int:
+    """A constant-bound scf.for's trip count (1 if not constant)."""
+    try:
+        lo, hi, step = (ir.IntegerAttr(v.owner.attributes["value"]).value
+                        for v in op.operands[:3])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return 1
+    return max(0, -(-(hi - lo) // step)) if step > 0 else 1
+
+
+def _count(block: ir.Block, scale: float, work: KernelWork) -> None:
+    for op in block.operations:
+        op = op.operation
+        name = op.name
+        if name == "scf.for":
+            inner = scale * _trip_count(op)
+            for region in op.regions:
+                for b in region.blocks:
+                    _count(b, inner, work)
+            continue
+        for region in op.regions:
+            for b in region.blocks:
+                _count(b, scale, work)
+        if not name.startswith("ttile.") or name in _MOVES:
+            continue
+        if name == "ttile.dot":
+            a, b = (_tile_shape(v.type) for v in op.operands[:2])
+            work.dot += scale * 2 * math.prod(a) * b[-1]
+            continue
+        elements = max([math.prod(_tile_shape(v.type)) for v in list(op.operands) + list(op.results)
+                        if _tile_shape(v.type)], default=0)
+        if name in TRANSCENDENTAL:
+            work.transcendental += scale * elements
+        else:
+            work.vector += scale * elements
+
+
+def kernel_work(module: ir.Module) -> dict:
+    """{kernel symbol: KernelWork} of the module's Tile IR kernels."""
+    out = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name != "ttile.kernel":
+            continue
+        grid = math.prod(ir.DenseI64ArrayAttr(op.attributes["grid"])) \
+            if "grid" in op.attributes else 1
+        work = KernelWork()
+        for b in op.regions[0].blocks:
+            _count(b, float(grid), work)
+        out[ir.StringAttr(op.attributes["sym_name"]).value] = work
+    return out
+
+
+# ---------------------------------------------------------------------------
+# One rank's step
+# ---------------------------------------------------------------------------
+@dataclass
+class Prediction:
+    """One rank's predicted step: seconds by part and the costed instructions."""
+    rank: int
+    step_s: float
+    parts: dict
+    #: (instruction index, what, category, seconds, Python line)
+    items: list = field(default_factory=list, repr=False)
+
+
+@dataclass
+class Cost:
+    """A step's prediction on every rank (`trace.cost()`)."""
+    machine: Machine
+    ranks: list
+
+    @property
+    def step_s(self) -> float:
+        return max(p.step_s for p in self.ranks)
+
+    def table(self, top: int = 8) -> str:
+        cols = ("compute", "comm_exposed", "runtime", "call")
+        lines = [f"predicted on {self.machine.name} ({self.machine.source})",
+                 f"{'rank':>4} {'step ms':>9} " + " ".join(f"{c:>13}" for c in cols)
+                 + f" {'comm hidden':>12}"]
+        for p in self.ranks:
+            lines.append(f"{p.rank:>4} {p.step_s * 1e3:9.2f} " + " ".join(
+                f"{p.parts[c] * 1e3:8.2f} {p.parts[c] / p.step_s:4.0%}" if p.step_s else
+                f"{0:13.2f}" for c in cols) + f" {p.parts['comm_hidden'] * 1e3:9.2f} ms")
+        first = self.ranks[0]
+        if first.items and top:
+            lines.append(f"rank {first.rank}'s most expensive instructions:")
+            for i, what, cat, s, loc in sorted(first.items, key=lambda x: -x[3])[:top]:
+                lines.append(f"  {s * 1e3:8.3f} ms  {cat:<10} instructions[{i}] {what}"
+                             + (f"  ({loc})" if loc else ""))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _buffer_bytes(shape, dtype: str) -> int:
+    return math.prod(shape) * _BYTES.get(dtype, 4)
+
+
+def _coordinates(mesh: dict, rank: int) -> dict:
+    """{axis: coordinate} of world rank `rank` on the program's mesh."""
+    pos = mesh["devices"].index(rank)
+    out = {}
+    for axis, n in reversed(list(zip(mesh["axes"], mesh["shape"]))):
+        out[axis] = pos % n
+        pos //= n
+    return out
+
+
+def _group(mesh: dict | None, axis: str) -> tuple[int, int]:
+    """(ranks, stride in world order) of the groups of mesh axes `axis`
+    ("dp" or "dp,tp")."""
+    if mesh is None:
+        return 1, 1
+    names = [a for a in axis.split(",") if a]
+    sizes = dict(zip(mesh["axes"], mesh["shape"]))
+    n = math.prod(sizes.get(a, 1) for a in names)
+    inner = [i for i, a in enumerate(mesh["axes"]) if a in names]
+    stride = math.prod(mesh["shape"][max(inner) + 1:]) if inner else 1
+    return n, stride
+
+
+def collective_seconds(kind: str, nbytes: int, n: int, link: Link) -> float:
+    """The ring alpha-beta time of a collective of `nbytes` over `n` ranks."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * nbytes * link.beta_s
+    if kind == "broadcast":
+        return math.ceil(math.log2(n)) * (link.alpha_s + nbytes * link.beta_s)
+    # all_gather, reduce_scatter, all_to_all: each rank sends (n-1)/n of the larger buffer
+    return (n - 1) * link.alpha_s + (n - 1) / n * nbytes * link.beta_s
+
+
+def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Prediction:
+    """World rank `rank`'s step of `program` (program.json's dict) on `machine`;
+    `work` is `kernel_work` of the program's module."""
+    mesh = program.get("mesh")
+    coords = _coordinates(mesh, rank) if mesh else {}
+    shapes = {s["value"]: (s["local_shape"], s["dtype"]) for s in program["inputs"]}
+    host = 0.0
+    free = {s: 0.0 for s in program["streams"]}
+    events: dict = {}
+    tokens: dict = {}          # token -> (start, seconds, stream it ran on)
+    compute = exposed = hidden = 0.0
+    items = []
+
+    def nbytes(value):
+        shape, dtype = shapes[value]
+        return _buffer_bytes(shape, dtype)
+
+    for index, ins in enumerate(program["instructions"]):
+        on = ins.get("on")
+        if on is not None and coords.get(on["axis"]) != on["rank"]:
+            continue
+        op = ins["op"]
+        host += machine.instruction_s
+        if op == "alloc":
+            shapes[ins["result"]] = (ins["shape"], ins["dtype"])
+        elif op == "launch":
+            seconds = _launch_seconds(ins, work, shapes, machine)
+            stream = ins["stream"]
+            start = max(host, free.get(stream, 0.0))
+            free[stream] = start + seconds
+            if not machine.async_launch:
+                host = free[stream]
+            compute += seconds
+            items.append((index, ins["kernel"] + (f" [{ins['library']}]" if "library" in ins
+                                                  else ""), "compute", seconds, ins.get("loc")))
+        elif op == "event_record":
+            events[ins["result"]] = free.get(ins["stream"], host)
+        elif op == "event_wait":
+            free[ins["stream"]] = max(free.get(ins["stream"], 0.0), events.get(ins["event"], 0.0))
+        elif op in ("collective_start", "send", "recv"):
+            if op == "collective_start":
+                size = max(nbytes(ins["src"]), nbytes(ins["dst"]))
+                n, stride = _group(mesh, ins["axis"])
+                seconds = collective_seconds(ins["collective"], size, n, machine.link(stride, n))
+                what = f"{ins['axis']} {ins['collective']} {size} B"
+            else:
+                size = nbytes(ins["buffer"])
+                n, stride = _group(mesh, ins["axis"])
+                link = machine.link(stride, n)
+                seconds = link.alpha_s + size * link.beta_s
+                what = f"{ins['axis']} {op} {size} B"
+            stream = ins["stream"]
+            start = max(host, free.get(stream, 0.0))
+            done = None
+            if machine.overlap:
+                done = free[stream] = start + seconds
+            tokens[ins["result"]] = [start, seconds, done]
+            items.append((index, what, "comm", seconds, ins.get("loc")))
+        elif op == "collective_wait":
+            token = tokens[ins["token"]]
+            start, seconds, done = token
+            waiter = ins["stream"]
+            ready = max(host, free.get(waiter, 0.0))
+            if len(token) == 3:     # the first wait: what it blocks is exposed
+                if done is None:    # no overlap: the transfer happens inside it
+                    done = token[2] = max(ready, start) + seconds
+                blocked = min(seconds, max(0.0, done - ready))
+                exposed += blocked
+                hidden += seconds - blocked
+                token.append("waited")
+            free[waiter] = max(free.get(waiter, 0.0), done)
+            if not machine.async_launch:
+                host = max(host, done)
+    call = machine.call_s + machine.argument_s * (len(program["inputs"])
+                                                  + len(program.get("outputs", ())))
+    end = max([host] + list(free.values())) + call
+    # What the streams do not cover is the host's: all of the executor's
+    # work on a synchronous engine, the gaps where the device waits for the
+    # host on an asynchronous one. The parts add up to the step.
+    runtime = max(0.0, end - call - compute - exposed)
+    if not machine.async_launch and machine.ranks_per_node > machine.cores_per_node:
+        # More ranks than cores: the ranks' host work (all of it, on a
+        # synchronous engine) takes turns on the cores, so a step lasts at
+        # least its total over the cores; a rank spends the difference in
+        # its collectives, waiting for ranks that are not running.
+        shared = (compute + runtime + call) * machine.ranks_per_node / machine.cores_per_node
+        if shared > end:
+            exposed += shared - end
+            end = shared
+    parts = {"compute": compute, "comm_exposed": exposed, "comm_hidden": hidden,
+             "runtime": runtime, "call": call}
+    return Prediction(rank, end, parts, items)
+
+
+def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> float:
+    args = [shapes[a] for a in ins["args"]]
+    moved = sum(_buffer_bytes(s, d) for s, d in args)
+    library = ins.get("library")
+    if library == "matmul":
+        a, dtype = args[0]
+        out = args[-1][0]
+        flops = 2.0 * math.prod(out) * a[-1]
+        return machine.gemm_call_s + flops / machine.gemm_rate(dtype)
+    if library == "reshape":            # the runtime makes it a view of its input
+        return 0.0
+    if library is not None:
+        # A copy reads and writes about its output's bytes (a slice reads
+        # only the part it keeps).
+        out_bytes = _buffer_bytes(*args[-1])
+        rate = machine.transpose_bytes_per_s if library == "transpose" else \
+            machine.copy_bytes_per_s
+        return machine.launch_s + 2 * out_bytes / rate
+    w = work.get(ins["kernel"], KernelWork())
+    arithmetic = (w.vector / machine.vector_ops_per_s
+                  + w.transcendental / machine.transcendental_ops_per_s
+                  + w.dot / machine.gemm_rate(args[0][1] if args else "default"))
+    return machine.launch_s + max(moved / machine.memory_bytes_per_s, arithmetic)
+
+
+def estimate(module: ir.Module, machine: Machine, ranks=None) -> Cost:
+    """The prediction of the compiled (Tile IR level) `module` on `machine`
+    for world ranks `ranks` (default: every rank of its mesh; ranks with the
+    same role share one prediction)."""
+    from .bundle import program_json
+    program = program_json(module)
+    work = kernel_work(module)
+    mesh = program.get("mesh")
+    world = mesh["devices"] if mesh else [0]
+    ranks = list(world if ranks is None else ranks)
+    roles = {}
+    out = []
+    per_rank = any("on" in i for i in program["instructions"])
+    for r in ranks:
+        key = tuple(sorted(_coordinates(mesh, r).items())) if (per_rank and mesh) else ()
+        if key not in roles:
+            roles[key] = predict(program, work, machine, r)
+        p = roles[key]
+        out.append(Prediction(r, p.step_s, p.parts, p.items))
+    return Cost(machine, out)
+
+
+def load_machine(path) -> Machine:
+    with open(path) as f:
+        return Machine.from_json(json.load(f))

@@ -1,0 +1,148 @@
+"""The cost model (tessera_compiler/cost.py) and machine descriptions
+(tessera/machine.py): what each instruction costs, how streams overlap,
+which link a group uses, and the calibration's cache."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import dist, op
+from tessera_compiler.cost import BUILTIN, Link, Machine, kernel_work, predict
+
+RATES = dict(gemm_flops={"default": 1e9}, gemm_call_s=1e-6, memory_bytes_per_s=1e9,
+             vector_ops_per_s=1e8, transcendental_ops_per_s=1e7, launch_s=1e-6,
+             copy_bytes_per_s=1e9, transpose_bytes_per_s=1e9, instruction_s=1e-6, call_s=1e-4, argument_s=0.0)
+
+
+def _machine(overlap: bool, alpha=1e-5, beta=1e-9, ranks_per_node=8) -> Machine:
+    return Machine(name="test", intra=Link(alpha, beta), inter=Link(10 * alpha, 10 * beta),
+                   ranks_per_node=ranks_per_node, cores_per_node=ranks_per_node, overlap=overlap, async_launch=False, **RATES)
+
+
+def _program(launch_before_wait: str) -> dict:
+    """all_reduce of 4 MiB over 4 ranks started, a kernel launch, then the
+    wait (the launch `launch_before_wait` sized work)."""
+    return {
+        "inputs": [{"value": "%arg0", "local_shape": [1 << 20], "dtype": "float32"},
+                   {"value": "%arg1", "local_shape": [1 << 20], "dtype": "float32"}],
+        "streams": ["compute", "comm"],
+        "mesh": {"axes": ["dp"], "shape": [4], "devices": [0, 1, 2, 3]},
+        "instructions": [
+            {"op": "alloc", "result": "%0", "shape": [1 << 20], "dtype": "float32"},
+            {"op": "collective_start", "result": "%t0", "stream": "comm",
+             "collective": "all_reduce", "axis": "dp", "src": "%arg0", "dst": "%0"},
+            {"op": "launch", "kernel": launch_before_wait, "stream": "compute",
+             "args": ["%arg1", "%arg1"]},
+            {"op": "collective_wait", "token": "%t0", "stream": "compute"},
+            {"op": "return", "values": ["%0"]}]}
+
+
+def test_a_collective_hides_under_compute_only_where_the_machine_overlaps():
+    """Ring all_reduce of B = 4 MiB over 4 ranks: 6 alpha + 1.5 B beta. With
+    overlap it runs beside a longer kernel and nothing is exposed; without
+    (MPI on the CPU) it runs inside the wait, after the kernel."""
+    from tessera_compiler.cost import KernelWork
+    nbytes = 4 << 20
+    comm = 6 * 1e-5 + 1.5 * nbytes * 1e-9
+    kernel = 1e-6 + max(2 * nbytes / 1e9, 1e8 / 1e8)          # 1e8 elementwise ops: 1 s
+    work = {"k": KernelWork(vector=1e8)}
+    hidden = predict(_program("k"), work, _machine(overlap=True))
+    assert hidden.parts["comm_exposed"] == pytest.approx(0.0, abs=1e-12)
+    assert hidden.parts["comm_hidden"] == pytest.approx(comm)
+    assert hidden.parts["compute"] == pytest.approx(kernel)
+    serial = predict(_program("k"), work, _machine(overlap=False))
+    assert serial.parts["comm_exposed"] == pytest.approx(comm)
+    assert serial.step_s == pytest.approx(hidden.step_s + comm)
+    for p in (hidden, serial):      # the parts add up to the step
+        assert sum(p.parts[k] for k in ("compute", "comm_exposed", "runtime", "call")) \
+            == pytest.approx(p.step_s)
+    # A short kernel leaves part of the collective exposed even with overlap.
+    fast = dataclasses.replace(_machine(overlap=True), memory_bytes_per_s=1e12)
+    short = predict(_program("s"), {"s": KernelWork(vector=1e2)}, fast)
+    assert 0 < short.parts["comm_exposed"] < comm
+
+
+def test_a_group_that_leaves_the_node_uses_the_inter_node_link():
+    """dp x tp = 2 x 2 with 2 ranks per node: tp pairs (ranks 0,1) stay on a
+    node, dp pairs (ranks 0,2) cross nodes and cost 10x here."""
+    def one(axis):
+        p = _program("none")
+        p["mesh"] = {"axes": ["dp", "tp"], "shape": [2, 2], "devices": [0, 1, 2, 3]}
+        p["instructions"][1]["axis"] = axis
+        return predict(p, {}, _machine(overlap=False, ranks_per_node=2)).parts["comm_exposed"]
+    tp, dp = one("tp"), one("dp")
+    assert tp == pytest.approx(2 * 1e-5 + (4 << 20) * 1e-9)      # n = 2: 2 alpha + B beta
+    assert dp == pytest.approx(10 * tp)
+
+
+def test_kernel_work_counts_the_ops_of_a_fused_kernel():
+    """Eight multiply-adds fused into one kernel over N elements: 16 N
+    elementwise ops; softmax's exp is transcendental."""
+    x = np.ones(4096, np.float32)
+
+    def chain(x):
+        for _ in range(8):
+            x = x * 1.5 + 0.5
+        return x
+    (work,) = kernel_work(ts.graph.trace(chain, x).levels.module).values()
+    assert work.vector == 16 * x.size and work.transcendental == 0
+    soft = kernel_work(ts.graph.trace(lambda x: op.softmax(x), x.reshape(64, 64)).levels.module)
+    assert sum(w.transcendental for w in soft.values()) >= x.size
+
+
+def test_trace_cost_on_a_tensor_parallel_mlp_prices_its_matmuls_and_all_reduce():
+    """`trace.cost(machine)`: each rank's matmuls cost 2 m n k at the GEMM
+    rate, and the one all_reduce of the row-parallel output is on the step."""
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((64, 128)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((128, 128)).astype(np.float32) for _ in range(2))
+    X = dist.from_numpy(x, layout=dist.ShardSpec(partition=(), mesh_axes=()), mesh=mesh)
+    W1 = dist.from_numpy(w1, layout=dist.ShardSpec(partition=("col",), mesh_axes=("tp",)), mesh=mesh)
+    W2 = dist.from_numpy(w2, layout=dist.ShardSpec(partition=("row",), mesh_axes=("tp",)), mesh=mesh)
+    machine = _machine(overlap=False)
+    cost = ts.graph.trace(lambda x, a, b: op.matmul(op.relu(op.matmul(x, a)), b), X, W1, W2,
+                          mesh=mesh).cost(machine)
+    assert [p.rank for p in cost.ranks] == [0, 1]
+    items = cost.ranks[0].items
+    matmuls = [s for _, what, _, s, _ in items if "[matmul]" in what]
+    assert matmuls == [pytest.approx(1e-6 + 2 * 64 * 128 * 64 / 1e9)] * 2
+    (comm,) = [(what, s) for _, what, cat, s, _ in items if cat == "comm"]
+    assert comm[0] == "tp all_reduce 32768 B"
+    assert comm[1] == pytest.approx(2 * 1e-5 + 32768 * 1e-9)
+    assert "tp all_reduce" in cost.table()
+    h100 = ts.graph.trace(lambda x, a, b: op.matmul(op.relu(op.matmul(x, a)), b), X, W1, W2,
+                          mesh=mesh).cost("h100-node")
+    assert h100.machine is BUILTIN["h100-node"] and 0 < h100.step_s < cost.step_s
+
+
+def test_cpu_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
+    """machine("cpu") measures this host (in a separate process) the first
+    time, writes it under the cache directory, and reads it afterwards."""
+    from tessera import machine as machines
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    said = []
+    described = machines.machine("cpu", ranks=1, progress=said.append)
+    assert said and "calibrating" in said[0]
+    path = machines.cache_path(1)
+    assert path.exists() and path.is_relative_to(tmp_path)
+    for rate in ("memory_bytes_per_s", "vector_ops_per_s", "transcendental_ops_per_s",
+                 "copy_bytes_per_s"):
+        assert math.isfinite(getattr(described, rate)) and getattr(described, rate) > 0
+    assert described.gemm_rate("float32") > 1e9 and not described.overlap
+    said.clear()
+    again = machines.machine("cpu", ranks=1, progress=said.append)
+    assert not said and again == described
+    assert json.loads(path.read_text())["source"].startswith("measured by tessera calibrate")
+    # `tessera calibrate` prints the cached description (and says it is cached).
+    import subprocess
+    import sys
+    cli = subprocess.run([sys.executable, "-m", "tessera", "calibrate", "-n", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert Machine.from_json(json.loads(cli.stdout)) == described
+    assert f"cached: {path}" in cli.stderr
