@@ -1,11 +1,11 @@
 """The cost model against measurement: the example GPT's training step on a
-2 x 2 (dp x tp) mesh of 4 CPU ranks, predicted by `trace.cost("cpu")` and
+dp x tp mesh of CPU ranks (default 2 x 2, 4 ranks), predicted by `trace.cost("cpu")` and
 measured by `dist.profile()` in the same run.
 
 What it does:
-  1. the machine description of this host running 4 ranks (`tessera
+  1. the machine description of this host running dp x tp ranks (`tessera
      calibrate -n 4`, measured once and cached; `--recalibrate` measures again);
-  2. `tessera launch -n 4` of a worker that builds the example's step
+  2. `tessera launch -n 4` (dp x tp) of a worker that builds the example's step
      (`examples/train_gpt.py`: Megatron-style tp layout, batch split over dp),
      warms it up, and profiles `--steps` steps; rank 0 also traces the step
      and asks the cost model;
@@ -15,7 +15,8 @@ What it does:
      bench/results/cost_model-<date>.md/.json with machine, commit and date.
 
     .venv/bin/python bench/cost_model.py                 # width 128, depth 2
-    .venv/bin/python bench/cost_model.py --width 256 --depth 2
+    .venv/bin/python bench/cost_model.py --width 256 --batch 16
+    .venv/bin/python bench/cost_model.py --dp 1 --tp 2    # 2 ranks: one core each
 """
 
 from __future__ import annotations
@@ -74,7 +75,14 @@ def worker(cfg: dict, steps: int, out: Path) -> None:
             if category == "compute":
                 kind = what.split("[")[1].rstrip("]") if "[" in what else "generated kernels"
                 predicted_kinds[kind] = predicted_kinds.get(kind, 0.0) + seconds
+        per_kernel = {k: v[0] / steps for k, v in prof._recorder.totals().items()}
+        predicted_kernel: dict = {}
+        for _, what, category, seconds, _ in cost.ranks[0].items:
+            if category == "compute":
+                name = what.split(" [")[0]
+                predicted_kernel[name] = predicted_kernel.get(name, 0.0) + seconds
         out.write_text(json.dumps({
+            "kernels": {k: [per_kernel.get(k, 0.0), predicted_kernel[k]] for k in predicted_kernel},
             "kinds": {k: [measured_kinds.get(k, 0.0), predicted_kinds.get(k, 0.0)]
                       for k in sorted(set(measured_kinds) | set(predicted_kinds))},
             "measured": prof.ranks,
@@ -89,23 +97,26 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--length", type=int, default=8)
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--recalibrate", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cfg = {"width": args.width, "depth": args.depth, "heads": args.heads, "batch": args.batch,
-           "length": args.length, "dp": 2, "tp": 2}
+           "length": args.length, "dp": args.dp, "tp": args.tp}
+    ranks = args.dp * args.tp
     if args.worker:
         worker(cfg, args.steps, Path(args.worker))
         return 0
 
     from tessera.machine import calibrate, machine
-    described = calibrate(4) if args.recalibrate else machine("cpu", ranks=4)
+    described = calibrate(ranks) if args.recalibrate else machine("cpu", ranks=ranks)
     out = ROOT / "bench" / "results" / ".cost-model.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         str(ROOT / p) for p in ("build/dev/python_packages", ".", "passes", "runtime", "examples"))
         + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "tessera", "launch", "--timeout", "900", "-n", "4", __file__,
+    cmd = [sys.executable, "-m", "tessera", "launch", "--timeout", "900", "-n", str(ranks), __file__,
            *(argv if argv is not None else sys.argv[1:]), "--worker", str(out)]
     subprocess.run(cmd, check=True, env=env, cwd=str(ROOT))
     result = json.loads(out.read_text())
@@ -128,7 +139,8 @@ def main(argv=None) -> int:
                             capture_output=True, text=True).stdout.strip()
     date = datetime.date.today().isoformat()
     head = (f"cost model vs dist.profile: GPT w{args.width} d{args.depth}, batch {args.batch} x "
-            f"{2 * args.length} tokens, dp=2 x tp=2 on 4 CPU ranks, {args.steps} steps\n"
+            f"{2 * args.length} tokens, dp={args.dp} x tp={args.tp} on {ranks} CPU ranks, "
+            f"{args.steps} steps\n"
             f"machine: {platform.node()} ({os.cpu_count()} cores), commit {commit}, {date}\n"
             f"machine description: {described.source}\n")
     lines = [head, "| part (per step, mean over ranks) | measured ms | predicted ms | error |",
@@ -145,13 +157,14 @@ def main(argv=None) -> int:
     print(text)
     print("\n" + result["table"])
     results = ROOT / "bench" / "results"
-    name = f"cost_model-{date}-w{args.width}d{args.depth}"
+    name = f"cost_model-{date}-w{args.width}d{args.depth}-dp{args.dp}tp{args.tp}"
     (results / f"{name}.md").write_text(text + "\n\n```\n" + result["table"] + "\n```\n")
     (results / f"{name}.json").write_text(json.dumps({
         "config": cfg, "steps": args.steps, "commit": commit, "date": date,
         "host": platform.node(), "rows": [{"part": label, "measured_s": m, "predicted_s": p}
                                           for label, m, p in rows],
-        "measured": measured, "predicted": predicted, "machine": result["machine"]}, indent=1))
+        "measured": measured, "predicted": predicted, "machine": result["machine"],
+        "kernels_rank0_s": result["kernels"]}, indent=1))
     return 0
 
 

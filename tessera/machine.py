@@ -3,10 +3,10 @@
 `machine("h100-node")` and `machine("h200-node")` are datasheet descriptions
 (`tessera_compiler.cost.BUILTIN`). `machine("cpu", ranks=R)` is this machine
 running R ranks, measured once by `calibrate` and cached under the cache
-directory (`machines/`): R ranks run the same microbenchmarks at the same time,
-so the rates include the sharing of the cores, and then time all_reduce /
-all_gather / reduce_scatter of 1 KiB to 2 MiB over the world and over pairs;
-alpha and beta come from a least-squares fit of the ring model to those times.
+directory (`machines/`): the kernel, BLAS, copy and Python rates are those of
+one rank alone (one process); then R ranks time all_reduce /
+all_gather / reduce_scatter of 1 KiB to 2 MiB over the world and over pairs
+(alpha and beta: a least-squares fit of the ring model to those times).
 
     tessera calibrate -n 4          # measure (about a minute), print, cache
 """
@@ -64,7 +64,10 @@ def machine(name: str = "cpu", ranks: int = 1, progress=None) -> Machine:
         raise ValueError(f"unknown machine {name!r}: 'cpu' or one of {sorted(BUILTIN)}")
     path = cache_path(ranks)
     if path.exists():
-        return Machine.from_json(json.loads(path.read_text()))
+        try:
+            return Machine.from_json(json.loads(path.read_text()))
+        except (TypeError, ValueError, KeyError):
+            pass            # written by another version of Tessera: measure again
     if tessera_runtime.world()[1] > 1:
         raise RuntimeError(f"this host has no calibration for {ranks} ranks yet, and a launched "
                            f"job cannot measure one: run `tessera calibrate -n {ranks}` first")
@@ -79,6 +82,7 @@ def calibrate(ranks: int = 1, progress=None) -> Machine:
     """Measures this host running `ranks` ranks, caches and returns the
     description: the rates of one rank alone (one process), then, for
     `ranks` > 1, the collectives in a job of `ranks` ranks."""
+    from .cli import thread_limits
     say = progress or (lambda msg: print(f"[tessera] {msg}", file=sys.stderr, flush=True))
     path = cache_path(ranks)
     say(f"calibrating the cost model for {ranks} rank(s) on this host (once; cached in {path})")
@@ -95,16 +99,20 @@ def calibrate(ranks: int = 1, progress=None) -> Machine:
             cmd = [sys.executable, str(script), what, str(out)] if n == 1 else \
                 [sys.executable, "-m", "tessera", "launch", "-n", str(n), str(script), what,
                  str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            # One rank alone measures with the BLAS threads a rank of an
+            # R-rank job gets (`tessera launch` sets them; the user's win).
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**thread_limits(ranks), **os.environ})
             if proc.returncode != 0 or not out.exists():
                 raise RuntimeError(f"calibration failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
             measured[what] = json.loads(out.read_text())
-    link = Link(**measured["links"])
+    links, rates = measured["links"], measured["rates"]
+    link = Link(links["alpha_s"], links["beta_s"])
     description = Machine(
         name=f"cpu ({ranks} rank{'s' if ranks > 1 else ''})", intra=link, inter=link,
         ranks_per_node=ranks, cores_per_node=_cores(), overlap=False, async_launch=False,
         source=f"measured by tessera calibrate on {platform.node()}, {time.strftime('%Y-%m-%d')}",
-        **measured["rates"])
+        **rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(description.to_json(), indent=1))
     return description
@@ -168,16 +176,8 @@ def _kernel_rates(say) -> dict:
     _, t_add, _, _, _ = _timed(lambda a, b: a + b, [x, y], 20)
     memory_rate = 3 * 4 * _N / max(t_add - launch, 1e-9)
     say("library calls: matmul and copies; the Python of a call and of each instruction")
-    import tessera as ts
     a = rng.standard_normal((512, 512)).astype(np.float32)
     small = rng.standard_normal((8, 8)).astype(np.float32)
-
-    def train(x, w1, w2, y):       # a step's mix of instructions: forward, backward, update
-        def loss(ws):
-            out = op.matmul(op.gelu(op.matmul(x, ws[0])), ws[1])
-            return op.mean((out - y) * (out - y))
-        value, (g1, g2) = ts.value_and_grad(loss)([w1, w2])
-        return value, w1 - 0.1 * g1, w2 - 0.1 * g2
 
     _, t_small_mm, _, _, _ = _timed(lambda a, b: op.matmul(a, b), [small, small], 100)
     # The Python around the launches: instruction_s per instruction inside a
@@ -186,25 +186,48 @@ def _kernel_rates(say) -> dict:
     # programs: one op, 32 ops on 32 arguments, a small training step.
     many = [small * 0.1 for _ in range(32)]
     _, _, many_in, many_out, many_n = _timed(lambda *xs: [x + 1.0 for x in xs], many, 50)
-    xs, ws = (rng.standard_normal(s).astype(np.float32) for s in ((512, 128), (128, 128)))
-    _, _, train_in, train_out, train_n = _timed(train, [xs, ws, ws * 0.5, xs], 20)
+    _, _, train_in, train_out, train_n = _timed(_train, _train_args(), 20)
     instruction = max(train_in / train_n, 0.0)
     (call, argument), *_ = np.linalg.lstsq(np.array([[1.0, 2], [1.0, 64], [1.0, 7]]),
                                            [tiny_out, many_out, train_out], rcond=None)
     call, argument = max(call, 0.0), max(argument, 0.0)
-    _, t_mm, _, _, _ = _timed(lambda a, b: op.matmul(a, b), [a, a], 10)
-    gemm = 2 * 512 ** 3 / max(t_mm - t_small_mm, 1e-9)
+    curve = []
+    for n in (32, 64, 128, 256, 512):
+        _, t_mm, _, _, _ = _timed(lambda a, b: op.matmul(a, b), [a[:n, :n].copy()] * 2,
+                                  max(10, 2 ** 24 // n ** 3))
+        curve.append([2.0 * n ** 3, 2.0 * n ** 3 / max(t_mm - t_small_mm, 1e-9)])
+    gemm = curve[-1][1]
     m = rng.standard_normal((256, 512)).astype(np.float32)    # 512 KiB: a step's sizes
     _, t_transpose, _, _, _ = _timed(lambda m: op.transpose(m), [m], 20)
     transpose_rate = 2 * 4 * m.size / max(t_transpose - launch, 1e-9)
     _, t_copy, _, _, _ = _timed(lambda m: m[:, 128:384], [m], 20)
     copy_rate = 2 * 4 * m.size / 2 / max(t_copy - launch, 1e-9)
-    return {"gemm_flops": {"default": gemm}, "gemm_call_s": t_small_mm,
+    return {"gemm_flops": {"default": gemm}, "gemm_curve": curve,
+            "gemm_call_s": t_small_mm,
             "memory_bytes_per_s": memory_rate, "vector_ops_per_s": vector_rate,
             "transcendental_ops_per_s": trans_rate, "launch_s": launch,
             "copy_bytes_per_s": copy_rate, "transpose_bytes_per_s": transpose_rate,
             "instruction_s": float(instruction), "call_s": float(call),
             "argument_s": float(argument)}
+
+
+def _train(x, w1, w2, y):
+    """A small training step: a step's mix of instructions (forward,
+    backward, update; generated kernels, BLAS, allocations, Python)."""
+    import tessera as ts
+    from tessera import op
+
+    def loss(ws):
+        out = op.matmul(op.gelu(op.matmul(x, ws[0])), ws[1])
+        return op.mean((out - y) * (out - y))
+    value, (g1, g2) = ts.value_and_grad(loss)([w1, w2])
+    return value, w1 - 0.1 * g1, w2 - 0.1 * g2
+
+
+def _train_args() -> list:
+    rng = np.random.default_rng(0)
+    xs, ws = (rng.standard_normal(s).astype(np.float32) for s in ((512, 128), (128, 128)))
+    return [xs, ws, ws * 0.5, xs]
 
 
 def _comm_link(say, reps: int = 12) -> Link:

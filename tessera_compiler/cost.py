@@ -7,7 +7,8 @@ A prediction needs only the compiled program (the Schedule IR function as
                 rate + transcendental ops / their rate + dot FLOPs / GEMM rate),
                 the op counts read from the kernel's Tile IR (ops on tiles,
                 times the grid, times constant loop trip counts)
-  matmul        gemm_call_s + 2 m n k (x batch) / GEMM rate of the dtype
+  matmul        gemm_call_s + 2 m n k (x batch) / GEMM rate of the dtype and
+                size (small GEMMs run slower: the measured gemm_curve)
   other library launch_s + 2 x its output's bytes / copy (or transpose) rate
   collective    the ring alpha-beta model of the link its group uses: an
                 all_reduce of B bytes over n ranks takes 2(n-1) alpha +
@@ -71,7 +72,7 @@ class Link:
 class Machine:
     """What the cost model knows about a machine (rates per rank)."""
     name: str
-    #: GEMM FLOP/s by dtype name ("default" for the others)
+    #: GEMM FLOP/s by dtype name ("default" for the others), for large GEMMs
     gemm_flops: dict
     gemm_call_s: float
     #: generated kernels: bytes/s of loads and stores, elementwise ops/s,
@@ -103,6 +104,10 @@ class Machine:
     async_launch: bool
     #: how the numbers were obtained
     source: str = ""
+    #: measured [FLOPs of one GEMM, FLOP/s] (ascending): smaller GEMMs run
+    #: slower; a GEMM's rate is interpolated (log-log) between these, as a
+    #: fraction of the largest one's, times gemm_flops[dtype]
+    gemm_curve: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -113,8 +118,17 @@ class Machine:
         d["intra"], d["inter"] = Link(**d["intra"]), Link(**d["inter"])
         return cls(**d)
 
-    def gemm_rate(self, dtype: str) -> float:
-        return self.gemm_flops.get(dtype, self.gemm_flops["default"])
+    def gemm_rate(self, dtype: str, flops: float | None = None) -> float:
+        rate = self.gemm_flops.get(dtype, self.gemm_flops["default"])
+        curve = self.gemm_curve
+        if flops is None or len(curve) < 2:
+            return rate
+        xs = [math.log(f) for f, _ in curve]
+        ys = [math.log(r / curve[-1][1]) for _, r in curve]
+        x = min(max(math.log(max(flops, 1.0)), xs[0]), xs[-1])
+        i = max(j for j in range(len(xs) - 1) if xs[j] <= x) if x > xs[0] else 0
+        t = (x - xs[i]) / (xs[i + 1] - xs[i])
+        return rate * math.exp(ys[i] + t * (ys[i + 1] - ys[i]))
 
     def link(self, stride: int, n: int) -> Link:
         """The link of a group of `n` ranks `stride` apart in world order."""
@@ -401,7 +415,7 @@ def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> fl
         a, dtype = args[0]
         out = args[-1][0]
         flops = 2.0 * math.prod(out) * a[-1]
-        return machine.gemm_call_s + flops / machine.gemm_rate(dtype)
+        return machine.gemm_call_s + flops / machine.gemm_rate(dtype, flops)
     if library == "reshape":            # the runtime makes it a view of its input
         return 0.0
     if library is not None:

@@ -66,6 +66,22 @@ def test_a_collective_hides_under_compute_only_where_the_machine_overlaps():
     assert 0 < short.parts["comm_exposed"] < comm
 
 
+def test_more_ranks_than_cores_take_turns():
+    """4 ranks on 2 cores: a step lasts at least twice a rank's host work,
+    the difference spent waiting in its collectives."""
+    from tessera_compiler.cost import KernelWork
+    work = {"k": KernelWork(vector=1e6)}                  # 10 ms of kernel
+    alone = predict(_program("k"), work, _machine(overlap=False, ranks_per_node=4))
+    shared = predict(_program("k"), work, dataclasses.replace(
+        _machine(overlap=False, ranks_per_node=4), cores_per_node=2))
+    host = sum(alone.parts[k] for k in ("compute", "runtime", "call"))
+    assert shared.step_s == pytest.approx(2 * host)
+    assert shared.parts["compute"] == alone.parts["compute"]
+    assert shared.parts["comm_exposed"] == pytest.approx(2 * host - host)
+    assert sum(shared.parts[k] for k in ("compute", "comm_exposed", "runtime", "call")) \
+        == pytest.approx(shared.step_s)
+
+
 def test_a_group_that_leaves_the_node_uses_the_inter_node_link():
     """dp x tp = 2 x 2 with 2 ranks per node: tp pairs (ranks 0,1) stay on a
     node, dp pairs (ranks 0,2) cross nodes and cost 10x here."""
