@@ -359,6 +359,11 @@ def main(argv=None) -> int:
                              "rank's compute / communication / waiting / idle balance at exit "
                              "and writes DIR/trace.json (one Perfetto timeline for all ranks; "
                              "open it in ui.perfetto.dev) and DIR/summary.txt")
+    launch.add_argument("--ranks-per-node", type=int, default=None, metavar="N",
+                        help="the ranks run N to a node (consecutive ranks; sets "
+                             "TESSERA_RANKS_PER_NODE): all-reduces over a mesh axis that spans "
+                             "nodes compile to a reduce-scatter inside each node, an all-reduce "
+                             "across nodes and an all-gather inside each node")
     launch.add_argument("script")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -399,6 +404,10 @@ def main(argv=None) -> int:
         print(env.table())
         return 0
     if opts.command == "launch":
+        if opts.ranks_per_node is not None:
+            if opts.ranks_per_node < 1:
+                parser.error("--ranks-per-node must be at least 1")
+            os.environ["TESSERA_RANKS_PER_NODE"] = str(opts.ranks_per_node)
         if opts.elastic is None:
             if opts.slots_file:
                 parser.error("--slots-file needs --elastic MIN:MAX")

@@ -210,12 +210,14 @@ class CompiledFunction:
         bound, leaves, _, mesh, _, specs, _ = prepared
         return prepared, self._trace(bound, leaves, specs, mesh)
 
-    def lower(self, *args, target: str | TargetOptions = "cpu", **kwargs) -> Levels:
+    def lower(self, *args, target: str | TargetOptions | None = None, **kwargs) -> Levels:
         """Every IR level and the kernel sources for these arguments (no
-        execution). `target="gpu"` keeps matmuls as Tile IR GEMMs instead of
-        CPU BLAS calls; a TargetOptions sets every other knob too."""
+        execution), for the function's own target (its `target=`, else
+        TESSERA_TARGET, else "cpu") or `target`: "gpu" keeps matmuls as Tile
+        IR GEMMs instead of CPU BLAS calls; a TargetOptions sets every other
+        knob too."""
         _, traced = self._prepare_and_trace(args, kwargs)
-        return self._lower(traced.module, _options(target, self.fn.__name__))
+        return self._lower(traced.module, _options(target or self.target, self.fn.__name__))
 
     def _lower(self, module, target: TargetOptions, plan_only: bool = False) -> Levels:
         with module.context:
@@ -503,7 +505,13 @@ def _options(target, name: str) -> TargetOptions:
     """`target` (a name, TargetOptions or None: TESSERA_TARGET, else "cpu")
     as the TargetOptions a function named `name` compiles with."""
     try:
-        return target_options(target or env.get(TARGET_ENV))
+        options = target_options(target or env.get(TARGET_ENV))
+        if not options.ranks_per_node and env.get("TESSERA_RANKS_PER_NODE"):
+            options = options.with_(ranks_per_node=env.integer("TESSERA_RANKS_PER_NODE"))
+        return options
+    except ValueError as err:
+        raise CompileError(f"{name}: TESSERA_RANKS_PER_NODE must be a number of ranks ({err})"
+                           ) from None
     except _PipelineError as err:
         raise CompileError(f"{name}: {err} (from {'target=' if target else TARGET_ENV})"
                            ) from None

@@ -67,11 +67,12 @@ def _mesh_size(module) -> int:
     return math.prod(next(iter(meshes.values())).shape) if meshes else 1
 
 
-def trace(fn, *args, mesh=None, target="cpu", **kwargs) -> Trace:
+def trace(fn, *args, mesh=None, target=None, **kwargs) -> Trace:
     """Lowers `fn` on `args` (DTensors or numpy arrays) through every level
     without running it; works in a single process for any mesh. `target`
     is "cpu" (matmuls call BLAS), "gpu" (matmuls are Tile IR GEMMs) or a
-    `ts.TargetOptions`."""
+    `ts.TargetOptions`; by default a compiled `fn`'s own target (else
+    TESSERA_TARGET, else "cpu")."""
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn, mesh)
     return Trace(compiled.fn.__name__, compiled.lower(*args, target=target, **kwargs))
 

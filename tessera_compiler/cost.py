@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass, field
 
 from tessera_mlir import ir
 
+from .ir.sharding import sub_axis
+
 #: Tile IR ops counted as transcendental (a libm call or a polynomial each)
 TRANSCENDENTAL = frozenset({"ttile.exp", "ttile.log", "ttile.tanh", "ttile.gelu", "ttile.sqrt",
                             "ttile.rsqrt", "ttile.div"})
@@ -290,9 +292,15 @@ def _coordinates(mesh: dict, rank: int) -> dict:
 
 def _group(mesh: dict | None, axis: str) -> tuple[int, int]:
     """(ranks, stride in world order) of the groups of mesh axes `axis`
-    ("dp" or "dp,tp")."""
+    ("dp" or "dp,tp"), or of a sub-axis ("dp:(2)4", see
+    `tessera_compiler.ir.sharding.sub_axis`)."""
     if mesh is None:
         return 1, 1
+    part = sub_axis(axis)
+    if part is not None:
+        name, pre, size = part
+        n, stride = _group(mesh, name)
+        return size, stride * (n // (pre * size))
     names = [a for a in axis.split(",") if a]
     sizes = dict(zip(mesh["axes"], mesh["shape"]))
     n = math.prod(sizes.get(a, 1) for a in names)

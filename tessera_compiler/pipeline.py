@@ -3,7 +3,8 @@
   graph        traced Graph IR (global shapes)
   autodiff     after tessera-autodiff (tgraph.grad replaced by backward Graph IR)
   partitioned  after tessera-propagate-sharding, tessera-partition,
-               tessera-bucket-collectives and (pipelines) tessera-pipeline-schedule
+               tessera-bucket-collectives, tessera-hierarchical-collectives and
+               (pipelines) tessera-pipeline-schedule
   schedule     after tessera-lower-to-schedule, checked by tessera-verify-schedule
   tile         after tessera-lower-to-tile (the schedule plus ttile kernels) and
                tessera-merge-kernels (one kernel for identical copies)
@@ -32,7 +33,8 @@ from .memory import graph_facts, plan_memory
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
     ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize",
-                     "tessera-bucket-collectives", "tessera-pipeline-schedule"]),
+                     "tessera-bucket-collectives", "tessera-hierarchical-collectives",
+                     "tessera-pipeline-schedule"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
     ("tile", ["tessera-lower-to-tile", "canonicalize", "cse", "tessera-merge-kernels"]),
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only

@@ -61,6 +61,9 @@ LogicalResult MeshOp::verify() {
   for (auto [axis, size] : llvm::zip(axes.getAsValueRange<StringAttr>(), shape)) {
     if (axis.empty())
       return emitOpError("mesh axis names must not be empty");
+    if (axis.contains(':'))
+      return emitOpError("mesh axis name '")
+             << axis << "' must not contain ':' (it writes sub-axes, as in \"dp:(1)2\")";
     if (!seen.insert(axis).second)
       return emitOpError("mesh axis '") << axis << "' appears twice";
     if (size < 1)
@@ -75,6 +78,21 @@ std::optional<int64_t> MeshOp::getAxisSize(StringRef axis) {
     if (name == axis)
       return size;
   return std::nullopt;
+}
+
+std::optional<int64_t> MeshOp::getGroupSize(StringRef axis) {
+  if (std::optional<int64_t> size = getAxisSize(axis))
+    return size;
+  // A sub-axis "name:(pre)size": pre * size must divide the axis' size.
+  auto [name, rest] = axis.split(':');
+  std::optional<int64_t> whole = getAxisSize(name);
+  int64_t pre = 0, size = 0;
+  if (!whole || !rest.consume_front("(") || rest.consumeInteger(10, pre) ||
+      !rest.consume_front(")") || rest.consumeInteger(10, size) || !rest.empty())
+    return std::nullopt;
+  if (pre < 1 || size < 1 || *whole % (pre * size) != 0)
+    return std::nullopt;
+  return size;
 }
 
 //===----------------------------------------------------------------------===//
@@ -749,7 +767,7 @@ static FailureOr<int64_t> lookupAxisSize(Operation *op, SymbolTableCollection *s
     op->emitOpError("refers to unknown mesh ") << meshRef;
     return failure();
   }
-  std::optional<int64_t> size = mesh.getAxisSize(axis);
+  std::optional<int64_t> size = mesh.getGroupSize(axis);
   if (!size) {
     op->emitOpError("mesh ") << meshRef << " has no axis '" << axis << "'";
     return failure();

@@ -88,7 +88,7 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
   auto mesh = symbols.lookupNearestSymbolFrom<tgraph::MeshOp>(*this, getMeshAttr());
   if (!mesh)
     return emitOpError("refers to unknown mesh ") << getMeshAttr();
-  std::optional<int64_t> size = mesh.getAxisSize(getAxis());
+  std::optional<int64_t> size = mesh.getGroupSize(getAxis());
   if (!size)
     return emitOpError("mesh ") << getMeshAttr() << " has no axis '" << getAxis() << "'";
 
@@ -158,7 +158,7 @@ static LogicalResult verifyPeer(Op op, SymbolTableCollection &symbols) {
   auto mesh = symbols.lookupNearestSymbolFrom<tgraph::MeshOp>(op, op.getMeshAttr());
   if (!mesh)
     return op.emitOpError("refers to unknown mesh ") << op.getMeshAttr();
-  std::optional<int64_t> size = mesh.getAxisSize(op.getAxis());
+  std::optional<int64_t> size = mesh.getGroupSize(op.getAxis());
   if (!size)
     return op.emitOpError("mesh ") << op.getMeshAttr() << " has no axis '" << op.getAxis() << "'";
   int64_t peer = static_cast<int64_t>(op.getPeer());

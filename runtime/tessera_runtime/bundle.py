@@ -82,6 +82,13 @@ class ProgramSpec:
     #: the compiled function's name
     entry: str = "main"
 
+    @property
+    def sub_axes(self) -> list[str]:
+        """The sub-axes (`"dp:(1)2"`) the program's collectives run over
+        (hierarchical collectives), which need communicators of their own."""
+        return sorted({ins["axis"] for ins in self.instructions
+                       if "axis" in ins.fields and ins["axis"] not in self.mesh.axes})
+
 
 @dataclass
 class Manifest:

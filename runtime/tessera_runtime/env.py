@@ -50,6 +50,10 @@ _VARIABLES = [
     Variable("TESSERA_MEMORY_REPORT", "frontend", "0",
              "1: rank 0 prints each compiled function's memory plan (peak bytes per rank and "
              "what holds it; `tessera trace --memory` sets it)"),
+    Variable("TESSERA_RANKS_PER_NODE", "frontend", "",
+             "world ranks per node (consecutive): all-reduces over an axis spanning nodes "
+             "become reduce-scatter in each node, all-reduce across nodes, all-gather in each "
+             "node (`tessera launch --ranks-per-node` sets it)"),
     Variable("TESSERA_SHOW_IR", "compiler", "0",
              "1: compile errors include the IR of the operation that failed (MLIR's "
              "'see current operation' note)"),

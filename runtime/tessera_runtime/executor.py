@@ -215,9 +215,12 @@ class ScheduleExecutor:
         if sdt != ddt:
             raise self._err(ins, f"src dtype {sdt.name} != dst dtype {ddt.name}")
         kind, axis, dim = ins["collective"], ins["axis"], ins["dim"]
-        if axis not in self.program.mesh.axes:
+        if not self.program.mesh.has_axis(axis):
             raise self._err(ins, f"axis '{axis}' is not a mesh axis "
-                                 f"{list(self.program.mesh.axes)}")
+                                 f"{list(self.program.mesh.axes)} nor a sub-axis of one")
+        if axis not in self.comms:
+            raise self._err(ins, f"no communicator for sub-axis '{axis}' (pass one per entry of "
+                                 f"the program's sub_axes with communicators=)")
         n = self.program.mesh.axis_size(axis)
         if kind not in ("all_reduce", "broadcast") and not 0 <= dim < len(sshape):
             raise self._err(ins, f"dim {dim} is out of range for rank-{len(sshape)} "

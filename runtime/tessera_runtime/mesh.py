@@ -5,16 +5,39 @@ The contract (docs/bundle-format.md): `devices` is the row-major flattened
 device list and world rank r sits at the coordinate of `devices.index(r)`.
 An axis' communicator groups the ranks that share every *other* coordinate,
 ordered by their coordinate along the axis.
+
+Collectives may also run over a *sub-axis* (Shardy's notation): `"dp:(2)4"`
+is the middle part of axis `dp` split into a major part of size 2 (the
+"pre-size"), this part of size 4 and a minor part of the rest. A
+hierarchical all-reduce over `dp` of size 8 on nodes of 2 consecutive `dp`
+ranks runs over `"dp:(4)2"` (inside a node) and `"dp:(1)4"` (across nodes).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Iterable, Sequence
 
 
 class MeshError(ValueError):
     """A mesh description is inconsistent, or a rank/axis is not in it."""
+
+
+_SUB_AXIS = re.compile(r"([^:]+):\((\d+)\)(\d+)")
+
+
+def sub_axis(name: str) -> tuple[str, int, int] | None:
+    """(axis, pre-size, size) of a sub-axis name `"axis:(pre)size"`; None for
+    any other name."""
+    m = _SUB_AXIS.fullmatch(name)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def sub_axis_name(axis: str, pre: int, size: int) -> str:
+    """The name of the sub-axis of `axis` of size `size` after a major part of
+    size `pre`: `sub_axis_name("dp", 1, 2) == "dp:(1)2"`."""
+    return f"{axis}:({pre}){size}"
 
 
 def _flatten(devices, shape_out: list, depth: int = 0) -> list:
@@ -81,6 +104,7 @@ class MeshInfo:
             raise MeshError(f"mesh '{self.name}': duplicate devices in {flat}")
         self.devices: tuple[int, ...] = tuple(flat)
         self._pos = {r: i for i, r in enumerate(self.devices)}
+        self._views: dict[str, MeshInfo] = {}
 
     # -- construction from program.json ------------------------------------
     @classmethod
@@ -108,8 +132,45 @@ class MeshInfo:
             raise MeshError(f"axis '{axis}' is not in mesh '{self.name}' "
                             f"(axes: {list(self.axes)})") from None
 
+    def has_axis(self, axis: str) -> bool:
+        """Whether `axis` names a mesh axis or a valid sub-axis of one."""
+        try:
+            self._view(axis)
+        except MeshError:
+            return False
+        return True
+
+    def _view(self, axis: str) -> "MeshInfo":
+        """This mesh, or for a sub-axis the same devices with its axis split
+        into (major, the sub-axis, minor) parts, so that the sub-axis is an
+        axis of the view."""
+        if axis in self.axes:
+            return self
+        view = self._views.get(axis)
+        if view is not None:
+            return view
+        parsed = sub_axis(axis)
+        if parsed is None or parsed[0] not in self.axes:
+            raise MeshError(f"axis '{axis}' is not in mesh '{self.name}' "
+                            f"(axes: {list(self.axes)}, or sub-axes written 'axis:(pre)size')")
+        name, pre, size = parsed
+        i = self.axes.index(name)
+        whole = self.shape[i]
+        if pre < 1 or size < 1 or whole % (pre * size):
+            raise MeshError(f"sub-axis '{axis}': pre-size {pre} x size {size} does not divide "
+                            f"axis '{name}' of size {whole}")
+        minor = whole // (pre * size)
+        # (The major and minor parts' names are not sub-axis names, so they
+        # cannot collide with the sub-axis itself.)
+        view = MeshInfo(self.axes[:i] + (f"{name}:major", axis, f"{name}:minor") + self.axes[i + 1:],
+                        self.shape[:i] + (pre, size, minor) + self.shape[i + 1:],
+                        self.devices, name=self.name)
+        self._views[axis] = view
+        return view
+
     def axis_size(self, axis: str) -> int:
-        return self.shape[self.axis_index(axis)]
+        view = self._view(axis)
+        return view.shape[view.axis_index(axis)]
 
     def coords(self, rank: int) -> tuple[int, ...]:
         """Mesh coordinate of world rank `rank` (row-major position in devices)."""
@@ -138,6 +199,8 @@ class MeshInfo:
     def axis_group(self, axis: str, rank: int) -> list[int]:
         """World ranks that share every coordinate of `rank` except `axis`,
         ordered by their coordinate along `axis` (= their rank in the group)."""
+        if axis not in self.axes:
+            return self._view(axis).axis_group(axis, rank)
         i = self.axis_index(axis)
         c = list(self.coords(rank))
         group = []
@@ -157,6 +220,8 @@ class MeshInfo:
         """Index of `rank`'s group along `axis`: the row-major linear index of
         its coordinate with the `axis` component removed. Ranks with equal
         color form one communicator (used as the color of MPI Comm.Split)."""
+        if axis not in self.axes:
+            return self._view(axis).axis_color(axis, rank)
         i = self.axis_index(axis)
         c = self.coords(rank)
         color = 0

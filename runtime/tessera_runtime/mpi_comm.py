@@ -215,27 +215,29 @@ class MPICommunicator(Communicator):
                        keepalive=(buf,))
 
 
-def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
-    """One communicator per mesh axis for this process.
+def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict:
+    """One communicator per mesh axis for this process, and one per sub-axis
+    in `sub_axes` (`"dp:(1)2"`: the groups of a hierarchical collective).
 
     Ranks that share every other coordinate form the group of an axis:
     Comm.Split with color = the group index and key = the coordinate along
     the axis, so the sub-communicator rank equals the axis coordinate. Every
-    rank of `comm` must call this (Split is collective) with the same mesh.
+    rank of `comm` must call this (Split is collective) with the same mesh
+    and sub-axes.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     rank = comm.Get_rank()
-    coords = mesh_info.coords(rank)
     out: dict = {}
-    for i, axis in enumerate(mesh_info.axes):
-        if mesh_info.shape[i] == 1:
+    for axis in list(mesh_info.axes) + sorted(set(sub_axes) - set(mesh_info.axes)):
+        size = mesh_info.axis_size(axis)
+        if size == 1:
             out[axis] = SelfCommunicator()   # same decision on every rank
             continue
-        sub = comm.Split(mesh_info.axis_color(axis, rank), coords[i])
-        if sub.Get_size() != mesh_info.shape[i] or sub.Get_rank() != coords[i]:
+        coord = mesh_info.axis_group(axis, rank).index(rank)
+        sub = comm.Split(mesh_info.axis_color(axis, rank), coord)
+        if sub.Get_size() != size or sub.Get_rank() != coord:
             raise CommError(f"axis '{axis}': split communicator has rank "
-                            f"{sub.Get_rank()}/{sub.Get_size()}, expected "
-                            f"{coords[i]}/{mesh_info.shape[i]}")
+                            f"{sub.Get_rank()}/{sub.Get_size()}, expected {coord}/{size}")
         out[axis] = MPICommunicator(sub)
     for axis, comm_ in out.items():
         comm_.name_group(axis, rank, mesh_info.axis_group(axis, rank))

@@ -190,11 +190,12 @@ class NCCLCommunicator(Communicator):
         return NCCLWork(s, keepalive=(buf,))
 
 
-def make_axis_communicators(mesh_info: MeshInfo, comm=None) -> dict:
-    """One NCCL communicator per mesh axis for this process (every rank of
-    `comm`, default MPI COMM_WORLD, must call it with the same mesh)."""
+def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict:
+    """One NCCL communicator per mesh axis and per sub-axis in `sub_axes`
+    for this process (every rank of `comm`, default MPI COMM_WORLD, must call
+    it with the same mesh and sub-axes)."""
     from . import mpi_comm
-    mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm)
+    mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm, sub_axes)
     rank = (comm or mpi_comm.MPI.COMM_WORLD).Get_rank()
     out: dict = {}
     for axis, group in mpi_groups.items():

@@ -65,7 +65,8 @@ class Program:
         return out
 
 
-def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = False):
+def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = False,
+                           sub_axes=()):
     """(rank, per-axis communicators) for this process: MPI, or NCCL
     (bootstrapped over MPI) for device buffers."""
     if use_mpi is None:
@@ -77,7 +78,7 @@ def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = Fa
                             f"rank {rank} of a {size}-process job without MPI; run the "
                             f"program with `mpiexec -n {mesh.num_devices}`")
         rank = mesh.devices[0]   # the one process plays the one device
-        comms = {axis: SelfCommunicator() for axis in mesh.axes}
+        comms = {axis: SelfCommunicator() for axis in list(mesh.axes) + list(sub_axes)}
         for axis, comm in comms.items():
             comm.name_group(axis, rank, [rank])
         return rank, comms
@@ -89,8 +90,8 @@ def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = Fa
                         f"has {size} ranks; run with `mpiexec -n {mesh.num_devices}`")
     if nccl:
         from . import nccl_comm
-        return rank, nccl_comm.make_axis_communicators(mesh, comm)
-    return rank, mpi_comm.make_axis_communicators(mesh, comm)
+        return rank, nccl_comm.make_axis_communicators(mesh, comm, sub_axes)
+    return rank, mpi_comm.make_axis_communicators(mesh, comm, sub_axes)
 
 
 def load_bundle(path, *, engine: Engine | str | None = None,
@@ -112,7 +113,8 @@ def load_bundle(path, *, engine: Engine | str | None = None,
     if engine is None or isinstance(engine, str):
         engine = get_engine(engine or bundle.manifest.engine)
     if communicators is None:
-        rank, communicators = _default_communicators(mesh, use_mpi, nccl=engine.name == "cuda")
+        rank, communicators = _default_communicators(mesh, use_mpi, nccl=engine.name == "cuda",
+                                                     sub_axes=bundle.program.sub_axes)
     elif rank is None:
         rank = _world()[0]
     mesh.coords(rank)   # fail early if this rank is not part of the mesh

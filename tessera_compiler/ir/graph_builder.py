@@ -301,9 +301,14 @@ def _on(mesh: str, axis: str):
     return ir.FlatSymbolRefAttr.get(mesh), ir.StringAttr.get(axis)
 
 
-def all_reduce(x: ir.Value, kind: str, mesh: str, axis: str,
+def _reduction(kind) -> ir.Attribute:
+    """A reduction kind given by name ("sum") or as the attribute itself."""
+    return kind if isinstance(kind, ir.Attribute) else tgraph.ReductionKindAttr.get(kind)
+
+
+def all_reduce(x: ir.Value, kind, mesh: str, axis: str,
                deterministic: bool = False) -> ir.Value:
-    return tgraph.AllReduceOp(x, tgraph.ReductionKindAttr.get(kind), *_on(mesh, axis),
+    return tgraph.AllReduceOp(x, _reduction(kind), *_on(mesh, axis),
                               deterministic=deterministic or None).result
 
 
@@ -313,9 +318,9 @@ def all_gather(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> i
 
 
 def reduce_scatter(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int,
-                   deterministic: bool = False) -> ir.Value:
+                   deterministic: bool = False, kind="sum") -> ir.Value:
     return tgraph.ReduceScatterOp(_resized(x, dim, over=axis_size), x,
-                                  tgraph.ReductionKindAttr.get("sum"), *_on(mesh, axis),
+                                  _reduction(kind), *_on(mesh, axis),
                                   i64(dim), deterministic=deterministic or None).result
 
 

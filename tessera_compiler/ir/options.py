@@ -204,6 +204,14 @@ class TargetOptions:
     register_budget: int = _option(
         160, "registers per thread a register loop's carried tiles and invariant A "
         "operands may take before the A operands move to shared memory", int)
+    ranks_per_node: int = _option(
+        0, "world ranks per node, consecutive (0: one node). `tessera.compile` takes "
+        "TESSERA_RANKS_PER_NODE; all-reduces over an axis whose ranks span nodes become "
+        "hierarchical (tessera-hierarchical-collectives)", int)
+    hierarchical_collectives: bool = _option(
+        True, "with ranks-per-node set, all-reduces that span nodes run as a reduce-scatter "
+        "inside each node, an all-reduce across nodes and an all-gather inside each node",
+        _parse_bool)
     wait_watchdog_s: float | None = _option(
         None, "seconds after which a thread waiting on an mbarrier traps (none: no "
         "check); bench/gpu_kit.py builds its checks with 5", _parse_optional_float,

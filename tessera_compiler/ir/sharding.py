@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 
 from tessera_mlir import ir
@@ -66,6 +67,21 @@ def results_attr(shardings: list[Sharding]) -> ir.Attribute:
     return ir.ArrayAttr.get([s.to_attr() for s in shardings])
 
 
+_SUB_AXIS = re.compile(r"([^:]+):\((\d+)\)(\d+)")
+
+
+def sub_axis(name: str) -> tuple[str, int, int] | None:
+    """(axis, pre-size, size) of a sub-axis name `"axis:(pre)size"` (Shardy's
+    notation: the part of `axis` after a major part of size `pre`; the
+    runtime's `tessera_runtime.mesh` reads the same names); None otherwise."""
+    m = _SUB_AXIS.fullmatch(name)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def sub_axis_name(axis: str, pre: int, size: int) -> str:
+    return f"{axis}:({pre}){size}"
+
+
 @dataclass(frozen=True)
 class Mesh:
     name: str
@@ -73,7 +89,15 @@ class Mesh:
     shape: tuple[int, ...]
 
     def axis_size(self, axis: str) -> int:
+        """The size of a mesh axis, or of a sub-axis `"dp:(1)2"` of one."""
+        if axis not in self.axes and sub_axis(axis):
+            return sub_axis(axis)[2]
         return self.shape[self.axes.index(axis)]
+
+    def stride(self, axis: str) -> int:
+        """World ranks between neighbours along mesh axis `axis` (devices in
+        row-major order)."""
+        return math.prod(self.shape[self.axes.index(axis) + 1:])
 
     def parts(self, axes) -> int:
         """How many blocks a dimension split over `axes` has."""

@@ -162,3 +162,37 @@ def test_cpu_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert cli.returncode == 0, cli.stderr
     assert Machine.from_json(json.loads(cli.stdout)) == described
     assert f"cached: {path}" in cli.stderr
+
+
+def test_hierarchical_all_reduce_is_cheaper_across_h100_nodes():
+    """Issue 29 item 4b at scale: a data-parallel step on dp = 64 (8 H100
+    nodes of 8), traced in this one process. With ranks_per_node = 8 its
+    gradient all-reduce runs inside each node, across the 8 nodes on 1/8 of
+    the bytes, inside each node again; the cost model prices the three
+    steps below the flat all-reduce over InfiniBand."""
+    from tessera_passes.hierarchical_collectives import ranks_per_node_of_axis
+    mesh = dist.Mesh(axes=["dp"], devices=range(64))
+    rng = np.random.default_rng()
+    x = dist.from_numpy(rng.standard_normal((256, 512)).astype(np.float32),
+                        layout=dist.ShardSpec(partition=(0,), mesh_axes=("dp",)), mesh=mesh)
+    w = rng.standard_normal((512, 512)).astype(np.float32)
+
+    def grad(w, x):
+        return ts.grad(lambda w: op.sum(op.tanh(op.matmul(x, w))), 0)(w)
+
+    def comm(options):
+        cost = ts.graph.trace(ts.compile(grad, mesh=mesh, target=options), w, x) \
+            .cost("h100-node")
+        return {what: s for _, what, cat, s, _ in cost.ranks[0].items if cat == "comm"}
+    flat = comm(ts.TargetOptions(target="gpu", hierarchical_collectives=False))
+    tiered = comm(ts.TargetOptions(target="gpu", ranks_per_node=8))
+    assert list(flat) == ["dp all_reduce 1048576 B"]
+    assert list(tiered) == ["dp:(8)8 reduce_scatter 1048576 B", "dp:(1)8 all_reduce 131072 B",
+                            "dp:(8)8 all_gather 1048576 B"]
+    assert sum(tiered.values()) < 0.5 * sum(flat.values())
+    # Which axes split into nodes, and how many ranks of a group share a node.
+    assert ranks_per_node_of_axis((64,), 0, 8) == 8
+    assert ranks_per_node_of_axis((4, 2), 0, 4) == 2          # stride 2: 2 dp ranks a node
+    assert ranks_per_node_of_axis((2, 2), 0, 2) == 1          # one dp rank a node
+    assert ranks_per_node_of_axis((2, 2), 1, 2) == 2          # the whole tp group on a node
+    assert ranks_per_node_of_axis((6,), 0, 4) == 0            # nodes cut groups unevenly

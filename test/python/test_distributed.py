@@ -106,6 +106,28 @@ def test_gpt_in_bf16_on_tp2_follows_single_device(run_mpi, tmp_path):
                                    err_msg=f"{name}, seed {seed}")
 
 
+def test_hierarchical_all_reduce_on_two_nodes_of_two_equals_the_flat_one(tessera_launch,
+                                                                         tmp_path):
+    """Issue 29 item 4b: 4 CPU ranks as 2 nodes of 2 (`tessera launch
+    --ranks-per-node 2`): a data-parallel gradient step's all-reduce over dp
+    compiles to reduce-scatter inside each node ("dp:(2)2"), all-reduce
+    across nodes ("dp:(1)2"), all-gather inside each node; its results equal
+    the flat all-reduce's (the same bits in deterministic mode) and float64
+    numpy's."""
+    seed = _seed()
+    proc = tessera_launch("-n", 4, "--ranks-per-node", 2, WORKERS / "hierarchical_worker.py",
+                          seed, tmp_path)
+    _ok(proc)
+    report = json.loads((tmp_path / "hierarchical.json").read_text())
+    assert report["from_launcher"], report
+    for mode in ("plain", "deterministic"):
+        got = report[mode]
+        assert got["sub_axes"] and not got["flat_has_sub_axes"], (mode, got)
+        assert got["max_err"] < 1e-5, (mode, got, seed)
+        assert got["max_diff"] < 1e-5, (mode, got, seed)
+    assert report["deterministic"]["same_bits"], (report, seed)
+
+
 def test_deterministic_runs_are_reproducible_and_batch_invariant_over_dp_1_2_4(run_mpi,
                                                                                tmp_path):
     """Deterministic mode with gradients accumulated over 4 microbatches:

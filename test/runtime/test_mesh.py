@@ -80,3 +80,25 @@ def test_unknown_rank_and_axis():
         m.coords(7)
     with pytest.raises(MeshError, match="axis 'dp' is not in mesh"):
         m.axis_size("dp")
+
+
+def test_sub_axes_split_an_axis_into_major_and_minor_parts():
+    """Sub-axes (Shardy's "axis:(pre)size"): dp of size 8 on a dp x tp mesh
+    as 4 nodes of 2 dp ranks ("dp:(4)2", the minor part) and the 4 nodes
+    ("dp:(1)4", the major part); groups ordered by their coordinate."""
+    m = MeshInfo(["dp", "tp"], shape=[8, 2])
+    assert m.axis_size("dp:(4)2") == 2 and m.axis_size("dp:(1)4") == 4
+    # rank 6 = (dp 3, tp 0): its node holds dp 2 and 3, its node peers are dp 1, 3, 5, 7
+    assert m.axis_group("dp:(4)2", 6) == [4, 6]
+    assert m.axis_group("dp:(1)4", 6) == [2, 6, 10, 14]
+    assert m.axis_group("dp:(2)2", 6) == [2, 6]          # a middle part: dp // 2 % 2
+    # colors: one communicator per group, every rank in exactly one
+    for axis in ("dp:(4)2", "dp:(1)4"):
+        groups = m.axis_groups(axis)
+        assert sorted(r for g in groups for r in g) == list(range(16))
+        assert all(m.axis_group(axis, r) == groups[m.axis_color(axis, r)] for r in range(16))
+    assert m.has_axis("dp:(1)8") and not m.has_axis("dp:(3)2") and not m.has_axis("pp:(1)2")
+    with pytest.raises(MeshError, match=r"pre-size 3 x size 2 does not divide axis 'dp' of size 8"):
+        m.axis_size("dp:(3)2")
+    with pytest.raises(MeshError, match="axis 'pp:\\(1\\)2' is not in mesh"):
+        m.axis_group("pp:(1)2", 0)

@@ -19,6 +19,11 @@ tgraph.mesh @m axes = [""] shape = [2]
 
 // -----
 
+// expected-error @below {{mesh axis name 'dp:(1)2' must not contain ':' (it writes sub-axes, as in "dp:(1)2")}}
+tgraph.mesh @m axes = ["dp:(1)2"] shape = [2]
+
+// -----
+
 // expected-error @below {{mesh axis 'tp' appears twice}}
 tgraph.mesh @m axes = ["tp", "tp"] shape = [2, 2]
 
@@ -253,6 +258,26 @@ func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
   // expected-error @below {{'tgraph.all_reduce' op mesh @mesh has no axis 'dp'}}
   %0 = tgraph.all_reduce <max> %x on @mesh["dp"] : tensor<8xf32>
   return %0 : tensor<8xf32>
+}
+
+// -----
+
+// A sub-axis whose pre-size times size does not divide its axis (3 x 2 of 4).
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @below {{'tgraph.all_reduce' op mesh @mesh has no axis 'tp:(3)2'}}
+  %0 = tgraph.all_reduce <sum> %x on @mesh["tp:(3)2"] : tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// A sub-axis' size is the group size: dim 0 of 8 over "tp:(1)2" is 4, not 2.
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8xf32>) -> tensor<2xf32> {
+  // expected-error @below {{'tgraph.reduce_scatter' op}}
+  %0 = tgraph.reduce_scatter <sum> %x on @mesh["tp:(1)2"] dim 0 : tensor<8xf32> -> tensor<2xf32>
+  return %0 : tensor<2xf32>
 }
 
 // -----

@@ -50,6 +50,11 @@ func.func @collectives(%x: tensor<8x16xf32>, %odd: tensor<3xf32> {tgraph.shardin
   %2 = tgraph.all_reduce <min> %1 on @line["x"] : tensor<8x16xf32>
   // CHECK: %[[R3:.*]] = tgraph.all_reduce <prod> %[[R2]] on @mesh["tp"] : tensor<8x16xf32>
   %3 = tgraph.all_reduce <prod> %2 on @mesh["tp"] : tensor<8x16xf32>
+  // Sub-axes of tp (size 4): its minor part of size 2, its major part of size 2.
+  // CHECK: %[[SUB:.*]] = tgraph.reduce_scatter <sum> %[[R3]] on @mesh["tp:(2)2"] dim 0 : tensor<8x16xf32> -> tensor<4x16xf32>
+  %sub = tgraph.reduce_scatter <sum> %3 on @mesh["tp:(2)2"] dim 0 : tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: tgraph.all_reduce <sum> %[[SUB]] on @mesh["tp:(1)2"] : tensor<4x16xf32>
+  %sub2 = tgraph.all_reduce <sum> %sub on @mesh["tp:(1)2"] : tensor<4x16xf32>
   // CHECK: %[[G:.*]] = tgraph.all_gather %[[R3]] on @mesh["tp"] dim 1 : tensor<8x16xf32> -> tensor<8x64xf32>
   %4 = tgraph.all_gather %3 on @mesh["tp"] dim 1 : tensor<8x16xf32> -> tensor<8x64xf32>
   // CHECK: %[[RS:.*]] = tgraph.reduce_scatter <sum> %[[G]] on @mesh["tp"] dim 1 : tensor<8x64xf32> -> tensor<8x16xf32>

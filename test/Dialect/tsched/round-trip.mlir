@@ -42,6 +42,11 @@ func.func @schedule(%x: memref<8x16xf32>, %w: memref<16x8xf32>) {
   %t0 = tsched.collective_start <all_reduce> %o -> %o on %comm over @mesh["tp"] {reduction = #tgraph.reduction<sum>} : memref<8x8xf32> -> memref<8x8xf32>
   // CHECK: tsched.collective_wait %[[T0]] on %[[COMPUTE]]
   tsched.collective_wait %t0 on %compute
+  // A sub-axis (tp's major part of size 2, as hierarchical collectives use).
+  // CHECK: %[[TS:.*]] = tsched.collective_start <all_reduce> %[[O]] -> %[[O]] on %[[COMM]] over @mesh["tp:(1)2"] {reduction = #tgraph.reduction<sum>} : memref<8x8xf32> -> memref<8x8xf32>
+  %ts = tsched.collective_start <all_reduce> %o -> %o on %comm over @mesh["tp:(1)2"] {reduction = #tgraph.reduction<sum>} : memref<8x8xf32> -> memref<8x8xf32>
+  // CHECK: tsched.collective_wait %[[TS]] on %[[COMPUTE]]
+  tsched.collective_wait %ts on %compute
   // CHECK: %[[G:.*]] = tsched.alloc : memref<8x32xf32>
   %g = tsched.alloc : memref<8x32xf32>
   // CHECK: %[[T1:.*]] = tsched.collective_start <all_gather> %[[O]] -> %[[G]] on %[[COMM]] over @mesh["tp"] {dim = 1 : i64} : memref<8x8xf32> -> memref<8x32xf32>

@@ -138,6 +138,14 @@ def TGraph_MeshOp : TGraph_Op<"mesh", [Symbol]> {
   let description = [{
     Declares a Cartesian device mesh with named axes and their sizes.
 
+    Collectives may also run over a *sub-axis*, written as in Shardy:
+    `"dp:(2)4"` is the part of axis `dp` of size 4 whose coordinate is
+    `(c / (N / (2 * 4))) % 4` for a coordinate `c` along `dp` of size `N`, i.e.
+    `dp` split into a major part of size 2 ("pre-size"), this part, and a minor
+    part of size `N / 8`. Hierarchical collectives run over the sub-axis inside
+    a node (the minor part) and the one across nodes (the major part). Axis
+    names therefore cannot contain `:`.
+
     ```mlir
     tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
     ```
@@ -149,6 +157,9 @@ def TGraph_MeshOp : TGraph_Op<"mesh", [Symbol]> {
   let extraClassDeclaration = [{
     /// Size of `axis`, or std::nullopt if the mesh has no such axis.
     std::optional<int64_t> getAxisSize(::llvm::StringRef axis);
+    /// Size of the group a collective over `axis` spans: a mesh axis or a
+    /// sub-axis `name:(pre)size` of one; std::nullopt if it is neither.
+    std::optional<int64_t> getGroupSize(::llvm::StringRef axis);
   }];
 }
 
