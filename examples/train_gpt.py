@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 
@@ -92,7 +93,13 @@ def distribute(mesh, params, opt_state):
     """The parameters and optimizer state as DTensors laid out for `mesh`."""
     def layout(path, array):
         spec = tp_layout(path, array)
-        return spec if spec is None or set(spec.mesh_axes) <= set(mesh.axes) else None
+        if spec is None or not set(spec.mesh_axes) <= set(mesh.axes):
+            return None
+        # The 12-token vocabulary splits over tp only where tp divides it
+        # (tp = 8: the embedding and the head stay replicated).
+        dims = spec.dims_for(len(array.shape), mesh, path)
+        split = [math.prod(mesh.axis_size(a) for a in axes) for axes in dims]
+        return None if any(n % k for n, k in zip(array.shape, split)) else spec
     return dist.from_tree(params, layout, mesh), dist.from_tree(opt_state, layout, mesh)
 
 
@@ -164,15 +171,16 @@ def precision_loss(params, batch, heads: int, precision: str, remat=None):
 
 
 def make_step(opt, heads: int, precision: str, clip: float, remat=None, memory_budget=None,
-              deterministic: bool = False):
+              deterministic: bool = False, autotune: bool | None = None):
     """The compiled training step: (loss, params, opt_state, scaler, grad_norm).
     `remat` recomputes every block's forward in the backward (a policy, see
     ts.remat); `memory_budget` lets the compiler choose per block instead.
     `deterministic`: the microbatches come as one stack [M, b, S] and
     `ts.optim.accumulate_grad` splits them over dp, summing in a fixed tree
-    (with `dist.deterministic`, the same bits on any dp size)."""
+    (with `dist.deterministic`, the same bits on any dp size). `autotune`:
+    measure the compile options that matter on the first step (ts.jit's)."""
 
-    @ts.jit(memory_budget=memory_budget)
+    @ts.jit(memory_budget=memory_budget, autotune=autotune)
     def train_step(params, opt_state, scaler, microbatches):
         if deterministic:
             total, grads = ts.optim.accumulate_grad(
@@ -326,6 +334,10 @@ def main(argv=None) -> int:
                     help="expert capacity (--moe; default: dropless)")
     ap.add_argument("--moe-coef", type=float, default=0.01, help="load-balance loss weight")
     ap.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (--moe)")
+    ap.add_argument("--autotune", action="store_true",
+                    help="measure the compile options that matter (kernel tiles, gradient "
+                         "buckets) on the first step and keep the fastest; later runs reuse "
+                         "the choice (`tessera autotune --show`)")
     ap.add_argument("--deterministic", action="store_true",
                     help="fixed reduction orders and the --accum microbatches split over dp "
                          "(ts.optim.accumulate_grad): the same bits on any dp size")
@@ -416,7 +428,8 @@ def train(args, mesh, job) -> int:
         per_step = args.microbatches
     else:
         step_fn = make_step(opt, args.heads, args.precision, clip=1.0, remat=REMAT[args.remat],
-                            memory_budget=args.memory_budget, deterministic=args.deterministic)
+                            memory_budget=args.memory_budget, deterministic=args.deterministic,
+                            autotune=args.autotune or None)
         per_step = args.accum
     n_params = sum(int(np.prod(p.shape)) for p in ts._pytree.flatten(params)[0])
     say(f"GPT: {args.depth} layers, width {args.width}, {args.heads} heads, {n_params:,} "

@@ -392,6 +392,48 @@ def main(argv=None) -> int:
     calibrate.add_argument("--force", action="store_true",
                            help="measure again even if a calibration is cached")
 
+    simulate = sub.add_parser(
+        "simulate", help="predict a script's training step on a mesh of any size, here",
+        description="Run SCRIPT in this one process standing for every rank of MESH: each "
+                    "axis is passed to it as `--AXIS SIZE` (examples/train_gpt.py's flags), "
+                    "parameters are placeholders that take no memory, and each compiled "
+                    "function it calls is compiled once for the whole mesh (no kernels) and "
+                    "priced per rank by the cost model instead of run. The second call of a "
+                    "function ends the script: what it called until then is one step. Prints "
+                    "each function's predicted time on the slowest rank (compute, exposed and "
+                    "hidden communication, runtime, a pipeline's bubble) and the planned peak "
+                    "memory per rank.",
+        epilog="example: tessera simulate --mesh dp=8,tp=8,pp=16 --machine h100-node "
+               "examples/train_gpt.py -- --width 4096 --depth 32")
+    simulate.add_argument("--mesh", required=True, metavar="AXIS=SIZE,...",
+                          help="the mesh, outermost axis first, e.g. dp=8,tp=8,pp=16")
+    simulate.add_argument("--machine", default="h100-node",
+                          help="h100-node or h200-node (8 GPUs a node, datasheet rates), or cpu "
+                               "(this host as measured by `tessera calibrate`, with as many "
+                               "ranks as the mesh); default h100-node")
+    simulate.add_argument("--trace", default=None, metavar="FILE",
+                          help="write the predicted timeline of --trace-ranks as one Perfetto "
+                               "trace (open it in ui.perfetto.dev)")
+    simulate.add_argument("--trace-ranks", default=None, metavar="R,R,...",
+                          help="ranks in --trace (default: the first, the slowest and the last)")
+    simulate.add_argument("script")
+    simulate.add_argument("args", nargs=argparse.REMAINDER,
+                          help="arguments for the script (after --)")
+
+    autotune = sub.add_parser(
+        "autotune", help="list or forget the compile options autotuning chose",
+        description="Functions compiled with ts.jit(..., autotune=True) (or run with "
+                    "TESSERA_AUTOTUNE=1) measure candidate compile options on their first call "
+                    "of a signature (kernel tile sizes, gradient bucket size; GEMM "
+                    "configurations on the GPU) and store the fastest per architecture, "
+                    "shapes, dtypes and compiler version in the cache directory "
+                    "(TESSERA_CACHE_DIR); later runs use it without searching.")
+    what = autotune.add_mutually_exclusive_group(required=True)
+    what.add_argument("--show", action="store_true",
+                      help="list every stored choice: function, architecture, arguments, the "
+                           "options chosen and their time against the defaults'")
+    what.add_argument("--clear", action="store_true", help="forget every stored choice")
+
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["_rank"]:                  # internal: one rank of `launch`
@@ -432,6 +474,15 @@ def main(argv=None) -> int:
                 if path.is_file():
                     print(path)
         return code
+    if opts.command == "simulate":
+        return _simulate(parser, opts)
+    if opts.command == "autotune":
+        from . import autotune as tuning
+        if opts.clear:
+            print(f"forgot {tuning.clear()} autotuned choice(s) ({tuning.cache_file()})")
+        else:
+            print(tuning.show())
+        return 0
     if opts.command == "calibrate":
         import json
         from .machine import cache_path, calibrate as measure, machine
@@ -445,6 +496,60 @@ def main(argv=None) -> int:
         return 0
     parser.print_help()
     return 2
+
+
+def _simulate(parser, opts) -> int:
+    import json
+    import runpy
+    from . import simulation
+    from .machine import machine as describe
+    try:
+        mesh = simulation.parse_mesh(opts.mesh)
+    except ValueError as err:
+        parser.error(str(err))
+    if not Path(opts.script).exists():
+        parser.error(f"no such script: {opts.script}")
+    size = math.prod(mesh.values())
+    try:
+        described = describe(opts.machine, ranks=size)
+    except ValueError as err:
+        parser.error(str(err))
+    target = "cpu" if opts.machine == "cpu" else "gpu"
+    sim = simulation.Simulation(mesh, described, target)
+    args = opts.args[1:] if opts.args[:1] == ["--"] else list(opts.args)
+    args += [x for axis, n in mesh.items() for x in (f"--{axis}", str(n))]
+    print(f"[tessera simulate] running {opts.script} {' '.join(args)} as {size} ranks",
+          file=sys.stderr, flush=True)
+    argv, sys.argv = sys.argv, [opts.script] + args
+    simulation.start(sim)
+    started = time.perf_counter()
+    try:
+        runpy.run_path(opts.script, run_name="__main__")
+    except simulation.SimulationDone:
+        pass
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            print(f"[tessera simulate] {opts.script} exited with {done.code} before a step",
+                  file=sys.stderr)
+            return 1
+    finally:
+        simulation.stop()
+        sys.argv = argv
+    print(sim.table())
+    print(f"[tessera simulate] simulated in {time.perf_counter() - started:.1f} s",
+          file=sys.stderr)
+    if opts.trace and sim.records:
+        if opts.trace_ranks:
+            ranks = sorted({int(r) for r in opts.trace_ranks.split(",")})
+            bad = [r for r in ranks if not 0 <= r < size]
+            if bad:
+                parser.error(f"--trace-ranks {bad} are not ranks of the {size}-rank mesh")
+        else:
+            ranks = sorted({0, sim.slowest(), size - 1})
+        Path(opts.trace).write_text(json.dumps(sim.perfetto(ranks)))
+        print(f"[tessera simulate] predicted timeline of ranks {ranks} written to {opts.trace}",
+              file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

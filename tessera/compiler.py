@@ -38,8 +38,9 @@ from tessera_compiler.memory_budget import parse_bytes
 from tessera_compiler.pipeline import Levels, collective_report, lower, target_options
 from tessera_mlir import ir
 
-from . import dist
+from . import dist, simulation
 from . import mesh as _mesh_module
+from .autotune import tune
 from ._mpi import bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import agree_on_program
@@ -78,7 +79,8 @@ class CompiledFunction:
 
     def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
                  deterministic: bool | None = None, strategy=None,
-                 target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
+                 target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
+                 autotune: bool | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         #: bytes per rank the planned peak must fit (None: no limit); the
@@ -100,7 +102,11 @@ class CompiledFunction:
         self._graph_text: dict = {}    # key -> the traced Graph IR (what the bundle is of)
         self._plans: dict = {}         # key -> memory plan, once computed
         self._remat_choices: dict = {}  # (program, options, budget) -> memory_budget.Choice
-        self._bundles: dict = {}
+        self._compiled: dict = {}      # (key, options) -> bundle directory
+        self._bundles: dict = {}       # key -> the bundle this function runs
+        #: measure the options that matter and keep the fastest (tessera.autotune);
+        #: None: TESSERA_AUTOTUNE
+        self.autotune = autotune
         self._last_key = None
         self._captured_mesh = None     # the mesh of DTensors the function captures
         self._last_layouts = None      # (mesh, ArgSpecs) of the last call
@@ -268,25 +274,28 @@ class CompiledFunction:
     def _entry_plan(self, levels: Levels):
         return levels.memory.get(self.symbol) or next(iter(levels.memory.values()))
 
-    def _bundle(self, key, traced, mesh) -> Path:
-        if key in self._bundles:
-            return self._bundles[key]
+    def _bundle(self, key, traced, mesh, options: TargetOptions | None = None) -> Path:
+        """The bundle of `traced` compiled with `options` (default: the
+        function's), compiled now unless it is cached."""
+        options = options or self._target()
+        if (key, options) in self._compiled:
+            return self._compiled[key, options]
         # Locations carry the argument names the bundle records, so they are
         # part of what identifies it.
         text = traced.module.operation.get_asm(enable_debug_info=True)
         self._graph_text[key] = text
         budget = f"memory_budget={self.memory_budget}" if self.memory_budget is not None else ""
-        digest = hashlib.sha256((compiler_fingerprint(self._target()) + budget + text).encode()
+        digest = hashlib.sha256((compiler_fingerprint(options) + budget + text).encode()
                                 ).hexdigest()[:20]
         target = env.cache_dir("bundles") / f"{self.symbol}-{digest}.tsb"
         if tessera_runtime.world()[1] > 1:
-            self._bundle_on_rank0(key, traced, mesh, target)
+            self._bundle_on_rank0(key, traced, mesh, target, options)
         else:
-            self._write_bundle(key, traced, mesh, target)
-        self._bundles[key] = target
+            self._write_bundle(key, traced, mesh, target, options)
+        self._compiled[key, options] = target
         return target
 
-    def _bundle_on_rank0(self, key, traced, mesh, target: Path) -> None:
+    def _bundle_on_rank0(self, key, traced, mesh, target: Path, options: TargetOptions) -> None:
         """In a multi-rank job rank 0 compiles while the others wait, then they
         load its bundle (every rank compiling the same program would multiply
         the compile time by the ranks per node). A compile error reaches every
@@ -295,7 +304,7 @@ class CompiledFunction:
         failure, error = None, ""
         if comm.Get_rank() == 0:
             try:
-                self._write_bundle(key, traced, mesh, target)
+                self._write_bundle(key, traced, mesh, target, options)
             except Exception as err:            # every rank must hear of it
                 failure = err
                 error = str(err) if isinstance(err, CompileError) else \
@@ -306,14 +315,14 @@ class CompiledFunction:
         if error:
             raise CompileError(error)
         if not (target / "manifest.json").exists():
-            self._write_bundle(key, traced, mesh, target)   # no shared file system
+            self._write_bundle(key, traced, mesh, target, options)   # no shared file system
 
-    def _write_bundle(self, key, traced, mesh, target: Path) -> None:
+    def _write_bundle(self, key, traced, mesh, target: Path, options: TargetOptions) -> None:
         exists = (target / "manifest.json").exists()
         if exists and not env.get(DUMP_ENV) and not env.is_set(REPORT_ENV) \
                 and not env.flag(MEMORY_ENV):
             return
-        levels = self._lower(traced.module, self._target())
+        levels = self._lower(traced.module, options)
         self._plans[key] = self._entry_plan(levels)
         if not exists:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -350,6 +359,8 @@ class CompiledFunction:
             # Called from another function being compiled: inline it.
             check_annotations(self.fn, self._signature, self._bind(args, kwargs).arguments)
             return self.fn(*args, **kwargs)
+        if simulation.active() is not None:       # `tessera simulate`: price it, run nothing
+            return simulation.active().call(self, args, kwargs)
         prepared = self._prepare(args, kwargs)
         self._enter_mesh(prepared[3])
         entry = self._programs.get(prepared[-1])
@@ -362,7 +373,12 @@ class CompiledFunction:
                 # Before any collective of this program: the ranks must have
                 # traced the same one (see _rank_agreement).
                 agree_on_program(self.fn.__name__, traced.module, repr(self._target()))
-            program = tessera_runtime.load_bundle(self._bundle(key, traced, mesh))
+            options = self._target()
+            if self.autotune or (self.autotune is None and env.flag("TESSERA_AUTOTUNE")):
+                options = tune(self, key, traced, mesh, prepared[5],
+                               _local_inputs(prepared[4], traced))
+            path = self._bundles[key] = self._bundle(key, traced, mesh, options)
+            program = tessera_runtime.load_bundle(path)
             entry = self._programs[key] = (program, traced)
         _, leaves, _, mesh, tensors, specs, key = prepared
         self._last_layouts = (mesh, specs)
@@ -423,7 +439,7 @@ class CompiledFunction:
 
     def _build(self, args, kwargs):
         (_, _, _, mesh, tensors, _, key), traced = self._prepare_and_trace(args, kwargs)
-        path = self._bundle(key, traced, mesh)
+        path = self._bundles[key] = self._bundle(key, traced, mesh)
         self._last_key = key
         return path, tensors, traced, mesh
 
@@ -518,7 +534,8 @@ def _options(target, name: str) -> TargetOptions:
 
 
 def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-            target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
+            target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
+            autotune: bool | None = None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
     `tessera.compile(fn, mesh=mesh)`. Without a mesh, results are numpy arrays.
     `deterministic=True` fixes every reduction order (see `dist.deterministic`;
@@ -533,10 +550,15 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
     (bytes, or a string such as "6GiB") bounds every rank's planned peak:
     the compiler chooses which transformer blocks and `ts.remat(policy="auto")`
     regions to recompute (see `ts.remat`), or fails naming the smallest peak
-    it can reach; `fn.memory_report(*args)` shows the plan."""
+    it can reach; `fn.memory_report(*args)` shows the plan. `autotune=True`
+    (or TESSERA_AUTOTUNE=1) measures, on the first call of each signature,
+    the compile options that matter (kernel tile sizes, gradient bucket
+    size; GEMM configurations on the GPU) and runs the fastest; the choice
+    is cached per architecture, shapes, dtypes and compiler version
+    (`tessera autotune --show`; see `tessera.autotune`)."""
     if fn is None:
         return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target,
-                                 dynamic=dynamic, memory_budget=memory_budget)
+                                 dynamic=dynamic, memory_budget=memory_budget, autotune=autotune)
     if isinstance(fn, CompiledFunction):
         if mesh is not None:
             fn.mesh = mesh
@@ -548,21 +570,26 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
             fn.dynamic = _dynamic_names(fn.fn, fn._signature, dynamic)
         if memory_budget is not None:
             fn.memory_budget = _budget(memory_budget, fn.fn)
+        if autotune is not None:
+            fn.autotune = autotune
         return fn
     return CompiledFunction(fn, mesh, numpy_results=mesh is None, deterministic=deterministic,
-                            target=target, dynamic=dynamic, memory_budget=memory_budget)
+                            target=target, dynamic=dynamic, memory_budget=memory_budget,
+                            autotune=autotune)
 
 
 def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-        target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
+        target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
+        autotune: bool | None = None):
     """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
     return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
-                   memory_budget=memory_budget)
+                   memory_budget=memory_budget, autotune=autotune)
 
 
 def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-             target: str | TargetOptions | None = None, dynamic=(), memory_budget=None):
+             target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
+             autotune: bool | None = None):
     """`@ts.function`: a compiled function with shape-annotated arguments
     (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
     return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
-                   memory_budget=memory_budget)
+                   memory_budget=memory_budget, autotune=autotune)

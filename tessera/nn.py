@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import simulation
 from .op import (attention, cross_entropy, embedding, gelu, layernorm, linear, log_softmax,
                  relu, rmsnorm, silu, softmax, transformer_block)
 
@@ -26,6 +27,8 @@ def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
     std, out_std = 0.02, 0.02 / np.sqrt(2 * depth)
 
     def normal(shape, s):
+        if simulation.active() is not None:     # `tessera simulate`: shapes only
+            return simulation.placeholder(shape, dtype)
         return (rng.standard_normal(shape) * s).astype(dtype)
 
     layers = []

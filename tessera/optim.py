@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from . import op
+from . import op, simulation
 from ._pytree import flatten, unflatten
 
 __all__ = ["AdamW", "SGD", "global_norm", "clip_by_global_norm", "accumulate", "tree_sum",
@@ -39,6 +39,8 @@ def _map(fn, *trees):
 
 
 def _zeros_like(tree):
+    if simulation.active() is not None:         # `tessera simulate`: shapes only
+        return _map(lambda x: simulation.placeholder(np.shape(x)), tree)
     return _map(lambda x: np.zeros(np.shape(x), np.float32), tree)
 
 

@@ -352,6 +352,11 @@ class PipelinedFunction(CompiledFunction):
         info = program.bundle.program.pipeline
         if info is None:
             raise CompileError(f"{self.fn.__name__}'s bundle has no pipeline schedule")
+        return self.report_of(info)
+
+    def report_of(self, info: dict) -> Report:
+        """The Report of a compiled program's pipeline schedule (program.json's
+        `pipeline`: schedule, ranks, stages, microbatches, each action's cost)."""
         costs = {(a["kind"], a["stage"]): a["cost"] for a in info["costs"]}
         plan = simulate(info["schedule"], info["ranks"], info["stages"], info["microbatches"],
                         cost=lambda a: costs.get((a.kind, a.stage), 0.0))

@@ -243,6 +243,9 @@ class Prediction:
     parts: dict
     #: (instruction index, what, category, seconds, Python line)
     items: list = field(default_factory=list, repr=False)
+    #: the predicted timeline: (stream, what, category, start s, end s, args),
+    #: dist.profile's slice form (`tessera simulate` writes it as a trace)
+    slices: list = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -250,6 +253,9 @@ class Cost:
     """A step's prediction on every rank (`trace.cost()`)."""
     machine: Machine
     ranks: list
+    #: how many distinct rank roles were predicted (ranks that run the same
+    #: instructions share one prediction)
+    roles: int = 1
 
     @property
     def step_s(self) -> float:
@@ -331,8 +337,9 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
     free = {s: 0.0 for s in program["streams"]}
     events: dict = {}
     tokens: dict = {}          # token -> (start, seconds, stream it ran on)
+    pending: dict = {}         # token -> its timeline slice, placed at its first wait
     compute = exposed = hidden = 0.0
-    items = []
+    items, slices = [], []
 
     def nbytes(value):
         shape, dtype = shapes[value]
@@ -354,15 +361,19 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
             if not machine.async_launch:
                 host = free[stream]
             compute += seconds
-            items.append((index, ins["kernel"] + (f" [{ins['library']}]" if "library" in ins
-                                                  else ""), "compute", seconds, ins.get("loc")))
+            what = ins["kernel"] + (f" [{ins['library']}]" if "library" in ins else "")
+            items.append((index, what, "compute", seconds, ins.get("loc")))
+            slices.append((stream, what, "compute", start, free[stream],
+                           {"op": ins.get("library", "kernel"), "source": ins.get("loc"),
+                            "schedule_op": f"tsched.launch, instructions[{index}]"}))
         elif op == "event_record":
             events[ins["result"]] = free.get(ins["stream"], host)
         elif op == "event_wait":
             free[ins["stream"]] = max(free.get(ins["stream"], 0.0), events.get(ins["event"], 0.0))
         elif op in ("collective_start", "send", "recv"):
             if op == "collective_start":
-                size = max(nbytes(ins["src"]), nbytes(ins["dst"]))
+                # (A broadcast's src exists on its root only: the sizes agree.)
+                size = max(nbytes(ins["dst"]), nbytes(ins["src"]) if ins["src"] in shapes else 0)
                 n, stride = _group(mesh, ins["axis"])
                 seconds = collective_seconds(ins["collective"], size, n, machine.link(stride, n))
                 what = f"{ins['axis']} {ins['collective']} {size} B"
@@ -379,6 +390,9 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
                 done = free[stream] = start + seconds
             tokens[ins["result"]] = [start, seconds, done]
             items.append((index, what, "comm", seconds, ins.get("loc")))
+            pending[ins["result"]] = (stream, what, {
+                "op": ins.get("collective", op), "axis": ins["axis"], "bytes": size,
+                "source": ins.get("loc"), "schedule_op": f"tsched.{op}, instructions[{index}]"})
         elif op == "collective_wait":
             token = tokens[ins["token"]]
             start, seconds, done = token
@@ -391,6 +405,8 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
                 exposed += blocked
                 hidden += seconds - blocked
                 token.append("waited")
+                stream, what, args = pending.pop(ins["token"])
+                slices.append((stream, what, "comm", done - seconds, done, args))
             free[waiter] = max(free.get(waiter, 0.0), done)
             if not machine.async_launch:
                 host = max(host, done)
@@ -412,7 +428,8 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
             end = shared
     parts = {"compute": compute, "comm_exposed": exposed, "comm_hidden": hidden,
              "runtime": runtime, "call": call}
-    return Prediction(rank, end, parts, items)
+    slices.append(("host", "step", "run", 0.0, end, {"what": "one call, as predicted"}))
+    return Prediction(rank, end, parts, items, slices)
 
 
 def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> float:
@@ -452,14 +469,18 @@ def estimate(module: ir.Module, machine: Machine, ranks=None) -> Cost:
     ranks = list(world if ranks is None else ranks)
     roles = {}
     out = []
-    per_rank = any("on" in i for i in program["instructions"])
+    # Ranks differ only in the instructions that run on one coordinate of
+    # an axis (a pipeline stage's): one prediction per distinct coordinate
+    # along those axes (a role), however many ranks share it.
+    role_axes = sorted({i["on"]["axis"] for i in program["instructions"] if "on" in i})
     for r in ranks:
-        key = tuple(sorted(_coordinates(mesh, r).items())) if (per_rank and mesh) else ()
+        coords = _coordinates(mesh, r) if mesh else {}
+        key = tuple(coords.get(a) for a in role_axes)
         if key not in roles:
             roles[key] = predict(program, work, machine, r)
         p = roles[key]
-        out.append(Prediction(r, p.step_s, p.parts, p.items))
-    return Cost(machine, out)
+        out.append(Prediction(r, p.step_s, p.parts, p.items, p.slices))
+    return Cost(machine, out, len(roles))
 
 
 def load_machine(path) -> Machine:

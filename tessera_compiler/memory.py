@@ -227,15 +227,19 @@ def plan_memory(module: ir.Module, facts: GraphFacts | None = None) -> dict:
         name = ir.StringAttr(f.attributes["sym_name"]).value
         ops = [o.operation for o in f.regions[0].blocks[0].operations]
         runs = [action_rank(o) for o in ops]
+        # Ranks differ only by their coordinates along the axes that actions
+        # run on (a pipeline's stages): one walk per such role.
+        role_axes = sorted({r[0] for r in runs if r is not None})
         ranks, cache = [], {}
         for rank in range(size):
             coords = dict(zip(axes, _coords(rank, shape)))
-            mine = tuple(r is None or coords.get(r[0]) == r[1] for r in runs)
-            if mine not in cache:
-                cache[mine] = _walk(f, [o for o, keep in zip(ops, mine) if keep], symbols,
+            role = tuple(coords.get(a) for a in role_axes)
+            if role not in cache:
+                mine = [r is None or coords.get(r[0]) == r[1] for r in runs]
+                cache[role] = _walk(f, [o for o, keep in zip(ops, mine) if keep], symbols,
                                     facts.parameters.get(name, set()),
                                     facts.loss_inputs.get(name))
-            plan = cache[mine]
+            plan = cache[role]
             ranks.append(RankMemory(rank, plan.peak, dict(plan.by_category), list(plan.live),
                                     plan.at, dict(plan.category_peaks), plan.stored_activations))
         plans[name] = MemoryPlan(name, ranks, facts.remat.get(name, {}))

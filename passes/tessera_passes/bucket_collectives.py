@@ -15,7 +15,7 @@ A group never includes an all_reduce whose operand depends on another's
 result (its operand would not exist yet), so the order of computation is
 kept. Elementwise reductions commute with concatenation, and a deterministic
 tree is per element, so the results are the same bits. Groups are capped at
-BUCKET_ELEMENTS elements. Runs on partitioned functions (after
+the `bucket-elements` option (default 2^24 elements, 64 MiB of float32). Runs on partitioned functions (after
 tessera-partition), except pipelined ones (not yet: their all_reduces
 belong to different ranks' stages).
 """
@@ -30,17 +30,13 @@ from tessera_mlir.dialects import tgraph
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
 
-#: Largest bucket, in elements (64 MiB of float32).
-BUCKET_ELEMENTS = 1 << 24
-
-
 def _key(op: ir.Operation):
     t = ir.RankedTensorType(op.results[0].type)
     return (ir.StringAttr(op.attributes["axis"]).value, str(op.attributes["kind"]),
             "deterministic" in op.attributes, str(op.attributes["mesh"]), str(t.element_type))
 
 
-def _groups(func_op: ir.Operation) -> list[list[ir.Operation]]:
+def _groups(func_op: ir.Operation, bucket_elements: int) -> list[list[ir.Operation]]:
     ops = ops_of(func_op)
     position = {op: i for i, op in enumerate(ops)}
 
@@ -63,7 +59,7 @@ def _groups(func_op: ir.Operation) -> list[list[ir.Operation]]:
         size = math.prod(ir.RankedTensorType(op.results[0].type).shape)
         members, deadline, elements = open_groups.get(key, ([], -1, 0))
         if members and defined_at(op.operands[0]) < deadline and \
-                elements + size <= BUCKET_ELEMENTS:
+                elements + size <= bucket_elements:
             open_groups[key] = (members + [op], min(deadline, first_use(op)), elements + size)
             continue
         if len(members) > 1:
@@ -120,6 +116,6 @@ def run(op, pass_, options: TargetOptions):
                 raise PassError("tgraph.all_reduce in a function that is not partitioned: run "
                                 "tessera-partition before tessera-bucket-collectives",
                                 fused[0].location)
-            for members in _groups(f):
+            for members in _groups(f, options.bucket_elements):
                 _fuse(members, f)
     run_reporting(op, pass_, body)

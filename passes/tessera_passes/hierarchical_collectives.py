@@ -102,8 +102,9 @@ def run(op, pass_, options: TargetOptions):
             for inner in reduces:
                 mesh = meshes.get(ir.FlatSymbolRefAttr(inner.attributes["mesh"]).value)
                 axis = ir.StringAttr(inner.attributes["axis"]).value
-                if mesh is None or axis not in mesh.axes:
-                    continue            # a sub-axis already
+                if mesh is None or axis not in mesh.axes or \
+                        not ir.RankedTensorType(inner.results[0].type).has_static_shape:
+                    continue            # a sub-axis already, or a shape to leave alone
                 per_node = ranks_per_node_of_axis(mesh.shape, mesh.axes.index(axis),
                                                   options.ranks_per_node)
                 n = mesh.axis_size(axis)

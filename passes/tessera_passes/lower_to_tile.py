@@ -81,7 +81,6 @@ LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
 LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes", "k", "num_experts", "capacity",
                  "blocks", "transpose_rhs")
-ELEMENTWISE_TILE_ELEMENTS = 4096
 
 
 def tile_elementwise(op: ir.Operation, result_type: ir.Type, xs: list[ir.Value]) -> ir.Value:
@@ -359,8 +358,9 @@ class GroupTiler:
             if rank == 0:
                 tile = []
             else:
-                last = dom[-1] if row_mode else largest_divisor(dom[-1], ELEMENTWISE_TILE_ELEMENTS)
-                tile, budget = [1] * rank, max(1, ELEMENTWISE_TILE_ELEMENTS // last)
+                elements = self.options.elementwise_tile_elements
+                last = dom[-1] if row_mode else largest_divisor(dom[-1], elements)
+                tile, budget = [1] * rank, max(1, elements // last)
                 tile[-1] = last
                 for d in reversed(range(rank - 1)):
                     tile[d] = largest_divisor(dom[d], budget)
@@ -466,7 +466,7 @@ class GroupTiler:
         shape = shape_of(src)
         rank = len(shape)
         last = largest_divisor(shape[-1], 64)
-        chunk = largest_divisor(shape[d], max(1, ELEMENTWISE_TILE_ELEMENTS // last))
+        chunk = largest_divisor(shape[d], max(1, self.options.elementwise_tile_elements // last))
         in_tile = [1] * rank
         in_tile[-1], in_tile[d] = last, chunk
         out_tile = list(in_tile)

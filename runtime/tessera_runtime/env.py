@@ -54,6 +54,15 @@ _VARIABLES = [
              "world ranks per node (consecutive): all-reduces over an axis spanning nodes "
              "become reduce-scatter in each node, all-reduce across nodes, all-gather in each "
              "node (`tessera launch --ranks-per-node` sets it)"),
+    Variable("TESSERA_AUTOTUNE", "frontend", "0",
+             "1: every compiled function measures the compile options that matter on its "
+             "first call of a signature and runs the fastest (ts.jit(..., autotune=True)); "
+             "choices are stored under the cache directory (`tessera autotune --show`)"),
+    Variable("TESSERA_AUTOTUNE_CANDIDATES", "frontend", "5",
+             "how many candidates an autotuning search compiles and times (the cost model "
+             "ranks them when there are more)"),
+    Variable("TESSERA_AUTOTUNE_REPS", "frontend", "5",
+             "timed runs per autotuning candidate (after one warm-up; the median counts)"),
     Variable("TESSERA_SHOW_IR", "compiler", "0",
              "1: compile errors include the IR of the operation that failed (MLIR's "
              "'see current operation' note)"),

@@ -204,6 +204,11 @@ class TargetOptions:
     register_budget: int = _option(
         160, "registers per thread a register loop's carried tiles and invariant A "
         "operands may take before the A operands move to shared memory", int)
+    elementwise_tile_elements: int = _option(
+        4096, "elements of a fused elementwise kernel's tile (its rows times its columns; "
+        "a reduction's chunk too): the work of one instance", int)
+    bucket_elements: int = _option(
+        1 << 24, "largest fused all-reduce (tessera-bucket-collectives), in elements", int)
     ranks_per_node: int = _option(
         0, "world ranks per node, consecutive (0: one node). `tessera.compile` takes "
         "TESSERA_RANKS_PER_NODE; all-reduces over an axis whose ranks span nodes become "
@@ -220,6 +225,12 @@ class TargetOptions:
     def __post_init__(self):
         if self.target is not None:
             _parse_target(self.target)
+        for name in ("elementwise_tile_elements", "bucket_elements"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.ranks_per_node < 0:
+            raise ValueError(f"ranks_per_node must be 0 (one node) or more, got "
+                             f"{self.ranks_per_node}")
         object.__setattr__(self, "gemm_configs", tuple(self.gemm_configs))
         for name in ("attention_forward_blocks", "attention_backward_blocks"):
             value = getattr(self, name)

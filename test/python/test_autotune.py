@@ -1,0 +1,125 @@
+"""Autotuning (issue 29 item 5): a function compiled with autotune=True
+measures candidate compile options on its first call, runs the fastest,
+stores the choice per architecture, shapes, dtypes and compiler version;
+a second run uses it without searching; a failing candidate never breaks
+the compile; `tessera autotune --show/--clear` list and forget choices."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import autotune, op
+
+
+def _step(w, x):
+    def loss(w):
+        h = op.gelu(op.matmul(x, w))
+        return op.mean(h * h)
+    return ts.value_and_grad(loss)(w)
+
+
+def _reference(w, x):
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    z = x64 @ w64
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (z + 0.044715 * z ** 3))
+    h = 0.5 * z * (1 + t)
+    dh = 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
+    return np.mean(h * h), x64.T @ (2 * h * dh / h.size)
+
+
+@pytest.fixture
+def args():
+    rng = np.random.default_rng()
+    return (rng.standard_normal((32, 48)).astype(np.float32),
+            rng.standard_normal((64, 32)).astype(np.float32))
+
+
+def test_first_call_searches_second_run_uses_the_stored_choice(args, capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_AUTOTUNE_CANDIDATES", "3")
+    monkeypatch.setenv("TESSERA_AUTOTUNE_REPS", "1")
+    w, x = args
+    value, grad = ts.jit(_step, autotune=True)(w, x)
+    ref_value, ref_grad = _reference(w, x)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-4)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-3, atol=1e-5)
+    first = capsys.readouterr().err
+    # One device: the kernel tile size's three values (no all-reduce to bucket).
+    assert "[tessera autotune] _step: measuring 3 of 3 candidates (all measured)" in first, first
+    assert "_step: chose " in first and "stored in" in first, first
+    (entry,) = autotune.entries().values()
+    assert entry["measured"] == 3 and entry["candidates"] == 3
+    assert entry["key"]["arguments"][0][1:3] == [[32, 48], "float32"]
+    assert 0 < entry["best_s"] <= entry["default_s"]
+    # A new compiled function (as a second process would have): no search.
+    value2, grad2 = ts.jit(_step, autotune=True)(w, x)
+    second = capsys.readouterr().err
+    assert "_step: stored choice" in second and "no search" in second, second
+    assert "measuring" not in second
+    np.testing.assert_allclose(grad2, grad, rtol=1e-5, atol=1e-7)
+    # Other shapes are another key: searched again.
+    monkeypatch.setenv("TESSERA_AUTOTUNE_CANDIDATES", "1")
+    ts.jit(_step, autotune=True)(w[:16], x[:, :16])
+    assert "measuring 1 of 3" in capsys.readouterr().err
+    assert len(autotune.entries()) == 2
+
+
+def test_a_failing_candidate_counts_as_infinitely_slow(args, capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_AUTOTUNE_CANDIDATES", "2")
+    monkeypatch.setenv("TESSERA_AUTOTUNE_REPS", "1")
+    from tessera.compiler import CompiledFunction
+    compile_for = CompiledFunction._bundle
+
+    def failing(self, key, traced, mesh, options=None):
+        if options is not None and options.elementwise_tile_elements == 1024:
+            raise ts.CompileError("this candidate does not compile")
+        return compile_for(self, key, traced, mesh, options)
+    monkeypatch.setattr(CompiledFunction, "_bundle", failing)
+    w, x = args
+    value, _ = ts.jit(_step, autotune=True)(w, x)
+    np.testing.assert_allclose(value, _reference(w, x)[0], rtol=1e-4)
+    err = capsys.readouterr().err
+    assert "elementwise-tile-elements=1024 failed: CompileError: this candidate does not " \
+        "compile" in err, err
+    assert "inf ms  elementwise-tile-elements=1024" in err, err
+    (entry,) = autotune.entries().values()
+    assert entry["choice"] == {}            # the default (the other one measured) won
+
+
+def test_tessera_autotune_show_and_clear(args, monkeypatch):
+    monkeypatch.setenv("TESSERA_AUTOTUNE_CANDIDATES", "1")
+    monkeypatch.setenv("TESSERA_AUTOTUNE_REPS", "1")
+    ts.jit(_step, autotune=True)(*args)
+    cli = [sys.executable, "-m", "tessera", "autotune"]
+    shown = subprocess.run(cli + ["--show"], capture_output=True, text=True, check=True).stdout
+    assert "1 autotuned choice(s)" in shown and "- _step on " in shown, shown
+    assert "arguments: w 32x48 float32, x 64x32 float32" in shown, shown
+    assert "choice: the default options" in shown and "1 of 3 candidates" in shown, shown
+    cleared = subprocess.run(cli + ["--clear"], capture_output=True, text=True, check=True)
+    assert "forgot 1 autotuned choice(s)" in cleared.stdout
+    assert autotune.entries() == {}
+    bad = subprocess.run(cli, capture_output=True, text=True)
+    assert bad.returncode == 2 and "one of the arguments --show --clear is required" in bad.stderr
+
+
+def test_ranks_of_a_job_search_together_and_agree(tessera_launch, tmp_path):
+    """2 ranks: the same candidates in the same order (each timed on the
+    slowest rank), one choice, one stored entry; the second launch of the
+    job searches nothing; both ranks get the same gradient."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    env = {"TESSERA_AUTOTUNE_CANDIDATES": "2", "TESSERA_AUTOTUNE_REPS": "1",
+           "TESSERA_CACHE_DIR": str(tmp_path / "cache")}
+    worker = "test/python/workers/autotune_worker.py"
+    first = tessera_launch("-n", 2, worker, seed, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stderr.count("step: measuring 2 of 9 candidates") == 1, first.stderr
+    sums = {line.split()[3] for line in first.stdout.splitlines() if line.startswith("rank ")}
+    assert len(sums) == 1, first.stdout
+    second = tessera_launch("-n", 2, worker, seed, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "stored choice" in second.stderr and "measuring" not in second.stderr, second.stderr
+    assert {line.split()[3] for line in second.stdout.splitlines()
+            if line.startswith("rank ")} == sums
