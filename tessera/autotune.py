@@ -81,14 +81,9 @@ def cache_file() -> Path:
 def _arch(options: TargetOptions) -> str:
     if options.target == "gpu":
         return "sm_90a"          # what the CUDA emitter targets
-    cpu = ""
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                    if line.startswith("model name")), "")
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{platform.machine()} {cpu or platform.processor()} x{cores}".strip()
+    from .machine import host_cpu
+    cpu, cores = host_cpu()
+    return f"{platform.machine()} {cpu} x{cores}".strip()
 
 
 def _key_fields(compiled, specs, mesh, graph_text: str, base: TargetOptions) -> dict:

@@ -36,14 +36,19 @@ _N = 1 << 17                        # elements of the kernel benchmarks' arrays 
 _COMM_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 21)
 
 
-def _host_key() -> str:
+def host_cpu() -> tuple[str, int]:
+    """(the CPU's model name, the cores this process may run on)."""
     cpu = ""
     try:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                     if line.startswith("model name")), "")
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cpu or platform.processor(), _cores()
+
+
+def _host_key() -> str:
+    cpu, cores = host_cpu()
     text = f"{platform.node()}|{cpu}|{cores}|{platform.machine()}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

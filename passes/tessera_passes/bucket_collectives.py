@@ -28,7 +28,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+from tessera_compiler.ir.support import functions, ops_of, partitioned_all_reduces, run_reporting
 
 def _key(op: ir.Operation):
     t = ir.RankedTensorType(op.results[0].type)
@@ -107,15 +107,10 @@ def _fuse(members: list[ir.Operation], func_op: ir.Operation) -> None:
 def run(op, pass_, options: TargetOptions):
     def body():
         for f in list(functions(op)):
-            fused = [o for o in ops_of(f) if o.name == "tgraph.all_reduce"]
-            if not fused or "tgraph.pipeline" in f.attributes:
-                # (A pipeline's all_reduces belong to different ranks' stages;
-                # bucketing them would need a bucket per rank and action.)
+            # (A pipeline's all_reduces are left alone: bucketing them would
+            # need a bucket per rank and action.)
+            if not partitioned_all_reduces(f, "tessera-bucket-collectives"):
                 continue
-            if "tgraph.partitioned" not in f.attributes:
-                raise PassError("tgraph.all_reduce in a function that is not partitioned: run "
-                                "tessera-partition before tessera-bucket-collectives",
-                                fused[0].location)
             for members in _groups(f, options.bucket_elements):
                 _fuse(members, f)
     run_reporting(op, pass_, body)

@@ -42,7 +42,7 @@ from tessera_mlir import ir
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import meshes_of, sub_axis_name
-from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+from tessera_compiler.ir.support import functions, partitioned_all_reduces, run_reporting
 
 
 def ranks_per_node_of_axis(shape, axis_index: int, ranks_per_node: int) -> int:
@@ -89,13 +89,7 @@ def run(op, pass_, options: TargetOptions):
         enabled = options.ranks_per_node > 0 and options.hierarchical_collectives
         meshes = meshes_of(op)
         for f in list(functions(op)):
-            reduces = [o for o in ops_of(f) if o.name == "tgraph.all_reduce"]
-            if not reduces or "tgraph.pipeline" in f.attributes:
-                continue
-            if "tgraph.partitioned" not in f.attributes:
-                raise PassError("tgraph.all_reduce in a function that is not partitioned: run "
-                                "tessera-partition before tessera-hierarchical-collectives",
-                                reduces[0].location)
+            reduces = partitioned_all_reduces(f, "tessera-hierarchical-collectives")
             if not enabled:
                 continue
             todo = []

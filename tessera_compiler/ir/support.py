@@ -120,3 +120,17 @@ def marked_args(kernel: ir.Operation, marker: str) -> list[int]:
     attrs = kernel.attributes
     arg_attrs = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
     return [i for i, d in enumerate(arg_attrs) if marker in ir.DictAttr(d)]
+
+
+def partitioned_all_reduces(func_op: ir.Operation, flag: str) -> list[ir.Operation]:
+    """The tgraph.all_reduce ops of a function that passes rewriting them
+    (bucketing, hierarchical collectives) work on: none in a pipelined
+    function (its all_reduces belong to different ranks' stages); in a
+    function that is not partitioned, an error naming pass `flag`."""
+    reduces = [o for o in ops_of(func_op) if o.name == "tgraph.all_reduce"]
+    if not reduces or "tgraph.pipeline" in func_op.attributes:
+        return []
+    if "tgraph.partitioned" not in func_op.attributes:
+        raise PassError("tgraph.all_reduce in a function that is not partitioned: run "
+                        f"tessera-partition before {flag}", reduces[0].location)
+    return reduces
