@@ -358,7 +358,8 @@ def main(argv=None) -> int:
                         help="profile the whole run as dist.profile() does: rank 0 prints each "
                              "rank's compute / communication / waiting / idle balance at exit "
                              "and writes DIR/trace.json (one Perfetto timeline for all ranks; "
-                             "open it in ui.perfetto.dev) and DIR/summary.txt")
+                             "open it in ui.perfetto.dev), DIR/summary.txt and DIR/timeline.png "
+                             "(a picture of the trace, where matplotlib is installed)")
     launch.add_argument("--ranks-per-node", type=int, default=None, metavar="N",
                         help="the ranks run N to a node (consecutive ranks; sets "
                              "TESSERA_RANKS_PER_NODE): all-reduces over a mesh axis that spans "
@@ -413,7 +414,8 @@ def main(argv=None) -> int:
                                "ranks as the mesh); default h100-node")
     simulate.add_argument("--trace", default=None, metavar="FILE",
                           help="write the predicted timeline of --trace-ranks as one Perfetto "
-                               "trace (open it in ui.perfetto.dev)")
+                               "trace (open it in ui.perfetto.dev), and a picture of it beside "
+                               "(FILE with .png, where matplotlib is installed)")
     simulate.add_argument("--trace-ranks", default=None, metavar="R,R,...",
                           help="ranks in --trace (default: the first, the slowest and the last)")
     simulate.add_argument("script")
@@ -546,9 +548,16 @@ def _simulate(parser, opts) -> int:
                 parser.error(f"--trace-ranks {bad} are not ranks of the {size}-rank mesh")
         else:
             ranks = sorted({0, sim.slowest(), size - 1})
-        Path(opts.trace).write_text(json.dumps(sim.perfetto(ranks)))
-        print(f"[tessera simulate] predicted timeline of ranks {ranks} written to {opts.trace}",
-              file=sys.stderr)
+        trace = sim.perfetto(ranks)
+        Path(opts.trace).write_text(json.dumps(trace))
+        written = [opts.trace]
+        try:
+            from .profiling import timeline_png
+            written.append(str(timeline_png(trace, Path(opts.trace).with_suffix(".png"))))
+        except ImportError:
+            pass                                # matplotlib is optional
+        print(f"[tessera simulate] predicted timeline of ranks {ranks} written to "
+              f"{' and '.join(written)}", file=sys.stderr)
     return 0
 
 

@@ -99,7 +99,7 @@ class profile:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        rec = profiler.stop()
+        rec = profiler.stop(self._recorder)
         if kind is not None:
             # The block raised on this rank: gathering now would wait for ranks
             # that may never get here (the error aborts the job instead).
@@ -287,9 +287,61 @@ def perfetto_trace(records: list[dict], offsets: list[float]) -> dict:
 # `tessera launch --profile DIR`
 # ---------------------------------------------------------------------------
 
+#: colours of the timeline picture, by slice category
+_COLOURS = {"compute": "#4c72b0", "comm": "#dd8452", "p2p": "#c44e52", "wait": "#bbbbbb",
+            "run": "#e8e8e8", "idle": "#f5f5f5"}
+
+
+def timeline_png(trace: dict, path: str | Path, ranks: int = 8) -> Path:
+    """A picture of a Perfetto `trace` (dist.profile's or tessera simulate's):
+    a row per rank and stream (the first `ranks` ranks), each slice coloured
+    by what it is (compute, collective, transfer, waiting, a program run),
+    from the first program run to the last.
+    For a look without a browser; ui.perfetto.dev shows the same trace with
+    every slice's details. Needs matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    events = trace["traceEvents"]
+    pids = sorted({e["pid"] for e in events if e.get("ph") == "X"})[:ranks]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("name") == "thread_name"}
+    rows = [(p, t) for p, t in sorted(names) if p in pids]
+    y = {row: i for i, row in enumerate(rows)}
+    fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.2))
+    for e in events:
+        row = (e.get("pid"), e.get("tid"))
+        if e.get("ph") != "X" or row not in y:
+            continue
+        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-4))], (y[row] - 0.4, 0.8),
+                       facecolors=_COLOURS.get(e.get("cat"), "#8172b3"), edgecolor="none")
+    # Zoom on the program runs: a whole-process profile is mostly imports
+    # and compiling before the first run.
+    runs = [(e["ts"], e["ts"] + e["dur"]) for e in events
+            if e.get("ph") == "X" and e.get("cat") == "run" and e.get("pid") in pids]
+    if runs:
+        lo, hi = min(a for a, _ in runs) / 1e3, max(b for _, b in runs) / 1e3
+        pad = 0.02 * max(hi - lo, 1e-3)
+        ax.set_xlim(lo - pad, hi + pad)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"rank {p} {names[p, t]}" for p, t in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    producer = trace.get("otherData", {}).get("producer", "")
+    ax.set_title(f"{producer}: {len(pids)} rank(s)")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLOURS.items()],
+              loc="upper right", fontsize=7, ncol=len(_COLOURS))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def profile_from_env() -> None:
     """With TESSERA_PROFILE=DIR, profile the whole process (called once when
-    tessera is imported): DIR/trace.json and DIR/summary.txt at exit."""
+    tessera is imported): DIR/trace.json and DIR/summary.txt at exit, and
+    DIR/timeline.png where matplotlib is installed."""
     folder = env.get("TESSERA_PROFILE")
     if not folder:
         return
@@ -300,4 +352,9 @@ def profile_from_env() -> None:
         prof.__exit__(None, None, None)
         if prof.rank == 0:
             (Path(folder) / "summary.txt").write_text(prof.table + "\n")
+            try:
+                timeline_png(json.loads((Path(folder) / "trace.json").read_text()),
+                             Path(folder) / "timeline.png")
+            except ImportError:
+                pass                        # matplotlib is optional
     atexit.register(finish)

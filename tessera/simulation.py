@@ -183,7 +183,12 @@ class Simulation:
                 for stream, what, cat, t0, t1, args in r.cost.ranks[rank].slices:
                     name = f"{r.name}: {what}" if cat == "run" else what
                     slices.append((stream, name, cat, offset + t0, offset + t1, args))
-                offset += r.step_s(rank)
+                busy, step = r.busy_s(rank), r.step_s(rank)
+                if step > busy:                  # the stages' idle share of a pipeline
+                    slices.append(("host", f"{r.name}: pipeline bubble", "run", offset + busy,
+                                   offset + step, {"what": f"{r.pipeline.bubble:.1%} of the "
+                                                           "schedule idle (predicted)"}))
+                offset += step
             records.append({"rank": rank, "t_start": 0.0, "t_stop": offset, "slices": slices})
         trace = perfetto_trace(records, [0.0] * (max(ranks) + 1))
         trace["otherData"]["producer"] = "tessera simulate (predicted, not measured)"

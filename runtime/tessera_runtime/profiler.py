@@ -20,17 +20,22 @@ import time
 
 
 class Recorder:
-    """The slices of one process between `start()` and `stop()`."""
+    """The slices of one process between `start()` and `stop()`. Recorders
+    nest (a `dist.profile()` block inside `tessera launch --profile`): a
+    slice added to the innermost one is added to those around it too."""
 
-    def __init__(self):
+    def __init__(self, outer: "Recorder | None" = None):
         self.t_start = time.perf_counter()
         self.t_stop: float | None = None
+        self._outer = outer
         #: (stream, name, category, t0, t1, args)
         self.slices: list[tuple] = []
 
     def add(self, stream: str, name: str, category: str, t0: float, t1: float,
             args: dict) -> None:
         self.slices.append((stream, name, category, t0, t1, args))
+        if self._outer is not None:
+            self._outer.add(stream, name, category, t0, t1, args)
 
     def totals(self) -> dict:
         """{key: [seconds, calls]}: per kernel (its name), library routine
@@ -52,24 +57,31 @@ class Recorder:
         return out
 
 
-_active: Recorder | None = None
+_stack: list[Recorder] = []
 
 
 def active() -> Recorder | None:
-    return _active
+    """The innermost recording, if any."""
+    return _stack[-1] if _stack else None
 
 
 def start() -> Recorder:
-    """Start recording this process' slices (replacing any active recorder)."""
-    global _active
-    _active = Recorder()
-    return _active
+    """Start recording this process' slices (inside any recording already
+    active, which keeps receiving them)."""
+    rec = Recorder(active())
+    _stack.append(rec)
+    return rec
 
 
-def stop() -> Recorder | None:
-    """Stop recording; returns the recorder that was active."""
-    global _active
-    rec, _active = _active, None
-    if rec is not None:
-        rec.t_stop = time.perf_counter()
+def stop(rec: Recorder | None = None) -> Recorder | None:
+    """Stop recording `rec` (default: the innermost); returns it."""
+    if rec is None:
+        rec = _stack[-1] if _stack else None
+    if rec is None or rec not in _stack:
+        return None
+    _stack.remove(rec)
+    for inner in _stack:            # a recording started inside it now feeds its outer one
+        if inner._outer is rec:
+            inner._outer = rec._outer
+    rec.t_stop = time.perf_counter()
     return rec

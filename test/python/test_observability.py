@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tessera.profiling import balance, perfetto_trace
@@ -58,6 +59,7 @@ def test_launch_profile_writes_one_perfetto_trace_of_every_rank_and_stream(tesse
     assert "[tessera profile] 2 ranks" in proc.stdout
     summary = (out / "summary.txt").read_text()
     assert re.search(r"^0 .*%.*\n1 .*%", summary, re.M), summary
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads((out / "trace.json").read_text())
     assert set(trace["otherData"]["clock_offsets_s"]) == {"0", "1"}
     events = trace["traceEvents"]
@@ -108,3 +110,24 @@ def test_diagnose_names_a_rank_in_another_collective_and_a_silent_one():
     (line,) = diagnose(dumps, 3)
     assert line == ("dp all_reduce #5 (train.py:7): rank 0 waiting, rank 1 is in all_gather "
                     "of 128 B under that number instead, rank 2 left no flight record")
+
+
+def test_a_profile_inside_a_profiled_run_sees_its_block_and_the_outer_one_everything():
+    """`dist.profile()` in a script run under `tessera launch --profile`
+    (which profiles the whole process): the inner block reports its own
+    runs, the outer recording keeps every run, the inner ones included."""
+    from tessera_runtime import profiler
+    import tessera as ts
+    from tessera import dist, op
+    f = ts.jit(lambda x: op.tanh(x) * 2.0)
+    x = np.ones(64, np.float32)
+    outer = profiler.start()
+    f(x)
+    with dist.profile(None, show=False) as inner:
+        f(x)
+        f(x)
+    f(x)
+    assert profiler.stop(outer) is outer and profiler.active() is None
+    runs = [s for s in outer.slices if s[2] == "run"]
+    assert len(runs) == 4
+    assert inner.ranks[0]["steps"] == 2
