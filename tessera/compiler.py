@@ -359,8 +359,8 @@ class CompiledFunction:
             # Called from another function being compiled: inline it.
             check_annotations(self.fn, self._signature, self._bind(args, kwargs).arguments)
             return self.fn(*args, **kwargs)
-        if simulation.active() is not None:       # `tessera simulate`: price it, run nothing
-            return simulation.active().call(self, args, kwargs)
+        if (simulating := simulation.active()) is not None:
+            return simulating.call(self, args, kwargs)      # price it, run nothing
         prepared = self._prepare(args, kwargs)
         self._enter_mesh(prepared[3])
         entry = self._programs.get(prepared[-1])
@@ -520,17 +520,25 @@ def _default_mesh() -> dist.Mesh:
 def _options(target, name: str) -> TargetOptions:
     """`target` (a name, TargetOptions or None: TESSERA_TARGET, else "cpu")
     as the TargetOptions a function named `name` compiles with."""
+    nodes = env.get("TESSERA_RANKS_PER_NODE")
     try:
-        options = target_options(target or env.get(TARGET_ENV))
-        if not options.ranks_per_node and env.get("TESSERA_RANKS_PER_NODE"):
-            options = options.with_(ranks_per_node=env.integer("TESSERA_RANKS_PER_NODE"))
-        return options
-    except ValueError as err:
-        raise CompileError(f"{name}: TESSERA_RANKS_PER_NODE must be a number of ranks ({err})"
-                           ) from None
+        return _resolved_options(target, env.get(TARGET_ENV), nodes)
+    except ValueError:
+        raise CompileError(f"{name}: TESSERA_RANKS_PER_NODE must be a number of ranks, got "
+                           f"{nodes!r}") from None
     except _PipelineError as err:
         raise CompileError(f"{name}: {err} (from {'target=' if target else TARGET_ENV})"
                            ) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved_options(target, env_target: str | None, env_nodes: str | None) -> TargetOptions:
+    """`_options` once per (target, TESSERA_TARGET, TESSERA_RANKS_PER_NODE):
+    every call of a compiled function asks for its options."""
+    options = target_options(target or env_target)
+    if not options.ranks_per_node and env_nodes:
+        options = options.with_(ranks_per_node=int(env_nodes))
+    return options
 
 
 def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,

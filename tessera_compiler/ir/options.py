@@ -248,9 +248,14 @@ class TargetOptions:
 
     def digest(self) -> str:
         """A hex digest of every field, the same in every process (the bundle
-        cache key's part for the options)."""
-        text = json.dumps(self.as_json(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        cache key's part for the options). Computed once: the options are
+        frozen, and every call of a compiled function hashes them."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            text = json.dumps(self.as_json(), sort_keys=True)
+            cached = hashlib.sha256(text.encode()).hexdigest()[:16]
+            object.__setattr__(self, "_digest", cached)
+        return cached
 
     def __hash__(self) -> int:
         # Stable across processes (str hashing is salted per process).
