@@ -35,6 +35,14 @@ ranks of the one GPU (run under mpiexec, one `gpu_kit.py rank` process per
 rank, with nvshmem4py from the kit's wheels); the example GPT's training step in fp32 and bf16 against
 the CPU engine. build.json records the commit, nvcc and the NVSHMEM device
 library the kit was built with.
+
+Profile (after the checks): the example GPT's bf16 step at PROFILE_CASE,
+compiled for the autotuner's first candidates (`tessera.autotune`), timed
+there in turns as the autotuner times them; then the default profiled by the
+runtime's recorder on CUDA events and summarised by `dist.profile`'s own
+functions (OUT/profile-gpt-step-bf16.json is its Perfetto trace), beside the
+cost model's prediction on h100-node made here. It passes when every run's
+kernels appear in the trace with positive lengths.
 """
 
 from __future__ import annotations
@@ -193,14 +201,8 @@ def _save(kit: Path, name: str, bundle: Path, inputs, expected, ranks: int = 1) 
     shutil.copytree(bundle, folder / "bundle", ignore=shutil.ignore_patterns("ir"))
     per_rank = (inputs, expected) if ranks > 1 else ([inputs], [expected])
     for rank, (ins, exp) in enumerate(zip(*per_rank)):
-        # Compressed (optimizer moments start at zero); float32 expectations
-        # are ample for these tolerances. No pickle either way. .npy has no
-        # bfloat16: such inputs travel as their bits (uint16), with the
-        # dtype in checks.json.
-        ins = [np.asarray(a) for a in ins]
-        np.savez_compressed(folder / _rank_file("inputs", rank, ranks),
-                            *[a.view(np.uint16) if a.dtype.name == "bfloat16" else a
-                              for a in ins])
+        ins = _save_inputs(folder / _rank_file("inputs", rank, ranks), ins)
+        # float32 expectations are ample for these tolerances.
         np.savez_compressed(folder / _rank_file("expected", rank, ranks),
                             *[np.asarray(value, np.float32) for value, _ in exp])
     outputs = [{k: float(v) if isinstance(v, np.floating) else v for k, v in rule.items()}
@@ -209,6 +211,24 @@ def _save(kit: Path, name: str, bundle: Path, inputs, expected, ranks: int = 1) 
           + (f", on each of {ranks} ranks" if ranks > 1 else ""), flush=True)
     return {"name": name, "input_dtypes": [a.dtype.name for a in ins], "outputs": outputs,
             "ranks": ranks}
+
+
+def _save_inputs(path: Path, inputs) -> list:
+    """`inputs` as a compressed .npz (optimizer moments start at zero; no
+    pickle). .npy has no bfloat16: such inputs travel as their bits
+    (uint16), with the dtypes kept beside them (`_load_inputs`)."""
+    inputs = [np.asarray(a) for a in inputs]
+    np.savez_compressed(path, *[a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+                                for a in inputs])
+    return inputs
+
+
+def _load_inputs(path: Path, dtypes) -> list:
+    import ml_dtypes
+    with np.load(path, allow_pickle=False) as npz:
+        inputs = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+    return [a.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
+            for a, dtype in zip(inputs, dtypes)]
 
 
 def _rank_file(kind: str, rank: int, ranks: int) -> str:
@@ -244,6 +264,171 @@ CHECKS = {
 }
 
 
+# -- the profiler, the cost model and the autotuner's candidates on the GPU ---------
+
+#: The example GPT's bf16 training step (width, depth, heads, length, batch)
+#: at a size whose kernels, not their launches, fill most of an H100's step.
+PROFILE_CASE = tuple(int(v) for v in os.environ.get("GPU_KIT_PROFILE_CASE",
+                                                   "512,2,8,128,16").split(","))
+PROFILE_STEPS = 20
+#: The autotuner's first candidates for one GPU (`tessera.autotune`: the
+#: default options, then each other GEMM configuration order, ...), timed in
+#: turns as `autotune.tune` times them, `TUNE_ROUNDS` runs each.
+TUNE_CANDIDATES = 4
+TUNE_ROUNDS = 10
+
+
+def _build_profile(kit: Path) -> None:
+    """kit/profile: the step's bundle for each autotuning candidate (the
+    first is the default options), its inputs, and the cost model's
+    prediction of the default on h100-node."""
+    import tessera as ts
+    import train_gpt as g
+    from tessera import autotune
+    folder = kit / "profile"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    step, args = g.step_case(*PROFILE_CASE, "bf16",
+                             seed=int(np.random.default_rng().integers(1 << 30)))
+    base = ts.TargetOptions(target="gpu")
+    cost = ts.graph.trace(ts.jit(step.fn, target=base), *args).cost("h100-node")
+    names = []
+    for i, options in enumerate(autotune._candidates(base, 1)[:TUNE_CANDIDATES]):
+        bundle, inputs = ts.jit(step.fn, target=options).build(*args)
+        shutil.copytree(bundle, folder / f"candidate{i}", ignore=shutil.ignore_patterns("ir"))
+        changes = autotune._changes(options, base)
+        if "gemm-configs" in changes:            # an order of configurations: its first
+            changes["gemm-configs"] = changes["gemm-configs"].split(",")[0] + ",..."
+        names.append(autotune._describe(changes))
+    # The weights would take 25 MiB of the call's 64 (random bits do not
+    # compress), and a step's time does not depend on their values: large
+    # floating-point inputs travel as their scale and are drawn again there;
+    # the rest (tokens, step counts, small tensors) as they are.
+    inputs = [np.asarray(a) for a in inputs]
+    redrawn = [a.dtype.kind == "f" or a.dtype.name == "bfloat16" for a in inputs]
+    redrawn = [r and a.size > 4096 for r, a in zip(redrawn, inputs)]
+    _save_inputs(folder / "inputs.npz", [np.asarray(a.shape) if r else a
+                                         for a, r in zip(inputs, redrawn)])
+    predicted = cost.ranks[0]
+    (folder / "profile.json").write_text(json.dumps({
+        "case": dict(zip(("width", "depth", "heads", "length", "batch"), PROFILE_CASE)),
+        "precision": "bf16", "candidates": names,
+        "input_dtypes": [a.dtype.name for a in inputs],
+        "redrawn_std": [float(np.asarray(a, np.float64).std()) if r else None
+                        for a, r in zip(inputs, redrawn)],
+        "predicted": {"machine": cost.machine.name, "step_s": predicted.step_s,
+                      "parts": predicted.parts}}, indent=1))
+    print(f"[gpu_kit] profile: the GPT step at {PROFILE_CASE}, {len(names)} autotuning "
+          f"candidates, {predicted.step_s * 1e3:.2f} ms predicted on {cost.machine.name}",
+          flush=True)
+
+
+def _profile_main(kit: Path, out: Path, engine: str = "cuda") -> int:
+    """(The GPU's side, a process of its own.) The autotuning candidates
+    timed in turns, then the default's step profiled by the runtime's
+    recorder (CUDA events) and summarised by `dist.profile`'s own functions:
+    OUT/profile-gpt-step-bf16.json (the Perfetto trace) and one line
+    `PROFILE {json}` on stdout."""
+    import importlib.util
+    import statistics
+
+    import tessera_runtime
+    from tessera_runtime import profiler
+    # tessera.profiling needs only numpy and the runtime; the package around
+    # it needs the compiler, which the GPU machine has not.
+    spec = importlib.util.spec_from_file_location("tessera_profiling",
+                                                  ROOT / "tessera" / "profiling.py")
+    profiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profiling)
+    folder = kit / "profile"
+    meta = json.loads((folder / "profile.json").read_text())
+    import ml_dtypes
+    rng = np.random.default_rng()
+    stored = _load_inputs(folder / "inputs.npz", ["stored"] * len(meta["input_dtypes"]))
+    inputs = [(rng.standard_normal(tuple(a)) * std).astype(
+                  ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype) if std is not None
+              else a.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
+              for a, dtype, std in zip(stored, meta["input_dtypes"], meta["redrawn_std"])]
+    programs = [tessera_runtime.load_bundle(folder / f"candidate{i}", engine=engine)
+                for i in range(len(meta["candidates"]))]
+
+    def timed(program) -> float:
+        t0 = time.perf_counter()
+        program.run(inputs)
+        return time.perf_counter() - t0
+
+    for program in programs:             # warm-up: module loads, first allocations
+        timed(program)
+    rounds = [[timed(p) for p in programs] for _ in range(TUNE_ROUNDS)]
+    tuned = [statistics.median(r[i] for r in rounds) for i in range(len(programs))]
+    default = programs[0]
+    off = [timed(default) for _ in range(PROFILE_STEPS)]
+    rec = profiler.start()
+    on = [timed(default) for _ in range(PROFILE_STEPS)]
+    profiler.stop(rec)
+    record = {"rank": 0, "t_start": rec.t_start, "t_stop": rec.t_stop, "groups": {},
+              "slices": [list(s) for s in rec.slices]}
+    balance = profiling.balance([record], PROFILE_STEPS)[0]
+    (out / "profile-gpt-step-bf16.json").write_text(
+        json.dumps(profiling.perfetto_trace([record], [0.0])))
+    compute = [s for s in rec.slices if s[2] == "compute"]
+    launches = sum(ins.op == "launch" for ins in default.bundle.program.instructions)
+    problems = []
+    # Launches of empty tensors are skipped, so a run may launch fewer
+    # kernels than the program has launch instructions, but every run the same.
+    per_run = len(compute) / PROFILE_STEPS
+    if not (per_run == int(per_run) and 0 < per_run <= launches):
+        problems.append(f"{len(compute)} kernel slices for {PROFILE_STEPS} runs of at most "
+                        f"{launches} launches")
+    if any(not s[3] < s[4] for s in compute):
+        problems.append("kernel slices of zero or negative length")
+    if sum(s[2] == "run" for s in rec.slices) != PROFILE_STEPS:
+        problems.append("not one run slice per run")
+    if balance["compute"] > balance["window"]:
+        problems.append("more kernel time than the profiled window")
+    per_step = {k: balance[k] / PROFILE_STEPS for k in ("compute", "overhead", "idle")}
+    print("PROFILE " + json.dumps({
+        "problems": problems, "launches": int(per_run),
+        "streams": sorted({s[0] for s in rec.slices}),
+        "step_s": statistics.median(off), "profiled_step_s": statistics.median(on),
+        "measured": per_step, "predicted": meta["predicted"],
+        "tuned": [{"options": name, "step_s": t} for name, t in zip(meta["candidates"], tuned)],
+        "table": profiling._table([balance])}), flush=True)
+    return 0
+
+
+def _run_profile(kit: Path, out: Path, report: "_Report", timeout: float) -> None:
+    """`_profile_main` in a process of its own: the check passes when the
+    trace holds every kernel launch of every profiled run with a positive
+    length; the figures go to report.profile."""
+    if not (kit / "profile" / "profile.json").exists():
+        return
+    start = time.monotonic()
+    status, output = _isolated([sys.executable, __file__, "profile", str(kit), str(out)],
+                               timeout, os.environ.copy())
+    line = next((l for l in output.splitlines() if l.startswith("PROFILE ")), None)
+    if status != 0 or line is None:
+        killed = _killed(timeout, False) + ": " if status is None else ""
+        report.check("profile-gpt-step-bf16", False, killed + output[-3000:],
+                     time.monotonic() - start)
+        return
+    result = json.loads(line[len("PROFILE "):])
+    report.profile = result
+    predicted, measured = result["predicted"], result["measured"]
+    tuned = min(result["tuned"], key=lambda t: t["step_s"])
+    detail = (f"{result['launches']} launches per step on {', '.join(result['streams'])}; step "
+              f"{result['step_s'] * 1e3:.2f} ms ({result['profiled_step_s'] * 1e3:.2f} ms "
+              f"profiled), kernels {measured['compute'] * 1e3:.2f} ms; predicted on "
+              f"{predicted['machine']}: step {predicted['step_s'] * 1e3:.2f} ms, kernels "
+              f"{predicted['parts']['compute'] * 1e3:.2f} ms; autotuning's fastest: "
+              f"{tuned['options']} {tuned['step_s'] * 1e3:.2f} ms vs "
+              f"{result['tuned'][0]['step_s'] * 1e3:.2f} ms")
+    report.check("profile-gpt-step-bf16", not result["problems"],
+                 "; ".join(result["problems"]) or detail, time.monotonic() - start)
+    print(result["table"], flush=True)
+
+
 def build(kit: Path, only=None, benchmarks: bool = True) -> int:
     kit.mkdir(parents=True, exist_ok=True)
     # The example model and the attention reference the tests use.
@@ -254,6 +439,8 @@ def build(kit: Path, only=None, benchmarks: bool = True) -> int:
                          f"the checks are {', '.join(CHECKS)}")
     checks = [make(kit, name) for name, make in CHECKS.items() if not only or name in only]
     (kit / "checks.json").write_text(json.dumps(checks, indent=1))
+    if not only:
+        _build_profile(kit)
     for script in BENCHMARKS if benchmarks else ():
         subprocess.run([sys.executable, str(ROOT / "bench" / script), "--kit", str(kit),
                         "--build-only"], check=True)
@@ -313,15 +500,11 @@ def _compare(got: np.ndarray, want: np.ndarray, rule: dict) -> tuple[bool, str]:
 def _run_one(kit: Path, check: dict, engine: str, rank: int = 0) -> tuple[bool, str]:
     """Runs `check`'s bundle in this process (as `rank` of a multi-rank
     check) and compares its outputs."""
-    import ml_dtypes
     import tessera_runtime
     folder = kit / "checks" / check["name"]
     ranks = check.get("ranks", 1)
     program = tessera_runtime.load_bundle(folder / "bundle", engine=engine)
-    with np.load(folder / _rank_file("inputs", rank, ranks), allow_pickle=False) as npz:
-        inputs = [npz[f"arr_{i}"] for i in range(len(npz.files))]
-    inputs = [a.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
-              for a, dtype in zip(inputs, check["input_dtypes"])]
+    inputs = _load_inputs(folder / _rank_file("inputs", rank, ranks), check["input_dtypes"])
     with np.load(folder / _rank_file("expected", rank, ranks), allow_pickle=False) as npz:
         expected = [npz[f"arr_{i}"].astype(np.float64) for i in range(len(npz.files))]
     got = program.run(inputs)
@@ -414,7 +597,7 @@ class _Report:
 
     def __init__(self, out: Path, engine: str):
         self.path, self.engine = out / "gpu_checks.json", engine
-        self.checks, self.benchmarks = [], {}
+        self.checks, self.benchmarks, self.profile = [], {}, None
 
     def check(self, name: str, ok: bool, detail: str, seconds: float) -> None:
         self.checks.append({"check": name, "ok": ok, "detail": detail, "seconds": seconds})
@@ -423,6 +606,7 @@ class _Report:
 
     def write(self) -> None:
         self.path.write_text(json.dumps({"engine": self.engine, "checks": self.checks,
+                                         "profile": self.profile,
                                          "benchmarks": self.benchmarks}, indent=1))
 
 
@@ -465,24 +649,31 @@ def _run_nccl(report: _Report, timeout: float) -> None:
                                 str(ROOT / "test" / "runtime" / "nccl_worker.py")],
                                timeout, _mpi_env())
     ok = status == 0 and output.count("PASS") >= 12
-    killed = "" if status is not None else _killed(timeout, False) + ": "
-    report.check("nccl-2-ranks", ok, killed + output[-3000:], time.monotonic() - start)
+    why = "" if status is not None else _killed(timeout, False) + ": "
+    if "Duplicate GPU detected" in output:
+        why = ("not run: NCCL refuses two ranks on one GPU before 2.32 (2.32 allows it with "
+               "NCCL_MULTI_RANK_GPU_ENABLE=1); this needs a machine of 2 GPUs or a newer "
+               "NCCL: ")
+    report.check("nccl-2-ranks", ok, why + output[-3000:], time.monotonic() - start)
 
 
-def _benchmark_runs() -> list[tuple[str, str]]:
+def _benchmark_runs(only=None) -> list[tuple[str, str]]:
     """(script, variant) per benchmark process: one variant each, so that a
-    variant that hangs or faults costs only its own rows."""
+    variant that hangs or faults costs only its own rows. `only`: just
+    these variants (names of either script's)."""
     from attention_cuda import DEFAULT_VARIANTS
     from gemm_cuda import VARIANTS
-    return [("gemm_cuda.py", v) for v in VARIANTS] + \
+    runs = [("gemm_cuda.py", v) for v in VARIANTS] + \
         [("attention_cuda.py", v) for v in DEFAULT_VARIANTS]
+    return [r for r in runs if not only or r[1] in only]
 
 
-def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until: float) -> None:
+def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until: float,
+                    only=None) -> None:
     """Each benchmark variant in its own process (`--append` gathers their
     rows into the day's results file), the results files copied to OUT
     after each."""
-    for script, variant in _benchmark_runs():
+    for script, variant in _benchmark_runs(only):
         start = time.monotonic()
         budget = min(timeout, until - start)
         key = f"{script} {variant}"
@@ -505,7 +696,7 @@ def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until
 
 def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True,
         deadline: float = 560, check_timeout: float = 120, bench_timeout: float = 150,
-        bench_reserve: float = 300) -> int:
+        bench_reserve: float = 300, bench_only=None) -> int:
     """The kit's checks on `engine` (`cuda-emulated` runs them on the CPU,
     which is how the kit itself is tested), then, on a GPU, NCCL and the
     benchmarks, all within `deadline` seconds: the checks leave the last
@@ -517,9 +708,10 @@ def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True,
     report = _Report(out, engine)
     _run_checks(kit, engine, report, check_timeout, until - bench_reserve * benchmarks)
     if gpu:
+        _run_profile(kit, out, report, max(10.0, min(check_timeout, until - time.monotonic())))
         _run_nccl(report, max(10.0, min(check_timeout, until - time.monotonic())))
     if benchmarks:
-        _run_benchmarks(kit, out, report, bench_timeout, until)
+        _run_benchmarks(kit, out, report, bench_timeout, until, bench_only)
     report.write()
     failed = [r["check"] for r in report.checks if not r["ok"]]
     print(f"[gpu_kit] {len(report.checks) - len(failed)}/{len(report.checks)} checks passed"
@@ -550,8 +742,16 @@ def main(argv=None) -> int:
     r.add_argument("--bench-reserve", type=float, default=300, metavar="S",
                    help="the checks stop S seconds before the deadline, which the "
                         "benchmarks keep (default 300)")
+    r.add_argument("--bench-only", nargs="+", metavar="VARIANT",
+                   help="just these benchmark variants (gemm_cuda.py's or attention_cuda.py's "
+                        "names, e.g. producer wgmma-ahead)")
     for p in (b, r):
         p.add_argument("--no-benchmarks", action="store_true", help="checks only")
+    prof = sub.add_parser("profile", help="(internal) time the autotuning candidates and "
+                                          "profile the GPT step in this process")
+    prof.add_argument("kit", type=Path)
+    prof.add_argument("out", type=Path)
+    prof.add_argument("--engine", default="cuda", choices=["cuda", "cuda-emulated"])
     one = sub.add_parser("rank", help="(internal) run one check in this process: one rank of "
                                       "it under mpiexec")
     one.add_argument("kit", type=Path)
@@ -562,10 +762,12 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "bench"))
     if args.command == "rank":
         return _rank_main(args.kit, args.check, args.engine, args.verdict_dir)
+    if args.command == "profile":
+        return _profile_main(args.kit, args.out, args.engine)
     if args.command == "build":
         return build(args.kit, args.only, not args.no_benchmarks)
     return run(args.kit, args.out, args.engine, not args.no_benchmarks, args.deadline,
-               args.check_timeout, args.bench_timeout, args.bench_reserve)
+               args.check_timeout, args.bench_timeout, args.bench_reserve, args.bench_only)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,13 @@ order, so both engines give the same bits for the same inputs. bf16 (uint16
 bits here) adds in float32 rounded to bf16 at every step of the tree, as the
 MPI engine's ml_dtypes arrays do (`bf16.bits_ufunc`).
 
-Several ranks may share one GPU (tests on a one-GPU machine) when NCCL allows
-it (`NCCL_MULTI_RANK_GPU_ENABLE=1` where the NCCL version supports it).
+Each NCCL communicator is created at its axis' first collective, not when
+the program loads (the MPI split is done then, by every rank together): a
+program whose collectives are all NVSHMEM kernels, or that has none, creates
+no NCCL communicator. That lets two NVSHMEM ranks share one GPU: NCCL
+refuses two ranks of one communicator on one GPU ("Duplicate GPU detected",
+NCCL 2.28 on the first H100 run) unless it is 2.32 or later with
+`NCCL_MULTI_RANK_GPU_ENABLE=1`.
 """
 
 from __future__ import annotations
@@ -93,8 +98,27 @@ class NCCLWork(Work):
 class NCCLCommunicator(Communicator):
     """Collectives over one NCCL communicator (ranks in communicator order)."""
 
-    def __init__(self, comm: "nccl.NcclCommunicator", size: int, rank: int):
-        self.comm, self._size, self._rank = comm, size, rank
+    def __init__(self, group, size: int, rank: int):
+        """`group`: the axis group's MPI sub-communicator (the NCCL
+        communicator is made from it at the first collective), or an
+        `nccl.NcclCommunicator` already made."""
+        self._group, self._nccl, self._size, self._rank = group, None, size, rank
+        if isinstance(group, nccl.NcclCommunicator):
+            self._group, self._nccl = None, group
+
+    @property
+    def comm(self) -> "nccl.NcclCommunicator":
+        """The NCCL communicator, made on first use: every rank of the group
+        reaches its first collective on this axis in the same program
+        order, so they join together."""
+        if self._nccl is None:
+            group = self._group
+            raw = np.frombuffer(_unique_id_bytes(), np.uint8).copy() if group.Get_rank() == 0 \
+                else np.empty(_ID_BYTES, np.uint8)
+            group.Bcast(raw, root=0)
+            self._nccl = nccl.NcclCommunicator(self._size, _unique_id_from(raw.tobytes()),
+                                               self._rank)
+        return self._nccl
 
     @property
     def size(self) -> int:
@@ -193,7 +217,7 @@ class NCCLCommunicator(Communicator):
 def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict:
     """One NCCL communicator per mesh axis and per sub-axis in `sub_axes`
     for this process (every rank of `comm`, default MPI COMM_WORLD, must call
-    it with the same mesh and sub-axes)."""
+    it with the same mesh and sub-axes), each made at its first collective."""
     from . import mpi_comm
     mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm, sub_axes)
     rank = (comm or mpi_comm.MPI.COMM_WORLD).Get_rank()
@@ -203,12 +227,7 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict
             out[axis] = group
             continue
         sub = group.comm
-        raw = np.frombuffer(_unique_id_bytes(), np.uint8).copy() if sub.Get_rank() == 0 \
-            else np.empty(_ID_BYTES, np.uint8)
-        sub.Bcast(raw, root=0)
-        unique = _unique_id_from(raw.tobytes())
-        out[axis] = NCCLCommunicator(nccl.NcclCommunicator(sub.Get_size(), unique, sub.Get_rank()),
-                                     sub.Get_size(), sub.Get_rank())
+        out[axis] = NCCLCommunicator(sub, sub.Get_size(), sub.Get_rank())
         out[axis].name_group(axis, rank, mesh_info.axis_group(axis, rank))
     return out
 

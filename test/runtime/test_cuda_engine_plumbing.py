@@ -15,6 +15,7 @@ itself: that is test_cuda_engine.py, on a GPU."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 
@@ -236,3 +237,48 @@ def test_nvshmem_launches_initialize_once_and_reset_signals_every_time(engine, t
              ("barrier_all", stream.ptr),
              ("launch", "ag", (2,), (128,), 2, 0, stream.ptr)]
     assert log.calls == once + every + every
+
+
+def test_an_nccl_communicator_is_made_at_its_first_collective(engine, monkeypatch):
+    """NCCL refuses two ranks of one communicator on one GPU (NCCL 2.28 on
+    the first H100 run), which a program whose collectives are all NVSHMEM
+    kernels never needs: the axis' NCCL communicator is made (unique id over
+    the MPI group, then ncclCommInitRank) when the first collective asks for
+    it, once, not when the program loads."""
+    _, log = engine
+    made = []
+
+    class NcclCommunicator:
+        def __init__(self, size, unique_id, rank):
+            made.append((size, bytes(unique_id), rank))
+
+    names = ("SUM", "PROD", "MAX", "MIN", "FLOAT32", "FLOAT64", "FLOAT16", "INT32", "INT64",
+             "INT8", "UINT8")
+    nccl = types.SimpleNamespace(NcclCommunicator=NcclCommunicator,
+                                 get_unique_id=lambda: bytes(range(128)),
+                                 **{f"NCCL_{n}": i for i, n in enumerate(names)})
+    cp = sys.modules["cupy"]
+    cp.cuda.nccl = nccl
+    cp.add = cp.multiply = cp.maximum = cp.minimum = None    # the deterministic trees' ufuncs
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cp.cuda)
+    # The module imported over these fakes, forgotten after the test (the
+    # setitem/setattr restore what was there before, the delitem clears).
+    import tessera_runtime
+    monkeypatch.setitem(sys.modules, "tessera_runtime.nccl_comm", None)
+    monkeypatch.delitem(sys.modules, "tessera_runtime.nccl_comm")
+    monkeypatch.setattr(tessera_runtime, "nccl_comm", None, raising=False)
+    nccl_comm = importlib.import_module("tessera_runtime.nccl_comm")
+
+    class Group:                                 # an axis' MPI sub-communicator, rank 0 of 2
+        def Get_rank(self):
+            return 0
+
+        def Bcast(self, buffer, root):
+            log("bcast", root, bytes(buffer))
+
+    comm = nccl_comm.NCCLCommunicator(Group(), 2, 0)
+    assert made == [] and log.calls == []        # loading the program made nothing
+    first = comm.comm
+    assert made == [(2, bytes(range(128)), 0)]
+    assert log.calls == [("bcast", 0, bytes(range(128)))]
+    assert comm.comm is first and len(made) == 1
