@@ -610,10 +610,13 @@ class _Report:
                                          "benchmarks": self.benchmarks}, indent=1))
 
 
-def _run_checks(kit: Path, engine: str, report: _Report, timeout: float, until: float) -> None:
+def _run_checks(kit: Path, engine: str, report: _Report, timeout: float, until: float,
+                only=None) -> None:
     """Every check, each given `timeout` seconds but none past `until`
     (time.monotonic()); those left when time runs out are reported not run."""
     for check in json.loads((kit / "checks.json").read_text()):
+        if only and check["name"] not in only:
+            continue
         start = time.monotonic()
         if until - start < min(timeout, 10):
             report.check(check["name"], False, "not run: out of time", 0.0)
@@ -689,14 +692,15 @@ def _run_benchmarks(kit: Path, out: Path, report: _Report, timeout: float, until
         report.benchmarks[key] = {"returncode": status, "seconds": time.monotonic() - start,
                                   "output": output[-6000:]}
         print(f"[gpu_kit] {key}: exit {status}\n{output[-3000:]}", flush=True)
-        for f in (ROOT / "bench" / "results").glob("*_cuda-*"):
+        # Today's files only: OUT brings back 8 files at most.
+        for f in (ROOT / "bench" / "results").glob(f"*_cuda-{time.strftime('%Y-%m-%d')}*"):
             shutil.copy(f, out / f.name)
         report.write()
 
 
 def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True,
         deadline: float = 560, check_timeout: float = 120, bench_timeout: float = 150,
-        bench_reserve: float = 300, bench_only=None) -> int:
+        bench_reserve: float = 300, bench_only=None, only=None) -> int:
     """The kit's checks on `engine` (`cuda-emulated` runs them on the CPU,
     which is how the kit itself is tested), then, on a GPU, NCCL and the
     benchmarks, all within `deadline` seconds: the checks leave the last
@@ -706,9 +710,10 @@ def run(kit: Path, out: Path, engine: str = "cuda", benchmarks: bool = True,
     gpu = engine == "cuda"
     benchmarks = gpu and benchmarks
     report = _Report(out, engine)
-    _run_checks(kit, engine, report, check_timeout, until - bench_reserve * benchmarks)
-    if gpu:
+    _run_checks(kit, engine, report, check_timeout, until - bench_reserve * benchmarks, only)
+    if gpu and (not only or "profile-gpt-step-bf16" in only):
         _run_profile(kit, out, report, max(10.0, min(check_timeout, until - time.monotonic())))
+    if gpu and (not only or "nccl-2-ranks" in only):
         _run_nccl(report, max(10.0, min(check_timeout, until - time.monotonic())))
     if benchmarks:
         _run_benchmarks(kit, out, report, bench_timeout, until, bench_only)
@@ -742,6 +747,9 @@ def main(argv=None) -> int:
     r.add_argument("--bench-reserve", type=float, default=300, metavar="S",
                    help="the checks stop S seconds before the deadline, which the "
                         "benchmarks keep (default 300)")
+    r.add_argument("--only", nargs="+", metavar="CHECK",
+                   help="just these checks (names as `build --only` takes them, or "
+                        "profile-gpt-step-bf16, nccl-2-ranks)")
     r.add_argument("--bench-only", nargs="+", metavar="VARIANT",
                    help="just these benchmark variants (gemm_cuda.py's or attention_cuda.py's "
                         "names, e.g. producer wgmma-ahead)")
@@ -767,7 +775,8 @@ def main(argv=None) -> int:
     if args.command == "build":
         return build(args.kit, args.only, not args.no_benchmarks)
     return run(args.kit, args.out, args.engine, not args.no_benchmarks, args.deadline,
-               args.check_timeout, args.bench_timeout, args.bench_reserve, args.bench_only)
+               args.check_timeout, args.bench_timeout, args.bench_reserve, args.bench_only,
+               args.only)
 
 
 if __name__ == "__main__":

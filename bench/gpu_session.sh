@@ -25,15 +25,18 @@ export PYTHONPATH=$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}
 { nvidia-smi; python --version; } 2>&1 | tee "$out/device.txt"
 # ml_dtypes (bfloat16 on the host) comes with jax there; else the kit's wheel.
 python -c "import ml_dtypes" 2>/dev/null ||
-    pip install --no-index --find-links "$kit/wheels" ml_dtypes 2>&1 | tail -1
+    python -m pip install --no-index --find-links "$kit/wheels" ml_dtypes 2>&1 | tail -1
 python -c "import cupy, ml_dtypes; print('cupy', cupy.__version__, 'ml_dtypes', ml_dtypes.__version__)" |
     tee -a "$out/device.txt"
 # nvshmem4py for the NVSHMEM check (--no-deps: cuda-core and the NVSHMEM
-# wheel are the image's). The kit's cubins hold the NVSHMEM device library
+# wheel are the image's). `python -m pip`: the image's bare `pip` belongs to
+# another Python (measured 2026-11-27: nvshmem4py installed with it stayed
+# unimportable from `python`). The kit's cubins hold the NVSHMEM device library
 # they were built with (the kit's build.json); the host library is this one.
 python -c "import nvshmem.core" 2>/dev/null ||
-    pip install --no-index --no-deps --find-links "$kit/wheels" nvshmem4py-cu13 2>&1 | tail -1
-pip list 2>/dev/null | grep -i -E "nvshmem|nccl|cuda-core|mpi4py" | tee -a "$out/device.txt"
+    python -m pip install --no-index --no-deps --find-links "$kit/wheels" nvshmem4py-cu13 2>&1 | tail -1
+python -m pip list 2>/dev/null | grep -i -E "nvshmem|nccl|cuda.core|cuda.bindings|mpi4py" |
+    tee -a "$out/device.txt"
 cat "$kit/build.json" 2>/dev/null | tee -a "$out/device.txt"
 # Within the call's 600 s, less what the installs took (bash's SECONDS).
 python bench/gpu_kit.py run "$kit" "$out" --deadline $((570 - SECONDS)) "$@"

@@ -205,9 +205,9 @@ class CUDAEngine(Engine):
             try:
                 import nvshmem.core as nvshmem
                 from cuda.core import Device
-            except ImportError:
-                raise EngineError("kernels using transport='nvshmem' need nvshmem4py: pip install "
-                                  "'tessera[cu13]' (or [cu12])") from None
+            except ImportError as err:
+                raise EngineError(f"kernels using transport='nvshmem' need nvshmem4py: pip install "
+                                  f"'tessera[cu13]' (or [cu12]) ({err})") from err
             from .. import world
             rank, size = world()
             uid = nvshmem.get_unique_id(empty=rank != 0)
