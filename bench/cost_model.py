@@ -37,7 +37,7 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
 
 PARTS = (("compute", ("compute",), "compute"),
          ("comm exposed", ("transfer", "waiting"), "comm_exposed"),
-         ("runtime", ("overhead",), "runtime"),
+         ("runtime", ("overhead", "copies"), "runtime"),
          ("call (outside runs)", ("idle",), "call"))
 
 

@@ -167,7 +167,7 @@ def _intersect(xs, ys) -> list[tuple[float, float]]:
 # ---------------------------------------------------------------------------
 
 _COLUMNS = (("compute", "compute"), ("transfer", "comm exposed"), ("waiting", "waiting"),
-            ("overhead", "runtime"), ("idle", "outside runs"))
+            ("overhead", "runtime"), ("copies", "host copies"), ("idle", "outside runs"))
 
 
 def balance(records: list[dict], steps: int | None) -> list[dict]:
@@ -188,18 +188,20 @@ def balance(records: list[dict], steps: int | None) -> list[dict]:
     n_steps = steps or (max(runs.values()) if runs else 1)
     out = []
     for r in sorted(records, key=lambda r: r["rank"]):
-        by = {"compute": [], "comm": [], "run": []}
+        by = {"compute": [], "comm": [], "run": [], "copy": []}
         waiting = 0.0
         for stream, name, cat, t0, t1, args in r["slices"]:
-            if cat in ("compute", "run"):
+            if cat in ("compute", "run", "copy"):
                 by[cat].append((t0, t1))
             elif cat in ("comm", "p2p"):
                 by["comm"].append((t0, t1))
                 if "seq" in args and cat == "comm":
                     late = arrivals[collective(r, args)] - t0
                     waiting += min(max(0.0, late), args.get("wait_seconds", 0.0))
-        compute, comm, run = (_union(by[k]) for k in ("compute", "comm", "run"))
+        compute, comm, run, copies = (_union(by[k]) for k in ("compute", "comm", "run", "copy"))
         busy = _union(compute + comm)
+        # Host copies (a GPU run's inputs in, outputs out) outside the busy time.
+        worked = _union(busy + copies)
         window = r["t_stop"] - r["t_start"]
         hidden = _length(_intersect(comm, compute))
         exposed = _length(busy) - _length(compute)
@@ -209,7 +211,8 @@ def balance(records: list[dict], steps: int | None) -> list[dict]:
             "rank": r["rank"], "steps": n_steps, "window": window,
             "compute": _length(compute), "transfer": exposed - waiting, "waiting": waiting,
             "hidden": hidden,
-            "overhead": max(0.0, _length(run) - _length(_intersect(busy, run))),
+            "overhead": max(0.0, _length(run) - _length(_intersect(worked, run))),
+            "copies": _length(worked) - _length(busy),
             "idle": max(0.0, window - _length(_union(busy + run))),
             "overlap": hidden / total_comm if total_comm else None,
         })
@@ -233,7 +236,8 @@ def _table(ranks: list[dict]) -> str:
         lines.append(f"{r['rank']:<4}" + "".join(f"{c:>15}" for c in cells))
     lines.append("comm exposed: blocked on a collective or transfer once its whole group was in "
                  "it; waiting: blocked until the group's last rank arrived; runtime: the "
-                 "executor between launches; outside runs: Python, compiling, data; comm "
+                 "executor between launches; host copies: a run's inputs to the device and "
+                 "its outputs back; outside runs: Python, compiling, data; comm "
                  "hidden: in flight under compute (not in the step's sum)")
     return "\n".join(lines)
 
@@ -289,13 +293,15 @@ def perfetto_trace(records: list[dict], offsets: list[float]) -> dict:
 
 #: colours of the timeline picture, by slice category
 _COLOURS = {"compute": "#4c72b0", "comm": "#dd8452", "p2p": "#c44e52", "wait": "#bbbbbb",
+            "copy": "#55a868",
             "run": "#e8e8e8", "idle": "#f5f5f5"}
 
 
 def timeline_png(trace: dict, path: str | Path, ranks: int = 8) -> Path:
     """A picture of a Perfetto `trace` (dist.profile's or tessera simulate's):
     a row per rank and stream (the first `ranks` ranks), each slice coloured
-    by what it is (compute, collective, transfer, waiting, a program run),
+    by what it is (compute, collective, transfer, waiting, host copies, a
+    program run),
     from the first program run to the last.
     For a look without a browser; ui.perfetto.dev shows the same trace with
     every slice's details. Needs matplotlib."""
@@ -310,7 +316,7 @@ def timeline_png(trace: dict, path: str | Path, ranks: int = 8) -> Path:
     rows = [(p, t) for p, t in sorted(names) if p in pids]
     y = {row: i for i, row in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.2))
-    for e in events:
+    for e in sorted(events, key=lambda e: e.get("cat") != "run"):   # runs under their parts
         row = (e.get("pid"), e.get("tid"))
         if e.get("ph") != "X" or row not in y:
             continue

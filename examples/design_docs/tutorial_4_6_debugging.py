@@ -53,7 +53,7 @@ np.testing.assert_allclose(float(loss), reference, rtol=1e-5)
 assert "tp" in layout and "tgraph" in str(ir)
 assert [r["rank"] for r in prof.ranks] == [0, 1, 2, 3] and prof.ranks[0]["steps"] == 3
 for r in prof.ranks:                     # the columns add up to the profiled time
-    parts = r["compute"] + r["transfer"] + r["waiting"] + r["overhead"] + r["idle"]
+    parts = r["compute"] + r["transfer"] + r["waiting"] + r["overhead"] + r["copies"] + r["idle"]
     assert abs(parts - r["window"]) < 1e-6 * max(1.0, r["window"]), r
 if mesh.rank == 0:
     events = json.loads(trace.read_text())["traceEvents"]

@@ -346,11 +346,13 @@ class ScheduleExecutor:
     def run(self, local_inputs) -> list:
         self.check_inputs(local_inputs)
         eng = self.engine
+        rec = profiler.active()
+        t_in = time.perf_counter() if rec is not None else 0.0
         values = {spec.value: eng.from_host(arr)
                   for spec, arr in zip(self.program.inputs, local_inputs)}
         pending: dict = {}
-        rec = profiler.active()
-        timing = _RunTiming(eng, self.program.entry) if rec is not None else None
+        timing = _RunTiming(eng, self.program.entry, t_in, values.values()) \
+            if rec is not None else None
         # The bytes this rank holds: the inputs (copied in), each allocation
         # until its free; a view keeps its input's allocation alive.
         size = {spec.value: values[spec.value].nbytes for spec in self.program.inputs}
@@ -425,11 +427,13 @@ class ScheduleExecutor:
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
                     eng.synchronize()
-                    if timing is not None:
-                        timing.finish(rec)
                     self.memory = {"peak_bytes": peak, "end_bytes": live}
-                    return [eng.to_host(values[v], spec.dtype)
-                            for v, spec in zip(ins["values"], self.program.outputs)]
+                    t_out = time.perf_counter()
+                    outputs = [eng.to_host(values[v], spec.dtype)
+                               for v, spec in zip(ins["values"], self.program.outputs)]
+                    if timing is not None:
+                        timing.finish(rec, t_out, outputs)
+                    return outputs
         finally:
             if pending:
                 self._abandoned.extend(pending.values())
@@ -457,9 +461,12 @@ class _RunTiming:
     """One profiled run's timestamps, turned into the recorder's slices once
     the run has synchronized (a GPU engine's stamps are events until then)."""
 
-    def __init__(self, engine, entry: str):
+    def __init__(self, engine, entry: str, t_in: float, inputs):
         self.engine, self.entry = engine, entry
         engine.begin_timestamps()
+        # The inputs' copy onto the device (the run's first part; done once
+        # begin_timestamps has synchronized).
+        self.t_in, self.in_bytes = t_in, sum(int(v.nbytes) for v in inputs)
         self.t_run = time.perf_counter()
         self.launches: list = []        # (ins, stamp before, stamp after)
         self.started: dict = {}         # token -> (ins, work, stamp at start, host s starting)
@@ -474,7 +481,8 @@ class _RunTiming:
     def wait(self, ins: Instr, work, t0: float, t1: float) -> None:
         self.done.append(self.started.pop(ins["token"]) + (ins, t0, t1))
 
-    def finish(self, rec: profiler.Recorder) -> None:
+    def finish(self, rec: profiler.Recorder, t_out: float, outputs) -> None:
+        """The run's slices; `t_out`: when copying `outputs` to the host began."""
         # Every collective and transfer (MPI, and NCCL, whose wait blocks the
         # host too) completes in its wait: it spans its start stamp to the
         # wait's end on the host clock.
@@ -502,5 +510,12 @@ class _RunTiming:
             rec.add(wait_ins["stream"], f"wait {kind} {ins['axis']}", "wait", w0, w1,
                     {"op": kind, "axis": ins["axis"], "source": ins.get("loc"),
                      "schedule_op": f"tsched.collective_wait, instructions[{wait_ins.index}]"})
-        rec.add("host", self.entry, "run", self.t_run, time.perf_counter(),
+        t_end = time.perf_counter()
+        # Host copies: arguments onto the device, results back (a CPU
+        # engine's are views and take next to nothing).
+        rec.add("host", "inputs to the device", "copy", self.t_in, self.t_run,
+                {"bytes": self.in_bytes})
+        rec.add("host", "outputs to the host", "copy", t_out, t_end,
+                {"bytes": sum(int(o.nbytes) for o in outputs)})
+        rec.add("host", self.entry, "run", self.t_in, t_end,
                 {"schedule_op": f"func.func @{self.entry}"})

@@ -5,7 +5,8 @@ slice for every kernel launch and library call (category `compute`), every
 collective from its start to its completion (`comm`) and every point-to-point
 transfer (`p2p`), each on the program stream it ran on, plus every blocking
 wait (`wait`, on the stream that waited) and every program run (`run`, on the
-`host` thread). Slices hold seconds on this process' `time.perf_counter`
+`host` thread, from copying its inputs to the device to copying its outputs
+back; the two copies are `copy` slices there). Slices hold seconds on this process' `time.perf_counter`
 clock: host engines stamp them directly, the CUDA engine its launches and
 collective starts with CUDA events resolved once the run has synchronized
 (`Engine.timestamp`); a collective ends when its wait returns on the host.

@@ -27,7 +27,8 @@ def test_balance_splits_each_rank_s_window_into_its_parts():
     # 1.0 of its 1.5 blocked seconds for rank 1, the remaining 0.5 is transfer.
     group = {"tp": [0, 1]}
     r0 = {"rank": 0, "t_start": 0.0, "t_stop": 10.0, "groups": group, "slices": [
-        _slice("host", "run", 1.0, 6.0),
+        _slice("host", "run", 0.5, 6.0),
+        _slice("host", "copy", 0.5, 1.0, bytes=64),             # its inputs to the device
         _slice("compute", "compute", 1.0, 2.0, key="k"),
         _slice("comm", "comm", 2.0, 4.0, axis="tp", seq=1, wait_seconds=1.5),
         _slice("compute", "compute", 2.0, 2.5, key="k"),        # hidden under the collective
@@ -39,13 +40,14 @@ def test_balance_splits_each_rank_s_window_into_its_parts():
     assert b0["steps"] == 1 and b0["window"] == 10.0
     assert b0["compute"] == pytest.approx(2.5) and b0["hidden"] == pytest.approx(0.5)
     assert b0["waiting"] == pytest.approx(1.0) and b0["transfer"] == pytest.approx(0.5)
-    assert b0["overhead"] == pytest.approx(1.0)               # run 5.0 - busy 4.0
-    assert b0["idle"] == pytest.approx(5.0)
+    assert b0["overhead"] == pytest.approx(1.0)               # run 5.5 - busy 4.0 - copy 0.5
+    assert b0["copies"] == pytest.approx(0.5) and b1["copies"] == 0.0
+    assert b0["idle"] == pytest.approx(4.5)
     assert b0["overlap"] == pytest.approx(0.25)               # 0.5 of the 2.0 in flight
     assert b1["waiting"] == 0.0 and b1["transfer"] == pytest.approx(1.0)
     for b in (b0, b1):
-        assert b["compute"] + b["transfer"] + b["waiting"] + b["overhead"] + b["idle"] == \
-            pytest.approx(b["window"])
+        assert b["compute"] + b["transfer"] + b["waiting"] + b["overhead"] + b["copies"] + \
+            b["idle"] == pytest.approx(b["window"])
     trace = perfetto_trace([r0, r1], [0.0, 0.0])
     gaps = [e for e in trace["traceEvents"] if e.get("cat") == "idle" and e["pid"] == 1]
     assert [(g["ts"], g["dur"]) for g in gaps] == [(0.0, 3e6), (4e6, 6e6)]
@@ -70,6 +72,13 @@ def test_launch_profile_writes_one_perfetto_trace_of_every_rank_and_stream(tesse
     for e in (e for e in events if e["ph"] == "X"):
         assert (e["pid"], e["tid"]) in tids and e["ts"] >= 0 and e["dur"] >= 0, e
         assert isinstance(e["name"], str) and isinstance(e["args"], dict), e
+    # Each run spans its inputs' copy in and its outputs' copy out.
+    runs = [e for e in events if e.get("cat") == "run"]
+    copies = [e for e in events if e.get("cat") == "copy"]
+    assert len(copies) == 2 * len(runs) > 0 and all(c["args"]["bytes"] > 0 for c in copies)
+    for c in copies:
+        assert any(r["pid"] == c["pid"] and r["ts"] <= c["ts"] and
+                   c["ts"] + c["dur"] <= r["ts"] + r["dur"] + 0.002 for r in runs), c
     comm = [e for e in events if e.get("cat") == "comm"]
     assert len(comm) == 2                       # the one all_reduce, on each rank
     for e in comm:
@@ -131,3 +140,34 @@ def test_a_profile_inside_a_profiled_run_sees_its_block_and_the_outer_one_everyt
     runs = [s for s in outer.slices if s[2] == "run"]
     assert len(runs) == 4
     assert inner.ranks[0]["steps"] == 2
+
+
+def test_the_emulated_gpu_engine_profiles_kernels_and_host_copies(tmp_path, monkeypatch):
+    """dist.profile on the GPU target's engine, emulated here (on a GPU the
+    stamps are CUDA events: bench/gpu_kit.py's profile step): every kernel
+    of the run is a compute slice on its stream, and the run spans its
+    inputs' copy to the device and its outputs' copy back."""
+    import tessera as ts
+    from tessera import dist, op
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((32, 16), np.float32), rng.standard_normal((16, 8), np.float32)
+    f = ts.jit(lambda x, w: op.relu(op.matmul(x, w)), target="gpu")
+    f(x, w)                                     # compiled outside the profile
+    with dist.profile(tmp_path / "trace.json", show=False) as prof:
+        y = f(x, w)
+    np.testing.assert_allclose(np.asarray(y), np.maximum(x.astype(np.float64) @ w, 0),
+                               rtol=1e-4, atol=1e-5)
+    events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+              if e["ph"] == "X"]
+    run = [e for e in events if e["cat"] == "run"]
+    copies = sorted((e for e in events if e["cat"] == "copy"), key=lambda e: e["ts"])
+    kernels = [e for e in events if e["cat"] == "compute"]
+    assert len(run) == 1 and len(kernels) >= 1 and len(copies) == 2
+    assert [c["args"]["bytes"] for c in copies] == [x.nbytes + w.nbytes, 32 * 8 * 4]
+    assert copies[0]["ts"] + copies[0]["dur"] <= min(k["ts"] for k in kernels) + 0.002
+    assert max(k["ts"] + k["dur"] for k in kernels) <= copies[1]["ts"] + 0.002
+    r = prof.ranks[0]
+    assert r["compute"] > 0 and r["copies"] > 0
+    assert r["compute"] + r["transfer"] + r["waiting"] + r["overhead"] + r["copies"] + \
+        r["idle"] == pytest.approx(r["window"])
