@@ -511,8 +511,8 @@ class _RunTiming:
                     {"op": kind, "axis": ins["axis"], "source": ins.get("loc"),
                      "schedule_op": f"tsched.collective_wait, instructions[{wait_ins.index}]"})
         t_end = time.perf_counter()
-        # Host copies: arguments onto the device, results back (a CPU
-        # engine's are views and take next to nothing).
+        # Host copies: arguments onto the device, results back (on a CPU
+        # engine only the Python that hands them over).
         rec.add("host", "inputs to the device", "copy", self.t_in, self.t_run,
                 {"bytes": self.in_bytes})
         rec.add("host", "outputs to the host", "copy", t_out, t_end,
