@@ -439,7 +439,8 @@ def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> fl
     if library == "matmul":
         a, dtype = args[0]
         out = args[-1][0]
-        flops = 2.0 * math.prod(out) * a[-1]
+        k = a[-2] if ins.get("attrs", {}).get("transpose_lhs") else a[-1]
+        flops = 2.0 * math.prod(out) * k
         return machine.gemm_call_s + flops / machine.gemm_rate(dtype, flops)
     if library == "reshape":            # the runtime makes it a view of its input
         return 0.0

@@ -6,8 +6,9 @@
                tessera-bucket-collectives, tessera-hierarchical-collectives and
                (pipelines) tessera-pipeline-schedule
   schedule     after tessera-lower-to-schedule, checked by tessera-verify-schedule
-  tile         after tessera-lower-to-tile (the schedule plus ttile kernels) and
-               tessera-merge-kernels (one kernel for identical copies)
+  tile         after tessera-lower-to-tile (the schedule plus ttile kernels),
+               tessera-fold-transposes (matmuls read transposed operands in place)
+               and tessera-merge-kernels (one kernel for identical copies)
   gpu          (GPU target) after tessera-gpu-pipeline, -place and -alloc-shared:
                the Tile IR with how each kernel runs on an SM, which the CUDA
                printer reads
@@ -36,7 +37,8 @@ STAGES = [
                      "tessera-bucket-collectives", "tessera-hierarchical-collectives",
                      "tessera-pipeline-schedule"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
-    ("tile", ["tessera-lower-to-tile", "canonicalize", "cse", "tessera-merge-kernels"]),
+    ("tile", ["tessera-lower-to-tile", "tessera-fold-transposes", "canonicalize", "cse",
+              "tessera-merge-kernels"]),
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]
 

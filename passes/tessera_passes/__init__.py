@@ -94,6 +94,8 @@ _PASSES = [
              ("target", "target_blocks", "grouped_tile_order", "gemm_configs", "wgmma", "tma",
               "pingpong", "issue_ahead", "attention_forward_blocks",
               "attention_backward_blocks", "elementwise_tile_elements")),
+    PassInfo("tessera-fold-transposes", "fold_transposes",
+             "Erase each library transpose of the last two dimensions read only by matmuls on its stream: they read its input through a transpose_lhs / transpose_rhs declaration (BLAS transpose flags, no copy)"),
     PassInfo("tessera-merge-kernels", "merge_kernels",
              "Merge kernels (Tile IR kernels, library declarations) identical but for their names into one, and launch it instead of the others (a pipelined step's microbatches repeat every kernel)"),
     PassInfo("tessera-gpu-pipeline", "gpu_pipeline",

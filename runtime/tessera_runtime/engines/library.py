@@ -23,6 +23,12 @@ def _compute_dtype(xp, dtype):
 
 
 def matmul(xp, attrs, a, b, out):
+    # tessera-fold-transposes: an operand arrives untransposed; its transposed
+    # view hands BLAS a transpose flag instead of a copy.
+    if attrs.get("transpose_lhs"):
+        a = a.swapaxes(-1, -2)
+    if attrs.get("transpose_rhs"):
+        b = b.swapaxes(-1, -2)
     wide = _compute_dtype(xp, out.dtype)
     if wide is None:
         xp.matmul(a, b, out=out)

@@ -1,0 +1,158 @@
+"""tessera-fold-transposes: a matmul reads a transposed operand in place.
+
+Runs after tessera-lower-to-tile, where the CPU target's matmuls and
+transposes became library calls (BLAS, and a copy). A `transpose` launch
+that only swaps its buffer's last two dimensions, whose result buffer is
+read by nothing but `matmul` launches on the same stream (and then freed),
+is erased with that buffer: each such matmul reads the transpose's input
+instead, through a declaration marked `transpose_lhs` / `transpose_rhs`
+(the runtime passes BLAS the transposed view: a transpose flag, no copy).
+Autodiff makes these transposes (dW = x^T dy, dx = dy W^T): in the
+example GPT's step 18 of its 34 transposes, each a full copy of an
+activation or weight (issue 30: "GEMMs without copies").
+
+Left alone: transposes that feed anything else (an attention kernel, a
+reshape), that a matmul on another stream reads, and any whose input is
+written, freed or used otherwise between the transpose and its last matmul
+(the matmuls then read the input later than the copy did).
+"""
+
+from __future__ import annotations
+
+from tessera_mlir import ir
+
+from tessera_compiler.ir.support import functions, ops_of, run_reporting
+
+
+def _declarations(module: ir.Operation) -> dict:
+    """symbol -> library declaration (func.func with tsched.library)."""
+    return {ir.StringAttr(op.attributes["sym_name"]).value: op
+            for op in (o.operation for o in module.regions[0].blocks[0].operations)
+            if op.name == "func.func" and "tsched.library" in op.attributes}
+
+
+def _routine(launch: ir.Operation, declarations: dict):
+    """(routine, declaration) of a launch of a library declaration, else None."""
+    decl = declarations.get(ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value)
+    if decl is None:
+        return None
+    return ir.StringAttr(decl.attributes["tsched.library"]).value, decl
+
+
+def _swaps_last_two(decl: ir.Operation) -> bool:
+    attrs = ir.DictAttr(decl.attributes["tsched.library_attrs"])
+    if "perm" not in attrs:
+        return False
+    try:
+        perm = list(ir.DenseI64ArrayAttr(attrs["perm"]))
+    except ValueError:             # not the i64 array lower-to-tile writes
+        return False
+    n = len(perm)
+    return n >= 2 and perm == list(range(n - 2)) + [n - 1, n - 2]
+
+
+def _ins(launch: ir.Operation) -> list:
+    return list(launch.opview.ins)
+
+
+def _transposed_declaration(decl: ir.Operation, operand: int, source_type: ir.Type,
+                            flag: str) -> ir.Operation:
+    """A copy of matmul declaration `decl` reading argument `operand` as
+    `source_type` (the untransposed buffer), marked with `flag`."""
+    clone = decl.clone(ip=ir.InsertionPoint(decl))
+    name = ir.StringAttr(decl.attributes["sym_name"]).value + f"_{flag}"
+    clone.attributes["sym_name"] = ir.StringAttr.get(name)
+    ftype = ir.FunctionType(ir.TypeAttr(decl.attributes["function_type"]).value)
+    inputs = list(ftype.inputs)
+    inputs[operand] = source_type
+    clone.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get(inputs, list(ftype.results)))
+    entries = {n.name: n.attr for n in ir.DictAttr(decl.attributes["tsched.library_attrs"])}
+    entries[flag] = ir.UnitAttr.get()
+    clone.attributes["tsched.library_attrs"] = ir.DictAttr.get(entries)
+    return clone
+
+
+def fold_transposes(module: ir.Operation) -> int:
+    """Folds every transpose it can (see the module docs); returns how many."""
+    declarations = _declarations(module)
+    launched_before = _launched(module)
+    folded = 0
+    for f in functions(module):
+        block_ops = ops_of(f)
+        # Operations compare (and hash) by what they are, not by Python
+        # object; an erased one cannot be compared, so the erasing waits
+        # until the function is done.
+        position = {op: i for i, op in enumerate(block_ops)}
+        doomed: list = []
+        for launch in block_ops:
+            if launch.name != "tsched.launch":
+                continue
+            found = _routine(launch, declarations)
+            if found is None or found[0] != "transpose" or not _swaps_last_two(found[1]):
+                continue
+            ins, outs = _ins(launch), list(launch.opview.outs)
+            if len(ins) != 1 or len(outs) != 1 or ins[0] == outs[0]:
+                continue
+            (source,), (result,) = ins, outs
+            stream = launch.opview.stream
+            readers, frees, other = [], [], False
+            for use in result.uses:
+                owner = use.owner.operation
+                if owner == launch:                      # the transpose writing it
+                    continue
+                if owner.name == "tsched.free":
+                    frees.append(owner)
+                    continue
+                called = _routine(owner, declarations) if owner.name == "tsched.launch" else None
+                ins = _ins(owner) if called else []
+                if (called is None or called[0] != "matmul" or owner.opview.stream != stream
+                        or owner not in position or sum(v == result for v in ins) != 1
+                        or ins.index(result) > 1 or result in list(owner.opview.outs)):
+                    other = True
+                    break
+                readers.append((owner, ins.index(result)))
+            if other or not readers or getattr(result.owner, "name", None) != "tsched.alloc":
+                continue
+            last = max(position[r] for r, _ in readers)
+            # The source must reach the last matmul unchanged: between the
+            # transpose and it, only launches may use it, and only as inputs;
+            # a free of it (the transpose was its last reader) moves after
+            # the last matmul.
+            between = [u.owner.operation for u in source.uses
+                       if position[launch] < position.get(u.owner.operation, -1) <= last]
+            early_frees = [op for op in between if op.name == "tsched.free"]
+            if any(op.name != "tsched.free" and not (
+                    op.name == "tsched.launch" and source in _ins(op)
+                    and source not in list(op.opview.outs)) for op in between):
+                continue
+            last_reader = next(r for r, _ in readers if position[r] == last)
+            for free in early_frees:
+                free.move_after(last_reader)
+                position[free] = last + 0.5          # where it is now
+            for reader, operand in readers:
+                flag = "transpose_lhs" if operand == 0 else "transpose_rhs"
+                _, decl = _routine(reader, declarations)
+                clone = _transposed_declaration(decl, operand, source.type, flag)
+                declarations[ir.StringAttr(clone.attributes["sym_name"]).value] = clone
+                reader.attributes["kernel"] = ir.FlatSymbolRefAttr.get(
+                    ir.StringAttr(clone.attributes["sym_name"]).value)
+                reader.operands[1 + operand] = source      # operand 0 is the stream
+            doomed += frees + [launch, result.owner.operation]
+            folded += 1
+        for op in doomed:
+            op.erase()
+    # Declarations nothing launches any more (a matmul whose every launch
+    # now reads a transposed operand, the transposes folded away).
+    for name in launched_before - _launched(module):
+        declarations[name].erase()
+    return folded
+
+
+def _launched(module: ir.Operation) -> set:
+    return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
+            for f in functions(module) for o in ops_of(f) if o.name == "tsched.launch"}
+
+
+def run(op, pass_, options=None):
+    run_reporting(op, pass_, lambda: fold_transposes(op))
