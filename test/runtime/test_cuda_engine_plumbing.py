@@ -41,6 +41,10 @@ class _DeviceArray:
         self.data = types.SimpleNamespace(ptr=self.host.ctypes.data)
         self.nbytes, self.dtype, self.shape = self.host.nbytes, self.host.dtype, self.host.shape
 
+    def copy(self):                               # cupy copies on the current stream
+        _DeviceArray.log("device_copy", _DeviceArray.stream().ptr)
+        return _DeviceArray(self.host)
+
 
 def _fake_cupy(log: _Recorder, compute_capability: str = "90"):
     cp = types.ModuleType("cupy")
@@ -115,7 +119,8 @@ def _fake_cupy(log: _Recorder, compute_capability: str = "90"):
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, memsetAsync=memset_async,
                                       runtimeGetVersion=lambda: 13000,
                                       CUDARuntimeError=CUDARuntimeError))
-    cp.RawModule, cp.array = RawModule, array
+    cp.RawModule, cp.array, cp.ndarray = RawModule, array, _DeviceArray
+    _DeviceArray.log, _DeviceArray.stream = log, lambda: Stream.current
     cp.empty = lambda shape, dtype: _DeviceArray(np.empty(shape, dtype))
     cp.asnumpy = lambda a: a.host.copy()
     return cp
@@ -175,6 +180,14 @@ def test_streams_are_distinct_non_blocking_and_uploads_synchronize(engine):
     np.testing.assert_array_equal(eng.to_host(buf), x.T)
     scalar = eng.to_host(eng.from_host(np.float32(2.5)))     # a 0-d input stays 0-d
     assert scalar.shape == () and scalar == 2.5
+    # A device array (a run's output fed back) is copied on the device, on
+    # the null stream too: no upload, and the caller's buffer stays its own.
+    del log.calls[:]
+    with compute:
+        again = eng.from_host(buf)
+    assert log.calls == [("device_copy", 0), ("synchronize", 0)] and again is not buf
+    np.testing.assert_array_equal(eng.to_host(again), x.T)
+    assert eng.is_buffer(buf, np.float32) and not eng.is_buffer(x, np.float32)
 
 
 def test_launches_use_the_bundle_config_on_the_given_stream(engine, tmp_path):

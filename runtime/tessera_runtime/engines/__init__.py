@@ -53,6 +53,12 @@ class Engine(ABC):
         """A buffer holding a copy of host array `array` that the program may
         write to (the caller's array is never modified)."""
 
+    def is_buffer(self, array, dtype) -> bool:
+        """Whether `array` is already one of this engine's buffers of program
+        type `dtype` (a device array a run returned), which `from_host`
+        copies where it is, not across the bus."""
+        return False
+
     @abstractmethod
     def to_host(self, buffer, dtype=None):
         """`buffer` as a host numpy array (of numpy `dtype`, the program's

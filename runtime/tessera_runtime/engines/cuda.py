@@ -108,7 +108,18 @@ class CUDAEngine(Engine):
     def free(self, buffer) -> None:
         pass    # the memory pool reclaims it when the executor drops its reference
 
+    def is_buffer(self, array, dtype) -> bool:
+        return isinstance(array, self.cp.ndarray) and array.dtype == self._storage(dtype)
+
     def from_host(self, array):
+        if isinstance(array, self.cp.ndarray):
+            # A device array (a run's output fed back): copied on the device,
+            # so the program may still write its buffer.
+            null = self.cp.cuda.Stream.null
+            with null:
+                buffer = array.copy()
+            null.synchronize()
+            return buffer
         array = np.asarray(array)
         if bf16.is_bf16(array.dtype):
             array = array.view(np.uint16)
