@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from tessera_mlir import ir
 
-from tessera_compiler.ir.support import functions, ops_of, run_reporting
+from tessera_compiler.ir.support import functions, operation_key, ops_of, run_reporting
 
 
 def _declarations(module: ir.Operation) -> dict:
@@ -76,14 +76,20 @@ def _transposed_declaration(decl: ir.Operation, operand: int, source_type: ir.Ty
 def fold_transposes(module: ir.Operation) -> int:
     """Folds every transpose it can (see the module docs); returns how many."""
     declarations = _declarations(module)
-    launched_before = _launched(module)
+    # What may end up launched by nothing: the declarations launched now and
+    # those this pass makes (a matmul with both operands folded is cloned twice).
+    candidates = _launched(module)
     folded = 0
     for f in functions(module):
         block_ops = ops_of(f)
-        # Operations compare (and hash) by what they are, not by Python
-        # object; an erased one cannot be compared, so the erasing waits
-        # until the function is done.
-        position = {op: i for i, op in enumerate(block_ops)}
+        # By address (operation_key): this pass edits the operations it
+        # looks up. Erasing waits until the function is done; a moved free
+        # gets its new position.
+        positions = {operation_key(op): i for i, op in enumerate(block_ops)}
+
+        def position(op) -> float:
+            return positions.get(operation_key(op), -1)
+
         doomed: list = []
         for launch in block_ops:
             if launch.name != "tsched.launch":
@@ -107,34 +113,36 @@ def fold_transposes(module: ir.Operation) -> int:
                 called = _routine(owner, declarations) if owner.name == "tsched.launch" else None
                 ins = _ins(owner) if called else []
                 if (called is None or called[0] != "matmul" or owner.opview.stream != stream
-                        or owner not in position or sum(v == result for v in ins) != 1
+                        or position(owner) < 0 or sum(v == result for v in ins) != 1
                         or ins.index(result) > 1 or result in list(owner.opview.outs)):
                     other = True
                     break
                 readers.append((owner, ins.index(result)))
             if other or not readers or getattr(result.owner, "name", None) != "tsched.alloc":
                 continue
-            last = max(position[r] for r, _ in readers)
+            last = max(position(r) for r, _ in readers)
             # The source must reach the last matmul unchanged: between the
             # transpose and it, only launches may use it, and only as inputs;
             # a free of it (the transpose was its last reader) moves after
             # the last matmul.
+            start = position(launch)
             between = [u.owner.operation for u in source.uses
-                       if position[launch] < position.get(u.owner.operation, -1) <= last]
+                       if start < position(u.owner.operation) <= last]
             early_frees = [op for op in between if op.name == "tsched.free"]
             if any(op.name != "tsched.free" and not (
                     op.name == "tsched.launch" and source in _ins(op)
                     and source not in list(op.opview.outs)) for op in between):
                 continue
-            last_reader = next(r for r, _ in readers if position[r] == last)
+            last_reader = next(r for r, _ in readers if position(r) == last)
             for free in early_frees:
                 free.move_after(last_reader)
-                position[free] = last + 0.5          # where it is now
+                positions[operation_key(free)] = last + 0.5      # where it is now
             for reader, operand in readers:
                 flag = "transpose_lhs" if operand == 0 else "transpose_rhs"
                 _, decl = _routine(reader, declarations)
                 clone = _transposed_declaration(decl, operand, source.type, flag)
                 declarations[ir.StringAttr(clone.attributes["sym_name"]).value] = clone
+                candidates.add(ir.StringAttr(clone.attributes["sym_name"]).value)
                 reader.attributes["kernel"] = ir.FlatSymbolRefAttr.get(
                     ir.StringAttr(clone.attributes["sym_name"]).value)
                 reader.operands[1 + operand] = source      # operand 0 is the stream
@@ -144,7 +152,7 @@ def fold_transposes(module: ir.Operation) -> int:
             op.erase()
     # Declarations nothing launches any more (a matmul whose every launch
     # now reads a transposed operand, the transposes folded away).
-    for name in launched_before - _launched(module):
+    for name in candidates - _launched(module):
         declarations[name].erase()
     return folded
 

@@ -4,6 +4,8 @@ functions, kernels and their attributes."""
 
 from __future__ import annotations
 
+import ctypes
+
 from tessera_mlir import ir
 
 
@@ -25,6 +27,20 @@ def run_reporting(op: ir.Operation, pass_, body) -> None:
         loc = err.location or ir.Location.unknown()
         loc.emit_error(str(err))
         pass_.signal_pass_failure()
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_OPERATION_CAPSULE = b"tessera_mlir.ir.Operation._CAPIPtr"
+
+
+def operation_key(op) -> int:
+    """A dictionary key for an operation: its address. The bindings make a
+    new Python object per access, and an operation's Python hash changes when
+    its attributes or operands are edited (== does not; measured with MLIR
+    22.1.8), so a pass that edits operations cannot key a dict by them."""
+    return _capsule_pointer(op.operation._CAPIPtr, _OPERATION_CAPSULE)
 
 
 def i64(value: int) -> ir.IntegerAttr:

@@ -155,3 +155,29 @@ module attributes {tessera.target = "cpu"} {
   func.func private @t_1(memref<8x4xf32>, memref<4x8xf32>) attributes {tsched.library = "transpose", tsched.library_attrs = {perm = array<i64: 1, 0>}}
   func.func private @mm_2(memref<4x8xf32>, memref<8x2xf32>, memref<4x2xf32>) attributes {tsched.library = "matmul", tsched.library_attrs = {}}
 }
+
+// -----
+
+// Both operands transposed: one declaration with both marks, and nothing
+// left of the intermediate one.
+// CHECK-LABEL: func.func @both(
+// CHECK: tsched.launch @mm_2_transpose_lhs_transpose_rhs on %{{.*}} ins(%arg0, %arg1 : memref<8x4xf32>, memref<2x8xf32>)
+// CHECK: func.func private @mm_2_transpose_lhs_transpose_rhs(memref<8x4xf32>, memref<2x8xf32>, memref<4x2xf32>) attributes {tsched.library = "matmul", tsched.library_attrs = {transpose_lhs, transpose_rhs}}
+// CHECK-NOT: func.func private @mm_2
+module attributes {tessera.target = "cpu"} {
+  func.func @both(%x: memref<8x4xf32>, %y: memref<2x8xf32>) -> memref<4x2xf32> {
+    %s = tsched.stream "compute"
+    %xt = tsched.alloc : memref<4x8xf32>
+    tsched.launch @t_0 on %s ins(%x : memref<8x4xf32>) outs(%xt : memref<4x8xf32>)
+    %yt = tsched.alloc : memref<8x2xf32>
+    tsched.launch @t_1 on %s ins(%y : memref<2x8xf32>) outs(%yt : memref<8x2xf32>)
+    %p = tsched.alloc : memref<4x2xf32>
+    tsched.launch @mm_2 on %s ins(%xt, %yt : memref<4x8xf32>, memref<8x2xf32>) outs(%p : memref<4x2xf32>)
+    tsched.free %xt : memref<4x8xf32>
+    tsched.free %yt : memref<8x2xf32>
+    return %p : memref<4x2xf32>
+  }
+  func.func private @t_0(memref<8x4xf32>, memref<4x8xf32>) attributes {tsched.library = "transpose", tsched.library_attrs = {perm = array<i64: 1, 0>}}
+  func.func private @t_1(memref<2x8xf32>, memref<8x2xf32>) attributes {tsched.library = "transpose", tsched.library_attrs = {perm = array<i64: 1, 0>}}
+  func.func private @mm_2(memref<4x8xf32>, memref<8x2xf32>, memref<4x2xf32>) attributes {tsched.library = "matmul", tsched.library_attrs = {}}
+}
