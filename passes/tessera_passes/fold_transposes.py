@@ -56,11 +56,10 @@ def _ins(launch: ir.Operation) -> list:
 
 
 def _transposed_declaration(decl: ir.Operation, operand: int, source_type: ir.Type,
-                            flag: str) -> ir.Operation:
-    """A copy of matmul declaration `decl` reading argument `operand` as
-    `source_type` (the untransposed buffer), marked with `flag`."""
+                            name: str, flag: str) -> ir.Operation:
+    """A copy of matmul declaration `decl`, named `name`, reading argument
+    `operand` as `source_type` (the untransposed buffer), marked with `flag`."""
     clone = decl.clone(ip=ir.InsertionPoint(decl))
-    name = ir.StringAttr(decl.attributes["sym_name"]).value + f"_{flag}"
     clone.attributes["sym_name"] = ir.StringAttr.get(name)
     ftype = ir.FunctionType(ir.TypeAttr(decl.attributes["function_type"]).value)
     inputs = list(ftype.inputs)
@@ -140,11 +139,12 @@ def fold_transposes(module: ir.Operation) -> int:
             for reader, operand in readers:
                 flag = "transpose_lhs" if operand == 0 else "transpose_rhs"
                 _, decl = _routine(reader, declarations)
-                clone = _transposed_declaration(decl, operand, source.type, flag)
-                declarations[ir.StringAttr(clone.attributes["sym_name"]).value] = clone
-                candidates.add(ir.StringAttr(clone.attributes["sym_name"]).value)
-                reader.attributes["kernel"] = ir.FlatSymbolRefAttr.get(
-                    ir.StringAttr(clone.attributes["sym_name"]).value)
+                name = ir.StringAttr(decl.attributes["sym_name"]).value + f"_{flag}"
+                if name not in declarations:    # else another launch of decl made it
+                    declarations[name] = _transposed_declaration(decl, operand, source.type,
+                                                                 name, flag)
+                    candidates.add(name)
+                reader.attributes["kernel"] = ir.FlatSymbolRefAttr.get(name)
                 reader.operands[1 + operand] = source      # operand 0 is the stream
             doomed += frees + [launch, result.owner.operation]
             folded += 1

@@ -181,3 +181,31 @@ module attributes {tessera.target = "cpu"} {
   func.func private @t_1(memref<2x8xf32>, memref<8x2xf32>) attributes {tsched.library = "transpose", tsched.library_attrs = {perm = array<i64: 1, 0>}}
   func.func private @mm_2(memref<4x8xf32>, memref<8x2xf32>, memref<4x2xf32>) attributes {tsched.library = "matmul", tsched.library_attrs = {}}
 }
+
+// -----
+
+// Two launches of one matmul declaration, each reading a transposed operand
+// of the same type: both launch one marked copy of it.
+// CHECK-LABEL: func.func @shared(
+// CHECK: tsched.launch @mm_transpose_lhs on %{{.*}} ins(%arg0, %arg2
+// CHECK: tsched.launch @mm_transpose_lhs on %{{.*}} ins(%arg1, %arg2
+// CHECK-COUNT-1: func.func private @mm_transpose_lhs(
+// CHECK-NOT: func.func private @mm(
+module attributes {tessera.target = "cpu"} {
+  func.func @shared(%x: memref<8x4xf32>, %y: memref<8x4xf32>, %d: memref<8x2xf32>) -> (memref<4x2xf32>, memref<4x2xf32>) {
+    %s = tsched.stream "compute"
+    %xt = tsched.alloc : memref<4x8xf32>
+    tsched.launch @t on %s ins(%x : memref<8x4xf32>) outs(%xt : memref<4x8xf32>)
+    %a = tsched.alloc : memref<4x2xf32>
+    tsched.launch @mm on %s ins(%xt, %d : memref<4x8xf32>, memref<8x2xf32>) outs(%a : memref<4x2xf32>)
+    tsched.free %xt : memref<4x8xf32>
+    %yt = tsched.alloc : memref<4x8xf32>
+    tsched.launch @t on %s ins(%y : memref<8x4xf32>) outs(%yt : memref<4x8xf32>)
+    %b = tsched.alloc : memref<4x2xf32>
+    tsched.launch @mm on %s ins(%yt, %d : memref<4x8xf32>, memref<8x2xf32>) outs(%b : memref<4x2xf32>)
+    tsched.free %yt : memref<4x8xf32>
+    return %a, %b : memref<4x2xf32>, memref<4x2xf32>
+  }
+  func.func private @t(memref<8x4xf32>, memref<4x8xf32>) attributes {tsched.library = "transpose", tsched.library_attrs = {perm = array<i64: 1, 0>}}
+  func.func private @mm(memref<4x8xf32>, memref<8x2xf32>, memref<4x2xf32>) attributes {tsched.library = "matmul", tsched.library_attrs = {}}
+}
