@@ -353,10 +353,19 @@ def _profile_main(kit: Path, out: Path, engine: str = "cuda") -> int:
     programs = [tessera_runtime.load_bundle(folder / f"candidate{i}", engine=engine)
                 for i in range(len(meta["candidates"]))]
 
-    def timed(program) -> float:
+    def timed(program, args=inputs, **options) -> float:
         t0 = time.perf_counter()
-        program.run(inputs)
+        program.run(args, **options)
         return time.perf_counter() - t0
+
+    def profiled(run) -> tuple:
+        """(step times, the recorder, dist.profile's record of it) of
+        PROFILE_STEPS calls of `run`, recorded."""
+        rec = profiler.start()
+        seconds = [run() for _ in range(PROFILE_STEPS)]
+        profiler.stop(rec)
+        return seconds, rec, {"rank": 0, "t_start": rec.t_start, "t_stop": rec.t_stop,
+                              "groups": {}, "slices": [list(s) for s in rec.slices]}
 
     for program in programs:             # warm-up: module loads, first allocations
         timed(program)
@@ -364,11 +373,7 @@ def _profile_main(kit: Path, out: Path, engine: str = "cuda") -> int:
     tuned = [statistics.median(r[i] for r in rounds) for i in range(len(programs))]
     default = programs[0]
     off = [timed(default) for _ in range(PROFILE_STEPS)]
-    rec = profiler.start()
-    on = [timed(default) for _ in range(PROFILE_STEPS)]
-    profiler.stop(rec)
-    record = {"rank": 0, "t_start": rec.t_start, "t_stop": rec.t_stop, "groups": {},
-              "slices": [list(s) for s in rec.slices]}
+    on, rec, record = profiled(lambda: timed(default))
     balance = profiling.balance([record], PROFILE_STEPS)[0]
     (out / "profile-gpt-step-bf16.json").write_text(
         json.dumps(profiling.perfetto_trace([record], [0.0])))
@@ -378,19 +383,11 @@ def _profile_main(kit: Path, out: Path, engine: str = "cuda") -> int:
     resident = [default._executor.engine.from_host(a) for a in inputs]
 
     def timed_resident() -> float:
-        t0 = time.perf_counter()
-        default.run(resident, device_outputs=True)
-        return time.perf_counter() - t0
+        return timed(default, resident, device_outputs=True)
 
     timed_resident()
     on_device = [timed_resident() for _ in range(PROFILE_STEPS)]
-    rec_device = profiler.start()
-    for _ in range(PROFILE_STEPS):
-        timed_resident()
-    profiler.stop(rec_device)
-    device_balance = profiling.balance(
-        [{"rank": 0, "t_start": rec_device.t_start, "t_stop": rec_device.t_stop, "groups": {},
-          "slices": [list(s) for s in rec_device.slices]}], PROFILE_STEPS)[0]
+    device_balance = profiling.balance([profiled(timed_resident)[2]], PROFILE_STEPS)[0]
     compute = [s for s in rec.slices if s[2] == "compute"]
     launches = sum(ins.op == "launch" for ins in default.bundle.program.instructions)
     problems = []

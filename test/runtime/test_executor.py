@@ -83,16 +83,20 @@ def test_run_matches_numpy(tmp_path, lib):
         np.testing.assert_array_equal(a, a0)
 
 
+def relu_in_place() -> dict:
+    """A program running relu in place on its *argument* buffer."""
+    return {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
+            "inputs": [tensor("x", "%arg0", [3, 4])],
+            "outputs": [tensor("x_relu", "%arg0", [3, 4])],
+            "streams": ["compute"],
+            "instructions": [
+                {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%arg0"]},
+                {"op": "return", "values": ["%arg0"]}]}
+
+
 def test_inputs_are_not_modified(tmp_path, lib):
     # relu in place on the *argument* buffer: the caller's array is untouched.
-    p = {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
-         "inputs": [tensor("x", "%arg0", [3, 4])],
-         "outputs": [tensor("x_relu", "%arg0", [3, 4])],
-         "streams": ["compute"],
-         "instructions": [
-             {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%arg0"]},
-             {"op": "return", "values": ["%arg0"]}]}
-    prog = rt.load_bundle(make(tmp_path, lib, p))
+    prog = rt.load_bundle(make(tmp_path, lib, relu_in_place()))
     assert prog.rank_coords == ()
     x = np.random.default_rng(1).standard_normal((3, 4), dtype=np.float32)
     x0 = x.copy()
@@ -357,14 +361,7 @@ def test_device_outputs_are_the_engine_s_buffers_and_feed_back(tmp_path, lib):
     """run(device_outputs=True) hands back the engine's buffers (on the cuda
     engine, device arrays: a training loop's state need not cross the bus);
     they go back in as inputs, and the program still writes copies of them."""
-    p = {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
-         "inputs": [tensor("x", "%arg0", [3, 4])],
-         "outputs": [tensor("x_relu", "%arg0", [3, 4])],
-         "streams": ["compute"],
-         "instructions": [
-             {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%arg0"]},
-             {"op": "return", "values": ["%arg0"]}]}
-    prog = rt.load_bundle(make(tmp_path, lib, p))
+    prog = rt.load_bundle(make(tmp_path, lib, relu_in_place()))
     x = np.random.default_rng().standard_normal((3, 4), dtype=np.float32)
     (y,) = prog.run([x], device_outputs=True)
     np.testing.assert_array_equal(y, np.maximum(x, 0))

@@ -112,17 +112,12 @@ class CUDAEngine(Engine):
         return isinstance(array, self.cp.ndarray) and array.dtype == self._storage(dtype)
 
     def from_host(self, array):
-        if isinstance(array, self.cp.ndarray):
-            # A device array (a run's output fed back): copied on the device,
-            # so the program may still write its buffer.
-            null = self.cp.cuda.Stream.null
-            with null:
-                buffer = array.copy()
-            null.synchronize()
-            return buffer
-        array = np.asarray(array)
-        if bf16.is_bf16(array.dtype):
-            array = array.view(np.uint16)
+        # A device array (a run's output fed back) is copied where it is, by
+        # the same call, so the program may still write its buffer.
+        if not isinstance(array, self.cp.ndarray):
+            array = np.asarray(array)
+            if bf16.is_bf16(array.dtype):
+                array = array.view(np.uint16)
         return self._upload(array)
 
     def to_host(self, buffer, dtype=None):
@@ -197,9 +192,9 @@ class CUDAEngine(Engine):
             fn(grid, block, arguments(args), shared_mem=shared, stream=stream)
         return launch_nvshmem
 
-    def _upload(self, host: np.ndarray):
-        """`host` (any layout, 0-d included) in C order in device memory,
-        there before any stream's next kernel. The copy runs on the null
+    def _upload(self, host):
+        """`host` (a numpy or cupy array, any layout, 0-d included) in C
+        order in (new) device memory, there before any stream's next kernel. The copy runs on the null
         stream, which the engine's non-blocking streams do not wait for (and
         a copy from pageable memory may return before the DMA lands), hence
         the synchronize."""
