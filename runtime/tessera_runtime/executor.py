@@ -343,13 +343,20 @@ class ScheduleExecutor:
             index, count = index * comm.size + comm.rank, count * comm.size
         return {**attrs, "block": (index, count)}
 
-    def run(self, local_inputs, device_outputs: bool = False) -> list:
+    def run(self, local_inputs, device_outputs: bool = False, donate: bool = False) -> list:
         self.check_inputs(local_inputs)
         eng = self.engine
         rec = profiler.active()
         t_in = time.perf_counter() if rec is not None else 0.0
-        values = {spec.value: eng.from_host(arr)
-                  for spec, arr in zip(self.program.inputs, local_inputs)}
+        values, taken = {}, set()
+        for spec, arr in zip(self.program.inputs, local_inputs):
+            # A donated buffer is used as it is, once: an array passed as two
+            # inputs is copied the second time (the program may write either).
+            if donate and id(arr) not in taken and eng.is_buffer(arr, spec.dtype):
+                values[spec.value] = arr
+                taken.add(id(arr))
+            else:
+                values[spec.value] = eng.from_host(arr)
         pending: dict = {}
         timing = _RunTiming(eng, self.program.entry, t_in, values.values()) \
             if rec is not None else None

@@ -369,3 +369,21 @@ def test_device_outputs_are_the_engine_s_buffers_and_feed_back(tmp_path, lib):
     (z,) = prog.run([y], device_outputs=True)
     np.testing.assert_array_equal(z, y0)
     np.testing.assert_array_equal(y, y0)            # the fed-back buffer is untouched
+
+
+def test_a_donated_input_is_the_program_s_buffer(tmp_path, lib):
+    """run(donate=True) uses an input that is already the engine's buffer
+    without copying it (the program writes it in place, as a training loop
+    feeding its state back wants); one that is not (a strided view) is
+    still copied, and the caller's array is untouched."""
+    prog = rt.load_bundle(make(tmp_path, lib, relu_in_place()))
+    x = np.random.default_rng().standard_normal((3, 4), dtype=np.float32)
+    x0 = x.copy()
+    (y,) = prog.run([x], donate=True)
+    assert np.shares_memory(y, x)
+    np.testing.assert_array_equal(x, np.maximum(x0, 0))
+    wide = np.random.default_rng().standard_normal((3, 8), dtype=np.float32)
+    wide0 = wide.copy()
+    (z,) = prog.run([wide[:, ::2]], donate=True)
+    np.testing.assert_array_equal(z, np.maximum(wide0[:, ::2], 0))
+    np.testing.assert_array_equal(wide, wide0)

@@ -56,7 +56,8 @@ class Engine(ABC):
     def is_buffer(self, array, dtype) -> bool:
         """Whether `array` is already one of this engine's buffers of program
         type `dtype` (a device array a run returned), which `from_host`
-        copies where it is, not across the bus."""
+        copies where it is, not across the bus, and a donating run
+        (`Program.run(donate=True)`) uses without a copy."""
         return False
 
     @abstractmethod

@@ -44,6 +44,10 @@ class CPUEngine(Engine):
         # in-place all_reduce), and that must not leak into the caller's array.
         return np.array(array, order="C", copy=True)
 
+    def is_buffer(self, array, dtype) -> bool:
+        return (isinstance(array, np.ndarray) and array.dtype == np.dtype(dtype)
+                and array.flags.c_contiguous and array.flags.writeable)
+
     def to_host(self, buffer, dtype=None):
         return buffer
 
