@@ -72,6 +72,9 @@ _VARIABLES = [
              "the cache's parent when TESSERA_CACHE_DIR is unset"),
     Variable("CXX", "compiler, runtime", "c++",
              "the host C++ compiler for CPU kernels and the CUDA emulator"),
+    Variable("TESSERA_BUILD_JOBS", "compiler", "the cores this process may use",
+             "how many host C++ compiles of generated kernels run at once (a kernel "
+             "source is split into that many translation units, each cached)"),
     Variable("NVSHMEM_HOME", "compiler", "",
              "an NVSHMEM install to compile NVSHMEM kernels against (else the "
              "nvidia-nvshmem-cu13 wheel)"),

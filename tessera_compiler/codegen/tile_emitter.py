@@ -19,6 +19,7 @@ from tessera_mlir import ir
 from ..ir.support import kernels_of, marked_args
 from ..ir.ops import TILE_ELEMENTWISE
 from ..ir.types import enum_of, tile_of
+from .build import KERNEL_HEADER
 
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
                "ttile.wait", "ttile.fence", "ttile.quiet"}
@@ -159,7 +160,7 @@ class KernelEmitter:
                              f"{t.ctype}* {t.name} = {t.name}_v.data();  {note}")
             else:
                 decls.append(f"  {t.ctype} {t.name}[{t.size}];  {note}")
-        head = [f"// ttile.kernel @{name}", f"// grid ({', '.join(map(str, grid))}) run as loops",
+        head = [f"{KERNEL_HEADER}{name}", f"// grid ({', '.join(map(str, grid))}) run as loops",
                 f'extern "C" void {name}({", ".join(params)}) {{']
         return "\n".join(head + ["  " + p for p in prologue] + decls + body + ["}"]) + "\n"
 

@@ -76,6 +76,38 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
     assert build_cpu_library(src + "\n// changed\n") != first
 
 
+def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, monkeypatch):
+    """build_cpu_library splits a source into one translation unit per build
+    job (each the preamble and a share of the kernels), compiles them at
+    once, caches each object by content, and links one library exposing
+    every kernel; a change to one kernel recompiles one unit."""
+    import ctypes
+    import re
+    from tessera_compiler.codegen import build
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_BUILD_JOBS", "2")
+    monkeypatch.setattr(build, "SPLIT_MIN_CHARS", 0)
+    one = _trace("cpu").cpp
+    (name,) = re.findall(r'extern "C" void (\w+)\(', one)
+    kernel = one[one.index(build.KERNEL_HEADER):]
+    src = one + "\n" + kernel.replace(name, name + "_again")    # two kernels
+    names = [name, name + "_again"]
+    units = build._translation_units(src, 2)
+    assert len(units) == 2 and all(u.startswith(src.split(build.KERNEL_HEADER)[0]) for u in units)
+    lib = build.build_cpu_library(src)
+    assert len(list(tmp_path.rglob("*.o"))) == 2
+    loaded = ctypes.CDLL(str(lib))
+    for name in names:
+        getattr(loaded, name)                       # every kernel is in the library
+    # Edit the last kernel only: one of the two units is new.
+    changed = src.rstrip() + "\n// changed\n"
+    assert build.build_cpu_library(changed) != lib
+    assert len(list(tmp_path.rglob("*.o"))) == 3
+    broken = src + f"\n{build.KERNEL_HEADER}broken\nthis is not C++;\n"
+    with pytest.raises(KernelBuildError, match="failed on generated kernels"):
+        build.build_cpu_library(broken)
+
+
 def test_build_cache_key_holds_the_compiler_version_and_linked_libraries(tmp_path, monkeypatch):
     """A compiler upgrade (anywhere in its --version output: nvcc's first line
     is the same for every release) or a different library to link builds
