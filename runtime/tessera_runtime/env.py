@@ -72,6 +72,9 @@ _VARIABLES = [
              "the cache's parent when TESSERA_CACHE_DIR is unset"),
     Variable("CXX", "compiler, runtime", "c++",
              "the host C++ compiler for CPU kernels and the CUDA emulator"),
+    Variable("TESSERA_NUM_THREADS", "runtime", "the cores this process may use / ranks",
+             "threads a large generated CPU kernel runs on (its outermost grid loop split "
+             "in equal slices); ranks of one job share the cores"),
     Variable("TESSERA_BUILD_JOBS", "compiler", "the cores this process may use",
              "how many host C++ compiles of generated kernels run at once (a kernel "
              "source is split into that many translation units, each cached)"),

@@ -21,6 +21,10 @@ from ..ir.ops import TILE_ELEMENTWISE
 from ..ir.types import enum_of, tile_of
 from .build import KERNEL_HEADER
 
+#: The CPU kernels' extra symbols (the CPU engine's threaded launches use
+#: them): NAME__range(args, pid0_begin, pid0_end) and NAME__grid, pid0's extent.
+RANGE_SUFFIX, GRID_SUFFIX = "__range", "__grid"
+
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
                "ttile.wait", "ttile.fence", "ttile.quiet"}
 # Element type -> C type of a tile element. bf16 tiles compute in float (every
@@ -144,7 +148,11 @@ class KernelEmitter:
         name, grid, entry, params, prologue = self.signature(kernel)
         body_lines_start = len(self.lines)
         for d, g in enumerate(grid):
-            self.line(f"for (int64_t pid{d} = 0; pid{d} < {g}; ++pid{d}) {{")
+            # The outermost grid loop runs a range, so the CPU engine can
+            # split it over threads (Tile IR programs run their pids in any
+            # order and at once, as on a GPU: each pid writes its own tiles).
+            start, stop = ("pid0_begin", "pid0_end") if d == 0 else (0, g)
+            self.line(f"for (int64_t pid{d} = {start}; pid{d} < {stop}; ++pid{d}) {{")
             self.indent += 1
         for op in entry.operations:
             self.emit_op(op.operation)
@@ -160,9 +168,19 @@ class KernelEmitter:
                              f"{t.ctype}* {t.name} = {t.name}_v.data();  {note}")
             else:
                 decls.append(f"  {t.ctype} {t.name}[{t.size}];  {note}")
-        head = [f"{KERNEL_HEADER}{name}", f"// grid ({', '.join(map(str, grid))}) run as loops",
-                f'extern "C" void {name}({", ".join(params)}) {{']
-        return "\n".join(head + ["  " + p for p in prologue] + decls + body + ["}"]) + "\n"
+        head = [f"{KERNEL_HEADER}{name}", f"// grid ({', '.join(map(str, grid))}) run as loops"]
+        if not grid:
+            head.append(f'extern "C" void {name}({", ".join(params)}) {{')
+            return "\n".join(head + ["  " + p for p in prologue] + decls + body + ["}"]) + "\n"
+        # NAME runs the whole grid; NAME__range(args, begin, end) pids
+        # [begin, end) of its outermost dimension; NAME__grid is that extent.
+        args = ", ".join(p.split()[-1] for p in params)
+        ranged = params + ["int64_t pid0_begin", "int64_t pid0_end"]
+        head += [f'extern "C" const int64_t {name}{GRID_SUFFIX} = {grid[0]};',
+                 f'extern "C" void {name}{RANGE_SUFFIX}({", ".join(ranged)}) {{']
+        tail = ["}", f'extern "C" void {name}({", ".join(params)}) {{',
+                f"  {name}{RANGE_SUFFIX}({args}{', ' if args else ''}0, {grid[0]});", "}"]
+        return "\n".join(head + ["  " + p for p in prologue] + decls + body + tail) + "\n"
 
     # -- ops ---------------------------------------------------------------
     def emit_op(self, op: ir.Operation) -> None:

@@ -1,11 +1,14 @@
 // RUN: tessera-translate --ttile-to-cpp %s --split-input-file --verify-diagnostics | FileCheck %s
 
 // Every ttile op, in one kernel: the grid becomes loops over program ids, tiles
-// become local arrays, scf.for carries the accumulator.
-// CHECK: extern "C" void everything(void* arg0_, void* arg1_, void* arg2_, void* arg3_) {
+// become local arrays, scf.for carries the accumulator. The outermost grid
+// loop runs a range (everything__range), which the CPU engine splits over
+// its threads; everything runs the whole grid.
+// CHECK: extern "C" const int64_t everything__grid = 2;
+// CHECK-NEXT: extern "C" void everything__range(void* arg0_, void* arg1_, void* arg2_, void* arg3_, int64_t pid0_begin, int64_t pid0_end) {
 // CHECK-NEXT: float* __restrict__ arg0 = static_cast<float*>(arg0_);  // memref<8x4xf32>
 // CHECK-DAG: float [[ACC:t[0-9]+]][16];  // tile 4x4
-// CHECK: for (int64_t pid0 = 0; pid0 < 2; ++pid0) {
+// CHECK: for (int64_t pid0 = pid0_begin; pid0 < pid0_end; ++pid0) {
 // CHECK: [[ACC]][{{e[0-9]+}}] = (float)0.0;
 // CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
 // CHECK: = arg0[
@@ -19,6 +22,8 @@
 // CHECK: tessera_exp(({{.*}}) * 0.69314718055994531f)
 // CHECK: for (int64_t q = 1; q < 4; ++q)
 // CHECK: arg3[
+// CHECK: extern "C" void everything(void* arg0_, void* arg1_, void* arg2_, void* arg3_) {
+// CHECK-NEXT: everything__range(arg0_, arg1_, arg2_, arg3_, 0, 2);
 tgraph.mesh @unused axes = ["x"] shape = [1]
 ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x4xf32>, %r: memref<8x1xf32>)
     attributes {grid = array<i64: 2>, block = array<i64: 64>} {

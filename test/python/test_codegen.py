@@ -88,7 +88,7 @@ def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, mon
     monkeypatch.setenv("TESSERA_BUILD_JOBS", "2")
     monkeypatch.setattr(build, "SPLIT_MIN_CHARS", 0)
     one = _trace("cpu").cpp
-    (name,) = re.findall(r'extern "C" void (\w+)\(', one)
+    (name,) = re.findall(re.escape(build.KERNEL_HEADER) + r"(\w+)", one)
     kernel = one[one.index(build.KERNEL_HEADER):]
     src = one + "\n" + kernel.replace(name, name + "_again")    # two kernels
     names = [name, name + "_again"]
@@ -440,3 +440,36 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
     lib.dot(*(x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c)))
     want = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(kk))
+
+
+def test_a_large_cpu_launch_splits_its_grid_over_the_engine_s_threads(monkeypatch):
+    """A generated CPU kernel touching >= THREADED_MIN_BYTES runs its
+    outermost grid loop in slices on TESSERA_NUM_THREADS threads (through
+    its NAME__range entry point); the result is bitwise that of one thread
+    and matches float64 numpy."""
+    from concurrent.futures import ThreadPoolExecutor
+    from tessera_runtime.engines import cpu
+    submitted = []
+    real_submit = ThreadPoolExecutor.submit
+
+    def counting_submit(self, fn, *args, **kwargs):
+        submitted.append(fn)
+        return real_submit(self, fn, *args, **kwargs)
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", counting_submit)
+
+    def gelu_ish(x, b):
+        return op.tanh(x + b) * 0.5 + x
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1024, 1024), dtype=np.float32)       # 4 MiB in, 4 MiB out
+    b = rng.standard_normal((1, 1024), dtype=np.float32)
+    results = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("TESSERA_NUM_THREADS", threads)
+        submitted.clear()
+        results[threads] = np.asarray(ts.jit(gelu_ish)(x, b))
+        assert bool(submitted) == (threads == "2"), submitted
+    assert x.nbytes >= cpu.THREADED_MIN_BYTES
+    np.testing.assert_array_equal(results["1"], results["2"])
+    x64, b64 = x.astype(np.float64), b.astype(np.float64)
+    np.testing.assert_allclose(results["2"], np.tanh(x64 + b64) * 0.5 + x64, rtol=1e-5, atol=1e-6)

@@ -3,16 +3,45 @@
 Kernels are `extern "C" void KERNEL(void*, void*, ...)` taking data pointers
 in launch-argument order. Launches are synchronous, so every stream is
 trivially in order and a recorded event is complete when it is recorded.
+
+A kernel with a grid also has `KERNEL__range(..., pid0_begin, pid0_end)`:
+a launch that touches at least THREADED_MIN_BYTES runs its outermost grid
+dimension in equal slices on `threads` threads (ctypes releases the GIL
+for the call). The pids of a Tile IR kernel write disjoint tiles, so the
+result is bitwise the same on any number of threads.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from .. import env
 from . import Engine, EngineError, Event
+
+#: A launch whose buffers total less runs on one thread: handing slices to
+#: the pool costs tens of microseconds, about what such a kernel takes.
+THREADED_MIN_BYTES = 4 << 20
+
+
+def default_threads() -> int:
+    """TESSERA_NUM_THREADS, else this process' share of the cores it may
+    run on (ranks of a job on one machine split them: 4 ranks on 2 cores
+    run one thread each rather than oversubscribe)."""
+    given = env.get("TESSERA_NUM_THREADS")
+    if given:
+        try:
+            return max(1, int(given))
+        except ValueError:
+            raise EngineError(f"TESSERA_NUM_THREADS must be a number, got {given!r}") from None
+    from .. import world
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    return max(1, cores // world()[1])
 
 
 class CPUEvent(Event):
@@ -104,7 +133,45 @@ class CPUEngine(Engine):
         # numpy arrays), so the checks of `launch` are not repeated per call.
         fn = self._kernel(kernel)
         fn.argtypes = [ctypes.c_void_p] * n_args
-        return lambda args: fn(*[a.ctypes.data for a in args])
+        def whole(args):
+            fn(*[a.ctypes.data for a in args])
+        threads = self.threads
+        try:
+            ranged = getattr(self._lib, kernel + "__range")
+            grid = ctypes.c_int64.in_dll(self._lib, kernel + "__grid").value
+        except AttributeError:          # no grid (or a library from before ranges)
+            return whole
+        if threads < 2 or grid < 2:
+            return whole
+        ranged.restype = None
+        ranged.argtypes = [ctypes.c_void_p] * n_args + [ctypes.c_int64] * 2
+        parts = min(threads, grid)
+        bounds = [grid * i // parts for i in range(parts + 1)]
+        pool = self._pool()
+
+        def launch(args):
+            if sum(a.nbytes for a in args) < THREADED_MIN_BYTES:
+                return whole(args)
+            ptrs = [a.ctypes.data for a in args]
+            rest = [pool.submit(ranged, *ptrs, bounds[i], bounds[i + 1])
+                    for i in range(1, parts)]
+            ranged(*ptrs, bounds[0], bounds[1])         # this thread takes the first slice
+            for done in rest:
+                done.result()
+        return launch
+
+    @property
+    def threads(self) -> int:
+        """Threads a large kernel launch runs on (default_threads())."""
+        if getattr(self, "_threads", None) is None:
+            self._threads = default_threads()
+        return self._threads
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if getattr(self, "_workers", None) is None:
+            self._workers = ThreadPoolExecutor(self.threads - 1,
+                                               thread_name_prefix="tessera-kernels")
+        return self._workers
 
     def prepare_library(self, routine: str, attrs: dict, stream=None):
         from .library import ROUTINES
