@@ -29,8 +29,11 @@ sys.path itself; torch must be importable):
     .venv/bin/python bench/train_step_cpu.py --width 256 --batch 64
 
 Threads: PyTorch uses --threads (default: all cores). Tessera's generated
-kernels are single-threaded; its matmuls go to numpy's BLAS (OpenBLAS), which
-uses all cores unless OPENBLAS_NUM_THREADS is set before the start. To pin
+kernels run a launch of >= 4 MiB on TESSERA_NUM_THREADS threads (default: all
+cores); its matmuls go to numpy's BLAS (OpenBLAS), which uses all cores unless
+OPENBLAS_NUM_THREADS is set before the start. OPENBLAS_THREAD_TIMEOUT (tessera
+sets 4 when imported before numpy; this script imports numpy first, so export
+it) stops OpenBLAS's idle threads spinning ~0.1 s after each matmul. To pin
 both to N threads: OPENBLAS_NUM_THREADS=N .venv/bin/python bench/train_step_cpu.py --threads N
 With several threads each, OpenBLAS's and PyTorch's (OpenMP) idle threads
 spin-wait and compete for the cores, all the more on a busy machine: the times
@@ -57,6 +60,9 @@ ROOT = Path(__file__).resolve().parent.parent
 for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
+
+# What OpenBLAS will read when numpy loads it (tessera sets it later, too late).
+BLAS_TIMEOUT = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset (2^28 cycles)")
 
 import numpy as np  # noqa: E402
 
@@ -297,6 +303,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset (all cores)")
+    blas_timeout = BLAS_TIMEOUT
+    from tessera_runtime.engines.cpu import default_threads
     seq = 2 * args.length
     params = train_gpt.init_params(args.width, args.depth, args.heads, seq, args.seed)
     batch = train_gpt.make_batch(np.random.default_rng(args.seed), args.batch, args.length)
@@ -304,7 +312,9 @@ def main(argv=None) -> int:
     print(f"GPT: width {args.width}, depth {args.depth}, heads {args.heads}, seq {seq}, "
           f"batch {args.batch}, {n_params:,} parameters, fp32")
     print(f"torch {torch.__version__}: {torch.get_num_threads()} threads; numpy's BLAS "
-          f"(Tessera's matmul): OPENBLAS_NUM_THREADS {blas_threads}; {os.cpu_count()} cores")
+          f"(Tessera's matmul): OPENBLAS_NUM_THREADS {blas_threads}, OPENBLAS_THREAD_TIMEOUT "
+          f"{blas_timeout}; Tessera's kernels: {default_threads()} threads; "
+          f"{os.cpu_count()} cores")
 
     # Both copy the same numpy parameters (PyTorch first: torch.tensor copies).
     pt_step = TorchStep(params, batch, args.heads)
@@ -351,6 +361,8 @@ def main(argv=None) -> int:
         "numpy_version": np.__version__,
         "torch_threads": torch.get_num_threads(),
         "openblas_num_threads": blas_threads,
+        "openblas_thread_timeout": blas_timeout,
+        "tessera_kernel_threads": default_threads(),
         "config": {"width": args.width, "depth": args.depth, "heads": args.heads,
                    "length": args.length, "seq": seq, "batch": args.batch,
                    "parameters": n_params, "steps": args.steps, "warmup": args.warmup,
