@@ -12,8 +12,11 @@ Steps:
      batch; the two losses must agree (exit 1 if they differ by more than 1e-4
      relative), and the largest difference of an updated parameter is shown;
   2. timing: warm-up (Tessera's first call compiles and is left out), then
-     --steps steps of each, alternating Tessera and PyTorch so both see the
-     same machine load; the median per-step time of each;
+     --steps steps of Tessera here and of PyTorch in a process of its own
+     (--peer alternate: alternating in this one, which shares the machine's
+     drift but lets each framework's spinning idle threads slow the other:
+     PyTorch's w128 step measured 26 ms alone and 66 ms alternating); the
+     median per-step time of each;
   3. where Tessera's time goes: a few more Tessera steps with the CPU engine's
      generated kernels and library routines (matmul, reshape,
      transpose, ... on numpy) timed; the rest of the step is the runtime's and
@@ -51,6 +54,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -250,7 +254,8 @@ def markdown(r: dict) -> str:
         f"| PyTorch (eager) | {r['torch_ms']:.2f} |",
         f"| **ratio Tessera / PyTorch** | **{r['ratio']:.2f}** |",
         "",
-        f"Medians of {c['steps']} steps each, alternating.",
+        f"Medians of {c['steps']} steps each, "
+        f"{'alternating' if r.get('peer') == 'alternate' else 'PyTorch in a process of its own'}.",
         "",
         f"## Where Tessera's time goes (mean of {b['profiled_steps']} instrumented steps)",
         "",
@@ -284,6 +289,29 @@ def print_summary(r: dict) -> None:
 
 # -- main ---------------------------------------------------------------------------------
 
+def timed(step, warmup: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` calls of `step`, after `warmup` calls."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_peer(args) -> int:
+    """(--peer process) The PyTorch step alone in this process: its first
+    step and the warm-up untimed, then `steps` timed; seconds to --peer-times."""
+    torch.set_num_threads(args.threads)
+    params = train_gpt.init_params(args.width, args.depth, args.heads, 2 * args.length, args.seed)
+    batch = train_gpt.make_batch(np.random.default_rng(args.seed), args.batch, args.length)
+    pt_step = TorchStep(params, batch, args.heads)
+    Path(args.peer_times).write_text(json.dumps(timed(pt_step, 1 + args.warmup, args.steps)))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,8 +326,15 @@ def main(argv=None) -> int:
                     help="instrumented Tessera steps for the breakdown")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peer", choices=["process", "alternate"], default="process",
+                    help="time PyTorch in a process of its own after Tessera (default), or "
+                         "alternate steps in this one (each framework's idle threads, "
+                         "OpenBLAS's and OpenMP's, then spin against the other's step)")
+    ap.add_argument("--peer-times", help=argparse.SUPPRESS)   # (internal) the peer process
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
+    if args.peer_times:
+        return time_peer(args)
 
     torch.set_num_threads(args.threads)
     blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset (all cores)")
@@ -336,16 +371,26 @@ def main(argv=None) -> int:
         print(f"FAIL: the losses differ by {rel:.2e} relative (> 1e-4)")
         return 1
 
-    # 2. Timing: warm up, then alternate.
-    for _ in range(args.warmup):
-        ts_step()
-        pt_step()
-    ts_times, pt_times = [], []
-    for _ in range(args.steps):
-        for step, times in ((ts_step, ts_times), (pt_step, pt_times)):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
+    # 2. Timing: warm up, then alternate, or Tessera here and PyTorch in a
+    # process of its own (from the same parameters and batch).
+    if args.peer == "alternate":
+        for _ in range(args.warmup):
+            ts_step()
+            pt_step()
+        ts_times, pt_times = [], []
+        for _ in range(args.steps):
+            for step, times in ((ts_step, ts_times), (pt_step, pt_times)):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+    else:
+        del pt_step
+        ts_times = timed(ts_step, args.warmup, args.steps)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "peer.json"
+            subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                            "--peer-times", str(out)], check=True)
+            pt_times = json.loads(out.read_text())
     ts_ms, pt_ms = 1e3 * statistics.median(ts_times), 1e3 * statistics.median(pt_times)
 
     # 3. Where Tessera's time goes.
@@ -363,6 +408,7 @@ def main(argv=None) -> int:
         "openblas_num_threads": blas_threads,
         "openblas_thread_timeout": blas_timeout,
         "tessera_kernel_threads": default_threads(),
+        "peer": args.peer,
         "config": {"width": args.width, "depth": args.depth, "heads": args.heads,
                    "length": args.length, "seq": seq, "batch": args.batch,
                    "parameters": n_params, "steps": args.steps, "warmup": args.warmup,
