@@ -34,9 +34,10 @@ sys.path itself; torch must be importable):
 Threads: PyTorch uses --threads (default: all cores). Tessera's generated
 kernels run a launch of >= 4 MiB on TESSERA_NUM_THREADS threads (default: all
 cores); its matmuls go to numpy's BLAS (OpenBLAS), which uses all cores unless
-OPENBLAS_NUM_THREADS is set before the start. OPENBLAS_THREAD_TIMEOUT (tessera
-sets 4 when imported before numpy; this script imports numpy first, so export
-it) stops OpenBLAS's idle threads spinning ~0.1 s after each matmul. To pin
+OPENBLAS_NUM_THREADS is set before the start. OPENBLAS_THREAD_TIMEOUT=4
+stops OpenBLAS's idle threads spinning ~0.1 s after each matmul: faster
+kernels at width 512, slower small matmuls at width 128 (measured; see
+bench/results/train_step_cpu-2026-11-27-threads.md). To pin
 both to N threads: OPENBLAS_NUM_THREADS=N .venv/bin/python bench/train_step_cpu.py --threads N
 With several threads each, OpenBLAS's and PyTorch's (OpenMP) idle threads
 spin-wait and compete for the cores, all the more on a busy machine: the times
@@ -65,7 +66,7 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
-# What OpenBLAS will read when numpy loads it (tessera sets it later, too late).
+# What OpenBLAS reads when numpy loads it.
 BLAS_TIMEOUT = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset (2^28 cycles)")
 
 import numpy as np  # noqa: E402

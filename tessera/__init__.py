@@ -15,11 +15,6 @@
         return loss, ts.grad(loss, params)
 """
 
-import os
-
-# Before numpy loads OpenBLAS (tessera_runtime/__init__.py says why).
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
 from . import checkpoint, dist, graph, mesh, nn, op, optim, pipeline, schedule
 from . import dist as distributed          # `ts.distributed.all_gather`, as the docs write it
 from ._trace import autocast

@@ -15,16 +15,7 @@ importing it initializes MPI.
 
 from __future__ import annotations
 
-import os
 from importlib import import_module
-
-# OpenBLAS's idle threads spin for 2^28 cycles (~0.1 s) after each call they
-# worked on, taking a core from the generated kernels that run next on the
-# engine's threads: measured on 2 cores, the w512 GPT step's kernels took
-# 876 ms with them spinning and 640 ms with OPENBLAS_THREAD_TIMEOUT=4 (2^4
-# cycles). OpenBLAS reads it when it loads, so this helps only where numpy
-# is imported after Tessera (or the variable is exported); the user's wins.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from . import env
 
