@@ -77,3 +77,33 @@ ttile.kernel @nvshmem_on_cpu(%a: memref<4xi64> {ttile.symmetric}) attributes {gr
   ttile.quiet
   ttile.return
 }
+
+// -----
+
+// A run of elementwise ops and fills over tiles of one size is one loop: the
+// tiles only the run reads are scalars in it; the one stored after it stays
+// an array (element for element the same operations, so the same bits).
+// CHECK-LABEL: void chain__range(
+// CHECK: float [[T:t[0-9]+]][16];  // tile 4x4
+// CHECK-NEXT: float [[OUT:t[0-9]+]][16];  // tile 4x4
+// CHECK: for (int64_t [[E:e[0-9]+]] = 0; [[E]] < 16; ++[[E]]) {
+// CHECK-NEXT: const float [[H:v[0-9]+]] = (float)0.5;
+// CHECK-NEXT: const float [[M:v[0-9]+]] = [[T]][[[E]]] * [[H]];
+// CHECK-NEXT: const float [[S:v[0-9]+]] = [[M]] + [[T]][[[E]]];
+// CHECK-NEXT: [[OUT]][[[E]]] = tessera_exp([[S]]);
+// CHECK-NEXT: }
+// CHECK: arg1[{{.*}}] = [[OUT]][
+ttile.kernel @chain(%a: memref<8x4xf32>, %c: memref<8x4xf32>)
+    attributes {grid = array<i64: 2>, block = array<i64: 64>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c4 = arith.constant 4 : index
+  %row = arith.muli %pid, %c4 : index
+  %t = ttile.load %a[%row, %c0] : memref<8x4xf32> -> !ttile.tile<4x4xf32>
+  %half = ttile.fill 0.5 : !ttile.tile<4x4xf32>
+  %m = ttile.mul %t, %half : !ttile.tile<4x4xf32>
+  %s = ttile.add %m, %t : !ttile.tile<4x4xf32>
+  %e = ttile.exp %s : !ttile.tile<4x4xf32>
+  ttile.store %e, %c[%row, %c0] : !ttile.tile<4x4xf32>, memref<8x4xf32>
+  ttile.return
+}
