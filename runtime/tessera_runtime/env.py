@@ -75,6 +75,9 @@ _VARIABLES = [
     Variable("TESSERA_NUM_THREADS", "runtime", "the cores this process may use / ranks",
              "threads a large generated CPU kernel runs on (its outermost grid loop split "
              "in equal slices); ranks of one job share the cores"),
+    Variable("OMPI_COMM_WORLD_LOCAL_SIZE", "runtime", "",
+             "the job's ranks on this machine (set by Open MPI; MPI_LOCALNRANKS with Hydra): "
+             "they share its cores"),
     Variable("TESSERA_BUILD_JOBS", "compiler", "the cores this process may use",
              "how many host C++ compiles of generated kernels run at once (a kernel "
              "source is split into that many translation units, each cached)"),

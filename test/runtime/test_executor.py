@@ -387,3 +387,27 @@ def test_a_donated_input_is_the_program_s_buffer(tmp_path, lib):
     (z,) = prog.run([wide[:, ::2]], donate=True)
     np.testing.assert_array_equal(z, np.maximum(wide0[:, ::2], 0))
     np.testing.assert_array_equal(wide, wide0)
+
+
+def test_kernel_threads_default_to_this_rank_s_share_of_the_cores(monkeypatch):
+    """TESSERA_NUM_THREADS wins; else the usable cores divided among the
+    job's ranks on this machine (never below one)."""
+    import os
+    from tessera_runtime.engines import EngineError
+    from tessera_runtime.engines.cpu import default_threads
+    for var in ("TESSERA_NUM_THREADS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert default_threads() == cores
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(2 * cores))
+    assert default_threads() == 1
+    monkeypatch.setenv("MPI_LOCALNRANKS", "1")
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", str(4 * cores))        # other ranks on other machines
+    assert default_threads() == cores
+    monkeypatch.setenv("TESSERA_NUM_THREADS", "3")
+    assert default_threads() == 3
+    monkeypatch.setenv("TESSERA_NUM_THREADS", "many")
+    with pytest.raises(EngineError, match="TESSERA_NUM_THREADS must be a number, got 'many'"):
+        default_threads()

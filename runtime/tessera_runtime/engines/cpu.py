@@ -30,7 +30,7 @@ THREADED_MIN_BYTES = 4 << 20
 
 def default_threads() -> int:
     """TESSERA_NUM_THREADS, else this process' share of the cores it may
-    run on (ranks of a job on one machine split them: 4 ranks on 2 cores
+    run on (the job's ranks on this machine split them: 4 ranks on 2 cores
     run one thread each rather than oversubscribe)."""
     given = env.get("TESSERA_NUM_THREADS")
     if given:
@@ -41,7 +41,8 @@ def default_threads() -> int:
     from .. import world
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else os.cpu_count() or 1
-    return max(1, cores // world()[1])
+    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")
+    return max(1, cores // (int(local) if local else world()[1]))
 
 
 class CPUEvent(Event):
