@@ -28,6 +28,20 @@ from . import Engine, EngineError, Event
 THREADED_MIN_BYTES = 4 << 20
 
 
+_char_at, _address_of = ctypes.c_char.from_buffer, ctypes.addressof
+
+
+def _addresses(arrays) -> list[int]:
+    """The data pointers of `arrays`. Through a ctypes view of each buffer:
+    0.8 us an array where `.ctypes.data` takes 2.7-3.9 us (a training step
+    passes ~1000 buffers to kernels); read-only or empty arrays, which a
+    ctypes view refuses, the slow way."""
+    try:
+        return [_address_of(_char_at(a)) for a in arrays]
+    except (TypeError, ValueError):
+        return [a.ctypes.data for a in arrays]
+
+
 def default_threads() -> int:
     """TESSERA_NUM_THREADS, else this process' share of the cores it may
     run on (the job's ranks on this machine split them: 4 ranks on 2 cores
@@ -135,7 +149,7 @@ class CPUEngine(Engine):
         fn = self._kernel(kernel)
         fn.argtypes = [ctypes.c_void_p] * n_args
         def whole(args):
-            fn(*[a.ctypes.data for a in args])
+            fn(*_addresses(args))
         threads = self.threads
         try:
             ranged = getattr(self._lib, kernel + "__range")
@@ -153,7 +167,7 @@ class CPUEngine(Engine):
         def launch(args):
             if sum(a.nbytes for a in args) < THREADED_MIN_BYTES:
                 return whole(args)
-            ptrs = [a.ctypes.data for a in args]
+            ptrs = _addresses(args)
             rest = [pool.submit(ranged, *ptrs, bounds[i], bounds[i + 1])
                     for i in range(1, parts)]
             ranged(*ptrs, bounds[0], bounds[1])         # this thread takes the first slice
