@@ -197,6 +197,24 @@ def cache_dir(kind: str) -> Path:
     return path
 
 
+def count(name: str) -> int | None:
+    """A variable holding a count (of threads, jobs): None when unset, at
+    least 1; ValueError naming it when it is not a number."""
+    text = get(name)
+    if text is None:
+        return None
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+
+
 def host_compiler() -> str | None:
     """The host C++ compiler: CXX, else c++ or g++ on the PATH."""
     return get("CXX") or shutil.which("c++") or shutil.which("g++")

@@ -66,14 +66,17 @@ def _file_identity(path: Path) -> str:
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def _key(*parts: str) -> str:
+    """A cache file's name: the hash of what it is made of."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
 def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext: str,
                   inputs: tuple[Path, ...] = (), depends: tuple[str, ...] = ()) -> Path:
     """`tool flags <source or inputs> -o out`, cached by content: the source,
     the tool and its version, the flags, and `depends` (what else the output
     is made of, e.g. a linked library's identity)."""
-    key = hashlib.sha256("\0".join([source, tool, _version(tool), *flags, *depends])
-                         .encode()).hexdigest()[:24]
-    target = cache_dir() / f"{key}{out_ext}"
+    target = cache_dir() / f"{_key(source, tool, _version(tool), *flags, *depends)}{out_ext}"
     if target.exists():
         return target
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
@@ -104,14 +107,10 @@ SPLIT_MIN_CHARS = 40_000
 def build_jobs() -> int:
     """Host compiles at once: TESSERA_BUILD_JOBS, else the cores this
     process may run on."""
-    jobs = env.get("TESSERA_BUILD_JOBS")
-    if jobs:
-        try:
-            return max(1, int(jobs))
-        except ValueError:
-            raise KernelBuildError(f"TESSERA_BUILD_JOBS must be a number, got {jobs!r}") from None
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else os.cpu_count() or 1)
+    try:
+        return env.count("TESSERA_BUILD_JOBS") or env.cores()
+    except ValueError as err:
+        raise KernelBuildError(str(err)) from None
 
 
 def _translation_units(source: str, parts: int) -> list[str]:
@@ -136,28 +135,17 @@ def build_cpu_library(source: str) -> Path:
 
     A large source is compiled as several translation units at once (one
     per core, TESSERA_BUILD_JOBS), each cached by its content, then linked:
-    the example GPT's training step (96 kernels, 343 KB of C++) took 10.5 s of g++ in
-    one unit and 6.5 s in two on the 2-core CI machine."""
-    cxx = host_compiler()
-    key = hashlib.sha256("\0".join([source, cxx, _version(cxx), *CXX_FLAGS])
-                         .encode()).hexdigest()[:24]
-    target = cache_dir() / f"{key}.so"
-    if target.exists():
-        return target
-    jobs = build_jobs()
-    if jobs < 2 or len(source) < SPLIT_MIN_CHARS or len(units := _translation_units(
-            source, jobs)) < 2:
+    the example GPT's training step (96 kernels, 343 KB of C++) took 10.5 s
+    of g++ in one unit and 6.5 s in two on the 2-core CI machine."""
+    cxx, jobs = host_compiler(), build_jobs()
+    units = _translation_units(source, jobs) if jobs > 1 and len(source) >= SPLIT_MIN_CHARS \
+        else [source]
+    if len(units) < 2:
         return _cached_build(source, ".cpp", cxx, CXX_FLAGS, ".so")
     objects = _compile_objects(units, cxx, [f for f in CXX_FLAGS if f != "-shared"] + ["-c"])
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        out = Path(tmp) / "out.so"
-        proc = subprocess.run([cxx, "-shared", *map(str, objects), "-o", str(out)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise KernelBuildError(f"{Path(cxx).name} could not link the generated kernels:\n"
-                                   f"{proc.stderr[-4000:]}")
-        os.replace(out, target)
-    return target
+    # Linked and cached by the objects' names, which are their contents' hashes.
+    return _cached_build(" ".join(o.name for o in objects), "", cxx, ["-shared"], ".so",
+                         inputs=tuple(objects))
 
 
 def _compile_objects(units: list[str], cxx: str, flags: list[str]) -> list[Path]:
@@ -165,9 +153,7 @@ def _compile_objects(units: list[str], cxx: str, flags: list[str]) -> list[Path]
     cached by content (a kernel set that changes in one unit recompiles one)."""
     objects, running = [], []
     for unit in units:
-        key = hashlib.sha256("\0".join([unit, cxx, _version(cxx), *flags])
-                             .encode()).hexdigest()[:24]
-        target = cache_dir() / f"{key}.o"
+        target = cache_dir() / f"{_key(unit, cxx, _version(cxx), *flags)}.o"
         objects.append(target)
         if target.exists():
             continue

@@ -230,12 +230,7 @@ class KernelEmitter:
                 self.names[value] = r
             else:
                 r = self.new_tile(value)
-            if op.name == "ttile.fill":
-                x = c_literal(ir.FloatAttr(op.attributes["value"]).value, r.ctype)
-            else:
-                x = self.expression(op, [s.name if s.scalar else f"{s.name}[{e}]"
-                                         for s in (self.names[v] for v in op.operands)])
-            x = f"bf16_round({x})" if r.element == "bf16" else x
+            x = self.element_value(op, r, e)
             body.append(f"const {r.ctype} {r.name} = {x};" if local else f"{r.name}[{e}] = {x};")
         self.line(self.element_loop(e, math.prod(tile_of(run[0].results[0].type)[0])))
         for text in body:
@@ -284,10 +279,7 @@ class KernelEmitter:
 
     def op_ttile_fill(self, op):
         t = self.new_tile(op.results[0])
-        value = ir.FloatAttr(op.attributes["value"]).value
-        lit = c_literal(value, t.ctype)
-        if t.element == "bf16":
-            lit = f"bf16_round({lit})"
+        lit = self.element_value(op, t, None)
         self.for_each(t.size, lambda e: self.line(f"{t.name}[{e}] = {lit};"))
 
     def _tile_access(self, op, tile: Tile, buf: str, offsets, load: bool):
@@ -368,13 +360,21 @@ class KernelEmitter:
         ct = ctype(tile_of(op.results[0].type)[1], op.location)
         return ELEMENTWISE_EXPRESSIONS[op.name](self, op, ct, *xs)
 
-    def _elementwise(self, op):
-        srcs = [self.names[v] for v in op.operands]
-        r = self.new_tile(op.results[0])
+    def element_value(self, op, result: Tile, e) -> str:
+        """The C expression of elementwise `op` (or a fill) at element `e`
+        of its operands (a scalar operand is its own element)."""
+        if op.name == "ttile.fill":
+            x = c_literal(ir.FloatAttr(op.attributes["value"]).value, result.ctype)
+        else:
+            x = self.expression(op, [s.name if s.scalar else f"{s.name}[{e}]"
+                                     for s in (self.names[v] for v in op.operands)])
         # A bf16 result is computed in float and rounded to bf16 precision.
-        wrap = (lambda x: f"bf16_round({x})") if r.element == "bf16" else (lambda x: x)
+        return f"bf16_round({x})" if result.element == "bf16" else x
+
+    def _elementwise(self, op):
+        r = self.new_tile(op.results[0])
         self.for_each(r.size, lambda e: self.line(
-            f"{r.name}[{e}] = {wrap(self.expression(op, [f'{s.name}[{e}]' for s in srcs]))};"))
+            f"{r.name}[{e}] = {self.element_value(op, r, e)};"))
 
     def math(self, fn: str, arg: str) -> str:
         """The C library's `fn`."""

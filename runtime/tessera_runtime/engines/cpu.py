@@ -14,7 +14,6 @@ result is bitwise the same on any number of threads.
 from __future__ import annotations
 
 import ctypes
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,17 +45,13 @@ def default_threads() -> int:
     """TESSERA_NUM_THREADS, else this process' share of the cores it may
     run on (the job's ranks on this machine split them: 4 ranks on 2 cores
     run one thread each rather than oversubscribe)."""
-    given = env.get("TESSERA_NUM_THREADS")
-    if given:
-        try:
-            return max(1, int(given))
-        except ValueError:
-            raise EngineError(f"TESSERA_NUM_THREADS must be a number, got {given!r}") from None
     from .. import world
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
+    try:
+        given = env.count("TESSERA_NUM_THREADS")
+    except ValueError as err:
+        raise EngineError(str(err)) from None
     local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")
-    return max(1, cores // (int(local) if local else world()[1]))
+    return given or max(1, env.cores() // (int(local) if local else world()[1]))
 
 
 class CPUEvent(Event):
@@ -75,6 +70,8 @@ class CPUEngine(Engine):
         self._lib = None
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
+        self._threads: int | None = None      # default_threads(), at the first launch
+        self._workers: ThreadPoolExecutor | None = None
 
     # -- memory -----------------------------------------------------------------
     def alloc(self, shape, dtype):
@@ -150,40 +147,44 @@ class CPUEngine(Engine):
         fn.argtypes = [ctypes.c_void_p] * n_args
         def whole(args):
             fn(*_addresses(args))
-        threads = self.threads
         try:
             ranged = getattr(self._lib, kernel + "__range")
             grid = ctypes.c_int64.in_dll(self._lib, kernel + "__grid").value
         except AttributeError:          # no grid (or a library from before ranges)
             return whole
-        if threads < 2 or grid < 2:
+        parts = min(self.threads, grid)
+        if parts < 2:
             return whole
         ranged.restype = None
         ranged.argtypes = [ctypes.c_void_p] * n_args + [ctypes.c_int64] * 2
-        parts = min(threads, grid)
         bounds = [grid * i // parts for i in range(parts + 1)]
         pool = self._pool()
 
-        def launch(args):
-            if sum(a.nbytes for a in args) < THREADED_MIN_BYTES:
-                return whole(args)
+        def sliced(args):
             ptrs = _addresses(args)
             rest = [pool.submit(ranged, *ptrs, bounds[i], bounds[i + 1])
                     for i in range(1, parts)]
             ranged(*ptrs, bounds[0], bounds[1])         # this thread takes the first slice
             for done in rest:
                 done.result()
-        return launch
+
+        def first(args):
+            # A launch's buffers have the same shapes on every run: which
+            # way it goes is decided once, at its first call.
+            chosen[0] = sliced if sum(a.nbytes for a in args) >= THREADED_MIN_BYTES else whole
+            chosen[0](args)
+        chosen = [first]
+        return lambda args: chosen[0](args)
 
     @property
     def threads(self) -> int:
         """Threads a large kernel launch runs on (default_threads())."""
-        if getattr(self, "_threads", None) is None:
+        if self._threads is None:
             self._threads = default_threads()
         return self._threads
 
     def _pool(self) -> ThreadPoolExecutor:
-        if getattr(self, "_workers", None) is None:
+        if self._workers is None:
             self._workers = ThreadPoolExecutor(self.threads - 1,
                                                thread_name_prefix="tessera-kernels")
         return self._workers
