@@ -75,6 +75,9 @@ _VARIABLES = [
     Variable("TESSERA_NUM_THREADS", "runtime", "the cores this process may use / ranks",
              "threads a large generated CPU kernel runs on (its outermost grid loop split "
              "in equal slices); ranks of one job share the cores"),
+    Variable("TESSERA_CPU_KEEP_FREED", "runtime", "1",
+             "0: the CPU engine leaves glibc's malloc as it is (by default the heap keeps "
+             "the memory a run frees, so the next run does not page-fault it in again)"),
     Variable("OMPI_COMM_WORLD_LOCAL_SIZE", "runtime", "",
              "the job's ranks on this machine (set by Open MPI; MPI_LOCALNRANKS with Hydra): "
              "they share its cores"),

@@ -55,6 +55,53 @@ def _roles(ins: Instr) -> dict:
     return {"src": ins["src"], "dst": ins["dst"]}
 
 
+#: arena offsets are multiples of this (a cache line; what numpy aligns to)
+ARENA_ALIGN = 64
+
+
+def _arena_offsets(plan, escaping: set, root: dict) -> dict:
+    """Byte offsets in one arena for the buffers the plan allocates and frees
+    within a run (not `escaping` ones), first fit by allocation order; key
+    None holds the arena's size. A buffer's bytes are reused once it and
+    every view of it are freed."""
+    offsets: dict = {}
+    size: dict = {}
+    holders: dict = {}
+    holes: list = []                     # (offset, bytes), sorted, coalesced
+    end = 0
+    for op, a, b, _ in plan:
+        if op == "alloc" and a not in escaping:
+            n = -(-math.prod(b[0]) * np.dtype(b[1]).itemsize // ARENA_ALIGN) * ARENA_ALIGN
+            for i, (at, room) in enumerate(holes):
+                if room >= n:
+                    holes[i:i + 1] = [(at + n, room - n)] if room > n else []
+                    break
+            else:
+                at, end = end, end + n
+            offsets[a], size[a] = at, n
+        elif op == "view" and root[b[0]] in offsets:
+            holders[root[b[0]]] = holders.get(root[b[0]], 1) + 1
+        elif op == "free" and root.get(a, a) in offsets:
+            owner = root.get(a, a)
+            holders[owner] = holders.get(owner, 1) - 1
+            if not holders[owner]:
+                holes = _release(holes, offsets[owner], size[owner])
+    if offsets:
+        offsets[None] = end
+    return offsets
+
+
+def _release(holes: list, at: int, n: int) -> list:
+    """`holes` with [at, at + n) added, neighbours merged."""
+    merged = []
+    for h_at, h_n in sorted([*holes, (at, n)]):
+        if merged and merged[-1][0] + merged[-1][1] == h_at:
+            merged[-1] = (merged[-1][0], merged[-1][1] + h_n)
+        else:
+            merged.append((h_at, h_n))
+    return merged
+
+
 class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan predicts)
@@ -75,6 +122,7 @@ class ScheduleExecutor:
         # References to collectives abandoned by a failed run: MPI may still
         # be writing into their buffers, so they must stay alive.
         self._abandoned: list = []
+        self._running = False
         #: this rank's instructions (a pipeline's other stages run elsewhere)
         self.instructions = [ins for ins in program.instructions
                              if "on" not in ins.fields or self._runs_here(ins["on"])]
@@ -287,7 +335,8 @@ class ScheduleExecutor:
 
     def _plan(self) -> list:
         """The instructions with launches resolved once into engine callables
-        (a training step runs hundreds of launches; per-call lookups add up)."""
+        (a training step runs hundreds of launches; per-call lookups add up),
+        and the buffers placed (`_place`)."""
         if getattr(self, "_prepared", None) is None:
             eng, plan, symmetric = self.engine, [], set()
             # Buffers are written once (by their producer), so a reshape can
@@ -302,13 +351,7 @@ class ScheduleExecutor:
                     src, dst = ins["args"]
                     plan.append(("view", src, (dst, shapes[dst]), ins))
                 elif ins.op == "launch":
-                    stream = eng.stream(ins["stream"])
-                    if "library" in ins.fields:
-                        call = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]),
-                                                   stream)
-                    else:
-                        call = eng.prepare_launch(ins["kernel"], len(ins["args"]), stream)
-                    plan.append(("call", call, tuple(ins["args"]), ins))
+                    plan.append(("call", None, tuple(ins["args"]), ins))
                     ins.fields.setdefault("profile_key", f"library:{ins['library']}"
                                           if "library" in ins.fields else ins["kernel"])
                 elif ins.op == "alloc" and ins.get("symmetric"):
@@ -318,17 +361,85 @@ class ScheduleExecutor:
                     plan.append(("symmetric", ins["result"],
                                  (tuple(ins["shape"]), ins["dtype"], ins.index), ins))
                 elif ins.op == "alloc":
-                    shape, dtype = tuple(ins["shape"]), ins["dtype"]
-                    plan.append(("alloc", ins["result"],
-                                 (shape, dtype, math.prod(shape) * np.dtype(dtype).itemsize), ins))
+                    plan.append(("alloc", ins["result"], (tuple(ins["shape"]), ins["dtype"]), ins))
                 elif ins.op == "free" and ins["buffer"] in symmetric:
                     plan.append(("forget", ins["buffer"], None, ins))
                 elif ins.op == "free":
                     plan.append(("free", ins["buffer"], None, ins))
                 else:
                     plan.append((ins.op, None, None, ins))
-            self._prepared = plan
+            self._memory_plan = self._account(plan)
+            self._prepared = self._place(plan)
         return self._prepared
+
+    def _account(self, plan) -> dict:
+        """The bytes this rank holds over a run (the same on every run): the
+        inputs, each allocation until its free; a view keeps its input's
+        allocation alive. What the compiler's memory plan predicts."""
+        size = {spec.value: math.prod(spec.local_shape) * spec.dtype.itemsize
+                for spec in self.program.inputs}
+        live = peak = sum(size.values())
+        root: dict = {}          # view -> the buffer owning its memory
+        holders: dict = {}       # buffer with views -> how many refer to it
+        for op, a, b, _ in plan:
+            if op in ("alloc", "symmetric"):
+                size[a] = math.prod(b[0]) * np.dtype(b[1]).itemsize
+                live += size[a]
+                peak = max(peak, live)
+            elif op == "view":
+                owner = root[b[0]] = root.get(a, a)
+                holders[owner] = holders.get(owner, 1) + 1
+            elif op in ("free", "forget"):
+                owner = root.pop(a, a)
+                count = holders.pop(owner, 1) - 1
+                if count:
+                    holders[owner] = count
+                else:
+                    live -= size.pop(owner)
+        return {"peak_bytes": peak, "end_bytes": live}
+
+    def _place(self, plan) -> list:
+        """Puts the buffers a run allocates and frees itself at offsets of one
+        arena, where the engine has one (`Engine.arena`), and binds each launch
+        to the buffers it finds there. Why: a step allocates and frees the same
+        few hundred buffers on every run; at fixed addresses a launch's
+        pointers are computed once instead of per call (the CPU engine's
+        launches then cost a ctypes call) and no run page-faults fresh memory
+        in. Buffers a run returns (and what they view) are allocated per run,
+        as inputs arrive per run; their slots are filled at each call."""
+        eng = self.engine
+        returned = next(ins["values"] for _, _, _, ins in reversed(plan) if ins.op == "return")
+        root: dict = {}
+        for op, a, b, _ in plan:
+            if op == "view":
+                root[b[0]] = root.get(a, a)
+        escaping = {root.get(v, v) for v in returned}
+        offsets = _arena_offsets(plan, escaping, root)
+        arena = eng.arena(offsets.pop(None)) if offsets else None
+        fixed: dict = {}
+        if arena is not None:
+            for op, a, b, _ in plan:
+                if op == "alloc" and a in offsets:
+                    fixed[a] = eng.arena_buffer(arena, offsets[a], *b)
+                elif op == "view" and a in fixed:
+                    fixed[b[0]] = eng.reshape_view(fixed[a], b[1])
+        self._arena, self._fixed = arena, fixed
+        placed = []
+        for op, a, b, ins in plan:
+            if op in ("alloc", "free") and a in fixed or op == "view" and b[0] in fixed:
+                continue        # in the arena: nothing to do at run time
+            if op == "call":
+                stream = eng.stream(ins["stream"])
+                if "library" in ins.fields:
+                    a = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]), stream)
+                elif fixed:
+                    a = eng.prepare_launch(ins["kernel"], len(b), stream,
+                                           fixed=[fixed.get(v) for v in b])
+                    b = tuple(v for v in b if v not in fixed)
+                else:
+                    a = eng.prepare_launch(ins["kernel"], len(b), stream)
+            placed.append((op, a, b, ins))
+        return placed
 
     def _with_block(self, attrs: dict) -> dict:
         """Library attributes naming mesh axes (`axis`, `row_axes`) get this
@@ -360,14 +471,17 @@ class ScheduleExecutor:
         pending: dict = {}
         timing = _RunTiming(eng, self.program.entry, t_in, values.values()) \
             if rec is not None else None
-        # The bytes this rank holds: the inputs (copied in), each allocation
-        # until its free; a view keeps its input's allocation alive.
-        size = {spec.value: values[spec.value].nbytes for spec in self.program.inputs}
-        live = peak = sum(size.values())
-        root: dict = {}          # view -> the buffer owning its memory
-        holders: dict = {}       # buffer with views -> how many refer to it
+        plan = self._plan()
+        values.update(self._fixed)
+        if self._running:
+            # The arena's buffers are this executor's: two runs at once
+            # would write each other's intermediates.
+            raise ScheduleError(f"{self._source}: run() called while another run of this "
+                                f"program is in progress (in another thread); load the "
+                                f"program once per thread")
+        self._running = True
         try:
-            for op, a, b, ins in self._plan():
+            for op, a, b, ins in plan:
                 if op == "call":
                     if timing is None:
                         a([values[v] for v in b])
@@ -378,29 +492,14 @@ class ScheduleExecutor:
                         timing.launch(ins, t0, eng.timestamp(stream))
                 elif op == "view":
                     values[b[0]] = eng.reshape_view(values[a], b[1])
-                    owner = root[b[0]] = root.get(a, a)
-                    holders[owner] = holders.get(owner, 1) + 1
                 elif op == "alloc":
-                    values[a] = eng.alloc(b[0], b[1])
-                    size[a] = b[2]
-                    live += b[2]
-                    peak = max(peak, live)
+                    values[a] = eng.alloc(*b)
                 elif op == "free":
                     eng.free(values.pop(a))
-                    owner = root.pop(a, a)
-                    count = holders.pop(owner, 1) - 1
-                    if count:
-                        holders[owner] = count
-                    else:
-                        live -= size.pop(owner)
                 elif op == "symmetric":
                     values[a] = eng.alloc_symmetric(*b)
-                    size[a] = values[a].nbytes
-                    live += size[a]
-                    peak = max(peak, live)
                 elif op == "forget":
                     values.pop(a)
-                    live -= size.pop(a)
                 elif op == "event_record":
                     values[ins["result"]] = eng.record_event(eng.stream(ins["stream"]))
                 elif op == "event_wait":
@@ -434,7 +533,7 @@ class ScheduleExecutor:
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
                     eng.synchronize()
-                    self.memory = {"peak_bytes": peak, "end_bytes": live}
+                    self.memory = dict(self._memory_plan)
                     t_out = time.perf_counter()
                     outputs = [values[v] if device_outputs else eng.to_host(values[v], spec.dtype)
                                for v, spec in zip(ins["values"], self.program.outputs)]
@@ -442,8 +541,11 @@ class ScheduleExecutor:
                         timing.finish(rec, t_out, outputs)
                     return outputs
         finally:
+            self._running = False
             if pending:
-                self._abandoned.extend(pending.values())
+                # MPI may still write into the arena: the next run gets its own.
+                self._abandoned.extend([*pending.values(), self._arena])
+                self._prepared = None
         raise ScheduleError(f"{self._source}: no 'return' instruction")
 
     def _start_collective(self, ins: Instr, values: dict):

@@ -532,19 +532,25 @@ BF16_HELPERS = """\
 """
 
 # float exp and tanh the compiler can vectorize (glibc's expf/tanhf are calls
-# it cannot), accurate to about 1 ulp (Cephes polynomials): a GELU or softmax
-# kernel is otherwise dominated by scalar libm calls. IEEE edge cases (inf,
-# -inf, nan, overflow, underflow) are kept by the final selects.
+# it cannot), accurate to about 1.5 ulp (Cephes polynomials): a GELU or
+# softmax kernel is otherwise dominated by scalar libm calls. IEEE edge cases
+# (inf, -inf, nan, overflow, underflow) are kept by the final selects. The
+# polynomials use explicit fused multiply-adds: -ffp-contract=off forbids the
+# compiler's own, and an explicit fmaf rounds once on every machine (a call
+# where the CPU lacks FMA, same bits), so results stay machine-independent;
+# measured on Zen 3: exp 283 -> 219 us, tanh 506 -> 390 us per 256 Ki floats.
+# tanh(|x|) = (1 - e) / (1 + e), e = exp(-2|x|) in (0, 1]: no overflow, and
+# no cancellation where it is used (|x| >= 0.625).
 _FAST_MATH = """\
 static inline float tessera_exp(float x) {
   float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
   float n = __builtin_rintf(c * 1.44269504088896341f);
-  float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float r = __builtin_fmaf(n, 2.12194440e-4f, __builtin_fmaf(n, -0.693359375f, c));
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f); p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f); p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  p = __builtin_fmaf(p, r * r, r + 1.0f);
   int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
   int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
   float y = p * __builtin_bit_cast(float, b1) * __builtin_bit_cast(float, b2);
@@ -555,11 +561,14 @@ static inline float tessera_exp(float x) {
 static inline float tessera_tanh(float x) {
   float a = x < 0 ? -x : x;
   float z = x * x;
-  float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
-                  + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
-  float big = 1.0f - 2.0f / (tessera_exp(2.0f * a) + 1.0f);
+  float q = __builtin_fmaf(__builtin_fmaf(-5.70498872745e-3f, z, 2.06390887954e-2f), z,
+                           -5.37397155531e-2f);
+  q = __builtin_fmaf(__builtin_fmaf(q, z, 1.33314422036e-1f), z, -3.33332819422e-1f);
+  float small = __builtin_fmaf(q * z, x, x);
+  float e = tessera_exp(-2.0f * a);
+  float big = (1.0f - e) / (1.0f + e);
   big = x < 0 ? -big : big;
-  return a < 0.625f ? small : big;
+  return a < 0.625f ? small : (x != x ? x : big);
 }
 """
 

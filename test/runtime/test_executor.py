@@ -411,3 +411,57 @@ def test_kernel_threads_default_to_this_rank_s_share_of_the_cores(monkeypatch):
     monkeypatch.setenv("TESSERA_NUM_THREADS", "many")
     with pytest.raises(EngineError, match="TESSERA_NUM_THREADS must be a number, got 'many'"):
         default_threads()
+
+
+def chain_program() -> dict:
+    """relu(a @ b) copied through two intermediates (size-1 all_reduces):
+    %0 and %1 live and die within the run, %2 is returned."""
+    alloc = lambda v: {"op": "alloc", "result": v, "shape": [4, 3], "dtype": "float32"}  # noqa: E731
+    copy = lambda t, src, dst: {"op": "collective_start", "result": t, "stream": "compute",  # noqa: E731
+                                "collective": "all_reduce", "axis": "tp", "reduction": "sum",
+                                "deterministic": True, "src": src, "dst": dst}
+    wait = lambda t: {"op": "collective_wait", "token": t, "stream": "compute"}  # noqa: E731
+    return {
+        "mesh": {"name": "mesh", "axes": ["tp"], "shape": [1], "devices": [0]},
+        "inputs": [tensor("a", "%arg0", [4, 8]), tensor("b", "%arg1", [8, 3])],
+        "outputs": [tensor("y", "%2", [4, 3])],
+        "streams": ["compute"],
+        "instructions": [
+            alloc("%0"),
+            {"op": "launch", "kernel": "matmul_4x8x3", "stream": "compute",
+             "args": ["%arg0", "%arg1", "%0"]},
+            {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%0"]},
+            alloc("%1"), copy("%t0", "%0", "%1"), wait("%t0"), {"op": "free", "buffer": "%0"},
+            alloc("%2"), copy("%t1", "%1", "%2"), wait("%t1"), {"op": "free", "buffer": "%1"},
+            {"op": "return", "values": ["%2"]}]}
+
+
+def test_a_run_s_own_buffers_live_in_one_arena_and_results_stay_the_caller_s(tmp_path, lib):
+    """The buffers a run allocates and frees sit at fixed offsets of one
+    arena, reused on every run; what it returns is a fresh buffer each run,
+    never overwritten by the next."""
+    from tessera_runtime.executor import ARENA_ALIGN, _arena_offsets
+    prog = rt.load_bundle(make(tmp_path, lib, chain_program()))
+    first_inputs = inputs(0)
+    (first,) = prog.run(first_inputs)
+    kept = first.copy()
+    for seed in (1, 2):
+        a, b = inputs(seed)
+        (y,) = prog.run([a, b])
+        np.testing.assert_allclose(y, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-6)
+        assert not np.shares_memory(y, first)
+    np.testing.assert_array_equal(first, kept)
+    assert prog.memory == {"peak_bytes": (32 + 24 + 2 * 12) * 4, "end_bytes": (32 + 24 + 12) * 4}
+
+    # The placement: %1 is live while %0 is, %2 escapes; a later buffer
+    # takes the bytes of one freed before it.
+    plan = [("alloc", "%0", ((4, 3), "float32"), None),
+            ("alloc", "%1", ((4, 3), "float32"), None),
+            ("free", "%0", None, None),
+            ("alloc", "%big", ((40, 3), "float32"), None),
+            ("alloc", "%3", ((2, 3), "float32"), None),
+            ("alloc", "%2", ((4, 3), "float32"), None)]
+    offsets = _arena_offsets(plan, escaping={"%2"}, root={})
+    assert offsets["%0"] == 0 and offsets["%1"] == ARENA_ALIGN
+    assert offsets["%big"] == 2 * ARENA_ALIGN and offsets["%3"] == 0
+    assert "%2" not in offsets and offsets[None] == 2 * ARENA_ALIGN + 512

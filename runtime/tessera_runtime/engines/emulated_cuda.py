@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import env
-from . import EngineError
+from . import EngineError, with_fixed
 from .cpu import CPUEngine
 from .cuda_emulator import EmulatedKernels
 
@@ -115,7 +115,10 @@ class EmulatedCUDAEngine(CPUEngine):
     def launch(self, kernel: str, args, stream=None) -> None:
         self.prepare_launch(kernel, len(args), stream)(args)
 
-    def prepare_launch(self, kernel: str, n_args: int, stream=None):
+    def prepare_launch(self, kernel: str, n_args: int, stream=None, fixed=None):
+        return with_fixed(self._prepare_launch(kernel), fixed)
+
+    def _prepare_launch(self, kernel: str):
         if not self.has_kernel(kernel):
             raise EngineError(f"kernel '{kernel}' has no launch configuration in "
                               f"{self.kernel_library}")
