@@ -3,8 +3,8 @@
   graph        traced Graph IR (global shapes)
   autodiff     after tessera-autodiff (tgraph.grad replaced by backward Graph IR)
   partitioned  after tessera-propagate-sharding, tessera-partition,
-               tessera-bucket-collectives, tessera-hierarchical-collectives and
-               (pipelines) tessera-pipeline-schedule
+               tessera-bucket-collectives, tessera-hierarchical-collectives,
+               (pipelines) tessera-pipeline-schedule and tessera-hoist-selects
   schedule     after tessera-lower-to-schedule, checked by tessera-verify-schedule
   tile         after tessera-lower-to-tile (the schedule plus ttile kernels),
                tessera-fold-transposes (matmuls read transposed operands in place)
@@ -35,7 +35,7 @@ STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
     ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize",
                      "tessera-bucket-collectives", "tessera-hierarchical-collectives",
-                     "tessera-pipeline-schedule"]),
+                     "tessera-pipeline-schedule", "tessera-hoist-selects"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
     ("tile", ["tessera-lower-to-tile", "tessera-fold-transposes", "canonicalize", "cse",
               "tessera-merge-kernels"]),

@@ -84,6 +84,8 @@ _PASSES = [
              ("ranks_per_node", "hierarchical_collectives")),
     PassInfo("tessera-pipeline-schedule", "pipeline_schedule",
              "Make a pipelined step every pp rank's program: stage actions (F, B, W per microbatch) placed on ranks and ordered by the schedule (GPipe, 1F1B, interleaved, zero bubble), tgraph.transfer between stages"),
+    PassInfo("tessera-hoist-selects", "hoist_selects",
+             "Move each select up to just after the last tileable op making or reading its operands (copying the reshapes, broadcasts and fills making its flag), when it is the last reader of one of them, so that it fuses into that kernel"),
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
              "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; NVSHMEM all_gathers fused into their matmul's kernel",
              ("target", "nvshmem_auto_max_bytes")),

@@ -55,56 +55,10 @@ def _roles(ins: Instr) -> dict:
     return {"src": ins["src"], "dst": ins["dst"]}
 
 
-#: arena offsets are multiples of this (a cache line; what numpy aligns to)
-ARENA_ALIGN = 64
-
-
-def _arena_offsets(plan, escaping: set, root: dict) -> dict:
-    """Byte offsets in one arena for the buffers the plan allocates and frees
-    within a run (not `escaping` ones), first fit by allocation order; key
-    None holds the arena's size. A buffer's bytes are reused once it and
-    every view of it are freed."""
-    offsets: dict = {}
-    size: dict = {}
-    holders: dict = {}
-    holes: list = []                     # (offset, bytes), sorted, coalesced
-    end = 0
-    for op, a, b, _ in plan:
-        if op == "alloc" and a not in escaping:
-            n = -(-math.prod(b[0]) * np.dtype(b[1]).itemsize // ARENA_ALIGN) * ARENA_ALIGN
-            for i, (at, room) in enumerate(holes):
-                if room >= n:
-                    holes[i:i + 1] = [(at + n, room - n)] if room > n else []
-                    break
-            else:
-                at, end = end, end + n
-            offsets[a], size[a] = at, n
-        elif op == "view" and root[b[0]] in offsets:
-            holders[root[b[0]]] = holders.get(root[b[0]], 1) + 1
-        elif op == "free" and root.get(a, a) in offsets:
-            owner = root.get(a, a)
-            holders[owner] = holders.get(owner, 1) - 1
-            if not holders[owner]:
-                holes = _release(holes, offsets[owner], size[owner])
-    if offsets:
-        offsets[None] = end
-    return offsets
-
-
-def _release(holes: list, at: int, n: int) -> list:
-    """`holes` with [at, at + n) added, neighbours merged."""
-    merged = []
-    for h_at, h_n in sorted([*holes, (at, n)]):
-        if merged and merged[-1][0] + merged[-1][1] == h_at:
-            merged[-1] = (merged[-1][0], merged[-1][1] + h_n)
-        else:
-            merged.append((h_at, h_n))
-    return merged
-
-
 class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
-    #: allocation the schedule makes; what the compiler's memory plan predicts)
+    #: allocation the schedule makes; what the compiler's memory plan
+    #: predicts) and "arena_bytes" (where the run's own buffers sit)
     memory: dict | None = None
 
     def __init__(self, program: ProgramSpec, engine, communicators: dict):
@@ -122,7 +76,6 @@ class ScheduleExecutor:
         # References to collectives abandoned by a failed run: MPI may still
         # be writing into their buffers, so they must stay alive.
         self._abandoned: list = []
-        self._running = False
         #: this rank's instructions (a pipeline's other stages run elsewhere)
         self.instructions = [ins for ins in program.instructions
                              if "on" not in ins.fields or self._runs_here(ins["on"])]
@@ -257,6 +210,7 @@ class ScheduleExecutor:
                 returned = True
         if not returned:
             raise self._err(None, "no 'return' instruction")
+        self._meta = meta                   # buffer -> (shape, dtype)
 
     def _check_collective_shapes(self, ins: Instr, src, dst) -> None:
         (sshape, sdt), (dshape, ddt) = src, dst
@@ -336,7 +290,7 @@ class ScheduleExecutor:
     def _plan(self) -> list:
         """The instructions with launches resolved once into engine callables
         (a training step runs hundreds of launches; per-call lookups add up),
-        and the buffers placed (`_place`)."""
+        (`_bind`)."""
         if getattr(self, "_prepared", None) is None:
             eng, plan, symmetric = self.engine, [], set()
             # Buffers are written once (by their producer), so a reshape can
@@ -369,7 +323,7 @@ class ScheduleExecutor:
                 else:
                     plan.append((ins.op, None, None, ins))
             self._memory_plan = self._account(plan)
-            self._prepared = self._place(plan)
+            self._prepared = self._bind(plan)
         return self._prepared
 
     def _account(self, plan) -> dict:
@@ -398,48 +352,27 @@ class ScheduleExecutor:
                     live -= size.pop(owner)
         return {"peak_bytes": peak, "end_bytes": live}
 
-    def _place(self, plan) -> list:
-        """Puts the buffers a run allocates and frees itself at offsets of one
-        arena, where the engine has one (`Engine.arena`), and binds each launch
-        to the buffers it finds there. Why: a step allocates and frees the same
-        few hundred buffers on every run; at fixed addresses a launch's
-        pointers are computed once instead of per call (the CPU engine's
-        launches then cost a ctypes call) and no run page-faults fresh memory
-        in. Buffers a run returns (and what they view) are allocated per run,
-        as inputs arrive per run; their slots are filled at each call."""
-        eng = self.engine
-        returned = next(ins["values"] for _, _, _, ins in reversed(plan) if ins.op == "return")
-        root: dict = {}
-        for op, a, b, _ in plan:
-            if op == "view":
-                root[b[0]] = root.get(a, a)
-        escaping = {root.get(v, v) for v in returned}
-        offsets = _arena_offsets(plan, escaping, root)
-        arena = eng.arena(offsets.pop(None)) if offsets else None
-        fixed: dict = {}
-        if arena is not None:
-            for op, a, b, _ in plan:
-                if op == "alloc" and a in offsets:
-                    fixed[a] = eng.arena_buffer(arena, offsets[a], *b)
-                elif op == "view" and a in fixed:
-                    fixed[b[0]] = eng.reshape_view(fixed[a], b[1])
-        self._arena, self._fixed = arena, fixed
-        placed = []
+    def _bind(self, plan) -> list:
+        """Resolves each launch into an engine callable. An engine that
+        launches by address (`Engine.by_address`) gets each buffer's address,
+        taken once when the buffer is made, instead of the buffer: the CPU
+        engine's launch is then one ctypes call (an address costs ~1 us to
+        take, and a training step passes ~1,800 buffers to kernels)."""
+        eng, meta = self.engine, self._meta
+        bound = []
         for op, a, b, ins in plan:
-            if op in ("alloc", "free") and a in fixed or op == "view" and b[0] in fixed:
-                continue        # in the arena: nothing to do at run time
             if op == "call":
                 stream = eng.stream(ins["stream"])
                 if "library" in ins.fields:
                     a = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]), stream)
-                elif fixed:
-                    a = eng.prepare_launch(ins["kernel"], len(b), stream,
-                                           fixed=[fixed.get(v) for v in b])
-                    b = tuple(v for v in b if v not in fixed)
+                elif eng.by_address:
+                    nbytes = sum(math.prod(meta[v][0]) * np.dtype(meta[v][1]).itemsize for v in b)
+                    a = eng.prepare_launch(ins["kernel"], len(b), stream, nbytes=nbytes)
+                    op = "launch"
                 else:
                     a = eng.prepare_launch(ins["kernel"], len(b), stream)
-            placed.append((op, a, b, ins))
-        return placed
+            bound.append((op, a, b, ins))
+        return bound
 
     def _with_block(self, attrs: dict) -> dict:
         """Library attributes naming mesh axes (`axis`, `row_axes`) get this
@@ -472,17 +405,26 @@ class ScheduleExecutor:
         timing = _RunTiming(eng, self.program.entry, t_in, values.values()) \
             if rec is not None else None
         plan = self._plan()
-        values.update(self._fixed)
-        if self._running:
-            # The arena's buffers are this executor's: two runs at once
-            # would write each other's intermediates.
-            raise ScheduleError(f"{self._source}: run() called while another run of this "
-                                f"program is in progress (in another thread); load the "
-                                f"program once per thread")
-        self._running = True
+        # Buffer -> its address, for engines launching by address (taken
+        # once per buffer; a view has its buffer's).
+        at = {v: eng.address(b) for v, b in values.items()} if eng.by_address else None
         try:
             for op, a, b, ins in plan:
-                if op == "call":
+                if op == "launch":
+                    if timing is None:
+                        a([at[v] for v in b])
+                    else:
+                        stream = eng.stream(ins["stream"])
+                        t0 = eng.timestamp(stream)
+                        a([at[v] for v in b])
+                        timing.launch(ins, t0, eng.timestamp(stream))
+                elif op == "alloc":
+                    values[a] = buffer = eng.alloc(*b)
+                    if at is not None:
+                        at[a] = eng.address(buffer)
+                elif op == "free":
+                    eng.free(values.pop(a))
+                elif op == "call":
                     if timing is None:
                         a([values[v] for v in b])
                     else:
@@ -492,12 +434,12 @@ class ScheduleExecutor:
                         timing.launch(ins, t0, eng.timestamp(stream))
                 elif op == "view":
                     values[b[0]] = eng.reshape_view(values[a], b[1])
-                elif op == "alloc":
-                    values[a] = eng.alloc(*b)
-                elif op == "free":
-                    eng.free(values.pop(a))
+                    if at is not None:
+                        at[b[0]] = at[a]
                 elif op == "symmetric":
                     values[a] = eng.alloc_symmetric(*b)
+                    if at is not None:
+                        at[a] = eng.address(values[a])
                 elif op == "forget":
                     values.pop(a)
                 elif op == "event_record":
@@ -541,11 +483,8 @@ class ScheduleExecutor:
                         timing.finish(rec, t_out, outputs)
                     return outputs
         finally:
-            self._running = False
             if pending:
-                # MPI may still write into the arena: the next run gets its own.
-                self._abandoned.extend([*pending.values(), self._arena])
-                self._prepared = None
+                self._abandoned.extend(pending.values())
         raise ScheduleError(f"{self._source}: no 'return' instruction")
 
     def _start_collective(self, ins: Instr, values: dict):

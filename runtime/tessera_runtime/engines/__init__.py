@@ -20,23 +20,11 @@ class Event(ABC):
     """Marks a point in a stream; `event_wait` orders another stream after it."""
 
 
-def with_fixed(call, fixed):
-    """`call` (a launch taking every argument) as a callable taking only the
-    arguments whose `fixed` entry is None (see Engine.prepare_launch)."""
-    if not fixed or all(a is None for a in fixed):
-        return call
-    slots = [i for i, a in enumerate(fixed) if a is None]
-
-    def bound(args):
-        full = list(fixed)
-        for i, a in zip(slots, args):
-            full[i] = a
-        return call(full)
-    return bound
-
-
 class Engine(ABC):
     name: str = "?"
+    #: whether prepared launches take buffer addresses (`address`), which the
+    #: executor then takes once per buffer, not once per launch argument
+    by_address = False
     #: path of the loaded kernel library (for error messages), or None
     kernel_library = None
 
@@ -48,17 +36,6 @@ class Engine(ABC):
     @abstractmethod
     def free(self, buffer) -> None:
         """Release `buffer`; the executor never touches it again."""
-
-    def arena(self, nbytes: int):
-        """One block of `nbytes` in which the executor places the buffers a
-        program allocates and frees within a run, at offsets it plans once;
-        None where the engine has no arenas (each buffer is then allocated
-        per run). An engine with arenas also takes `fixed` in prepare_launch."""
-        return None
-
-    def arena_buffer(self, arena, offset: int, shape, dtype):
-        """The buffer of `shape` and numpy `dtype` at byte `offset` of `arena`."""
-        raise EngineError(f"the {self.name} engine has no arenas")
 
     def alloc_symmetric(self, shape, dtype, slot: int):
         """A buffer on the NVSHMEM symmetric heap for allocation site `slot`
@@ -107,14 +84,18 @@ class Engine(ABC):
 
     def prepare_launch(self, kernel: str, n_args: int, stream=None):
         """A callable running `kernel` on a list of buffers (resolved once;
-        the executor calls it on every run). Engines with arenas also take
-        `fixed`: a buffer per argument that is the same on every run, or
-        None; the callable then takes only the others, in order."""
+        the executor calls it on every run). An engine that launches `by_address`
+        takes `nbytes` (the arguments' total) and its callable takes the
+        buffers' addresses (`address`) instead."""
         return lambda args: self.launch(kernel, args, stream)
 
     def prepare_library(self, routine: str, attrs: dict, stream=None):
         """A callable running library `routine` on a list of buffers."""
         return lambda args: self.call_library(routine, attrs, args, stream)
+
+    def address(self, buffer) -> int:
+        """The address of `buffer`'s data (engines launching by address)."""
+        raise EngineError(f"the {self.name} engine launches buffers, not addresses")
 
     def reshape_view(self, buffer, shape):
         """`buffer` seen with another shape, sharing its memory."""

