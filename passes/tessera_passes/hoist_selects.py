@@ -2,6 +2,7 @@
 last needed by anything else, so that it lands in the fused kernel that
 computed them.
 
+CPU target only (option `target`, else the module's `tessera.target`).
 Runs on partitioned Graph IR, before tessera-lower-to-schedule, whose
 launches tessera-lower-to-tile fuses only where they are consecutive. The
 case it is for: a training step that skips non-finite steps
@@ -153,5 +154,8 @@ def hoist_selects(func_op: ir.Operation) -> int:
     return moved
 
 
-def run(op, pass_, options=None):
-    run_reporting(op, pass_, lambda: [hoist_selects(f) for f in functions(op)])
+def run(op, pass_, options):
+    # CPU target only: on the GPU the selects joined the optimizer update's
+    # chains of every parameter into one 137-op kernel that spills registers.
+    if options.resolved_target(op) == "cpu":
+        run_reporting(op, pass_, lambda: [hoist_selects(f) for f in functions(op)])

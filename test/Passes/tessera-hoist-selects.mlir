@@ -1,4 +1,11 @@
-// RUN: tessera-opt %s --split-input-file --tessera-hoist-selects --verify-diagnostics | FileCheck %s
+// RUN: tessera-opt %s --split-input-file --tessera-hoist-selects='target=cpu' --verify-diagnostics | FileCheck %s
+// RUN: tessera-opt %s --split-input-file --tessera-hoist-selects='target=gpu' | FileCheck %s --check-prefix=GPU
+
+// On the GPU target nothing moves (the selects would join every parameter's
+// update into one kernel that spills registers).
+// GPU-LABEL: func.func @skip_step(
+// GPU:      tgraph.sub %arg0, %arg2
+// GPU-NEXT: tgraph.fill
 
 // where_finite after an optimizer update: each select (and the broadcast of
 // the flag it reads, and that broadcast's reshape) moves up to the sub

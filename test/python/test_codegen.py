@@ -50,9 +50,8 @@ def test_every_kernel_of_the_gpt_training_step_compiles_for_sm90(precision, buil
     step = g.make_step(opt, 4, precision, 1.0)
     levels = step.lower(params, opt.init(params), ts.optim.loss_scale_init(1.0),
                         [g.make_batch(np.random.default_rng(0), 32, 8)], target="gpu")
-    # (the two blocks' identical kernels are one after tessera-merge-kernels,
-    # and where_finite's selects fuse into the optimizer's kernels: 88)
-    assert len(levels.cuda_launches) > 80
+    # (the two blocks' identical kernels are one after tessera-merge-kernels)
+    assert len(levels.cuda_launches) > 100
     if precision == "bf16":
         assert levels.cuda.count("// tensor-core GEMM") >= 8     # (distinct GEMMs, merged)
     with open(Path(build_cuda_cubin(levels.cuda)), "rb") as f:
