@@ -33,10 +33,9 @@ from __future__ import annotations
 
 from tessera_mlir import ir
 
+from tessera_compiler.ir.ops import TILEABLE      # the ops a fused kernel computes
 from tessera_compiler.ir.pipeline import ACTION
 from tessera_compiler.ir.support import functions, operation_key, ops_of, run_reporting
-
-from .lower_to_tile import TILEABLE          # the ops a fused kernel computes
 
 #: the ops that move. Only selects: letting every elementwise op move (103
 #: muls, 26 adds, ... in the example step) raised the step's planned peak

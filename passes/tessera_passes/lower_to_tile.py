@@ -68,9 +68,6 @@ from .tile.gathered_gemm import GatheredGemm
 from .tile.gemm import gemm_config, gemm_offsets, gemm_tile
 from .tile.scattered_gemm import ScatteredGemm
 
-# Elementwise ops (the op table's) and the other ops a fused kernel tiles.
-TILEABLE = set(ops.GRAPH_ELEMENTWISE) | {"tgraph.fill", "tgraph.iota", "tgraph.broadcast",
-                                         "tgraph.reduce"}
 LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph.slice": "slice",
            "tgraph.pad": "pad", "tgraph.concat": "concat", "tgraph.gather": "gather",
            "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice",
@@ -263,7 +260,7 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
             if gemm and _is_gemm(kop):
                 start(op, kop)
                 continue
-            if kop.name in TILEABLE:
+            if kop.name in ops.TILEABLE:
                 if head is not None:
                     joins = _fits_epilogue(kop, head)
                 else:

@@ -189,6 +189,11 @@ _TABLE = [
 ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in _TABLE}
 #: Those of Graph IR, by op name (`tgraph.add`).
 GRAPH_ELEMENTWISE: dict[str, Elementwise] = {f"tgraph.{e.name}": e for e in _TABLE if e.graph}
+
+#: Graph IR ops a fused CPU/GPU kernel computes (tessera-lower-to-tile fuses
+#: consecutive launches of these; tessera-hoist-selects moves selects next to them)
+TILEABLE = frozenset(GRAPH_ELEMENTWISE) | {"tgraph.fill", "tgraph.iota", "tgraph.broadcast",
+                                          "tgraph.reduce"}
 #: All of them as Tile IR ops (`ttile.add`).
 TILE_ELEMENTWISE: dict[str, Elementwise] = {f"ttile.{e.name}": e for e in _TABLE}
 
