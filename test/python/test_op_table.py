@@ -92,11 +92,11 @@ def test_every_consumer_takes_the_table():
     from tessera_compiler.ir.gpu_schedule import POINTWISE
     from tessera_compiler.codegen.tile_emitter import ELEMENTWISE_EXPRESSIONS
     from tessera_compiler.ir import graph_builder as gb
-    from tessera_passes import lower_to_tile, sharding_rules
+    from tessera_passes import sharding_rules
     assert set(TRACER) == {e.name for e in ops.ELEMENTWISE.values() if e.graph}
     for name, e in ops.GRAPH_ELEMENTWISE.items():
         assert sharding_rules.RULES[name] is sharding_rules.elementwise_rule, name
-        assert name in lower_to_tile.TILEABLE, name
+        assert name in ops.TILEABLE, name
         assert e.linear in ("", "same", "unary", "one", "first", "select"), name
         if e.name not in ("compare", "select", "cast"):     # (built with their types)
             assert gb.op_class(e.name).OPERATION_NAME == name
