@@ -9,7 +9,7 @@ case it is for: a training step that skips non-finite steps
 (`optim.where_finite`) selects between each new and old parameter (and
 optimizer moment) after the whole optimizer update, so every `select` (and
 the broadcast of the finite flag it reads) was a kernel of its own
-re-reading a parameter-sized buffer the update had just written: 16 select
+re-reading a parameter-sized buffer the update had just written: 20 select
 kernels and their broadcasts in the example GPT's step.
 
 A select X moves to just after A, the last op before X that
@@ -55,7 +55,7 @@ def _action(op: ir.Operation):
 
 
 def _readers(value: ir.Value) -> list[ir.Operation]:
-    return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in value.uses]
+    return [u.owner.operation for u in value.uses]
 
 
 def _carried(value: ir.Value, x: ir.Operation, anchor_at: int, at: dict, chain: dict) -> bool:
@@ -139,7 +139,7 @@ def _rewire(op: ir.Operation, copies: dict) -> None:
 
 
 def hoist_selects(func_op: ir.Operation) -> int:
-    """Hoists the function's elementwise ops; returns how many moved."""
+    """Hoists the function's selects; returns how many moved."""
     moved = 0
     ops = ops_of(func_op)
     at = {operation_key(o): i for i, o in enumerate(ops)}

@@ -124,8 +124,7 @@ class CPUEngine(Engine):
         # in-place all_reduce), and that must not leak into the caller's array.
         return np.array(array, order="C", copy=True)
 
-    def address(self, buffer) -> int:
-        return address(buffer)
+    address = staticmethod(address)
 
     def is_buffer(self, array, dtype) -> bool:
         return (isinstance(array, np.ndarray) and array.dtype == np.dtype(dtype)
