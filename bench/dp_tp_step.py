@@ -203,8 +203,10 @@ def jax_worker(cfg: dict, steps: int, out: Path) -> None:
     v = put(jax.tree.map(np.zeros_like, params))
     count = jax.device_put(np.float32(0), rep)
     inputs, targets = (jax.device_put(batch[k], data) for k in ("inputs", "targets"))
-    loss, *_ = jstep(p, m, v, count, inputs, targets)
+    t0 = time.perf_counter()
+    loss, *_ = jstep(p, m, v, count, inputs, targets)     # traces, compiles, runs
     first_loss = float(loss)
+    first_call_s = time.perf_counter() - t0
     for _ in range(3):
         jax.block_until_ready(jstep(p, m, v, count, inputs, targets))
     times = []
@@ -214,7 +216,7 @@ def jax_worker(cfg: dict, steps: int, out: Path) -> None:
         times.append(time.perf_counter() - t0)
     out.write_text(json.dumps({"first_loss": first_loss,
                                "median_step_s": statistics.median(times),
-                               "jax": jax.__version__}))
+                               "first_call_s": first_call_s, "jax": jax.__version__}))
 
 
 def run_jax(cfg, steps) -> dict:

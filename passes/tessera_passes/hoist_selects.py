@@ -58,8 +58,8 @@ def _readers(value: ir.Value) -> list[ir.Operation]:
     return [u.owner.operation for u in value.uses]
 
 
-def _carried(value: ir.Value, x: ir.Operation, anchor_at: int, at: dict, chain: dict) -> bool:
-    """Whether `value` can be had just after the op at index `anchor_at`:
+def _carried(value: ir.Value, x: ir.Operation, anchor_at: tuple, at: dict, chain: dict) -> bool:
+    """Whether `value` can be had just after the op at `anchor_at`:
     made at or before it, or by CARRIED ops (of `x`'s pipeline rank) whose
     operands are; those ops go into `chain` (key -> op), producers first."""
     owner = _producer(value)
@@ -73,20 +73,21 @@ def _carried(value: ir.Value, x: ir.Operation, anchor_at: int, at: dict, chain: 
     return True
 
 
-def _anchor_at(x: ir.Operation, at: dict) -> int:
-    """Index of the last op before `x` making or reading one of its operands
-    (operands made by CARRIED ops aside); -1 if none."""
-    here, last = at[operation_key(x)], -1
+def _anchor(x: ir.Operation, at: dict):
+    """The last op before `x` making or reading one of its operands
+    (operands made by CARRIED ops aside), or None."""
+    here, last = at[operation_key(x)], None
+    candidates = []
     for v in x.operands:
         owner = _producer(v)
         if owner is not None and owner.name in CARRIED:
             continue
         if owner is not None:
-            last = max(last, at[operation_key(owner)])
-        for reader in _readers(v):
-            i = at[operation_key(reader)]
-            if i < here:
-                last = max(last, i)
+            candidates.append(owner)
+        candidates += [r for r in _readers(v) if at[operation_key(r)] < here]
+    for op in candidates:
+        if last is None or at[operation_key(op)] > at[operation_key(last)]:
+            last = op
     return last
 
 
@@ -103,16 +104,17 @@ def _frees_an_operand(x: ir.Operation, at: dict) -> bool:
     return False
 
 
-def _move(x: ir.Operation, ops: list, at: dict) -> bool:
+def _move(x: ir.Operation, at: dict, moves: int) -> bool:
     """Moves `x` after its anchor, with copies of the cheap ops making its
-    other operands; False if it stays."""
-    anchor_at = _anchor_at(x, at)
-    if anchor_at < 0 or anchor_at + 1 == at[operation_key(x)]:
+    other operands; False if it stays. `at` orders the block's ops (see
+    `hoist_selects`) and is kept up to date; `moves` numbers this move."""
+    anchor = _anchor(x, at)
+    if anchor is None or _adjacent(at[operation_key(anchor)], at[operation_key(x)]):
         return False
-    anchor = ops[anchor_at]
     if anchor.name not in TILEABLE or anchor.name in CARRIED or \
             _action(anchor) != _action(x) or not _frees_an_operand(x, at):
         return False
+    anchor_at = at[operation_key(anchor)]
     chain: dict = {}
     if not all(_carried(v, x, anchor_at, at, chain) for v in x.operands):
         return False
@@ -126,8 +128,17 @@ def _move(x: ir.Operation, ops: list, at: dict) -> bool:
     x.move_after(previous)
     for op in reversed(chain.values()):
         if not any(True for r in op.results for _ in r.uses):
+            del at[operation_key(op)]
             op.erase()
+    # Just after the anchor, before whatever an earlier move put there.
+    for j, op in enumerate([*copies.values(), x]):
+        at[operation_key(op)] = anchor_at + (-moves, j)
     return True
+
+
+def _adjacent(first: tuple, second: tuple) -> bool:
+    """Whether nothing lies between two ops of the original order."""
+    return len(first) == len(second) == 1 and first[0] + 1 == second[0]
 
 
 def _rewire(op: ir.Operation, copies: dict) -> None:
@@ -139,17 +150,21 @@ def _rewire(op: ir.Operation, copies: dict) -> None:
 
 
 def hoist_selects(func_op: ir.Operation) -> int:
-    """Hoists the function's selects; returns how many moved."""
+    """Hoists the function's selects; returns how many moved.
+
+    The block's order is kept as tuples (recomputing indices after each move
+    made the pass quadratic: 4.5 s of the depth-8 example's compile): an
+    original op is (i,); ops placed just after an op at p get p + (-m, j)
+    for the m-th move, j in placement order, which sorts after p, before
+    p's successor, and before what earlier moves placed after p."""
     moved = 0
     ops = ops_of(func_op)
-    at = {operation_key(o): i for i, o in enumerate(ops)}
-    for key, x in [(operation_key(o), o) for o in ops]:
-        if key not in at or x.name not in HOISTED:
-            continue                       # (not in `at`: a chain op erased by a move)
-        if _move(x, ops, at):
+    at = {operation_key(o): (i,) for i, o in enumerate(ops)}
+    # Selects are never erased (only carried chain ops are), so the list of
+    # them taken now stays valid while the block changes.
+    for x in [o for o in ops if o.name in HOISTED]:
+        if _move(x, at, moved + 1):
             moved += 1
-            ops = ops_of(func_op)
-            at = {operation_key(o): i for i, o in enumerate(ops)}
     return moved
 
 

@@ -332,10 +332,10 @@ class ScheduleBuilder:
         ops = [o.operation for o in entry.operations]
         last_use: dict = {}
         token_buffers: dict = {}
-        allocated = []
+        allocated = []                             # (buffer, index of its alloc)
         for i, op in enumerate(ops):
             if op.name == "tsched.alloc":
-                allocated.append(op.results[0])
+                allocated.append((op.results[0], i))
             if op.name == "tsched.collective_start":
                 token_buffers[op.results[0]] = list(op.operands)[:2]
             if op.name in ("tsched.send", "tsched.recv"):
@@ -345,10 +345,10 @@ class ScheduleBuilder:
                 for b in token_buffers.get(v, []):
                     last_use[b] = i
         returned = set(ops[-1].operands)
-        for buf in allocated:
+        for buf, made in allocated:
             if buf in returned:
                 continue
-            at = ops[last_use.get(buf, ops.index(buf.owner))]
+            at = ops[last_use.get(buf, made)]
             with ir.InsertionPoint.after(at), at.location:
                 free = tsched.FreeOp(buf)
             copy_action(buf.owner, free)           # freed by the rank that made it
