@@ -58,7 +58,7 @@ def tessera_worker(cfg: dict, out: Path) -> None:
     import tessera as ts
     import train_gpt as ex
     from tessera import compiler
-    from tessera_compiler.codegen import build
+    from tessera_compiler import bundle
 
     spent = {"lower_s": 0.0, "cxx_s": 0.0}
 
@@ -71,8 +71,8 @@ def tessera_worker(cfg: dict, out: Path) -> None:
                 spent[key] += time.perf_counter() - t0
         return wrapper
 
-    compiler.Function._lower = timed(compiler.Function._lower, "lower_s")
-    build.build_cpu_library = timed(build.build_cpu_library, "cxx_s")
+    compiler.CompiledFunction._lower = timed(compiler.CompiledFunction._lower, "lower_s")
+    bundle.build_cpu_library = timed(bundle.build_cpu_library, "cxx_s")
     params = ex.init_params(cfg["width"], cfg["depth"], cfg["heads"], 2 * cfg["length"],
                             cfg["seed"])
     batch = ex.make_batch(np.random.default_rng(cfg["seed"]), cfg["batch"], cfg["length"])

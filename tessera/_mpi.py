@@ -4,12 +4,28 @@ never its pickling lower-case ones, so nothing a rank receives is executed."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
 def world_comm():
     from mpi4py import MPI
     return MPI.COMM_WORLD
+
+
+def barrier(comm) -> None:
+    """Every rank of `comm` here, for waits of seconds (rank 0 compiling):
+    a waiting rank tests and sleeps (0.1 ms doubling to 10 ms). MPICH's
+    blocking wait spins and yields in its progress loop, so with 4 ranks on
+    2 cores the 3 waiting ranks took most of the CPU from rank 0's compile:
+    the remat test's worker ran 120 s (127 s user, 110 s system) spinning,
+    58 s sleeping. (Collectives of a running program keep MPI's own wait:
+    sleeping there doubled the dp x tp step's time.)"""
+    request, delay = comm.Ibarrier(), 1e-4
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-2)
 
 
 def bcast_text(comm, text: str, root: int = 0) -> str:

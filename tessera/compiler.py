@@ -41,7 +41,7 @@ from tessera_mlir import ir
 from . import dist, simulation
 from . import mesh as _mesh_module
 from .autotune import tune
-from ._mpi import bcast_text, world_comm
+from ._mpi import barrier, bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import agree_on_program
 from ._source import user_frame
@@ -309,6 +309,7 @@ class CompiledFunction:
                 failure = err
                 error = str(err) if isinstance(err, CompileError) else \
                     f"rank 0 failed compiling {self.fn.__name__}: {type(err).__name__}: {err}"
+        barrier(comm)                           # the others sleep while rank 0 compiles
         error = bcast_text(comm, error)
         if failure is not None:
             raise failure
