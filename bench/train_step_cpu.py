@@ -1,4 +1,5 @@
-"""One GPT training step on the CPU: Tessera against PyTorch (eager, float32).
+"""One GPT training step on the CPU: Tessera against PyTorch (eager, float32)
+and, when jax is installed, JAX (`jax.jit`, one CPU device).
 
 What it measures: the wall time of ONE training step of the example GPT in
 `examples/train_gpt.py` (forward, backward, global-norm gradient clipping at
@@ -16,7 +17,9 @@ Steps:
      (--peer alternate: alternating in this one, which shares the machine's
      drift but lets each framework's spinning idle threads slow the other:
      PyTorch's w128 step measured 26 ms alone and 66 ms alternating); the
-     median per-step time of each;
+     median per-step time of each; then the same step under `jax.jit` in a
+     process of its own (`bench/dp_tp_step.py`'s JAX worker on one device,
+     the same parameters, batch and AdamW; its first loss must match too);
   3. where Tessera's time goes: a few more Tessera steps with the CPU engine's
      generated kernels and library routines (matmul, reshape,
      transpose, ... on numpy) timed; the rest of the step is the runtime's and
@@ -254,6 +257,11 @@ def markdown(r: dict) -> str:
         f"| Tessera | {r['tessera_ms']:.2f} |",
         f"| PyTorch (eager) | {r['torch_ms']:.2f} |",
         f"| **ratio Tessera / PyTorch** | **{r['ratio']:.2f}** |",
+    ]
+    if r.get("jax_ms"):
+        lines += [f"| JAX {r['jax_version']} jit (one device, own process) | {r['jax_ms']:.2f} |",
+                  f"| **ratio Tessera / JAX** | **{r['ratio_jax']:.2f}** |"]
+    lines += [
         "",
         f"Medians of {c['steps']} steps each, "
         f"{'alternating' if r.get('peer') == 'alternate' else 'PyTorch in a process of its own'}.",
@@ -277,6 +285,9 @@ def print_summary(r: dict) -> None:
     print(f"  Tessera  {r['tessera_ms']:9.2f} ms")
     print(f"  PyTorch  {r['torch_ms']:9.2f} ms")
     print(f"  ratio Tessera / PyTorch: {r['ratio']:.2f}")
+    if r.get("jax_ms"):
+        print(f"  JAX jit  {r['jax_ms']:9.2f} ms  (jax {r['jax_version']}, one device)")
+        print(f"  ratio Tessera / JAX: {r['ratio_jax']:.2f}")
     print(f"\nwhere Tessera's time goes (ms per step, mean of {b['profiled_steps']} "
           f"instrumented steps, {b['step_ms']:.2f} ms each):")
     print(f"  generated kernels          {b['generated_kernels_ms']:8.2f}   "
@@ -289,6 +300,26 @@ def print_summary(r: dict) -> None:
 
 
 # -- main ---------------------------------------------------------------------------------
+
+def jax_peer(args) -> dict | None:
+    """The same step under `jax.jit` on one CPU device, in a process of its
+    own (`bench/dp_tp_step.py`'s JAX worker at dp = tp = 1: the same
+    parameters, batch and AdamW); None without jax."""
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        print("(jax is not installed: no JAX column; pip install jax)")
+        return None
+    cfg = {"width": args.width, "depth": args.depth, "heads": args.heads, "batch": args.batch,
+           "length": args.length, "dp": 1, "tp": 1, "seed": args.seed}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)                                  # one host device
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "jax.json"
+        subprocess.run([sys.executable, str(ROOT / "bench" / "dp_tp_step.py"), "--jax-worker",
+                        json.dumps(cfg), str(args.steps), str(out)], check=True, env=env)
+        return json.loads(out.read_text())
+
 
 def timed(step, warmup: int, steps: int) -> list[float]:
     """Seconds of each of `steps` calls of `step`, after `warmup` calls."""
@@ -393,6 +424,10 @@ def main(argv=None) -> int:
                             "--peer-times", str(out)], check=True)
             pt_times = json.loads(out.read_text())
     ts_ms, pt_ms = 1e3 * statistics.median(ts_times), 1e3 * statistics.median(pt_times)
+    jx = jax_peer(args)
+    if jx is not None and abs(jx["first_loss"] - pt_loss) > 1e-4 * abs(pt_loss):
+        print(f"FAIL: JAX's first loss {jx['first_loss']:.7f} is not PyTorch's {pt_loss:.7f}")
+        return 1
 
     # 3. Where Tessera's time goes.
     parts = breakdown(ts_step, args.profile_steps)
@@ -423,6 +458,9 @@ def main(argv=None) -> int:
         "tessera_ms": ts_ms,
         "torch_ms": pt_ms,
         "ratio": ts_ms / pt_ms,
+        "jax_version": jx["jax"] if jx else None,
+        "jax_ms": 1e3 * jx["median_step_s"] if jx else None,
+        "ratio_jax": ts_ms / (1e3 * jx["median_step_s"]) if jx else None,
         "tessera_ms_all": [1e3 * t for t in ts_times],
         "torch_ms_all": [1e3 * t for t in pt_times],
         "tessera_breakdown": parts,

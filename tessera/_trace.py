@@ -301,11 +301,17 @@ def capture(obj, src: SourceLine) -> Traced:
     return traced
 
 
+_TENSOR_TYPES: tuple = ()
+
+
 def is_tensor(x) -> bool:
     """Whether a leaf of a function's arguments is a tensor (a numpy array or
     scalar, a DTensor, a traced tensor) rather than static data."""
-    from . import dist
-    return isinstance(x, (Traced, np.ndarray, np.generic, dist.DTensor))
+    global _TENSOR_TYPES
+    if not _TENSOR_TYPES:               # (dist imports this module: import it once, late)
+        from . import dist
+        _TENSOR_TYPES = (Traced, np.ndarray, np.generic, dist.DTensor)
+    return isinstance(x, _TENSOR_TYPES)
 
 
 def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Traced:

@@ -380,16 +380,27 @@ class CompiledFunction:
                                _local_inputs(prepared[4], traced))
             path = self._bundles[key] = self._bundle(key, traced, mesh, options)
             program = tessera_runtime.load_bundle(path)
-            entry = self._programs[key] = (program, traced)
+            layouts = [(dist.ShardSpec.from_dims(o.sharding.dims, o.sharding.partial),
+                        not any(o.sharding.dims) and not o.sharding.partial)
+                       for o in program.outputs]
+            entry = self._programs[key] = (program, traced, layouts)
         _, leaves, _, mesh, tensors, specs, key = prepared
         self._last_layouts = (mesh, specs)
         as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
-        program, traced = entry
+        program, traced, layouts = entry
         self._last_key = key
         outputs = program.run(_local_inputs(tensors, traced))
-        results = []
-        for spec, local in zip(program.outputs, outputs):
-            layout = dist.ShardSpec.from_dims(spec.sharding.dims, spec.sharding.partial)
+        results, held = [], set()
+        for spec, local, (layout, whole) in zip(program.outputs, outputs, layouts):
+            if as_numpy and whole:
+                # The run's own array (it copies its inputs in, so nothing
+                # of the caller's): no DTensor and no copy, unless an earlier
+                # result holds the same memory. (The example's step returns
+                # 80 arrays: 0.75 ms of copies and 1.3 ms of DTensors a call.)
+                owner = id(local if local.base is None else local.base)
+                results.append(local.copy() if owner in held else local)
+                held.add(owner)
+                continue
             t = dist.DTensor(local, spec.global_shape, local.dtype, layout, mesh,
                              name=f"{self.fn.__name__}.{spec.name}")
             results.append(t.numpy() if as_numpy else t)

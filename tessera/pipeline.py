@@ -348,7 +348,7 @@ class PipelinedFunction(CompiledFunction):
         if self._last_key is None or self._last_key not in self._programs:
             raise RuntimeError(f"{self.fn.__name__} has not been called yet; call it once, "
                                "then ask for its pipeline_report()")
-        program, _ = self._programs[self._last_key]
+        program = self._programs[self._last_key][0]
         info = program.bundle.program.pipeline
         if info is None:
             raise CompileError(f"{self.fn.__name__}'s bundle has no pipeline schedule")

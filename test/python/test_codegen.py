@@ -442,6 +442,101 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(kk))
 
 
+def test_cpu_kernels_read_and_write_contiguous_blocks_in_place():
+    """On the CPU a load of a contiguous block of a buffer the kernel never
+    stores to is a pointer into it (no copy), and a tile whose one use is
+    the only store to a buffer nothing loads is computed in place. A
+    strided block (half rows) is copied, and a buffer loaded and stored
+    (updated in place) is copied in and stored from a tile of its own, so
+    the update reads the old values. Numerics against float64 numpy."""
+    import ctypes
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    text = """
+ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8x64xf32>,
+                     %out: memref<8x64xf32>) attributes {grid = array<i64: 4>, block = array<i64: 32>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c2 = arith.constant 2 : index
+  %c64 = arith.constant 64 : index
+  %row = arith.muli %pid, %c2 : index
+  %tx = ttile.load %x[%row, %c0] : memref<8x64xf32> -> !ttile.tile<2x64xf32>
+  %ty = ttile.load %y[%row, %c64] : memref<8x128xf32> -> !ttile.tile<2x64xf32>
+  %ta = ttile.load %acc[%row, %c0] : memref<8x64xf32> -> !ttile.tile<2x64xf32>
+  %s = ttile.add %tx, %ty : !ttile.tile<2x64xf32>
+  %m = ttile.mul %s, %ta : !ttile.tile<2x64xf32>
+  ttile.store %m, %out[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
+  %n = ttile.add %ta, %tx : !ttile.tile<2x64xf32>
+  ttile.store %n, %acc[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
+  ttile.return
+}"""
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse(text))
+    body = source[source.index("blocks__range"):]
+    assert re.search(r"const float\* __restrict__ t\d+ = arg0 \+", body), body   # x: viewed
+    assert not re.search(r"= arg1 \+", body), body                   # y's half rows: copied
+    assert re.search(r"(?<!const )float\* __restrict__ t\d+ = arg3 \+", body), body  # out
+    assert re.search(r"arg2\[.*\] = t\d+\[", body), body              # acc: a real store
+    assert not re.search(r"arg[03]\[", body), body                   # no copy of x or out
+    lib = ctypes.CDLL(str(build_cpu_library(source)))
+    rng = np.random.default_rng()
+    x, y, acc = (rng.standard_normal(s).astype(np.float32) for s in ((8, 64), (8, 128), (8, 64)))
+    old, out = acc.copy(), np.full((8, 64), np.nan, np.float32)
+    lib.blocks(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, y, acc, out)))
+    x64, y64, a64 = (a.astype(np.float64) for a in (x, y[:, 64:], old))
+    np.testing.assert_allclose(out, (x64 + y64) * a64, rtol=1e-6)
+    np.testing.assert_allclose(acc, a64 + x64, rtol=1e-6)
+
+
+def test_cpu_broadcasts_join_the_elementwise_loop():
+    """Broadcasts of a column, a row, the trailing dimensions (a [1, 4, 8]
+    table over a [2, 4, 8] tile) and one value are read by index inside the
+    elementwise loop (rows of the last dimension) rather than copied into
+    tiles of their own; numerics against float64 numpy."""
+    import ctypes
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    text = """
+ttile.kernel @bcast(%x: memref<4x4x8xf32>, %a: memref<4x4x1xf32>, %b: memref<1x1x8xf32>,
+                    %c: memref<1x4x8xf32>, %d: memref<1x1x1xf32>, %out: memref<4x4x8xf32>)
+    attributes {grid = array<i64: 2>, block = array<i64: 32>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c2 = arith.constant 2 : index
+  %i = arith.muli %pid, %c2 : index
+  %tx = ttile.load %x[%i, %c0, %c0] : memref<4x4x8xf32> -> !ttile.tile<2x4x8xf32>
+  %ta = ttile.load %a[%i, %c0, %c0] : memref<4x4x1xf32> -> !ttile.tile<2x4x1xf32>
+  %tb = ttile.load %b[%c0, %c0, %c0] : memref<1x1x8xf32> -> !ttile.tile<1x1x8xf32>
+  %tc = ttile.load %c[%c0, %c0, %c0] : memref<1x4x8xf32> -> !ttile.tile<1x4x8xf32>
+  %td = ttile.load %d[%c0, %c0, %c0] : memref<1x1x1xf32> -> !ttile.tile<1x1x1xf32>
+  %ba = ttile.broadcast %ta : !ttile.tile<2x4x1xf32> to !ttile.tile<2x4x8xf32>
+  %bb = ttile.broadcast %tb : !ttile.tile<1x1x8xf32> to !ttile.tile<2x4x8xf32>
+  %bc = ttile.broadcast %tc : !ttile.tile<1x4x8xf32> to !ttile.tile<2x4x8xf32>
+  %bd = ttile.broadcast %td : !ttile.tile<1x1x1xf32> to !ttile.tile<2x4x8xf32>
+  %s = ttile.add %tx, %ba : !ttile.tile<2x4x8xf32>
+  %m = ttile.mul %s, %bb : !ttile.tile<2x4x8xf32>
+  %u = ttile.sub %m, %bc : !ttile.tile<2x4x8xf32>
+  %y = ttile.add %u, %bd : !ttile.tile<2x4x8xf32>
+  ttile.store %y, %out[%i, %c0, %c0] : !ttile.tile<2x4x8xf32>, memref<4x4x8xf32>
+  ttile.return
+}"""
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse(text))
+    body = source[source.index("bcast__range"):]
+    assert not re.search(r"float t\d+\[", body), body          # no tile arrays at all
+    assert body.count("for (int64_t r") == 1, body                # one loop nest
+    lib = ctypes.CDLL(str(build_cpu_library(source)))
+    rng = np.random.default_rng()
+    x, a, b, c, d = (rng.standard_normal(s).astype(np.float32)
+                     for s in ((4, 4, 8), (4, 4, 1), (1, 1, 8), (1, 4, 8), (1, 1, 1)))
+    out = np.full((4, 4, 8), np.nan, np.float32)
+    lib.bcast(*(v.ctypes.data_as(ctypes.c_void_p) for v in (x, a, b, c, d, out)))
+    x64, a64, b64, c64, d64 = (v.astype(np.float64) for v in (x, a, b, c, d))
+    np.testing.assert_allclose(out, (x64 + a64) * b64 - c64 + d64, rtol=1e-5, atol=1e-6)
+
+
 def test_a_large_cpu_launch_splits_its_grid_over_the_engine_s_threads(monkeypatch):
     """A generated CPU kernel touching >= THREADED_MIN_BYTES runs its
     outermost grid loop in slices on TESSERA_NUM_THREADS threads (through

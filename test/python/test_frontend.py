@@ -122,6 +122,30 @@ def test_single_device_compile_matches_numpy(shape):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+def test_numpy_results_are_fresh_and_share_no_memory():
+    """A compiled function's numpy results are the run's own arrays (not
+    copies), yet never the caller's memory, each other's, or an earlier
+    call's: a value returned twice, its reshape, and an argument returned
+    as it is all come back as separate arrays."""
+    @ts.jit
+    def f(x):
+        y = op.tanh(x) * 2.0
+        return y, y, y.reshape(-1), x
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    first = f(x)
+    second = f(x)
+    arrays = [x, *first, *second]
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
+    want = np.tanh(x.astype(np.float64)) * 2.0
+    for got in (first[0], first[1], first[2].reshape(4, 8), second[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(first[3], x)
+
+
 def test_op_shape_errors_name_op_shapes_and_line():
     mesh = dist.Mesh(axes=["x"], devices=range(1))
 
