@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import os
@@ -21,12 +22,18 @@ class SourceLine:
         return f"{os.path.relpath(self.filename) if not self.filename.startswith('<') else self.filename}:{self.line}"
 
 
+@functools.lru_cache(maxsize=None)
+def _in_package(filename: str) -> bool:
+    # (cached: tracing asks for every frame of every op, ~2,000 a GPT step,
+    # and abspath costs more than the rest of the walk)
+    return os.path.abspath(filename).startswith(PACKAGE_DIR + os.sep)
+
+
 def user_frame() -> SourceLine:
     """The innermost stack frame outside the tessera package."""
     frame = inspect.currentframe()
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(PACKAGE_DIR + os.sep):
+        if not _in_package(frame.f_code.co_filename):
             # linecache, not inspect.getframeinfo: the same line from the same
             # cache, without getframeinfo's search for the enclosing source
             # (~200 us a call, and tracing calls this for every op).
