@@ -31,6 +31,7 @@ The `cuda-emulated` engine (`emulated_cuda.py`) runs whole GPU bundles this way.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -680,21 +681,13 @@ class EmulatedKernels:
         key = hashlib.sha256(source.encode()).hexdigest()[:24]
         target = cache_dir("emulated") / f"{key}.so"
         cxx = env.host_compiler()
-        if not target.exists():
-            if not cxx:
-                raise EngineError("CUDA emulation compiles kernels with a C++20 compiler: "
-                                  "install g++ or set CXX")
-            with tempfile.TemporaryDirectory(dir=cache_dir("emulated")) as tmp:
-                src = Path(tmp) / "emulated.cpp"
-                src.write_text(source)
-                out = Path(tmp) / "emulated.so"
-                proc = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC",
-                                       "-pthread", "-w", str(src), "-o", str(out)],
-                                      capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise EngineError("compiling CUDA kernels for CPU emulation failed:\n"
-                                      + proc.stderr[-4000:])
-                os.replace(out, target)
+        # The ranks of a job build the same library: one compiles while the
+        # others sleep on the lock, then load its file (each compiling its
+        # own copy at once took N times the g++ time on shared cores).
+        with open(target.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.exists():
+                self._compile(cxx, source, target)
         self._lib = ctypes.CDLL(str(target))
         self._tensor_maps: dict = {}
         self._lib.tessera_emulator_wait.argtypes = [ctypes.c_double]
@@ -702,6 +695,23 @@ class EmulatedKernels:
         self._lib.tessera_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                               ctypes.POINTER(ctypes.c_void_p),
                                               ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]
+
+    @staticmethod
+    def _compile(cxx: str | None, source: str, target: Path) -> None:
+        if not cxx:
+            raise EngineError("CUDA emulation compiles kernels with a C++20 compiler: "
+                              "install g++ or set CXX")
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src = Path(tmp) / "emulated.cpp"
+            src.write_text(source)
+            out = Path(tmp) / "emulated.so"
+            proc = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC",
+                                   "-pthread", "-w", str(src), "-o", str(out)],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise EngineError("compiling CUDA kernels for CPU emulation failed:\n"
+                                  + proc.stderr[-4000:])
+            os.replace(out, target)
 
     def attach_symmetric_heap(self, base: int, heap_bytes: int, pe: int, n_pes: int) -> None:
         """Points the NVSHMEM emulation at the job's shared heap mapping
