@@ -122,7 +122,7 @@ def test_unknown_policy_is_refused_with_the_line():
 def _measured(fn, args):
     """(the runtime's byte count, numpy's allocation peak) of one run of the
     program `fn` compiled for `args` (after a first call compiled it)."""
-    program, traced = fn._programs[fn._last_key]
+    program, traced, _ = fn._programs[fn._last_key]
     inputs = _local_inputs(fn._prepare(args, {})[4], traced)
     tracemalloc.start()
     try:
