@@ -44,6 +44,8 @@ for _p in ("examples", "runtime", "passes", ".", "bench"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
+import dp_tp_step  # noqa: E402  (its JAX worker and git_commit)
+
 
 def config(args, depth: int) -> dict:
     return {"width": args.width, "depth": depth, "heads": args.heads, "batch": args.batch,
@@ -86,12 +88,11 @@ def tessera_worker(cfg: dict, out: Path) -> None:
                                "first_loss": first_loss, **spent}))
 
 
-def _worker(flag: str, cfg: dict, env: dict, script: Path) -> dict:
+def _tessera_worker(cfg: dict, env: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        args = [sys.executable, str(script), flag, json.dumps(cfg)]
-        args += ["1", str(out)] if flag == "--jax-worker" else [str(out)]
-        subprocess.run(args, check=True, env=env, cwd=str(ROOT))
+        subprocess.run([sys.executable, __file__, "--tessera-worker", json.dumps(cfg), str(out)],
+                       check=True, env=env, cwd=str(ROOT))
         return json.loads(out.read_text())
 
 
@@ -102,27 +103,17 @@ def run_tessera(cfg: dict) -> dict:
         + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryDirectory() as cache:
         env["TESSERA_CACHE_DIR"] = cache
-        cold = _worker("--tessera-worker", cfg, env, Path(__file__))
-        warm = _worker("--tessera-worker", cfg, env, Path(__file__))
-    return {"cold": cold, "warm": warm}
+        return {"cold": _tessera_worker(cfg, env), "warm": _tessera_worker(cfg, env)}
 
 
 def run_jax(cfg: dict) -> dict | None:
+    """bench/dp_tp_step.py's JAX worker on one device (one step timed: only
+    its first call counts here); None without jax."""
     try:
         import jax  # noqa: F401
     except ImportError:
         return None
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)                              # one host device
-    return _worker("--jax-worker", cfg, env, ROOT / "bench" / "dp_tp_step.py")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=str(ROOT)).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+    return dp_tp_step.run_jax(cfg, 1)
 
 
 def main(argv=None) -> int:
@@ -165,12 +156,12 @@ def main(argv=None) -> int:
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "python": platform.python_version()}
     jax_version = next((r["jax"]["jax"] for r in results if r["jax"]), None)
-    stem = Path(args.out) / f"compile_time-{date}"
+    stem, commit = Path(args.out) / f"compile_time-{date}", dp_tp_step.git_commit()
     stem.with_suffix(".json").write_text(json.dumps(
-        {"date": date, "commit": git_commit(), "machine": machine, "jax": jax_version,
+        {"date": date, "commit": commit, "machine": machine, "jax": jax_version,
          "results": results}, indent=1) + "\n")
     stem.with_suffix(".md").write_text(
-        f"# Compile time of the example GPT's training step, {date}, commit {git_commit()}\n\n"
+        f"# Compile time of the example GPT's training step, {date}, commit {commit}\n\n"
         f"Machine: {machine}. JAX {jax_version or 'not installed'}. Width {args.width}, "
         f"{args.heads} heads, batch {args.batch} x {2 * args.length} tokens, fp32, one device. "
         f"Command: `.venv/bin/python bench/compile_time.py --depths "

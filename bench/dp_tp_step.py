@@ -36,6 +36,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -220,14 +221,16 @@ def jax_worker(cfg: dict, steps: int, out: Path) -> None:
 
 
 def run_jax(cfg, steps) -> dict:
-    out = ROOT / "bench" / "results" / ".jax-dp-tp.json"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "JAX_PLATFORMS": "cpu"}
-    subprocess.run([sys.executable, __file__, "--jax-worker", json.dumps(cfg), str(steps),
-                    str(out)], check=True, env=env, cwd=str(ROOT))
-    result = json.loads(out.read_text())
-    out.unlink()
-    return result
+    """The JAX worker in a process of its own, on cfg["dp"] x cfg["tp"] host
+    devices (bench/train_step_cpu.py and bench/compile_time.py run it on one):
+    {"first_loss", "median_step_s", "first_call_s", "jax"}."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg['dp'] * cfg['tp']}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "jax.json"
+        subprocess.run([sys.executable, __file__, "--jax-worker", json.dumps(cfg), str(steps),
+                        str(out)], check=True, env=env, cwd=str(ROOT))
+        return json.loads(out.read_text())
 
 
 # -- report --------------------------------------------------------------------------

@@ -310,15 +310,10 @@ def jax_peer(args) -> dict | None:
     except ImportError:
         print("(jax is not installed: no JAX column; pip install jax)")
         return None
-    cfg = {"width": args.width, "depth": args.depth, "heads": args.heads, "batch": args.batch,
-           "length": args.length, "dp": 1, "tp": 1, "seed": args.seed}
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)                                  # one host device
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "jax.json"
-        subprocess.run([sys.executable, str(ROOT / "bench" / "dp_tp_step.py"), "--jax-worker",
-                        json.dumps(cfg), str(args.steps), str(out)], check=True, env=env)
-        return json.loads(out.read_text())
+    import dp_tp_step
+    return dp_tp_step.run_jax({"width": args.width, "depth": args.depth, "heads": args.heads,
+                               "batch": args.batch, "length": args.length, "dp": 1, "tp": 1,
+                               "seed": args.seed}, args.steps)
 
 
 def timed(step, warmup: int, steps: int) -> list[float]:

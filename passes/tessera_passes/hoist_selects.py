@@ -76,8 +76,7 @@ def _carried(value: ir.Value, x: ir.Operation, anchor_at: tuple, at: dict, chain
 def _anchor(x: ir.Operation, at: dict):
     """The last op before `x` making or reading one of its operands
     (operands made by CARRIED ops aside), or None."""
-    here, last = at[operation_key(x)], None
-    candidates = []
+    here, candidates = at[operation_key(x)], []
     for v in x.operands:
         owner = _producer(v)
         if owner is not None and owner.name in CARRIED:
@@ -85,10 +84,7 @@ def _anchor(x: ir.Operation, at: dict):
         if owner is not None:
             candidates.append(owner)
         candidates += [r for r in _readers(v) if at[operation_key(r)] < here]
-    for op in candidates:
-        if last is None or at[operation_key(op)] > at[operation_key(last)]:
-            last = op
-    return last
+    return max(candidates, key=lambda op: at[operation_key(op)], default=None)
 
 
 def _frees_an_operand(x: ir.Operation, at: dict) -> bool:
