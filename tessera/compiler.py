@@ -285,8 +285,9 @@ class CompiledFunction:
         text = traced.module.operation.get_asm(enable_debug_info=True)
         self._graph_text[key] = text
         budget = f"memory_budget={self.memory_budget}" if self.memory_budget is not None else ""
-        digest = hashlib.sha256((compiler_fingerprint(options) + budget + text).encode()
-                                ).hexdigest()[:20]
+        emulated = "emulated" if self._emulated() else ""
+        digest = hashlib.sha256((compiler_fingerprint(options) + budget + emulated + text)
+                                .encode()).hexdigest()[:20]
         target = env.cache_dir("bundles") / f"{self.symbol}-{digest}.tsb"
         if tessera_runtime.world()[1] > 1:
             self._bundle_on_rank0(key, traced, mesh, target, options)
@@ -318,6 +319,13 @@ class CompiledFunction:
         if not (target / "manifest.json").exists():
             self._write_bundle(key, traced, mesh, target, options)   # no shared file system
 
+    @staticmethod
+    def _emulated() -> bool:
+        """Whether this process runs GPU programs on the CUDA emulator: their
+        bundles need no cubin (nvcc took most of an emulated test's time),
+        and are cached apart from the bundles a GPU would load."""
+        return env.flag("TESSERA_CUDA_EMULATE")
+
     def _write_bundle(self, key, traced, mesh, target: Path, options: TargetOptions) -> None:
         exists = (target / "manifest.json").exists()
         if exists and not env.get(DUMP_ENV) and not env.is_set(REPORT_ENV) \
@@ -328,7 +336,8 @@ class CompiledFunction:
         if not exists:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-            write_bundle(tmp / "b", levels, devices=mesh.device_ids)
+            write_bundle(tmp / "b", levels, devices=mesh.device_ids,
+                         cubin=not self._emulated())
             try:
                 os.rename(tmp / "b", target)
             except OSError:

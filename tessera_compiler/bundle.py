@@ -259,15 +259,16 @@ def _pipeline_json(d: ir.DictAttr) -> dict:
     return out
 
 
-def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = None) -> Path:
+def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = None,
+                 cubin: bool = True) -> Path:
     """Writes `levels` (a fully lowered program) as a bundle directory at `path`.
 
     CPU target: the kernels' C++ and the shared library built from it (engine
     `cpu`). GPU target: the kernels' CUDA C++, each kernel's launch
     configuration (`launch` in the manifest), and a cubin for sm_90 when nvcc
-    is installed (engine `cuda`; without a cubin the engine compiles the
-    source with NVRTC at load time). The `cuda-emulated` engine runs the same
-    source on the CPU (tests)."""
+    is installed and `cubin` is true (engine `cuda`; without a cubin the
+    engine compiles the source with NVRTC at load time). The `cuda-emulated`
+    engine runs the same source on the CPU (tests)."""
     path = Path(path)
     if path.exists():
         shutil.rmtree(path)
@@ -289,7 +290,7 @@ def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = N
     else:
         (path / "kernels" / "kernels.cu").write_text(levels.cuda)
         kernels = {"cuda-emulated": "kernels/kernels.cu"}
-        if nvcc() is not None:
+        if cubin and nvcc() is not None:
             shutil.copyfile(build_cuda_cubin(levels.cuda), path / "kernels" / "kernels.cubin")
             kernels["cuda"] = "kernels/kernels.cubin"
         else:

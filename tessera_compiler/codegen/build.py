@@ -40,7 +40,6 @@ CXX_FLAGS = ["-O2", "-march=native", "-fno-math-errno", "-fno-trapping-math",
 # wgmma loops, so the same source also builds for plain sm_90.
 CUDA_ARCH = "sm_90a"
 NVCC_OPTIONS = ["-std=c++17", "-O3"]
-NVCC_FLAGS = [f"-arch={CUDA_ARCH}", *NVCC_OPTIONS]
 
 
 class KernelBuildError(RuntimeError):
@@ -79,10 +78,12 @@ def _key(*parts: str) -> str:
 
 
 def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext: str,
-                  inputs: tuple[Path, ...] = (), depends: tuple[str, ...] = ()) -> Path:
+                  inputs: tuple[Path, ...] = (), depends: tuple[str, ...] = (),
+                  log_ext: str | None = None) -> Path:
     """`tool flags <source or inputs> -o out`, cached by content: the source,
     the tool and its version, the flags, and `depends` (what else the output
-    is made of, e.g. a linked library's identity)."""
+    is made of, e.g. a linked library's identity). With `log_ext` what the
+    tool printed is kept beside the output (same name, that extension)."""
     target = cache_dir() / f"{_key(source, tool, _version(tool), *flags, *depends)}{out_ext}"
     if target.exists():
         return target
@@ -98,6 +99,10 @@ def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext
         if proc.returncode != 0:
             raise KernelBuildError(f"{Path(tool).name} failed on generated kernels "
                                    f"({Path(files[0]).name}):\n{proc.stderr[-4000:]}")
+        if log_ext:              # before the output: whoever finds it finds its log
+            log = Path(tmp) / "out.log"
+            log.write_text(proc.stdout + proc.stderr)
+            os.replace(log, target.with_suffix(log_ext))
         os.replace(out, target)
     return target
 
@@ -215,17 +220,9 @@ def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, 
     instructions ptxas serialized (it then waits for each one at issue:
     correct, but the asynchronous overlap the kernel was written for is
     gone). Raises KernelBuildError when nvcc is missing or fails."""
-    tool = nvcc()
-    if tool is None:
-        raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
-                               "nvidia-cuda-nvcc wheel)")
-    proc = subprocess.run([tool, f"-arch={arch}", *NVCC_OPTIONS, *_nvshmem_flags(source),
-                           "-cubin", "-Xptxas", "-v", "-x", "cu", "-", "-o", os.devnull],
-                          input=source, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise KernelBuildError(f"nvcc failed on generated kernels:\n{proc.stderr[-4000:]}")
+    printed = _device_code(source, arch).with_suffix(PTXAS_REPORT).read_text()
     report, kernel = {}, None
-    for line in proc.stderr.splitlines():
+    for line in printed.splitlines():
         if "wgmma.mma_async instructions are serialized" in line:
             # "... serialized due to <reason> in the function '<name>'"
             reason, _, name = line.partition(" in the function ")
@@ -242,22 +239,43 @@ def kernel_resources(source: str, arch: str = CUDA_ARCH) -> dict[str, dict[str, 
     return report
 
 
+PTXAS_REPORT = ".ptxas.txt"
+
+
+def _nvcc_tool(purpose: str) -> str:
+    tool = nvcc()
+    if tool is None:
+        raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
+                               f"nvidia-cuda-nvcc wheel) {purpose}")
+    return tool
+
+
+def _device_code(source: str, arch: str) -> Path:
+    """`source` compiled for `arch` into a cubin (relocatable when it calls
+    NVSHMEM), cached, with ptxas's report beside it (PTXAS_REPORT): the
+    bundle's build and kernel_resources' check share one compile. Device
+    code only, never `-c`: the host pass (cudafe++, g++) and the second cicc
+    run for compute PTX that `-c` adds took 60% of an NVSHMEM build."""
+    tool = _nvcc_tool("to build GPU kernels ahead of time")
+    flags = _nvshmem_flags(source)          # raises when NVSHMEM is not installed
+    library = (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),) if flags else ()
+    return _cached_build(source, ".cu", tool,
+                         [f"-arch={arch}", *NVCC_OPTIONS, *flags, "-cubin", "-Xptxas", "-v"],
+                         ".cubin", depends=library, log_ext=PTXAS_REPORT)
+
+
 def build_cuda_cubin(source: str) -> Path:
     """Compiles CUDA kernels for sm_90a into a cubin the GPU engine loads;
     returns its cached path. Kernels calling NVSHMEM's device API are compiled
     relocatable and device-linked with libnvshmem_device into one cubin."""
-    tool = nvcc()
-    if tool is None:
-        raise KernelBuildError("nvcc not found: install the CUDA toolkit (or the "
-                               "nvidia-cuda-nvcc wheel) to build GPU kernels ahead of time")
+    code = _device_code(source, CUDA_ARCH)
     if "#include <nvshmem.h>" not in source:
-        return _cached_build(source, ".cu", tool, [*NVCC_FLAGS, "-cubin"], ".cubin")
-    flags = _nvshmem_flags(source)          # raises when NVSHMEM is not installed
+        return code
     library = (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),)
-    obj = _cached_build(source, ".cu", tool, [*NVCC_FLAGS, *flags, "-c"], ".o", depends=library)
-    return _cached_build(obj.name, "", tool, [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
-                                              f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
-                         ".cubin", inputs=(obj,), depends=library)
+    return _cached_build(code.name, "", _nvcc_tool("to link NVSHMEM kernels"),
+                         [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
+                          f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
+                         ".cubin", inputs=(code,), depends=library)
 
 
 def _nvshmem_flags(source: str) -> list[str]:

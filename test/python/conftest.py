@@ -49,9 +49,30 @@ def tessera_launch():
     return run
 
 
+#: Cache kinds whose files are named by the hash of everything they are
+#: built from (source, compiler and its version, flags, linked libraries):
+#: a file there is the same whichever test built it, as in ccache.
+SHARED_BUILD_KINDS = ("kernels", "emulated", "nvrtc")
+
+
+@pytest.fixture(scope="session")
+def _shared_builds(tmp_path_factory):
+    return tmp_path_factory.mktemp("builds")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
+def _isolated_cache(tmp_path, monkeypatch, _shared_builds):
+    """Each test has its own cache (bundles, calibrations, autotuning), so
+    none sees another's programs; compiled kernels, content-addressed, are
+    shared by the session (the same GPT step's kernels were built a dozen
+    times otherwise). A test that checks when builds happen sets
+    TESSERA_CACHE_DIR itself."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for kind in SHARED_BUILD_KINDS:
+        (_shared_builds / kind).mkdir(exist_ok=True)
+        (cache / kind).symlink_to(_shared_builds / kind, target_is_directory=True)
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(cache))
 
 
 @pytest.fixture

@@ -142,7 +142,7 @@ def test_nvshmem_builds_are_keyed_by_the_device_library(monkeypatch):
         pytest.skip("needs nvcc and NVSHMEM (pip install nvidia-nvshmem-cu13)")
     steps = []
 
-    def record(source, suffix, tool, flags, out_ext, inputs=(), depends=()):
+    def record(source, suffix, tool, flags, out_ext, inputs=(), depends=(), log_ext=None):
         steps.append(depends)
         return build.Path(f"/nonexistent/step{len(steps)}{out_ext}")
     monkeypatch.setattr(build, "_cached_build", record)
