@@ -220,6 +220,7 @@ class ShardSpec:
             if isinstance(value, (str, int)):
                 value = (value,)
             object.__setattr__(self, name, tuple(value))
+        object.__setattr__(self, "_dims_by", {})     # dims_for's answers, by (rank, mesh axes)
         if len(self.partition) != len(self.mesh_axes):
             raise ShardingError(f"ShardSpec: partition {self.partition} and mesh_axes "
                                 f"{self.mesh_axes} must have the same length")
@@ -229,7 +230,17 @@ class ShardSpec:
         return ShardSpec()
 
     def dims_for(self, rank: int, mesh: Mesh, what: str = "tensor") -> list[tuple[str, ...]]:
-        """Mesh axes splitting each of a rank-`rank` tensor's dimensions."""
+        """Mesh axes splitting each of a rank-`rank` tensor's dimensions
+        (errors name the tensor as `what`)."""
+        # Every result of a compiled call is a DTensor that asks this: 80 a
+        # step of the dp x tp GPT, 35 us each before the cache.
+        key = (rank, mesh.axes)
+        dims = self._dims_by.get(key)
+        if dims is None:
+            dims = self._dims_by[key] = self._dims(rank, mesh, what)
+        return list(dims)
+
+    def _dims(self, rank: int, mesh: Mesh, what: str) -> tuple[tuple[str, ...], ...]:
         dims: list[list[str]] = [[] for _ in range(rank)]
         used = set()
         for part, axis in zip(self.partition, self.mesh_axes):
@@ -244,7 +255,7 @@ class ShardSpec:
             if axis not in mesh.axes or axis in used:
                 raise ShardingError(f"{what}: partial axis '{axis}' must be a mesh axis not "
                                     f"used to split a dimension")
-        return [tuple(d) for d in dims]
+        return tuple(tuple(d) for d in dims)
 
     @staticmethod
     def _dim_index(part, rank: int, what: str) -> int:
