@@ -29,8 +29,8 @@ the write here (and the same order every run).
 The emulator's machinery (_CORE: fibers, barriers, the instructions, the
 launcher) is compiled once per cache into an object file; a kernel source
 is compiled with _API, the calls into it (declarations and one-line
-wrappers, a few hundred lines), and linked with that object: 0.4 s of g++
-for a small kernel instead of 2.4 s with the whole emulator in its
+wrappers, a few hundred lines), and linked with that object: 0.45 s of
+g++ for a small kernel instead of 2.4 s with the whole emulator in its
 translation unit.
 
     lib = EmulatedKernels(cuda_source)
