@@ -156,7 +156,8 @@ def main(argv=None) -> int:
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "python": platform.python_version()}
     jax_version = next((r["jax"]["jax"] for r in results if r["jax"]), None)
-    stem, commit = Path(args.out) / f"compile_time-{date}", dp_tp_step.git_commit()
+    stem = dp_tp_step.new_stem(Path(args.out), f"compile_time-{date}")
+    commit = dp_tp_step.git_commit()
     stem.with_suffix(".json").write_text(json.dumps(
         {"date": date, "commit": commit, "machine": machine, "jax": jax_version,
          "results": results}, indent=1) + "\n")

@@ -17,7 +17,7 @@ Both start from the same parameters and batch; the first-step losses must
 agree to 1e-4 (relative) or the script exits 1. Both run in this one
 invocation, one after the other, on the same machine. The ratio printed is
 Tessera / JAX (> 1: Tessera is slower). Results go to
-bench/results/dp_tp_step-<date>.json/.md.
+bench/results/dp_tp_step-<date>[-N].json/.md.
 
     .venv/bin/python bench/dp_tp_step.py                # width 128, depth 2, batch 32 x 16
     .venv/bin/python bench/dp_tp_step.py --steps 10     # quick
@@ -243,6 +243,16 @@ def git_commit() -> str:
         return "unknown"
 
 
+def new_stem(folder: Path, name: str) -> Path:
+    """`folder/name`, or `name-2`, `-3`, ... where a result of that name
+    exists (a second run the same day must not overwrite the first)."""
+    stem, n = folder / name, 1
+    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
+        n += 1
+        stem = folder / f"{name}-{n}"
+    return stem
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -286,7 +296,7 @@ def main(argv=None) -> int:
                f"the step in collectives ({tess['collectives_per_step']} per step)")
     print("\n".join(lines) + "\n" + summary)
     folder = ROOT / "bench" / "results"
-    stem = folder / f"dp_tp_step-{result['date']}"
+    stem = new_stem(folder, f"dp_tp_step-{result['date']}")
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     stem.with_suffix(".md").write_text(
         f"# dp x tp GPT step, {result['date']}, commit {result['commit']}\n\n"

@@ -464,8 +464,9 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"train_step_cpu-{date}-{torch.get_num_threads()}thread"
-    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    import dp_tp_step
+    stem = dp_tp_step.new_stem(out, f"train_step_cpu-{date}-{torch.get_num_threads()}thread")
+    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     md_path.write_text(markdown(result))
     print(f"\nwrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} "

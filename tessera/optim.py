@@ -115,11 +115,16 @@ def _at_least_f32(x):
 
 def global_norm(tree):
     """sqrt(sum of squares of every leaf), in fp32 (fp64 for fp64 leaves)."""
-    total = None
-    for g in flatten(tree)[0]:
-        g = _at_least_f32(g)
-        s = op.sum(op.mul(g, g))
-        total = s if total is None else op.add(total, s)
+    # Every leaf's sum of squares first, then their sum (same order, same
+    # bits): on a sharded mesh each leaf's sum is a partial sum that the
+    # partitioner all-reduces, and all-reduces whose results are not used yet
+    # are bucketed into one (tessera-bucket-collectives). Adding as they
+    # came made each sum wait for the one before: 11 all-reduces of 4 bytes
+    # a step of the dp x tp GPT.
+    squares = [op.sum(op.mul(g, g)) for g in map(_at_least_f32, flatten(tree)[0])]
+    total = squares[0]
+    for s in squares[1:]:
+        total = op.add(total, s)
     return op.sqrt(total)
 
 
