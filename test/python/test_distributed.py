@@ -297,6 +297,24 @@ def test_collective_report_names_the_source_line():
     assert "all_gather" in trace.report(min_bytes=100)
 
 
+def test_global_norm_of_sharded_gradients_is_one_all_reduce():
+    """ts.optim.global_norm over leaves split over tp and replicated ones,
+    interleaved (as a tensor-parallel model's gradients are): a split
+    leaf's sum of squares is a partial sum that must be all-reduced before
+    a replicated one is added to it, and the compiled step reduces all
+    of them in one bucketed all-reduce, not one per leaf (they were 11 a
+    step of the dp x tp GPT). (Its value: test_training's clipping test,
+    and the dp x tp GPT tests that match one device.)"""
+    mesh = dist.Mesh(axes=["tp"], shape=(2,))
+    leaves = [np.ones((4, 2 * (i + 1)), np.float32) for i in range(6)]
+    tree = {f"w{i}": dist.from_numpy(a, dist.ShardSpec(("col",), ("tp",)) if i % 2 == 0
+                                     else dist.ShardSpec(), mesh)
+            for i, a in enumerate(leaves)}
+    norm = ts.jit(ts.optim.global_norm)
+    reduces = [c for c in norm.lower(tree).collectives if c.op == "all_reduce" and c.axis == "tp"]
+    assert len(reduces) == 1 and reduces[0].shape == (3,), reduces
+
+
 def test_strategy_places_batch_and_state():
     from tessera.strategy import Strategy
     mesh = dist.Mesh(axes=["dp"], shape=(2,))
