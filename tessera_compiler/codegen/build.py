@@ -258,10 +258,15 @@ def _device_code(source: str, arch: str) -> Path:
     run for compute PTX that `-c` adds took 60% of an NVSHMEM build."""
     tool = _nvcc_tool("to build GPU kernels ahead of time")
     flags = _nvshmem_flags(source)          # raises when NVSHMEM is not installed
-    library = (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),) if flags else ()
     return _cached_build(source, ".cu", tool,
                          [f"-arch={arch}", *NVCC_OPTIONS, *flags, "-cubin", "-Xptxas", "-v"],
-                         ".cubin", depends=library, log_ext=PTXAS_REPORT)
+                         ".cubin", depends=_device_library() if flags else (),
+                         log_ext=PTXAS_REPORT)
+
+
+def _device_library() -> tuple[str]:
+    """NVSHMEM's device library as a build depends on it (its identity)."""
+    return (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),)
 
 
 def build_cuda_cubin(source: str) -> Path:
@@ -271,11 +276,10 @@ def build_cuda_cubin(source: str) -> Path:
     code = _device_code(source, CUDA_ARCH)
     if "#include <nvshmem.h>" not in source:
         return code
-    library = (_file_identity(nvshmem_home() / "lib" / "libnvshmem_device.a"),)
     return _cached_build(code.name, "", _nvcc_tool("to link NVSHMEM kernels"),
                          [f"-arch={CUDA_ARCH}", "-dlink", "-cubin",
                           f"-L{nvshmem_home() / 'lib'}", "-lnvshmem_device"],
-                         ".cubin", inputs=(code,), depends=library)
+                         ".cubin", inputs=(code,), depends=_device_library())
 
 
 def _nvshmem_flags(source: str) -> list[str]:
