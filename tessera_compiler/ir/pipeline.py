@@ -315,19 +315,26 @@ def simulate(schedule: str, ranks: int, stages: int, microbatches: int,
     t = 0.0
     relaxed = False
     while any(todo):
-        for r in range(p):
-            if free_at[r] > t or not todo[r]:
-                continue
-            a = pick(r, t, relaxed)
-            if a is None:
-                continue
-            relaxed = False
-            end = t + max(float(cost(a)), 1e-9)
-            rows[r].append(Timed(a, t, end))
-            todo[r].remove(a)
-            counts[r][a.kind] += 1
-            finished[a] = end
-            free_at[r] = end
+        # Start what can start at t; an action of no cost (a W run inside its
+        # B) ends at t, so its rank may start another at t: ask again until
+        # no rank starts anything. (Costs are FLOPs or seconds: no epsilon
+        # duration survives both scales.)
+        started = True
+        while started:
+            started = False
+            for r in range(p):
+                if free_at[r] > t or not todo[r]:
+                    continue
+                a = pick(r, t, relaxed)
+                if a is None:
+                    continue
+                relaxed, started = False, True
+                end = t + max(float(cost(a)), 0.0)
+                rows[r].append(Timed(a, t, end))
+                todo[r].remove(a)
+                counts[r][a.kind] += 1
+                finished[a] = end
+                free_at[r] = end
         upcoming = [x for x in free_at if x > t] + [x for x in finished.values() if x > t]
         if not upcoming and any(todo) and not relaxed:
             # Every rank at its activation limit waits for a backward whose

@@ -46,15 +46,20 @@ def test_every_schedule_matches_one_device_on_four_ranks(run_mpi, tmp_path):
     assert "stages=4 without markers" in seen["auto/4"]["grid"]
 
 
-@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (2, 4), (4, 2)])
-def test_equal_costs_give_the_textbook_bubble(p, m):
+@pytest.mark.parametrize("p,m,scale", [(4, 8, 1.0), (4, 16, 1.0), (2, 4, 1.0), (4, 2, 1.0),
+                                       (4, 8, 2e8), (2, 4, 3e-6)])
+def test_equal_costs_give_the_textbook_bubble(p, m, scale):
     # Backward = twice the forward. Only zero bubble splits it into B and W
-    # (the other schedules run the whole backward as one action).
+    # (the other schedules run the whole backward as one action, and its W
+    # costs nothing). `scale`: the compiler's costs are FLOPs (~2e8 a stage
+    # in bench/pipeline_cpu.py), a machine's seconds are small: the bubble
+    # must not depend on the unit (a W of no cost once left its rank idle
+    # until the next event when costs were large: 49% instead of 27%).
     def cost(schedule):
         split = schedule == "zero_bubble"
         per = {"F": 1.0, "B": 1.0 if split else 2.0, "W": 1.0 if split else 0.0}
         chunks = 2 if schedule == "interleaved" else 1      # stages of half the work
-        return lambda a: per[a.kind] / chunks
+        return lambda a: scale * per[a.kind] / chunks
 
     plans = {s: simulate(s, p, p * (2 if s == "interleaved" else 1), m, cost=cost(s))
              for s in ("gpipe", "1F1B", "interleaved", "zero_bubble")}
