@@ -30,9 +30,10 @@ by TMA (2-D and batched 3-D tensor maps, 4 and 3 stages; copies issued by a
 producer warpgroup, or by thread 0 between iterations) and on wgmma fed by
 cp.async; causal flash attention forward and backward at D = 64 and 128
 (and the forward's ping-pong and issue-ahead variants);
-the all-gather + GEMM and GEMM + reduce-scatter kernels over NVSHMEM on 2
-ranks of the one GPU (run under mpiexec, one `gpu_kit.py rank` process per
-rank, with nvshmem4py from the kit's wheels); the example GPT's training step in fp32 and bf16 against
+the all-gather + GEMM and GEMM + reduce-scatter kernels and an MoE layer's
+exchange kernels over NVSHMEM on 2 ranks of the one GPU (run under mpiexec,
+one `gpu_kit.py rank` process per rank, with nvshmem4py from the kit's
+wheels); the example GPT's training step in fp32 and bf16 against
 the CPU engine. build.json records the commit, nvcc and the NVSHMEM device
 library the kit was built with.
 
@@ -181,6 +182,47 @@ def _nvshmem_gemm_check(kit, name, kind, shape):
     return _save(kit, name, bundle, inputs, [[(part, rule)] for part in parts], ranks=2)
 
 
+def _nvshmem_moe_check(kit, name, tokens, width, hidden, experts):
+    """An MoE layer on a 2-rank ep mesh with `transport="nvshmem"`: its
+    dispatch and combine are exchange kernels that put each rank's rows
+    into the peer's symmetric buffer (tile/exchange.py). Tokens and experts
+    split over the ranks, top-2 routing, GELU experts; each rank checks its
+    tokens' outputs against float64 numpy."""
+    import tessera as ts
+    from tessera import dist, op
+    mesh = dist.Mesh(axes=["ep"], devices=range(2))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((tokens, width)).astype(np.float32)
+    weights = {"router": rng.standard_normal((width, experts)).astype(np.float32),
+               "w1": (rng.standard_normal((experts, width, hidden))
+                      / np.sqrt(width)).astype(np.float32),
+               "w2": (rng.standard_normal((experts, hidden, width))
+                      / np.sqrt(hidden)).astype(np.float32)}
+
+    def moe_layer(x, ex):
+        return op.moe(x, experts=ex, k=2, transport="nvshmem", mesh=mesh)
+    # float64: each token's two largest router logits pick its experts,
+    # weighted by the softmax over those two.
+    x64 = x.astype(np.float64)
+    logits = x64 @ weights["router"]
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :2]
+    picked = np.take_along_axis(logits, top, 1)
+    gates = np.exp(picked - picked.max(1, keepdims=True))
+    gates /= gates.sum(1, keepdims=True)
+    want = np.zeros_like(x64)
+    for j in range(2):
+        for e in range(experts):
+            rows = top[:, j] == e
+            h = x64[rows] @ weights["w1"][e]
+            h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
+            want[rows] += gates[rows, j, None] * (h @ weights["w2"][e])
+    rule = {"rule": "allclose", "rtol": 1e-3, "atol": 1e-3}
+    bundle, inputs = ts.compile(moe_layer, mesh=mesh, target=_check_options()).build_for_ranks(
+        x, weights)
+    return _save(kit, name, bundle, inputs, [[(part, rule)] for part in np.split(want, 2)],
+                 ranks=2)
+
+
 def _check_options():
     """The GPU target's options, with the checks' mbarrier watchdog."""
     import tessera as ts
@@ -259,6 +301,7 @@ CHECKS = {
         kit, n, "gather", (512, 256, 512)),
     "nvshmem-scattered-gemm-2-ranks": lambda kit, n: _nvshmem_gemm_check(
         kit, n, "scatter", (512, 512, 512)),
+    "nvshmem-moe-exchange-2-ranks": lambda kit, n: _nvshmem_moe_check(kit, n, 1024, 256, 512, 8),
     "gpt-step-fp32": lambda kit, n: _gpt_step_check(kit, n, "fp32"),
     "gpt-step-bf16": lambda kit, n: _gpt_step_check(kit, n, "bf16"),
 }

@@ -240,6 +240,7 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
                             op.mul(x, 0.0))
             return collective("all_reduce", mine, axis)
         else:
+            transport = args.pop("transport", None)       # all_to_all (op.moe's exchange)
             dims = {k: v % max(x.ndim, 1) for k, v in args.items() if k.endswith("dim")}
             cut = dims.get("split_dim", dims.get("dim")) if kind != "all_gather" else None
             if cut is not None and x.shape[cut] % n:
@@ -252,7 +253,7 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
                                           deterministic)
             else:
                 value = gb.all_to_all(x.value, mesh.name, axis, dims["split_dim"],
-                                      dims["concat_dim"], n)
+                                      dims["concat_dim"], n, transport)
         return Traced(value, ir.RankedTensorType(value.type).shape, x.dtype, src)
 
 

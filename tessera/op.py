@@ -758,6 +758,18 @@ def autodiff(loss, wrt=None):
 #
 # The combine adds a token's k weighted expert outputs in choice order (the
 # highest gate first): a fixed order, so results are bitwise reproducible.
+#
+# Expert parallelism (an 'ep' mesh axis): the rows move to their experts'
+# ranks and back in two all_to_alls, whatever the transport, so every
+# transport gives the same values. `transport` picks how they move:
+# "nccl"/"mpi" (the communicator), "nvshmem" (GPU target: a kernel that puts
+# each piece into the peer's symmetric receive buffer and signals it, see
+# passes/tessera_passes/tile/exchange.py; on the CPU the communicator) or
+# "auto" (NVSHMEM on the GPU when its buffers fit
+# `TargetOptions.nvshmem_auto_max_bytes`). `pack_dtype` rounds what travels:
+# "bf16" sends the dispatched rows and the experts' outputs as bf16 (half
+# the bytes; the backward's exchanges too); "fp8_e4m3" is not built yet and
+# packs as "bf16" (a warning says so); None sends them in their own dtype.
 
 _TRANSPORTS = ("nccl", "mpi", "nvshmem", "auto")
 _PACK_DTYPES = (None, "fp8_e4m3", "bf16")
@@ -814,6 +826,10 @@ def _check_transport(transport, src) -> None:
         if transport.get("pack_dtype") not in _PACK_DTYPES:
             raise ShapeError(f"op.moe: pack_dtype {transport['pack_dtype']!r} must be one of "
                              f"{_PACK_DTYPES}  [{src}]")
+        if transport.get("pack_dtype") == "fp8_e4m3":
+            import warnings
+            warnings.warn(f"op.moe: pack_dtype 'fp8_e4m3' is not built yet: the exchanges "
+                          f"pack as bf16  [{src}]", stacklevel=3)
 
 
 def _expert_mesh(mesh):
@@ -863,16 +879,25 @@ class _ExpertExchange:
     experts every source sent (the counts go first: the grouped GEMMs read
     them)."""
 
-    def __init__(self, ep: int):
+    def __init__(self, ep: int, transport=None):
         self.ep = ep
+        kind = transport.get("type") if isinstance(transport, dict) else transport
+        self.transport = kind if kind in ("nvshmem", "auto") else None
+        pack = transport.get("pack_dtype") if isinstance(transport, dict) else None
+        self.pack = dtypes.bf16 if pack is not None else None
 
     def __call__(self, rows: Traced) -> Traced:
         from .local_view import collective
         n, d = rows.shape
+        dtype = rows.dtype
+        if self.pack is not None and dtype != self.pack:
+            rows = cast(rows, self.pack)
         blocks = reshape(rows, self.ep, n // self.ep, d)
         # Block r to rank r; what arrives lies side by side in source order.
-        moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1)
-        return reshape(moved, n, d)
+        moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1,
+                           transport=self.transport)
+        moved = reshape(moved, n, d)
+        return cast(moved, dtype) if moved.dtype != dtype else moved
 
     def counts(self, kept: Traced) -> Traced:
         from .local_view import collective
@@ -902,7 +927,7 @@ def _fill_base(chosen: Traced, E: int, shards: int, src) -> Traced:
 
 
 def _expert_parallel(tokens, chosen, gates, weights, E: int, capacity: int, mesh, ep: int,
-                     src) -> tuple[Traced, Traced]:
+                     src, transport=None) -> tuple[Traced, Traced]:
     """The expert-parallel layer as a local-view body over `mesh`: tokens
     split over the 'ep' (and 'dp') axes, experts over 'ep'; each rank routes
     its tokens, exchanges counts then rows with one all-to-all each, runs its
@@ -933,7 +958,7 @@ def _expert_parallel(tokens, chosen, gates, weights, E: int, capacity: int, mesh
                                    base=reshape(base[0], *base[0].shape[1:]).value
                                    if base else None)
         y, kept = _expert_outputs(tokens, chosen, gates, local_weights, layout, src,
-                                  _ExpertExchange(ep))
+                                  _ExpertExchange(ep, transport))
         return y, reshape(kept, 1, E)
 
     y, kept = spmd(body, mesh=mesh, in_specs=specs, out_specs=(by_token, by_token))(*args)
@@ -955,6 +980,9 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
     dropped by capacity), and `aux["expert_tokens"]`, the rows each expert
     processed (int32 [E]). The router logits and gates are float32 (float64
     for a float64 `x`).
+    `transport` (expert parallelism): "nccl" / "mpi" / "nvshmem" / "auto",
+    or a dict {"type": ..., "multi_qp": ..., "pack_dtype": None | "bf16" |
+    "fp8_e4m3"}; see the comment above `_TRANSPORTS` for what each does.
     `deterministic=True` is the only mode: the combine order is fixed."""
     src = user_frame()
     _where_called("moe")
@@ -1008,7 +1036,8 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
         y, sizes = _expert_outputs(tokens, chosen, gates, weights, gb.DispatchLayout(E, capacity),
                                    src)
     else:
-        y, sizes = _expert_parallel(tokens, chosen, gates, weights, E, capacity, mesh, ep, src)
+        y, sizes = _expert_parallel(tokens, chosen, gates, weights, E, capacity, mesh, ep, src,
+                                    transport)
     y = reshape(cast(y, dtype), *x.shape)
     if not return_aux:
         return y

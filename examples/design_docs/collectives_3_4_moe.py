@@ -2,8 +2,11 @@
 `ep` x `dp` = 2 x 2 mesh instead of 64 devices, eager at top level on numpy
 arrays: 8 experts split over `ep` (4 per rank), the 64 tokens over `ep` and
 `dp`, top-2 routing; checked against a float64 numpy MoE. The transport
-dict is accepted and checked; the exchange runs over the communicator's
-all-to-all (MPI here), as the NVSHMEM dispatch kernels are not built yet.
+dict is accepted and checked; on the CPU the exchange runs over the
+communicator's all-to-all (MPI here; on the GPU target it is NVSHMEM
+exchange kernels), and what travels is packed as the dict asks (FP8 e4m3
+is not built yet: it packs as bf16, with a warning), so the check allows
+that rounding.
 The `@schedule(pipeline=True, overlap=True, comm_backend="nvshmem",
 epoch="soft")` decorator that follows in the guide is not scripted:
 `tessera.schedule` holds defaults (performance guide 7.7), not a decorator.
@@ -38,6 +41,8 @@ for t in range(T):
         h = x[t].astype(np.float64) @ experts["w1"][e]
         h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
         expected[t] += gates[t, j] * (h @ experts["w2"][e])
-np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-5)
+# The rows and the experts' outputs travel rounded to bf16 (8 bits of
+# mantissa): a few 1e-3 of each value.
+np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-2, atol=2e-2)
 if mesh.rank == 0:
     print("OK collectives_3_4_moe")

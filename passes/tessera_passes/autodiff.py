@@ -253,8 +253,11 @@ def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> li
     elif op.name == "tgraph.reduce_scatter":
         ct = gb.all_gather(g, mesh.name, axis, ir.IntegerAttr(op.attributes["dim"]).value, n)
     elif op.name == "tgraph.all_to_all":
+        # (Sent back the way it came: an MoE exchange's backward uses its
+        # forward's transport.)
         ct = gb.all_to_all(g, mesh.name, axis, ir.IntegerAttr(op.attributes["concat_dim"]).value,
-                           ir.IntegerAttr(op.attributes["split_dim"]).value, n)
+                           ir.IntegerAttr(op.attributes["split_dim"]).value, n,
+                           enum_of(op, "transport") if "transport" in op.attributes else None)
     else:
         raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
     if axis not in varying(op.operands[0]):

@@ -12,6 +12,12 @@ Each partitioned function becomes a per-rank schedule over buffers:
 * buffers are freed after their last use (for a collective's buffers, after
   its wait).
 
+An all_to_all with `transport = nvshmem` (an MoE layer's dispatch or
+combine) is not a collective either: it becomes a kernel of its own
+(`<fn>_exchange_<n>`) that puts each piece into the peer's symmetric
+receive buffer (`tile/exchange.py`). Off the GPU its transport falls back to
+the communicator (the request names a GPU kernel; the CPU has none).
+
 An all_gather of a matmul's lhs rows with `transport = nvshmem` is not a
 collective: it and the matmul become one kernel (`<fn>_gather_matmul_<n>`),
 which `tessera-lower-to-tile` turns into a GEMM that puts its rows into
@@ -56,7 +62,7 @@ from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import ACTION, INFO, copy_action
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, non_tensor_signature,
                                          ops_of, run_reporting, set_dict_entry)
-from tessera_compiler.ir.types import enum_of, memref_of
+from tessera_compiler.ir.types import enum_of, memref_of, shape_of
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
                "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
@@ -293,6 +299,8 @@ class ScheduleBuilder:
         if op in self.fused:
             if op.name == "tgraph.reduce_scatter":     # with the matmul it sums
                 self.launch([op.operands[0].owner, op], "matmul_scatter", compute)
+            elif op.name == "tgraph.all_to_all":       # a kernel of its own
+                self.launch([op], "exchange", compute)
             return                                     # a gather: with its matmul
         if is_compute(op):
             gather = op.operands[0].owner if op.name == "tgraph.matmul" else None
@@ -390,12 +398,35 @@ def _fusable_scatter(scatter: ir.Operation) -> str | None:
     return None
 
 
-FUSABLE = {"tgraph.all_gather": _fusable_gather, "tgraph.reduce_scatter": _fusable_scatter}
+def _exchangeable(exchange: ir.Operation) -> str | None:
+    """Why `exchange` (an all_to_all) cannot be an NVSHMEM exchange kernel,
+    or None: its pieces must be contiguous, and of one shape, in its operand
+    and its result (the kernel puts whole pieces)."""
+    pieces = []
+    for what, value, dim in (("operand", exchange.operands[0], "split_dim"),
+                             ("result", exchange.results[0], "concat_dim")):
+        d = ir.IntegerAttr(exchange.attributes[dim]).value
+        shape = shape_of(value)
+        if any(n != 1 for n in shape[:d]):
+            return (f"its {what}'s pieces are not contiguous (dimensions {shape[:d]} before "
+                    f"{dim} {d})")
+        parts = shape_of(exchange.results[0])[ir.IntegerAttr(
+            exchange.attributes["concat_dim"]).value] // shape_of(exchange.operands[0])[
+            ir.IntegerAttr(exchange.attributes["concat_dim"]).value]
+        shape[d] //= parts
+        pieces.append(shape)
+    if pieces[0] != pieces[1]:
+        return f"its pieces are {pieces[0]} in the operand but {pieces[1]} in the result"
+    return None
+
+
+FUSABLE = {"tgraph.all_gather": _fusable_gather, "tgraph.reduce_scatter": _fusable_scatter,
+           "tgraph.all_to_all": _exchangeable}
 
 
 def _symmetric_bytes(op: ir.Operation) -> int:
     """Bytes of the symmetric buffers `op`'s fused kernel needs."""
-    if op.name == "tgraph.all_gather":
+    if op.name in ("tgraph.all_gather", "tgraph.all_to_all"):
         return _nbytes(op.results[0])
     return 2 * _nbytes(op.operands[0])
 
@@ -416,14 +447,19 @@ def resolve_transports(func_op: ir.Operation, gpu: bool, auto_max_bytes: int) ->
         transport = enum_of(op, "transport")
         what = op.name.split(".", 1)[1]
         why_not = FUSABLE[op.name](op)
+        if op.name == "tgraph.all_to_all" and not gpu and transport != "nccl":
+            # An MoE layer's transport is a request the CPU cannot honour
+            # (there are no NVSHMEM kernels there): the communicator moves it.
+            transport = "nccl"
         if transport == "nvshmem":
             if not gpu:
                 raise PassError("transport = nvshmem needs the GPU target (NVSHMEM kernels are "
                                 "CUDA); use 'auto' to fall back to the collective library",
                                 op.location)
             if why_not:
-                raise PassError(f"transport = nvshmem: this {what} cannot be fused into a "
-                                f"GEMM: {why_not}; use 'auto' or 'nccl'", op.location)
+                into = "an exchange kernel" if what == "all_to_all" else "a GEMM"
+                raise PassError(f"transport = nvshmem: this {what} cannot be fused into "
+                                f"{into}: {why_not}; use 'auto' or 'nccl'", op.location)
         elif transport == "auto":
             transport = "nvshmem" if gpu and why_not is None and \
                 _symmetric_bytes(op) <= auto_max_bytes else "nccl"

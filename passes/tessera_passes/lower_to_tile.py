@@ -41,6 +41,11 @@ one tgraph op each. This pass decides how each runs:
    rows and sums what arrives for its own (`tile/scattered_gemm.py`); its
    epilogue runs on the summed tile. The symmetric buffers are allocated
    (`tsched.alloc {symmetric}`) around the launch.
+6. Exchanges (GPU, an NVSHMEM transport). An all_to_all kernel becomes a
+   kernel that puts each piece into the peer's symmetric receive buffer,
+   signals it and copies out what arrived (`tile/exchange.py`; an MoE
+   layer's dispatch and combine), its symmetric buffers allocated around
+   the launch.
 
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
@@ -62,7 +67,7 @@ from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, grid_offsets, i
                                               largest_divisor, new_kernel, tile_type)
 from tessera_compiler.ir.types import enum_of, memref_of, shape_of
 
-from .tile import flash_attention
+from .tile import exchange, flash_attention
 from .tile.collective_gemm import CollectiveGemm
 from .tile.gathered_gemm import GatheredGemm
 from .tile.gemm import gemm_config, gemm_offsets, gemm_tile
@@ -588,6 +593,32 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
     return consumed
 
 
+def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: dict) -> set:
+    """Replaces each launch of an NVSHMEM all_to_all's kernel by a launch of
+    its exchange kernel (`tile/exchange.py`), its symmetric buffers
+    allocated around it. Returns the tensor kernels it consumed."""
+    consumed = set()
+    for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
+        name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
+        kop = _kernel_op(kernels, launch) if name in kernels else None
+        if kop is None or kop.name != "tgraph.all_to_all":
+            continue
+        mesh = meshes[ir.FlatSymbolRefAttr(kop.attributes["mesh"]).value]
+        kernel, symmetric = exchange.exchange_kernel(kop, name, mesh, module_block)
+        stream, ins, outs = _launch_parts(launch)
+        with ir.InsertionPoint(launch), launch.location:
+            scratch = [tsched.AllocOp(t, symmetric=True) for t in symmetric]
+            made = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, ins,
+                                   outs + [a.result for a in scratch])
+        with ir.InsertionPoint.after(made), launch.location:
+            frees = [tsched.FreeOp(a.result) for a in scratch]
+        copy_action(launch, made, *scratch, *frees)
+        kernel.move_before(next(iter(kernels.values())))
+        launch.erase()
+        consumed.add(name)
+    return consumed
+
+
 ATTENTION = ("tgraph.attention", "tgraph.attention_grad")
 
 
@@ -635,6 +666,7 @@ def run(op, pass_, options: TargetOptions):
             consumed |= fuse_and_tile(f, kernels, module_block, taken, not cpu_target, options,
                                       meshes_of(op))
             consumed |= lower_attention(f, kernels, module_block, cpu_target, options)
+            consumed |= lower_exchanges(f, kernels, module_block, meshes_of(op))
         launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
                     for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
         for name, kernel in kernels.items():

@@ -364,3 +364,46 @@ func.func @reduced_then_k0(%x: tensor<2x0xf32>, %w: tensor<0x3xf32>) -> tensor<2
   %p = tgraph.matmul %r, %w : tensor<2x0xf32>, tensor<0x3xf32> -> tensor<2x3xf32>
   return %p : tensor<2x3xf32>
 }
+
+// -----
+
+// transport = nvshmem on an all_to_all (an MoE layer's dispatch) on the GPU
+// target: no collective; the all_to_all is a kernel of its own
+// (tessera-lower-to-tile makes it an NVSHMEM exchange).
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["ep"] shape = [2]
+// CHECK-LABEL: func.func @exchanged
+// CHECK-NOT: tsched.collective_start
+// CHECK: tsched.launch @exchanged_exchange_0 on %{{.*}} ins(%arg0 : memref<2x16x8xf32>) outs(%{{.*}} : memref<1x32x8xf32>)
+// CHECK: func.func private @exchanged_exchange_0(%{{.*}}: tensor<2x16x8xf32>) -> tensor<1x32x8xf32> attributes {tsched.kernel}
+// CHECK-NEXT: tgraph.all_to_all {{.*}} {transport = #tgraph.transport<nvshmem>}
+func.func @exchanged(%r: tensor<2x16x8xf32>) -> tensor<1x32x8xf32> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_to_all %r on @mesh["ep"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+  return %0 : tensor<1x32x8xf32>
+}
+}
+
+// -----
+
+// The same on the CPU target: no NVSHMEM kernels there, the communicator
+// moves it (the design docs' MoE call names NVSHMEM on any machine).
+module attributes {tessera.target = "cpu"} {
+tgraph.mesh @mesh axes = ["ep"] shape = [2]
+// CHECK-LABEL: func.func @exchanged_on_cpu
+// CHECK: tsched.collective_start <all_to_all> %arg0 -> %{{.*}} on %{{.*}} over @mesh["ep"] {concat_dim = 1 : i64, dim = 0 : i64} : memref<2x16x8xf32> -> memref<1x32x8xf32>
+func.func @exchanged_on_cpu(%r: tensor<2x16x8xf32>) -> tensor<1x32x8xf32> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_to_all %r on @mesh["ep"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+  return %0 : tensor<1x32x8xf32>
+}
+}
+
+// -----
+
+module attributes {tessera.target = "gpu"} {
+tgraph.mesh @mesh axes = ["ep"] shape = [2]
+func.func @exchange_not_contiguous(%r: tensor<4x8xf32>) -> tensor<8x4xf32> attributes {tgraph.partitioned} {
+  // expected-error @+1 {{transport = nvshmem: this all_to_all cannot be fused into an exchange kernel: its operand's pieces are not contiguous (dimensions [4] before split_dim 1); use 'auto' or 'nccl'}}
+  %0 = tgraph.all_to_all %r on @mesh["ep"] split_dim 1 concat_dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<4x8xf32> -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+}

@@ -623,3 +623,47 @@ module attributes {tessera.target = "gpu"} {
     return %0 : tensor<64x16xbf16>
   }
 }
+
+// -----
+
+// An all_to_all kernel (transport = nvshmem: an MoE layer's dispatch) over
+// the outer axis of a 2x2 mesh (PE stride 2): one exchange kernel of 2
+// instances, a received copy and 2 signal words allocated symmetric around
+// its launch. Instance j puts piece j of the operand into the peer at
+// coordinate j, at this rank's slot, completes the puts and sets this
+// rank's word there; then waits for word j here and copies piece j out.
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["ep", "dp"] shape = [2, 2]
+  // CHECK-LABEL: func.func @exchanged
+  // CHECK: %[[Y:.*]] = tsched.alloc : memref<1x32x8xf32>
+  // CHECK-NEXT: %[[RECV:.*]] = tsched.alloc {symmetric} : memref<1x32x8xf32>
+  // CHECK-NEXT: %[[SIG:.*]] = tsched.alloc {symmetric} : memref<2xi64>
+  // CHECK-NEXT: tsched.launch @exchanged_exchange_0 on %{{.*}} ins(%arg0 : memref<2x16x8xf32>) outs(%[[Y]], %[[RECV]], %[[SIG]] : memref<1x32x8xf32>, memref<1x32x8xf32>, memref<2xi64>)
+  // CHECK-NEXT: tsched.free %[[RECV]]
+  // CHECK-NEXT: tsched.free %[[SIG]]
+  // CHECK: ttile.kernel @exchanged_exchange_0(%[[X:.*]]: memref<2x16x8xf32>, %[[OUT:.*]]: memref<1x32x8xf32>, %[[RA:.*]]: memref<1x32x8xf32> {ttile.symmetric}, %[[SA:.*]]: memref<2xi64> {ttile.signals, ttile.symmetric})
+  // CHECK-SAME: grid = array<i64: 2>
+  // CHECK: %[[PID:.*]] = ttile.program_id 0
+  // CHECK: %[[PE:.*]] = ttile.my_pe
+  // CHECK: %[[Q:.*]] = arith.divui %[[PE]], %c2
+  // CHECK: %[[COORD:.*]] = arith.remui %[[Q]], %c2
+  // CHECK: %[[STEP:.*]] = arith.muli %[[PID]], %c2
+  // CHECK: %[[PEER:.*]] = arith.addi %{{.*}}, %[[STEP]]
+  // CHECK: %[[MINE:.*]] = arith.muli %[[COORD]], %c16
+  // CHECK: ttile.put %[[X]][%[[PID]], %{{.*}}, %{{.*}}] to %[[RA]][%{{.*}}, %[[MINE]], %{{.*}}] on %[[PEER]] {shape = array<i64: 1, 16, 8>}
+  // CHECK-NEXT: ttile.quiet
+  // CHECK: ttile.signal %[[SA]][%[[COORD]]], %{{.*}} on %[[PEER]] {kind = "set"}
+  // CHECK: ttile.wait %[[SA]][%[[PID]]], %{{.*}} {cmp = "ge"}
+  // CHECK: %[[SLOT:.*]] = arith.muli %[[PID]], %c16
+  // CHECK: ttile.get %[[RA]][%{{.*}}, %[[SLOT]], %{{.*}}] on %{{.*}} to %[[OUT]][%{{.*}}, %[[SLOT]], %{{.*}}] {shape = array<i64: 1, 16, 8>}
+  func.func @exchanged(%arg0: memref<2x16x8xf32>) -> memref<1x32x8xf32> {
+    %0 = tsched.stream "compute"
+    %1 = tsched.alloc : memref<1x32x8xf32>
+    tsched.launch @exchanged_exchange_0 on %0 ins(%arg0 : memref<2x16x8xf32>) outs(%1 : memref<1x32x8xf32>)
+    return %1 : memref<1x32x8xf32>
+  }
+  func.func private @exchanged_exchange_0(%arg0: tensor<2x16x8xf32>) -> tensor<1x32x8xf32> attributes {tsched.kernel} {
+    %0 = tgraph.all_to_all %arg0 on @mesh["ep"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+    return %0 : tensor<1x32x8xf32>
+  }
+}

@@ -539,8 +539,8 @@ ttile.kernel @too_big(%a: memref<256x256xf32>, %r: memref<256x1xf32>) attributes
 // CHECK-NEXT: int64_t* arg3 = static_cast<int64_t*>(arg3_);
 // CHECK: const int64_t [[ME:pe[0-9]+]] = nvshmem_my_pe();
 // CHECK: const int64_t [[N:npes[0-9]+]] = nvshmem_n_pes();
-// CHECK: for (int64_t [[R:r[0-9]+]] = 0; [[R]] < 8; ++[[R]])
-// CHECK-NEXT: nvshmemx_putmem_nbi_block(arg2 + ({{.*}} + [[R]]) * 128 + {{.*}}, arg0 + ({{.*}} + [[R]]) * 128 + {{.*}}, 256, (int){{.*}});
+// The 8 rows span whole rows of both buffers: one contiguous put of 2 KiB.
+// CHECK: nvshmemx_putmem_nbi_block(arg2 + {{.*}} * 128 + {{.*}}, arg0 + {{.*}} * 128 + {{.*}}, 2048, (int){{.*}});
 // CHECK: nvshmem_fence();
 // CHECK: if (threadIdx.x == 0) nvshmemx_signal_op(reinterpret_cast<uint64_t*>(arg3) + [[ME]], (uint64_t){{.*}}, NVSHMEM_SIGNAL_ADD, (int){{.*}});
 // CHECK: if (threadIdx.x == 0) nvshmem_signal_wait_until(reinterpret_cast<uint64_t*>(arg3) + {{.*}}, NVSHMEM_CMP_GE, (uint64_t){{.*}});
@@ -592,13 +592,12 @@ ttile.kernel @ag_gemm(%a: memref<64x128xbf16>, %b: memref<128x128xbf16>,
 
 // -----
 
-// A get pulls one row per call, all rows in flight together; the quiet
-// completes them and the barrier shares them with the whole block. A quiet
+// A get of whole rows is one contiguous call (16 rows of 32 floats); the
+// quiet completes it and the barrier shares it with the whole block. A quiet
 // of its own completes the block's puts, then synchronizes the block too.
 // CHECK-LABEL: // ttile.kernel @pull
 // CHECK: float* arg0 = static_cast<float*>(arg0_);
-// CHECK: for (int64_t [[R:r[0-9]+]] = 0; [[R]] < 16; ++[[R]])
-// CHECK-NEXT: nvshmemx_getmem_nbi_block(arg1 + ([[Z:c[0-9]+]] + [[R]]) * 32 + [[Z]], arg0 + ({{.*}} + [[R]]) * 32 + [[Z]], 128, (int){{.*}});
+// CHECK: nvshmemx_getmem_nbi_block(arg1 + [[Z:c[0-9]+]] * 32 + [[Z]], arg0 + {{.*}} * 32 + [[Z]], 2048, (int){{.*}});
 // CHECK-NEXT: nvshmem_quiet();
 // CHECK-NEXT: __syncthreads();
 // CHECK: nvshmemx_putmem_nbi_block(
@@ -839,5 +838,42 @@ ttile.kernel @keys_by_queries(%k: memref<32x16xbf16>, %q: memref<64x16xbf16>, %l
     scf.yield %an : !ttile.tile<32x16xf32>
   }
   ttile.store %res, %dk[%c0, %c0] : !ttile.tile<32x16xf32>, memref<32x16xf32>
+  ttile.return
+}
+
+// -----
+
+// An MoE exchange (tile/exchange.py) over 2 PEs: instance j puts piece j
+// (16 rows of 8 floats, contiguous in both buffers: one 512-byte put) into
+// the peer's received copy at this PE's slot, completes it, signals the
+// peer, waits for piece j here and copies it out.
+// CHECK-LABEL: // ttile.kernel @exchange
+// CHECK: float* arg2 = static_cast<float*>(arg2_);
+// CHECK-NEXT: int64_t* arg3 = static_cast<int64_t*>(arg3_);
+// CHECK: nvshmemx_putmem_nbi_block(arg2 + {{.*}}, arg0 + {{.*}}, 512, (int){{.*}});
+// CHECK-NEXT: nvshmem_quiet();
+// CHECK: if (threadIdx.x == 0) nvshmemx_signal_op(reinterpret_cast<uint64_t*>(arg3) + {{.*}}, (uint64_t){{.*}}, NVSHMEM_SIGNAL_SET, (int){{.*}});
+// CHECK-NEXT: if (threadIdx.x == 0) nvshmem_signal_wait_until(reinterpret_cast<uint64_t*>(arg3) + pid0, NVSHMEM_CMP_GE, (uint64_t){{.*}});
+// CHECK: nvshmemx_getmem_nbi_block(arg1 + {{.*}}, arg2 + {{.*}}, 512, (int){{.*}});
+ttile.kernel @exchange(%x: memref<2x16x8xf32>, %out: memref<1x32x8xf32>,
+                       %received: memref<1x32x8xf32> {ttile.symmetric},
+                       %arrived: memref<2xi64> {ttile.signals, ttile.symmetric})
+    attributes {grid = array<i64: 2>, block = array<i64: 128>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c16 = arith.constant 16 : index
+  %me = ttile.my_pe
+  %coord = arith.remui %me, %c2 : index
+  %first = arith.subi %me, %coord : index
+  %peer = arith.addi %first, %pid : index
+  %mine = arith.muli %coord, %c16 : index
+  ttile.put %x[%pid, %c0, %c0] to %received[%c0, %mine, %c0] on %peer {shape = array<i64: 1, 16, 8>} : memref<2x16x8xf32> -> memref<1x32x8xf32>
+  ttile.quiet
+  ttile.signal %arrived[%coord], %c1 on %peer {kind = "set"} : memref<2xi64>
+  ttile.wait %arrived[%pid], %c1 {cmp = "ge"} : memref<2xi64>
+  %slot = arith.muli %pid, %c16 : index
+  ttile.get %received[%c0, %slot, %c0] on %me to %out[%c0, %slot, %c0] {shape = array<i64: 1, 16, 8>} : memref<1x32x8xf32> -> memref<1x32x8xf32>
   ttile.return
 }

@@ -114,6 +114,62 @@ def test_nccl_transport_is_a_reduce_scatter_after_the_gemm(run_mpi, tmp_path):
         assert r["fused_launches"] == 0 and r["collectives"] == 1, r
 
 
+def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
+    """op.moe over ep=2 on the GPU target (CUDA emulator), forward and
+    gradients: with transport "nvshmem" the dispatch and combine (and their
+    backward) are exchange kernels that put each piece into the peer's
+    symmetric buffer, and every value equals the communicator's all-to-all
+    ("nccl") bit for bit, unpacked and with pack_dtype "bf16" (which rounds
+    what travels: its values differ from the unpacked ones)."""
+    out = tmp_path / "moe.json"
+    proc = run_mpi(2, WORKERS / "moe_exchange_worker.py", _seed(), out,
+                   env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_EMULATOR_WAIT_S": "100"},
+                   timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cases = json.loads(out.read_text())
+    for name, r in cases.items():
+        packed = "bf16" in name
+        assert r["y vs float64"] <= (2e-2 if packed else 1e-5), (name, r)
+        assert r["same bits as nccl"] and r["repeat identical"], (name, r)
+        if "nvshmem" in name:
+            # forward dispatch + combine and their backward: 4 or more
+            # launches of the exchange kernels; only the tiny count
+            # exchanges stay collectives.
+            assert r["exchange launches"] >= 4 and r["exchange kernels"] >= 1, (name, r)
+            assert r["symmetric allocs"] == 2 * r["exchange launches"], (name, r)
+            nccl = cases[name.replace("nvshmem", "nccl")]
+            assert r["all_to_all collectives"] == \
+                nccl["all_to_all collectives"] - r["exchange launches"], (name, r, nccl)
+        else:
+            assert r["exchange launches"] == 0 and r["symmetric allocs"] == 0, (name, r)
+    assert cases["nccl"]["grads vs nccl"] == 0.0
+    assert 0.0 < cases["nccl bf16"]["grads vs nccl"] <= 2e-2
+
+
+def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
+    """The design docs' MoE call names NVSHMEM; on the CPU target (no NVSHMEM
+    kernels) its exchanges are the communicator's all_to_alls, on the GPU
+    target exchange kernels (put, signal, wait, get) with no row all_to_all
+    left but the count exchange."""
+    mesh = dist.Mesh(axes=["ep"], devices=range(2))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    ex = {"router": rng.standard_normal((8, 4)).astype(np.float32),
+          "w1": rng.standard_normal((4, 8, 12)).astype(np.float32),
+          "w2": rng.standard_normal((4, 12, 8)).astype(np.float32)}
+    def layer(x, ex):
+        return op.moe(x, experts=ex, k=2, transport="nvshmem", mesh=mesh)
+    cpu = ts.graph.trace(layer, x, ex, mesh=mesh, target="cpu")
+    assert cpu.schedule.count("collective_start <all_to_all>") == 3
+    assert "_exchange_" not in cpu.schedule
+    gpu = ts.graph.trace(layer, x, ex, mesh=mesh, target="gpu")
+    assert gpu.schedule.count("collective_start <all_to_all>") == 1     # the counts
+    exchange = next(k for k in gpu.tile.split("ttile.kernel @")[1:] if "ttile.put" in k)
+    for step in ("ttile.put", "ttile.quiet", "ttile.signal", "ttile.wait", "ttile.get"):
+        assert step in exchange, step
+    assert "nvshmemx_putmem_nbi_block" in gpu.cuda
+
+
 def _tp_operands():
     mesh = dist.Mesh(axes=["tp"], devices=range(2))
     rng = np.random.default_rng()

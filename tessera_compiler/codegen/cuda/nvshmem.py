@@ -32,8 +32,10 @@ class NvshmemOps:
         self.names[op.results[0]] = v
 
     def _box_copy(self, op, call: str) -> None:
-        """`call`(dest, source, bytes, pe) once per contiguous row of the box
-        `op` (a ttile.put or ttile.get) copies."""
+        """`call`(dest, source, bytes, pe) once per contiguous run of the box
+        `op` (a ttile.put or ttile.get) copies: its rows, or larger runs where
+        the box spans whole inner dimensions of both buffers (an exchange's
+        piece is one call, not one per row)."""
         self._nvshmem()
         view = op.opview
         src, dst = self.names[view.source], self.names[view.dest]
@@ -50,15 +52,21 @@ class NvshmemOps:
                 stride = math.prod(buf_shape[d + 1:])
                 terms.append(at if stride == 1 else f"{at} * {stride}")
             return " + ".join(terms)
+        # Box dimensions from `looped` on are one contiguous run in both
+        # buffers: every one after the first spans its dimension whole.
+        looped = len(shape) - 1
+        while looped > 0 and all(shape[looped] == b[len(b) - len(shape) + looped]
+                                 for b in (src_shape, dst_shape)):
+            looped -= 1
         ivs = []
-        for n in shape[:-1]:
+        for n in shape[:looped]:
             iv = self.fresh("r")
             ivs.append(iv)
             self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv})")
         so = [self.scalar(v) for v in view.source_offsets]
         do = [self.scalar(v) for v in view.dest_offsets]
         self.line(f"  {call}({dst} + {base(dst_shape, do, ivs)}, "
-                  f"{src} + {base(src_shape, so, ivs)}, {shape[-1] * nbytes}, "
+                  f"{src} + {base(src_shape, so, ivs)}, {math.prod(shape[looped:]) * nbytes}, "
                   f"(int){self.scalar(view.pe)});")
 
     def op_ttile_put(self, op):

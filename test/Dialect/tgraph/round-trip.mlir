@@ -63,6 +63,10 @@ func.func @collectives(%x: tensor<8x16xf32>, %odd: tensor<3xf32> {tgraph.shardin
   %6 = tgraph.reduce_scatter <max> %5 on @mesh["dp"] dim 0 deterministic : tensor<8x16xf32> -> tensor<4x16xf32>
   // CHECK: tgraph.reduce_scatter <sum> %[[RS]] on @mesh["dp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<4x16xf32>
   %rs3 = tgraph.reduce_scatter <sum> %5 on @mesh["dp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: tgraph.all_to_all %[[R3]] on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<8x16xf32> -> tensor<2x64xf32>
+  %a2a = tgraph.all_to_all %3 on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<8x16xf32> -> tensor<2x64xf32>
+  // CHECK: tgraph.all_to_all %[[R3]] on @mesh["tp"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<2x64xf32>
+  %a2a2 = tgraph.all_to_all %3 on @mesh["tp"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<2x64xf32>
   // CHECK: %[[G2:.*]] = tgraph.all_gather %[[RS2]] on @mesh["dp"] dim 0 : tensor<4x16xf32> -> tensor<8x16xf32>
   %7 = tgraph.all_gather %6 on @mesh["dp"] dim 0 : tensor<4x16xf32> -> tensor<8x16xf32>
   // CHECK: return %[[G2]] : tensor<8x16xf32>

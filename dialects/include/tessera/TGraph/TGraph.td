@@ -755,13 +755,23 @@ def TGraph_AllToAllOp : TGraph_CollectiveOp<"all_to_all"> {
     `concat_dim` in rank order: a value split over the axis on `concat_dim`
     becomes one split over it on `split_dim`, with no full gather.
 
+    `transport` (optional, default `nccl`): with `nvshmem` (GPU target) the
+    exchange is a kernel that puts each piece straight into the peer's
+    symmetric receive buffer and signals it (an MoE layer's dispatch and
+    combine); the pieces must be contiguous (every dimension before
+    `split_dim` in the input, and before `concat_dim` in the result, of
+    size 1).
+
     ```mlir
     %1 = tgraph.all_to_all %0 on @mesh["dp"] split_dim 1 concat_dim 0
          : tensor<4x16xf32> -> tensor<8x8xf32>
+    %2 = tgraph.all_to_all %r on @mesh["ep"] split_dim 0 concat_dim 1
+         {transport = #tgraph.transport<nvshmem>} : tensor<2x64x32xf32> -> tensor<1x128x32xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh,
-                       StrAttr:$axis, I64Attr:$split_dim, I64Attr:$concat_dim);
+                       StrAttr:$axis, I64Attr:$split_dim, I64Attr:$concat_dim,
+                       OptionalAttr<TGraph_TransportAttr>:$transport);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $input `on` $mesh `[` $axis `]` `split_dim` $split_dim `concat_dim` $concat_dim

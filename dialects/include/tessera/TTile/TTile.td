@@ -488,8 +488,9 @@ def TTile_PutOp : TTile_Op<"put", [AttrSizedOperandSegments,
   let description = [{
     Copies the box of `shape` at `source_offsets` of `source` to `dest_offsets`
     of the symmetric buffer `dest` on PE `pe`, without waiting for it to
-    arrive (`nvshmemx_putmem_nbi_block`, one call per contiguous row; every
-    thread of the block takes part).
+    arrive (`nvshmemx_putmem_nbi_block`, one call per contiguous run of the
+    box: a row, or whole rows when the box spans the inner dimensions of
+    both buffers; every thread of the block takes part).
 
     ```mlir
     ttile.put %a[%c0, %c0] to %gathered[%row, %c0] on %peer {shape = array<i64: 64, 128>} : memref<64x128xbf16> -> memref<256x128xbf16>
@@ -512,7 +513,7 @@ def TTile_GetOp : TTile_Op<"get", [AttrSizedOperandSegments,
     Copies the box of `shape` at `source_offsets` of the symmetric buffer
     `source` on PE `pe` to `dest_offsets` of `dest`. Every thread of the
     block takes part (`nvshmemx_getmem_nbi_block`, one call per contiguous
-    row); the op then completes the block's outstanding operations
+    run, as for `ttile.put`); the op then completes the block's outstanding operations
     (`nvshmem_quiet`, which also completes earlier puts) and synchronizes the
     block, so every thread may read `dest` after it.
 

@@ -1,0 +1,92 @@
+"""An all_to_all over NVSHMEM: one kernel that puts each piece straight into
+the peer's symmetric receive buffer (an MoE layer's dispatch and combine).
+
+`tgraph.all_to_all` with `transport = nvshmem` on a mesh axis of P ranks
+(tessera-lower-to-schedule makes it a kernel of its own) becomes a
+`ttile.kernel` of P instances:
+
+* Arguments: the operand `x`, the result `out`, then two symmetric buffers:
+  `received` (the result's type: piece `i` is what rank `i` of the axis
+  sent) and `arrived [P] i64`, one signal word per source, also marked
+  `ttile.signals` (the runtime zeroes it and runs a barrier over all PEs
+  before each launch, so no rank still reads the previous call's
+  `received`).
+* Instance `j` puts piece `j` of `x` into `received` on the peer at
+  coordinate `j`, at this rank's slot; completes the puts (`ttile.quiet`)
+  and sets `arrived[me]` on that peer; then waits for `arrived[j]` here
+  and copies piece `j` of `received` into `out` (`ttile.get` from its own
+  PE, which completes before the block reads on).
+
+Pieces are contiguous (`_exchangeable` in lower_to_schedule checks it) and
+the same shape in `x` and `out`; each is copied a contiguous row (its last
+dimension) per call.
+
+Deadlock freedom: instance j of rank p waits only for instance p of the
+rank at coordinate j, which puts before it waits. In the CPU emulator a
+rank's instances run one after another: instance j of rank p waits for
+instances 0..p-1 of rank j to finish, and they wait for instances of lower
+(coordinate + instance) sums, so the waits bottom out; on a GPU the P
+instances are resident together.
+
+Peers are addressed by PE number (`collective_gemm.instance`).
+"""
+
+from __future__ import annotations
+
+from tessera_mlir import ir
+from tessera_mlir.dialects import arith, ttile
+
+from tessera_compiler.ir.sharding import Mesh
+from tessera_compiler.ir.tile_builder import THREADS_PER_BLOCK, i64_array, index, new_kernel
+from tessera_compiler.ir.types import memref_of, shape_of
+
+from .collective_gemm import instance
+
+
+def piece_shape(exchange: ir.Operation, parts: int) -> list[int]:
+    """The shape of one piece of `exchange`'s operand (`split_dim` / parts)."""
+    shape = shape_of(exchange.operands[0])
+    shape[ir.IntegerAttr(exchange.attributes["split_dim"]).value] //= parts
+    return shape
+
+
+def _piece_offsets(shape: list[int], dim: int, piece: list[int], which) -> list[ir.Value]:
+    """Offsets of piece `which` (an index value) along `dim` of a buffer of `shape`."""
+    offsets = [index(0)] * len(shape)
+    offsets[dim] = arith.MulIOp(which, index(piece[dim])).result if piece[dim] != 1 else which
+    return offsets
+
+
+def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
+                    ) -> tuple[ir.Operation, list[ir.MemRefType]]:
+    """The NVSHMEM kernel of `exchange` (see the module) and the types of its
+    two symmetric buffers (received pieces, signal words)."""
+    axis = ir.StringAttr(exchange.attributes["axis"]).value
+    parts = mesh.axis_size(axis)
+    split = ir.IntegerAttr(exchange.attributes["split_dim"]).value
+    concat = ir.IntegerAttr(exchange.attributes["concat_dim"]).value
+    x_type, out_type = memref_of(exchange.operands[0].type), memref_of(exchange.results[0].type)
+    symmetric = [out_type, ir.MemRefType.get([parts], ir.IntegerType.get_signless(64))]
+    piece = piece_shape(exchange, parts)
+    loc = exchange.location
+    kernel, entry = new_kernel(name, [x_type, out_type] + symmetric, parts, THREADS_PER_BLOCK,
+                               [1], module_block, loc)
+    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
+    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [empty, empty, ir.DictAttr.get({"ttile.symmetric": unit}),
+         ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
+    x, out, received, arrived = entry.arguments
+    out_shape = shape_of(exchange.results[0])
+    with ir.InsertionPoint(entry), loc:
+        at = instance(exchange, mesh, 1)
+        peer = at.pe_at(at.pid)
+        box = i64_array(piece)
+        ttile.PutOp(x, _piece_offsets(shape_of(exchange.operands[0]), split, piece, at.pid),
+                    received, _piece_offsets(out_shape, concat, piece, at.coord), peer, box)
+        ttile.QuietOp()
+        ttile.SignalOp(arrived, at.coord, index(1), peer, ir.StringAttr.get("set"))
+        ttile.WaitOp(arrived, at.pid, index(1), ir.StringAttr.get("ge"))
+        slot = _piece_offsets(out_shape, concat, piece, at.pid)
+        ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, box)
+        ttile.ReturnOp()
+    return kernel, symmetric
