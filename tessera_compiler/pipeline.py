@@ -55,10 +55,12 @@ class Collective:
     bytes: int         # per rank: the larger of its input and result
     shape: tuple       # local input shape
     source: str        # file.py:line of the Python code that needed it
+    #: how it moves, when the program asked ("nvshmem" or "nccl", and why)
+    transport: str = ""
 
     def __str__(self) -> str:
         return (f"{self.op:<15} {self.axis:<4} {self.bytes:>12,} B  {list(self.shape)}  "
-                f"{self.source}")
+                f"{self.source}" + (f"  [{self.transport}]" if self.transport else ""))
 
 
 def collective_report(name: str, collectives: list, min_bytes: int = 0) -> str:
@@ -70,8 +72,12 @@ def collective_report(name: str, collectives: list, min_bytes: int = 0) -> str:
     return "\n".join([head] + [f"  {c}" for c in rows])
 
 
-def collectives_of(module: ir.Module) -> list[Collective]:
-    """The collectives of partitioned Graph IR, in program order."""
+def collectives_of(module: ir.Module, options: TargetOptions | None = None) -> list[Collective]:
+    """The collectives of partitioned Graph IR, in program order; with
+    `options`, each that names a transport says which one it gets and why
+    (as tessera-lower-to-schedule will decide)."""
+    from tessera_passes.lower_to_schedule import FUSABLE, choose_transport
+    gpu = options is not None and options.target == "gpu"
     out = []
     for f in module.body.operations:
         if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
@@ -84,8 +90,12 @@ def collectives_of(module: ir.Module) -> list[Collective]:
             res = ir.RankedTensorType(op.results[0].type)
             width = max(1, src.element_type.width // 8) if hasattr(src.element_type, "width") else 4
             size = max(math.prod(src.shape), math.prod(res.shape)) * width
+            transport = ""
+            if options is not None and op.name in FUSABLE and "transport" in op.attributes:
+                chosen, why, error = choose_transport(op, gpu, options.nvshmem_auto_max_bytes)
+                transport = f"{chosen}: {why}" if not error else f"error: {error}"
             out.append(Collective(op.name.split(".")[1], ir.StringAttr(op.attributes["axis"]).value,
-                                  size, tuple(src.shape), source_of(op.location)))
+                                  size, tuple(src.shape), source_of(op.location), transport))
     return out
 
 
@@ -187,7 +197,7 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu",
             raise CompileError(_format_diagnostics(err)) from None
         setattr(levels, stage, str(module))
         if stage == "partitioned":
-            levels.collectives = collectives_of(module)
+            levels.collectives = collectives_of(module, options)
         if stage == "tile":
             levels.memory = plan_memory(module, facts)
     levels.module = module

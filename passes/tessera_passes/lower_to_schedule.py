@@ -431,38 +431,57 @@ def _symmetric_bytes(op: ir.Operation) -> int:
     return 2 * _nbytes(op.operands[0])
 
 
+def choose_transport(op: ir.Operation, gpu: bool, auto_max_bytes: int
+                     ) -> tuple[str, str, str | None]:
+    """(transport, why, error) for a collective with a `transport`
+    attribute: "nvshmem" (a kernel: fused into its matmul's GEMM, or an
+    all_to_all's exchange kernel) or "nccl" (the runtime's collective
+    library), the reason in words (the collective report prints it), and
+    the error an explicit request that cannot be honoured is (else None).
+    `auto` picks NVSHMEM when the kernel's symmetric buffers (a gather's
+    gathered operand; a reduce-scatter's two copies of the product; an
+    exchange's received pieces) take at most `auto_max_bytes`: by default a
+    quarter of NVSHMEM's default symmetric heap (1 GiB per PE), which every
+    such kernel's buffers share (a bound from memory, not yet from
+    measurement: no GPU has run them)."""
+    asked = enum_of(op, "transport")
+    what = op.name.split(".", 1)[1]
+    into = "an exchange kernel" if what == "all_to_all" else "a GEMM"
+    why_not = FUSABLE[op.name](op)
+    if asked == "nccl":
+        return "nccl", "asked for", None
+    if not gpu:
+        if asked == "nvshmem" and what != "all_to_all":
+            return "nccl", "", ("transport = nvshmem needs the GPU target (NVSHMEM kernels are "
+                                "CUDA); use 'auto' to fall back to the collective library")
+        # An MoE layer's request the CPU cannot honour: the communicator.
+        return "nccl", f"{asked} asked for; the CPU target has no NVSHMEM kernels", None
+    if why_not:
+        if asked == "nvshmem":
+            return "nccl", "", (f"transport = nvshmem: this {what} cannot be fused into {into}: "
+                                f"{why_not}; use 'auto' or 'nccl'")
+        return "nccl", f"auto: not fusable into {into}: {why_not}", None
+    if asked == "nvshmem":
+        return "nvshmem", "asked for", None
+    size = _symmetric_bytes(op)
+    if size <= auto_max_bytes:
+        return "nvshmem", (f"auto: its symmetric buffers ({size:,} B) fit nvshmem-auto-max-bytes "
+                           f"({auto_max_bytes:,} B)"), None
+    return "nccl", (f"auto: its symmetric buffers ({size:,} B) exceed nvshmem-auto-max-bytes "
+                    f"({auto_max_bytes:,} B)"), None
+
+
 def resolve_transports(func_op: ir.Operation, gpu: bool, auto_max_bytes: int) -> set:
-    """Settles each all_gather's and reduce_scatter's transport (auto becomes
-    nccl or nvshmem) and returns the collectives to fuse into their matmul's
-    kernel. `auto` picks NVSHMEM when the fused kernel's symmetric buffers
-    (a gather's gathered operand; a reduce-scatter's two copies of the
-    product) take at most `auto_max_bytes`: by default a quarter of
-    NVSHMEM's default symmetric heap (1 GiB per PE), which every fused
-    kernel's buffers share (a bound from memory, not yet from measurement:
-    no GPU has run them)."""
+    """Settles each all_gather's, reduce_scatter's and all_to_all's
+    transport (`choose_transport`) and returns the collectives that become
+    kernels: fused into their matmul's GEMM, or an exchange of their own."""
     fused = set()
     for op in ops_of(func_op):
         if op.name not in FUSABLE or "transport" not in op.attributes:
             continue
-        transport = enum_of(op, "transport")
-        what = op.name.split(".", 1)[1]
-        why_not = FUSABLE[op.name](op)
-        if op.name == "tgraph.all_to_all" and not gpu and transport != "nccl":
-            # An MoE layer's transport is a request the CPU cannot honour
-            # (there are no NVSHMEM kernels there): the communicator moves it.
-            transport = "nccl"
-        if transport == "nvshmem":
-            if not gpu:
-                raise PassError("transport = nvshmem needs the GPU target (NVSHMEM kernels are "
-                                "CUDA); use 'auto' to fall back to the collective library",
-                                op.location)
-            if why_not:
-                into = "an exchange kernel" if what == "all_to_all" else "a GEMM"
-                raise PassError(f"transport = nvshmem: this {what} cannot be fused into "
-                                f"{into}: {why_not}; use 'auto' or 'nccl'", op.location)
-        elif transport == "auto":
-            transport = "nvshmem" if gpu and why_not is None and \
-                _symmetric_bytes(op) <= auto_max_bytes else "nccl"
+        transport, _, error = choose_transport(op, gpu, auto_max_bytes)
+        if error:
+            raise PassError(error, op.location)
         op.attributes["transport"] = tgraph.TransportAttr.get(transport)
         if transport == "nvshmem":
             fused.add(op)

@@ -168,6 +168,35 @@ def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
     for step in ("ttile.put", "ttile.quiet", "ttile.signal", "ttile.wait", "ttile.get"):
         assert step in exchange, step
     assert "nvshmemx_putmem_nbi_block" in gpu.cuda
+    # The collective report says how each exchange moves and why.
+    exchanges = [c for c in gpu.collectives if c.op == "all_to_all" and c.transport]
+    assert len(exchanges) == 2 and all(c.transport == "nvshmem: asked for" for c in exchanges)
+    assert "[nccl: nvshmem asked for; the CPU target has no NVSHMEM kernels]" in cpu.report()
+
+
+def test_moe_auto_transport_says_why_in_the_collective_report():
+    """transport="auto" on the GPU target: NVSHMEM exchange kernels while
+    their symmetric buffers fit `nvshmem_auto_max_bytes`, the communicator
+    past it; the report names the sizes behind each choice."""
+    mesh = dist.Mesh(axes=["ep"], devices=range(2))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    ex = {"router": rng.standard_normal((8, 4)).astype(np.float32),
+          "w1": rng.standard_normal((4, 8, 12)).astype(np.float32),
+          "w2": rng.standard_normal((4, 12, 8)).astype(np.float32)}
+
+    def layer(x, ex):
+        return op.moe(x, experts=ex, k=2, transport="auto", mesh=mesh)
+    fits = ts.graph.trace(layer, x, ex, mesh=mesh, target="gpu")
+    # 8 tokens a rank, 2 choices each, 2 blocks of 16 rows of 8 floats received.
+    assert "[nvshmem: auto: its symmetric buffers (1,024 B) fit nvshmem-auto-max-bytes " \
+        "(268,435,456 B)]" in fits.report()
+    assert "_exchange_" in fits.schedule
+    small = ts.TargetOptions(target="gpu", nvshmem_auto_max_bytes=512)
+    past = ts.graph.trace(layer, x, ex, mesh=mesh, target=small)
+    assert "[nccl: auto: its symmetric buffers (1,024 B) exceed nvshmem-auto-max-bytes " \
+        "(512 B)]" in past.report()
+    assert "_exchange_" not in past.schedule
 
 
 def _tp_operands():
