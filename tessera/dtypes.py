@@ -10,6 +10,10 @@ f32 = float32 = np.dtype(np.float32)
 f64 = float64 = np.dtype(np.float64)
 f16 = float16 = np.dtype(np.float16)
 bf16 = bfloat16 = np.dtype(ml_dtypes.bfloat16)
+#: 8-bit float (OCP e4m3 "fn": 4 exponent bits, 3 mantissa bits, no
+#: infinities, 448 the largest finite): a storage type, what op.moe's
+#: `pack_dtype="fp8_e4m3"` sends; casts to and from it compute in float32.
+fp8_e4m3 = float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
 bool_ = np.dtype(np.bool_)
@@ -18,7 +22,8 @@ FLOATS = (f64, f32, bf16, f16)          # widest first
 _NAMES = {"f32": f32, "float32": f32, "fp32": f32, "f64": f64, "float64": f64,
           "f16": f16, "float16": f16, "fp16": f16, "bf16": bf16, "bfloat16": bf16,
           "int32": int32, "i32": int32, "int64": int64, "i64": int64, "bool": bool_,
-          "int8": np.dtype(np.int8), "i8": np.dtype(np.int8)}
+          "int8": np.dtype(np.int8), "i8": np.dtype(np.int8),
+          "fp8_e4m3": fp8_e4m3, "float8_e4m3fn": fp8_e4m3}
 
 
 def as_dtype(d) -> np.dtype:

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from tessera_mlir import ir
 from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
@@ -826,10 +827,7 @@ def _check_transport(transport, src) -> None:
         if transport.get("pack_dtype") not in _PACK_DTYPES:
             raise ShapeError(f"op.moe: pack_dtype {transport['pack_dtype']!r} must be one of "
                              f"{_PACK_DTYPES}  [{src}]")
-        if transport.get("pack_dtype") == "fp8_e4m3":
-            import warnings
-            warnings.warn(f"op.moe: pack_dtype 'fp8_e4m3' is not built yet: the exchanges "
-                          f"pack as bf16  [{src}]", stacklevel=3)
+
 
 
 def _expert_mesh(mesh):
@@ -865,7 +863,7 @@ def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layo
     act = gelu(h) if not w3 else mul(silu(h), grouped(rows, w3[0]))
     outs = grouped(act, w2)                                                       # [N, D]
     if exchange is not None:
-        outs = exchange(outs)                                   # back to the rows' ranks
+        outs = exchange(outs, combine=True)                     # back to the rows' ranks
     with current_location(src):
         picked = _out(gb.moe_collect(outs.value, chosen.value, layout), src)     # [T, k, D]
     weighted = mul(cast(picked, gates.dtype), reshape(gates, T, k, 1))
@@ -883,27 +881,51 @@ class _ExpertExchange:
         self.ep = ep
         kind = transport.get("type") if isinstance(transport, dict) else transport
         self.transport = kind if kind in ("nvshmem", "auto") else None
-        pack = transport.get("pack_dtype") if isinstance(transport, dict) else None
-        self.pack = dtypes.bf16 if pack is not None else None
+        self.pack = transport.get("pack_dtype") if isinstance(transport, dict) else None
 
-    def __call__(self, rows: Traced) -> Traced:
+    def _move(self, x: Traced, transport) -> Traced:
         from .local_view import collective
-        n, d = rows.shape
-        dtype = rows.dtype
-        if self.pack is not None and dtype != self.pack:
-            rows = cast(rows, self.pack)
-        blocks = reshape(rows, self.ep, n // self.ep, d)
+        n = x.shape[0]
+        blocks = reshape(x, self.ep, n // self.ep, *x.shape[1:])
         # Block r to rank r; what arrives lies side by side in source order.
         moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1,
-                           transport=self.transport)
-        moved = reshape(moved, n, d)
-        return cast(moved, dtype) if moved.dtype != dtype else moved
+                           transport=transport)
+        return reshape(moved, *x.shape)
+
+    def __call__(self, rows: Traced, combine: bool = False) -> Traced:
+        """`rows` [N, D] moved (the dispatch, or with `combine` the experts'
+        outputs back), packed as `pack_dtype` asks: "bf16" both ways;
+        "fp8_e4m3" the dispatch in FP8 with a float32 scale per row (its
+        largest magnitude maps to 448, e4m3's largest finite) and the
+        combine in bf16."""
+        dtype, fp8 = rows.dtype, self.pack == "fp8_e4m3" and not combine
+        if self.pack is None or dtype == dtypes.bf16:
+            return self._move(rows, self.transport)
+        if not fp8:
+            return cast(self._move(cast(rows, dtypes.bf16), self.transport), dtype)
+        wide = cast(rows, dtypes.f32)
+        amax = max(maximum(wide, neg(wide)), -1, keepdim=True)                   # [N, 1]
+        # The scale is a constant to the derivative (the rounding's gradient
+        # is the identity, straight through), and moves with no backward.
+        scale = _no_gradient(div(maximum(amax, np.float32(2.0 ** -126)), np.float32(448.0)))
+        packed = cast(div(wide, scale), dtypes.fp8_e4m3)
+        moved_scale = self._move(scale, self.transport)
+        _no_gradient(moved_scale.value.owner.operands[0].owner)   # its all_to_all
+        return cast(mul(cast(self._move(packed, self.transport), dtypes.f32), moved_scale), dtype)
 
     def counts(self, kept: Traced) -> Traced:
         from .local_view import collective
         per_rank = reshape(kept, self.ep, kept.shape[0] // self.ep)               # [ep, E / ep]
         moved = collective("all_to_all", per_rank, "ep", split_dim=0, concat_dim=1)
         return reshape(moved, self.ep, kept.shape[0] // self.ep)                  # [source, e]
+
+
+def _no_gradient(x):
+    """Marks the op making traced `x` (or op `x`) as carrying no gradient
+    back (tessera-autodiff's NO_GRADIENT); returns `x`."""
+    op = x.value.owner if isinstance(x, Traced) else x
+    getattr(op, "operation", op).attributes["tgraph.no_gradient"] = ir.UnitAttr.get()
+    return x
 
 
 def _fill_base(chosen: Traced, E: int, shards: int, src) -> Traced:

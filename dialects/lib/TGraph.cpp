@@ -283,6 +283,13 @@ LogicalResult TGraphDialect::verifyOperationAttribute(Operation *op,
       return op->emitError("'tgraph.recompute' must be a non-negative integer (the region)");
     return success();
   }
+  if (attr.getName() == "tgraph.no_gradient") {
+    // tessera-autodiff sends no cotangent back through this op (op.moe's FP8
+    // scales: a rounding's scale is a constant to the derivative).
+    if (!llvm::isa<UnitAttr>(attr.getValue()))
+      return op->emitError("'tgraph.no_gradient' must be a unit attribute");
+    return success();
+  }
   if (attr.getName() == getShardingAttrName()) {
     // Ops with several results give them all one sharding (attention), or
     // one each, as an array, where their ranks differ (moe_dispatch).

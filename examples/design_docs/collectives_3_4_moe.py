@@ -4,9 +4,9 @@ arrays: 8 experts split over `ep` (4 per rank), the 64 tokens over `ep` and
 `dp`, top-2 routing; checked against a float64 numpy MoE. The transport
 dict is accepted and checked; on the CPU the exchange runs over the
 communicator's all-to-all (MPI here; on the GPU target it is NVSHMEM
-exchange kernels), and what travels is packed as the dict asks (FP8 e4m3
-is not built yet: it packs as bf16, with a warning), so the check allows
-that rounding.
+exchange kernels), and what travels is packed as the dict asks: the
+dispatched rows in FP8 e4m3 with a scale per row, the experts' outputs in
+bf16; the check allows that rounding.
 The `@schedule(pipeline=True, overlap=True, comm_backend="nvshmem",
 epoch="soft")` decorator that follows in the guide is not scripted:
 `tessera.schedule` holds defaults (performance guide 7.7), not a decorator.
@@ -41,8 +41,9 @@ for t in range(T):
         h = x[t].astype(np.float64) @ experts["w1"][e]
         h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
         expected[t] += gates[t, j] * (h @ experts["w2"][e])
-# The rows and the experts' outputs travel rounded to bf16 (8 bits of
-# mantissa): a few 1e-3 of each value.
-np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-2, atol=2e-2)
+# The rows travel rounded to e4m3 (3 bits of mantissa: up to 6% of a value,
+# a few % after the experts' sums), the outputs to bf16.
+err = np.abs(np.asarray(y) - expected).max() / np.abs(expected).max()
+assert err < 0.05, f"largest error {err:.3g} of the largest output"
 if mesh.rank == 0:
     print("OK collectives_3_4_moe")

@@ -69,10 +69,17 @@ def _rematerialize(v: ir.Value) -> ir.Value:
     return v
 
 
+#: A unit attribute on an op whose results carry no gradient back (op.moe's
+#: FP8 scales: a rounding's scale is a constant to the derivative).
+NO_GRADIENT = "tgraph.no_gradient"
+
+
 def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     """Cotangents of `op`'s operands given the cotangents `gs` of its results
     (None for a result the loss does not depend on); None for operands
-    without one (integers, conditions, indices)."""
+    without one (integers, conditions, indices, an op marked NO_GRADIENT)."""
+    if NO_GRADIENT in op.attributes:
+        return [None] * len(op.operands)
     name = op.name.split(".", 1)[1]
     x = [_rematerialize(v) for v in op.operands]
     out, g = op.results[0], gs[0]
@@ -208,7 +215,7 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
             return g
 
         def rule(inner, cts):
-            if inner.name in PER_RANK_COLLECTIVES:
+            if inner.name in PER_RANK_COLLECTIVES and NO_GRADIENT not in inner.attributes:
                 return _collective_vjp(inner, cts[0], varying, mesh)
             return vjp(inner, cts)
 

@@ -152,17 +152,20 @@ class _Reader:
 
     def dtype(self, v, where: str) -> np.dtype:
         try:
-            dt = (_BFLOAT16 if v == "bfloat16" else np.dtype(v)) if isinstance(v, str) else None
+            # (Not `get(v) or ...`: a dtype without fields is falsy.)
+            dt = None if not isinstance(v, str) else \
+                _ML_DTYPES[v] if v in _ML_DTYPES else np.dtype(v)
         except TypeError:
             dt = None
-        if dt is None or (dt.kind not in "biufc" and dt != _BFLOAT16):
+        if dt is None or (dt.kind not in "biufc" and dt not in _ML_DTYPES.values()):
             raise self.fail(where, f"unknown dtype {v!r} (expected a numpy dtype "
                                    f"name such as 'float32')")
         return dt
 
 
-# numpy has no bfloat16; ml_dtypes provides the standard one.
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# numpy has no bfloat16 or 8-bit floats; ml_dtypes provides the standard ones.
+_ML_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16),
+              "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn)}
 
 
 def _load_json(path: Path, what: str) -> dict:

@@ -43,8 +43,8 @@ _OPS = {
 
 
 def _wire(a):
-    """`a` as MPI moves it: bf16 as its bits (MPI has no bfloat16 type)."""
-    return a.view(np.uint16) if is_bf16(a.dtype) else a
+    """`a` as MPI moves it: bf16 and FP8 as their bits (MPI has neither type)."""
+    return a.view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype.kind == "V" else a
 
 
 class MPIWork(Work):

@@ -27,11 +27,17 @@ RANGE_SUFFIX, GRID_SUFFIX = "__range", "__grid"
 
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
                "ttile.wait", "ttile.fence", "ttile.quiet"}
-# Element type -> C type of a tile element. bf16 tiles compute in float (every
-# value rounded to bf16 precision); bf16 buffers hold the raw 16 bits.
+# Element type -> C type of a tile element. bf16 and FP8 tiles compute in
+# float (every value rounded to the type's precision); their buffers hold the
+# raw bits.
 _CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "bf16": "float",
-           "i32": "int32_t", "i64": "int64_t", "i8": "int8_t", "i1": "bool"}
-_BUFFER_CTYPES = {**_CTYPES, "bf16": "uint16_t"}
+           "f8E4M3FN": "float", "i32": "int32_t", "i64": "int64_t", "i8": "int8_t",
+           "i1": "bool"}
+_BUFFER_CTYPES = {**_CTYPES, "bf16": "uint16_t", "f8E4M3FN": "uint8_t"}
+#: Storage-only float types: (bits -> float, float -> bits, round a float to
+#: the type) helpers, defined in BF16_HELPERS and FP8_HELPERS.
+STORED_AS_BITS = {"bf16": ("bf16_to_float", "float_to_bf16", "bf16_round"),
+                  "f8E4M3FN": ("f8e4m3_to_float", "float_to_f8e4m3", "f8e4m3_round")}
 # Tiles larger than this live on the heap (CPU), not the stack.
 _STACK_TILE_LIMIT = 16384
 
@@ -170,7 +176,8 @@ class KernelEmitter:
         buf = self.names.get(store.operands[1])
         offsets = list(store.operands)[2:]
         if buf is None or self.stores.get(buf) != 1 or buf in self.loaded or \
-                self.buffer_elements[buf] == "bf16" or any(v not in self.names for v in offsets):
+                self.buffer_elements[buf] in STORED_AS_BITS or \
+                any(v not in self.names for v in offsets):
             return None
         shape = self.buffers[buf]
         if not shape or not _contiguous([1] * (len(shape) - len(tile.shape)) + tile.shape, shape):
@@ -418,16 +425,16 @@ class KernelEmitter:
     def _tile_access(self, op, tile: Tile, buf: str, offsets, load: bool):
         shape = self.buffers[buf]
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-        bf16 = self.buffer_elements[buf] == "bf16"
+        bits = STORED_AS_BITS.get(self.buffer_elements[buf])
         # A lower-rank tile covers the trailing dimensions (size 1 in the others).
         tile_shape = [1] * (len(shape) - len(tile.shape)) + list(tile.shape)
 
         def move(t_index: str, b_index: str) -> None:
             if load:
-                value = f"bf16_to_float({buf}[{b_index}])" if bf16 else f"{buf}[{b_index}]"
+                value = f"{bits[0]}({buf}[{b_index}])" if bits else f"{buf}[{b_index}]"
                 self.line(f"{tile.name}[{t_index}] = {value};")
             else:
-                value = f"float_to_bf16({tile.name}[{t_index}])" if bf16 else f"{tile.name}[{t_index}]"
+                value = f"{bits[1]}({tile.name}[{t_index}])" if bits else f"{tile.name}[{t_index}]"
                 self.line(f"{buf}[{b_index}] = {value};")
 
         if not shape:                       # a 0-d buffer: one element
@@ -477,7 +484,7 @@ class KernelEmitter:
         buf = self.names[load.operands[0]]
         shape = self.buffers.get(buf)
         if self.cuda or not shape or buf in self.stores or \
-                self.buffer_elements[buf] == "bf16" or \
+                self.buffer_elements[buf] in STORED_AS_BITS or \
                 any(u.owner.operation.name == "ttile.store" for u in load.results[0].uses):
             return False
         tile_shape = tile_of(load.results[0].type)[0]
@@ -525,8 +532,9 @@ class KernelEmitter:
         else:
             x = self.expression(op, [s.name if s.scalar else f"{s.name}[{e}]"
                                      for s in (self.names[v] for v in op.operands)])
-        # A bf16 result is computed in float and rounded to bf16 precision.
-        return f"bf16_round({x})" if result.element == "bf16" else x
+        # A bf16 or FP8 result is computed in float and rounded to its precision.
+        bits = STORED_AS_BITS.get(result.element)
+        return f"{bits[2]}({x})" if bits else x
 
     def _elementwise(self, op):
         r = self.new_tile(op.results[0])
@@ -692,6 +700,40 @@ BF16_HELPERS = """\
 {q} inline float bf16_round(float f) {{ return bf16_to_float(float_to_bf16(f)); }}
 """
 
+# FP8 e4m3 (OCP "fn": bias 7, no infinities, S.1111.111 the only NaN, 448 the
+# largest finite) <-> float by bit manipulation, rounding to nearest even as
+# ml_dtypes does: a magnitude that rounds past 448 (inf included) is NaN.
+FP8_HELPERS = """\
+{q} inline float f8e4m3_to_float(uint8_t h) {{
+  const uint32_t e = (h >> 3) & 15u, m = h & 7u;
+  float v;
+  if (e == 15u && m == 7u) {{
+    v = __builtin_nanf("");
+  }} else if (e == 0u) {{
+    v = (float)m * 0.001953125f;                       // m * 2^-9
+  }} else {{
+    const uint32_t bits = ((e + 120u) << 23) | (m << 20);
+    memcpy(&v, &bits, 4);
+  }}
+  return (h & 0x80u) ? -v : v;
+}}
+{q} inline uint8_t float_to_f8e4m3(float f) {{
+  uint32_t bits; memcpy(&bits, &f, 4);
+  const uint8_t sign = (uint8_t)((bits >> 24) & 0x80u);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return sign | 0x7fu;          // nan, inf
+  if (mag < 0x3c800000u) {{                              // below 2^-6: subnormal
+    float a; memcpy(&a, &mag, 4);
+    return sign | (uint8_t)__builtin_rintf(a * 512.0f);  // 8 is 2^-6, a normal
+  }}
+  const uint32_t r = mag + 0x7ffffu + ((mag >> 20) & 1u);  // to 3 mantissa bits, even
+  const uint32_t e = (r >> 23) - 120u, m = (r >> 20) & 7u;
+  if (e > 15u || (e == 15u && m == 7u)) return sign | 0x7fu;  // past 448
+  return sign | (uint8_t)((e << 3) | m);
+}}
+{q} inline float f8e4m3_round(float f) {{ return f8e4m3_to_float(float_to_f8e4m3(f)); }}
+"""
+
 # float exp and tanh the compiler can vectorize (glibc's expf/tanhf are calls
 # it cannot), accurate to about 1.5 ulp (Cephes polynomials): a GELU or
 # softmax kernel is otherwise dominated by scalar libm calls. IEEE edge cases
@@ -794,7 +836,7 @@ _CPP_PRELUDE = """\
 #include <cstdint>
 #include <cstring>
 #include <vector>
-""" + BF16_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
+""" + BF16_HELPERS.format(q="static") + FP8_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
 
 def emit_cpp(module: ir.Module) -> str:
     """C++ for the CPU engine: one `extern "C"` function per ttile.kernel."""

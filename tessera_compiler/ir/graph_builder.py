@@ -29,7 +29,8 @@ def element_of(v: ir.Value) -> ir.Type:
 
 
 def is_float(v: ir.Value) -> bool:
-    return isinstance(element_of(v), (ir.F32Type, ir.F64Type, ir.F16Type, ir.BF16Type))
+    return isinstance(element_of(v), (ir.F32Type, ir.F64Type, ir.F16Type, ir.BF16Type,
+                                      ir.Float8E4M3FNType))
 
 
 def ranked(shape, element: ir.Type) -> ir.RankedTensorType:

@@ -140,6 +140,15 @@ def _compare_numpy(a, b, op):
     return COMPARE_NUMPY[enum_of(op)](a, b)
 
 
+def _cast_vjp(x, out, g, op):
+    """The cotangent of a cast's operand, in the operand's type; of an FP8
+    operand (an MoE layer's packed rows, cast back to float) in bf16
+    instead: an unscaled gradient would vanish in e4m3 (its smallest step is
+    2^-9), so the backward of a packed exchange moves bf16, as DeepEP's does."""
+    elt = gb.element_of(x[0])
+    return [gb.cast(g, ir.BF16Type.get() if isinstance(elt, ir.Float8E4M3FNType) else elt)]
+
+
 _TABLE = [
     Elementwise("add", 2, "a + b", lambda em, op, ct, a, b: f"{a} + {b}",
                 lambda a, b, op: a + b, lambda x, out, g, op: [g, g], linear="same"),
@@ -181,8 +190,7 @@ _TABLE = [
     # bf16 results compute in float (the emitter rounds them); i1 is "nonzero".
     Elementwise("cast", 1, "x converted to the result's element type",
                 lambda em, op, ct, a: f"({a} != 0)" if ct == "bool" else f"({ct})({a})",
-                lambda a, op: a,
-                lambda x, out, g, op: [gb.cast(g, gb.element_of(x[0]))]),
+                lambda a, op: a, _cast_vjp),
 ]
 
 #: Every elementwise op, by name.

@@ -9,10 +9,17 @@ from tessera_mlir.dialects import tgraph, tsched, ttile
 
 #: Element types Tessera handles, by MLIR name, as numpy dtype names.
 ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16",
+                 "f8E4M3FN": "float8_e4m3fn",
                  "i32": "int32", "i64": "int64", "i8": "int8", "i1": "bool"}
 
 #: Bytes per element of each element type (i1 is stored as one byte).
-ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i8": 1, "i1": 1}
+ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2, "f8E4M3FN": 1,
+                 "i8": 1, "i1": 1}
+
+#: Storage-only float types: buffers hold their bits, tiles compute in float
+#: (every value rounded to the type), as for bf16. An MoE layer packs what it
+#: sends in FP8 e4m3 (OCP "fn": no infinities, 448 the largest finite).
+FP8 = "f8E4M3FN"
 
 #: The enum attributes of Tessera's dialects.
 ENUM_ATTRS = (tgraph.ReductionKindAttr, tgraph.TransportAttr, tgraph.CompareKindAttr,

@@ -22,6 +22,7 @@ inputs. It says nothing about NVLink speed or GPU memory ordering."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -119,8 +120,9 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
     gradients: with transport "nvshmem" the dispatch and combine (and their
     backward) are exchange kernels that put each piece into the peer's
     symmetric buffer, and every value equals the communicator's all-to-all
-    ("nccl") bit for bit, unpacked and with pack_dtype "bf16" (which rounds
-    what travels: its values differ from the unpacked ones)."""
+    ("nccl") bit for bit, unpacked and with pack_dtype "bf16" and
+    "fp8_e4m3" (which round what travels: their values differ from the
+    unpacked ones, FP8's by more)."""
     out = tmp_path / "moe.json"
     proc = run_mpi(2, WORKERS / "moe_exchange_worker.py", _seed(), out,
                    env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_EMULATOR_WAIT_S": "100"},
@@ -128,8 +130,8 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads(out.read_text())
     for name, r in cases.items():
-        packed = "bf16" in name
-        assert r["y vs float64"] <= (2e-2 if packed else 1e-5), (name, r)
+        bound = 0.1 if "fp8" in name else 2e-2 if "bf16" in name else 1e-5
+        assert r["y vs float64"] <= bound, (name, r)
         assert r["same bits as nccl"] and r["repeat identical"], (name, r)
         if "nvshmem" in name:
             # forward dispatch + combine and their backward: 4 or more
@@ -144,6 +146,8 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
             assert r["exchange launches"] == 0 and r["symmetric allocs"] == 0, (name, r)
     assert cases["nccl"]["grads vs nccl"] == 0.0
     assert 0.0 < cases["nccl bf16"]["grads vs nccl"] <= 2e-2
+    assert cases["nccl bf16"]["y vs float64"] < cases["nccl fp8"]["y vs float64"]
+    assert cases["nccl fp8"]["grads vs nccl"] <= 0.1
 
 
 def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
@@ -172,6 +176,35 @@ def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
     exchanges = [c for c in gpu.collectives if c.op == "all_to_all" and c.transport]
     assert len(exchanges) == 2 and all(c.transport == "nvshmem: asked for" for c in exchanges)
     assert "[nccl: nvshmem asked for; the CPU target has no NVSHMEM kernels]" in cpu.report()
+
+
+def test_moe_fp8_packing_moves_bytes_forward_and_bf16_backward():
+    """pack_dtype="fp8_e4m3": the dispatch's rows travel as e4m3 (one byte
+    each) beside one float32 scale per row; the combine and every backward
+    exchange as bf16 (an unscaled gradient would vanish in e4m3), and no
+    gradient is sent back for the scales."""
+    mesh = dist.Mesh(axes=["ep"], devices=range(2))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    ex = {"router": rng.standard_normal((8, 4)).astype(np.float32),
+          "w1": rng.standard_normal((4, 8, 12)).astype(np.float32),
+          "w2": rng.standard_normal((4, 12, 8)).astype(np.float32)}
+
+    def step(x, ex):
+        y = op.moe(x, experts=ex, k=2, transport={"type": "nccl", "pack_dtype": "fp8_e4m3"},
+                   mesh=mesh)
+        return ts.grad(op.sum(y), [x, ex])
+    schedule = ts.graph.trace(step, x, ex, mesh=mesh).schedule
+    # (source blocks -> received) types of every all_to_all: a forward one
+    # sends [2, 16, .] blocks (16 rows to each rank), a backward one returns them.
+    moved = sorted(" -> ".join(re.findall(r"memref<([^>]*)>", line.split(" : ")[-1]))
+                   for line in schedule.splitlines() if "collective_start <all_to_all>" in line)
+    forward = ["2x16x1xf32 -> 1x32x1xf32", "2x16x8xbf16 -> 1x32x8xbf16",
+               "2x16x8xf8E4M3FN -> 1x32x8xf8E4M3FN", "2x2xi32 -> 1x4xi32"]
+    backward = ["1x32x8xbf16 -> 2x16x8xbf16"] * 2
+    # (The backward body recomputes the forward's exchanges it reads: each
+    # forward one twice.)
+    assert moved == sorted(forward * 2 + backward), moved
 
 
 def test_moe_auto_transport_says_why_in_the_collective_report():

@@ -234,3 +234,22 @@ def test_float32_exp_and_tanh_are_accurate_including_edge_cases():
     assert np.max(np.abs(t[:len(x)] - ref_t) / np.maximum(np.abs(ref_t), 1e-30)) < 4e-7
     assert e[-3] == np.inf and e[-2] == 0 and np.isnan(e[-1])
     assert t[-3] == 1 and t[-2] == -1 and np.isnan(t[-1])
+
+
+def test_fp8_e4m3_casts_round_as_ml_dtypes():
+    """`op.cast(x, "fp8_e4m3")` (what op.moe's FP8 packing sends) rounds to
+    nearest even exactly as ml_dtypes' float8_e4m3fn: every one of the 256
+    codes, the edges (448, the tie at 464, past it and infinities to NaN,
+    subnormals and their ties, -0) and random magnitudes over 7 decades."""
+    import ml_dtypes
+    rng = np.random.default_rng()
+    edge = np.array([0, -0.0, 1, 448, 449, 463.9, 464, 464.1, 479, 480, 1e6, np.inf, -np.inf,
+                     np.nan, 2 ** -9, 2 ** -10, 3 * 2 ** -10, 2 ** -6, 2 ** -6 - 2 ** -12, 240,
+                     256, 272, -5.5], np.float32)
+    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    noise = rng.standard_normal(2000) * 10.0 ** rng.uniform(-4, 3, 2000)
+    x = np.concatenate([edge, codes, noise.astype(np.float32)])
+    got = np.asarray(ts.jit(lambda x: op.cast(op.cast(x, "fp8_e4m3"), "f32"))(x))
+    want = x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), (x[~same][:8], got[~same][:8], want[~same][:8])

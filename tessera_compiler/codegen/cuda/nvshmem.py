@@ -12,6 +12,8 @@ import math
 
 from tessera_mlir import ir
 
+from tessera_compiler.ir.types import ELEMENT_BYTES
+
 
 class NvshmemOps:
     """The `op_ttile_*` printers of the NVSHMEM ops (a CudaKernelEmitter part)."""
@@ -42,7 +44,7 @@ class NvshmemOps:
         shape = list(ir.DenseI64ArrayAttr(op.attributes["shape"]))
         src_shape, dst_shape = self.buffers[src], self.buffers[dst]
         elt = ir.MemRefType(view.source.type).element_type
-        nbytes = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2}.get(str(elt), 1)
+        nbytes = ELEMENT_BYTES[str(elt)]
 
         def base(buf_shape, offsets, ivs):
             lead = len(buf_shape) - len(shape)

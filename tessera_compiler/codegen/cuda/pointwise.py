@@ -16,7 +16,7 @@ from tessera_mlir import ir
 
 from ...ir import gpu_schedule as gs
 from ...ir.types import tile_of
-from ..tile_emitter import ELEMENTWISE_EXPRESSIONS, EmitError, Tile, c_literal, ctype
+from ..tile_emitter import ELEMENTWISE_EXPRESSIONS, STORED_AS_BITS, EmitError, Tile, c_literal, ctype
 from .common import Fragment
 
 
@@ -132,8 +132,8 @@ class PointwiseRegions:
         shape, elt = tile_of(v.type)
         ct = ctype(elt, v.location)
         name = self.fresh("v")
-        if elt == "bf16":
-            expr = f"bf16_round({expr})"
+        if elt in STORED_AS_BITS:
+            expr = f"{STORED_AS_BITS[elt][2]}({expr})"
         self.line(f"const {ct} {name} = {expr};")
         self.scalars[v] = name
 
@@ -156,8 +156,8 @@ class PointwiseRegions:
             value, buf = self._value(op.operands[0]), self.names[op.operands[1]]
             shape = tile_of(op.operands[0].type)[0]
             addr = self._address(buf, shape, [self.scalar(v) for v in list(op.operands)[2:]])
-            if self.buffer_elements[buf] == "bf16":
-                value = f"float_to_bf16({value})"
+            if self.buffer_elements[buf] in STORED_AS_BITS:
+                value = f"{STORED_AS_BITS[self.buffer_elements[buf]][1]}({value})"
             self._guarded(shape, f"{buf}[{addr}] = {value};")
             return
         result = op.results[0]
@@ -167,7 +167,8 @@ class PointwiseRegions:
             read = f"{buf}[{self._address(buf, shape, [self.scalar(v) for v in list(op.operands)[1:]])}]"
             self.scalars[result] = self.fresh("v")
             ct = ctype(elt, op.location)
-            value = f"bf16_to_float({read})" if self.buffer_elements[buf] == "bf16" else read
+            bits = STORED_AS_BITS.get(self.buffer_elements[buf])
+            value = f"{bits[0]}({read})" if bits else read
             self.line(f"const {ct} {self.scalars[result]} = {value};")
             return
         if name == "ttile.fill":

@@ -2,7 +2,7 @@
 target with the kernels in the CUDA emulator (TESSERA_CUDA_EMULATE=1, set
 by the test), once per transport: the communicator's all-to-all ("nccl")
 and the NVSHMEM exchange kernels ("nvshmem"), each unpacked and with
-`pack_dtype="bf16"`. Forward and gradients (x, router, w1, w2). Rank 0
+`pack_dtype="bf16"` and `"fp8_e4m3"`. Forward and gradients (x, router, w1, w2). Rank 0
 writes OUT as JSON: per case the largest relative error against the
 float64 reference, whether its values equal the "nccl" case's of the same
 pack bit for bit, and what the compiled program holds (exchange kernels,
@@ -56,7 +56,9 @@ ref_y, _ = moe_reference(x, experts, K)
 verdict, seen = {}, {}
 for name, transport in (("nccl", "nccl"), ("nvshmem", "nvshmem"),
                         ("nccl bf16", {"type": "nccl", "pack_dtype": "bf16"}),
-                        ("nvshmem bf16", {"type": "nvshmem", "pack_dtype": "bf16"})):
+                        ("nvshmem bf16", {"type": "nvshmem", "pack_dtype": "bf16"}),
+                        ("nccl fp8", {"type": "nccl", "pack_dtype": "fp8_e4m3"}),
+                        ("nvshmem fp8", {"type": "nvshmem", "pack_dtype": "fp8_e4m3"})):
     step = make(transport)
     got = flat(step(x, experts))
     again = flat(step(x, experts))       # the second call reuses the symmetric buffers

@@ -39,6 +39,10 @@ def TGraph_Dialect : Dialect {
     backward, marking each copy `tgraph.recompute = N : i64` (which keeps CSE
     from merging it back into the original).
 
+    `tgraph.no_gradient` (a unit attribute) on an op: `tessera-autodiff`
+    sends no cotangent back through it (the scales of `op.moe`'s FP8
+    packing, constants to the derivative of a rounding).
+
     ```mlir
     tgraph.mesh @mesh axes = ["tp"] shape = [2]
     func.func @mlp(%x: tensor<8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], []]>},
