@@ -228,3 +228,27 @@ func.func @remat_selective_and_none(%x: tensor<4x8xf32>, %w: tensor<8x8xf32>) ->
   %4 = tgraph.grad %3 wrt %w : tensor<f32>, tensor<8x8xf32> -> tensor<8x8xf32>
   return %4 : tensor<8x8xf32>
 }
+
+// -----
+
+// An op marked tgraph.no_gradient sends no cotangent back: y = x * s with
+// s = max(x) marked is differentiated with s a constant (d x = s, the max's
+// rule never runs); an FP8 value's cotangent is bf16: the cast back to f32
+// has a bf16 cotangent, cast to f32 again at the cast into FP8.
+// CHECK-LABEL: func.func @scaled
+// CHECK-NOT: tgraph.compare
+// CHECK: %[[G:.*]] = tgraph.cast %{{.*}} : tensor<4xf32> to tensor<4xbf16>
+// CHECK: tgraph.cast %[[G]] : tensor<4xbf16> to tensor<4xf32>
+// CHECK-NOT: tgraph.compare
+// CHECK: return
+func.func @scaled(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %m = tgraph.reduce <max> %x dims [0] {tgraph.no_gradient} : tensor<4xf32> -> tensor<1xf32>
+  %s = tgraph.broadcast %m : tensor<1xf32> to tensor<4xf32>
+  %q = tgraph.cast %x : tensor<4xf32> to tensor<4xf8E4M3FN>
+  %d = tgraph.cast %q : tensor<4xf8E4M3FN> to tensor<4xf32>
+  %y = tgraph.mul %d, %s : tensor<4xf32>
+  %l = tgraph.reduce <sum> %y dims [0] : tensor<4xf32> -> tensor<1xf32>
+  %r = tgraph.reshape %l : tensor<1xf32> to tensor<f32>
+  %g = tgraph.grad %r wrt %x : tensor<f32>, tensor<4xf32> -> tensor<4xf32>
+  return %g : tensor<4xf32>
+}

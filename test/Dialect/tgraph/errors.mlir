@@ -813,3 +813,11 @@ func.func @f(%r: tensor<30x4xf32>, %w: tensor<4x4x6xf32>, %s: tensor<4x4xi32>) -
   %0 = tgraph.grouped_matmul %r, %w, %s : tensor<30x4xf32>, tensor<4x4x6xf32>, tensor<4x4xi32> -> tensor<30x6xf32>
   return %0 : tensor<30x6xf32>
 }
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.no_gradient' must be a unit attribute}}
+  %0 = tgraph.exp %x {tgraph.no_gradient = 1 : i64} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
