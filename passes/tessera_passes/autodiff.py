@@ -225,19 +225,111 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
         grads = [cotangent.get(a) if a in cotangent else gb.zeros_like(a)
                  for a in entry.arguments[:n_in]]
         func.ReturnOp(grads)
+    # The forward values the backward reads come from the forward call
+    # (residuals) instead of its recomputed copies, unless the call is in a
+    # recomputation region (ts.remat) or its body has other callers.
+    inverse = {c: v for v, c in mapping.items() if not isinstance(v.owner, ir.Block)}
+    residuals = [] if remat_of(op) is not None or _callers(body) != 1 else \
+        _take_residuals(cloned, entry, varying, inverse)
+    types += [arg.type for arg, _ in residuals]
     backward.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
         types, [g.type for g in grads]))
+    if residuals:
+        op = _with_results(op, body, [v for _, v in residuals], mesh)
     out_attrs = []
     for g, spec in zip(grads, in_specs):
         summed = sorted(varying(g) - _split_axes(spec))
         out_attrs.append(Sharding(spec.mesh, spec.dims, tuple(summed)).to_attr())
+    n_out = len(out_specs)
     in_attrs = [s.to_attr() for s in in_specs] + \
-        [out_specs[i].with_partial(()).to_attr() for i in wanted]
+        [out_specs[i].with_partial(()).to_attr() for i in wanted] + \
+        list(ir.ArrayAttr(op.attributes["out_shardings"]))[n_out:]
     call = tgraph.SpmdOp([v.type for v in op.operands],
                          ir.FlatSymbolRefAttr.get(symbol_of(backward)),
-                         list(op.operands) + [gs[i] for i in wanted],
+                         list(op.operands) + [gs[i] for i in wanted]
+                         + list(op.results)[n_out:],
                          ir.ArrayAttr.get(in_attrs), ir.ArrayAttr.get(out_attrs))
     return list(call.results)
+
+
+def _callers(body: ir.Operation) -> int:
+    """How many tgraph.spmd ops call the per-rank function `body`."""
+    module = body.parent
+    name = symbol_of(body)
+    count = 0
+    for f in module.regions[0].blocks[0].operations:
+        if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
+            continue
+        for o in f.operation.regions[0].blocks[0].operations:
+            if o.operation.name == "tgraph.spmd" and \
+                    ir.FlatSymbolRefAttr(o.operation.attributes["body"]).value == name:
+                count += 1
+    return count
+
+
+def _take_residuals(cloned: list, entry: ir.Block, varying: Varying, inverse: dict) -> list:
+    """Replaces each value of the recomputed forward (`cloned`) that the
+    backward code reads by a new argument of the backward body, erases the
+    recomputation that is left unread, and returns (argument, forward value)
+    pairs. (Ranked values only: a scalar stays recomputed, with what it
+    needs.) Each argument varies as the value did."""
+    inside = {c for c in cloned}
+    taken = []
+    for c in cloned:
+        for r in c.results:
+            users = [u.owner for u in r.uses]
+            if r not in inverse or not ir.RankedTensorType(r.type).shape or \
+                    all(getattr(u, "operation", u) in inside for u in users):
+                continue
+            arg = entry.add_argument(r.type, r.location)
+            varying.known[arg] = varying(r)
+            r.replace_all_uses_with(arg)
+            taken.append((arg, inverse[r]))
+    for c in reversed(cloned):
+        if not any(list(r.uses) for r in c.results):
+            c.erase()
+    return taken
+
+
+def _with_results(op: ir.Operation, body: ir.Operation, extra: list, mesh) -> ir.Operation:
+    """`op` (a tgraph.spmd) with the body values `extra` returned too, each
+    as a result split over every mesh axis along its dimension 0 (a per-rank
+    value: each rank's block its own); `op`'s uses go to the new op."""
+    ret = list(body.regions[0].blocks[0].operations)[-1]
+    with ir.InsertionPoint(ret), ret.location:
+        func.ReturnOp(list(ret.operands) + extra)
+    ret.erase()
+    ftype = ir.FunctionType(ir.TypeAttr(body.attributes["function_type"]).value)
+    body.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        list(ftype.inputs), list(ftype.results) + [v.type for v in extra]))
+    every = tuple(mesh.axes)
+    specs, types = [], []
+    for v in extra:
+        t = ir.RankedTensorType(v.type)
+        shape = list(t.shape)
+        shape[0] *= mesh.parts(every)
+        types.append(ir.RankedTensorType.get(shape, t.element_type))
+        specs.append(Sharding(mesh.name, (every,) + ((),) * (len(shape) - 1)).to_attr())
+    with ir.InsertionPoint(op), op.location:
+        new = tgraph.SpmdOp([r.type for r in op.results] + types, op.attributes["body"],
+                            list(op.operands), op.attributes["in_shardings"],
+                            ir.ArrayAttr.get(list(ir.ArrayAttr(op.attributes["out_shardings"]))
+                                             + specs))
+    for a in op.attributes:
+        name = a if isinstance(a, str) else a.name
+        if name not in ("body", "in_shardings", "out_shardings"):
+            new.operation.attributes[name] = op.attributes[name]
+    for old, r in zip(op.results, new.results):
+        old.replace_all_uses_with(r)
+    # (Erased once the pass is done: the reverse walk that asked for this
+    # VJP still reads the old op's operands.)
+    _REPLACED.append(op)
+    return new.operation
+
+
+#: Forward tgraph.spmd ops replaced by a copy returning residuals, erased at
+#: the end of the pass.
+_REPLACED: list = []
 
 
 def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> list:
@@ -385,10 +477,13 @@ def differentiate(grad_op: ir.Operation) -> None:
 
 def run(op, pass_, options: TargetOptions):
     def body():
+        _REPLACED.clear()
         for f in list(functions(op)):     # (differentiating adds per-rank bodies)
             for o in ops_of(f):
                 if o.name == "tgraph.grad":
                     differentiate(o)
+        while _REPLACED:
+            _REPLACED.pop().erase()
         for f in functions(op):           # the regions are consumed
             for o in ops_of(f):
                 if REMAT in o.attributes:

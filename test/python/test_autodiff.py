@@ -142,3 +142,22 @@ def test_cast_gradient_is_cast_back():
     g = ts.jit(lambda x: ts.grad(op.sum(op.cast(x, ts.f32) * R), x))(a)
     assert g.dtype == np.float64
     np.testing.assert_array_equal(g, R.astype(np.float64))
+
+
+def test_local_view_backward_reads_the_forward_instead_of_recomputing_it():
+    """The backward of a dist.spmd body takes the forward values it needs
+    from the forward call (residuals): the body's all_gather runs once, not
+    again in the backward. (The values: test_moe.py's expert-parallel
+    gradients against one device, on 4 ranks.)"""
+    from tessera import dist
+    mesh = dist.Mesh(axes=["dp"], devices=range(2))
+    rows = dist.ShardSpec((0,), ("dp",))
+
+    @dist.spmd(mesh=mesh, in_specs=(rows,), out_specs=rows)
+    def body(x):                      # y = x * sum over every rank's rows of x^2
+        everyone = dist.all_gather(x, axis="dp", dim=0)
+        return op.mul(x, op.sum(op.mul(everyone, everyone)))
+
+    x = np.random.default_rng().standard_normal((8, 4)).astype(np.float32)
+    trace = ts.graph.trace(lambda x: ts.grad(op.sum(body(x)), [x]), x, mesh=mesh)
+    assert trace.schedule.count("collective_start <all_gather>") == 1
