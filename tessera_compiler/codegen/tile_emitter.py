@@ -708,7 +708,8 @@ FP8_HELPERS = """\
   const uint32_t e = (h >> 3) & 15u, m = h & 7u;
   float v;
   if (e == 15u && m == 7u) {{
-    v = __builtin_nanf("");
+    const uint32_t nan_bits = 0x7fc00000u;
+    memcpy(&v, &nan_bits, 4);
   }} else if (e == 0u) {{
     v = (float)m * 0.001953125f;                       // m * 2^-9
   }} else {{
@@ -723,8 +724,11 @@ FP8_HELPERS = """\
   const uint32_t mag = bits & 0x7fffffffu;
   if (mag >= 0x7f800000u) return sign | 0x7fu;          // nan, inf
   if (mag < 0x3c800000u) {{                              // below 2^-6: subnormal
+    // a * 2^9 (exact) to the nearest integer, ties to even: adding 2^23
+    // leaves no fraction bits (no libm call: NVRTC has no host builtins).
     float a; memcpy(&a, &mag, 4);
-    return sign | (uint8_t)__builtin_rintf(a * 512.0f);  // 8 is 2^-6, a normal
+    const float q = (a * 512.0f + 8388608.0f) - 8388608.0f;
+    return sign | (uint8_t)q;                            // 8 is 2^-6, a normal
   }}
   const uint32_t r = mag + 0x7ffffu + ((mag >> 20) & 1u);  // to 3 mantissa bits, even
   const uint32_t e = (r >> 23) - 120u, m = (r >> 20) & 7u;

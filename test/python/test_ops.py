@@ -236,11 +236,15 @@ def test_float32_exp_and_tanh_are_accurate_including_edge_cases():
     assert t[-3] == 1 and t[-2] == -1 and np.isnan(t[-1])
 
 
-def test_fp8_e4m3_casts_round_as_ml_dtypes():
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_fp8_e4m3_casts_round_as_ml_dtypes(target, monkeypatch):
     """`op.cast(x, "fp8_e4m3")` (what op.moe's FP8 packing sends) rounds to
     nearest even exactly as ml_dtypes' float8_e4m3fn: every one of the 256
     codes, the edges (448, the tie at 464, past it and infinities to NaN,
-    subnormals and their ties, -0) and random magnitudes over 7 decades."""
+    subnormals and their ties, -0) and random magnitudes over 7 decades;
+    in the C++ kernels and in the CUDA ones (on the emulator)."""
+    if target == "gpu":
+        monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     import ml_dtypes
     rng = np.random.default_rng()
     edge = np.array([0, -0.0, 1, 448, 449, 463.9, 464, 464.1, 479, 480, 1e6, np.inf, -np.inf,
@@ -249,7 +253,7 @@ def test_fp8_e4m3_casts_round_as_ml_dtypes():
     codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     noise = rng.standard_normal(2000) * 10.0 ** rng.uniform(-4, 3, 2000)
     x = np.concatenate([edge, codes, noise.astype(np.float32)])
-    got = np.asarray(ts.jit(lambda x: op.cast(op.cast(x, "fp8_e4m3"), "f32"))(x))
+    got = np.asarray(ts.jit(lambda x: op.cast(op.cast(x, "fp8_e4m3"), "f32"), target=target)(x))
     want = x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     assert same.all(), (x[~same][:8], got[~same][:8], want[~same][:8])
