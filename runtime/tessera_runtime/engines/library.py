@@ -225,12 +225,18 @@ def grouped_matmul(xp, attrs, x, w, sizes, out):
 
 
 def grouped_outer(xp, attrs, x, g, sizes, out):
-    wide = _compute_dtype(xp, out.dtype) or out.dtype
-    acc = xp.zeros(out.shape, dtype=wide)
+    wide = _compute_dtype(xp, out.dtype)
+    # Half precision sums in float32 and rounds once; float32 and float64 sum
+    # in `out` itself, x^T read in place (a BLAS transpose flag, no copy).
+    acc = out if wide is None else xp.zeros(out.shape, dtype=wide)
+    acc.fill(0)
     for s, (a, b) in enumerate(_segments(xp, sizes, x.shape[0], "grouped_outer")):
         if a != b:                   # segments in order: a deterministic sum
-            acc[s % out.shape[0]] += xp.matmul(x[a:b].T.astype(wide), g[a:b].astype(wide))
-    out[...] = acc.astype(out.dtype)
+            xs, gs = (x[a:b], g[a:b]) if wide is None else \
+                (x[a:b].astype(wide), g[a:b].astype(wide))
+            acc[s % out.shape[0]] += xp.matmul(xs.T, gs)
+    if acc is not out:
+        out[...] = acc.astype(out.dtype)
 
 
 def axis_slice(xp, attrs, a, out):
