@@ -115,15 +115,19 @@ func.func @lse(%q: tensor<8x4xf32>) -> tensor<8x4xf32> {
 
 tgraph.mesh @mesh axes = ["dp"] shape = [2]
 // Through per-rank code: the gradient is a second tgraph.spmd whose body
-// recomputes the forward and runs reverse mode. w is replicated but each
-// rank's rows of x give its own contribution, so w's cotangent is a pending
-// sum over dp (partial out-sharding); the all_reduce's cotangent passes on.
+// runs reverse mode over the forward body. w is replicated but each rank's
+// rows of x give its own contribution, so w's cotangent is a pending sum
+// over dp (partial out-sharding); the all_reduce's cotangent passes on. The
+// backward reads nothing the forward computed (only x and w): none of the
+// forward is recomputed, its all_reduce included.
 // CHECK-LABEL: func.func @through_spmd
 // CHECK: %[[G:.*]]:2 = tgraph.spmd @through_spmd_body_vjp(%arg0, %arg1, %{{.*}}) in [#tgraph.sharding<@mesh, {{\[}}["dp"], []]>, #tgraph.sharding<@mesh, {{\[}}[], []]>, #tgraph.sharding<@mesh, []>] out [#tgraph.sharding<@mesh, {{\[}}["dp"], []]>, #tgraph.sharding<@mesh, {{\[}}[], []], partial = ["dp"]>]
 // CHECK: return %[[G]]#1
 // CHECK: func.func private @through_spmd_body_vjp(%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<3x2xf32>, %{{.*}}: tensor<f32>) -> (tensor<2x3xf32>, tensor<3x2xf32>) attributes {tgraph.local}
-// CHECK: tgraph.all_reduce <sum>
+// CHECK-NOT: tgraph.all_reduce
 // CHECK: tgraph.matmul
+// CHECK-NOT: tgraph.all_reduce
+// CHECK: return
 func.func @through_spmd(%x: tensor<4x3xf32>, %w: tensor<3x2xf32>) -> tensor<3x2xf32> {
   %l = tgraph.spmd @through_spmd_body(%x, %w) in [#tgraph.sharding<@mesh, [["dp"], []]>, #tgraph.sharding<@mesh, [[], []]>] out [#tgraph.sharding<@mesh, []>] : (tensor<4x3xf32>, tensor<3x2xf32>) -> tensor<f32>
   %g = tgraph.grad %l wrt %w : tensor<f32>, tensor<3x2xf32> -> tensor<3x2xf32>
@@ -251,4 +255,33 @@ func.func @scaled(%x: tensor<4xf32>) -> tensor<4xf32> {
   %r = tgraph.reshape %l : tensor<1xf32> to tensor<f32>
   %g = tgraph.grad %r wrt %x : tensor<f32>, tensor<4xf32> -> tensor<4xf32>
   return %g : tensor<4xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp"] shape = [2]
+// A forward value the backward reads (the gathered rows) comes from the
+// forward call: the forward tgraph.spmd returns it too (split over every
+// mesh axis: each rank's block its own) and the backward body takes it as
+// an argument, so the all_gather runs once.
+// CHECK-LABEL: func.func @residual
+// CHECK: %[[F:.*]]:2 = tgraph.spmd @residual_body(%arg0) in [#tgraph.sharding<@mesh, {{\[}}["dp"], []]>] out [#tgraph.sharding<@mesh, []>, #tgraph.sharding<@mesh, {{\[}}["dp"], []]>] : (tensor<4x3xf32>) -> (tensor<f32>, tensor<8x3xf32>)
+// CHECK: tgraph.spmd @residual_body_vjp(%arg0, %{{.*}}, %[[F]]#1)
+// CHECK: func.func private @residual_body(
+// CHECK: %[[G:.*]] = tgraph.all_gather
+// CHECK: return %{{.*}}, %[[G]] : tensor<f32>, tensor<4x3xf32>
+// CHECK: func.func private @residual_body_vjp(%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<f32>, %{{.*}}: tensor<4x3xf32>)
+// CHECK-NOT: tgraph.all_gather
+// CHECK: return
+func.func @residual(%x: tensor<4x3xf32>) -> tensor<4x3xf32> {
+  %l = tgraph.spmd @residual_body(%x) in [#tgraph.sharding<@mesh, [["dp"], []]>] out [#tgraph.sharding<@mesh, []>] : (tensor<4x3xf32>) -> tensor<f32>
+  %g = tgraph.grad %l wrt %x : tensor<f32>, tensor<4x3xf32> -> tensor<4x3xf32>
+  return %g : tensor<4x3xf32>
+}
+func.func private @residual_body(%x: tensor<2x3xf32>) -> tensor<f32> attributes {tgraph.local} {
+  %a = tgraph.all_gather %x on @mesh["dp"] dim 0 : tensor<2x3xf32> -> tensor<4x3xf32>
+  %p = tgraph.mul %a, %a : tensor<4x3xf32>
+  %r = tgraph.reduce <sum> %p dims [0, 1] : tensor<4x3xf32> -> tensor<1x1xf32>
+  %s = tgraph.reshape %r : tensor<1x1xf32> to tensor<f32>
+  return %s : tensor<f32>
 }
