@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
     """--torch-python (the peer's interpreter) and the hidden worker flags."""
-    ap.add_argument("--torch-python", default=None,
-                    help="a Python with torch (CPU) to run the PyTorch side; without it "
-                         "only Tessera is measured")
+    import importlib.util
+    here = sys.executable if importlib.util.find_spec("torch") else None
+    ap.add_argument("--torch-python", default=here,
+                    help="a Python with torch (CPU) to run the PyTorch side (default: this "
+                         "one when it has torch; without one only Tessera is measured)")
     ap.add_argument("--worker", choices=["tessera", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
@@ -76,11 +78,22 @@ def commit_and_date() -> tuple[str, str]:
     return commit, datetime.date.today().isoformat()
 
 
+def new_stem(folder: Path, name: str) -> Path:
+    """`folder/name`, or `name-2`, `-3`, ... where a result of that name
+    exists (a second run the same day must not overwrite the first)."""
+    stem, n = folder / name, 1
+    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
+        n += 1
+        stem = folder / f"{name}-{n}"
+    return stem
+
+
 def write_results(name: str, commit: str, today: str, text: str, record: dict) -> None:
     """bench/results/<name>-<date>.md (the printed table) and .json (`record`
-    with the commit, date, machine and cores)."""
-    results = ROOT / "bench" / "results"
-    (results / f"{name}-{today}.md").write_text(text + "\n")
-    (results / f"{name}-{today}.json").write_text(json.dumps(
+    with the commit, date, machine and cores); `-2`, `-3`, ... for another
+    run the same day."""
+    stem = new_stem(ROOT / "bench" / "results", f"{name}-{today}")
+    stem.with_suffix(".md").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(
         {**record, "commit": commit, "date": today, "machine": platform.node(),
          "cores": os.cpu_count()}, indent=1))

@@ -45,6 +45,7 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
+from cpu_ranks import new_stem  # noqa: E402  (compile_time and train_step_cpu use it too)
 import numpy as np  # noqa: E402
 
 
@@ -241,16 +242,6 @@ def git_commit() -> str:
                               text=True, cwd=str(ROOT)).stdout.strip() or "unknown"
     except OSError:
         return "unknown"
-
-
-def new_stem(folder: Path, name: str) -> Path:
-    """`folder/name`, or `name-2`, `-3`, ... where a result of that name
-    exists (a second run the same day must not overwrite the first)."""
-    stem, n = folder / name, 1
-    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
-        n += 1
-        stem = folder / f"{name}-{n}"
-    return stem
 
 
 def main(argv=None) -> int:
