@@ -165,8 +165,10 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
 
 def _spmd_vjp(op: ir.Operation, gs: list) -> list:
     """The cotangents of a `tgraph.spmd`'s operands: another `tgraph.spmd`
-    whose per-rank body recomputes the forward body and runs reverse mode on
-    it. A cotangent that differs between the ranks along an axis its input is
+    whose per-rank body runs reverse mode over a copy of the forward body;
+    the forward values its code reads then come from the forward call
+    (`_take_residuals`, `_with_results`) and the copy's unread rest is
+    erased. A cotangent that differs between the ranks along an axis its input is
     not split over is a sum of the ranks' contributions (JAX's rule for
     values used by every rank): its out-sharding is partial over that axis,
     and the partitioner reduces it where it is read."""
