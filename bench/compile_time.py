@@ -45,6 +45,7 @@ for _p in ("examples", "runtime", "passes", ".", "bench"):
         sys.path.insert(0, str(ROOT / _p))
 
 import dp_tp_step  # noqa: E402  (its JAX worker and git_commit)
+from cpu_ranks import new_stem  # noqa: E402
 
 
 def config(args, depth: int) -> dict:
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "python": platform.python_version()}
     jax_version = next((r["jax"]["jax"] for r in results if r["jax"]), None)
-    stem = dp_tp_step.new_stem(Path(args.out), f"compile_time-{date}")
+    stem = new_stem(Path(args.out), f"compile_time-{date}")
     commit = dp_tp_step.git_commit()
     stem.with_suffix(".json").write_text(json.dumps(
         {"date": date, "commit": commit, "machine": machine, "jax": jax_version,

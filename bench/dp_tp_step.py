@@ -45,7 +45,7 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
-from cpu_ranks import new_stem  # noqa: E402  (compile_time and train_step_cpu use it too)
+from cpu_ranks import new_stem  # noqa: E402
 import numpy as np  # noqa: E402
 
 

@@ -187,9 +187,11 @@ def _nvshmem_moe_check(kit, name, tokens, width, hidden, experts, pack=None):
     dispatch and combine are exchange kernels that put each rank's rows
     into the peer's symmetric buffer (tile/exchange.py). Tokens and experts
     split over the ranks, top-2 routing, GELU experts; each rank checks its
-    tokens' outputs against float64 numpy. `pack`: op.moe's pack_dtype
-    (FP8 e4m3 rounds the dispatched rows to 3 mantissa bits: a looser
-    tolerance)."""
+    tokens' outputs against the fuzzers' float64 MoE. `pack`: op.moe's
+    pack_dtype (FP8 e4m3 rounds the dispatched rows to 3 mantissa bits: a
+    looser tolerance)."""
+    from programs import moe_reference
+
     import tessera as ts
     from tessera import dist, op
     mesh = dist.Mesh(axes=["ep"], devices=range(2))
@@ -204,21 +206,7 @@ def _nvshmem_moe_check(kit, name, tokens, width, hidden, experts, pack=None):
     def moe_layer(x, ex):
         return op.moe(x, experts=ex, k=2, transport={"type": "nvshmem", "pack_dtype": pack},
                       mesh=mesh)
-    # float64: each token's two largest router logits pick its experts,
-    # weighted by the softmax over those two.
-    x64 = x.astype(np.float64)
-    logits = x64 @ weights["router"]
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :2]
-    picked = np.take_along_axis(logits, top, 1)
-    gates = np.exp(picked - picked.max(1, keepdims=True))
-    gates /= gates.sum(1, keepdims=True)
-    want = np.zeros_like(x64)
-    for j in range(2):
-        for e in range(experts):
-            rows = top[:, j] == e
-            h = x64[rows] @ weights["w1"][e]
-            h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
-            want[rows] += gates[rows, j, None] * (h @ weights["w2"][e])
+    want, _ = moe_reference(x, weights, 2)
     bound = {None: 1e-3, "bf16": 2e-2, "fp8_e4m3": 0.1}[pack] * float(np.abs(want).max())
     rule = {"rule": "allclose", "rtol": 0.0, "atol": bound}
     bundle, inputs = ts.compile(moe_layer, mesh=mesh, target=_check_options()).build_for_ranks(
@@ -522,8 +510,10 @@ def _run_profile(kit: Path, out: Path, report: "_Report", timeout: float) -> Non
 
 def build(kit: Path, only=None, benchmarks: bool = True) -> int:
     kit.mkdir(parents=True, exist_ok=True)
-    # The example model and the attention reference the tests use.
-    sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "test" / "python")]
+    # The example model, the attention reference the tests use, the fuzzers'
+    # MoE reference.
+    sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "test" / "python"),
+                    str(ROOT / "test" / "python" / "fuzz")]
     unknown = set(only or ()) - set(CHECKS)
     if unknown:
         raise SystemExit(f"gpu_kit: no check named {', '.join(sorted(unknown))}; "

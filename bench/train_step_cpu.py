@@ -464,8 +464,8 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    import dp_tp_step
-    stem = dp_tp_step.new_stem(out, f"train_step_cpu-{date}-{torch.get_num_threads()}thread")
+    from cpu_ranks import new_stem
+    stem = new_stem(out, f"train_step_cpu-{date}-{torch.get_num_threads()}thread")
     json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     md_path.write_text(markdown(result))

@@ -769,8 +769,9 @@ def autodiff(loss, wrt=None):
 # "auto" (NVSHMEM on the GPU when its buffers fit
 # `TargetOptions.nvshmem_auto_max_bytes`). `pack_dtype` rounds what travels:
 # "bf16" sends the dispatched rows and the experts' outputs as bf16 (half
-# the bytes; the backward's exchanges too); "fp8_e4m3" is not built yet and
-# packs as "bf16" (a warning says so); None sends them in their own dtype.
+# the bytes); "fp8_e4m3" sends the dispatched rows as e4m3 with a float32
+# scale per row and the outputs as bf16; None sends them in their own dtype.
+# The backward's exchanges move bf16 whenever a pack is asked for.
 
 _TRANSPORTS = ("nccl", "mpi", "nvshmem", "auto")
 _PACK_DTYPES = (None, "fp8_e4m3", "bf16")
@@ -829,7 +830,6 @@ def _check_transport(transport, src) -> None:
                              f"{_PACK_DTYPES}  [{src}]")
 
 
-
 def _expert_mesh(mesh):
     """(mesh, ep size): the mesh `mesh=` names, else the one the function is
     compiled for; ep > 1 when it has an 'ep' axis of more than one rank."""
@@ -883,14 +883,16 @@ class _ExpertExchange:
         self.transport = kind if kind in ("nvshmem", "auto") else None
         self.pack = transport.get("pack_dtype") if isinstance(transport, dict) else None
 
-    def _move(self, x: Traced, transport) -> Traced:
+    def _move(self, x: Traced, gradient: bool = True) -> Traced:
+        """`x` [N, ...]: block r of its rows to rank r; what arrives lies side
+        by side in source order. Without `gradient` the exchange sends no
+        cotangent back (tessera-autodiff's NO_GRADIENT)."""
         from .local_view import collective
         n = x.shape[0]
         blocks = reshape(x, self.ep, n // self.ep, *x.shape[1:])
-        # Block r to rank r; what arrives lies side by side in source order.
         moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1,
-                           transport=transport)
-        return reshape(moved, *x.shape)
+                           transport=self.transport)
+        return reshape(moved if gradient else _no_gradient(moved), *x.shape)
 
     def __call__(self, rows: Traced, combine: bool = False) -> Traced:
         """`rows` [N, D] moved (the dispatch, or with `combine` the experts'
@@ -900,18 +902,17 @@ class _ExpertExchange:
         combine in bf16."""
         dtype, fp8 = rows.dtype, self.pack == "fp8_e4m3" and not combine
         if self.pack is None or dtype == dtypes.bf16:
-            return self._move(rows, self.transport)
+            return self._move(rows)
         if not fp8:
-            return cast(self._move(cast(rows, dtypes.bf16), self.transport), dtype)
+            return cast(self._move(cast(rows, dtypes.bf16)), dtype)
         wide = cast(rows, dtypes.f32)
         amax = max(maximum(wide, neg(wide)), -1, keepdim=True)                   # [N, 1]
         # The scale is a constant to the derivative (the rounding's gradient
         # is the identity, straight through), and moves with no backward.
         scale = _no_gradient(div(maximum(amax, np.float32(2.0 ** -126)), np.float32(448.0)))
         packed = cast(div(wide, scale), dtypes.fp8_e4m3)
-        moved_scale = self._move(scale, self.transport)
-        _no_gradient(moved_scale.value.owner.operands[0].owner)   # its all_to_all
-        return cast(mul(cast(self._move(packed, self.transport), dtypes.f32), moved_scale), dtype)
+        moved = cast(self._move(packed), dtypes.f32)
+        return cast(mul(moved, self._move(scale, gradient=False)), dtype)
 
     def counts(self, kept: Traced) -> Traced:
         from .local_view import collective
@@ -920,11 +921,10 @@ class _ExpertExchange:
         return reshape(moved, self.ep, kept.shape[0] // self.ep)                  # [source, e]
 
 
-def _no_gradient(x):
-    """Marks the op making traced `x` (or op `x`) as carrying no gradient
-    back (tessera-autodiff's NO_GRADIENT); returns `x`."""
-    op = x.value.owner if isinstance(x, Traced) else x
-    getattr(op, "operation", op).attributes["tgraph.no_gradient"] = ir.UnitAttr.get()
+def _no_gradient(x: Traced) -> Traced:
+    """Marks the op making `x` as carrying no gradient back
+    (tessera-autodiff's NO_GRADIENT); returns `x`."""
+    x.value.owner.attributes["tgraph.no_gradient"] = ir.UnitAttr.get()
     return x
 
 

@@ -77,9 +77,7 @@ NO_GRADIENT = "tgraph.no_gradient"
 def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     """Cotangents of `op`'s operands given the cotangents `gs` of its results
     (None for a result the loss does not depend on); None for operands
-    without one (integers, conditions, indices, an op marked NO_GRADIENT)."""
-    if NO_GRADIENT in op.attributes:
-        return [None] * len(op.operands)
+    without one (integers, conditions, indices)."""
     name = op.name.split(".", 1)[1]
     x = [_rematerialize(v) for v in op.operands]
     out, g = op.results[0], gs[0]
@@ -217,7 +215,7 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
             return g
 
         def rule(inner, cts):
-            if inner.name in PER_RANK_COLLECTIVES and NO_GRADIENT not in inner.attributes:
+            if inner.name in PER_RANK_COLLECTIVES:
                 return _collective_vjp(inner, cts[0], varying, mesh)
             return vjp(inner, cts)
 
@@ -275,7 +273,7 @@ def _take_residuals(cloned: list, entry: ir.Block, varying: Varying, inverse: di
     recomputation that is left unread, and returns (argument, forward value)
     pairs. (Ranked values only: a scalar stays recomputed, with what it
     needs.) Each argument varies as the value did."""
-    inside = {c for c in cloned}
+    inside = set(cloned)
     taken = []
     for c in cloned:
         for r in c.results:
@@ -456,7 +454,7 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
         accumulate(value, g)
     for op in reversed(_ops_between(body, sources, [v for v, _ in seeds])):
         cts = [cotangent.get(r) for r in op.results]
-        if all(g is None for g in cts):
+        if all(g is None for g in cts) or NO_GRADIENT in op.attributes:
             continue
         with backward_location(op.location):
             for operand, ct in zip(op.operands, rule(recompute.primal(op), cts)):

@@ -402,6 +402,10 @@ def _exchangeable(exchange: ir.Operation) -> str | None:
     """Why `exchange` (an all_to_all) cannot be an NVSHMEM exchange kernel,
     or None: its pieces must be contiguous, and of one shape, in its operand
     and its result (the kernel puts whole pieces)."""
+    concat = ir.IntegerAttr(exchange.attributes["concat_dim"]).value
+    # (The verifier keeps split_dim and concat_dim apart: concat_dim grew by
+    # the axis size.)
+    parts = shape_of(exchange.results[0])[concat] // shape_of(exchange.operands[0])[concat]
     pieces = []
     for what, value, dim in (("operand", exchange.operands[0], "split_dim"),
                              ("result", exchange.results[0], "concat_dim")):
@@ -410,9 +414,6 @@ def _exchangeable(exchange: ir.Operation) -> str | None:
         if any(n != 1 for n in shape[:d]):
             return (f"its {what}'s pieces are not contiguous (dimensions {shape[:d]} before "
                     f"{dim} {d})")
-        parts = shape_of(exchange.results[0])[ir.IntegerAttr(
-            exchange.attributes["concat_dim"]).value] // shape_of(exchange.operands[0])[
-            ir.IntegerAttr(exchange.attributes["concat_dim"]).value]
         shape[d] //= parts
         pieces.append(shape)
     if pieces[0] != pieces[1]:

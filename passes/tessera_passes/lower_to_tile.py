@@ -64,7 +64,8 @@ from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import (PassError, function_type, functions, ops_of,
                                          run_reporting)
 from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, grid_offsets, index,
-                                              largest_divisor, new_kernel, tile_type)
+                                              largest_divisor, mark_symmetric, new_kernel,
+                                              tile_type)
 from tessera_compiler.ir.types import enum_of, memref_of, shape_of
 
 from .tile import exchange, flash_attention
@@ -188,16 +189,6 @@ def _collective_gemm(kernels, launch) -> list[ir.Operation] | None:
 
 def _matmul_of(body: list[ir.Operation]) -> ir.Operation:
     return next(o for o in body if o.name == "tgraph.matmul")
-
-
-def _mark_symmetric(kernel: ir.Operation, n_args: int, n_symmetric: int) -> None:
-    """Marks the kernel's last `n_symmetric` arguments symmetric, the last
-    also as signal words (the runtime zeroes them before each launch)."""
-    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
-    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
-        [empty] * (n_args - n_symmetric)
-        + [ir.DictAttr.get({"ttile.symmetric": unit})] * (n_symmetric - 1)
-        + [ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
 
 
 def _fits_epilogue(op, out_shape: list[int]) -> bool:
@@ -385,7 +376,7 @@ class GroupTiler:
                 # The instance's output tile is wherever the protocol puts it
                 # (a gather's own rows first): the epilogue follows its offsets.
                 n_sym = len(self.symmetric)
-                _mark_symmetric(k, len(arg_types), n_sym)
+                mark_symmetric(k, len(arg_types), n_sym)
                 _, ins, out = self.members[0]
                 tiles[out], *self.offsets = self._protocol().emit(
                     *self.fused, self.mesh, self.gemm, self.arg_of[ins[0]], self.arg_of[ins[1]],
@@ -576,13 +567,8 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
             owner = b.owner
             if not isinstance(owner, ir.Block) and owner.name == "tsched.alloc":
                 owner.move_before(first)
-        with ir.InsertionPoint(first), first.location:
-            scratch = [tsched.AllocOp(t, symmetric=True) for t in tiler.symmetric]
-            fused = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, tiler.inputs,
-                                    tiler.outputs + [a.result for a in scratch])
-        with ir.InsertionPoint.after(fused), first.location:
-            frees = [tsched.FreeOp(a.result) for a in scratch]
-        copy_action(first, fused, *scratch, *frees)
+        _launch_with_symmetric(first, name, stream, tiler.inputs, tiler.outputs,
+                               tiler.symmetric)
         for launch in group:
             launch.erase()
         for b in tiler.internal:
@@ -591,6 +577,20 @@ def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
             b.owner.erase()
         kernel.move_before(next(iter(kernels.values())))
     return consumed
+
+
+def _launch_with_symmetric(at: ir.Operation, kernel: str, stream, ins, outs,
+                           symmetric: list) -> None:
+    """A launch of `kernel` before `at` (whose pipeline rank it takes), with
+    buffers of the `symmetric` types (NVSHMEM's heap) allocated right before
+    it, passed after `outs`, and freed right after it."""
+    with ir.InsertionPoint(at), at.location:
+        scratch = [tsched.AllocOp(t, symmetric=True) for t in symmetric]
+        made = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), stream, ins,
+                               outs + [a.result for a in scratch])
+    with ir.InsertionPoint.after(made), at.location:
+        frees = [tsched.FreeOp(a.result) for a in scratch]
+    copy_action(at, made, *scratch, *frees)
 
 
 def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: dict) -> set:
@@ -605,14 +605,7 @@ def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: di
             continue
         mesh = meshes[ir.FlatSymbolRefAttr(kop.attributes["mesh"]).value]
         kernel, symmetric = exchange.exchange_kernel(kop, name, mesh, module_block)
-        stream, ins, outs = _launch_parts(launch)
-        with ir.InsertionPoint(launch), launch.location:
-            scratch = [tsched.AllocOp(t, symmetric=True) for t in symmetric]
-            made = tsched.LaunchOp(ir.FlatSymbolRefAttr.get(name), stream, ins,
-                                   outs + [a.result for a in scratch])
-        with ir.InsertionPoint.after(made), launch.location:
-            frees = [tsched.FreeOp(a.result) for a in scratch]
-        copy_action(launch, made, *scratch, *frees)
+        _launch_with_symmetric(launch, name, *_launch_parts(launch), symmetric)
         kernel.move_before(next(iter(kernels.values())))
         launch.erase()
         consumed.add(name)

@@ -12,6 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 
+def bits_dtype(dtype) -> np.dtype:
+    """What a buffer of `dtype` holds where the library or transport lacks
+    the type: the unsigned integer of its width for ml_dtypes' storage-only
+    floats (bf16: uint16, FP8 e4m3: uint8), else `dtype` itself."""
+    dtype = np.dtype(dtype)
+    return np.dtype(f"u{dtype.itemsize}") if dtype.kind == "V" else dtype
+
+
 def is_bf16(dtype) -> bool:
     """Whether `dtype` is bfloat16 (ml_dtypes' on the host)."""
     return np.dtype(dtype).name == "bfloat16"

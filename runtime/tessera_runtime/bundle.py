@@ -152,9 +152,7 @@ class _Reader:
 
     def dtype(self, v, where: str) -> np.dtype:
         try:
-            # (Not `get(v) or ...`: a dtype without fields is falsy.)
-            dt = None if not isinstance(v, str) else \
-                _ML_DTYPES[v] if v in _ML_DTYPES else np.dtype(v)
+            dt = (_ML_DTYPES.get(v) or np.dtype(v)) if isinstance(v, str) else None
         except TypeError:
             dt = None
         if dt is None or (dt.kind not in "biufc" and dt not in _ML_DTYPES.values()):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .bf16 import is_bf16
+from .bf16 import bits_dtype, is_bf16
 from .comm import (Communicator, CommError, SelfCommunicator, Work, leading_is_trivial,
                    rank_blocks, tree_reduce)
 from .mesh import MeshInfo
@@ -44,7 +44,7 @@ _OPS = {
 
 def _wire(a):
     """`a` as MPI moves it: bf16 and FP8 as their bits (MPI has neither type)."""
-    return a.view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype.kind == "V" else a
+    return a.view(bits_dtype(a.dtype))
 
 
 class MPIWork(Work):

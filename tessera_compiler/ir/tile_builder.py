@@ -48,6 +48,16 @@ def new_kernel(name: str, arg_types, grid: int, threads: int, tile_sizes, module
     return k.operation, entry
 
 
+def mark_symmetric(kernel: ir.Operation, n_args: int, n_symmetric: int) -> None:
+    """Marks the kernel's last `n_symmetric` arguments symmetric, the last
+    also as signal words (the runtime zeroes them before each launch)."""
+    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
+    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [empty] * (n_args - n_symmetric)
+        + [ir.DictAttr.get({"ttile.symmetric": unit})] * (n_symmetric - 1)
+        + [ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
+
+
 def grid_offsets(counts: list[int], tile: list[int]) -> list[ir.Value]:
     """Element offsets of this instance's tile along each dimension: the linear
     program id enumerates the grid `counts` row-major."""

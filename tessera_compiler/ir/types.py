@@ -16,11 +16,6 @@ ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "
 ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2, "f8E4M3FN": 1,
                  "i8": 1, "i1": 1}
 
-#: Storage-only float types: buffers hold their bits, tiles compute in float
-#: (every value rounded to the type), as for bf16. An MoE layer packs what it
-#: sends in FP8 e4m3 (OCP "fn": no infinities, 448 the largest finite).
-FP8 = "f8E4M3FN"
-
 #: The enum attributes of Tessera's dialects.
 ENUM_ATTRS = (tgraph.ReductionKindAttr, tgraph.TransportAttr, tgraph.CompareKindAttr,
               tsched.CollectiveKindAttr)

@@ -150,17 +150,25 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
     assert cases["nccl fp8"]["grads vs nccl"] <= 0.1
 
 
-def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
-    """The design docs' MoE call names NVSHMEM; on the CPU target (no NVSHMEM
-    kernels) its exchanges are the communicator's all_to_alls, on the GPU
-    target exchange kernels (put, signal, wait, get) with no row all_to_all
-    left but the count exchange."""
+def _moe_on_two_ranks():
+    """(an ep=2 mesh, x [16, 8], experts: a router [8, 4], w1 [4, 8, 12], w2
+    [4, 12, 8]) on fresh random values, for tracing an MoE layer."""
     mesh = dist.Mesh(axes=["ep"], devices=range(2))
     rng = np.random.default_rng()
     x = rng.standard_normal((16, 8)).astype(np.float32)
     ex = {"router": rng.standard_normal((8, 4)).astype(np.float32),
           "w1": rng.standard_normal((4, 8, 12)).astype(np.float32),
           "w2": rng.standard_normal((4, 12, 8)).astype(np.float32)}
+    return mesh, x, ex
+
+
+def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
+    """The design docs' MoE call names NVSHMEM; on the CPU target (no NVSHMEM
+    kernels) its exchanges are the communicator's all_to_alls, on the GPU
+    target exchange kernels (put, signal, wait, get) with no row all_to_all
+    left but the count exchange."""
+    mesh, x, ex = _moe_on_two_ranks()
+
     def layer(x, ex):
         return op.moe(x, experts=ex, k=2, transport="nvshmem", mesh=mesh)
     cpu = ts.graph.trace(layer, x, ex, mesh=mesh, target="cpu")
@@ -183,12 +191,7 @@ def test_moe_fp8_packing_moves_bytes_forward_and_bf16_backward():
     each) beside one float32 scale per row; the combine and every backward
     exchange as bf16 (an unscaled gradient would vanish in e4m3), and no
     gradient is sent back for the scales."""
-    mesh = dist.Mesh(axes=["ep"], devices=range(2))
-    rng = np.random.default_rng()
-    x = rng.standard_normal((16, 8)).astype(np.float32)
-    ex = {"router": rng.standard_normal((8, 4)).astype(np.float32),
-          "w1": rng.standard_normal((4, 8, 12)).astype(np.float32),
-          "w2": rng.standard_normal((4, 12, 8)).astype(np.float32)}
+    mesh, x, ex = _moe_on_two_ranks()
 
     def step(x, ex):
         y = op.moe(x, experts=ex, k=2, transport={"type": "nccl", "pack_dtype": "fp8_e4m3"},
@@ -211,12 +214,7 @@ def test_moe_auto_transport_says_why_in_the_collective_report():
     """transport="auto" on the GPU target: NVSHMEM exchange kernels while
     their symmetric buffers fit `nvshmem_auto_max_bytes`, the communicator
     past it; the report names the sizes behind each choice."""
-    mesh = dist.Mesh(axes=["ep"], devices=range(2))
-    rng = np.random.default_rng()
-    x = rng.standard_normal((16, 8)).astype(np.float32)
-    ex = {"router": rng.standard_normal((8, 4)).astype(np.float32),
-          "w1": rng.standard_normal((4, 8, 12)).astype(np.float32),
-          "w2": rng.standard_normal((4, 12, 8)).astype(np.float32)}
+    mesh, x, ex = _moe_on_two_ranks()
 
     def layer(x, ex):
         return op.moe(x, experts=ex, k=2, transport="auto", mesh=mesh)

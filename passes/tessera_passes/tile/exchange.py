@@ -18,8 +18,7 @@ the peer's symmetric receive buffer (an MoE layer's dispatch and combine).
   PE, which completes before the block reads on).
 
 Pieces are contiguous (`_exchangeable` in lower_to_schedule checks it) and
-the same shape in `x` and `out`; each is copied a contiguous row (its last
-dimension) per call.
+the same shape in `x` and `out`, so each put and get is one call.
 
 Deadlock freedom: instance j of rank p waits only for instance p of the
 rank at coordinate j, which puts before it waits. In the CPU emulator a
@@ -37,7 +36,8 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import arith, ttile
 
 from tessera_compiler.ir.sharding import Mesh
-from tessera_compiler.ir.tile_builder import THREADS_PER_BLOCK, i64_array, index, new_kernel
+from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, i64_array, index,
+                                              mark_symmetric, new_kernel)
 from tessera_compiler.ir.types import memref_of, shape_of
 
 from .collective_gemm import instance
@@ -71,10 +71,7 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
     loc = exchange.location
     kernel, entry = new_kernel(name, [x_type, out_type] + symmetric, parts, THREADS_PER_BLOCK,
                                [1], module_block, loc)
-    unit, empty = ir.UnitAttr.get(), ir.DictAttr.get({})
-    kernel.attributes["arg_attrs"] = ir.ArrayAttr.get(
-        [empty, empty, ir.DictAttr.get({"ttile.symmetric": unit}),
-         ir.DictAttr.get({"ttile.symmetric": unit, "ttile.signals": unit})])
+    mark_symmetric(kernel, 4, 2)
     x, out, received, arrived = entry.arguments
     out_shape = shape_of(exchange.results[0])
     with ir.InsertionPoint(entry), loc:

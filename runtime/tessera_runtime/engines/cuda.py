@@ -100,9 +100,7 @@ class CUDAEngine(Engine):
 
     # -- memory -----------------------------------------------------------------
     def _storage(self, dtype):
-        # FP8 e4m3 as its bits too (uint8: NCCL moves it as bytes).
-        return np.uint16 if bf16.is_bf16(dtype) else np.dtype(np.uint8) \
-            if np.dtype(dtype).name == "float8_e4m3fn" else np.dtype(dtype)
+        return bf16.bits_dtype(dtype)       # cupy has neither bf16 nor FP8
 
     def alloc(self, shape, dtype):
         return self.cp.empty(tuple(shape), dtype=self._storage(dtype))
@@ -118,8 +116,7 @@ class CUDAEngine(Engine):
         # the same call, so the program may still write its buffer.
         if not isinstance(array, self.cp.ndarray):
             array = np.asarray(array)
-            if array.dtype.kind == "V":         # bf16, fp8: their bits
-                array = array.view(self._storage(array.dtype))
+            array = array.view(self._storage(array.dtype))
         return self._upload(array)
 
     def to_host(self, buffer, dtype=None):
