@@ -5,7 +5,8 @@ reference.
 A program is straight-line code over the op set (elementwise and
 broadcasting, reductions with `dim=`/`axis=`/keepdim, reshape, transpose,
 slicing, concat, split, matmul of ranks 1-4, softmax, layernorm,
-cross-entropy, casts to and from bf16) with small shapes, zero-size
+cross-entropy, casts to and from bf16, an input's round trip through FP8
+e4m3, mixtures of experts) with small shapes, zero-size
 dimensions included. Tessera runs exactly the text `Program.source()`
 prints (it is exec'd from a file of its own), so a failure's repro is that
 text. Hypothesis shrinks a failing program to a minimal one: fewer steps,
@@ -536,6 +537,19 @@ def _cast(b: _Builder):
            lambda env, n=x.name: env[n], x.shape, to, x.bound)
 
 
+def _fp8_round(b: _Builder):
+    """A fresh float32 input cast to FP8 e4m3 and back (what op.moe's FP8
+    packing does to what it sends): exact against ml_dtypes' rounding, since
+    the input is the same float32 on both sides. (Not in gradient programs:
+    finite differences of a rounding are zero or a jump, its derivative the
+    identity, straight through.)"""
+    b.need(b.allow_bf16)
+    x = b.new_input(b.shape(), "f32")
+    b.step(f"op.cast(op.cast({x.name}, 'fp8_e4m3'), ts.float32)",
+           lambda env, n=x.name: env[n].astype(ml_dtypes.float8_e4m3fn).astype(np.float64),
+           x.shape, "f32", x.bound * 1.0625)
+
+
 def _select(b: _Builder):
     """where(a > b, a, b) (or <, >=, <=, ==, != and either order of the branches)."""
     a = b.pick(_float)
@@ -633,7 +647,7 @@ def _moe(b: _Builder):
 
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
-         _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe]
+         _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round]
 
 
 @st.composite
