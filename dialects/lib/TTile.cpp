@@ -121,6 +121,34 @@ LogicalResult KernelOp::verify() {
     return emitOpError("'producer_warpgroup' needs a 1-D block of whole warpgroups, one of them "
                        "computing besides the producer (256 threads or more), got ")
            << threads << " threads";
+  if (auto segments = getRowSegments())
+    return verifyRowSegments(*segments);
+  return success();
+}
+
+LogicalResult KernelOp::verifyRowSegments(ArrayRef<int64_t> segments) {
+  if (segments.size() != 3)
+    return emitOpError("'row_segments' must be [argument, rows, tile rows], got ")
+           << segments.size() << " values";
+  int64_t arg = segments[0], rows = segments[1], tileRows = segments[2];
+  ArrayRef<Type> inputs = getFunctionType().getInputs();
+  if (arg < 0 || arg >= static_cast<int64_t>(inputs.size()))
+    return emitOpError("'row_segments' names argument #")
+           << arg << " but the kernel has " << inputs.size();
+  auto sizes = llvm::cast<MemRefType>(inputs[arg]);
+  if (!sizes.getElementType().isInteger(32) || sizes.getRank() < 1 || sizes.getRank() > 2)
+    return emitOpError("'row_segments' argument #")
+           << arg << " must hold segment sizes ([S] or [B, S] i32), got " << sizes;
+  if (rows < 1 || tileRows < 1 || rows % tileRows)
+    return emitOpError("'row_segments' tile rows (")
+           << tileRows << ") must divide its rows (" << rows << ")";
+  if (sizes.getRank() == 2 && rows % sizes.getDimSize(0))
+    return emitOpError("'row_segments' rows (")
+           << rows << ") do not split into the " << sizes.getDimSize(0) << " blocks of argument #"
+           << arg;
+  if (getGrid().size() != 1 || getGrid()[0] % (rows / tileRows))
+    return emitOpError("'row_segments' needs a 1-D grid of whole row bands (")
+           << rows / tileRows << " bands)";
   return success();
 }
 

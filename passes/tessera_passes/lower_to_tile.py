@@ -18,7 +18,10 @@ one tgraph op each. This pass decides how each runs:
    tile. Reductions over another dimension get a kernel of their own that
    loops over the reduced dimension. Data-movement launches that do not read
    the run's results (a bias reshaped for broadcasting) move ahead of it
-   instead of breaking it.
+   instead of breaking it. A kernel whose results only grouped GEMMs read
+   (`SEGMENT_READERS`: a MoE layer's activation between its experts' GEMMs,
+   and its backward) takes their segment sizes and `row_segments`: its
+   instances past the segments, the dispatch's padding, do nothing.
 3. GEMMs (targets other than the CPU). A matmul starts a run, and the
    elementwise launches after it over its output's shape (bias, activation,
    residual, cast) become its epilogue. The kernel's grid covers the batch
@@ -174,6 +177,35 @@ def _is_gemm(op) -> bool:
     return op.name == "tgraph.matmul"
 
 
+# Ops that read rows only inside segments: {op: its operands so read}; the
+# segment sizes are operand 2. What an expert-parallel MoE layer's grouped
+# GEMMs read of the dispatched rows, whose blocks are padded to their worst
+# case (see op.moe).
+SEGMENT_READERS = {"tgraph.grouped_matmul": (0,), "tgraph.grouped_outer": (0, 1)}
+
+
+def _segment_sizes(kernels, outputs: list, members: list) -> ir.Value | None:
+    """The segment sizes buffer when every read of `outputs` (outside
+    `members`) is a segment reader's over their rows with that one buffer,
+    else None."""
+    sizes = None
+    for b in outputs:
+        for use in b.uses:
+            user = use.owner.operation
+            if user in members or user.name == "tsched.free":
+                continue
+            if user.name != "tsched.launch":
+                return None
+            _, ins, outs = _launch_parts(user)
+            read = SEGMENT_READERS.get(_kernel_op(kernels, user).name, ())
+            if b in outs or any(v == b and i not in read for i, v in enumerate(ins)):
+                return None
+            if sizes is not None and ins[2] != sizes:
+                return None
+            sizes = ins[2]
+    return sizes
+
+
 # Kernels that fuse a GEMM with its collective (an NVSHMEM transport;
 # tessera-lower-to-schedule makes them), by the op names of their bodies.
 COLLECTIVE_GEMMS: dict[tuple[str, str], CollectiveGemm] = {
@@ -219,6 +251,20 @@ def _hoist(launch, before, produced) -> bool:
         b.owner.move_before(before)
     launch.move_before(before)
     return True
+
+
+def _written_before(buf: ir.Value, at: ir.Operation) -> bool:
+    """Whether `buf` (a block argument or an alloc's result) holds its
+    value before `at`: the op writing it (a launch, or a collective into
+    it) precedes `at` in the block."""
+    if isinstance(buf.owner, ir.Block):
+        return True
+    writers = [u.owner.operation for u in buf.uses
+               if (u.owner.operation.name == "tsched.launch"
+                   and buf in _launch_parts(u.owner.operation)[2])
+               or (u.owner.operation.name == "tsched.collective_start"
+                   and u.owner.operation.opview.dst == buf)]
+    return len(writers) == 1 and writers[0].is_before_in_block(at)
 
 
 def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> list[list[ir.Operation]]:
@@ -321,6 +367,7 @@ class GroupTiler:
             if any(u not in members and u.name != "tsched.free" for u in users):
                 self.outputs.append(b)
         self.internal = [b for b in produced if b not in self.outputs]
+        self.kernels = kernels
 
     # -- tiling ------------------------------------------------------------
     def _protocol(self) -> CollectiveGemm:
@@ -361,14 +408,22 @@ class GroupTiler:
                 for d in reversed(range(rank - 1)):
                     tile[d] = largest_divisor(dom[d], budget)
                     budget = max(1, budget // tile[d])
+        self.dom = dom
+        row_segments = None if self.gemm else self._row_segments()
+        if row_segments:
+            # Bands inside one block of rows, so that each can be skipped.
+            tile[0] = largest_divisor(row_segments[1], tile[0])
+            row_segments[1:] = [dom[0], tile[0]]
         grid = math.prod(d // t for d, t in zip(dom, tile))
-        self.dom, self.tile = dom, tile
+        self.tile = tile
         arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs] + self.symmetric
         loc = self.ops[0].location
         threads = self.gemm.threads if self.gemm else THREADS_PER_BLOCK
         sizes = [self.gemm.bm, self.gemm.bn, self.gemm.bk] if self.gemm else (tile or [1])
         k, entry = new_kernel(self.name, arg_types, grid, threads, sizes, self.module_block, loc,
                               self.gemm.stages if self.gemm else None)
+        if row_segments:
+            k.attributes["row_segments"] = ir.DenseI64ArrayAttr.get(row_segments)
         self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
         with ir.InsertionPoint(entry), loc:
             tiles = {}
@@ -392,6 +447,28 @@ class GroupTiler:
                     ttile.StoreOp(tiles[b], self.arg_of[b], self._value_offsets(b))
             ttile.ReturnOp()
         return k
+
+    def _row_segments(self) -> list[int] | None:
+        """[the sizes' argument, the rows of a block] when only segment
+        readers read this kernel's outputs, over the rows of its domain's
+        first dimension; their sizes buffer joins the inputs. Then the
+        kernel skips the bands past the segments: the padding of a MoE
+        layer's dispatched blocks, `ep` times the rows that carry tokens."""
+        rows = self.dom[0] if len(self.dom) > 1 else 0
+        if rows < 2 or any(shape_of(b)[0] != rows for b in self.outputs):
+            return None
+        sizes = _segment_sizes(self.kernels, self.outputs, self.group)
+        # Written before this launch (buffers are written once, by the op
+        # defining them or by the one launch with them in its outs).
+        if sizes is None or not _written_before(sizes, self.group[0]):
+            return None
+        sizes_shape = shape_of(sizes)
+        if len(sizes_shape) == 2 and rows % sizes_shape[0]:
+            return None
+        if sizes not in self.inputs:
+            self.inputs.append(sizes)
+        blocks = sizes_shape[0] if len(sizes_shape) == 2 else 1
+        return [self.inputs.index(sizes), rows // blocks]
 
     def _gemm(self, op, ins) -> ir.Value:
         *batch_offsets, row, col = self.offsets

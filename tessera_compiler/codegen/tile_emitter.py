@@ -214,6 +214,21 @@ class KernelEmitter:
             self.buffer_elements[f"arg{i}"] = str(mt.element_type)
         return name, grid, entry, params, prologue
 
+    def past_segments(self, kernel: ir.Operation, pid: str) -> str | None:
+        """A C++ condition, true when instance `pid` of a kernel with
+        `row_segments` covers only rows past every segment (rows nothing
+        reads: it skips them), or None without the attribute. A band that
+        spans two blocks of rows always runs."""
+        if "row_segments" not in kernel.attributes:
+            return None
+        arg, rows, tile_rows = ir.DenseI64ArrayAttr(kernel.attributes["row_segments"])
+        sizes = self.buffers[f"arg{arg}"]
+        blocks, per_block = (sizes if len(sizes) == 2 else [1] + sizes)
+        grid = list(ir.DenseI64ArrayAttr(kernel.attributes["grid"]))[0]
+        height, band_pids = rows // blocks, grid // (rows // tile_rows)
+        first = f"(({pid}) / {band_pids}) * {tile_rows}"
+        return (f"tessera_past_segments(arg{arg}, {per_block}, {height}, {first}, {tile_rows})")
+
     def emit_kernel(self, kernel: ir.Operation) -> str:
         name, grid, entry, params, prologue = self.signature(kernel)
         # How many stores write each buffer and which buffers are loaded:
@@ -235,6 +250,9 @@ class KernelEmitter:
             start, stop = ("pid0_begin", "pid0_end") if d == 0 else (0, g)
             self.line(f"for (int64_t pid{d} = {start}; pid{d} < {stop}; ++pid{d}) {{")
             self.indent += 1
+            skip = self.past_segments(kernel, "pid0") if d == 0 else None
+            if skip:
+                self.line(f"if ({skip}) continue;  // rows nothing reads")
         self.emit_ops(entry.operations)
         for _ in grid:
             self.indent -= 1
@@ -738,6 +756,20 @@ FP8_HELPERS = """\
 {q} inline float f8e4m3_round(float f) {{ return f8e4m3_to_float(float_to_f8e4m3(f)); }}
 """
 
+# A kernel with `row_segments`: whether the `tile_rows` rows from `first` lie
+# past the segments of their block (`per_block` sizes at block `first /
+# height`); a band reaching into the next block runs.
+SEGMENT_HELPERS = """\
+{q} inline bool tessera_past_segments(const int32_t* sizes, int64_t per_block, int64_t height,
+                                      int64_t first, int64_t tile_rows) {{
+  const int64_t block = first / height;
+  if ((first + tile_rows - 1) / height != block) return false;
+  int64_t used = 0;
+  for (int64_t s = 0; s < per_block; ++s) used += sizes[block * per_block + s];
+  return first - block * height >= used;
+}}
+"""
+
 # float exp and tanh the compiler can vectorize (glibc's expf/tanhf are calls
 # it cannot), accurate to about 1.5 ulp (Cephes polynomials): a GELU or
 # softmax kernel is otherwise dominated by scalar libm calls. IEEE edge cases
@@ -840,7 +872,8 @@ _CPP_PRELUDE = """\
 #include <cstdint>
 #include <cstring>
 #include <vector>
-""" + BF16_HELPERS.format(q="static") + FP8_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
+""" + BF16_HELPERS.format(q="static") + FP8_HELPERS.format(q="static") + \
+    SEGMENT_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
 
 def emit_cpp(module: ir.Module) -> str:
     """C++ for the CPU engine: one `extern "C"` function per ttile.kernel."""

@@ -667,3 +667,51 @@ module attributes {tessera.target = "gpu"} {
     return %0 : tensor<1x32x8xf32>
   }
 }
+
+// -----
+
+// A GELU between two grouped GEMMs (an expert-parallel MoE layer's experts):
+// only the GEMMs read its result, and only inside the segments of %sizes, so
+// the fused kernel takes %sizes and `row_segments` [its argument, rows, tile
+// rows]: instances past a block's segments (the padding) skip their work.
+// Its bands stay inside one block of 16 rows (4 blocks) so that each can be
+// skipped. A kernel whose result something else reads gets neither.
+// CHECK-LABEL: func.func @segment_rows
+// CHECK: tsched.launch @gelu on %{{.*}} ins(%{{.*}}, %[[SIZES:.*]] : memref<64x32xf32>, memref<4x2xi32>)
+// CHECK: tsched.launch @tanh on %{{.*}} ins(%{{.*}} : memref<64x32xf32>) outs
+// CHECK: ttile.kernel @gelu(%{{.*}}: memref<64x32xf32>, %{{.*}}: memref<4x2xi32>, %{{.*}}: memref<64x32xf32>)
+// CHECK-SAME: grid = array<i64: 4>, row_segments = array<i64: 1, 64, 16>
+// CHECK: ttile.kernel @tanh
+// CHECK-NOT: row_segments
+module attributes {tessera.target = "cpu"} {
+  func.func @segment_rows(%rows: memref<64x16xf32>, %w1: memref<2x16x32xf32>, %w2: memref<2x32x16xf32>, %sizes: memref<4x2xi32>) -> (memref<64x16xf32>, memref<64x32xf32>) {
+    %s = tsched.stream "compute"
+    %h = tsched.alloc : memref<64x32xf32>
+    tsched.launch @up on %s ins(%rows, %w1, %sizes : memref<64x16xf32>, memref<2x16x32xf32>, memref<4x2xi32>) outs(%h : memref<64x32xf32>)
+    %a = tsched.alloc : memref<64x32xf32>
+    tsched.launch @gelu on %s ins(%h : memref<64x32xf32>) outs(%a : memref<64x32xf32>)
+    %y = tsched.alloc : memref<64x16xf32>
+    tsched.launch @down on %s ins(%a, %w2, %sizes : memref<64x32xf32>, memref<2x32x16xf32>, memref<4x2xi32>) outs(%y : memref<64x16xf32>)
+    tsched.free %a : memref<64x32xf32>
+    %t = tsched.alloc : memref<64x32xf32>
+    tsched.launch @tanh on %s ins(%h : memref<64x32xf32>) outs(%t : memref<64x32xf32>)
+    tsched.free %h : memref<64x32xf32>
+    return %y, %t : memref<64x16xf32>, memref<64x32xf32>
+  }
+  func.func private @up(%x: tensor<64x16xf32>, %w: tensor<2x16x32xf32>, %n: tensor<4x2xi32>) -> tensor<64x32xf32> attributes {tsched.kernel} {
+    %0 = tgraph.grouped_matmul %x, %w, %n : tensor<64x16xf32>, tensor<2x16x32xf32>, tensor<4x2xi32> -> tensor<64x32xf32>
+    return %0 : tensor<64x32xf32>
+  }
+  func.func private @gelu(%x: tensor<64x32xf32>) -> tensor<64x32xf32> attributes {tsched.kernel} {
+    %0 = tgraph.gelu %x : tensor<64x32xf32>
+    return %0 : tensor<64x32xf32>
+  }
+  func.func private @down(%x: tensor<64x32xf32>, %w: tensor<2x32x16xf32>, %n: tensor<4x2xi32>) -> tensor<64x16xf32> attributes {tsched.kernel} {
+    %0 = tgraph.grouped_matmul %x, %w, %n : tensor<64x32xf32>, tensor<2x32x16xf32>, tensor<4x2xi32> -> tensor<64x16xf32>
+    return %0 : tensor<64x16xf32>
+  }
+  func.func private @tanh(%x: tensor<64x32xf32>) -> tensor<64x32xf32> attributes {tsched.kernel} {
+    %0 = tgraph.tanh %x : tensor<64x32xf32>
+    return %0 : tensor<64x32xf32>
+  }
+}

@@ -114,3 +114,21 @@ ttile.kernel @chain(%a: memref<8x4xf32>, %c: memref<8x4xf32>)
   ttile.store %e, %c[%row, %c0] : !ttile.tile<4x4xf32>, memref<8x4xf32>
   ttile.return
 }
+
+// -----
+
+// `row_segments`: an instance whose 8-row band lies past its block's
+// segments (2 blocks of 32 rows; sizes in %n) skips its work.
+// CHECK-LABEL: void padded__range(
+// CHECK: for (int64_t pid0 = pid0_begin; pid0 < pid0_end; ++pid0) {
+// CHECK-NEXT: if (tessera_past_segments(arg0, 2, 32, ((pid0) / 1) * 8, 8)) continue;
+ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 128>, row_segments = array<i64: 0, 64, 8>} {
+  %pid = ttile.program_id 0
+  %c8 = arith.constant 8 : index
+  %c0 = arith.constant 0 : index
+  %row = arith.muli %pid, %c8 : index
+  %t = ttile.load %x[%row, %c0] : memref<64x8xf32> -> !ttile.tile<8x8xf32>
+  %e = ttile.exp %t : !ttile.tile<8x8xf32>
+  ttile.store %e, %y[%row, %c0] : !ttile.tile<8x8xf32>, memref<64x8xf32>
+  ttile.return
+}

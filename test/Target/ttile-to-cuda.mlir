@@ -64,6 +64,24 @@ ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x
 
 // -----
 
+// `row_segments` on the GPU: a block whose band of rows lies past its
+// block's segments leaves first, before any barrier.
+// CHECK-LABEL: // ttile.kernel @padded
+// CHECK: const int64_t pid0 = blockIdx.x;
+// CHECK-NEXT: if (tessera_past_segments(arg0, 2, 32, ((pid0) / 1) * 8, 8)) return;
+ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 128>, row_segments = array<i64: 0, 64, 8>} {
+  %pid = ttile.program_id 0
+  %c8 = arith.constant 8 : index
+  %c0 = arith.constant 0 : index
+  %row = arith.muli %pid, %c8 : index
+  %t = ttile.load %x[%row, %c0] : memref<64x8xf32> -> !ttile.tile<8x8xf32>
+  %e = ttile.exp %t : !ttile.tile<8x8xf32>
+  ttile.store %e, %y[%row, %c0] : !ttile.tile<8x8xf32>, memref<64x8xf32>
+  ttile.return
+}
+
+// -----
+
 // expected-error @+1 {{element type i16 is not supported by the kernel emitter yet}}
 ttile.kernel @short_ints(%a: memref<4x4xi16>, %b: memref<4x4xi16>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index

@@ -442,6 +442,48 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(kk))
 
 
+def test_cpu_kernel_skips_the_bands_past_its_row_segments():
+    """A kernel with `row_segments` (what tessera-lower-to-tile gives the
+    elementwise kernels between a MoE layer's grouped GEMMs) computes the
+    bands of rows inside each block's segments and leaves the others as
+    they were: 2 blocks of 32 rows, 8-row bands, fresh random segment
+    sizes; the whole grid and a sub-range (a thread's slice)."""
+    import ctypes
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    text = """
+ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 32>, row_segments = array<i64: 0, 64, 8>} {
+  %pid = ttile.program_id 0
+  %c8 = arith.constant 8 : index
+  %c0 = arith.constant 0 : index
+  %row = arith.muli %pid, %c8 : index
+  %t = ttile.load %x[%row, %c0] : memref<64x8xf32> -> !ttile.tile<8x8xf32>
+  %e = ttile.exp %t : !ttile.tile<8x8xf32>
+  ttile.store %e, %y[%row, %c0] : !ttile.tile<8x8xf32>, memref<64x8xf32>
+  ttile.return
+}"""
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse(text))
+    lib = ctypes.CDLL(str(build_cpu_library(source)))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)        # noqa: E731
+    for sizes in (np.array([[5, 3], [0, 2]], np.int32), rng.integers(0, 17, (2, 2), np.int32)):
+        used = sizes.sum(1)
+        live = np.array([band * 8 - (band // 4) * 32 < used[band // 4] for band in range(8)])
+        y = np.full((64, 8), np.nan, np.float32)
+        lib.padded(ptr(sizes), ptr(x), ptr(y))
+        rows = np.repeat(live, 8)
+        np.testing.assert_allclose(y[rows], np.exp(x[rows].astype(np.float64)), rtol=1e-6)
+        assert np.isnan(y[~rows]).all()
+        y = np.full((64, 8), np.nan, np.float32)
+        lib.padded__range(ptr(sizes), ptr(x), ptr(y), ctypes.c_int64(2), ctypes.c_int64(6))
+        rows = np.repeat(live & (np.arange(8) >= 2) & (np.arange(8) < 6), 8)
+        np.testing.assert_allclose(y[rows], np.exp(x[rows].astype(np.float64)), rtol=1e-6)
+        assert np.isnan(y[~rows]).all()
+
+
 def test_cpu_kernels_read_and_write_contiguous_blocks_in_place():
     """On the CPU a load of a contiguous block of a buffer the kernel never
     stores to is a pointer into it (no copy), and a tile whose one use is

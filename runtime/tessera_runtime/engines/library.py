@@ -181,7 +181,8 @@ def moe_dispatch(xp, attrs, x, experts, *rest):
     *base, rows, sizes = rest
     slots, kept = _dispatch_slots(xp, experts, attrs, rows.shape[0], *base)
     sizes[...] = kept
-    rows.fill(0)
+    per_block = _host(xp, kept).reshape(attrs.get("blocks", 1), -1)
+    _zero_past(rows, _segments(xp, per_block, rows.shape[0], "moe_dispatch"))
     t, j = xp.nonzero(slots >= 0)
     rows[slots[t, j]] = x[t] if x.ndim == 2 else x[t, j]
 
@@ -210,10 +211,22 @@ def _segments(xp, sizes, rows: int, what: str):
     return out
 
 
+def _zero_past(out, segments) -> None:
+    """Zeroes the rows of `out` outside `segments` (in order): the padding
+    past each block's segments; what they cover is written anyway."""
+    covered = 0
+    for a, b in segments:
+        if a > covered:
+            out[covered:a] = 0
+        covered = max(covered, b)
+    out[covered:] = 0
+
+
 def grouped_matmul(xp, attrs, x, w, sizes, out):
     wide = _compute_dtype(xp, out.dtype)
-    out.fill(0)
-    for s, (a, b) in enumerate(_segments(xp, sizes, x.shape[0], "grouped_matmul")):
+    segments = _segments(xp, sizes, x.shape[0], "grouped_matmul")
+    _zero_past(out, segments)
+    for s, (a, b) in enumerate(segments):
         if a == b:
             continue
         wg = w[s % w.shape[0]]

@@ -109,6 +109,9 @@ class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, G
         start = len(self.lines)
         for d in range(len(grid)):
             self.line(f"const int64_t pid{d} = blockIdx.{'xyz'[d]};")
+        skip = self.past_segments(kernel, "pid0")
+        if skip:               # the whole block leaves, before any barrier
+            self.line(f"if ({skip}) return;  // rows nothing reads")
         for op in entry.operations:
             self.emit_op(op.operation)
         self.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tile_emitter import BF16_HELPERS, FP8_HELPERS
+from ..tile_emitter import BF16_HELPERS, FP8_HELPERS, SEGMENT_HELPERS
 
 #: The PTX wrappers' header (see its opening comment).
 PTX_HEADER_PATH = Path(__file__).with_name("tessera_ptx.cuh")
@@ -63,7 +63,8 @@ typedef unsigned long long uint64_t;
 #include <cstdint>
 #include <cstring>
 #endif
-""" + BF16_HELPERS.format(q="__device__") + FP8_HELPERS.format(q="__device__") + """\
+""" + BF16_HELPERS.format(q="__device__") + FP8_HELPERS.format(q="__device__") + \
+    SEGMENT_HELPERS.format(q="__device__") + """\
 // Two floats as the bf16 pair of one mma operand register (first in the low half).
 __device__ inline uint32_t tessera_pack_bf16(float lo, float hi) {
   return (uint32_t)float_to_bf16(lo) | ((uint32_t)float_to_bf16(hi) << 16);

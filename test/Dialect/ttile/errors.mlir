@@ -42,6 +42,48 @@ ttile.kernel @k(%a: memref<8xf32>, %b: tensor<8xf32>) attributes {grid = array<i
 
 // -----
 
+// expected-error @below {{'ttile.kernel' op 'row_segments' must be [argument, rows, tile rows], got 2 values}}
+ttile.kernel @k(%n: memref<4xi32>, %a: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 1>, row_segments = array<i64: 0, 64>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'row_segments' names argument #2 but the kernel has 2}}
+ttile.kernel @k(%n: memref<4xi32>, %a: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 1>, row_segments = array<i64: 2, 64, 8>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'row_segments' argument #1 must hold segment sizes ([S] or [B, S] i32), got 'memref<64x8xf32>'}}
+ttile.kernel @k(%n: memref<4xi32>, %a: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 1>, row_segments = array<i64: 1, 64, 8>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'row_segments' tile rows (7) must divide its rows (64)}}
+ttile.kernel @k(%n: memref<4xi32>, %a: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 1>, row_segments = array<i64: 0, 64, 7>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'row_segments' rows (64) do not split into the 3 blocks of argument #0}}
+ttile.kernel @k(%n: memref<3x2xi32>, %a: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 1>, row_segments = array<i64: 0, 64, 8>} {
+  ttile.return
+}
+
+// -----
+
+// expected-error @below {{'ttile.kernel' op 'row_segments' needs a 1-D grid of whole row bands (8 bands)}}
+ttile.kernel @k(%n: memref<4xi32>, %a: memref<64x8xf32>) attributes {grid = array<i64: 4>, block = array<i64: 1>, row_segments = array<i64: 0, 64, 8>} {
+  ttile.return
+}
+
+// -----
+
 // expected-error @below {{'ttile.kernel' op argument #0 of kernel @k must be a statically shaped memref, got 'memref<?xf32>'}}
 ttile.kernel @k(%a: memref<?xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
   ttile.return

@@ -124,6 +124,22 @@ ttile.kernel @row_ops(%x: memref<2x8xf32>, %s: memref<f32>, %y: memref<2x8xf32>)
 
 // -----
 
+// `row_segments`: only rows inside the segments of argument #0 are read
+// from the outputs; 8 bands of 8 rows, one instance each.
+// CHECK-LABEL: ttile.kernel @padded
+// CHECK-SAME: row_segments = array<i64: 0, 64, 8>
+ttile.kernel @padded(%n: memref<4x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 128>, row_segments = array<i64: 0, 64, 8>} {
+  %pid = ttile.program_id 0
+  %c8 = arith.constant 8 : index
+  %c0 = arith.constant 0 : index
+  %row = arith.muli %pid, %c8 : index
+  %t = ttile.load %x[%row, %c0] : memref<64x8xf32> -> !ttile.tile<8x8xf32>
+  ttile.store %t, %y[%row, %c0] : !ttile.tile<8x8xf32>, memref<64x8xf32>
+  ttile.return
+}
+
+// -----
+
 // GPU parameters: `stages` on the kernel, `warps` on the dot; a 2-D tile of
 // one matrix of a batch (lower-rank tiles cover the trailing dimensions).
 // CHECK-LABEL: ttile.kernel @batched_gemm(

@@ -203,6 +203,14 @@ def TTile_KernelOp : TTile_Op<"kernel", [
     `ttile.load {tma}`s) and gives its registers to the other warpgroups,
     which compute every tile; it leaves the kernel when the loop's copies
     are issued. The `warps` of the loop's `ttile.dot` count only the others.
+    `row_segments = array<i64: ARG, ROWS, TILE_ROWS>` (optional) says that
+    only rows inside the segments of argument ARG are ever read from the
+    kernel's outputs (ROWS rows each, segment sizes as
+    `tgraph.grouped_matmul` reads them: `[S]`, or `[B, S]` for B blocks of
+    ROWS / B rows, each block's segments from its first row). The 1-D grid
+    enumerates ROWS / TILE_ROWS bands of TILE_ROWS rows, band-major, so an
+    instance whose band lies past every block's segments may skip its work,
+    leaving those rows as they were: an expert-parallel MoE layer's padding.
 
     ```mlir
     ttile.kernel @gemm(%a: memref<256x64xbf16>, %b: memref<64x256xbf16>, %c: memref<256x256xf32>)
@@ -214,6 +222,7 @@ def TTile_KernelOp : TTile_Op<"kernel", [
                        DenseI64ArrayAttr:$grid, DenseI64ArrayAttr:$block,
                        OptionalAttr<I64Attr>:$stages,
                        UnitAttr:$producer_warpgroup,
+                       OptionalAttr<DenseI64ArrayAttr>:$row_segments,
                        OptionalAttr<DictArrayAttr>:$arg_attrs,
                        OptionalAttr<DictArrayAttr>:$res_attrs);
   let regions = (region SizedRegion<1>:$body);
@@ -225,6 +234,7 @@ def TTile_KernelOp : TTile_Op<"kernel", [
     ::llvm::ArrayRef<::mlir::Type> getArgumentTypes() { return getFunctionType().getInputs(); }
     ::llvm::ArrayRef<::mlir::Type> getResultTypes() { return getFunctionType().getResults(); }
     bool isDeclaration() { return isExternal(); }
+    ::mlir::LogicalResult verifyRowSegments(::llvm::ArrayRef<int64_t> segments);
   }];
 }
 
