@@ -240,7 +240,8 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
                             op.mul(x, 0.0))
             return collective("all_reduce", mine, axis)
         else:
-            transport = args.pop("transport", None)       # all_to_all (op.moe's exchange)
+            # all_to_all only, op.moe's exchange: its transport and row counts
+            transport, counts = args.pop("transport", None), args.pop("counts", None)
             dims = {k: v % max(x.ndim, 1) for k, v in args.items() if k.endswith("dim")}
             cut = dims.get("split_dim", dims.get("dim")) if kind != "all_gather" else None
             if cut is not None and x.shape[cut] % n:
@@ -253,7 +254,8 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
                                           deterministic)
             else:
                 value = gb.all_to_all(x.value, mesh.name, axis, dims["split_dim"],
-                                      dims["concat_dim"], n, transport)
+                                      dims["concat_dim"], n, transport,
+                                      counts and tuple(c.value for c in counts))
         return Traced(value, ir.RankedTensorType(value.type).shape, x.dtype, src)
 
 

@@ -762,7 +762,11 @@ def autodiff(loss, wrt=None):
 #
 # Expert parallelism (an 'ep' mesh axis): the rows move to their experts'
 # ranks and back in two all_to_alls, whatever the transport, so every
-# transport gives the same values. `transport` picks how they move:
+# transport gives the same values. The dispatch layout pads each rank's
+# block to its worst case (every token to that rank), so the exchanges are
+# ragged (`tgraph.all_to_all` with counts, exchanged first): the
+# communicator moves only the routed rows, and the elementwise kernels
+# between the grouped GEMMs skip the padding (`ttile.kernel` row_segments). `transport` picks how they move:
 # "nccl"/"mpi" (the communicator), "nvshmem" (GPU target: a kernel that puts
 # each piece into the peer's symmetric receive buffer and signals it, see
 # passes/tessera_passes/tile/exchange.py; on the CPU the communicator) or
@@ -852,7 +856,8 @@ def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layo
         rows, kept = _out(rows, src), _out(sizes, src)
     segments = kept
     if exchange is not None:
-        rows, segments = exchange(rows), exchange.counts(kept)
+        segments = exchange.counts(kept)            # first: the exchanges read them
+        rows = exchange(rows)
 
     def grouped(a: Traced, w: Traced) -> Traced:
         with current_location(src):
@@ -871,27 +876,33 @@ def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layo
 
 
 class _ExpertExchange:
-    """Inside the expert-parallel body: the uniform all-to-all over 'ep' of
-    the dispatch layout's blocks (block r holds rank r's experts' rows), and
-    of the kept-row counts, so each rank learns how many rows of each of its
-    experts every source sent (the counts go first: the grouped GEMMs read
-    them)."""
+    """Inside the expert-parallel body: the kept-row counts' all-to-all over
+    'ep', so each rank learns how many rows of each of its experts every
+    source sends (the counts go first: the grouped GEMMs and the exchanges
+    read them), then ragged all-to-alls of the dispatch layout's blocks
+    (block r holds rank r's experts' rows, padded to the worst case): only
+    the routed rows move, and what arrives from each source lies at the
+    start of its block."""
 
     def __init__(self, ep: int, transport=None):
         self.ep = ep
         kind = transport.get("type") if isinstance(transport, dict) else transport
         self.transport = kind if kind in ("nvshmem", "auto") else None
         self.pack = transport.get("pack_dtype") if isinstance(transport, dict) else None
+        self.rows = None         # (sent to, received from) each rank: counts() sets them
 
-    def _move(self, x: Traced, gradient: bool = True) -> Traced:
-        """`x` [N, ...]: block r of its rows to rank r; what arrives lies side
+    def _move(self, x: Traced, combine: bool, gradient: bool = True) -> Traced:
+        """`x` [N, ...]: the rows of block r to rank r (the dispatch; with
+        `combine` the rows each rank sent come back); what arrives lies side
         by side in source order. Without `gradient` the exchange sends no
         cotangent back (tessera-autodiff's NO_GRADIENT)."""
         from .local_view import collective
         n = x.shape[0]
         blocks = reshape(x, self.ep, n // self.ep, *x.shape[1:])
+        sent, received = self.rows
         moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1,
-                           transport=self.transport)
+                           transport=self.transport,
+                           counts=(received, sent) if combine else (sent, received))
         return reshape(moved if gradient else _no_gradient(moved), *x.shape)
 
     def __call__(self, rows: Traced, combine: bool = False) -> Traced:
@@ -902,23 +913,27 @@ class _ExpertExchange:
         combine in bf16."""
         dtype, fp8 = rows.dtype, self.pack == "fp8_e4m3" and not combine
         if self.pack is None or dtype == dtypes.bf16:
-            return self._move(rows)
+            return self._move(rows, combine)
         if not fp8:
-            return cast(self._move(cast(rows, dtypes.bf16)), dtype)
+            return cast(self._move(cast(rows, dtypes.bf16), combine), dtype)
         wide = cast(rows, dtypes.f32)
         amax = max(maximum(wide, neg(wide)), -1, keepdim=True)                   # [N, 1]
         # The scale is a constant to the derivative (the rounding's gradient
         # is the identity, straight through), and moves with no backward.
         scale = _no_gradient(div(maximum(amax, np.float32(2.0 ** -126)), np.float32(448.0)))
         packed = cast(div(wide, scale), dtypes.fp8_e4m3)
-        moved = cast(self._move(packed), dtypes.f32)
-        return cast(mul(moved, self._move(scale, gradient=False)), dtype)
+        moved = cast(self._move(packed, combine), dtypes.f32)
+        return cast(mul(moved, self._move(scale, combine, gradient=False)), dtype)
 
     def counts(self, kept: Traced) -> Traced:
+        """[source, e]: the rows of this rank's expert e each source sends;
+        sets `rows`, the rows of each block sent and received."""
         from .local_view import collective
         per_rank = reshape(kept, self.ep, kept.shape[0] // self.ep)               # [ep, E / ep]
         moved = collective("all_to_all", per_rank, "ep", split_dim=0, concat_dim=1)
-        return reshape(moved, self.ep, kept.shape[0] // self.ep)                  # [source, e]
+        segments = reshape(moved, self.ep, kept.shape[0] // self.ep)              # [source, e]
+        self.rows = (sum(per_rank, 1), sum(segments, 1))
+        return segments
 
 
 def _no_gradient(x: Traced) -> Traced:

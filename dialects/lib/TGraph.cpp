@@ -871,6 +871,31 @@ LogicalResult AllToAllOp::verifySymbolUses(SymbolTableCollection &symbols) {
       return emitOpError("dimension ") << d << " of result must be " << want << ", got "
                                        << result.getDimSize(d);
   }
+  if (getCounts().empty())
+    return success();
+  if (getCounts().size() != 2)
+    return emitOpError("'counts' must be (send, receive), got ") << getCounts().size()
+                                                                 << " operands";
+  for (auto [i, count] : llvm::enumerate(getCounts())) {
+    auto type = llvm::dyn_cast<RankedTensorType>(count.getType());
+    if (!type || type.getRank() != 1 || type.getDimSize(0) != *size ||
+        !type.getElementType().isInteger(32))
+      return emitOpError("'counts' #") << i << " must be tensor<" << *size << "xi32> (one count "
+                                       << "per rank of '" << getAxis() << "'), got "
+                                       << count.getType();
+  }
+  int64_t last = input.getRank() - 1;
+  if (split == last || concat == last)
+    return emitOpError("with 'counts' the last dimension (a row) must be neither split_dim nor "
+                       "concat_dim");
+  for (int64_t d = 0; d < split; ++d)
+    if (input.getDimSize(d) != 1)
+      return emitOpError("with 'counts' the pieces must be contiguous: dimension ")
+             << d << " of 'input' (before split_dim) must be 1, got " << input.getDimSize(d);
+  for (int64_t d = 0; d < concat; ++d)
+    if (result.getDimSize(d) != 1)
+      return emitOpError("with 'counts' the pieces must be contiguous: dimension ")
+             << d << " of the result (before concat_dim) must be 1, got " << result.getDimSize(d);
   return success();
 }
 int64_t AllToAllOp::getAxisSize() {

@@ -98,6 +98,17 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
     return emitOpError("'src' ") << src << " and 'dst' " << dst
                                  << " must have the same rank and element type";
   CollectiveKind kind = getKind();
+  if (!getCounts().empty()) {
+    if (kind != CollectiveKind::all_to_all || getCounts().size() != 2)
+      return emitOpError("'counts' are an all_to_all's (send, receive) pair");
+    for (auto [i, count] : llvm::enumerate(getCounts())) {
+      auto type = llvm::cast<MemRefType>(count.getType());
+      if (type.getRank() != 1 || type.getDimSize(0) != *size ||
+          !type.getElementType().isInteger(32))
+        return emitOpError("'counts' #") << i << " must be memref<" << *size
+                                         << "xi32>, got " << type;
+    }
+  }
   if (kind == CollectiveKind::broadcast) {
     if (!getRoot() || static_cast<int64_t>(*getRoot()) >= *size)
       return emitOpError("<broadcast> needs a 'root' rank of axis '") << getAxis()

@@ -352,11 +352,14 @@ def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> li
     elif op.name == "tgraph.reduce_scatter":
         ct = gb.all_gather(g, mesh.name, axis, ir.IntegerAttr(op.attributes["dim"]).value, n)
     elif op.name == "tgraph.all_to_all":
-        # (Sent back the way it came: an MoE exchange's backward uses its
-        # forward's transport.)
+        # Sent back the way it came: an MoE exchange's backward uses its
+        # forward's transport, and a ragged one's counts swap (what came
+        # from rank i goes back to it).
+        counts = list(op.operands)[1:]
         ct = gb.all_to_all(g, mesh.name, axis, ir.IntegerAttr(op.attributes["concat_dim"]).value,
                            ir.IntegerAttr(op.attributes["split_dim"]).value, n,
-                           enum_of(op, "transport") if "transport" in op.attributes else None)
+                           enum_of(op, "transport") if "transport" in op.attributes else None,
+                           (counts[1], counts[0]) if counts else None)
     else:
         raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
     if axis not in varying(op.operands[0]):

@@ -276,7 +276,7 @@ class ScheduleBuilder:
             self.action = ir.DictAttr.get({"axis": attrs["axis"], "rank": attrs["from"]})
             src_buf = self.start_on_comm(transfer.operands[0], compute, comm)
             token = tsched.CollectiveStartOp(
-                self.token_t, tsched.CollectiveKindAttr.get("broadcast"), src_buf, dst, comm,
+                self.token_t, tsched.CollectiveKindAttr.get("broadcast"), src_buf, dst, [], comm,
                 attrs["mesh"], attrs["axis"], root=attrs["from"]).result
         self.pending[dst] = token
         self.buffers[transfer.results[0]] = dst
@@ -312,11 +312,12 @@ class ScheduleBuilder:
             return
         if op.name in COLLECTIVES:
             src_buf = self.start_on_comm(op.operands[0], compute, comm)
+            counts = [self.start_on_comm(v, compute, comm) for v in list(op.operands)[1:]]
             dst = self.tag(tsched.AllocOp(memref_of(op.results[0].type))).result
             attrs = op.attributes
             kind = tsched.CollectiveKindAttr.get(COLLECTIVES[op.name])
             start = tsched.CollectiveStartOp(
-                self.token_t, kind, src_buf, dst, comm, attrs["mesh"], attrs["axis"],
+                self.token_t, kind, src_buf, dst, counts, comm, attrs["mesh"], attrs["axis"],
                 reduction=attrs["kind"] if "kind" in attrs else None,
                 dim=attrs["dim"] if "dim" in attrs else attrs["split_dim"] if "split_dim" in attrs
                 else None,
@@ -345,7 +346,8 @@ class ScheduleBuilder:
             if op.name == "tsched.alloc":
                 allocated.append((op.results[0], i))
             if op.name == "tsched.collective_start":
-                token_buffers[op.results[0]] = list(op.operands)[:2]
+                token_buffers[op.results[0]] = [v for v in op.operands      # not the stream
+                                                if isinstance(v.type, ir.MemRefType)]
             if op.name in ("tsched.send", "tsched.recv"):
                 token_buffers[op.results[0]] = [op.operands[0]]
             for v in op.operands:

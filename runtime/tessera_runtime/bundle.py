@@ -262,6 +262,12 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
             fields["dim"] = r.get(raw, "dim", where, int, default=0)
         if kind == "all_to_all":
             fields["concat_dim"] = r.get(raw, "concat_dim", where, int)
+            if "counts" in raw:           # a ragged exchange: (send, receive) row counts
+                counts = r.str_list(raw["counts"], f"{where}.counts")
+                if len(counts) != 2:
+                    raise r.fail(f"{where}.counts", f"expected the (send, receive) buffers, "
+                                                    f"got {len(counts)}")
+                fields["counts"] = counts
         fields["deterministic"] = r.get(raw, "deterministic", where, bool, default=False)
         if kind == "broadcast":
             fields["root"] = r.get(raw, "root", where, int)

@@ -28,6 +28,8 @@ import sys
 import time
 from abc import ABC, abstractmethod
 
+import numpy as np
+
 from . import env, flight
 
 REDUCTIONS = ("sum", "max", "min", "prod")
@@ -159,9 +161,17 @@ class Communicator(ABC):
         return self._traced(work, f"reduce_scatter {reduction} dim {dim}", src, source)
 
     def all_to_all(self, src, dst, split_dim: int, concat_dim: int, stream=None,
-                   source: str | None = None) -> Work:
+                   source: str | None = None, counts=None) -> Work:
         """Block j of src along `split_dim` goes to rank j; dst is the blocks
-        received, concatenated along `concat_dim` in rank order."""
+        received, concatenated along `concat_dim` in rank order.
+
+        counts: (send, receive), [size] int32 arrays, a ragged exchange: of
+        block j only its first send[j] rows (rows of src's last dimension,
+        in the block's row-major order) need to move, and receive[i] is how
+        many rank i sends; the rest of each received block is undefined.
+        The blocks must be contiguous (every dimension before `split_dim` of
+        src and before `concat_dim` of dst of size 1). A backend may move
+        whole blocks."""
         _check_dtype(src, dst, "all_to_all")
         ss, ds = tuple(src.shape), tuple(dst.shape)
         n = self.size
@@ -175,7 +185,9 @@ class Communicator(ABC):
         if not ok:
             raise CommError(f"all_to_all: src {ss} split along dim {split_dim} over {n} ranks "
                             f"and concatenated along dim {concat_dim} cannot give dst {ds}")
-        work = self._all_to_all(src, dst, split_dim, concat_dim, stream)
+        if counts is not None:
+            _check_counts(counts, src, dst, split_dim, concat_dim, n)
+        work = self._all_to_all(src, dst, split_dim, concat_dim, stream, counts)
         return self._traced(work, f"all_to_all dims {split_dim}->{concat_dim}", src, source)
 
     def broadcast(self, src, dst, root: int = 0, stream=None, source: str | None = None) -> Work:
@@ -225,7 +237,7 @@ class Communicator(ABC):
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work: ...
 
     @abstractmethod
-    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work: ...
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream, counts) -> Work: ...
 
     @abstractmethod
     def _broadcast(self, src, dst, root, stream) -> Work: ...
@@ -261,7 +273,7 @@ class SelfCommunicator(Communicator):
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
         return self._copy(src, dst)
 
-    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream, counts) -> Work:
         return self._copy(src, dst)
 
     def _broadcast(self, src, dst, root, stream) -> Work:
@@ -274,6 +286,23 @@ class SelfCommunicator(Communicator):
         raise CommError("send on a size-1 axis")     # _check_peer refuses first
 
     _recv = _send
+
+
+def _check_counts(counts, src, dst, split_dim: int, concat_dim: int, n: int) -> None:
+    """A ragged all_to_all's (send, receive) counts against its blocks."""
+    last = len(src.shape) - 1
+    if not (leading_is_trivial(src.shape, split_dim) and leading_is_trivial(dst.shape, concat_dim)
+            and last not in (split_dim, concat_dim)):
+        raise CommError(f"all_to_all with counts: the blocks of src {tuple(src.shape)} along dim "
+                        f"{split_dim} and of dst {tuple(dst.shape)} along dim {concat_dim} must "
+                        "be contiguous runs of whole rows")
+    if len(counts) != 2 or any(tuple(c.shape) != (n,) for c in counts):
+        raise CommError(f"all_to_all counts must be (send, receive), each of {n} entries")
+    rows = math.prod(src.shape) // (n * src.shape[-1]) if src.shape[-1] else 0
+    for name, c in zip(("send", "receive"), counts):
+        if isinstance(c, np.ndarray) and ((c < 0).any() or (c > rows).any()):
+            raise CommError(f"all_to_all {name} counts {c.tolist()} must be within the "
+                            f"{rows} rows of a block")
 
 
 def leading_is_trivial(shape, dim: int) -> bool:

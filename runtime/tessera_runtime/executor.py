@@ -178,6 +178,13 @@ class ScheduleExecutor:
                 not_in_flight(ins["dst"], ins, "writes", ("src", "dst"))
                 self._check_collective_shapes(ins, meta[ins["src"] if reads else ins["dst"]],
                                               meta[ins["dst"]])
+                for c in ins.get("counts", ()):
+                    use(c, "buffer", ins, "counts")
+                    not_in_flight(c, ins, "reads")
+                    n = self.program.mesh.axis_size(ins["axis"])
+                    if tuple(meta[c][0]) != (n,) or np.dtype(meta[c][1]) != np.int32:
+                        raise self._err(ins, f"all_to_all counts '{c}' must be [{n}] int32, "
+                                             f"got {_fmt(*meta[c])}")
                 define(ins["result"], "token", ins)
                 pending[ins["result"]] = ins
             elif op in ("send", "recv"):
@@ -498,7 +505,9 @@ class ScheduleExecutor:
         if kind == "all_gather":
             return comm.all_gather(src, dst, ins["dim"], **where)
         if kind == "all_to_all":
-            return comm.all_to_all(src, dst, ins["dim"], ins["concat_dim"], **where)
+            counts = ins.get("counts")
+            return comm.all_to_all(src, dst, ins["dim"], ins["concat_dim"],
+                                   counts=counts and tuple(values[c] for c in counts), **where)
         if kind == "broadcast":
             return comm.broadcast(src, dst, ins["root"], **where)
         return comm.reduce_scatter(src, dst, ins["dim"], ins["reduction"],

@@ -177,10 +177,21 @@ class MPICommunicator(Communicator):
         return MPIWork(req, keepalive=(src, dst, blocks))
 
 
-    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream, counts) -> Work:
         _check_host(src, dst)
         n = self.size
         blocks = rank_blocks(np, src, n, split_dim)     # block j goes to rank j
+        if counts is not None:
+            # Only the counted rows of each block (both are contiguous runs).
+            row, height = src.shape[-1], blocks[0].size
+            at = np.arange(n) * height
+            send, recv = (np.asarray(c, np.int64) * row for c in counts)
+            req = self.comm.Ialltoallv([_wire(blocks).reshape(-1), (send, at)],
+                                       [_wire(dst).reshape(-1), (recv, at)])
+            return MPIWork(req, keepalive=(src, dst, blocks))
+        if leading_is_trivial(dst.shape, concat_dim):   # blocks side by side: dst itself
+            req = self.comm.Ialltoall(_wire(blocks), _wire(dst))
+            return MPIWork(req, keepalive=(src, dst, blocks))
         received = np.empty_like(blocks)
         req = self.comm.Ialltoall(_wire(blocks), _wire(received))
         return MPIWork(req, lambda: np.concatenate(received, axis=concat_dim, out=dst),

@@ -172,7 +172,9 @@ class NCCLCommunicator(Communicator):
                                 _OPS[reduction], _stream_ptr(s))
         return NCCLWork(s, keepalive=(src, dst, packed))
 
-    def _all_to_all(self, src, dst, split_dim, concat_dim, stream) -> Work:
+    def _all_to_all(self, src, dst, split_dim, concat_dim, stream, counts) -> Work:
+        # Whole blocks, also with `counts` (allowed): reading the counts
+        # would copy them to the host mid-step.
         s = stream if stream is not None else cp.cuda.get_current_stream()
         n = self.size
         with s:

@@ -326,11 +326,14 @@ def reduce_scatter(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int,
 
 
 def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: int,
-               axis_size: int, transport: str | None = None) -> ir.Value:
+               axis_size: int, transport: str | None = None,
+               counts: tuple[ir.Value, ir.Value] | None = None) -> ir.Value:
+    """`counts` = (send, receive) row counts make it ragged (see the op)."""
     shape = shape_of(x)
     shape[concat_dim] *= axis_size
     shape[split_dim] //= axis_size
-    return tgraph.AllToAllOp(ranked(shape, element_of(x)), x, *_on(mesh, axis),
+    return tgraph.AllToAllOp(ranked(shape, element_of(x)), x, list(counts or ()),
+                             *_on(mesh, axis),
                              i64(split_dim), i64(concat_dim),
                              transport=tgraph.TransportAttr.get(transport) if transport
                              else None).result

@@ -143,6 +143,27 @@ func.func private @through_spmd_body(%x: tensor<2x3xf32>, %w: tensor<3x2xf32>) -
 
 // -----
 
+// A ragged all_to_all (an MoE layer's exchange) sends its cotangent back
+// the way it came: split and concat dims swapped, and its (send, receive)
+// row counts too.
+// CHECK-LABEL: func.func private @ragged_body_vjp(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<2x4x3xf32>, %[[SENT:[^:]*]]: tensor<2xi32>, %[[GOT:[^:]*]]: tensor<2xi32>, %[[CT:[^:]*]]: tensor<1x8x3xf32>
+// CHECK: tgraph.all_to_all %[[CT]] counts(%[[GOT]], %[[SENT]] : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 1 concat_dim 0
+tgraph.mesh @mesh axes = ["ep"] shape = [2]
+func.func @ragged(%x: tensor<4x4x3xf32>, %sent: tensor<4xi32>, %got: tensor<4xi32>) -> tensor<4x4x3xf32> {
+  %l = tgraph.spmd @ragged_body(%x, %sent, %got) in [#tgraph.sharding<@mesh, [["ep"], [], []]>, #tgraph.sharding<@mesh, [["ep"]]>, #tgraph.sharding<@mesh, [["ep"]]>] out [#tgraph.sharding<@mesh, [["ep"], [], []]>] : (tensor<4x4x3xf32>, tensor<4xi32>, tensor<4xi32>) -> tensor<2x8x3xf32>
+  %r = tgraph.reduce <sum> %l dims [0, 1, 2] : tensor<2x8x3xf32> -> tensor<1x1x1xf32>
+  %s = tgraph.reshape %r : tensor<1x1x1xf32> to tensor<f32>
+  %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<4x4x3xf32> -> tensor<4x4x3xf32>
+  return %g : tensor<4x4x3xf32>
+}
+func.func private @ragged_body(%x: tensor<2x4x3xf32>, %sent: tensor<2xi32>, %got: tensor<2xi32>) -> tensor<1x8x3xf32> attributes {tgraph.local} {
+  %y = tgraph.all_to_all %x counts(%sent, %got : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 0 concat_dim 1 : tensor<2x4x3xf32> -> tensor<1x8x3xf32>
+  return %y : tensor<1x8x3xf32>
+}
+
+// -----
+
 tgraph.mesh @mesh axes = ["dp"] shape = [2]
 func.func @max_all_reduce(%x: tensor<4xf32>) -> tensor<4xf32> {
   %l = tgraph.spmd @max_body(%x) in [#tgraph.sharding<@mesh, [["dp"]]>] out [#tgraph.sharding<@mesh, [[]]>] : (tensor<4xf32>) -> tensor<2xf32>

@@ -399,6 +399,21 @@ func.func @exchanged_on_cpu(%r: tensor<2x16x8xf32>) -> tensor<1x32x8xf32> attrib
 
 // -----
 
+// A ragged all_to_all (an MoE layer's, with row counts): the collective
+// takes the counts' buffers, freed only after its wait.
+module attributes {tessera.target = "cpu"} {
+tgraph.mesh @mesh axes = ["ep"] shape = [2]
+// CHECK-LABEL: func.func @ragged
+// CHECK: %[[T:.*]] = tsched.collective_start <all_to_all> %arg0 -> %{{.*}} counts(%arg1, %arg2 : memref<2xi32>, memref<2xi32>) on %{{.*}} over @mesh["ep"]
+// CHECK: tsched.collective_wait %[[T]]
+func.func @ragged(%r: tensor<2x16x8xf32>, %sent: tensor<2xi32>, %got: tensor<2xi32>) -> tensor<1x32x8xf32> attributes {tgraph.partitioned} {
+  %0 = tgraph.all_to_all %r counts(%sent, %got : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 0 concat_dim 1 : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+  return %0 : tensor<1x32x8xf32>
+}
+}
+
+// -----
+
 module attributes {tessera.target = "gpu"} {
 tgraph.mesh @mesh axes = ["ep"] shape = [2]
 func.func @exchange_not_contiguous(%r: tensor<4x8xf32>) -> tensor<8x4xf32> attributes {tgraph.partitioned} {

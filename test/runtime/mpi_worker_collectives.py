@@ -29,7 +29,7 @@ def _abort(exc_type, exc, tb):
 sys.excepthook = _abort
 
 import tessera_runtime as rt                                      # noqa: E402
-from tessera_runtime.comm import SelfCommunicator                 # noqa: E402
+from tessera_runtime.comm import CommError, SelfCommunicator      # noqa: E402
 from tessera_runtime.mesh import MeshInfo                         # noqa: E402
 from tessera_runtime.mpi_comm import MPICommunicator, make_axis_communicators  # noqa: E402
 
@@ -129,6 +129,36 @@ def check_collectives(comm, group, tag: str) -> None:
                                 axis=concat_dim)
         np.testing.assert_array_equal(dst, expect)
         passed(f"{tag}:all_to_all {split_dim}->{concat_dim}")
+    # contiguous blocks (an MoE layer's): received straight into dst
+    src, all_src = contributions((n, 3, 4))
+    dst = np.empty((1, 3 * n, 4), np.float32)
+    comm.all_to_all(src, dst, 0, 1).wait()
+    np.testing.assert_array_equal(dst[0], np.concatenate([a[comm.rank] for a in all_src]))
+    passed(f"{tag}:all_to_all contiguous blocks")
+
+    # ragged all_to_all (counts): only the first send[j] rows of block j move,
+    # both ways an MoE layer exchanges (dispatch 0->1, its backward 1->0);
+    # the rest of dst is left as it was
+    def sent(g, j):                    # rows world rank g sends to member j
+        return (3 * g + 5 * j + seed[0]) % 6
+    for split_dim, concat_dim in ((0, 1), (1, 0)):
+        src, all_src = contributions((n, 5, 3) if split_dim == 0 else (1, 5 * n, 3))
+        blocks = [a.reshape(n, 5, 3) for a in all_src]          # [member][its block j]
+        dst = np.full((1, 5 * n, 3) if split_dim == 0 else (n, 5, 3), np.nan, np.float32)
+        send = np.array([sent(ME, j) for j in range(n)], np.int32)
+        recv = np.array([sent(g, comm.rank) for g in group], np.int32)
+        comm.all_to_all(src, dst, split_dim, concat_dim, counts=(send, recv)).wait()
+        got = dst.reshape(n, 5, 3)
+        for i in range(n):
+            np.testing.assert_array_equal(got[i, :recv[i]], blocks[i][comm.rank, :recv[i]])
+            assert np.isnan(got[i, recv[i]:]).all(), (tag, i, recv)
+        passed(f"{tag}:ragged all_to_all {split_dim}->{concat_dim}")
+    try:
+        comm.all_to_all(src, dst, split_dim, concat_dim,
+                        counts=(send + 6, recv)).wait()
+    except CommError as err:
+        assert "must be within the 5 rows of a block" in str(err), err
+        passed(f"{tag}:ragged all_to_all counts past a block refused")
 
     # broadcast from every root, and point-to-point ring shifts both ways
     for root in range(n):

@@ -62,6 +62,9 @@ def test_collectives_2_ranks():
                      "world:deterministic all_reduce sum bitwise identical",
                      "world:deterministic reduce_scatter dim=1 bitwise",
                      "world:all_to_all 0->1", "world:all_to_all 2->0",
+                     "world:all_to_all contiguous blocks", "world:ragged all_to_all 0->1",
+                     "world:ragged all_to_all 1->0",
+                     "world:ragged all_to_all counts past a block refused",
                      "world:broadcast every root", "world:shift +1", "world:shift -1",
                      "world:overlapping collectives",
                      "world:all_reduce sum bfloat16", "world:all_reduce max bfloat16",
@@ -76,6 +79,7 @@ def test_mesh_2x2_axis_communicators():
         assert f"{axis}:all_gather dim=1" in names
         assert f"{axis}:reduce_scatter sum dim=1" in names
         assert f"{axis}:all_to_all 1->0" in names
+        assert f"{axis}:ragged all_to_all 0->1" in names
         assert f"{axis}:shift +1" in names
         assert f"{axis}:deterministic all_reduce sum bitwise identical" in names
     assert "mesh:both axes in flight" in names

@@ -293,6 +293,42 @@ func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<4x2x8xf32>, %n: tensor<4xi32>) -> tensor<1x8x8xf32> {
+  // expected-error @below {{'tgraph.all_to_all' op 'counts' must be (send, receive), got 1 operands}}
+  %0 = tgraph.all_to_all %x counts(%n : tensor<4xi32>) on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<4x2x8xf32> -> tensor<1x8x8xf32>
+  return %0 : tensor<1x8x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<4x2x8xf32>, %n: tensor<4xi32>, %m: tensor<2xi32>) -> tensor<1x8x8xf32> {
+  // expected-error @below {{'tgraph.all_to_all' op 'counts' #1 must be tensor<4xi32> (one count per rank of 'tp'), got 'tensor<2xi32>'}}
+  %0 = tgraph.all_to_all %x counts(%n, %m : tensor<4xi32>, tensor<2xi32>) on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<4x2x8xf32> -> tensor<1x8x8xf32>
+  return %0 : tensor<1x8x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<8x4xf32>, %n: tensor<4xi32>) -> tensor<32x1xf32> {
+  // expected-error @below {{'tgraph.all_to_all' op with 'counts' the last dimension (a row) must be neither split_dim nor concat_dim}}
+  %0 = tgraph.all_to_all %x counts(%n, %n : tensor<4xi32>, tensor<4xi32>) on @mesh["tp"] split_dim 1 concat_dim 0 : tensor<8x4xf32> -> tensor<32x1xf32>
+  return %0 : tensor<32x1xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<2x4x8xf32>, %n: tensor<4xi32>) -> tensor<8x1x8xf32> {
+  // expected-error @below {{'tgraph.all_to_all' op with 'counts' the pieces must be contiguous: dimension 0 of 'input' (before split_dim) must be 1, got 2}}
+  %0 = tgraph.all_to_all %x counts(%n, %n : tensor<4xi32>, tensor<4xi32>) on @mesh["tp"] split_dim 1 concat_dim 0 : tensor<2x4x8xf32> -> tensor<8x1x8xf32>
+  return %0 : tensor<8x1x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%x: tensor<8x4xf32>) -> tensor<8x16xf32> {
   // expected-error @below {{'tgraph.all_gather' op mesh @mesh has no axis 'dp'}}
   %0 = tgraph.all_gather %x on @mesh["dp"] dim 1 : tensor<8x4xf32> -> tensor<8x16xf32>

@@ -171,6 +171,26 @@ func.func @f(%a: memref<8xf32>, %b: memref<8x1xf32>) {
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%a: memref<8xf32>, %n: memref<4xi32>) {
+  %s = tsched.stream "comm"
+  // expected-error @below {{'tsched.collective_start' op 'counts' are an all_to_all's (send, receive) pair}}
+  %t = tsched.collective_start <all_reduce> %a -> %a counts(%n, %n : memref<4xi32>, memref<4xi32>) on %s over @mesh["tp"] {reduction = #tgraph.reduction<sum>} : memref<8xf32> -> memref<8xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%a: memref<4x2x8xf32>, %b: memref<1x8x8xf32>, %n: memref<4xi64>) {
+  %s = tsched.stream "comm"
+  // expected-error @below {{'tsched.collective_start' op 'counts' #0 must be memref<4xi32>, got 'memref<4xi64>'}}
+  %t = tsched.collective_start <all_to_all> %a -> %b counts(%n, %n : memref<4xi64>, memref<4xi64>) on %s over @mesh["tp"] {dim = 0 : i64, concat_dim = 1 : i64} : memref<4x2x8xf32> -> memref<1x8x8xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8xf32>) {
   %s = tsched.stream "comm"
   // expected-error @below {{'tsched.collective_start' op <all_reduce> needs a 'reduction' attribute}}

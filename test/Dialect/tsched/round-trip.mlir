@@ -53,6 +53,16 @@ func.func @schedule(%x: memref<8x16xf32>, %w: memref<16x8xf32>) {
   %t1 = tsched.collective_start <all_gather> %o -> %g on %comm over @mesh["tp"] {dim = 1 : i64} : memref<8x8xf32> -> memref<8x32xf32>
   // CHECK: tsched.collective_wait %[[T1]] on %[[COMPUTE]]
   tsched.collective_wait %t1 on %compute
+  // A ragged all_to_all: its (send, receive) row counts.
+  // CHECK: tsched.collective_start <all_to_all> %{{.*}} -> %{{.*}} counts(%[[N:.*]], %[[N]] : memref<4xi32>, memref<4xi32>) on %[[COMM]] over @mesh["tp"] {concat_dim = 1 : i64, dim = 0 : i64} : memref<4x2x8xf32> -> memref<1x8x8xf32>
+  %blocks = tsched.alloc : memref<4x2x8xf32>
+  %moved = tsched.alloc : memref<1x8x8xf32>
+  %n = tsched.alloc : memref<4xi32>
+  %ta = tsched.collective_start <all_to_all> %blocks -> %moved counts(%n, %n : memref<4xi32>, memref<4xi32>) on %comm over @mesh["tp"] {dim = 0 : i64, concat_dim = 1 : i64} : memref<4x2x8xf32> -> memref<1x8x8xf32>
+  tsched.collective_wait %ta on %compute
+  tsched.free %blocks : memref<4x2x8xf32>
+  tsched.free %moved : memref<1x8x8xf32>
+  tsched.free %n : memref<4xi32>
   // CHECK: %[[S:.*]] = tsched.alloc : memref<4x32xi32>
   %s = tsched.alloc : memref<4x32xi32>
   %gi = tsched.alloc : memref<8x32xi32>

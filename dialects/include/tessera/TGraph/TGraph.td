@@ -766,19 +766,32 @@ def TGraph_AllToAllOp : TGraph_CollectiveOp<"all_to_all"> {
     `split_dim` in the input, and before `concat_dim` in the result, of
     size 1).
 
+    `counts` (optional, a ragged exchange): `(send, receive)`, two i32
+    tensors of one entry per rank of the axis. Of piece `j` only its first
+    `send[j]` rows move (a row: the last dimension's elements, the piece in
+    row-major order), and `receive[i]` is how many rank `i` sends this
+    rank; the rest of each received piece is undefined. The pieces must be
+    contiguous as for `nvshmem`, and neither dimension the last. An MoE
+    layer's dispatch and combine: blocks padded to their worst case, of
+    which the routed rows are a prefix. A transport may move whole pieces.
+
     ```mlir
     %1 = tgraph.all_to_all %0 on @mesh["dp"] split_dim 1 concat_dim 0
          : tensor<4x16xf32> -> tensor<8x8xf32>
     %2 = tgraph.all_to_all %r on @mesh["ep"] split_dim 0 concat_dim 1
          {transport = #tgraph.transport<nvshmem>} : tensor<2x64x32xf32> -> tensor<1x128x32xf32>
+    %3 = tgraph.all_to_all %r counts(%sent, %got : tensor<2xi32>, tensor<2xi32>)
+         on @mesh["ep"] split_dim 0 concat_dim 1 : tensor<2x64x32xf32> -> tensor<1x128x32xf32>
     ```
   }];
-  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh,
+  let arguments = (ins AnyRankedTensor:$input, Variadic<AnyRankedTensor>:$counts,
+                       FlatSymbolRefAttr:$mesh,
                        StrAttr:$axis, I64Attr:$split_dim, I64Attr:$concat_dim,
                        OptionalAttr<TGraph_TransportAttr>:$transport);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
-    $input `on` $mesh `[` $axis `]` `split_dim` $split_dim `concat_dim` $concat_dim
+    $input (`counts` `(` $counts^ `:` type($counts) `)`)? `on` $mesh `[` $axis `]`
+    `split_dim` $split_dim `concat_dim` $concat_dim
     attr-dict `:` type($input) `->` type($result)
   }];
   let extraClassDeclaration = extraBaseClassDeclaration;

@@ -137,18 +137,21 @@ def TSched_CollectiveStartOp : TSched_Op<"collective_start",
     dimension of all_to_all), `concat_dim` (all_to_all), `root` (broadcast:
     the rank along `axis` whose `src` every rank receives in `dst`; only it
     reads `src`, which may be defined on it alone) and `deterministic`
-    (fixed reduction order).
+    (fixed reduction order). `counts` (all_to_all only, optional): the
+    `(send, receive)` row counts of a ragged exchange (`tgraph.all_to_all`);
+    the collective reads them when it starts.
   }];
   let arguments = (ins TSched_CollectiveKindAttr:$kind,
                        AnyStaticShapeMemRef:$src, AnyStaticShapeMemRef:$dst,
+                       Variadic<AnyStaticShapeMemRef>:$counts,
                        TSched_StreamType:$stream, FlatSymbolRefAttr:$mesh,
                        StrAttr:$axis, OptionalAttr<TSched_ReductionAttr>:$reduction,
                        OptionalAttr<I64Attr>:$dim, OptionalAttr<I64Attr>:$concat_dim,
                        OptionalAttr<I64Attr>:$root, UnitAttr:$deterministic);
   let results = (outs TSched_TokenType:$token);
   let assemblyFormat = [{
-    $kind $src `->` $dst `on` $stream `over` $mesh `[` $axis `]` attr-dict
-    `:` type($src) `->` type($dst)
+    $kind $src `->` $dst (`counts` `(` $counts^ `:` type($counts) `)`)?
+    `on` $stream `over` $mesh `[` $axis `]` attr-dict `:` type($src) `->` type($dst)
   }];
 }
 
