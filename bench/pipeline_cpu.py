@@ -104,7 +104,9 @@ def tessera_worker(cfg: dict, out: Path) -> None:
             "step_ms": 1e3 * statistics.median(times),
             "wait_share": waiting / total, "compute_share": compute / total,
             "model_bubble": plan.bubble, "formula": plan.formula,
-            "grid": str(plan)}
+            "grid": str(plan),
+            "top": {k: v[0] / cfg["steps"] for k, v in
+                    sorted(profile.items(), key=lambda kv: -kv[1][0])[:10]}}
     (out / f"tessera-rank{mesh.rank}.json").write_text(json.dumps(report))
 
 
@@ -258,6 +260,10 @@ def main(argv=None) -> int:
     print(text)
     for r in rows:
         print(f"\n{r['schedule']} (cost model):\n{tess[0][r['schedule']]['grid']}")
+        for rank in (0, RANKS - 1):
+            top = tess[rank][r["schedule"]]["top"]
+            print(f"rank {rank}'s largest runtime entries (ms a step): "
+                  + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top.items()))
     write_results("pipeline_cpu", commit, today, text, {"config": cfg, "rows": rows})
     return 1 if failed else 0
 
