@@ -413,6 +413,16 @@ static LogicalResult verifyBoxCopy(Operation *op, Value source, ValueRange sourc
   return success();
 }
 
+LogicalResult LoadScalarOp::verify() {
+  auto type = llvm::cast<MemRefType>(getBuffer().getType());
+  if (!llvm::isa<IntegerType>(type.getElementType()))
+    return emitOpError("reads an index from an integer buffer, got ") << type;
+  if (getIndices().size() != static_cast<size_t>(type.getRank()))
+    return emitOpError("needs one index per dimension of ") << type << ", got "
+                                                            << getIndices().size();
+  return success();
+}
+
 LogicalResult PutOp::verify() {
   if (failed(verifyBoxCopy(*this, getSource(), getSourceOffsets(), getDest(), getDestOffsets(),
                            getShape())))

@@ -682,11 +682,7 @@ def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: di
             continue
         mesh = meshes[ir.FlatSymbolRefAttr(kop.attributes["mesh"]).value]
         kernel, symmetric = exchange.exchange_kernel(kop, name, mesh, module_block)
-        # A ragged exchange's counts stay unread: the kernel moves whole
-        # pieces, which `counts` allows (putting only the counted rows needs
-        # sizes read on the device: not yet).
-        stream, ins, outs = _launch_parts(launch)
-        _launch_with_symmetric(launch, name, stream, ins[:1], outs, symmetric)
+        _launch_with_symmetric(launch, name, *_launch_parts(launch), symmetric)
         kernel.move_before(next(iter(kernels.values())))
         launch.erase()
         consumed.add(name)

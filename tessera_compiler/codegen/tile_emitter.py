@@ -408,6 +408,17 @@ class KernelEmitter:
             raise EmitError(f"the kernel emitter does not support '{name}'", op.location)
         handler(op)
 
+    def op_ttile_load_scalar(self, op):
+        view = op.opview
+        buf = self.names[view.buffer]
+        shape = self.buffers[buf]
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        at = " + ".join(self.scalar(i) if n == 1 else f"{self.scalar(i)} * {n}"
+                        for i, n in zip(view.indices, strides)) or "0"
+        v = self.fresh("s")
+        self.line(f"const int64_t {v} = (int64_t){buf}[{at}];")
+        self.names[op.results[0]] = v
+
     def op_ttile_program_id(self, op):
         dim = ir.IntegerAttr(op.attributes["dim"]).value
         self.names[op.results[0]] = f"pid{dim}"

@@ -670,6 +670,33 @@ module attributes {tessera.target = "gpu"} {
 
 // -----
 
+// A ragged exchange (the all_to_all's row counts, an MoE layer's): the
+// kernel takes the counts after the operand, reads its peer's entry of each
+// and moves only those rows (`rows` on the put and the get).
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["ep"] shape = [2]
+  // CHECK-LABEL: func.func @ragged
+  // CHECK: tsched.launch @ragged_exchange_0 on %{{.*}} ins(%arg0, %arg1, %arg2 : memref<2x16x8xf32>, memref<2xi32>, memref<2xi32>) outs(
+  // CHECK: ttile.kernel @ragged_exchange_0(%[[X:.*]]: memref<2x16x8xf32>, %[[SENT:.*]]: memref<2xi32>, %[[GOT:.*]]: memref<2xi32>, %[[OUT:.*]]: memref<1x32x8xf32>, %{{.*}}: memref<1x32x8xf32> {ttile.symmetric}, %{{.*}}: memref<2xi64> {ttile.signals, ttile.symmetric})
+  // CHECK: %[[PID:.*]] = ttile.program_id 0
+  // CHECK: %[[N:.*]] = ttile.load_scalar %[[SENT]][%[[PID]]] : memref<2xi32>
+  // CHECK: %[[M:.*]] = ttile.load_scalar %[[GOT]][%[[PID]]] : memref<2xi32>
+  // CHECK: ttile.put %[[X]]{{.*}} rows %[[N]]
+  // CHECK: ttile.get {{.*}} to %[[OUT]]{{.*}} rows %[[M]]
+  func.func @ragged(%arg0: memref<2x16x8xf32>, %arg1: memref<2xi32>, %arg2: memref<2xi32>) -> memref<1x32x8xf32> {
+    %0 = tsched.stream "compute"
+    %1 = tsched.alloc : memref<1x32x8xf32>
+    tsched.launch @ragged_exchange_0 on %0 ins(%arg0, %arg1, %arg2 : memref<2x16x8xf32>, memref<2xi32>, memref<2xi32>) outs(%1 : memref<1x32x8xf32>)
+    return %1 : memref<1x32x8xf32>
+  }
+  func.func private @ragged_exchange_0(%arg0: tensor<2x16x8xf32>, %arg1: tensor<2xi32>, %arg2: tensor<2xi32>) -> tensor<1x32x8xf32> attributes {tsched.kernel} {
+    %0 = tgraph.all_to_all %arg0 counts(%arg1, %arg2 : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+    return %0 : tensor<1x32x8xf32>
+  }
+}
+
+// -----
+
 // A GELU between two grouped GEMMs (an expert-parallel MoE layer's experts):
 // only the GEMMs read its result, and only inside the segments of %sizes, so
 // the fused kernel takes %sizes and `row_segments` [its argument, rows, tile

@@ -132,3 +132,18 @@ ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8x
   ttile.store %e, %y[%row, %c0] : !ttile.tile<8x8xf32>, memref<64x8xf32>
   ttile.return
 }
+
+// -----
+
+// `ttile.load_scalar`: an index read from an integer buffer (here the row a
+// copy starts at).
+// CHECK-LABEL: void from_row__range(
+// CHECK: const int64_t [[S:s[0-9]+]] = (int64_t)arg0[{{c[0-9]+}}];
+// CHECK: const int64_t {{p[0-9]+}}_base = [[S]] * 8
+ttile.kernel @from_row(%n: memref<2xi32>, %x: memref<8x8xf32>, %y: memref<1x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %row = ttile.load_scalar %n[%c0] : memref<2xi32>
+  %t = ttile.load %x[%row, %c0] : memref<8x8xf32> -> !ttile.tile<1x8xf32>
+  ttile.store %t, %y[%c0, %c0] : !ttile.tile<1x8xf32>, memref<1x8xf32>
+  ttile.return
+}

@@ -861,6 +861,41 @@ ttile.kernel @keys_by_queries(%k: memref<32x16xbf16>, %q: memref<64x16xbf16>, %l
 
 // -----
 
+// A ragged MoE exchange: the counts are read with ttile.load_scalar and only
+// that many of the piece's 16 rows of 32 bytes move, in one call each way
+// (the run's first row is its index in the box's outer loop times 16).
+// CHECK-LABEL: // ttile.kernel @ragged_exchange
+// CHECK: const int64_t [[SENT:s[0-9]+]] = (int64_t)arg1[pid0];
+// CHECK-NEXT: const int64_t [[GOT:s[0-9]+]] = (int64_t)arg2[pid0];
+// CHECK: { const int64_t [[LEFT:n[0-9]+]] = [[SENT]] - ({{r[0-9]+}} * 16);
+// CHECK-NEXT: if ([[LEFT]] > 0)
+// CHECK-NEXT: nvshmemx_putmem_nbi_block(arg4 + {{.*}}, arg0 + {{.*}}, ([[LEFT]] < 16 ? [[LEFT]] : 16) * 32, (int){{.*}});
+// CHECK: { const int64_t [[LEFT2:n[0-9]+]] = [[GOT]] - ({{r[0-9]+}} * 16);
+// CHECK: nvshmemx_getmem_nbi_block(arg3 + {{.*}}, arg4 + {{.*}}, ([[LEFT2]] < 16 ? [[LEFT2]] : 16) * 32, (int){{.*}});
+ttile.kernel @ragged_exchange(%x: memref<2x16x8xf32>, %sent: memref<2xi32>, %got: memref<2xi32>,
+                              %out: memref<1x32x8xf32>,
+                              %received: memref<1x32x8xf32> {ttile.symmetric},
+                              %arrived: memref<2xi64> {ttile.signals, ttile.symmetric})
+    attributes {grid = array<i64: 2>, block = array<i64: 128>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c16 = arith.constant 16 : index
+  %me = ttile.my_pe
+  %mine = arith.muli %me, %c16 : index
+  %n_out = ttile.load_scalar %sent[%pid] : memref<2xi32>
+  %n_in = ttile.load_scalar %got[%pid] : memref<2xi32>
+  ttile.put %x[%pid, %c0, %c0] to %received[%c0, %mine, %c0] on %pid rows %n_out {shape = array<i64: 1, 16, 8>} : memref<2x16x8xf32> -> memref<1x32x8xf32>
+  ttile.quiet
+  ttile.signal %arrived[%me], %c1 on %pid {kind = "set"} : memref<2xi64>
+  ttile.wait %arrived[%pid], %c1 {cmp = "ge"} : memref<2xi64>
+  %slot = arith.muli %pid, %c16 : index
+  ttile.get %received[%c0, %slot, %c0] on %me to %out[%c0, %slot, %c0] rows %n_in {shape = array<i64: 1, 16, 8>} : memref<1x32x8xf32> -> memref<1x32x8xf32>
+  ttile.return
+}
+
+// -----
+
 // An MoE exchange (tile/exchange.py) over 2 PEs: instance j puts piece j
 // (16 rows of 8 floats, contiguous in both buffers: one 512-byte put) into
 // the peer's received copy at this PE's slot, completes it, signals the

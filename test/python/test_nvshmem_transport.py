@@ -119,10 +119,11 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
     """op.moe over ep=2 on the GPU target (CUDA emulator), forward and
     gradients: with transport "nvshmem" the dispatch and combine (and their
     backward) are exchange kernels that put each piece into the peer's
-    symmetric buffer, and every value equals the communicator's all-to-all
-    ("nccl") bit for bit, unpacked and with pack_dtype "bf16" and
-    "fp8_e4m3" (which round what travels: their values differ from the
-    unpacked ones, FP8's by more)."""
+    symmetric buffer, only the routed rows (each count read in the kernel),
+    and every value equals the communicator's all-to-all ("nccl") bit for
+    bit, unpacked and with pack_dtype "bf16" and "fp8_e4m3" (which round
+    what travels: their values differ from the unpacked ones, FP8's by
+    more)."""
     out = tmp_path / "moe.json"
     proc = run_mpi(2, WORKERS / "moe_exchange_worker.py", _seed(), out,
                    env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_EMULATOR_WAIT_S": "100"},
@@ -138,6 +139,7 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
             # launches of the exchange kernels; only the tiny count
             # exchanges stay collectives.
             assert r["exchange launches"] >= 4 and r["exchange kernels"] >= 1, (name, r)
+            assert r["ragged exchange kernels"] == r["exchange kernels"], (name, r)
             assert r["symmetric allocs"] == 2 * r["exchange launches"], (name, r)
             nccl = cases[name.replace("nvshmem", "nccl")]
             assert r["all_to_all collectives"] == \

@@ -20,6 +20,12 @@ the peer's symmetric receive buffer (an MoE layer's dispatch and combine).
 Pieces are contiguous (`_exchangeable` in lower_to_schedule checks it) and
 the same shape in `x` and `out`, so each put and get is one call.
 
+A ragged exchange (the all_to_all's `counts`: an MoE layer's) takes the
+`send` and `receive` row counts after `x`: instance j puts only the first
+send[j] rows of its piece and copies out only the receive[j] that arrived
+(`ttile.load_scalar`, then `rows` on the put and the get), so the bytes on
+the wire are the routed rows, not the padded blocks.
+
 Deadlock freedom: instance j of rank p waits only for instance p of the
 rank at coordinate j, which puts before it waits. In the CPU emulator a
 rank's instances run one after another: instance j of rank p waits for
@@ -65,25 +71,29 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
     parts = mesh.axis_size(axis)
     split = ir.IntegerAttr(exchange.attributes["split_dim"]).value
     concat = ir.IntegerAttr(exchange.attributes["concat_dim"]).value
-    x_type, out_type = memref_of(exchange.operands[0].type), memref_of(exchange.results[0].type)
+    ins = [memref_of(v.type) for v in exchange.operands]     # x[, send, receive]
+    out_type = memref_of(exchange.results[0].type)
     symmetric = [out_type, ir.MemRefType.get([parts], ir.IntegerType.get_signless(64))]
     piece = piece_shape(exchange, parts)
     loc = exchange.location
-    kernel, entry = new_kernel(name, [x_type, out_type] + symmetric, parts, THREADS_PER_BLOCK,
-                               [1], module_block, loc)
-    mark_symmetric(kernel, 4, 2)
-    x, out, received, arrived = entry.arguments
+    args = ins + [out_type] + symmetric
+    kernel, entry = new_kernel(name, args, parts, THREADS_PER_BLOCK, [1], module_block, loc)
+    mark_symmetric(kernel, len(args), 2)
+    x, *counts, out, received, arrived = entry.arguments
     out_shape = shape_of(exchange.results[0])
     with ir.InsertionPoint(entry), loc:
         at = instance(exchange, mesh, 1)
         peer = at.pe_at(at.pid)
         box = i64_array(piece)
+        sent, got = ([ttile.LoadScalarOp(c, [at.pid]).result for c in counts]
+                     if counts else (None, None))
         ttile.PutOp(x, _piece_offsets(shape_of(exchange.operands[0]), split, piece, at.pid),
-                    received, _piece_offsets(out_shape, concat, piece, at.coord), peer, box)
+                    received, _piece_offsets(out_shape, concat, piece, at.coord), peer, box,
+                    rows=sent)
         ttile.QuietOp()
         ttile.SignalOp(arrived, at.coord, index(1), peer, ir.StringAttr.get("set"))
         ttile.WaitOp(arrived, at.pid, index(1), ir.StringAttr.get("ge"))
         slot = _piece_offsets(out_shape, concat, piece, at.pid)
-        ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, box)
+        ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, box, rows=got)
         ttile.ReturnOp()
     return kernel, symmetric

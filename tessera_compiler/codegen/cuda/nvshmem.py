@@ -67,9 +67,23 @@ class NvshmemOps:
             self.line(f"for (int64_t {iv} = 0; {iv} < {n}; ++{iv})")
         so = [self.scalar(v) for v in view.source_offsets]
         do = [self.scalar(v) for v in view.dest_offsets]
+        run = math.prod(shape[looped:])                    # elements of one call
+        size = f"{run * nbytes}"
+        if view.rows is not None:
+            # Only the box's first `rows` rows (of its last dimension): this
+            # run's share of them, from its first row on.
+            run_rows = run // shape[-1]
+            first = " + ".join(f"{iv} * {math.prod(shape[d + 1:looped]) * run_rows}"
+                               for d, iv in enumerate(ivs)) or "0"
+            left = self.fresh("n")
+            self.line(f"{{ const int64_t {left} = {self.scalar(view.rows)} - ({first});")
+            size = f"({left} < {run_rows} ? {left} : {run_rows}) * {shape[-1] * nbytes}"
+            self.line(f"  if ({left} > 0)")
         self.line(f"  {call}({dst} + {base(dst_shape, do, ivs)}, "
-                  f"{src} + {base(src_shape, so, ivs)}, {math.prod(shape[looped:]) * nbytes}, "
+                  f"{src} + {base(src_shape, so, ivs)}, {size}, "
                   f"(int){self.scalar(view.pe)});")
+        if view.rows is not None:
+            self.line("}")
 
     def op_ttile_put(self, op):
         self._box_copy(op, "nvshmemx_putmem_nbi_block")

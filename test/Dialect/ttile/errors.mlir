@@ -530,6 +530,24 @@ ttile.kernel @k(%a: memref<32x32xbf16>) attributes {grid = array<i64: 1>, block 
 
 // -----
 
+ttile.kernel @k(%n: memref<4xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load_scalar' op reads an index from an integer buffer, got 'memref<4xf32>'}}
+  %r = ttile.load_scalar %n[%c0] : memref<4xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%n: memref<2x4xi32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load_scalar' op needs one index per dimension of 'memref<2x4xi32>', got 1}}
+  %r = ttile.load_scalar %n[%c0] : memref<2x4xi32>
+  ttile.return
+}
+
+// -----
+
 ttile.kernel @k(%a: memref<16x32xf32>, %all: memref<64x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index
   // expected-error @below {{'ttile.put' op 'dest' must be a kernel argument marked {ttile.symmetric} (a buffer every PE allocated with nvshmem_malloc)}}

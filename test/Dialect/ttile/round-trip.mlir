@@ -222,6 +222,23 @@ ttile.kernel @push(%a: memref<16x32xf32>, %all: memref<64x32xf32> {ttile.symmetr
 
 // -----
 
+// A ragged put and get: a count read from a buffer (`ttile.load_scalar`)
+// limits the rows that move.
+// CHECK-LABEL: ttile.kernel @ragged(
+// CHECK: %[[N:.*]] = ttile.load_scalar %{{.*}}[%{{.*}}] : memref<4xi32>
+// CHECK: ttile.put %{{.*}}[%{{.*}}, %{{.*}}] to %{{.*}}[%{{.*}}, %{{.*}}] on %{{.*}} rows %[[N]] {shape = array<i64: 16, 32>}
+// CHECK: ttile.get %{{.*}}[%{{.*}}, %{{.*}}] on %{{.*}} to %{{.*}}[%{{.*}}, %{{.*}}] rows %[[N]] {shape = array<i64: 16, 32>}
+ttile.kernel @ragged(%a: memref<16x32xf32>, %n: memref<4xi32>, %all: memref<64x32xf32> {ttile.symmetric}) attributes {grid = array<i64: 4>, block = array<i64: 128>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %rows = ttile.load_scalar %n[%pid] : memref<4xi32>
+  ttile.put %a[%c0, %c0] to %all[%c0, %c0] on %pid rows %rows {shape = array<i64: 16, 32>} : memref<16x32xf32> -> memref<64x32xf32>
+  ttile.get %all[%c0, %c0] on %pid to %a[%c0, %c0] rows %rows {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>
+  ttile.return
+}
+
+// -----
+
 // NVSHMEM: a get from a symmetric buffer on another PE into a local one.
 // CHECK-LABEL: ttile.kernel @pull(
 // CHECK: ttile.get %{{.*}}[%{{.*}}, %{{.*}}] on %{{.*}} to %{{.*}}[%{{.*}}, %{{.*}}] {shape = array<i64: 16, 32>} : memref<64x32xf32> -> memref<16x32xf32>

@@ -73,6 +73,12 @@ for name, transport in (("nccl", "nccl"), ("nvshmem", "nvshmem"),
                                    / (np.max(np.abs(seen["nccl"][n])) + 1e-30)) for n in got),
         "exchange kernels": sum(1 for k in levels.tile.split("ttile.kernel @")[1:]
                                 if "ttile.put" in k),
+        # ragged: every put and get moves the rows a count read in the kernel says
+        "ragged exchange kernels": sum(
+            1 for k in levels.tile.split("ttile.kernel @")[1:]
+            if "ttile.put" in k and k.count("ttile.load_scalar") == 2
+            and all(" rows " in line for line in k.splitlines()
+                    if "ttile.put " in line or "ttile.get " in line)),
         "exchange launches": sum(1 for line in levels.tile.splitlines()
                                  if "tsched.launch" in line and "_exchange_" in line),
         "all_to_all collectives": levels.schedule.count("collective_start <all_to_all>"),

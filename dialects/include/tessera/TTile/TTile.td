@@ -480,6 +480,22 @@ def TTile_BarrierOp : TTile_Op<"barrier"> {
 // known to be ready.
 //----------------------------------------------------------------------------
 
+def TTile_LoadScalarOp : TTile_Op<"load_scalar", [MemoryEffects<[MemRead]>]> {
+  let summary = "read one integer of a buffer as an index";
+  let description = [{
+    The element of an integer buffer at `indices`, as an `index`: a count
+    the kernel's copies depend on (an MoE exchange's rows per peer).
+
+    ```mlir
+    %n = ttile.load_scalar %counts[%pid] : memref<4xi32>
+    ```
+  }];
+  let arguments = (ins AnyStaticShapeMemRef:$buffer, Variadic<Index>:$indices);
+  let results = (outs Index:$result);
+  let assemblyFormat = "$buffer `[` $indices `]` attr-dict `:` qualified(type($buffer))";
+  let hasVerifier = 1;
+}
+
 def TTile_MyPeOp : TTile_Op<"my_pe", [Pure]> {
   let summary = "this GPU's processing element number (nvshmem_my_pe)";
   let results = (outs Index:$result);
@@ -500,18 +516,22 @@ def TTile_PutOp : TTile_Op<"put", [AttrSizedOperandSegments,
     of the symmetric buffer `dest` on PE `pe`, without waiting for it to
     arrive (`nvshmemx_putmem_nbi_block`, one call per contiguous run of the
     box: a row, or whole rows when the box spans the inner dimensions of
-    both buffers; every thread of the block takes part).
+    both buffers; every thread of the block takes part). With `rows`, only
+    the box's first `rows` rows move: the box read as rows of its last
+    dimension in row-major order (a ragged exchange's routed rows; more
+    than the box holds moves the whole box).
 
     ```mlir
     ttile.put %a[%c0, %c0] to %gathered[%row, %c0] on %peer {shape = array<i64: 64, 128>} : memref<64x128xbf16> -> memref<256x128xbf16>
+    ttile.put %a[%c0, %c0] to %gathered[%row, %c0] on %peer rows %n {shape = array<i64: 64, 128>} : memref<64x128xbf16> -> memref<256x128xbf16>
     ```
   }];
   let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$source_offsets,
                        AnyStaticShapeMemRef:$dest, Variadic<Index>:$dest_offsets,
-                       Index:$pe, DenseI64ArrayAttr:$shape);
+                       Index:$pe, Optional<Index>:$rows, DenseI64ArrayAttr:$shape);
   let assemblyFormat = [{
-    $source `[` $source_offsets `]` `to` $dest `[` $dest_offsets `]` `on` $pe attr-dict `:`
-    qualified(type($source)) `->` qualified(type($dest))
+    $source `[` $source_offsets `]` `to` $dest `[` $dest_offsets `]` `on` $pe
+    (`rows` $rows^)? attr-dict `:` qualified(type($source)) `->` qualified(type($dest))
   }];
   let hasVerifier = 1;
 }
@@ -525,7 +545,8 @@ def TTile_GetOp : TTile_Op<"get", [AttrSizedOperandSegments,
     block takes part (`nvshmemx_getmem_nbi_block`, one call per contiguous
     run, as for `ttile.put`); the op then completes the block's outstanding operations
     (`nvshmem_quiet`, which also completes earlier puts) and synchronizes the
-    block, so every thread may read `dest` after it.
+    block, so every thread may read `dest` after it. `rows` as for
+    `ttile.put`.
 
     ```mlir
     ttile.get %gathered[%row, %c0] on %peer to %a[%c0, %c0] {shape = array<i64: 64, 128>} : memref<256x128xbf16> -> memref<64x128xbf16>
@@ -533,10 +554,10 @@ def TTile_GetOp : TTile_Op<"get", [AttrSizedOperandSegments,
   }];
   let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$source_offsets,
                        AnyStaticShapeMemRef:$dest, Variadic<Index>:$dest_offsets,
-                       Index:$pe, DenseI64ArrayAttr:$shape);
+                       Index:$pe, Optional<Index>:$rows, DenseI64ArrayAttr:$shape);
   let assemblyFormat = [{
-    $source `[` $source_offsets `]` `on` $pe `to` $dest `[` $dest_offsets `]` attr-dict `:`
-    qualified(type($source)) `->` qualified(type($dest))
+    $source `[` $source_offsets `]` `on` $pe `to` $dest `[` $dest_offsets `]`
+    (`rows` $rows^)? attr-dict `:` qualified(type($source)) `->` qualified(type($dest))
   }];
   let hasVerifier = 1;
 }
