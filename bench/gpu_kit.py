@@ -182,14 +182,15 @@ def _nvshmem_gemm_check(kit, name, kind, shape):
     return _save(kit, name, bundle, inputs, [[(part, rule)] for part in parts], ranks=2)
 
 
-def _nvshmem_moe_check(kit, name, tokens, width, hidden, experts, pack=None):
+def _nvshmem_moe_check(kit, name, tokens, width, hidden, experts, pack=None, multi_qp=False):
     """An MoE layer on a 2-rank ep mesh with `transport="nvshmem"`: its
     dispatch and combine are exchange kernels that put each rank's rows
     into the peer's symmetric buffer (tile/exchange.py). Tokens and experts
     split over the ranks, top-2 routing, GELU experts; each rank checks its
     tokens' outputs against the fuzzers' float64 MoE. `pack`: op.moe's
     pack_dtype (FP8 e4m3 rounds the dispatched rows to 3 mantissa bits: a
-    looser tolerance)."""
+    looser tolerance); `multi_qp`: several copies per peer (the design
+    docs' transport has both)."""
     from programs import moe_reference
 
     import tessera as ts
@@ -204,8 +205,8 @@ def _nvshmem_moe_check(kit, name, tokens, width, hidden, experts, pack=None):
                       / np.sqrt(hidden)).astype(np.float32)}
 
     def moe_layer(x, ex):
-        return op.moe(x, experts=ex, k=2, transport={"type": "nvshmem", "pack_dtype": pack},
-                      mesh=mesh)
+        return op.moe(x, experts=ex, k=2, transport={"type": "nvshmem", "pack_dtype": pack,
+                                                     "multi_qp": multi_qp}, mesh=mesh)
     want, _ = moe_reference(x, weights, 2)
     bound = {None: 1e-3, "bf16": 2e-2, "fp8_e4m3": 0.1}[pack] * float(np.abs(want).max())
     rule = {"rule": "allclose", "rtol": 0.0, "atol": bound}
@@ -297,7 +298,7 @@ CHECKS = {
     # travels to the GPU in one 64 MiB carry.)
     "nvshmem-moe-exchange-2-ranks": lambda kit, n: _nvshmem_moe_check(kit, n, 256, 128, 128, 4),
     "nvshmem-moe-exchange-fp8-2-ranks": lambda kit, n: _nvshmem_moe_check(
-        kit, n, 256, 128, 128, 4, "fp8_e4m3"),
+        kit, n, 256, 128, 128, 4, "fp8_e4m3", multi_qp=True),
     "gpt-step-fp32": lambda kit, n: _gpt_step_check(kit, n, "fp32"),
     "gpt-step-bf16": lambda kit, n: _gpt_step_check(kit, n, "bf16"),
 }

@@ -242,6 +242,7 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
         else:
             # all_to_all only, op.moe's exchange: its transport and row counts
             transport, counts = args.pop("transport", None), args.pop("counts", None)
+            channels = args.pop("channels", None)
             dims = {k: v % max(x.ndim, 1) for k, v in args.items() if k.endswith("dim")}
             cut = dims.get("split_dim", dims.get("dim")) if kind != "all_gather" else None
             if cut is not None and x.shape[cut] % n:
@@ -255,7 +256,7 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
             else:
                 value = gb.all_to_all(x.value, mesh.name, axis, dims["split_dim"],
                                       dims["concat_dim"], n, transport,
-                                      counts and tuple(c.value for c in counts))
+                                      counts and tuple(c.value for c in counts), channels)
         return Traced(value, ir.RankedTensorType(value.type).shape, x.dtype, src)
 
 

@@ -776,8 +776,15 @@ def autodiff(loss, wrt=None):
 # the bytes); "fp8_e4m3" sends the dispatched rows as e4m3 with a float32
 # scale per row and the outputs as bf16; None sends them in their own dtype.
 # The backward's exchanges move bf16 whenever a pack is asked for.
+# `multi_qp` (NVSHMEM): True (MULTI_QP_CHANNELS) or a number of copies per
+# peer, each of a range of rows with its own signal (`channels` on the
+# all_to_all); False or absent: one. It never changes results.
 
 _TRANSPORTS = ("nccl", "mpi", "nvshmem", "auto")
+#: copies per peer of an NVSHMEM exchange with `multi_qp: True`: each moves a
+#: quarter of the rows, signalled on its own (DeepEP spreads a peer's traffic
+#: over several queue pairs and SMs alike).
+MULTI_QP_CHANNELS = 4
 _PACK_DTYPES = (None, "fp8_e4m3", "bf16")
 
 
@@ -832,6 +839,10 @@ def _check_transport(transport, src) -> None:
         if transport.get("pack_dtype") not in _PACK_DTYPES:
             raise ShapeError(f"op.moe: pack_dtype {transport['pack_dtype']!r} must be one of "
                              f"{_PACK_DTYPES}  [{src}]")
+        qp = transport.get("multi_qp")
+        if not (qp is None or isinstance(qp, bool) or (isinstance(qp, int) and 1 <= qp <= 64)):
+            raise ShapeError(f"op.moe: multi_qp {qp!r} must be True, False or a number of "
+                             f"channels per peer from 1 to 64  [{src}]")
 
 
 def _expert_mesh(mesh):
@@ -889,6 +900,10 @@ class _ExpertExchange:
         kind = transport.get("type") if isinstance(transport, dict) else transport
         self.transport = kind if kind in ("nvshmem", "auto") else None
         self.pack = transport.get("pack_dtype") if isinstance(transport, dict) else None
+        qp = transport.get("multi_qp") if isinstance(transport, dict) else None
+        # NVSHMEM copies per peer (the exchange kernel's instances per peer).
+        self.channels = (MULTI_QP_CHANNELS if qp is True else qp or None) \
+            if self.transport else None
         self.rows = None         # (sent to, received from) each rank: counts() sets them
 
     def _move(self, x: Traced, combine: bool, gradient: bool = True) -> Traced:
@@ -901,7 +916,7 @@ class _ExpertExchange:
         blocks = reshape(x, self.ep, n // self.ep, *x.shape[1:])
         sent, received = self.rows
         moved = collective("all_to_all", blocks, "ep", split_dim=0, concat_dim=1,
-                           transport=self.transport,
+                           transport=self.transport, channels=self.channels,
                            counts=(received, sent) if combine else (sent, received))
         return reshape(moved if gradient else _no_gradient(moved), *x.shape)
 

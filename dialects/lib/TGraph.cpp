@@ -871,6 +871,8 @@ LogicalResult AllToAllOp::verifySymbolUses(SymbolTableCollection &symbols) {
       return emitOpError("dimension ") << d << " of result must be " << want << ", got "
                                        << result.getDimSize(d);
   }
+  if (auto channels = getChannels(); channels && (*channels < 1 || *channels > 64))
+    return emitOpError("'channels' must be 1 to 64, got ") << *channels;
   if (getCounts().empty())
     return success();
   if (getCounts().size() != 2)

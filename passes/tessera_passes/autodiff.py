@@ -359,7 +359,9 @@ def _collective_vjp(op: ir.Operation, g: ir.Value, varying: Varying, mesh) -> li
         ct = gb.all_to_all(g, mesh.name, axis, ir.IntegerAttr(op.attributes["concat_dim"]).value,
                            ir.IntegerAttr(op.attributes["split_dim"]).value, n,
                            enum_of(op, "transport") if "transport" in op.attributes else None,
-                           (counts[1], counts[0]) if counts else None)
+                           (counts[1], counts[0]) if counts else None,
+                           ir.IntegerAttr(op.attributes["channels"]).value
+                           if "channels" in op.attributes else None)
     else:
         raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
     if axis not in varying(op.operands[0]):

@@ -327,8 +327,10 @@ def reduce_scatter(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int,
 
 def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: int,
                axis_size: int, transport: str | None = None,
-               counts: tuple[ir.Value, ir.Value] | None = None) -> ir.Value:
-    """`counts` = (send, receive) row counts make it ragged (see the op)."""
+               counts: tuple[ir.Value, ir.Value] | None = None,
+               channels: int | None = None) -> ir.Value:
+    """`counts` = (send, receive) row counts make it ragged; `channels`
+    copies per piece over NVSHMEM (see the op)."""
     shape = shape_of(x)
     shape[concat_dim] *= axis_size
     shape[split_dim] //= axis_size
@@ -336,7 +338,9 @@ def all_to_all(x: ir.Value, mesh: str, axis: str, split_dim: int, concat_dim: in
                              *_on(mesh, axis),
                              i64(split_dim), i64(concat_dim),
                              transport=tgraph.TransportAttr.get(transport) if transport
-                             else None).result
+                             else None,
+                             channels=i64(channels) if channels and channels > 1 else None
+                             ).result
 
 
 def send(x: ir.Value, mesh: str, axis: str, to: int) -> ir.Operation:

@@ -697,6 +697,38 @@ module attributes {tessera.target = "gpu"} {
 
 // -----
 
+// `channels = 2` (multi_qp): 2 instances per peer, each moving 8 of the
+// piece's 16 rows (the count less the rows before its range) and setting a
+// signal word of its own (2 peers x 2 channels).
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["ep"] shape = [2]
+  // CHECK-LABEL: func.func @channels
+  // CHECK: tsched.alloc {symmetric} : memref<4xi64>
+  // CHECK: ttile.kernel @channels_exchange_0({{.*}}%[[SIG:[^:]*]]: memref<4xi64> {ttile.signals, ttile.symmetric})
+  // CHECK-SAME: grid = array<i64: 4>
+  // CHECK: %[[PID:.*]] = ttile.program_id 0
+  // CHECK: %[[J:.*]] = arith.divui %[[PID]], %c2
+  // CHECK: %[[C:.*]] = arith.remui %[[PID]], %c2
+  // CHECK: %[[N:.*]] = ttile.load_scalar %{{.*}}[%[[J]]]
+  // CHECK: %[[SKIP:.*]] = arith.muli %[[C]], %c8
+  // CHECK: %[[LEFT:.*]] = arith.subi %[[N]], %[[SKIP]]
+  // CHECK: ttile.put {{.*}} rows %[[LEFT]] {shape = array<i64: 1, 8, 8>}
+  // CHECK: ttile.signal %[[SIG]]
+  // CHECK: ttile.wait %[[SIG]][%[[PID]]]
+  func.func @channels(%arg0: memref<2x16x8xf32>, %arg1: memref<2xi32>, %arg2: memref<2xi32>) -> memref<1x32x8xf32> {
+    %0 = tsched.stream "compute"
+    %1 = tsched.alloc : memref<1x32x8xf32>
+    tsched.launch @channels_exchange_0 on %0 ins(%arg0, %arg1, %arg2 : memref<2x16x8xf32>, memref<2xi32>, memref<2xi32>) outs(%1 : memref<1x32x8xf32>)
+    return %1 : memref<1x32x8xf32>
+  }
+  func.func private @channels_exchange_0(%arg0: tensor<2x16x8xf32>, %arg1: tensor<2xi32>, %arg2: tensor<2xi32>) -> tensor<1x32x8xf32> attributes {tsched.kernel} {
+    %0 = tgraph.all_to_all %arg0 counts(%arg1, %arg2 : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 0 concat_dim 1 {channels = 2 : i64, transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+    return %0 : tensor<1x32x8xf32>
+  }
+}
+
+// -----
+
 // A GELU between two grouped GEMMs (an expert-parallel MoE layer's experts):
 // only the GEMMs read its result, and only inside the segments of %sizes, so
 // the fused kernel takes %sizes and `row_segments` [its argument, rows, tile

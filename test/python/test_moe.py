@@ -127,6 +127,11 @@ def test_moe_errors_name_the_tensor_dimension_and_line():
           w2=np.zeros((3, 8, 6), np.float32))
     check(r"experts\['w1'\] must be \[E=4, D=6, F\], got \[4, 5, 8\]",
           w1=np.zeros((4, 5, 8), np.float32))
+    with pytest.raises(ShapeError, match=r"multi_qp 0 must be True, False or a number of "
+                                         r"channels per peer from 1 to 64") as info:
+        ts.jit(lambda x, e: op.moe(x, experts=e, k=2, transport={"type": "nvshmem",
+                                                                 "multi_qp": 0}))(x, ex)
+    assert "test_moe.py" in str(info.value)
 
 
 def test_expert_parallel_equals_one_device(run_mpi, tmp_path):

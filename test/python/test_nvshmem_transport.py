@@ -123,7 +123,7 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
     and every value equals the communicator's all-to-all ("nccl") bit for
     bit, unpacked and with pack_dtype "bf16" and "fp8_e4m3" (which round
     what travels: their values differ from the unpacked ones, FP8's by
-    more)."""
+    more), and with the design docs' multi_qp (4 copies per peer)."""
     out = tmp_path / "moe.json"
     proc = run_mpi(2, WORKERS / "moe_exchange_worker.py", _seed(), out,
                    env={"TESSERA_CUDA_EMULATE": "1", "TESSERA_EMULATOR_WAIT_S": "100"},
@@ -141,7 +141,9 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
             assert r["exchange launches"] >= 4 and r["exchange kernels"] >= 1, (name, r)
             assert r["ragged exchange kernels"] == r["exchange kernels"], (name, r)
             assert r["symmetric allocs"] == 2 * r["exchange launches"], (name, r)
-            nccl = cases[name.replace("nvshmem", "nccl")]
+            # multi_qp: 4 copies (instances) per peer, each signalled on its own
+            assert r["exchange grids"] == [2 * (4 if "multi_qp" in name else 1)], (name, r)
+            nccl = cases[name.replace("nvshmem", "nccl").replace(" multi_qp", "")]
             assert r["all_to_all collectives"] == \
                 nccl["all_to_all collectives"] - r["exchange launches"], (name, r, nccl)
         else:

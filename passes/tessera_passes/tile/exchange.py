@@ -20,6 +20,13 @@ the peer's symmetric receive buffer (an MoE layer's dispatch and combine).
 Pieces are contiguous (`_exchangeable` in lower_to_schedule checks it) and
 the same shape in `x` and `out`, so each put and get is one call.
 
+With `channels = C` (the MoE transport's `multi_qp`) the kernel has P x C
+instances: instance (j, c) moves the c-th of C equal row ranges of piece j
+and signals its own word (`arrived` has P x C), so C copies per peer run at
+once (more SMs and NVLink/IB streams on one peer, as DeepEP's queue pairs).
+The ranges split the piece's rows (its next-to-last dimension; the others
+before it must be 1); C is lowered to the largest divisor of the rows.
+
 A ragged exchange (the all_to_all's `counts`: an MoE layer's) takes the
 `send` and `receive` row counts after `x`: instance j puts only the first
 send[j] rows of its piece and copies out only the receive[j] that arrived
@@ -43,7 +50,7 @@ from tessera_mlir.dialects import arith, ttile
 
 from tessera_compiler.ir.sharding import Mesh
 from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, i64_array, index,
-                                              mark_symmetric, new_kernel)
+                                              largest_divisor, mark_symmetric, new_kernel)
 from tessera_compiler.ir.types import memref_of, shape_of
 
 from .collective_gemm import instance
@@ -63,6 +70,17 @@ def _piece_offsets(shape: list[int], dim: int, piece: list[int], which) -> list[
     return offsets
 
 
+def _channels(exchange: ir.Operation, piece: list[int]) -> int:
+    """Copies per peer: the op's `channels`, lowered to a divisor of the
+    piece's rows; 1 unless the piece is rows of its last dimension (every
+    dimension before the next-to-last of size 1)."""
+    asked = ir.IntegerAttr(exchange.attributes["channels"]).value \
+        if "channels" in exchange.attributes else 1
+    if asked == 1 or len(piece) < 2 or any(d != 1 for d in piece[:-2]):
+        return 1
+    return largest_divisor(piece[-2], asked)
+
+
 def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
                     ) -> tuple[ir.Operation, list[ir.MemRefType]]:
     """The NVSHMEM kernel of `exchange` (see the module) and the types of its
@@ -73,27 +91,49 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
     concat = ir.IntegerAttr(exchange.attributes["concat_dim"]).value
     ins = [memref_of(v.type) for v in exchange.operands]     # x[, send, receive]
     out_type = memref_of(exchange.results[0].type)
-    symmetric = [out_type, ir.MemRefType.get([parts], ir.IntegerType.get_signless(64))]
     piece = piece_shape(exchange, parts)
+    channels = _channels(exchange, piece)
+    symmetric = [out_type, ir.MemRefType.get([parts * channels],
+                                             ir.IntegerType.get_signless(64))]
     loc = exchange.location
     args = ins + [out_type] + symmetric
-    kernel, entry = new_kernel(name, args, parts, THREADS_PER_BLOCK, [1], module_block, loc)
+    kernel, entry = new_kernel(name, args, parts * channels, THREADS_PER_BLOCK, [1],
+                               module_block, loc)
     mark_symmetric(kernel, len(args), 2)
     x, *counts, out, received, arrived = entry.arguments
     out_shape = shape_of(exchange.results[0])
+    box = list(piece)
+    box[-2] //= channels                       # this instance's rows of the piece
     with ir.InsertionPoint(entry), loc:
-        at = instance(exchange, mesh, 1)
-        peer = at.pe_at(at.pid)
-        box = i64_array(piece)
-        sent, got = ([ttile.LoadScalarOp(c, [at.pid]).result for c in counts]
+        at = instance(exchange, mesh, channels)
+        j, c = at.mi, at.ni                    # the peer's coordinate, the channel
+        peer = at.pe_at(j)
+
+        def rows_of(piece_at: list[ir.Value]) -> list[ir.Value]:
+            """The offsets of channel c's rows in a piece at `piece_at`."""
+            if channels == 1:
+                return piece_at
+            return piece_at[:-2] + [arith.AddIOp(piece_at[-2], arith.MulIOp(
+                c, index(box[-2])).result).result, piece_at[-1]]
+
+        def rows_left(count: ir.Value) -> ir.Value:
+            """The counted rows from channel c's first on (`rows` moves at most
+            the box's, none when this is not positive)."""
+            if channels == 1:
+                return count
+            return arith.SubIOp(count, arith.MulIOp(c, index(box[-2])).result).result
+
+        sent, got = ([rows_left(ttile.LoadScalarOp(n, [j]).result) for n in counts]
                      if counts else (None, None))
-        ttile.PutOp(x, _piece_offsets(shape_of(exchange.operands[0]), split, piece, at.pid),
-                    received, _piece_offsets(out_shape, concat, piece, at.coord), peer, box,
-                    rows=sent)
+        word = arith.AddIOp(arith.MulIOp(at.coord, index(channels)).result, c).result \
+            if channels > 1 else at.coord
+        ttile.PutOp(x, rows_of(_piece_offsets(shape_of(exchange.operands[0]), split, piece, j)),
+                    received, rows_of(_piece_offsets(out_shape, concat, piece, at.coord)),
+                    peer, i64_array(box), rows=sent)
         ttile.QuietOp()
-        ttile.SignalOp(arrived, at.coord, index(1), peer, ir.StringAttr.get("set"))
+        ttile.SignalOp(arrived, word, index(1), peer, ir.StringAttr.get("set"))
         ttile.WaitOp(arrived, at.pid, index(1), ir.StringAttr.get("ge"))
-        slot = _piece_offsets(out_shape, concat, piece, at.pid)
-        ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, box, rows=got)
+        slot = rows_of(_piece_offsets(out_shape, concat, piece, j))
+        ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, i64_array(box), rows=got)
         ttile.ReturnOp()
     return kernel, symmetric

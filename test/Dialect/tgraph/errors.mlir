@@ -293,6 +293,15 @@ func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
 // -----
 
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
+func.func @f(%x: tensor<4x2x8xf32>) -> tensor<1x8x8xf32> {
+  // expected-error @below {{'tgraph.all_to_all' op 'channels' must be 1 to 64, got 0}}
+  %0 = tgraph.all_to_all %x on @mesh["tp"] split_dim 0 concat_dim 1 {channels = 0 : i64} : tensor<4x2x8xf32> -> tensor<1x8x8xf32>
+  return %0 : tensor<1x8x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%x: tensor<4x2x8xf32>, %n: tensor<4xi32>) -> tensor<1x8x8xf32> {
   // expected-error @below {{'tgraph.all_to_all' op 'counts' must be (send, receive), got 1 operands}}
   %0 = tgraph.all_to_all %x counts(%n : tensor<4xi32>) on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<4x2x8xf32> -> tensor<1x8x8xf32>

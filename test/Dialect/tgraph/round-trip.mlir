@@ -72,6 +72,8 @@ func.func @collectives(%x: tensor<8x16xf32>, %odd: tensor<3xf32> {tgraph.shardin
   %blocks = tgraph.reshape %3 : tensor<8x16xf32> to tensor<4x2x16xf32>
   %counts = tgraph.iota dim 0 : tensor<4xi32>
   %a2a3 = tgraph.all_to_all %blocks counts(%counts, %counts : tensor<4xi32>, tensor<4xi32>) on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<4x2x16xf32> -> tensor<1x8x16xf32>
+  // CHECK: tgraph.all_to_all %{{.*}} on @mesh["tp"] split_dim 0 concat_dim 1 {channels = 2 : i64, transport = #tgraph.transport<nvshmem>}
+  %a2a4 = tgraph.all_to_all %blocks on @mesh["tp"] split_dim 0 concat_dim 1 {channels = 2 : i64, transport = #tgraph.transport<nvshmem>} : tensor<4x2x16xf32> -> tensor<1x8x16xf32>
   // CHECK: %[[G2:.*]] = tgraph.all_gather %[[RS2]] on @mesh["dp"] dim 0 : tensor<4x16xf32> -> tensor<8x16xf32>
   %7 = tgraph.all_gather %6 on @mesh["dp"] dim 0 : tensor<4x16xf32> -> tensor<8x16xf32>
   // CHECK: return %[[G2]] : tensor<8x16xf32>

@@ -2,7 +2,7 @@
 target with the kernels in the CUDA emulator (TESSERA_CUDA_EMULATE=1, set
 by the test), once per transport: the communicator's all-to-all ("nccl")
 and the NVSHMEM exchange kernels ("nvshmem"), each unpacked and with
-`pack_dtype="bf16"` and `"fp8_e4m3"`. Forward and gradients (x, router, w1, w2). Rank 0
+`pack_dtype="bf16"` and `"fp8_e4m3"` (that one also with `multi_qp`). Forward and gradients (x, router, w1, w2). Rank 0
 writes OUT as JSON: per case the largest relative error against the
 float64 reference, whether its values equal the "nccl" case's of the same
 pack bit for bit, and what the compiled program holds (exchange kernels,
@@ -58,13 +58,16 @@ for name, transport in (("nccl", "nccl"), ("nvshmem", "nvshmem"),
                         ("nccl bf16", {"type": "nccl", "pack_dtype": "bf16"}),
                         ("nvshmem bf16", {"type": "nvshmem", "pack_dtype": "bf16"}),
                         ("nccl fp8", {"type": "nccl", "pack_dtype": "fp8_e4m3"}),
-                        ("nvshmem fp8", {"type": "nvshmem", "pack_dtype": "fp8_e4m3"})):
+                        ("nvshmem fp8", {"type": "nvshmem", "pack_dtype": "fp8_e4m3"}),
+                        # the design docs' transport: 4 copies per peer
+                        ("nvshmem fp8 multi_qp", {"type": "nvshmem", "multi_qp": True,
+                                                  "pack_dtype": "fp8_e4m3"})):
     step = make(transport)
     got = flat(step(x, experts))
     again = flat(step(x, experts))       # the second call reuses the symmetric buffers
     levels = step.lower(x, experts)
     seen[name] = got
-    base = seen[name.replace("nvshmem", "nccl")]
+    base = seen[name.replace("nvshmem", "nccl").replace(" multi_qp", "")]
     verdict[name] = {
         "y vs float64": float(np.max(np.abs(got["y"] - ref_y)) / np.max(np.abs(ref_y))),
         "same bits as nccl": all(np.array_equal(got[n], base[n]) for n in got),
@@ -79,6 +82,9 @@ for name, transport in (("nccl", "nccl"), ("nvshmem", "nvshmem"),
             if "ttile.put" in k and k.count("ttile.load_scalar") == 2
             and all(" rows " in line for line in k.splitlines()
                     if "ttile.put " in line or "ttile.get " in line)),
+        "exchange grids": sorted({int(k.split("grid = array<i64: ")[1].split(">")[0])
+                                  for k in levels.tile.split("ttile.kernel @")[1:]
+                                  if "ttile.put" in k}),
         "exchange launches": sum(1 for line in levels.tile.splitlines()
                                  if "tsched.launch" in line and "_exchange_" in line),
         "all_to_all collectives": levels.schedule.count("collective_start <all_to_all>"),

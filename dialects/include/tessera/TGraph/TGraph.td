@@ -775,6 +775,11 @@ def TGraph_AllToAllOp : TGraph_CollectiveOp<"all_to_all"> {
     layer's dispatch and combine: blocks padded to their worst case, of
     which the routed rows are a prefix. A transport may move whole pieces.
 
+    `channels` (optional, 1 to 64, with `nvshmem`): each piece moves as that
+    many concurrent copies of consecutive row ranges, each signalled on its
+    own (the exchange kernel's instances per peer: DeepEP's queue pairs per
+    rank, `multi_qp` in the MoE transport). It never changes results.
+
     ```mlir
     %1 = tgraph.all_to_all %0 on @mesh["dp"] split_dim 1 concat_dim 0
          : tensor<4x16xf32> -> tensor<8x8xf32>
@@ -787,7 +792,8 @@ def TGraph_AllToAllOp : TGraph_CollectiveOp<"all_to_all"> {
   let arguments = (ins AnyRankedTensor:$input, Variadic<AnyRankedTensor>:$counts,
                        FlatSymbolRefAttr:$mesh,
                        StrAttr:$axis, I64Attr:$split_dim, I64Attr:$concat_dim,
-                       OptionalAttr<TGraph_TransportAttr>:$transport);
+                       OptionalAttr<TGraph_TransportAttr>:$transport,
+                       OptionalAttr<I64Attr>:$channels);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $input (`counts` `(` $counts^ `:` type($counts) `)`)? `on` $mesh `[` $axis `]`
