@@ -94,22 +94,25 @@ def is_compute(op: ir.Operation) -> bool:
 
 
 def hoist_collectives(func_op: ir.Operation) -> None:
-    """Moves each collective right after the op producing its operand, keeping
-    the collectives' relative order, so communication starts as early as it can."""
+    """Moves each collective right after the last op producing one of its
+    operands (a ragged all_to_all's counts too), keeping the collectives'
+    relative order, so communication starts as early as it can."""
     block = func_op.regions[0].blocks[0]
     anchors: dict = {}
+    at = {op: float(i) for i, op in enumerate(ops_of(func_op))}    # where each op is
     for op in ops_of(func_op):
         if op.name not in COLLECTIVES:
             continue
-        operand = op.operands[0]
-        owner = operand.owner
-        key = None if isinstance(owner, ir.Block) else owner
+        owners = [v.owner for v in op.operands if not isinstance(v.owner, ir.Block)]
+        key = max(owners, key=at.__getitem__) if owners else None
         anchor = anchors.get(key, key)
         if anchor is None:
-            # Operand is a function argument: start at the top of the body.
+            # Operands are function arguments: start at the top of the body.
             op.move_before(block.operations[0].operation)
+            at[op] = -1.0
         else:
             op.move_after(anchor)
+            at[op] = at[anchor] + 1e-6
         anchors[key] = op
 
 

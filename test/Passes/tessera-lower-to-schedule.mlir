@@ -414,6 +414,25 @@ func.func @ragged(%r: tensor<2x16x8xf32>, %sent: tensor<2xi32>, %got: tensor<2xi
 
 // -----
 
+// Collectives start right after what they read is made: a ragged
+// all_to_all waits for its counts too, not only for its operand (here made
+// first).
+module attributes {tessera.target = "cpu"} {
+tgraph.mesh @mesh axes = ["ep"] shape = [2]
+// CHECK-LABEL: func.func @counts_made_last
+// CHECK: tsched.launch @counts_made_last_neg_0
+// CHECK: tsched.launch @counts_made_last_add_1 {{.*}} outs(%[[N:[^ ]*]] :
+// CHECK: tsched.collective_start <all_to_all> %{{.*}} -> %{{.*}} counts(%[[N]], %[[N]] :
+func.func @counts_made_last(%r: tensor<2x16x8xf32>, %n: tensor<2xi32>) -> tensor<1x32x8xf32> attributes {tgraph.partitioned} {
+  %x = tgraph.neg %r : tensor<2x16x8xf32>
+  %m = tgraph.add %n, %n : tensor<2xi32>
+  %0 = tgraph.all_to_all %x counts(%m, %m : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 0 concat_dim 1 : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+  return %0 : tensor<1x32x8xf32>
+}
+}
+
+// -----
+
 module attributes {tessera.target = "gpu"} {
 tgraph.mesh @mesh axes = ["ep"] shape = [2]
 func.func @exchange_not_contiguous(%r: tensor<4x8xf32>) -> tensor<8x4xf32> attributes {tgraph.partitioned} {
