@@ -45,10 +45,11 @@ one tgraph op each. This pass decides how each runs:
    epilogue runs on the summed tile. The symmetric buffers are allocated
    (`tsched.alloc {symmetric}`) around the launch.
 6. Exchanges (GPU, an NVSHMEM transport). An all_to_all kernel becomes a
-   kernel that puts each piece into the peer's symmetric receive buffer,
-   signals it and copies out what arrived (`tile/exchange.py`; an MoE
-   layer's dispatch and combine), its symmetric buffers allocated around
-   the launch.
+   kernel that puts each piece into the peer's symmetric receive buffer and
+   signals it (`tile/exchange.py`; an MoE layer's dispatch and combine), its
+   signal words allocated around the launch. The receive buffer is the
+   result itself (its alloc made symmetric), read in place by what follows,
+   unless the function returns it: then the kernel copies what arrived out.
 
 Tile sizes are recorded on each kernel (`ttile.tile_sizes`).
 """
@@ -670,6 +671,20 @@ def _launch_with_symmetric(at: ir.Operation, kernel: str, stream, ins, outs,
     copy_action(at, made, *scratch, *frees)
 
 
+def _leaves_function(buf: ir.Value, kernels: dict) -> bool:
+    """Whether `buf`, or a reshape of it (a view at run time), is returned."""
+    for use in buf.uses:
+        user = use.owner.operation
+        if user.name == "func.return":
+            return True
+        if user.name == "tsched.launch" and buf in _launch_parts(user)[1] and \
+                ir.FlatSymbolRefAttr(user.attributes["kernel"]).value in kernels and \
+                _kernel_op(kernels, user).name == "tgraph.reshape" and \
+                _leaves_function(_launch_parts(user)[2][0], kernels):
+            return True
+    return False
+
+
 def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: dict) -> set:
     """Replaces each launch of an NVSHMEM all_to_all's kernel by a launch of
     its exchange kernel (`tile/exchange.py`), its symmetric buffers
@@ -681,8 +696,20 @@ def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: di
         if kop is None or kop.name != "tgraph.all_to_all":
             continue
         mesh = meshes[ir.FlatSymbolRefAttr(kop.attributes["mesh"]).value]
-        kernel, symmetric = exchange.exchange_kernel(kop, name, mesh, module_block)
-        _launch_with_symmetric(launch, name, *_launch_parts(launch), symmetric)
+        stream, ins, outs = _launch_parts(launch)
+        in_place = not _leaves_function(outs[0], kernels)
+        kernel, symmetric = exchange.exchange_kernel(kop, name, mesh, module_block, in_place)
+        if in_place:
+            # The result is the symmetric receive buffer: its alloc becomes
+            # symmetric (its free stays where it was).
+            old = outs[0].owner
+            with ir.InsertionPoint(old), old.location:
+                made = tsched.AllocOp(outs[0].type, symmetric=True)
+            copy_action(old, made)
+            outs[0].replace_all_uses_with(made.result)
+            old.erase()
+            outs, symmetric = [made.result], symmetric[1:]
+        _launch_with_symmetric(launch, name, stream, ins, outs, symmetric)
         kernel.move_before(next(iter(kernels.values())))
         launch.erase()
         consumed.add(name)

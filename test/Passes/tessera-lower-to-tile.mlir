@@ -626,7 +626,8 @@ module attributes {tessera.target = "gpu"} {
 
 // -----
 
-// An all_to_all kernel (transport = nvshmem: an MoE layer's dispatch) over
+// An all_to_all kernel (transport = nvshmem: an MoE layer's dispatch) whose
+// result the function returns, over
 // the outer axis of a 2x2 mesh (PE stride 2): one exchange kernel of 2
 // instances, a received copy and 2 signal words allocated symmetric around
 // its launch. Instance j puts piece j of the operand into the peer at
@@ -691,6 +692,42 @@ module attributes {tessera.target = "gpu"} {
   }
   func.func private @ragged_exchange_0(%arg0: tensor<2x16x8xf32>, %arg1: tensor<2xi32>, %arg2: tensor<2xi32>) -> tensor<1x32x8xf32> attributes {tsched.kernel} {
     %0 = tgraph.all_to_all %arg0 counts(%arg1, %arg2 : tensor<2xi32>, tensor<2xi32>) on @mesh["ep"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+    return %0 : tensor<1x32x8xf32>
+  }
+}
+
+// -----
+
+// In place: an exchange whose result the function does not return (an MoE
+// layer's, read by its expert GEMMs) receives straight into its result,
+// allocated symmetric: no copy out (no ttile.get), and the reader reads the
+// symmetric buffer.
+module attributes {tessera.target = "gpu"} {
+  tgraph.mesh @mesh axes = ["ep"] shape = [2]
+  // CHECK-LABEL: func.func @in_place
+  // CHECK: %[[R:.*]] = tsched.alloc {symmetric} : memref<1x32x8xf32>
+  // CHECK: %[[SIG:.*]] = tsched.alloc {symmetric} : memref<2xi64>
+  // CHECK: tsched.launch @in_place_exchange_0 on %{{.*}} ins(%arg0 : memref<2x16x8xf32>) outs(%[[R]], %[[SIG]] :
+  // CHECK: tsched.launch @in_place_neg_1 on %{{.*}} ins(%[[R]] :
+  // CHECK: ttile.kernel @in_place_exchange_0(%{{.*}}: memref<2x16x8xf32>, %{{.*}}: memref<1x32x8xf32> {ttile.symmetric}, %{{.*}}: memref<2xi64> {ttile.signals, ttile.symmetric})
+  // CHECK: ttile.wait
+  // CHECK-NOT: ttile.get
+  // CHECK: ttile.return
+  func.func @in_place(%arg0: memref<2x16x8xf32>) -> memref<1x32x8xf32> {
+    %0 = tsched.stream "compute"
+    %1 = tsched.alloc : memref<1x32x8xf32>
+    tsched.launch @in_place_exchange_0 on %0 ins(%arg0 : memref<2x16x8xf32>) outs(%1 : memref<1x32x8xf32>)
+    %2 = tsched.alloc : memref<1x32x8xf32>
+    tsched.launch @in_place_neg_1 on %0 ins(%1 : memref<1x32x8xf32>) outs(%2 : memref<1x32x8xf32>)
+    tsched.free %1 : memref<1x32x8xf32>
+    return %2 : memref<1x32x8xf32>
+  }
+  func.func private @in_place_exchange_0(%arg0: tensor<2x16x8xf32>) -> tensor<1x32x8xf32> attributes {tsched.kernel} {
+    %0 = tgraph.all_to_all %arg0 on @mesh["ep"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<2x16x8xf32> -> tensor<1x32x8xf32>
+    return %0 : tensor<1x32x8xf32>
+  }
+  func.func private @in_place_neg_1(%arg0: tensor<1x32x8xf32>) -> tensor<1x32x8xf32> attributes {tsched.kernel} {
+    %0 = tgraph.neg %arg0 : tensor<1x32x8xf32>
     return %0 : tensor<1x32x8xf32>
   }
 }

@@ -120,6 +120,7 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
     gradients: with transport "nvshmem" the dispatch and combine (and their
     backward) are exchange kernels that put each piece into the peer's
     symmetric buffer, only the routed rows (each count read in the kernel),
+    which the expert GEMMs then read there (no copy out),
     and every value equals the communicator's all-to-all ("nccl") bit for
     bit, unpacked and with pack_dtype "bf16" and "fp8_e4m3" (which round
     what travels: their values differ from the unpacked ones, FP8's by
@@ -140,6 +141,7 @@ def test_moe_exchange_runs_over_nvshmem_on_two_emulated_pes(run_mpi, tmp_path):
             # exchanges stay collectives.
             assert r["exchange launches"] >= 4 and r["exchange kernels"] >= 1, (name, r)
             assert r["ragged exchange kernels"] == r["exchange kernels"], (name, r)
+            assert r["in-place exchange kernels"] == r["exchange kernels"], (name, r)
             assert r["symmetric allocs"] == 2 * r["exchange launches"], (name, r)
             # multi_qp: 4 copies (instances) per peer, each signalled on its own
             assert r["exchange grids"] == [2 * (4 if "multi_qp" in name else 1)], (name, r)
@@ -169,8 +171,9 @@ def _moe_on_two_ranks():
 def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
     """The design docs' MoE call names NVSHMEM; on the CPU target (no NVSHMEM
     kernels) its exchanges are the communicator's all_to_alls, on the GPU
-    target exchange kernels (put, signal, wait, get) with no row all_to_all
-    left but the count exchange."""
+    target exchange kernels (put, signal, wait) with no row all_to_all left
+    but the count exchange; what they receive is read where it arrived (no
+    get: the result is the symmetric receive buffer)."""
     mesh, x, ex = _moe_on_two_ranks()
 
     def layer(x, ex):
@@ -181,8 +184,9 @@ def test_moe_nvshmem_on_the_cpu_target_uses_the_communicator():
     gpu = ts.graph.trace(layer, x, ex, mesh=mesh, target="gpu")
     assert gpu.schedule.count("collective_start <all_to_all>") == 1     # the counts
     exchange = next(k for k in gpu.tile.split("ttile.kernel @")[1:] if "ttile.put" in k)
-    for step in ("ttile.put", "ttile.quiet", "ttile.signal", "ttile.wait", "ttile.get"):
+    for step in ("ttile.put", "ttile.quiet", "ttile.signal", "ttile.wait"):
         assert step in exchange, step
+    assert "ttile.get" not in exchange
     assert "nvshmemx_putmem_nbi_block" in gpu.cuda
     # The collective report says how each exchange moves and why.
     exchanges = [c for c in gpu.collectives if c.op == "all_to_all" and c.transport]

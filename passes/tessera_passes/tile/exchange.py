@@ -16,6 +16,14 @@ the peer's symmetric receive buffer (an MoE layer's dispatch and combine).
   and sets `arrived[me]` on that peer; then waits for `arrived[j]` here
   and copies piece `j` of `received` into `out` (`ttile.get` from its own
   PE, which completes before the block reads on).
+* In place (what `tessera-lower-to-tile` builds unless the result leaves
+  the function): `received` is the result itself, allocated symmetric
+  where the result was and freed where it was (the runtime keeps a
+  symmetric allocation for its instruction from run to run), so the expert
+  GEMMs read the rows where the peers put them: no `out`, no copy. Safe
+  from run to run: a peer puts into it again only in the next call of the
+  exchange, after the barrier the runtime runs before each exchange launch,
+  which this rank reaches only after its reads of the previous call.
 
 Pieces are contiguous (`_exchangeable` in lower_to_schedule checks it) and
 the same shape in `x` and `out`, so each put and get is one call.
@@ -81,10 +89,13 @@ def _channels(exchange: ir.Operation, piece: list[int]) -> int:
     return largest_divisor(piece[-2], asked)
 
 
-def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
-                    ) -> tuple[ir.Operation, list[ir.MemRefType]]:
+def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block,
+                    in_place: bool = False) -> tuple[ir.Operation, list[ir.MemRefType]]:
     """The NVSHMEM kernel of `exchange` (see the module) and the types of its
-    two symmetric buffers (received pieces, signal words)."""
+    symmetric buffers (received pieces, signal words). `in_place`: the
+    received pieces are the result (the caller allocates it symmetric and
+    passes it as `received`): no `out`, no copy out, and what reads the
+    result (an MoE layer's expert GEMMs) reads the symmetric buffer."""
     axis = ir.StringAttr(exchange.attributes["axis"]).value
     parts = mesh.axis_size(axis)
     split = ir.IntegerAttr(exchange.attributes["split_dim"]).value
@@ -96,11 +107,14 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
     symmetric = [out_type, ir.MemRefType.get([parts * channels],
                                              ir.IntegerType.get_signless(64))]
     loc = exchange.location
-    args = ins + [out_type] + symmetric
+    args = ins + ([] if in_place else [out_type]) + symmetric
     kernel, entry = new_kernel(name, args, parts * channels, THREADS_PER_BLOCK, [1],
                                module_block, loc)
     mark_symmetric(kernel, len(args), 2)
-    x, *counts, out, received, arrived = entry.arguments
+    if in_place:
+        x, *counts, received, arrived = entry.arguments
+    else:
+        x, *counts, out, received, arrived = entry.arguments
     out_shape = shape_of(exchange.results[0])
     box = list(piece)
     box[-2] //= channels                       # this instance's rows of the piece
@@ -123,8 +137,9 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
                 return count
             return arith.SubIOp(count, arith.MulIOp(c, index(box[-2])).result).result
 
-        sent, got = ([rows_left(ttile.LoadScalarOp(n, [j]).result) for n in counts]
-                     if counts else (None, None))
+        loaded = counts if not in_place else counts[:1]      # in place: nothing to copy out
+        sent, got = ([rows_left(ttile.LoadScalarOp(n, [j]).result) for n in loaded]
+                     + [None] * (2 - len(loaded)) if counts else (None, None))
         word = arith.AddIOp(arith.MulIOp(at.coord, index(channels)).result, c).result \
             if channels > 1 else at.coord
         ttile.PutOp(x, rows_of(_piece_offsets(shape_of(exchange.operands[0]), split, piece, j)),
@@ -133,7 +148,9 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block
         ttile.QuietOp()
         ttile.SignalOp(arrived, word, index(1), peer, ir.StringAttr.get("set"))
         ttile.WaitOp(arrived, at.pid, index(1), ir.StringAttr.get("ge"))
-        slot = rows_of(_piece_offsets(out_shape, concat, piece, j))
-        ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, i64_array(box), rows=got)
+        if not in_place:
+            slot = rows_of(_piece_offsets(out_shape, concat, piece, j))
+            ttile.GetOp(received, slot, out, slot, ttile.MyPeOp().result, i64_array(box),
+                        rows=got)
         ttile.ReturnOp()
     return kernel, symmetric

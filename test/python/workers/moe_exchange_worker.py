@@ -76,12 +76,15 @@ for name, transport in (("nccl", "nccl"), ("nvshmem", "nvshmem"),
                                    / (np.max(np.abs(seen["nccl"][n])) + 1e-30)) for n in got),
         "exchange kernels": sum(1 for k in levels.tile.split("ttile.kernel @")[1:]
                                 if "ttile.put" in k),
-        # ragged: every put and get moves the rows a count read in the kernel says
+        # ragged: every put (and get) moves the rows a count read in the kernel says
         "ragged exchange kernels": sum(
             1 for k in levels.tile.split("ttile.kernel @")[1:]
-            if "ttile.put" in k and k.count("ttile.load_scalar") == 2
+            if "ttile.put" in k and "ttile.load_scalar" in k
             and all(" rows " in line for line in k.splitlines()
                     if "ttile.put " in line or "ttile.get " in line)),
+        # in place: the expert GEMMs read the symmetric receive buffer (no copy out)
+        "in-place exchange kernels": sum(1 for k in levels.tile.split("ttile.kernel @")[1:]
+                                         if "ttile.put" in k and "ttile.get" not in k),
         "exchange grids": sorted({int(k.split("grid = array<i64: ")[1].split(">")[0])
                                   for k in levels.tile.split("ttile.kernel @")[1:]
                                   if "ttile.put" in k}),
