@@ -757,8 +757,9 @@ def autodiff(loss, wrt=None):
 # order; a dropped choice contributes zero (its gate is not renormalised).
 # `capacity_factor=None` drops nothing.
 #
-# The combine adds a token's k weighted expert outputs in choice order (the
-# highest gate first): a fixed order, so results are bitwise reproducible.
+# The combine adds a token's k weighted expert outputs in the order of their
+# expert indices (`_by_expert_index`): a fixed order, whatever the routing,
+# the ranks or the transport, so results are bitwise reproducible.
 #
 # Expert parallelism (an 'ep' mesh axis): the rows move to their experts'
 # ranks and back in two all_to_alls, whatever the transport, so every
@@ -859,7 +860,7 @@ def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layo
                     src, exchange=None) -> tuple[Traced, Traced]:
     """(y [T, D] in the gates' dtype, the kept rows per expert [E]): dispatch,
     the experts' grouped GEMMs, collect, and the gate-weighted sum over each
-    token's choices (in choice order). `exchange` (expert parallelism) moves
+    token's choices (in expert-index order). `exchange` (expert parallelism) moves
     the dispatched rows to the ranks holding their experts and back."""
     T, k = chosen.shape
     with current_location(src):
@@ -883,7 +884,28 @@ def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layo
     with current_location(src):
         picked = _out(gb.moe_collect(outs.value, chosen.value, layout), src)     # [T, k, D]
     weighted = mul(cast(picked, gates.dtype), reshape(gates, T, k, 1))
-    return sum(weighted, 1), kept
+    return sum(_by_expert_index(weighted, chosen, src), 1), kept
+
+
+def _by_expert_index(weighted: Traced, chosen: Traced, src) -> Traced:
+    """`weighted` [T, k, D] with each token's k rows in the order of their
+    expert indices, so that the combine adds them in that fixed order. Up
+    to two rows need no reordering: a + b and b + a are the same bits.
+    Otherwise each slot selects its row (exact: a select, not a product)."""
+    T, k = chosen.shape
+    if k <= 2:
+        return weighted
+    # The ascending expert order of each token's choices: top-k of -index
+    # (distinct experts: no ties).
+    _, order = topk(neg(cast(chosen, dtypes.f32)), k)                          # [T, k]
+    rows = []
+    for slot in range(k):
+        row = None
+        for j in range(k):
+            take = reshape(equal(order[:, slot], np.int32(j)), T, 1)
+            row = weighted[:, j] if row is None else where(take, weighted[:, j], row)
+        rows.append(reshape(row, T, 1, weighted.shape[-1]))
+    return concat(rows, 1)
 
 
 class _ExpertExchange:

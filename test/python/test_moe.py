@@ -194,3 +194,29 @@ def test_expert_parallel_moves_and_computes_only_routed_rows():
     assert not any(" counts(" in e for e in exchanges if e not in rows)   # the counts' own
     skipping = re.findall(r"ttile.kernel @(\w+)\(.*row_segments", levels.tile)
     assert any("gelu" in k for k in skipping) and len(skipping) == 2, skipping
+
+
+def test_combine_adds_each_tokens_outputs_in_expert_index_order():
+    """deterministic=True: a token's k weighted expert outputs are added in
+    the order of their expert indices, whatever order routing chose them
+    in (k <= 2 needs no reordering: a + b and b + a are the same bits).
+    Rows built so that the order shows: 1e8, -1e8 and 1 sum to 1 or 0 in
+    float32 depending on it; fresh random orders, against numpy adding in
+    expert-index order."""
+    rng = np.random.default_rng()
+    T, k, D, E = 64, 3, 4, 6
+    chosen = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    values = np.array([1e8, -1e8, 1.0], np.float32)
+    weighted = np.stack([values[rng.permutation(k)] for _ in range(T)])          # [T, k]
+    weighted = np.repeat(weighted[:, :, None], D, axis=2).astype(np.float32)
+    got = np.asarray(ts.jit(lambda w, c: op.sum(op._by_expert_index(w, c, None), 1))(
+        weighted, chosen))
+    want = np.zeros((T, D), np.float32)
+    by_choice = np.zeros((T, D), np.float32)
+    for t in range(T):
+        for j in np.argsort(chosen[t]):
+            want[t] += weighted[t, j]
+        for j in range(k):
+            by_choice[t] += weighted[t, j]
+    np.testing.assert_array_equal(got, want)
+    assert (want != by_choice).any()          # the order mattered for some tokens
