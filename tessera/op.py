@@ -767,9 +767,10 @@ def autodiff(loss, wrt=None):
 # block to its worst case (every token to that rank), so the exchanges are
 # ragged (`tgraph.all_to_all` with counts, exchanged first): the
 # communicator moves only the routed rows, and the elementwise kernels
-# between the grouped GEMMs skip the padding (`ttile.kernel` row_segments). `transport` picks how they move:
-# "nccl"/"mpi" (the communicator), "nvshmem" (GPU target: a kernel that puts
-# each piece into the peer's symmetric receive buffer and signals it, see
+# between the grouped GEMMs skip the padding (`ttile.kernel` row_segments).
+# `transport` picks how they move: "nccl"/"mpi" (the communicator),
+# "nvshmem" (GPU target: a kernel that puts each piece into the peer's
+# symmetric receive buffer and signals it, see
 # passes/tessera_passes/tile/exchange.py; on the CPU the communicator) or
 # "auto" (NVSHMEM on the GPU when its buffers fit
 # `TargetOptions.nvshmem_auto_max_bytes`). `pack_dtype` rounds what travels:
@@ -884,10 +885,10 @@ def _expert_outputs(tokens: Traced, chosen: Traced, gates: Traced, weights, layo
     with current_location(src):
         picked = _out(gb.moe_collect(outs.value, chosen.value, layout), src)     # [T, k, D]
     weighted = mul(cast(picked, gates.dtype), reshape(gates, T, k, 1))
-    return sum(_by_expert_index(weighted, chosen, src), 1), kept
+    return sum(_by_expert_index(weighted, chosen), 1), kept
 
 
-def _by_expert_index(weighted: Traced, chosen: Traced, src) -> Traced:
+def _by_expert_index(weighted: Traced, chosen: Traced) -> Traced:
     """`weighted` [T, k, D] with each token's k rows in the order of their
     expert indices, so that the combine adds them in that fixed order. Up
     to two rows need no reordering: a + b and b + a are the same bits.

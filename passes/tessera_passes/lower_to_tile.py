@@ -410,11 +410,11 @@ class GroupTiler:
                     tile[d] = largest_divisor(dom[d], budget)
                     budget = max(1, budget // tile[d])
         self.dom = dom
-        row_segments = None if self.gemm else self._row_segments()
-        if row_segments:
+        segments = None if self.gemm else self._segments_argument()
+        if segments:
             # Bands inside one block of rows, so that each can be skipped.
-            tile[0] = largest_divisor(row_segments[1], tile[0])
-            row_segments[1:] = [dom[0], tile[0]]
+            arg, block_rows = segments
+            tile[0] = largest_divisor(block_rows, tile[0])
         grid = math.prod(d // t for d, t in zip(dom, tile))
         self.tile = tile
         arg_types = [ir.MemRefType(b.type) for b in self.inputs + self.outputs] + self.symmetric
@@ -423,8 +423,8 @@ class GroupTiler:
         sizes = [self.gemm.bm, self.gemm.bn, self.gemm.bk] if self.gemm else (tile or [1])
         k, entry = new_kernel(self.name, arg_types, grid, threads, sizes, self.module_block, loc,
                               self.gemm.stages if self.gemm else None)
-        if row_segments:
-            k.attributes["row_segments"] = ir.DenseI64ArrayAttr.get(row_segments)
+        if segments:
+            k.attributes["row_segments"] = ir.DenseI64ArrayAttr.get([arg, dom[0], tile[0]])
         self.arg_of = dict(zip(self.inputs + self.outputs, entry.arguments))
         with ir.InsertionPoint(entry), loc:
             tiles = {}
@@ -449,8 +449,8 @@ class GroupTiler:
             ttile.ReturnOp()
         return k
 
-    def _row_segments(self) -> list[int] | None:
-        """[the sizes' argument, the rows of a block] when only segment
+    def _segments_argument(self) -> tuple[int, int] | None:
+        """(the sizes' argument, the rows of a block) when only segment
         readers read this kernel's outputs, over the rows of its domain's
         first dimension; their sizes buffer joins the inputs. Then the
         kernel skips the bands past the segments: the padding of a MoE
@@ -469,7 +469,7 @@ class GroupTiler:
         if sizes not in self.inputs:
             self.inputs.append(sizes)
         blocks = sizes_shape[0] if len(sizes_shape) == 2 else 1
-        return [self.inputs.index(sizes), rows // blocks]
+        return self.inputs.index(sizes), rows // blocks
 
     def _gemm(self, op, ins) -> ir.Value:
         *batch_offsets, row, col = self.offsets

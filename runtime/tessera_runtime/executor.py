@@ -178,10 +178,10 @@ class ScheduleExecutor:
                 not_in_flight(ins["dst"], ins, "writes", ("src", "dst"))
                 self._check_collective_shapes(ins, meta[ins["src"] if reads else ins["dst"]],
                                               meta[ins["dst"]])
+                n = self.program.mesh.axis_size(ins["axis"])
                 for c in ins.get("counts", ()):
                     use(c, "buffer", ins, "counts")
                     not_in_flight(c, ins, "reads")
-                    n = self.program.mesh.axis_size(ins["axis"])
                     if tuple(meta[c][0]) != (n,) or np.dtype(meta[c][1]) != np.int32:
                         raise self._err(ins, f"all_to_all counts '{c}' must be [{n}] int32, "
                                              f"got {_fmt(*meta[c])}")
@@ -299,7 +299,7 @@ class ScheduleExecutor:
         (a training step runs hundreds of launches; per-call lookups add up),
         (`_bind`)."""
         if getattr(self, "_prepared", None) is None:
-            eng, plan, symmetric = self.engine, [], set()
+            plan, symmetric = [], set()
             # Buffers are written once (by their producer), so a reshape can
             # be a view of its input instead of a copy, its buffer never allocated.
             views = {ins["args"][1] for ins in self.instructions

@@ -137,9 +137,11 @@ def exchange_kernel(exchange: ir.Operation, name: str, mesh: Mesh, module_block,
                 return count
             return arith.SubIOp(count, arith.MulIOp(c, index(box[-2])).result).result
 
-        loaded = counts if not in_place else counts[:1]      # in place: nothing to copy out
-        sent, got = ([rows_left(ttile.LoadScalarOp(n, [j]).result) for n in loaded]
-                     + [None] * (2 - len(loaded)) if counts else (None, None))
+        def counted(n: ir.Value) -> ir.Value:
+            return rows_left(ttile.LoadScalarOp(n, [j]).result)
+
+        sent = counted(counts[0]) if counts else None
+        got = counted(counts[1]) if counts and not in_place else None     # what to copy out
         word = arith.AddIOp(arith.MulIOp(at.coord, index(channels)).result, c).result \
             if channels > 1 else at.coord
         ttile.PutOp(x, rows_of(_piece_offsets(shape_of(exchange.operands[0]), split, piece, j)),
