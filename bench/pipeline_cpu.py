@@ -22,7 +22,14 @@ a transfer or collective (the runtime's own timing, `tessera_runtime.profiler`
 
 Both start from the same parameters and batch; the losses must agree to 1e-4
 (relative) or the script exits 1. The ratio printed is Tessera / PyTorch
-(> 1: Tessera is slower). Results go to bench/results/pipeline_cpu-<date>.json/.md.
+(> 1: Tessera is slower). Both are timed without a profiler; each framework's
+CPU time per step (user + system, summed over the ranks) is printed beside
+the wall time: 4 ranks share 2 cores, so the step is about the CPU time / 2
+plus the cores the schedule's bubbles leave idle. Tessera's profiled steps
+(run after the timed ones) then split each rank's step into matmul,
+generated kernels, other library routines, transfer starts and waits, and
+the executor's own time (the rest). Results go to
+bench/results/pipeline_cpu-<date>.json/.md.
 
     .venv/bin/python bench/pipeline_cpu.py --torch-python /path/to/python-with-torch
     .venv/bin/python bench/pipeline_cpu.py --steps 5               # quick
@@ -71,6 +78,13 @@ def setup(cfg):
     return params, batch
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far (user + system, all its threads): a
+    rank that spins while it waits spends the cores the others compute on."""
+    t = os.times()
+    return t.user + t.system
+
+
 # -- Tessera, one rank of `tessera launch -n 4` ---------------------------------------
 
 def tessera_worker(cfg: dict, out: Path) -> None:
@@ -88,25 +102,40 @@ def tessera_worker(cfg: dict, out: Path) -> None:
         t0 = time.perf_counter()
         loss, _ = grads_of(params, batch)
         compile_s = time.perf_counter() - t0
-        profiler.start()
-        times = []
+        # Timed without the profiler (as the peer runs), then profiled for
+        # the shares: recording ~700 slices a step costs the step time.
+        times, cpu0 = [], cpu_seconds()
         for _ in range(cfg["steps"]):
             t0 = time.perf_counter()
             loss, _ = grads_of(params, batch)
             times.append(time.perf_counter() - t0)
+        cpu_ms = 1e3 * (cpu_seconds() - cpu0) / cfg["steps"]
+        profiler.start()
+        t0 = time.perf_counter()
+        for _ in range(cfg["steps"]):
+            grads_of(params, batch)
+        total = time.perf_counter() - t0
         profile = profiler.stop().totals()
-        total = sum(times)
         waiting = profile.get("collective:wait", [0.0])[0]
         compute = sum(s for k, (s, _) in profile.items() if not k.startswith("collective:"))
+        parts = {"matmul": profile.get("library:matmul", [0.0])[0],
+                 "kernels": sum(s for k, (s, _) in profile.items() if ":" not in k),
+                 "other library": sum(s for k, (s, _) in profile.items()
+                                      if k.startswith("library:") and k != "library:matmul"),
+                 "transfer start": profile.get("collective:start", [0.0])[0],
+                 "transfer wait": waiting}
+        parts["executor"] = total - sum(parts.values())
         plan = grads_of.pipeline_report()
         report[schedule] = {
             "loss": float(np.asarray(loss)), "compile_s": compile_s,
-            "step_ms": 1e3 * statistics.median(times),
+            "step_ms": 1e3 * statistics.median(times), "cpu_ms": cpu_ms,
             "wait_share": waiting / total, "compute_share": compute / total,
             "model_bubble": plan.bubble, "formula": plan.formula,
             "grid": str(plan),
             "top": {k: v[0] / cfg["steps"] for k, v in
-                    sorted(profile.items(), key=lambda kv: -kv[1][0])[:10]}}
+                    sorted(profile.items(), key=lambda kv: -kv[1][0])[:10]},
+            "launches": sum(v[1] for v in profile.values()) / cfg["steps"],
+            "parts_ms": {k: 1e3 * v / cfg["steps"] for k, v in parts.items()}}
     (out / f"tessera-rank{mesh.rank}.json").write_text(json.dumps(report))
 
 
@@ -183,13 +212,14 @@ def torch_worker(cfg: dict, out: Path) -> None:
         t0 = time.perf_counter()
         loss = step()
         first_s = time.perf_counter() - t0
-        times = []
+        times, cpu = [], 0.0
         for _ in range(cfg["steps"]):
             tdist.barrier()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), cpu_seconds()
             loss = step()
             times.append(time.perf_counter() - t0)
-        report[schedule] = {"loss": loss, "first_s": first_s,
+            cpu += cpu_seconds() - cpu0
+        report[schedule] = {"loss": loss, "first_s": first_s, "cpu_ms": 1e3 * cpu / cfg["steps"],
                             "step_ms": 1e3 * statistics.median(times)}
     (out / f"torch-rank{rank}.json").write_text(json.dumps(report))
     tdist.destroy_process_group()
@@ -232,10 +262,12 @@ def main(argv=None) -> int:
                "wait_share_per_rank": waits, "measured_bubble": statistics.mean(waits),
                "model_bubble": t["model_bubble"], "formula": (p - 1) / (m + p - 1),
                "compute_share_per_rank": [r[schedule]["compute_share"] for r in tess],
+               "cpu_ms_per_rank": [r[schedule]["cpu_ms"] for r in tess],
                "compile_s": t["compile_s"], "loss": t["loss"]}
         if torch_ranks and schedule in TORCH_SCHEDULES:
             tt = torch_ranks[-1][schedule]
             row["torch_ms"] = max(r[schedule]["step_ms"] for r in torch_ranks)
+            row["torch_cpu_ms_per_rank"] = [r[schedule]["cpu_ms"] for r in torch_ranks]
             row["ratio"] = row["tessera_ms"] / row["torch_ms"]
             row["torch_loss"] = tt["loss"]
             if abs(tt["loss"] - t["loss"]) > 1e-4 * abs(t["loss"]):
@@ -248,14 +280,17 @@ def main(argv=None) -> int:
             f"{cfg['batch']} x {2 * cfg['length']} tokens in {m} microbatches; {platform.node()} "
             f"({os.cpu_count()} cores), commit {commit}, {today}")
     lines = [head, "", "| schedule | Tessera ms | PyTorch ms | ratio | idle measured | "
-             "idle model | (p-1)/(m+p-1) | idle per rank |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "idle model | (p-1)/(m+p-1) | idle per rank | CPU ms per step, all ranks: Tessera | "
+             "PyTorch |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         torch_ms = f"{r['torch_ms']:.1f}" if "torch_ms" in r else "-"
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
         lines.append(f"| {r['schedule']} | {r['tessera_ms']:.1f} | {torch_ms} | {ratio} | "
                      f"{100 * r['measured_bubble']:.1f}% | {100 * r['model_bubble']:.1f}% | "
                      f"{100 * r['formula']:.1f}% | "
-                     + " ".join(f"{100 * w:.0f}%" for w in r["wait_share_per_rank"]) + " |")
+                     + " ".join(f"{100 * w:.0f}%" for w in r["wait_share_per_rank"])
+                     + f" | {sum(r['cpu_ms_per_rank']):.0f} | "
+                     + (f"{sum(r['torch_cpu_ms_per_rank']):.0f} |" if "torch_ms" in r else "- |"))
     text = "\n".join(lines)
     print(text)
     for r in rows:
@@ -264,6 +299,10 @@ def main(argv=None) -> int:
             top = tess[rank][r["schedule"]]["top"]
             print(f"rank {rank}'s largest runtime entries (ms a step): "
                   + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top.items()))
+            w = tess[rank][r["schedule"]]
+            print(f"rank {rank}, ms a step: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                                         w["parts_ms"].items())
+                  + f" ({w['launches']:.0f} launches and transfers; the executor: the rest)")
     write_results("pipeline_cpu", commit, today, text, {"config": cfg, "rows": rows})
     return 1 if failed else 0
 

@@ -170,7 +170,8 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             view = op.opview
             kernel = ir.FlatSymbolRefAttr(op.attributes["kernel"]).value
             ins = {"op": "launch", "kernel": kernel, "stream": name.names[view.stream],
-                   "args": [name(v) for v in list(view.ins) + list(view.outs)]}
+                   "args": [name(v) for v in list(view.ins) + list(view.outs)],
+                   "outs": len(view.outs)}
             if kernel in libraries:
                 ins["library"], ins["attrs"] = libraries[kernel]
         elif kind == "tsched.event_record":

@@ -282,6 +282,13 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
     if "loc" in raw:
         # The user's Python line behind the instruction (profiles, flight recorder).
         fields["loc"] = r.get(raw, "loc", where, str)
+    if op == "launch" and "outs" in raw:
+        # How many of `args` (the last ones) the launch writes; without it,
+        # every argument counts as written.
+        outs = r.get(raw, "outs", where, int)
+        if not 0 <= outs <= len(fields["args"]):
+            raise r.fail(f"{where}.outs", f"{outs} outputs of {len(fields['args'])} arguments")
+        fields["outs"] = outs
     if op == "launch" and "library" in raw:
         fields["library"] = r.get(raw, "library", where, str)
         fields["attrs"] = r.get(raw, "attrs", where, dict, default={})

@@ -294,6 +294,40 @@ class ScheduleExecutor:
                 raise InputError(f"input '{spec.name}': expected dtype {spec.dtype.name}, "
                                  f"got {np.dtype(arr.dtype).name}")
 
+    def _input_use(self) -> tuple[set, set]:
+        """The inputs this rank's instructions use, and those they may write
+        (a launch's outs, every argument of a launch that does not say; a
+        collective's dst; a recv's buffer), a write to a reshape's view
+        counting for the buffer it views. Computed once."""
+        if getattr(self, "_inputs_used", None) is None:
+            inputs = {spec.value for spec in self.program.inputs}
+            root: dict = {}
+            used, written, returned = set(), set(), set()
+            for ins in self.instructions:
+                f = ins.fields
+                if ins.op == "launch":
+                    args = f["args"]
+                    used.update(args)
+                    if ins.get("library") == "reshape":
+                        root[args[1]] = root.get(args[0], args[0])
+                        continue
+                    outs = f.get("outs", len(args))
+                    written.update(root.get(a, a) for a in args[len(args) - outs:])
+                elif ins.op == "collective_start":
+                    used.update((f["src"], f["dst"], *f.get("counts", ())))
+                    written.add(root.get(f["dst"], f["dst"]))
+                elif ins.op in ("send", "recv"):
+                    used.add(f["buffer"])
+                    if ins.op == "recv":
+                        written.add(root.get(f["buffer"], f["buffer"]))
+                elif ins.op == "return":
+                    used.update(f["values"])
+                    returned.update((v, root.get(v, v)) for v in f["values"])
+            self._inputs_used = (used & inputs, written & inputs)
+            #: returned value -> the input it is (or views)
+            self._returned_inputs = {v: r for v, r in returned if r in inputs}
+        return self._inputs_used
+
     def _plan(self) -> list:
         """The instructions with launches resolved once into engine callables
         (a training step runs hundreds of launches; per-call lookups add up),
@@ -399,13 +433,21 @@ class ScheduleExecutor:
         eng = self.engine
         rec = profiler.active()
         t_in = time.perf_counter() if rec is not None else 0.0
-        values, taken = {}, set()
+        values, taken, borrowed = {}, set(), set()
+        used, written = self._input_use()
         for spec, arr in zip(self.program.inputs, local_inputs):
+            if spec.value not in used:          # another pipeline stage's parameter
+                continue
             # A donated buffer is used as it is, once: an array passed as two
             # inputs is copied the second time (the program may write either).
+            # One the program only reads is borrowed (no copy) when it already
+            # is the engine's buffer.
             if donate and id(arr) not in taken and eng.is_buffer(arr, spec.dtype):
                 values[spec.value] = arr
                 taken.add(id(arr))
+            elif spec.value not in written and eng.is_buffer(arr, spec.dtype):
+                values[spec.value] = arr
+                borrowed.add(spec.value)
             else:
                 values[spec.value] = eng.from_host(arr)
         pending: dict = {}
@@ -486,6 +528,10 @@ class ScheduleExecutor:
                     t_out = time.perf_counter()
                     outputs = [values[v] if device_outputs else eng.to_host(values[v], spec.dtype)
                                for v, spec in zip(ins["values"], self.program.outputs)]
+                    # A result that is a borrowed input (or its view) is the
+                    # caller's array: hand out a copy, as when it was copied in.
+                    outputs = [eng.from_host(o) if self._returned_inputs.get(v) in borrowed
+                               else o for v, o in zip(ins["values"], outputs)]
                     if timing is not None:
                         timing.finish(rec, t_out, outputs)
                     return outputs

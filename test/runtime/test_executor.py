@@ -105,6 +105,46 @@ def test_inputs_are_not_modified(tmp_path, lib):
     np.testing.assert_array_equal(x, x0)
 
 
+def test_inputs_only_read_are_borrowed_and_unused_ones_left_alone(tmp_path, lib, monkeypatch):
+    """A launch that says which arguments it writes (`outs`) lets the
+    executor read the caller's arrays in place (a training step's parameters
+    need no copy each step) and skip inputs this rank never uses (another
+    pipeline stage's). A borrowed input returned as a result comes back as a
+    copy, as a copied one would."""
+    program = {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
+               "inputs": [tensor("a", "%arg0", [4, 8]), tensor("b", "%arg1", [8, 3]),
+                          tensor("unused", "%arg2", [5])],
+               "outputs": [tensor("y", "%0", [4, 3]), tensor("b_out", "%arg1", [8, 3])],
+               "streams": ["compute"],
+               "instructions": [
+                   {"op": "alloc", "result": "%0", "shape": [4, 3], "dtype": "float32"},
+                   {"op": "launch", "kernel": "matmul_4x8x3", "stream": "compute",
+                    "args": ["%arg0", "%arg1", "%0"], "outs": 1},
+                   {"op": "return", "values": ["%0", "%arg1"]}]}
+    prog = rt.load_bundle(make(tmp_path, lib, program))
+    copied = []
+    engine = prog.engine
+    from_host = engine.from_host
+    monkeypatch.setattr(engine, "from_host", lambda arr: copied.append(arr) or from_host(arr))
+    a, b = inputs(7)
+    a0, b0 = a.copy(), b.copy()
+    unused = np.zeros(10, np.float32)[::2]           # not even a buffer: never touched
+    y, b_out = prog.run([a, b, unused])
+    np.testing.assert_allclose(y, a @ b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(b_out, b0)
+    assert not np.shares_memory(b_out, b)            # the returned input: a copy
+    assert len(copied) == 1 and copied[0] is b       # ... the only copy made
+    np.testing.assert_array_equal(a, a0)
+    # Without `outs`, every argument of a launch may be written: all copied.
+    del program["instructions"][1]["outs"]
+    prog = rt.load_bundle(make(tmp_path, lib, program, name="q.tsb"))
+    copied.clear()
+    monkeypatch.setattr(prog.engine, "from_host",
+                        lambda arr: copied.append(arr) or from_host(arr))
+    prog.run([a, b, unused])
+    assert [id(c) for c in copied] == [id(a), id(b)]
+
+
 def test_non_contiguous_input_is_accepted(tmp_path, lib):
     prog = rt.load_bundle(make(tmp_path, lib))
     a, b = inputs(5)
