@@ -28,6 +28,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.packing import pack, unpack
 from tessera_compiler.ir.support import functions, ops_of, partitioned_all_reduces, run_reporting
 
 def _key(op: ir.Operation):
@@ -78,27 +79,13 @@ def _fuse(members: list[ir.Operation], func_op: ir.Operation) -> None:
     point = ir.InsertionPoint.after(last) if last is not None else \
         ir.InsertionPoint.at_block_begin(func_op.regions[0].blocks[0])
     first = members[0]
-    elem = ir.RankedTensorType(first.results[0].type).element_type
-    sizes = [math.prod(ir.RankedTensorType(m.results[0].type).shape) for m in members]
-    total = sum(sizes)
     with point, first.location:
-        flat = lambda v, n: v if list(ir.RankedTensorType(v.type).shape) == [n] else \
-            tgraph.ReshapeOp(ir.RankedTensorType.get([n], elem), v).result  # noqa: E731
-        flats = [flat(m.operands[0], n) for m, n in zip(members, sizes)]
-        joined = tgraph.ConcatOp(ir.RankedTensorType.get([total], elem), flats,
-                                 ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)).result
+        _, joined = pack([m.operands[0] for m in members])
         reduced = tgraph.AllReduceOp(joined, first.attributes["kind"], first.attributes["mesh"],
                                      first.attributes["axis"],
                                      deterministic=True if "deterministic" in first.attributes
                                      else None).result
-        offset = 0
-        outs = []
-        for m, n in zip(members, sizes):
-            piece = tgraph.SliceOp(ir.RankedTensorType.get([n], elem), reduced,
-                                   ir.DenseI64ArrayAttr.get([offset])).result
-            same = m.results[0].type == piece.type
-            outs.append(piece if same else tgraph.ReshapeOp(m.results[0].type, piece).result)
-            offset += n
+        _, outs = unpack(reduced, [m.results[0].type for m in members])
     for m, out in zip(members, outs):
         m.results[0].replace_all_uses_with(out)
         m.erase()

@@ -41,6 +41,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.packing import pack, unpack
 from tessera_compiler.ir.pipeline import ACTION, INFO, Action, flops, simulate, tag_of
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import PassError, functions, i64, ops_of, run_reporting
@@ -159,7 +160,62 @@ def _costs(actions: dict) -> dict:
     return costs
 
 
-def schedule_function(func_op: ir.Operation) -> None:
+def _broadcast_results(ret, actions: dict, position: dict, rank, owner_of, mesh_ref, axis,
+                       bucket_elements: int) -> tuple[list, list]:
+    """The step's results made by a stage reach every rank: one broadcast
+    per rank and element type, of its results flattened and concatenated
+    (as tessera-bucket-collectives packs all_reduces; at most
+    `bucket_elements` a broadcast), sliced apart on every rank. Each
+    broadcast sorts right after the last action making one of its results,
+    so a rank done early (the last stage, in 1F1B) sends while the others
+    still compute, instead of 46 broadcasts after everything. The pack ops
+    join that action (they run on its rank).
+
+    Returns ([(result number, value)], [(placement key, op)]) for the ops
+    that every rank runs (the broadcasts and the slicing)."""
+    groups: dict = {}
+    for i, v in enumerate(ret.operands):
+        producer = owner_of(v)
+        if producer is not None and producer in actions:
+            t = ir.RankedTensorType(v.type)
+            groups.setdefault((rank(producer), str(t.element_type)), []).append(
+                (i, v, actions[producer], math.prod(t.shape)))
+    buckets = []
+    for (root, _), members in groups.items():
+        bucket, size = [], 0
+        for m in members:
+            if bucket and size + m[3] > bucket_elements:
+                buckets.append((root, bucket))
+                bucket, size = [], 0
+            bucket.append(m)
+            size += m[3]
+        buckets.append((root, bucket))
+    results, late = [], []
+    for root, bucket in buckets:
+        last = max((a for _, _, a, _ in bucket), key=lambda a: position[a])
+        # After the last action's own ops (1) on its rank: before any later action.
+        key = position[last] + (2,)
+        loc = owner_of(bucket[-1][1]).location
+        if len(bucket) == 1:
+            i, v, _, _ = bucket[0]
+            with ir.InsertionPoint(ret), loc:
+                b = tgraph.TransferOp(v, mesh_ref, axis, i64(root))
+            late.append((key, b.operation))
+            results.append((i, b.results[0]))
+            continue
+        with ir.InsertionPoint(ret), loc:
+            made, joined = pack([v for _, v, _, _ in bucket])
+            for op in made:
+                actions[op] = last
+            b = tgraph.TransferOp(joined, mesh_ref, axis, i64(root))
+            late.append((key, b.operation))
+            made, outs = unpack(b.result, [v.type for _, v, _, _ in bucket])
+        late.extend(((math.inf, 0, 0, 0), op) for op in made)
+        results.extend((i, out) for (i, _, _, _), out in zip(bucket, outs))
+    return results, late
+
+
+def schedule_function(func_op: ir.Operation, bucket_elements: int) -> None:
     pipe = Pipeline(func_op)
     block = func_op.regions[0].blocks[0]
     body = ops_of(func_op)
@@ -251,14 +307,8 @@ def schedule_function(func_op: ir.Operation) -> None:
             elif position[a] < position[entry[1]]:
                 entry[1] = a
             rewire.append((op, i, entry[0].results[0]))
-    # The step's results reach every rank.
-    results = []
-    for i, v in enumerate(ret.operands):
-        producer = owner_of(v)
-        if producer is not None and producer in actions:
-            with ir.InsertionPoint(ret), producer.location:
-                b = tgraph.TransferOp(v, mesh_ref, axis, i64(rank(producer)))
-            results.append((b.operation, i))
+    results, late = _broadcast_results(ret, actions, position, rank, owner_of, mesh_ref, axis,
+                                       bucket_elements)
 
     # Order: by simulated start time, then rank, then program order.
     placed = []            # [key, op, action or None]
@@ -268,8 +318,8 @@ def schedule_function(func_op: ir.Operation) -> None:
         elif op in actions:
             start, r, i = position[actions[op]]
             placed.append([(start, r, i, 1, index), op, actions[op]])
-    for b, _ in results:
-        placed.append([(math.inf, 0, 0, 0, len(placed)), b, None])
+    for key, op in late:
+        placed.append([key + (len(placed),), op, None])
     # A transfer's recv goes first in its action; recvs from one peer in the
     # order the peer sends (the k-th send pairs with the k-th recv).
     channels: dict = {}
@@ -293,8 +343,8 @@ def schedule_function(func_op: ir.Operation) -> None:
     # Now change the IR.
     for user, number, value in rewire:
         user.operands[number] = value
-    for b, i in results:
-        ret.operands[i] = b.results[0]
+    for i, value in results:
+        ret.operands[i] = value
     placed.sort(key=lambda e: e[0])
     for _, op, _ in placed:
         op.move_before(ret)
@@ -341,5 +391,5 @@ def run(op, pass_, options: TargetOptions):
             if "tgraph.partitioned" not in f.attributes:
                 raise PassError("run tessera-partition before tessera-pipeline-schedule",
                                 f.location)
-            schedule_function(f)
+            schedule_function(f, options.bucket_elements)
     run_reporting(op, pass_, body)

@@ -58,7 +58,9 @@ def _roles(ins: Instr) -> dict:
 class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan
-    #: predicts) and "arena_bytes" (where the run's own buffers sit)
+    #: predicts), "borrowed_bytes" (the inputs read in place from the
+    #: caller's arrays: part of the peak, not allocated by the run) and
+    #: "arena_bytes" (where the run's own buffers sit)
     memory: dict | None = None
 
     def __init__(self, program: ProgramSpec, engine, communicators: dict):
@@ -524,7 +526,8 @@ class ScheduleExecutor:
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
                     eng.synchronize()
-                    self.memory = dict(self._memory_plan)
+                    self.memory = dict(self._memory_plan, borrowed_bytes=sum(
+                        int(values[v].nbytes) for v in borrowed if v in values))
                     t_out = time.perf_counter()
                     outputs = [values[v] if device_outputs else eng.to_host(values[v], spec.dtype)
                                for v, spec in zip(ins["values"], self.program.outputs)]

@@ -64,7 +64,9 @@ class Program:
     @property
     def memory(self) -> dict | None:
         """The last run's bytes on this rank: {"peak_bytes", "end_bytes"}
-        (its inputs and every buffer the schedule allocates)."""
+        (its inputs and every buffer the schedule allocates), and
+        "borrowed_bytes": the inputs it read from the caller's arrays in place
+        (counted in the peak, allocated by the caller)."""
         return self._executor.memory
 
     def shard_inputs(self, global_inputs) -> list:

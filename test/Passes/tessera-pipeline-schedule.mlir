@@ -4,7 +4,8 @@
 // microbatches, forward only: each op is tagged with the rank and action
 // that runs it, rank 0's forwards come first (1F1B), a transfer carries
 // each activation to rank 1 at the start of the action that reads it, and
-// each result is broadcast from rank 1.
+// the results, both rank 1's, are packed there (in its last action) into
+// one broadcast from rank 1 and sliced apart on every rank.
 // CHECK-LABEL: func.func @step
 // CHECK-SAME: tsched.pipeline = {axis = "pp", costs = [{cost = 6.400000e+01 : f64, kind = "F", stage = 0 : i64}, {cost = 8.000000e+00 : f64, kind = "F", stage = 1 : i64}], microbatches = 2 : i64, overlap = true, ranks = 2 : i64, schedule = "1F1B", stages = 2 : i64}
 // CHECK: %[[A0:.*]] = tgraph.matmul %arg1, %arg0 {tsched.action = {axis = "pp", chunk = 0 : i64, kind = "F", microbatch = 0 : i64, rank = 0 : i64, stage = 0 : i64}}
@@ -13,8 +14,14 @@
 // CHECK: %[[B0:.*]] = tgraph.tanh %[[T0]] {tsched.action = {{.*}}rank = 1 : i64
 // CHECK: %[[T1:.*]] = tgraph.transfer %[[A1]] on @mesh["pp"] from 0 to 1
 // CHECK: %[[B1:.*]] = tgraph.tanh %[[T1]]
-// CHECK: %[[R0:.*]] = tgraph.transfer %[[B0]] on @mesh["pp"] from 1 : tensor<2x4xf32>
-// CHECK: %[[R1:.*]] = tgraph.transfer %[[B1]] on @mesh["pp"] from 1 : tensor<2x4xf32>
+// CHECK: %[[F0:.*]] = tgraph.reshape %[[B0]] {tsched.action = {{.*}}microbatch = 1 : i64, rank = 1 : i64{{.*}}to tensor<8xf32>
+// CHECK: %[[F1:.*]] = tgraph.reshape %[[B1]] {tsched.action = {{.*}}microbatch = 1 : i64, rank = 1 : i64
+// CHECK: %[[P:.*]] = tgraph.concat %[[F0]], %[[F1]] dim 0 {tsched.action = {{.*}}rank = 1 : i64
+// CHECK: %[[R:.*]] = tgraph.transfer %[[P]] on @mesh["pp"] from 1 : tensor<16xf32>
+// CHECK: %[[S0:.*]] = tgraph.slice %[[R]] offsets [0] : tensor<16xf32> -> tensor<8xf32>
+// CHECK: %[[R0:.*]] = tgraph.reshape %[[S0]] : tensor<8xf32> to tensor<2x4xf32>
+// CHECK: %[[S1:.*]] = tgraph.slice %[[R]] offsets [8]
+// CHECK: %[[R1:.*]] = tgraph.reshape %[[S1]]
 // CHECK: return %[[R0]], %[[R1]]
 tgraph.mesh @mesh axes = ["pp"] shape = [2]
 func.func @step(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 2 : i64, stages = 2 : i64}} {
@@ -23,6 +30,26 @@ func.func @step(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<2x4xf32>
   %a1 = tgraph.matmul %x1, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=1"("model.py":3:0))
   %b1 = tgraph.tanh %a1 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=1"("model.py":4:0))
   return %b0, %b1 : tensor<2x4xf32>, tensor<2x4xf32>
+}
+
+// -----
+
+// A result made early on rank 0 (its first microbatch's activation) is
+// broadcast right after the action that makes it, while rank 1 still
+// computes, not after the last action; a single result is not packed.
+// CHECK-LABEL: func.func @early_result
+// CHECK: %[[A0:.*]] = tgraph.matmul %arg1, %arg0 {tsched.action = {{.*}}microbatch = 0 : i64, rank = 0 : i64
+// CHECK-NEXT: %[[E:.*]] = tgraph.transfer %[[A0]] on @mesh["pp"] from 0 : tensor<2x4xf32>
+// CHECK-NEXT: tgraph.matmul %arg2, %arg0 {tsched.action = {{.*}}microbatch = 1 : i64, rank = 0 : i64
+// CHECK: tgraph.concat
+// CHECK: return %[[E]],
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @early_result(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "gpipe", microbatches = 2 : i64, stages = 2 : i64}} {
+  %a0 = tgraph.matmul %x0, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %b0 = tgraph.tanh %a0 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %a1 = tgraph.matmul %x1, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=1"("model.py":3:0))
+  %b1 = tgraph.tanh %a1 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=1"("model.py":4:0))
+  return %a0, %b0, %b1 : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>
 }
 
 // -----

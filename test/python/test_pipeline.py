@@ -38,6 +38,12 @@ def test_every_schedule_matches_one_device_on_four_ranks(run_mpi, tmp_path):
     # Fewer microbatches than stages runs, with a larger bubble.
     assert seen["1F1B/2"]["bubble"] > seen["1F1B/8"]["bubble"]
     assert seen["same_bits"], "deterministic schedules differ in their bits"
+    # The results reach every rank in one broadcast per rank (rank 3's loss
+    # and gradient packed in one), the last stage's while rank 0 still
+    # computes (1F1B: rank 3 finishes first).
+    assert sorted(root for root, _ in seen["1F1B/8"]["broadcasts"]) == [0, 1, 2, 3]
+    starts_early = dict(seen["1F1B/8"]["broadcasts"])
+    assert starts_early[3] and not starts_early[0], starts_early
     # stages=4 without markers: each stage one block (2*4*6*6 + 4*6 flops of
     # microbatch 0), the last also the loss; the report says so.
     costs = seen["auto/4"]["split_costs"]

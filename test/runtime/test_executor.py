@@ -134,6 +134,7 @@ def test_inputs_only_read_are_borrowed_and_unused_ones_left_alone(tmp_path, lib,
     np.testing.assert_array_equal(b_out, b0)
     assert not np.shares_memory(b_out, b)            # the returned input: a copy
     assert len(copied) == 1 and copied[0] is b       # ... the only copy made
+    assert prog.memory["borrowed_bytes"] == a.nbytes + b.nbytes
     np.testing.assert_array_equal(a, a0)
     # Without `outs`, every argument of a launch may be written: all copied.
     del program["instructions"][1]["outs"]
@@ -490,7 +491,8 @@ def test_each_run_s_results_are_fresh_and_its_memory_is_the_schedule_s(tmp_path,
         np.testing.assert_allclose(y, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-6)
         assert not np.shares_memory(y, first)
     np.testing.assert_array_equal(first, kept)
-    assert prog.memory == {"peak_bytes": (32 + 24 + 2 * 12) * 4, "end_bytes": (32 + 24 + 12) * 4}
+    assert prog.memory == {"peak_bytes": (32 + 24 + 2 * 12) * 4, "end_bytes": (32 + 24 + 12) * 4,
+                           "borrowed_bytes": 0}      # (no `outs`: every input copied)
 
 
 def test_the_embedding_gradient_sums_each_id_s_rows_and_splits_by_row_blocks():

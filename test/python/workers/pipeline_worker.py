@@ -65,6 +65,14 @@ for schedule, m, calls in cases:
         "grad_err": max(float(np.abs(np.asarray(g) - r).max()) for g, r in zip(grads, ref_grads)),
         "grad_scale": max(float(np.abs(r).max()) for r in ref_grads),
         "bubble": report.bubble, "peak": report.peak_activations, "grid": str(report)}
+    # The results' broadcasts in the program every rank runs: their roots,
+    # and whether each starts before rank 0's last launch.
+    instructions = step._programs[step._last_key][0].bundle.program.instructions
+    last_on_0 = max(i.index for i in instructions
+                    if i.op == "launch" and i.get("on") == ("pp", 0))
+    seen[f"{schedule}/{m}"]["broadcasts"] = [
+        [i["root"], i.index < last_on_0] for i in instructions
+        if i.op == "collective_start" and i["collective"] == "broadcast"]
 # No stage markers: stages=4 cuts the traced step into 4 runs of equal cost.
 unmarked = make_step("1F1B", 4, body=block.fn, stages=4)    # (block.fn: no marker)
 ws = [(rng.standard_normal((6, 6)) * 0.5).astype(np.float32) for _ in range(4)]
