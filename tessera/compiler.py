@@ -402,8 +402,8 @@ class CompiledFunction:
         results, held = [], set()
         for spec, local, (layout, whole) in zip(program.outputs, outputs, layouts):
             if as_numpy and whole:
-                # The run's own array (it copies its inputs in, so nothing
-                # of the caller's): no DTensor and no copy, unless an earlier
+                # The run's own array (an input it returns comes back as a
+                # copy, so nothing of the caller's): no DTensor and no copy, unless an earlier
                 # result holds the same memory. (The example's step returns
                 # 80 arrays: 0.75 ms of copies and 1.3 ms of DTensors a call.)
                 owner = id(local if local.base is None else local.base)

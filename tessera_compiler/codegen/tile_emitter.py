@@ -663,25 +663,82 @@ class KernelEmitter:
     def op_arith_remui(self, op):
         self._index_binary(op, "%")
 
+    #: Partial results a CPU row reduction keeps (one AVX register of floats).
+    REDUCE_LANES = 8
+
     def op_ttile_reduce(self, op):
         src = self.names[op.operands[0]]
         r = self.new_tile(op.results[0])
         dim = ir.IntegerAttr(op.attributes["dim"]).value
         kind = enum_of(op)
-        # max / min propagate NaN, as numpy's do (x != x: x is NaN).
-        combine = {"sum": "acc + x", "prod": "acc * x", "max": "(x > acc || x != x ? x : acc)",
-                   "min": "(x < acc || x != x ? x : acc)"}[kind]
-        inner = math.prod(src.shape[dim + 1:])
-        n = src.shape[dim]
+        # max / min propagate NaN, as numpy's do (b != b: b is NaN).
+        template = {"sum": "{a} + {b}", "prod": "{a} * {b}",
+                    "max": "({b} > {a} || {b} != {b} ? {b} : {a})",
+                    "min": "({b} < {a} || {b} != {b} ? {b} : {a})"}[kind]
 
-        def body(e):
-            self.line(f"const int64_t outer = {e} / {inner}, inner = {e} % {inner};")
-            self.line(f"{r.ctype} acc = {src.name}[outer * {n * inner} + inner];")
-            self.line(f"for (int64_t q = 1; q < {n}; ++q) {{ const {r.ctype} x = {src.name}[outer * {n * inner} + q * {inner} + inner]; acc = {combine}; }}")
-            self.line(f"{r.name}[{e}] = acc;")
-        # No hint: each element runs a sequential loop of its own (the sum's
-        # order is fixed), and across elements its loads are strided.
-        self.for_each(r.size, body, independent=False)
+        def combine(a, b):
+            return template.format(a=a, b=b)
+        inner = math.prod(src.shape[dim + 1:])
+        n, ct, lanes = src.shape[dim], r.ctype, self.REDUCE_LANES
+        if inner > 1:
+            # Over a leading dimension (a bias gradient's sum over rows): each
+            # output combines q = 0..n-1 in order, as before, but with the
+            # contiguous, independent loop over outputs innermost, which
+            # vectorizes (it used to run a strided sequential loop per output).
+            o, q, i = self.fresh("o"), self.fresh("q"), self.fresh("i")
+            out, at = f"{r.name}[{o} * {inner} + {i}]", f"{src.name}[{o} * {n * inner} + "
+            self.line(f"for (int64_t {o} = 0; {o} < {r.size // inner}; ++{o}) {{")
+            self.indent += 1
+            self.independent_iterations()
+            self.line(f"for (int64_t {i} = 0; {i} < {inner}; ++{i}) {out} = {at}{i}];")
+            self.line(f"for (int64_t {q} = 1; {q} < {n}; ++{q}) {{")
+            self.indent += 1
+            self.independent_iterations()
+            self.line(f"for (int64_t {i} = 0; {i} < {inner}; ++{i}) "
+                      f"{out} = {combine(out, f'{at}{q} * {inner} + {i}]')};")
+            self.indent -= 1
+            self.line("}")
+            self.indent -= 1
+            self.line("}")
+            return
+        if ct not in ("float", "double") or n < 2 * lanes:
+            def sequential(e):
+                self.line(f"{ct} acc = {src.name}[{e} * {n}];")
+                self.line(f"for (int64_t q = 1; q < {n}; ++q) {{ const {ct} x = "
+                          f"{src.name}[{e} * {n} + q]; acc = {combine('acc', 'x')}; }}")
+                self.line(f"{r.name}[{e}] = acc;")
+            # No hint: each element runs a sequential loop of its own.
+            self.for_each(r.size, sequential, independent=False)
+            return
+
+        def laned(e):
+            # Lane l combines the row's elements l, l + 8, l + 16, ... in
+            # order (one vector operation per 8 elements instead of a chain of
+            # dependent scalar adds, 4 cycles each); then the lanes combine in
+            # a fixed tree. A fixed order: the same bits on every run and
+            # thread count (not those of a left-to-right sum; closer to the
+            # exact sum, like numpy's pairwise summation).
+            row, full = f"{src.name} + {e} * {n}", n - n % lanes
+            self.line(f"const {ct}* row = {row};")
+            self.line(f"{ct} lane[{lanes}];")
+            self.line(f"for (int64_t l = 0; l < {lanes}; ++l) lane[l] = row[l];")
+            self.line(f"for (int64_t q = {lanes}; q < {full}; q += {lanes}) {{")
+            self.indent += 1
+            self.independent_iterations()
+            self.line(f"for (int64_t l = 0; l < {lanes}; ++l) "
+                      f"lane[l] = {combine('lane[l]', 'row[q + l]')};")
+            self.indent -= 1
+            self.line("}")
+            if n % lanes:
+                self.line(f"for (int64_t q = {full}; q < {n}; ++q) "
+                          f"lane[q - {full}] = {combine(f'lane[q - {full}]', 'row[q]')};")
+            step = 1
+            while step < lanes:                 # ((l0 l1) (l2 l3)) ((l4 l5) (l6 l7))
+                for k in range(0, lanes, 2 * step):
+                    self.line(f"lane[{k}] = {combine(f'lane[{k}]', f'lane[{k + step}]')};")
+                step *= 2
+            self.line(f"{r.name}[{e}] = lane[0];")
+        self.for_each(r.size, laned, independent=False)
 
     def op_ttile_barrier(self, op):
         pass    # one thread runs each kernel instance on the CPU

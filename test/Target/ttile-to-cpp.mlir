@@ -56,6 +56,33 @@ ttile.kernel @everything(%a: memref<8x4xf32>, %b: memref<4x4xf32>, %c: memref<8x
 
 // -----
 
+// A long row reduction keeps 8 lanes (vectorizable; combined in a fixed
+// tree), a short one stays one sequential loop, and one over a leading
+// dimension adds rows in order with the loop over outputs innermost.
+// CHECK-LABEL: void reductions__range(
+// CHECK: float lane[8];
+// CHECK: for (int64_t q = 8; q < 32; q += 8) {
+// CHECK-NEXT: #pragma GCC ivdep
+// CHECK-NEXT: for (int64_t l = 0; l < 8; ++l) lane[l] = lane[l] + row[q + l];
+// CHECK: for (int64_t q = 32; q < 37; ++q) lane[q - 32] = lane[q - 32] + row[q];
+// CHECK: lane[0] = lane[0] + lane[1];
+// CHECK: lane[0] = lane[0] + lane[4];
+// CHECK: for (int64_t [[Q:q[0-9]+]] = 1; [[Q]] < 4; ++[[Q]]) {
+// CHECK-NEXT: #pragma GCC ivdep
+// CHECK-NEXT: for (int64_t [[I:i[0-9]+]] = 0; [[I]] < 37; ++[[I]])
+ttile.kernel @reductions(%x: memref<4x37xf32>, %rows: memref<4x1xf32>, %cols: memref<1x37xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.load %x[%c0, %c0] : memref<4x37xf32> -> !ttile.tile<4x37xf32>
+  %r = ttile.reduce %t {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<4x37xf32> -> !ttile.tile<4x1xf32>
+  %c = ttile.reduce %t {kind = #tgraph.reduction<sum>, dim = 0 : i64} : !ttile.tile<4x37xf32> -> !ttile.tile<1x37xf32>
+  ttile.store %r, %rows[%c0, %c0] : !ttile.tile<4x1xf32>, memref<4x1xf32>
+  ttile.store %c, %cols[%c0, %c0] : !ttile.tile<1x37xf32>, memref<1x37xf32>
+  ttile.return
+}
+
+// -----
+
 // expected-error @+1 {{element type i16 is not supported by the kernel emitter yet}}
 ttile.kernel @short_ints(%a: memref<4x4xi16>, %b: memref<4x4xi16>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index

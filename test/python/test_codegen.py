@@ -442,6 +442,63 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(kk))
 
 
+def test_cpu_row_reductions_combine_eight_lanes_in_a_fixed_tree():
+    """A CPU row reduction (sum, max over the last dimension) keeps eight
+    partial results, lane l taking elements l, l + 8, ... in order, and
+    combines them as ((l0 l1) (l2 l3)) ((l4 l5) (l6 l7)): the exact bits
+    of that order (not of a left-to-right sum), NaN propagating through max.
+    A reduction over a leading dimension still adds the rows in order, with
+    the loop over the outputs innermost."""
+    import ctypes
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    text = """
+ttile.kernel @rows(%x: memref<6x37xf32>, %y: memref<5x24xf32>, %sum: memref<6x1xf32>,
+                   %mx: memref<6x1xf32>, %col: memref<1x24xf32>)
+    attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %tx = ttile.load %x[%c0, %c0] : memref<6x37xf32> -> !ttile.tile<6x37xf32>
+  %ty = ttile.load %y[%c0, %c0] : memref<5x24xf32> -> !ttile.tile<5x24xf32>
+  %s = ttile.reduce %tx {kind = #tgraph.reduction<sum>, dim = 1 : i64} : !ttile.tile<6x37xf32> -> !ttile.tile<6x1xf32>
+  %m = ttile.reduce %tx {kind = #tgraph.reduction<max>, dim = 1 : i64} : !ttile.tile<6x37xf32> -> !ttile.tile<6x1xf32>
+  %c = ttile.reduce %ty {kind = #tgraph.reduction<sum>, dim = 0 : i64} : !ttile.tile<5x24xf32> -> !ttile.tile<1x24xf32>
+  ttile.store %s, %sum[%c0, %c0] : !ttile.tile<6x1xf32>, memref<6x1xf32>
+  ttile.store %m, %mx[%c0, %c0] : !ttile.tile<6x1xf32>, memref<6x1xf32>
+  ttile.store %c, %col[%c0, %c0] : !ttile.tile<1x24xf32>, memref<1x24xf32>
+  ttile.return
+}"""
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse(text))
+    lib = ctypes.CDLL(str(build_cpu_library(source)))
+    rng = np.random.default_rng()
+    # Magnitudes spread over 1e-3..1e4: the order of the additions shows in the bits.
+    x = (rng.standard_normal((6, 37)) * 10.0 ** rng.integers(-3, 5, (6, 37))).astype(np.float32)
+    x[5, 11] = np.nan
+    y = rng.standard_normal((5, 24)).astype(np.float32)
+    out = [np.full(s, np.nan, np.float32) for s in ((6, 1), (6, 1), (1, 24))]
+    lib.rows(*(v.ctypes.data_as(ctypes.c_void_p) for v in (x, y, *out)))
+
+    def lanes(row, combine):
+        lane = list(row[:8])
+        for q in range(8, len(row)):
+            lane[q % 8] = combine(lane[q % 8], row[q])
+        for step in (1, 2, 4):
+            for k in range(0, 8, 2 * step):
+                lane[k] = combine(lane[k], lane[k + step])
+        return lane[0]
+    add = lambda a, b: np.float32(a + b)  # noqa: E731
+    for r in range(5):     # (a left-to-right sum differs in 3 rows of 4)
+        assert out[0][r, 0].tobytes() == lanes(x[r], add).tobytes(), r
+        np.testing.assert_allclose(out[0][r, 0], x[r].astype(np.float64).sum(), rtol=1e-5)
+        assert out[1][r, 0] == x[r].max()
+    assert np.isnan(out[1][5, 0]) and np.isnan(out[0][5, 0])
+    in_order = y[0].copy()
+    for q in range(1, 5):
+        in_order = in_order + y[q]
+    assert out[2].tobytes() == in_order.reshape(1, 24).tobytes()
+
+
 def test_cpu_kernel_skips_the_bands_past_its_row_segments():
     """A kernel with `row_segments` (what tessera-lower-to-tile gives the
     elementwise kernels between a MoE layer's grouped GEMMs) computes the
