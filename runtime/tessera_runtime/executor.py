@@ -58,9 +58,8 @@ def _roles(ins: Instr) -> dict:
 class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan
-    #: predicts), "borrowed_bytes" (the inputs read in place from the
-    #: caller's arrays: part of the peak, not allocated by the run) and
-    #: "arena_bytes" (where the run's own buffers sit)
+    #: predicts) and "borrowed_bytes" (the inputs read in place from the
+    #: caller's arrays: part of the peak, not allocated by the run)
     memory: dict | None = None
 
     def __init__(self, program: ProgramSpec, engine, communicators: dict):
