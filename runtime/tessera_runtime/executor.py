@@ -55,6 +55,22 @@ def _roles(ins: Instr) -> dict:
     return {"src": ins["src"], "dst": ins["dst"]}
 
 
+def _contiguous_block(full: tuple, part: tuple, offsets) -> int | None:
+    """Where the box `part` at `offsets` of a C-contiguous array of shape
+    `full` starts (in elements), if the box is one contiguous block of it;
+    else None."""
+    cut = next((d for d in range(len(full)) if part[d] != full[d]), len(full))
+    if any(part[d] != 1 for d in range(cut)) or \
+            any(offsets[d] != 0 for d in range(cut + 1, len(full))) or \
+            any(part[d] != full[d] for d in range(cut + 1, len(full))):
+        return None
+    start, stride = 0, 1
+    for d in range(len(full) - 1, -1, -1):
+        start += offsets[d] * stride
+        stride *= full[d]
+    return start
+
+
 class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan
@@ -309,7 +325,9 @@ class ScheduleExecutor:
                 if ins.op == "launch":
                     args = f["args"]
                     used.update(args)
-                    if ins.get("library") == "reshape":
+                    if ins.get("library") in ("reshape", "slice"):
+                        # (A slice may become a view: its result counts as
+                        # its input's memory; it writes no input either way.)
                         root[args[1]] = root.get(args[0], args[0])
                         continue
                     outs = f.get("outs", len(args))
@@ -336,16 +354,22 @@ class ScheduleExecutor:
         if getattr(self, "_prepared", None) is None:
             plan, symmetric = [], set()
             # Buffers are written once (by their producer), so a reshape can
-            # be a view of its input instead of a copy, its buffer never allocated.
-            views = {ins["args"][1] for ins in self.instructions
+            # be a view of its input instead of a copy, its buffer never
+            # allocated; so can a slice that is one contiguous block of its
+            # input (a microbatch's rows, a packed bucket's pieces) on an
+            # engine launching by address (the CPU: no alignment to keep).
+            views = {ins["args"][1]: None for ins in self.instructions
                      if ins.op == "launch" and ins.get("library") == "reshape"}
+            if self.engine.by_address:
+                views.update(self._slice_views())
             shapes: dict = {}
             for ins in self.instructions:
                 if ins.op == "alloc" and ins["result"] in views:
                     shapes[ins["result"]] = tuple(ins["shape"])
-                elif ins.op == "launch" and ins.get("library") == "reshape":
+                elif ins.op == "launch" and ins["args"][-1] in views and \
+                        ins.get("library") in ("reshape", "slice"):
                     src, dst = ins["args"]
-                    plan.append(("view", src, (dst, shapes[dst]), ins))
+                    plan.append(("view", src, (dst, shapes[dst], views[dst]), ins))
                 elif ins.op == "launch":
                     plan.append(("call", None, tuple(ins["args"]), ins))
                     ins.fields.setdefault("profile_key", f"library:{ins['library']}"
@@ -367,6 +391,32 @@ class ScheduleExecutor:
             self._memory_plan = self._account(plan)
             self._prepared = self._bind(plan)
         return self._prepared
+
+    def _slice_views(self) -> dict:
+        """{slice result: (first element, its byte offset)} for the slices
+        that are one contiguous block of a buffer (every dimension before the
+        first cut one taken at extent 1, every one after it whole), except
+        of a symmetric buffer (remote puts rewrite it every run)."""
+        shape = {spec.value: (tuple(spec.local_shape), spec.dtype.itemsize)
+                 for spec in self.program.inputs}
+        root: dict = {}
+        symmetric = set()
+        out = {}
+        for ins in self.instructions:
+            if ins.op == "alloc":
+                shape[ins["result"]] = (tuple(ins["shape"]), np.dtype(ins["dtype"]).itemsize)
+                if ins.get("symmetric"):
+                    symmetric.add(ins["result"])
+            elif ins.op == "launch" and ins.get("library") in ("reshape", "slice"):
+                src, dst = ins["args"]
+                root[dst] = root.get(src, src)
+                if ins["library"] == "reshape" or root[dst] in symmetric:
+                    continue
+                (full, itemsize), (part, _) = shape[src], shape[dst]
+                start = _contiguous_block(full, part, ins["attrs"]["offsets"])
+                if start is not None:
+                    out[dst] = (start, start * itemsize)
+        return out
 
     def _account(self, plan) -> dict:
         """The bytes this rank holds over a run (the same on every run): the
@@ -483,9 +533,13 @@ class ScheduleExecutor:
                         a([values[v] for v in b])
                         timing.launch(ins, t0, eng.timestamp(stream))
                 elif op == "view":
-                    values[b[0]] = eng.reshape_view(values[a], b[1])
-                    if at is not None:
-                        at[b[0]] = at[a]
+                    if b[2] is None:
+                        values[b[0]] = eng.reshape_view(values[a], b[1])
+                        if at is not None:
+                            at[b[0]] = at[a]
+                    else:
+                        values[b[0]] = eng.flat_view(values[a], b[2][0], b[1])
+                        at[b[0]] = at[a] + b[2][1]
                 elif op == "symmetric":
                     values[a] = eng.alloc_symmetric(*b)
                     if at is not None:

@@ -146,6 +146,25 @@ def test_numpy_results_are_fresh_and_share_no_memory():
     np.testing.assert_array_equal(first[3], x)
 
 
+def test_disjoint_pieces_of_one_result_buffer_are_returned_uncopied():
+    """Results that are disjoint row blocks of one buffer (what a pipeline's
+    packed results are) come back as views of it, not copies; the caller's
+    argument sliced and returned still comes back as a copy."""
+    @ts.jit
+    def f(x):
+        y = op.tanh(x) * 2.0
+        return y[:2], y[2:], x[1:3]
+
+    x = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
+    top, bottom, rows = f(x)
+    want = np.tanh(x.astype(np.float64)) * 2.0
+    np.testing.assert_allclose(np.concatenate([top, bottom]), want, rtol=1e-5, atol=1e-6)
+    assert top.base is not None and top.base is bottom.base
+    assert not np.shares_memory(top, bottom)
+    np.testing.assert_array_equal(rows, x[1:3])
+    assert not np.shares_memory(rows, x)
+
+
 def test_op_shape_errors_name_op_shapes_and_line():
     mesh = dist.Mesh(axes=["x"], devices=range(1))
 

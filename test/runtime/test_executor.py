@@ -146,6 +146,48 @@ def test_inputs_only_read_are_borrowed_and_unused_ones_left_alone(tmp_path, lib,
     assert [id(c) for c in copied] == [id(a), id(b)]
 
 
+def test_contiguous_slices_are_views_and_the_rest_are_copied(tmp_path, lib):
+    """A slice that is one contiguous block of its buffer (rows of a matrix,
+    a piece of a flat bucket) is a view of it, allocated nowhere; a column
+    block is copied; a view of a borrowed input returned as a result comes
+    back as a copy of the caller's data."""
+    program = {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
+               "inputs": [tensor("a", "%arg0", [4, 8]), tensor("b", "%arg1", [8, 3])],
+               "outputs": [tensor("top", "%1", [2, 3]), tensor("bottom", "%2", [2, 3]),
+                           tensor("col", "%3", [4, 1]), tensor("a_rows", "%4", [1, 8])],
+               "streams": ["compute"],
+               "instructions": [
+                   {"op": "alloc", "result": "%0", "shape": [4, 3], "dtype": "float32"},
+                   {"op": "launch", "kernel": "matmul_4x8x3", "stream": "compute",
+                    "args": ["%arg0", "%arg1", "%0"], "outs": 1},
+                   {"op": "alloc", "result": "%1", "shape": [2, 3], "dtype": "float32"},
+                   {"op": "launch", "kernel": "s0", "library": "slice", "stream": "compute",
+                    "attrs": {"offsets": [0, 0]}, "args": ["%0", "%1"], "outs": 1},
+                   {"op": "alloc", "result": "%2", "shape": [2, 3], "dtype": "float32"},
+                   {"op": "launch", "kernel": "s1", "library": "slice", "stream": "compute",
+                    "attrs": {"offsets": [2, 0]}, "args": ["%0", "%2"], "outs": 1},
+                   {"op": "alloc", "result": "%3", "shape": [4, 1], "dtype": "float32"},
+                   {"op": "launch", "kernel": "s2", "library": "slice", "stream": "compute",
+                    "attrs": {"offsets": [0, 2]}, "args": ["%0", "%3"], "outs": 1},
+                   {"op": "alloc", "result": "%4", "shape": [1, 8], "dtype": "float32"},
+                   {"op": "launch", "kernel": "s3", "library": "slice", "stream": "compute",
+                    "attrs": {"offsets": [3, 0]}, "args": ["%arg0", "%4"], "outs": 1},
+                   {"op": "return", "values": ["%1", "%2", "%3", "%4"]}]}
+    prog = rt.load_bundle(make(tmp_path, lib, program))
+    a, b = inputs(11)
+    top, bottom, col, a_rows = prog.run([a, b])
+    y = a @ b
+    for got, want in ((top, y[:2]), (bottom, y[2:]), (col, y[:, 2:3]), (a_rows, a[3:])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert top.base is not None and top.base is bottom.base        # views of one buffer
+    assert not np.shares_memory(top, bottom)
+    assert not np.shares_memory(col, top) and not np.shares_memory(col, bottom)
+    assert not np.shares_memory(a_rows, a)                         # the caller's: a copy
+    # The row slices (of %0, and of the input) allocate nothing: the peak is
+    # the inputs, %0 and the column.
+    assert prog.memory["peak_bytes"] == (32 + 24 + 12 + 4) * 4
+
+
 def test_non_contiguous_input_is_accepted(tmp_path, lib):
     prog = rt.load_bundle(make(tmp_path, lib))
     a, b = inputs(5)

@@ -8,6 +8,8 @@ beyond `.shape` and `.dtype`.
 
 from __future__ import annotations
 
+import math
+
 import time
 from abc import ABC, abstractmethod
 
@@ -100,6 +102,11 @@ class Engine(ABC):
     def reshape_view(self, buffer, shape):
         """`buffer` seen with another shape, sharing its memory."""
         return buffer.reshape(shape)
+
+    def flat_view(self, buffer, start: int, shape):
+        """The contiguous block of `buffer` (row-major) from element `start`,
+        as an array of `shape`, sharing its memory."""
+        return buffer.reshape(-1)[start:start + math.prod(shape)].reshape(shape)
 
     def has_library(self, routine: str) -> bool:
         """Whether this engine implements library routine `routine`."""
