@@ -1,7 +1,8 @@
 """Differential fuzzing across ranks: random programs with random ShardSpecs
 on 2 ranks (1-D mesh) and 4 ranks (2 x 2 mesh), one mpiexec per mesh, each
 program checked against its replicated run and float64 numpy
-(distributed_worker.py). The ShardSpecs that do not divide a dimension
+(distributed_worker.py); random expert-parallel MoE layers on an `ep` mesh
+of 2 ranks against one device (moe_ep_worker.py). The ShardSpecs that do not divide a dimension
 are checked to be refused with an error naming the tensor."""
 
 import json
@@ -26,6 +27,23 @@ def test_random_sharded_programs_match_one_device(run_mpi, tmp_path, ranks, kind
     proc = run_mpi(ranks, HERE / "distributed_worker.py", kind, examples, tmp_path, env=env,
                    timeout=60 + 30 * examples)
     current = tmp_path / "current.py"
+    assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-3000:] + "\n--- running ---\n"
+                                  + (current.read_text() if current.exists() else ""))
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["failure"] is None, result["failure"]
+    assert result["programs"] >= examples
+
+
+def test_random_expert_parallel_moe_layers_match_one_device(run_mpi, tmp_path):
+    """op.moe layers drawn at random (sizes, k, capacity, GELU or SwiGLU,
+    with gradients or not), experts split over an `ep` mesh of 2 ranks, give
+    the one-device layer's results and the float64 reference's output
+    (moe_ep_worker.py); a failure names the rank and the layer."""
+    examples = oracles.DEVELOPER_EXAMPLES or 6
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = run_mpi(2, HERE / "moe_ep_worker.py", examples, tmp_path, env=env,
+                   timeout=60 + 40 * examples)
+    current = tmp_path / "current.json"
     assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-3000:] + "\n--- running ---\n"
                                   + (current.read_text() if current.exists() else ""))
     result = json.loads((tmp_path / "result.json").read_text())
