@@ -15,9 +15,12 @@ A group never includes an all_reduce whose operand depends on another's
 result (its operand would not exist yet), so the order of computation is
 kept. Elementwise reductions commute with concatenation, and a deterministic
 tree is per element, so the results are the same bits. Groups are capped at
-the `bucket-elements` option (default 2^24 elements, 64 MiB of float32). Runs on partitioned functions (after
-tessera-partition), except pipelined ones (not yet: their all_reduces
-belong to different ranks' stages).
+the `bucket-elements` option (default 2^24 elements, 64 MiB of float32).
+Runs on partitioned functions (after tessera-partition), except pipelined
+ones: their all_reduces belong to different ranks' stages until
+tessera-pipeline-schedule has placed them, which then buckets them itself
+(`bucket_all_reduces`), buckets within one rank's stage action, the new
+ops in that action.
 """
 
 from __future__ import annotations
@@ -29,12 +32,17 @@ from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.packing import pack, unpack
+from tessera_compiler.ir.pipeline import ACTION, copy_action
 from tessera_compiler.ir.support import functions, ops_of, partitioned_all_reduces, run_reporting
 
 def _key(op: ir.Operation):
     t = ir.RankedTensorType(op.results[0].type)
     return (ir.StringAttr(op.attributes["axis"]).value, str(op.attributes["kind"]),
-            "deterministic" in op.attributes, str(op.attributes["mesh"]), str(t.element_type))
+            "deterministic" in op.attributes, str(op.attributes["mesh"]), str(t.element_type),
+            # A pipeline's: its rank and stage action (a bucket of one action
+            # keeps the schedule's F -> B -> W order; the dp gradients' all
+            # end in the last one).
+            str(op.attributes[ACTION]) if ACTION in op.attributes else None)
 
 
 def _groups(func_op: ir.Operation, bucket_elements: int) -> list[list[ir.Operation]]:
@@ -80,24 +88,28 @@ def _fuse(members: list[ir.Operation], func_op: ir.Operation) -> None:
         ir.InsertionPoint.at_block_begin(func_op.regions[0].blocks[0])
     first = members[0]
     with point, first.location:
-        _, joined = pack([m.operands[0] for m in members])
+        packing, joined = pack([m.operands[0] for m in members])
         reduced = tgraph.AllReduceOp(joined, first.attributes["kind"], first.attributes["mesh"],
                                      first.attributes["axis"],
                                      deterministic=True if "deterministic" in first.attributes
-                                     else None).result
-        _, outs = unpack(reduced, [m.results[0].type for m in members])
+                                     else None)
+        unpacking, outs = unpack(reduced.result, [m.results[0].type for m in members])
+    copy_action(first, *packing, reduced, *unpacking)
     for m, out in zip(members, outs):
         m.results[0].replace_all_uses_with(out)
         m.erase()
 
 
+def bucket_all_reduces(func_op: ir.Operation, bucket_elements: int) -> None:
+    """Fuses `func_op`'s all_reduces into buckets (see the module docstring);
+    in a scheduled pipeline, only those one rank runs, into ops on that rank."""
+    for members in _groups(func_op, bucket_elements):
+        _fuse(members, func_op)
+
+
 def run(op, pass_, options: TargetOptions):
     def body():
         for f in list(functions(op)):
-            # (A pipeline's all_reduces are left alone: bucketing them would
-            # need a bucket per rank and action.)
-            if not partitioned_all_reduces(f, "tessera-bucket-collectives"):
-                continue
-            for members in _groups(f, options.bucket_elements):
-                _fuse(members, f)
+            if partitioned_all_reduces(f, "tessera-bucket-collectives"):
+                bucket_all_reduces(f, options.bucket_elements)
     run_reporting(op, pass_, body)

@@ -41,10 +41,12 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.packing import pack, unpack
+from tessera_compiler.ir.packing import fold_repacks, pack, unpack
 from tessera_compiler.ir.pipeline import ACTION, INFO, Action, flops, simulate, tag_of
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import PassError, functions, i64, ops_of, run_reporting
+
+from .bucket_collectives import bucket_all_reduces
 
 def _op(x):
     """An op as its Operation (owners and users come back as OpViews; dict
@@ -392,4 +394,8 @@ def run(op, pass_, options: TargetOptions):
                 raise PassError("run tessera-partition before tessera-pipeline-schedule",
                                 f.location)
             schedule_function(f, options.bucket_elements)
+            # The dp gradients' all_reduces, now on their ranks: bucketed
+            # per rank (tessera-bucket-collectives leaves pipelines alone).
+            bucket_all_reduces(f, options.bucket_elements)
+            fold_repacks(ops_of(f))
     run_reporting(op, pass_, body)

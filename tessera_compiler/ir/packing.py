@@ -48,3 +48,49 @@ def unpack(joined: ir.Value, types: list) -> tuple[list, list]:
         outs.append(out)
         offset += n
     return made, outs
+
+
+def _piece(value: ir.Value):
+    """(joined, offset, size) when `value` is an `unpack` piece: a 1-D slice
+    of a 1-D tensor, possibly reshaped (and reshaped back); else None."""
+    owner = value.owner
+    while not isinstance(owner, ir.Block) and owner.name == "tgraph.reshape":
+        owner = owner.operands[0].owner
+    if isinstance(owner, ir.Block) or owner.name != "tgraph.slice":
+        return None
+    source = owner.operands[0]
+    if len(ir.RankedTensorType(source.type).shape) != 1:
+        return None
+    offset = ir.DenseI64ArrayAttr(owner.attributes["offsets"])[0]
+    return source, offset, ir.RankedTensorType(owner.results[0].type).shape[0]
+
+
+def fold_repacks(ops: list) -> None:
+    """A `pack` of the pieces of one `unpack`, all of them in order (a
+    pipeline's results packed for their broadcast right after their dp
+    all_reduce was bucketed), is the packed value itself: its concat is
+    replaced by it, and what fed only the concat is erased."""
+    for op in ops:
+        if op.name != "tgraph.concat":
+            continue
+        pieces = [_piece(v) for v in op.operands]
+        if any(p is None for p in pieces) or len({id(p[0].owner) for p in pieces}) != 1:
+            continue
+        joined, offset = pieces[0][0], 0
+        for _, at, size in pieces:
+            if at != offset:
+                break
+            offset += size
+        else:
+            if offset != ir.RankedTensorType(joined.type).shape[0] or \
+                    joined.type != op.results[0].type:
+                continue
+            feeding = [v.owner for v in op.operands]
+            op.results[0].replace_all_uses_with(joined)
+            op.erase()
+            while feeding:                  # reshapes and slices nothing else reads
+                made = feeding.pop()
+                if not isinstance(made, ir.Block) and made.name in ("tgraph.reshape", "tgraph.slice") \
+                        and not list(made.results[0].uses):
+                    feeding.append(made.operands[0].owner)
+                    made.erase()

@@ -54,6 +54,35 @@ func.func @early_result(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<
 
 // -----
 
+// On a dp x pp mesh, the dp all_reduces of the gradients one rank makes
+// (here rank 1's two, in its action) are bucketed into one all_reduce on
+// that rank, as tessera-bucket-collectives does outside pipelines, and the
+// bucket is what the broadcast of rank 1's results sends (no unpacking and
+// packing again); rank 0's single one stays as it is.
+// CHECK-LABEL: func.func @dp_buckets
+// CHECK: %[[G0:.*]] = tgraph.all_reduce <sum> %{{.*}} on @mesh["dp"] {tsched.action = {{.*}}rank = 0 : i64{{.*}} : tensor<4x4xf32>
+// CHECK: %[[C:.*]] = tgraph.concat %{{.*}}, %{{.*}} dim 0 {tsched.action = {{.*}}rank = 1 : i64
+// CHECK-NEXT: %[[R:.*]] = tgraph.all_reduce <sum> %[[C]] on @mesh["dp"] {tsched.action = {{.*}}rank = 1 : i64{{.*}} : tensor<32xf32>
+// CHECK-NEXT: %[[B:.*]] = tgraph.transfer %[[R]] on @mesh["pp"] from 1 : tensor<32xf32>
+// CHECK-NOT: tgraph.all_reduce
+// CHECK-NOT: tgraph.concat
+// CHECK: %[[S:.*]] = tgraph.slice %[[B]] offsets [0]
+// CHECK: return
+tgraph.mesh @mesh axes = ["dp", "pp"] shape = [2, 2]
+func.func @dp_buckets(%w0: tensor<4x4xf32>, %w1: tensor<4x4xf32>, %x0: tensor<2x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>) attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 2 : i64}} {
+  %a0 = tgraph.matmul %x0, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %g0 = tgraph.mul %w0, %w0 : tensor<4x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %s0 = tgraph.all_reduce <sum> %g0 on @mesh["dp"] : tensor<4x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %b0 = tgraph.matmul %a0, %w1 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %g1 = tgraph.mul %w1, %w1 : tensor<4x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %g2 = tgraph.add %w1, %w1 : tensor<4x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %s1 = tgraph.all_reduce <sum> %g1 on @mesh["dp"] : tensor<4x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %s2 = tgraph.all_reduce <sum> %g2 on @mesh["dp"] : tensor<4x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  return %s0, %s1, %s2 : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x4xf32>
+}
+
+// -----
+
 tgraph.mesh @mesh axes = ["pp"] shape = [2]
 // expected-error @below {{run tessera-partition before tessera-pipeline-schedule}}
 func.func @unpartitioned(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes {tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 2 : i64}} {
