@@ -366,8 +366,8 @@ class ScheduleExecutor:
             for ins in self.instructions:
                 if ins.op == "alloc" and ins["result"] in views:
                     shapes[ins["result"]] = tuple(ins["shape"])
-                elif ins.op == "launch" and ins["args"][-1] in views and \
-                        ins.get("library") in ("reshape", "slice"):
+                elif ins.op == "launch" and ins.get("library") in ("reshape", "slice") and \
+                        ins["args"][-1] in views:
                     src, dst = ins["args"]
                     plan.append(("view", src, (dst, shapes[dst], views[dst]), ins))
                 elif ins.op == "launch":
