@@ -396,11 +396,12 @@ class ScheduleExecutor:
         """{slice result: (first element, its byte offset)} for the slices
         that are one contiguous block of a buffer (every dimension before the
         first cut one taken at extent 1, every one after it whole), except
-        of a symmetric buffer (remote puts rewrite it every run)."""
+        of a symmetric buffer (remote puts rewrite it every run) or of an
+        input the program writes in place (a donated one)."""
         shape = {spec.value: (tuple(spec.local_shape), spec.dtype.itemsize)
                  for spec in self.program.inputs}
         root: dict = {}
-        symmetric = set()
+        symmetric = set(self._input_use()[1])       # (rewritten, as far as views go)
         out = {}
         for ins in self.instructions:
             if ins.op == "alloc":

@@ -188,6 +188,28 @@ def test_contiguous_slices_are_views_and_the_rest_are_copied(tmp_path, lib):
     assert prog.memory["peak_bytes"] == (32 + 24 + 12 + 4) * 4
 
 
+def test_a_slice_of_an_input_written_in_place_is_a_copy(tmp_path, lib):
+    """Rows sliced from an input that a later launch rewrites in place (a
+    donated buffer) are copied when sliced, not a view that would see the
+    rewrite."""
+    program = {"mesh": {"name": "mesh", "axes": [], "shape": [], "devices": [0]},
+               "inputs": [tensor("x", "%arg0", [3, 4])],
+               "outputs": [tensor("first_row", "%0", [1, 4]), tensor("x_relu", "%arg0", [3, 4])],
+               "streams": ["compute"],
+               "instructions": [
+                   {"op": "alloc", "result": "%0", "shape": [1, 4], "dtype": "float32"},
+                   {"op": "launch", "kernel": "s0", "library": "slice", "stream": "compute",
+                    "attrs": {"offsets": [0, 0]}, "args": ["%arg0", "%0"], "outs": 1},
+                   {"op": "launch", "kernel": "relu_12", "stream": "compute", "args": ["%arg0"],
+                    "outs": 1},
+                   {"op": "return", "values": ["%0", "%arg0"]}]}
+    prog = rt.load_bundle(make(tmp_path, lib, program))
+    x = -np.abs(np.random.default_rng().standard_normal((3, 4), dtype=np.float32))
+    first_row, relu = prog.run([x.copy()], donate=True)
+    np.testing.assert_array_equal(first_row, x[:1])               # before the relu
+    np.testing.assert_array_equal(relu, np.zeros((3, 4), np.float32))
+
+
 def test_non_contiguous_input_is_accepted(tmp_path, lib):
     prog = rt.load_bundle(make(tmp_path, lib))
     a, b = inputs(5)
