@@ -41,12 +41,10 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.packing import fold_repacks, pack, unpack
+from tessera_compiler.ir.packing import bucket_all_reduces, fold_repacks, pack, unpack
 from tessera_compiler.ir.pipeline import ACTION, INFO, Action, flops, simulate, tag_of
 from tessera_compiler.ir.sharding import meshes_of
 from tessera_compiler.ir.support import PassError, functions, i64, ops_of, run_reporting
-
-from .bucket_collectives import bucket_all_reduces
 
 def _op(x):
     """An op as its Operation (owners and users come back as OpViews; dict

@@ -1,6 +1,7 @@
 """Many tensors moved as one: flattened and concatenated before a
 collective, sliced apart and reshaped after it (tessera-bucket-collectives'
-all_reduce buckets, tessera-pipeline-schedule's result broadcasts). Every
+all_reduce buckets, `bucket_all_reduces`, also run by
+tessera-pipeline-schedule, whose result broadcasts are packed too). Every
 function builds at the current insertion point and location and returns
 the ops it made, so a pass can place them."""
 
@@ -10,6 +11,9 @@ import math
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import tgraph
+
+from .pipeline import ACTION, copy_action
+from .support import ops_of
 
 
 def pack(values: list) -> tuple[list, ir.Value]:
@@ -94,3 +98,77 @@ def fold_repacks(ops: list) -> None:
                         and not list(made.results[0].uses):
                     feeding.append(made.operands[0].owner)
                     made.erase()
+
+
+# -- all_reduce buckets (tessera-bucket-collectives; see its docstring) ------------
+
+def _key(op: ir.Operation):
+    t = ir.RankedTensorType(op.results[0].type)
+    return (ir.StringAttr(op.attributes["axis"]).value, str(op.attributes["kind"]),
+            "deterministic" in op.attributes, str(op.attributes["mesh"]), str(t.element_type),
+            # A pipeline's: its rank and stage action (a bucket of one action
+            # keeps the schedule's F -> B -> W order; the dp gradients' all
+            # end in the last one).
+            str(op.attributes[ACTION]) if ACTION in op.attributes else None)
+
+
+def _groups(func_op: ir.Operation, bucket_elements: int) -> list[list[ir.Operation]]:
+    ops = ops_of(func_op)
+    position = {op: i for i, op in enumerate(ops)}
+
+    def defined_at(value) -> int:
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        return position.get(owner, -1) if isinstance(owner, ir.Operation) else -1
+
+    def first_use(op) -> int:
+        users = [getattr(u.owner, "operation", u.owner) for u in op.results[0].uses]
+        return min((position[u] for u in users if u in position),
+                   default=len(ops))
+
+    open_groups: dict = {}       # key -> (members, deadline, elements)
+    done = []
+    for op in ops:
+        if op.name != "tgraph.all_reduce":
+            continue
+        key = _key(op)
+        size = math.prod(ir.RankedTensorType(op.results[0].type).shape)
+        members, deadline, elements = open_groups.get(key, ([], -1, 0))
+        if members and defined_at(op.operands[0]) < deadline and \
+                elements + size <= bucket_elements:
+            open_groups[key] = (members + [op], min(deadline, first_use(op)), elements + size)
+            continue
+        if len(members) > 1:
+            done.append(members)
+        open_groups[key] = ([op], first_use(op), size)
+    done.extend(members for members, _, _ in open_groups.values() if len(members) > 1)
+    return done
+
+
+def _fuse(members: list[ir.Operation], func_op: ir.Operation) -> None:
+    ops = ops_of(func_op)
+    position = {op: i for i, op in enumerate(ops)}
+    defs = [getattr(m.operands[0].owner, "operation", m.operands[0].owner) for m in members]
+    last = max((d for d in defs if isinstance(d, ir.Operation) and d in position),
+               key=lambda d: position[d], default=None)
+    point = ir.InsertionPoint.after(last) if last is not None else \
+        ir.InsertionPoint.at_block_begin(func_op.regions[0].blocks[0])
+    first = members[0]
+    with point, first.location:
+        packing, joined = pack([m.operands[0] for m in members])
+        reduced = tgraph.AllReduceOp(joined, first.attributes["kind"], first.attributes["mesh"],
+                                     first.attributes["axis"],
+                                     deterministic=True if "deterministic" in first.attributes
+                                     else None)
+        unpacking, outs = unpack(reduced.result, [m.results[0].type for m in members])
+    copy_action(first, *packing, reduced, *unpacking)
+    for m, out in zip(members, outs):
+        m.results[0].replace_all_uses_with(out)
+        m.erase()
+
+
+def bucket_all_reduces(func_op: ir.Operation, bucket_elements: int) -> None:
+    """Fuses `func_op`'s all_reduces into buckets (see the module docstring);
+    in a scheduled pipeline, only those one rank runs, into ops on that rank."""
+    for members in _groups(func_op, bucket_elements):
+        _fuse(members, func_op)
