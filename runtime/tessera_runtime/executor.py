@@ -343,6 +343,8 @@ class ScheduleExecutor:
                     used.update(f["values"])
                     returned.update((v, root.get(v, v)) for v in f["values"])
             self._inputs_used = (used & inputs, written & inputs)
+            #: reshape / slice result -> the buffer whose memory it may view
+            self._view_roots = root
             #: returned value -> the input it is (or views)
             self._returned_inputs = {v: r for v, r in returned if r in inputs}
         return self._inputs_used
@@ -400,8 +402,8 @@ class ScheduleExecutor:
         input the program writes in place (a donated one)."""
         shape = {spec.value: (tuple(spec.local_shape), spec.dtype.itemsize)
                  for spec in self.program.inputs}
-        root: dict = {}
         symmetric = set(self._input_use()[1])       # (rewritten, as far as views go)
+        root = self._view_roots
         out = {}
         for ins in self.instructions:
             if ins.op == "alloc":
@@ -410,7 +412,6 @@ class ScheduleExecutor:
                     symmetric.add(ins["result"])
             elif ins.op == "launch" and ins.get("library") in ("reshape", "slice"):
                 src, dst = ins["args"]
-                root[dst] = root.get(src, src)
                 if ins["library"] == "reshape" or root[dst] in symmetric:
                     continue
                 (full, itemsize), (part, _) = shape[src], shape[dst]

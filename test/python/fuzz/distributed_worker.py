@@ -10,9 +10,7 @@ every rank draws, shrinks and reports the same programs.
 argv: 1d|2d EXAMPLES OUT_DIR. Rank 0 writes OUT_DIR/current.py (the
 program being run, as a script: a hang names it) and OUT_DIR/result.json."""
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,21 +76,8 @@ def test_sharded(p):
     count[0] += 1
     if comm.rank == 0:
         (out / "current.py").write_text(p.source(seed=2, mesh=mesh_text))
-    own = check(p)
-    verdicts = comm.allgather(own)            # every rank's, so all decide alike
-    wrong = [(r, v) for r, v in enumerate(verdicts) if v]
-    if wrong:
-        rank, what = wrong[0]
-        raise AssertionError(f"rank {rank}: {what}\n--- the program, as a script "
-                             f"(mpiexec -n {comm.size}) ---\n{p.source(seed=2, mesh=mesh_text)}")
+    oracles.agree(comm, check(p), f"the program, as a script (mpiexec -n {comm.size}) ---\n"
+                  f"{p.source(seed=2, mesh=mesh_text)}")
 
 
-start = time.time()
-failure = None
-try:
-    test_sharded()
-except AssertionError as e:
-    failure = str(e)
-if comm.rank == 0:
-    (out / "result.json").write_text(json.dumps({"programs": count[0], "seconds": time.time() - start,
-                                                 "failure": failure}))
+oracles.run_and_report(test_sharded, comm, out, count)

@@ -13,7 +13,6 @@ being run: a hang names it) and OUT_DIR/result.json."""
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+import oracles
 from programs import moe_reference
 import tessera as ts
 from tessera import dist, op
@@ -116,21 +116,7 @@ def test_expert_parallel(c):
     count[0] += 1
     if comm.rank == 0:
         (out / "current.json").write_text(json.dumps(c))
-    verdicts = comm.allgather(check(c))       # every rank's, so all decide alike
-    wrong = [(r, v) for r, v in enumerate(verdicts) if v]
-    if wrong:
-        rank, what = wrong[0]
-        raise AssertionError(f"rank {rank}: {what}\n--- the layer (ep = {comm.size}) ---\n"
-                             f"{json.dumps(c)}")
+    oracles.agree(comm, check(c), f"the layer (ep = {comm.size}) ---\n{json.dumps(c)}")
 
 
-start = time.time()
-failure = None
-try:
-    test_expert_parallel()
-except AssertionError as e:
-    failure = str(e)
-if comm.rank == 0:
-    (out / "result.json").write_text(json.dumps({"programs": count[0],
-                                                 "seconds": time.time() - start,
-                                                 "failure": failure}))
+oracles.run_and_report(test_expert_parallel, comm, out, count)

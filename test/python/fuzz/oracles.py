@@ -61,3 +61,28 @@ def judge_gradient(p: Program, arrays: dict, got: list) -> str | None:
             return (f"d loss / d {v.name}: tessera {g[smooth][bad][:4]}, finite differences "
                     f"{fd[smooth][bad][:4]} (max |diff| {err.max():.3g})")
     return None
+
+
+def agree(comm, verdict: str | None, shown: str) -> None:
+    """Every rank's verdict on one example (None: nothing wrong), gathered so
+    that all ranks decide alike; the first wrong one raised, with `shown`
+    (the example, as a user would rerun it)."""
+    wrong = [(r, v) for r, v in enumerate(comm.allgather(verdict)) if v]
+    if wrong:
+        rank, what = wrong[0]
+        raise AssertionError(f"rank {rank}: {what}\n--- {shown}")
+
+
+def run_and_report(test, comm, out, count: list) -> None:
+    """Runs a hypothesis test in every rank; rank 0 writes out/result.json
+    ({programs, seconds, failure}) for the pytest side to read."""
+    import json
+    import time
+    start, failure = time.time(), None
+    try:
+        test()
+    except AssertionError as e:
+        failure = str(e)
+    if comm.rank == 0:
+        (out / "result.json").write_text(json.dumps(
+            {"programs": count[0], "seconds": time.time() - start, "failure": failure}))
