@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         "jobs_step_s": steps, "jobs_error": errors,
         "host": platform.node(), "rows": [{"part": label, "measured_s": m, "predicted_s": p}
                                           for label, m, p in rows],
-        "measured": measured, "predicted": predicted, "machine": result["machine"],
+        "measured": [job["measured"] for job in jobs], "predicted": predicted, "machine": result["machine"],
         "kernels_rank0_s": result["kernels"]}, indent=1))
     return 0
 

@@ -316,12 +316,18 @@ def timeline_png(trace: dict, path: str | Path, ranks: int = 8) -> Path:
     rows = [(p, t) for p, t in sorted(names) if p in pids]
     y = {row: i for i, row in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.2))
-    for e in sorted(events, key=lambda e: e.get("cat") != "run"):   # runs under their parts
+    # One collection per row and category: an artist per slice took a
+    # minute for a 12-step, 4-rank profile (20,000 slices).
+    bars: dict = {}
+    for e in events:
         row = (e.get("pid"), e.get("tid"))
-        if e.get("ph") != "X" or row not in y:
-            continue
-        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-4))], (y[row] - 0.4, 0.8),
-                       facecolors=_COLOURS.get(e.get("cat"), "#8172b3"), edgecolor="none")
+        if e.get("ph") == "X" and row in y:
+            bars.setdefault((row, e.get("cat")), []).append(
+                (e["ts"] / 1e3, max(e["dur"] / 1e3, 1e-4)))
+    for (row, cat), spans in sorted(bars.items(), key=lambda kv: kv[0][1] != "run"):
+        # runs first: drawn under their parts
+        ax.broken_barh(spans, (y[row] - 0.4, 0.8), facecolors=_COLOURS.get(cat, "#8172b3"),
+                       edgecolor="none")
     # Zoom on the program runs: a whole-process profile is mostly imports
     # and compiling before the first run.
     runs = [(e["ts"], e["ts"] + e["dur"]) for e in events
