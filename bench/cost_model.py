@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     for label, m, p in rows:
         err = (p - m) / m if m else float("nan")
         lines.append(f"| {label} | {m * 1e3:.2f} | {p * 1e3:.2f} | {err:+.0%} |")
-    lines += ["", f"step per job: " + ", ".join(
+    lines += ["", "step per job: " + ", ".join(
         f"{m * 1e3:.1f} ms ({e:+.0%})" for m, e in zip(steps, errors))
         + f"; the prediction is within 25% of {within} of {len(jobs)} jobs"]
     lines += ["", "compute by kind, rank 0 (last job):", "",

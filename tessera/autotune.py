@@ -30,8 +30,11 @@ What is tuned (`SPACE`):
        kernel) and bucket_elements (the largest fused gradient all-reduce)
   gpu  gemm_configs: which tensor-core configuration the GEMMs prefer
        (each one first in turn), and elementwise_tile_elements
-A pipeline's microbatch count is the user's `pipeline.run(microbatches=)`
-argument, not a compile option: not tuned here.
+  pipelines  the microbatch count of `pipeline.run(microbatches="auto")`
+       (`tune_microbatches`: the counts dividing the batch from one per
+       stage rank to 8 per rank, each traced, compiled and timed the same
+       way; a count the user gave is kept: it also sets the activations'
+       memory)
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from tessera_compiler.ir.context import new_context
 from tessera_compiler.ir.options import TENSOR_CORE_CONFIGS, TargetOptions
 from tessera_mlir import ir
 
-__all__ = ["SPACE", "tune", "cache_file", "entries", "show", "clear"]
+__all__ = ["SPACE", "tune", "tune_microbatches", "cache_file", "entries", "show", "clear"]
 
 #: Each target's knobs and the values tried (TargetOptions fields).
 SPACE = {
@@ -150,7 +153,8 @@ def show() -> str:
         lines.append(f"- {k['function']} on {k['arch']}, mesh {mesh}, compiler {k['compiler']}")
         lines.append(f"    arguments: {args}")
         lines.append(f"    choice: {_describe(entry['choice'])}: {entry['best_s'] * 1e3:.2f} ms "
-                     f"vs {entry['default_s'] * 1e3:.2f} ms with the default "
+                     f"vs {entry['default_s'] * 1e3:.2f} ms with "
+                     f"{entry.get('reference', 'the default')} "
                      f"({entry['best_s'] / entry['default_s']:.2f}x), "
                      f"{entry['measured']} of {entry['candidates']} candidates measured "
                      f"on {entry['date']}")
@@ -237,6 +241,56 @@ def _agree(text: str) -> str:
     return bcast_text(world_comm(), text)
 
 
+def _measure(name: str, candidates: list, load, describe, reps: int) -> list[float]:
+    """Each candidate's seconds per run: the median of `reps` runs, each the
+    slowest rank's; inf for one that failed to compile or run on any rank.
+    `load(candidate)` compiles it: (program, its inputs on the device).
+
+    Every candidate is compiled and run once (warm-up) first, then they are
+    timed in turns, one run each per round: a machine that slows down or
+    speeds up during the search (another process, caches, frequency)
+    shifts every candidate alike instead of whichever ran last."""
+    loaded: list = []
+    for candidate in candidates:
+        try:
+            program, inputs = load(candidate)
+            _run_once(program, inputs)
+        except Exception as err:          # a failing candidate is infinitely slow
+            _say(f"{name}: {describe(candidate)} failed: {type(err).__name__}: "
+                 f"{str(err).splitlines()[0] if str(err) else ''}")
+            program = inputs = None
+        # A candidate that failed on any rank is dropped on every rank.
+        failed_somewhere = not math.isfinite(_slowest(0.0 if program is not None else math.inf))
+        loaded.append(None if failed_somewhere else (program, inputs))
+    times: list = [[] for _ in candidates]
+    for _ in range(reps):
+        for i, entry in enumerate(loaded):
+            if entry is None:
+                continue
+            try:
+                seconds = _run_once(*entry)
+            except Exception as err:
+                _say(f"{name}: {describe(candidates[i])} failed: {type(err).__name__}: {err}")
+                seconds = math.inf
+            times[i].append(_slowest(seconds))
+            if not math.isfinite(times[i][-1]):
+                loaded[i] = None
+    out = []
+    for candidate, runs, entry in zip(candidates, times, loaded):
+        seconds = statistics.median(runs) if entry is not None and runs else math.inf
+        out.append(seconds)
+        _say(f"  {seconds * 1e3:9.2f} ms  {describe(candidate)}")
+    return out
+
+
+def _lookup(fields: dict) -> tuple[str, dict | None]:
+    """(the cache key of `fields`, rank 0's stored entry for it, on every rank)."""
+    entry_key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+    stored = _agree(json.dumps(entries().get(entry_key)) if tessera_runtime.world()[0] == 0
+                    else "")
+    return entry_key, json.loads(stored)
+
+
 def tune(compiled, key, traced, mesh, specs, inputs) -> TargetOptions:
     """The options `compiled` runs with for this signature: the stored
     choice, or the fastest candidate measured now on `inputs` (this rank's
@@ -244,11 +298,8 @@ def tune(compiled, key, traced, mesh, specs, inputs) -> TargetOptions:
     base = compiled._target()
     text = traced.module.operation.get_asm(enable_debug_info=True)
     fields = _key_fields(compiled, specs, mesh, text, base)
-    entry_key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+    entry_key, stored = _lookup(fields)
     name = compiled.fn.__name__
-    stored = _agree(json.dumps(entries().get(entry_key)) if tessera_runtime.world()[0] == 0
-                    else "")
-    stored = json.loads(stored)
     if stored is not None:
         _say(f"{name}: stored choice {_describe(stored['choice'])} ({stored['best_s'] * 1e3:.2f}"
              f" ms vs {stored['default_s'] * 1e3:.2f} ms with the default, measured "
@@ -265,59 +316,98 @@ def tune(compiled, key, traced, mesh, specs, inputs) -> TargetOptions:
     _say(f"{name}: measuring {len(chosen)} of {len(candidates)} candidates ({how}), "
          f"{reps} runs each")
     started = time.perf_counter()
-    # Compile every candidate and run it once (warm-up), then time them in
-    # turns, one run each per round: a machine that slows down or speeds up
-    # during the search (another process, caches, frequency) shifts every
-    # candidate alike instead of whichever ran last.
-    programs: list = []
-    resident = None                      # the inputs on the engine's device, once
-    for options in chosen:
-        try:
-            program = tessera_runtime.load_bundle(
-                compiled._bundle(key, _fresh(traced), mesh, options))
-            if resident is None:
-                resident = [program.engine.from_host(a) for a in inputs]
-            _run_once(program, resident)
-        except Exception as err:          # a failing candidate is infinitely slow
-            _say(f"{name}: {_describe(_changes(options, base))} failed: "
-                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            program = None
-        # A candidate that failed on any rank is dropped on every rank.
-        failed_somewhere = not math.isfinite(_slowest(0.0 if program is not None else math.inf))
-        programs.append(None if failed_somewhere else program)
-    times: list = [[] for _ in chosen]
-    for _ in range(reps):
-        for i, program in enumerate(programs):
-            if program is None:
-                continue
-            try:
-                seconds = _run_once(program, resident)
-            except Exception as err:
-                _say(f"{name}: {_describe(_changes(chosen[i], base))} failed: "
-                     f"{type(err).__name__}: {err}")
-                seconds = math.inf
-            times[i].append(_slowest(seconds))
-            if not math.isfinite(times[i][-1]):
-                programs[i] = None
-    measured = []
-    for options, runs, program in zip(chosen, times, programs):
-        seconds = statistics.median(runs) if program is not None and runs else math.inf
-        measured.append((seconds, options))
-        _say(f"  {seconds * 1e3:9.2f} ms  {_describe(_changes(options, base))}")
-    best_s, best = min(measured, key=lambda m: m[0])
-    default_s = next(s for s, o in measured if o == base)
-    if best_s > (1 - MIN_GAIN) * default_s:
-        best_s, best = default_s, base      # within the timing noise: keep the defaults
-    if not math.isfinite(best_s):
+    resident: list = []                  # the inputs on the engine's device, once
+
+    def load(options):
+        program = tessera_runtime.load_bundle(
+            compiled._bundle(key, _fresh(traced), mesh, options))
+        if not resident:
+            resident.append([program.engine.from_host(a) for a in inputs])
+        return program, resident[0]
+    seconds = _measure(name, chosen, load, lambda o: _describe(_changes(o, base)), reps)
+    best = _choose(list(zip(seconds, chosen)), base, fields, entry_key, name, started, how,
+                   len(candidates), lambda o: _changes(o, base), "the default")
+    if best is None:
         _say(f"{name}: every candidate failed; compiling with the function's own options")
         return base
-    entry = {"key": fields, "choice": _changes(best, base), "best_s": best_s,
-             "default_s": default_s, "measured": len(chosen), "candidates": len(candidates),
-             "ranking": how, "search_s": time.perf_counter() - started,
+    return best
+
+
+def _choose(measured: list, reference, fields: dict, entry_key: str, name: str, started: float,
+            ranking: str, candidates: int, describe, reference_text: str):
+    """The fastest of `measured` [(seconds, candidate)] unless it beats
+    `reference` by less than MIN_GAIN; stored (rank 0) and reported.
+    None when every candidate failed."""
+    best_s, best = min(measured, key=lambda m: m[0])
+    default_s = next(s for s, c in measured if c == reference)
+    if best_s > (1 - MIN_GAIN) * default_s:
+        best_s, best = default_s, reference     # within the timing noise: keep the reference
+    if not math.isfinite(best_s):
+        return None
+    entry = {"key": fields, "choice": describe(best), "best_s": best_s, "default_s": default_s,
+             "reference": reference_text, "measured": len(measured), "candidates": candidates,
+             "ranking": ranking, "search_s": time.perf_counter() - started,
              "date": time.strftime("%Y-%m-%d")}
     if tessera_runtime.world()[0] == 0:
         _store(entry_key, entry)
     _say(f"{name}: chose {_describe(entry['choice'])}: {best_s * 1e3:.2f} ms vs "
-         f"{default_s * 1e3:.2f} ms with the default ({best_s / default_s:.2f}x); searched in "
-         f"{entry['search_s']:.1f} s, stored in {cache_file()}")
+         f"{default_s * 1e3:.2f} ms with {reference_text} ({best_s / default_s:.2f}x); searched "
+         f"in {entry['search_s']:.1f} s, stored in {cache_file()}")
+    return best
+
+
+def tune_microbatches(compiled, prepared, counts: list, reference: int) -> int:
+    """The microbatch count a pipelined step (`pipeline.run(microbatches=
+    "auto")`) runs with for the call's signature: the stored choice, or the
+    fastest of `counts` measured now, each traced and compiled with the
+    step's own options and timed on the call's arguments as `tune` times
+    options (`reference`, one microbatch per stage, is kept unless another
+    count is MIN_GAIN faster). The choice is stored beside the options'
+    choices, keyed by the program as traced with `reference` microbatches.
+    Every rank returns the same count."""
+    from ._rank_agreement import agree_on_program
+    from .compiler import local_inputs
+    bound, leaves, _, mesh, tensors, specs, key = prepared
+    base = compiled._target()
+    name = compiled.fn.__name__
+    traced: dict = {}
+
+    def trace(m):
+        if m not in traced:
+            compiled.microbatches = m
+            traced[m] = compiled._trace(bound, leaves, specs, mesh)
+        return traced[m]
+    text = trace(reference).module.operation.get_asm(enable_debug_info=True)
+    fields = dict(_key_fields(compiled, specs, mesh, text, base), tuned="microbatches",
+                  counts=list(counts))
+    entry_key, stored = _lookup(fields)
+    if stored is not None:
+        m = int(stored["choice"]["microbatches"])
+        _say(f"{name}: stored choice microbatches={m} ({stored['best_s'] * 1e3:.2f} ms vs "
+             f"{stored['default_s'] * 1e3:.2f} ms with {stored['reference']}, measured "
+             f"{stored['date']}); no search")
+        return m
+    reps = max(1, env.integer("TESSERA_AUTOTUNE_REPS"))
+    _say(f"{name}: measuring {len(counts)} microbatch counts ({', '.join(map(str, counts))}), "
+         f"{reps} runs each")
+    started = time.perf_counter()
+    resident: list = []
+
+    def load(m):
+        program_of = trace(m)
+        if tessera_runtime.world()[1] > 1:
+            agree_on_program(name, program_of.module, repr(base))
+        program = tessera_runtime.load_bundle(
+            compiled._bundle(key + (("microbatches", m),), program_of, mesh, base))
+        if not resident:
+            resident.append([program.engine.from_host(a)
+                             for a in local_inputs(tensors, program_of)])
+        return program, resident[0]
+    seconds = _measure(name, counts, load, lambda m: f"microbatches={m}", reps)
+    best = _choose(list(zip(seconds, counts)), reference, fields, entry_key, name, started,
+                   "all measured", len(counts), lambda m: {"microbatches": str(m)},
+                   f"microbatches={reference}")
+    if best is None:
+        _say(f"{name}: every microbatch count failed; running {reference}")
+        return reference
     return best

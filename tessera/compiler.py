@@ -369,6 +369,10 @@ class CompiledFunction:
               file=sys.stderr)
 
     # -- execution ------------------------------------------------------------
+    def _before_call(self, prepared) -> None:
+        """Called with each call's `_prepare` result before its program is
+        looked up (a pipelined step measures its microbatch count here)."""
+
     def __call__(self, *args, **kwargs):
         if current() is not None:
             # Called from another function being compiled: inline it.
@@ -377,6 +381,7 @@ class CompiledFunction:
         if (simulating := simulation.active()) is not None:
             return simulating.call(self, args, kwargs)      # price it, run nothing
         prepared = self._prepare(args, kwargs)
+        self._before_call(prepared)
         self._enter_mesh(prepared[3])
         entry = self._programs.get(prepared[-1])
         if entry is None:
@@ -391,7 +396,7 @@ class CompiledFunction:
             options = self._target()
             if self.autotune or (self.autotune is None and env.flag("TESSERA_AUTOTUNE")):
                 options = tune(self, key, traced, mesh, prepared[5],
-                               _local_inputs(prepared[4], traced))
+                               local_inputs(prepared[4], traced))
             path = self._bundles[key] = self._bundle(key, traced, mesh, options)
             program = tessera_runtime.load_bundle(path)
             layouts = [(dist.ShardSpec.from_dims(o.sharding.dims, o.sharding.partial),
@@ -403,7 +408,7 @@ class CompiledFunction:
         as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
         program, traced, layouts = entry
         self._last_key = key
-        outputs = program.run(_local_inputs(tensors, traced))
+        outputs = program.run(local_inputs(tensors, traced))
         results, held = [], {}
         for spec, local, (layout, whole) in zip(program.outputs, outputs, layouts):
             if as_numpy and whole:
@@ -460,7 +465,7 @@ class CompiledFunction:
         `tessera_runtime.load_bundle(path).run(inputs)` (e.g. compile on a
         CPU machine, run on a GPU one). `save(path)` then copies the bundle."""
         path, tensors, traced, _ = self._build(args, kwargs)
-        return path, _local_inputs(tensors, traced)
+        return path, local_inputs(tensors, traced)
 
     def build_for_ranks(self, *args, **kwargs) -> tuple[Path, list[list[np.ndarray]]]:
         """`build` from one process for every rank of the mesh (a job for a
@@ -468,7 +473,7 @@ class CompiledFunction:
         directory, and each rank's local inputs. The tensor arguments must
         hold their global values (`dist.from_numpy` outside an MPI job)."""
         path, tensors, traced, mesh = self._build(args, kwargs)
-        return path, [_local_inputs(tensors, traced, rank) for rank in range(mesh.size)]
+        return path, [local_inputs(tensors, traced, rank) for rank in range(mesh.size)]
 
     def _build(self, args, kwargs):
         (_, _, _, mesh, tensors, _, key), traced = self._prepare_and_trace(args, kwargs)
@@ -536,7 +541,7 @@ def _dynamic_names(fn, signature, dynamic) -> tuple[str, ...]:
     return names
 
 
-def _local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
+def local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
     """What the program takes: this rank's (or `rank`'s) block of each tensor
     argument, then the constants the trace captured."""
     def block(t):

@@ -34,12 +34,15 @@ from __future__ import annotations
 import functools
 import threading
 
+import numpy as np
 from tessera_compiler.ir.pipeline import (SCHEDULES, balanced_cuts, flops, formula_bubble,
                                           schedule_name, simulate, tag_of)
 from tessera_compiler.ir.support import i64, ops_of
 from tessera_mlir import ir
+from tessera_runtime import env
 
 from . import _trace
+from .autotune import tune_microbatches
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from ._trace import Traced, current
@@ -47,6 +50,8 @@ from .compiler import CompiledFunction
 from .errors import CompileError, TesseraError
 
 _local = threading.local()
+#: microbatches="auto": measured per signature on its first call (tessera.autotune)
+AUTO = "auto"
 
 
 class PipelineError(TesseraError, ValueError):
@@ -175,7 +180,13 @@ class PipelinedFunction(CompiledFunction):
                          target=target)
         self.axis = axis
         self.schedule = name
-        self.microbatches = microbatches
+        if isinstance(microbatches, str) and microbatches != AUTO:
+            raise PipelineError(f"{fn.__name__}: microbatches={microbatches!r}: give a count or "
+                                f"{AUTO!r} (measured on the first call)  [{src}]")
+        #: microbatches="auto": each signature's count is measured on its first call
+        self.auto_microbatches = microbatches == AUTO
+        self.microbatches = None if self.auto_microbatches else microbatches
+        self._tuned_microbatches: dict = {}     # signature key -> the count measured
         self.virtual_stages = virtual_stages
         self.batch = (batch,) if isinstance(batch, str) else tuple(batch) if batch else None
         # stages: the Stage list graph.pipeline declared, or a count to split into
@@ -193,12 +204,51 @@ class PipelinedFunction(CompiledFunction):
         return mesh
 
     def _microbatches(self) -> int:
+        if self.auto_microbatches and self.microbatches is None:
+            raise PipelineError(f"{self.fn.__name__}: microbatches='auto' is chosen by measuring "
+                                "on the step's first call; call it once first (or give a count)"
+                                f"  [{user_frame()}]")
         m = self.microbatches = self.microbatches or defaults.microbatches
         if m is None:
             raise PipelineError(f"{self.fn.__name__}: say how many microbatches "
-                                "(pipeline.run(microbatches=...) or "
+                                "(pipeline.run(microbatches=...), microbatches='auto', or "
                                 "schedule.pipeline_microbatches(n))")
         return int(m)
+
+    # -- microbatches="auto" -----------------------------------------------------------
+    def _before_call(self, prepared) -> None:
+        if not self.auto_microbatches and self.microbatches is None \
+                and defaults.microbatches is None \
+                and (self.autotune or (self.autotune is None and env.flag("TESSERA_AUTOTUNE"))):
+            self.auto_microbatches = True       # autotuning with no count given: measure one
+        if self.auto_microbatches:
+            key = prepared[-1]
+            if key not in self._tuned_microbatches:
+                counts, reference = self._microbatch_counts(prepared)
+                self._tuned_microbatches[key] = tune_microbatches(self, prepared, counts,
+                                                                  reference)
+            self.microbatches = self._tuned_microbatches[key]
+
+    def _microbatch_counts(self, prepared) -> tuple[list, int]:
+        """The counts microbatches="auto" measures for these arguments, and
+        the reference: the counts dividing each data-parallel rank's rows
+        from one per stage rank (p) to 8p (that the schedule takes; the
+        interleaved one multiples of p), at most TESSERA_AUTOTUNE_CANDIDATES
+        (default 5) spread evenly from p to the largest; a batch of fewer
+        rows than p ranks: its largest divisors."""
+        bound, _, _, mesh, _, _, _ = prepared
+        rows = _local_rows(self.fn.__name__, bound, self._batch_names(list(bound.arguments)),
+                           mesh)
+        p = mesh.axis_size(self.axis)
+        fits = [d for d in range(1, rows + 1) if rows % d == 0 and
+                (self.schedule != "interleaved" or d <= p or d % p == 0)]
+        counts = [d for d in fits if p <= d <= 8 * p] or fits[-1:]
+        budget = max(1, env.integer("TESSERA_AUTOTUNE_CANDIDATES"))
+        if len(counts) > budget:
+            pick = sorted({round(i * (len(counts) - 1) / max(budget - 1, 1))
+                           for i in range(budget)})
+            counts = [counts[i] for i in pick]
+        return counts, counts[0]
 
     def _batch_names(self, names) -> list[str]:
         if self.batch is not None:
@@ -363,6 +413,27 @@ class PipelinedFunction(CompiledFunction):
         return Report(plan, costs, self.split_costs)
 
 
+def _local_rows(fn_name, bound, batch_names, mesh) -> int:
+    """Rows of the batch each data-parallel replica of the pipeline runs
+    (dim 0 of the batch arguments over the mesh axes splitting it)."""
+    from . import dist
+    rows = set()
+    for name in batch_names:
+        for leaf in flatten(bound.arguments[name])[0]:
+            if isinstance(leaf, dist.DTensor) and leaf.ndim:
+                blocks = 1
+                for axis in leaf.dims[0]:
+                    blocks *= mesh.axis_size(axis)
+                rows.add(leaf.shape[0] // blocks)
+            elif _trace.is_tensor(leaf) and np.ndim(leaf):
+                rows.add(np.shape(leaf)[0])
+    if len(rows) != 1:
+        raise PipelineError(f"{fn_name}: microbatches='auto' needs batch arguments "
+                            f"({', '.join(batch_names)}) with one batch size, found "
+                            f"{sorted(rows) or 'none'}")
+    return rows.pop()
+
+
 def _batch_size(fn_name, values: dict, batch_names, m: int) -> int:
     sizes = {}
     for name in batch_names:
@@ -455,7 +526,7 @@ def _combine(results: list, size: int, blocks: int):
 
 
 def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule: str = "1F1B",
-        microbatches: int | None = None, virtual_stages: int | None = None, batch=None,
+        microbatches: int | str | None = None, virtual_stages: int | None = None, batch=None,
         stages: list | None = None, deterministic: bool | None = None, target=None):
     """`@pipeline.run(mesh=mesh, axis="pp", schedule="1F1B", microbatches=8)`:
     compile a step as a pipeline (see the module). `mesh_axes=("pp",)` is the
@@ -464,7 +535,12 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
     `virtual_stages` chunks per rank) or "zero_bubble". `stages=N` on a step
     that calls no @graph.stage function cuts its op calls, in trace order,
     into N runs of about equal forward cost (the pipeline cost model's
-    flops); `pipeline_report()` shows each stage's cost."""
+    flops); `pipeline_report()` shows each stage's cost. `microbatches="auto"`
+    (or none given, with autotuning on: `TESSERA_AUTOTUNE=1`) measures the
+    counts dividing the batch from one per stage rank to 8 per rank on the
+    first call of each signature, runs the fastest and stores the choice
+    (`tessera.autotune`; `tessera autotune --show` lists it): a later
+    process with the same step and shapes searches nothing."""
     if axis is None:
         axis = mesh_axes[0] if mesh_axes else "pp"
 

@@ -127,3 +127,82 @@ def test_ranks_of_a_job_search_together_and_agree(tessera_launch, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "stored choice" in second.stderr and "measuring" not in second.stderr, second.stderr
     assert set(re.findall(SUM, second.stdout)) == sums, second.stdout
+
+
+# -- a pipeline's microbatch count --------------------------------------------------------
+
+def _pipelined(microbatches, **kw):
+    from tessera import dist, graph, pipeline
+
+    @graph.stage("layer")
+    def layer(w, x):
+        return op.tanh(op.matmul(x, w))
+
+    @pipeline.run(mesh=dist.Mesh(axes=["pp"], devices=range(1)), axis="pp",
+                  microbatches=microbatches, **kw)
+    def step(ws, x, y):
+        def loss(ws):
+            h = x
+            for w in ws:
+                h = layer(w, h)
+            return op.mean((h - y) * (h - y))
+        return ts.value_and_grad(loss)(ws)
+    return step
+
+
+def _pipelined_reference(ws, x, y):
+    hs = [x.astype(np.float64)]
+    for w in ws:
+        hs.append(np.tanh(hs[-1] @ w.astype(np.float64)))
+    d = 2 * (hs[-1] - y) / y.size
+    grads = []
+    for w, h_in, h_out in zip(ws[::-1], hs[-2::-1], hs[:0:-1]):
+        d = d * (1 - h_out * h_out)
+        grads.append(h_in.T @ d)
+        d = d @ w.astype(np.float64).T
+    return np.mean((hs[-1] - y) ** 2), grads[::-1]
+
+
+def test_a_pipeline_measures_its_microbatch_count_once(capsys, monkeypatch):
+    """microbatches="auto": the counts dividing the batch from one per stage
+    rank to 8 per rank (at most TESSERA_AUTOTUNE_CANDIDATES, spread evenly)
+    measured on the first call, the fastest run and stored; a new step
+    (a second process) runs the stored count without searching; with
+    TESSERA_AUTOTUNE=1 a step given no count is tuned the same way."""
+    monkeypatch.setenv("TESSERA_AUTOTUNE_CANDIDATES", "3")
+    monkeypatch.setenv("TESSERA_AUTOTUNE_REPS", "1")
+    rng = np.random.default_rng()
+    ws = [rng.standard_normal((8, 8)).astype(np.float32) / 3 for _ in range(2)]
+    x, y = (rng.standard_normal((12, 8)).astype(np.float32) for _ in range(2))
+    step = _pipelined("auto")
+    with pytest.raises(ts.pipeline.PipelineError, match=r"microbatches='auto' is chosen by "
+                                                          r"measuring on the step's first call"):
+        step.lower(ws, x, y)
+    loss, grads = step(ws, x, y)
+    ref_loss, ref_grads = _pipelined_reference(ws, x, y)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4, atol=1e-6)
+    err = capsys.readouterr().err
+    # Divisors of 12 from 1 (one stage rank) to 8: 1, 2, 3, 4, 6; three spread evenly.
+    assert "step: measuring 3 microbatch counts (1, 3, 6), 1 runs each" in err, err
+    assert re.search(r"ms  microbatches=6\n", err) and "step: chose microbatches=" in err, err
+    (entry,) = autotune.entries().values()
+    chosen = int(entry["choice"]["microbatches"])
+    assert chosen in (1, 3, 6) and step.microbatches == chosen
+    assert entry["key"]["tuned"] == "microbatches" and entry["reference"] == "microbatches=1"
+    assert step.pipeline_report().plan.microbatches == chosen
+    again = _pipelined("auto")
+    loss2, _ = again(ws, x, y)
+    second = capsys.readouterr().err
+    assert f"stored choice microbatches={chosen}" in second and "no search" in second, second
+    assert "measuring" not in second and again.microbatches == chosen
+    np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+    assert f"choice: microbatches={chosen}: " in autotune.show()
+    monkeypatch.setenv("TESSERA_AUTOTUNE", "1")
+    tuned = _pipelined(None)
+    tuned(ws, x[:4], y[:4])
+    assert "step: measuring 3 microbatch counts (1, 2, 4)" in capsys.readouterr().err
+    with pytest.raises(ts.pipeline.PipelineError, match=r"microbatches='many': give a count "
+                                                          r"or 'auto'.*test_autotune.py"):
+        _pipelined("many")

@@ -19,7 +19,7 @@ import pytest
 import tessera as ts
 from tessera import op
 from tessera._pytree import flatten, paths
-from tessera.compiler import _local_inputs
+from tessera.compiler import local_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -124,7 +124,7 @@ def _measured(fn, args):
     it read in place from the caller's arrays) of one run of the program
     `fn` compiled for `args` (after a first call compiled it)."""
     program, traced, _ = fn._programs[fn._last_key]
-    inputs = _local_inputs(fn._prepare(args, {})[4], traced)
+    inputs = local_inputs(fn._prepare(args, {})[4], traced)
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
