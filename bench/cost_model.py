@@ -12,7 +12,7 @@ What it does:
   3. prints, per part of the step (compute, comm exposed = transfer +
      waiting, runtime = the executor's own work, call = outside the runs), the
      measured and predicted milliseconds per step and the error, and writes
-     bench/results/cost_model-<date>.md/.json with machine, commit and date.
+     bench/results/cost_model-<date>-<config>[-N].md/.json with machine, commit and date.
 
     .venv/bin/python bench/cost_model.py                 # width 128, depth 2
     .venv/bin/python bench/cost_model.py --width 256 --batch 16
@@ -173,9 +173,10 @@ def main(argv=None) -> int:
     print(text)
     print("\n" + result["table"])
     results = ROOT / "bench" / "results"
-    name = f"cost_model-{date}-w{args.width}d{args.depth}-dp{args.dp}tp{args.tp}"
-    (results / f"{name}.md").write_text(text + "\n\n```\n" + result["table"] + "\n```\n")
-    (results / f"{name}.json").write_text(json.dumps({
+    from cpu_ranks import new_stem          # (-2, -3, ... for another run the same day)
+    stem = new_stem(results, f"cost_model-{date}-w{args.width}d{args.depth}-dp{args.dp}tp{args.tp}")
+    stem.with_suffix(".md").write_text(text + "\n\n```\n" + result["table"] + "\n```\n")
+    stem.with_suffix(".json").write_text(json.dumps({
         "config": cfg, "steps": args.steps, "commit": commit, "date": date,
         "jobs_step_s": steps, "jobs_error": errors,
         "host": platform.node(), "rows": [{"part": label, "measured_s": m, "predicted_s": p}
