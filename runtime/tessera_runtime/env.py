@@ -78,6 +78,14 @@ _VARIABLES = [
     Variable("TESSERA_CPU_KEEP_FREED", "runtime", "1",
              "0: the CPU engine leaves glibc's malloc as it is (by default the heap keeps "
              "the memory a run frees, so the next run does not page-fault it in again)"),
+    Variable("TESSERA_BLAS_THREAD_TIMEOUT", "runtime", "4",
+             "log2 of the CPU cycles numpy's OpenBLAS worker threads spin after a call "
+             "before they sleep, set by the CPU engine (OpenBLAS's own default, 28, is "
+             "~0.1 s: a spinning worker takes a core from the generated kernels); 0 leaves "
+             "OpenBLAS as it is"),
+    Variable("OPENBLAS_THREAD_TIMEOUT", "runtime", "",
+             "OpenBLAS's own setting of the above (read when it loads): when set, the CPU "
+             "engine leaves it"),
     Variable("OMPI_COMM_WORLD_LOCAL_SIZE", "runtime", "",
              "the job's ranks on this machine (set by Open MPI; MPI_LOCALNRANKS with Hydra): "
              "they share its cores"),
@@ -148,6 +156,12 @@ def get(name: str, default: str | None = None) -> str | None:
     """The variable's value; `default` when unset (or set to "")."""
     value = os.environ.get(_known(name))
     return value if value else default
+
+
+def export(name: str, value: str) -> None:
+    """Sets a variable for this process' libraries (a C library reading its
+    environment) and the processes it starts."""
+    os.environ[_known(name)] = value
 
 
 def raw(name: str) -> str | None:

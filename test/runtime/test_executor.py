@@ -494,6 +494,51 @@ def test_a_donated_input_is_the_program_s_buffer(tmp_path, lib):
     np.testing.assert_array_equal(wide, wide0)
 
 
+_BLAS_PROBE = """
+import os, time
+import numpy as np
+from tessera_runtime.engines import cpu
+cpu.CPUEngine()
+lib = cpu._openblas()
+a = np.ones((512, 512), np.float32)
+a @ a                                      # wakes OpenBLAS's workers
+cpu_before, t0 = time.process_time(), time.perf_counter()
+while time.perf_counter() - t0 < 0.2:      # the main thread busy: 0.2 s of CPU
+    pass
+spun = time.process_time() - cpu_before - (time.perf_counter() - t0)
+print(lib.openblas_thread_timeout(), os.environ.get("OPENBLAS_THREAD_TIMEOUT"), f"{spun:.3f}")
+"""
+
+
+def test_the_cpu_engine_makes_openblas_idle_workers_sleep():
+    """numpy's OpenBLAS workers spin ~0.1 s after each call by default,
+    taking a core from the kernels that follow a GEMM: the CPU engine has
+    them sleep after 2**4 cycles (TESSERA_BLAS_THREAD_TIMEOUT), unless the
+    user set OpenBLAS's own OPENBLAS_THREAD_TIMEOUT or turned it off."""
+    import os
+    import subprocess
+    import sys
+    from tessera_runtime.engines.cpu import _openblas
+    if _openblas() is None:
+        pytest.skip("numpy's BLAS here is not an OpenBLAS with thread-timeout entry points")
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OPENBLAS_THREAD_TIMEOUT", "TESSERA_BLAS_THREAD_TIMEOUT",
+                          "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+
+    def probe(**env):
+        out = subprocess.run([sys.executable, "-c", _BLAS_PROBE], env={**clean, **env},
+                             capture_output=True, text=True, check=True).stdout.split()
+        return int(out[0]), out[1], float(out[2])
+    timeout, exported, spun = probe()
+    assert (timeout, exported) == (4, "4")
+    # Only the main thread's 0.2 s of CPU: no worker spinning beside it
+    # (OpenBLAS's default spins ~0.1 s; more than one core needed to see it).
+    if len(os.sched_getaffinity(0)) > 1:
+        assert spun < 0.05, spun
+    assert probe(OPENBLAS_THREAD_TIMEOUT="10")[:2] == (10, "10")       # the user's
+    assert probe(TESSERA_BLAS_THREAD_TIMEOUT="0")[:2] == (0, "None")   # left as it is
+
+
 def test_kernel_threads_default_to_this_rank_s_share_of_the_cores(monkeypatch):
     """TESSERA_NUM_THREADS wins; else the usable cores divided among the
     job's ranks on this machine (never below one)."""

@@ -78,6 +78,62 @@ def _mallopt(*settings) -> bool:
     return all(mallopt(param, value) == 1 for param, value in settings)
 
 
+def quiet_blas_workers() -> bool:
+    """Makes numpy's OpenBLAS worker threads sleep right after a call
+    (2**TESSERA_BLAS_THREAD_TIMEOUT cycles of spinning, default 16) instead
+    of spinning for OpenBLAS's default 2**28 cycles (~0.1 s). Why: a step
+    alternates GEMMs with generated kernels, and the spinning worker took a
+    core from the kernels that followed each GEMM (measured on the w512 GPT
+    step: its generated kernels 400 -> 250 ms, the step -6 to -9%; the GEMMs
+    pay a worker wake-up each, within the noise). OpenBLAS reads its timeout
+    when it loads, before this runs: the engine sets OPENBLAS_THREAD_TIMEOUT,
+    has OpenBLAS read its environment again and restarts its workers.
+    Process-wide, once; not when the user set OPENBLAS_THREAD_TIMEOUT (or
+    TESSERA_BLAS_THREAD_TIMEOUT=0). False where numpy's BLAS is not an
+    OpenBLAS with these entry points."""
+    global _quiet
+    if _quiet is None:
+        try:
+            log2_cycles = env.integer("TESSERA_BLAS_THREAD_TIMEOUT")
+        except ValueError as err:
+            raise EngineError(str(err)) from None
+        _quiet = False
+        if log2_cycles > 0 and not env.is_set("OPENBLAS_THREAD_TIMEOUT"):
+            lib = _openblas()
+            if lib is not None:
+                env.export("OPENBLAS_THREAD_TIMEOUT", str(max(4, log2_cycles)))
+                lib.openblas_read_env()
+                lib.blas_thread_shutdown_()       # restarted with the new timeout
+                lib.blas_thread_init()
+                _quiet = lib.openblas_thread_timeout() == max(4, log2_cycles)
+    return _quiet
+
+
+_quiet: bool | None = None
+
+
+def _openblas():
+    """The OpenBLAS this process has loaded (numpy's), if it has the entry
+    points quiet_blas_workers needs."""
+    import numpy  # noqa: F401  (loads its BLAS)
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps
+                     if "openblas" in line.rsplit("/", 1)[-1].lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if all(hasattr(lib, f) for f in ("openblas_read_env", "openblas_thread_timeout",
+                                         "blas_thread_shutdown_", "blas_thread_init")):
+            lib.openblas_thread_timeout.restype = ctypes.c_int
+            return lib
+    return None
+
+
 def default_threads() -> int:
     """TESSERA_NUM_THREADS, else this process' share of the cores it may
     run on (the job's ranks on this machine split them: 4 ranks on 2 cores
@@ -111,6 +167,7 @@ class CPUEngine(Engine):
         self._threads: int | None = None      # default_threads(), at the first launch
         self._workers: ThreadPoolExecutor | None = None
         keep_freed_memory()
+        quiet_blas_workers()
 
     # -- memory -----------------------------------------------------------------
     def alloc(self, shape, dtype):
