@@ -37,10 +37,12 @@ sys.path itself; torch must be importable):
 Threads: PyTorch uses --threads (default: all cores). Tessera's generated
 kernels run a launch of >= 4 MiB on TESSERA_NUM_THREADS threads (default: all
 cores); its matmuls go to numpy's BLAS (OpenBLAS), which uses all cores unless
-OPENBLAS_NUM_THREADS is set before the start. OPENBLAS_THREAD_TIMEOUT=4
-stops OpenBLAS's idle threads spinning ~0.1 s after each matmul: faster
-kernels at width 512, slower small matmuls at width 128 (measured; see
-bench/results/train_step_cpu-2026-11-27-threads.md). To pin
+OPENBLAS_NUM_THREADS is set before the start. For a step with GEMMs of
+>= 8 MiB (width 512), Tessera's CPU engine has OpenBLAS's idle threads
+sleep after 2^4 cycles instead of spinning ~0.1 s after each matmul
+(TESSERA_BLAS_THREAD_TIMEOUT; an OPENBLAS_THREAD_TIMEOUT set before the
+start is left as it is); the PyTorch peer (MKL, OpenMP) runs in a process
+started with this script's own environment. To pin
 both to N threads: OPENBLAS_NUM_THREADS=N .venv/bin/python bench/train_step_cpu.py --threads N
 With several threads each, OpenBLAS's and PyTorch's (OpenMP) idle threads
 spin-wait and compete for the cores, all the more on a busy machine: the times
@@ -69,8 +71,10 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
-# What OpenBLAS reads when numpy loads it.
-BLAS_TIMEOUT = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "unset (2^28 cycles)")
+# What OpenBLAS reads when numpy loads it (Tessera's CPU engine changes it
+# unless it is set), and the environment the peer processes start with.
+BLAS_TIMEOUT = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+START_ENV = dict(os.environ)
 
 import numpy as np  # noqa: E402
 
@@ -365,7 +369,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset (all cores)")
-    blas_timeout = BLAS_TIMEOUT
+    blas_timeout = f"{BLAS_TIMEOUT} (set before the start)" if BLAS_TIMEOUT else \
+        "spin 2^28 cycles, or 2^4 for a step with large GEMMs (Tessera's CPU engine)"
     from tessera_runtime.engines.cpu import default_threads
     seq = 2 * args.length
     params = train_gpt.init_params(args.width, args.depth, args.heads, seq, args.seed)
@@ -374,7 +379,7 @@ def main(argv=None) -> int:
     print(f"GPT: width {args.width}, depth {args.depth}, heads {args.heads}, seq {seq}, "
           f"batch {args.batch}, {n_params:,} parameters, fp32")
     print(f"torch {torch.__version__}: {torch.get_num_threads()} threads; numpy's BLAS "
-          f"(Tessera's matmul): OPENBLAS_NUM_THREADS {blas_threads}, OPENBLAS_THREAD_TIMEOUT "
+          f"(Tessera's matmul): OPENBLAS_NUM_THREADS {blas_threads}, idle workers "
           f"{blas_timeout}; Tessera's kernels: {default_threads()} threads; "
           f"{os.cpu_count()} cores")
 
@@ -416,7 +421,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "peer.json"
             subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                            "--peer-times", str(out)], check=True)
+                            "--peer-times", str(out)], check=True, env=START_ENV)
             pt_times = json.loads(out.read_text())
     ts_ms, pt_ms = 1e3 * statistics.median(ts_times), 1e3 * statistics.median(pt_times)
     jx = jax_peer(args)

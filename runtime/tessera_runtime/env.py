@@ -80,9 +80,9 @@ _VARIABLES = [
              "the memory a run frees, so the next run does not page-fault it in again)"),
     Variable("TESSERA_BLAS_THREAD_TIMEOUT", "runtime", "4",
              "log2 of the CPU cycles numpy's OpenBLAS worker threads spin after a call "
-             "before they sleep, set by the CPU engine (OpenBLAS's own default, 28, is "
-             "~0.1 s: a spinning worker takes a core from the generated kernels); 0 leaves "
-             "OpenBLAS as it is"),
+             "before they sleep, set by the CPU engine once it prepares a program with a "
+             "GEMM of >= 8 MiB (OpenBLAS's own default, 28, is ~0.1 s: a spinning worker "
+             "takes a core from the generated kernels); 0 leaves OpenBLAS as it is"),
     Variable("OPENBLAS_THREAD_TIMEOUT", "runtime", "",
              "OpenBLAS's own setting of the above (read when it loads): when set, the CPU "
              "engine leaves it"),

@@ -457,10 +457,11 @@ class ScheduleExecutor:
         for op, a, b, ins in plan:
             if op == "call":
                 stream = eng.stream(ins["stream"])
+                nbytes = sum(math.prod(meta[v][0]) * np.dtype(meta[v][1]).itemsize for v in b)
                 if "library" in ins.fields:
-                    a = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]), stream)
+                    a = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]), stream,
+                                            nbytes=nbytes)
                 elif eng.by_address:
-                    nbytes = sum(math.prod(meta[v][0]) * np.dtype(meta[v][1]).itemsize for v in b)
                     a = eng.prepare_launch(ins["kernel"], len(b), stream, nbytes=nbytes)
                     op = "launch"
                 else:

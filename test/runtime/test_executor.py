@@ -498,8 +498,12 @@ _BLAS_PROBE = """
 import os, time
 import numpy as np
 from tessera_runtime.engines import cpu
-cpu.CPUEngine()
+engine = cpu.CPUEngine()
 lib = cpu._openblas()
+untouched = lib.openblas_thread_timeout()
+engine.prepare_library("matmul", {}, nbytes=cpu.QUIET_BLAS_MIN_BYTES - 1)   # small GEMMs
+assert lib.openblas_thread_timeout() == untouched
+engine.prepare_library("matmul", {}, nbytes=cpu.QUIET_BLAS_MIN_BYTES)       # a large one
 a = np.ones((512, 512), np.float32)
 a @ a                                      # wakes OpenBLAS's workers
 cpu_before, t0 = time.process_time(), time.perf_counter()
@@ -512,9 +516,10 @@ print(lib.openblas_thread_timeout(), os.environ.get("OPENBLAS_THREAD_TIMEOUT"), 
 
 def test_the_cpu_engine_makes_openblas_idle_workers_sleep():
     """numpy's OpenBLAS workers spin ~0.1 s after each call by default,
-    taking a core from the kernels that follow a GEMM: the CPU engine has
-    them sleep after 2**4 cycles (TESSERA_BLAS_THREAD_TIMEOUT), unless the
-    user set OpenBLAS's own OPENBLAS_THREAD_TIMEOUT or turned it off."""
+    taking a core from the kernels that follow a GEMM: once the CPU engine
+    prepares a large GEMM (QUIET_BLAS_MIN_BYTES) it has them sleep after
+    2**4 cycles (TESSERA_BLAS_THREAD_TIMEOUT), unless the user set
+    OpenBLAS's own OPENBLAS_THREAD_TIMEOUT or turned it off."""
     import os
     import subprocess
     import sys

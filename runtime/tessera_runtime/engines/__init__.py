@@ -91,8 +91,9 @@ class Engine(ABC):
         buffers' addresses (`address`) instead."""
         return lambda args: self.launch(kernel, args, stream)
 
-    def prepare_library(self, routine: str, attrs: dict, stream=None):
-        """A callable running library `routine` on a list of buffers."""
+    def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
+        """A callable running library `routine` on a list of buffers
+        (`nbytes`: their total, where the executor knows it)."""
         return lambda args: self.call_library(routine, attrs, args, stream)
 
     def address(self, buffer) -> int:

@@ -25,6 +25,14 @@ from . import Engine, EngineError, Event
 #: A launch whose buffers total less runs on one thread: handing slices to
 #: the pool costs tens of microseconds, about what such a kernel takes.
 THREADED_MIN_BYTES = 4 << 20
+#: A program with a GEMM whose operands and result total at least this
+#: has OpenBLAS's idle workers sleep right away (quiet_blas_workers): its
+#: GEMMs are long enough that waking a worker is noise, and the kernels
+#: between them long enough that a spinning worker costs them a core. With
+#: only smaller GEMMs (the w128 GPT's are <= 1.5 MiB) the worker kept
+#: spinning between GEMMs is worth more than the core it takes (measured:
+#: its 27 GEMMs 2-3 ms slower a step with sleeping workers).
+QUIET_BLAS_MIN_BYTES = 8 << 20
 
 
 _char_at, _address_of = ctypes.c_char.from_buffer, ctypes.addressof
@@ -81,11 +89,12 @@ def _mallopt(*settings) -> bool:
 def quiet_blas_workers() -> bool:
     """Makes numpy's OpenBLAS worker threads sleep right after a call
     (2**TESSERA_BLAS_THREAD_TIMEOUT cycles of spinning, default 16) instead
-    of spinning for OpenBLAS's default 2**28 cycles (~0.1 s). Why: a step
+    of spinning for OpenBLAS's default 2**28 cycles (~0.1 s); called when a
+    program with large GEMMs is prepared (QUIET_BLAS_MIN_BYTES). Why: a step
     alternates GEMMs with generated kernels, and the spinning worker took a
     core from the kernels that followed each GEMM (measured on the w512 GPT
-    step: its generated kernels 400 -> 250 ms, the step -6 to -9%; the GEMMs
-    pay a worker wake-up each, within the noise). OpenBLAS reads its timeout
+    step: its generated kernels ~450 -> ~280 ms, the step 1749 -> 1514 ms;
+    its GEMMs pay a worker wake-up each, within the noise). OpenBLAS reads its timeout
     when it loads, before this runs: the engine sets OPENBLAS_THREAD_TIMEOUT,
     has OpenBLAS read its environment again and restarts its workers.
     Process-wide, once; not when the user set OPENBLAS_THREAD_TIMEOUT (or
@@ -167,7 +176,6 @@ class CPUEngine(Engine):
         self._threads: int | None = None      # default_threads(), at the first launch
         self._workers: ThreadPoolExecutor | None = None
         keep_freed_memory()
-        quiet_blas_workers()
 
     # -- memory -----------------------------------------------------------------
     def alloc(self, shape, dtype):
@@ -278,8 +286,10 @@ class CPUEngine(Engine):
                                                thread_name_prefix="tessera-kernels")
         return self._workers
 
-    def prepare_library(self, routine: str, attrs: dict, stream=None):
+    def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
         from .library import ROUTINES
+        if routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
+            quiet_blas_workers()
         impl = ROUTINES[routine]
 
         def call(args):

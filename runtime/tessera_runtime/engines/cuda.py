@@ -237,7 +237,7 @@ class CUDAEngine(Engine):
     def new_symmetric(self, shape, dtype):
         return self._nvshmem_core().array(tuple(shape), dtype=self._storage(dtype))
 
-    def prepare_library(self, routine: str, attrs: dict, stream=None):
+    def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
         from .library import ROUTINES
         impl, cp = ROUTINES[routine], self.cp
 
