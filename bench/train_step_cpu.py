@@ -78,6 +78,7 @@ START_ENV = dict(os.environ)
 
 import numpy as np  # noqa: E402
 
+import kernel_roofline  # noqa: E402  (bench/kernel_roofline.py)
 import tessera as ts  # noqa: E402
 import train_gpt  # noqa: E402  (examples/train_gpt.py)
 from tessera_runtime import profiler  # noqa: E402
@@ -175,6 +176,7 @@ class EngineProfile:
 
     def __init__(self):
         self.kernel_s = defaultdict(float)      # generated kernel name -> seconds
+        self.kernel_n = defaultdict(int)        # generated kernel name -> calls
         self.library_s = defaultdict(float)     # library routine -> seconds
         self.kernel_calls = 0
         self.library_calls = defaultdict(int)
@@ -193,6 +195,7 @@ class EngineProfile:
                     self.library_calls[key[len("library:"):]] += calls
                 else:
                     self.kernel_s[key] += seconds
+                    self.kernel_n[key] += calls
                     self.kernel_calls += calls
 
 
@@ -209,6 +212,12 @@ def breakdown(step: TesseraStep, steps: int) -> dict:
     kernels = sum(prof.kernel_s.values())
     library = sum(prof.library_s.values())
     top = sorted(prof.kernel_s.items(), key=lambda kv: -kv[1])[:5]
+    # Each kernel against this machine's roofline (bench/kernel_roofline.py).
+    from tessera_runtime.engines.cpu import THREADED_MIN_BYTES, default_threads
+    fn = step.fn
+    peaks = kernel_roofline.measure_peaks(default_threads())
+    rows = kernel_roofline.kernel_rows(Path(fn._bundles[fn._last_key]), prof.kernel_s,
+                                       prof.kernel_n, peaks, THREADED_MIN_BYTES)
     return {
         "profiled_steps": steps,
         "step_ms": ms(total),
@@ -218,6 +227,8 @@ def breakdown(step: TesseraStep, steps: int) -> dict:
         "library_calls": {r: n // steps for r, n in prof.library_calls.items()},
         "overhead_ms": ms(total - kernels - library),
         "top_kernels_ms": {k: ms(s) for k, s in top},
+        "roofline": {"peaks": peaks, "kernels": rows,
+                     "table": kernel_roofline.table(rows, peaks)},
     }
 
 
@@ -280,6 +291,9 @@ def markdown(r: dict) -> str:
               for name, ms in b["library_ms"].items()]
     lines += [f"| runtime / Python overhead | {b['overhead_ms']:.2f} | |",
               f"| **step** | **{b['step_ms']:.2f}** | |", ""]
+    if "roofline" in b:
+        lines += ["## Generated kernels against the roofline (the instrumented steps)", "",
+                  b["roofline"]["table"], ""]
     return "\n".join(lines)
 
 
@@ -301,6 +315,7 @@ def print_summary(r: dict) -> None:
     print(f"  runtime / Python overhead  {b['overhead_ms']:8.2f}")
     print("  slowest generated kernels: " + ", ".join(
         f"{k} {ms:.2f}" for k, ms in b["top_kernels_ms"].items()))
+    print("\ngenerated kernels against the roofline:\n" + b["roofline"]["table"])
 
 
 # -- main ---------------------------------------------------------------------------------

@@ -17,6 +17,15 @@ def lib(tmp_path_factory):
     return compile_kernels(src, tmp_path_factory.mktemp("kernels"))
 
 
+@pytest.fixture(params=[True, False], ids=["straight-line", "loop"])
+def executor_path(request, monkeypatch):
+    """Both ways the executor runs a CPU program: the generated straight-line
+    function (unprofiled runs) and the interpreting loop (profiled runs)."""
+    from tessera_runtime.executor import ScheduleExecutor
+    monkeypatch.setattr(ScheduleExecutor, "straight_line", request.param)
+    return request.param
+
+
 def base_program() -> dict:
     """relu(a @ b), then every collective once over a size-1 'tp' axis."""
     return {
@@ -66,7 +75,7 @@ def inputs(seed=0):
             rng.standard_normal((8, 3), dtype=np.float32)]
 
 
-def test_run_matches_numpy(tmp_path, lib):
+def test_run_matches_numpy(tmp_path, lib, executor_path):
     prog = rt.load_bundle(make(tmp_path, lib))
     assert prog.rank == 0 and prog.rank_coords == (0,)
     assert [t.name for t in prog.inputs] == ["a", "b"]
@@ -94,7 +103,7 @@ def relu_in_place() -> dict:
                 {"op": "return", "values": ["%arg0"]}]}
 
 
-def test_inputs_are_not_modified(tmp_path, lib):
+def test_inputs_are_not_modified(tmp_path, lib, executor_path):
     # relu in place on the *argument* buffer: the caller's array is untouched.
     prog = rt.load_bundle(make(tmp_path, lib, relu_in_place()))
     assert prog.rank_coords == ()
@@ -105,7 +114,7 @@ def test_inputs_are_not_modified(tmp_path, lib):
     np.testing.assert_array_equal(x, x0)
 
 
-def test_inputs_only_read_are_borrowed_and_unused_ones_left_alone(tmp_path, lib, monkeypatch):
+def test_inputs_only_read_are_borrowed_and_unused_ones_left_alone(tmp_path, lib, executor_path, monkeypatch):
     """A launch that says which arguments it writes (`outs`) lets the
     executor read the caller's arrays in place (a training step's parameters
     need no copy each step) and skip inputs this rank never uses (another
@@ -146,7 +155,7 @@ def test_inputs_only_read_are_borrowed_and_unused_ones_left_alone(tmp_path, lib,
     assert [id(c) for c in copied] == [id(a), id(b)]
 
 
-def test_contiguous_slices_are_views_and_the_rest_are_copied(tmp_path, lib):
+def test_contiguous_slices_are_views_and_the_rest_are_copied(tmp_path, lib, executor_path):
     """A slice that is one contiguous block of its buffer (rows of a matrix,
     a piece of a flat bucket) is a view of it, allocated nowhere; a column
     block is copied; a view of a borrowed input returned as a result comes
@@ -188,7 +197,7 @@ def test_contiguous_slices_are_views_and_the_rest_are_copied(tmp_path, lib):
     assert prog.memory["peak_bytes"] == (32 + 24 + 12 + 4) * 4
 
 
-def test_a_slice_of_an_input_written_in_place_is_a_copy(tmp_path, lib):
+def test_a_slice_of_an_input_written_in_place_is_a_copy(tmp_path, lib, executor_path):
     """Rows sliced from an input that a later launch rewrites in place (a
     donated buffer) are copied when sliced, not a view that would see the
     rewrite."""
@@ -476,7 +485,7 @@ def test_device_outputs_are_the_engine_s_buffers_and_feed_back(tmp_path, lib):
     np.testing.assert_array_equal(y, y0)            # the fed-back buffer is untouched
 
 
-def test_a_donated_input_is_the_program_s_buffer(tmp_path, lib):
+def test_a_donated_input_is_the_program_s_buffer(tmp_path, lib, executor_path):
     """run(donate=True) uses an input that is already the engine's buffer
     without copying it (the program writes it in place, as a training loop
     feeding its state back wants); one that is not (a strided view) is

@@ -123,8 +123,7 @@ _quiet: bool | None = None
 
 def _openblas():
     """The OpenBLAS this process has loaded (numpy's), if it has the entry
-    points quiet_blas_workers needs."""
-    import numpy  # noqa: F401  (loads its BLAS)
+    points quiet_blas_workers needs (numpy, imported above, has loaded it)."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split(None, 5)[-1].strip() for line in maps

@@ -1,0 +1,149 @@
+"""Each generated CPU kernel of a compiled step against this machine's
+roofline: the bytes it moves and the FLOPs it computes, at the measured
+peak memory bandwidth and GEMM rate, against the time it took in the step.
+
+Used by `bench/train_step_cpu.py` (the table under "kernels against the
+roofline"); `measure_peaks()` takes about a second.
+
+  * bytes: its arguments' sizes (each read or written once: what the
+    kernel must move at least).
+  * FLOPs: the Tile IR's elementwise ops + dot-product FLOPs + 15 per exp,
+    tanh, ... (`tessera_compiler.cost.kernel_work`; Tessera's exp/tanh are
+    polynomials of ~15 operations).
+  * roofline time: max(bytes / peak bandwidth, FLOPs / peak FLOP rate);
+    the peaks are this machine's best measured: a copy of 64 MiB on every
+    core (numpy, one thread per core) and numpy's sgemm of 2048^3.
+  * share: roofline time / measured time per call. A kernel under 50% gets
+    the reason that applies (first match): dot products in generated loops
+    (attention), a call too short for its size to matter, a launch under the
+    engine's threading threshold (one core of the roofline's several), a
+    row reduction, transcendental functions.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+#: FLOPs counted per transcendental function (exp, tanh, ...) evaluated
+TRANSCENDENTAL_FLOPS = 15
+#: below this share of the roofline a kernel's row names a reason
+GOAL = 0.5
+#: a call shorter than this is dominated by its fixed cost (ctypes, loop set-up)
+SHORT_CALL_S = 20e-6
+
+
+def measure_peaks(cores: int) -> dict:
+    """{"bandwidth": bytes/s, "flops": FLOP/s}: the best of a few runs of a
+    64 MiB copy split over `cores` threads and of a 2048^3 sgemm."""
+    src = np.ones(16 << 20, np.float32)
+    dst = np.empty_like(src)
+    parts = np.array_split(np.arange(src.size), cores)
+    bounds = [(p[0], p[-1] + 1) for p in parts]
+    pool = ThreadPoolExecutor(max(1, cores - 1))
+
+    def copy():
+        rest = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in bounds[1:]]
+        a, b = bounds[0]
+        np.copyto(dst[a:b], src[a:b])
+        for r in rest:
+            r.result()
+    bandwidth = max(2 * src.nbytes / _best(copy, 5), 2 * src.nbytes / _best(
+        lambda: np.copyto(dst, src), 5))
+    a = np.ones((2048, 2048), np.float32)
+    out = np.empty_like(a)
+    flops = 2 * 2048 ** 3 / _best(lambda: np.matmul(a, a, out=out), 3)
+    pool.shutdown()
+    return {"bandwidth": bandwidth, "flops": flops}
+
+
+def _best(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def kernel_rows(bundle: Path, seconds: dict, calls: dict, peaks: dict,
+                threaded_min_bytes: int) -> list[dict]:
+    """One row per generated kernel of `bundle` that ran (`seconds` and
+    `calls`: per kernel name, over the profiled steps), slowest first."""
+    import json
+    from tessera_compiler.cost import kernel_work
+    from tessera_compiler.ir.context import new_context
+    from tessera_mlir import ir
+    module = ir.Module.parse((bundle / "ir" / "tile.mlir").read_text(), new_context())
+    work = kernel_work(module)
+    program = json.loads((bundle / "program.json").read_text())
+    shapes = {s["value"]: (s["local_shape"], s["dtype"]) for s in program["inputs"]}
+    moved: dict = {}
+    for ins in program["instructions"]:
+        if ins["op"] == "alloc":
+            shapes[ins["result"]] = (ins["shape"], ins["dtype"])
+        elif ins["op"] == "launch" and "library" not in ins:
+            moved[ins["kernel"]] = sum(int(np.prod(shapes[a][0])) * np.dtype(shapes[a][1]).itemsize
+                                       for a in ins["args"])
+    rows = []
+    for name, total in seconds.items():
+        if name not in moved or name not in work:
+            continue
+        w = work[name]
+        per_call = total / max(calls[name], 1)
+        nbytes = moved[name]
+        flops = w.vector + w.dot + TRANSCENDENTAL_FLOPS * w.transcendental
+        memory_s, compute_s = nbytes / peaks["bandwidth"], flops / peaks["flops"]
+        share = max(memory_s, compute_s) / per_call
+        reason = ""
+        if share < GOAL:
+            if w.dot:
+                reason = (f"dot products in generated loops (attention), "
+                          f"{w.dot / per_call / 1e9:.0f} GFLOP/s, not BLAS")
+            elif per_call < SHORT_CALL_S:
+                reason = f"short: {per_call * 1e6:.0f} us a call, mostly its fixed cost"
+            elif nbytes < threaded_min_bytes:
+                reason = (f"one core: {nbytes / 2**20:.1f} MiB, under the "
+                          f"{threaded_min_bytes >> 20} MiB threading threshold")
+            elif "reduce" in name:
+                reason = "row reduction: lanes combined in a fixed order"
+            elif w.transcendental:
+                reason = (f"transcendental: {w.transcendental / max(nbytes / 4, 1):.1f} "
+                          "exp/tanh per element")
+            else:
+                reason = "none found"
+        rows.append({"kernel": name, "calls": calls[name], "ms_per_call": 1e3 * per_call,
+                     "ms": 1e3 * total, "MiB": nbytes / 2**20,
+                     "GB_per_s": nbytes / per_call / 1e9, "GFLOP_per_s": flops / per_call / 1e9,
+                     "bound": "memory" if memory_s >= compute_s else "compute",
+                     "share": share, "reason": reason})
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def table(rows: list[dict], peaks: dict, top: int = 15) -> str:
+    """Markdown: the slowest `top` kernels and a summary of all."""
+    total = sum(r["ms"] for r in rows) or 1.0
+    met = [r for r in rows if r["share"] >= GOAL]
+    lines = [f"peaks measured in this run: copy {peaks['bandwidth'] / 1e9:.1f} GB/s, "
+             f"sgemm {peaks['flops'] / 1e9:.0f} GFLOP/s; {len(met)} of {len(rows)} kernels "
+             f"({sum(r['ms'] for r in met) / total:.0%} of their time) at >= {GOAL:.0%} of "
+             "the roofline; every other one has its reason", "",
+             "| kernel | calls | ms / call | MiB | GB/s | GFLOP/s | bound | roofline | "
+             "reason (< 50%) |", "|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for r in rows[:top]:
+        lines.append(f"| {r['kernel']} | {r['calls']} | {r['ms_per_call']:.3f} | "
+                     f"{r['MiB']:.2f} | {r['GB_per_s']:.1f} | {r['GFLOP_per_s']:.1f} | "
+                     f"{r['bound']} | {r['share']:.0%} | {r['reason']} |")
+    reasons: dict = {}
+    for r in rows[top:]:
+        if r["reason"]:
+            key = r["reason"].split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    if reasons:
+        lines += ["", f"the other {len(rows) - top} kernels under {GOAL:.0%}: " + ", ".join(
+            f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]))]
+    return "\n".join(lines)
