@@ -141,9 +141,12 @@ def table(rows: list[dict], peaks: dict, top: int = 15) -> str:
     reasons: dict = {}
     for r in rows[top:]:
         if r["reason"]:
-            key = r["reason"].split(":")[0]
+            key = r["reason"].split(":")[0].split(" (")[0]
             reasons[key] = reasons.get(key, 0) + 1
     if reasons:
-        lines += ["", f"the other {len(rows) - top} kernels under {GOAL:.0%}: " + ", ".join(
-            f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]))]
+        lines += ["", f"of the other {len(rows[top:])} kernels, {sum(reasons.values())} under "
+                  f"{GOAL:.0%}: " + ", ".join(f"{n} {k}" for k, n in
+                                             sorted(reasons.items(), key=lambda kv: -kv[1]))]
+    lines += ["", "(over 100%: the kernel's data came from cache, faster than the copy's "
+              "memory bandwidth)"] if any(r["share"] > 1 for r in rows) else []
     return "\n".join(lines)
