@@ -609,8 +609,22 @@ class KernelEmitter:
         src = self.names[op.operands[0]]
         r = self.new_tile(op.results[0])
         m, n = src.shape           # r[j, i] = src[i, j], e = j * m + i
-        self.for_each(r.size, lambda e: self.line(
-            f"{r.name}[{e}] = {src.name}[({e} % {m}) * {n} + {e} / {m}];"))
+        if type(self).element_loop is not KernelEmitter.element_loop:
+            # (a GPU splits the elements over its threads)
+            self.for_each(r.size, lambda e: self.line(
+                f"{r.name}[{e}] = {src.name}[({e} % {m}) * {n} + {e} / {m}];"))
+            return
+        # On the CPU two loops, not one over r's elements with a div and mod
+        # each: a 64x128 tile 7.5 -> 4.8 us (src read row by row, r written
+        # with stride m; the other order and 8x8 blocks measured 5.7-6.3 us).
+        i, j = self.fresh("i"), self.fresh("j")
+        self.line(f"for (int64_t {i} = 0; {i} < {m}; ++{i}) {{")
+        self.indent += 1
+        self.independent_iterations()
+        self.line(f"for (int64_t {j} = 0; {j} < {n}; ++{j}) "
+                  f"{r.name}[{j} * {m} + {i}] = {src.name}[{i} * {n} + {j}];")
+        self.indent -= 1
+        self.line("}")
 
     def op_ttile_iota(self, op):
         r = self.new_tile(op.results[0])
