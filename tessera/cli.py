@@ -504,6 +504,7 @@ def _simulate(parser, opts) -> int:
     import json
     import runpy
     from . import simulation
+    from .errors import TesseraError
     from .machine import machine as describe
     try:
         mesh = simulation.parse_mesh(opts.mesh)
@@ -529,6 +530,9 @@ def _simulate(parser, opts) -> int:
         runpy.run_path(opts.script, run_name="__main__")
     except simulation.SimulationDone:
         pass
+    except TesseraError as err:         # the user's program, as written, cannot compile
+        print(f"[tessera simulate] {opts.script}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     except SystemExit as done:
         if done.code not in (None, 0):
             print(f"[tessera simulate] {opts.script} exited with {done.code} before a step",

@@ -205,9 +205,11 @@ class PipelinedFunction(CompiledFunction):
 
     def _microbatches(self) -> int:
         if self.auto_microbatches and self.microbatches is None:
+            from . import simulation
+            when = ("tessera simulate runs nothing to measure: give a count" if
+                    simulation.active() else "call it once first (or give a count)")
             raise PipelineError(f"{self.fn.__name__}: microbatches='auto' is chosen by measuring "
-                                "on the step's first call; call it once first (or give a count)"
-                                f"  [{user_frame()}]")
+                                f"on the step's first call; {when}  [{user_frame()}]")
         m = self.microbatches = self.microbatches or defaults.microbatches
         if m is None:
             raise PipelineError(f"{self.fn.__name__}: say how many microbatches "

@@ -93,6 +93,30 @@ def test_errors_name_the_bad_argument(capsys):
         simulation.parse_mesh("dp8")
 
 
+def test_a_program_that_cannot_compile_is_a_one_line_error(tmp_path, capsys):
+    """A Tessera error in the simulated script (here a pipeline asking to
+    measure its microbatch count, which a simulation cannot) is reported
+    with its source line, exit 1, no traceback."""
+    script = tmp_path / "auto.py"
+    script.write_text(
+        "import numpy as np, tessera as ts\n"
+        "from tessera import dist, op, graph, pipeline\n"
+        "mesh = dist.Mesh(axes=['pp'], devices=range(2))\n"
+        "@graph.stage('block')\n"
+        "def block(w, x):\n"
+        "    return op.tanh(op.matmul(x, w))\n"
+        "@pipeline.run(mesh=mesh, axis='pp', microbatches='auto')\n"
+        "def step(ws, x):\n"
+        "    return ts.value_and_grad(lambda ws: op.mean(block(ws[1], block(ws[0], x))))(ws)\n"
+        "w = np.ones((4, 4), np.float32)\n"
+        "step([w, w], np.ones((8, 4), np.float32))\n")
+    done = _simulate(capsys, "--mesh", "pp=2", "--machine", "h100-node", script)
+    assert done.returncode == 1, done.stderr
+    assert "PipelineError: step: microbatches='auto' is chosen by measuring" in done.stderr
+    assert "tessera simulate runs nothing to measure: give a count" in done.stderr
+    assert "auto.py:11]" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_placeholders_take_no_memory():
     big = simulation.placeholder((1 << 20, 1 << 20), np.float32)     # 4 TiB if it were real
     assert big.shape == (1 << 20, 1 << 20) and big.dtype == np.float32
