@@ -8,32 +8,37 @@ from __future__ import annotations
 def flatten(tree) -> tuple[list, object]:
     """Leaves in a fixed order (dict keys sorted) and the structure to rebuild."""
     leaves: list = []
+    return leaves, _walk(tree, leaves)
 
-    def walk(node):
-        if isinstance(node, dict):
-            keys = sorted(node, key=str)
-            return ("dict", tuple(keys), tuple(walk(node[k]) for k in keys))
-        if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
-            return (type(node).__name__, None, tuple(walk(x) for x in node))
-        leaves.append(node)
-        return ("leaf", None, ())
 
-    return leaves, walk(tree)
+# Module-level recursion, not a nested function calling itself: such a
+# closure is a reference cycle (function -> cell -> function) that keeps the
+# leaves, every argument of a compiled call, alive until the cyclic GC runs;
+# a training step's parameters and optimizer state then piled up ~5 MiB a
+# step in the w128 example and each run page-faulted fresh heap (measured:
+# 1,450 faults and 3-4 ms of a 20 ms step, in runs of ~10 steps).
+def _walk(node, leaves: list):
+    if isinstance(node, dict):
+        keys = sorted(node, key=str)
+        return ("dict", tuple(keys), tuple(_walk(node[k], leaves) for k in keys))
+    if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+        return (type(node).__name__, None, tuple(_walk(x, leaves) for x in node))
+    leaves.append(node)
+    return ("leaf", None, ())
 
 
 def unflatten(structure, leaves) -> object:
-    it = iter(leaves)
+    return _build(structure, iter(leaves))
 
-    def build(node):
-        kind, keys, children = node
-        if kind == "leaf":
-            return next(it)
-        built = [build(c) for c in children]
-        if kind == "dict":
-            return dict(zip(keys, built))
-        return tuple(built) if kind == "tuple" else built
 
-    return build(structure)
+def _build(node, it):
+    kind, keys, children = node
+    if kind == "leaf":
+        return next(it)
+    built = [_build(c, it) for c in children]
+    if kind == "dict":
+        return dict(zip(keys, built))
+    return tuple(built) if kind == "tuple" else built
 
 
 def paths(tree, prefix: str = "") -> list[str]:

@@ -241,3 +241,31 @@ def test_build_compiles_without_running_for_a_runtime_elsewhere(tmp_path):
     out = tessera_runtime.load_bundle(f.save(tmp_path / "f.tsb")).run(inputs)
     np.testing.assert_allclose(out[0], np.maximum(x.astype(np.float64) @ w + c, 0), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_a_call_keeps_no_reference_cycle_to_its_arguments_or_results():
+    """A step's old parameters must be freed when the caller drops them, not
+    at the cyclic GC's next run: recursive closures in pytree flattening did
+    hold every argument in a cycle, and a training loop piled up a step's
+    state per call (fresh heap to page-fault in every step)."""
+    import gc
+    import weakref
+
+    @ts.jit
+    def step(params, x):
+        return {"w": params["w"] - 0.1 * op.matmul(x, params["w"])}, op.sum(x)
+
+    rng = np.random.default_rng()
+    params = {"w": rng.standard_normal((4, 4)).astype(np.float32)}
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    step(params, x)                                    # compile
+    gc.collect()
+    gc.disable()
+    try:
+        old_w = weakref.ref(params["w"])
+        new, total = step(params, x)
+        new_w, result = weakref.ref(new["w"]), weakref.ref(total)
+        del params, new, total
+        assert old_w() is None and new_w() is None and result() is None
+    finally:
+        gc.enable()
