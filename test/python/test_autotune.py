@@ -112,7 +112,8 @@ SUM = r"sum (-?\d+\.\d+(?:e[+-]?\d+)?)"
 def test_ranks_of_a_job_search_together_and_agree(tessera_launch, tmp_path):
     """2 ranks: the same candidates in the same order (each timed on the
     slowest rank), one choice, one stored entry; the second launch of the
-    job searches nothing; both ranks get the same gradient."""
+    job searches nothing; both ranks get the same gradient. The same for a
+    2-stage pipeline's microbatch count (microbatches="auto")."""
     seed = int(np.random.SeedSequence().entropy % 2**31)
     env = {"TESSERA_AUTOTUNE_CANDIDATES": "2", "TESSERA_AUTOTUNE_REPS": "1",
            "TESSERA_CACHE_DIR": str(tmp_path / "cache")}
@@ -123,9 +124,16 @@ def test_ranks_of_a_job_search_together_and_agree(tessera_launch, tmp_path):
     # (mpiexec may interleave the ranks' lines.)
     sums = set(re.findall(SUM, first.stdout))
     assert len(sums) == 1 and len(re.findall(SUM, first.stdout)) == 2, first.stdout
+    # The pipeline's microbatch count: counts 2 (p) to 16 dividing 16 rows,
+    # 2 measured; one choice on both ranks (a disagreement would hang).
+    assert first.stderr.count("pipelined: measuring 2 microbatch counts (2, 16)") == 1, \
+        first.stderr
+    counts = re.findall(r"microbatches (\d+) loss", first.stdout)
+    assert len(counts) == 2 and len(set(counts)) == 1 and counts[0] in ("2", "16"), first.stdout
     second = tessera_launch("-n", 2, worker, seed, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "stored choice" in second.stderr and "measuring" not in second.stderr, second.stderr
+    assert f"pipelined: stored choice microbatches={counts[0]}" in second.stderr, second.stderr
     assert set(re.findall(SUM, second.stdout)) == sums, second.stdout
 
 
