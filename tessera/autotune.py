@@ -283,6 +283,12 @@ def _measure(name: str, candidates: list, load, describe, reps: int) -> list[flo
     return out
 
 
+def _say_stored(name: str, stored: dict) -> None:
+    _say(f"{name}: stored choice {_describe(stored['choice'])} ({stored['best_s'] * 1e3:.2f} ms "
+         f"vs {stored['default_s'] * 1e3:.2f} ms with {stored.get('reference', 'the default')}, "
+         f"measured {stored['date']}); no search")
+
+
 def _lookup(fields: dict) -> tuple[str, dict | None]:
     """(the cache key of `fields`, rank 0's stored entry for it, on every rank)."""
     entry_key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
@@ -301,9 +307,7 @@ def tune(compiled, key, traced, mesh, specs, inputs) -> TargetOptions:
     entry_key, stored = _lookup(fields)
     name = compiled.fn.__name__
     if stored is not None:
-        _say(f"{name}: stored choice {_describe(stored['choice'])} ({stored['best_s'] * 1e3:.2f}"
-             f" ms vs {stored['default_s'] * 1e3:.2f} ms with the default, measured "
-             f"{stored['date']}); no search")
+        _say_stored(name, stored)
         return base.with_text(stored["choice"])
     candidates = _candidates(base, mesh.size)
     budget = max(1, env.integer("TESSERA_AUTOTUNE_CANDIDATES"))
@@ -382,11 +386,8 @@ def tune_microbatches(compiled, prepared, counts: list, reference: int) -> int:
                   counts=list(counts))
     entry_key, stored = _lookup(fields)
     if stored is not None:
-        m = int(stored["choice"]["microbatches"])
-        _say(f"{name}: stored choice microbatches={m} ({stored['best_s'] * 1e3:.2f} ms vs "
-             f"{stored['default_s'] * 1e3:.2f} ms with {stored['reference']}, measured "
-             f"{stored['date']}); no search")
-        return m
+        _say_stored(name, stored)
+        return int(stored["choice"]["microbatches"])
     reps = max(1, env.integer("TESSERA_AUTOTUNE_REPS"))
     _say(f"{name}: measuring {len(counts)} microbatch counts ({', '.join(map(str, counts))}), "
          f"{reps} runs each")

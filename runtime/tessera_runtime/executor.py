@@ -516,13 +516,13 @@ class ScheduleExecutor:
         # once per buffer; a view has its buffer's).
         at = {v: eng.address(b) for v, b in values.items()} if eng.by_address else None
         if timing is None and eng.by_address and self.straight_line:
+            run, ret = self._straight_line()
             try:
-                returned = self._straight_line()(values, at, pending)
+                values.update(run(values, at, pending))
             finally:
                 if pending:
                     self._abandoned.extend(pending.values())
-            values.update(returned)
-            return self._finish(self._return, values, borrowed, device_outputs, None, None)
+            return self._finish(ret, values, borrowed, device_outputs, None, None)
         try:
             for op, a, b, ins in plan:
                 if op == "launch":
@@ -569,13 +569,8 @@ class ScheduleExecutor:
                     if timing is not None:
                         stream = eng.stream(ins["stream"])
                         t0, h0 = eng.timestamp(stream), time.perf_counter()
-                    if op == "collective_start":
-                        work = self._start_collective(ins, values)
-                    else:
-                        comm = self.comms[ins["axis"]]
-                        move = comm.send if op == "send" else comm.recv
-                        work = move(values[ins["buffer"]], ins["peer"],
-                                    stream=eng.stream(ins["stream"]), source=ins.get("loc"))
+                    work = self._start_collective(ins, values) if op == "collective_start" \
+                        else self._move(ins, values[ins["buffer"]])
                     pending[ins["result"]] = work
                     if timing is not None:
                         timing.start(ins, work, t0, time.perf_counter() - h0)
@@ -624,10 +619,11 @@ class ScheduleExecutor:
         address a local variable, every instruction one line, instead of the
         interpreting loop's dispatch and dictionaries (measured: the loop
         cost ~1.5 us per instruction, most of the runtime share of a CPU
-        step). `fn(values, at, pending)` takes the inputs (and their
-        addresses) by value name, leaves started collectives' works in
-        `pending` until their wait, and returns {returned value: buffer}.
-        Built once per program; it runs exactly the loop's operations."""
+        step). Returns (fn, the return instruction): `fn(values, at,
+        pending)` takes the inputs (and their addresses) by value name,
+        leaves started collectives' works in `pending` until their wait, and
+        returns {returned value: buffer}. Built once per program; it runs
+        exactly the loop's operations."""
         if getattr(self, "_fast_run", None) is not None:
             return self._fast_run
         eng = self.engine
@@ -651,7 +647,7 @@ class ScheduleExecutor:
         inputs = {spec.value for spec in self.program.inputs}
         lines, loaded = [], set()
         defined = set(inputs)           # values with a buffer (or event) at this point
-        self._return = None
+        ret = None
 
         def use(value: str) -> str:
             """The local of `value`, loading an input (and its address) on first use."""
@@ -662,19 +658,17 @@ class ScheduleExecutor:
                                 f"a{name} = at.get({value!r})")
             return name
         for op, a, b, ins in self._plan():
-            defined.update(v for v in (a if op in ("alloc", "symmetric") else None,
-                                       b[0] if op == "view" else None,
-                                       ins.get("result") if op == "event_record" else None)
-                           if v is not None)
             if op == "launch":
                 lines.append(f"    {k(a)}(({''.join(f'a{use(v)}, ' for v in b)}))")
             elif op == "call":
                 lines.append(f"    {k(a)}([{', '.join(use(v) for v in b)}])")
             elif op == "alloc":
                 n = var(a)
+                defined.add(a)
                 lines.append(f"    {n} = alloc({k(b[0])}, {k(b[1])}); a{n} = address({n})")
             elif op == "symmetric":
                 n = var(a)
+                defined.add(a)
                 lines.append(f"    {n} = alloc_symmetric({k(b[0])}, {k(b[1])}, {b[2]}); "
                              f"a{n} = address({n})")
             elif op == "free":
@@ -686,12 +680,14 @@ class ScheduleExecutor:
             elif op == "view":
                 src, (dst, shape, flat) = use(a), b
                 n = var(dst)
+                defined.add(dst)
                 if flat is None:
                     lines.append(f"    {n} = reshape_view({src}, {k(shape)}); a{n} = a{src}")
                 else:
                     lines.append(f"    {n} = flat_view({src}, {flat[0]}, {k(shape)}); "
                                  f"a{n} = a{src} + {flat[1]}")
             elif op == "event_record":
+                defined.add(ins["result"])
                 lines.append(f"    {var(ins['result'])} = record_event("
                              f"{k(eng.stream(ins['stream']))})")
             elif op == "event_wait":
@@ -715,7 +711,7 @@ class ScheduleExecutor:
                              "f'collectives still in flight at return: {list(pending)}')")
                 lines.append("    return {" + ", ".join(f"{v!r}: {use(v)}"
                                                       for v in ins["values"]) + "}")
-                self._return = ins
+                ret = ins
                 break
             else:
                 raise ScheduleError(f"{self._source}: instruction {op!r} has no straight-line "
@@ -725,7 +721,7 @@ class ScheduleExecutor:
         source = "def run(values, at, pending):\n" + "\n".join(lines) + "\n"
         namespace = dict(const)
         exec(compile(source, f"<{self._source}: straight-line run>", "exec"), namespace)
-        self._fast_run = namespace["run"]
+        self._fast_run = (namespace["run"], ret)
         return self._fast_run
 
     def _move(self, ins: Instr, buffer):

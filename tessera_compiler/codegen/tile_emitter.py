@@ -12,6 +12,7 @@ kernel. `scf.for` loop-carried tiles get arrays that `scf.yield` copies into.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tessera_mlir import ir
@@ -135,6 +136,20 @@ class KernelEmitter:
 
     def element_loop(self, e: str, n) -> str:
         return f"for (int64_t {e} = 0; {e} < {n}; ++{e}) {{"
+
+    @contextmanager
+    def loop(self, iv: str, n, begin=0, step: int = 1, independent: bool = False):
+        """`for (iv = begin; iv < n; iv += step) { ... }` around the lines
+        emitted inside the `with` (every thread runs all of it: not split
+        over a GPU's threads as `for_each` is)."""
+        if independent:
+            self.independent_iterations()
+        inc = f"++{iv}" if step == 1 else f"{iv} += {step}"
+        self.line(f"for (int64_t {iv} = {begin}; {iv} < {n}; {inc}) {{")
+        self.indent += 1
+        yield
+        self.indent -= 1
+        self.line("}")
 
     def independent_iterations(self) -> None:
         """Tells the C++ compiler the next element loop's iterations are
@@ -609,8 +624,7 @@ class KernelEmitter:
         src = self.names[op.operands[0]]
         r = self.new_tile(op.results[0])
         m, n = src.shape           # r[j, i] = src[i, j], e = j * m + i
-        if type(self).element_loop is not KernelEmitter.element_loop:
-            # (a GPU splits the elements over its threads)
+        if self.cuda:              # the elements split over the block's threads
             self.for_each(r.size, lambda e: self.line(
                 f"{r.name}[{e}] = {src.name}[({e} % {m}) * {n} + {e} / {m}];"))
             return
@@ -618,13 +632,10 @@ class KernelEmitter:
         # each: a 64x128 tile 7.5 -> 4.8 us (src read row by row, r written
         # with stride m; the other order and 8x8 blocks measured 5.7-6.3 us).
         i, j = self.fresh("i"), self.fresh("j")
-        self.line(f"for (int64_t {i} = 0; {i} < {m}; ++{i}) {{")
-        self.indent += 1
-        self.independent_iterations()
-        self.line(f"for (int64_t {j} = 0; {j} < {n}; ++{j}) "
-                  f"{r.name}[{j} * {m} + {i}] = {src.name}[{i} * {n} + {j}];")
-        self.indent -= 1
-        self.line("}")
+        with self.loop(i, m):
+            self.independent_iterations()
+            self.line(f"for (int64_t {j} = 0; {j} < {n}; ++{j}) "
+                      f"{r.name}[{j} * {m} + {i}] = {src.name}[{i} * {n} + {j}];")
 
     def op_ttile_iota(self, op):
         r = self.new_tile(op.results[0])
@@ -701,19 +712,13 @@ class KernelEmitter:
             # vectorizes (it used to run a strided sequential loop per output).
             o, q, i = self.fresh("o"), self.fresh("q"), self.fresh("i")
             out, at = f"{r.name}[{o} * {inner} + {i}]", f"{src.name}[{o} * {n * inner} + "
-            self.line(f"for (int64_t {o} = 0; {o} < {r.size // inner}; ++{o}) {{")
-            self.indent += 1
-            self.independent_iterations()
-            self.line(f"for (int64_t {i} = 0; {i} < {inner}; ++{i}) {out} = {at}{i}];")
-            self.line(f"for (int64_t {q} = 1; {q} < {n}; ++{q}) {{")
-            self.indent += 1
-            self.independent_iterations()
-            self.line(f"for (int64_t {i} = 0; {i} < {inner}; ++{i}) "
-                      f"{out} = {combine(out, f'{at}{q} * {inner} + {i}]')};")
-            self.indent -= 1
-            self.line("}")
-            self.indent -= 1
-            self.line("}")
+            with self.loop(o, r.size // inner):
+                self.independent_iterations()
+                self.line(f"for (int64_t {i} = 0; {i} < {inner}; ++{i}) {out} = {at}{i}];")
+                with self.loop(q, n, begin=1):
+                    self.independent_iterations()
+                    self.line(f"for (int64_t {i} = 0; {i} < {inner}; ++{i}) "
+                              f"{out} = {combine(out, f'{at}{q} * {inner} + {i}]')};")
             return
         if ct not in ("float", "double") or n < 2 * lanes:
             def sequential(e):
@@ -736,13 +741,10 @@ class KernelEmitter:
             self.line(f"const {ct}* row = {row};")
             self.line(f"{ct} lane[{lanes}];")
             self.line(f"for (int64_t l = 0; l < {lanes}; ++l) lane[l] = row[l];")
-            self.line(f"for (int64_t q = {lanes}; q < {full}; q += {lanes}) {{")
-            self.indent += 1
-            self.independent_iterations()
-            self.line(f"for (int64_t l = 0; l < {lanes}; ++l) "
-                      f"lane[l] = {combine('lane[l]', 'row[q + l]')};")
-            self.indent -= 1
-            self.line("}")
+            with self.loop("q", full, begin=lanes, step=lanes):
+                self.independent_iterations()
+                self.line(f"for (int64_t l = 0; l < {lanes}; ++l) "
+                          f"lane[l] = {combine('lane[l]', 'row[q + l]')};")
             if n % lanes:
                 self.line(f"for (int64_t q = {full}; q < {n}; ++q) "
                           f"lane[q - {full}] = {combine(f'lane[q - {full}]', 'row[q]')};")

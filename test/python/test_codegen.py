@@ -399,6 +399,17 @@ def test_scattered_gemm_compiles_for_sm90_without_spills(monkeypatch, built_clea
     assert kernel in built_cleanly(levels.cuda, serialized_by="due to the presence of Extern calls")
 
 
+def _cpu_kernels(text: str):
+    """(C++ source, loaded library) of the Tile IR kernels in `text`."""
+    import ctypes
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse(text))
+    return source, ctypes.CDLL(str(build_cpu_library(source)))
+
+
 @pytest.mark.parametrize("m,k,n,element", [(16, 32, 16, "f32"), (7, 5, 13, "f32"),
                                            (5, 33, 24, "f32"), (1, 3, 1, "f32"),
                                            (9, 16, 40, "bf16")])
@@ -408,9 +419,6 @@ def test_cpu_dot_matches_numpy(m, k, n, element):
     accumulator carried through an `scf.for` over two K halves."""
     import ctypes
     import ml_dtypes
-    from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
-    from tessera_compiler.codegen.build import build_cpu_library
     kk = k * 2
     text = f"""
 ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>,
@@ -428,10 +436,8 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
   ttile.store %acc, %c[%c0, %c0] : !ttile.tile<{m}x{n}xf32>, memref<{m}x{n}xf32>
   ttile.return
 }}"""
-    with ir.Context():
-        source = emit_cpp(ir.Module.parse(text))
+    source, lib = _cpu_kernels(text)
     assert "tessera_dot(" in source
-    lib = ctypes.CDLL(str(build_cpu_library(source)))
     rng = np.random.default_rng()
     dtype = ml_dtypes.bfloat16 if element == "bf16" else np.float32
     a = rng.standard_normal((m, kk)).astype(dtype)
@@ -450,9 +456,6 @@ def test_cpu_row_reductions_combine_eight_lanes_in_a_fixed_tree():
     A reduction over a leading dimension still adds the rows in order, with
     the loop over the outputs innermost."""
     import ctypes
-    from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
-    from tessera_compiler.codegen.build import build_cpu_library
     text = """
 ttile.kernel @rows(%x: memref<6x37xf32>, %y: memref<5x24xf32>, %sum: memref<6x1xf32>,
                    %mx: memref<6x1xf32>, %col: memref<1x24xf32>)
@@ -468,9 +471,7 @@ ttile.kernel @rows(%x: memref<6x37xf32>, %y: memref<5x24xf32>, %sum: memref<6x1x
   ttile.store %c, %col[%c0, %c0] : !ttile.tile<1x24xf32>, memref<1x24xf32>
   ttile.return
 }"""
-    with ir.Context():
-        source = emit_cpp(ir.Module.parse(text))
-    lib = ctypes.CDLL(str(build_cpu_library(source)))
+    source, lib = _cpu_kernels(text)
     rng = np.random.default_rng()
     # Magnitudes spread over 1e-3..1e4: the order of the additions shows in the bits.
     x = (rng.standard_normal((6, 37)) * 10.0 ** rng.integers(-3, 5, (6, 37))).astype(np.float32)
@@ -506,9 +507,6 @@ def test_cpu_kernel_skips_the_bands_past_its_row_segments():
     they were: 2 blocks of 32 rows, 8-row bands, fresh random segment
     sizes; the whole grid and a sub-range (a thread's slice)."""
     import ctypes
-    from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
-    from tessera_compiler.codegen.build import build_cpu_library
     text = """
 ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8xf32>) attributes {grid = array<i64: 8>, block = array<i64: 32>, row_segments = array<i64: 0, 64, 8>} {
   %pid = ttile.program_id 0
@@ -520,9 +518,7 @@ ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8x
   ttile.store %e, %y[%row, %c0] : !ttile.tile<8x8xf32>, memref<64x8xf32>
   ttile.return
 }"""
-    with ir.Context():
-        source = emit_cpp(ir.Module.parse(text))
-    lib = ctypes.CDLL(str(build_cpu_library(source)))
+    source, lib = _cpu_kernels(text)
     rng = np.random.default_rng()
     x = rng.standard_normal((64, 8)).astype(np.float32)
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)        # noqa: E731
@@ -549,9 +545,6 @@ def test_cpu_kernels_read_and_write_contiguous_blocks_in_place():
     (updated in place) is copied in and stored from a tile of its own, so
     the update reads the old values. Numerics against float64 numpy."""
     import ctypes
-    from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
-    from tessera_compiler.codegen.build import build_cpu_library
     text = """
 ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8x64xf32>,
                      %out: memref<8x64xf32>) attributes {grid = array<i64: 4>, block = array<i64: 32>} {
@@ -570,15 +563,13 @@ ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8
   ttile.store %n, %acc[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
   ttile.return
 }"""
-    with ir.Context():
-        source = emit_cpp(ir.Module.parse(text))
+    source, lib = _cpu_kernels(text)
     body = source[source.index("blocks__range"):]
     assert re.search(r"const float\* __restrict__ t\d+ = arg0 \+", body), body   # x: viewed
     assert not re.search(r"= arg1 \+", body), body                   # y's half rows: copied
     assert re.search(r"(?<!const )float\* __restrict__ t\d+ = arg3 \+", body), body  # out
     assert re.search(r"arg2\[.*\] = t\d+\[", body), body              # acc: a real store
     assert not re.search(r"arg[03]\[", body), body                   # no copy of x or out
-    lib = ctypes.CDLL(str(build_cpu_library(source)))
     rng = np.random.default_rng()
     x, y, acc = (rng.standard_normal(s).astype(np.float32) for s in ((8, 64), (8, 128), (8, 64)))
     old, out = acc.copy(), np.full((8, 64), np.nan, np.float32)
@@ -594,9 +585,6 @@ def test_cpu_broadcasts_join_the_elementwise_loop():
     elementwise loop (rows of the last dimension) rather than copied into
     tiles of their own; numerics against float64 numpy."""
     import ctypes
-    from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
-    from tessera_compiler.codegen.build import build_cpu_library
     text = """
 ttile.kernel @bcast(%x: memref<4x4x8xf32>, %a: memref<4x4x1xf32>, %b: memref<1x1x8xf32>,
                     %c: memref<1x4x8xf32>, %d: memref<1x1x1xf32>, %out: memref<4x4x8xf32>)
@@ -621,12 +609,10 @@ ttile.kernel @bcast(%x: memref<4x4x8xf32>, %a: memref<4x4x1xf32>, %b: memref<1x1
   ttile.store %y, %out[%i, %c0, %c0] : !ttile.tile<2x4x8xf32>, memref<4x4x8xf32>
   ttile.return
 }"""
-    with ir.Context():
-        source = emit_cpp(ir.Module.parse(text))
+    source, lib = _cpu_kernels(text)
     body = source[source.index("bcast__range"):]
     assert not re.search(r"float t\d+\[", body), body          # no tile arrays at all
     assert body.count("for (int64_t r") == 1, body                # one loop nest
-    lib = ctypes.CDLL(str(build_cpu_library(source)))
     rng = np.random.default_rng()
     x, a, b, c, d = (rng.standard_normal(s).astype(np.float32)
                      for s in ((4, 4, 8), (4, 4, 1), (1, 1, 8), (1, 4, 8), (1, 1, 1)))

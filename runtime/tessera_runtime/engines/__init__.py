@@ -9,7 +9,6 @@ beyond `.shape` and `.dtype`.
 from __future__ import annotations
 
 import math
-
 import time
 from abc import ABC, abstractmethod
 
