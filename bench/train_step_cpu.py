@@ -34,16 +34,17 @@ sys.path itself; torch must be importable):
     .venv/bin/python bench/train_step_cpu.py --steps 5            # quick check
     .venv/bin/python bench/train_step_cpu.py --width 256 --batch 64
 
-Threads: PyTorch uses --threads (default: all cores). Tessera's generated
-kernels run a launch of >= 4 MiB on TESSERA_NUM_THREADS threads (default: all
-cores); its matmuls go to numpy's BLAS (OpenBLAS), which uses all cores unless
-OPENBLAS_NUM_THREADS is set before the start. For a step with GEMMs of
->= 8 MiB (width 512), Tessera's CPU engine has OpenBLAS's idle threads
-sleep after 2^4 cycles instead of spinning ~0.1 s after each matmul
-(TESSERA_BLAS_THREAD_TIMEOUT; an OPENBLAS_THREAD_TIMEOUT set before the
-start is left as it is); the PyTorch peer (MKL, OpenMP) runs in a process
-started with this script's own environment. To pin
-both to N threads: OPENBLAS_NUM_THREADS=N .venv/bin/python bench/train_step_cpu.py --threads N
+Threads: PyTorch uses --threads (default: all cores). Tessera runs its
+generated kernels (a launch of >= 64 KiB) and its float32 GEMMs on one OpenMP
+team of TESSERA_NUM_THREADS threads (default: all cores), each member calling
+numpy's OpenBLAS one-threaded on a block of the GEMM's result
+(`tessera_runtime.engines.cpu.team_sgemm`); where numpy's OpenBLAS lacks the
+entry points for that, the GEMMs go to numpy.matmul on OpenBLAS's own
+threads, the kernels thread from 4 MiB only, and for a step with GEMMs of
+>= 8 MiB OpenBLAS's idle threads sleep after 2^4 cycles
+(TESSERA_BLAS_THREAD_TIMEOUT). The PyTorch peer (MKL, OpenMP) runs in a
+process started with this script's own environment. To pin both to N
+threads: TESSERA_NUM_THREADS=N .venv/bin/python bench/train_step_cpu.py --threads N
 With several threads each, OpenBLAS's and PyTorch's (OpenMP) idle threads
 spin-wait and compete for the cores, all the more on a busy machine: the times
 then swing widely. On a small or shared machine, pin both to 1 thread for a
@@ -213,11 +214,13 @@ def breakdown(step: TesseraStep, steps: int) -> dict:
     library = sum(prof.library_s.values())
     top = sorted(prof.kernel_s.items(), key=lambda kv: -kv[1])[:5]
     # Each kernel against this machine's roofline (bench/kernel_roofline.py).
-    from tessera_runtime.engines.cpu import THREADED_MIN_BYTES, default_threads
+    from tessera_runtime.engines.cpu import (THREADED_MIN_BYTES, THREADED_MIN_BYTES_BESIDE_OPENBLAS,
+                                             default_threads, team_sgemm)
     fn = step.fn
     peaks = kernel_roofline.measure_peaks(default_threads())
     rows = kernel_roofline.kernel_rows(Path(fn._bundles[fn._last_key]), prof.kernel_s,
-                                       prof.kernel_n, peaks, THREADED_MIN_BYTES)
+                                       prof.kernel_n, peaks, THREADED_MIN_BYTES if team_sgemm()
+                                       else THREADED_MIN_BYTES_BESIDE_OPENBLAS)
     return {
         "profiled_steps": steps,
         "step_ms": ms(total),
@@ -383,10 +386,13 @@ def main(argv=None) -> int:
         return time_peer(args)
 
     torch.set_num_threads(args.threads)
+    from tessera_runtime.engines.cpu import default_threads, team_sgemm
     blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "unset (all cores)")
     blas_timeout = f"{BLAS_TIMEOUT} (set before the start)" if BLAS_TIMEOUT else \
         "spin 2^28 cycles, or 2^4 for a step with large GEMMs (Tessera's CPU engine)"
-    from tessera_runtime.engines.cpu import default_threads
+    if team_sgemm():
+        blas_threads = "one per call, on Tessera's kernel threads"
+        blas_timeout = "no OpenBLAS worker runs"
     seq = 2 * args.length
     params = train_gpt.init_params(args.width, args.depth, args.heads, seq, args.seed)
     batch = train_gpt.make_batch(np.random.default_rng(args.seed), args.batch, args.length)
@@ -394,7 +400,7 @@ def main(argv=None) -> int:
     print(f"GPT: width {args.width}, depth {args.depth}, heads {args.heads}, seq {seq}, "
           f"batch {args.batch}, {n_params:,} parameters, fp32")
     print(f"torch {torch.__version__}: {torch.get_num_threads()} threads; numpy's BLAS "
-          f"(Tessera's matmul): OPENBLAS_NUM_THREADS {blas_threads}, idle workers "
+          f"(Tessera's matmul): threads {blas_threads}, idle workers "
           f"{blas_timeout}; Tessera's kernels: {default_threads()} threads; "
           f"{os.cpu_count()} cores")
 

@@ -71,7 +71,7 @@ def test_every_variable_read_is_documented():
                     named.append((f"{f}:{node.lineno}", name))
     assert len(named) > 10, named
     unknown = [f"{where}: {name}" for where, name in named if name not in env.VARIABLES]
-    assert not unknown, "undocumented variables:\n" + "\n".join(unknown)
+    assert not unknown, f"undocumented variables (in {env.__file__}):\n" + "\n".join(unknown)
 
 
 def test_tessera_env_lists_every_variable_with_its_value():

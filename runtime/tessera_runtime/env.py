@@ -86,6 +86,14 @@ _VARIABLES = [
     Variable("OPENBLAS_THREAD_TIMEOUT", "runtime", "",
              "OpenBLAS's own setting of the above (read when it loads): when set, the CPU "
              "engine leaves it"),
+    Variable("GOMP_SPINCOUNT", "runtime", "",
+             "libgomp's rounds of spinning after a parallel region (read when it loads); "
+             "unless it or OMP_WAIT_POLICY is set, the CPU engine exports 0 before it "
+             "loads a kernel library, so the generated kernels' OpenMP team sleeps between "
+             "launches instead of taking the core OpenBLAS's GEMM worker needs"),
+    Variable("OMP_WAIT_POLICY", "runtime", "",
+             "OpenMP's spin-or-sleep policy: when set, the CPU engine leaves GOMP_SPINCOUNT "
+             "unset"),
     Variable("OMPI_COMM_WORLD_LOCAL_SIZE", "runtime", "",
              "the job's ranks on this machine (set by Open MPI; MPI_LOCALNRANKS with Hydra): "
              "they share its cores"),

@@ -34,7 +34,7 @@ from tessera_runtime import env
 # vectorizes (its "very cheap" cost model: the loops that need no runtime
 # checks or epilogue, which is what the emitter writes).
 CXX_FLAGS = ["-O2", "-march=native", "-fno-math-errno", "-fno-trapping-math",
-             "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC"]
+             "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
 # sm_90a: Hopper with its arch-specific features (wgmma.mma_async); such a
 # cubin runs on compute capability 9.0 (H100, H200) only. Kernels guard their
 # wgmma loops, so the same source also builds for plain sm_90.
@@ -111,6 +111,10 @@ def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext
 #: writes it): what comes before the first is the shared preamble (includes,
 #: static inline helpers); each kernel after it stands alone.
 KERNEL_HEADER = "// ttile.kernel @"
+#: Ends the part of a CPU source's preamble that every translation unit
+#: includes; what follows it up to the first kernel (functions with external
+#: linkage, defined once per library) goes into the first unit only.
+PREAMBLE_END = "// -- end of the shared preamble\n"
 #: Below this much kernel code one compile is quicker than several (each
 #: translation unit re-parses <cmath> and the preamble: ~0.2 s).
 SPLIT_MIN_CHARS = 40_000
@@ -132,14 +136,16 @@ def _translation_units(source: str, parts: int) -> list[str]:
     head, found, rest = source.partition(mark)
     if not found:
         return [source]
+    shared, _, once = head.partition(PREAMBLE_END)
     kernels = [mark + k for k in rest.split(mark)]
-    units: list[list[str]] = [[] for _ in range(min(parts, len(kernels)))]
-    sizes = [0] * len(units)
+    units: list[list[str]] = [[once] if i == 0 else []
+                              for i in range(min(parts, len(kernels)))]
+    sizes = [len(once)] + [0] * (len(units) - 1)
     for k in sorted(kernels, key=len, reverse=True):
         i = sizes.index(min(sizes))
         units[i].append(k)
         sizes[i] += len(k)
-    return [head + "".join(u) for u in units]
+    return [shared + "".join(u) for u in units]
 
 
 def build_cpu_library(source: str) -> Path:
@@ -156,7 +162,7 @@ def build_cpu_library(source: str) -> Path:
         return _cached_build(source, ".cpp", cxx, CXX_FLAGS, ".so")
     objects = _compile_objects(units, cxx, [f for f in CXX_FLAGS if f != "-shared"] + ["-c"])
     # Linked and cached by the objects' names, which are their contents' hashes.
-    return _cached_build(" ".join(o.name for o in objects), "", cxx, ["-shared"], ".so",
+    return _cached_build(" ".join(o.name for o in objects), "", cxx, ["-shared", "-fopenmp"], ".so",
                          inputs=tuple(objects))
 
 

@@ -20,11 +20,12 @@ from tessera_mlir import ir
 from ..ir.support import kernels_of, marked_args, nested_ops, operation_key
 from ..ir.ops import TILE_ELEMENTWISE
 from ..ir.types import enum_of, tile_of
-from .build import KERNEL_HEADER
+from .build import KERNEL_HEADER, PREAMBLE_END
 
-#: The CPU kernels' extra symbols (the CPU engine's threaded launches use
-#: them): NAME__range(args, pid0_begin, pid0_end) and NAME__grid, pid0's extent.
-RANGE_SUFFIX, GRID_SUFFIX = "__range", "__grid"
+#: The CPU kernels' extra symbols: NAME__range(args, pid0_begin, pid0_end),
+#: NAME__grid (pid0's extent) and NAME__parallel(args, threads), the grid
+#: split over an OpenMP team (the CPU engine's threaded launches).
+RANGE_SUFFIX, GRID_SUFFIX, PARALLEL_SUFFIX = "__range", "__grid", "__parallel"
 
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
                "ttile.wait", "ttile.fence", "ttile.quiet"}
@@ -291,8 +292,16 @@ class KernelEmitter:
         ranged = params + ["int64_t pid0_begin", "int64_t pid0_end"]
         head += [f'extern "C" const int64_t {name}{GRID_SUFFIX} = {grid[0]};',
                  f'extern "C" void {name}{RANGE_SUFFIX}({", ".join(ranged)}) {{']
+        sep = ", " if args else ""
         tail = ["}", f'extern "C" void {name}({", ".join(params)}) {{',
-                f"  {name}{RANGE_SUFFIX}({args}{', ' if args else ''}0, {grid[0]});", "}"]
+                f"  {name}{RANGE_SUFFIX}({args}{sep}0, {grid[0]});", "}",
+                f'extern "C" void {name}{PARALLEL_SUFFIX}({", ".join(params + ["int threads"])}) {{',
+                "#pragma omp parallel num_threads(threads)",
+                "  {",
+                "    int64_t begin, end;",
+                f"    tessera_thread_slice({grid[0]}, &begin, &end);",
+                f"    {name}{RANGE_SUFFIX}({args}{sep}begin, end);",
+                "  }", "}"]
         return "\n".join(head + ["  " + p for p in prologue] + decls + body + tail) + "\n"
 
     # -- ops ---------------------------------------------------------------
@@ -956,12 +965,78 @@ _CPP_PRELUDE = """\
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+// [begin, end) of `grid` pids for this thread of an OpenMP team: contiguous
+// slices in thread order, the same split for every call.
+static inline void tessera_thread_slice(int64_t grid, int64_t* begin, int64_t* end) {
+#ifdef _OPENMP
+  const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+  const int64_t t = 0, n = 1;
+#endif
+  *begin = grid * t / n;
+  *end = grid * (t + 1) / n;
+}
 """ + BF16_HELPERS.format(q="static") + FP8_HELPERS.format(q="static") + \
     SEGMENT_HELPERS.format(q="static") + _FAST_MATH + _CPU_DOT
 
+# Defined once per library (after PREAMBLE_END: the first translation unit).
+_TEAM_GEMM = """\
+// The CPU engine's f32 GEMMs (the library routine matmul): numpy's OpenBLAS
+// sgemm, called one-threaded by each member of the same OpenMP team the
+// kernels use (the calling thread is one of them). One pool: OpenBLAS's own workers would spin on the core the
+// team needs after every GEMM (a team member then waits a scheduler slice).
+typedef void (*tessera_sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float*,
+                                 int64_t, const float*, int64_t, float, float*, int64_t);
+typedef int (*tessera_blas_threads_fn)(int);
+static tessera_sgemm_fn tessera_sgemm;
+static tessera_blas_threads_fn tessera_blas_threads;
+// cblas_sgemm with 64-bit integers and openblas_set_num_threads_local.
+extern "C" void tessera_use_sgemm(void* sgemm, void* set_threads) {
+  tessera_sgemm = (tessera_sgemm_fn)sgemm;
+  tessera_blas_threads = (tessera_blas_threads_fn)set_threads;
+}
+// C[M,N] = op(A) op(B), row-major, op = transpose where asked (A stored
+// K x M, B stored N x K). C is cut into `pieces` blocks of rows (of columns
+// when N > M), each one sgemm call; the pieces depend on the shape only, so
+// the bits do not depend on the team's size (sgemm's own depend on M and N).
+extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                 const float* a, const float* b, float* c, int64_t pieces,
+                                 int threads) {
+  const bool by_rows = M >= N;
+  const int64_t extent = by_rows ? M : N;
+  const int64_t piece = ((extent + pieces - 1) / pieces + 15) / 16 * 16;
+  const int64_t count = (extent + piece - 1) / piece;
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  const int ta = trans_a ? 112 : 111, tb = trans_b ? 112 : 111;   // CblasTrans, CblasNoTrans
+  // openblas_set_num_threads_local sets OpenBLAS's one (process-wide)
+  // thread count and returns the previous: set here, before the team
+  // starts, and restored after it, never by two threads at once.
+  const int saved = tessera_blas_threads(1);
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t first, last;
+    tessera_thread_slice(count, &first, &last);
+    for (int64_t p = first; p < last; ++p) {
+      const int64_t lo = p * piece, n = extent - lo < piece ? extent - lo : piece;
+      if (by_rows)
+        tessera_sgemm(101, ta, tb, n, N, K, 1.0f, a + (trans_a ? lo : lo * K), lda, b, ldb,
+                      0.0f, c + lo * N, N);
+      else
+        tessera_sgemm(101, ta, tb, M, n, K, 1.0f, a, lda, b + (trans_b ? lo * K : lo), ldb,
+                      0.0f, c + lo, N);
+    }
+  }
+  tessera_blas_threads(saved);
+}
+"""
+
 def emit_cpp(module: ir.Module) -> str:
-    """C++ for the CPU engine: one `extern "C"` function per ttile.kernel."""
-    parts = [_CPP_PRELUDE]
+    """C++ for the CPU engine: one `extern "C"` function per ttile.kernel,
+    and the engine's GEMM (tessera_gemm_f32)."""
+    parts = [_CPP_PRELUDE + PREAMBLE_END + _TEAM_GEMM]
     for kernel in kernels_of(module):
         parts.append(KernelEmitter().emit_kernel(kernel))
     return "\n".join(parts)

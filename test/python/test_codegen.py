@@ -78,9 +78,11 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
 
 def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, monkeypatch):
     """build_cpu_library splits a source into one translation unit per build
-    job (each the preamble and a share of the kernels), compiles them at
-    once, caches each object by content, and links one library exposing
-    every kernel; a change to one kernel recompiles one unit."""
+    job (each the shared preamble and a share of the kernels; what is
+    defined once per library, after PREAMBLE_END, in the first only),
+    compiles them at once, caches each object by content, and links one
+    library exposing every kernel and the engine's GEMM; a change to one
+    kernel recompiles one unit."""
     import ctypes
     import re
     from tessera_compiler.codegen import build
@@ -93,11 +95,14 @@ def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, mon
     src = one + "\n" + kernel.replace(name, name + "_again")    # two kernels
     names = [name, name + "_again"]
     units = build._translation_units(src, 2)
-    assert len(units) == 2 and all(u.startswith(src.split(build.KERNEL_HEADER)[0]) for u in units)
+    shared, once = src.split(build.KERNEL_HEADER)[0].split(build.PREAMBLE_END)
+    assert "tessera_gemm_f32" in once and "tessera_gemm_f32" not in shared
+    assert len(units) == 2 and all(u.startswith(shared) for u in units)
+    assert [once.rstrip() in u for u in units] == [True, False]
     lib = build.build_cpu_library(src)
     assert len(list(tmp_path.rglob("*.o"))) == 2
     loaded = ctypes.CDLL(str(lib))
-    for name in names:
+    for name in names + ["tessera_gemm_f32"]:
         getattr(loaded, name)                       # every kernel is in the library
     # Edit the last kernel only: one of the two units is new.
     changed = src.rstrip() + "\n// changed\n"
@@ -625,34 +630,102 @@ ttile.kernel @bcast(%x: memref<4x4x8xf32>, %a: memref<4x4x1xf32>, %b: memref<1x1
     np.testing.assert_allclose(out, (x64 + a64) * b64 - c64 + d64, rtol=1e-5, atol=1e-6)
 
 
-def test_a_large_cpu_launch_splits_its_grid_over_the_engine_s_threads(monkeypatch):
+_TEAM_PROBE = """
+import os, sys
+import numpy as np
+import tessera as ts
+from tessera import op
+from tessera_runtime.engines import cpu
+x, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+assert x.nbytes >= max(cpu.THREADED_MIN_BYTES, cpu.THREADED_MIN_BYTES_BESIDE_OPENBLAS)
+before = len(os.listdir("/proc/self/task"))
+np.save(sys.argv[3], np.asarray(ts.jit(lambda x, b: op.tanh(x + b) * 0.5 + x)(x, b)))
+print(len(os.listdir("/proc/self/task")) - before, os.environ.get("GOMP_SPINCOUNT"))
+"""
+
+
+def test_a_large_cpu_launch_splits_its_grid_over_an_openmp_team(tmp_path):
     """A generated CPU kernel touching >= THREADED_MIN_BYTES runs its
-    outermost grid loop in slices on TESSERA_NUM_THREADS threads (through
-    its NAME__range entry point); the result is bitwise that of one thread
-    and matches float64 numpy."""
-    from concurrent.futures import ThreadPoolExecutor
-    from tessera_runtime.engines import cpu
-    submitted = []
-    real_submit = ThreadPoolExecutor.submit
-
-    def counting_submit(self, fn, *args, **kwargs):
-        submitted.append(fn)
-        return real_submit(self, fn, *args, **kwargs)
-    monkeypatch.setattr(ThreadPoolExecutor, "submit", counting_submit)
-
-    def gelu_ish(x, b):
-        return op.tanh(x + b) * 0.5 + x
-
+    outermost grid loop in slices on an OpenMP team of TESSERA_NUM_THREADS
+    threads (its NAME__parallel entry point: the process has one thread
+    more than with TESSERA_NUM_THREADS=1); the result is bitwise that of one
+    thread and matches float64 numpy. Where the GEMMs run on OpenBLAS's
+    own threads (no team_sgemm), the team sleeps between launches
+    (GOMP_SPINCOUNT=0) unless the user chose libgomp's waiting."""
+    import os
+    import subprocess
+    import sys
     rng = np.random.default_rng()
     x = rng.standard_normal((1024, 1024), dtype=np.float32)       # 4 MiB in, 4 MiB out
     b = rng.standard_normal((1, 1024), dtype=np.float32)
-    results = {}
-    for threads in ("1", "2"):
-        monkeypatch.setenv("TESSERA_NUM_THREADS", threads)
-        submitted.clear()
-        results[threads] = np.asarray(ts.jit(gelu_ish)(x, b))
-        assert bool(submitted) == (threads == "2"), submitted
-    assert x.nbytes >= cpu.THREADED_MIN_BYTES
-    np.testing.assert_array_equal(results["1"], results["2"])
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "b.npy", b)
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+
+    def run(threads, **env):
+        out = tmp_path / f"out{threads}.npy"
+        printed = subprocess.run(
+            [sys.executable, "-c", _TEAM_PROBE, str(tmp_path / "x.npy"), str(tmp_path / "b.npy"),
+             str(out)], env={**clean, "TESSERA_NUM_THREADS": threads, **env},
+            capture_output=True, text=True, check=True).stdout.split()
+        return np.load(out), int(printed[0]), printed[1]
+    one, new_threads_1, spin_1 = run("1")
+    two, new_threads_2, spin_2 = run("2")
+    assert new_threads_2 == new_threads_1 + 1
+    from tessera_runtime.engines.cpu import team_sgemm
+    assert spin_1 == spin_2 == ("None" if team_sgemm() else "0")
+    assert run("2", OMP_WAIT_POLICY="active")[2] == "None"         # the user's choice
+    np.testing.assert_array_equal(one, two)
     x64, b64 = x.astype(np.float64), b.astype(np.float64)
-    np.testing.assert_allclose(results["2"], np.tanh(x64 + b64) * 0.5 + x64, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(two, np.tanh(x64 + b64) * 0.5 + x64, rtol=1e-5, atol=1e-6)
+
+
+def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size():
+    """The CPU engine's matmul runs 2-D float32 GEMMs through the kernel
+    library's tessera_gemm_f32 (numpy's OpenBLAS, one-threaded, on blocks
+    of the result that the OpenMP team shares): every transpose flag, a
+    shape cut by rows, one cut by columns, one too small to cut; the same
+    bits on 1, 2 and 3 threads, within float32 rounding of float64 numpy.
+    OpenBLAS's own thread count (the user's numpy) is as it was after each
+    call. Batched and empty operands still go to numpy."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    from tessera_runtime.engines import cpu
+    if cpu.team_sgemm() is None:
+        pytest.skip("numpy's BLAS here lacks cblas_sgemm64_ / openblas_set_num_threads_local")
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse("module {}"))
+    engine = cpu.CPUEngine()
+    engine.load_kernels(build_cpu_library(source))
+    import ctypes
+    openblas = ctypes.CDLL(cpu._openblas_paths()[0])
+    blas_threads = next(getattr(openblas, f) for f in ("scipy_openblas_get_num_threads64_",
+                                                      "openblas_get_num_threads")
+                        if hasattr(openblas, f))
+    users = blas_threads()
+    rng = np.random.default_rng()
+    for m, n, k in ((200, 72, 40), (24, 300, 56), (7, 5, 3)):
+        for ta, tb in ((False, False), (True, False), (False, True), (True, True)):
+            a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+            b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+            attrs = {"transpose_lhs": ta, "transpose_rhs": tb}
+            out = {}
+            for threads in (1, 2, 3):
+                engine._threads = threads
+                out[threads] = np.full((m, n), np.nan, np.float32)
+                engine.prepare_library("matmul", attrs)((a, b, out[threads]))
+                assert blas_threads() == users
+            assert out[1].tobytes() == out[2].tobytes() == out[3].tobytes(), (m, n, k, ta, tb)
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            want = (a64.T if ta else a64) @ (b64.T if tb else b64)
+            np.testing.assert_allclose(out[2], want, rtol=1e-4, atol=1e-5 * k)
+    batched = rng.standard_normal((3, 8, 5), dtype=np.float32)
+    square = rng.standard_normal((5, 5), dtype=np.float32)
+    got = np.empty((3, 8, 5), np.float32)
+    engine.prepare_library("matmul", {})((batched, square, got))
+    np.testing.assert_allclose(got, batched @ square, rtol=1e-5, atol=1e-5)
+    empty = np.full((4, 3), np.nan, np.float32)                 # k = 0: zeros
+    engine.prepare_library("matmul", {})((np.ones((4, 0), np.float32),
+                                          np.ones((0, 3), np.float32), empty))
+    assert not empty.any()

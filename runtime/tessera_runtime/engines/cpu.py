@@ -4,17 +4,20 @@ Kernels are `extern "C" void KERNEL(void*, void*, ...)` taking data pointers
 in launch-argument order. Launches are synchronous, so every stream is
 trivially in order and a recorded event is complete when it is recorded.
 
-A kernel with a grid also has `KERNEL__range(..., pid0_begin, pid0_end)`:
-a launch that touches at least THREADED_MIN_BYTES runs its outermost grid
-dimension in equal slices on `threads` threads (ctypes releases the GIL
-for the call). The pids of a Tile IR kernel write disjoint tiles, so the
-result is bitwise the same on any number of threads.
+A kernel with a grid also has `KERNEL__parallel(..., threads)`: a launch
+that touches at least THREADED_MIN_BYTES runs its outermost grid dimension
+in equal slices on an OpenMP team of `threads` threads (the library is
+built with -fopenmp; ctypes releases the GIL for the call). The pids of a
+Tile IR kernel write disjoint tiles, so the result is bitwise the same on
+any number of threads. The library's `tessera_gemm_f32` runs the float32
+GEMMs (the library routine matmul) on the same team, each member calling
+numpy's OpenBLAS one-threaded on a block of the result: one pool for the
+whole program.
 """
 
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +25,22 @@ import numpy as np
 from .. import env
 from . import Engine, EngineError, Event
 
-#: A launch whose buffers total less runs on one thread: handing slices to
-#: the pool costs tens of microseconds, about what such a kernel takes.
-THREADED_MIN_BYTES = 4 << 20
+#: A launch whose buffers total less runs on one thread. The team's
+#: members spin between launches (the GEMMs run on the same team, so no
+#: other pool wants the cores), so waking them costs about a microsecond.
+#: Measured, w128 GPT step, medians of alternating processes: 21.2 ms at
+#: 4 MiB, 18.5 at 1 MiB, 17.0-17.6 at 64 KiB, 17.1 at 0; where numpy's
+#: OpenBLAS runs the GEMMs (no team_sgemm) its spinning workers hold the
+#: cores and a team member waits a scheduler slice behind them (186 ms at
+#: 1 MiB): there the threshold is THREADED_MIN_BYTES_BESIDE_OPENBLAS.
+THREADED_MIN_BYTES = 64 << 10
+THREADED_MIN_BYTES_BESIDE_OPENBLAS = 4 << 20
+#: A 2-D float32 GEMM of at least this many multiply-adds is cut into
+#: GEMM_PIECES blocks of rows (or columns) that the kernels' OpenMP team
+#: shares (tessera_gemm_f32); the cut depends on the shape only, so the
+#: result's bits do not depend on the thread count.
+GEMM_PIECES = 4
+GEMM_SPLIT_MIN_MACS = 1 << 18
 #: A program with a GEMM whose operands and result total at least this
 #: has OpenBLAS's idle workers sleep right away (quiet_blas_workers): its
 #: GEMMs are long enough that waking a worker is noise, and the kernels
@@ -121,16 +137,19 @@ def quiet_blas_workers() -> bool:
 _quiet: bool | None = None
 
 
-def _openblas():
-    """The OpenBLAS this process has loaded (numpy's), if it has the entry
-    points quiet_blas_workers needs (numpy, imported above, has loaded it)."""
+def _openblas_paths() -> list[str]:
+    """The OpenBLAS libraries this process has loaded (numpy's: imported above)."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split(None, 5)[-1].strip() for line in maps
-                     if "openblas" in line.rsplit("/", 1)[-1].lower()}
+            return sorted({line.split(None, 5)[-1].strip() for line in maps
+                           if "openblas" in line.rsplit("/", 1)[-1].lower()})
     except OSError:
-        return None
-    for path in sorted(paths):
+        return []
+
+
+def _openblas():
+    """numpy's OpenBLAS, if it has the entry points quiet_blas_workers needs."""
+    for path in _openblas_paths():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -140,6 +159,49 @@ def _openblas():
             lib.openblas_thread_timeout.restype = ctypes.c_int
             return lib
     return None
+
+
+def team_sgemm() -> tuple[int, int] | None:
+    """The addresses of numpy's OpenBLAS `cblas_sgemm` (64-bit integers)
+    and `openblas_set_num_threads_local`, which the kernel library's
+    tessera_gemm_f32 calls from its OpenMP team; None where numpy's BLAS
+    lacks either (its GEMMs then stay numpy.matmul calls)."""
+    global _team_sgemm
+    if _team_sgemm is None:
+        _team_sgemm = False
+        for path in _openblas_paths():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            sgemm = next((getattr(lib, f) for f in ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+                          if hasattr(lib, f)), None)
+            if sgemm is not None and hasattr(lib, "openblas_set_num_threads_local"):
+                _team_sgemm = (ctypes.cast(sgemm, ctypes.c_void_p).value,
+                               ctypes.cast(lib.openblas_set_num_threads_local,
+                                           ctypes.c_void_p).value)
+                break
+    return _team_sgemm or None
+
+
+_team_sgemm: tuple[int, int] | bool | None = None
+
+
+def quiet_openmp_workers() -> None:
+    """Where OpenBLAS keeps its own workers (no team_sgemm), has the
+    kernels' OpenMP team members sleep as soon as a launch is done
+    (GOMP_SPINCOUNT=0), before the first kernel library loads libgomp,
+    unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY. Why: libgomp's
+    default spins ~300,000 rounds after each parallel region, on the core
+    the next GEMM's OpenBLAS worker needs (measured, w512 GPT step, 3
+    alternations: 1435 ms spinning, 1164 ms sleeping, 1228 ms with the
+    Python thread pool this team replaced). With team_sgemm the team is the
+    only pool and its members spin between launches. libgomp reads the
+    variable when it loads, so a process that loaded it before keeps its
+    setting."""
+    if team_sgemm() is None and not (env.is_set("GOMP_SPINCOUNT")
+                                     or env.is_set("OMP_WAIT_POLICY")):
+        env.export("GOMP_SPINCOUNT", "0")
 
 
 def default_threads() -> int:
@@ -173,7 +235,7 @@ class CPUEngine(Engine):
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
-        self._workers: ThreadPoolExecutor | None = None
+        self._gemm = None                     # the library's tessera_gemm_f32, if usable
         keep_freed_memory()
 
     # -- memory -----------------------------------------------------------------
@@ -202,6 +264,7 @@ class CPUEngine(Engine):
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"kernel library not found: {path}")
+        quiet_openmp_workers()
         try:
             # Absolute path: a bare relative name would make dlopen search
             # the system library path instead of the bundle.
@@ -210,6 +273,15 @@ class CPUEngine(Engine):
             raise EngineError(f"cannot load kernel library {path}: {e}") from None
         self.kernel_library = path
         self._kernels.clear()
+        self._gemm = None
+        sgemm = team_sgemm()
+        if sgemm is not None and hasattr(self._lib, "tessera_gemm_f32"):
+            self._lib.tessera_use_sgemm.argtypes = [ctypes.c_void_p] * 2
+            self._lib.tessera_use_sgemm(*sgemm)
+            self._gemm = self._lib.tessera_gemm_f32
+            self._gemm.restype = None
+            self._gemm.argtypes = [ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + \
+                [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
 
     def _kernel(self, kernel: str):
         fn = self._kernels.get(kernel)
@@ -252,25 +324,17 @@ class CPUEngine(Engine):
         fn = self._kernel(kernel)
         fn.argtypes = [ctypes.c_void_p] * n_args
         try:
-            ranged = getattr(self._lib, kernel + "__range")
+            team = getattr(self._lib, kernel + "__parallel")
             grid = ctypes.c_int64.in_dll(self._lib, kernel + "__grid").value
-        except AttributeError:          # no grid (or a library from before ranges)
+        except AttributeError:          # no grid
             return lambda ptrs: fn(*ptrs)
         parts = min(self.threads, grid)
-        if parts < 2 or nbytes < THREADED_MIN_BYTES:
+        least = THREADED_MIN_BYTES if self._gemm is not None else THREADED_MIN_BYTES_BESIDE_OPENBLAS
+        if parts < 2 or nbytes < least:
             return lambda ptrs: fn(*ptrs)
-        ranged.restype = None
-        ranged.argtypes = [ctypes.c_void_p] * n_args + [ctypes.c_int64] * 2
-        bounds = [grid * i // parts for i in range(parts + 1)]
-        pool = self._pool()
-
-        def sliced(ptrs):
-            rest = [pool.submit(ranged, *ptrs, bounds[i], bounds[i + 1])
-                    for i in range(1, parts)]
-            ranged(*ptrs, bounds[0], bounds[1])         # this thread takes the first slice
-            for done in rest:
-                done.result()
-        return sliced
+        team.restype = None
+        team.argtypes = [ctypes.c_void_p] * n_args + [ctypes.c_int]
+        return lambda ptrs: team(*ptrs, parts)
 
     @property
     def threads(self) -> int:
@@ -279,21 +343,40 @@ class CPUEngine(Engine):
             self._threads = default_threads()
         return self._threads
 
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._workers is None:
-            self._workers = ThreadPoolExecutor(self.threads - 1,
-                                               thread_name_prefix="tessera-kernels")
-        return self._workers
-
     def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
         from .library import ROUTINES
         if routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
             quiet_blas_workers()
         impl = ROUTINES[routine]
+        if routine == "matmul" and self._gemm is not None:
+            return self._team_matmul(attrs, impl)
 
         def call(args):
             with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
                 impl(np, attrs, *args)
+        return call
+
+    def _team_matmul(self, attrs: dict, numpy_matmul):
+        """matmul on the kernels' OpenMP team (tessera_gemm_f32) for 2-D
+        float32 operands; numpy's matmul for the others (batched, bf16,
+        empty)."""
+        gemm, threads = self._gemm, self.threads
+        trans_a, trans_b = int(bool(attrs.get("transpose_lhs"))), int(bool(attrs.get("transpose_rhs")))
+        f32 = np.dtype(np.float32)
+
+        def call(args):
+            a, b, out = args
+            if a.ndim == b.ndim == 2 and a.dtype == b.dtype == out.dtype == f32 \
+                    and a.size and b.size and a.flags.c_contiguous and b.flags.c_contiguous \
+                    and out.flags.c_contiguous:
+                m, n = out.shape
+                k = a.shape[0] if trans_a else a.shape[1]
+                pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
+                gemm(trans_a, trans_b, m, n, k, a.ctypes.data, b.ctypes.data, out.ctypes.data,
+                     pieces, threads)
+                return
+            with np.errstate(all="ignore"):
+                numpy_matmul(np, attrs, a, b, out)
         return call
 
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
