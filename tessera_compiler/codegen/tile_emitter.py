@@ -296,7 +296,7 @@ class KernelEmitter:
         tail = ["}", f'extern "C" void {name}({", ".join(params)}) {{',
                 f"  {name}{RANGE_SUFFIX}({args}{sep}0, {grid[0]});", "}",
                 f'extern "C" void {name}{PARALLEL_SUFFIX}({", ".join(params + ["int threads"])}) {{',
-                "#pragma omp parallel num_threads(threads)",
+                "#pragma omp parallel num_threads(tessera_team_size(threads))",
                 "  {",
                 "    int64_t begin, end;",
                 f"    tessera_thread_slice({grid[0]}, &begin, &end);",
@@ -970,6 +970,11 @@ _CPP_PRELUDE = """\
 #endif
 // [begin, end) of `grid` pids for this thread of an OpenMP team: contiguous
 // slices in thread order, the same split for every call.
+// Set in a child forked from a process whose team ran: libgomp's threads
+// are not in the child, and its first parallel region there would hang,
+// so a forked child runs every launch on its one thread.
+extern "C" int tessera_forked;
+static inline int tessera_team_size(int threads) { return tessera_forked ? 1 : threads; }
 static inline void tessera_thread_slice(int64_t grid, int64_t* begin, int64_t* end) {
 #ifdef _OPENMP
   const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -984,10 +989,17 @@ static inline void tessera_thread_slice(int64_t grid, int64_t* begin, int64_t* e
 
 # Defined once per library (after PREAMBLE_END: the first translation unit).
 _TEAM_GEMM = """\
+#include <pthread.h>
+int tessera_forked = 0;
+static void tessera_mark_forked() { tessera_forked = 1; }
+__attribute__((constructor)) static void tessera_watch_forks() {
+  pthread_atfork(nullptr, nullptr, tessera_mark_forked);
+}
 // The CPU engine's f32 GEMMs (the library routine matmul): numpy's OpenBLAS
 // sgemm, called one-threaded by each member of the same OpenMP team the
-// kernels use (the calling thread is one of them). One pool: OpenBLAS's own workers would spin on the core the
-// team needs after every GEMM (a team member then waits a scheduler slice).
+// kernels use (the calling thread is one of them). One pool: OpenBLAS's own
+// workers would spin on the core the team needs after every GEMM (a team
+// member then waits a scheduler slice).
 typedef void (*tessera_sgemm_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float*,
                                  int64_t, const float*, int64_t, float, float*, int64_t);
 typedef int (*tessera_blas_threads_fn)(int);
@@ -1015,7 +1027,7 @@ extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N,
   // thread count and returns the previous: set here, before the team
   // starts, and restored after it, never by two threads at once.
   const int saved = tessera_blas_threads(1);
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(tessera_team_size(threads))
   {
     int64_t first, last;
     tessera_thread_slice(count, &first, &last);

@@ -680,6 +680,31 @@ def test_a_large_cpu_launch_splits_its_grid_over_an_openmp_team(tmp_path):
     np.testing.assert_allclose(two, np.tanh(x64 + b64) * 0.5 + x64, rtol=1e-5, atol=1e-6)
 
 
+def test_a_forked_child_runs_the_kernels_and_gemms_on_one_thread(monkeypatch):
+    """libgomp's threads do not survive fork(): a child forked after the
+    team ran would hang in its first parallel region. The kernel library
+    notices the fork (pthread_atfork) and the child runs each launch and
+    GEMM on its one thread: the same bits, no hang."""
+    import os
+    import time
+    monkeypatch.setenv("TESSERA_NUM_THREADS", "2")
+    rng = np.random.default_rng()
+    x = rng.standard_normal((512, 1024), dtype=np.float32)      # 2 MiB: threaded
+    w = rng.standard_normal((1024, 256), dtype=np.float32)
+    step = ts.jit(lambda x, w: op.matmul(op.tanh(x) * 0.5 + x, w))
+    parent = np.asarray(step(x, w))
+    pid = os.fork()
+    if pid == 0:                                    # the child: no pytest, no cleanup
+        os._exit(0 if np.asarray(step(x, w)).tobytes() == parent.tobytes() else 3)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid, "the forked child hung"
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's result differs"
+
 def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size():
     """The CPU engine's matmul runs 2-D float32 GEMMs through the kernel
     library's tessera_gemm_f32 (numpy's OpenBLAS, one-threaded, on blocks
