@@ -647,9 +647,9 @@ print(len(os.listdir("/proc/self/task")) - before, os.environ.get("GOMP_SPINCOUN
 def test_a_large_cpu_launch_splits_its_grid_over_an_openmp_team(tmp_path):
     """A generated CPU kernel touching >= THREADED_MIN_BYTES runs its
     outermost grid loop in slices on an OpenMP team of TESSERA_NUM_THREADS
-    threads (its NAME__parallel entry point: the process has one thread
-    more than with TESSERA_NUM_THREADS=1); the result is bitwise that of one
-    thread and matches float64 numpy. Where the GEMMs run on OpenBLAS's
+    threads (its NAME__slice through tessera_parallel: the process has one
+    thread more than with TESSERA_NUM_THREADS=1); the result is bitwise that
+    of one thread and matches float64 numpy. Where the GEMMs run on OpenBLAS's
     own threads (no team_sgemm), the team sleeps between launches
     (GOMP_SPINCOUNT=0) unless the user chose libgomp's waiting."""
     import os

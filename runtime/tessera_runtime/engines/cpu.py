@@ -4,10 +4,11 @@ Kernels are `extern "C" void KERNEL(void*, void*, ...)` taking data pointers
 in launch-argument order. Launches are synchronous, so every stream is
 trivially in order and a recorded event is complete when it is recorded.
 
-A kernel with a grid also has `KERNEL__parallel(..., threads)`: a launch
-that touches at least THREADED_MIN_BYTES runs its outermost grid dimension
-in equal slices on an OpenMP team of `threads` threads (the library is
-built with -fopenmp; ctypes releases the GIL for the call). The pids of a
+A kernel with a grid also has `KERNEL__slice(void** args, begin, end)`: a
+launch that touches at least THREADED_MIN_BYTES runs its outermost grid
+dimension in equal slices on an OpenMP team of `threads` threads through
+the library's `tessera_parallel(slice, args, grid, threads)` (the library
+is built with -fopenmp; ctypes releases the GIL for the call). The pids of a
 Tile IR kernel write disjoint tiles, so the result is bitwise the same on
 any number of threads. The library's `tessera_gemm_f32` runs the float32
 GEMMs (the library routine matmul) on the same team, each member calling
@@ -324,17 +325,19 @@ class CPUEngine(Engine):
         fn = self._kernel(kernel)
         fn.argtypes = [ctypes.c_void_p] * n_args
         try:
-            team = getattr(self._lib, kernel + "__parallel")
+            part = ctypes.cast(getattr(self._lib, kernel + "__slice"), ctypes.c_void_p).value
             grid = ctypes.c_int64.in_dll(self._lib, kernel + "__grid").value
-        except AttributeError:          # no grid
+            team = self._lib.tessera_parallel
+        except AttributeError:          # no grid (or a library from before the team)
             return lambda ptrs: fn(*ptrs)
         parts = min(self.threads, grid)
         least = THREADED_MIN_BYTES if self._gemm is not None else THREADED_MIN_BYTES_BESIDE_OPENBLAS
         if parts < 2 or nbytes < least:
             return lambda ptrs: fn(*ptrs)
         team.restype = None
-        team.argtypes = [ctypes.c_void_p] * n_args + [ctypes.c_int]
-        return lambda ptrs: team(*ptrs, parts)
+        team.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        args = ctypes.c_void_p * n_args
+        return lambda ptrs: team(part, args(*ptrs), grid, parts)
 
     @property
     def threads(self) -> int:
