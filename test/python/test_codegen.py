@@ -712,7 +712,8 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
     shape cut by rows, one cut by columns, one too small to cut; the same
     bits on 1, 2 and 3 threads, within float32 rounding of float64 numpy.
     OpenBLAS's own thread count (the user's numpy) is as it was after each
-    call. Batched and empty operands still go to numpy."""
+    call. So do the MoE routines' per-expert GEMMs; batched and empty
+    operands still go to numpy."""
     from tessera_mlir import ir
     from tessera_compiler.codegen import emit_cpp
     from tessera_compiler.codegen.build import build_cpu_library
@@ -750,6 +751,27 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
     got = np.empty((3, 8, 5), np.float32)
     engine.prepare_library("matmul", {})((batched, square, got))
     np.testing.assert_allclose(got, batched @ square, rtol=1e-5, atol=1e-5)
+    # The MoE routines' per-expert GEMMs (rows of x, w[e] or its transpose;
+    # x^T g summed per expert) reach the team through the engine's numpy.
+    x = rng.standard_normal((40, 24), dtype=np.float32)
+    w = rng.standard_normal((3, 16, 24), dtype=np.float32)
+    sizes = np.array([10, 0, 22], np.int32)                     # rows 32..39: padding
+    grouped = np.full((40, 16), np.nan, np.float32)
+    engine.prepare_library("grouped_matmul", {"transpose_rhs": True})((x, w, sizes, grouped))
+    bounds = [0, 10, 10, 32]
+    for e in range(3):
+        np.testing.assert_allclose(grouped[bounds[e]:bounds[e + 1]],
+                                   x[bounds[e]:bounds[e + 1]].astype(np.float64) @ w[e].T,
+                                   rtol=1e-4, atol=1e-4)
+    assert not grouped[32:].any()
+    g = rng.standard_normal((40, 16), dtype=np.float32)
+    outer = np.full((3, 24, 16), np.nan, np.float32)
+    engine.prepare_library("grouped_outer", {})((x, g, sizes, outer))
+    for e in range(3):
+        rows = slice(bounds[e], bounds[e + 1])
+        np.testing.assert_allclose(outer[e], x[rows].astype(np.float64).T @ g[rows],
+                                   rtol=1e-4, atol=1e-4)
+    assert blas_threads() == users
     empty = np.full((4, 3), np.nan, np.float32)                 # k = 0: zeros
     engine.prepare_library("matmul", {})((np.ones((4, 0), np.float32),
                                           np.ones((0, 3), np.float32), empty))

@@ -218,6 +218,52 @@ def default_threads() -> int:
     return given or max(1, env.cores() // (int(local) if local else world()[1]))
 
 
+class TeamBLAS:
+    """numpy, as the library routines see it (their `xp`) while the GEMMs
+    run on the kernel library's OpenMP team: `matmul` of 2-D float32
+    operands, each C-contiguous or the transpose of one (a BLAS transpose
+    flag), goes to tessera_gemm_f32; any other matmul (batched, float64,
+    strided) to numpy with OpenBLAS held to one thread, so OpenBLAS's own
+    workers never wake and spin on the team's cores."""
+
+    def __init__(self, gemm, set_blas_threads: int, threads: int):
+        gemm.restype = None
+        gemm.argtypes = [ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + \
+            [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+        self._gemm, self._threads = gemm, threads
+        self._set_blas_threads = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(set_blas_threads)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def matmul(self, a, b, out=None):
+        ta, tb = _blas_operand(a), _blas_operand(b)
+        if ta is not None and tb is not None and a.size and b.size and \
+                (out is None or (out.dtype == np.float32 and out.flags.c_contiguous)):
+            m, k, n = a.shape[0], a.shape[1], b.shape[1]
+            if out is None:
+                out = np.empty((m, n), np.float32)
+            pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
+            self._gemm(ta, tb, m, n, k, (a.T if ta else a).ctypes.data,
+                       (b.T if tb else b).ctypes.data, out.ctypes.data, pieces, self._threads)
+            return out
+        saved = self._set_blas_threads(1)
+        try:
+            return np.matmul(a, b, out=out)
+        finally:
+            self._set_blas_threads(saved)
+
+
+def _blas_operand(x) -> int | None:
+    """0 for a C-contiguous 2-D float32 array, 1 for the transpose of one,
+    None for anything else."""
+    if x.ndim != 2 or x.dtype != np.float32:
+        return None
+    if x.flags.c_contiguous:
+        return 0
+    return 1 if x.T.flags.c_contiguous else None
+
+
 class CPUEvent(Event):
     def __init__(self, stream):
         self.stream = stream
@@ -236,7 +282,7 @@ class CPUEngine(Engine):
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
-        self._gemm = None                     # the library's tessera_gemm_f32, if usable
+        self._team_blas: TeamBLAS | None = None   # numpy, GEMMs on the library's team
         keep_freed_memory()
 
     # -- memory -----------------------------------------------------------------
@@ -274,15 +320,12 @@ class CPUEngine(Engine):
             raise EngineError(f"cannot load kernel library {path}: {e}") from None
         self.kernel_library = path
         self._kernels.clear()
-        self._gemm = None
+        self._team_blas = None
         sgemm = team_sgemm()
         if sgemm is not None and hasattr(self._lib, "tessera_gemm_f32"):
             self._lib.tessera_use_sgemm.argtypes = [ctypes.c_void_p] * 2
             self._lib.tessera_use_sgemm(*sgemm)
-            self._gemm = self._lib.tessera_gemm_f32
-            self._gemm.restype = None
-            self._gemm.argtypes = [ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + \
-                [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+            self._team_blas = TeamBLAS(self._lib.tessera_gemm_f32, sgemm[1], self.threads)
 
     def _kernel(self, kernel: str):
         fn = self._kernels.get(kernel)
@@ -331,7 +374,8 @@ class CPUEngine(Engine):
         except AttributeError:          # no grid (or a library from before the team)
             return lambda ptrs: fn(*ptrs)
         parts = min(self.threads, grid)
-        least = THREADED_MIN_BYTES if self._gemm is not None else THREADED_MIN_BYTES_BESIDE_OPENBLAS
+        least = THREADED_MIN_BYTES if self._team_blas is not None \
+            else THREADED_MIN_BYTES_BESIDE_OPENBLAS
         if parts < 2 or nbytes < least:
             return lambda ptrs: fn(*ptrs)
         team.restype = None
@@ -348,44 +392,18 @@ class CPUEngine(Engine):
 
     def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
         from .library import ROUTINES
-        if routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
-            quiet_blas_workers()
         impl = ROUTINES[routine]
-        if routine == "matmul" and self._gemm is not None:
-            return self._team_matmul(attrs, impl)
+        xp = self._team_blas or np
+        if xp is np and routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
+            quiet_blas_workers()
 
         def call(args):
             with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
-                impl(np, attrs, *args)
-        return call
-
-    def _team_matmul(self, attrs: dict, numpy_matmul):
-        """matmul on the kernels' OpenMP team (tessera_gemm_f32) for 2-D
-        float32 operands; numpy's matmul for the others (batched, bf16,
-        empty)."""
-        gemm, threads = self._gemm, self.threads
-        trans_a, trans_b = int(bool(attrs.get("transpose_lhs"))), int(bool(attrs.get("transpose_rhs")))
-        f32 = np.dtype(np.float32)
-
-        def call(args):
-            a, b, out = args
-            if a.ndim == b.ndim == 2 and a.dtype == b.dtype == out.dtype == f32 \
-                    and a.size and b.size and a.flags.c_contiguous and b.flags.c_contiguous \
-                    and out.flags.c_contiguous:
-                m, n = out.shape
-                k = a.shape[0] if trans_a else a.shape[1]
-                pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
-                gemm(trans_a, trans_b, m, n, k, a.ctypes.data, b.ctypes.data, out.ctypes.data,
-                     pieces, threads)
-                return
-            with np.errstate(all="ignore"):
-                numpy_matmul(np, attrs, a, b, out)
+                impl(xp, attrs, *args)
         return call
 
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
-        from .library import ROUTINES
-        with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
-            ROUTINES[routine](np, attrs, *args)
+        self.prepare_library(routine, attrs, stream)(args)
 
     # -- events ----------------------------------------------------------------------
     def record_event(self, stream) -> CPUEvent:

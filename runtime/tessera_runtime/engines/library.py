@@ -112,7 +112,7 @@ def _add_rows(xp, out, ids, updates) -> None:
     GPT's 512 x 128 embedding gradient). Deterministic: the same sums in the
     same order on every run and for every split of the table's rows (a
     vocab-parallel rank sums its rows' runs exactly as one rank would)."""
-    if xp is not np:
+    if _on_device(xp):
         xp.add.at(out, ids, updates)
         return
     flat = ids.reshape(-1)
@@ -127,9 +127,15 @@ def _add_rows(xp, out, ids, updates) -> None:
 
 # -- mixture of experts -------------------------------------------------------------
 
+def _on_device(xp) -> bool:
+    """Whether `xp` is a device array module (cupy), not numpy (or the CPU
+    engine's numpy with GEMMs on its kernel team)."""
+    return hasattr(xp, "asnumpy")
+
+
 def _host(xp, a) -> np.ndarray:
     """A small device array (segment sizes) on the host."""
-    return xp.asnumpy(a) if hasattr(xp, "asnumpy") else np.asarray(a)
+    return xp.asnumpy(a) if _on_device(xp) else np.asarray(a)
 
 
 def topk(xp, attrs, x, out):
