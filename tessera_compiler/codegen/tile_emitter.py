@@ -143,12 +143,10 @@ class KernelEmitter:
         return f"for (int64_t {e} = 0; {e} < {n}; ++{e}) {{"
 
     @contextmanager
-    def loop(self, iv: str, n, begin=0, step: int = 1, independent: bool = False):
+    def loop(self, iv: str, n, begin=0, step: int = 1):
         """`for (iv = begin; iv < n; iv += step) { ... }` around the lines
         emitted inside the `with` (every thread runs all of it: not split
         over a GPU's threads as `for_each` is)."""
-        if independent:
-            self.independent_iterations()
         inc = f"++{iv}" if step == 1 else f"{iv} += {step}"
         self.line(f"for (int64_t {iv} = {begin}; {iv} < {n}; {inc}) {{")
         self.indent += 1

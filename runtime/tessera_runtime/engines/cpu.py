@@ -148,13 +148,18 @@ def _openblas_paths() -> list[str]:
         return []
 
 
-def _openblas():
-    """numpy's OpenBLAS, if it has the entry points quiet_blas_workers needs."""
+def _openblas_libraries():
+    """The OpenBLAS libraries this process has loaded, as ctypes libraries."""
     for path in _openblas_paths():
         try:
-            lib = ctypes.CDLL(path)
+            yield ctypes.CDLL(path)
         except OSError:
             continue
+
+
+def _openblas():
+    """numpy's OpenBLAS, if it has the entry points quiet_blas_workers needs."""
+    for lib in _openblas_libraries():
         if all(hasattr(lib, f) for f in ("openblas_read_env", "openblas_thread_timeout",
                                          "blas_thread_shutdown_", "blas_thread_init")):
             lib.openblas_thread_timeout.restype = ctypes.c_int
@@ -170,11 +175,7 @@ def team_sgemm() -> tuple[int, int] | None:
     global _team_sgemm
     if _team_sgemm is None:
         _team_sgemm = False
-        for path in _openblas_paths():
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
+        for lib in _openblas_libraries():
             sgemm = next((getattr(lib, f) for f in ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
                           if hasattr(lib, f)), None)
             if sgemm is not None and hasattr(lib, "openblas_set_num_threads_local"):
@@ -226,12 +227,8 @@ class TeamBLAS:
     strided) to numpy with OpenBLAS held to one thread, so OpenBLAS's own
     workers never wake and spin on the team's cores."""
 
-    def __init__(self, gemm, set_blas_threads: int, threads: int):
-        gemm.restype = None
-        gemm.argtypes = [ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + \
-            [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
-        self._gemm, self._threads = gemm, threads
-        self._set_blas_threads = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(set_blas_threads)
+    def __init__(self, gemm, set_blas_threads, threads: int):
+        self._gemm, self._set_blas_threads, self.threads = gemm, set_blas_threads, threads
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -245,7 +242,7 @@ class TeamBLAS:
                 out = np.empty((m, n), np.float32)
             pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
             self._gemm(ta, tb, m, n, k, (a.T if ta else a).ctypes.data,
-                       (b.T if tb else b).ctypes.data, out.ctypes.data, pieces, self._threads)
+                       (b.T if tb else b).ctypes.data, out.ctypes.data, pieces, self.threads)
             return out
         saved = self._set_blas_threads(1)
         try:
@@ -282,7 +279,8 @@ class CPUEngine(Engine):
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
-        self._team_blas: TeamBLAS | None = None   # numpy, GEMMs on the library's team
+        self._team = None         # (tessera_gemm_f32, OpenBLAS's thread setter) of the library
+        self._team_blas: TeamBLAS | None = None    # _library_numpy's, for self.threads
         keep_freed_memory()
 
     # -- memory -----------------------------------------------------------------
@@ -320,12 +318,21 @@ class CPUEngine(Engine):
             raise EngineError(f"cannot load kernel library {path}: {e}") from None
         self.kernel_library = path
         self._kernels.clear()
-        self._team_blas = None
+        self._team = self._team_blas = None
+        if not hasattr(self._lib, "tessera_parallel"):      # a library from before the team
+            return
+        self._lib.tessera_parallel.restype = None
+        self._lib.tessera_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                               ctypes.c_int]
         sgemm = team_sgemm()
-        if sgemm is not None and hasattr(self._lib, "tessera_gemm_f32"):
+        if sgemm is not None:
             self._lib.tessera_use_sgemm.argtypes = [ctypes.c_void_p] * 2
             self._lib.tessera_use_sgemm(*sgemm)
-            self._team_blas = TeamBLAS(self._lib.tessera_gemm_f32, sgemm[1], self.threads)
+            gemm = self._lib.tessera_gemm_f32
+            gemm.restype = None
+            gemm.argtypes = [ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + \
+                [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+            self._team = (gemm, ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(sgemm[1]))
 
     def _kernel(self, kernel: str):
         fn = self._kernels.get(kernel)
@@ -370,17 +377,14 @@ class CPUEngine(Engine):
         try:
             part = ctypes.cast(getattr(self._lib, kernel + "__slice"), ctypes.c_void_p).value
             grid = ctypes.c_int64.in_dll(self._lib, kernel + "__grid").value
-            team = self._lib.tessera_parallel
-        except AttributeError:          # no grid (or a library from before the team)
+        except AttributeError:          # no grid
             return lambda ptrs: fn(*ptrs)
         parts = min(self.threads, grid)
-        least = THREADED_MIN_BYTES if self._team_blas is not None \
+        least = THREADED_MIN_BYTES if self._team is not None \
             else THREADED_MIN_BYTES_BESIDE_OPENBLAS
         if parts < 2 or nbytes < least:
             return lambda ptrs: fn(*ptrs)
-        team.restype = None
-        team.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-        args = ctypes.c_void_p * n_args
+        team, args = self._lib.tessera_parallel, ctypes.c_void_p * n_args
         return lambda ptrs: team(part, args(*ptrs), grid, parts)
 
     @property
@@ -393,7 +397,7 @@ class CPUEngine(Engine):
     def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
         from .library import ROUTINES
         impl = ROUTINES[routine]
-        xp = self._team_blas or np
+        xp = self._library_numpy()
         if xp is np and routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
             quiet_blas_workers()
 
@@ -401,6 +405,15 @@ class CPUEngine(Engine):
             with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
                 impl(xp, attrs, *args)
         return call
+
+    def _library_numpy(self):
+        """The library routines' `xp`: numpy, or TeamBLAS on this engine's
+        threads where the kernel library has the team's GEMM."""
+        if self._team is None:
+            return np
+        if self._team_blas is None or self._team_blas.threads != self.threads:
+            self._team_blas = TeamBLAS(*self._team, self.threads)
+        return self._team_blas
 
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
         self.prepare_library(routine, attrs, stream)(args)
