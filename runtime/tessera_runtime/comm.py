@@ -33,6 +33,8 @@ import numpy as np
 from . import env, flight
 
 REDUCTIONS = ("sum", "max", "min", "prod")
+#: each reduction as the elementwise ufunc that combines two contributions
+REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
 
 class CommError(ValueError):

@@ -110,6 +110,12 @@ _VARIABLES = [
     Variable("TESSERA_COLLECTIVE_TIMEOUT", "runtime", "600",
              "seconds a collective or transfer may take to complete before the rank dumps "
              "its flight recorder (its last collectives) and fails with CollectiveTimeout"),
+    Variable("TESSERA_SHM_COLLECTIVES", "runtime", "1",
+             "0: collectives between CPU ranks on one machine go through MPI instead of "
+             "shared memory (where a waiting rank sleeps instead of spinning)"),
+    Variable("TESSERA_SHM_MESSAGE_BYTES", "runtime", str(2 << 20),
+             "the largest collective (bytes per rank) that goes through shared memory; "
+             "larger ones go through MPI. Each group of n ranks maps 8 x n times this"),
     Variable("TESSERA_FLIGHT_RING", "runtime", "64",
              "how many of its latest collectives and transfers each rank's flight recorder "
              "keeps"),

@@ -26,25 +26,47 @@ bits); the others reduce float32 copies and round once at the end.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
 from .bf16 import bits_dtype, is_bf16
-from .comm import (Communicator, CommError, SelfCommunicator, Work, leading_is_trivial,
-                   rank_blocks, tree_reduce)
+from .comm import (REDUCE_UFUNCS, Communicator, CommError, SelfCommunicator, Work,
+                   leading_is_trivial, rank_blocks, tree_reduce)
 from .mesh import MeshInfo
 
-_OPS = {
-    "sum": (MPI.SUM, np.add),
-    "max": (MPI.MAX, np.maximum),
-    "min": (MPI.MIN, np.minimum),
-    "prod": (MPI.PROD, np.multiply),
-}
+_MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 
 
 def _wire(a):
     """`a` as MPI moves it: bf16 and FP8 as their bits (MPI has neither type)."""
     return a.view(bits_dtype(a.dtype))
+
+
+#: MPIWork started and not yet waited for: a wait in another transport
+#: (shm_comm) pokes it, since MPI moves a request only inside MPI calls
+IN_FLIGHT: set = set()
+#: other transports of this process (shm_comm's), with .busy() and
+#: .progress(): an MPI wait keeps them moving while a peer may need that
+ELSEWHERE: list = []
+
+
+def poke() -> None:
+    """Let MPI move the requests in flight (completing those that are done)."""
+    MPI.Request.Testall([r for w in list(IN_FLIGHT) for r in w._requests])
+
+
+def complete(requests) -> None:
+    """Waitall, that keeps the other transports moving while they may owe a
+    peer something (else two ranks could each wait for the other)."""
+    if not any(t.busy() for t in ELSEWHERE):
+        MPI.Request.Waitall(requests)
+        return
+    while not MPI.Request.Testall(requests):
+        for t in ELSEWHERE:
+            t.progress()
+        time.sleep(20e-6)
 
 
 class MPIWork(Work):
@@ -60,11 +82,14 @@ class MPIWork(Work):
         self._finish = finish
         self._keepalive = keepalive
         self._done = False
+        if self._requests:
+            IN_FLIGHT.add(self)
 
     def wait(self) -> None:
         if self._done:
             return
-        MPI.Request.Waitall(self._requests)
+        complete(self._requests)
+        IN_FLIGHT.discard(self)
         if self._finish is not None:
             self._finish()
         self._done = True
@@ -93,17 +118,17 @@ class TreeAllReduceWork(Work):
         while step < size:
             if rank % (2 * step) == 0:
                 if rank + step < size:
-                    comm.Recv(_wire(incoming), source=rank + step, tag=self.TAG)
+                    complete([comm.Irecv(_wire(incoming), source=rank + step, tag=self.TAG)])
                     ufunc(acc, incoming, out=acc)
             elif rank % (2 * step) == step:
-                comm.Send(_wire(acc), dest=rank - step, tag=self.TAG)
+                complete([comm.Isend(_wire(acc), dest=rank - step, tag=self.TAG)])
                 break
             step *= 2
-        comm.Bcast(_wire(acc), root=0)
+        complete([comm.Ibcast(_wire(acc), root=0)])
         dst[...] = acc
 
 
-def _check_host(*arrays) -> None:
+def check_host(*arrays) -> None:
     for a in arrays:
         if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
             raise CommError(f"MPI collectives need C-contiguous numpy buffers, got "
@@ -126,8 +151,8 @@ class MPICommunicator(Communicator):
         return self.comm.Get_rank()
 
     def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work:
-        _check_host(src, dst)
-        op, ufunc = _OPS[reduction]
+        check_host(src, dst)
+        op, ufunc = _MPI_OPS[reduction], REDUCE_UFUNCS[reduction]
         if deterministic:
             return TreeAllReduceWork(self.comm, src, dst, ufunc)
         if is_bf16(src.dtype):
@@ -144,7 +169,7 @@ class MPICommunicator(Communicator):
         return MPIWork(req, keepalive=(src, dst))
 
     def _all_gather(self, src, dst, dim, stream) -> Work:
-        _check_host(src, dst)
+        check_host(src, dst)
         if leading_is_trivial(src.shape, dim):
             # Rank blocks are contiguous slabs of dst: gather straight into it.
             return MPIWork(self.comm.Iallgather(_wire(src), _wire(dst)), keepalive=(src, dst))
@@ -156,8 +181,8 @@ class MPICommunicator(Communicator):
                        (src, dst, blocks))
 
     def _reduce_scatter(self, src, dst, dim, reduction, deterministic, stream) -> Work:
-        _check_host(src, dst)
-        op, ufunc = _OPS[reduction]
+        check_host(src, dst)
+        op, ufunc = _MPI_OPS[reduction], REDUCE_UFUNCS[reduction]
         n = self.size
         # MPI scatters contiguous blocks in rank order.
         blocks = rank_blocks(np, src, n, dim)
@@ -178,7 +203,7 @@ class MPICommunicator(Communicator):
 
 
     def _all_to_all(self, src, dst, split_dim, concat_dim, stream, counts) -> Work:
-        _check_host(src, dst)
+        check_host(src, dst)
         n = self.size
         blocks = rank_blocks(np, src, n, split_dim)     # block j goes to rank j
         if counts is not None:
@@ -198,13 +223,13 @@ class MPICommunicator(Communicator):
                        (src, dst, blocks, received))
 
     def _broadcast(self, src, dst, root, stream) -> Work:
-        _check_host(src, dst)
+        check_host(src, dst)
         if self.rank == root and src is not dst:
             dst[...] = src
         return MPIWork(self.comm.Ibcast(_wire(dst), root=root), keepalive=(src, dst))
 
     def _shift(self, src, dst, offset, stream) -> Work:
-        _check_host(src, dst)
+        check_host(src, dst)
         n, r = self.size, self.rank
         if offset == 0:
             dst[...] = src
@@ -217,18 +242,21 @@ class MPICommunicator(Communicator):
     P2P_TAG = TreeAllReduceWork.TAG + 2
 
     def _send(self, buf, peer, stream) -> Work:
-        _check_host(buf)
+        check_host(buf)
         return MPIWork(self.comm.Isend(_wire(buf), dest=peer, tag=self.P2P_TAG), keepalive=(buf,))
 
     def _recv(self, buf, peer, stream) -> Work:
-        _check_host(buf)
+        check_host(buf)
         return MPIWork(self.comm.Irecv(_wire(buf), source=peer, tag=self.P2P_TAG),
                        keepalive=(buf,))
 
 
-def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict:
+def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=(),
+                            shared_memory: bool = True) -> dict:
     """One communicator per mesh axis for this process, and one per sub-axis
     in `sub_axes` (`"dp:(1)2"`: the groups of a hierarchical collective).
+    With `shared_memory`, a group whose ranks share one machine runs its
+    collectives through shared memory (`shm_comm`), else through MPI.
 
     Ranks that share every other coordinate form the group of an axis:
     Comm.Split with color = the group index and key = the coordinate along
@@ -238,6 +266,11 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     rank = comm.Get_rank()
+    if shared_memory:
+        from .shm_comm import SharedMemoryCommunicator
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        node_ranks = node.Get_size()
+        node.Free()
     out: dict = {}
     for axis in list(mesh_info.axes) + sorted(set(sub_axes) - set(mesh_info.axes)):
         size = mesh_info.axis_size(axis)
@@ -249,7 +282,8 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict
         if sub.Get_size() != size or sub.Get_rank() != coord:
             raise CommError(f"axis '{axis}': split communicator has rank "
                             f"{sub.Get_rank()}/{sub.Get_size()}, expected {coord}/{size}")
-        out[axis] = MPICommunicator(sub)
+        group = SharedMemoryCommunicator.create(sub, node_ranks) if shared_memory else None
+        out[axis] = group or MPICommunicator(sub)
     for axis, comm_ in out.items():
         comm_.name_group(axis, rank, mesh_info.axis_group(axis, rank))
     return out

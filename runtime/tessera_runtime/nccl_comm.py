@@ -221,7 +221,8 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict
     for this process (every rank of `comm`, default MPI COMM_WORLD, must call
     it with the same mesh and sub-axes), each made at its first collective."""
     from . import mpi_comm
-    mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm, sub_axes)
+    mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm, sub_axes,
+                                                     shared_memory=False)
     rank = (comm or mpi_comm.MPI.COMM_WORLD).Get_rank()
     out: dict = {}
     for axis, group in mpi_groups.items():

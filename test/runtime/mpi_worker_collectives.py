@@ -4,6 +4,8 @@ Modes:
   collectives      every collective over COMM_WORLD (any N)
   mesh2x2          N=4: axis communicators of a 2x2 (dp, tp) mesh, plus COMM_WORLD
   program BUNDLE   load BUNDLE with tessera_runtime, run it, compare with numpy
+  shm              every collective through shared memory (shm_comm), transfers,
+                   MPI fallbacks, and waits that sleep (any N)
 
 Every rank computes the expected results itself with numpy (it can regenerate
 any rank's contribution from its seed). Prints `PASS rank=R NAME` per check and
@@ -13,6 +15,7 @@ other ranks do not hang in a collective.
 
 import hashlib
 import sys
+import time
 import traceback
 
 import ml_dtypes
@@ -32,6 +35,8 @@ import tessera_runtime as rt                                      # noqa: E402
 from tessera_runtime.comm import CommError, SelfCommunicator      # noqa: E402
 from tessera_runtime.mesh import MeshInfo                         # noqa: E402
 from tessera_runtime.mpi_comm import MPICommunicator, make_axis_communicators  # noqa: E402
+from tessera_runtime.shared_memory import shared_mapping                        # noqa: E402
+from tessera_runtime import shm_comm                                            # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 ME = WORLD.Get_rank()
@@ -328,12 +333,92 @@ def mode_program(path: str) -> None:
             passed(f"program {prog.entry}:{spec.name} run={rep}")
 
 
+def mode_shm() -> None:
+    n, me = WORLD.size, ME
+    shm = shm_comm.SharedMemoryCommunicator.create(WORLD, n)
+    assert isinstance(shm, shm_comm.SharedMemoryCommunicator), "no shared-memory communicator"
+    check_collectives(shm, list(range(n)), "shm")
+    # A tiny slot: the small messages go through shared memory, the rest
+    # through MPI, interleaved on one group.
+    small = shm_comm.SharedMemoryCommunicator(
+        WORLD, shared_mapping(WORLD, 1 << 20, "tessera-test-"), 256, 0.0)
+    check_collectives(small, list(range(n)), "shm+mpi")
+
+    # More collectives in flight than the group has slot sets.
+    xs = [data(200 + k, me, (3, 5)) for k in range(3 * shm_comm.PHASES)]
+    outs = [np.empty_like(x) for x in xs]
+    works = [shm.all_reduce(x, o, deterministic=True) for x, o in zip(xs, outs)]
+    for w in reversed(works):
+        w.wait()
+    for k, o in enumerate(outs):
+        assert np.array_equal(o, fixed_tree([data(200 + k, g, (3, 5)) for g in range(n)], np.add))
+    passed("shm:more collectives in flight than slot sets")
+
+    right, left = (me + 1) % n, (me - 1) % n
+    if n > 1:
+        # More sends than a channel holds, before the receiver starts any.
+        count = 3 * shm_comm.CHANNEL_SLOTS
+        sends = [shm.send(data(300 + k, me, (64,)), right) for k in range(count)]
+        got = [np.empty(64, np.float32) for _ in range(count)]
+        recvs = [shm.recv(g, left) for g in got]
+        for w in sends + recvs[::-1]:
+            w.wait()
+        for k, g in enumerate(got):
+            assert np.array_equal(g, data(300 + k, left, (64,))), k
+        passed("shm:sends past the channel's slots")
+
+        # A receiver that waits in a collective before its receives still
+        # frees the sender's slots (the sender waits for its sends first).
+        count = 2 * shm_comm.CHANNEL_SLOTS
+        got = [np.empty(64, np.float32) for _ in range(count)]
+        if me % 2 == 0 and right != 0:
+            for w in [shm.send(data(400 + k, me, (64,)), right) for k in range(count)]:
+                w.wait()
+        recvs = ([shm.recv(g, left) for g in got] if me % 2 == 1 else [])
+        x = data(500, me, (4,))
+        total = np.empty_like(x)
+        shm.all_reduce(x, total).wait()
+        for w in recvs:
+            w.wait()
+        for k, g in enumerate(got if recvs else []):
+            assert np.array_equal(g, data(400 + k, left, (64,))), k
+        passed("shm:a receiver in a collective lets its sender go on")
+
+    if n > 2:
+        # Ranks that are not neighbours exchange through MPI.
+        far = (me + 2) % n
+        if far != (me - 2) % n or me < far:
+            out = np.empty(8, np.float32)
+            ws = [shm.send(data(600, me, (8,)), far), shm.recv(out, (me - 2) % n)]
+        else:
+            out = np.empty(8, np.float32)
+            ws = [shm.recv(out, (me - 2) % n), shm.send(data(600, me, (8,)), far)]
+        for w in ws:
+            w.wait()
+        assert np.array_equal(out, data(600, (me - 2) % n, (8,)))
+        passed("shm:transfers between ranks that are not neighbours")
+
+    # A rank waiting for a late peer sleeps: it uses almost no CPU.
+    WORLD.Barrier()
+    x, out = data(700, me, (16,)), np.empty(16, np.float32)
+    if me == 0:
+        time.sleep(0.6)
+    cpu = time.process_time()
+    shm.all_reduce(x, out).wait()
+    cpu = time.process_time() - cpu
+    if me != 0:
+        assert cpu < 0.2, f"rank {me} used {cpu:.3f} s of CPU waiting 0.6 s for rank 0"
+    passed("shm:a waiting rank sleeps")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "collectives":
         mode_collectives()
     elif mode == "mesh2x2":
         mode_mesh2x2()
+    elif mode == "shm":
+        mode_shm()
     elif mode == "program":
         mode_program(sys.argv[2])
     else:

@@ -85,6 +85,25 @@ def test_mesh_2x2_axis_communicators():
     assert "mesh:both axes in flight" in names
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_shared_memory_collectives(n):
+    """shm_comm: every collective (bits of the deterministic tree as MPI's),
+    interleaved with MPI fallbacks, backlogged posts, transfers that a busy
+    receiver still takes, and waits that sleep instead of spinning."""
+    names = run_mpi(n, "shm")[0]
+    for expected in ["shm:all_reduce sum float32", "shm:deterministic all_reduce sum bitwise identical",
+                     "shm:deterministic reduce_scatter dim=1 bitwise", "shm:ragged all_to_all 0->1",
+                     "shm:broadcast every root", "shm:shift -1", "shm:overlapping collectives",
+                     "shm:all_gather, all_to_all, shift, broadcast bfloat16",
+                     "shm+mpi:overlapping collectives", "shm+mpi:all_gather dim=2",
+                     "shm:more collectives in flight than slot sets",
+                     "shm:sends past the channel's slots",
+                     "shm:a receiver in a collective lets its sender go on",
+                     "shm:a waiting rank sleeps"]:
+        assert expected in names
+    assert ("shm:transfers between ranks that are not neighbours" in names) == (n > 2)
+
+
 @pytest.fixture(scope="module")
 def tp_lib(tmp_path_factory):
     return compile_kernels(kernels_cpp(**TP_KERNELS), tmp_path_factory.mktemp("tp_kernels"))

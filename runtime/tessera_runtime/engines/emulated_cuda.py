@@ -21,14 +21,12 @@ at an MPI barrier, as the cuda engine does with `nvshmem_barrier_all`.
 
 from __future__ import annotations
 
-import mmap
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .. import env
+from ..shared_memory import shared_mapping
 from . import EngineError
 from .cpu import CPUEngine
 from .cuda_emulator import EmulatedKernels
@@ -52,20 +50,7 @@ class SymmetricHeap:
     def __init__(self, rank: int, size: int, heap_bytes: int):
         self.rank, self.size, self.heap_bytes, self.used = rank, size, heap_bytes, 0
         world = _mpi_world() if size > 1 else None
-        path = None
-        if rank == 0:
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, path = tempfile.mkstemp(prefix="tessera-nvshmem-", dir=shm)
-            os.ftruncate(fd, heap_bytes * size)
-            os.close(fd)
-        if world is not None:
-            path = world.bcast(path, root=0)
-        with open(path, "r+b") as f:
-            self.map = mmap.mmap(f.fileno(), heap_bytes * size)
-        if world is not None:
-            world.Barrier()
-        if rank == 0:
-            os.unlink(path)          # the mappings keep the memory alive
+        self.map = shared_mapping(world, heap_bytes * size, "tessera-nvshmem-")
         self.base = np.frombuffer(self.map, np.uint8).ctypes.data
 
     def alloc(self, shape, dtype) -> np.ndarray:
