@@ -80,9 +80,13 @@ class _Waiter(ctypes.Structure):             # struct futex_waitv
                 ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
 
 
-def _wake(address: int) -> None:
-    _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_int(_FUTEX_WAKE),
-                  ctypes.c_int(0x7FFFFFFF), None, None, ctypes.c_int(0))
+# The constant arguments of a wake, made once (a collective wakes twice).
+_WAKE_ARGS = (ctypes.c_long(_SYS_FUTEX), ctypes.c_int(_FUTEX_WAKE), ctypes.c_int(0x7FFFFFFF))
+
+
+def _wake(address: ctypes.c_void_p) -> None:
+    call, wake, everyone = _WAKE_ARGS
+    _libc.syscall(call, address, wake, everyone, None, None, None)
 
 
 class _Process:
@@ -192,12 +196,14 @@ class SharedMemoryCommunicator(MPICommunicator):
         self._bytes = np.frombuffer(mapping, np.uint8)
         self._words = self._bytes[: _counter_lines(n) * _LINE].view(np.uint32)
         self._base = self._bytes.ctypes.data
+        self._addresses = [ctypes.c_void_p(self._base + 4 * i) for i in range(len(self._words))]
         self._collective_data = _data_offset(n)
         self._channel_data = self._collective_data + PHASES * n * slot_bytes
         self._issued: dict = {}                        # key -> operations started
         self._queues: dict = {}                        # key -> deque of _Post
         self._reads: dict = defaultdict(deque)         # key -> deque of _Read
         self._read: dict = defaultdict(int)            # key -> last seq read
+        self._posted_lines = [self._line("group", 0, p) for p in range(n)]
         _PROCESS.add(self)
 
     @classmethod
@@ -263,13 +269,13 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     def _set(self, index: int, value: int) -> None:
         self._words[index] = value
-        _wake(self._base + 4 * index)
+        _wake(self._addresses[index])
 
     def _arrived(self, key, seq: int) -> bool:
         """Whether every rank (this one too) has posted `seq` of `key`."""
         words = self._words
         if key == "group":
-            return all(words[self._line(key, 0, p)] >= seq for p in range(self._n))
+            return all(words[i] >= seq for i in self._posted_lines)
         return words[self._line(key, 0)] >= seq
 
     # -- posting and reading -------------------------------------------------------
@@ -297,9 +303,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         return post
 
     def _view(self, start: int, shape, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        return self._bytes[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+        return np.ndarray(shape, dtype, buffer=self._map, offset=start)
 
     def _collective_slot(self, phase: int, rank: int, shape, dtype) -> np.ndarray:
         return self._view(self._collective_data + (phase * self._n + rank) * self.slot_bytes,
