@@ -113,9 +113,10 @@ _VARIABLES = [
     Variable("TESSERA_SHM_COLLECTIVES", "runtime", "1",
              "0: collectives between CPU ranks on one machine go through MPI instead of "
              "shared memory (where a waiting rank sleeps instead of spinning)"),
-    Variable("TESSERA_SHM_MESSAGE_BYTES", "runtime", str(2 << 20),
-             "the largest collective (bytes per rank) that goes through shared memory; "
-             "larger ones go through MPI. Each group of n ranks maps 8 x n times this"),
+    Variable("TESSERA_SHM_MESSAGE_BYTES", "runtime", str(1 << 20),
+             "the largest collective or transfer (bytes per rank) that goes through shared "
+             "memory; larger ones go through MPI. Each group of n ranks maps 16 x n times "
+             "this, once per process"),
     Variable("TESSERA_FLIGHT_RING", "runtime", "64",
              "how many of its latest collectives and transfers each rank's flight recorder "
              "keeps"),

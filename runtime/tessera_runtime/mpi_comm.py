@@ -282,7 +282,8 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=(),
         if sub.Get_size() != size or sub.Get_rank() != coord:
             raise CommError(f"axis '{axis}': split communicator has rank "
                             f"{sub.Get_rank()}/{sub.Get_size()}, expected {coord}/{size}")
-        group = SharedMemoryCommunicator.create(sub, node_ranks) if shared_memory else None
+        group = (SharedMemoryCommunicator.for_group(sub, mesh_info.axis_group(axis, rank),
+                                                    node_ranks) if shared_memory else None)
         out[axis] = group or MPICommunicator(sub)
     for axis, comm_ in out.items():
         comm_.name_group(axis, rank, mesh_info.axis_group(axis, rank))

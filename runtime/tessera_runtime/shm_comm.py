@@ -182,6 +182,12 @@ class ShmWork(Work):
                             and (key is None or comm._read[key] >= seq), comm._spin_s)
 
 
+#: the groups this process has made, by their members' world ranks: each
+#: program loaded (one per compiled function and signature) splits its own
+#: MPI communicators, but maps a group's memory only once
+_BY_MEMBERS: dict = {}
+
+
 class SharedMemoryCommunicator(MPICommunicator):
     """MPICommunicator whose collectives and transfers to neighbours (rank
     r +- 1, a pipeline's) up to `slot_bytes` run through a mapping shared by
@@ -205,6 +211,18 @@ class SharedMemoryCommunicator(MPICommunicator):
         self._read: dict = defaultdict(int)            # key -> last seq read
         self._posted_lines = [self._line("group", 0, p) for p in range(n)]
         _PROCESS.add(self)
+
+    @classmethod
+    def for_group(cls, comm, members, node_ranks: int) -> "SharedMemoryCommunicator | None":
+        """`create(comm, node_ranks)` the first time this process makes a
+        group of the world ranks `members`, after that the same one again
+        (every member decides alike: they load the same programs)."""
+        key = tuple(members)
+        if key not in _BY_MEMBERS:
+            _BY_MEMBERS[key] = cls.create(comm, node_ranks)
+        elif _BY_MEMBERS[key] is not None:
+            comm.Free()                # the group keeps its first communicator
+        return _BY_MEMBERS[key]
 
     @classmethod
     def create(cls, comm, node_ranks: int) -> "SharedMemoryCommunicator | None":

@@ -308,6 +308,17 @@ def mode_mesh2x2() -> None:
         np.testing.assert_allclose(out, sum(data(99, g, (4, 4)) for g in mesh.axis_group(axis, ME)),
                                    rtol=1e-5, atol=1e-5)
     passed("mesh:both axes in flight")
+
+    # Every program loaded makes its communicators again: on one machine the
+    # same members get the same shared-memory group, mapped once.
+    groups = len(shm_comm._PROCESS.groups)
+    again = make_axis_communicators(mesh)
+    for axis in ("dp", "tp"):
+        assert isinstance(comms[axis], shm_comm.SharedMemoryCommunicator), type(comms[axis])
+        assert again[axis] is comms[axis], axis
+    assert len(shm_comm._PROCESS.groups) == groups
+    check_collectives(again["tp"], mesh.axis_group("tp", ME), "tp again")
+    passed("mesh:communicators made again reuse the shared-memory groups")
     mode_collectives()   # size 4: a two-level tree
 
 

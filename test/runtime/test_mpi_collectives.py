@@ -83,6 +83,8 @@ def test_mesh_2x2_axis_communicators():
         assert f"{axis}:shift +1" in names
         assert f"{axis}:deterministic all_reduce sum bitwise identical" in names
     assert "mesh:both axes in flight" in names
+    assert "mesh:communicators made again reuse the shared-memory groups" in names
+    assert "tp again:overlapping collectives" in names
 
 
 @pytest.mark.parametrize("n", [2, 4])
