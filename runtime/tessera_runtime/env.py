@@ -111,8 +111,8 @@ _VARIABLES = [
              "seconds a collective or transfer may take to complete before the rank dumps "
              "its flight recorder (its last collectives) and fails with CollectiveTimeout"),
     Variable("TESSERA_SHM_COLLECTIVES", "runtime", "1",
-             "0: collectives between CPU ranks on one machine go through MPI instead of "
-             "shared memory (where a waiting rank sleeps instead of spinning)"),
+             "0: collectives and transfers between CPU ranks on one machine go through MPI "
+             "instead of shared memory (where a waiting rank sleeps instead of spinning)"),
     Variable("TESSERA_SHM_MESSAGE_BYTES", "runtime", str(1 << 20),
              "the largest collective or transfer (bytes per rank) that goes through shared "
              "memory; larger ones go through MPI. Each group of n ranks maps 16 x n times "

@@ -173,6 +173,9 @@ class _Post:
 
 
 class ShmWork(Work):
+    """A started collective or transfer: its post is out (a send's slot may
+    still be taken) and, for a read, the data is in `dst`."""
+
     def __init__(self, comm, post: _Post | None, key=None, seq: int = 0):
         self._comm, self._post, self._key, self._seq = comm, post, key, seq
 
