@@ -53,8 +53,11 @@ ELSEWHERE: list = []
 
 
 def poke() -> None:
-    """Let MPI move the requests in flight (completing those that are done)."""
-    MPI.Request.Testall([r for w in list(IN_FLIGHT) for r in w._requests])
+    """Let MPI move the requests in flight; forget the works that completed
+    (their wait then only finishes them)."""
+    for work in list(IN_FLIGHT):
+        if MPI.Request.Testall(work._requests):
+            IN_FLIGHT.discard(work)
 
 
 def complete(requests) -> None:
