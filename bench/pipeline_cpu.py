@@ -10,7 +10,10 @@ optimizer step) of the example GPT (`examples/train_gpt.py`: embedding with
 the first stage, one transformer block per stage, the head and loss with the
 last), and for Tessera each rank's share of the step spent blocked waiting for
 a transfer or collective (the runtime's own timing, `tessera_runtime.profiler`
-"collective:wait") beside the share running kernels.
+"collective:wait") beside the share running kernels, and the share of the
+step it was runnable without a core (Linux schedstat's run delay, anywhere
+in the step: with more ranks than cores, a woken rank waits for a core
+before its wait ends, so part of the measured idle is that).
 
   * Tessera: `tessera launch -n 4` on a `pp` mesh of 4, `train_gpt.
     make_pipeline_step(...).gradients` (schedules gpipe, 1F1B, zero_bubble).
@@ -88,6 +91,22 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
+def _mean_share(shares) -> str:
+    known = [x for x in shares if x is not None]
+    return f"{100 * statistics.mean(known):.1f}%" if known else "-"
+
+
+def run_delay_seconds() -> float | None:
+    """How long this thread has been runnable without a core so far (Linux
+    schedstat; None where the kernel does not keep it): with more ranks
+    than cores, part of a wait is the woken rank waiting for a core, not
+    for its data."""
+    try:
+        return int(open("/proc/thread-self/schedstat").read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 # -- Tessera, one rank of `tessera launch -n 4` ---------------------------------------
 
 def tessera_worker(cfg: dict, out: Path) -> None:
@@ -114,10 +133,10 @@ def tessera_worker(cfg: dict, out: Path) -> None:
             times.append(time.perf_counter() - t0)
         cpu_ms = 1e3 * (cpu_seconds() - cpu0) / cfg["steps"]
         profiler.start()
-        t0 = time.perf_counter()
+        t0, delay0 = time.perf_counter(), run_delay_seconds()
         for _ in range(cfg["steps"]):
             grads_of(params, batch)
-        total = time.perf_counter() - t0
+        total, delay1 = time.perf_counter() - t0, run_delay_seconds()
         profile = profiler.stop().totals()
         waiting = profile.get("collective:wait", [0.0])[0]
         compute = sum(s for k, (s, _) in profile.items() if not k.startswith("collective:"))
@@ -133,6 +152,7 @@ def tessera_worker(cfg: dict, out: Path) -> None:
             "loss": float(np.asarray(loss)), "compile_s": compile_s,
             "step_ms": 1e3 * statistics.median(times), "cpu_ms": cpu_ms,
             "wait_share": waiting / total, "compute_share": compute / total,
+            "no_core_share": None if delay0 is None else (delay1 - delay0) / total,
             "model_bubble": plan.bubble, "formula": plan.formula,
             "grid": str(plan),
             "top": {k: v[0] / cfg["steps"] for k, v in
@@ -268,6 +288,7 @@ def main(argv=None) -> int:
                "wait_share_per_rank": waits, "measured_bubble": statistics.mean(waits),
                "model_bubble": t["model_bubble"], "formula": (p - 1) / (m + p - 1),
                "compute_share_per_rank": [r[schedule]["compute_share"] for r in tess],
+               "no_core_share_per_rank": [r[schedule]["no_core_share"] for r in tess],
                "cpu_ms_per_rank": [r[schedule]["cpu_ms"] for r in tess],
                "compile_s": t["compile_s"], "loss": t["loss"]}
         if torch_ranks and schedule in TORCH_SCHEDULES:
@@ -286,8 +307,9 @@ def main(argv=None) -> int:
             f"{cfg['batch']} x {2 * cfg['length']} tokens in {m} microbatches; {platform.node()} "
             f"({os.cpu_count()} cores), commit {commit}, {today}")
     lines = [head, "", "| schedule | Tessera ms | PyTorch ms | ratio | idle measured | "
-             "idle model | (p-1)/(m+p-1) | idle per rank | CPU ms per step, all ranks: Tessera | "
-             "PyTorch |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "idle model | (p-1)/(m+p-1) | idle per rank | runnable, no core | "
+             "CPU ms per step, all ranks: Tessera | PyTorch |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         torch_ms = f"{r['torch_ms']:.1f}" if "torch_ms" in r else "-"
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
@@ -295,6 +317,7 @@ def main(argv=None) -> int:
                      f"{100 * r['measured_bubble']:.1f}% | {100 * r['model_bubble']:.1f}% | "
                      f"{100 * r['formula']:.1f}% | "
                      + " ".join(f"{100 * w:.0f}%" for w in r["wait_share_per_rank"])
+                     + f" | {_mean_share(r['no_core_share_per_rank'])}"
                      + f" | {sum(r['cpu_ms_per_rank']):.0f} | "
                      + (f"{sum(r['torch_cpu_ms_per_rank']):.0f} |" if "torch_ms" in r else "- |"))
     text = "\n".join(lines)
