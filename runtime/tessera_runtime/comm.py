@@ -334,12 +334,15 @@ def tree_reduce(blocks, ufunc, out) -> None:
     pairing gives a fixed result.
     """
     level = list(blocks)
-    while len(level) > 1:
+    while len(level) > 2:
         nxt = [ufunc(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
-    out[...] = level[0]
+    if len(level) == 2 and hasattr(ufunc, "nout"):   # a numpy/cupy ufunc: the root writes out
+        ufunc(level[0], level[1], out=out)
+    else:
+        out[...] = level[0] if len(level) == 1 else ufunc(level[0], level[1])
 
 
 # -- shared validation (shape/dtype only: buffers stay opaque) ---------------

@@ -213,6 +213,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         self._reads: dict = defaultdict(deque)         # key -> deque of _Read
         self._read: dict = defaultdict(int)            # key -> last seq read
         self._posted_lines = [self._line("group", 0, p) for p in range(n)]
+        self._read_lines = [self._line("group", 1, p) for p in range(n)]
         _PROCESS.add(self)
 
     @classmethod
@@ -237,7 +238,7 @@ class SharedMemoryCommunicator(MPICommunicator):
             return None
         if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
             return None
-        from .mpi_comm import MPI
+        MPI = mpi_comm.MPI
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         one_machine = comm.allreduce(int(local.Get_size() == comm.Get_size()), MPI.MIN)
         local.Free()
@@ -344,7 +345,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         phase = seq % PHASES
         shape, dtype = src.shape, src.dtype
         reused = seq - PHASES          # the collective that used this slot set last
-        words, read_lines = self._words, [self._line("group", 1, p) for p in range(self._n)]
+        words, read_lines = self._words, self._read_lines
 
         def publish():
             if callable(give):
@@ -371,16 +372,7 @@ class SharedMemoryCommunicator(MPICommunicator):
         ufunc = REDUCE_UFUNCS[reduction]
         widen = is_bf16(src.dtype) and not deterministic   # as MPI: one rounding at the end
 
-        def finish(slots):
-            if widen:
-                total = np.empty(dst.shape, np.float32)
-                tree_reduce([s.astype(np.float32) for s in slots], ufunc, total)
-                dst[...] = total.astype(dst.dtype)
-            elif len(slots) == 2:
-                ufunc(slots[0], slots[1], out=dst)
-            else:
-                tree_reduce(slots, ufunc, dst)
-        return self._post(src, finish)
+        return self._post(src, lambda slots: _combine(slots, ufunc, dst, widen))
 
     def _all_gather(self, src, dst, dim, stream) -> Work:
         if not self._fits(src):
@@ -395,15 +387,8 @@ class SharedMemoryCommunicator(MPICommunicator):
         ufunc, me, n = REDUCE_UFUNCS[reduction], self._me, self._n
         widen = is_bf16(src.dtype) and not deterministic
 
-        def finish(slots):
-            mine = [np.split(s, n, axis=dim)[me] for s in slots]
-            if widen:
-                total = np.empty(dst.shape, np.float32)
-                tree_reduce([m.astype(np.float32) for m in mine], ufunc, total)
-                dst[...] = total.astype(dst.dtype)
-            else:
-                tree_reduce(mine, ufunc, dst)
-        return self._post(src, finish)
+        return self._post(src, lambda slots: _combine(
+            [np.split(s, n, axis=dim)[me] for s in slots], ufunc, dst, widen))
 
     def _all_to_all(self, src, dst, split_dim, concat_dim, stream, counts) -> Work:
         if not self._fits(src):
@@ -470,6 +455,17 @@ class SharedMemoryCommunicator(MPICommunicator):
             buf, self._channel_slot(peer, self._me, seq, buf.shape, buf.dtype))))
         self._progress()
         return ShmWork(self, None, key, seq)
+
+
+def _combine(parts, ufunc, dst, widen: bool) -> None:
+    """dst = the parts reduced in tree_reduce's fixed tree; `widen` (bf16
+    outside deterministic mode, as MPI does it): in float32, rounded once."""
+    if not widen:
+        tree_reduce(parts, ufunc, dst)
+        return
+    total = np.empty(dst.shape, np.float32)
+    tree_reduce([p.astype(np.float32) for p in parts], ufunc, total)
+    dst[...] = total.astype(dst.dtype)
 
 
 def _counter_lines(n: int) -> int:
