@@ -107,6 +107,8 @@ class Communicator(ABC):
     world_rank: int = 0
     #: collectives started so far (the flight recorder's sequence number)
     issued: int = 0
+    #: TESSERA_COMM_TRACE, read at the first collective
+    trace: bool | None = None
 
     def name_group(self, axis: str, world_rank: int, members: list[int]) -> None:
         """This communicator is mesh axis `axis` of world rank `world_rank`,
@@ -126,8 +128,9 @@ class Communicator(ABC):
         entry = flight.RECORDER.record(seq, what.split()[0], self.label, nbytes, source, peer)
         if peer is not None:
             what = f"{what} {'to' if what == 'send' else 'from'} {peer}"
-        trace = (f"rank {self.world_rank} {self.label} {what} {nbytes} B"
-                 if trace_enabled() else None)
+        if self.trace is None:          # (read once: os.environ costs ~2 us a collective)
+            self.trace = trace_enabled()
+        trace = f"rank {self.world_rank} {self.label} {what} {nbytes} B" if self.trace else None
         return RecordedWork(work, entry, trace)
 
     # -- public, validated entry points ------------------------------------

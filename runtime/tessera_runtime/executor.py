@@ -31,6 +31,15 @@ from . import profiler
 from .bundle import Instr, ProgramSpec
 
 
+#: the largest buffer the straight-line run keeps in its arena
+#: (_arena_layout). A buffer's allocation costs ~2 us of Python, which only
+#: small buffers notice (a 1 MiB one's kernel runs ~100 us); and the arena's
+#: bytes are held between runs, beside the results a run allocates, where
+#: freed buffers could have held them: the threshold bounds that cost to the
+#: small buffers' peak.
+ARENA_MAX_BUFFER_BYTES = 256 << 10
+
+
 class ScheduleError(ValueError):
     """The schedule program is inconsistent (found before anything runs)."""
 
@@ -76,7 +85,9 @@ class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan
     #: predicts) and "borrowed_bytes" (the inputs read in place from the
-    #: caller's arrays: part of the peak, not allocated by the run)
+    #: caller's arrays: part of the peak, not allocated by the run) and
+    #: "arena_bytes" (the part of the peak held in the straight-line run's
+    #: arena, allocated once and kept between runs; 0 for the loop)
     memory: dict | None = None
     #: unprofiled CPU runs use the generated straight-line function
     #: (_straight_line); False: always the interpreting loop (tests compare them)
@@ -97,6 +108,9 @@ class ScheduleExecutor:
         # References to collectives abandoned by a failed run: MPI may still
         # be writing into their buffers, so they must stay alive.
         self._abandoned: list = []
+        #: the straight-line run's arenas not in use (_new_arena): one per
+        #: run in progress (a second thread's run gets a second arena)
+        self._arenas: list = []
         #: this rank's instructions (a pipeline's other stages run elsewhere)
         self.instructions = [ins for ins in program.instructions
                              if "on" not in ins.fields or self._runs_here(ins["on"])]
@@ -462,9 +476,16 @@ class ScheduleExecutor:
             if op == "call":
                 stream = eng.stream(ins["stream"])
                 nbytes = sum(math.prod(meta[v][0]) * np.dtype(meta[v][1]).itemsize for v in b)
+                direct = None
                 if "library" in ins.fields:
-                    a = eng.prepare_library(ins["library"], self._with_block(ins["attrs"]), stream,
-                                            nbytes=nbytes)
+                    attrs = self._with_block(ins["attrs"])
+                    if eng.by_address:
+                        direct = eng.prepare_library_by_address(ins["library"], attrs,
+                                                                [meta[v] for v in b], stream)
+                    if direct is not None:
+                        a, op = direct, "launch"
+                    else:
+                        a = eng.prepare_library(ins["library"], attrs, stream, nbytes=nbytes)
                 elif eng.by_address:
                     a = eng.prepare_launch(ins["kernel"], len(b), stream, nbytes=nbytes)
                     op = "launch"
@@ -508,6 +529,12 @@ class ScheduleExecutor:
                 borrowed.add(spec.value)
             else:
                 values[spec.value] = eng.from_host(arr)
+        with eng.run_scope():
+            return self._execute(values, borrowed, device_outputs, rec, t_in)
+
+    def _execute(self, values: dict, borrowed: set, device_outputs: bool, rec, t_in: float):
+        """Runs this rank's instructions on the inputs in `values`."""
+        eng = self.engine
         pending: dict = {}
         timing = _RunTiming(eng, self.program.entry, t_in, values.values()) \
             if rec is not None else None
@@ -517,12 +544,17 @@ class ScheduleExecutor:
         at = {v: eng.address(b) for v, b in values.items()} if eng.by_address else None
         if timing is None and eng.by_address and self.straight_line:
             run, ret = self._straight_line()
+            arena = self._arenas.pop() if self._arenas else self._new_arena()
             try:
-                values.update(run(values, at, pending))
+                values.update(run(values, at, pending, *arena))
             finally:
-                if pending:
+                if pending:         # MPI may still write into the arena
                     self._abandoned.extend(pending.values())
-            return self._finish(ret, values, borrowed, device_outputs, None, None)
+                    self._abandoned.append(arena)
+                else:
+                    self._arenas.append(arena)
+            return self._finish(ret, values, borrowed, device_outputs, None, None,
+                                self._layout[2])
         try:
             for op, a, b, ins in plan:
                 if op == "launch":
@@ -594,14 +626,15 @@ class ScheduleExecutor:
                 self._abandoned.extend(pending.values())
         raise ScheduleError(f"{self._source}: no 'return' instruction")
 
-    def _finish(self, ins, values: dict, borrowed: set, device_outputs: bool, timing, rec):
+    def _finish(self, ins, values: dict, borrowed: set, device_outputs: bool, timing, rec,
+                arena_bytes: int = 0):
         """The run's results, once its `return` instruction `ins` is reached."""
         if ins is None:
             raise ScheduleError(f"{self._source}: no 'return' instruction")
         eng = self.engine
         eng.synchronize()
         self.memory = dict(self._memory_plan, borrowed_bytes=sum(
-            int(values[v].nbytes) for v in borrowed if v in values))
+            int(values[v].nbytes) for v in borrowed if v in values), arena_bytes=arena_bytes)
         t_out = time.perf_counter()
         outputs = [values[v] if device_outputs else eng.to_host(values[v], spec.dtype)
                    for v, spec in zip(ins["values"], self.program.outputs)]
@@ -623,10 +656,14 @@ class ScheduleExecutor:
         pending)` takes the inputs (and their addresses) by value name,
         leaves started collectives' works in `pending` until their wait, and
         returns {returned value: buffer}. Built once per program; it runs
-        exactly the loop's operations."""
+        the loop's operations, except that the buffers of `_arena_layout`
+        are not allocated, viewed and freed but taken from an arena
+        (`_new_arena`, the arguments B and A: buffers and addresses)."""
         if getattr(self, "_fast_run", None) is not None:
             return self._fast_run
         eng = self.engine
+        slots, views, _ = self._layout = self._arena_layout()
+        in_arena = {**slots, **views}
         names: dict = {}
         const: dict = {"alloc": eng.alloc, "address": eng.address,
                        "reshape_view": eng.reshape_view, "flat_view": eng.flat_view,
@@ -658,6 +695,11 @@ class ScheduleExecutor:
                                 f"a{name} = at.get({value!r})")
             return name
         for op, a, b, ins in self._plan():
+            if (op == "alloc" and a in in_arena) or (op == "view" and b[0] in in_arena):
+                defined.add(a if op == "alloc" else b[0])
+                continue
+            if op == "free" and a in in_arena:
+                continue
             if op == "launch":
                 lines.append(f"    {k(a)}(({''.join(f'a{use(v)}, ' for v in b)}))")
             elif op == "call":
@@ -686,6 +728,8 @@ class ScheduleExecutor:
                 else:
                     lines.append(f"    {n} = flat_view({src}, {flat[0]}, {k(shape)}); "
                                  f"a{n} = a{src} + {flat[1]}")
+            elif op in ("event_record", "event_wait") and eng.synchronous:
+                continue                # every launch has finished when it returns
             elif op == "event_record":
                 defined.add(ins["result"])
                 lines.append(f"    {var(ins['result'])} = record_event("
@@ -718,11 +762,102 @@ class ScheduleExecutor:
                                     "form")
         else:
             lines.append("    return {}")
-        source = "def run(values, at, pending):\n" + "\n".join(lines) + "\n"
+        self._arena_order = order = list(in_arena)
+        if order:
+            lines.insert(0, f"    ({''.join(f'{var(v)}, ' for v in order)}) = B\n"
+                            f"    ({''.join(f'a{var(v)}, ' for v in order)}) = A")
+        source = "def run(values, at, pending, B, A):\n" + "\n".join(lines) + "\n"
         namespace = dict(const)
         exec(compile(source, f"<{self._source}: straight-line run>", "exec"), namespace)
         self._fast_run = (namespace["run"], ret)
         return self._fast_run
+
+    def _arena_layout(self) -> tuple:
+        """Where the straight-line run keeps its buffers: (slots, views,
+        bytes). Every allocation of at most ARENA_MAX_BUFFER_BYTES but a
+        returned value's (or that of the buffer a returned view shares)
+        gets a fixed byte offset in one arena,
+        where allocations whose lifetimes do not overlap share memory (first
+        fit, 64-byte aligned; a buffer lives until it and every view of it
+        are freed, as in `_account`). slots = {buffer: (offset, bytes,
+        shape, dtype)}; views = {view of an arena buffer: (what it views,
+        shape, flat)}, in plan order. Why: a CPU training step allocates
+        ~400 buffers and takes their addresses, ~2 us each in Python
+        (measured: ~15% of a w128 dp x tp rank's step); an arena's are
+        made once."""
+        plan = self._plan()
+        root: dict = {}
+        returned = ()
+        for op, a, b, ins in plan:
+            if op == "view":
+                root[b[0]] = root.get(a, a)
+            elif op == "return":
+                returned = ins["values"]
+        kept_out = {root.get(v, v) for v in returned}
+        slots, views, holders = {}, {}, {}
+        holes: list = []            # [offset, bytes] free inside the arena, by offset
+        end = 0
+
+        def take(n: int) -> int:
+            nonlocal end
+            for hole in holes:
+                if hole[1] >= n:
+                    hole[0], hole[1] = hole[0] + n, hole[1] - n
+                    if not hole[1]:
+                        holes.remove(hole)
+                    return hole[0] - n
+            off = holes.pop()[0] if holes and sum(holes[-1]) == end else end
+            end = off + n
+            return off
+
+        def give(off: int, n: int) -> None:
+            holes.append([off, n])
+            holes.sort()
+            merged: list = []
+            for hole in holes:
+                if merged and sum(merged[-1]) == hole[0]:
+                    merged[-1][1] += hole[1]
+                else:
+                    merged.append(hole)
+            holes[:] = merged
+
+        def padded(nbytes: int) -> int:
+            return max(64, -(-nbytes // 64) * 64)
+        for op, a, b, ins in plan:
+            nbytes = math.prod(b[0]) * np.dtype(b[1]).itemsize if op == "alloc" else 0
+            if op == "alloc" and a not in kept_out and nbytes <= ARENA_MAX_BUFFER_BYTES:
+                slots[a] = (take(padded(nbytes)), nbytes, b[0], b[1])
+                holders[a] = 1
+            elif op == "view" and root[b[0]] in slots:
+                views[b[0]] = (a, b[1], b[2])
+                holders[root[b[0]]] += 1
+            elif op == "free" and root.get(a, a) in holders:
+                owner = root.get(a, a)
+                holders[owner] -= 1
+                if not holders[owner]:
+                    del holders[owner]
+                    give(slots[owner][0], padded(slots[owner][1]))
+        return slots, views, end
+
+    def _new_arena(self) -> tuple:
+        """(buffers, addresses) of a fresh arena for the straight-line run:
+        one allocation holding every buffer of `_arena_layout`, in
+        `_arena_order`."""
+        eng = self.engine
+        slots, views, nbytes = self._layout
+        arena = eng.alloc((nbytes + 64,), np.uint8)
+        shift = -eng.address(arena) % 64
+        base = eng.address(arena) + shift
+        buf, at = {}, {}
+        for v, (off, n, shape, dtype) in slots.items():
+            buf[v] = eng.carve(arena, shift + off, n, shape, dtype)
+            at[v] = base + off
+        for v, (src, shape, flat) in views.items():
+            if flat is None:
+                buf[v], at[v] = eng.reshape_view(buf[src], shape), at[src]
+            else:
+                buf[v], at[v] = eng.flat_view(buf[src], flat[0], shape), at[src] + flat[1]
+        return tuple(buf[v] for v in self._arena_order), tuple(at[v] for v in self._arena_order)
 
     def _move(self, ins: Instr, buffer):
         """Starts a send or recv of `buffer` (a work to wait on)."""

@@ -742,12 +742,23 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
                 out[threads] = np.full((m, n), np.nan, np.float32)
                 engine.prepare_library("matmul", attrs)((a, b, out[threads]))
                 assert blas_threads() == users
+                # The executor's way (by address, as a kernel): the same bits.
+                direct = np.full((m, n), np.nan, np.float32)
+                engine.prepare_library_by_address(
+                    "matmul", attrs, [(x.shape, x.dtype) for x in (a, b, direct)])(
+                    [cpu.address(x) for x in (a, b, direct)])
+                assert direct.tobytes() == out[threads].tobytes(), (m, n, k, ta, tb, threads)
             assert out[1].tobytes() == out[2].tobytes() == out[3].tobytes(), (m, n, k, ta, tb)
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
             want = (a64.T if ta else a64) @ (b64.T if tb else b64)
             np.testing.assert_allclose(out[2], want, rtol=1e-4, atol=1e-5 * k)
     batched = rng.standard_normal((3, 8, 5), dtype=np.float32)
     square = rng.standard_normal((5, 5), dtype=np.float32)
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    for metas in ([((3, 8, 5), f32), ((5, 5), f32), ((3, 8, 5), f32)],     # batched
+                  [((8, 5), f64), ((5, 5), f64), ((8, 5), f64)],            # float64
+                  [((8, 0), f32), ((0, 5), f32), ((8, 5), f32)]):           # empty
+        assert engine.prepare_library_by_address("matmul", {}, metas) is None, metas
     got = np.empty((3, 8, 5), np.float32)
     engine.prepare_library("matmul", {})((batched, square, got))
     np.testing.assert_allclose(got, batched @ square, rtol=1e-5, atol=1e-5)

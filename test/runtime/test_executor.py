@@ -615,7 +615,53 @@ def test_each_run_s_results_are_fresh_and_its_memory_is_the_schedule_s(tmp_path,
         assert not np.shares_memory(y, first)
     np.testing.assert_array_equal(first, kept)
     assert prog.memory == {"peak_bytes": (32 + 24 + 2 * 12) * 4, "end_bytes": (32 + 24 + 12) * 4,
-                           "borrowed_bytes": 0}      # (no `outs`: every input copied)
+                           "borrowed_bytes": 0,      # (no `outs`: every input copied)
+                           "arena_bytes": 2 * 64}    # %0 and %1 (padded), made once
+
+
+def test_the_straight_line_run_keeps_its_buffers_in_an_arena_one_per_run_in_progress(tmp_path,
+                                                                                     lib):
+    """Unprofiled CPU runs take their intermediates from an arena made once:
+    a buffer allocated after another's free reuses its bytes (64-byte
+    aligned), a returned buffer stays out of it (each run's result is
+    new), every run is right; a run while the arena is taken (another
+    thread's) gets a second one."""
+    program = chain_program()
+    steps = program["instructions"]
+    # %1 -> %3 -> %2: %3 is allocated after %0's free, so it may take %0's bytes.
+    steps[steps.index({"op": "alloc", "result": "%2", "shape": [4, 3], "dtype": "float32"}):-1] = [
+        {"op": "alloc", "result": "%3", "shape": [4, 3], "dtype": "float32"},
+        {"op": "collective_start", "result": "%t1", "stream": "compute",
+         "collective": "all_reduce", "axis": "tp", "reduction": "sum",
+         "deterministic": True, "src": "%1", "dst": "%3"},
+        {"op": "collective_wait", "token": "%t1", "stream": "compute"},
+        {"op": "free", "buffer": "%1"},
+        {"op": "alloc", "result": "%2", "shape": [4, 3], "dtype": "float32"},
+        {"op": "collective_start", "result": "%t2", "stream": "compute",
+         "collective": "all_reduce", "axis": "tp", "reduction": "sum",
+         "deterministic": True, "src": "%3", "dst": "%2"},
+        {"op": "collective_wait", "token": "%t2", "stream": "compute"},
+        {"op": "free", "buffer": "%3"}]
+    prog = rt.load_bundle(make(tmp_path, lib, program))
+    executor = prog._executor
+    results = []
+    for seed in range(3):
+        a, b = inputs(seed)
+        (y,) = prog.run([a, b])
+        np.testing.assert_allclose(y, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-6)
+        results.append(y)
+    assert not any(np.shares_memory(x, y) for i, x in enumerate(results) for y in results[i + 1:])
+    slots, views, nbytes = executor._layout
+    assert set(slots) == {"%0", "%1", "%3"} and not views
+    assert slots["%3"][0] == slots["%0"][0] != slots["%1"][0] and nbytes == 2 * 64
+    (buffers, addresses), = executor._arenas
+    assert all(address % 64 == 0 for address in addresses)
+    held = executor._arenas.pop()              # as if another thread's run had it
+    a, b = inputs(7)
+    (y,) = prog.run([a, b])
+    np.testing.assert_allclose(y, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-6)
+    (other,) = executor._arenas
+    assert not any(np.shares_memory(x, z) for x in held[0] for z in other[0])
 
 
 def test_the_embedding_gradient_sums_each_id_s_rows_and_splits_by_row_blocks():

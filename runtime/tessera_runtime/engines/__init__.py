@@ -8,6 +8,7 @@ beyond `.shape` and `.dtype`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from abc import ABC, abstractmethod
@@ -28,6 +29,9 @@ class Engine(ABC):
     by_address = False
     #: path of the loaded kernel library (for error messages), or None
     kernel_library = None
+    #: whether every launch has finished when it returns (a host engine):
+    #: events then order nothing, and the straight-line run leaves them out
+    synchronous = False
 
     # -- memory ---------------------------------------------------------------
     @abstractmethod
@@ -107,6 +111,22 @@ class Engine(ABC):
         """The contiguous block of `buffer` (row-major) from element `start`,
         as an array of `shape`, sharing its memory."""
         return buffer.reshape(-1)[start:start + math.prod(shape)].reshape(shape)
+
+    def carve(self, arena, offset: int, nbytes: int, shape, dtype):
+        """The buffer of `shape` and numpy `dtype` (`nbytes` long) at byte
+        `offset` of `arena`, a uint8 buffer from `alloc`, sharing its memory."""
+        return arena[offset:offset + nbytes].view(dtype).reshape(shape)
+
+    def prepare_library_by_address(self, routine: str, attrs: dict, metas, stream=None):
+        """An engine launching `by_address` may run library `routine` on
+        buffers of `metas` ((shape, dtype) each, inputs then the output) as a
+        callable taking their addresses, like a kernel; None: it takes the
+        buffers (`prepare_library`)."""
+        return None
+
+    def run_scope(self):
+        """A context every run of a program executes in."""
+        return contextlib.nullcontext()
 
     def has_library(self, routine: str) -> bool:
         """Whether this engine implements library routine `routine`."""

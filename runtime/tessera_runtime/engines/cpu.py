@@ -273,6 +273,7 @@ class CPUEvent(Event):
 class CPUEngine(Engine):
     name = "cpu"
     by_address = True
+    synchronous = True
 
     def __init__(self):
         self._lib = None
@@ -401,10 +402,33 @@ class CPUEngine(Engine):
         if xp is np and routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
             quiet_blas_workers()
 
-        def call(args):
-            with np.errstate(all="ignore"):     # IEEE results (inf, nan), as on a GPU
-                impl(xp, attrs, *args)
-        return call
+        # (run inside run_scope: IEEE results, inf and nan, as on a GPU)
+        return lambda args: impl(xp, attrs, *args)
+
+    def prepare_library_by_address(self, routine: str, attrs: dict, metas, stream=None):
+        """A float32 2-D matmul straight to the team's tessera_gemm_f32 with
+        the buffers' addresses (the executor's are C-contiguous; a transposed
+        operand is its untransposed buffer and a transpose flag): one ctypes
+        call, where the array path (TeamBLAS.matmul) spends ~10 us a GEMM on
+        views, flags and `.ctypes` (measured: a quarter of a w128 dp x tp
+        rank's GEMM time)."""
+        if routine != "matmul" or self._team is None or len(metas) != 3:
+            return None
+        (sa, da), (sb, db), (so, do) = metas
+        if any(len(s) != 2 for s in (sa, sb, so)) or \
+                any(np.dtype(d) != np.float32 for d in (da, db, do)):
+            return None
+        ta, tb = int(bool(attrs.get("transpose_lhs"))), int(bool(attrs.get("transpose_rhs")))
+        m, k = (sa[1], sa[0]) if ta else tuple(sa)
+        kb, n = (sb[1], sb[0]) if tb else tuple(sb)
+        if k != kb or tuple(so) != (m, n) or not m * n * k:
+            return None
+        pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
+        gemm, threads = self._team[0], self.threads
+        return lambda ptrs: gemm(ta, tb, m, n, k, ptrs[0], ptrs[1], ptrs[2], pieces, threads)
+
+    def run_scope(self):
+        return np.errstate(all="ignore")     # IEEE results (inf, nan), as on a GPU
 
     def _library_numpy(self):
         """The library routines' `xp`: numpy, or TeamBLAS on this engine's
@@ -416,7 +440,8 @@ class CPUEngine(Engine):
         return self._team_blas
 
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
-        self.prepare_library(routine, attrs, stream)(args)
+        with self.run_scope():
+            self.prepare_library(routine, attrs, stream)(args)
 
     # -- events ----------------------------------------------------------------------
     def record_event(self, stream) -> CPUEvent:
