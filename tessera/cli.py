@@ -256,10 +256,12 @@ def thread_limits(ranks: int) -> dict:
     cores instead of each starting one thread per core (what torchrun does
     too). Measured: the example GPT on 4 ranks of a 2-core machine ran 0.9 s a
     step with OpenBLAS' default threads, 0.06 s with these. A variable the
-    user set wins."""
-    per_rank = str(max(1, (os.cpu_count() or 1) // ranks))
+    user set wins. TESSERA_NUM_THREADS too (the kernels' team): a launched
+    rank works it out from the job's size, a process standing in for one
+    rank of an R-rank job (`tessera calibrate -n R`) cannot."""
+    per_rank = str(max(1, tessera_env.cores() // ranks))
     return {"OMP_NUM_THREADS": per_rank, "OPENBLAS_NUM_THREADS": per_rank,
-            "MKL_NUM_THREADS": per_rank}
+            "MKL_NUM_THREADS": per_rank, "TESSERA_NUM_THREADS": per_rank}
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -164,6 +164,26 @@ def test_cpu_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert f"cached: {path}" in cli.stderr
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_a_calibration_rank_runs_on_the_threads_a_launched_rank_gets(ranks, monkeypatch):
+    """`tessera calibrate -n R` measures kernels and GEMMs in one process
+    standing in for a rank of an R-rank job: the environment it gets
+    (thread_limits, as `tessera launch` gives every rank) sets the kernels'
+    team to what a launched rank works out from the job's size. (It did
+    not: on 2 cores the calibration ran 2 threads where each of 4 ranks
+    gets 1, and the model predicted half the measured step.)"""
+    from tessera.cli import thread_limits
+    from tessera_runtime.engines.cpu import default_threads
+    limits = thread_limits(ranks)
+    monkeypatch.delenv("TESSERA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(ranks))   # a launched rank
+    launched = default_threads()
+    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
+    monkeypatch.setenv("TESSERA_NUM_THREADS", limits["TESSERA_NUM_THREADS"])
+    assert default_threads() == launched
+    assert limits["OPENBLAS_NUM_THREADS"] == limits["TESSERA_NUM_THREADS"]
+
+
 def test_hierarchical_all_reduce_is_cheaper_across_h100_nodes():
     """Issue 29 item 4b at scale: a data-parallel step on dp = 64 (8 H100
     nodes of 8), traced in this one process. With ranks_per_node = 8 its
