@@ -544,7 +544,10 @@ class ScheduleExecutor:
         at = {v: eng.address(b) for v, b in values.items()} if eng.by_address else None
         if timing is None and eng.by_address and self.straight_line:
             run, ret = self._straight_line()
-            arena = self._arenas.pop() if self._arenas else self._new_arena()
+            try:
+                arena = self._arenas.pop()      # (atomic: another thread may run too)
+            except IndexError:
+                arena = self._new_arena()
             try:
                 values.update(run(values, at, pending, *arena))
             finally:
@@ -653,12 +656,13 @@ class ScheduleExecutor:
         interpreting loop's dispatch and dictionaries (measured: the loop
         cost ~1.5 us per instruction, most of the runtime share of a CPU
         step). Returns (fn, the return instruction): `fn(values, at,
-        pending)` takes the inputs (and their addresses) by value name,
+        pending, B, A)` takes the inputs (and their addresses) by value name
+        and an arena's buffers and addresses (`_new_arena`),
         leaves started collectives' works in `pending` until their wait, and
         returns {returned value: buffer}. Built once per program; it runs
         the loop's operations, except that the buffers of `_arena_layout`
-        are not allocated, viewed and freed but taken from an arena
-        (`_new_arena`, the arguments B and A: buffers and addresses)."""
+        are not allocated, viewed and freed but taken from the arena, and
+        a synchronous engine's events are left out."""
         if getattr(self, "_fast_run", None) is not None:
             return self._fast_run
         eng = self.engine
@@ -775,11 +779,10 @@ class ScheduleExecutor:
     def _arena_layout(self) -> tuple:
         """Where the straight-line run keeps its buffers: (slots, views,
         bytes). Every allocation of at most ARENA_MAX_BUFFER_BYTES but a
-        returned value's (or that of the buffer a returned view shares)
-        gets a fixed byte offset in one arena,
-        where allocations whose lifetimes do not overlap share memory (first
-        fit, 64-byte aligned; a buffer lives until it and every view of it
-        are freed, as in `_account`). slots = {buffer: (offset, bytes,
+        returned value's (or that of the buffer a returned view shares) gets
+        a fixed byte offset in one arena, where allocations whose lifetimes
+        do not overlap share memory (first fit, 64-byte aligned; a buffer
+        lives until it and every view of it are freed, as in `_account`). slots = {buffer: (offset, bytes,
         shape, dtype)}; views = {view of an arena buffer: (what it views,
         shape, flat)}, in plan order. Why: a CPU training step allocates
         ~400 buffers and takes their addresses, ~2 us each in Python
