@@ -387,10 +387,12 @@ def main(argv=None) -> int:
 
     calibrate = sub.add_parser(
         "calibrate", help="measure this host for the cost model (trace.cost())",
-        description="Run the cost model's microbenchmarks as N ranks at once (kernels, BLAS, "
-                    "copies, the executor, collectives over the world and over pairs), print "
-                    "the machine description and cache it, so that `trace.cost(\"cpu\")` "
-                    "predicts steps of N ranks on this host. Takes about a minute.")
+        description="Run the cost model's microbenchmarks for N ranks on this host (kernels, "
+                    "BLAS, copies and the executor in one process on the threads a rank of an "
+                    "N-rank job gets; collectives over the world and over pairs in a job of N "
+                    "ranks), print the machine description and cache it, so that "
+                    "`trace.cost(\"cpu\")` predicts steps of N ranks on this host. Takes "
+                    "about a minute.")
     calibrate.add_argument("-n", "--nprocs", type=int, default=1, help="ranks (default 1)")
     calibrate.add_argument("--force", action="store_true",
                            help="measure again even if a calibration is cached")
