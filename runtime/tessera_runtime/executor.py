@@ -81,6 +81,28 @@ def _contiguous_block(full: tuple, part: tuple, offsets) -> int | None:
     return start
 
 
+def _lifetimes(plan):
+    """The plan's instructions as (op, a, b, released): `released` is the
+    buffer whose memory a free (or forget) gives back, None while views of
+    it are alive (a view keeps the buffer it views alive) or for any other
+    instruction."""
+    root: dict = {}          # view -> the buffer owning its memory
+    holders: dict = {}       # buffer with views -> how many refer to it
+    for op, a, b, _ in plan:
+        released = None
+        if op == "view":
+            owner = root[b[0]] = root.get(a, a)
+            holders[owner] = holders.get(owner, 1) + 1
+        elif op in ("free", "forget"):
+            owner = root.pop(a, a)
+            count = holders.pop(owner, 1) - 1
+            if count:
+                holders[owner] = count
+            else:
+                released = owner
+        yield op, a, b, released
+
+
 class ScheduleExecutor:
     #: the last run's bytes: {"peak_bytes", "end_bytes"} (inputs and every
     #: allocation the schedule makes; what the compiler's memory plan
@@ -445,23 +467,13 @@ class ScheduleExecutor:
         size = {spec.value: math.prod(spec.local_shape) * spec.dtype.itemsize
                 for spec in self.program.inputs}
         live = peak = sum(size.values())
-        root: dict = {}          # view -> the buffer owning its memory
-        holders: dict = {}       # buffer with views -> how many refer to it
-        for op, a, b, _ in plan:
+        for op, a, b, released in _lifetimes(plan):
             if op in ("alloc", "symmetric"):
                 size[a] = math.prod(b[0]) * np.dtype(b[1]).itemsize
                 live += size[a]
                 peak = max(peak, live)
-            elif op == "view":
-                owner = root[b[0]] = root.get(a, a)
-                holders[owner] = holders.get(owner, 1) + 1
-            elif op in ("free", "forget"):
-                owner = root.pop(a, a)
-                count = holders.pop(owner, 1) - 1
-                if count:
-                    holders[owner] = count
-                else:
-                    live -= size.pop(owner)
+            elif released is not None:
+                live -= size.pop(released)
         return {"peak_bytes": peak, "end_bytes": live}
 
     def _bind(self, plan) -> list:
@@ -779,25 +791,20 @@ class ScheduleExecutor:
     def _arena_layout(self) -> tuple:
         """Where the straight-line run keeps its buffers: (slots, views,
         bytes). Every allocation of at most ARENA_MAX_BUFFER_BYTES but a
-        returned value's (or that of the buffer a returned view shares) gets
-        a fixed byte offset in one arena, where allocations whose lifetimes
-        do not overlap share memory (first fit, 64-byte aligned; a buffer
-        lives until it and every view of it are freed, as in `_account`). slots = {buffer: (offset, bytes,
-        shape, dtype)}; views = {view of an arena buffer: (what it views,
-        shape, flat)}, in plan order. Why: a CPU training step allocates
-        ~400 buffers and takes their addresses, ~2 us each in Python
-        (measured: ~15% of a w128 dp x tp rank's step); an arena's are
-        made once."""
+        returned value's (or that of the buffer a returned value may view)
+        gets a fixed byte offset in one arena, where allocations whose
+        lifetimes do not overlap share memory (first fit, 64-byte aligned;
+        lifetimes as `_account` counts them). slots = {buffer: (offset,
+        bytes, shape, dtype)}; views = {view of an arena buffer: (what it
+        views, shape, flat)}, in plan order. Why: a CPU training step
+        allocates ~400 buffers and takes their addresses, ~2 us each in
+        Python (measured: ~15% of a w128 dp x tp rank's step); an arena's
+        are made once."""
         plan = self._plan()
-        root: dict = {}
-        returned = ()
-        for op, a, b, ins in plan:
-            if op == "view":
-                root[b[0]] = root.get(a, a)
-            elif op == "return":
-                returned = ins["values"]
-        kept_out = {root.get(v, v) for v in returned}
-        slots, views, holders = {}, {}, {}
+        self._input_use()                   # (its _view_roots)
+        returned = next(ins["values"] for op, _, _, ins in plan if op == "return")
+        kept_out = set(returned) | {self._view_roots.get(v, v) for v in returned}
+        slots, views = {}, {}
         holes: list = []            # [offset, bytes] free inside the arena, by offset
         end = 0
 
@@ -826,20 +833,15 @@ class ScheduleExecutor:
 
         def padded(nbytes: int) -> int:
             return max(64, -(-nbytes // 64) * 64)
-        for op, a, b, ins in plan:
-            nbytes = math.prod(b[0]) * np.dtype(b[1]).itemsize if op == "alloc" else 0
-            if op == "alloc" and a not in kept_out and nbytes <= ARENA_MAX_BUFFER_BYTES:
-                slots[a] = (take(padded(nbytes)), nbytes, b[0], b[1])
-                holders[a] = 1
-            elif op == "view" and root[b[0]] in slots:
+        for op, a, b, released in _lifetimes(plan):
+            if op == "alloc" and a not in kept_out:
+                nbytes = math.prod(b[0]) * np.dtype(b[1]).itemsize
+                if nbytes <= ARENA_MAX_BUFFER_BYTES:
+                    slots[a] = (take(padded(nbytes)), nbytes, b[0], b[1])
+            elif op == "view" and (a in slots or a in views):
                 views[b[0]] = (a, b[1], b[2])
-                holders[root[b[0]]] += 1
-            elif op == "free" and root.get(a, a) in holders:
-                owner = root.get(a, a)
-                holders[owner] -= 1
-                if not holders[owner]:
-                    del holders[owner]
-                    give(slots[owner][0], padded(slots[owner][1]))
+            elif released in slots:
+                give(slots[released][0], padded(slots[released][1]))
         return slots, views, end
 
     def _new_arena(self) -> tuple:
@@ -849,8 +851,9 @@ class ScheduleExecutor:
         eng = self.engine
         slots, views, nbytes = self._layout
         arena = eng.alloc((nbytes + 64,), np.uint8)
-        shift = -eng.address(arena) % 64
-        base = eng.address(arena) + shift
+        start = eng.address(arena)
+        shift = -start % 64
+        base = start + shift
         buf, at = {}, {}
         for v, (off, n, shape, dtype) in slots.items():
             buf[v] = eng.carve(arena, shift + off, n, shape, dtype)

@@ -240,7 +240,7 @@ class TeamBLAS:
             m, k, n = a.shape[0], a.shape[1], b.shape[1]
             if out is None:
                 out = np.empty((m, n), np.float32)
-            pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
+            pieces = gemm_pieces(m, n, k)
             self._gemm(ta, tb, m, n, k, (a.T if ta else a).ctypes.data,
                        (b.T if tb else b).ctypes.data, out.ctypes.data, pieces, self.threads)
             return out
@@ -249,6 +249,12 @@ class TeamBLAS:
             return np.matmul(a, b, out=out)
         finally:
             self._set_blas_threads(saved)
+
+
+def gemm_pieces(m: int, n: int, k: int) -> int:
+    """How many blocks tessera_gemm_f32 cuts an m x n x k GEMM into (by shape
+    only: the bits do not depend on the thread count)."""
+    return GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
 
 
 def _blas_operand(x) -> int | None:
@@ -423,7 +429,7 @@ class CPUEngine(Engine):
         kb, n = (sb[1], sb[0]) if tb else tuple(sb)
         if k != kb or tuple(so) != (m, n) or not m * n * k:
             return None
-        pieces = GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
+        pieces = gemm_pieces(m, n, k)
         gemm, threads = self._team[0], self.threads
         return lambda ptrs: gemm(ta, tb, m, n, k, ptrs[0], ptrs[1], ptrs[2], pieces, threads)
 
