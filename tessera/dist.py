@@ -173,7 +173,11 @@ class Mesh:
         return isinstance(other, Mesh) and self._info == other._info
 
     def __hash__(self) -> int:
-        return hash((self.axes, self._info.shape, self._info.devices))
+        # (Cached: a compiled call hashes the mesh of every DTensor argument.)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self._hash = hash((self.axes, self._info.shape, self._info.devices))
+        return h
 
 
 def world_size() -> int:
@@ -305,6 +309,18 @@ class DTensor:
         self.mesh = mesh
         self.name = name
         self.dims = layout.dims_for(len(self.shape), mesh, name or "tensor")
+
+    @classmethod
+    def checked(cls, local: np.ndarray, shape: tuple, layout: ShardSpec, mesh: Mesh,
+                name: str, dims) -> "DTensor":
+        """A DTensor of `local` whose layout's `dims` over `mesh` are known
+        (`layout.dims_for`): a compiled call's result. Why not __init__: a
+        call makes one per result (80 a step of the dp x tp GPT), and
+        __init__'s conversions and lookups cost ~3 us each."""
+        t = cls.__new__(cls)
+        t._local, t._global, t.shape, t.dtype = local, None, shape, local.dtype
+        t.layout, t.mesh, t.name, t.dims = layout, mesh, name, list(dims)
+        return t
 
     @property
     def ndim(self) -> int:

@@ -16,7 +16,10 @@ one tgraph op each. This pass decides how each runs:
    The kernel's grid covers the run's iteration shape in tiles; a run with a
    last-dimension reduction (softmax, norms, losses) keeps whole rows in a
    tile. Reductions over another dimension get a kernel of their own that
-   loops over the reduced dimension. Data-movement launches that do not read
+   loops over the reduced dimension. Constants (fills, iotas) and
+   broadcasts are launched again right before each consumer that fuses
+   them (`duplicate_recomputed`): a value CSE shared between kernels is
+   computed inside each instead of written to a buffer and read back. Data-movement launches that do not read
    the run's results (a bias reshaped for broadcasting) move ahead of it
    instead of breaking it. A kernel whose results only grouped GEMMs read
    (`SEGMENT_READERS`: a MoE layer's activation between its experts' GEMMs,
@@ -65,8 +68,8 @@ from tessera_compiler.ir import ops
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import action_rank, copy_action
 from tessera_compiler.ir.sharding import meshes_of
-from tessera_compiler.ir.support import (PassError, function_type, functions, ops_of,
-                                         run_reporting)
+from tessera_compiler.ir.support import (PassError, function_type, functions, operation_key,
+                                         ops_of, run_reporting)
 from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, grid_offsets, index,
                                               largest_divisor, mark_symmetric, new_kernel,
                                               tile_type)
@@ -581,30 +584,89 @@ class GroupTiler:
         return k
 
 
-def duplicate_constants(sched: ir.Operation, kernels: dict) -> None:
-    """Gives every consumer of a constant (fill, iota) launch its own copy,
-    launched right before it, so loop fusion computes the constant inside the
-    consumer's kernel instead of reading a buffer that holds it."""
-    constants = [op for op in ops_of(sched) if op.name == "tsched.launch"
-                 and _kernel_op(kernels, op).name in ("tgraph.fill", "tgraph.iota")]
-    for launch in constants:       # (collected first: the loop erases ops)
-        stream, _, outs = _launch_parts(launch)
+#: What loop fusion recomputes inside each consumer instead of reading a
+#: buffer that holds it: constants, and broadcasts (reading the small input
+#: costs less than writing and reading the full result).
+RECOMPUTED = ("tgraph.fill", "tgraph.iota", "tgraph.broadcast")
+#: A broadcast's input at most this large lives on until the last consumer
+#: that computes the broadcast again (AdamW's scalars); a larger one is not
+#: kept past its free, and consumers after it read the broadcast's buffer.
+KEPT_ALIVE_BYTES = 256
+
+
+def _writes(op: ir.Operation, buf: ir.Value) -> bool:
+    """Whether `op`, a user of `buf`, may write it: anything but a launch
+    reading it, a collective sending it, a free or a return."""
+    if op.name == "tsched.launch":
+        return buf in _launch_parts(op)[2]
+    if op.name == "tsched.collective_start":
+        return op.opview.dst == buf
+    return op.name not in ("tsched.free", "func.return")
+
+
+def duplicate_recomputed(sched: ir.Operation, kernels: dict) -> None:
+    """Gives every consumer of a constant (fill, iota) launch, and every
+    tileable consumer of a broadcast launch, its own copy launched right
+    before it, so loop fusion computes the value inside the consumer's
+    kernel instead of reading a buffer that holds it. Why broadcasts: CSE
+    makes one broadcast serve every consumer of the same shape (AdamW's bias
+    corrections and the clipping scale, over every gradient of a shape), and
+    its full-size buffer then is written once and read by each (a w128 GPT
+    step: 12 such buffers). A broadcast's input must hold its value where a
+    copy reads it: written once, before the broadcast, and not yet freed,
+    unless it is a few scalars (KEPT_ALIVE_BYTES): its free then moves after
+    the last copy's consumer."""
+    launches = [op for op in ops_of(sched) if op.name == "tsched.launch"]
+    order = {operation_key(op): i for i, op in enumerate(ops_of(sched))}   # (original ops)
+
+    def at(op) -> float:
+        return order.get(operation_key(op), len(order))
+
+    candidates = [op for op in launches if _kernel_op(kernels, op).name in RECOMPUTED]
+    for launch in candidates:       # (collected first: the loop erases ops)
+        stream, ins, outs = _launch_parts(launch)
         buf = outs[0]
         users = [u.owner.operation for u in buf.uses]
         consumers = [u for u in users if u.name == "tsched.launch" and u != launch]
         if any(u.name not in ("tsched.launch", "tsched.free") for u in users) or not consumers:
             continue
+        if _kernel_op(kernels, launch).name == "tgraph.broadcast":
+            src = ins[0]
+            writers = [u.owner.operation for u in src.uses if _writes(u.owner.operation, src)]
+            if len(shape_of(src)) != len(shape_of(buf)) or len(writers) > 1 or \
+                    any(at(w) > at(launch) for w in writers) or \
+                    (not writers and not isinstance(src.owner, ir.Block)):
+                continue
+            # A copy reads the input where its consumer runs; past the
+            # input's free only for a few scalars: keeping a larger input
+            # alive raises the peak (recomputation frees exactly such).
+            frees = [u.owner.operation for u in src.uses
+                     if u.owner.operation.name == "tsched.free"]
+            small = math.prod(shape_of(src)) * 8 <= KEPT_ALIVE_BYTES   # (8 B: the widest)
+            consumers = [u for u in consumers if buf not in _launch_parts(u)[2]
+                         and _kernel_op(kernels, u).name in ops.TILEABLE
+                         and (small or all(at(u) < at(f) for f in frees))]
+            if not consumers:
+                continue
+            last = max(consumers, key=at)
+            for free in frees:
+                if at(free) < at(last):
+                    free.move_after(last)
+                    order[operation_key(free)] = at(last) + 0.5
         for consumer in consumers:
             with ir.InsertionPoint(consumer), consumer.location:
                 alloc = tsched.AllocOp(ir.MemRefType(buf.type))
                 copy = alloc.result
-                made = tsched.LaunchOp(launch.attributes["kernel"], stream, [], [copy])
+                made = tsched.LaunchOp(launch.attributes["kernel"], stream, ins, [copy])
             for i, v in enumerate(list(consumer.operands)):
                 if v == buf:
                     consumer.operands[i] = copy
             with ir.InsertionPoint.after(consumer), consumer.location:
                 free = tsched.FreeOp(copy)
             copy_action(consumer, alloc, made, free)
+        if any(u.name == "tsched.launch" and u != launch
+               for u in (use.owner.operation for use in buf.uses)):
+            continue                    # (a consumer that does not fuse reads the original)
         for u in [u.owner.operation for u in buf.uses]:
             if u.name == "tsched.free":
                 u.erase()
@@ -759,7 +821,7 @@ def run(op, pass_, options: TargetOptions):
                      and any(o.name == "tsched.launch" for o in ops_of(f))]
         consumed, taken = set(), set()
         for f in schedules:
-            duplicate_constants(f, kernels)
+            duplicate_recomputed(f, kernels)
             consumed |= fuse_and_tile(f, kernels, module_block, taken, not cpu_target, options,
                                       meshes_of(op))
             consumed |= lower_attention(f, kernels, module_block, cpu_target, options)

@@ -283,7 +283,12 @@ class KernelEmitter:
                 decls.append(f"  std::vector<{t.ctype}> {t.name}_v({t.size}); "
                              f"{t.ctype}* {t.name} = {t.name}_v.data();  {note}")
             else:
-                decls.append(f"  {t.ctype} {t.name}[{t.size}];  {note}")
+                # alignas: GCC 12.2 (Debian 12's) can store a leaf kernel's
+                # small stack tile with an aligned vmovaps at an address 8
+                # bytes off (seen: a 5 x 4 softmax tile kept in the red zone
+                # below five pushed registers; SIGSEGV). A 64-byte-aligned
+                # array makes it realign the frame, which it gets right.
+                decls.append(f"  alignas(64) {t.ctype} {t.name}[{t.size}];  {note}")
         head = [f"{KERNEL_HEADER}{name}", f"// grid ({', '.join(map(str, grid))}) run as loops"]
         if not grid:
             head.append(f'extern "C" void {name}({", ".join(params)}) {{')
@@ -1020,12 +1025,15 @@ extern "C" void tessera_use_sgemm(void* sgemm, void* set_threads) {
 }
 // C[M,N] = op(A) op(B), row-major, op = transpose where asked (A stored
 // K x M, B stored N x K). C is cut into `pieces` blocks of rows (of columns
-// when N > M), each one sgemm call; the pieces depend on the shape only, so
-// the bits do not depend on the team's size (sgemm's own depend on M and N).
+// when N > M, or N = M with B transposed), each one sgemm call; the pieces
+// depend on the shape only, so the bits do not depend on the team's size
+// (sgemm's own depend on M and N). Every block packs the operand it does not
+// cut again: the smaller one, or at equal sizes the one that is not
+// transposed (measured: ~15% less time for 256 x 256 x 128 with B^T).
 extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                  const float* a, const float* b, float* c, int64_t pieces,
                                  int threads) {
-  const bool by_rows = M >= N;
+  const bool by_rows = M > N || (M == N && !trans_b);
   const int64_t extent = by_rows ? M : N;
   const int64_t piece = ((extent + pieces - 1) / pieces + 15) / 16 * 16;
   const int64_t count = (extent + piece - 1) / piece;

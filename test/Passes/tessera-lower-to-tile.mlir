@@ -399,6 +399,55 @@ func.func private @csum(%a: tensor<64x8xf32>) -> tensor<1x8xf32> attributes {tsc
 
 // -----
 
+// A broadcast that CSE shares between consumers (AdamW's bias corrections
+// over every gradient of one shape) is computed again inside each consumer
+// that fuses; the one that does not (a transpose, a library call) reads the
+// original. The broadcast's input lives until the last copy has read it.
+// CHECK-LABEL: func.func @shared_broadcast
+// CHECK: tsched.launch @neg_fused4 on %{{.*}} ins(%arg0, %arg1 : {{.*}}) outs(%[[S:.*]], %[[B:.*]], %{{.*}} : memref<1x8xf32>, memref<64x8xf32>, memref<64x8xf32>)
+// CHECK: tsched.launch @flip on %{{.*}} ins(%[[B]] : memref<64x8xf32>)
+// CHECK: tsched.launch @spread_fused2 on %{{.*}} ins(%[[S]], %arg2 : memref<1x8xf32>, memref<64x8xf32>)
+// CHECK-NEXT: tsched.free %[[S]]
+// CHECK: ttile.kernel @spread_fused2
+// CHECK: ttile.broadcast
+// CHECK: ttile.mul
+module attributes {tessera.target = "cpu"} {
+func.func @shared_broadcast(%x: memref<1x8xf32>, %a: memref<64x8xf32>, %b: memref<64x8xf32>) -> (memref<64x8xf32>, memref<8x64xf32>, memref<64x8xf32>) {
+  %s = tsched.stream "compute"
+  %scale = tsched.alloc : memref<1x8xf32>
+  tsched.launch @neg on %s ins(%x : memref<1x8xf32>) outs(%scale : memref<1x8xf32>)
+  %0 = tsched.alloc : memref<64x8xf32>
+  tsched.launch @spread on %s ins(%scale : memref<1x8xf32>) outs(%0 : memref<64x8xf32>)
+  tsched.free %scale : memref<1x8xf32>
+  %1 = tsched.alloc : memref<64x8xf32>
+  tsched.launch @mul on %s ins(%a, %0 : memref<64x8xf32>, memref<64x8xf32>) outs(%1 : memref<64x8xf32>)
+  %t = tsched.alloc : memref<8x64xf32>
+  tsched.launch @flip on %s ins(%0 : memref<64x8xf32>) outs(%t : memref<8x64xf32>)
+  %2 = tsched.alloc : memref<64x8xf32>
+  tsched.launch @mul on %s ins(%b, %0 : memref<64x8xf32>, memref<64x8xf32>) outs(%2 : memref<64x8xf32>)
+  tsched.free %0 : memref<64x8xf32>
+  return %1, %t, %2 : memref<64x8xf32>, memref<8x64xf32>, memref<64x8xf32>
+}
+func.func private @neg(%a: tensor<1x8xf32>) -> tensor<1x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.neg %a : tensor<1x8xf32>
+  return %0 : tensor<1x8xf32>
+}
+func.func private @spread(%a: tensor<1x8xf32>) -> tensor<64x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.broadcast %a : tensor<1x8xf32> to tensor<64x8xf32>
+  return %0 : tensor<64x8xf32>
+}
+func.func private @mul(%a: tensor<64x8xf32>, %b: tensor<64x8xf32>) -> tensor<64x8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.mul %a, %b : tensor<64x8xf32>
+  return %0 : tensor<64x8xf32>
+}
+func.func private @flip(%a: tensor<64x8xf32>) -> tensor<8x64xf32> attributes {tsched.kernel} {
+  %0 = tgraph.transpose %a perm [1, 0] : tensor<64x8xf32> -> tensor<8x64xf32>
+  return %0 : tensor<8x64xf32>
+}
+}
+
+// -----
+
 // Causal attention becomes one flash-attention kernel per (batch, 64 query
 // rows): keys and values stream through an scf.for that stops at the
 // diagonal block and carries the online softmax (row max, denominator,

@@ -50,8 +50,9 @@ def test_every_kernel_of_the_gpt_training_step_compiles_for_sm90(precision, buil
     step = g.make_step(opt, 4, precision, 1.0)
     levels = step.lower(params, opt.init(params), ts.optim.loss_scale_init(1.0),
                         [g.make_batch(np.random.default_rng(0), 32, 8)], target="gpu")
-    # (the two blocks' identical kernels are one after tessera-merge-kernels)
-    assert len(levels.cuda_launches) > 100
+    # (the two blocks' identical kernels are one after tessera-merge-kernels;
+    # broadcasts are computed inside the kernels that read them)
+    assert len(levels.cuda_launches) > 80
     if precision == "bf16":
         assert levels.cuda.count("// tensor-core GEMM") >= 8     # (distinct GEMMs, merged)
     with open(Path(build_cuda_cubin(levels.cuda)), "rb") as f:
@@ -709,7 +710,8 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
     """The CPU engine's matmul runs 2-D float32 GEMMs through the kernel
     library's tessera_gemm_f32 (numpy's OpenBLAS, one-threaded, on blocks
     of the result that the OpenMP team shares): every transpose flag, a
-    shape cut by rows, one cut by columns, one too small to cut; the same
+    shape cut by rows, one cut by columns (2 blocks each), a square one cut
+    in 4 (by columns where B is transposed), one too small to cut; the same
     bits on 1, 2 and 3 threads, within float32 rounding of float64 numpy.
     OpenBLAS's own thread count (the user's numpy) is as it was after each
     call. So do the MoE routines' per-expert GEMMs; batched and empty
@@ -731,7 +733,9 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
                         if hasattr(openblas, f))
     users = blas_threads()
     rng = np.random.default_rng()
-    for m, n, k in ((200, 72, 40), (24, 300, 56), (7, 5, 3)):
+    assert [cpu.gemm_pieces(*s) for s in ((200, 72, 40), (256, 256, 256), (7, 5, 3))] \
+        == [2, cpu.GEMM_PIECES, 1]
+    for m, n, k in ((200, 72, 40), (24, 300, 56), (256, 256, 256), (7, 5, 3)):
         for ta, tb in ((False, False), (True, False), (False, True), (True, True)):
             a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
             b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)

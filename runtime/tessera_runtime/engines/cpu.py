@@ -36,12 +36,18 @@ from . import Engine, EngineError, Event
 #: 1 MiB): there the threshold is THREADED_MIN_BYTES_BESIDE_OPENBLAS.
 THREADED_MIN_BYTES = 64 << 10
 THREADED_MIN_BYTES_BESIDE_OPENBLAS = 4 << 20
-#: A 2-D float32 GEMM of at least this many multiply-adds is cut into
-#: GEMM_PIECES blocks of rows (or columns) that the kernels' OpenMP team
-#: shares (tessera_gemm_f32); the cut depends on the shape only, so the
-#: result's bits do not depend on the thread count.
+#: A 2-D float32 GEMM of at least GEMM_SPLIT_MIN_MACS multiply-adds is cut
+#: into blocks of rows (or columns) that the kernels' OpenMP team shares
+#: (tessera_gemm_f32): 2 blocks, or GEMM_PIECES from GEMM_FULL_SPLIT_MACS.
+#: The cut depends on the shape only, so the result's bits do not depend on
+#: the thread count. Why not 4 blocks always: every block packs the whole of
+#: the operand it does not cut again, and on a 1-thread rank the blocks run
+#: one after another (measured, the 27 GEMMs of a w128 dp x tp rank, 2-8 M
+#: multiply-adds each, one thread: 3.20 ms uncut, 3.46 ms in 2 blocks, 3.82
+#: ms in 4), while 2 blocks still keep 2 threads busy.
 GEMM_PIECES = 4
 GEMM_SPLIT_MIN_MACS = 1 << 18
+GEMM_FULL_SPLIT_MACS = 1 << 24
 #: A program with a GEMM whose operands and result total at least this
 #: has OpenBLAS's idle workers sleep right away (quiet_blas_workers): its
 #: GEMMs are long enough that waking a worker is noise, and the kernels
@@ -254,7 +260,8 @@ class TeamBLAS:
 def gemm_pieces(m: int, n: int, k: int) -> int:
     """How many blocks tessera_gemm_f32 cuts an m x n x k GEMM into (by shape
     only: the bits do not depend on the thread count)."""
-    return GEMM_PIECES if m * n * k >= GEMM_SPLIT_MIN_MACS else 1
+    macs = m * n * k
+    return 1 if macs < GEMM_SPLIT_MIN_MACS else 2 if macs < GEMM_FULL_SPLIT_MACS else GEMM_PIECES
 
 
 def _blas_operand(x) -> int | None:

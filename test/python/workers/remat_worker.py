@@ -42,10 +42,13 @@ for precision in ("fp32", "bf16"):
                           "peak_remat": remat.memory_report().peak}
 # A pipeline (dp=1 x tp=2 x pp=2, 1F1B over 4 microbatches): the recomputed
 # copies run in each stage's backward; the same bits, less memory per rank.
+# (Microbatches of 4 sequences: at 2 the peak is set where no activation
+# is held, so recomputation has nothing to save.)
 pp_mesh = dist.Mesh(axes=["dp", "tp", "pp"], shape=(1, 2, 2))
 pp_params, _ = ex.distribute(pp_mesh, ex.init_params(WIDTH, DEPTH, HEADS, 2 * LENGTH, 0),
                              opt_state)
-pp_batch = ex.shard_batch(pp_mesh, ex.make_batch(np.random.default_rng(1), BATCH, LENGTH))
+pp_batch = ex.shard_batch(pp_mesh, ex.make_batch(np.random.default_rng(1), 2 * BATCH,
+                                                 LENGTH))
 plain, remat = (ex.make_pipeline_step(ts.optim.AdamW(lr=1e-3), HEADS, pp_mesh, "1F1B", 4, 1.0,
                                       remat=r).gradients for r in (None, "full"))
 a = [np.asarray(x) for x in flatten(plain(pp_params, pp_batch))[0]]
