@@ -19,12 +19,13 @@ one tgraph op each. This pass decides how each runs:
    loops over the reduced dimension. Constants (fills, iotas) and
    broadcasts are launched again right before each consumer that fuses
    them (`duplicate_recomputed`): a value CSE shared between kernels is
-   computed inside each instead of written to a buffer and read back. Data-movement launches that do not read
-   the run's results (a bias reshaped for broadcasting) move ahead of it
-   instead of breaking it. A kernel whose results only grouped GEMMs read
-   (`SEGMENT_READERS`: a MoE layer's activation between its experts' GEMMs,
-   and its backward) takes their segment sizes and `row_segments`: its
-   instances past the segments, the dispatch's padding, do nothing.
+   computed inside each instead of written to a buffer and read back.
+   Data-movement launches that do not read the run's results (a bias
+   reshaped for broadcasting) move ahead of it instead of breaking it. A
+   kernel whose results only grouped GEMMs read (`SEGMENT_READERS`: a MoE
+   layer's activation between its experts' GEMMs, and its backward) takes
+   their segment sizes and `row_segments`: its instances past the segments,
+   the dispatch's padding, do nothing.
 3. GEMMs (targets other than the CPU). A matmul starts a run, and the
    elementwise launches after it over its output's shape (bias, activation,
    residual, cast) become its epilogue. The kernel's grid covers the batch

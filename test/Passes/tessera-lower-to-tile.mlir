@@ -448,6 +448,51 @@ func.func private @flip(%a: tensor<64x8xf32>) -> tensor<8x64xf32> attributes {ts
 
 // -----
 
+// A broadcast whose input is more than a few scalars is not computed again
+// where that input is already freed (keeping it alive would raise the peak
+// that recomputation lowers): the consumer after the free reads the
+// broadcast's buffer.
+// CHECK-LABEL: func.func @wide_broadcast_input
+// CHECK: tsched.launch @neg_fused3 on %{{.*}} outs(%[[B:.*]], %{{.*}} : memref<64x64xf32>, memref<64x64xf32>)
+// CHECK: tsched.launch @flip
+// CHECK: tsched.launch @mul on %{{.*}} ins(%arg2, %[[B]] : memref<64x64xf32>, memref<64x64xf32>)
+module attributes {tessera.target = "cpu"} {
+func.func @wide_broadcast_input(%x: memref<1x64xf32>, %a: memref<64x64xf32>, %b: memref<64x64xf32>) -> (memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>) {
+  %s = tsched.stream "compute"
+  %row = tsched.alloc : memref<1x64xf32>
+  tsched.launch @neg on %s ins(%x : memref<1x64xf32>) outs(%row : memref<1x64xf32>)
+  %0 = tsched.alloc : memref<64x64xf32>
+  tsched.launch @spread on %s ins(%row : memref<1x64xf32>) outs(%0 : memref<64x64xf32>)
+  tsched.free %row : memref<1x64xf32>
+  %1 = tsched.alloc : memref<64x64xf32>
+  tsched.launch @mul on %s ins(%a, %0 : memref<64x64xf32>, memref<64x64xf32>) outs(%1 : memref<64x64xf32>)
+  %t = tsched.alloc : memref<64x64xf32>
+  tsched.launch @flip on %s ins(%1 : memref<64x64xf32>) outs(%t : memref<64x64xf32>)
+  %2 = tsched.alloc : memref<64x64xf32>
+  tsched.launch @mul on %s ins(%b, %0 : memref<64x64xf32>, memref<64x64xf32>) outs(%2 : memref<64x64xf32>)
+  tsched.free %0 : memref<64x64xf32>
+  return %1, %t, %2 : memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>
+}
+func.func private @neg(%a: tensor<1x64xf32>) -> tensor<1x64xf32> attributes {tsched.kernel} {
+  %0 = tgraph.neg %a : tensor<1x64xf32>
+  return %0 : tensor<1x64xf32>
+}
+func.func private @spread(%a: tensor<1x64xf32>) -> tensor<64x64xf32> attributes {tsched.kernel} {
+  %0 = tgraph.broadcast %a : tensor<1x64xf32> to tensor<64x64xf32>
+  return %0 : tensor<64x64xf32>
+}
+func.func private @mul(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> attributes {tsched.kernel} {
+  %0 = tgraph.mul %a, %b : tensor<64x64xf32>
+  return %0 : tensor<64x64xf32>
+}
+func.func private @flip(%a: tensor<64x64xf32>) -> tensor<64x64xf32> attributes {tsched.kernel} {
+  %0 = tgraph.transpose %a perm [1, 0] : tensor<64x64xf32> -> tensor<64x64xf32>
+  return %0 : tensor<64x64xf32>
+}
+}
+
+// -----
+
 // Causal attention becomes one flash-attention kernel per (batch, 64 query
 // rows): keys and values stream through an scf.for that stops at the
 // diagonal block and carries the online softmax (row max, denominator,
