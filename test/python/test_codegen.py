@@ -706,6 +706,69 @@ def test_a_forked_child_runs_the_kernels_and_gemms_on_one_thread(monkeypatch):
     assert done[0] == pid, "the forked child hung"
     assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's result differs"
 
+def test_embedding_rows_run_in_the_kernel_library_with_the_bits_of_the_host_routines():
+    """The CPU engine runs a float32 embedding lookup (gather) and its
+    gradient (scatter_add) with int32 ids as one call into the kernel
+    library, on the whole table and on each rank's block of a vocab-parallel
+    one: the same bits as the numpy routines (repeated ids summed in order),
+    the blocks' lookups summing to the whole table's exactly, the gradient
+    within float32 rounding of float64; an id out of range is the numpy
+    routine's error, naming the id and the table's rows; other dtypes stay
+    with numpy."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    from tessera_runtime.engines import cpu, library
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse("module {}"))
+    engine = cpu.CPUEngine()
+    engine.load_kernels(build_cpu_library(source))
+    rng = np.random.default_rng()
+    vocab, width = 12, 16
+    table = rng.standard_normal((vocab, width), dtype=np.float32)
+    ids = rng.integers(0, vocab, (5, 7)).astype(np.int32)      # (repeats: 35 ids, 12 rows)
+    updates = rng.standard_normal((5, 7, width), dtype=np.float32)
+
+    def run(routine, attrs, args):
+        metas = [(a.shape, a.dtype) for a in args]
+        call = engine.prepare_library_by_address(routine, attrs, metas)
+        assert call is not None, (routine, metas)
+        call([cpu.address(a) for a in args])
+
+    for count in (1, 2, 3):
+        rows = vocab // count
+        looked_up = []
+        for index in range(count):
+            attrs = {"block": (index, count)} if count > 1 else {}
+            block = np.ascontiguousarray(table[index * rows:(index + 1) * rows])
+            got, want = (np.full((5, 7, width), np.nan, np.float32) for _ in range(2))
+            run("gather", attrs, (block, ids, got))
+            library.gather(np, attrs, block, ids, want)
+            assert got.tobytes() == want.tobytes(), (count, index)
+            looked_up.append(got)
+            grad, want = (np.full((rows, width), np.nan, np.float32) for _ in range(2))
+            run("scatter_add", attrs, (updates, ids, grad))
+            library.scatter_add(np, attrs, updates, ids, want)
+            assert grad.tobytes() == want.tobytes(), (count, index)
+            exact = np.zeros((vocab, width))
+            np.add.at(exact, ids.ravel(), updates.reshape(-1, width).astype(np.float64))
+            np.testing.assert_allclose(grad, exact[index * rows:(index + 1) * rows],
+                                       rtol=1e-5, atol=1e-5)
+        assert sum(looked_up[1:], looked_up[0]).tobytes() == table[ids].tobytes()
+    bad = ids.copy()
+    bad[2, 3] = vocab
+    for routine, args in (("gather", (table, bad, np.empty((5, 7, width), np.float32))),
+                          ("scatter_add", (updates, bad, np.empty((vocab, width), np.float32)))):
+        with pytest.raises(library.LibraryError, match=f"index {vocab} is out of range for a "
+                           f"table of {vocab} rows"):
+            run(routine, {}, args)
+    for metas in ([((vocab, width), np.dtype(np.float64)), ((5, 7), np.dtype(np.int32)),
+                   ((5, 7, width), np.dtype(np.float64))],
+                  [((vocab, width), np.dtype(np.float32)), ((5, 7), np.dtype(np.int64)),
+                   ((5, 7, width), np.dtype(np.float32))]):
+        assert engine.prepare_library_by_address("gather", {}, metas) is None, metas
+
+
 def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size():
     """The CPU engine's matmul runs 2-D float32 GEMMs through the kernel
     library's tessera_gemm_f32 (numpy's OpenBLAS, one-threaded, on blocks

@@ -19,6 +19,7 @@ whole program.
 from __future__ import annotations
 
 import ctypes
+import math
 from pathlib import Path
 
 import numpy as np
@@ -290,6 +291,8 @@ class CPUEngine(Engine):
 
     def __init__(self):
         self._lib = None
+        #: the library's (tessera_gather_rows_f32, tessera_scatter_add_rows_f32)
+        self._rows = None
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
@@ -332,9 +335,17 @@ class CPUEngine(Engine):
             raise EngineError(f"cannot load kernel library {path}: {e}") from None
         self.kernel_library = path
         self._kernels.clear()
-        self._team = self._team_blas = None
+        self._team = self._team_blas = self._rows = None
         if not hasattr(self._lib, "tessera_parallel"):      # a library from before the team
             return
+        if hasattr(self._lib, "tessera_gather_rows_f32"):
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            gather = self._lib.tessera_gather_rows_f32
+            scatter = self._lib.tessera_scatter_add_rows_f32
+            gather.restype = scatter.restype = i64
+            gather.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, ptr]
+            scatter.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, i64]
+            self._rows = (gather, scatter)
         self._lib.tessera_parallel.restype = None
         self._lib.tessera_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                                ctypes.c_int]
@@ -419,6 +430,51 @@ class CPUEngine(Engine):
         return lambda args: impl(xp, attrs, *args)
 
     def prepare_library_by_address(self, routine: str, attrs: dict, metas, stream=None):
+        """A float32 2-D matmul (`_gemm_by_address`), or a float32 embedding
+        lookup or gradient with int32 ids (`_rows_by_address`), as one call
+        into the kernel library; None for the rest."""
+        if routine in ("gather", "scatter_add"):
+            return self._rows_by_address(routine, attrs, metas)
+        return self._gemm_by_address(routine, attrs, metas)
+
+    def _rows_by_address(self, routine: str, attrs: dict, metas):
+        """tessera_gather_rows_f32 / tessera_scatter_add_rows_f32 on this
+        rank's block of the table (`block`, as library.gather takes it)."""
+        if self._rows is None or len(metas) != 3:
+            return None
+        from .library import LibraryError
+        (s0, d0), (ids_shape, di), (so, do) = metas
+        table_shape, data_dtype = (s0, d0) if routine == "gather" else (so, do)
+        rows_shape = so if routine == "gather" else s0
+        if np.dtype(di) != np.int32 or len(table_shape) != 2 or \
+                any(np.dtype(d) != np.float32 for d in (d0, do)) or \
+                tuple(rows_shape) != tuple(ids_shape) + (table_shape[1],):
+            return None
+        rows, width = table_shape
+        n = math.prod(ids_shape)
+        index, count = attrs.get("block", (0, 1))
+        first, total = index * rows, rows * count
+        what = "gather (embedding lookup)" if routine == "gather" \
+            else "scatter_add (embedding gradient)"
+        gather, scatter = self._rows
+
+        def fail(ids_at: int, bad: int):
+            index = ctypes.c_int32.from_address(ids_at + 4 * bad).value
+            raise LibraryError(f"{what}: index {index} is out of range for a table of "
+                               f"{total} rows")
+        if routine == "gather":
+            def run(ptrs):
+                bad = gather(ptrs[0], rows, width, first, total, ptrs[1], n, ptrs[2])
+                if bad >= 0:
+                    fail(ptrs[1], bad)
+        else:
+            def run(ptrs):
+                bad = scatter(ptrs[0], ptrs[1], n, width, first, total, ptrs[2], rows)
+                if bad >= 0:
+                    fail(ptrs[1], bad)
+        return run
+
+    def _gemm_by_address(self, routine: str, attrs: dict, metas):
         """A float32 2-D matmul straight to the team's tessera_gemm_f32 with
         the buffers' addresses (the executor's are C-contiguous; a transposed
         operand is its untransposed buffer and a transpose flag): one ctypes

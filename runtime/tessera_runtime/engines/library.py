@@ -84,11 +84,12 @@ def gather(xp, attrs, table, ids, out):
     if total == rows:
         xp.take(table, ids, axis=0, out=out)
         return
-    # Vocab-parallel: look up the rows this rank holds, zeros elsewhere.
+    # Vocab-parallel: look up the rows this rank holds, -0.0 elsewhere (the
+    # identity of the sum over the ranks: x + -0.0 == x, -0.0 included).
     local = ids - first
     mine = (local >= 0) & (local < rows)
     xp.take(table, xp.where(mine, local, 0), axis=0, out=out)
-    out *= mine[..., None].astype(out.dtype)
+    out[~mine] = -0.0
 
 
 def scatter_add(xp, attrs, updates, ids, out):
