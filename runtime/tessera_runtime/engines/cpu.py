@@ -444,8 +444,7 @@ class CPUEngine(Engine):
             return None
         from .library import LibraryError
         (s0, d0), (ids_shape, di), (so, do) = metas
-        table_shape, data_dtype = (s0, d0) if routine == "gather" else (so, do)
-        rows_shape = so if routine == "gather" else s0
+        table_shape, rows_shape = (s0, so) if routine == "gather" else (so, s0)
         if np.dtype(di) != np.int32 or len(table_shape) != 2 or \
                 any(np.dtype(d) != np.float32 for d in (d0, do)) or \
                 tuple(rows_shape) != tuple(ids_shape) + (table_shape[1],):
@@ -459,8 +458,8 @@ class CPUEngine(Engine):
         gather, scatter = self._rows
 
         def fail(ids_at: int, bad: int):
-            index = ctypes.c_int32.from_address(ids_at + 4 * bad).value
-            raise LibraryError(f"{what}: index {index} is out of range for a table of "
+            bad_id = ctypes.c_int32.from_address(ids_at + 4 * bad).value
+            raise LibraryError(f"{what}: index {bad_id} is out of range for a table of "
                                f"{total} rows")
         if routine == "gather":
             def run(ptrs):
