@@ -442,7 +442,7 @@ class CompiledFunction:
                     spans.append((lo, hi))
                 results.append(local)
                 continue
-            t = dist.DTensor.checked(local, spec.global_shape, layout, mesh, name, dims)
+            t = dist.DTensor.with_dims(local, spec.global_shape, layout, mesh, name, dims)
             results.append(t.numpy() if as_numpy else t)
         out = unflatten(traced.structure, results)
         return out

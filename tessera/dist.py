@@ -311,7 +311,7 @@ class DTensor:
         self.dims = layout.dims_for(len(self.shape), mesh, name or "tensor")
 
     @classmethod
-    def checked(cls, local: np.ndarray, shape: tuple, layout: ShardSpec, mesh: Mesh,
+    def with_dims(cls, local: np.ndarray, shape: tuple, layout: ShardSpec, mesh: Mesh,
                 name: str, dims) -> "DTensor":
         """A DTensor of `local` whose layout's `dims` over `mesh` are known
         (`layout.dims_for`): a compiled call's result. Why not __init__: a

@@ -1060,16 +1060,17 @@ extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N,
   tessera_blas_threads(saved);
 }
 // Embedding rows on a table's block (a vocab-parallel rank's: global rows
-// [first, first + rows) of `total`), float32 rows of `width`, int32 ids.
+// [first, first + rows) of `total`), float32 rows of `width`, int32 ids,
+// both called as (rows in, ids, n, width, first, total, rows out, rows).
 // Both return the position of the first id outside [0, total) having
 // written nothing, else -1. Why in C: the host's numpy versions take ~10
 // calls each (masks, sort, reduceat), ~0.3 ms of a w128 dp x tp rank's step.
 //
 // out[i] = table[ids[i] - first]; -0.0 where another rank holds the row
 // (x + -0.0 == x for every x, so the sum over the ranks is exactly the row).
-extern "C" int64_t tessera_gather_rows_f32(const float* table, int64_t rows, int64_t width,
-                                           int64_t first, int64_t total, const int32_t* ids,
-                                           int64_t n, float* out) {
+extern "C" int64_t tessera_gather_rows_f32(const float* table, const int32_t* ids, int64_t n,
+                                           int64_t width, int64_t first, int64_t total,
+                                           float* out, int64_t rows) {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= total) return i;
   for (int64_t i = 0; i < n; ++i) {

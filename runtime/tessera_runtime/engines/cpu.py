@@ -291,7 +291,7 @@ class CPUEngine(Engine):
 
     def __init__(self):
         self._lib = None
-        #: the library's (tessera_gather_rows_f32, tessera_scatter_add_rows_f32)
+        #: the library's {"gather": tessera_gather_rows_f32, "scatter_add": ...}
         self._rows = None
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
@@ -342,10 +342,10 @@ class CPUEngine(Engine):
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
             gather = self._lib.tessera_gather_rows_f32
             scatter = self._lib.tessera_scatter_add_rows_f32
-            gather.restype = scatter.restype = i64
-            gather.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, ptr]
-            scatter.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, i64]
-            self._rows = (gather, scatter)
+            for fn in (gather, scatter):
+                fn.restype = i64
+                fn.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, i64]
+            self._rows = {"gather": gather, "scatter_add": scatter}
         self._lib.tessera_parallel.restype = None
         self._lib.tessera_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                                ctypes.c_int]
@@ -442,7 +442,7 @@ class CPUEngine(Engine):
         rank's block of the table (`block`, as library.gather takes it)."""
         if self._rows is None or len(metas) != 3:
             return None
-        from .library import LibraryError
+        from .library import index_out_of_range
         (s0, d0), (ids_shape, di), (so, do) = metas
         table_shape, rows_shape = (s0, so) if routine == "gather" else (so, s0)
         if np.dtype(di) != np.int32 or len(table_shape) != 2 or \
@@ -453,24 +453,13 @@ class CPUEngine(Engine):
         n = math.prod(ids_shape)
         index, count = attrs.get("block", (0, 1))
         first, total = index * rows, rows * count
-        what = "gather (embedding lookup)" if routine == "gather" \
-            else "scatter_add (embedding gradient)"
-        gather, scatter = self._rows
+        fn = self._rows[routine]
 
-        def fail(ids_at: int, bad: int):
-            bad_id = ctypes.c_int32.from_address(ids_at + 4 * bad).value
-            raise LibraryError(f"{what}: index {bad_id} is out of range for a table of "
-                               f"{total} rows")
-        if routine == "gather":
-            def run(ptrs):
-                bad = gather(ptrs[0], rows, width, first, total, ptrs[1], n, ptrs[2])
-                if bad >= 0:
-                    fail(ptrs[1], bad)
-        else:
-            def run(ptrs):
-                bad = scatter(ptrs[0], ptrs[1], n, width, first, total, ptrs[2], rows)
-                if bad >= 0:
-                    fail(ptrs[1], bad)
+        def run(ptrs):                  # (rows in, ids, rows out)
+            bad = fn(ptrs[0], ptrs[1], n, width, first, total, ptrs[2], rows)
+            if bad >= 0:
+                raise index_out_of_range(
+                    routine, ctypes.c_int32.from_address(ptrs[1] + 4 * bad).value, total)
         return run
 
     def _gemm_by_address(self, routine: str, attrs: dict, metas):

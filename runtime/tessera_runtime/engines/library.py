@@ -62,11 +62,22 @@ def concat(xp, attrs, *args):
     xp.concatenate(inputs, axis=attrs["dim"], out=out)
 
 
-def _check_indices(xp, ids, rows, what):
+#: how errors name the embedding routines
+ROW_ROUTINES = {"gather": "gather (embedding lookup)",
+                "scatter_add": "scatter_add (embedding gradient)"}
+
+
+def index_out_of_range(routine: str, index: int, rows: int) -> LibraryError:
+    """The error of embedding routine `routine` given id `index` for a table
+    of `rows` rows (the CPU engine's C versions raise it too)."""
+    return LibraryError(f"{ROW_ROUTINES[routine]}: index {index} is out of range for a table "
+                        f"of {rows} rows")
+
+
+def _check_indices(xp, ids, rows, routine):
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= rows):
         bad = ids[(ids < 0) | (ids >= rows)]
-        raise LibraryError(f"{what}: index {int(bad[0])} is out of range for a table of "
-                           f"{rows} rows")
+        raise index_out_of_range(routine, int(bad[0]), rows)
 
 
 def _row_block(attrs, rows):
@@ -80,7 +91,7 @@ def _row_block(attrs, rows):
 def gather(xp, attrs, table, ids, out):
     rows = table.shape[0]
     first, total = _row_block(attrs, rows)
-    _check_indices(xp, ids, total, "gather (embedding lookup)")
+    _check_indices(xp, ids, total, "gather")
     if total == rows:
         xp.take(table, ids, axis=0, out=out)
         return
@@ -95,7 +106,7 @@ def gather(xp, attrs, table, ids, out):
 def scatter_add(xp, attrs, updates, ids, out):
     rows = out.shape[0]
     first, total = _row_block(attrs, rows)
-    _check_indices(xp, ids, total, "scatter_add (embedding gradient)")
+    _check_indices(xp, ids, total, "scatter_add")
     out.fill(0)
     if total == rows:
         _add_rows(xp, out, ids, updates)
