@@ -258,10 +258,13 @@ def thread_limits(ranks: int) -> dict:
     step with OpenBLAS' default threads, 0.06 s with these. A variable the
     user set wins. TESSERA_NUM_THREADS too (the kernels' team): a launched
     rank works it out from the job's size, a process standing in for one
-    rank of an R-rank job (`tessera calibrate -n R`) cannot."""
+    rank of an R-rank job (`tessera calibrate -n R`) cannot. The same for
+    TESSERA_GEMM_BLOCKS (the GEMMs' cut, and so their bits)."""
+    from tessera_runtime.engines.cpu import gemm_block_limit
     per_rank = str(max(1, tessera_env.cores() // ranks))
     return {"OMP_NUM_THREADS": per_rank, "OPENBLAS_NUM_THREADS": per_rank,
-            "MKL_NUM_THREADS": per_rank, "TESSERA_NUM_THREADS": per_rank}
+            "MKL_NUM_THREADS": per_rank, "TESSERA_NUM_THREADS": per_rank,
+            "TESSERA_GEMM_BLOCKS": str(gemm_block_limit(ranks))}
 
 
 def _stop(proc: subprocess.Popen) -> None:

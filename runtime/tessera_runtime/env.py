@@ -75,6 +75,9 @@ _VARIABLES = [
     Variable("TESSERA_NUM_THREADS", "runtime", "the cores this process may use / ranks",
              "threads a large generated CPU kernel runs on (its outermost grid loop split "
              "in equal slices); ranks of one job share the cores"),
+    Variable("TESSERA_GEMM_BLOCKS", "runtime", "the machine's cores / ranks on it, up to 4",
+             "the most blocks a large float32 GEMM is cut into for the kernels' threads; the "
+             "result's bits depend on it (not on the thread count)"),
     Variable("TESSERA_CPU_KEEP_FREED", "runtime", "1",
              "0: the CPU engine leaves glibc's malloc as it is (by default the heap keeps "
              "the memory a run frees, so the next run does not page-fault it in again)"),

@@ -798,6 +798,10 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
     rng = np.random.default_rng()
     assert [cpu.gemm_pieces(*s) for s in ((200, 72, 40), (256, 256, 256), (7, 5, 3))] \
         == [2, cpu.GEMM_PIECES, 1]
+    # Never more blocks than the machine's cores per local rank.
+    assert [cpu.gemm_pieces(256, 256, 256, most) for most in (1, 2, 3)] == [1, 2, 3]
+    assert cpu.gemm_pieces(200, 72, 40, 1) == 1
+    engine._gemm_blocks = cpu.GEMM_PIECES          # the 4-block cut, on any machine
     for m, n, k in ((200, 72, 40), (24, 300, 56), (256, 256, 256), (7, 5, 3)):
         for ta, tb in ((False, False), (True, False), (False, True), (True, True)):
             a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)

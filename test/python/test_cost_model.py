@@ -169,18 +169,21 @@ def test_a_calibration_rank_runs_on_the_threads_a_launched_rank_gets(ranks, monk
     """`tessera calibrate -n R` measures kernels and GEMMs in one process
     standing in for a rank of an R-rank job: the environment it gets
     (thread_limits, as `tessera launch` gives every rank) sets the kernels'
-    team to what a launched rank works out from the job's size. (It did
+    team and the GEMMs' cut to what a launched rank works out from the
+    job's size. (It did
     not: on 2 cores the calibration ran 2 threads where each of 4 ranks
     gets 1, and the model predicted half the measured step.)"""
     from tessera.cli import thread_limits
-    from tessera_runtime.engines.cpu import default_threads
+    from tessera_runtime.engines.cpu import default_threads, gemm_block_limit
     limits = thread_limits(ranks)
-    monkeypatch.delenv("TESSERA_NUM_THREADS", raising=False)
+    for name in ("TESSERA_NUM_THREADS", "TESSERA_GEMM_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(ranks))   # a launched rank
-    launched = default_threads()
+    launched = default_threads(), gemm_block_limit()
     monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
-    monkeypatch.setenv("TESSERA_NUM_THREADS", limits["TESSERA_NUM_THREADS"])
-    assert default_threads() == launched
+    for name in ("TESSERA_NUM_THREADS", "TESSERA_GEMM_BLOCKS"):
+        monkeypatch.setenv(name, limits[name])
+    assert (default_threads(), gemm_block_limit()) == launched
     assert limits["OPENBLAS_NUM_THREADS"] == limits["TESSERA_NUM_THREADS"]
 
 

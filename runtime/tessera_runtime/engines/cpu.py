@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,13 +40,17 @@ THREADED_MIN_BYTES = 64 << 10
 THREADED_MIN_BYTES_BESIDE_OPENBLAS = 4 << 20
 #: A 2-D float32 GEMM of at least GEMM_SPLIT_MIN_MACS multiply-adds is cut
 #: into blocks of rows (or columns) that the kernels' OpenMP team shares
-#: (tessera_gemm_f32): 2 blocks, or GEMM_PIECES from GEMM_FULL_SPLIT_MACS.
-#: The cut depends on the shape only, so the result's bits do not depend on
-#: the thread count. Why not 4 blocks always: every block packs the whole of
-#: the operand it does not cut again, and on a 1-thread rank the blocks run
-#: one after another (measured, the 27 GEMMs of a w128 dp x tp rank, 2-8 M
-#: multiply-adds each, one thread: 3.20 ms uncut, 3.46 ms in 2 blocks, 3.82
-#: ms in 4), while 2 blocks still keep 2 threads busy.
+#: (tessera_gemm_f32): 2 blocks, or GEMM_PIECES from GEMM_FULL_SPLIT_MACS,
+#: but never more than the machine's cores per local rank (`gemm_block_limit`).
+#: The cut matters to the bits (OpenBLAS sums a small block differently:
+#: measured, 10 of 118 random shapes changed bits at 4 or 8 blocks), so it
+#: depends on the shape and the job's layout only, never on the thread count
+#: (TESSERA_NUM_THREADS, affinity). Why not 4 blocks always: every block
+#: packs the whole of the operand it does not cut again, and on a 1-thread
+#: rank the blocks run one after another (measured, the 27 GEMMs of a w128
+#: dp x tp rank, 2-8 M multiply-adds each, one thread: 3.20 ms uncut, 3.46
+#: ms in 2 blocks, 3.82 ms in 4; the 51 GEMMs of a w512 step on 2 threads:
+#: 812 ms in 2 blocks, 828 ms in 4).
 GEMM_PIECES = 4
 GEMM_SPLIT_MIN_MACS = 1 << 18
 GEMM_FULL_SPLIT_MACS = 1 << 24
@@ -213,17 +218,35 @@ def quiet_openmp_workers() -> None:
         env.export("GOMP_SPINCOUNT", "0")
 
 
+def _local_ranks() -> int:
+    """The job's ranks on this machine (the launcher says; else the world)."""
+    from .. import world
+    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")
+    return int(local) if local else world()[1]
+
+
 def default_threads() -> int:
     """TESSERA_NUM_THREADS, else this process' share of the cores it may
     run on (the job's ranks on this machine split them: 4 ranks on 2 cores
     run one thread each rather than oversubscribe)."""
-    from .. import world
     try:
         given = env.count("TESSERA_NUM_THREADS")
     except ValueError as err:
         raise EngineError(str(err)) from None
-    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")
-    return given or max(1, env.cores() // (int(local) if local else world()[1]))
+    return given or max(1, env.cores() // _local_ranks())
+
+
+def gemm_block_limit(ranks: int | None = None) -> int:
+    """The most blocks a GEMM is cut into: TESSERA_GEMM_BLOCKS, else the
+    machine's cores per rank on it (`ranks`, default the job's), up to
+    GEMM_PIECES. From the core count, not the affinity or the thread count,
+    so that the bits do not change with those; 4 ranks on 2 cores cut
+    nothing (a rank's blocks would run one after another)."""
+    try:
+        given = env.count("TESSERA_GEMM_BLOCKS")
+    except ValueError as err:
+        raise EngineError(str(err)) from None
+    return given or max(1, min(GEMM_PIECES, (os.cpu_count() or 1) // (ranks or _local_ranks())))
 
 
 class TeamBLAS:
@@ -234,8 +257,9 @@ class TeamBLAS:
     strided) to numpy with OpenBLAS held to one thread, so OpenBLAS's own
     workers never wake and spin on the team's cores."""
 
-    def __init__(self, gemm, set_blas_threads, threads: int):
+    def __init__(self, gemm, set_blas_threads, threads: int, most_pieces: int):
         self._gemm, self._set_blas_threads, self.threads = gemm, set_blas_threads, threads
+        self.most_pieces = most_pieces
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -247,7 +271,7 @@ class TeamBLAS:
             m, k, n = a.shape[0], a.shape[1], b.shape[1]
             if out is None:
                 out = np.empty((m, n), np.float32)
-            pieces = gemm_pieces(m, n, k)
+            pieces = gemm_pieces(m, n, k, self.most_pieces)
             self._gemm(ta, tb, m, n, k, (a.T if ta else a).ctypes.data,
                        (b.T if tb else b).ctypes.data, out.ctypes.data, pieces, self.threads)
             return out
@@ -258,11 +282,12 @@ class TeamBLAS:
             self._set_blas_threads(saved)
 
 
-def gemm_pieces(m: int, n: int, k: int) -> int:
-    """How many blocks tessera_gemm_f32 cuts an m x n x k GEMM into (by shape
-    only: the bits do not depend on the thread count)."""
+def gemm_pieces(m: int, n: int, k: int, most: int = GEMM_PIECES) -> int:
+    """How many blocks tessera_gemm_f32 cuts an m x n x k GEMM into, at most
+    `most` (gemm_block_limit()): by shape, not by thread count."""
     macs = m * n * k
-    return 1 if macs < GEMM_SPLIT_MIN_MACS else 2 if macs < GEMM_FULL_SPLIT_MACS else GEMM_PIECES
+    return min(most, 1 if macs < GEMM_SPLIT_MIN_MACS else
+               2 if macs < GEMM_FULL_SPLIT_MACS else GEMM_PIECES)
 
 
 def _blas_operand(x) -> int | None:
@@ -296,6 +321,7 @@ class CPUEngine(Engine):
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
+        self._gemm_blocks: int | None = None  # gemm_block_limit(), at the first GEMM
         self._team = None         # (tessera_gemm_f32, OpenBLAS's thread setter) of the library
         self._team_blas: TeamBLAS | None = None    # _library_numpy's, for self.threads
         keep_freed_memory()
@@ -419,6 +445,13 @@ class CPUEngine(Engine):
             self._threads = default_threads()
         return self._threads
 
+    @property
+    def gemm_block_limit(self) -> int:
+        """The most blocks a GEMM is cut into (gemm_block_limit())."""
+        if self._gemm_blocks is None:
+            self._gemm_blocks = gemm_block_limit()
+        return self._gemm_blocks
+
     def prepare_library(self, routine: str, attrs: dict, stream=None, nbytes: int = 0):
         from .library import ROUTINES
         impl = ROUTINES[routine]
@@ -480,7 +513,7 @@ class CPUEngine(Engine):
         kb, n = (sb[1], sb[0]) if tb else tuple(sb)
         if k != kb or tuple(so) != (m, n) or not m * n * k:
             return None
-        pieces = gemm_pieces(m, n, k)
+        pieces = gemm_pieces(m, n, k, self.gemm_block_limit)
         gemm, threads = self._team[0], self.threads
         return lambda ptrs: gemm(ta, tb, m, n, k, ptrs[0], ptrs[1], ptrs[2], pieces, threads)
 
@@ -493,7 +526,7 @@ class CPUEngine(Engine):
         if self._team is None:
             return np
         if self._team_blas is None or self._team_blas.threads != self.threads:
-            self._team_blas = TeamBLAS(*self._team, self.threads)
+            self._team_blas = TeamBLAS(*self._team, self.threads, self.gemm_block_limit)
         return self._team_blas
 
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
