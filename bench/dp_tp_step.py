@@ -15,12 +15,15 @@ backward, global-norm clipping, AdamW) of the example GPT
 
 Both start from the same parameters and batch; the first-step losses must
 agree to 1e-4 (relative) or the script exits 1. Both run in this one
-invocation, one after the other, on the same machine. The ratio printed is
-Tessera / JAX (> 1: Tessera is slower). Results go to
+invocation on the same machine, in `--rounds` alternating rounds (Tessera
+then JAX, then JAX then Tessera, ...) of `--steps` timed steps each: the
+ratio printed, Tessera / JAX (> 1: Tessera is slower), is the median of the
+rounds' ratios, so a drift of the machine's speed during the run (this VM's
+is +-15% over minutes) falls on both peers of a round alike. Results go to
 bench/results/dp_tp_step-<date>[-N].json/.md.
 
     .venv/bin/python bench/dp_tp_step.py                # width 128, depth 2, batch 32 x 16
-    .venv/bin/python bench/dp_tp_step.py --steps 10     # quick
+    .venv/bin/python bench/dp_tp_step.py --steps 10 --rounds 1     # quick
 
 Threads: each Tessera rank's BLAS runs on 1 thread (4 ranks share the cores);
 JAX runs its 4 devices in one process with XLA's default thread pool.
@@ -255,7 +258,9 @@ def git_commit() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=30, help="timed steps of each peer per round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating rounds of both peers; the ratio is their median")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -276,23 +281,37 @@ def main(argv=None) -> int:
     cfg = config(args)
     print(f"GPT width {cfg['width']}, depth {cfg['depth']}, {cfg['heads']} heads, batch "
           f"{cfg['batch']} x {2 * cfg['length']} tokens on a dp=2 x tp=2 mesh (4 CPU ranks); "
-          f"{args.steps} timed steps each", flush=True)
-    tess = run_tessera(cfg, args.steps)
-    jx = run_jax(cfg, args.steps)
+          f"{args.steps} timed steps each, {args.rounds} rounds", flush=True)
+    rounds = []
+    for r in range(max(1, args.rounds)):
+        runs = [("tessera", run_tessera), ("jax", run_jax)]
+        got = {name: run(cfg, args.steps) for name, run in (runs if r % 2 == 0 else runs[::-1])}
+        got["ratio"] = got["tessera"]["median_step_s"] / got["jax"]["median_step_s"]
+        print(f"round {r + 1}: Tessera {got['tessera']['median_step_s'] * 1e3:.2f} ms, JAX "
+              f"{got['jax']['median_step_s'] * 1e3:.2f} ms, ratio {got['ratio']:.2f}", flush=True)
+        rounds.append(got)
+    ratio = statistics.median(g["ratio"] for g in rounds)
+    middle = min(rounds, key=lambda g: abs(g["ratio"] - ratio))     # the median round
+    tess, jx = dict(middle["tessera"]), dict(middle["jax"])
+    for name, peer in (("tessera", tess), ("jax", jx)):
+        peer["median_step_s"] = statistics.median(g[name]["median_step_s"] for g in rounds)
     rel = abs(tess["first_loss"] - jx["first_loss"]) / abs(jx["first_loss"])
-    ratio = tess["median_step_s"] / jx["median_step_s"]
     result = {
         "date": datetime.date.today().isoformat(), "commit": git_commit(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version()},
         "config": cfg, "steps": args.steps, "tessera": tess, "jax": jx,
         "first_loss_rel_diff": rel, "ratio_tessera_over_jax": ratio,
+        "rounds": [{"tessera_step_s": g["tessera"]["median_step_s"],
+                    "jax_step_s": g["jax"]["median_step_s"], "ratio": g["ratio"]} for g in rounds],
     }
     lines = ["| peer | median step (ms) | first loss |", "| --- | ---: | ---: |",
              f"| Tessera (4 MPI ranks) | {tess['median_step_s'] * 1e3:.2f} | {tess['first_loss']:.7f} |",
              f"| JAX {jx['jax']} (4 host devices) | {jx['median_step_s'] * 1e3:.2f} | "
              f"{jx['first_loss']:.7f} |"]
-    summary = (f"ratio Tessera / JAX: {ratio:.2f}; Tessera spends {tess['comm_share']:.0%} of "
+    summary = (f"ratio Tessera / JAX: {ratio:.2f} (median of {len(rounds)} alternating rounds: "
+               + " / ".join(f"{g['ratio']:.2f}" for g in rounds) + "; the step times are the "
+               f"medians over the rounds); Tessera spends {tess['comm_share']:.0%} of "
                f"the step in collectives ({tess['collectives_per_step']} per step)")
     print("\n".join(lines) + "\n" + summary)
     folder = ROOT / "bench" / "results"
@@ -301,7 +320,7 @@ def main(argv=None) -> int:
     stem.with_suffix(".md").write_text(
         f"# dp x tp GPT step, {result['date']}, commit {result['commit']}\n\n"
         f"Machine: {result['machine']}. Config: {cfg}. Command: "
-        f"`.venv/bin/python bench/dp_tp_step.py --steps {args.steps}`.\n\n"
+        f"`.venv/bin/python bench/dp_tp_step.py --steps {args.steps} --rounds {args.rounds}`.\n\n"
         + "\n".join(lines) + f"\n\n{summary}.\n")
     if rel > 1e-4:
         print(f"first-step losses differ by {rel:.2e} (relative): not the same computation",

@@ -706,6 +706,54 @@ def test_a_forked_child_runs_the_kernels_and_gemms_on_one_thread(monkeypatch):
     assert done[0] == pid, "the forked child hung"
     assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's result differs"
 
+def test_transposes_slices_and_pads_run_in_the_kernel_library_with_the_host_routines_bits():
+    """The CPU engine runs the library's transpose, slice and pad as one
+    tessera_copy_box call each: random boxes of rank 1-5, every dtype size
+    (int8, bf16's uint16, float32, int32, float64), on 1, 2 and 3 threads,
+    give the numpy routines' bytes exactly (a pad's outside zeroed, a NaN's
+    bits kept), a multi-threaded copy too (a box over THREADED_MIN_BYTES)."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    from tessera_runtime.engines import cpu, library
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse("module {}"))
+    engine = cpu.CPUEngine()
+    engine.load_kernels(build_cpu_library(source))
+    rng = np.random.default_rng()
+
+    def cases(shape):
+        rank = len(shape)
+        yield "transpose", {"perm": tuple(int(p) for p in rng.permutation(rank))}, None
+        offsets = tuple(int(rng.integers(0, n)) for n in shape)
+        yield "slice", {"offsets": offsets}, tuple(int(rng.integers(1, n - o + 1))
+                                                     for n, o in zip(shape, offsets))
+        padded = tuple(n + int(rng.integers(0, 3)) for n in shape)
+        yield "pad", {"offsets": tuple(int(rng.integers(0, p - n + 1))
+                                       for p, n in zip(padded, shape))}, padded
+
+    shapes = [tuple(int(n) for n in rng.integers(1, 6, rank)) for rank in range(1, 6)
+              for _ in range(3)] + [(16, 64, 4, 32)]          # 512 KiB of float32: threaded
+    for dtype in (np.int8, np.uint16, np.float32, np.int32, np.float64):
+        for shape in shapes:
+            a = (rng.standard_normal(shape) * 100).astype(dtype)
+            if dtype == np.float32:
+                a.flat[0] = np.float32("nan")
+            for routine, attrs, out_shape in cases(shape):
+                if routine == "transpose":
+                    out_shape = tuple(shape[p] for p in attrs["perm"])
+                want = np.full(out_shape, 7, dtype)
+                library.ROUTINES[routine](np, attrs, a, want)
+                for threads in (1, 2, 3):
+                    engine._threads = threads
+                    got = np.full(out_shape, 7, dtype)
+                    call = engine.prepare_library_by_address(
+                        routine, attrs, [(a.shape, a.dtype), (got.shape, got.dtype)])
+                    assert call is not None, (routine, shape, dtype)
+                    call([cpu.address(a), cpu.address(got)])
+                    assert got.tobytes() == want.tobytes(), (routine, attrs, shape, dtype, threads)
+
+
 def test_embedding_rows_run_in_the_kernel_library_with_the_bits_of_the_host_routines():
     """The CPU engine runs a float32 embedding lookup (gather) and its
     gradient (scatter_add) with int32 ids as one call into the kernel

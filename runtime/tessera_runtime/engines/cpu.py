@@ -290,6 +290,34 @@ def gemm_pieces(m: int, n: int, k: int, most: int = GEMM_PIECES) -> int:
                2 if macs < GEMM_FULL_SPLIT_MACS else GEMM_PIECES)
 
 
+def _byte_strides(shape, item: int) -> list[int]:
+    """A C-contiguous array's strides in bytes."""
+    strides, step = [], item
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return strides[::-1]
+
+
+def _merge_contiguous(extent, src_strides, dst_strides, item: int):
+    """(extent, src strides, dst strides) with size-1 dimensions dropped and
+    each dimension that is contiguous with the next on both sides merged into
+    it (a transpose's rows become whole memcpys); None past rank 8."""
+    dims = [(n, s, d) for n, s, d in zip(extent, src_strides, dst_strides) if n != 1] \
+        or [(1, item, item)]
+    merged = [dims[-1]]
+    for n, s, d in reversed(dims[:-1]):
+        m, ms, md = merged[-1]
+        if s == ms * m and d == md * m:
+            merged[-1] = (n * m, ms, md)
+        else:
+            merged.append((n, s, d))
+    merged.reverse()
+    if len(merged) > 8:
+        return None
+    return tuple(list(x) for x in zip(*merged))
+
+
 def _blas_operand(x) -> int | None:
     """0 for a C-contiguous 2-D float32 array, 1 for the transpose of one,
     None for anything else."""
@@ -318,6 +346,7 @@ class CPUEngine(Engine):
         self._lib = None
         #: the library's {"gather": tessera_gather_rows_f32, "scatter_add": ...}
         self._rows = None
+        self._copy_box = None     # the library's tessera_copy_box
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
@@ -361,7 +390,7 @@ class CPUEngine(Engine):
             raise EngineError(f"cannot load kernel library {path}: {e}") from None
         self.kernel_library = path
         self._kernels.clear()
-        self._team = self._team_blas = self._rows = None
+        self._team = self._team_blas = self._rows = self._copy_box = None
         if not hasattr(self._lib, "tessera_parallel"):      # a library from before the team
             return
         if hasattr(self._lib, "tessera_gather_rows_f32"):
@@ -372,6 +401,11 @@ class CPUEngine(Engine):
                 fn.restype = i64
                 fn.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, i64]
             self._rows = {"gather": gather, "scatter_add": scatter}
+        self._copy_box = getattr(self._lib, "tessera_copy_box", None)
+        if self._copy_box is not None:
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            self._copy_box.restype = None
+            self._copy_box.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, ctypes.c_int]
         self._lib.tessera_parallel.restype = None
         self._lib.tessera_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                                ctypes.c_int]
@@ -468,7 +502,40 @@ class CPUEngine(Engine):
         into the kernel library; None for the rest."""
         if routine in ("gather", "scatter_add"):
             return self._rows_by_address(routine, attrs, metas)
+        if routine in ("transpose", "slice", "pad"):
+            return self._box_by_address(routine, attrs, metas)
         return self._gemm_by_address(routine, attrs, metas)
+
+    def _box_by_address(self, routine: str, attrs: dict, metas):
+        """A transpose, slice or pad (library.py's) as one tessera_copy_box
+        call: the box's extent and both sides' byte strides, worked out
+        here once, with dimensions contiguous on both sides merged."""
+        if self._copy_box is None or len(metas) != 2:
+            return None
+        (shape, dtype), (out_shape, out_dtype) = metas
+        item = np.dtype(dtype).itemsize
+        if np.dtype(dtype) != np.dtype(out_dtype) or not math.prod(out_shape):
+            return None
+        src_strides, dst_strides = _byte_strides(shape, item), _byte_strides(out_shape, item)
+        src_start = dst_start = zero = 0
+        if routine == "transpose":
+            extent, src_strides = list(out_shape), [src_strides[d] for d in attrs["perm"]]
+        elif routine == "slice":
+            extent = list(out_shape)
+            src_start = sum(o * st for o, st in zip(attrs["offsets"], src_strides))
+        else:                                        # pad: zeros, then the input inside
+            extent, zero = list(shape), math.prod(out_shape) * item
+            dst_start = sum(o * st for o, st in zip(attrs["offsets"], dst_strides))
+        box = _merge_contiguous(extent, src_strides, dst_strides, item)
+        if box is None:
+            return None
+        extent, src_strides, dst_strides = (
+            (ctypes.c_int64 * len(x))(*x) for x in box)
+        moved = math.prod(out_shape) * item
+        threads = self.threads if moved >= THREADED_MIN_BYTES else 1
+        copy, rank = self._copy_box, len(extent)
+        return lambda ptrs: copy(ptrs[0] + src_start, ptrs[1] + dst_start, rank, extent,
+                                 src_strides, dst_strides, item, ptrs[1], zero, threads)
 
     def _rows_by_address(self, routine: str, attrs: dict, metas):
         """tessera_gather_rows_f32 / tessera_scatter_add_rows_f32 on this
