@@ -98,6 +98,18 @@ class Tile:
 ELEMENTWISE_EXPRESSIONS = {name: e.c for name, e in TILE_ELEMENTWISE.items()}
 
 
+def _zero_fill(value: ir.Value) -> bool:
+    """Whether `value` is a ttile.fill of +0.0 (all bits zero: a memset)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or owner.operation.name != "ttile.fill":
+        return False
+    try:
+        x = ir.FloatAttr(owner.operation.attributes["value"]).value
+    except ValueError:                      # an integer fill
+        return False
+    return x == 0.0 and math.copysign(1.0, x) > 0
+
+
 def _contiguous(tile_shape: list[int], shape: list[int]) -> bool:
     """Whether a tile of `tile_shape` (padded to the buffer's rank) is one
     contiguous block of a row-major buffer of `shape`: whole in every
@@ -560,11 +572,19 @@ class KernelEmitter:
 
     def op_ttile_dot(self, op):
         a, b, acc = (self.names[v] for v in op.operands)
-        r = self.new_tile(op.results[0])
         M, K = a.shape
         N = b.shape[1]
+        if self._accumulates_in_place(op, acc):
+            # The accumulator's last use: the dot adds into its array (a
+            # flash-attention step's output block, 32 KiB, was copied first).
+            r = self.names[op.results[0]] = acc
+        else:
+            r = self.new_tile(op.results[0])
+            if not self.cuda and _zero_fill(op.operands[2]):
+                self.line(f"std::memset({r.name}, 0, sizeof({r.ctype}) * {M * N});")
+            else:
+                self.line(f"for (int64_t e = 0; e < {M * N}; ++e) {r.name}[e] = {acc.name}[e];")
         acc_t = r.ctype
-        self.line(f"for (int64_t e = 0; e < {M * N}; ++e) {r.name}[e] = {acc.name}[e];")
         if a.ctype == b.ctype == acc_t == "float":
             self.line(f"tessera_dot({a.name}, {b.name}, {r.name}, {M}, {K}, {N});")
             return
@@ -574,6 +594,19 @@ class KernelEmitter:
         self.line(f"    const {acc_t} av = ({acc_t}){a.name}[i * {K} + k];")
         self.line(f"    for (int64_t j = 0; j < {N}; ++j) {r.name}[i * {N} + j] += av * ({acc_t}){b.name}[k * {N} + j];")
         self.line("  }")
+
+    def _accumulates_in_place(self, dot, acc: Tile) -> bool:
+        """Whether a CPU dot may add into its accumulator's own array: the
+        dot is the accumulator's only use, in the block that defines it (a
+        dot in a loop under the definition runs more than once), and the
+        array is the tile's own (not a view into a buffer, not a fused
+        loop's scalar) and of the result's type."""
+        value = dot.operands[2]
+        owner = value.owner
+        block = owner if isinstance(owner, ir.Block) else owner.operation.block
+        return not self.cuda and block == dot.block and len(list(value.uses)) == 1 and \
+            not acc.view and not acc.scalar and \
+            tile_of(value.type) == tile_of(dot.results[0].type)
 
     def expression(self, op, xs: list[str]) -> str:
         """The C expression of elementwise `op` on operand elements `xs`."""
@@ -796,6 +829,8 @@ class KernelEmitter:
     def op_scf_yield(self, op):
         for t, v in zip(self.carried_stack[-1], op.operands):
             src = self.names[v]
+            if src is t:                    # updated in place (a dot's accumulator)
+                continue
             self.for_each(t.size, lambda e, t=t, src=src: self.line(f"{t.name}[{e}] = {src.name}[{e}];"))
 
 

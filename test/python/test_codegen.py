@@ -444,6 +444,7 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
 }}"""
     source, lib = _cpu_kernels(text)
     assert "tessera_dot(" in source
+    assert "++e)" not in source          # the carried accumulator: added to in place
     rng = np.random.default_rng()
     dtype = ml_dtypes.bfloat16 if element == "bf16" else np.float32
     a = rng.standard_normal((m, kk)).astype(dtype)
@@ -452,6 +453,56 @@ ttile.kernel @dot(%a: memref<{m}x{kk}x{element}>, %b: memref<{kk}x{n}x{element}>
     lib.dot(*(x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c)))
     want = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(kk))
+
+
+@pytest.mark.parametrize("start", [0.0, -0.0, 1.5])
+def test_cpu_dot_starts_from_its_accumulator_without_a_copy_where_it_can(start):
+    """A CPU dot whose accumulator has other uses starts from a copy of it,
+    or from a memset where it is a fill of +0.0 (not -0.0: its bits are not
+    zero); one that is its accumulator's last use adds into its array (the
+    loop-carried one of test_cpu_dot_matches_numpy too: no copy at all),
+    unless the dot runs in a loop under it (each iteration starts afresh).
+    Against float64 numpy: c = 5 (start + a b), three dots in a row and one
+    in a 2-step loop."""
+    import ctypes
+    m, k, n = 8, 24, 16
+    text = f"""
+ttile.kernel @dots(%a: memref<{m}x{k}xf32>, %b: memref<{k}x{n}xf32>,
+                   %c: memref<{m}x{n}xf32>) attributes {{grid = array<i64: 1>, block = array<i64: 32>}} {{
+  %c0 = arith.constant 0 : index
+  %acc = ttile.fill {start!r} : !ttile.tile<{m}x{n}xf32>
+  %ta = ttile.load %a[%c0, %c0] : memref<{m}x{k}xf32> -> !ttile.tile<{m}x{k}xf32>
+  %tb = ttile.load %b[%c0, %c0] : memref<{k}x{n}xf32> -> !ttile.tile<{k}x{n}xf32>
+  %d1 = ttile.dot %ta, %tb, %acc : !ttile.tile<{m}x{k}xf32>, !ttile.tile<{k}x{n}xf32> -> !ttile.tile<{m}x{n}xf32>
+  %d2 = ttile.dot %ta, %tb, %acc : !ttile.tile<{m}x{k}xf32>, !ttile.tile<{k}x{n}xf32> -> !ttile.tile<{m}x{n}xf32>
+  %one = ttile.fill {start!r} : !ttile.tile<{m}x{n}xf32>
+  %one4 = ttile.fill {start!r} : !ttile.tile<{m}x{n}xf32>
+  %d3 = ttile.dot %ta, %tb, %one : !ttile.tile<{m}x{k}xf32>, !ttile.tile<{k}x{n}xf32> -> !ttile.tile<{m}x{n}xf32>
+  %s = ttile.add %d1, %d2 : !ttile.tile<{m}x{n}xf32>
+  %t = ttile.add %s, %d3 : !ttile.tile<{m}x{n}xf32>
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %u = scf.for %i = %c0 to %c2 step %c1 iter_args(%it = %t) -> (!ttile.tile<{m}x{n}xf32>) {{
+    %d4 = ttile.dot %ta, %tb, %one4 : !ttile.tile<{m}x{k}xf32>, !ttile.tile<{k}x{n}xf32> -> !ttile.tile<{m}x{n}xf32>
+    %v = ttile.add %it, %d4 : !ttile.tile<{m}x{n}xf32>
+    scf.yield %v : !ttile.tile<{m}x{n}xf32>
+  }}
+  ttile.store %u, %c[%c0, %c0] : !ttile.tile<{m}x{n}xf32>, memref<{m}x{n}xf32>
+  ttile.return
+}}"""
+    source, lib = _cpu_kernels(text)
+    body = source[source.index("// ttile.kernel @dots"):]
+    zero = start == 0.0 and str(start) == "0.0"
+    assert body.count("std::memset(") == (3 if zero else 0), body
+    assert body.count("++e)") == (0 if zero else 3), body       # %d3 adds in place
+    assert body.count("tessera_dot(") == 4
+    rng = np.random.default_rng()
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    lib.dots(*(x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c)))
+    want = 5 * (start + a.astype(np.float64) @ b.astype(np.float64))
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
 def test_cpu_row_reductions_combine_eight_lanes_in_a_fixed_tree():
