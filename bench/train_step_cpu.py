@@ -13,7 +13,9 @@ Steps:
      batch; the two losses must agree (exit 1 if they differ by more than 1e-4
      relative), and the largest difference of an updated parameter is shown;
   2. timing: warm-up (Tessera's first call compiles and is left out), then
-     --steps steps of Tessera here and of PyTorch in a process of its own
+     --steps steps of Tessera here and of PyTorch in a process of its own, in
+     --rounds rounds (the ratio is the median of the rounds' ratios: this
+     VM's speed drifts by +-15% over minutes, alike for both peers of a round)
      (--peer alternate: alternating in this one, which shares the machine's
      drift but lets each framework's spinning idle threads slow the other:
      PyTorch's w128 step measured 26 ms alone and 66 ms alternating); the
@@ -282,7 +284,11 @@ def markdown(r: dict) -> str:
     lines += [
         "",
         f"Medians of {c['steps']} steps each, "
-        f"{'alternating' if r.get('peer') == 'alternate' else 'PyTorch in a process of its own'}.",
+        + ("alternating." if r.get("peer") == "alternate" else
+           f"PyTorch in a process of its own, in {len(r.get('rounds', [1]))} rounds after "
+           "Tessera's (the step times are the medians over the rounds, the ratio the median "
+           "of the rounds' ratios: " + " / ".join(f"{x['ratio']:.2f}" for x in r.get("rounds", []))
+           + ")."),
         "",
         f"## Where Tessera's time goes (mean of {b['profiled_steps']} instrumented steps)",
         "",
@@ -379,6 +385,10 @@ def main(argv=None) -> int:
                     help="time PyTorch in a process of its own after Tessera (default), or "
                          "alternate steps in this one (each framework's idle threads, "
                          "OpenBLAS's and OpenMP's, then spin against the other's step)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="(--peer process) rounds of Tessera's steps here and PyTorch's in a "
+                         "process of its own; the ratio is the median of the rounds' ratios, "
+                         "so a drift of the machine's speed falls on both peers of a round")
     ap.add_argument("--peer-times", help=argparse.SUPPRESS)   # (internal) the peer process
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
@@ -436,15 +446,25 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 step()
                 times.append(time.perf_counter() - t0)
+        rounds = [(ts_times, pt_times)]
     else:
         del pt_step
-        ts_times = timed(ts_step, args.warmup, args.steps)
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "peer.json"
-            subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                            "--peer-times", str(out)], check=True, env=START_ENV)
-            pt_times = json.loads(out.read_text())
-    ts_ms, pt_ms = 1e3 * statistics.median(ts_times), 1e3 * statistics.median(pt_times)
+        rounds = []
+        for r in range(max(1, args.rounds)):
+            ts_times = timed(ts_step, args.warmup if r == 0 else 1, args.steps)
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "peer.json"
+                subprocess.run([sys.executable, __file__,
+                                *(argv if argv is not None else sys.argv[1:]),
+                                "--peer-times", str(out)], check=True, env=START_ENV)
+                pt_times = json.loads(out.read_text())
+            rounds.append((ts_times, pt_times))
+            print(f"round {r + 1}: Tessera {1e3 * statistics.median(ts_times):.2f} ms, PyTorch "
+                  f"{1e3 * statistics.median(pt_times):.2f} ms", flush=True)
+    round_ms = [(1e3 * statistics.median(t), 1e3 * statistics.median(p)) for t, p in rounds]
+    ts_ms = statistics.median(t for t, _ in round_ms)
+    pt_ms = statistics.median(p for _, p in round_ms)
+    ratio = statistics.median(t / p for t, p in round_ms)
     jx = jax_peer(args)
     if jx is not None and abs(jx["first_loss"] - pt_loss) > 1e-4 * abs(pt_loss):
         print(f"FAIL: JAX's first loss {jx['first_loss']:.7f} is not PyTorch's {pt_loss:.7f}")
@@ -478,12 +498,13 @@ def main(argv=None) -> int:
         "tessera_compile_s": compile_s,
         "tessera_ms": ts_ms,
         "torch_ms": pt_ms,
-        "ratio": ts_ms / pt_ms,
+        "ratio": ratio,
+        "rounds": [{"tessera_ms": t, "torch_ms": p, "ratio": t / p} for t, p in round_ms],
         "jax_version": jx["jax"] if jx else None,
         "jax_ms": 1e3 * jx["median_step_s"] if jx else None,
         "ratio_jax": ts_ms / (1e3 * jx["median_step_s"]) if jx else None,
-        "tessera_ms_all": [1e3 * t for t in ts_times],
-        "torch_ms_all": [1e3 * t for t in pt_times],
+        "tessera_ms_all": [1e3 * t for times, _ in rounds for t in times],
+        "torch_ms_all": [1e3 * t for _, times in rounds for t in times],
         "tessera_breakdown": parts,
     }
     print_summary(result)
