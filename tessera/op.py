@@ -658,9 +658,19 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     V = logits.shape[-1]
     N = int(np.prod(targets.shape))
     logits = reshape(logits, N, V)
-    onehot = _one_hot(reshape(targets, N), V, logits.dtype, src)        # [N, V], zero row if ignored
-    valid = sum(onehot, -1)                                              # [N]: 1 or 0
-    nll = neg(sum(mul(log_softmax(logits, -1), onehot), -1))             # [N]
+    t = reshape(targets, N)
+    if 0 <= ignore_index < V:           # a real class: its rows count zero too
+        t = where(equal(t, ignore_index), -1, t)
+    onehot = _one_hot(t, V, logits.dtype, src)                           # [N, V], zero row if ignored
+    # From the targets, not summed over the vocabulary (no all-reduce where it is split).
+    valid = mul(cast(greater_equal(t, 0), logits.dtype), cast(less(t, V), logits.dtype))
+    # -log softmax(x)[target] = log(sum(exp(x - max))) - (x - max)[target]: the
+    # two sums over the vocabulary are independent, so a vocabulary split over
+    # ranks all-reduces them together (log_softmax's needed the first's result).
+    shifted = _minus_max(logits, -1)
+    total = sum(exp(shifted), -1)                                        # [N]
+    chosen = sum(mul(shifted, onehot), -1)                               # [N]
+    nll = mul(sub(log(total), chosen), valid)                            # [N]
     count = maximum(sum(valid), 1.0)
     return div(sum(nll), count)
 

@@ -105,6 +105,30 @@ def test_cross_entropy_and_embedding(dtype):
                                rtol=1e-5 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("ignore_index", [-100, 0, 7])
+def test_cross_entropy_leaves_out_ignored_and_out_of_range_targets(ignore_index):
+    """Rows whose target is `ignore_index` (a real class too: 0, 7) or
+    outside [0, V) count zero and leave the mean; the loss and its gradient
+    against float64 numpy (softmax minus the one-hot, over the kept rows)."""
+    r = rng()
+    logits = r.standard_normal((5, 4, 11)).astype(np.float32)
+    targets = r.integers(0, 11, (5, 4)).astype(np.int32)
+    targets[0, :2] = ignore_index
+    targets[1, 0], targets[1, 1] = -3, 11                       # out of range
+    loss = ts.jit(lambda x, t: op.cross_entropy(x, t, ignore_index=ignore_index))
+    grad = ts.jit(lambda x, t: ts.grad(op.cross_entropy(x, t, ignore_index=ignore_index), x))
+    x, t = logits.astype(np.float64).reshape(-1, 11), targets.reshape(-1)
+    keep = (t >= 0) & (t < 11) & (t != ignore_index)
+    p = _softmax(x)
+    want = -np.log(p[keep, t[keep]]).mean()
+    onehot = np.zeros_like(x)
+    onehot[np.flatnonzero(keep), t[keep]] = 1
+    want_grad = (p - onehot) * keep[:, None] / keep.sum()
+    np.testing.assert_allclose(loss(logits, targets), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad(logits, targets)).reshape(-1, 11), want_grad,
+                               atol=1e-7)
+
+
 def test_transformer_block_matches_numpy():
     r = rng()
     B, S, D, H = 2, 5, 16, 4
