@@ -10,18 +10,23 @@
 // CHECK-DAG: float [[ACC:t[0-9]+]][16];  // tile 4x4
 // CHECK: for (int64_t pid0 = pid0_begin; pid0 < pid0_end; ++pid0) {
 // CHECK: [[ACC]][{{e[0-9]+}}] = (float)0.0;
+// CHECK: [[IT:t[0-9]+]][{{e[0-9]+}}] = [[ACC]][{{e[0-9]+}}];
 // CHECK: for (int64_t [[K:k[0-9]+]] = {{c[0-9]+}}; [[K]] < {{c[0-9]+}}; [[K]] += {{c[0-9]+}}) {
 // CHECK: = arg0[
-// dot: float tiles accumulate into a copy of the carried tile (register-blocked
-// tessera_dot from the prelude)
-// CHECK: [[D:t[0-9]+]][e] = [[IT:t[0-9]+]][e];
-// CHECK-NEXT: tessera_dot({{t[0-9]+}}, {{t[0-9]+}}, [[D]], 4, 2, 4);
+// dot: float tiles accumulate in place into the tile the loop carries (the
+// register-blocked tessera_dot from the prelude; the yield copies nothing)
+// CHECK: tessera_dot({{t[0-9]+}}, {{t[0-9]+}}, [[IT]], 4, 2, 4);
+// CHECK-NEXT: }
+// the exp2, stored once into a buffer nothing loads and also reduced, is
+// computed in place there (the reduction reads it there)
+// CHECK: float* __restrict__ [[E:t[0-9]+]] = arg2 + (
 // relu, add, mul, max, exp, exp2 (the vectorizable exp of x ln 2), reduce
 // CHECK: < 0 ? 0 : {{.*}})
 // CHECK: tessera_exp(
-// CHECK: tessera_exp(({{.*}}) * 0.69314718055994531f)
+// CHECK: [[E]][{{e[0-9]+}}] = tessera_exp(({{.*}}) * 0.69314718055994531f)
 // the reduction, stored once into a buffer nothing loads, is computed in place
 // CHECK: float* __restrict__ [[R:t[0-9]+]] = arg3 + (
+// CHECK: float acc = [[E]][
 // CHECK: for (int64_t q = 1; q < 4; ++q)
 // CHECK: [[R]][{{e[0-9]+}}] = acc;
 // CHECK: extern "C" void everything(void* arg0_, void* arg1_, void* arg2_, void* arg3_) {

@@ -599,15 +599,17 @@ ttile.kernel @padded(%n: memref<2x2xi32>, %x: memref<64x8xf32>, %y: memref<64x8x
 
 def test_cpu_kernels_read_and_write_contiguous_blocks_in_place():
     """On the CPU a load of a contiguous block of a buffer the kernel never
-    stores to is a pointer into it (no copy), and a tile whose one use is
-    the only store to a buffer nothing loads is computed in place. A
+    stores to is a pointer into it (no copy), and a tile whose one store
+    is the only store to a buffer nothing loads is computed in place, its
+    other uses reading it there (`%m`, also multiplied into `out2`). A
     strided block (half rows) is copied, and a buffer loaded and stored
     (updated in place) is copied in and stored from a tile of its own, so
     the update reads the old values. Numerics against float64 numpy."""
     import ctypes
     text = """
 ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8x64xf32>,
-                     %out: memref<8x64xf32>) attributes {grid = array<i64: 4>, block = array<i64: 32>} {
+                     %out: memref<8x64xf32>, %out2: memref<8x64xf32>)
+    attributes {grid = array<i64: 4>, block = array<i64: 32>} {
   %pid = ttile.program_id 0
   %c0 = arith.constant 0 : index
   %c2 = arith.constant 2 : index
@@ -619,6 +621,8 @@ ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8
   %s = ttile.add %tx, %ty : !ttile.tile<2x64xf32>
   %m = ttile.mul %s, %ta : !ttile.tile<2x64xf32>
   ttile.store %m, %out[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
+  %k = ttile.mul %m, %tx : !ttile.tile<2x64xf32>
+  ttile.store %k, %out2[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
   %n = ttile.add %ta, %tx : !ttile.tile<2x64xf32>
   ttile.store %n, %acc[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
   ttile.return
@@ -628,14 +632,16 @@ ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8
     assert re.search(r"const float\* __restrict__ t\d+ = arg0 \+", body), body   # x: viewed
     assert not re.search(r"= arg1 \+", body), body                   # y's half rows: copied
     assert re.search(r"(?<!const )float\* __restrict__ t\d+ = arg3 \+", body), body  # out
+    assert re.search(r"(?<!const )float\* __restrict__ t\d+ = arg4 \+", body), body  # out2
     assert re.search(r"arg2\[.*\] = t\d+\[", body), body              # acc: a real store
-    assert not re.search(r"arg[03]\[", body), body                   # no copy of x or out
+    assert not re.search(r"arg[034]\[", body), body                  # no copy of x or outs
     rng = np.random.default_rng()
     x, y, acc = (rng.standard_normal(s).astype(np.float32) for s in ((8, 64), (8, 128), (8, 64)))
-    old, out = acc.copy(), np.full((8, 64), np.nan, np.float32)
-    lib.blocks(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, y, acc, out)))
+    old, out, out2 = acc.copy(), *(np.full((8, 64), np.nan, np.float32) for _ in range(2))
+    lib.blocks(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, y, acc, out, out2)))
     x64, y64, a64 = (a.astype(np.float64) for a in (x, y[:, 64:], old))
     np.testing.assert_allclose(out, (x64 + y64) * a64, rtol=1e-6)
+    np.testing.assert_allclose(out2, (x64 + y64) * a64 * x64, rtol=1e-6)
     np.testing.assert_allclose(acc, a64 + x64, rtol=1e-6)
 
 
