@@ -16,6 +16,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The checkout's packages, put first on the path of the ranks a bench
+#: starts: run from a checkout whose .venv holds an older (non-editable)
+#: install, `python -m tessera launch` took this checkout's front end but the
+#: install's runtime, and failed on anything new between them.
+CHECKOUT_PATHS = ("build/dev/python_packages", ".", "passes", "runtime")
+
+
+def checkout_env(**extra: str) -> dict:
+    """This process's environment plus `extra`, with the checkout's
+    packages first on PYTHONPATH."""
+    path = os.pathsep.join(str(ROOT / p) for p in CHECKOUT_PATHS)
+    old = os.environ.get("PYTHONPATH")
+    return {**os.environ, **extra, "PYTHONPATH": path + (os.pathsep + old if old else "")}
 
 
 def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
@@ -45,7 +58,7 @@ def run_ranks(script: str, which: str, ranks: int, cfg: dict, out: Path,
     torch: mpiexec with `python`, one thread per rank, no PYTHONPATH) and
     return each rank's report `out/<which>-rank<r>.json` (None if it failed)."""
     if which == "tessera":
-        cmd, env = [sys.executable, "-m", "tessera", "launch", "-n", str(ranks)], None
+        cmd, env = [sys.executable, "-m", "tessera", "launch", "-n", str(ranks)], checkout_env()
     else:
         from tessera.cli import find_mpiexec
         cmd = [find_mpiexec(), "-n", str(ranks), python]

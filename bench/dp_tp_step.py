@@ -48,7 +48,7 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
-from cpu_ranks import new_stem  # noqa: E402
+from cpu_ranks import checkout_env, new_stem  # noqa: E402
 import numpy as np  # noqa: E402
 
 
@@ -120,10 +120,7 @@ def tessera_worker(cfg: dict, steps: int, out: Path) -> None:
 
 def run_tessera(cfg, steps) -> dict:
     out = ROOT / "bench" / "results" / ".tessera-dp-tp.json"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in
-                                         ("build/dev/python_packages", ".", "passes", "runtime"))
-           + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = checkout_env(OPENBLAS_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "tessera", "launch", "--timeout", "1200", "-n", "4", __file__,
            "--tessera-worker", json.dumps(cfg), str(steps), str(out)]
     subprocess.run(cmd, check=True, env=env, cwd=str(ROOT))
