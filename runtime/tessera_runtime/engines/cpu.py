@@ -290,15 +290,6 @@ def gemm_pieces(m: int, n: int, k: int, most: int = GEMM_PIECES) -> int:
                2 if macs < GEMM_FULL_SPLIT_MACS else GEMM_PIECES)
 
 
-def _byte_strides(shape, item: int) -> list[int]:
-    """A C-contiguous array's strides in bytes."""
-    strides, step = [], item
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return strides[::-1]
-
-
 def _merge_contiguous(extent, src_strides, dst_strides, item: int):
     """(extent, src strides, dst strides) with size-1 dimensions dropped and
     each dimension that is contiguous with the next on both sides merged into
@@ -393,8 +384,8 @@ class CPUEngine(Engine):
         self._team = self._team_blas = self._rows = self._copy_box = None
         if not hasattr(self._lib, "tessera_parallel"):      # a library from before the team
             return
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
         if hasattr(self._lib, "tessera_gather_rows_f32"):
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
             gather = self._lib.tessera_gather_rows_f32
             scatter = self._lib.tessera_scatter_add_rows_f32
             for fn in (gather, scatter):
@@ -403,7 +394,6 @@ class CPUEngine(Engine):
             self._rows = {"gather": gather, "scatter_add": scatter}
         self._copy_box = getattr(self._lib, "tessera_copy_box", None)
         if self._copy_box is not None:
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
             self._copy_box.restype = None
             self._copy_box.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, ctypes.c_int]
         self._lib.tessera_parallel.restype = None
@@ -497,8 +487,9 @@ class CPUEngine(Engine):
         return lambda args: impl(xp, attrs, *args)
 
     def prepare_library_by_address(self, routine: str, attrs: dict, metas, stream=None):
-        """A float32 2-D matmul (`_gemm_by_address`), or a float32 embedding
-        lookup or gradient with int32 ids (`_rows_by_address`), as one call
+        """A float32 2-D matmul (`_gemm_by_address`), a float32 embedding
+        lookup or gradient with int32 ids (`_rows_by_address`), or a
+        transpose, slice or pad of any dtype (`_box_by_address`), as one call
         into the kernel library; None for the rest."""
         if routine in ("gather", "scatter_add"):
             return self._rows_by_address(routine, attrs, metas)
@@ -516,7 +507,8 @@ class CPUEngine(Engine):
         item = np.dtype(dtype).itemsize
         if np.dtype(dtype) != np.dtype(out_dtype) or not math.prod(out_shape):
             return None
-        src_strides, dst_strides = _byte_strides(shape, item), _byte_strides(out_shape, item)
+        src_strides, dst_strides = ([item * math.prod(s[d + 1:]) for d in range(len(s))]
+                                    for s in (shape, out_shape))        # C-contiguous, bytes
         src_start = dst_start = zero = 0
         if routine == "transpose":
             extent, src_strides = list(out_shape), [src_strides[d] for d in attrs["perm"]]
