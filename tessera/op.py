@@ -609,10 +609,16 @@ def embedding(ids, table) -> Traced:
         return _out(gb.reshape(rows, list(ids.shape) + [table.shape[1]]), src)
 
 
-def attention(q, k, v, causal: bool = False, scale: float | None = None) -> Traced:
+def attention(q, k, v, causal: bool = False, scale: float | None = None,
+              seq_dim: int = -2) -> Traced:
     """softmax(q k^T * scale [+ causal mask]) v over `[..., S, D]` operands
     (e.g. `[B, H, S, D]`; `v` may have another last dimension); scale
     defaults to 1/sqrt(D).
+
+    `seq_dim` is the dimension the sequence runs along (any but the last;
+    the others before the last are batch dimensions): `seq_dim=1` attends
+    over `[B, S, H, D]` operands as a projection reshaped per head lays them
+    out, with no transposes to `[B, H, S, D]` and back.
 
     One fused op (`tgraph.attention`): it compiles to flash-attention kernels
     that stream key/value blocks through an online softmax, so the `[S, S]`
@@ -631,11 +637,16 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None) -> Trac
         raise DTypeError(f"op.attention: operand dtypes differ: {_describe(q)}, {_describe(k)}, "
                          f"{_describe(v)}  [{src}]")
     _require_float("attention", src, q, k, v)
+    if not -q.ndim <= seq_dim < q.ndim or seq_dim % q.ndim == q.ndim - 1:
+        raise ShapeError(f"op.attention: seq_dim={seq_dim} is not a dimension of q "
+                         f"{list(q.shape)} before its last (the head width)  [{src}]")
+    seq_dim %= q.ndim
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not scale > 0:
         raise ValueError(f"op.attention: scale must be positive, got {scale}  [{src}]")
     with current_location(src):
-        out, _ = gb.attention(q.value, k.value, v.value, causal, scale)
+        out, _ = gb.attention(q.value, k.value, v.value, causal, scale,
+                              None if seq_dim == q.ndim - 2 else seq_dim)
     return _out(out, src)
 
 
@@ -716,9 +727,10 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
         with region(policy):
             h = normalize(x, p["ln1_w"], p["ln1_b"])
             qkv = reshape(matmul(h, p["wqkv"]), B, S, heads, 3, D // heads)
-            q, k, v = (transpose(qkv[:, :, :, i], 1, 2) for i in range(3))
-            a = attention(q, k, v, causal=causal)
-            a = reshape(transpose(a, 1, 2), B, S, D)
+            # Each head's q, k, v as [B, S, heads, Dh]: attention runs along
+            # dim 1 where they lie, and its output is already [B, S, D].
+            q, k, v = (qkv[:, :, :, i] for i in range(3))
+            a = reshape(attention(q, k, v, causal=causal, seq_dim=1), B, S, D)
             x = add(x, matmul(a, p["wo"]))
             h = normalize(x, p["ln2_w"], p["ln2_b"])
             if "moe" in p:

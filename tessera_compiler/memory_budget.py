@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tessera_mlir import ir
 
+from .ir import graph_builder as gb
 from .ir.options import TargetOptions
 from .ir.pipeline import flops
 from .ir.remat import RECOMPUTED, mark, remat_of
@@ -97,7 +98,7 @@ def candidates(module: ir.Module) -> dict:
 def _cost(op: ir.Operation) -> float:
     if op.name == "tgraph.attention":      # (the pipeline model counts its output only)
         q, k = (ir.RankedTensorType(v.type).shape for v in list(op.operands)[:2])
-        return 4.0 * math.prod(q) * k[-2]
+        return 4.0 * math.prod(q) * k[gb.seq_dim_of(op)]
     return flops(op)
 
 

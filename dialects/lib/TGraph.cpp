@@ -686,12 +686,18 @@ LogicalResult GroupedOuterOp::verify() {
 //===----------------------------------------------------------------------===//
 
 /// Checks `q`, `k`, `v` of an attention op (`[..., S, D]`, `[..., S, D]`,
-/// `[..., S, Dv]` of one float element type) and its scale (positive).
+/// `[..., S, Dv]` of one float element type), its scale (positive) and its
+/// sequence dimension (any but the last).
 static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
                                              RankedTensorType k, RankedTensorType v,
-                                             const APFloat &scale) {
+                                             const APFloat &scale,
+                                             std::optional<uint64_t> seqDim) {
   if (q.getRank() < 2)
     return op->emitOpError("'q' must be [..., S, D], got ") << q;
+  if (seqDim && (static_cast<int64_t>(*seqDim) < 0 ||
+                 static_cast<int64_t>(*seqDim) >= q.getRank() - 1))
+    return op->emitOpError("'seq_dim' must be a dimension of 'q' ")
+           << q << " before its last, got " << static_cast<int64_t>(*seqDim);
   if (k != q)
     return op->emitOpError("'k' must have the type of 'q' ") << q << ", got " << k;
   if (v.getRank() != q.getRank() || v.getShape().drop_back() != q.getShape().drop_back() ||
@@ -722,7 +728,7 @@ static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTen
 
 LogicalResult AttentionOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v, getScale())))
+  if (failed(verifyAttentionOperands(*this, q, k, v, getScale(), getSeqDim())))
     return failure();
   if (getOut().getType() != v)
     return emitOpError("'out' must have the type of 'v' ") << v << ", got " << getOut().getType();
@@ -731,7 +737,7 @@ LogicalResult AttentionOp::verify() {
 
 LogicalResult AttentionGradOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v, getScale())))
+  if (failed(verifyAttentionOperands(*this, q, k, v, getScale(), getSeqDim())))
     return failure();
   if (getDout().getType() != v)
     return emitOpError("'dout' must have the type of 'v' ") << v << ", got " << getDout().getType();

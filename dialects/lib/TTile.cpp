@@ -179,30 +179,43 @@ LogicalResult FillOp::verify() {
 /// A tile access must name one offset per buffer dimension, agree on element
 /// type, and use a tile that divides the buffer (no partial tiles yet).
 static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType buffer,
-                                      size_t numOffsets, StringRef bufferName) {
+                                      size_t numOffsets, StringRef bufferName,
+                                      std::optional<ArrayRef<int64_t>> dims) {
   // A 0-d buffer (a scalar) is accessed as a one-element 1-D tile.
   if (buffer.getRank() == 0) {
     if (numOffsets != 0 || tile.getShape() != ArrayRef<int64_t>{1} ||
-        tile.getElementType() != buffer.getElementType())
+        tile.getElementType() != buffer.getElementType() || dims)
       return op->emitOpError("a 0-d '") << bufferName << "' " << buffer
-                                        << " is accessed with no offsets as a one-element "
-                                           "1-D tile of its element type";
+                                        << " is accessed with no offsets or dims as a "
+                                           "one-element 1-D tile of its element type";
     return success();
   }
   if (numOffsets != static_cast<size_t>(buffer.getRank()))
     return op->emitOpError("needs ") << buffer.getRank() << " offsets for '" << bufferName
                                      << "' " << buffer << ", got " << numOffsets;
-  // A lower-rank tile covers the buffer's trailing dimensions.
-  if (tile.getShape().size() > static_cast<size_t>(buffer.getRank()))
+  // A lower-rank tile covers the buffer's trailing dimensions, or `dims`.
+  int64_t rank = tile.getShape().size();
+  if (rank > buffer.getRank())
     return op->emitOpError("tile ") << tile << " has a higher rank than '" << bufferName
                                     << "' " << buffer;
   if (tile.getElementType() != buffer.getElementType())
     return op->emitOpError("tile ") << tile << " and '" << bufferName << "' " << buffer
                                     << " have different element types";
-  ArrayRef<int64_t> trailing =
-      buffer.getShape().drop_front(buffer.getRank() - tile.getShape().size());
-  for (auto [t, b] : llvm::zip(tile.getShape(), trailing))
-    if (b % t != 0)
+  SmallVector<int64_t> spanned;
+  for (int64_t i = 0; i < rank; ++i)
+    spanned.push_back(buffer.getRank() - rank + i);
+  if (dims) {
+    if (static_cast<int64_t>(dims->size()) != rank)
+      return op->emitOpError("'dims' must name ")
+             << rank << " dimensions (one per tile dimension), got " << dims->size();
+    for (auto [i, d] : llvm::enumerate(*dims))
+      if (d < 0 || d >= buffer.getRank() || (i > 0 && d <= (*dims)[i - 1]))
+        return op->emitOpError("'dims' must be increasing dimensions of '")
+               << bufferName << "' " << buffer;
+    spanned.assign(dims->begin(), dims->end());
+  }
+  for (auto [t, d] : llvm::zip(tile.getShape(), spanned))
+    if (buffer.getShape()[d] % t != 0)
       return op->emitOpError("tile ") << tile << " does not evenly divide '" << bufferName
                                       << "' " << buffer;
   return success();
@@ -211,10 +224,12 @@ static LogicalResult verifyTileAccess(Operation *op, TileType tile, MemRefType b
 LogicalResult LoadOp::verify() {
   TileType tile = getResult().getType();
   MemRefType source = getSource().getType();
-  if (failed(verifyTileAccess(*this, tile, source, getOffsets().size(), "source")))
+  if (failed(verifyTileAccess(*this, tile, source, getOffsets().size(), "source", getDims())))
     return failure();
   if (!getTma())
     return success();
+  if (getDims())
+    return emitOpError("'tma' loads trailing tiles (no 'dims')");
   // What the tensor map and the swizzled shared-memory layout allow.
   Type elt = tile.getElementType();
   if (!(elt.isBF16() || elt.isF16()) || tile.getShape().size() != 2)
@@ -236,7 +251,7 @@ LogicalResult LoadOp::verify() {
 
 LogicalResult StoreOp::verify() {
   return verifyTileAccess(*this, getValue().getType(), getDest().getType(),
-                          getOffsets().size(), "dest");
+                          getOffsets().size(), "dest", getDims());
 }
 
 LogicalResult DotOp::verify() {

@@ -32,6 +32,11 @@ target (option or `tessera.target` attribute) nothing is fused.
 
 Argument and result shardings move to `tsched.sharding` attributes.
 
+On the GPU target an attention op whose sequence runs along another
+dimension than the second to last (`seq_dim`) gets transposes to and from
+`[..., S, D]` around it: the GPU kernels' tiles are a buffer's trailing
+dimensions. The CPU kernels read rows where they lie.
+
 A pipeline (after tessera-pipeline-schedule): every op keeps the
 `tsched.action` of the Graph IR op it comes from (the rank that runs it), a
 `tgraph.transfer` to one rank becomes a `tsched.send` on the sender, right
@@ -58,6 +63,7 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph, tsched
 
+from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import ACTION, INFO, copy_action
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, non_tensor_signature,
@@ -503,11 +509,47 @@ def _is_graph_function(f: ir.Operation) -> bool:
     return not any(o.name.startswith("tsched.") for o in body) and non_tensor_signature(f) is None
 
 
+ATTENTION = ("tgraph.attention", "tgraph.attention_grad")
+
+
+def attention_rows_second_to_last(func_op: ir.Operation) -> None:
+    """GPU target: its attention kernels read tiles of a buffer's trailing
+    dimensions (TMA boxes, cp.async rows), so an attention op whose
+    sequence runs along another `seq_dim` has its operands transposed to
+    `[..., S, D]` and its results back: the copies the CPU target's kernels,
+    which read rows where they lie, do without."""
+    for op in [o for o in ops_of(func_op) if o.name in ATTENTION]:
+        rank, seq = len(shape_of(op.operands[0])), gb.seq_dim_of(op)
+        if seq == rank - 2:
+            continue
+        perm = [d for d in range(rank) if d not in (seq, rank - 1)] + [seq, rank - 1]
+        back = [perm.index(d) for d in range(rank)]
+        causal, scale = "causal" in op.attributes, ir.FloatAttr(op.attributes["scale"]).value
+        with ir.InsertionPoint(op), op.location:
+            moved: dict = {}            # one transpose per distinct operand
+            for v in op.operands:
+                if v not in moved:
+                    moved[v] = gb.transpose(v, perm)
+            ins = [moved[v] for v in op.operands]
+            outs = list(gb.attention(*ins, causal, scale) if op.name == ATTENTION[0]
+                        else gb.attention_grad(*ins, causal, scale))
+            # (A result nothing reads, as a forward's lse often is, stays put.)
+            results = [gb.transpose(new, back) if list(old.uses) else None
+                       for old, new in zip(op.results, outs)]
+        copy_action(op, outs[0].owner, *(v.owner for v in list(moved.values()) + results if v))
+        for old, new in zip(op.results, results):
+            if new is not None:
+                old.replace_all_uses_with(new)
+        op.erase()
+
+
 def lower_function(func_op: ir.Operation, gpu: bool, options: TargetOptions) -> None:
     if "tgraph.partitioned" not in func_op.attributes:
         raise PassError("run tessera-partition before tessera-lower-to-schedule "
                         f"(function @{ir.StringAttr(func_op.attributes['sym_name']).value} is not partitioned)",
                         func_op.location)
+    if gpu:
+        attention_rows_second_to_last(func_op)
     fused = resolve_transports(func_op, gpu, options.nvshmem_auto_max_bytes)
     hoist_collectives(func_op)
     builder = ScheduleBuilder(func_op, fused)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from tessera_mlir import ir
 
-from tessera_compiler.ir import ops
+from tessera_compiler.ir import graph_builder as gb, ops
 from tessera_compiler.ir.sharding import PER_RANK_OPS, Mesh, Sharding, meshes_of
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, non_tensor_signature,
                                          ops_of, symbol_of)
@@ -322,9 +322,12 @@ def topk_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
 def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """attention and attention_grad: batch and head dimensions keep their
     split (head-parallel attention needs no communication); each rank
-    attends over whole sequences, so the sequence and feature dimensions are
-    gathered. Every result (out and lse; dq, dk and dv) has this sharding."""
-    lead = merge_dims([o.with_dims(o.dims[:-2] + ((), ())) for o in ins])
+    attends over whole sequences, so the sequence (`seq_dim`) and feature
+    dimensions are gathered. Every result (out and lse; dq, dk and dv) has
+    this sharding."""
+    seq = gb.seq_dim_of(op)
+    lead = merge_dims([o.with_dims(tuple(() if d in (seq, o.rank - 1) else split
+                                         for d, split in enumerate(o.dims))) for o in ins])
     s = Sharding(ins[0].mesh, lead)
     return Rule([s] * len(ins), s)
 

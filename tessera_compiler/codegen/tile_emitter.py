@@ -118,6 +118,17 @@ def _contiguous(tile_shape: list[int], shape: list[int]) -> bool:
     return all(tile_shape[d] == shape[d] for d in range(first + 1, len(shape)))
 
 
+def placed_shape(access: ir.Operation, tile_shape: list[int], rank: int) -> list[int]:
+    """A `ttile.load` / `ttile.store`'s tile shape padded to its buffer's
+    `rank`: at its `dims`, else in the trailing dimensions (1 elsewhere)."""
+    if "dims" not in access.attributes:
+        return [1] * (rank - len(tile_shape)) + list(tile_shape)
+    placed = [1] * rank
+    for d, n in zip(ir.DenseI64ArrayAttr(access.attributes["dims"]), tile_shape):
+        placed[d] = n
+    return placed
+
+
 @dataclass
 class KernelEmitter:
     cuda = False        # class constant: the CUDA subclass sets it
@@ -214,7 +225,7 @@ class KernelEmitter:
                 any(v not in self.names for v in offsets):
             return None
         shape = self.buffers[buf]
-        if not shape or not _contiguous([1] * (len(shape) - len(tile.shape)) + tile.shape, shape):
+        if not shape or not _contiguous(placed_shape(store, tile.shape, len(shape)), shape):
             return None
         tile.stored_by = operation_key(store)
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
@@ -498,8 +509,7 @@ class KernelEmitter:
         shape = self.buffers[buf]
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
         bits = STORED_AS_BITS.get(self.buffer_elements[buf])
-        # A lower-rank tile covers the trailing dimensions (size 1 in the others).
-        tile_shape = [1] * (len(shape) - len(tile.shape)) + list(tile.shape)
+        tile_shape = placed_shape(op, tile.shape, len(shape))
 
         def move(t_index: str, b_index: str) -> None:
             if load:
@@ -559,8 +569,7 @@ class KernelEmitter:
                 self.buffer_elements[buf] in STORED_AS_BITS or \
                 any(u.owner.operation.name == "ttile.store" for u in load.results[0].uses):
             return False
-        tile_shape = tile_of(load.results[0].type)[0]
-        return _contiguous([1] * (len(shape) - len(tile_shape)) + list(tile_shape), shape)
+        return _contiguous(placed_shape(load, tile_of(load.results[0].type)[0], len(shape)), shape)
 
     def op_ttile_load(self, op):
         t = self.new_tile(op.results[0])

@@ -274,19 +274,33 @@ def _row_statistic(q: ir.Value) -> ir.RankedTensorType:
     return ranked(shape_of(q)[:-1] + [1], statistic_element(q))
 
 
+def _seq_dim_attr(seq_dim: int | None):
+    return None if seq_dim is None else ir.IntegerAttr.get(ir.IntegerType.get_signless(64), seq_dim)
+
+
 def attention(q: ir.Value, k: ir.Value, v: ir.Value, causal: bool,
-              scale: float) -> tuple[ir.Value, ir.Value]:
-    """(out, lse) of fused attention (`tgraph.attention`)."""
+              scale: float, seq_dim: int | None = None) -> tuple[ir.Value, ir.Value]:
+    """(out, lse) of fused attention (`tgraph.attention`); `seq_dim` None:
+    the sequence runs along q's second to last dimension."""
     op = tgraph.AttentionOp(v.type, _row_statistic(q), q, k, v, ir.FloatAttr.get_f64(scale),
-                            causal=causal or None)
+                            causal=causal or None, seq_dim=_seq_dim_attr(seq_dim))
     return op.results[0], op.results[1]
 
 
-def attention_grad(q, k, v, dout, lse, delta, causal: bool, scale: float) -> list[ir.Value]:
+def attention_grad(q, k, v, dout, lse, delta, causal: bool, scale: float,
+                   seq_dim: int | None = None) -> list[ir.Value]:
     """[dq, dk, dv] of `tgraph.attention` (`tgraph.attention_grad`)."""
     op = tgraph.AttentionGradOp(q.type, k.type, v.type, q, k, v, dout, lse, delta,
-                                ir.FloatAttr.get_f64(scale), causal=causal or None)
+                                ir.FloatAttr.get_f64(scale), causal=causal or None,
+                                seq_dim=_seq_dim_attr(seq_dim))
     return list(op.results)
+
+
+def seq_dim_of(op: ir.Operation) -> int:
+    """The sequence dimension of a `tgraph.attention` / `attention_grad`."""
+    if "seq_dim" in op.attributes:
+        return ir.IntegerAttr(op.attributes["seq_dim"]).value
+    return len(shape_of(op.operands[0])) - 2
 
 
 # -- collectives (per-rank values: after partitioning, or in a local-view body) ---

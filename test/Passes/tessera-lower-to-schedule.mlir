@@ -441,3 +441,36 @@ func.func @exchange_not_contiguous(%r: tensor<4x8xf32>) -> tensor<8x4xf32> attri
   return %0 : tensor<8x4xf32>
 }
 }
+
+// -----
+
+// The GPU target's attention kernels read [..., S, D] operands: attention
+// along dimension 1 of [B, S, H, D] is transposed there (one copy per distinct
+// operand) and its output back; the lse nothing reads stays. The CPU target's
+// kernels read the rows where they lie: no transpose.
+module attributes {tessera.target = "gpu"} {
+// CHECK-LABEL: func.func @heads_gpu
+// CHECK: tsched.launch @heads_gpu_transpose_0 on %{{.*}} ins(%arg0 : memref<2x64x4x16xf32>) outs(%[[Q:.*]] : memref<2x4x64x16xf32>)
+// CHECK-NEXT: %[[O:.*]] = tsched.alloc : memref<2x4x64x16xf32>
+// CHECK-NEXT: tsched.alloc : memref<2x4x64x1xf32>
+// CHECK-NEXT: tsched.launch @heads_gpu_attention_1 on %{{.*}} ins(%[[Q]], %[[Q]], %[[Q]] :
+// CHECK: tsched.launch @heads_gpu_transpose_2 on %{{.*}} ins(%[[O]] : memref<2x4x64x16xf32>) outs(%{{.*}} : memref<2x64x4x16xf32>)
+// CHECK-NOT: tsched.launch
+// CHECK: tgraph.attention %{{.*}} {causal, scale = 2.500000e-01 : f64} : tensor<2x4x64x16xf32>
+func.func @heads_gpu(%q: tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32> attributes {tgraph.partitioned} {
+  %o:2 = tgraph.attention %q, %q, %q {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+  return %o#0 : tensor<2x64x4x16xf32>
+}
+}
+
+// -----
+
+module attributes {tessera.target = "cpu"} {
+// CHECK-LABEL: func.func @heads_cpu
+// CHECK-NOT: transpose
+// CHECK: tgraph.attention %{{.*}} {causal, scale = 2.500000e-01 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>
+func.func @heads_cpu(%q: tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32> attributes {tgraph.partitioned} {
+  %o:2 = tgraph.attention %q, %q, %q {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+  return %o#0 : tensor<2x64x4x16xf32>
+}
+}

@@ -905,3 +905,53 @@ module attributes {tessera.target = "cpu"} {
     return %0 : tensor<64x32xf32>
   }
 }
+
+// -----
+
+// Attention along dimension 1 of [B, S, H, D] buffers (CPU): one kernel
+// instance per (batch, head, 64 query rows); every tile takes the rows of its
+// head where they lie (`dims`), loads and stores alike, lse included.
+// CHECK-LABEL: func.func @heads
+// CHECK: ttile.kernel @att
+// CHECK-SAME: grid = array<i64: 8>
+// CHECK: %[[B:[0-9]+]] = arith.divui %{{.*}}, %c4
+// CHECK: %[[H:[0-9]+]] = arith.remui %{{.*}}, %c4
+// CHECK: %[[ROW:[0-9]+]] = arith.muli
+// CHECK: ttile.load %arg0[%[[B]], %[[ROW]], %[[H]], %{{.*}}] {dims = array<i64: 1, 3>} : memref<2x64x4x16xf32> -> !ttile.tile<64x16xf32>
+// CHECK: scf.for %[[COL:[a-z0-9_]+]] =
+// CHECK: ttile.load %arg1[%[[B]], %[[COL]], %[[H]], %{{.*}}] {dims = array<i64: 1, 3>}
+// CHECK: ttile.load %arg2[%[[B]], %[[COL]], %[[H]], %{{.*}}] {dims = array<i64: 1, 3>}
+// CHECK: ttile.store %{{.*}}, %arg3[%[[B]], %[[ROW]], %[[H]], %{{.*}}] {dims = array<i64: 1, 3>}
+// CHECK: ttile.store %{{.*}}, %arg4[%[[B]], %[[ROW]], %[[H]], %{{.*}}] {dims = array<i64: 1, 3>} : !ttile.tile<64x1xf32>, memref<2x64x4x1xf32>
+module attributes {tessera.target = "cpu"} {
+func.func @heads(%q: memref<2x64x4x16xf32>) -> (memref<2x64x4x16xf32>, memref<2x64x4x1xf32>) {
+  %s = tsched.stream "compute"
+  %o = tsched.alloc : memref<2x64x4x16xf32>
+  %l = tsched.alloc : memref<2x64x4x1xf32>
+  tsched.launch @att on %s ins(%q, %q, %q : memref<2x64x4x16xf32>, memref<2x64x4x16xf32>, memref<2x64x4x16xf32>) outs(%o, %l : memref<2x64x4x16xf32>, memref<2x64x4x1xf32>)
+  return %o, %l : memref<2x64x4x16xf32>, memref<2x64x4x1xf32>
+}
+func.func private @att(%q: tensor<2x64x4x16xf32>, %k: tensor<2x64x4x16xf32>, %v: tensor<2x64x4x16xf32>) -> (tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>) attributes {tsched.kernel} {
+  %o:2 = tgraph.attention %q, %k, %v {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+  return %o#0, %o#1 : tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+}
+}
+
+// -----
+
+// The GPU kernels take [..., S, D] tiles only (tessera-lower-to-schedule
+// transposes such attention for the GPU target first).
+module attributes {tessera.target = "gpu"} {
+func.func @heads_gpu(%q: memref<2x64x4x16xf32>) -> (memref<2x64x4x16xf32>, memref<2x64x4x1xf32>) {
+  %s = tsched.stream "compute"
+  %o = tsched.alloc : memref<2x64x4x16xf32>
+  %l = tsched.alloc : memref<2x64x4x1xf32>
+  tsched.launch @att_gpu on %s ins(%q, %q, %q : memref<2x64x4x16xf32>, memref<2x64x4x16xf32>, memref<2x64x4x16xf32>) outs(%o, %l : memref<2x64x4x16xf32>, memref<2x64x4x1xf32>)
+  return %o, %l : memref<2x64x4x16xf32>, memref<2x64x4x1xf32>
+}
+func.func private @att_gpu(%q: tensor<2x64x4x16xf32>, %k: tensor<2x64x4x16xf32>, %v: tensor<2x64x4x16xf32>) -> (tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>) attributes {tsched.kernel} {
+  // expected-error @below {{tessera-lower-to-tile: GPU attention kernels read [..., S, D] operands; tessera-lower-to-schedule moves seq_dim there first}}
+  %o:2 = tgraph.attention %q, %k, %v {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+  return %o#0, %o#1 : tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+}
+}

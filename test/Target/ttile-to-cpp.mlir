@@ -179,3 +179,26 @@ ttile.kernel @from_row(%n: memref<2xi32>, %x: memref<8x8xf32>, %y: memref<1x8xf3
   ttile.store %t, %y[%c0, %c0] : !ttile.tile<1x8xf32>, memref<1x8xf32>
   ttile.return
 }
+
+// -----
+
+// A tile along `dims` (one head's rows of a [batch, seq, head, d] buffer) is
+// copied row by row with the buffer's strides: rows 4 x 32 = 128 elements
+// apart, never a view or computed in place (its rows are not contiguous).
+// CHECK-LABEL: extern "C" void head_rows__range(
+// CHECK: const int64_t [[LB:p[0-9]+]]_base = {{c[0-9]+}} * 8192 + {{c[0-9]+}} * 128 + {{i[0-9]+}} * 32 + {{c[0-9]+}} * 1;
+// CHECK: for (int64_t [[R:i[0-9]+]] = 0; [[R]] < 16; ++[[R]]) {
+// CHECK: for (int64_t [[C:i[0-9]+]] = 0; [[C]] < 32; ++[[C]]) {
+// CHECK-NEXT: {{t[0-9]+}}[[[LB]]++] = arg0[[[LB]]_base + [[R]] * 128 + [[C]] * 1];
+// CHECK: arg1[{{p[0-9]+}}_base + {{i[0-9]+}} * 128 + {{i[0-9]+}} * 1] = {{t[0-9]+}}[{{p[0-9]+}}++];
+ttile.kernel @head_rows(%a: memref<2x64x4x32xf32>, %b: memref<2x64x4x32xf32>) attributes {grid = array<i64: 8>, block = array<i64: 128>} {
+  %pid = ttile.program_id 0
+  %c4 = arith.constant 4 : index
+  %c0 = arith.constant 0 : index
+  %c16 = arith.constant 16 : index
+  %h = arith.remui %pid, %c4 : index
+  %t = ttile.load %a[%c0, %c16, %h, %c0] {dims = array<i64: 1, 3>} : memref<2x64x4x32xf32> -> !ttile.tile<16x32xf32>
+  %e = ttile.exp %t : !ttile.tile<16x32xf32>
+  ttile.store %e, %b[%c0, %c16, %h, %c0] {dims = array<i64: 1, 3>} : !ttile.tile<16x32xf32>, memref<2x64x4x32xf32>
+  ttile.return
+}

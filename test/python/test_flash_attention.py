@@ -62,6 +62,49 @@ def test_flash_attention_forward_and_backward_fp32_cpu(causal, shape_q, dv):
                                    err_msg=name)
 
 
+def _along(seq_dim, causal):
+    """_step over [B, S, H, D] operands attending along `seq_dim` (1 or -3)."""
+    def step(q, k, v, R):
+        def loss(q, k, v):
+            out = op.attention(q, k, v, causal=causal, seq_dim=seq_dim)
+            return op.sum(op.mul(out, R))
+        return (op.attention(q, k, v, causal=causal, seq_dim=seq_dim),) + \
+            tuple(ts.grad(loss(q, k, v), [q, k, v]))
+    return step
+
+
+def _heads_first(*arrays):
+    return tuple(np.swapaxes(t, 1, 2) for t in arrays)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("seq_dim", [1, -3])
+def test_attention_along_seq_dim_reads_rows_where_they_lie_cpu(causal, seq_dim):
+    """`seq_dim=1` over [B, S, H, D] operands (a projection reshaped per
+    head) equals attention over the [B, H, S, D] transposes, forward and
+    backward, and compiles to no transpose at all: the kernels' tiles take
+    every H-th row (`ttile.load {dims}`). S=96 blocks unevenly (48-row
+    blocks, two per sequence)."""
+    rng = np.random.default_rng()
+    q, k, v, R = _inputs((2, 96, 3, 16), 16, np.float32, rng)
+    compiled = ts.jit(_along(seq_dim, causal))
+    got = compiled(q, k, v, R)
+    want = reference(*_heads_first(q, k, v, R), causal, 1 / np.sqrt(16))
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.swapaxes(w, 1, 2),
+                                   rtol=2e-4, atol=2e-5, err_msg=name)
+    levels = compiled.lower(q, k, v, R)
+    assert "transpose" not in levels.schedule
+    assert "dims = array<i64: 1, 3>" in levels.tile
+
+
+def test_attention_seq_dim_must_come_before_the_head_width():
+    x = np.zeros((2, 8, 3, 4), np.float32)
+    for bad in (3, -1, 4, -5):
+        with pytest.raises(ts.errors.ShapeError, match=rf"seq_dim={bad} is not a dimension"):
+            ts.jit(lambda q: op.attention(q, q, q, seq_dim=bad))(x)
+
+
 def test_flash_attention_bf16_under_autocast_cpu():
     """bf16 operands (tensor-core precision): f32 softmax and accumulation,
     probabilities rounded to bf16 before they multiply V."""
@@ -154,6 +197,24 @@ def test_flash_attention_cuda_kernels_emulated(dtype, d, causal, seq, arch, monk
                              reference(*ops, R, causal, 1 / np.sqrt(d))):
         err = np.abs(np.asarray(g, np.float64) - want).max() / np.abs(want).max()
         assert err < tol, (name, err)
+
+
+def test_attention_along_seq_dim_on_the_gpu_target_emulated(monkeypatch):
+    """The GPU kernels read [..., S, D] tiles: on the GPU target
+    tessera-lower-to-schedule transposes a `seq_dim=1` attention's operands
+    there and its results back, and the CUDA (run by the emulator) gives
+    the CPU's answer."""
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
+    rng = np.random.default_rng()
+    q, k, v, R = _inputs((1, 64, 2, 16), 16, np.float32, rng)
+    compiled = ts.jit(_along(1, True), target="gpu")
+    got = compiled(q, k, v, R)
+    assert "transpose" in compiled.lower(q, k, v, R).schedule
+    want = reference(*_heads_first(q, k, v, R), True, 1 / np.sqrt(16))
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        err = np.abs(np.asarray(g, np.float64) - np.swapaxes(w, 1, 2)).max() / np.abs(w).max()
+        assert err < 2e-4, (name, err)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_90"])

@@ -53,11 +53,12 @@ def test_remat_keeps_every_gradient_bit_on_the_example_gpt(precision, policies):
             assert np.array_equal(a, b), f"{policy}: {name} differs from the run without remat"
         peaks[policy] = fn.memory_report().peak
         if policy == "selective":
-            # It copies attention, and only attention (little memory at this size).
+            # It copies attention, and only attention. (It saves nothing here:
+            # attention's [B, S, H, Dh] output is wo's operand, kept anyway,
+            # and the copy's output is a second one while the backward runs.)
             copies = [line.split("=")[1].split()[0] for line in
                       fn.lower(*args).autodiff.splitlines() if "tgraph.recompute" in line]
             assert copies and set(copies) == {"tgraph.attention"}, copies
-            assert peaks["selective"] <= peaks["none"], peaks
     # Keeping less costs less memory: full < dots_saveable < none.
     assert peaks["full"] < peaks["dots_saveable"] < peaks["none"], peaks
 

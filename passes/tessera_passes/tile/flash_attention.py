@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from tessera_mlir import ir
 from tessera_mlir.dialects import arith, scf, tgraph, ttile
 
+from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import PassError
 from tessera_compiler.ir.tile_builder import (THREADS_PER_BLOCK, grid_offsets, i64, index,
@@ -96,23 +97,37 @@ def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool,
 
 class _Builder:
     """Tile IR for one attention kernel; `self.elt` is the operands' element
-    type, the softmax and accumulators are f32 (f64 for f64 operands)."""
+    type, the softmax and accumulators are f32 (f64 for f64 operands).
+    Every operand's rows run along buffer dimension `seq_dim` of `rank`."""
 
-    def __init__(self, cfg: AttentionConfig, elt: ir.Type, scale: float, causal: bool):
+    def __init__(self, cfg: AttentionConfig, elt: ir.Type, scale: float, causal: bool,
+                 seq_dim: int, rank: int):
         self.cfg, self.elt, self.scale, self.causal = cfg, elt, scale, causal
+        self.seq_dim, self.rank = seq_dim, rank
         self.acc = elt if isinstance(elt, ir.F64Type) else ir.F32Type.get()
         self.half = elt != self.acc
+
+    def at(self, lead, row: ir.Value) -> tuple[list[ir.Value], ir.Attribute | None]:
+        """(offsets, dims) of the tile at batch offsets `lead` and sequence
+        row `row`: the row goes in at `seq_dim`; a sequence dimension other
+        than the second to last is read where it lies (`dims`)."""
+        offsets = lead[:self.seq_dim] + [row] + lead[self.seq_dim:] + [index(0)]
+        trailing = self.seq_dim == self.rank - 2
+        return offsets, None if trailing else ir.DenseI64ArrayAttr.get([self.seq_dim,
+                                                                        self.rank - 1])
 
     def fill(self, shape, value: float, element=None) -> ir.Value:
         return ttile.FillOp(tile_type(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
 
     def load(self, buf: ir.Value, lead, row: ir.Value, shape, element=None) -> ir.Value:
-        return ttile.LoadOp(tile_type(shape, element or self.elt), buf, lead + [row, index(0)]).result
+        offsets, dims = self.at(lead, row)
+        return ttile.LoadOp(tile_type(shape, element or self.elt), buf, offsets, dims=dims).result
 
     def stream(self, buf: ir.Value, lead, row: ir.Value, shape) -> ir.Value:
         """A tile the loop loads each step (the B operand of its dots)."""
-        return ttile.LoadOp(tile_type(shape, self.elt), buf, lead + [row, index(0)],
-                            tma=self.cfg.tma or None).result
+        offsets, dims = self.at(lead, row)
+        return ttile.LoadOp(tile_type(shape, self.elt), buf, offsets,
+                            tma=self.cfg.tma or None, dims=dims).result
 
     def dot(self, a: ir.Value, b: ir.Value, acc: ir.Value | None = None) -> ir.Value:
         (m, _), (_, n) = self.shape(a), self.shape(b)
@@ -184,7 +199,8 @@ class _Builder:
         target = ir.MemRefType(buf.type).element_type
         if str(target) != element:
             v = ttile.CastOp(tile_type(shape, target), v).result
-        ttile.StoreOp(v, buf, lead + [row, index(0)])
+        offsets, dims = self.at(lead, row)
+        ttile.StoreOp(v, buf, offsets, dims=dims)
 
 
 def _causal_end(start: ir.Value, rows: int, step: int) -> ir.Value:
@@ -202,8 +218,12 @@ def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, mo
 
 def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
     q, _, v = list(op.operands)[:3]
-    *lead, seq, d = shape_of(q)
-    dv = shape_of(v)[-1]
+    shape, seq_dim = shape_of(q), gb.seq_dim_of(op)
+    seq, d, dv = shape[seq_dim], shape[-1], shape_of(v)[-1]
+    lead = shape[:seq_dim] + shape[seq_dim + 1:-1]           # batch dimensions
+    if seq_dim != len(shape) - 2 and not cpu:
+        raise PassError("tessera-lower-to-tile: GPU attention kernels read [..., S, D] operands; "
+                        "tessera-lower-to-schedule moves seq_dim there first", op.location)
     cfg = attention_config(seq, max(d, dv), cpu, forward, options)
     elt = ir.ShapedType(q.type).element_type
     if str(elt) not in ("f64", "f32", "bf16", "f16"):
@@ -219,7 +239,8 @@ def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
                       pingpong=options.pingpong and cfg.warps == 8)
         if forward and options.issue_ahead and cfg.tma and not cfg.pingpong:
             cfg = replace(cfg, issue_ahead=True, stages=3)
-    b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes)
+    b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes,
+                 seq_dim, len(shape))
     return lead, seq, d, dv, cfg, b
 
 
@@ -297,7 +318,7 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
     # where ptxas 13.0 fits its cp.async loop in 255 registers but spills
     # 80 bytes from the TMA one: there it keeps cp.async.
     kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm, tma=cfg.tma and max(d, dv) <= 64)
-    kb = _Builder(kv_cfg, b.elt, b.scale, b.causal)
+    kb = _Builder(kv_cfg, b.elt, b.scale, b.causal, b.seq_dim, b.rank)
     bm, bn = kv_cfg.bm, kv_cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in = ins
     dq_out, dk_out, dv_out = outs

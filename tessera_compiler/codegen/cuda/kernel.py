@@ -16,7 +16,7 @@ from tessera_mlir import ir
 
 from ...ir import gpu_schedule as gs
 from ...ir.options import DEFAULT, TargetOptions
-from ...ir.support import kernels_of, marked_args
+from ...ir.support import kernels_of, marked_args, nested_ops
 from ..tile_emitter import EmitError, KernelEmitter, Tile
 from .gemm import GemmMainLoops
 from .mma import TensorCoreDots
@@ -106,6 +106,11 @@ class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, G
                             "tessera-gpu-place and tessera-gpu-alloc-shared first "
                             "(tessera-translate --ttile-to-cuda does)", kernel.location)
         self.shared_bytes = gs.integer(kernel, gs.SMEM_BYTES)
+        strided = next((o for o in nested_ops(kernel)
+                        if o.name in ("ttile.load", "ttile.store") and "dims" in o.attributes), None)
+        if strided is not None:
+            raise EmitError(f"'{strided.name}' with 'dims' in kernel @{name}: the CUDA emitter "
+                            "takes tiles of a buffer's trailing dimensions", strided.location)
         start = len(self.lines)
         for d in range(len(grid)):
             self.line(f"const int64_t pid{d} = blockIdx.{'xyz'[d]};")

@@ -608,6 +608,22 @@ func.func @f(%q: tensor<64x16xf32>, %d: tensor<64x8xf32>, %s: tensor<64x1xf32>) 
 
 // -----
 
+func.func @f(%q: tensor<2x64x16xf32>) -> tensor<2x64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'seq_dim' must be a dimension of 'q' 'tensor<2x64x16xf32>' before its last, got 2}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 1.0 : f64, seq_dim = 2 : i64} : tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32> -> tensor<2x64x16xf32>, tensor<2x64x1xf32>
+  return %o#0 : tensor<2x64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<2x64x16xf32>) -> tensor<2x64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'seq_dim' must be a dimension of 'q' 'tensor<2x64x16xf32>' before its last, got -1}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 1.0 : f64, seq_dim = -1 : i64} : tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32> -> tensor<2x64x16xf32>, tensor<2x64x1xf32>
+  return %o#0 : tensor<2x64x16xf32>
+}
+
+// -----
+
 func.func @unknown_transport(%a: tensor<4x4xf32>) -> tensor<4x4xf32> {
   // expected-error @+2 {{expected ::tessera::tgraph::Transport to be one of: auto, nccl, nvshmem}}
   // expected-error @+1 {{failed to parse TGraph_TransportAttr parameter 'value'}}

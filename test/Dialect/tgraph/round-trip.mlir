@@ -167,6 +167,16 @@ func.func @attention(%q: tensor<2x64x16xbf16>, %k: tensor<2x64x16xbf16>, %v: ten
   return %g#0 : tensor<2x64x16xbf16>
 }
 
+// Attention along dimension 1 of [B, S, H, D] operands.
+// CHECK-LABEL: func.func @attention_seq_dim
+// CHECK: tgraph.attention %{{.*}}, %{{.*}}, %{{.*}} {scale = 2.500000e-01 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+// CHECK: tgraph.attention_grad {{.*}} {causal, scale = 2.500000e-01 : f64, seq_dim = 1 : i64}
+func.func @attention_seq_dim(%q: tensor<2x64x4x16xf32>, %d: tensor<2x64x4x1xf32>) -> tensor<2x64x4x16xf32> {
+  %o:2 = tgraph.attention %q, %q, %q {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>
+  %g:3 = tgraph.attention_grad %q, %q, %q, %o#0, %o#1, %d {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x1xf32>, tensor<2x64x4x1xf32> -> tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>
+  return %g#0 : tensor<2x64x4x16xf32>
+}
+
 // CHECK-LABEL: func.func @spmd_call
 // CHECK: tgraph.spmd @spmd_body(%{{.*}}) in [#tgraph.sharding<@mesh, {{\[}}["tp"], []]>] out [#tgraph.sharding<@mesh, {{\[}}[], []], partial = ["tp"]>] : (tensor<8x4xf32>) -> tensor<2x4xf32>
 // CHECK: func.func private @spmd_body({{.*}}) -> tensor<2x4xf32> attributes {tgraph.local}

@@ -213,6 +213,43 @@ ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = 
 
 // -----
 
+ttile.kernel @k(%a: memref<2x8x4x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'dims' must name 2 dimensions (one per tile dimension), got 3}}
+  %t = ttile.load %a[%c0, %c0, %c0, %c0] {dims = array<i64: 0, 1, 3>} : memref<2x8x4x16xf32> -> !ttile.tile<4x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<2x8x4x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'dims' must be increasing dimensions of 'source' 'memref<2x8x4x16xf32>'}}
+  %t = ttile.load %a[%c0, %c0, %c0, %c0] {dims = array<i64: 3, 1>} : memref<2x8x4x16xf32> -> !ttile.tile<4x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<2x8x4x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %t = ttile.fill 0.0 : !ttile.tile<3x16xf32>
+  // expected-error @below {{'ttile.store' op tile '!ttile.tile<3x16xf32>' does not evenly divide 'dest' 'memref<2x8x4x16xf32>'}}
+  ttile.store %t, %a[%c0, %c0, %c0, %c0] {dims = array<i64: 1, 3>} : !ttile.tile<3x16xf32>, memref<2x8x4x16xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%a: memref<2x64x4x64xbf16>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.load' op 'tma' loads trailing tiles (no 'dims')}}
+  %t = ttile.load %a[%c0, %c0, %c0, %c0] {dims = array<i64: 1, 3>, tma} : memref<2x64x4x64xbf16> -> !ttile.tile<64x64xbf16>
+  ttile.return
+}
+
+// -----
+
 ttile.kernel @k(%a: memref<8x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
   %c0 = arith.constant 0 : index
   // expected-error @below {{'ttile.load' op tile '!ttile.tile<3x16xf32>' does not evenly divide 'source' 'memref<8x16xf32>'}}
@@ -472,7 +509,7 @@ ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = a
 
 ttile.kernel @k(%x: memref<f32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index
-  // expected-error @below {{'ttile.load' op a 0-d 'source' 'memref<f32>' is accessed with no offsets as a one-element 1-D tile of its element type}}
+  // expected-error @below {{'ttile.load' op a 0-d 'source' 'memref<f32>' is accessed with no offsets or dims as a one-element 1-D tile of its element type}}
   %t = ttile.load %x[%c0] : memref<f32> -> !ttile.tile<1xf32>
   ttile.return
 }

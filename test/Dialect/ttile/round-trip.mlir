@@ -281,3 +281,15 @@ ttile.kernel @scheduled(%a: memref<64x64xbf16>, %r: memref<64x1xf32>)
   ttile.store %s, %r[%c0, %c0] : !ttile.tile<64x1xf32>, memref<64x1xf32>
   ttile.return
 }
+
+// A tile of one head's rows of a [batch, seq, head, d] buffer (`dims`).
+// CHECK-LABEL: ttile.kernel @head_rows
+// CHECK: %[[T:.*]] = ttile.load %{{.*}}[%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] {dims = array<i64: 1, 3>} : memref<2x64x4x32xf32> -> !ttile.tile<16x32xf32>
+// CHECK: ttile.store %[[T]], %{{.*}}[%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] {dims = array<i64: 1, 3>} : !ttile.tile<16x32xf32>, memref<2x64x4x32xf32>
+ttile.kernel @head_rows(%a: memref<2x64x4x32xf32>, %b: memref<2x64x4x32xf32>) attributes {grid = array<i64: 1>, block = array<i64: 1>} {
+  %c0 = arith.constant 0 : index
+  %c16 = arith.constant 16 : index
+  %t = ttile.load %a[%c0, %c16, %c0, %c0] {dims = array<i64: 1, 3>} : memref<2x64x4x32xf32> -> !ttile.tile<16x32xf32>
+  ttile.store %t, %b[%c0, %c16, %c0, %c0] {dims = array<i64: 1, 3>} : !ttile.tile<16x32xf32>, memref<2x64x4x32xf32>
+  ttile.return
+}

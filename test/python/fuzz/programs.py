@@ -5,7 +5,7 @@ reference.
 A program is straight-line code over the op set (elementwise and
 broadcasting, reductions with `dim=`/`axis=`/keepdim, reshape, transpose,
 slicing, concat, split, matmul of ranks 1-4, softmax, layernorm,
-cross-entropy, casts to and from bf16, an input's round trip through FP8
+attention along any sequence dimension, cross-entropy, casts to and from bf16, an input's round trip through FP8
 e4m3, mixtures of experts) with small shapes, zero-size
 dimensions included. Tessera runs exactly the text `Program.source()`
 prints (it is exec'd from a file of its own), so a failure's repro is that
@@ -510,6 +510,30 @@ def _normalize(b: _Builder):
            math.sqrt(max(last, 1)) * 3 * 3 + 3)
 
 
+def attention_reference(q, k, v, seq_dim: int, causal: bool) -> np.ndarray:
+    """softmax(q k^T / sqrt(D) [causal]) v with the sequence along `seq_dim`."""
+    q, k, v = (np.moveaxis(np.asarray(t, np.float64), seq_dim, -2) for t in (q, k, v))
+    s = np.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        n = s.shape[-1]
+        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.moveaxis(p / p.sum(-1, keepdims=True) @ v, -2, seq_dim)
+
+
+def _attention(b: _Builder):
+    q = b.pick(lambda v: v.dtype == "f32" and len(v.shape) >= 2 and 0 not in v.shape)
+    rank = len(q.shape)
+    seq_dim = b.draw(st.integers(0, rank - 2))
+    spelled = seq_dim - rank if b.draw(st.booleans()) else seq_dim      # -2, -3, ... too
+    causal = b.draw(st.booleans())
+    k = b.new_input(q.shape)
+    v = b.new_input(q.shape[:-1] + (b.draw(st.integers(1, 4)),))
+    b.step(f"op.attention({q.name}, {k.name}, {v.name}, causal={causal}, seq_dim={spelled})",
+           lambda env, n=(q.name, k.name, v.name): attention_reference(
+               *(env[x] for x in n), seq_dim, causal), v.shape, "f32", v.bound)
+
+
 def _cross_entropy(b: _Builder):
     b.need(b.allow_int)
     x = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[1] >= 1)
@@ -647,7 +671,8 @@ def _moe(b: _Builder):
 
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
-         _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round]
+         _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round,
+         _attention]
 
 
 @st.composite

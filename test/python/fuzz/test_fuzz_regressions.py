@@ -49,6 +49,31 @@ def test_zero_row_matmul_gradient_is_zero():
     np.testing.assert_array_equal(dw, np.zeros((2, 3)))
 
 
+def test_embedding_gradient_of_no_ids_is_zero():
+    """The backward of an embedding of no ids scatters no rows: the table's
+    gradient is zeros. (The scatter moved ahead of the fused kernel before
+    it, leaving its zero-size input's allocation behind: "operand does not
+    dominate this use".)"""
+    table = _rng().standard_normal((3, 2)).astype(np.float32)
+    ids, w = np.zeros((2, 0), np.int32), np.ones((2, 0, 2), np.float32)
+    grad = ts.jit(lambda t, i, w: ts.grad(op.sum(op.mul(op.embedding(i, t), w)), [t]))(
+        table, ids, w)
+    np.testing.assert_array_equal(grad[0], np.zeros((3, 2)))
+
+
+def test_moe_gradient_of_no_tokens_compiles():
+    """The same with the two dispatches of an MoE layer over no tokens: both
+    read the zero-size expert choice, whose alloc came after the first."""
+    rng = _rng()
+    x = np.zeros((1, 2, 0, 1), np.float32)
+    ex = {n: rng.standard_normal(s).astype(np.float32)
+          for n, s in (("router", (1, 1)), ("w1", (1, 1, 1)), ("w2", (1, 1, 1)))}
+    grad = ts.jit(lambda x, r, w1, w2: ts.grad(op.sum(op.moe(
+        op.neg(x), experts={"router": r, "w1": w1, "w2": w2}, k=1)), [x]))(
+        x, ex["router"], ex["w1"], ex["w2"])
+    assert np.asarray(grad[0]).shape == (1, 2, 0, 1)
+
+
 def test_zero_size_dimensions_on_the_gpu_target(built_cleanly, monkeypatch):
     """The GPU target's kernels for the same programs: no zero-size grid
     (Tile IR verifies), the CUDA builds, and on the emulated GPU the results

@@ -610,6 +610,12 @@ def TGraph_AttentionOp : TGraph_Op<"attention", [Pure]> {
     storing them. Lowered to flash-attention Tile IR kernels (online softmax
     over key blocks).
 
+    `seq_dim` names the dimension that runs along the sequence (default: the
+    second to last, `S` above); the other leading dimensions are batch
+    dimensions. `q[B, S, H, D]` with `seq_dim = 1` is attention per head
+    read straight from a `[B, S, H, D]` projection, with no transposes to
+    and from `[B, H, S, D]`; `lse` is then `[B, S, H, 1]`.
+
     ```mlir
     %o, %lse = tgraph.attention %q, %k, %v {causal, scale = 0.125 : f64}
         : tensor<2x4x128x64xbf16>, tensor<2x4x128x64xbf16>, tensor<2x4x128x64xbf16>
@@ -617,7 +623,7 @@ def TGraph_AttentionOp : TGraph_Op<"attention", [Pure]> {
     ```
   }];
   let arguments = (ins AnyRankedTensor:$q, AnyRankedTensor:$k, AnyRankedTensor:$v,
-                       UnitAttr:$causal, F64Attr:$scale);
+                       UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim);
   let results = (outs AnyRankedTensor:$out, AnyRankedTensor:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v attr-dict `:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)
@@ -633,6 +639,7 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure]> {
     (both f32, or f64 for f64 operands), returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`. The
     probabilities are recomputed block by block from `lse`; each gradient
     is accumulated by one kernel instance (no atomics: deterministic).
+    `seq_dim` is the forward op's.
 
     ```mlir
     %dq, %dk, %dv = tgraph.attention_grad %q, %k, %v, %do, %lse, %delta {causal, scale = 0.125 : f64}
@@ -643,7 +650,7 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure]> {
   }];
   let arguments = (ins AnyRankedTensor:$q, AnyRankedTensor:$k, AnyRankedTensor:$v,
                        AnyRankedTensor:$dout, AnyRankedTensor:$lse, AnyRankedTensor:$delta,
-                       UnitAttr:$causal, F64Attr:$scale);
+                       UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim);
   let results = (outs AnyRankedTensor:$dq, AnyRankedTensor:$dk, AnyRankedTensor:$dv);
   let assemblyFormat = [{
     $q `,` $k `,` $v `,` $dout `,` $lse `,` $delta attr-dict `:` type($q) `,` type($k) `,`

@@ -259,6 +259,13 @@ def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
     matrix of a batch: `memref<4x64x32xf32>` at `[%b, %i, %k]` as a
     `!ttile.tile<16x32xf32>`).
 
+    `dims` names the buffer dimensions the tile's dimensions run along
+    instead (increasing; size 1 in the others): rows of one head of a
+    `memref<2x64x4x32xf32>` laid out `[batch, seq, head, d]` at
+    `[%b, %i, %h, %c0] {dims = array<i64: 1, 3>}`. The CPU emitter reads
+    such tiles with the buffer's strides; the GPU emitters take trailing
+    tiles only.
+
     `tma` loads the tile with Hopper's tensor memory accelerator
     (`cp.async.bulk.tensor`, sm_90): one thread issues the copy through a
     tensor map the runtime builds on the host for the kernel argument
@@ -272,7 +279,7 @@ def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
     ```
   }];
   let arguments = (ins AnyStaticShapeMemRef:$source, Variadic<Index>:$offsets,
-                       UnitAttr:$tma);
+                       UnitAttr:$tma, OptionalAttr<DenseI64ArrayAttr>:$dims);
   let results = (outs TTile_TileType:$result);
   let assemblyFormat = [{
     $source `[` $offsets `]` attr-dict `:` qualified(type($source)) `->` qualified(type($result))
@@ -282,8 +289,12 @@ def TTile_LoadOp : TTile_Op<"load", [MemoryEffects<[MemRead]>]> {
 
 def TTile_StoreOp : TTile_Op<"store", [MemoryEffects<[MemWrite]>]> {
   let summary = "store a tile into a buffer at element offsets";
+  let description = [{
+    The tile lands where `ttile.load` with the same offsets and `dims`
+    would read it.
+  }];
   let arguments = (ins TTile_TileType:$value, AnyStaticShapeMemRef:$dest,
-                       Variadic<Index>:$offsets);
+                       Variadic<Index>:$offsets, OptionalAttr<DenseI64ArrayAttr>:$dims);
   let assemblyFormat = [{
     $value `,` $dest `[` $offsets `]` attr-dict `:` qualified(type($value)) `,` qualified(type($dest))
   }];
