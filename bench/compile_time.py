@@ -8,6 +8,9 @@ operating system's file cache:
     backward, clipping, AdamW) with an empty cache directory — trace,
     lower through every IR level, compile the C++ kernels, load, run once.
     The passes' and g++'s shares come from the same call.
+    The runtime part of every CPU kernel library (the OpenMP team, the
+    GEMM, the row copies: the same C++ in every library) is not in it:
+    tools/bootstrap.sh compiles it when Tessera is installed.
   * Tessera warm: the same first call in a second process over the cache
     the cold one filled (the bundle is found by its content: no lowering,
     no compiling) — what a user's second run of a script pays.

@@ -38,4 +38,9 @@ if [ "$status" -ne 0 ] || ! python -c "import tessera, tessera_mlir, tessera_run
   echo "[bootstrap] install failed; full log: .venv/install.log" >&2
   exit 1
 fi
+# The CPU kernels' runtime part (OpenMP team, GEMM, row copies) is the same
+# in every kernel library: compiled here once, not in each first call; for
+# the installed package and for the checkout (what runs from this directory).
+prebuild='from tessera_compiler.codegen.build import prebuild_cpu_runtime as p; p()'
+(cd / && python -c "$prebuild") && python -c "$prebuild"
 echo "[bootstrap] done: .venv/bin/tessera, .venv/bin/tessera-opt, .venv/bin/tessera-translate"

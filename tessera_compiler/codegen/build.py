@@ -113,11 +113,15 @@ def _cached_build(source: str, suffix: str, tool: str, flags: list[str], out_ext
 KERNEL_HEADER = "// ttile.kernel @"
 #: Ends the part of a CPU source's preamble that every translation unit
 #: includes; what follows it up to the first kernel (functions with external
-#: linkage, defined once per library) goes into the first unit only.
+#: linkage, defined once per library: the OpenMP team, the GEMM, the row
+#: copies) is the same in every library: its object is built once.
 PREAMBLE_END = "// -- end of the shared preamble\n"
 #: Below this much kernel code one compile is quicker than several (each
-#: translation unit re-parses <cmath> and the preamble: ~0.2 s).
+#: translation unit re-parses <cmath> and the preamble: ~0.15 s).
 SPLIT_MIN_CHARS = 40_000
+#: Where `prebuild_cpu_runtime` (tools/bootstrap.sh, at install) puts the
+#: object of a CPU library's runtime part; the kernel cache is the fallback.
+PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 
 
 def build_jobs() -> int:
@@ -129,18 +133,24 @@ def build_jobs() -> int:
         raise KernelBuildError(str(err)) from None
 
 
-def _translation_units(source: str, parts: int) -> list[str]:
-    """`source` as up to `parts` sources of about equal size, each the
-    preamble and a share of the kernels (largest first onto the lightest)."""
+def _parts(source: str) -> tuple[str, str, list[str]] | None:
+    """(shared preamble, runtime part, kernels) of an emitted CPU source, or
+    None for a source not split that way."""
     mark = "\n" + KERNEL_HEADER
     head, found, rest = source.partition(mark)
-    if not found:
-        return [source]
-    shared, _, once = head.partition(PREAMBLE_END)
-    kernels = [mark + k for k in rest.split(mark)]
-    units: list[list[str]] = [[once] if i == 0 else []
-                              for i in range(min(parts, len(kernels)))]
-    sizes = [len(once)] + [0] * (len(units) - 1)
+    shared, end, runtime = head.partition(PREAMBLE_END)
+    if not found or not end:
+        return None
+    return shared, shared + end + runtime, [mark + k for k in rest.split(mark)]
+
+
+def _translation_units(source: str, parts: int) -> list[str]:
+    """The kernels of `source` as up to `parts` sources of about equal size,
+    each the shared preamble and a share of the kernels (largest first onto
+    the lightest); the runtime part is compiled on its own (`_runtime_object`)."""
+    shared, _, kernels = _parts(source)
+    units: list[list[str]] = [[] for _ in range(min(parts, len(kernels)))]
+    sizes = [0] * len(units)
     for k in sorted(kernels, key=len, reverse=True):
         i = sizes.index(min(sizes))
         units[i].append(k)
@@ -148,34 +158,66 @@ def _translation_units(source: str, parts: int) -> list[str]:
     return [shared + "".join(u) for u in units]
 
 
+def _object_flags() -> list[str]:
+    return [f for f in CXX_FLAGS if f != "-shared"] + ["-c"]
+
+
+def _runtime_object(runtime: str, cxx: str) -> Path:
+    """The object of a library's runtime part (the same text in every
+    library, 0.16 s of g++): prebuilt at install, else built into the cache
+    once."""
+    flags = _object_flags()
+    name = f"{_key(runtime, cxx, _version(cxx), *flags)}.o"
+    if (PREBUILT_DIR / name).exists():
+        return PREBUILT_DIR / name
+    return _compile_objects([runtime], cxx, flags)[0]
+
+
+def prebuild_cpu_runtime() -> Path:
+    """Builds the runtime part of every emitted CPU source into PREBUILT_DIR
+    (tools/bootstrap.sh does, at install), so that no first compile pays
+    for it."""
+    from .tile_emitter import cpu_runtime_source       # (it imports this module)
+    cxx, flags = host_compiler(), _object_flags()
+    PREBUILT_DIR.mkdir(exist_ok=True)
+    return _compile_objects([_parts(cpu_runtime_source() + "\n" + KERNEL_HEADER)[1]], cxx, flags,
+                            directory=PREBUILT_DIR)[0]
+
+
 def build_cpu_library(source: str) -> Path:
     """Compiles C++ kernels into a shared library; returns its cached path.
 
-    A large source is compiled as several translation units at once (one
-    per core, TESSERA_BUILD_JOBS), each cached by its content, then linked:
+    The kernels are compiled as several translation units at once when the
+    source is large (one per core, TESSERA_BUILD_JOBS), each cached by its
+    content, and linked with the runtime part's object (`_runtime_object`):
     the example GPT's training step (96 kernels, 343 KB of C++) took 10.5 s
-    of g++ in one unit and 6.5 s in two on the 2-core CI machine."""
+    of g++ in one unit and 6.5 s in two on the 2-core CI machine. A source
+    not split into preamble, runtime and kernels is built as it is."""
     cxx, jobs = host_compiler(), build_jobs()
-    units = _translation_units(source, jobs) if jobs > 1 and len(source) >= SPLIT_MIN_CHARS \
-        else [source]
-    if len(units) < 2:
+    parts = _parts(source)
+    if parts is None:
         return _cached_build(source, ".cpp", cxx, CXX_FLAGS, ".so")
-    objects = _compile_objects(units, cxx, [f for f in CXX_FLAGS if f != "-shared"] + ["-c"])
+    units = _translation_units(source, jobs if jobs > 1 and len(source) >= SPLIT_MIN_CHARS
+                               else 1)
+    objects = _compile_objects(units, cxx, _object_flags()) + [_runtime_object(parts[1], cxx)]
     # Linked and cached by the objects' names, which are their contents' hashes.
     return _cached_build(" ".join(o.name for o in objects), "", cxx, ["-shared", "-fopenmp"], ".so",
                          inputs=tuple(objects))
 
 
-def _compile_objects(units: list[str], cxx: str, flags: list[str]) -> list[Path]:
-    """Each source in `units` compiled to an object file, all at once;
-    cached by content (a kernel set that changes in one unit recompiles one)."""
+def _compile_objects(units: list[str], cxx: str, flags: list[str],
+                     directory: Path | None = None) -> list[Path]:
+    """Each source in `units` compiled to an object file in `directory`
+    (the cache), all at once; cached by content (a kernel set that changes
+    in one unit recompiles one)."""
+    directory = directory or cache_dir()
     objects, running = [], []
     for unit in units:
-        target = cache_dir() / f"{_key(unit, cxx, _version(cxx), *flags)}.o"
+        target = directory / f"{_key(unit, cxx, _version(cxx), *flags)}.o"
         objects.append(target)
         if target.exists():
             continue
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
+        tmp = Path(tempfile.mkdtemp(dir=directory))
         (tmp / "kernels.cpp").write_text(unit)
         proc = subprocess.Popen([cxx, *flags, str(tmp / "kernels.cpp"), "-o", str(tmp / "out.o")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -298,3 +340,4 @@ def _nvshmem_flags(source: str) -> list[str]:
         raise KernelBuildError("these kernels call NVSHMEM: pip install nvidia-nvshmem-cu13 "
                                "(or set NVSHMEM_HOME to an NVSHMEM installation)")
     return ["-rdc=true", f"-I{home / 'include'}"]
+

@@ -1229,11 +1229,17 @@ extern "C" void tessera_copy_box(const char* src, char* dst, int64_t rank, const
 }
 """
 
+def cpu_runtime_source() -> str:
+    """What every emitted CPU source holds before its kernels: the shared
+    preamble and, after PREAMBLE_END, the runtime part."""
+    return _CPP_PRELUDE + PREAMBLE_END + _TEAM
+
+
 def emit_cpp(module: ir.Module) -> str:
     """C++ for the CPU engine: one `extern "C"` function per ttile.kernel,
     the OpenMP team that runs their grids (tessera_parallel) and the
     engine's GEMM on it (tessera_gemm_f32)."""
-    parts = [_CPP_PRELUDE + PREAMBLE_END + _TEAM]
+    parts = [cpu_runtime_source()]
     for kernel in kernels_of(module):
         parts.append(KernelEmitter().emit_kernel(kernel))
     return "\n".join(parts)

@@ -78,18 +78,19 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
 
 
 def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, monkeypatch):
-    """build_cpu_library splits a source into one translation unit per build
-    job (each the shared preamble and a share of the kernels; what is
-    defined once per library, after PREAMBLE_END, in the first only),
-    compiles them at once, caches each object by content, and links one
-    library exposing every kernel and the engine's GEMM; a change to one
-    kernel recompiles one unit."""
+    """build_cpu_library splits a source's kernels into one translation unit
+    per build job (each the shared preamble and a share of the kernels),
+    compiles them at once, caches each object by content, and links them
+    with the runtime part's object (what follows PREAMBLE_END: the same in
+    every library, built once) into one library exposing every kernel and
+    the engine's GEMM; a change to one kernel recompiles one unit."""
     import ctypes
     import re
     from tessera_compiler.codegen import build
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TESSERA_BUILD_JOBS", "2")
     monkeypatch.setattr(build, "SPLIT_MIN_CHARS", 0)
+    monkeypatch.setattr(build, "PREBUILT_DIR", tmp_path / "prebuilt")    # none prebuilt
     one = _trace("cpu").cpp
     (name,) = re.findall(re.escape(build.KERNEL_HEADER) + r"(\w+)", one)
     kernel = one[one.index(build.KERNEL_HEADER):]
@@ -98,20 +99,33 @@ def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, mon
     units = build._translation_units(src, 2)
     shared, once = src.split(build.KERNEL_HEADER)[0].split(build.PREAMBLE_END)
     assert "tessera_gemm_f32" in once and "tessera_gemm_f32" not in shared
-    assert len(units) == 2 and all(u.startswith(shared) for u in units)
-    assert [once.rstrip() in u for u in units] == [True, False]
+    assert len(units) == 2 and all(u.startswith(shared) and once.strip() not in u for u in units)
     lib = build.build_cpu_library(src)
-    assert len(list(tmp_path.rglob("*.o"))) == 2
+    assert len(list(tmp_path.rglob("*.o"))) == 3                # two units, the runtime part
     loaded = ctypes.CDLL(str(lib))
     for name in names + ["tessera_gemm_f32"]:
         getattr(loaded, name)                       # every kernel is in the library
     # Edit the last kernel only: one of the two units is new.
     changed = src.rstrip() + "\n// changed\n"
     assert build.build_cpu_library(changed) != lib
-    assert len(list(tmp_path.rglob("*.o"))) == 3
+    assert len(list(tmp_path.rglob("*.o"))) == 4
     broken = src + f"\n{build.KERNEL_HEADER}broken\nthis is not C++;\n"
     with pytest.raises(KernelBuildError, match="failed on generated kernels"):
         build.build_cpu_library(broken)
+
+
+def test_the_runtime_part_is_prebuilt_once_for_every_library(tmp_path, monkeypatch):
+    """prebuild_cpu_runtime (tools/bootstrap.sh runs it) compiles the runtime
+    part into PREBUILT_DIR; a library then compiles its kernels only."""
+    import ctypes
+    from tessera_compiler.codegen import build
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "own"))    # (not the shared builds)
+    monkeypatch.setattr(build, "PREBUILT_DIR", tmp_path / "prebuilt")
+    prebuilt = build.prebuild_cpu_runtime()
+    assert prebuilt.parent == tmp_path / "prebuilt"
+    lib = build.build_cpu_library(_trace("cpu").cpp)
+    assert len(list((tmp_path / "own").rglob("*.o"))) == 1          # the kernels' unit only
+    ctypes.CDLL(str(lib)).tessera_parallel                          # linked in
 
 
 def test_build_cache_key_holds_the_compiler_version_and_linked_libraries(tmp_path, monkeypatch):
