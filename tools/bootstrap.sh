@@ -41,6 +41,7 @@ fi
 # The CPU kernels' runtime part (OpenMP team, GEMM, row copies) is the same
 # in every kernel library: compiled here once, not in each first call; for
 # the installed package and for the checkout (what runs from this directory).
-prebuild='from tessera_compiler.codegen.build import prebuild_cpu_runtime as p; p()'
+prebuild='from tessera_compiler.codegen import build, tile_emitter
+build.prebuild_cpu_runtime(tile_emitter.cpu_runtime_source())'
 (cd / && python -c "$prebuild") && python -c "$prebuild"
 echo "[bootstrap] done: .venv/bin/tessera, .venv/bin/tessera-opt, .venv/bin/tessera-translate"

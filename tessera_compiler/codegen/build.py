@@ -173,15 +173,15 @@ def _runtime_object(runtime: str, cxx: str) -> Path:
     return _compile_objects([runtime], cxx, flags)[0]
 
 
-def prebuild_cpu_runtime() -> Path:
-    """Builds the runtime part of every emitted CPU source into PREBUILT_DIR
-    (tools/bootstrap.sh does, at install), so that no first compile pays
-    for it."""
-    from .tile_emitter import cpu_runtime_source       # (it imports this module)
+def prebuild_cpu_runtime(source: str) -> Path:
+    """Builds the runtime part of emitted CPU source `source` (of no kernels:
+    `tile_emitter.cpu_runtime_source()`) into PREBUILT_DIR, so that no first
+    compile pays for it; tools/bootstrap.sh does, at install."""
     cxx, flags = host_compiler(), _object_flags()
     PREBUILT_DIR.mkdir(exist_ok=True)
-    return _compile_objects([_parts(cpu_runtime_source() + "\n" + KERNEL_HEADER)[1]], cxx, flags,
-                            directory=PREBUILT_DIR)[0]
+    # (The header that would open a first kernel ends the runtime part.)
+    runtime = _parts(source + "\n" + KERNEL_HEADER)[1]
+    return _compile_objects([runtime], cxx, flags, directory=PREBUILT_DIR)[0]
 
 
 def build_cpu_library(source: str) -> Path:
@@ -340,4 +340,3 @@ def _nvshmem_flags(source: str) -> list[str]:
         raise KernelBuildError("these kernels call NVSHMEM: pip install nvidia-nvshmem-cu13 "
                                "(or set NVSHMEM_HOME to an NVSHMEM installation)")
     return ["-rdc=true", f"-I{home / 'include'}"]
-

@@ -121,7 +121,8 @@ def test_the_runtime_part_is_prebuilt_once_for_every_library(tmp_path, monkeypat
     from tessera_compiler.codegen import build
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "own"))    # (not the shared builds)
     monkeypatch.setattr(build, "PREBUILT_DIR", tmp_path / "prebuilt")
-    prebuilt = build.prebuild_cpu_runtime()
+    from tessera_compiler.codegen.tile_emitter import cpu_runtime_source
+    prebuilt = build.prebuild_cpu_runtime(cpu_runtime_source())
     assert prebuilt.parent == tmp_path / "prebuilt"
     lib = build.build_cpu_library(_trace("cpu").cpp)
     assert len(list((tmp_path / "own").rglob("*.o"))) == 1          # the kernels' unit only
