@@ -441,6 +441,45 @@ class Recompute:
             self.copies[op] = copy
 
 
+def _pieces(g: ir.Value):
+    """(input, offsets) of a `tgraph.pad` result, else None."""
+    op = g.owner
+    if isinstance(op, ir.Block) or op.name != "tgraph.pad":
+        return None
+    return op.operands[0], _attr_list(op, "offsets")
+
+
+def _joined_pads(a: ir.Value, b: ir.Value) -> ir.Value | None:
+    """a + b where both are pads (of zeros) of boxes that differ along one
+    dimension only and meet there: a pad of their inputs' concatenation, or
+    that concatenation where it fills the shape. The cotangents of slices
+    that split a tensor (qkv into q, k, v) then sum into one concat, not
+    three full-size pads and two adds; each element is its one piece's
+    (x + 0 = x: the same values, and no add kernel)."""
+    pa, pb = _pieces(a), _pieces(b)
+    if pa is None or pb is None or a.type != b.type:
+        return None
+    (xa, oa), (xb, ob) = pa, pb
+    sa, sb = gb.shape_of(xa), gb.shape_of(xb)
+    differ = [d for d in range(len(oa)) if (oa[d], sa[d]) != (ob[d], sb[d])]
+    if len(differ) != 1:
+        return None
+    d = differ[0]
+    if oa[d] + sa[d] == ob[d]:
+        first, second, offsets = xa, xb, oa
+    elif ob[d] + sb[d] == oa[d]:
+        first, second, offsets = xb, xa, ob
+    else:
+        return None
+    parts = []
+    for x in (first, second):            # a concatenation along d joins flat
+        inner = x.owner
+        flat = not isinstance(inner, ir.Block) and inner.name == "tgraph.concat" and \
+            ir.IntegerAttr(inner.attributes["dim"]).value == d
+        parts += list(inner.operands) if flat else [x]
+    return gb.pad(gb.concat(parts, d), offsets, gb.shape_of(a))
+
+
 def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
     """Reverse mode over the ops of `body` on a path from `sources` to the
     seeded values: `seeds` are (value, cotangent) pairs; `rule(op, cts)`
@@ -454,7 +493,10 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
     def accumulate(value, g):
         if adjust is not None:
             g = adjust(value, g)
-        cotangent[value] = gb.binary("add", cotangent[value], g) if value in cotangent else g
+        if value in cotangent:
+            joined = _joined_pads(cotangent[value], g)
+            g = gb.binary("add", cotangent[value], g) if joined is None else joined
+        cotangent[value] = g
 
     for value, g in seeds:
         accumulate(value, g)

@@ -306,3 +306,42 @@ func.func private @residual_body(%x: tensor<2x3xf32>) -> tensor<f32> attributes 
   %s = tgraph.reshape %r : tensor<1x1xf32> to tensor<f32>
   return %s : tensor<f32>
 }
+
+// -----
+
+// Slices that split a tensor (q, k and v out of one projection): their
+// cotangents, zero-padded pieces of disjoint boxes that meet along one
+// dimension, sum as one concat (the pads and partial concat left dead for
+// canonicalize), not as full-size pads and adds.
+// CHECK-LABEL: func.func @split3
+// CHECK-NOT: tgraph.add
+// CHECK: %[[G:.*]] = tgraph.concat %[[GA:.*]], %[[GB:.*]], %[[GC:.*]] dim 1 : tensor<2x2xf32>, tensor<2x2xf32>, tensor<2x2xf32> -> tensor<2x6xf32>
+// CHECK-NEXT: return %[[G]]
+func.func @split3(%x: tensor<2x6xf32>) -> tensor<2x6xf32> {
+  %a = tgraph.slice %x offsets [0, 0] : tensor<2x6xf32> -> tensor<2x2xf32>
+  %b = tgraph.slice %x offsets [0, 2] : tensor<2x6xf32> -> tensor<2x2xf32>
+  %c = tgraph.slice %x offsets [0, 4] : tensor<2x6xf32> -> tensor<2x2xf32>
+  %ab = tgraph.mul %a, %b : tensor<2x2xf32>
+  %abc = tgraph.mul %ab, %c : tensor<2x2xf32>
+  %r = tgraph.reduce <sum> %abc dims [0, 1] : tensor<2x2xf32> -> tensor<1x1xf32>
+  %s = tgraph.reshape %r : tensor<1x1xf32> to tensor<f32>
+  %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<2x6xf32> -> tensor<2x6xf32>
+  return %g : tensor<2x6xf32>
+}
+
+// -----
+
+// Overlapping slices' cotangents still add.
+// CHECK-LABEL: func.func @overlap
+// CHECK: tgraph.pad
+// CHECK: tgraph.pad
+// CHECK: tgraph.add
+func.func @overlap(%x: tensor<2x6xf32>) -> tensor<2x6xf32> {
+  %a = tgraph.slice %x offsets [0, 0] : tensor<2x6xf32> -> tensor<2x4xf32>
+  %b = tgraph.slice %x offsets [0, 2] : tensor<2x6xf32> -> tensor<2x4xf32>
+  %ab = tgraph.mul %a, %b : tensor<2x4xf32>
+  %r = tgraph.reduce <sum> %ab dims [0, 1] : tensor<2x4xf32> -> tensor<1x1xf32>
+  %s = tgraph.reshape %r : tensor<1x1xf32> to tensor<f32>
+  %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<2x6xf32> -> tensor<2x6xf32>
+  return %g : tensor<2x6xf32>
+}

@@ -115,6 +115,30 @@ def test_cross_entropy_gradient_with_ignored_rows():
     _fd_check(lambda x: op.cross_entropy(x, targets), [logits], (0,))
 
 
+def test_slices_that_split_a_tensor_take_their_cotangents_as_one_concat():
+    """q, k and v split out of one [B, S, H, 3, Dh] projection, as
+    op.transformer_block does: the projection's gradient is one concat of
+    theirs (no pad, no add), equal to numpy's, and overlapping slices'
+    cotangents still add."""
+    rng = np.random.default_rng()
+    qkv, w = rng.standard_normal((2, 4, 3, 3, 5)), rng.standard_normal((2, 4, 3, 5))
+
+    def f(qkv, w):
+        q, k, v = (qkv[:, :, :, i] for i in range(3))
+        return ts.grad(op.sum(q * k * w + op.exp(v)), [qkv])
+    fn = ts.jit(f)
+    got = np.asarray(fn(qkv.astype(np.float32), w.astype(np.float32))[0], np.float64)
+    q, k, v = (qkv[:, :, :, i] for i in range(3))
+    want = np.stack([k * w, q * w, np.exp(v)], axis=3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    backward = fn.lower(qkv.astype(np.float32), w.astype(np.float32)).tile
+    assert "pad" not in backward and "concat" in backward
+    x = _r(2, 6)
+    g = ts.jit(lambda x: ts.grad(op.sum(x[:, 0:4] * x[:, 2:6]), [x]))(x)[0]
+    np.testing.assert_allclose(g, np.concatenate([x[:, 2:4], x[:, 4:6] + x[:, 0:2],
+                                                  x[:, 2:4]], axis=1), rtol=1e-6)
+
+
 def test_gradient_of_unused_input_is_zero():
     g = ts.jit(lambda a, b: ts.grad(op.sum(a * a), [a, b]))(_r(2, 2), _r(3))
     assert np.all(g[1] == 0) and g[1].shape == (3,)

@@ -778,12 +778,13 @@ def test_a_forked_child_runs_the_kernels_and_gemms_on_one_thread(monkeypatch):
     assert done[0] == pid, "the forked child hung"
     assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's result differs"
 
-def test_transposes_slices_and_pads_run_in_the_kernel_library_with_the_host_routines_bits():
+def test_transposes_slices_pads_and_concats_run_in_the_kernel_library_with_the_host_bits():
     """The CPU engine runs the library's transpose, slice and pad as one
-    tessera_copy_box call each: random boxes of rank 1-5, every dtype size
-    (int8, bf16's uint16, float32, int32, float64), on 1, 2 and 3 threads,
-    give the numpy routines' bytes exactly (a pad's outside zeroed, a NaN's
-    bits kept), a multi-threaded copy too (a box over THREADED_MIN_BYTES)."""
+    tessera_copy_box call each, and a concat as one per input: random boxes
+    of rank 1-5, every dtype size (int8, bf16's uint16, float32, int32,
+    float64), on 1, 2 and 3 threads, give the numpy routines' bytes exactly
+    (a pad's outside zeroed, a NaN's bits kept, a zero-size concat input
+    skipped), a multi-threaded copy too (a box over THREADED_MIN_BYTES)."""
     from tessera_mlir import ir
     from tessera_compiler.codegen import emit_cpp
     from tessera_compiler.codegen.build import build_cpu_library
@@ -824,6 +825,27 @@ def test_transposes_slices_and_pads_run_in_the_kernel_library_with_the_host_rout
                     assert call is not None, (routine, shape, dtype)
                     call([cpu.address(a), cpu.address(got)])
                     assert got.tobytes() == want.tobytes(), (routine, attrs, shape, dtype, threads)
+            dim = int(rng.integers(0, len(shape)))
+            pieces = [(rng.standard_normal(shape[:dim] + (int(n),) + shape[dim + 1:]) * 100)
+                      .astype(dtype) for n in rng.integers(0, 4, int(rng.integers(1, 4)))]
+            want = np.concatenate(pieces, axis=dim)
+            if not want.size:
+                continue
+            for threads in (1, 2, 3):
+                engine._threads = threads
+                got = np.full(want.shape, 7, dtype)
+                call = engine.prepare_library_by_address(
+                    "concat", {"dim": dim}, [(p.shape, p.dtype) for p in pieces + [got]])
+                call([cpu.address(p) for p in pieces + [got]])
+                assert got.tobytes() == want.tobytes(), ("concat", dim, shape, dtype, threads)
+    # q, k and v's cotangents into one [B, S, H, 3, Dh] (1.5 MiB: threaded)
+    pieces = [rng.standard_normal((16, 64, 4, 1, 32)).astype(np.float32) for _ in range(3)]
+    got = np.empty((16, 64, 4, 3, 32), np.float32)
+    engine._threads = 2
+    engine.prepare_library_by_address("concat", {"dim": 3}, [(p.shape, p.dtype) for p in
+                                                             pieces + [got]])(
+        [cpu.address(p) for p in pieces + [got]])
+    assert np.array_equal(got, np.concatenate(pieces, axis=3))
 
 
 def test_embedding_rows_run_in_the_kernel_library_with_the_bits_of_the_host_routines():
