@@ -645,8 +645,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     if not scale > 0:
         raise ValueError(f"op.attention: scale must be positive, got {scale}  [{src}]")
     with current_location(src):
-        out, _ = gb.attention(q.value, k.value, v.value, causal, scale,
-                              None if seq_dim == q.ndim - 2 else seq_dim)
+        out, _ = gb.attention(q.value, k.value, v.value, causal, scale, seq_dim)
     return _out(out, src)
 
 

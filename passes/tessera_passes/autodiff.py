@@ -132,9 +132,8 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
         stat = gb.statistic_element(x[0])
         delta = gb.reduce(gb.binary("mul", gb.cast(g, stat), gb.cast(out, stat)), "sum",
                           [len(gb.shape_of(out)) - 1])
-        seq_dim = gb.seq_dim_of(op) if "seq_dim" in op.attributes else None
         return gb.attention_grad(*x, g, op.results[1], delta, "causal" in op.attributes,
-                                 ir.FloatAttr(op.attributes["scale"]).value, seq_dim)
+                                 ir.FloatAttr(op.attributes["scale"]).value, gb.seq_dim_of(op))
     if name in ("moe_dispatch", "moe_collect"):
         # Transposes of each other: a dispatched row's cotangent goes back to
         # its (token, choice), a collected one's to its row (sizes: none).

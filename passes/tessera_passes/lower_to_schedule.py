@@ -509,16 +509,13 @@ def _is_graph_function(f: ir.Operation) -> bool:
     return not any(o.name.startswith("tsched.") for o in body) and non_tensor_signature(f) is None
 
 
-ATTENTION = ("tgraph.attention", "tgraph.attention_grad")
-
-
 def attention_rows_second_to_last(func_op: ir.Operation) -> None:
     """GPU target: its attention kernels read tiles of a buffer's trailing
     dimensions (TMA boxes, cp.async rows), so an attention op whose
     sequence runs along another `seq_dim` has its operands transposed to
     `[..., S, D]` and its results back: the copies the CPU target's kernels,
     which read rows where they lie, do without."""
-    for op in [o for o in ops_of(func_op) if o.name in ATTENTION]:
+    for op in [o for o in ops_of(func_op) if o.name in gb.ATTENTION_OPS]:
         rank, seq = len(shape_of(op.operands[0])), gb.seq_dim_of(op)
         if seq == rank - 2:
             continue
@@ -531,7 +528,7 @@ def attention_rows_second_to_last(func_op: ir.Operation) -> None:
                 if v not in moved:
                     moved[v] = gb.transpose(v, perm)
             ins = [moved[v] for v in op.operands]
-            outs = list(gb.attention(*ins, causal, scale) if op.name == ATTENTION[0]
+            outs = list(gb.attention(*ins, causal, scale) if op.name == "tgraph.attention"
                         else gb.attention_grad(*ins, causal, scale))
             # (A result nothing reads, as a forward's lse often is, stays put.)
             results = [gb.transpose(new, back) if list(old.uses) else None

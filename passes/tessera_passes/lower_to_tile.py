@@ -65,7 +65,7 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, scf, tsched, ttile
 
-from tessera_compiler.ir import ops
+from tessera_compiler.ir import graph_builder as gb, ops
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import action_rank, copy_action
 from tessera_compiler.ir.sharding import meshes_of
@@ -786,9 +786,6 @@ def lower_exchanges(sched: ir.Operation, kernels: dict, module_block, meshes: di
     return consumed
 
 
-ATTENTION = ("tgraph.attention", "tgraph.attention_grad")
-
-
 def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target: bool,
                     options: TargetOptions) -> set:
     """Replaces each attention launch by launches of flash-attention kernels
@@ -798,7 +795,7 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
     for launch in [o for o in ops_of(sched) if o.name == "tsched.launch"]:
         name = ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value
         kop = _kernel_op(kernels, launch) if name in kernels else None
-        if kop is None or kop.name not in ATTENTION:
+        if kop is None or kop.name not in gb.ATTENTION_OPS:
             continue
         stream, ins, outs = _launch_parts(launch)
         if kop.name == "tgraph.attention":

@@ -274,8 +274,15 @@ def _row_statistic(q: ir.Value) -> ir.RankedTensorType:
     return ranked(shape_of(q)[:-1] + [1], statistic_element(q))
 
 
-def _seq_dim_attr(seq_dim: int | None):
-    return None if seq_dim is None else ir.IntegerAttr.get(ir.IntegerType.get_signless(64), seq_dim)
+#: The fused attention ops (they share `seq_dim`, `causal` and `scale`).
+ATTENTION_OPS = ("tgraph.attention", "tgraph.attention_grad")
+
+
+def _seq_dim_attr(q: ir.Value, seq_dim: int | None):
+    """The `seq_dim` attribute, absent for the default (q's second to last)."""
+    if seq_dim is None or seq_dim == len(shape_of(q)) - 2:
+        return None
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), seq_dim)
 
 
 def attention(q: ir.Value, k: ir.Value, v: ir.Value, causal: bool,
@@ -283,7 +290,7 @@ def attention(q: ir.Value, k: ir.Value, v: ir.Value, causal: bool,
     """(out, lse) of fused attention (`tgraph.attention`); `seq_dim` None:
     the sequence runs along q's second to last dimension."""
     op = tgraph.AttentionOp(v.type, _row_statistic(q), q, k, v, ir.FloatAttr.get_f64(scale),
-                            causal=causal or None, seq_dim=_seq_dim_attr(seq_dim))
+                            causal=causal or None, seq_dim=_seq_dim_attr(q, seq_dim))
     return op.results[0], op.results[1]
 
 
@@ -292,7 +299,7 @@ def attention_grad(q, k, v, dout, lse, delta, causal: bool, scale: float,
     """[dq, dk, dv] of `tgraph.attention` (`tgraph.attention_grad`)."""
     op = tgraph.AttentionGradOp(q.type, k.type, v.type, q, k, v, dout, lse, delta,
                                 ir.FloatAttr.get_f64(scale), causal=causal or None,
-                                seq_dim=_seq_dim_attr(seq_dim))
+                                seq_dim=_seq_dim_attr(q, seq_dim))
     return list(op.results)
 
 
