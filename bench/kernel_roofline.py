@@ -19,7 +19,12 @@ roofline"); `measure_peaks()` takes about a second.
     the reason that applies (first match): dot products in generated loops
     (attention), a call too short for its size to matter, a launch under the
     engine's threading threshold (one core of the roofline's several), a
-    row reduction, transcendental functions.
+    row reduction, transcendental functions. A kernel none of those explains
+    is launched again on its own (`time_alone`: fresh buffers of its
+    arguments' shapes, the engine's own launch, best of a few calls): at 50%
+    or more alone, its reason is that the step slowed it (this 2-core VM's
+    memory bandwidth swings between runs and with the other rank's or
+    thread's traffic), with both shares; under 50% alone too, "none found".
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ def kernel_rows(bundle: Path, seconds: dict, calls: dict, peaks: dict,
     moved: dict = {}
     largest: dict = {}                  # kernel -> its largest argument's elements
     plain: dict = {}                    # kernel -> its arguments' bytes
+    operands: dict = {}                 # kernel -> its first launch's (value, shape, dtype)
     for ins in program["instructions"]:
         if ins["op"] == "alloc":
             shapes[ins["result"]] = (ins["shape"], ins["dtype"])
@@ -102,6 +108,7 @@ def kernel_rows(bundle: Path, seconds: dict, calls: dict, peaks: dict,
             largest[ins["kernel"]] = max(int(np.prod(shapes[a][0])) for a in args)
             plain[ins["kernel"]] = sum(int(np.prod(shapes[a][0])) * np.dtype(shapes[a][1]).itemsize
                                        for a in args)      # (the engine's threading test)
+            operands.setdefault(ins["kernel"], [(a, *shapes[a]) for a in args])
     rows = []
     for name, total in seconds.items():
         if name not in moved or name not in work:
@@ -130,13 +137,40 @@ def kernel_rows(bundle: Path, seconds: dict, calls: dict, peaks: dict,
                 reason = (f"transcendental: {w.transcendental / elements:.1f} exp/tanh per "
                           "element, each a polynomial and a division")
             else:
-                reason = "none found"
+                alone = time_alone(bundle / "kernels" / "libkernels.so", name,
+                                   operands[name], plain[name])
+                share_alone = max(memory_s, compute_s) / alone
+                reason = (f"slowed in the step: {share:.0%} there, {share_alone:.0%} of the "
+                          f"roofline alone ({1e3 * alone:.3f} ms a call)"
+                          if share_alone >= GOAL else f"none found ({share_alone:.0%} alone)")
         rows.append({"kernel": name, "calls": calls[name], "ms_per_call": 1e3 * per_call,
                      "ms": 1e3 * total, "MiB": nbytes / 2**20,
                      "GB_per_s": nbytes / per_call / 1e9, "GFLOP_per_s": flops / per_call / 1e9,
                      "bound": "memory" if memory_s >= compute_s else "compute",
                      "share": share, "reason": reason})
     return sorted(rows, key=lambda r: -r["ms"])
+
+
+def time_alone(library: Path, kernel: str, operands: list, nbytes: int, calls: int = 7) -> float:
+    """Best seconds a call of `kernel` takes launched on its own, as the CPU
+    engine launches it in a step (`prepare_launch`: its team, threading
+    threshold and thread count), on fresh buffers: `operands` are its first
+    launch's (value, shape, dtype), one buffer per value (an in-place kernel
+    reads and writes one). Floats are random normals, integers ones (a valid
+    index or count anywhere)."""
+    from tessera_runtime.engines.cpu import CPUEngine, address
+    engine = CPUEngine()
+    engine.load_kernels(library)
+    rng = np.random.default_rng(0)
+    buffers = {}
+    for value, shape, dtype in operands:
+        if value not in buffers:
+            dtype = np.dtype(dtype)
+            buffers[value] = (rng.standard_normal(shape).astype(dtype)
+                              if dtype.kind == "f" else np.ones(shape, dtype))
+    ptrs = [address(buffers[value]) for value, _, _ in operands]
+    run = engine.prepare_launch(kernel, len(ptrs), nbytes=nbytes)
+    return _best(lambda: run(ptrs), calls)
 
 
 def _contains(op, name: str) -> bool:
@@ -153,7 +187,7 @@ def table(rows: list[dict], peaks: dict, top: int = 15) -> str:
     """Markdown: the slowest `top` kernels and a summary of all."""
     total = sum(r["ms"] for r in rows) or 1.0
     met = [r for r in rows if r["share"] >= GOAL]
-    unexplained = sum(r["reason"] == "none found" for r in rows)
+    unexplained = sum(r["reason"].startswith("none found") for r in rows)
     lines = [f"peaks measured in this run: memory {peaks['bandwidth'] / 1e9:.1f} GB/s, "
              f"sgemm {peaks['flops'] / 1e9:.0f} GFLOP/s; {len(met)} of {len(rows)} kernels "
              f"({sum(r['ms'] for r in met) / total:.0%} of their time) at >= {GOAL:.0%} of "

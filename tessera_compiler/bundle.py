@@ -106,7 +106,10 @@ def _code_fingerprint() -> str:
 
 def _attr_json(a: ir.Attribute):
     """A library attribute as JSON: integer arrays, integers, strings, unit
-    attributes (true) and arrays of strings (mesh axis names)."""
+    attributes (true), symbols (their names: a GEMM's epilogue kernel) and
+    arrays of strings (mesh axis names)."""
+    if isinstance(a, ir.FlatSymbolRefAttr):
+        return a.value
     if isinstance(a, ir.DenseI64ArrayAttr):
         return list(a)
     if isinstance(a, ir.IntegerAttr):

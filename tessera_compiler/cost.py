@@ -434,14 +434,19 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
 
 def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> float:
     args = [shapes[a] for a in ins["args"]]
-    moved = sum(_buffer_bytes(s, d) for s, d in args)
     library = ins.get("library")
     if library == "matmul":
         a, dtype = args[0]
         out = args[-1][0]
-        k = a[-2] if ins.get("attrs", {}).get("transpose_lhs") else a[-1]
+        attrs = ins.get("attrs", {})
+        k = a[-2] if attrs.get("transpose_lhs") else a[-1]
         flops = 2.0 * math.prod(out) * k
-        return machine.gemm_call_s + flops / machine.gemm_rate(dtype, flops)
+        gemm = machine.gemm_call_s + flops / machine.gemm_rate(dtype, flops)
+        if "epilogue" not in attrs:
+            return gemm
+        # The kernel it runs on each block of rows (no launch of its own).
+        return gemm + _kernel_seconds(attrs["epilogue"], [args[i] for i in attrs["epilogue_args"]],
+                                      work, machine) - machine.launch_s
     if library == "reshape":            # the runtime makes it a view of its input
         return 0.0
     if library is not None:
@@ -451,7 +456,13 @@ def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> fl
         rate = machine.transpose_bytes_per_s if library == "transpose" else \
             machine.copy_bytes_per_s
         return machine.launch_s + 2 * out_bytes / rate
-    w = work.get(ins["kernel"], KernelWork())
+    return _kernel_seconds(ins["kernel"], args, work, machine)
+
+
+def _kernel_seconds(kernel: str, args: list, work: dict, machine: Machine) -> float:
+    """A generated kernel's launch on buffers `args` ((shape, dtype) each)."""
+    moved = sum(_buffer_bytes(s, d) for s, d in args)
+    w = work.get(kernel, KernelWork())
     arithmetic = (w.vector / machine.vector_ops_per_s
                   + w.transcendental / machine.transcendental_ops_per_s
                   + w.dot / machine.gemm_rate(args[0][1] if args else "default"))

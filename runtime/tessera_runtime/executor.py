@@ -81,6 +81,15 @@ def _contiguous_block(full: tuple, part: tuple, offsets) -> int | None:
     return start
 
 
+def _profile_key(ins) -> str:
+    """What the profiler calls a launch: its kernel, `library:<routine>`, or
+    `library:matmul+<kernel>` for a GEMM running a kernel as its epilogue."""
+    if "library" not in ins.fields:
+        return ins["kernel"]
+    epilogue = ins["attrs"].get("epilogue")
+    return f"library:{ins['library']}" + (f"+{epilogue}" if epilogue else "")
+
+
 def _lifetimes(plan):
     """The plan's instructions as (op, a, b, released): `released` is the
     buffer whose memory a free (or forget) gives back, None while views of
@@ -216,8 +225,10 @@ class ScheduleExecutor:
                 if "library" in ins.fields and not self.engine.has_library(ins["library"]):
                     raise self._err(ins, f"library routine '{ins['library']}' is not provided "
                                          f"by the {self.engine.name} engine")
-                if "library" not in ins.fields and not self.engine.has_kernel(ins["kernel"]):
-                    raise self._err(ins, f"kernel '{ins['kernel']}' not found in kernel "
+                kernel = ins["attrs"].get("epilogue") if "library" in ins.fields \
+                    else ins["kernel"]
+                if kernel is not None and not self.engine.has_kernel(kernel):
+                    raise self._err(ins, f"kernel '{kernel}' not found in kernel "
                                          f"library {self.engine.kernel_library}")
                 for a in ins["args"]:
                     use(a, "buffer", ins, "arg")
@@ -414,8 +425,7 @@ class ScheduleExecutor:
                     plan.append(("view", src, (dst, shapes[dst], views[dst]), ins))
                 elif ins.op == "launch":
                     plan.append(("call", None, tuple(ins["args"]), ins))
-                    ins.fields.setdefault("profile_key", f"library:{ins['library']}"
-                                          if "library" in ins.fields else ins["kernel"])
+                    ins.fields.setdefault("profile_key", _profile_key(ins))
                 elif ins.op == "alloc" and ins.get("symmetric"):
                     # Allocated (collectively) on the first run and kept: the
                     # engine hands back the same buffer for this instruction.

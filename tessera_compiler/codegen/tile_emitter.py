@@ -1073,20 +1073,24 @@ extern "C" void tessera_use_sgemm(void* sgemm, void* set_threads) {
 }
 // C[M,N] = op(A) op(B), row-major, op = transpose where asked (A stored
 // K x M, B stored N x K). C is cut into `pieces` blocks of rows (of columns
-// when N > M, or N = M with B transposed), each one sgemm call; the pieces
-// depend on the shape only, so the bits do not depend on the team's size
-// (sgemm's own depend on M and N). Every block packs the operand it does not
-// cut again: the smaller one, or at equal sizes A when B is transposed
-// (packing B^T costs more: ~15% less time for 256 x 256 x 128 with B^T).
-extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                                 const float* a, const float* b, float* c, int64_t pieces,
-                                 int threads) {
-  const bool by_rows = M > N || (M == N && !trans_b);
+// unless `by_rows`), each one sgemm call; the pieces depend on the shape
+// only, so the bits do not depend on the team's size (sgemm's own depend on
+// M and N). Every block packs the operand it does not cut again.
+//
+// With an `epilogue` (a kernel's NAME__slice and its arguments; by rows
+// only), the team member that wrote a block of rows runs the kernel's
+// programs covering them (`rows` rows each) while they are in cache; where
+// a block is not whole programs, the team runs them all after a barrier.
+static void tessera_gemm_blocks(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                const float* a, const float* b, float* c, int64_t pieces,
+                                int threads, bool by_rows, tessera_slice_fn epilogue,
+                                void** args, int64_t rows) {
   const int64_t extent = by_rows ? M : N;
   const int64_t piece = ((extent + pieces - 1) / pieces + 15) / 16 * 16;
   const int64_t count = (extent + piece - 1) / piece;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int ta = trans_a ? 112 : 111, tb = trans_b ? 112 : 111;   // CblasTrans, CblasNoTrans
+  const bool per_block = epilogue && piece % rows == 0;
   // openblas_set_num_threads_local sets OpenBLAS's one (process-wide)
   // thread count and returns the previous: set here, before the team
   // starts, and restored after it, never by two threads at once.
@@ -1103,9 +1107,32 @@ extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N,
       else
         tessera_sgemm(101, ta, tb, M, n, K, 1.0f, a, lda, b + (trans_b ? lo * K : lo), ldb,
                       0.0f, c + lo, N);
+      if (per_block) epilogue(args, lo / rows, (lo + n) / rows);
+    }
+    if (epilogue && !per_block) {
+#pragma omp barrier
+      tessera_thread_slice(M / rows, &first, &last);
+      epilogue(args, first, last);
     }
   }
   tessera_blas_threads(saved);
+}
+// Rows when N < M, or N = M with B not transposed; else columns (packing
+// B^T costs more: ~15% less time for 256 x 256 x 128 with B^T cut by columns).
+extern "C" void tessera_gemm_f32(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                 const float* a, const float* b, float* c, int64_t pieces,
+                                 int threads) {
+  tessera_gemm_blocks(trans_a, trans_b, M, N, K, a, b, c, pieces, threads,
+                      M > N || (M == N && !trans_b), nullptr, nullptr, 1);
+}
+// The GEMM by rows, then `epilogue` over the programs of [0, M / rows) as
+// each block of rows is written (tessera-fuse-gemm-epilogues).
+extern "C" void tessera_gemm_f32_then(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                      const float* a, const float* b, float* c, int64_t pieces,
+                                      int threads, tessera_slice_fn epilogue, void** args,
+                                      int64_t rows) {
+  tessera_gemm_blocks(trans_a, trans_b, M, N, K, a, b, c, pieces, threads, true, epilogue,
+                      args, rows);
 }
 // Embedding rows on a table's block (a vocab-parallel rank's: global rows
 // [first, first + rows) of `total`), float32 rows of `width`, int32 ids,
@@ -1238,7 +1265,8 @@ def cpu_runtime_source() -> str:
 def emit_cpp(module: ir.Module) -> str:
     """C++ for the CPU engine: one `extern "C"` function per ttile.kernel,
     the OpenMP team that runs their grids (tessera_parallel) and the
-    engine's GEMM on it (tessera_gemm_f32)."""
+    engine's GEMM on it (tessera_gemm_f32, and tessera_gemm_f32_then with a
+    kernel as its epilogue)."""
     parts = [cpu_runtime_source()]
     for kernel in kernels_of(module):
         parts.append(KernelEmitter().emit_kernel(kernel))

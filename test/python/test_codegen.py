@@ -1000,3 +1000,49 @@ def test_float32_gemms_run_on_the_kernel_team_with_bits_independent_of_its_size(
     engine.prepare_library("matmul", {})((np.ones((4, 0), np.float32),
                                           np.ones((0, 3), np.float32), empty))
     assert not empty.any()
+
+
+def test_a_cpu_gemm_runs_the_kernel_after_it_on_the_rows_it_wrote(monkeypatch, tmp_path):
+    """tessera-fuse-gemm-epilogues: `layernorm(x + gelu(x @ w1 + b1) @ w2)`
+    runs as two launches, each GEMM running the kernel after it as its
+    epilogue (tessera_gemm_f32_then). The first's kernel is one program of
+    all 128 rows, more than a block of 64 (the team runs it after a
+    barrier); the second's programs are 64 rows, one per block. The result
+    is within float32 rounding of float64 numpy and has the bits of the
+    GEMM and the kernel launched one after the other (the engine's way for a
+    library without the fused entry)."""
+    from tessera_runtime.engines import cpu
+    if cpu.team_sgemm() is None:
+        pytest.skip("numpy's BLAS here lacks cblas_sgemm64_ / openblas_set_num_threads_local")
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_GEMM_BLOCKS", "2")      # 2 blocks of rows on any machine
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 32, 64)).astype(np.float32)
+    w1 = (rng.standard_normal((64, 32)) / 8).astype(np.float32)
+    b1 = rng.standard_normal(32).astype(np.float32)
+    w2 = (rng.standard_normal((32, 64)) / 6).astype(np.float32)
+    lw, lb = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+
+    def block(x, w1, b1, w2, lw, lb):
+        return op.layernorm(x + op.matmul(op.gelu(op.matmul(x, w1) + b1), w2), lw, lb)
+
+    fused = ts.jit(block)
+    got = np.asarray(fused(x, w1, b1, w2, lw, lb))
+    tile = fused.lower(x, w1, b1, w2, lw, lb).tile
+    launches = [n for n in re.findall(r"tsched\.launch @(\w+)", tile) if "reshape" not in n]
+    assert len(launches) == 2 and all("_then_" in n for n in launches), launches
+    assert sorted(int(r) for r in re.findall(r"epilogue_rows = (\d+) : i64", tile)) == [64, 128]
+    x64 = x.astype(np.float64)
+    h = x64 @ w1 + b1
+    y = x64 + 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3))) @ w2
+    want = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5) * lw + lb
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # The same bundle on an engine without tessera_gemm_f32_then.
+    load = cpu.CPUEngine.load_kernels
+
+    def without_fused_entry(self, path, launches=None):
+        load(self, path, launches)
+        self._gemm_then = None
+    monkeypatch.setattr(cpu.CPUEngine, "load_kernels", without_fused_entry)
+    separate = np.asarray(ts.jit(block)(x, w1, b1, w2, lw, lb))
+    assert separate.tobytes() == got.tobytes()

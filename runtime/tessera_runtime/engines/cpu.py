@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import os
 from pathlib import Path
 
@@ -343,6 +344,7 @@ class CPUEngine(Engine):
         self._threads: int | None = None      # default_threads(), at the first launch
         self._gemm_blocks: int | None = None  # gemm_block_limit(), at the first GEMM
         self._team = None         # (tessera_gemm_f32, OpenBLAS's thread setter) of the library
+        self._gemm_then = None    # the library's tessera_gemm_f32_then (a GEMM's epilogue)
         self._team_blas: TeamBLAS | None = None    # _library_numpy's, for self.threads
         keep_freed_memory()
 
@@ -381,7 +383,7 @@ class CPUEngine(Engine):
             raise EngineError(f"cannot load kernel library {path}: {e}") from None
         self.kernel_library = path
         self._kernels.clear()
-        self._team = self._team_blas = self._rows = self._copy_box = None
+        self._team = self._team_blas = self._rows = self._copy_box = self._gemm_then = None
         if not hasattr(self._lib, "tessera_parallel"):      # a library from before the team
             return
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -408,6 +410,11 @@ class CPUEngine(Engine):
             gemm.argtypes = [ctypes.c_int] * 2 + [ctypes.c_int64] * 3 + \
                 [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
             self._team = (gemm, ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(sgemm[1]))
+            then = getattr(self._lib, "tessera_gemm_f32_then", None)
+            if then is not None:
+                then.restype = None
+                then.argtypes = gemm.argtypes + [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+            self._gemm_then = then
 
     def _kernel(self, kernel: str):
         fn = self._kernels.get(kernel)
@@ -482,6 +489,12 @@ class CPUEngine(Engine):
         xp = self._library_numpy()
         if xp is np and routine == "matmul" and nbytes >= QUIET_BLAS_MIN_BYTES:
             quiet_blas_workers()
+        if routine == "matmul" and "epilogue" in attrs:
+            # (No team GEMM with epilogues in this library: the GEMM, then
+            # the kernel over its output.)
+            kernel, mapping = attrs["epilogue"], attrs["epilogue_args"]
+            return lambda args: (impl(xp, attrs, args[0], args[1], args[-1]),
+                                 self.launch(kernel, [args[i] for i in mapping]))
 
         # (run inside run_scope: IEEE results, inf and nan, as on a GPU)
         return lambda args: impl(xp, attrs, *args)
@@ -595,9 +608,10 @@ class CPUEngine(Engine):
         call, where the array path (TeamBLAS.matmul) spends ~10 us a GEMM on
         views, flags and `.ctypes` (measured: a quarter of a w128 dp x tp
         rank's GEMM time)."""
-        if routine != "matmul" or self._team is None or len(metas) != 3:
+        epilogue = attrs.get("epilogue")
+        if routine != "matmul" or self._team is None or (len(metas) != 3 and epilogue is None):
             return None
-        (sa, da), (sb, db), (so, do) = metas
+        (sa, da), (sb, db), (so, do) = metas[0], metas[1], metas[-1]
         if any(len(s) != 2 for s in (sa, sb, so)) or \
                 any(np.dtype(d) != np.float32 for d in (da, db, do)):
             return None
@@ -608,7 +622,18 @@ class CPUEngine(Engine):
             return None
         pieces = gemm_pieces(m, n, k, self.gemm_block_limit)
         gemm, threads = self._team[0], self.threads
-        return lambda ptrs: gemm(ta, tb, m, n, k, ptrs[0], ptrs[1], ptrs[2], pieces, threads)
+        if epilogue is None:
+            return lambda ptrs: gemm(ta, tb, m, n, k, ptrs[0], ptrs[1], ptrs[2], pieces, threads)
+        if self._gemm_then is None:
+            return None
+        # The epilogue kernel's arguments, picked from the launch's buffers.
+        then, rows = self._gemm_then, attrs["epilogue_rows"]
+        self._kernel(epilogue)            # (a clear error where the library lacks it)
+        part = ctypes.cast(getattr(self._lib, epilogue + "__slice"), ctypes.c_void_p).value
+        pick, args = operator.itemgetter(*attrs["epilogue_args"]), \
+            ctypes.c_void_p * len(attrs["epilogue_args"])
+        return lambda ptrs: then(ta, tb, m, n, k, ptrs[0], ptrs[1], ptrs[-1], pieces, threads,
+                                 part, args(*pick(ptrs)), rows)
 
     def run_scope(self):
         return np.errstate(all="ignore")     # IEEE results (inf, nan), as on a GPU
