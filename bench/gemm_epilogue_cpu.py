@@ -19,8 +19,8 @@ Then the whole training step of the example GPT (width 128 depth 2, 32 x
 16 tokens; width 512 depth 4, 32 x 64 tokens), compiled twice in one
 process, with and without tessera-fuse-gemm-epilogues (the pass that fuses
 GEMMs and their kernels this way), called alternately: the median step of
-each and the median of the per-pair ratios (the VM's drift between
-processes is larger than the effect).
+each and the median of the per-pair ratios (`bench/pass_ab_cpu.py`; the
+VM's drift between processes is larger than the effect).
 Results go to bench/results/gemm_epilogue_cpu-<date>.json/.md.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,12 +37,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
+for _p in ("runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
 import numpy as np  # noqa: E402
 
+import pass_ab_cpu  # noqa: E402  (bench/pass_ab_cpu.py)
 from cpu_ranks import commit_and_date, write_results  # noqa: E402
 
 #: A team member's share of a GEMM by rows, each block (or sub-block of
@@ -207,44 +207,7 @@ def measure(shape, fused_lib, calls: int) -> dict:
             / ms["separate"]}
 
 
-#: (width, depth, heads, length, batch): the example GPT rows of issue 30's table
-STEPS = [(128, 2, 4, 8, 32), (512, 4, 4, 32, 32)]
 PASS = "tessera-fuse-gemm-epilogues"
-
-
-def step_pairs(width, depth, heads, length, batch, pairs: int, cache: Path) -> dict:
-    """The example GPT's fp32 training step compiled with and without the
-    pass (separate caches), called alternately `pairs` times each."""
-    import train_gpt as ex
-    import tessera as ts
-    from tessera_compiler import pipeline
-    params = ex.init_params(width, depth, heads, 2 * length, 0)
-    batch_ = ex.make_batch(np.random.default_rng(0), batch, length)
-    opt = ts.optim.AdamW(lr=3e-3, betas=(0.9, 0.98), weight_decay=0.01)
-    scaler = ts.optim.loss_scale_init(1.0)
-    stages = pipeline.STAGES
-
-    def compiled(fused: bool):
-        os.environ["TESSERA_CACHE_DIR"] = str(cache / ("fused" if fused else "plain"))
-        pipeline.STAGES = stages if fused else [(s, [f for f in flags if f != PASS])
-                                                 for s, flags in stages]
-        step, state = ex.make_step(opt, heads, "fp32", clip=1.0), opt.init(params)
-        step(params, state, scaler, [batch_])
-        pipeline.STAGES = stages
-        return lambda: step(params, state, scaler, [batch_])
-
-    runs = {"fused": compiled(True), "plain": compiled(False)}
-    times: dict = {"fused": [], "plain": []}
-    for i in range(pairs):
-        for name in ("fused", "plain") if i % 2 == 0 else ("plain", "fused"):
-            t0 = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - t0)
-    ratios = [f / p for f, p in zip(times["fused"], times["plain"])]
-    return {"width": width, "depth": depth, "tokens": f"{batch} x {2 * length}",
-            "pairs": pairs, "fused_ms": 1e3 * statistics.median(times["fused"]),
-            "plain_ms": 1e3 * statistics.median(times["plain"]),
-            "ratio": statistics.median(ratios)}
 
 
 def main(argv=None) -> int:
@@ -275,19 +238,10 @@ def main(argv=None) -> int:
             print(line, flush=True)
             rows.append(r)
             lines.append(line)
-        steps, step_lines = [], []
-        step_header = ["| GPT step | tokens | pairs | with the pass (ms) | without (ms) | "
-                       "with / without (median of pairs) |", "|---|---|---:|---:|---:|---:|"]
-        if args.steps:
-            print("\n" + "\n".join(step_header), flush=True)
-        for width, depth, heads, length, batch in STEPS if args.steps else []:
-            pairs = args.steps * (10 if width < 512 else 1)
-            r = step_pairs(width, depth, heads, length, batch, pairs, Path(tmp) / f"w{width}")
-            line = (f"| w{width} d{depth} | {r['tokens']} | {pairs} | {r['fused_ms']:.2f} | "
-                    f"{r['plain_ms']:.2f} | {r['ratio']:.3f} |")
-            print(line, flush=True)
-            steps.append(r)
-            step_lines.append(line)
+    steps, step_lines = [], []
+    if args.steps:
+        print()
+        step_lines, steps = pass_ab_cpu.table(PASS, args.steps)
     commit, today = commit_and_date()
     text = (f"# GEMM epilogue on the CPU, {today}, commit {commit}\n\n"
             f"Command: `.venv/bin/python bench/gemm_epilogue_cpu.py --calls {args.calls} "
@@ -295,8 +249,8 @@ def main(argv=None) -> int:
             f"{rows[0]['threads']} threads, the GEMM cut into the engine's pieces by rows.\n\n"
             + "\n".join(header + lines)
             + ("\n\nThe example GPT's training step with and without "
-               "tessera-fuse-gemm-epilogues, one process, alternating calls:\n\n"
-               + "\n".join(step_header + step_lines) if steps else ""))
+               f"{PASS}, one process, alternating calls (bench/pass_ab_cpu.py):\n\n"
+               + "\n".join(pass_ab_cpu.HEADER + step_lines) if steps else ""))
     write_results("gemm_epilogue_cpu", commit, today, text, {"rows": rows, "steps": steps})
     print("written: bench/results/gemm_epilogue_cpu-<date>.json/.md")
     return 0

@@ -8,8 +8,10 @@
   schedule     after tessera-lower-to-schedule, checked by tessera-verify-schedule
   tile         after tessera-lower-to-tile (the schedule plus ttile kernels),
                tessera-fold-transposes (matmuls read transposed operands in place),
-               tessera-merge-kernels (one kernel for identical copies) and
-               (CPU) tessera-fuse-gemm-epilogues (a GEMM runs the kernel after it)
+               tessera-merge-kernels (one kernel for identical copies) and, on
+               the CPU, tessera-fold-slices (kernels read and write one index of
+               a dimension in place) and tessera-fuse-gemm-epilogues (a GEMM
+               runs the kernel after it)
   gpu          (GPU target) after tessera-gpu-pipeline, -place and -alloc-shared:
                the Tile IR with how each kernel runs on an SM, which the CUDA
                printer reads
@@ -39,7 +41,7 @@ STAGES = [
                      "tessera-pipeline-schedule", "tessera-hoist-selects"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
     ("tile", ["tessera-lower-to-tile", "tessera-fold-transposes", "canonicalize", "cse",
-              "tessera-merge-kernels", "tessera-fuse-gemm-epilogues"]),
+              "tessera-merge-kernels", "tessera-fold-slices", "tessera-fuse-gemm-epilogues"]),
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]
 
