@@ -19,7 +19,8 @@ roofline"); `measure_peaks()` takes about a second.
     the reason that applies (first match): dot products in generated loops
     (attention), a call too short for its size to matter, a launch under the
     engine's threading threshold (one core of the roofline's several), a
-    row reduction, transcendental functions. A kernel none of those explains
+    row reduction, transcendental functions, rows narrower than a vector
+    (a one-hot over 12 classes). A kernel none of those explains
     is launched again on its own (`time_alone`: fresh buffers of its
     arguments' shapes, the engine's own launch, best of a few calls): at 50%
     or more alone, its reason is that the step slowed it (this 2-core VM's
@@ -41,6 +42,8 @@ TRANSCENDENTAL_FLOPS = 15
 GOAL = 0.5
 #: a call shorter than this is dominated by its fixed cost (ctypes, loop set-up)
 SHORT_CALL_S = 20e-6
+#: float32 lanes of an AVX-512 register: tiles with narrower rows vectorize poorly
+VECTOR_LANES = 16
 
 
 def measure_peaks(cores: int) -> dict:
@@ -86,9 +89,14 @@ def kernel_rows(bundle: Path, seconds: dict, calls: dict, peaks: dict,
     from tessera_mlir import ir
     module = ir.Module.parse((bundle / "ir" / "tile.mlir").read_text(), new_context())
     work = kernel_work(module)
-    reducing = {ir.StringAttr(op.attributes["sym_name"]).value for op in
-                (o.operation for o in module.body.operations)
-                if op.name == "ttile.kernel" and _contains(op, "ttile.reduce")}
+    kernels = [op for op in (o.operation for o in module.body.operations)
+               if op.name == "ttile.kernel"]
+    reducing = {ir.StringAttr(op.attributes["sym_name"]).value for op in kernels
+                if _contains(op, "ttile.reduce")}
+    # kernel -> the elements of its tiles' last dimension (its rows' width)
+    row_width = {ir.StringAttr(op.attributes["sym_name"]).value:
+                 list(ir.DenseI64ArrayAttr(op.attributes["ttile.tile_sizes"]))[-1]
+                 for op in kernels if "ttile.tile_sizes" in op.attributes}
     program = json.loads((bundle / "program.json").read_text())
     shapes = {s["value"]: (s["local_shape"], s["dtype"]) for s in program["inputs"]}
     moved: dict = {}
@@ -136,6 +144,9 @@ def kernel_rows(bundle: Path, seconds: dict, calls: dict, peaks: dict,
             elif w.transcendental >= 0.1 * elements:
                 reason = (f"transcendental: {w.transcendental / elements:.1f} exp/tanh per "
                           "element, each a polynomial and a division")
+            elif row_width.get(name, VECTOR_LANES) < VECTOR_LANES:
+                reason = (f"narrow rows: {row_width[name]} elements a row, under one "
+                          f"{VECTOR_LANES}-lane vector (the loop runs its remainder)")
             else:
                 alone = time_alone(bundle / "kernels" / "libkernels.so", name,
                                    operands[name], plain[name])
