@@ -31,16 +31,9 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import arith, ttile
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import functions, operation_key, ops_of, run_reporting
+from tessera_compiler.ir.support import (functions, launchables, launched, operation_key,
+                                         ops_of, run_reporting)
 from tessera_compiler.ir.types import shape_of
-
-
-def _symbols(module: ir.Operation) -> dict:
-    out = {}
-    for op in (o.operation for o in module.regions[0].blocks[0].operations):
-        if op.name == "ttile.kernel" or (op.name == "func.func" and "tsched.library" in op.attributes):
-            out[ir.StringAttr(op.attributes["sym_name"]).value] = op
-    return out
 
 
 def _routine(launch: ir.Operation, symbols: dict) -> tuple[str, dict] | None:
@@ -84,7 +77,7 @@ class _Folder:
         self.module = module
         self.positions: dict = {}   # op (operation_key) -> its place in the function
         self.erased: set = set()    # operation_key of the ops a fold erased
-        self.symbols = _symbols(module)
+        self.symbols = launchables(module)
         self.clones: dict = {}      # (kernel, arg, type, j, index) -> clone name
         self.origin: dict = {}      # clone -> the kernel it was first cloned from
 
@@ -277,7 +270,7 @@ class _Folder:
 def fold_slices(module: ir.Operation) -> int:
     """Folds every slice and concat it can (see the module docs); returns how many."""
     folder = _Folder(module)
-    before = _launched(module)
+    before = launched(module)
     folded = 0
     for f in functions(module):
         # By address, kept up to date for the frees a fold moves (not the
@@ -297,15 +290,10 @@ def fold_slices(module: ir.Operation) -> int:
     # Kernels and declarations nothing launches any more: the slices',
     # concats' and reshapes', the originals of the clones, and the clones
     # that a later fold of the same launch cloned again.
-    launched = _launched(module)
-    for name in before - launched | set(folder.clones.values()) - launched:
+    now = launched(module)
+    for name in before - now | set(folder.clones.values()) - now:
         folder.symbols.pop(name).erase()
     return folded
-
-
-def _launched(module: ir.Operation) -> set:
-    return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
-            for f in functions(module) for o in ops_of(f) if o.name == "tsched.launch"}
 
 
 def run(op, pass_, options: TargetOptions):

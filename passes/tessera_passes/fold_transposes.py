@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from tessera_mlir import ir
 
-from tessera_compiler.ir.support import functions, operation_key, ops_of, run_reporting
+from tessera_compiler.ir.support import functions, launched, operation_key, ops_of, run_reporting
 
 
 def _declarations(module: ir.Operation) -> dict:
@@ -77,7 +77,7 @@ def fold_transposes(module: ir.Operation) -> int:
     declarations = _declarations(module)
     # What may end up launched by nothing: the declarations launched now and
     # those this pass makes (a matmul with both operands folded is cloned twice).
-    candidates = _launched(module)
+    candidates = launched(module)
     folded = 0
     for f in functions(module):
         block_ops = ops_of(f)
@@ -152,14 +152,9 @@ def fold_transposes(module: ir.Operation) -> int:
             op.erase()
     # Declarations nothing launches any more (a matmul whose every launch
     # now reads a transposed operand, the transposes folded away).
-    for name in candidates - _launched(module):
+    for name in candidates - launched(module):
         declarations[name].erase()
     return folded
-
-
-def _launched(module: ir.Operation) -> set:
-    return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
-            for f in functions(module) for o in ops_of(f) if o.name == "tsched.launch"}
 
 
 def run(op, pass_, options=None):

@@ -41,17 +41,9 @@ from tessera_mlir.dialects import tsched
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import action_rank, copy_action
-from tessera_compiler.ir.support import functions, operation_key, ops_of, run_reporting
+from tessera_compiler.ir.support import (functions, launchables, launched, operation_key,
+                                         ops_of, run_reporting)
 from tessera_compiler.ir.types import shape_of, tile_of
-
-
-def _symbols(module: ir.Operation) -> dict:
-    """symbol -> kernel (ttile.kernel) or library declaration."""
-    out = {}
-    for op in (o.operation for o in module.regions[0].blocks[0].operations):
-        if op.name == "ttile.kernel" or (op.name == "func.func" and "tsched.library" in op.attributes):
-            out[ir.StringAttr(op.attributes["sym_name"]).value] = op
-    return out
 
 
 def _callee(launch: ir.Operation, symbols: dict):
@@ -265,9 +257,9 @@ class _Fusion:
 def fuse_gemm_epilogues(module: ir.Operation) -> int:
     """Fuses every GEMM and epilogue it can (see the module docs); returns
     how many."""
-    symbols = _symbols(module)
+    symbols = launchables(module)
     declarations = {n: op for n, op in symbols.items() if op.name == "func.func"}
-    launched_before = _launched(module)
+    launched_before = launched(module)
     fused = 0
     for f in functions(module):
         candidates = []
@@ -295,15 +287,10 @@ def fuse_gemm_epilogues(module: ir.Operation) -> int:
                 fusion.rewrite(declarations, positions)
                 fused += 1
     # Matmul declarations nothing launches any more.
-    for name in launched_before - _launched(module):
+    for name in launched_before - launched(module):
         if name in declarations and "epilogue" not in _library_attrs(declarations[name]):
             declarations[name].erase()
     return fused
-
-
-def _launched(module: ir.Operation) -> set:
-    return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
-            for f in functions(module) for o in ops_of(f) if o.name == "tsched.launch"}
 
 
 def run(op, pass_, options: TargetOptions):

@@ -106,6 +106,22 @@ def kernels_of(module) -> list[ir.Operation]:
             if k.operation.name == "ttile.kernel"]
 
 
+def launchables(module_op: ir.Operation) -> dict:
+    """symbol -> what a `tsched.launch` may launch in Tile IR: each
+    `ttile.kernel` and library declaration (`func.func` with `tsched.library`)."""
+    out = {}
+    for op in (o.operation for o in module_op.regions[0].blocks[0].operations):
+        if op.name == "ttile.kernel" or (op.name == "func.func" and "tsched.library" in op.attributes):
+            out[symbol_of(op)] = op
+    return out
+
+
+def launched(module_op: ir.Operation) -> set:
+    """The symbols the module's functions launch (`tsched.launch`)."""
+    return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
+            for f in functions(module_op) for o in ops_of(f) if o.name == "tsched.launch"}
+
+
 def symbol_of(op: ir.Operation) -> str:
     """The `sym_name` of a symbol op (a function, a mesh)."""
     return ir.StringAttr(op.attributes["sym_name"]).value
