@@ -153,8 +153,8 @@ class _Folder:
                 continue
             if user.name == "tsched.free":
                 frees.append(user)
-            elif user.name == "tsched.launch" and _routine(user, self.symbols) is not None and \
-                    _routine(user, self.symbols)[0] == "reshape" and \
+            elif user.name == "tsched.launch" and \
+                    (_routine(user, self.symbols) or ("",))[0] == "reshape" and \
                     list(user.opview.ins) == [piece] and \
                     shape_of(user.opview.outs[0]) == _without(unit, j):
                 reshapes.append(user)
