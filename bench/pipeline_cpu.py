@@ -1,6 +1,6 @@
 """Pipeline schedules on 4 CPU ranks (`--ranks`; one pipeline stage each): Tessera's
-measured idle share per rank against its cost model's bubble and
-(p-1)/(m+p-1), and its step time against PyTorch's
+measured idle share per rank against the cost model's two predictions of it
+and (p-1)/(m+p-1), and its step time against PyTorch's
 `torch.distributed.pipelining` (ScheduleGPipe / Schedule1F1B on gloo) with the
 same model, the same microbatches, in the same run.
 
@@ -14,6 +14,14 @@ a transfer or collective (the runtime's own timing, `tessera_runtime.profiler`
 step it was runnable without a core (Linux schedstat's run delay, anywhere
 in the step: with more ranks than cores, a woken rank waits for a core
 before its wait ends, so part of the measured idle is that).
+
+The two predictions: "schedule" is `pipeline_report().bubble`, the schedule
+simulated at its stage actions' FLOP costs (the compiler's); "compiled
+step" simulates the stage ranks' compiled programs together on this
+machine's calibration (`tessera_compiler.cost.predict_ranks`: every kernel,
+transfer, result broadcast and executor instruction, a core per rank), its
+idle being each rank's waits (transfers and waiting for peers) over its
+step, as measured.
 
   * Tessera: `tessera launch -n 4` on a `pp` mesh of 4, `train_gpt.
     make_pipeline_step(...).gradients` (schedules gpipe, 1F1B, zero_bubble).
@@ -29,9 +37,8 @@ Both start from the same parameters and batch; the losses must agree to 1e-4
 CPU time per step (user + system, summed over the ranks) is printed beside
 the wall time: 4 ranks share 2 cores, so the step is about the CPU time / 2
 plus the cores the schedule's bubbles leave idle, and every transfer can
-wait for its sender's next time slice (the measured idle share is then above
-the cost model's, which gives each rank a core); `--ranks 2` gives each rank
-a core of its own. Tessera's profiled steps
+wait for its sender's next time slice; `--ranks 2` gives each rank a core of
+its own. Tessera's profiled steps
 (run after the timed ones) then split each rank's step into matmul,
 generated kernels, other library routines, transfer starts and waits, and
 the executor's own time (the rest). Results go to
@@ -248,6 +255,34 @@ def torch_worker(cfg: dict, out: Path) -> None:
     tdist.destroy_process_group()
 
 
+# -- the cost model's compiled step -----------------------------------------------
+
+def compiled_step_idle(cfg: dict) -> dict:
+    """{schedule: each rank's idle share as the cost model predicts the
+    compiled step}: the stage ranks' programs simulated together
+    (`tessera_compiler.cost.predict_ranks`) on this machine's calibration,
+    a core per rank, idle = the waits (transfers and waiting for peers)
+    over the step. Compiled here, in the driver, for the whole mesh."""
+    import dataclasses
+    import tessera as ts
+    import train_gpt as ex
+    from tessera import dist, graph
+    from tessera.machine import machine as describe
+    mesh = dist.Mesh(axes=["dp", "tp", "pp"], shape=(1, 1, cfg["ranks"]))
+    params, batch = setup(cfg)
+    calibrated = describe("cpu", ranks=cfg["ranks"])
+    one_core_each = dataclasses.replace(
+        calibrated, cores_per_node=max(calibrated.cores_per_node, cfg["ranks"]))
+    out = {}
+    for schedule in SCHEDULES:
+        step = ex.make_pipeline_step(ts.optim.AdamW(lr=3e-3), cfg["heads"], mesh, schedule,
+                                     cfg["microbatches"], clip=1.0).gradients
+        cost = graph.trace(step, params, batch).cost(one_core_each)
+        out[schedule] = [(p.parts["comm_exposed"] + p.parts["waiting"]) / p.step_s
+                         for p in cost.ranks]
+    return out
+
+
 # -- the driver ------------------------------------------------------------------
 
 def run_torch(cfg: dict, out: Path, python: str) -> list[dict] | None:
@@ -279,6 +314,7 @@ def main(argv=None) -> int:
     if tess is None:
         return 1
     torch_ranks = run_torch(cfg, out, args.torch_python) if args.torch_python else None
+    predicted = compiled_step_idle(cfg)
     p, m = cfg["ranks"], cfg["microbatches"]
     rows, failed = [], False
     for schedule in SCHEDULES:
@@ -287,6 +323,8 @@ def main(argv=None) -> int:
         row = {"schedule": schedule, "tessera_ms": max(r[schedule]["step_ms"] for r in tess),
                "wait_share_per_rank": waits, "measured_bubble": statistics.mean(waits),
                "model_bubble": t["model_bubble"], "formula": (p - 1) / (m + p - 1),
+               "compiled_step_idle_per_rank": predicted[schedule],
+               "compiled_step_idle": statistics.mean(predicted[schedule]),
                "compute_share_per_rank": [r[schedule]["compute_share"] for r in tess],
                "no_core_share_per_rank": [r[schedule]["no_core_share"] for r in tess],
                "cpu_ms_per_rank": [r[schedule]["cpu_ms"] for r in tess],
@@ -307,16 +345,18 @@ def main(argv=None) -> int:
             f"{cfg['batch']} x {2 * cfg['length']} tokens in {m} microbatches; {platform.node()} "
             f"({os.cpu_count()} cores), commit {commit}, {today}")
     lines = [head, "", "| schedule | Tessera ms | PyTorch ms | ratio | idle measured | "
-             "idle model | (p-1)/(m+p-1) | idle per rank | runnable, no core | "
-             "CPU ms per step, all ranks: Tessera | PyTorch |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "idle model: schedule | compiled step | (p-1)/(m+p-1) | idle per rank: measured "
+             "| compiled step | runnable, no core | CPU ms per step, all ranks: Tessera | "
+             "PyTorch |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"]
     for r in rows:
         torch_ms = f"{r['torch_ms']:.1f}" if "torch_ms" in r else "-"
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
         lines.append(f"| {r['schedule']} | {r['tessera_ms']:.1f} | {torch_ms} | {ratio} | "
                      f"{100 * r['measured_bubble']:.1f}% | {100 * r['model_bubble']:.1f}% | "
-                     f"{100 * r['formula']:.1f}% | "
-                     + " ".join(f"{100 * w:.0f}%" for w in r["wait_share_per_rank"])
+                     f"{100 * r['compiled_step_idle']:.1f}% | {100 * r['formula']:.1f}% | "
+                     + " ".join(f"{100 * w:.0f}%" for w in r["wait_share_per_rank"]) + " | "
+                     + " ".join(f"{100 * w:.0f}%" for w in r["compiled_step_idle_per_rank"])
                      + f" | {_mean_share(r['no_core_share_per_rank'])}"
                      + f" | {sum(r['cpu_ms_per_rank']):.0f} | "
                      + (f"{sum(r['torch_cpu_ms_per_rank']):.0f} |" if "torch_ms" in r else "- |"))

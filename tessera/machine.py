@@ -5,8 +5,9 @@
 running R ranks, measured once by `calibrate` and cached under the cache
 directory (`machines/`): the kernel, BLAS, copy and Python rates are those of
 one rank alone (one process); then R ranks time all_reduce /
-all_gather / reduce_scatter of 1 KiB to 2 MiB over the world and over pairs
-(alpha and beta: a least-squares fit of the ring model to those times).
+all_gather / reduce_scatter of 1 KiB to 2 MiB over the world and over pairs,
+through the communicators the runtime gives a program's axes (alpha and
+beta: a least-squares fit of the ring model to those times).
 
     tessera calibrate -n 4          # measure (about a minute), print, cache
 """
@@ -48,8 +49,9 @@ def host_cpu() -> tuple[str, int]:
 
 
 #: what a calibration measures and how; a cached one of another method is
-#: measured again (2: the rates on a launched rank's threads, not every core's)
-METHOD = 2
+#: measured again (2: the rates on a launched rank's threads, not every core's;
+#: 3: the links through the runtime's own communicators, shared memory on one host)
+METHOD = 3
 
 
 def _host_key() -> str:
@@ -243,14 +245,21 @@ def _train_args() -> list:
 def _comm_link(say, reps: int = 12) -> Link:
     """alpha and beta fitted to collectives over the world and over pairs,
     each started by every rank at once (after a barrier): the transfer
-    itself. What ranks sharing cores add is the model's `cores_per_node`."""
+    itself, through the communicator a program's axis gets (shared memory
+    between the ranks of one machine, else MPI). What ranks sharing cores
+    add is the model's `cores_per_node`."""
     from tessera_runtime.mpi_comm import MPICommunicator
+    from tessera_runtime.shm_comm import SharedMemoryCommunicator
     from ._mpi import world_comm
     world = world_comm()
     rank, size = world.Get_rank(), world.Get_size()
-    groups = [(MPICommunicator(world), size)]
+
+    def runtime_comm(comm, members):
+        return SharedMemoryCommunicator.for_group(comm, members, size) or MPICommunicator(comm)
+    groups = [(runtime_comm(world, list(range(size))), size)]
     if size >= 4 and size % 2 == 0:
-        groups.append((MPICommunicator(world.Split(rank // 2, rank)), 2))
+        pair = rank - rank % 2
+        groups.append((runtime_comm(world.Split(rank // 2, rank), [pair, pair + 1]), 2))
     say(f"collectives: {', '.join(str(n) for _, n in groups)} ranks, "
         f"{_COMM_BYTES[0]} to {_COMM_BYTES[-1]} bytes")
 

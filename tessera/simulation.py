@@ -22,9 +22,10 @@ as `--<axis> <size>` (examples/train_gpt.py's flags). While it runs:
 
 The report gives, per function and for the step (their sum), the
 predicted time of the slowest rank and its parts (compute, exposed and
-hidden communication, runtime), a pipeline's bubble (its schedule
-simulated on the cost model's action costs: the stage ranks' idle share,
-added on top of their busy time), and the planned peak memory per rank;
+hidden communication, runtime), a pipeline's bubble (the schedule's
+idle share at the actions' costs; the step itself comes from simulating
+the stage ranks' programs together, their waits for each other included),
+and the planned peak memory per rank;
 `--trace FILE` writes the predicted timeline of a few ranks as one
 Perfetto trace. Hierarchical collectives apply as the machine's nodes
 say (`ranks_per_node` of the machine description, unless given).
@@ -79,13 +80,12 @@ class Record:
     roles: int = 1
 
     def busy_s(self, rank: int) -> float:
-        return self.cost.ranks[rank].step_s
+        """The rank's predicted call less its waits for peers (a pipeline's
+        bubble: the cost model simulates the stage ranks together)."""
+        return self.step_s(rank) - self.cost.ranks[rank].parts["waiting"]
 
     def step_s(self, rank: int) -> float:
-        """The rank's predicted call: its busy time, and for a pipeline the
-        schedule's idle share on top (busy / (1 - bubble))."""
-        bubble = self.pipeline.bubble if self.pipeline is not None else 0.0
-        return self.busy_s(rank) / max(1e-9, 1.0 - bubble)
+        return self.cost.ranks[rank].step_s
 
 
 @dataclass
@@ -183,12 +183,7 @@ class Simulation:
                 for stream, what, cat, t0, t1, args in r.cost.ranks[rank].slices:
                     name = f"{r.name}: {what}" if cat == "run" else what
                     slices.append((stream, name, cat, offset + t0, offset + t1, args))
-                busy, step = r.busy_s(rank), r.step_s(rank)
-                if step > busy:                  # the stages' idle share of a pipeline
-                    slices.append(("host", f"{r.name}: pipeline bubble", "run", offset + busy,
-                                   offset + step, {"what": f"{r.pipeline.bubble:.1%} of the "
-                                                           "schedule idle (predicted)"}))
-                offset += step
+                offset += r.step_s(rank)    # (a pipeline's waits are "wait" slices in it)
             records.append({"rank": rank, "t_start": 0.0, "t_stop": offset, "slices": slices})
         trace = perfetto_trace(records, [0.0] * (max(ranks) + 1))
         trace["otherData"]["producer"] = "tessera simulate (predicted, not measured)"

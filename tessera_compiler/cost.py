@@ -14,6 +14,7 @@ A prediction needs only the compiled program (the Schedule IR function as
                 all_reduce of B bytes over n ranks takes 2(n-1) alpha +
                 2(n-1)/n B beta, all_gather / reduce_scatter / all_to_all
                 (n-1) alpha + (n-1)/n B beta (B: the larger buffer), a
+                broadcast (pipelined) log2(n) alpha + B beta, a
                 send or recv alpha + B beta. A group whose ranks all sit on one
                 node (`ranks_per_node`) uses the `intra` link, else `inter`.
   instruction   instruction_s of executor work each (allocs, events, ...)
@@ -30,16 +31,22 @@ wait instead. With more ranks on a node than it has cores (4 ranks on this
 2-core machine), the ranks take turns: a step lasts at least the ranks' host
 work over the cores, and a rank spends the difference in its collectives
 waiting for ranks that are not running (`dist.profile`'s "waiting"). The
-parts add up to the step: compute, comm exposed, runtime (instructions),
-call; comm hidden is what overlapped.
+parts add up to the step: compute, comm exposed, waiting (for peers that
+start late, see below), runtime (instructions), call; comm hidden is what
+overlapped.
 
 Machines: `h100-node` and `h200-node` are datasheet descriptions (8 GPUs per
 node on NVLink, InfiniBand between nodes; rates scaled by typical achieved
 efficiency, not measured here); `cpu` is this machine, measured by
 `tessera.machine.calibrate` (cached per host and ranks per node).
-A point-to-point transfer is costed on its own rank only: the time its peer
-makes it wait (a pipeline's bubble) is the pipeline schedule's business
-(`tessera_compiler.ir.pipeline.simulate`).
+`predict` takes a rank's peers to be ready when it starts a transfer or
+collective. `predict_ranks` walks several ranks together, pairing each recv
+with its peer's send and each collective with its group's starts (in
+order): what a rank then blocks beyond the transfer's own time is its
+`waiting` part. `estimate` does that for a pipeline's stage ranks, so a
+pipelined step's prediction holds its bubble as the compiled program has it
+(transfers, result broadcasts and executor work included; the schedule
+alone, at the actions' FLOP costs, is `tessera_compiler.ir.pipeline.simulate`).
 """
 
 from __future__ import annotations
@@ -262,7 +269,7 @@ class Cost:
         return max(p.step_s for p in self.ranks)
 
     def table(self, top: int = 8) -> str:
-        cols = ("compute", "comm_exposed", "runtime", "call")
+        cols = ("compute", "comm_exposed", "waiting", "runtime", "call")
         lines = [f"predicted on {self.machine.name} ({self.machine.source})",
                  f"{'rank':>4} {'step ms':>9} " + " ".join(f"{c:>13}" for c in cols)
                  + f" {'comm hidden':>12}"]
@@ -322,28 +329,57 @@ def collective_seconds(kind: str, nbytes: int, n: int, link: Link) -> float:
     if kind == "all_reduce":
         return 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * nbytes * link.beta_s
     if kind == "broadcast":
-        return math.ceil(math.log2(n)) * (link.alpha_s + nbytes * link.beta_s)
+        # Pipelined (NCCL's ring, the CPU's shared-memory pieces): the bytes
+        # cross a link about once, the latency once per tree level.
+        return math.ceil(math.log2(n)) * link.alpha_s + nbytes * link.beta_s
     # all_gather, reduce_scatter, all_to_all: each rank sends (n-1)/n of the larger buffer
     return (n - 1) * link.alpha_s + (n - 1) / n * nbytes * link.beta_s
 
 
-def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Prediction:
-    """World rank `rank`'s step of `program` (program.json's dict) on `machine`;
-    `work` is `kernel_work` of the program's module."""
+def _members(mesh: dict, rank: int, axis: str) -> tuple:
+    """The world ranks of `rank`'s group over mesh axes `axis`: those that
+    share its coordinates on every other axis. (A sub-axis' group is taken
+    as its whole axis': a joint prediction then waits for a few more ranks
+    than the collective does.)"""
+    part = sub_axis(axis)
+    names = {part[0]} if part is not None else {a for a in axis.split(",") if a}
+    mine = _coordinates(mesh, rank)
+    return tuple(r for r in mesh["devices"]
+                 if all(c == mine[a] for a, c in _coordinates(mesh, r).items() if a not in names))
+
+
+def _walk(program: dict, work: dict, machine: Machine, rank: int):
+    """World rank `rank`'s step, as a generator: it yields ("post", key,
+    seconds) when a send or collective starts (when its data is ready) and
+    ("need", keys) at the first wait for a recv or collective (the start
+    times of the peers' matching send or starts: a list of seconds, or None
+    where they are not known), and returns the Prediction."""
     mesh = program.get("mesh")
     coords = _coordinates(mesh, rank) if mesh else {}
     shapes = {s["value"]: (s["local_shape"], s["dtype"]) for s in program["inputs"]}
     host = 0.0
     free = {s: 0.0 for s in program["streams"]}
     events: dict = {}
-    tokens: dict = {}          # token -> (start, seconds, stream it ran on)
+    tokens: dict = {}          # token -> [start, seconds, done, peer keys]
     pending: dict = {}         # token -> its timeline slice, placed at its first wait
-    compute = exposed = hidden = 0.0
+    issued: dict = {}          # (kind, axis, peer) -> transfers or collectives so far
+    compute = exposed = hidden = waiting = 0.0
     items, slices = [], []
 
     def nbytes(value):
         shape, dtype = shapes[value]
         return _buffer_bytes(shape, dtype)
+
+    def count(key) -> int:
+        issued[key] = issued.get(key, -1) + 1
+        return issued[key]
+
+    groups: dict = {}
+
+    def group_of(axis) -> tuple:
+        if axis not in groups:
+            groups[axis] = _members(mesh, rank, axis) if mesh else (rank,)
+        return groups[axis]
 
     for index, ins in enumerate(program["instructions"]):
         on = ins.get("on")
@@ -371,16 +407,15 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
         elif op == "event_wait":
             free[ins["stream"]] = max(free.get(ins["stream"], 0.0), events.get(ins["event"], 0.0))
         elif op in ("collective_start", "send", "recv"):
+            n, stride = _group(mesh, ins["axis"])
+            link = machine.link(stride, n)
             if op == "collective_start":
                 # (A broadcast's src exists on its root only: the sizes agree.)
                 size = max(nbytes(ins["dst"]), nbytes(ins["src"]) if ins["src"] in shapes else 0)
-                n, stride = _group(mesh, ins["axis"])
-                seconds = collective_seconds(ins["collective"], size, n, machine.link(stride, n))
+                seconds = collective_seconds(ins["collective"], size, n, link)
                 what = f"{ins['axis']} {ins['collective']} {size} B"
             else:
                 size = nbytes(ins["buffer"])
-                n, stride = _group(mesh, ins["axis"])
-                link = machine.link(stride, n)
                 seconds = link.alpha_s + size * link.beta_s
                 what = f"{ins['axis']} {op} {size} B"
             stream = ins["stream"]
@@ -388,25 +423,55 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
             done = None
             if machine.overlap:
                 done = free[stream] = start + seconds
-            tokens[ins["result"]] = [start, seconds, done]
+            # Peers pair up by order: the k-th send from a to b with b's k-th
+            # recv from a; the k-th collective of a group on every member.
+            # A key's last element is the rank that posts it.
+            if op == "collective_start":
+                group = group_of(ins["axis"])
+                k = count(("collective", ins["axis"], group))
+                mine = ("collective", ins["axis"], group, k, rank)
+                peers = [("collective", ins["axis"], group, k, r) for r in group if r != rank]
+            else:
+                other = group_of(ins["axis"])[ins["peer"]]
+                src, dst = (rank, other) if op == "send" else (other, rank)
+                k = count((op, ins["axis"], other))
+                mine = ("p2p", ins["axis"], dst, k, src) if op == "send" else None
+                peers = [("p2p", ins["axis"], dst, k, src)] if op == "recv" else []
+            if mine is not None:
+                yield ("post", mine, start)
+            tokens[ins["result"]] = [start, seconds, done, peers]
             items.append((index, what, "comm", seconds, ins.get("loc")))
             pending[ins["result"]] = (stream, what, {
                 "op": ins.get("collective", op), "axis": ins["axis"], "bytes": size,
                 "source": ins.get("loc"), "schedule_op": f"tsched.{op}, instructions[{index}]"})
         elif op == "collective_wait":
             token = tokens[ins["token"]]
-            start, seconds, done = token
+            start, seconds, done, peers = token
             waiter = ins["stream"]
             ready = max(host, free.get(waiter, 0.0))
-            if len(token) == 3:     # the first wait: what it blocks is exposed
-                if done is None:    # no overlap: the transfer happens inside it
-                    done = token[2] = max(ready, start) + seconds
-                blocked = min(seconds, max(0.0, done - ready))
-                exposed += blocked
-                hidden += seconds - blocked
+            if len(token) == 4:     # the first wait: what it blocks is exposed
+                starts = (yield ("need", peers)) if peers else None
+                # The transfer begins once every rank taking part has started it.
+                begin = max([start] + list(starts or ()))
+                if done is None:    # no overlap: the transfer happens inside the wait
+                    done = max(ready, begin) + seconds
+                else:
+                    done = max(done, begin + seconds)
+                token[2] = done
+                # Blocked: the peers' lateness (waiting), then the transfer's
+                # own time (exposed) as far as compute did not hide it.
+                late = max(0.0, begin - max(ready, start))
+                own = min(seconds, max(0.0, done - ready) - late)
+                exposed += own
+                waiting += late
+                hidden += seconds - own
                 token.append("waited")
                 stream, what, args = pending.pop(ins["token"])
                 slices.append((stream, what, "comm", done - seconds, done, args))
+                if late:
+                    slices.append((waiter, "waiting for peers", "wait", max(ready, start),
+                                   max(ready, start) + late,
+                                   {"what": "the peers had not started it yet"}))
             free[waiter] = max(free.get(waiter, 0.0), done)
             if not machine.async_launch:
                 host = max(host, done)
@@ -416,7 +481,7 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
     # What the streams do not cover is the host's: all of the executor's
     # work on a synchronous engine, the gaps where the device waits for the
     # host on an asynchronous one. The parts add up to the step.
-    runtime = max(0.0, end - call - compute - exposed)
+    runtime = max(0.0, end - call - compute - exposed - waiting)
     if not machine.async_launch and machine.ranks_per_node > machine.cores_per_node:
         # More ranks than cores: the ranks' host work (all of it, on a
         # synchronous engine) takes turns on the cores, so a step lasts at
@@ -427,9 +492,72 @@ def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Predi
             exposed += shared - end
             end = shared
     parts = {"compute": compute, "comm_exposed": exposed, "comm_hidden": hidden,
-             "runtime": runtime, "call": call}
+             "runtime": runtime, "call": call, "waiting": waiting}
     slices.append(("host", "step", "run", 0.0, end, {"what": "one call, as predicted"}))
     return Prediction(rank, end, parts, items, slices)
+
+
+def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Prediction:
+    """World rank `rank`'s step of `program` (program.json's dict) on `machine`;
+    `work` is `kernel_work` of the program's module. Alone: each transfer and
+    collective starts when this rank starts it (its peers are taken to be
+    ready; `predict_ranks` simulates them together)."""
+    return _alone(_walk(program, work, machine, rank))
+
+
+def _alone(walk) -> Prediction:
+    """Runs a rank's walk with its peers taken to be ready."""
+    try:
+        while True:
+            walk.send(None)
+    except StopIteration as finished:
+        return finished.value
+
+
+def predict_ranks(program: dict, work: dict, machine: Machine, ranks) -> list[Prediction]:
+    """The steps of world ranks `ranks` of `program`, simulated together: a
+    recv completes no earlier than its peer's matching send starts plus the
+    transfer, a collective no earlier than the last of its members (among
+    `ranks`; the others are taken to be ready) starts it plus its time. The
+    time a rank blocks beyond the transfer's own is its `waiting` part: a
+    pipeline's bubble as the compiled program has it (stage actions at the
+    cost model's times, with the transfers, the results' broadcasts and the
+    executor's work), where `ir.pipeline.simulate` prices actions alone."""
+    ranks = list(ranks)
+    inside = set(ranks)
+    walks = {r: _walk(program, work, machine, r) for r in ranks}
+    posted: dict = {}
+    blocked: dict = {r: None for r in ranks}     # rank -> the keys it waits for
+    done: dict = {}
+    answers = {r: None for r in ranks}
+    while walks:
+        moved = False
+        for r in list(walks):
+            keys = blocked[r]
+            if keys is not None:
+                needed = [k for k in keys if k[-1] in inside]
+                if any(k not in posted for k in needed):
+                    continue
+                answers[r], blocked[r] = [posted[k] for k in needed], None
+            try:
+                while True:
+                    request = walks[r].send(answers[r])
+                    answers[r] = None
+                    moved = True
+                    if request[0] == "post":
+                        posted[request[1]] = request[2]
+                    else:
+                        blocked[r] = request[1]
+                        break
+            except StopIteration as finished:
+                done[r] = finished.value
+                del walks[r]
+                moved = True
+        if not moved:
+            stuck = {r: blocked[r] for r in walks}
+            raise ValueError(f"the ranks' transfers do not pair up: ranks {sorted(stuck)} wait "
+                             f"for peers that never start theirs ({stuck})")
+    return [done[r] for r in ranks]
 
 
 def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> float:
@@ -485,9 +613,21 @@ def estimate(module: ir.Module, machine: Machine, ranks=None) -> Cost:
     # an axis (a pipeline stage's): one prediction per distinct coordinate
     # along those axes (a role), however many ranks share it.
     role_axes = sorted({i["on"]["axis"] for i in program["instructions"] if "on" in i})
-    for r in ranks:
+
+    def role(r):
         coords = _coordinates(mesh, r) if mesh else {}
-        key = tuple(coords.get(a) for a in role_axes)
+        return tuple(coords.get(a) for a in role_axes)
+
+    if role_axes:
+        # A pipeline: one rank per role, along the role axes from the first
+        # rank, simulated together (each stage waits for the one before).
+        base = _coordinates(mesh, world[0])
+        together = [r for r in world if all(c == base[a] for a, c in
+                                            _coordinates(mesh, r).items() if a not in role_axes)]
+        roles = {role(r): p for r, p in zip(together, predict_ranks(program, work, machine,
+                                                                    together))}
+    for r in ranks:
+        key = role(r)
         if key not in roles:
             roles[key] = predict(program, work, machine, r)
         p = roles[key]

@@ -118,8 +118,9 @@ _VARIABLES = [
              "instead of shared memory (where a waiting rank sleeps instead of spinning)"),
     Variable("TESSERA_SHM_MESSAGE_BYTES", "runtime", str(1 << 20),
              "the largest collective or transfer (bytes per rank) that goes through shared "
-             "memory; larger ones go through MPI. Each group of n ranks maps 16 x n times "
-             "this, once per process"),
+             "memory in one piece: larger broadcasts and transfers go in pieces of this "
+             "size, other larger collectives through MPI. Each group of n ranks maps 16 x n "
+             "times this, once per process"),
     Variable("TESSERA_FLIGHT_RING", "runtime", "64",
              "how many of its latest collectives and transfers each rank's flight recorder "
              "keeps"),

@@ -34,10 +34,11 @@ wait sleeps on all the counters the process's groups share at once
 Every rank combines the slots itself, in the fixed tree of `tree_reduce`
 over rank order, so all ranks get the same bits, equal to the MPI
 communicator's deterministic all_reduce, and deterministic mode costs
-nothing extra. A ragged all_to_all moves only its counted rows. Messages
-over `slot_bytes` (TESSERA_SHM_MESSAGE_BYTES) and transfers between ranks
-that are not neighbours go through MPI (`MPICommunicator`): every rank
-makes the same choice from the same shapes.
+nothing extra. A ragged all_to_all moves only its counted rows. Broadcasts
+and transfers over `slot_bytes` (TESSERA_SHM_MESSAGE_BYTES) go in pieces of
+that size, one operation each; other collectives over it and transfers
+between ranks that are not neighbours go through MPI (`MPICommunicator`):
+every rank makes the same choice from the same shapes.
 """
 
 from __future__ import annotations
@@ -370,6 +371,20 @@ class SharedMemoryCommunicator(MPICommunicator):
     def _fits(self, buf) -> bool:
         return buf.nbytes <= self.slot_bytes
 
+    def _pieces(self, *bufs) -> list | None:
+        """[(piece of each of `bufs`), ...]: flat views of at most
+        `slot_bytes` each, at the same offsets (None unless every buffer is
+        C-contiguous), so that a broadcast or transfer of any size goes
+        through the slots piece after piece instead of through MPI (whose
+        waits spin on a core the computing ranks need). Pieces of one
+        message are consecutive operations of its key: its last piece's
+        work completes after every earlier one."""
+        if not all(b.flags.c_contiguous for b in bufs):
+            return None
+        flat = [b.reshape(-1) for b in bufs]
+        per = max(1, self.slot_bytes // bufs[0].itemsize)
+        return [tuple(f[i:i + per] for f in flat) for i in range(0, max(flat[0].size, 1), per)]
+
     # -- collectives -------------------------------------------------------------
     def _all_reduce(self, src, dst, reduction, deterministic, stream) -> Work:
         if not self._fits(src):
@@ -420,14 +435,19 @@ class SharedMemoryCommunicator(MPICommunicator):
         return self._post(src, finish, give)
 
     def _broadcast(self, src, dst, root, stream) -> Work:
-        if not self._fits(src):
+        pieces = self._pieces(src, dst)
+        if pieces is None:
             return super()._broadcast(src, dst, root, stream)
         check_host(src, dst)
         if self._me == root:
             if src is not dst:
                 dst[...] = src
-            return self._post(src, lambda slots: None)
-        return self._post(src, lambda slots: dst.__setitem__(..., slots[root]), give=False)
+            for s, _ in pieces:
+                work = self._post(s, lambda slots: None)
+            return work
+        for s, d in pieces:
+            work = self._post(s, lambda slots, d=d: d.__setitem__(..., slots[root]), give=False)
+        return work
 
     def _shift(self, src, dst, offset, stream) -> Work:
         if not self._fits(src) or offset == 0:
@@ -438,27 +458,32 @@ class SharedMemoryCommunicator(MPICommunicator):
 
     # -- transfers ---------------------------------------------------------------
     def _send(self, buf, peer, stream) -> Work:
-        if not self._fits(buf) or self._channel(self._me, peer) is None:
+        pieces = self._pieces(buf)
+        if pieces is None or self._channel(self._me, peer) is None:
             return super()._send(buf, peer, stream)
         check_host(buf)
         key = ("to", peer)
-        seq = self._issued[key] = self._issued.get(key, 0) + 1
         received = self._line(key, 1)
+        for (piece,) in pieces:
+            seq = self._issued[key] = self._issued.get(key, 0) + 1
 
-        def publish():
-            np.copyto(self._channel_slot(self._me, peer, seq, buf.shape, buf.dtype), buf)
-            self._set(self._line(key, 0), seq)
-        post = self._enqueue(key, lambda: self._words[received] >= seq - CHANNEL_SLOTS, publish)
+            def publish(piece=piece, seq=seq):
+                np.copyto(self._channel_slot(self._me, peer, seq, piece.shape, piece.dtype), piece)
+                self._set(self._line(key, 0), seq)
+            post = self._enqueue(key, lambda seq=seq: self._words[received] >= seq - CHANNEL_SLOTS,
+                                 publish)
         return ShmWork(self, post)
 
     def _recv(self, buf, peer, stream) -> Work:
-        if not self._fits(buf) or self._channel(peer, self._me) is None:
+        pieces = self._pieces(buf)
+        if pieces is None or self._channel(peer, self._me) is None:
             return super()._recv(buf, peer, stream)
         check_host(buf)
         key = ("from", peer)
-        seq = self._issued[key] = self._issued.get(key, 0) + 1
-        self._reads[key].append(_Read(seq, lambda: np.copyto(
-            buf, self._channel_slot(peer, self._me, seq, buf.shape, buf.dtype))))
+        for (piece,) in pieces:
+            seq = self._issued[key] = self._issued.get(key, 0) + 1
+            self._reads[key].append(_Read(seq, lambda piece=piece, seq=seq: np.copyto(
+                piece, self._channel_slot(peer, self._me, seq, piece.shape, piece.dtype))))
         self._progress()
         return ShmWork(self, None, key, seq)
 

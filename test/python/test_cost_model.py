@@ -11,7 +11,7 @@ import pytest
 
 import tessera as ts
 from tessera import dist, op
-from tessera_compiler.cost import BUILTIN, Link, Machine, kernel_work, predict
+from tessera_compiler.cost import BUILTIN, Link, Machine, kernel_work, predict, predict_ranks
 
 RATES = dict(gemm_flops={"default": 1e9}, gemm_call_s=1e-6, memory_bytes_per_s=1e9,
              vector_ops_per_s=1e8, transcendental_ops_per_s=1e7, launch_s=1e-6,
@@ -80,6 +80,58 @@ def test_more_ranks_than_cores_take_turns():
     assert shared.parts["comm_exposed"] == pytest.approx(2 * host - host)
     assert sum(shared.parts[k] for k in ("compute", "comm_exposed", "runtime", "call")) \
         == pytest.approx(shared.step_s)
+
+
+def _two_stages(deadlock: bool = False) -> dict:
+    """pp = 2: rank 0 runs kernel k (1 s), sends 1 MiB to rank 1 and
+    receives 1 MiB back; rank 1 receives, runs k, sends back. With
+    `deadlock`, rank 0 receives before it sends: each waits for the other."""
+    on = lambda r: {"axis": "pp", "rank": r}                       # noqa: E731
+
+    def move(op, rank, token, buffer):
+        return [{"op": op, "result": token, "stream": "comm", "buffer": buffer,
+                 "peer": 1 - rank, "axis": "pp", "on": on(rank)},
+                {"op": "collective_wait", "token": token, "stream": "compute", "on": on(rank)}]
+    k = [{"op": "launch", "kernel": "k", "stream": "compute", "args": ["%a", "%a"], "on": on(r)}
+         for r in (0, 1)]
+    first = k[:1] + move("send", 0, "%s0", "%a")
+    then = move("recv", 0, "%r0", "%a")
+    return {
+        "inputs": [{"value": "%a", "local_shape": [1 << 18], "dtype": "float32"}],
+        "streams": ["compute", "comm"],
+        "mesh": {"axes": ["pp"], "shape": [2], "devices": [0, 1]},
+        "instructions": (then + first if deadlock else first + then)
+        + move("recv", 1, "%r1", "%a") + k[1:] + move("send", 1, "%s1", "%a")
+        + [{"op": "return", "values": []}]}
+
+
+def test_ranks_simulated_together_wait_for_their_peers():
+    """Alone, a recv is taken to find its data sent; together, rank 1
+    waits the 1 s rank 0 computes before sending, and rank 0 waits for
+    rank 1's kernel: each rank's `waiting` part is the other's kernel, and
+    the parts still add up to the step.
+    Orders that cannot pair up (both ranks receive before they send) are an
+    error, not a hang."""
+    from tessera_compiler.cost import KernelWork
+    work = {"k": KernelWork(vector=1e8)}                       # 1 s
+    machine = _machine(overlap=False)
+    transfer = 1e-5 + (1 << 20) * 1e-9
+    alone = [predict(_two_stages(), work, machine, r) for r in (0, 1)]
+    assert all(p.parts["waiting"] == 0.0 for p in alone)
+    together = predict_ranks(_two_stages(), work, machine, [0, 1])
+    assert [p.rank for p in together] == [0, 1]
+    first, second = together
+    assert second.parts["waiting"] == pytest.approx(1.0 + 1e-6, rel=1e-4)    # rank 0's k
+    # (rank 0 sends while rank 1 receives: the first transfer costs both the same)
+    assert first.parts["waiting"] == pytest.approx(1.0, rel=1e-4)
+    assert first.parts["comm_exposed"] == pytest.approx(2 * transfer)
+    assert first.step_s == pytest.approx(alone[0].step_s + first.parts["waiting"])
+    for p in together:
+        assert sum(p.parts[k] for k in ("compute", "comm_exposed", "waiting", "runtime",
+                                         "call")) == pytest.approx(p.step_s)
+    assert {s[1] for s in second.slices if s[2] == "wait"} == {"waiting for peers"}
+    with pytest.raises(ValueError, match="do not pair up"):
+        predict_ranks(_two_stages(deadlock=True), work, machine, [0, 1])
 
 
 def test_a_group_that_leaves_the_node_uses_the_inter_node_link():

@@ -355,6 +355,25 @@ def mode_shm() -> None:
         WORLD, shared_mapping(WORLD, 1 << 20, "tessera-test-"), 256, 0.0)
     check_collectives(small, list(range(n)), "shm+mpi")
 
+    # Broadcasts and neighbour transfers larger than a slot go through it in
+    # pieces (more than the group's slot sets, more than a channel's slots).
+    root = n - 1
+    big = data(150, root, (3000,))
+    seen = np.empty_like(big)
+    before = small._issued.get("group", 0)
+    small.broadcast(big if me == root else seen, seen, root).wait()
+    assert np.array_equal(seen, big)
+    assert small._issued["group"] - before == -(-big.nbytes // 256) > shm_comm.PHASES
+    if n > 1:
+        right, left = (me + 1) % n, (me - 1) % n
+        long_in = np.empty((50, 25), np.float32)
+        works = [small.send(data(160, me, (50, 25)), right), small.recv(long_in, left)]
+        for w in works[::-1]:
+            w.wait()
+        assert np.array_equal(long_in, data(160, left, (50, 25)))
+        assert small._issued[("to", right)] == -(-long_in.nbytes // 256) > shm_comm.CHANNEL_SLOTS
+    passed("shm:broadcasts and transfers larger than a slot go in pieces")
+
     # More collectives in flight than the group has slot sets.
     xs = [data(200 + k, me, (3, 5)) for k in range(3 * shm_comm.PHASES)]
     outs = [np.empty_like(x) for x in xs]

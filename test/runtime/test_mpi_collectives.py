@@ -90,7 +90,8 @@ def test_mesh_2x2_axis_communicators():
 @pytest.mark.parametrize("n", [2, 4])
 def test_shared_memory_collectives(n):
     """shm_comm: every collective (bits of the deterministic tree as MPI's),
-    interleaved with MPI fallbacks, backlogged posts, transfers that a busy
+    interleaved with MPI fallbacks, broadcasts and transfers in pieces of a
+    slot, backlogged posts, transfers that a busy
     receiver still takes, and waits that sleep instead of spinning."""
     names = run_mpi(n, "shm")[0]
     for expected in ["shm:all_reduce sum float32", "shm:deterministic all_reduce sum bitwise identical",
@@ -100,6 +101,7 @@ def test_shared_memory_collectives(n):
                      "shm+mpi:overlapping collectives", "shm+mpi:all_gather dim=2",
                      "shm:more collectives in flight than slot sets",
                      "shm:sends past the channel's slots",
+                     "shm:broadcasts and transfers larger than a slot go in pieces",
                      "shm:a receiver in a collective lets its sender go on",
                      "shm:a waiting rank sleeps"]:
         assert expected in names
