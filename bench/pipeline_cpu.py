@@ -20,8 +20,8 @@ simulated at its stage actions' FLOP costs (the compiler's); "compiled
 step" simulates the stage ranks' compiled programs together on this
 machine's calibration (`tessera_compiler.cost.predict_ranks`: every kernel,
 transfer, result broadcast and executor instruction, a core per rank), its
-idle being each rank's waits (transfers and waiting for peers) over its
-step, as measured.
+idle being each rank's time blocked in waits (transfers finishing there and
+peers starting late) over its step, as measured.
 
   * Tessera: `tessera launch -n 4` on a `pp` mesh of 4, `train_gpt.
     make_pipeline_step(...).gradients` (schedules gpipe, 1F1B, zero_bubble).
@@ -261,8 +261,9 @@ def compiled_step_idle(cfg: dict) -> dict:
     """{schedule: each rank's idle share as the cost model predicts the
     compiled step}: the stage ranks' programs simulated together
     (`tessera_compiler.cost.predict_ranks`) on this machine's calibration,
-    a core per rank, idle = the waits (transfers and waiting for peers)
-    over the step. Compiled here, in the driver, for the whole mesh."""
+    a core per rank, idle = its time blocked in waits (transfers finishing
+    there and peers starting late) over the step, as the profiler measures
+    it. Compiled here, in the driver, for the whole mesh."""
     import dataclasses
     import tessera as ts
     import train_gpt as ex
@@ -278,8 +279,7 @@ def compiled_step_idle(cfg: dict) -> dict:
         step = ex.make_pipeline_step(ts.optim.AdamW(lr=3e-3), cfg["heads"], mesh, schedule,
                                      cfg["microbatches"], clip=1.0).gradients
         cost = graph.trace(step, params, batch).cost(one_core_each)
-        out[schedule] = [(p.parts["comm_exposed"] + p.parts["waiting"]) / p.step_s
-                         for p in cost.ranks]
+        out[schedule] = [p.waits_s / p.step_s for p in cost.ranks]
     return out
 
 

@@ -253,6 +253,9 @@ class Prediction:
     #: the predicted timeline: (stream, what, category, start s, end s, args),
     #: dist.profile's slice form (`tessera simulate` writes it as a trace)
     slices: list = field(default_factory=list, repr=False)
+    #: seconds blocked in collective waits (transfers finishing there and
+    #: peers starting late): what the profiler's "collective:wait" measures
+    waits_s: float = 0.0
 
 
 @dataclass
@@ -363,7 +366,7 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
     tokens: dict = {}          # token -> [start, seconds, done, peer keys]
     pending: dict = {}         # token -> its timeline slice, placed at its first wait
     issued: dict = {}          # (kind, axis, peer) -> transfers or collectives so far
-    compute = exposed = hidden = waiting = 0.0
+    compute = exposed = hidden = waiting = in_waits = 0.0
     items, slices = [], []
 
     def nbytes(value):
@@ -421,8 +424,20 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
             stream = ins["stream"]
             start = max(host, free.get(stream, 0.0))
             done = None
+            args = {"op": ins.get("collective", op), "axis": ins["axis"], "bytes": size,
+                    "source": ins.get("loc"), "schedule_op": f"tsched.{op}, instructions[{index}]"}
+            items.append((index, what, "comm", seconds, ins.get("loc")))
             if machine.overlap:
                 done = free[stream] = start + seconds
+            elif op == "send":
+                # Without overlap (the CPU runtime), a send copies its data out
+                # in its start (into a shared-memory slot, or MPI's eager
+                # buffer); its wait finds it done.
+                done = start + seconds
+                exposed += seconds
+                if not machine.async_launch:
+                    host = done
+                slices.append((stream, what, "comm", start, done, args))
             # Peers pair up by order: the k-th send from a to b with b's k-th
             # recv from a; the k-th collective of a group on every member.
             # A key's last element is the rank that posts it.
@@ -439,14 +454,14 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
                 peers = [("p2p", ins["axis"], dst, k, src)] if op == "recv" else []
             if mine is not None:
                 yield ("post", mine, start)
-            tokens[ins["result"]] = [start, seconds, done, peers]
-            items.append((index, what, "comm", seconds, ins.get("loc")))
-            pending[ins["result"]] = (stream, what, {
-                "op": ins.get("collective", op), "axis": ins["axis"], "bytes": size,
-                "source": ins.get("loc"), "schedule_op": f"tsched.{op}, instructions[{index}]"})
+            if done is not None and not machine.overlap:       # paid in full at the start
+                tokens[ins["result"]] = [start, 0.0, done, peers, "waited"]
+            else:
+                tokens[ins["result"]] = [start, seconds, done, peers]
+                pending[ins["result"]] = (stream, what, args)
         elif op == "collective_wait":
             token = tokens[ins["token"]]
-            start, seconds, done, peers = token
+            start, seconds, done, peers = token[:4]
             waiter = ins["stream"]
             ready = max(host, free.get(waiter, 0.0))
             if len(token) == 4:     # the first wait: what it blocks is exposed
@@ -464,6 +479,7 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
                 own = min(seconds, max(0.0, done - ready) - late)
                 exposed += own
                 waiting += late
+                in_waits += own + late
                 hidden += seconds - own
                 token.append("waited")
                 stream, what, args = pending.pop(ins["token"])
@@ -494,7 +510,7 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
     parts = {"compute": compute, "comm_exposed": exposed, "comm_hidden": hidden,
              "runtime": runtime, "call": call, "waiting": waiting}
     slices.append(("host", "step", "run", 0.0, end, {"what": "one call, as predicted"}))
-    return Prediction(rank, end, parts, items, slices)
+    return Prediction(rank, end, parts, items, slices, in_waits)
 
 
 def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Prediction:
@@ -631,7 +647,7 @@ def estimate(module: ir.Module, machine: Machine, ranks=None) -> Cost:
         if key not in roles:
             roles[key] = predict(program, work, machine, r)
         p = roles[key]
-        out.append(Prediction(r, p.step_s, p.parts, p.items, p.slices))
+        out.append(Prediction(r, p.step_s, p.parts, p.items, p.slices, p.waits_s))
     return Cost(machine, out, len(roles))
 
 

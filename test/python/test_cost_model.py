@@ -125,6 +125,10 @@ def test_ranks_simulated_together_wait_for_their_peers():
     # (rank 0 sends while rank 1 receives: the first transfer costs both the same)
     assert first.parts["waiting"] == pytest.approx(1.0, rel=1e-4)
     assert first.parts["comm_exposed"] == pytest.approx(2 * transfer)
+    # A send copies its data out in its start (the CPU's shared-memory slot):
+    # only the recv's transfer and the peer's lateness are spent in waits.
+    for p in together:
+        assert p.waits_s == pytest.approx(p.parts["waiting"] + transfer)
     assert first.step_s == pytest.approx(alone[0].step_s + first.parts["waiting"])
     for p in together:
         assert sum(p.parts[k] for k in ("compute", "comm_exposed", "waiting", "runtime",
