@@ -26,8 +26,8 @@ one for the host: a launch runs when its stream is free (the host waits for
 it unless the machine launches asynchronously), an event orders two
 streams, and a collective runs on its stream from its start, hidden under
 compute until the stream that waits for it needs it; on a machine without
-`overlap` (MPI on the CPU progresses only inside MPI calls) it runs at its
-wait instead. With more ranks on a node than it has cores (4 ranks on this
+`overlap` (the CPU runtime) it runs at its wait instead, except a send,
+which copies its data out in its start (into a shared-memory slot). With more ranks on a node than it has cores (4 ranks on this
 2-core machine), the ranks take turns: a step lasts at least the ranks' host
 work over the cores, and a rank spends the difference in its collectives
 waiting for ranks that are not running (`dist.profile`'s "waiting"). The
