@@ -534,6 +534,34 @@ def _attention(b: _Builder):
                *(env[x] for x in n), seq_dim, causal), v.shape, "f32", v.bound)
 
 
+def _attention_of_one_tensor(b: _Builder):
+    """q, k and v as slices of one tensor at indices of one dimension (a
+    fused projection's `qkv[:, :, :, i]`): tessera-fold-slices has the
+    attention kernels read them in place, and their gradients' concat
+    written in place, instead of copying them out and back."""
+    def ok(v):
+        return v.dtype == "f32" and len(v.shape) >= 3 and 0 not in v.shape \
+            and any(n >= 2 for n in v.shape[:-1])
+    x = b.pick(ok, optional=True)
+    if x is None or b.draw(st.booleans()):
+        # (4 or 5 dimensions: q, k and v keep a head dimension after the
+        # sequence's, which the kernels read strided: what the fold needs)
+        shape = b.shape(min_dims=4, max_dims=5)
+        if 0 in shape or not any(n >= 2 for n in shape[:-1]):
+            raise _Skip
+        x = b.new_input(shape)
+    d = b.draw(st.sampled_from([i for i, n in enumerate(x.shape[:-1]) if n >= 2]))
+    picks = [b.draw(st.integers(0, x.shape[d] - 1)) for _ in range(3)]
+    rank = len(x.shape) - 1
+    seq_dim = b.draw(st.integers(0, rank - 2))
+    causal = b.draw(st.booleans())
+    q, k, v = (f"{x.name}[{', '.join([':'] * d + [str(i)])}]" for i in picks)
+    b.step(f"op.attention({q}, {k}, {v}, causal={causal}, seq_dim={seq_dim})",
+           lambda env, n=x.name, d=d, i=picks, s=seq_dim, c=causal: attention_reference(
+               *(np.take(env[n], j, axis=d) for j in i), s, c),
+           x.shape[:d] + x.shape[d + 1:], "f32", x.bound)
+
+
 def _cross_entropy(b: _Builder):
     b.need(b.allow_int)
     x = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[1] >= 1)
@@ -672,7 +700,7 @@ def _moe(b: _Builder):
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
          _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round,
-         _attention]
+         _attention, _attention_of_one_tensor]
 
 
 @st.composite
@@ -698,10 +726,10 @@ def programs(draw, max_steps: int = 8, allow_bf16: bool = True, allow_int: bool 
 
 
 @st.composite
-def gradient_programs(draw, max_steps: int = 5):
+def gradient_programs(draw, max_steps: int = 5, steps=tuple(STEPS)):
     """A program and the inputs to differentiate sum(result * weight) by
     (float32 only: the oracle is a finite difference of the float64 reference)."""
-    p = draw(programs(max_steps=max_steps, allow_bf16=False, allow_int=True))
+    p = draw(programs(max_steps=max_steps, allow_bf16=False, allow_int=True, steps=steps))
     floats = [v for v in p.inputs if v.dtype == "f32"]
     p.results = p.results[:1]
     p.wrt = draw(st.lists(st.sampled_from(floats), min_size=1, max_size=len(floats), unique=True))

@@ -68,3 +68,37 @@ def test_random_gradients_match_finite_differences(p, tmp_path_factory):
             a, b = np.ascontiguousarray(np.asarray(a)), np.ascontiguousarray(np.asarray(b))
             assert a.tobytes() == b.tobytes(), _failure(
                 p, seed, f"ts.remat{p.remat} changed the gradients' bits")
+
+
+# tessera-fold-slices' pattern, drawn every run: q, k and v at indices of one
+# dimension of one tensor (op.transformer_block's qkv projection), so the
+# attention kernels read them, and write their gradients, in place.
+ONE_TENSOR_ATTENTION = (programs._attention_of_one_tensor, programs._binary)
+
+
+@oracles.fuzz_settings(examples=12)
+@given(p=programs.programs(max_steps=4, steps=ONE_TENSOR_ATTENTION, min_rank=3))
+def test_attention_over_slices_of_one_tensor_matches_float64_numpy(p, tmp_path_factory):
+    seed = 2
+    arrays = p.draw_inputs(seed)
+    note(p.source(seed))
+    try:
+        got = _run(p, arrays, tmp_path_factory)
+    except Exception as e:
+        raise AssertionError(_failure(p, seed, f"{type(e).__name__}: {e}")) from None
+    wrong = oracles.judge_forward(p, arrays, got)
+    assert wrong is None, _failure(p, seed, wrong)
+
+
+@oracles.fuzz_settings(examples=12)
+@given(p=programs.gradient_programs(max_steps=4, steps=ONE_TENSOR_ATTENTION))
+def test_attention_over_slices_of_one_tensor_matches_finite_differences(p, tmp_path_factory):
+    seed = 3
+    arrays = p.draw_inputs(seed)
+    note(p.source(seed))
+    try:
+        got = _run(p, arrays, tmp_path_factory)
+    except Exception as e:
+        raise AssertionError(_failure(p, seed, f"{type(e).__name__}: {e}")) from None
+    wrong = oracles.judge_gradient(p, arrays, got)
+    assert wrong is None, _failure(p, seed, wrong)
