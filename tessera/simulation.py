@@ -22,7 +22,7 @@ as `--<axis> <size>` (examples/train_gpt.py's flags). While it runs:
 
 The report gives, per function and for the step (their sum), the
 predicted time of the slowest rank and its parts (compute, exposed and
-hidden communication, runtime), a pipeline's bubble (the schedule's
+hidden communication, waiting for other stages, runtime), a pipeline's bubble (the schedule's
 idle share at the actions' costs; the step itself comes from simulating
 the stage ranks' programs together, their waits for each other included),
 and the planned peak memory per rank;
@@ -151,14 +151,14 @@ class Simulation:
             return lines[0] + "\n  the script called no compiled function"
         slow = self.slowest()
         lines.append(f"{'function':<20} {'compile s':>9} {'roles':>5} {'step ms':>10} "
-                     f"{'compute':>9} {'comm exp':>9} {'comm hid':>9} {'runtime':>9} "
-                     f"{'bubble':>7} {'peak GiB':>9}   (slowest rank {slow})")
+                     f"{'compute':>9} {'comm exp':>9} {'comm hid':>9} {'waiting':>9} "
+                     f"{'runtime':>9} {'bubble':>7} {'peak GiB':>9}   (slowest rank {slow})")
         for r in self.records:
             p = r.cost.ranks[slow]
             bubble = f"{r.pipeline.bubble:7.1%}" if r.pipeline is not None else f"{'-':>7}"
             lines.append(f"{r.name:<20} {r.compile_s:9.1f} {r.roles:5d} {r.step_s(slow) * ms:10.2f} "
                          f"{p.parts['compute'] * ms:9.2f} {p.parts['comm_exposed'] * ms:9.2f} "
-                         f"{p.parts['comm_hidden'] * ms:9.2f} "
+                         f"{p.parts['comm_hidden'] * ms:9.2f} {p.parts['waiting'] * ms:9.2f} "
                          f"{(p.parts['runtime'] + p.parts['call']) * ms:9.2f} {bubble} "
                          f"{r.memory.ranks[slow].peak / 2**30:9.2f}")
         exposed = sum(r.cost.ranks[slow].parts["comm_exposed"] for r in self.records)
@@ -169,7 +169,7 @@ class Simulation:
         lines.append(f"step: {self.step(slow) * ms:.2f} ms predicted on rank {slow} (the "
                      f"slowest; fastest {min(map(self.step, range(self.size))) * ms:.2f} ms), "
                      f"of it {exposed * ms:.2f} ms exposed communication and {idle * ms:.2f} ms "
-                     f"pipeline bubble; peak memory {peak_bytes / 2**30:.2f} GiB (rank {peak})")
+                     f"waiting for other stages (the pipeline's bubble); peak memory {peak_bytes / 2**30:.2f} GiB (rank {peak})")
         return "\n".join(lines)
 
     def perfetto(self, ranks) -> dict:
