@@ -25,15 +25,8 @@ def _run(p, arrays, tmp_path_factory):
     return oracles.run(p, arrays, filename)
 
 
-@oracles.fuzz_settings(examples=100)
-@given(p=programs.programs())
-def test_random_programs_match_float64_numpy(p, tmp_path_factory):
-    """Elementwise ops with broadcasting, reductions (dim=, axis=, keepdim),
-    reshape, transpose, slices, concat, split, matmul of ranks 1-4, softmax,
-    norms, cross-entropy and bf16 casts, zero-size dimensions included:
-    every program compiles, runs, and matches numpy within the documented
-    tolerance, with the dtypes numpy's rules (and Tessera's fp32 norms) give."""
-    seed = 0
+def _check_forward(p, seed, tmp_path_factory):
+    """The program compiles, runs, and matches numpy within its tolerance."""
     arrays = p.draw_inputs(seed)
     note(p.source(seed))
     try:
@@ -44,15 +37,8 @@ def test_random_programs_match_float64_numpy(p, tmp_path_factory):
     assert wrong is None, _failure(p, seed, wrong)
 
 
-@oracles.fuzz_settings(examples=50)
-@given(p=programs.gradient_programs())
-def test_random_gradients_match_finite_differences(p, tmp_path_factory):
-    """ts.grad of sum(result * weight) by a random subset of a random
-    program's inputs matches central differences of the float64 numpy
-    reference wherever the loss is differentiable (one-sided differences
-    agree); with some steps in a ts.remat region (random policy), its
-    gradients are also the same bits as without the region."""
-    seed = 1
+def _check_gradient(p, seed, tmp_path_factory):
+    """Its gradients match finite differences; a ts.remat region keeps their bits."""
     arrays = p.draw_inputs(seed)
     note(p.source(seed))
     try:
@@ -70,7 +56,29 @@ def test_random_gradients_match_finite_differences(p, tmp_path_factory):
                 p, seed, f"ts.remat{p.remat} changed the gradients' bits")
 
 
-# tessera-fold-slices' pattern, drawn every run: q, k and v at indices of one
+@oracles.fuzz_settings(examples=100)
+@given(p=programs.programs())
+def test_random_programs_match_float64_numpy(p, tmp_path_factory):
+    """Elementwise ops with broadcasting, reductions (dim=, axis=, keepdim),
+    reshape, transpose, slices, concat, split, matmul of ranks 1-4, softmax,
+    norms, cross-entropy and bf16 casts, zero-size dimensions included:
+    every program compiles, runs, and matches numpy within the documented
+    tolerance, with the dtypes numpy's rules (and Tessera's fp32 norms) give."""
+    _check_forward(p, 0, tmp_path_factory)
+
+
+@oracles.fuzz_settings(examples=50)
+@given(p=programs.gradient_programs())
+def test_random_gradients_match_finite_differences(p, tmp_path_factory):
+    """ts.grad of sum(result * weight) by a random subset of a random
+    program's inputs matches central differences of the float64 numpy
+    reference wherever the loss is differentiable (one-sided differences
+    agree); with some steps in a ts.remat region (random policy), its
+    gradients are also the same bits as without the region."""
+    _check_gradient(p, 1, tmp_path_factory)
+
+
+# tessera-fold-slices' pattern, in most programs: q, k and v at indices of one
 # dimension of one tensor (op.transformer_block's qkv projection), so the
 # attention kernels read them, and write their gradients, in place.
 ONE_TENSOR_ATTENTION = (programs._attention_of_one_tensor, programs._binary)
@@ -79,26 +87,10 @@ ONE_TENSOR_ATTENTION = (programs._attention_of_one_tensor, programs._binary)
 @oracles.fuzz_settings(examples=12)
 @given(p=programs.programs(max_steps=4, steps=ONE_TENSOR_ATTENTION, min_rank=3))
 def test_attention_over_slices_of_one_tensor_matches_float64_numpy(p, tmp_path_factory):
-    seed = 2
-    arrays = p.draw_inputs(seed)
-    note(p.source(seed))
-    try:
-        got = _run(p, arrays, tmp_path_factory)
-    except Exception as e:
-        raise AssertionError(_failure(p, seed, f"{type(e).__name__}: {e}")) from None
-    wrong = oracles.judge_forward(p, arrays, got)
-    assert wrong is None, _failure(p, seed, wrong)
+    _check_forward(p, 2, tmp_path_factory)
 
 
 @oracles.fuzz_settings(examples=12)
 @given(p=programs.gradient_programs(max_steps=4, steps=ONE_TENSOR_ATTENTION))
 def test_attention_over_slices_of_one_tensor_matches_finite_differences(p, tmp_path_factory):
-    seed = 3
-    arrays = p.draw_inputs(seed)
-    note(p.source(seed))
-    try:
-        got = _run(p, arrays, tmp_path_factory)
-    except Exception as e:
-        raise AssertionError(_failure(p, seed, f"{type(e).__name__}: {e}")) from None
-    wrong = oracles.judge_gradient(p, arrays, got)
-    assert wrong is None, _failure(p, seed, wrong)
+    _check_gradient(p, 3, tmp_path_factory)
