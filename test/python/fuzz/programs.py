@@ -66,12 +66,13 @@ class Program:
 
     @property
     def elementwise_exact(self) -> bool:
-        """No reduction, matmul or norm anywhere and no partial argument:
-        every result element is computed by the same float operations
-        however the arguments are split, so a sharded run must give the
-        replicated run's bits."""
+        """No reduction, matmul, norm, attention or MoE anywhere and no
+        partial argument: every result element is computed by the same float
+        operations however the arguments are split, so a sharded run must
+        give the replicated run's bits. (Attention's and MoE's dot products
+        sum over a dimension a ShardSpec may split.)"""
         combining = ("op.sum", "op.mean", "op.max", "@", "op.matmul", "softmax", "norm(",
-                     "cross_entropy")
+                     "cross_entropy", "op.attention", "op.moe")
         return not self.wrt and not any(spec[2:] and spec[2] for spec in self.specs.values()) \
             and not any(c in s.text for s in self.steps for c in combining)
 
