@@ -372,13 +372,16 @@ class SharedMemoryCommunicator(MPICommunicator):
         return buf.nbytes <= self.slot_bytes
 
     def _pieces(self, *bufs) -> list | None:
-        """[(piece of each of `bufs`), ...]: flat views of at most
-        `slot_bytes` each, at the same offsets (None unless every buffer is
-        C-contiguous), so that a broadcast or transfer of any size goes
-        through the slots piece after piece instead of through MPI (whose
-        waits spin on a core the computing ranks need). Pieces of one
-        message are consecutive operations of its key: its last piece's
-        work completes after every earlier one."""
+        """[(piece of each of `bufs`), ...]: the buffers themselves when they
+        fit a slot, else flat views of at most `slot_bytes` each, at the same
+        offsets (None unless every buffer is C-contiguous), so that a
+        broadcast or transfer of any size goes through the slots piece after
+        piece instead of through MPI (whose waits spin on a core the
+        computing ranks need). Pieces of one message are consecutive
+        operations of its key: its last piece's work completes after every
+        earlier one."""
+        if self._fits(bufs[0]):
+            return [bufs]
         if not all(b.flags.c_contiguous for b in bufs):
             return None
         flat = [b.reshape(-1) for b in bufs]
