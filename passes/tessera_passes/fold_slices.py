@@ -31,22 +31,14 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import arith, ttile
 
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.support import (functions, launchables, launched, operation_key,
-                                         ops_of, run_reporting)
+from tessera_compiler.ir.support import (callee, functions, launchables, launched,
+                                         library_attrs, library_routine, operation_key, ops_of,
+                                         run_reporting)
 from tessera_compiler.ir.types import shape_of
 
 
-def _routine(launch: ir.Operation, symbols: dict) -> tuple[str, dict] | None:
-    """(routine, attributes) of a library launch, else None."""
-    decl = symbols.get(ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value)
-    if decl is None or decl.name != "func.func":
-        return None
-    attrs = {n.name: n.attr for n in ir.DictAttr(decl.attributes["tsched.library_attrs"])}
-    return ir.StringAttr(decl.attributes["tsched.library"]).value, attrs
-
-
 def _kernel(launch: ir.Operation, symbols: dict):
-    k = symbols.get(ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value)
+    k = callee(launch, symbols)
     return k if k is not None and k.name == "ttile.kernel" else None
 
 
@@ -136,12 +128,12 @@ class _Folder:
 
     # -- slices -------------------------------------------------------------------
     def fold_slice(self, launch: ir.Operation, position) -> bool:
-        found = _routine(launch, self.symbols)
-        if found is None or found[0] != "slice":
+        decl = callee(launch, self.symbols)
+        if library_routine(decl) != "slice":
             return False
         (src,), (piece,) = list(launch.opview.ins), list(launch.opview.outs)
         big, unit = shape_of(src), shape_of(piece)
-        offsets = list(ir.DenseI64ArrayAttr(found[1]["offsets"]))
+        offsets = list(ir.DenseI64ArrayAttr(library_attrs(decl)["offsets"]))
         cut = [d for d in range(len(big)) if unit[d] != big[d]]
         if len(cut) != 1 or unit[cut[0]] != 1 or \
                 any(o for d, o in enumerate(offsets) if d != cut[0]):
@@ -154,7 +146,7 @@ class _Folder:
             if user.name == "tsched.free":
                 frees.append(user)
             elif user.name == "tsched.launch" and \
-                    (_routine(user, self.symbols) or ("",))[0] == "reshape" and \
+                    library_routine(callee(user, self.symbols)) == "reshape" and \
                     list(user.opview.ins) == [piece] and \
                     shape_of(user.opview.outs[0]) == _without(unit, j):
                 reshapes.append(user)
@@ -204,10 +196,10 @@ class _Folder:
 
     # -- concats ------------------------------------------------------------------
     def fold_concat(self, launch: ir.Operation, position) -> bool:
-        found = _routine(launch, self.symbols)
-        if found is None or found[0] != "concat":
+        decl = callee(launch, self.symbols)
+        if library_routine(decl) != "concat":
             return False
-        j = ir.IntegerAttr(found[1]["dim"]).value
+        j = ir.IntegerAttr(library_attrs(decl)["dim"]).value
         pieces, (out,) = list(launch.opview.ins), list(launch.opview.outs)
         if isinstance(out.owner, ir.Block) or out.owner.name != "tsched.alloc":
             return False
@@ -225,8 +217,7 @@ class _Folder:
             if len(writers) != 1 or others:
                 return False
             reshape = writers[0]
-            found = _routine(reshape, self.symbols)
-            if found is None or found[0] != "reshape":
+            if library_routine(callee(reshape, self.symbols)) != "reshape":
                 return False
             (buffer,) = list(reshape.opview.ins)
             if shape_of(buffer) != _without(shape_of(piece), j) or \

@@ -21,22 +21,14 @@ from __future__ import annotations
 
 from tessera_mlir import ir
 
-from tessera_compiler.ir.support import functions, launched, operation_key, ops_of, run_reporting
-
-
-def _declarations(module: ir.Operation) -> dict:
-    """symbol -> library declaration (func.func with tsched.library)."""
-    return {ir.StringAttr(op.attributes["sym_name"]).value: op
-            for op in (o.operation for o in module.regions[0].blocks[0].operations)
-            if op.name == "func.func" and "tsched.library" in op.attributes}
+from tessera_compiler.ir.support import (callee, functions, launchables, launched,
+                                         library_routine, operation_key, ops_of, run_reporting)
 
 
 def _routine(launch: ir.Operation, declarations: dict):
     """(routine, declaration) of a launch of a library declaration, else None."""
-    decl = declarations.get(ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value)
-    if decl is None:
-        return None
-    return ir.StringAttr(decl.attributes["tsched.library"]).value, decl
+    decl = callee(launch, declarations)
+    return None if decl is None else (library_routine(decl), decl)
 
 
 def _swaps_last_two(decl: ir.Operation) -> bool:
@@ -74,7 +66,7 @@ def _transposed_declaration(decl: ir.Operation, operand: int, source_type: ir.Ty
 
 def fold_transposes(module: ir.Operation) -> int:
     """Folds every transpose it can (see the module docs); returns how many."""
-    declarations = _declarations(module)
+    declarations = {n: op for n, op in launchables(module).items() if op.name == "func.func"}
     # What may end up launched by nothing: the declarations launched now and
     # those this pass makes (a matmul with both operands folded is cloned twice).
     candidates = launched(module)

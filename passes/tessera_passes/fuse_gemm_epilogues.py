@@ -41,13 +41,10 @@ from tessera_mlir.dialects import tsched
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import action_rank, copy_action
-from tessera_compiler.ir.support import (functions, launchables, launched, operation_key,
-                                         ops_of, run_reporting)
+from tessera_compiler.ir.support import (callee, functions, launchables, launched,
+                                         library_attrs, library_routine, operation_key, ops_of,
+                                         run_reporting)
 from tessera_compiler.ir.types import shape_of, tile_of
-
-
-def _callee(launch: ir.Operation, symbols: dict):
-    return symbols.get(ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value)
 
 
 def _is_f32_2d(v: ir.Value) -> bool:
@@ -55,14 +52,10 @@ def _is_f32_2d(v: ir.Value) -> bool:
     return t.rank == 2 and str(t.element_type) == "f32"
 
 
-def _library_attrs(decl: ir.Operation) -> dict:
-    return {n.name: n.attr for n in ir.DictAttr(decl.attributes["tsched.library_attrs"])}
-
-
 def _cut_by_rows(decl: ir.Operation, m: int, n: int) -> bool:
     """Whether the engine's GEMM cuts this one into blocks of rows (as
     tessera_gemm_f32 decides: M > N, or M = N with B not transposed)."""
-    return m > n or (m == n and "transpose_rhs" not in _library_attrs(decl))
+    return m > n or (m == n and "transpose_rhs" not in library_attrs(decl))
 
 
 def _rows_per_program(kernel: ir.Operation, arg: int, m: int) -> int | None:
@@ -126,9 +119,8 @@ class _Fusion:
             if user.name == "tsched.free":
                 frees.append(user)
                 continue
-            callee = _callee(user, symbols) if user.name == "tsched.launch" else None
-            if callee is not None and callee.name == "func.func" and \
-                    ir.StringAttr(callee.attributes["tsched.library"]).value == "reshape" and \
+            called = callee(user, symbols) if user.name == "tsched.launch" else None
+            if library_routine(called) == "reshape" and \
                     list(user.opview.ins) == [self.c]:
                 (view,) = list(user.opview.outs)
                 views[operation_key(user)] = (user, view)
@@ -151,7 +143,7 @@ class _Fusion:
         if e.name != "tsched.launch" or e.opview.stream != self.gemm.opview.stream or \
                 action_rank(e) != action_rank(self.gemm):
             return False
-        kernel = _callee(e, symbols)
+        kernel = callee(e, symbols)
         ins, outs = list(e.opview.ins), list(e.opview.outs)
         # It writes neither the output (nor a view of it) nor the GEMM's
         # inputs (every block reads all of B while others run the epilogue).
@@ -234,7 +226,7 @@ class _Fusion:
                     view.owner.erase()
 
     def _attributes(self, kernel: str, mapping: list) -> ir.DictAttr:
-        entries = _library_attrs(self.decl)
+        entries = library_attrs(self.decl)
         entries["epilogue"] = ir.FlatSymbolRefAttr.get(kernel)
         entries["epilogue_args"] = ir.DenseI64ArrayAttr.get(mapping)
         entries["epilogue_rows"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), self.rows)
@@ -266,9 +258,8 @@ def fuse_gemm_epilogues(module: ir.Operation) -> int:
         for launch in ops_of(f):
             if launch.name != "tsched.launch":
                 continue
-            decl = _callee(launch, symbols)
-            if decl is None or decl.name != "func.func" or \
-                    ir.StringAttr(decl.attributes["tsched.library"]).value != "matmul":
+            decl = callee(launch, symbols)
+            if library_routine(decl) != "matmul":
                 continue
             ins, outs = list(launch.opview.ins), list(launch.opview.outs)
             if len(ins) != 2 or len(outs) != 1 or not all(map(_is_f32_2d, ins + outs)) or \
@@ -288,7 +279,7 @@ def fuse_gemm_epilogues(module: ir.Operation) -> int:
                 fused += 1
     # Matmul declarations nothing launches any more.
     for name in launched_before - launched(module):
-        if name in declarations and "epilogue" not in _library_attrs(declarations[name]):
+        if name in declarations and "epilogue" not in library_attrs(declarations[name]):
             declarations[name].erase()
     return fused
 

@@ -116,6 +116,28 @@ def launchables(module_op: ir.Operation) -> dict:
     return out
 
 
+def callee(launch: ir.Operation, symbols: dict):
+    """What a `tsched.launch` launches, looked up in `symbols` (`launchables`):
+    a kernel, a library declaration, or None."""
+    return symbols.get(ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value)
+
+
+def library_routine(op) -> str | None:
+    """A library declaration's routine ("matmul", "slice", ...); None for a
+    kernel or for nothing."""
+    if op is None:
+        return None
+    op = op.operation           # (a func.FuncOp view's `name` is its symbol)
+    if op.name != "func.func" or "tsched.library" not in op.attributes:
+        return None
+    return ir.StringAttr(op.attributes["tsched.library"]).value
+
+
+def library_attrs(decl: ir.Operation) -> dict:
+    """A library declaration's `tsched.library_attrs`, by name."""
+    return {n.name: n.attr for n in ir.DictAttr(decl.attributes["tsched.library_attrs"])}
+
+
 def launched(module_op: ir.Operation) -> set:
     """The symbols the module's functions launch (`tsched.launch`)."""
     return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
