@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,8 +55,9 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     reports how it ended: a rank that raises aborts the job (and says so); one
     that exits non-zero or is killed is named, and mpiexec then stops the
     others. With `timeout`, a job still running after that many seconds is
-    stopped with exit status 124. `watch`, if given, is called about twice a
-    second while the job runs."""
+    stopped with exit status 124. SIGTERM, SIGINT or SIGHUP to the launcher
+    stops the job and returns 128 + the signal's number (see _StopSignals).
+    `watch`, if given, is called about twice a second while the job runs."""
     if not Path(script).exists():
         print(f"tessera: no such script: {script}", file=sys.stderr)
         return 2
@@ -67,46 +69,121 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     wrapper = ["_rank"] + (["--profile", str(Path(profile).resolve())] if profile else [])
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", *wrapper, script, *args]
     env = {**(env or {})}
-    flight_dir = env.get(FLIGHT_ENV) or tessera_env.get(FLIGHT_ENV)
-    own_flight_dir = not flight_dir
-    if own_flight_dir:
-        flight_dir = env[FLIGHT_ENV] = tempfile.mkdtemp(prefix="tessera-flight-")
-    hang = _HangWatch(Path(flight_dir), n)
-    # PYTHONHASHSEED: every rank hashes a str alike, so per-rank code such
-    # as the training guide's `hash(param_name) % size` agrees across ranks.
-    proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0", **os.environ,
-                                      **env},
-                            start_new_session=True)
-    deadline = math.inf if timeout is None else time.monotonic() + timeout
-    try:
-        while True:
-            wait = min(0.5, max(0.0, deadline - time.monotonic()))
-            try:
-                return proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
-                    raise
-                if hang():
-                    # The ranks that timed out now fail with CollectiveTimeout
-                    # and end the job; stop whatever is left after that.
-                    try:
-                        return proc.wait(timeout=5) or 1
-                    except subprocess.TimeoutExpired:
-                        _stop(proc)
-                        return 1
-                if watch is not None:
-                    watch()
-    except subprocess.TimeoutExpired:
-        print(f"tessera: the job ran longer than --timeout {timeout:g} s; stopping all "
-              f"{n} ranks", file=sys.stderr)
-        _stop(proc)
-        return 124
-    except KeyboardInterrupt:
-        _stop(proc)
-        return 130
-    finally:
+    with _STOP_SIGNALS:
+        if _STOP_SIGNALS.received is not None:      # `launch --elastic`, between two runs
+            return 128 + _STOP_SIGNALS.received
+        flight_dir = env.get(FLIGHT_ENV) or tessera_env.get(FLIGHT_ENV)
+        own_flight_dir = not flight_dir
         if own_flight_dir:
-            shutil.rmtree(flight_dir, ignore_errors=True)
+            flight_dir = env[FLIGHT_ENV] = tempfile.mkdtemp(prefix="tessera-flight-")
+        # PYTHONHASHSEED: every rank hashes a str alike, so per-rank code such
+        # as the training guide's `hash(param_name) % size` agrees across ranks.
+        proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0",
+                                          **os.environ, **env},
+                                start_new_session=True)
+        try:
+            return _supervise(proc, n, timeout, _HangWatch(Path(flight_dir), n), watch)
+        finally:
+            if own_flight_dir:
+                shutil.rmtree(flight_dir, ignore_errors=True)
+
+
+def _supervise(proc: subprocess.Popen, n: int, timeout: float | None, hang: "_HangWatch",
+               watch) -> int:
+    """Waits for the job, in slices of at most half a second so that a stop
+    signal, the --timeout, a hang or `watch` is seen in time."""
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    hung = False
+    while True:
+        try:
+            code = proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            code = None
+        if _STOP_SIGNALS.received is not None:
+            # Even when the job has just ended (a scheduler may signal every
+            # process of the job, mpiexec too): the launcher was told to stop.
+            return _stop_for_signal(proc, n, _STOP_SIGNALS.received)
+        if code is not None:
+            return (code or 1) if hung else code
+        if time.monotonic() >= deadline:
+            if hung:
+                _stop(proc)
+                return 1
+            print(f"tessera: the job ran longer than --timeout {timeout:g} s; stopping all "
+                  f"{n} ranks", file=sys.stderr)
+            _say(_stop(proc))
+            return 124
+        if hung:
+            continue
+        if hang():
+            # The ranks that timed out now fail with CollectiveTimeout and
+            # end the job; whatever is left after 5 s is stopped.
+            hung, deadline = True, time.monotonic() + 5
+        elif watch is not None:
+            watch()
+
+
+#: What a scheduler (`timeout`, Slurm, Kubernetes), a closed terminal or
+#: Ctrl-C sends to stop the launcher.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: How long the job has after SIGTERM before what is left of it gets SIGKILL.
+STOP_GRACE_S = 5.0
+
+
+class _StopSignals:
+    """While held, a STOP_SIGNALS signal to the launcher is recorded instead
+    of ending it. mpiexec runs in a session of its own (and hydra puts its
+    proxy and every rank in further ones), so a launcher that died of the
+    signal would leave the whole job running, orphaned; instead `_supervise`
+    sees the signal within half a second, stops the job and the launcher
+    exits 128 + the signal's number, as a shell reports a process the signal
+    killed. Re-entrant: `launch --elastic` holds it over all its runs, so
+    that a signal between two runs ends the loop too. The first signal is
+    the one reported; later ones (a second Ctrl-C) change nothing, as the
+    stop is under way and ends in SIGKILL after STOP_GRACE_S anyway."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._depth = 0
+        self._previous: dict = {}
+
+    def _record(self, signum, _frame) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def __enter__(self) -> "_StopSignals":
+        # Python lets only the main thread set handlers; a launch from
+        # another thread keeps the default behaviour.
+        if self._depth == 0 and threading.current_thread() is threading.main_thread():
+            self.received = None
+            # A signal the launcher was started ignoring stays ignored: SIGHUP
+            # under nohup, SIGINT in a script's background job.
+            self._previous = {sig: signal.signal(sig, self._record) for sig in STOP_SIGNALS
+                              if signal.getsignal(sig) is not signal.SIG_IGN}
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+            self._previous = {}
+
+
+_STOP_SIGNALS = _StopSignals()
+
+
+def _stop_for_signal(proc: subprocess.Popen, n: int, signum: int) -> int:
+    """The launcher got `signum`: stops the job, says what it stopped and
+    returns the launcher's exit status, 128 + signum."""
+    name = signal.Signals(signum).name
+    if proc.poll() is not None:
+        _say(f"{name}: the job had already ended (mpiexec exit status {proc.returncode})")
+    else:
+        _say(f"{name}: stopping the job (mpiexec pid {proc.pid}, {n} rank{'s' if n != 1 else ''})")
+        _say(_stop(proc))
+    return 128 + signum
 
 
 class _HangWatch:
@@ -199,51 +276,58 @@ class _ElasticJob:
         return len(died), why
 
     def run(self, script: str, args: list[str]) -> int:
-        failures = restarts = 0
         try:
-            while True:
-                shutil.rmtree(self.control / elastic.RANKS_DIR, ignore_errors=True)
-                (self.control / elastic.RANKS_DIR).mkdir()
-                for name in (elastic.REQUEST_FILE, elastic.RESIZED_FILE):
-                    (self.control / name).unlink(missing_ok=True)
-                code = _launch(self.size, script, args, timeout=self.timeout,
-                               watch=self._watch, env={
-                                   "TESSERA_ELASTIC_CONTROL": str(self.control),
-                                   "TESSERA_ELASTIC_RESTART": str(restarts),
-                                   "TESSERA_ELASTIC_MAX": str(self.high)})
-                resized = elastic.read_json(self.control / elastic.RESIZED_FILE)
-                # 2: a usage error (no such script, bad arguments): another run
-                # fails the same way. 124, 130: --timeout, Ctrl-C.
-                if code == 0 and resized is None or code in (2, 124, 130):
-                    return code
-                job = self._job()
-                if job is None:
-                    _say("the script never entered dist.elastic, so it cannot resume: "
-                         "not restarting")
-                    return code
-                lost, why = (0, "ranks came back") if resized else self._lost()
-                if not resized:
-                    if failures >= self.max_restarts:
-                        _say(f"the job failed again after {failures} restart"
-                             f"{'s' if failures != 1 else ''} (--max-restarts "
-                             f"{self.max_restarts}): giving up")
-                        return code
-                    failures += 1
-                slots = self._slots()
-                capacity = slots if slots is not None else self.size - lost
-                new = self._best(capacity, job)
-                if new is None:
-                    _say(f"{capacity} rank{'s' if capacity != 1 else ''} left, and the script "
-                         f"accepts none of {job['world_sizes']} within --elastic "
-                         f"{self.low}:{self.high}: giving up")
-                    return code or 1
-                restarts += 1
-                found = elastic.saved_step(job["directory"])
-                where = f"resuming at step {found[1]}" if found else "starting from step 0"
-                _say(f"restart {restarts}: {self.size} -> {new} ranks, {where} ({why})")
-                self.size = new
+            with _STOP_SIGNALS:
+                return self._runs(script, args)
         finally:
             shutil.rmtree(self.control, ignore_errors=True)
+
+    def _runs(self, script: str, args: list[str]) -> int:
+        """The runs of the job, until one ends it; returns its exit status."""
+        failures = restarts = 0
+        while True:
+            shutil.rmtree(self.control / elastic.RANKS_DIR, ignore_errors=True)
+            (self.control / elastic.RANKS_DIR).mkdir()
+            for name in (elastic.REQUEST_FILE, elastic.RESIZED_FILE):
+                (self.control / name).unlink(missing_ok=True)
+            code = _launch(self.size, script, args, timeout=self.timeout,
+                           watch=self._watch, env={
+                               "TESSERA_ELASTIC_CONTROL": str(self.control),
+                               "TESSERA_ELASTIC_RESTART": str(restarts),
+                               "TESSERA_ELASTIC_MAX": str(self.high)})
+            if _STOP_SIGNALS.received is not None:     # the launcher was told to stop
+                return 128 + _STOP_SIGNALS.received
+            resized = elastic.read_json(self.control / elastic.RESIZED_FILE)
+            # 2: a usage error (no such script, bad arguments): another run
+            # fails the same way. 124: --timeout.
+            if code == 0 and resized is None or code in (2, 124):
+                return code
+            job = self._job()
+            if job is None:
+                _say("the script never entered dist.elastic, so it cannot resume: "
+                     "not restarting")
+                return code
+            lost, why = (0, "ranks came back") if resized else self._lost()
+            if not resized:
+                if failures >= self.max_restarts:
+                    _say(f"the job failed again after {failures} restart"
+                         f"{'s' if failures != 1 else ''} (--max-restarts "
+                         f"{self.max_restarts}): giving up")
+                    return code
+                failures += 1
+            slots = self._slots()
+            capacity = slots if slots is not None else self.size - lost
+            new = self._best(capacity, job)
+            if new is None:
+                _say(f"{capacity} rank{'s' if capacity != 1 else ''} left, and the script "
+                     f"accepts none of {job['world_sizes']} within --elastic "
+                     f"{self.low}:{self.high}: giving up")
+                return code or 1
+            restarts += 1
+            found = elastic.saved_step(job["directory"])
+            where = f"resuming at step {found[1]}" if found else "starting from step 0"
+            _say(f"restart {restarts}: {self.size} -> {new} ranks, {where} ({why})")
+            self.size = new
 
 
 def _say(text: str) -> None:
@@ -267,17 +351,97 @@ def thread_limits(ranks: int) -> dict:
             "TESSERA_GEMM_BLOCKS": str(gemm_block_limit(ranks))}
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stops mpiexec and every rank (they share its process group)."""
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+def _stop(proc: subprocess.Popen) -> str:
+    """Stops mpiexec and every process of its job; returns what it took, for
+    the launcher to print. SIGTERM goes to mpiexec's process group, which
+    holds mpiexec alone: hydra puts its proxy and each rank's wrapper in a
+    session of their own. mpiexec passes the signal on (its proxy ends every
+    rank's process group, the rank's wrapper and the script), so the job
+    ends in order. Whatever of it still runs after STOP_GRACE_S (mpiexec
+    stuck, or gone and leaving ranks behind) is killed with SIGKILL, each
+    process's whole group. The job's processes are found below mpiexec in
+    /proc, again at every poll, so that one seen before its parent died is
+    not lost."""
+    if proc.poll() is not None:
+        # Reaped: its pid may be another process's now. Its ranks, if any
+        # outlived it, are no longer below it to be found.
+        return f"stopped: mpiexec had already ended (exit status {proc.returncode})"
+    started = time.monotonic()
+    job = _descendants(proc.pid)                # pid -> process group, mpiexec included
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    while True:
+        if proc.poll() is None:
+            job.update(_descendants(proc.pid))
+        running = [pid for pid in job if pid != proc.pid and _running(pid)]
+        if proc.returncode is None:
+            running.insert(0, proc.pid)
+        if not running:
+            return (f"stopped: mpiexec and every rank ended {time.monotonic() - started:.1f} s "
+                    f"after SIGTERM ({len(job)} processes)")
+        if time.monotonic() - started >= STOP_GRACE_S:
+            break
+        time.sleep(0.05)
+    for pid in running:
         try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
+            os.killpg(job[pid], signal.SIGKILL)     # a rank wrapper's group holds its script
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    return (f"stopped: {len(running)} of the job's {len(job)} processes still ran "
+            f"{STOP_GRACE_S:g} s after SIGTERM (pids {', '.join(map(str, running))}); "
+            "killed them with SIGKILL")
+
+
+def _proc_stat(pid) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of `pid` from /proc (Linux), or
+    None where it has no entry (gone, or no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name, in parentheses, may itself hold spaces and ')'.
+    state, parent, group = text.rsplit(")", 1)[1].split()[:3]
+    return state, int(parent), int(group)
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """`root` and every process below it: pid -> its process group (only
+    `root` where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    groups = {root: root}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            stat = _proc_stat(entry.name)
+            if stat is not None:
+                children.setdefault(stat[1], []).append(int(entry.name))
+                groups[int(entry.name)] = stat[2]
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        found[pid] = groups.get(pid, pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` is alive; a zombie (ended, not yet reaped by its
+    parent, or by init where the parent ended first) is not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = _proc_stat(pid)
+    if stat is None:                # gone since, or no /proc to ask: kill's answer stands
+        return not os.path.isdir("/proc")
+    return stat[0] not in "ZX"
 
 
 def _rank(script: str, args: list[str], profile: str | None = None) -> int:
@@ -341,7 +505,11 @@ def main(argv=None) -> int:
                                         "TESSERA_COMM_TRACE=1 logs every collective; a collective "
                                         "stuck for TESSERA_COLLECTIVE_TIMEOUT seconds (default "
                                         "600) stops the job and names the ranks it waits for; "
-                                        "TESSERA_DETERMINISTIC=1 fixes every reduction order.")
+                                        "TESSERA_DETERMINISTIC=1 fixes every reduction order. "
+                                        "SIGTERM, SIGINT or SIGHUP to the launcher (timeout, "
+                                        "Slurm, Kubernetes, Ctrl-C) stops every rank, with "
+                                        "SIGKILL after 5 s, and exits 128 + the signal's "
+                                        "number; --elastic does not restart then.")
     launch.add_argument("-n", "--nprocs", type=int, default=None,
                         help="number of ranks (default 1; with --elastic, MAX)")
     launch.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
