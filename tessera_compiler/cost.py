@@ -9,7 +9,8 @@ A prediction needs only the compiled program (the Schedule IR function as
                 times the grid, times constant loop trip counts)
   matmul        gemm_call_s + 2 m n k (x batch) / GEMM rate of the dtype and
                 size (small GEMMs run slower: the measured gemm_curve)
-  other library launch_s + 2 x its output's bytes / copy (or transpose) rate
+  other library launch_s + 2 x its output's bytes / copy (or transpose) rate;
+                a value check launch_s + its input's bytes / memory rate
   collective    the ring alpha-beta model of the link its group uses: an
                 all_reduce of B bytes over n ranks takes 2(n-1) alpha +
                 2(n-1)/n B beta, all_gather / reduce_scatter / all_to_all
@@ -593,6 +594,8 @@ def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> fl
                                       work, machine) - machine.launch_s
     if library == "reshape":            # the runtime makes it a view of its input
         return 0.0
+    if library == "check_range":        # reads its input once, writes nothing
+        return machine.launch_s + _buffer_bytes(*args[0]) / machine.memory_bytes_per_s
     if library is not None:
         # A copy reads and writes about its output's bytes (a slice reads
         # only the part it keeps).

@@ -542,6 +542,33 @@ LogicalResult ScatterAddOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// Value checks
+//===----------------------------------------------------------------------===//
+
+LogicalResult CheckRangeOp::verify() {
+  RankedTensorType type = getInput().getType();
+  if (!type.getElementType().isSignlessInteger())
+    return emitOpError("'input' must be a tensor of integers, got ") << type;
+  int64_t low = getLow(), high = getHigh();
+  if (low > high)
+    return emitOpError("range [") << low << ", " << high << ") has its bounds reversed";
+  if (std::optional<ArrayRef<int64_t>> allowed = getAllowed()) {
+    if (allowed->empty())
+      return emitOpError("'allowed' must not be empty (leave it out)");
+    for (int64_t v : *allowed)
+      if (v >= low && v < high)
+        return emitOpError("allowed value ") << v << " is already in [" << low << ", "
+                                             << high << ")";
+  }
+  StringRef message = getMessage();
+  if (!message.contains("{row}") || !message.contains("{value}"))
+    return emitOpError("'message' must name the failing element's {row} and {value}");
+  if (getRowAxes() && type.getRank() < 1)
+    return emitOpError("'row_axes' needs a tensor with rows, got ") << type;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // Mixture of experts
 //===----------------------------------------------------------------------===//
 

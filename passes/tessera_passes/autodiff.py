@@ -152,7 +152,7 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
         dw = gb.grouped_outer(g, x[0], x[2], groups) if transposed else \
             gb.grouped_outer(x[0], g, x[2], groups)
         return [dx, dw, None]
-    if name in ("iota", "fill", "topk"):
+    if name in ("iota", "fill", "topk", "check_range"):     # (check_range: integers)
         return [None] * len(x)
     if name == "spmd":
         return _spmd_vjp(op, gs)

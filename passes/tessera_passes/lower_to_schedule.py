@@ -30,6 +30,9 @@ buffers the fused kernel needs fit in `TargetOptions.nvshmem_auto_max_bytes`
 (256 MiB by default), else the runtime's collective library. Without a
 target (option or `tessera.target` attribute) nothing is fused.
 
+A value check (`tgraph.check_range`) launches a kernel that reads its
+operand's buffer and writes none; its result is that buffer, not a copy.
+
 Argument and result shardings move to `tsched.sharding` attributes.
 
 On the GPU target an attention op whose sequence runs along another
@@ -150,18 +153,19 @@ class ScheduleBuilder:
         return op
 
     # -- kernels ---------------------------------------------------------
-    def make_kernel(self, ops: list[ir.Operation], kind: str | None = None
-                    ) -> tuple[str, list[ir.Value]]:
+    def make_kernel(self, ops: list[ir.Operation], kind: str | None = None,
+                    returns: bool = True) -> tuple[str, list[ir.Value]]:
         """A kernel holding `ops` (in order; each later op may read earlier
         ones' results) and the values it reads from outside, its inputs (one
         per operand, repeats included, so a one-op kernel's inputs are its
-        op's operands). It returns the last op's results."""
+        op's operands). It returns the last op's results (nothing unless
+        `returns`: a value check writes no buffer)."""
         kind = kind or ops[0].name.split(".", 1)[1]
         name = f"{self.name}_{kind}_{self.kernel_count}"
         self.kernel_count += 1
         inside = {r for op in ops for r in op.results}
         inputs = [v for op in ops for v in op.operands if v not in inside]
-        out_types = [r.type for r in ops[-1].results]
+        out_types = [r.type for r in ops[-1].results] if returns else []
         with ir.InsertionPoint(self.src), ops[-1].location:
             k = func.FuncOp(name, ([v.type for v in inputs], out_types), visibility="private")
             k.attributes["tsched.kernel"] = ir.UnitAttr.get()
@@ -177,7 +181,7 @@ class ScheduleBuilder:
                     for attr in ("tgraph.sharding", "tgraph.recompute"):   # (kernels merge
                         if attr in clone.attributes:                       # by their text)
                             del clone.attributes[attr]
-                func.ReturnOp(list(clone.results))
+                func.ReturnOp(list(clone.results) if returns else [])
         return name, inputs
 
     def launch(self, ops: list[ir.Operation], kind: str | None, compute) -> None:
@@ -203,6 +207,16 @@ class ScheduleBuilder:
         for r, out in zip(results, outs):
             self.buffers[r] = out
             self.on_compute.add(out)
+
+    def check(self, op: ir.Operation, compute) -> None:
+        """A value check (`tgraph.check_range`) launches a kernel that reads
+        its operand's buffer and writes none: its result is that buffer, not
+        a copy (the runtime reads the check's flag with the step's results)."""
+        buf = self.use(op.operands[0], compute)
+        self.buffers[op.results[0]] = buf
+        if not _is_empty(op.operands[0]):               # (no elements: nothing to check)
+            kernel, _ = self.make_kernel([op], returns=False)
+            self.tag(tsched.LaunchOp(ir.FlatSymbolRefAttr.get(kernel), compute, [buf], []))
 
     # -- buffers ---------------------------------------------------------
     def use(self, value: ir.Value, stream: ir.Value) -> ir.Value:
@@ -311,6 +325,9 @@ class ScheduleBuilder:
             elif op.name == "tgraph.all_to_all":       # a kernel of its own
                 self.launch([op], "exchange", compute)
             return                                     # a gather: with its matmul
+        if op.name == "tgraph.check_range":
+            self.check(op, compute)
+            return
         if is_compute(op):
             gather = op.operands[0].owner if op.name == "tgraph.matmul" else None
             if gather in self.fused:

@@ -4,8 +4,9 @@ Kernels arrive from tessera-lower-to-schedule as private `func.func`s holding
 one tgraph op each. This pass decides how each runs:
 
 1. Library calls. Matmuls (when the module targets the CPU, attribute
-   `tessera.target = "cpu"`) and data movement (reshape, transpose, slice,
-   pad, concat, gather, scatter_add) become body-less declarations marked
+   `tessera.target = "cpu"`), data movement (reshape, transpose, slice,
+   pad, concat, gather, scatter_add) and value checks (check_range, a
+   launch that writes no buffer) become body-less declarations marked
    `tsched.library = "<routine>"` with the op's attributes in
    `tsched.library_attrs`; the runtime engine implements them (BLAS through
    numpy on the CPU).
@@ -87,11 +88,11 @@ LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph
            "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice",
            "tgraph.topk": "topk", "tgraph.moe_dispatch": "moe_dispatch",
            "tgraph.moe_collect": "moe_collect", "tgraph.grouped_matmul": "grouped_matmul",
-           "tgraph.grouped_outer": "grouped_outer"}
+           "tgraph.grouped_outer": "grouped_outer", "tgraph.check_range": "check_range"}
 # `axis` and `row_axes` name mesh axes: the runtime turns them into this
 # rank's block index (e.g. which rows of a vocab-parallel table it holds).
 LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes", "k", "num_experts", "capacity",
-                 "blocks", "transpose_rhs")
+                 "blocks", "transpose_rhs", "low", "high", "allowed", "message")
 
 
 def tile_elementwise(op: ir.Operation, result_type: ir.Type, xs: list[ir.Value]) -> ir.Value:

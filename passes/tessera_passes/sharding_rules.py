@@ -301,6 +301,19 @@ def scatter_add_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     return Rule([upd, idx], result)
 
 
+def check_range_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """A value check passes its operand through: the first dimension keeps
+    its split (the runtime numbers this rank's rows from its block:
+    `row_axes`), the others are whole (rows stay whole blocks of the
+    flattened tensor, so a global position is the block's first one plus a
+    local one), and a pending sum is reduced first (its summands are not the
+    values)."""
+    (x,) = ins
+    rows = x.dims[0] if x.rank else ()
+    x = Sharding(x.mesh, (rows,) + ((),) * (x.rank - 1)) if x.rank else x.with_partial(())
+    return Rule([x], x, attrs={"row_axes": list(rows)} if rows else {})
+
+
 def replicated_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """Every operand whole and every result replicated: ops that create
     values (fill, iota; consumers that want them split slice them locally),
@@ -348,6 +361,7 @@ RULES = {
     "tgraph.attention": attention_rule,
     "tgraph.attention_grad": attention_rule,
     "tgraph.topk": topk_rule,
+    "tgraph.check_range": check_range_rule,
     "tgraph.moe_dispatch": replicated_rule,
     "tgraph.moe_collect": replicated_rule,
     "tgraph.grouped_matmul": replicated_rule,

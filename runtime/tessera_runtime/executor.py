@@ -15,6 +15,13 @@ so each rank verifies and runs its own subsequence (`send` / `recv` pair
 them up; the compiler's tessera-verify-schedule proved they match and
 cannot deadlock). A broadcast's `src` exists on its root only.
 
+Value checks (library routines in `library.CHECKS`: `ts.nn.cross_entropy`'s
+targets) write no buffer: each returns a flag, which the run keeps and reads
+once the step has run, after the engine synchronized (`Engine.read_flags`,
+one small copy on a GPU), raising the first failed check's error. So a check
+never synchronizes a device mid-step, and a failing step still completes
+its collectives on every rank.
+
 The executor only uses the `Engine` and `Communicator` interfaces and the
 `.shape` / `.dtype` of buffers, so other engines plug in unchanged.
 """
@@ -29,6 +36,7 @@ import numpy as np
 
 from . import profiler
 from .bundle import Instr, ProgramSpec
+from .engines.library import CHECKS, failed_check
 
 
 #: the largest buffer the straight-line run keeps in its arena
@@ -423,6 +431,9 @@ class ScheduleExecutor:
                         ins["args"][-1] in views:
                     src, dst = ins["args"]
                     plan.append(("view", src, (dst, shapes[dst], views[dst]), ins))
+                elif ins.op == "launch" and ins.get("library") in CHECKS:
+                    plan.append(("check", None, tuple(ins["args"]), ins))
+                    ins.fields.setdefault("profile_key", _profile_key(ins))
                 elif ins.op == "launch":
                     plan.append(("call", None, tuple(ins["args"]), ins))
                     ins.fields.setdefault("profile_key", _profile_key(ins))
@@ -495,7 +506,15 @@ class ScheduleExecutor:
         eng, meta = self.engine, self._meta
         bound = []
         for op, a, b, ins in plan:
-            if op == "call":
+            if op == "check":           # (a callable returning the check's flag)
+                attrs, stream = self._with_block(ins["attrs"]), eng.stream(ins["stream"])
+                direct = eng.prepare_library_by_address(
+                    ins["library"], attrs, [meta[v] for v in b], stream) if eng.by_address else None
+                if direct is not None:
+                    a, op = direct, "check_at"          # (takes addresses)
+                else:
+                    a = eng.prepare_library(ins["library"], attrs, stream)
+            elif op == "call":
                 stream = eng.stream(ins["stream"])
                 nbytes = sum(math.prod(meta[v][0]) * np.dtype(meta[v][1]).itemsize for v in b)
                 direct = None
@@ -558,6 +577,7 @@ class ScheduleExecutor:
         """Runs this rank's instructions on the inputs in `values`."""
         eng = self.engine
         pending: dict = {}
+        checks: list = []               # (flag, instruction) of the value checks that made one
         timing = _RunTiming(eng, self.program.entry, t_in, values.values()) \
             if rec is not None else None
         plan = self._plan()
@@ -571,7 +591,7 @@ class ScheduleExecutor:
             except IndexError:
                 arena = self._new_arena()
             try:
-                values.update(run(values, at, pending, *arena))
+                values.update(run(values, at, pending, *arena, checks))
             finally:
                 if pending:         # MPI may still write into the arena
                     self._abandoned.extend(pending.values())
@@ -579,7 +599,7 @@ class ScheduleExecutor:
                 else:
                     self._arenas.append(arena)
             return self._finish(ret, values, borrowed, device_outputs, None, None,
-                                self._layout[2])
+                                self._layout[2], checks)
         try:
             for op, a, b, ins in plan:
                 if op == "launch":
@@ -604,6 +624,17 @@ class ScheduleExecutor:
                         t0 = eng.timestamp(stream)
                         a([values[v] for v in b])
                         timing.launch(ins, t0, eng.timestamp(stream))
+                elif op == "check" or op == "check_at":
+                    args = [values[v] for v in b] if op == "check" else [at[v] for v in b]
+                    if timing is None:
+                        flag = a(args)
+                    else:
+                        stream = eng.stream(ins["stream"])
+                        t0 = eng.timestamp(stream)
+                        flag = a(args)
+                        timing.launch(ins, t0, eng.timestamp(stream))
+                    if flag is not None:
+                        checks.append((flag, ins))
                 elif op == "view":
                     if b[2] is None:
                         values[b[0]] = eng.reshape_view(values[a], b[1])
@@ -645,21 +676,28 @@ class ScheduleExecutor:
                     # a collective in flight would hand out garbage.
                     if pending:
                         raise ScheduleError(f"collectives still in flight at return: {list(pending)}")
-                    return self._finish(ins, values, borrowed, device_outputs, timing, rec)
+                    return self._finish(ins, values, borrowed, device_outputs, timing, rec,
+                                        checks=checks)
         finally:
             if pending:
                 self._abandoned.extend(pending.values())
         raise ScheduleError(f"{self._source}: no 'return' instruction")
 
     def _finish(self, ins, values: dict, borrowed: set, device_outputs: bool, timing, rec,
-                arena_bytes: int = 0):
-        """The run's results, once its `return` instruction `ins` is reached."""
+                arena_bytes: int = 0, checks=()):
+        """The run's results, once its `return` instruction `ins` is reached;
+        the error of the first value check (in program order) that failed
+        instead, if one did (`checks`: the flags the run's checks made)."""
         if ins is None:
             raise ScheduleError(f"{self._source}: no 'return' instruction")
         eng = self.engine
         eng.synchronize()
         self.memory = dict(self._memory_plan, borrowed_bytes=sum(
             int(values[v].nbytes) for v in borrowed if v in values), arena_bytes=arena_bytes)
+        if checks:
+            for (_, check), (row, value) in zip(checks, eng.read_flags([f for f, _ in checks])):
+                if row >= 0:
+                    raise failed_check(check["attrs"], row, value, check.get("loc"))
         t_out = time.perf_counter()
         outputs = [values[v] if device_outputs else eng.to_host(values[v], spec.dtype)
                    for v, spec in zip(ins["values"], self.program.outputs)]
@@ -678,9 +716,10 @@ class ScheduleExecutor:
         interpreting loop's dispatch and dictionaries (measured: the loop
         cost ~1.5 us per instruction, most of the runtime share of a CPU
         step). Returns (fn, the return instruction): `fn(values, at,
-        pending, B, A)` takes the inputs (and their addresses) by value name
+        pending, B, A, checks)` takes the inputs (and their addresses) by value name
         and an arena's buffers and addresses (`_new_arena`),
-        leaves started collectives' works in `pending` until their wait, and
+        leaves started collectives' works in `pending` until their wait,
+        appends each value check's flag (and instruction) to `checks`, and
         returns {returned value: buffer}. Built once per program; it runs
         the loop's operations, except that the buffers of `_arena_layout`
         are not allocated, viewed and freed but taken from the arena, and
@@ -730,6 +769,12 @@ class ScheduleExecutor:
                 lines.append(f"    {k(a)}(({''.join(f'a{use(v)}, ' for v in b)}))")
             elif op == "call":
                 lines.append(f"    {k(a)}([{', '.join(use(v) for v in b)}])")
+            elif op == "check":
+                lines.append(f"    f = {k(a)}([{', '.join(use(v) for v in b)}])\n"
+                             f"    if f is not None: checks.append((f, {k(ins)}))")
+            elif op == "check_at":
+                lines.append(f"    f = {k(a)}(({''.join(f'a{use(v)}, ' for v in b)}))\n"
+                             f"    if f is not None: checks.append((f, {k(ins)}))")
             elif op == "alloc":
                 n = var(a)
                 defined.add(a)
@@ -792,7 +837,7 @@ class ScheduleExecutor:
         if order:
             lines.insert(0, f"    ({''.join(f'{var(v)}, ' for v in order)}) = B\n"
                             f"    ({''.join(f'a{var(v)}, ' for v in order)}) = A")
-        source = "def run(values, at, pending, B, A):\n" + "\n".join(lines) + "\n"
+        source = "def run(values, at, pending, B, A, checks):\n" + "\n".join(lines) + "\n"
         namespace = dict(const)
         exec(compile(source, f"<{self._source}: straight-line run>", "exec"), namespace)
         self._fast_run = (namespace["run"], ret)

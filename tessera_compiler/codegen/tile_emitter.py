@@ -1254,6 +1254,39 @@ extern "C" void tessera_copy_box(const char* src, char* dst, int64_t rank, const
     tessera_copy_rows(src, dst, rank, extent, src_strides, dst_strides, item, first, last);
   }
 }
+// A value check (tgraph.check_range; the CPU engine's `check_range`): the
+// position of the first of x[0, n) outside [low, high) that is not
+// `allowed`, else -1. In U's arithmetic (mod 2^bits) an element is in range
+// iff x - low < high - low, one comparison; the caller passes 0 < high -
+// low < 2^bits (and `allowed` = low for none). Whole blocks of 4096 are
+// OR-reduced first (a loop with no exit and a constant trip count, which
+// GCC's -O2 vectorizes) and only a block holding a failing element is
+// searched; the tail is searched directly.
+template <typename T, typename U>
+static int64_t tessera_first_outside(const T* x, int64_t n, int64_t low, int64_t high,
+                                     int64_t allowed) {
+  const U lo = (U)low, span = (U)((U)high - (U)low);
+  const T other = (T)allowed;
+  int64_t start = 0;
+  for (; start + 4096 <= n; start += 4096) {
+    const T* b = x + start;
+    U bad = 0;
+    for (int64_t i = 0; i < 4096; ++i)
+      bad |= (U)((U)((U)b[i] - lo) >= span) & (U)(b[i] != other);
+    if (bad) break;
+  }
+  for (int64_t i = start; i < n; ++i)
+    if ((U)((U)x[i] - lo) >= span && x[i] != other) return i;
+  return -1;
+}
+extern "C" int64_t tessera_check_range_i32(const int32_t* x, int64_t n, int64_t low,
+                                           int64_t high, int64_t allowed) {
+  return tessera_first_outside<int32_t, uint32_t>(x, n, low, high, allowed);
+}
+extern "C" int64_t tessera_check_range_i64(const int64_t* x, int64_t n, int64_t low,
+                                           int64_t high, int64_t allowed) {
+  return tessera_first_outside<int64_t, uint64_t>(x, n, low, high, allowed);
+}
 """
 
 def cpu_runtime_source() -> str:

@@ -187,6 +187,14 @@ def scatter_add(updates: ir.Value, ids: ir.Value, rows: int) -> ir.Value:
     return tgraph.ScatterAddOp(ranked(shape, element_of(updates)), updates, ids).result
 
 
+def check_range(x: ir.Value, low: int, high: int, message: str, allowed=()) -> ir.Value:
+    """`x` (integers), each element checked to lie in `[low, high)` or in
+    `allowed`, else the step fails with `message` (`{row}`, `{value}`,
+    `{where}` filled in by the runtime): `tgraph.check_range`."""
+    return tgraph.CheckRangeOp(x, low, high, message,
+                               allowed=_dense(allowed) if len(allowed) else None).result
+
+
 # -- mixture of experts ----------------------------------------------------------------
 
 def _i32() -> ir.Type:

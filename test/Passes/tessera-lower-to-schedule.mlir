@@ -474,3 +474,28 @@ func.func @heads_cpu(%q: tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32> attribu
   return %o#0 : tensor<2x64x4x16xf32>
 }
 }
+
+// -----
+
+// A value check launches a kernel that reads its operand and writes nothing;
+// its result is the operand's buffer (no copy), freed after its last reader.
+// Zero elements: nothing to check, no launch.
+// CHECK-LABEL: func.func @check_range
+// CHECK: %[[T:.*]] = tsched.alloc : memref<8xi32>
+// CHECK: tsched.launch @check_range_reshape_0 on %{{.*}} ins(%arg0 : memref<2x4xi32>) outs(%[[T]] : memref<8xi32>)
+// CHECK-NEXT: tsched.launch @check_range_check_range_1 on %{{.*}} ins(%[[T]] : memref<8xi32>){{$}}
+// CHECK-NEXT: %[[Y:.*]] = tsched.alloc : memref<8xi32>
+// CHECK-NEXT: tsched.launch @check_range_add_2 on %{{.*}} ins(%[[T]], %[[T]] : memref<8xi32>, memref<8xi32>) outs(%[[Y]] : memref<8xi32>)
+// CHECK-NEXT: tsched.free %[[T]]
+// CHECK-NOT: tsched.launch
+// CHECK: return %[[Y]], %arg1
+// CHECK: func.func private @check_range_check_range_1(%{{.*}}: tensor<8xi32>) attributes {tsched.kernel}
+// CHECK-NEXT: tgraph.check_range %{{.*}} in [0, 7) or [-100] message "{row} {value}" : tensor<8xi32>
+// CHECK-NEXT: return{{$}}
+func.func @check_range(%x: tensor<2x4xi32>, %e: tensor<0xi32>) -> (tensor<8xi32>, tensor<0xi32>) attributes {tgraph.partitioned} {
+  %0 = tgraph.reshape %x : tensor<2x4xi32> to tensor<8xi32>
+  %1 = tgraph.check_range %0 in [0, 7) or [-100] message "{row} {value}" : tensor<8xi32>
+  %2 = tgraph.add %1, %1 : tensor<8xi32>
+  %3 = tgraph.check_range %e in [0, 7) message "{row} {value}" : tensor<0xi32>
+  return %2, %3 : tensor<8xi32>, tensor<0xi32>
+}

@@ -209,6 +209,41 @@ func.func private @rmax(%a: tensor<16x16xf32>) -> tensor<16x1xf32> attributes {t
 
 // -----
 
+// A value check is a library call that writes no buffer; reading nothing the
+// run around it makes, it moves ahead of the run, which stays one kernel.
+// CHECK-LABEL: func.func @check
+// CHECK: tsched.launch @chk on %{{.*}} ins(%arg1 : memref<8xi32>){{$}}
+// CHECK-NOT: tsched.launch @chk
+// CHECK: tsched.launch @neg_fused2 on %{{.*}} ins(%arg0 : memref<8xf32>) outs(%{{.*}} : memref<8xf32>)
+// CHECK-NOT: tsched.launch
+// CHECK: func.func private @chk(memref<8xi32>) attributes {tsched.library = "check_range", tsched.library_attrs = {allowed = array<i64: -100>, high = 7 : i64, low = 0 : i64, message = "{row} {value}"}}
+module attributes {tessera.target = "cpu"} {
+func.func @check(%x: memref<8xf32>, %t: memref<8xi32>) -> memref<8xf32> {
+  %s = tsched.stream "compute"
+  %0 = tsched.alloc : memref<8xf32>
+  tsched.launch @neg on %s ins(%x : memref<8xf32>) outs(%0 : memref<8xf32>)
+  tsched.launch @chk on %s ins(%t : memref<8xi32>)
+  %1 = tsched.alloc : memref<8xf32>
+  tsched.launch @exp on %s ins(%0 : memref<8xf32>) outs(%1 : memref<8xf32>)
+  tsched.free %0 : memref<8xf32>
+  return %1 : memref<8xf32>
+}
+func.func private @neg(%x: tensor<8xf32>) -> tensor<8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.neg %x : tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+func.func private @chk(%t: tensor<8xi32>) attributes {tsched.kernel} {
+  %0 = tgraph.check_range %t in [0, 7) or [-100] message "{row} {value}" : tensor<8xi32>
+  return
+}
+func.func private @exp(%x: tensor<8xf32>) -> tensor<8xf32> attributes {tsched.kernel} {
+  %0 = tgraph.exp %x : tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+}
+
+// -----
+
 // An op this pass has no lowering for is reported at the op.
 tgraph.mesh @mesh axes = ["x"] shape = [2]
 func.func @unlowerable(%a: memref<8xf32>) -> memref<8xf32> {

@@ -171,6 +171,28 @@ func.func @vocab_parallel(%table: tensor<12x8xf32> {tgraph.sharding = #tgraph.sh
 
 // -----
 
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// A value check keeps its operand's row split, names the row axes (the
+// runtime numbers this rank's rows from its block), gathers the other
+// dimensions and reduces a pending sum first.
+// CHECK-LABEL: func.func @check_range
+// CHECK: %[[T:.*]] = tgraph.check_range %arg0 in [0, 7) or [-100] message "{row} {value}" {row_axes = ["dp"]{{.*}}} : tensor<4xi32>
+// CHECK: %[[U:.*]] = tgraph.all_gather %arg1 on @mesh["tp"] dim 1 : tensor<2x3xi32> -> tensor<2x6xi32>
+// CHECK: tgraph.check_range %[[U]] in [0, 7) message "{row} {value}" {row_axes = ["dp"]{{.*}}} : tensor<2x6xi32>
+// CHECK: %[[V:.*]] = tgraph.all_reduce <sum> %arg2 on @mesh["tp"]
+// CHECK: tgraph.check_range %[[V]] in [0, 7) message "{row} {value}" {tgraph.sharding = {{.*}}} : tensor<3xi32>
+func.func @check_range(%t: tensor<8xi32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"]]>},
+                       %u: tensor<4x6xi32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>},
+                       %v: tensor<3xi32> {tgraph.sharding = #tgraph.sharding<@mesh, [[]], partial = ["tp"]>})
+    -> (tensor<8xi32>, tensor<4x6xi32>, tensor<3xi32>) {
+  %0 = tgraph.check_range %t in [0, 7) or [-100] message "{row} {value}" : tensor<8xi32>
+  %1 = tgraph.check_range %u in [0, 7) message "{row} {value}" : tensor<4x6xi32>
+  %2 = tgraph.check_range %v in [0, 7) message "{row} {value}" : tensor<3xi32>
+  return %0, %1, %2 : tensor<8xi32>, tensor<4x6xi32>, tensor<3xi32>
+}
+
+// -----
+
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
 // Matmul against a row-split weight slices the replicated activation's K
 // locally; a pending sum read twice is reduced once.

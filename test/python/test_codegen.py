@@ -778,6 +778,47 @@ def test_a_forked_child_runs_the_kernels_and_gemms_on_one_thread(monkeypatch):
     assert done[0] == pid, "the forked child hung"
     assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's result differs"
 
+def test_value_checks_run_in_the_kernel_library_and_find_what_numpy_finds():
+    """The CPU engine's value check (tgraph.check_range) of int32 and int64
+    is one call of the kernel library's tessera_check_range_*: on random
+    blocks of up to three 4096-element blocks and a tail, with failing
+    elements anywhere (or none), ranges reaching the type's ends, an allowed
+    value or none, and a block offset, it returns the numpy routine's flag;
+    a form it does not take (two allowed values) is left to numpy."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.codegen.build import build_cpu_library
+    from tessera_runtime.engines import cpu, library
+    with ir.Context():
+        source = emit_cpp(ir.Module.parse("module {}"))
+    engine = cpu.CPUEngine()
+    engine.load_kernels(build_cpu_library(source))
+    rng = np.random.default_rng()
+    for dtype in (np.int32, np.int64):
+        info = np.iinfo(dtype)
+        for low, high, allowed in ((0, 7, ()), (0, 11, (-100,)), (-5, 3, (2**31 - 1,)),
+                                   (int(info.min), int(info.max) + 1, ()),
+                                   (int(info.min), 0, (7,)), (3, int(info.max) + 1, (-1,))):
+            attrs = {"low": low, "high": high, "allowed": allowed, "block": (3, 4)}
+            for n in (1, 5, 4095, 4096, 4097, 3 * 4096 + 5):
+                x = rng.integers(max(low, -2**40), min(high, 2**40), n).astype(dtype)
+                if allowed and info.min <= allowed[0] <= info.max:
+                    x[rng.integers(0, n, 3)] = allowed[0]
+                for bad in ([], [int(rng.integers(0, n))], list(rng.integers(0, n, 3))):
+                    y = x.copy()
+                    for i in bad:
+                        y[i] = rng.choice([v for v in (low - 1, high, info.min, info.max, -2)
+                                           if info.min <= v <= info.max and not low <= v < high
+                                           and v not in allowed] or [low])
+                    check = engine.prepare_library_by_address(
+                        "check_range", attrs, [(y.shape, y.dtype)])
+                    assert check is not None, (dtype, low, high, allowed)
+                    assert check([cpu.address(y)]) == library.check_range(np, attrs, y), \
+                        (dtype, low, high, allowed, n, bad)
+    two = {"low": 0, "high": 7, "allowed": (-1, -2)}
+    assert engine.prepare_library_by_address("check_range", two, [((4,), np.int32)]) is None
+
+
 def test_transposes_slices_pads_and_concats_run_in_the_kernel_library_with_the_host_bits():
     """The CPU engine runs the library's transpose, slice and pad as one
     tessera_copy_box call each, and a concat as one per input: random boxes

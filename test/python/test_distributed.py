@@ -6,6 +6,7 @@ jobs (test/python/workers/); fresh random seeds every run."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -173,6 +174,13 @@ def test_zero_shards_optimizer_state_and_matches_data_parallel(run_mpi, tmp_path
     assert dp_ops["all_reduce"] <= 3, dp_ops
     assert zero_ops["reduce_scatter"] >= 15 and zero_ops["all_gather"] >= 15, zero_ops
     assert zero_ops["all_reduce"] <= 2, zero_ops                   # the loss only
+    # A target out of range in rank 1's rows fails that rank's step, naming
+    # the row of the global (flattened) targets; rank 0's rows pass.
+    checks = [json.loads((tmp_path / f"check.rank{r}.json").read_text()) for r in (0, 1)]
+    assert checks[0] is None, checks
+    assert (checks[1]["row"], checks[1]["value"], checks[1]["high"]) == (46, 12, 12), checks
+    assert re.search(r"^ts.nn.cross_entropy at \S*train_gpt.py:\d+: target 12 in row 46 is out "
+                     r"of range for 12 classes", checks[1]["message"]), checks
 
 
 def test_comm_trace_logs_every_collective(run_mpi, tmp_path):

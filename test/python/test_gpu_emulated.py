@@ -551,6 +551,25 @@ def test_softmax_layernorm_and_rmsnorm_kernels_emulated(dtype, monkeypatch, buil
     built_cleanly(ts.graph.trace(f, x, g, bias, target="gpu").cuda)
 
 
+def test_a_cross_entropy_target_out_of_range_fails_the_emulated_gpu_step(monkeypatch):
+    """The GPU target's value check: a library routine beside the loss's
+    emulated kernels, which still match numpy; a target out of range fails
+    the step once it has run, naming its row."""
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    rng = np.random.default_rng()
+    x = rng.standard_normal((6, 40)).astype(np.float32)
+    t = rng.integers(0, 40, 6).astype(np.int32)
+    t[1] = -100
+    loss = ts.jit(lambda x, t: op.cross_entropy(x, t), target="gpu")
+    xd, keep = x.astype(np.float64), t != -100
+    logp = xd - xd.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    np.testing.assert_allclose(loss(x, t), -logp[keep, t[keep]].mean(), rtol=1e-5)
+    t[4] = 40
+    with pytest.raises(ts.ValueCheckError, match=r"target 40 in row 4 is out of range for 40 "):
+        loss(x, t)
+
+
 @pytest.mark.parametrize("activation", ["relu", "silu"])
 def test_gemm_with_relu_or_silu_epilogue(activation, monkeypatch, built_cleanly):
     """The other activations of the GEMM epilogue (GELU is in the test

@@ -138,6 +138,15 @@ class Engine(ABC):
         `args` (inputs, then the output) on `stream`."""
         raise EngineError(f"the {self.name} engine has no library routines")
 
+    def read_flags(self, flags) -> list[tuple[int, int]]:
+        """The flags of a finished run's value checks (what the routines of
+        `library.CHECKS` returned: (row, value) on the host, or the engine's
+        buffers of the two) as (row, value) pairs, row < 0 where nothing
+        failed. Called once per run, after `synchronize`, only when some
+        check returned a flag."""
+        return [f if isinstance(f, tuple) else tuple(int(v) for v in self.to_host(f))
+                for f in flags]
+
     # -- streams and events ------------------------------------------------------
     def stream(self, name: str):
         """The engine handle for the program stream called `name`."""

@@ -339,6 +339,8 @@ class CPUEngine(Engine):
         #: the library's {"gather": tessera_gather_rows_f32, "scatter_add": ...}
         self._rows = None
         self._copy_box = None     # the library's tessera_copy_box
+        #: the library's value checks: {numpy dtype: tessera_check_range_<type>}
+        self._range_checks: dict = {}
         self.kernel_library = None
         self._kernels: dict[str, object] = {}
         self._threads: int | None = None      # default_threads(), at the first launch
@@ -384,9 +386,15 @@ class CPUEngine(Engine):
         self.kernel_library = path
         self._kernels.clear()
         self._team = self._team_blas = self._rows = self._copy_box = self._gemm_then = None
+        self._range_checks = {}
         if not hasattr(self._lib, "tessera_parallel"):      # a library from before the team
             return
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        for dtype, name in ((np.int32, "i32"), (np.int64, "i64")):
+            check = getattr(self._lib, f"tessera_check_range_{name}", None)
+            if check is not None:
+                check.restype, check.argtypes = i64, [ptr, i64, i64, i64, i64]
+                self._range_checks[np.dtype(dtype)] = check
         if hasattr(self._lib, "tessera_gather_rows_f32"):
             gather = self._lib.tessera_gather_rows_f32
             scatter = self._lib.tessera_scatter_add_rows_f32
@@ -510,7 +518,39 @@ class CPUEngine(Engine):
             return self._box_by_address(routine, attrs, metas)
         if routine == "concat":
             return self._concat_by_address(attrs, metas)
+        if routine == "check_range":
+            return self._check_by_address(attrs, metas)
         return self._gemm_by_address(routine, attrs, metas)
+
+    def _check_by_address(self, attrs: dict, metas):
+        """A value check of int32 or int64 (library.check_range) as one call
+        of the library's tessera_check_range_*: one pass over the block,
+        returning the flag, (row, value) or None. numpy's (None here) where
+        the range or the allowed values do not fit its form: at most one
+        allowed value, 0 < high - low < 2^bits."""
+        (shape, dtype), = metas
+        check = self._range_checks.get(np.dtype(dtype))
+        allowed = tuple(attrs.get("allowed", ()))
+        low, high = attrs["low"], attrs["high"]
+        if check is None or len(allowed) > 1:
+            return None
+        info = np.iinfo(dtype)
+        if not (info.min <= low < high <= info.max + 1):
+            return None
+        if high - low == 1 << info.bits:
+            return lambda ptrs: None                    # every value passes
+        other = allowed[0] if allowed and info.min <= allowed[0] <= info.max else low
+        n = math.prod(shape)
+        first = attrs.get("block", (0, 1))[0] * n
+        item = ctypes.c_int32 if np.dtype(dtype) == np.int32 else ctypes.c_int64
+        size = ctypes.sizeof(item)
+        # (ctypes objects made once: 0.7 us a call instead of 1.1 converting ints)
+        args = tuple(ctypes.c_int64(v) for v in (n, low, high, other))
+
+        def run(ptrs):
+            i = check(ptrs[0], *args)
+            return None if i < 0 else (first + i, item.from_address(ptrs[0] + size * i).value)
+        return run
 
     def _box_by_address(self, routine: str, attrs: dict, metas):
         """A transpose, slice or pad (library.py's) as one tessera_copy_box

@@ -14,7 +14,9 @@
   `comm`), so collectives on the comm stream overlap kernels on the compute
   stream; `event_record` / `event_wait` are CUDA events.
 * Library routines (data movement) run `library.py` on cupy on the launch's
-  stream.
+  stream. A value check (`check_range`) computes its flag on the device; the
+  run reads every check's flag in one copy with its results (`read_flags`):
+  no check synchronizes the device mid-step.
 
 Device selection: rank r of a job uses GPU r mod (GPUs on the node), or the
 device in TESSERA_CUDA_DEVICE.
@@ -248,9 +250,16 @@ class CUDAEngine(Engine):
                     wide = [bf16.to_f32(cp, a) if a.dtype == np.uint16 else a for a in args]
                     impl(cp, attrs, *wide)
                     args[-1][...] = bf16.from_f32(cp, wide[-1])
-                else:
-                    impl(cp, attrs, *args)
+                    return None
+                return impl(cp, attrs, *args)       # (a value check's flag, on the device)
         return call
+
+    def read_flags(self, flags) -> list[tuple[int, int]]:
+        """The run's check flags (device arrays [row, value]) in one copy to
+        the host: the only read a value check costs (after the run's
+        synchronize, beside its results' copies)."""
+        host = self.cp.asnumpy(self.cp.stack(flags) if len(flags) > 1 else flags[0])
+        return [tuple(int(v) for v in f) for f in host.reshape(len(flags), 2)]
 
     def call_library(self, routine: str, attrs: dict, args, stream=None) -> None:
         self.prepare_library(routine, attrs, stream)(args)

@@ -9,11 +9,29 @@ the op's attributes, and writes the output in place.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
 class LibraryError(RuntimeError):
     """A library routine got arguments it cannot handle (e.g. an index out of range)."""
+
+
+class ValueCheckError(LibraryError, ValueError):
+    """A value check of a step (`tgraph.check_range`: `ts.nn.cross_entropy`'s
+    targets) found an element outside its range; raised once the step has
+    run. `row`: the element's position in the flattened global tensor,
+    `value`: the element, `low`, `high`, `allowed`: what passes (`[low,
+    high)` and the values of `allowed`), `source`: the user's Python line
+    (`file:line`, or None)."""
+
+    def __init__(self, message: str = "", row: int | None = None, value: int | None = None,
+                 low: int | None = None, high: int | None = None, allowed: tuple = (),
+                 source: str | None = None):
+        super().__init__(message)
+        self.row, self.value, self.low, self.high = row, value, low, high
+        self.allowed, self.source = tuple(allowed), source
 
 
 def _compute_dtype(xp, dtype):
@@ -135,6 +153,96 @@ def _add_rows(xp, out, ids, updates) -> None:
     sorted_ids = flat[order]
     starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
     out.reshape(out.shape[0], -1)[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+
+
+# -- value checks -------------------------------------------------------------------
+#
+# A check writes no buffer. It returns a flag, which the executor keeps
+# until the step has run and then reads (`Engine.read_flags`, one small copy
+# on a GPU) and turns into an error (`failed_check`): a check never
+# synchronizes a device, and a step is never abandoned half-way, with
+# collectives in flight.
+
+#: the routines that check values (they return a flag instead of writing)
+CHECKS = ("check_range",)
+
+#: What a failed check raises: ValueCheckError, or a subclass of it that a
+#: frontend registers (`raise_checks_as`) so that its users catch it with
+#: their own base class (tessera registers one that is a TesseraError).
+_check_error: type = ValueCheckError
+
+
+def raise_checks_as(cls: type) -> None:
+    """Failed checks raise `cls` (a subclass of ValueCheckError) from now on."""
+    global _check_error
+    if not (isinstance(cls, type) and issubclass(cls, ValueCheckError)):
+        raise TypeError(f"raise_checks_as needs a subclass of ValueCheckError, got {cls!r}")
+    _check_error = cls
+
+
+#: the unsigned integer type of each integer width (bytes)
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def check_range(xp, attrs, x):
+    """`tgraph.check_range` on this rank's block `x`: every element must lie
+    in [low, high) or be one of `allowed`. The flag: None when every element
+    passes, else (row, value) of the first that fails, its row counted in
+    the flattened global tensor (the block's first element is `block` index
+    x the block's size: blocks split the first dimension only). On a device
+    (a cupy array) the flag is always a device array [row or -1, value],
+    computed there with no host read (`_check_on_device`): the engine reads
+    it with the step's results. (The CPU engine checks int32 and int64 blocks
+    in one call of its kernel library instead: `_check_by_address`.)"""
+    if type(x) is not np.ndarray:
+        return _check_on_device(xp, attrs, x)
+    if not x.size:
+        return None
+    low, high = attrs["low"], attrs["high"]
+    if low == 0 and x.dtype.kind == "i" and high <= 1 << (8 * x.dtype.itemsize - 1):
+        # One reduction: seen unsigned, a negative value is at least `high`
+        # (on 256 int32 one max is ~1.6 us, a min and a max ~4).
+        unsigned = x.view(_UNSIGNED[x.dtype.itemsize])
+        if unsigned.max() < high:
+            return None
+        bad = unsigned.reshape(-1) >= high
+    elif low <= x.min() and x.max() < high:
+        return None
+    else:
+        bad = (x.reshape(-1) < low) | (x.reshape(-1) >= high)
+    flat = x.reshape(-1)
+    for a in attrs.get("allowed", ()):
+        bad &= flat != a
+    i = int(bad.argmax())
+    return (attrs.get("block", (0, 1))[0] * x.size + i, int(flat[i])) if bad[i] else None
+
+
+def _check_on_device(xp, attrs, x):
+    """check_range's flag as a device array [row or -1, value] of the first
+    failing element: argmax of the failing mask, read where it lies, with
+    no synchronization (no value leaves the device)."""
+    flat = x.reshape(-1)
+    if not flat.size:
+        return None
+    low, high = attrs["low"], attrs["high"]
+    bad = (flat < low) | (flat >= high)
+    for a in attrs.get("allowed", ()):
+        bad &= flat != a
+    i = xp.argmax(bad)                          # the first failing element, or 0
+    first = attrs.get("block", (0, 1))[0] * flat.size
+    row = xp.where(xp.take(bad, i), i.astype(xp.int64) + first, -1)
+    return xp.stack([row, xp.take(flat, i).astype(xp.int64)])
+
+
+def failed_check(attrs: dict, row: int, value: int, source: str | None) -> ValueCheckError:
+    """The error of a check (its launch's `attrs`) whose flag names `row`
+    and `value`; `source` is the launch's Python line. The op's `message`
+    says what was checked, in its user's words; `{row}`, `{value}` and
+    `{where}` are filled in here."""
+    fields = {"row": str(row), "value": str(value), "where": f" at {source}" if source else ""}
+    text = re.sub(r"\{(row|value|where)\}", lambda m: fields[m.group(1)], attrs["message"])
+    return _check_error(text, row=row, value=value, low=attrs["low"], high=attrs["high"],
+                        allowed=tuple(attrs.get("allowed", ())), source=source)
 
 
 # -- mixture of experts -------------------------------------------------------------
@@ -283,4 +391,4 @@ ROUTINES = {"matmul": matmul, "reshape": reshape, "transpose": transpose, "slice
             "pad": pad, "concat": concat, "gather": gather, "scatter_add": scatter_add,
             "axis_slice": axis_slice, "topk": topk, "moe_dispatch": moe_dispatch,
             "moe_collect": moe_collect, "grouped_matmul": grouped_matmul,
-            "grouped_outer": grouped_outer}
+            "grouped_outer": grouped_outer, "check_range": check_range}

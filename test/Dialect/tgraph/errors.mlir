@@ -778,6 +778,66 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
 // -----
 
 //===----------------------------------------------------------------------===//
+// Value checks
+//===----------------------------------------------------------------------===//
+
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @below {{'tgraph.check_range' op 'input' must be a tensor of integers, got 'tensor<4xf32>'}}
+  %0 = tgraph.check_range %x in [0, 7) message "{row} {value}" : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @below {{'tgraph.check_range' op range [7, 0) has its bounds reversed}}
+  %0 = tgraph.check_range %x in [7, 0) message "{row} {value}" : tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @below {{'tgraph.check_range' op allowed value 3 is already in [0, 7)}}
+  %0 = tgraph.check_range %x in [0, 7) or [-100, 3] message "{row} {value}" : tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @below {{'tgraph.check_range' op 'allowed' must not be empty (leave it out)}}
+  %0 = tgraph.check_range %x in [0, 7) or [] message "{row} {value}" : tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xi32>) -> tensor<4xi32> {
+  // expected-error @below {{'tgraph.check_range' op 'message' must name the failing element's {row} and {value}}}
+  %0 = tgraph.check_range %x in [0, 7) message "target {value} is out of range" : tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+func.func @f(%x: tensor<i32>) -> tensor<i32> {
+  // expected-error @below {{'tgraph.check_range' op 'row_axes' needs a tensor with rows, got 'tensor<i32>'}}
+  %0 = tgraph.check_range %x in [0, 7) message "{row} {value}" {row_axes = ["dp"]} : tensor<i32>
+  return %0 : tensor<i32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4xi32>) -> tensor<4xi64> {
+  // expected-error @below {{'tgraph.check_range' op failed to verify that all of {input, result} have same type}}
+  %0 = "tgraph.check_range"(%x) {low = 0 : i64, high = 7 : i64, message = "{row} {value}"} : (tensor<4xi32>) -> tensor<4xi64>
+  return %0 : tensor<4xi64>
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
 // Mixture of experts
 //===----------------------------------------------------------------------===//
 

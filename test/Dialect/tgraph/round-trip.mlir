@@ -128,6 +128,17 @@ func.func @training_ops(%x: tensor<4x8xf32>, %b: tensor<1x8xf32>, %ids: tensor<4
   return %g#0 : tensor<4x8xf32>
 }
 
+// CHECK-LABEL: func.func @check_range
+// CHECK: %[[T:.*]] = tgraph.check_range %{{.*}} in [0, 7) or [-100] message "t {value} at {row}{where}" : tensor<16xi32>
+// CHECK: tgraph.check_range %[[T]] in [0, 7) message "t {value} at {row}" {row_axes = ["dp"]} : tensor<16xi32>
+// CHECK: tgraph.check_range %{{.*}} in [-2, -2) or [3, 5] message "{row}{value}" : tensor<2x3xi64>
+func.func @check_range(%t: tensor<16xi32>, %u: tensor<2x3xi64>) -> tensor<16xi32> {
+  %0 = tgraph.check_range %t in [0, 7) or [-100] message "t {value} at {row}{where}" : tensor<16xi32>
+  %1 = tgraph.check_range %0 in [0, 7) message "t {value} at {row}" {row_axes = ["dp"]} : tensor<16xi32>
+  %2 = tgraph.check_range %u in [-2, -2) or [3, 5] message "{row}{value}" : tensor<2x3xi64>
+  return %1 : tensor<16xi32>
+}
+
 // CHECK-LABEL: func.func @moe
 // CHECK: %[[E:.*]] = tgraph.topk %{{.*}} k 2 : tensor<16x8xf32> -> tensor<16x2xi32>
 // CHECK: %[[R:.*]], %[[S:.*]] = tgraph.moe_dispatch %{{.*}}[%[[E]]] experts 8 capacity 0 : tensor<16x4xf32>, tensor<16x2xi32> -> tensor<32x4xf32>, tensor<8xi32>

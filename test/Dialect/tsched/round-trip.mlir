@@ -9,6 +9,9 @@ tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 4]
 // A kernel on tensors (before Tile IR lowering): ins are its inputs, outs its results.
 func.func private @k_tensor(tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
 
+// A library routine that writes nothing (a value check): no results.
+func.func private @k_check(memref<8x8xf32>) attributes {tsched.library = "check_range"}
+
 // A Tile IR kernel: its arguments are the launch's ins, then its outs.
 ttile.kernel @k_tile(%a: memref<8x8xf32>, %b: memref<8x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   ttile.return
@@ -34,6 +37,9 @@ func.func @schedule(%x: memref<8x16xf32>, %w: memref<16x8xf32>) {
   // No `ins`: every buffer is an output.
   // CHECK: tsched.launch @k_tile on %[[COMPUTE]] outs(%[[H]], %[[O]] : memref<8x8xf32>, memref<8x8xf32>)
   tsched.launch @k_tile on %compute outs(%h, %o : memref<8x8xf32>, memref<8x8xf32>)
+  // No `outs`: the launch writes no buffer (a value check).
+  // CHECK: tsched.launch @k_check on %[[COMPUTE]] ins(%[[H]] : memref<8x8xf32>){{$}}
+  tsched.launch @k_check on %compute ins(%h : memref<8x8xf32>)
   // CHECK: %[[E:.*]] = tsched.event_record %[[COMPUTE]]
   %e = tsched.event_record %compute
   // CHECK: tsched.event_wait %[[E]] on %[[COMM]]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import linecache
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ class Value:
     shape: tuple
     dtype: str              # "f32", "bf16" or "i32" (cross-entropy targets)
     bound: float            # |value| <= bound on inputs drawn from N(0, 1) clipped at 3
+    ignore: int = -100      # cross-entropy targets: the ignore_index some rows have
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,17 @@ class Program:
         return float(np.sum(results[0] * arrays["weight"]))
 
 
+def live_values(p: Program) -> set:
+    """The names of the inputs and steps the results depend on. The compiler
+    drops the other steps, and with them the value checks they hold (a
+    cross-entropy's check of its targets)."""
+    live = {v.name for v in p.results}
+    for s in reversed(p.steps):
+        if s.out.name in live:
+            live |= set(re.findall(r"\b[xv]\d+\b", s.text))
+    return live
+
+
 def spec_text(partition, mesh_axes, partial=()) -> str:
     args = [f"partition={tuple(partition)}", f"mesh_axes={tuple(mesh_axes)}"] if partition else []
     return f"dist.ShardSpec({', '.join(args + ([f'partial={tuple(partial)}'] if partial else []))})"
@@ -182,7 +195,7 @@ def _draw(rng, v: Value) -> np.ndarray:
     if v.dtype == "i32":     # targets: classes in [0, V), sometimes ignore_index
         classes = v.bound
         t = rng.integers(0, int(classes), size=v.shape) if classes else np.zeros(v.shape, np.int64)
-        return np.where(rng.random(v.shape) < 0.2, -100, t).astype(np.int32)
+        return np.where(rng.random(v.shape) < 0.2, v.ignore, t).astype(np.int32)
     x = np.clip(rng.standard_normal(v.shape), -3, 3).astype(np.float32)
     return x.astype(ml_dtypes.bfloat16) if v.dtype == "bf16" else x
 
@@ -230,8 +243,8 @@ class _Builder:
         self.counter = itertools.count()
         self.values: list[Value] = []
 
-    def new_input(self, shape, dtype="f32", bound=3.0) -> Value:
-        v = Value(f"x{len(self.program.inputs)}", tuple(shape), dtype, bound)
+    def new_input(self, shape, dtype="f32", bound=3.0, ignore=-100) -> Value:
+        v = Value(f"x{len(self.program.inputs)}", tuple(shape), dtype, bound, ignore)
         self.program.inputs.append(v)
         if dtype != "i32":
             self.values.append(v)
@@ -564,21 +577,26 @@ def _attention_of_one_tensor(b: _Builder):
 
 
 def _cross_entropy(b: _Builder):
+    """Targets in [0, V), some of them ignore_index: -100, or a class (its
+    rows are left out too). Targets outside both fail the step
+    (test_fuzz_programs' out-of-range test): never drawn here."""
     b.need(b.allow_int)
     x = b.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[1] >= 1)
     n, classes = x.shape
-    t = b.new_input((n,), "i32", bound=classes)
+    ignore = b.draw(st.sampled_from([-100, 0, classes - 1]))
+    t = b.new_input((n,), "i32", bound=classes, ignore=ignore)
 
-    def ref(env, lg=x.name, t=t.name):
+    def ref(env, lg=x.name, t=t.name, ignore=ignore):
         v, tg = env[lg], env[t]
-        valid = (tg >= 0) & (tg < v.shape[1])
+        valid = (tg >= 0) & (tg < v.shape[1]) & (tg != ignore)
         if not v.size:
             return np.float64(0.0)
         shifted = v - v.max(axis=1, keepdims=True)
         logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         nll = -logp[np.arange(len(tg)), np.where(valid, tg, 0)] * valid
         return nll.sum() / max(valid.sum(), 1)
-    b.step(f"ts.nn.cross_entropy({x.name}, {t.name})", ref, (), "f32",
+    keyword = "" if ignore == -100 else f", ignore_index={ignore}"
+    b.step(f"ts.nn.cross_entropy({x.name}, {t.name}{keyword})", ref, (), "f32",
            2 * x.bound + math.log(classes) + 1)
 
 

@@ -8,7 +8,8 @@ import dataclasses
 import itertools
 
 import numpy as np
-from hypothesis import given, note
+import pytest
+from hypothesis import assume, given, note, strategies as st
 
 import oracles
 import programs
@@ -94,3 +95,33 @@ def test_attention_over_slices_of_one_tensor_matches_float64_numpy(p, tmp_path_f
 @given(p=programs.gradient_programs(max_steps=4, steps=ONE_TENSOR_ATTENTION))
 def test_attention_over_slices_of_one_tensor_matches_finite_differences(p, tmp_path_factory):
     _check_gradient(p, 3, tmp_path_factory)
+
+
+# Value checks: a cross-entropy's targets, one of them out of range, in
+# programs of a few other steps.
+CHECKED = (programs._cross_entropy, programs._unary, programs._binary, programs._matmul)
+
+
+@oracles.fuzz_settings(examples=8)
+@given(p=programs.programs(max_steps=4, steps=CHECKED, min_rank=2), data=st.data())
+def test_a_target_out_of_range_fails_the_step_naming_its_row(p, data, tmp_path_factory):
+    """One target outside [0, V) that is not the ignore_index, in a
+    cross-entropy the results depend on: the step raises ts.ValueCheckError
+    naming that row of the targets, the target and V (the check, like the
+    step, runs where the targets are)."""
+    import tessera as ts
+    live = programs.live_values(p)
+    targets = [v for v in p.inputs if v.dtype == "i32" and v.name in live and v.shape[0]]
+    assume(targets)
+    t = data.draw(st.sampled_from(targets))
+    classes = int(t.bound)
+    row = data.draw(st.integers(0, t.shape[0] - 1))
+    value = data.draw(st.sampled_from([classes, -1, -5, classes + 1000, 2**31 - 1]))
+    arrays = p.draw_inputs(4)
+    arrays[t.name][row] = value
+    note(f"{p.source(4)}\n{t.name}[{row}] = {value}")
+    with pytest.raises(ts.ValueCheckError) as err:
+        _run(p, arrays, tmp_path_factory)
+    e = err.value
+    assert (e.row, e.value, e.high) == (row, value, classes), str(e)
+    assert f"target {value} in row {row} is out of range for {classes} classes" in str(e)

@@ -1,7 +1,9 @@
 """`@ts.distribute` strategies on 2 ranks: trains the example GPT a few steps
 with data_parallel or zero_redundancy_optimizer and writes (rank 0) the losses,
 final parameters, the optimizer-state bytes each rank holds and the
-collectives the compiler chose, to OUT/{strategy}.npz and OUT/{strategy}.json.
+collectives the compiler chose, to OUT/{strategy}.npz and OUT/{strategy}.json;
+with data_parallel, each rank's error (or null) for a step with a target out
+of range in rank 1's rows, to OUT/check.rank{R}.json.
 
     mpiexec -n 2 python strategy_worker.py SEED STRATEGY STEPS OUT
 """
@@ -43,6 +45,19 @@ for i in range(steps):
     loss, params, state = step(params, state, batch)
     losses.append(float(loss))
 mesh = ts.mesh.current()
+if strategy == "data_parallel":
+    # A target out of range in rank 1's rows (batch row 5 of 8 is rank 1's
+    # second; the flattened targets' row 5 * 8 + 6 = 46): that rank's step
+    # raises once it has run, naming the global row; rank 0's returns (its
+    # rows are fine, and the step's collectives completed on both).
+    bad = ex.make_batch(rng, BATCH, LENGTH)
+    bad["targets"][5, 6] = ex.VOCAB
+    try:
+        step(params, state, bad)
+        check = None
+    except ts.ValueCheckError as e:
+        check = {"message": str(e), "row": e.row, "value": e.value, "high": e.high}
+    (out / f"check.rank{mesh.rank}.json").write_text(json.dumps(check))
 state_bytes = sum(t.nbytes for t in flatten(state)[0])
 final = {n: np.asarray(v) for n, v in zip(paths(params), flatten(params)[0])}
 if mesh.rank == 0:

@@ -455,6 +455,46 @@ def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
 }
 
 //----------------------------------------------------------------------------
+// Value checks
+//----------------------------------------------------------------------------
+
+def TGraph_CheckRangeOp : TGraph_Op<"check_range",
+    [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "its integer operand, each element checked to lie in [low, high) or in `allowed`";
+  let description = [{
+    The result is `input` (the runtime reads it in place: no copy). Every
+    element must lie in `[low, high)` or equal one of `allowed` (values
+    outside that range, e.g. cross-entropy's `ignore_index = -100`).
+    Otherwise the step computing the result fails with `message` once the
+    step has run, where the runtime replaces `{row}` by the position of the
+    first such element in the flattened (row-major) global tensor, `{value}`
+    by its value and `{where}` by ` at <file>:<line>` (the op's location) or
+    nothing. A check never stops a step half-way (a GPU computes it on the
+    device; the host reads one small flag per check with the step's results),
+    and it runs wherever its result is used: `ts.nn.cross_entropy` checks its
+    targets with it, so the loss and its gradient both keep it.
+
+    After partitioning, `row_axes` names the mesh axes splitting the first
+    dimension (the others are whole): this rank checks one block of rows and
+    reports rows by their global position.
+
+    ```mlir
+    %t = tgraph.check_range %targets in [0, 7) or [-100]
+        message "target {value} in row {row} is out of range{where}" : tensor<16xi32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, I64Attr:$low, I64Attr:$high,
+                       OptionalAttr<DenseI64ArrayAttr>:$allowed, StrAttr:$message,
+                       OptionalAttr<StrArrayAttr>:$row_axes);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `in` ` ` `[` $low `,` $high `)` (`or` $allowed^)? `message` $message attr-dict
+    `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
+//----------------------------------------------------------------------------
 // Mixture of experts: routing, the dispatch buffer, grouped expert GEMMs
 //----------------------------------------------------------------------------
 

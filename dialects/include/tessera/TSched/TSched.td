@@ -115,14 +115,15 @@ def TSched_LaunchOp : TSched_Op<"launch",
   let description = [{
     `ins` are read, `outs` are written. The kernel is either a function on
     tensors (inputs = `ins`, results = `outs`; before Tile IR lowering) or a
-    `ttile.kernel` whose arguments are `ins` followed by `outs`.
+    `ttile.kernel` whose arguments are `ins` followed by `outs`. A launch
+    without `outs` writes no buffer (a value check, `tgraph.check_range`).
   }];
   let arguments = (ins FlatSymbolRefAttr:$kernel, TSched_StreamType:$stream,
                        Variadic<AnyStaticShapeMemRef>:$ins,
                        Variadic<AnyStaticShapeMemRef>:$outs);
   let assemblyFormat = [{
     $kernel `on` $stream (`ins` `(` $ins^ `:` type($ins) `)`)?
-    `outs` `(` $outs `:` type($outs) `)` attr-dict
+    (`outs` `(` $outs^ `:` type($outs) `)`)? attr-dict
   }];
 }
 
