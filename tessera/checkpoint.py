@@ -27,9 +27,11 @@ the saved blocks its own shard needs, after checking every file's sha256.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
+import reprlib
 import shutil
 import threading
 import time
@@ -42,9 +44,15 @@ import numpy as np
 from tessera_runtime import world
 
 from ._pytree import flatten, paths, unflatten
-from .dist import DTensor, Mesh, ShardSpec
+from ._source import user_frame
+from .dist import DTensor, Mesh, ShardSpec, from_numpy, summand
 from .dtypes import bf16
-from .errors import TesseraError
+from .errors import CollectiveTimeout, TesseraError
+
+__all__ = ["save", "load", "tags", "latest", "manifest", "Checkpoint", "SaveHandle",
+           "CheckpointError"]
+# (`checkpoint.list`, the same as `tags`, is public too but not exported by
+# `import *`, where it would hide the builtin list.)
 
 FORMAT = "tessera-checkpoint"
 VERSION = 1
@@ -161,6 +169,10 @@ def _snapshot(tree_name: str, tree, rank: int, part: _Part) -> None:
                     if first_replica else []
         elif isinstance(leaf, (np.ndarray, np.generic)):
             array = np.asarray(leaf)
+            if array.dtype.kind in "OSUMm":
+                raise CheckpointError(f"checkpoint: {path} is an array of dtype {array.dtype}; "
+                                      "a checkpoint's tensors hold numbers (strings and other "
+                                      f"values go in extra, as JSON values)  [{user_frame()}]")
             entry = {"kind": "tensor", "shape": list(array.shape), "dtype": array.dtype.name,
                      "layout": None, "numpy_scalar": isinstance(leaf, np.generic), "blocks": []}
             owned = [(np.array(array, order="C"), [0] * array.ndim)] if rank == 0 else []
@@ -175,7 +187,7 @@ def _snapshot(tree_name: str, tree, rank: int, part: _Part) -> None:
         else:
             raise CheckpointError(f"checkpoint: {path} is a {type(leaf).__name__}; a checkpoint "
                                   "holds numpy arrays, DTensors, numpy Generators and JSON "
-                                  "values (None, bool, int, float, str)")
+                                  f"values (None, bool, int, float, str)  [{user_frame()}]")
         entry["path"] = path
         for block, start in owned:
             key = f"{path}@{','.join(map(str, start))}"
@@ -299,7 +311,16 @@ def _check_tag(tag: str) -> None:
     if not isinstance(tag, str) or not tag or tag.startswith(".") or "/" in tag \
             or tag in ("latest", ".", ".."):
         raise CheckpointError(f"checkpoint: tag {tag!r} must be a non-empty name without '/', "
-                              "not starting with '.', and not 'latest'")
+                              f"not starting with '.', and not 'latest'  [{user_frame()}]")
+
+
+def _directory(directory, what: str) -> Path:
+    """`directory=` as a Path: a str or a path, or an error at the user's line."""
+    if not isinstance(directory, (str, os.PathLike)):
+        from .errors import ArgumentError
+        raise ArgumentError(f"{what}: directory={directory!r:.60} must be a folder's path (a str "
+                            f"or a Path)  [{user_frame()}]")
+    return Path(directory)
 
 
 def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoints",
@@ -317,15 +338,16 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
     _check_tag(tag)
     if not atomic:
         raise CheckpointError("checkpoint.save: atomic=False is not offered: the tag is "
-                              "committed by one rename, which costs nothing")
-    if keep is not None and (not isinstance(keep, int) or keep < 1):
-        raise CheckpointError(f"checkpoint.save: keep={keep!r} must be a positive integer")
+                              f"committed by one rename, which costs nothing  [{user_frame()}]")
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+        raise CheckpointError(f"checkpoint.save: keep={keep!r} must be a positive integer  "
+                              f"[{user_frame()}]")
+    directory = _directory(directory, "checkpoint.save")
     started = time.perf_counter()
     _settle()                                # one save at a time, in call order
     from ._mpi import allgather_text, bcast_text
     rank, size = world()
     comm = _comm()
-    directory = Path(directory)
     handle = SaveHandle(tag, directory)
     part = _Part()
     for name, tree in zip(TREES, (tensors, optimizer, extra)):
@@ -333,7 +355,7 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
             _snapshot(name, tree, rank, part)
     nonce = uuid.uuid4().hex[:12]
     if comm is not None:
-        nonce = bcast_text(comm, nonce)
+        nonce = bcast_text(comm, nonce, what=f"checkpoint.save({tag!r})", axis="checkpoint")
     tmp = directory / f".tmp-{nonce}-{tag}"
 
     def write():
@@ -350,16 +372,23 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
             _write_part(tmp, rank, part)
         except Exception as e:                                   # noqa: BLE001
             status = f"rank {rank}: {type(e).__name__}: {e}"
-        statuses = allgather_text(comm, status) if comm is not None else [status]
-        failed = [s for s in statuses if s]
-        outcome = "; ".join(failed)
-        if rank == 0 and not failed:
-            try:
-                _commit(directory, tmp, tag, size, nonce, keep)
-            except Exception as e:                               # noqa: BLE001
-                outcome = f"rank 0 could not commit: {type(e).__name__}: {e}"
-        if comm is not None:
-            outcome = bcast_text(comm, outcome)
+        try:
+            statuses = allgather_text(comm, status, what=f"the commit of checkpoint {tag!r}",
+                                      axis="checkpoint") if comm is not None else [status]
+            failed = [s for s in statuses if s]
+            outcome = "; ".join(failed)
+            if rank == 0 and not failed:
+                try:
+                    _commit(directory, tmp, tag, size, nonce, keep)
+                except Exception as e:                           # noqa: BLE001
+                    outcome = f"rank 0 could not commit: {type(e).__name__}: {e}"
+            if comm is not None:
+                outcome = bcast_text(comm, outcome, what=f"the outcome of checkpoint {tag!r}",
+                                     axis="checkpoint")
+        except CollectiveTimeout as e:
+            # A rank that never came to the commit: nothing was committed,
+            # and wait() (or the save itself) says why on this rank.
+            outcome = str(e)
         handle.error = outcome or None
 
     if async_io:
@@ -377,8 +406,9 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
 
 def tags(directory="checkpoints") -> list[str]:
     """The committed tags in `directory`, oldest first (also `checkpoint.list`)."""
+    directory = _directory(directory, "checkpoint.tags")
     _settle()
-    return [tag for _, tag in _committed(Path(directory))]
+    return [tag for _, tag in _committed(directory)]
 
 
 def __getattr__(name: str):
@@ -391,16 +421,18 @@ def __getattr__(name: str):
 
 def latest(directory="checkpoints") -> str | None:
     """The newest committed tag (None when there is none)."""
+    directory = _directory(directory, "checkpoint.latest")
     _settle()
-    tags = _committed(Path(directory))
+    tags = _committed(directory)
     return tags[-1][1] if tags else None
 
 
 def manifest(tag: str = "latest", directory="checkpoints") -> dict:
     """The JSON manifest of committed checkpoint `tag` (its trees, leaves,
     blocks and the JSON values of `extra`), without reading any tensor."""
+    directory = _directory(directory, "checkpoint.manifest")
     _settle()
-    return _read_manifest(Path(directory), tag)[1]
+    return _read_manifest(directory, tag)[1]
 
 
 @dataclass
@@ -417,16 +449,20 @@ class Checkpoint:
 
 
 def _read_manifest(directory: Path, tag: str) -> tuple[str, dict]:
+    if not isinstance(tag, str) or not tag or "/" in tag or tag.startswith("."):
+        raise CheckpointError(f"checkpoint: tag {tag!r} must be the name of a saved checkpoint "
+                              f"(a str) or 'latest'  [{user_frame()}]")
     if tag == "latest":
         found = latest(directory)
         if found is None:
-            raise CheckpointError(f"checkpoint: no committed checkpoint in {directory}")
+            raise CheckpointError(f"checkpoint: no committed checkpoint in {directory}  "
+                                  f"[{user_frame()}]")
         tag = found
     path = directory / tag / MANIFEST
     if not path.is_file():
         have = tags(directory)
         raise CheckpointError(f"checkpoint '{tag}' does not exist in {directory} (committed "
-                              f"tags: {', '.join(have) if have else 'none'})")
+                              f"tags: {', '.join(have) if have else 'none'})  [{user_frame()}]")
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -439,18 +475,105 @@ def _read_manifest(directory: Path, tag: str) -> tuple[str, dict]:
     return tag, manifest
 
 
-def _target_layout(entry: dict, mesh: Mesh | None, layouts, like) -> ShardSpec | None:
-    """The layout `entry` is loaded in: `like`'s leaf, then `layouts`
-    (one ShardSpec, {path: spec} or (path, shape) -> spec), then the saved
-    layout where the mesh has its axes, else replicated; None: numpy."""
+def _saved_leaves(manifest: dict) -> dict[str, dict]:
+    """Every saved leaf's manifest entry, by path (`tensors.blocks.0.wq`)."""
+    return {e["path"]: e for name in TREES for e in manifest["leaves"].get(name, ())}
+
+
+def _layout_leaves(node, path: str, saved: dict, subtrees: set):
+    """(path, value) for each leaf of a `layouts` dict, flat or nested: keys
+    are joined with "." and list positions are numbers, as `_pytree.paths`
+    spells the saved paths, so `{"tensors": {"blocks": [{"wq": s}]}}`,
+    `{"tensors.blocks": [{"wq": s}]}` and `{"tensors.blocks.0.wq": s}` are
+    one layout. A node at a saved leaf's path is a leaf whatever it is (a
+    tuple there is a wrong value, not more tree); an empty dict or list at a
+    path that leads to no saved leaf is one too, so that its typo is reported."""
+    if path in saved or not isinstance(node, (dict, list, tuple)) \
+            or (not node and path not in subtrees):
+        yield path, node
+        return
+    for key, child in (node.items() if isinstance(node, dict) else enumerate(node)):
+        yield from _layout_leaves(child, f"{path}.{key}" if path else str(key), saved, subtrees)
+
+
+def _unknown_path(tag: str, path: str, value, saved: dict, subtrees: set, where) -> CheckpointError:
+    """The error for a `layouts` path that names no saved leaf: the closest
+    saved tensor path (a typo, or the tree nested one level off), else a few."""
+    tensors = [p for p, e in saved.items() if e["kind"] == "tensor"]
+    if path in subtrees:                    # e.g. {"tensors": spec}: one spec for a whole tree
+        inside = [p for p in tensors if p.startswith(path + ".")]
+        return CheckpointError(
+            f"checkpoint '{tag}': layouts gives {path} a {type(value).__name__}, but {path} is "
+            f"a subtree of the checkpoint ({_some(inside)}), not one tensor: give each of its "
+            f"tensors a ShardSpec or None  [{where}]")
+    close = difflib.get_close_matches(path, tensors, n=1)
+    hint = f"the closest saved path is {close[0]}" if close else \
+        f"its tensors are {_some(tensors)}" if tensors else "it holds no tensor"
+    return CheckpointError(f"checkpoint '{tag}': layouts names {path!r}, which is not a tensor "
+                           f"of the checkpoint; {hint}  [{where}]")
+
+
+def _some(items: list, n: int = 4) -> str:
+    return ", ".join(items[:n]) + (f", ... ({len(items)} in all)" if len(items) > n else "")
+
+
+_KINDS = {"value": "JSON value", "rng": "numpy Generator"}     # saved leaves
+
+
+def _layout_rule(layouts, manifest: dict, tag: str, where):
+    """`layouts` as a function (path, shape) -> ShardSpec or None, after
+    checking every ShardSpec/None it holds against the manifest. A dict (flat
+    paths or a tree) must name only saved leaves: a key that names none would
+    otherwise leave its tensor replicated without a word."""
+    if isinstance(layouts, ShardSpec):
+        return lambda path, shape: layouts
+    if callable(layouts):
+        def rule(path, shape):
+            spec = layouts(path, shape)
+            if spec is not None and not isinstance(spec, ShardSpec):
+                raise CheckpointError(f"checkpoint '{tag}': layouts({path!r}, {shape}) returned "
+                                      f"a {type(spec).__name__}, not a ShardSpec or None  "
+                                      f"[{where}]")
+            return spec
+        return rule
+    if not isinstance(layouts, dict):
+        raise CheckpointError(f"checkpoint '{tag}': layouts is a {type(layouts).__name__}; give "
+                              "one ShardSpec, a dict {path: ShardSpec or None} or a tree of them "
+                              "shaped like the saved trees, or a function (path, shape) -> "
+                              f"ShardSpec  [{where}]")
+    saved = _saved_leaves(manifest)
+    subtrees = {p[:i] for p in saved for i, c in enumerate(p) if c == "."}
+    by_path = {}
+    for path, spec in _layout_leaves(layouts, "", saved, subtrees):
+        entry = saved.get(path)
+        if spec is None and (entry is not None or path in subtrees):
+            continue        # the default, for any saved leaf or subtree: a tree mapped
+                            # over `like` may hold None for extra's values too
+        if entry is None:
+            raise _unknown_path(tag, path, spec, saved, subtrees, where)
+        if not isinstance(spec, ShardSpec):
+            raise CheckpointError(f"checkpoint '{tag}': layouts gives {path} a "
+                                  f"{type(spec).__name__} ({reprlib.repr(spec)}), not a "
+                                  f"ShardSpec or None  [{where}]")
+        if entry["kind"] != "tensor":
+            raise CheckpointError(f"checkpoint '{tag}': layouts gives {path} a ShardSpec, but "
+                                  f"it is a saved {_KINDS[entry['kind']]}, not a tensor  [{where}]")
+        by_path[path] = spec
+    return lambda path, shape: by_path.get(path)
+
+
+def _target_layout(entry: dict, mesh: Mesh | None, rule, like) -> ShardSpec | None:
+    """The layout `entry` is loaded in: `like`'s leaf, then `layouts` (as
+    `rule`; a tensor it gives None loads replicated, or as numpy when saved
+    as numpy), then the saved layout where the mesh has its axes, else
+    replicated; None: numpy."""
     path, shape = entry["path"], tuple(entry["shape"])
     if isinstance(like, DTensor):
         return like.layout
     if mesh is None:
         return None
-    if layouts is not None:
-        spec = layouts.get(path) if isinstance(layouts, dict) else \
-            layouts(path, shape) if callable(layouts) else layouts
+    if rule is not None:
+        spec = rule(path, shape)
         return spec if spec is not None else (ShardSpec() if entry["layout"] else None)
     saved = entry["layout"]
     if saved is None:
@@ -461,6 +584,44 @@ def _target_layout(entry: dict, mesh: Mesh | None, layouts, like) -> ShardSpec |
         return spec
     except Exception:                       # noqa: BLE001 (no such axis, or not divisible)
         return ShardSpec()                  # replicated on the new mesh
+
+
+@dataclass
+class _Plan:
+    """How one leaf is loaded, decided from the manifest and the arguments
+    alone (see `load`)."""
+    entry: dict
+    layout: ShardSpec | None = None         # None: a numpy array (or not a tensor)
+    mesh: Mesh | None = None
+    rank: int | None = None                 # this process' rank on `mesh` (None: one
+                                            # process, which holds the global value)
+    box: tuple = ()                         # the part of the tensor that rank holds
+
+
+def _plan(entry: dict, tag: str, mesh, rule, like, where) -> _Plan:
+    if entry["kind"] != "tensor":
+        return _Plan(entry)
+    path, shape = entry["path"], tuple(entry["shape"])
+    if like is not None and tuple(np.shape(like)) != shape:
+        raise CheckpointError(f"checkpoint '{tag}': tensor {path} has global shape "
+                              f"{list(shape)}, but the target expects {list(np.shape(like))}  "
+                              f"[{where}]")
+    layout = _target_layout(entry, mesh, rule, like)
+    if layout is None:
+        return _Plan(entry)
+    target = like.mesh if isinstance(like, DTensor) else mesh
+    try:
+        # dims_for and local_shape check only the layout, the shape and the
+        # mesh (the same on every rank); the box is this rank's own.
+        dims = layout.dims_for(len(shape), target, path)
+        target.info.local_shape(shape, dims)
+        rank = target._process_rank()
+        box = target.info.local_slices(shape, dims, rank) if rank is not None else ()
+    except Exception as e:                                       # noqa: BLE001
+        raise CheckpointError(f"checkpoint '{tag}': tensor {path} (global shape "
+                              f"{list(shape)}) does not fit layout {layout} on the "
+                              f"{target.topology}: {e}  [{where}]") from None
+    return _Plan(entry, layout, target, rank, box)
 
 
 class _Reader:
@@ -515,7 +676,8 @@ def _dtype(name: str) -> np.dtype:
     return bf16 if name == "bfloat16" else np.dtype(name)      # numpy has no bfloat16 name
 
 
-def _load_leaf(entry: dict, reader: _Reader, mesh, layouts, like):
+def _load_leaf(plan: _Plan, reader: _Reader):
+    entry = plan.entry
     if entry["kind"] == "value":
         return entry["value"]
     if entry["kind"] == "rng":
@@ -523,28 +685,16 @@ def _load_leaf(entry: dict, reader: _Reader, mesh, layouts, like):
         bitgen.state = entry["state"]
         return np.random.Generator(bitgen)
     path, shape = entry["path"], tuple(entry["shape"])
-    if like is not None and tuple(np.shape(like)) != shape:
-        raise CheckpointError(f"checkpoint '{reader.tag}': tensor {path} has global shape "
-                              f"{list(shape)}, but the target expects {list(np.shape(like))}")
-    layout = _target_layout(entry, mesh, layouts, like)
-    target = like.mesh if isinstance(like, DTensor) else mesh
-    whole = tuple(slice(0, n) for n in shape)
-    if layout is None:
-        value = reader.region(entry, whole)
+    if plan.layout is None:
+        value = reader.region(entry, tuple(slice(0, n) for n in shape))
         return value[()] if entry.get("numpy_scalar") else value
-    try:
-        dims = layout.dims_for(len(shape), target, path)
-        rank = target._process_rank()
-        box = target.info.local_slices(shape, dims, rank if rank is not None else 0)
-    except Exception as e:                                       # noqa: BLE001
-        raise CheckpointError(f"checkpoint '{reader.tag}': tensor {path} (global shape "
-                              f"{list(shape)}) does not fit layout {layout} on the "
-                              f"{target.topology}: {e}") from None
-    if rank is None:                              # one process: the global value
-        from .dist import from_numpy
-        return from_numpy(reader.region(entry, whole), layout, target, name=path)
-    return DTensor(reader.region(entry, box), shape, _dtype(entry["dtype"]), layout, target,
-                   name=path)
+    if plan.rank is None:                         # one process: the global value
+        return from_numpy(reader.region(entry, tuple(slice(0, n) for n in shape)),
+                          plan.layout, plan.mesh, name=path)
+    # A pending-sum layout (from `like`) holds the value once: the block at
+    # coordinate 0 of its partial axes and zeros elsewhere, as from_numpy does.
+    local = summand(reader.region(entry, plan.box), plan.layout, plan.mesh, plan.rank)
+    return DTensor(local, shape, _dtype(entry["dtype"]), plan.layout, plan.mesh, name=path)
 
 
 def load(tag: str = "latest", directory="checkpoints", mesh: Mesh | None = None,
@@ -552,26 +702,46 @@ def load(tag: str = "latest", directory="checkpoints", mesh: Mesh | None = None,
     """Checkpoint `tag` ("latest": the newest committed) from `directory`.
 
     Without `mesh`: numpy arrays (global values). With `mesh`: every saved
-    DTensor as a DTensor on `mesh` in `layouts` (one ShardSpec, a dict {path:
-    ShardSpec} or a function (path, shape) -> ShardSpec; default: the saved
-    layout where `mesh` has its axes, else replicated); each rank reads only
-    its shard. `like`: {"tensors": tree, "optimizer": tree, ...} of arrays or
-    DTensors the checkpoint must match (same tree, same global shapes; a
-    DTensor's layout and mesh are used). Collective when `mesh` is the job's.
-    Nothing is returned unless everything loaded."""
+    DTensor as a DTensor on `mesh`, each rank reading only its shard, laid
+    out by default in the saved layout where `mesh` has its axes and divides
+    the shape, else replicated; `layouts` chooses instead:
+      - one ShardSpec for every tensor;
+      - a dict {path: ShardSpec or None}, paths as the manifest spells them
+        ("tensors.blocks.0.wq"), or a tree shaped like the saved ones
+        ({"tensors": {"blocks": [{"wq": spec}]}}), or a mix; every path must
+        name a saved leaf;
+      - a function (path, shape) -> ShardSpec or None.
+    A tensor `layouts` gives None (or a dict does not name) loads replicated,
+    or as numpy if it was saved as numpy. `like`: {"tensors": tree,
+    "optimizer": tree, ...} of arrays or DTensors the checkpoint must match
+    (same tree, same global shapes; a DTensor's layout and mesh are used).
+    Collective when `mesh` is the job's. Nothing is returned unless
+    everything loaded."""
+    where = user_frame()
+    directory = _directory(directory, "checkpoint.load")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        from .errors import ArgumentError
+        raise ArgumentError(f"checkpoint.load: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), "
+                            f"not a dist.Mesh  [{where}]")
     _settle()
-    directory = Path(directory)
     tag, manifest = _read_manifest(directory, tag)
-    reader = _Reader(directory, tag, manifest)
+    if layouts is not None and mesh is None:
+        raise CheckpointError(f"checkpoint '{tag}': layouts= lays tensors out on a mesh, but "
+                              f"no mesh= was given (without one, load returns numpy arrays)  "
+                              f"[{where}]")
     like = like or {}
-    trees = {}
+    # Every argument is checked against the manifest, and every leaf's layout
+    # chosen, before any block is read: the verdict then depends only on what
+    # every rank shares (the manifest, the arguments, the mesh), so in a
+    # collective load all ranks raise the same error or none does, and no
+    # rank goes on to a collective that the others never reach.
+    rule = _layout_rule(layouts, manifest, tag, where) if layouts is not None else None
+    plans = {}
     for name in TREES:
         if name not in manifest["trees"]:
             if like.get(name) is not None:
-                raise CheckpointError(f"checkpoint '{tag}': it holds no '{name}' tree")
-            trees[name] = None
+                raise CheckpointError(f"checkpoint '{tag}': it holds no '{name}' tree  [{where}]")
             continue
-        structure = _structure_from_json(manifest["trees"][name])
         entries = manifest["leaves"][name]
         likes = [None] * len(entries)
         if like.get(name) is not None:
@@ -580,8 +750,12 @@ def load(tag: str = "latest", directory="checkpoints", mesh: Mesh | None = None,
             missing = sorted(set(want) - have)
             if missing:
                 raise CheckpointError(f"checkpoint '{tag}': tensor {missing[0]} is missing "
-                                      f"({len(missing)} of the target's leaves are)")
+                                      f"({len(missing)} of the target's leaves are)  [{where}]")
             likes = [want.get(e["path"]) for e in entries]
-        values = [_load_leaf(e, reader, mesh, layouts, w) for e, w in zip(entries, likes)]
-        trees[name] = unflatten(structure, values)
+        plans[name] = [_plan(e, tag, mesh, rule, w, where) for e, w in zip(entries, likes)]
+    reader = _Reader(directory, tag, manifest)
+    trees = dict.fromkeys(TREES)
+    for name, leaf_plans in plans.items():
+        structure = _structure_from_json(manifest["trees"][name])
+        trees[name] = unflatten(structure, [_load_leaf(p, reader) for p in leaf_plans])
     return Checkpoint(tag, trees["tensors"], trees["optimizer"], trees["extra"], manifest)

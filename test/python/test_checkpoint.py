@@ -4,6 +4,7 @@ layouts, surviving a rank killed mid-save, with errors that name the tag,
 tensor and file."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from tessera import checkpoint, dist
 from tessera._pytree import flatten, paths
 from tessera.checkpoint import CheckpointError
+from tessera.errors import TesseraError
 
 WORKER = Path(__file__).resolve().parent / "workers" / "checkpoint_worker.py"
 
@@ -40,6 +42,12 @@ def test_async_sharded_save_loads_onto_other_meshes(run_mpi, tmp_path):
         assert errors[f"{name} extra"] == [7, {"epoch": 1, "offset": 96}, True], name
     assert "('tp',)" in errors["tp=4 wqkv layout"]          # the saved layout where it fits
     assert errors["dp=4 wqkv layout"] == str(dist.ShardSpec())   # replicated where not
+    assert errors["tree wo"] == 0.0 and "(0,)" in errors["tree wo layout"]   # layouts tree
+    assert errors["pending-sum ln"] == 0.0             # a partial `like`: the value once
+    assert len(verdict["typo"]) == 4                       # every rank refused the typo
+    for refused in verdict["typo"]:
+        assert "'tensors.wqvk', which is not a tensor" in refused, refused
+        assert "the closest saved path is tensors.wqkv" in refused, refused
     # One writer per block: the dp=1 replicas (ranks 2, 3) write nothing.
     assert verdict["files"] == ["manifest.json", "rank00000.safetensors", "rank00001.safetensors"]
     # Without MPI, one process: global numpy values, or a mesh's DTensors.
@@ -181,8 +189,102 @@ def test_example_resumes_bitwise_as_if_never_stopped(tmp_path):
         (tmp_path / "stopped" / "step_6" / "rank00000.safetensors").read_bytes()
 
 
-def test_docs_example_runs():
-    """docs/checkpoint-format.md's first example, as written."""
+def test_docs_examples_run(capsys):
+    """docs/checkpoint-format.md's examples, as written."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "checkpoint-format.md").read_text()
-    code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "docs/checkpoint-format.md", "exec"), {})
+    examples = [part.split("```", 1)[0] for part in text.split("```python\n")[1:]]
+    assert len(examples) == 2
+    for code in examples:
+        exec(compile(code, "docs/checkpoint-format.md", "exec"), {})
+    assert "the closest saved path is tensors.blocks.0.wq" in capsys.readouterr().out
+
+
+COL = dist.ShardSpec(("col",), ("tp",))          # split the last dimension over tp
+ROW = dist.ShardSpec((0,), ("tp",))
+
+
+def saved_blocks(directory):
+    """A two-block model (numpy, and `ln` a tp-split DTensor), its optimizer
+    state and extras, saved from one process as tag `s`."""
+    rng = np.random.default_rng(3)
+    tp = dist.Mesh(axes=["tp"], shape=(2,))
+    blocks = [{"wq": rng.standard_normal((4, 8)).astype(np.float32),
+               "wo": rng.standard_normal((8, 4)).astype(np.float32)} for _ in range(2)]
+    ln = rng.standard_normal(8).astype(np.float32)
+    checkpoint.save("s", tensors={"blocks": blocks, "ln": dist.from_numpy(ln, ROW, tp)},
+                    optimizer={"m": {"blocks": [{k: v * 0.5 for k, v in b.items()}
+                                                for b in blocks]}, "step": np.float32(3)},
+                    extra={"step": 3}, directory=directory)
+    return blocks, ln
+
+
+def test_layouts_tree_or_flat_paths_load_each_tensor_in_its_layout(tmp_path):
+    blocks, ln = saved_blocks(tmp_path)
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 2))
+    tree = {"tensors": {"blocks": [{"wq": COL}, {"wo": ROW, "wq": None}]},
+            "optimizer": {"m": {"blocks": [{"wq": COL}]}, "step": None},
+            "extra": {"step": None}}                 # None: the default, on any saved leaf
+    flat = {"tensors.blocks.0.wq": COL, "tensors.blocks.1.wo": ROW,
+            "optimizer.m.blocks.0.wq": COL}
+    mixed = {"tensors.blocks": [{"wq": COL}, {"wo": ROW}], "optimizer.m": {"blocks": [{"wq": COL}]}}
+    for layouts in (tree, flat, mixed):
+        tensors, optimizer, extra = checkpoint.load("s", directory=tmp_path, mesh=mesh,
+                                                    layouts=layouts)
+        b0, b1 = tensors["blocks"]
+        assert b0["wq"].layout == COL and b0["wq"].dims == [(), ("tp",)]
+        assert b1["wo"].layout == ROW and b1["wo"].dims == [("tp",), ()]
+        assert optimizer["m"]["blocks"][0]["wq"].dims == [(), ("tp",)]
+        # Today's default for a tensor layouts leaves out: replicated if saved
+        # as a DTensor, numpy if saved as numpy.
+        assert tensors["ln"].layout == dist.ShardSpec() and isinstance(b0["wo"], np.ndarray)
+        np.testing.assert_array_equal(b0["wq"].numpy(), blocks[0]["wq"])
+        np.testing.assert_array_equal(b0["wq"].block(1), blocks[0]["wq"][:, 4:])  # tp=1
+        np.testing.assert_array_equal(b1["wo"].block(1), blocks[1]["wo"][4:])
+        np.testing.assert_array_equal(optimizer["m"]["blocks"][0]["wq"].numpy(),
+                                      blocks[0]["wq"] * 0.5)
+        np.testing.assert_array_equal(tensors["ln"].numpy(), ln)
+        assert extra["step"] == 3 and optimizer["step"] == np.float32(3)
+    # Without layouts, the saved layout where the mesh has its axes.
+    assert checkpoint.load("s", directory=tmp_path, mesh=mesh).tensors["ln"].layout == ROW
+
+
+def test_layouts_that_name_no_saved_tensor_are_errors(tmp_path):
+    saved_blocks(tmp_path)
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(2, 2))
+    data = tmp_path / "s" / "rank00000.safetensors"
+    data.write_bytes(data.read_bytes()[:100])  # truncated: each error below comes before any read
+
+    def refused(layouts, message, on=mesh):
+        with pytest.raises(CheckpointError, match=message) as caught:
+            checkpoint.load("s", directory=tmp_path, mesh=on, layouts=layouts)
+        assert isinstance(caught.value, TesseraError)
+        assert re.search(r"\[.*test_checkpoint\.py:\d+\]$", str(caught.value)), caught.value
+
+    closest = "which is not a tensor of the checkpoint; the closest saved path is"
+    refused({"tensors.blocks.0.wqq": COL}, f"'tensors.blocks.0.wqq', {closest} tensors.blocks.0.wq")
+    refused({"tensors": {"blocks": [{"q": COL}]}}, f"'tensors.blocks.0.q', {closest} "
+                                                   "tensors.blocks.0.wq")
+    refused({"tensor": {"ln": ROW}}, f"'tensor.ln', {closest} tensors.ln")       # tree name
+    refused({"tensors": {"ln": ROW, "typo": {}}}, "'tensors.typo', which is not a tensor")
+    refused({"zzzzzz": ROW}, r"'zzzzzz', which is not a tensor of the checkpoint; its tensors "
+                             r"are tensors.blocks.0.wo, .*\(10 in all\)")
+    refused({"tensors": {"blocks": COL}}, r"gives tensors.blocks a ShardSpec, but tensors.blocks "
+                                          r"is a subtree of the checkpoint \(tensors.blocks.0.wo, ")
+    # Values that are not a ShardSpec or None, in every form.
+    refused({"tensors": {"ln": ("tp",)}}, r"layouts gives tensors.ln a tuple \(\('tp',\)\), "
+                                          r"not a ShardSpec or None")
+    refused({"tensors.ln": "tp"}, "layouts gives tensors.ln a str")
+    refused(lambda path, shape: "tp", r"layouts\('tensors.blocks.0.wo', \(8, 4\)\) returned "
+                                      "a str, not a ShardSpec")
+    refused([ROW], "layouts is a list; give one ShardSpec, a dict")
+    refused({"extra": {"step": ROW}}, "gives extra.step a ShardSpec, but it is a saved JSON "
+                                      "value, not a tensor")
+    refused({"tensors.ln": ROW}, "layouts= lays tensors out on a mesh, but no mesh= was given",
+            on=None)
+    # A ShardSpec that does not fit its tensor names the tensor.
+    refused({"tensors.ln": dist.ShardSpec((0,), ("ep",))},
+            r"tensor tensors.ln \(global shape \[8\]\) does not fit layout .*mesh axis 'ep'")
+    refused({"tensors.ln": dist.ShardSpec((1,), ("tp",))},
+            r"tensor tensors.ln .* names dimension 1, but the tensor has rank 1")
+    refused({"tensors.ln": dist.ShardSpec((0,), ("tp",))},
+            r"tensor tensors.ln .* not divisible", on=dist.Mesh(axes=["tp"], shape=(3,)))

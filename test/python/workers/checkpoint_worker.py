@@ -2,7 +2,8 @@
 an async save of tp-sharded DTensors, numpy optimizer state and extras while
 the caller overwrites its parameters at once; loaded back onto the same mesh,
 onto tp = 4 and dp = 4 meshes, each rank checks its shard against the global
-values. `crash` mode (2 ranks): a checkpoint, then a large async save that
+values; then with a layouts tree, and with a typo'd one that every rank must
+refuse. `crash` mode (2 ranks): a checkpoint, then a large async save that
 rank 1 does not survive (SIGKILL while its writer thread runs).
 
     mpiexec -n 4 python checkpoint_worker.py save DIR OUT
@@ -62,6 +63,27 @@ if mode == "save":
         errors[name] = worst
         errors[f"{name} extra"] = [extra["step"], extra["data"],
                                    extra["rng"].standard_normal() == expected_next]
+    # A layouts tree on tp=4; then one naming no saved tensor, which every
+    # rank must refuse (from the manifest, before reading), or the ranks that
+    # went on would wait for the others at their next collective.
+    tp4 = dist.Mesh(axes=["tp"], shape=(4,))
+    wo = checkpoint.load("latest", directory=directory, mesh=tp4,
+                         layouts={"tensors": {"wo": dist.ShardSpec((0,), ("tp",))}}).tensors["wo"]
+    errors["tree wo"] = float(np.max(np.abs(wo.local() - values["wo"][3 * tp4.rank:][:3])))
+    errors["tree wo layout"] = str(wo.layout)
+    try:
+        checkpoint.load("latest", directory=directory, mesh=tp4,
+                        layouts={"tensors": {"wqvk": dist.ShardSpec((1,), ("tp",))}})
+        refused = ""
+    except checkpoint.CheckpointError as e:
+        refused = str(e)
+    # Into a pending-sum (partial over dp) target: the sum over dp is the value.
+    pending = dist.from_numpy(np.zeros(8, np.float32), dist.ShardSpec(partial=("dp",)), mesh)
+    ln = checkpoint.load("latest", directory=directory,
+                         like={"tensors": {"ln": pending}}).tensors["ln"]
+    errors["pending-sum ln"] = float(np.max(np.abs(ln.numpy() - values["ln"])))
+    from tessera._mpi import allgather_text, world_comm
+    verdict["typo"] = allgather_text(world_comm(), refused, what="the test's verdicts")
     verdict["errors"] = errors
     verdict["files"] = sorted(p.name for p in (directory / "step_7").iterdir())
     if mesh.rank == 0:
