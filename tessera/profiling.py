@@ -5,10 +5,14 @@
             loss = step(params, batch)
     print(prof.table)                               # rank 0 also prints it on exit
 
-Inside the block the runtime records every kernel launch, library call,
+    prof = dist.profile("step.json").start()      # the same, without a block
+    ...
+    prof.stop()                                     # (or, if never called, the process' exit)
+
+While it runs the runtime records every kernel launch, library call,
 collective (start to completion, bytes, axis), transfer and blocking wait, per
-rank and per stream (`tessera_runtime.profiler`). On exit every rank's record
-is gathered and
+rank and per stream (`tessera_runtime.profiler`). When it stops every rank's
+record is gathered and
 
 - `prof.ranks` holds each rank's balance, `prof.table` prints it: compute;
   communication exposed (the host blocked on it) split into *waiting* for the
@@ -31,15 +35,23 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
+import sys
 import time
+import warnings
+import weakref
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tessera_runtime
 from tessera_runtime import env, flight, profiler
 
-__all__ = ["profile"]
+if TYPE_CHECKING:
+    from ._source import SourceLine
+
+__all__ = ["profile", "ProfileError", "ProfileWarning"]
 
 _PINGS = 8
 
@@ -69,24 +81,100 @@ def _clock_offsets(comm) -> list[float]:
     return offsets.tolist()
 
 
+class ProfileWarning(UserWarning):
+    """A `dist.profile()` made but never started: it records nothing."""
+
+
+try:
+    from .errors import TesseraError
+    _ERROR_BASES: tuple = (TesseraError, RuntimeError)
+except ImportError:             # this file loaded alone (bench/gpu_kit.py): no package
+    _ERROR_BASES = (RuntimeError,)
+
+
+class ProfileError(*_ERROR_BASES):
+    """A profile started twice, or stopped without having been started: a
+    TesseraError. (The package's other modules are imported only where a
+    profile is made: bench/gpu_kit.py loads this file alone, for `balance`
+    and `perfetto_trace`, on a machine without the compiler; there this is a
+    plain RuntimeError.)"""
+
+
+def _user_line() -> "SourceLine":
+    from ._source import user_frame
+    return user_frame()
+
+
+def _argument_error(text: str) -> Exception:
+    """tessera's ArgumentError at the user's line (imported here, not at the
+    top: see ProfileError)."""
+    from .errors import ArgumentError
+    return ArgumentError(f"{text}  [{_user_line()}]")
+
+
+def _never_started(src: SourceLine) -> None:
+    """A profile object was collected (or the process ended) without being
+    entered or started: say so at the line that made it."""
+    warnings.warn_explicit(
+        "dist.profile() was never started, so it recorded nothing: use "
+        "`with dist.profile() as prof:` around the steps, or `prof = dist.profile().start()` "
+        f"... `prof.stop()`  [{src}]", ProfileWarning, src.filename, src.line)
+
+
 class profile:
-    """Profile the ranks' work inside the `with` block (see the module docs).
+    """Profile the ranks' work (see the module docs), in one of two forms:
+
+        with dist.profile() as prof:        # the steps inside the block
+            ...
+        prof = dist.profile().start()       # from start() to stop()
+        ...
+        prof.stop()                         # (or the process' exit)
+
+    Every rank starts and stops together (both exchange clocks or records).
+    A profile started and not stopped is stopped when the process exits
+    (its table printed then), as `tessera launch --profile` does; one made
+    and never started records nothing and says so (a ProfileWarning naming
+    the line that made it) when it is collected: a bare `dist.profile()`
+    call, the tutorial's 4.6 wording, is a statement that would otherwise
+    do nothing at all.
 
     trace:  where rank 0 writes the Perfetto trace JSON (None: no file)
-    steps:  how many steps the block runs, for the per-step columns (default:
-            the number of runs of the program that ran most often)
-    show:   rank 0 prints the table on exit
+    steps:  how many steps the profile covers, for the per-step columns
+            (default: the number of runs of the program that ran most often)
+    show:   rank 0 prints the table when the profile stops
     """
 
     def __init__(self, trace: str | Path | None = "tessera_trace.json", steps: int | None = None,
                  show: bool = True):
+        if trace is not None and not isinstance(trace, (str, os.PathLike)):
+            raise _argument_error(f"dist.profile: trace={trace!r} must be a file path (a str or "
+                                  f"Path) or None")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or steps < 1):
+            raise _argument_error(f"dist.profile: steps={steps!r} must be a number of steps (an "
+                                  f"int >= 1) or None")
         self.trace_path = Path(trace) if trace is not None else None
         self.steps, self.show = steps, show
         self.ranks: list[dict] = []
         self.table = ""
         self._comm = None
+        self._recorder = None
+        self._stopped = False
+        self._source = _user_line()
+        # (A finalizer, not __del__: it also runs at exit for a profile
+        # still referenced then, and holds no reference to the profile.)
+        self._unstarted = weakref.finalize(self, _never_started, self._source)
 
-    def __enter__(self) -> "profile":
+    # -- the two forms ----------------------------------------------------------
+    def start(self) -> "profile":
+        """Starts recording on every rank (each must call it); returns the
+        profile. Until `stop()`, or the process' exit."""
+        if self._recorder is not None:
+            state = "stopped" if self._stopped else "running"
+            raise ProfileError(f"dist.profile (made at {self._source}) was already started and "
+                               f"is {state}; make a new dist.profile() for another window  "
+                               f"[{_user_line()}]")
+        self._unstarted.detach()
         rank, size = tessera_runtime.world()
         self.rank = rank
         if size > 1:
@@ -96,20 +184,54 @@ class profile:
         else:
             self._offsets = [0.0]
         self._recorder = profiler.start()
+        atexit.register(self._stop_at_exit)
         return self
 
+    def stop(self) -> "profile":
+        """Stops recording, gathers every rank's record (each must call it),
+        fills `ranks` and `table`, writes the trace (rank 0) and prints the
+        table (rank 0, with `show`); returns the profile."""
+        if self._stopped:
+            raise ProfileError(f"dist.profile.stop(): the profile made at {self._source} was "
+                               "already stopped; make a new dist.profile() for another window  "
+                               f"[{_user_line()}]")
+        if self._recorder is None:
+            raise ProfileError(f"dist.profile.stop(): the profile made at {self._source} was "
+                               "never started; start it with .start() (or use `with "
+                               f"dist.profile() as prof:`)  [{_user_line()}]")
+        self._finish(profiler.stop(self._recorder))
+        return self
+
+    def __enter__(self) -> "profile":
+        return self.start()
+
     def __exit__(self, kind, value, tb) -> None:
-        rec = profiler.stop(self._recorder)
         if kind is not None:
             # The block raised on this rank: gathering now would wait for ranks
             # that may never get here (the error aborts the job instead).
+            self._stopped = True
+            atexit.unregister(self._stop_at_exit)
+            profiler.stop(self._recorder)
             return
+        self.stop()
+
+    def _stop_at_exit(self) -> None:
+        if not self._stopped:
+            if self.rank == 0:
+                print(f"[tessera] dist.profile() started at {self._source} was not stopped; "
+                      "stopping it at exit", file=sys.stderr, flush=True)
+            self.stop()
+
+    def _finish(self, rec) -> None:
+        self._stopped = True
+        atexit.unregister(self._stop_at_exit)
         mine = json.dumps({"rank": self.rank, "t_start": rec.t_start, "t_stop": rec.t_stop,
                            "groups": flight.RECORDER.groups,
                            "slices": [list(s) for s in rec.slices]})
         if self._comm is not None:
             from ._mpi import allgather_text
-            records = [json.loads(t) for t in allgather_text(self._comm, mine)]
+            records = [json.loads(t) for t in allgather_text(
+                self._comm, mine, what="the merge of dist.profile's records", axis="profile")]
         else:
             records = [json.loads(mine)]
         for r in records:
@@ -357,11 +479,10 @@ def profile_from_env() -> None:
     folder = env.get("TESSERA_PROFILE")
     if not folder:
         return
-    prof = profile(Path(folder) / "trace.json")
-    prof.__enter__()
+    prof = profile(Path(folder) / "trace.json").start()
 
-    def finish():
-        prof.__exit__(None, None, None)
+    def finish():               # (registered after start(): runs before its own stop at exit)
+        prof.stop()
         if prof.rank == 0:
             (Path(folder) / "summary.txt").write_text(prof.table + "\n")
             try:
