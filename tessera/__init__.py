@@ -15,7 +15,7 @@
         return loss, ts.grad(loss, params)
 """
 
-from . import checkpoint, dist, graph, mesh, nn, op, optim, pipeline, schedule
+from . import checkpoint, dist, errors, graph, mesh, nn, op, optim, pipeline, schedule
 from . import dist as distributed          # `ts.distributed.all_gather`, as the docs write it
 from ._trace import autocast
 from .autodiff import grad, value_and_grad
@@ -24,11 +24,15 @@ from .remat import remat
 from .strategy import distribute
 from .dtypes import (bf16, bfloat16, bool_, f16, f32, f64, float16, float32, float64, int32,
                      int64, tensor)
-from .errors import CompileError, LaunchError, ShapeError, ShardingError, TesseraError
+from .errors import (ArgumentError, CompileError, LaunchError, ShapeError, ShardingError,
+                     TesseraError, TracingError, ValueCheckError)
 from .op import (concat, exp, isfinite, log, matmul, maximum, minimum, relu, reshape, softmax,
                  split, sqrt, tanh, transpose, where)
 from .types import Tensor
+from tessera_compiler.ir import options as _options
 from tessera_compiler.ir.options import GemmConfig, TargetOptions
+
+_options.invalid = errors.option_error     # ts.TargetOptions(target="tpu"): at the user's line
 
 __version__ = "0.2.0"
 
@@ -40,7 +44,7 @@ __all__ = ["distributed", "compile", "jit", "function", "CompiledFunction", "dis
            "remat",
            "value_and_grad",
            "autocast", "Tensor", "checkpoint", "dist", "graph", "nn", "op", "optim", "pipeline", "schedule", "f32", "f64", "f16",
-           "bf16", "int32", "int64", "bool_", "TesseraError", "ShardingError", "ShapeError",
-           "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
+           "bf16", "int32", "int64", "bool_", "TesseraError", "ValueCheckError", "ShardingError", "ShapeError", "TracingError",
+           "ArgumentError", "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
            "softmax", "relu", "exp", "log", "sqrt", "tanh", "where", "isfinite", "minimum",
            "maximum", "TargetOptions", "GemmConfig", "tensor"]

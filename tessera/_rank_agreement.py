@@ -7,9 +7,11 @@ anything else that differs between processes) traces a different program on
 each rank, and nothing in MPI or NCCL notices: the ranks' collectives are
 paired with each other's and the result is a mixture of the programs, or
 garbage. So before a freshly traced program runs, the ranks compare a
-fingerprint of its Graph IR (one 32-byte all-gather per compilation); when they
-differ, every rank raises the same error naming the ranks and the first op
-where their programs part, and nothing runs.
+fingerprint of its Graph IR (32 bytes a rank, gathered once per compilation,
+under TESSERA_COLLECTIVE_TIMEOUT); when they differ, every rank raises the
+same error naming the ranks and the first op where their programs part, and
+nothing runs; a rank that never comes (stuck before the call) is named by
+the others' CollectiveTimeout.
 """
 
 from __future__ import annotations
@@ -21,12 +23,9 @@ import numpy as np
 from tessera_compiler.ir.types import ELEMENT_BYTES
 from tessera_mlir import ir
 
-from ._mpi import allgather_text, world_comm
+from ._mpi import allgather_text, exchange, world_comm
 from ._source import SourceLine
-from .errors import CompileError
-
-DIGEST_BYTES = 32
-
+from .errors import CompileError, InputMismatch
 
 #: on a per-rank body that sends or receives: every rank's sends and recvs
 #: (each process traces every rank's body, so all must find the same plan)
@@ -118,19 +117,24 @@ def fingerprint(module: ir.Module, extra: str = "") -> bytes:
     return hashlib.sha256("\n".join(parts).encode()).digest()
 
 
-def agree_on_program(name: str, module: ir.Module, extra: str = "") -> None:
+def agree_on_program(name: str, module: ir.Module, extra: str = "",
+                     source: str | None = None) -> None:
     """Raises CompileError on every rank unless every rank of COMM_WORLD
-    traced the same program. Collective: every rank must call it."""
+    traced the same program, or CollectiveTimeout naming the ranks that
+    never came to compare it (within TESSERA_COLLECTIVE_TIMEOUT). Every rank
+    must call it; `source` is the user's line that called `name`."""
     comm = world_comm()
-    mine = np.frombuffer(fingerprint(module, extra), np.uint8)
-    every = np.empty((comm.Get_size(), DIGEST_BYTES), np.uint8)
-    comm.Allgather(mine, every)
-    if (every == every[0]).all():
+    at = f" (called at {source})" if source else ""
+    what = (f"the program agreement before the first run of {name}{at}: the ranks check "
+            "that they traced the same program")
+    every = exchange(comm, fingerprint(module, extra), f"the program agreement of {name}", what,
+                     source=source)
+    if all(d == every[0] for d in every):
         return
     # Rare and fatal: now exchange the programs themselves to say where they differ.
-    texts = allgather_text(comm, "\n".join(program_ops(module)))
-    raise CompileError(describe_mismatch(name, [bytes(d) for d in every],
-                                         [t.splitlines() for t in texts]))
+    texts = allgather_text(comm, "\n".join(program_ops(module)),
+                           what=f"the program listings of {name}")
+    raise CompileError(describe_mismatch(name, every, [t.splitlines() for t in texts]))
 
 
 def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]) -> str:
@@ -166,3 +170,89 @@ def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]
 
 def _ranks(group: list[int]) -> str:
     return ", ".join(map(str, group))
+
+
+# -- the arguments' values -----------------------------------------------------------
+#
+# The arguments of a global-view call are global values: every rank passes
+# the same numpy array, and the blocks of a DTensor replicated over an axis
+# are the same along it. Nothing in the program can see a breach (each rank
+# computes with what it was given), so the DDP habit of passing each rank's
+# own batch would silently give each rank its own result. Before the first
+# run of each signature (every run with TESSERA_CHECK_INPUTS=always) the ranks
+# compare an 8-byte checksum of every such argument.
+
+#: TESSERA_CHECK_INPUTS values: check before each signature's first run, before
+#: every run, or not at all
+CHECK_MODES = ("first", "always", "never")
+
+
+def checksum(array: np.ndarray) -> int:
+    """xxh3 of the array's bytes in C order (the same bits, the same sum)."""
+    import xxhash
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return xxhash.xxh3_64_intdigest(flat.view(np.uint8))
+
+
+def agreement_groups(leaf, mesh) -> list | None:
+    """For each mesh rank, which ranks must hold the same bytes of `leaf`
+    (a group label per rank), or None when no two must: an array is a
+    global value, the same on every rank; a DTensor's block is the same on
+    the ranks that differ only along the axes it is replicated over."""
+    from .dist import DTensor
+    if not isinstance(leaf, DTensor):
+        return [0] * mesh.size
+    distinct = {a for d in leaf.dims for a in d} | set(leaf.layout.partial)
+    if len(distinct) == len(mesh.axes):
+        return None
+    keep = [i for i, a in enumerate(mesh.axes) if a in distinct]
+    return [tuple(mesh.info.coords(r)[i] for i in keep) for r in range(mesh.size)]
+
+
+def agree_on_inputs(name: str, inputs: list, mesh, source: str | None = None) -> None:
+    """Raises InputMismatch on every rank unless every `(path, leaf)` of
+    `inputs` (the call's tensor arguments and the constants the function
+    captured) holds the same bytes on the ranks that must agree on it (see
+    agreement_groups). Every rank of `mesh` (the job) must call it."""
+    from .dist import DTensor
+    mine = np.array([checksum(leaf.local() if isinstance(leaf, DTensor) else np.asarray(leaf))
+                     for _, leaf in inputs], np.uint64)
+    at = f" (called at {source})" if source else ""
+    every = exchange(world_comm(), mine.tobytes(), f"the argument check of {name}",
+                     f"the argument check before the first run of {name}{at}: the ranks "
+                     "compare checksums of the arguments they must agree on", source=source)
+    sums = np.stack([np.frombuffer(b, np.uint64) for b in every])      # [ranks, inputs]
+    for i, (path, leaf) in enumerate(inputs):
+        groups = agreement_groups(leaf, mesh)
+        if groups is None:
+            continue
+        for label in dict.fromkeys(groups):
+            members = [r for r in range(mesh.size) if groups[r] == label]
+            values = {}
+            for r in members:
+                values.setdefault(int(sums[r, i]), []).append(r)
+            if len(values) > 1:
+                raise InputMismatch(_describe_input_mismatch(name, path, leaf, mesh,
+                                                             list(values.values()), at))
+
+
+def _describe_input_mismatch(name, path, leaf, mesh, holders: list, at: str) -> str:
+    from .dist import DTensor
+    which = "; ".join(f"{'ranks' if len(h) > 1 else 'rank'} {', '.join(map(str, h))} "
+                      f"{'hold' if len(h) > 1 else 'holds'} {'one value' if k == 0 else 'another'}"
+                      for k, h in enumerate(holders))
+    if isinstance(leaf, DTensor):
+        split = {a for d in leaf.dims for a in d} | set(leaf.layout.partial)
+        over = ", ".join(repr(a) for a in mesh.axes if a not in split)
+        what = (f"{path} is a DTensor replicated over {over}, so its block must be the same on "
+                f"the ranks along {'it' if len(split) == len(mesh.axes) - 1 else 'them'}, but "
+                f"it differs: {which}")
+    else:
+        what = (f"{path} is a numpy array, so it is a global value that every rank passes "
+                f"alike, but it differs: {which}")
+    return (f"{name}{at}: {what}. The arguments of a compiled (global-view) function are "
+            "global values. For per-rank data (each rank's own batch): build the global "
+            "value from every rank's block with dist.from_local(x, axis='dp') (or "
+            "ts.distribute(strategy='data_parallel', batch_is_local=True)); for a value laid "
+            "out over the mesh, pass a DTensor with its layout (dist.from_numpy(x, layout=...)); "
+            "for per-rank code, use @dist.spmd. Nothing ran.")

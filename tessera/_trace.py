@@ -28,10 +28,12 @@ from tessera_mlir.dialects import func, tgraph
 from ._pytree import flatten
 from ._source import PACKAGE_DIR, SourceLine, user_frame
 from .dtypes import as_dtype
-from .errors import ShapeError
+from .errors import ShapeError, TracingError
 
 # numpy dtype -> MLIR element type (bfloat16 is ml_dtypes').
 _ELEMENT = {as_dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()}
+#: the dtypes a tensor may have, for errors
+SUPPORTED_DTYPES = ", ".join(str(d) for d in _ELEMENT)
 
 _state = threading.local()
 
@@ -39,8 +41,9 @@ _state = threading.local()
 def element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
     if dtype not in _ELEMENT:
-        raise TypeError(f"dtype {dtype} is not supported yet (supported: "
-                        f"{', '.join(str(d) for d in _ELEMENT)})")
+        from .errors import ArgumentError
+        raise ArgumentError(f"dtype {dtype} is not supported yet (supported: "
+                            f"{SUPPORTED_DTYPES})  [{user_frame()}]")
     return ir.Type.parse(_ELEMENT[dtype])
 
 
@@ -78,9 +81,22 @@ class Traced:
     def __repr__(self) -> str:
         return f"Traced(shape={self.shape}, dtype={self.dtype})"
 
-    def __bool__(self):
-        raise TypeError("a traced tensor has no value while the function is being compiled; "
-                        "use ts.where(cond, a, b) instead of Python `if` on tensors")
+    # A traced tensor has no value until the program runs, so everything that
+    # asks Python for one (a branch, a number, an index) is an error at the
+    # user's line, and every comparison (`==` and `!=` included) is traced:
+    # Python's default `==` would compare identities and answer False, so an
+    # `if op.sum(x) == 6.0:` would be silently never taken.
+    def __bool__(self): raise no_value(self, "bool")
+    def __int__(self): raise no_value(self, "int")
+    def __float__(self): raise no_value(self, "float")
+    def __complex__(self): raise no_value(self, "complex")
+    def __index__(self): raise no_value(self, "index")
+    def __array__(self, *args, **kwargs): raise no_value(self, "array")
+
+    # `==` builds a comparison, so a traced tensor cannot be a dict key or
+    # set member by equality (numpy arrays and JAX tracers are unhashable for
+    # the same reason); code that needs identity keys on id(x).
+    __hash__ = None
 
     # Operators: the op functions check shapes and name the caller's line.
     def __add__(self, o): return _op().add(self, o)
@@ -100,6 +116,24 @@ class Traced:
     def __gt__(self, o): return _op().greater(self, o)
     def __ge__(self, o): return _op().greater_equal(self, o)
 
+    def __eq__(self, o):
+        # Not a tensor or a number (None, a string): not equal, as numpy says.
+        return _op().equal(self, o) if _comparable(o) else NotImplemented
+
+    def __ne__(self, o):
+        return _op().not_equal(self, o) if _comparable(o) else NotImplemented
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of a 0-d traced tensor  [{user_frame()}]")
+        return self.shape[0]
+
+    def __iter__(self):
+        """Rows along the first dimension, as iterating a numpy array gives."""
+        if not self.shape:
+            raise TypeError(f"iteration over a 0-d traced tensor  [{user_frame()}]")
+        return (self[i] for i in range(self.shape[0]))
+
     def reshape(self, *shape): return _op().reshape(self, *shape)
     def transpose(self, *dims): return _op().transpose(self, *dims)
     def astype(self, dtype): return _op().cast(self, dtype)
@@ -116,6 +150,41 @@ class Traced:
 def _op():
     from . import op
     return op
+
+
+def _comparable(x) -> bool:
+    return isinstance(x, (Traced, bool, int, float, np.ndarray, np.generic)) or is_tensor(x)
+
+
+#: what each conversion of a traced tensor is called in its error
+_CONVERSIONS = {"bool": "bool() (an `if`, `while`, `and`, `or`, `not` or assert on it)",
+                "int": "int()", "float": "float()", "complex": "complex()",
+                "index": "an integer index (range(), a list index, a slice bound)",
+                "array": "a numpy array (np.asarray() or a numpy function)"}
+
+
+def no_value(x: "Traced", conversion: str) -> Exception:
+    """The error of asking a traced tensor for a concrete value (`conversion`
+    names how): at the user's line, with what to write instead."""
+    src = user_frame()
+    state = current()
+    where = "the function is being compiled"
+    if state is not None:
+        where = f"{ir.StringAttr(state.func.attributes['sym_name']).value} is being compiled"
+    text = (f"{_CONVERSIONS[conversion]} of a traced tensor ({list(x.shape)} "
+            f"{x.dtype.name}): it has no value while {where}, only when the compiled "
+            "program runs. ")
+    if conversion == "bool":
+        text += ("Select values with ts.where(cond, a, b) instead of branching on them "
+                 "(comparisons such as `x == 0` are traced tensors)")
+        if state is not None and state.local:
+            text += ("; in per-rank code, branch on the rank with a Python number: "
+                     "ts.mesh.current().coords[axis] (dist.axis_index is a traced tensor)")
+    elif conversion == "array":
+        text += "Use tessera ops (op.exp, op.sum, ...) on it, or return it and use the result"
+    else:
+        text += "Return it from the compiled function and read the result"
+    return TracingError(f"{text}  [{src}]")
 
 
 @dataclass
@@ -187,8 +256,12 @@ class autocast:
     in fp32; weights and gradients keep their own dtype."""
 
     def __init__(self, dtype=None, enabled: bool = True):
-        from .dtypes import as_dtype, bf16
-        self.dtype = as_dtype(dtype) if dtype is not None else bf16
+        from .dtypes import FLOATS, as_dtype, bf16
+        self.dtype = as_dtype(dtype, "ts.autocast: dtype") if dtype is not None else bf16
+        if self.dtype not in FLOATS:
+            from .errors import ArgumentError
+            raise ArgumentError(f"ts.autocast: dtype {self.dtype} is not a floating-point type "
+                                f"(ts.bf16, ts.f16, ts.f32)  [{user_frame()}]")
         self.enabled = enabled
 
     def __enter__(self):
@@ -332,7 +405,49 @@ def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Trac
     if isinstance(x, (np.ndarray, np.generic, dist.DTensor)):
         with current_location(src):
             return capture(x, src)
-    raise ShapeError(f"{what}: cannot use a {type(x).__name__} as a tensor  [{src}]")
+    raise not_a_tensor(what, x, src)
+
+
+def not_a_tensor(what: str, x, src: SourceLine) -> Exception:
+    """The error of passing `x` (a string, None, a list, ...) where `what`
+    takes a tensor: it names the API the user called and the parameter that
+    holds `x` (`op.layernorm: weight is a str, ...`), found on the stack."""
+    from .errors import ArgumentError
+    found = _parameter_holding(x)
+    head = what.split(" ")[0]
+    if found is not None:
+        module = head.rpartition(".")[0]
+        api = f"{module}.{found[0]}" if module else head
+        return ArgumentError(f"{api}: {found[1]} is a {type(x).__name__} ({_short(x)}), not a "
+                             "tensor (a numpy array, a DTensor, a traced tensor or a Python "
+                             f"number)  [{src}]")
+    return ArgumentError(f"{what}: cannot use a {type(x).__name__} ({_short(x)}) as a tensor "
+                         f"(a numpy array, a DTensor, a traced tensor or a Python number)  [{src}]")
+
+
+def _short(x) -> str:
+    import reprlib
+    return reprlib.repr(x)
+
+
+def _parameter_holding(x) -> tuple[str, str] | None:
+    """(function, parameter) of the outermost public API function on the
+    stack (one its module's `__all__` names, below the user's frame) one of
+    whose parameters is `x`: the API the user called and the argument they
+    passed `x` as (`linear`'s `w`, not the `matmul` it calls). Only on the
+    error path."""
+    from ._source import generated_frame, in_package
+    frame = inspect.currentframe().f_back
+    found = None
+    while frame is not None and (in_package(frame.f_code.co_filename) or generated_frame(frame)):
+        code = frame.f_code
+        if code.co_name in frame.f_globals.get("__all__", ()):
+            for p in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                if frame.f_locals.get(p) is x:
+                    found = (code.co_name, p)
+                    break
+        frame = frame.f_back
+    return found
 
 
 @contextmanager
@@ -381,6 +496,7 @@ class TraceResult:
     outputs: list            # Traced leaves of the result
     structure: object        # pytree structure of the result
     captured: list           # objects captured as extra trailing arguments
+    captured_names: list = field(default_factory=list)     # and what the program calls them
 
 
 def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: bool = False,
@@ -391,6 +507,12 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: boo
     positionally). `deterministic` and `scatter_axes` become the function's
     `tgraph.deterministic` and `tgraph.scatter_partials` (see tessera-partition);
     `remat_candidates` marks candidate recomputation regions (see tessera.remat)."""
+    for s in specs:
+        if np.dtype(s.dtype) not in _ELEMENT:
+            from .errors import ArgumentError
+            raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: argument {s.name} has dtype "
+                                f"{np.dtype(s.dtype)}, which tessera does not support (supported: "
+                                f"{SUPPORTED_DTYPES})  [{user_frame()}]")
     ctx = new_context()
     fn_src = function_source(fn)
     fn_loc = ir.Location.file(fn_src.filename, fn_src.line, 0, context=ctx)
@@ -429,4 +551,5 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: boo
             func.ReturnOp([o.value for o in leaves])
         f.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get([a.type for a in entry.arguments], [o.value.type for o in leaves]))
-    return TraceResult(module, leaves, structure, [obj for obj, _ in state.captured])
+    return TraceResult(module, leaves, structure, [obj for obj, _ in state.captured],
+                       [t.name for _, t in state.captured])

@@ -238,7 +238,7 @@ def _agree(text: str) -> str:
     if tessera_runtime.world()[1] == 1:
         return text
     from ._mpi import bcast_text, world_comm
-    return bcast_text(world_comm(), text)
+    return bcast_text(world_comm(), text, what="autotune's choice")
 
 
 def _measure(name: str, candidates: list, load, describe, reps: int) -> list[float]:
@@ -371,7 +371,8 @@ def tune_microbatches(compiled, prepared, counts: list, reference: int) -> int:
     Every rank returns the same count."""
     from ._rank_agreement import agree_on_program
     from .compiler import local_inputs
-    bound, leaves, _, mesh, tensors, specs, key = prepared
+    bound, leaves, mesh, tensors, specs, key = (prepared.bound, prepared.leaves, prepared.mesh,
+                                                prepared.tensors, prepared.specs, prepared.key)
     base = compiled._target()
     name = compiled.fn.__name__
     traced: dict = {}

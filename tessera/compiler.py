@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,15 +45,14 @@ from tessera_compiler.pipeline import Levels, collective_report, lower, target_o
 from tessera_mlir import ir
 
 from . import dist, simulation
-from . import mesh as _mesh_module
 from .autotune import tune
 from ._mpi import barrier, bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
-from ._rank_agreement import agree_on_program
+from ._rank_agreement import CHECK_MODES, agree_on_inputs, agree_on_program
 from ._source import user_frame
 from ._trace import (ArgSpec, MeshFromCapture, autocast_dtype, current, is_tensor,
                      symbol_name, trace_function)
-from .errors import CompileError, ShardingError
+from .errors import ArgumentError, CompileError, ShardingError
 from .types import check_annotations
 
 DUMP_ENV = "TESSERA_DUMP_IR"
@@ -75,6 +75,23 @@ def _static_key(x):
         return ("repr", repr(x))
 
 
+class Prepared(NamedTuple):
+    """A call's arguments as a compiled function sees them."""
+    bound: inspect.BoundArguments
+    #: the argument leaves, arrays laid out by the strategy (if any) as DTensors
+    leaves: list
+    structure: object
+    mesh: dist.Mesh
+    #: the tensor leaves (DTensors and arrays), in the program's argument order
+    tensors: list
+    specs: list
+    #: what identifies the compiled program these arguments run
+    key: tuple
+    #: (path, leaf) of every tensor leaf as the caller passed it (before the
+    #: strategy laid it out): what the ranks check they agree on
+    passed: list
+
+
 class CompiledFunction:
     """A function compiled for a mesh. Call it like the Python function.
 
@@ -86,6 +103,7 @@ class CompiledFunction:
                  deterministic: bool | None = None, strategy=None,
                  target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
                  autotune: bool | None = None):
+        _check_arguments(fn, mesh, deterministic, target, autotune)
         functools.update_wrapper(self, fn)
         self.fn = fn
         #: bytes per rank the planned peak must fit (None: no limit); the
@@ -117,13 +135,21 @@ class CompiledFunction:
         self._last_key = None
         self._captured_mesh = None     # the mesh of DTensors the function captures
         self._last_layouts = None      # (mesh, ArgSpecs) of the last call
+        #: keys whose arguments the ranks compared (_rank_agreement.agree_on_inputs)
+        self._inputs_agreed: set = set()
+        #: what `@schedule(...)` set (tessera.schedule.Settings): applied to
+        #: each trace, checked against each lowering
+        self.schedule_settings = None
+        #: an op called outside any compiled function (op's eager mode): its
+        #: numpy arguments are each rank's own values, not global ones
+        self.eager = False
 
     # -- signature ----------------------------------------------------------
     def _bind(self, args, kwargs):
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self.fn.__name__}: {e}  [{user_frame()}]") from None
+            raise ArgumentError(f"{self.fn.__name__}: {e}  [{user_frame()}]") from None
         bound.apply_defaults()
         for name in self.dynamic:
             # Python numbers of a dynamic argument are 0-d f32 tensors: a new
@@ -150,8 +176,8 @@ class CompiledFunction:
             return _default_mesh()
         return meshes.pop()
 
-    def _prepare(self, args, kwargs):
-        """(bound arguments, leaves, structure, names, mesh, tensors, key)."""
+    def _prepare(self, args, kwargs) -> "Prepared":
+        """What a call's arguments make of this function (see Prepared)."""
         bound = self._bind(args, kwargs)
         if self._annotated:
             check_annotations(self.fn, self._signature, bound.arguments)
@@ -162,9 +188,10 @@ class CompiledFunction:
             names = self._names[structure] = [n for k, v in bound.arguments.items()
                                               for n in paths(v, k)]
         mesh = self._mesh_for(leaves)
+        passed = leaves
         if self.strategy is not None:
             # The strategy lays out the arrays it was given (batch split, state sharded).
-            leaves = [self.strategy.place(name, leaf, mesh) for name, leaf in zip(names, leaves)]
+            leaves, passed = self.strategy.place_all(names, leaves, mesh)
             self.strategy.check_split(self.fn.__name__, bound.arguments.keys(), leaves)
         # Per tensor leaf: its spec's fields but the name, and the DTensor or
         # (replicated, so also the local value) the array. The key holds
@@ -188,7 +215,8 @@ class CompiledFunction:
             tensor_names = [n for n, l in zip(names, leaves)
                             if isinstance(l, dist.DTensor) or is_tensor(l)]
             specs = self._specs[key] = [ArgSpec(n, *m) for n, m in zip(tensor_names, metas)]
-        return bound, leaves, structure, mesh, tensors, specs, key
+        return Prepared(bound, leaves, structure, mesh, tensors, specs, key,
+                        [(n, l) for n, l in zip(names, passed) if is_tensor(l)])
 
     # -- compilation ----------------------------------------------------------
     def _target(self) -> TargetOptions:
@@ -214,23 +242,28 @@ class CompiledFunction:
     def _trace_with(self, call, bound, leaves, specs, mesh):
         """Graph IR of `call(traced arguments)` (see _trace)."""
         scatter = self.strategy.scatter_axes if self.strategy is not None else ()
-        return trace_function(self.fn, specs, mesh, call,
-                              deterministic=dist.deterministic_enabled(self.deterministic),
-                              scatter_axes=scatter, mesh_is_default=mesh is _default_mesh(),
-                              remat_candidates=self.memory_budget is not None)
+        traced = trace_function(self.fn, specs, mesh, call,
+                                deterministic=dist.deterministic_enabled(self.deterministic),
+                                scatter_axes=scatter, mesh_is_default=mesh is _default_mesh(),
+                                remat_candidates=self.memory_budget is not None)
+        if self.schedule_settings is not None:
+            # Before the bundle's hash is taken from the traced module, so
+            # two settings never share a bundle.
+            self.schedule_settings.apply(traced.module)
+        return traced
 
     def _prepare_and_trace(self, args, kwargs, prepared=None):
         """`_prepare` (unless given), then the trace: (prepared, traced). A
         function whose mesh nobody chose takes the mesh of the DTensors it
         captures (found while tracing, so it is traced again on that mesh)."""
         prepared = prepared or self._prepare(args, kwargs)
-        bound, leaves, _, mesh, _, specs, _ = prepared
+        bound, leaves, mesh, specs = prepared.bound, prepared.leaves, prepared.mesh, prepared.specs
         try:
             return prepared, self._trace(bound, leaves, specs, mesh)
         except MeshFromCapture as found:
             self._captured_mesh = found.mesh
         prepared = self._prepare(args, kwargs)
-        bound, leaves, _, mesh, _, specs, _ = prepared
+        bound, leaves, mesh, specs = prepared.bound, prepared.leaves, prepared.mesh, prepared.specs
         return prepared, self._trace(bound, leaves, specs, mesh)
 
     def lower(self, *args, target: str | TargetOptions | None = None, **kwargs) -> Levels:
@@ -239,6 +272,8 @@ class CompiledFunction:
         TESSERA_TARGET, else "cpu") or `target`: "gpu" keeps matmuls as Tile
         IR GEMMs instead of CPU BLAS calls; a TargetOptions sets every other
         knob too."""
+        if target is not None:
+            _check_target(target)
         _, traced = self._prepare_and_trace(args, kwargs)
         return self._lower(traced.module, _options(target or self.target, self.fn.__name__))
 
@@ -247,9 +282,12 @@ class CompiledFunction:
             try:
                 if self.memory_budget is not None:
                     self._choose_remat(module, target)
-                return lower(module, target, plan_only=plan_only)
+                levels = lower(module, target, plan_only=plan_only)
             except _PipelineError as err:
                 raise CompileError(f"compiling {self.fn.__name__} failed:\n{err}") from None
+        if self.schedule_settings is not None:
+            self.schedule_settings.check(self.fn.__name__, levels)
+        return levels
 
     def _choose_remat(self, module, target: TargetOptions) -> None:
         """Sets the recomputation policies that fit the memory budget (once
@@ -276,15 +314,15 @@ class CompiledFunction:
         Compiles (to Tile IR) without running."""
         if args or kwargs:
             prepared, traced = self._prepare_and_trace(args, kwargs)
-            key, module = prepared[-1], traced.module
+            key, module = prepared.key, traced.module
         elif self._last_key is not None:
             key = self._last_key
             if key in self._plans:
                 return self._plans[key]
             module = ir.Module.parse(self._graph_text[key], new_context())
         else:
-            raise RuntimeError(f"{self.fn.__name__}.memory_report(): pass the arguments "
-                               "(nothing has been compiled yet)")
+            raise ArgumentError(f"{self.fn.__name__}.memory_report(): pass the arguments "
+                                f"(nothing has been compiled yet)  [{user_frame()}]")
         self._plans[key] = self._entry_plan(self._lower(module, self._target(), plan_only=True))
         return self._plans[key]
 
@@ -328,7 +366,7 @@ class CompiledFunction:
                 error = str(err) if isinstance(err, CompileError) else \
                     f"rank 0 failed compiling {self.fn.__name__}: {type(err).__name__}: {err}"
         barrier(comm)                           # the others sleep while rank 0 compiles
-        error = bcast_text(comm, error)
+        error = bcast_text(comm, error, what=f"the compile of {self.fn.__name__} on rank 0")
         if failure is not None:
             raise failure
         if error:
@@ -394,21 +432,22 @@ class CompiledFunction:
             return simulating.call(self, args, kwargs)      # price it, run nothing
         prepared = self._prepare(args, kwargs)
         self._before_call(prepared)
-        self._enter_mesh(prepared[3])
-        entry = self._programs.get(prepared[-1])
+        self._enter_mesh(prepared.mesh)
+        entry = self._programs.get(prepared.key)
         if entry is None:
             # (The trace may find the mesh in captured DTensors: a new key.)
             prepared, traced = self._prepare_and_trace(args, kwargs, prepared)
-            _, _, _, mesh, _, _, key = prepared
+            mesh, key = prepared.mesh, prepared.key
             self._enter_mesh(mesh)
             if tessera_runtime.world()[1] > 1:
                 # Before any collective of this program: the ranks must have
                 # traced the same one (see _rank_agreement).
-                agree_on_program(self.fn.__name__, traced.module, repr(self._target()))
+                agree_on_program(self.fn.__name__, traced.module, repr(self._target()),
+                                 source=str(user_frame()))
             options = self._target()
             if self.autotune or (self.autotune is None and env.flag("TESSERA_AUTOTUNE")):
-                options = tune(self, key, traced, mesh, prepared[5],
-                               local_inputs(prepared[4], traced))
+                options = tune(self, key, traced, mesh, prepared.specs,
+                               local_inputs(prepared.tensors, traced))
             path = self._bundles[key] = self._bundle(key, traced, mesh, options)
             program = tessera_runtime.load_bundle(path)
             layouts = []
@@ -418,10 +457,19 @@ class CompiledFunction:
                 layouts.append((layout, not any(o.sharding.dims) and not o.sharding.partial,
                                 name, layout.dims_for(len(o.global_shape), mesh, name)))
             entry = self._programs[key] = (program, traced, layouts)
-        _, leaves, _, mesh, tensors, specs, key = prepared
+        leaves, mesh, tensors, specs, key = (prepared.leaves, prepared.mesh, prepared.tensors,
+                                             prepared.specs, prepared.key)
+        program, traced, layouts = entry
+        if mesh.size > 1 and (key not in self._inputs_agreed or _check_inputs() == "always"):
+            if _check_inputs() != "never":
+                captured = list(zip(traced.captured_names, traced.captured))
+                inputs = prepared.passed + captured
+                if self.eager:      # an array is this rank's own value (a DTensor is not)
+                    inputs = [(p, leaf) for p, leaf in inputs if isinstance(leaf, dist.DTensor)]
+                agree_on_inputs(self.fn.__name__, inputs, mesh, source=str(user_frame()))
+            self._inputs_agreed.add(key)
         self._last_layouts = (mesh, specs)
         as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
-        program, traced, layouts = entry
         self._last_key = key
         outputs = program.run(local_inputs(tensors, traced))
         results, held = [], {}
@@ -468,7 +516,6 @@ class CompiledFunction:
         """This process must be a device of `mesh`; with several, an error on
         any rank aborts them all (none is left waiting in a collective)."""
         mesh.require_rank(f"calling {self.fn.__name__}")
-        _mesh_module._used(mesh)
         if mesh.size > 1:
             dist.install_abort_on_error()
 
@@ -490,7 +537,8 @@ class CompiledFunction:
         return path, [local_inputs(tensors, traced, rank) for rank in range(mesh.size)]
 
     def _build(self, args, kwargs):
-        (_, _, _, mesh, tensors, _, key), traced = self._prepare_and_trace(args, kwargs)
+        prepared, traced = self._prepare_and_trace(args, kwargs)
+        mesh, tensors, key = prepared.mesh, prepared.tensors, prepared.key
         path = self._bundles[key] = self._bundle(key, traced, mesh)
         self._last_key = key
         return path, tensors, traced, mesh
@@ -507,11 +555,43 @@ class CompiledFunction:
         return path
 
 
+def _check_inputs() -> str:
+    """TESSERA_CHECK_INPUTS: when the ranks compare their arguments."""
+    mode = env.get("TESSERA_CHECK_INPUTS", "first")
+    if mode not in CHECK_MODES:
+        raise ValueError(f"TESSERA_CHECK_INPUTS={mode!r}: expected one of {', '.join(CHECK_MODES)}")
+    return mode
+
+
 def _budget(budget, fn) -> int:
     try:
         return parse_bytes(budget)
-    except ValueError as err:
-        raise ValueError(f"{getattr(fn, '__name__', 'fn')}: {err}") from None
+    except (ValueError, TypeError) as err:
+        raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: {err}  [{user_frame()}]") from None
+
+
+def _check_target(target) -> None:
+    from tessera_compiler.ir.options import TARGETS
+    if not isinstance(target, TargetOptions) and target not in TARGETS:
+        raise ArgumentError(f"unknown target {target!r}: target= is one of {', '.join(TARGETS)} "
+                            f"or a ts.TargetOptions  [{user_frame()}]")
+
+
+def _check_arguments(fn, mesh, deterministic, target, autotune) -> None:
+    """A compiled function's settings, checked where it is made (not at its
+    first call, far from the line that got them wrong)."""
+    if not callable(fn):
+        raise ArgumentError(f"ts.jit: fn is a {type(fn).__name__} ({fn!r:.40}), not a function  "
+                            f"[{user_frame()}]")
+    if mesh is not None and not isinstance(mesh, dist.Mesh):
+        raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: mesh= is a {type(mesh).__name__} "
+                            f"({mesh!r:.40}), not a dist.Mesh  [{user_frame()}]")
+    for name, value in (("deterministic", deterministic), ("autotune", autotune)):
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: {name}={value!r} must be "
+                                f"True, False or None  [{user_frame()}]")
+    if target is not None:
+        _check_target(target)
 
 
 def _talks() -> bool:
@@ -548,10 +628,13 @@ def _refuse_mutated_arguments(name, arg_names, values, leaves, structure) -> Non
 
 def _dynamic_names(fn, signature, dynamic) -> tuple[str, ...]:
     names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic)
+    if not all(isinstance(n, str) for n in names):
+        raise ArgumentError(f"{fn.__name__}: dynamic={dynamic!r} must name parameters (strs)  "
+                            f"[{user_frame()}]")
     unknown = [n for n in names if n not in signature.parameters]
     if unknown:
-        raise TypeError(f"{fn.__name__}: dynamic= names {unknown}, which are not parameters "
-                        f"of {fn.__name__}{signature}")
+        raise ArgumentError(f"{fn.__name__}: dynamic= names {unknown}, which are not parameters "
+                            f"of {fn.__name__}{signature}  [{user_frame()}]")
     return names
 
 
@@ -620,6 +703,7 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
         return lambda f: compile(f, mesh=mesh, deterministic=deterministic, target=target,
                                  dynamic=dynamic, memory_budget=memory_budget, autotune=autotune)
     if isinstance(fn, CompiledFunction):
+        _check_arguments(fn, mesh, deterministic, target, autotune)
         if mesh is not None:
             fn.mesh = mesh
         if deterministic is not None:

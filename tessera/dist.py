@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tessera_runtime import env, world
+from tessera_runtime import env, flight, world
 from tessera_runtime.mesh import MeshError, MeshInfo
 
 from ._mpi import bcast_text, raw_view, world_comm
 from .dtypes import as_dtype
-from ._source import SourceLine, assigned_name, user_frame
-from .errors import LaunchError, ShardingError
+from ._source import SourceLine, assigned_name, in_package, user_frame
+from .errors import ArgumentError, LaunchError, ShardingError
 
-__all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_tree", "tensor", "inspect",
-           "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
+__all__ = ["Mesh", "ShardSpec", "DTensor", "from_numpy", "from_local", "from_tree", "tensor",
+           "inspect", "deterministic", "broadcast", "scatter", "redistribute", "all_reduce", "allreduce",
            "all_gather", "reduce_scatter", "all_to_all", "spmd", "axis_index", "send", "recv",
            "recv_from", "world_size", "elastic", "profile"]
 
@@ -56,18 +56,54 @@ class Mesh:
     """
 
     def __init__(self, axes, devices=None, shape=None, name: str = "mesh"):
-        axes = [axes] if isinstance(axes, str) else list(axes)
+        axes = [axes] if isinstance(axes, str) else list(axes) \
+            if hasattr(axes, "__iter__") else axes
+        if not isinstance(axes, list) or not all(isinstance(a, str) and a for a in axes):
+            raise ArgumentError(f"dist.Mesh: axes={axes!r} must be a list of axis names "
+                                f"(non-empty strs), e.g. axes=[\"dp\", \"tp\"]  [{user_frame()}]")
         if not axes:
-            raise MeshError("a mesh needs at least one axis")
-        if devices is None:
-            devices = range(math.prod(shape)) if shape else range(world()[1])
-        devices = list(devices) if isinstance(devices, range) else devices
-        nested = bool(devices) and isinstance(devices[0], (list, tuple, range))
-        if not nested and shape is None:
-            shape = _balanced_shape(len(devices), len(axes))
-        self._info = MeshInfo(axes, shape=shape, devices=devices, name=name)
-        if world()[1] > 1:
+            raise ArgumentError(f"dist.Mesh: axes=[]: a mesh needs at least one axis  "
+                                f"[{user_frame()}]")
+        if shape is not None and (not hasattr(shape, "__iter__") or not all(
+                isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape)):
+            raise ArgumentError(f"dist.Mesh: shape={shape!r} must be a tuple of axis sizes "
+                                f"(ints), one per axis  [{user_frame()}]")
+        if devices is not None and not isinstance(devices, (range, list, tuple)):
+            raise ArgumentError(f"dist.Mesh: devices={devices!r:.60} must be a range or a (nested) "
+                                f"list of ranks  [{user_frame()}]")
+        try:
+            if devices is None:
+                devices = range(math.prod(shape)) if shape else range(world()[1])
+            devices = list(devices) if isinstance(devices, range) else devices
+            nested = bool(devices) and isinstance(devices[0], (list, tuple, range))
+            if not nested and shape is None:
+                shape = _balanced_shape(len(devices), len(axes))
+            self._info = MeshInfo(axes, shape=shape, devices=devices, name=name)
+        except MeshError as e:
+            raise ArgumentError(f"dist.Mesh: {e}  [{user_frame()}]") from None
+        #: where the user made it (named by errors about the default mesh)
+        self.source = user_frame()
+        if not in_package(sys._getframe(1).f_code.co_filename):
+            make_default(self)          # the default mesh of eager collectives now
+        rank, size = world()
+        if size > 1:
             install_abort_on_error()
+            # The flight recorder (and its watchdog) from now on, so that a
+            # rank stuck before its first collective still answers the
+            # launcher's request for records ("never started it", not silence).
+            if "world" not in flight.RECORDER.groups:
+                flight.RECORDER.join("world", rank, list(range(size)))
+
+    # -- the default mesh ------------------------------------------------------
+    def __enter__(self) -> "Mesh":
+        """`with mesh:` makes it the mesh of eager collectives (and
+        `ts.mesh.current()`) inside the block."""
+        _entered().append(self)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _entered().pop()
+        return False
 
     # -- descriptions -------------------------------------------------------
     @property
@@ -101,7 +137,10 @@ class Mesh:
                 + " × ".join(str(s) for s in self._info.shape))
 
     def axis_size(self, axis: str) -> int:
-        return self._info.axis_size(axis)
+        try:
+            return self._info.axis_size(axis)
+        except MeshError as e:
+            raise ShardingError(f"{e}  [{user_frame()}]") from None
 
     @property
     def rank(self) -> int | None:
@@ -138,7 +177,8 @@ class Mesh:
             raise LaunchError(
                 f"{what} needs the {self.topology} to run as {self.size} processes, but this "
                 f"process is rank {rank} of {size}; start the script with "
-                f"`tessera launch -n {self.size} SCRIPT` (or `mpiexec -n {self.size} python SCRIPT`)")
+                f"`tessera launch -n {self.size} SCRIPT` (or `mpiexec -n {self.size} python "
+                f"SCRIPT`)  [{user_frame()}]")
         return self._process_rank()
 
     @property
@@ -154,7 +194,9 @@ class Mesh:
         devices that share its coordinates on every other axis, e.g. the tp
         group of a dp x tp mesh is `mesh.submesh("tp")`."""
         for a in axes:
-            self._info.axis_index(a)
+            if a not in self.axes:
+                raise ShardingError(f"Mesh.submesh: axis {a!r} is not in the {self.topology} "
+                                    f"(axes: {', '.join(self.axes)})  [{user_frame()}]")
         rank = self.require_rank("Mesh.submesh") if rank is None else rank
         base = self._info.coords(rank)
         keep = [self.axes.index(a) for a in axes]
@@ -178,6 +220,41 @@ class Mesh:
         if h is None:
             h = self._hash = hash((self.axes, self._info.shape, self._info.devices))
         return h
+
+
+#: the mesh the user made last (ts.mesh.auto included): the default mesh
+_CREATED: list = []
+_with = threading.local()
+
+
+def _entered() -> list:
+    if not hasattr(_with, "meshes"):
+        _with.meshes = []
+    return _with.meshes
+
+
+def make_default(mesh: "Mesh") -> None:
+    """`mesh` is the mesh made last (see default_mesh)."""
+    _CREATED[:] = [mesh]
+
+
+def default_mesh() -> "Mesh | None":
+    """The mesh an eager collective (and `ts.mesh.current()` outside a
+    compiled function) uses when none is given: the innermost `with mesh:`,
+    else the mesh the user made last, else None. Running a compiled function
+    on another mesh does not change it."""
+    entered = _entered()
+    if entered:
+        return entered[-1]
+    return _CREATED[0] if _CREATED else None
+
+
+def describe_default(mesh: "Mesh") -> str:
+    """How `mesh` came to be the default, for errors: `the tp mesh, 2 (the
+    mesh made last, at train.py:12)`."""
+    how = "the mesh of the enclosing `with mesh:`" if _entered() and _entered()[-1] is mesh \
+        else "the mesh made last"
+    return f"the {mesh.topology} ({how}, at {mesh.source})"
 
 
 def world_size() -> int:
@@ -223,11 +300,17 @@ class ShardSpec:
             value = getattr(self, name)
             if isinstance(value, (str, int)):
                 value = (value,)
+            if not hasattr(value, "__iter__"):
+                raise ArgumentError(f"ShardSpec: {name}={value!r:.60} must be a tuple  "
+                                    f"[{user_frame()}]")
             object.__setattr__(self, name, tuple(value))
         object.__setattr__(self, "_dims_by", {})     # dims_for's answers, by (rank, mesh axes)
         if len(self.partition) != len(self.mesh_axes):
             raise ShardingError(f"ShardSpec: partition {self.partition} and mesh_axes "
-                                f"{self.mesh_axes} must have the same length")
+                                f"{self.mesh_axes} must have the same length (one mesh axis "
+                                f"per split dimension)  [{user_frame()}]")
+        # (Each entry is checked against the tensor and the mesh it lays
+        # out, in dims_for: the error then names the tensor.)
 
     @staticmethod
     def replicated() -> "ShardSpec":
@@ -249,31 +332,38 @@ class ShardSpec:
         used = set()
         for part, axis in zip(self.partition, self.mesh_axes):
             if axis not in mesh.axes:
-                raise ShardingError(f"{what}: mesh axis '{axis}' is not in the {mesh.topology} "
-                                    f"(axes: {', '.join(mesh.axes)})")
+                raise ShardingError(f"{what}: mesh axis {axis!r} is not in the {mesh.topology} "
+                                    f"(axes: {', '.join(mesh.axes)})  [{user_frame()}]")
             if axis in used:
-                raise ShardingError(f"{what}: mesh axis '{axis}' is used twice in {self}")
+                raise ShardingError(f"{what}: mesh axis {axis!r} is used twice in {self}  "
+                                    f"[{user_frame()}]")
             used.add(axis)
             dims[self._dim_index(part, rank, what)].append(axis)
         for axis in self.partial:
             if axis not in mesh.axes or axis in used:
-                raise ShardingError(f"{what}: partial axis '{axis}' must be a mesh axis not "
-                                    f"used to split a dimension")
+                raise ShardingError(f"{what}: partial axis {axis!r} must be a mesh axis not "
+                                    f"used to split a dimension (the {mesh.topology}'s axes: "
+                                    f"{', '.join(mesh.axes)})  [{user_frame()}]")
         return tuple(tuple(d) for d in dims)
 
     @staticmethod
     def _dim_index(part, rank: int, what: str) -> int:
         if part == "row":
-            index = rank - 2 if rank >= 2 else 0
+            if rank < 2:
+                raise ShardingError(f"{what}: partition entry 'row' names the second-to-last "
+                                    f"dimension, but the tensor has rank {rank} (a vector has "
+                                    f"only 'col', or dimension 0)  [{user_frame()}]")
+            index = rank - 2
         elif part == "col":
             index = rank - 1
-        elif isinstance(part, int):
+        elif isinstance(part, (int, np.integer)) and not isinstance(part, bool):
             index = part if part >= 0 else rank + part
         else:
-            raise ShardingError(f"{what}: partition entry {part!r} must be 'row', 'col' or a dimension index")
+            raise ShardingError(f"{what}: partition entry {part!r} must be 'row', 'col' or a "
+                                f"dimension index  [{user_frame()}]")
         if not 0 <= index < rank:
             raise ShardingError(f"{what}: partition entry {part!r} names dimension {index}, "
-                                f"but the tensor has rank {rank}")
+                                f"but the tensor has rank {rank}  [{user_frame()}]")
         return index
 
     @staticmethod
@@ -340,6 +430,10 @@ class DTensor:
         """Mesh rank `rank`'s shard, from any process that holds the global
         value (a tensor from `from_numpy`, e.g. in one process compiling for
         a multi-rank job); this rank's shard otherwise."""
+        if rank not in self.mesh.info.devices:
+            raise ArgumentError(f"DTensor '{self.name or 'tensor'}'.block: rank {rank!r} is not a "
+                                f"rank of the {self.mesh.topology} (ranks: "
+                                f"{', '.join(map(str, self.mesh.device_ids))})  [{user_frame()}]")
         if self._global is None:
             own = self.mesh._process_rank()
             if rank != own:
@@ -349,7 +443,7 @@ class DTensor:
                                     "is cut from (make it with dist.from_numpy)")
             return self.local()
         index = self.mesh.info.local_slices(self.shape, self.dims, rank)
-        return _summand(np.array(self._global[index], order="C"), self.layout, self.mesh, rank)
+        return summand(np.array(self._global[index], order="C"), self.layout, self.mesh, rank)
 
     def numpy(self) -> np.ndarray:
         """The global value, on every rank (a collective when the tensor is split
@@ -407,6 +501,9 @@ def redistribute(x, layout: ShardSpec):
     with_sharding_constraint; on a DTensor outside one it runs those
     collectives now (one small compiled program per layout, cached)."""
     from ._trace import Traced, current, current_location
+    if not isinstance(layout, ShardSpec):
+        raise ArgumentError(f"dist.redistribute: layout is a {type(layout).__name__} "
+                            f"({layout!r:.40}), not a dist.ShardSpec  [{user_frame()}]")
     if isinstance(x, Traced):
         state = current()
         from tessera_compiler.ir.sharding import Sharding
@@ -419,8 +516,12 @@ def redistribute(x, layout: ShardSpec):
             value = tgraph.ShardOp(x.value, attr).result
         return Traced(value, x.shape, x.dtype, where)
     if not isinstance(x, DTensor):
-        raise TypeError(f"dist.redistribute expects a DTensor (or a traced tensor inside a "
-                        f"compiled function), got {type(x).__name__}")
+        raise ArgumentError(f"dist.redistribute: x is a {type(x).__name__}, not a DTensor (or a "
+                            f"traced tensor inside a compiled function); make one with "
+                            f"dist.from_numpy  [{user_frame()}]")
+    # The layout must fit before a program is compiled (and run) to move it.
+    check_divisible(x.shape, layout.dims_for(x.ndim, x.mesh, x.name or "tensor"), x.mesh,
+                    x.name or "tensor", user_frame())
     key = (layout, x.mesh)
     if key not in _RESHARDERS:
         from .compiler import compile as compile_fn
@@ -440,8 +541,12 @@ def _describe(dims, partial=()) -> str:
 
 def _assemble(t: DTensor) -> np.ndarray:
     """Gathers every rank's shard (MPI Allgather on raw buffers) into the global value."""
+    from ._mpi import exchange
     comm = world_comm()
     local = np.array(t._local, order="C")
+    # Every rank there, with the same tensor, before MPI pairs the blocks.
+    call = f"DTensor.numpy() of a {t.dtype.name} {list(t.shape)} {_describe(t.dims, t.layout.partial)}"
+    exchange(comm, b"", call, f"{call} ({t.name or 'unnamed'}) at {user_frame()}")
     parts = np.empty((comm.Get_size(),) + local.shape, dtype=local.dtype)
     comm.Allgather(raw_view(local), raw_view(parts))
     out = np.zeros(t.shape, dtype=t.dtype)
@@ -476,10 +581,14 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
     name = name or assigned_name(where) or "tensor"
     if mesh is None:
         raise ShardingError(f"{name}: dist.from_numpy needs mesh=  [{where}]")
+    _check_mesh("dist.from_numpy", mesh, where)
     layout = layout or ShardSpec()
+    if not isinstance(layout, ShardSpec):
+        raise ArgumentError(f"{name}: dist.from_numpy's layout is a {type(layout).__name__} "
+                            f"({layout!r:.40}), not a dist.ShardSpec  [{where}]")
     if src is not None:
         return _from_rank(array, layout, mesh, name, src, where)
-    array = np.asarray(array)
+    array = _numbers("dist.from_numpy", "array", array, where)
     dims = layout.dims_for(array.ndim, mesh, name)
     check_divisible(array.shape, dims, mesh, name, where)
     rank = mesh._process_rank()
@@ -488,10 +597,28 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
         return DTensor(None, array.shape, array.dtype, layout, mesh, name, global_value=array)
     # np.array, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
     local = np.array(array[mesh.info.local_slices(array.shape, dims, rank)], order="C")
-    return DTensor(_summand(local, layout, mesh, rank), array.shape, array.dtype, layout, mesh, name)
+    return DTensor(summand(local, layout, mesh, rank), array.shape, array.dtype, layout, mesh, name)
 
 
-def _summand(block: np.ndarray, layout: ShardSpec, mesh: Mesh, rank: int) -> np.ndarray:
+def _check_mesh(what: str, mesh, where) -> None:
+    if not isinstance(mesh, Mesh):
+        raise ArgumentError(f"{what}: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), not a "
+                            f"dist.Mesh  [{where}]")
+
+
+def _numbers(what: str, param: str, array, where) -> np.ndarray:
+    """`array` as a numpy array of a dtype tensors can have (not strings,
+    objects or complex numbers: a misused argument)."""
+    out = np.asarray(array)
+    if out.dtype.kind in "OSUMmc":
+        from ._trace import SUPPORTED_DTYPES
+        raise ArgumentError(f"{what}: {param} is a {type(array).__name__} of dtype {out.dtype} "
+                            f"({array!r:.40}); a tensor holds numbers ("
+                            f"{SUPPORTED_DTYPES})  [{where}]")
+    return out
+
+
+def summand(block: np.ndarray, layout: ShardSpec, mesh: Mesh, rank: int) -> np.ndarray:
     """Rank `rank`'s share of a value laid out `layout`: its block, except
     that a partial value (a pending sum over the partial axes) is the block
     on the ranks at coordinate 0 of every partial axis and zeros on the
@@ -514,9 +641,10 @@ def _from_rank(array, layout: ShardSpec, mesh: Mesh, name: str, src: int,
     comm = world_comm()
     header = ""
     if rank == src:
-        array = np.asarray(array)
+        array = _numbers("dist.from_numpy", "array", array, where)
         header = f"{array.dtype.name}|{','.join(map(str, array.shape))}"
-    dtype_name, _, dims_text = bcast_text(comm, header, root=src).partition("|")
+    dtype_name, _, dims_text = bcast_text(
+        comm, header, root=src, what=f"dist.from_numpy({name}, src={src})").partition("|")
     dtype = np.dtype(dtype_name)        # bfloat16 too: .dtypes registered ml_dtypes
     shape = tuple(int(d) for d in dims_text.split(",") if d)
     dims = layout.dims_for(len(shape), mesh, name)
@@ -524,7 +652,7 @@ def _from_rank(array, layout: ShardSpec, mesh: Mesh, name: str, src: int,
     local = np.empty(mesh.info.local_shape(shape, dims), dtype)
     if rank == src:
         for r in mesh.device_ids:
-            block = _summand(np.ascontiguousarray(array[mesh.info.local_slices(shape, dims, r)]),
+            block = summand(np.ascontiguousarray(array[mesh.info.local_slices(shape, dims, r)]),
                              layout, mesh, r)
             if r == src:
                 local[...] = block
@@ -551,6 +679,74 @@ def broadcast(x, axis: str | None = None, src: int = 0, mesh: Mesh | None = None
         raise ShardingError(f"dist.broadcast of an array needs mesh=  [{user_frame()}]")
     name = name or assigned_name(user_frame()) or "tensor"
     return from_numpy(x, ShardSpec(), mesh, name=name, src=src)
+
+
+def from_local(x, axis="dp", dim: int = 0, mesh: Mesh | None = None,
+               name: str | None = None) -> DTensor:
+    """The global tensor whose blocks along `axis` are every rank's `x`, laid
+    side by side along dimension `dim` in the axis' rank order: data
+    parallelism from per-rank batches (each rank loads its own), as JAX's
+    `make_array_from_process_local_data`. `axis` is a mesh axis or a tuple of
+    them (the dimension split over each, outermost first); along the mesh's
+    other axes the ranks must pass the same `x` (a compiled call checks it).
+    `mesh` defaults to the default mesh (`ts.mesh.current()`). Collective:
+    every rank of the mesh calls it; the ranks check that their blocks'
+    shapes and dtypes agree (under TESSERA_COLLECTIVE_TIMEOUT)."""
+    where = user_frame()
+    name = name or assigned_name(where) or "tensor"
+    placed = local_blocks([(name, x)], axis, dim, mesh, "dist.from_local", where)
+    return placed[0]
+
+
+def local_blocks(named, axis, dim: int, mesh: Mesh | None, what: str,
+                 where: SourceLine) -> list[DTensor]:
+    """`from_local` of each (name, array) of `named`, with one agreement
+    between the ranks for all of them."""
+    from .mesh import current
+    if mesh is not None:
+        _check_mesh(what, mesh, where)
+    if not isinstance(axis, str) and not (isinstance(axis, (tuple, list)) and axis
+                                          and all(isinstance(a, str) for a in axis)):
+        raise ArgumentError(f"{what}: axis {axis!r} must be a mesh axis name or a tuple of "
+                            f"them  [{where}]")
+    which = "the {}" if mesh is not None else "the default mesh, {}"
+    mesh = mesh or current()
+    which = which.format(describe_default(mesh)[4:] if which.startswith("the default")
+                         else mesh.topology)
+    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+    for a in axes:
+        if a not in mesh.axes:
+            raise ShardingError(f"{what}: axis {a!r} is not in {which} (axes: "
+                                f"{', '.join(mesh.axes)}); pass mesh=  [{where}]")
+    mesh.require_rank(what)
+    parts = math.prod(mesh.axis_size(a) for a in axes)
+    out, mine = [], []
+    for name, x in named:
+        x = _numbers(what, f"{name} (x)" if len(named) > 1 else "x", x, where)
+        if not -x.ndim <= dim < x.ndim:
+            raise ShardingError(f"{what}: {name} is {list(x.shape)}, which has no dimension "
+                                f"{dim} to lay the ranks' blocks along  [{where}]")
+        d = dim % x.ndim
+        shape = x.shape[:d] + (x.shape[d] * parts,) + x.shape[d + 1:]
+        layout = ShardSpec((d,) * len(axes), axes)
+        local = np.array(x, order="C")
+        out.append(DTensor(local, shape, x.dtype, layout, mesh, name))
+        mine.append((f"{name}: " if len(named) > 1 else "") + f"{x.dtype.name} {list(x.shape)}")
+    if mesh.size > 1:
+        from ._mpi import exchange
+        text = "; ".join(mine).encode()
+        every = exchange(world_comm(), text, f"{what} over {axes}",
+                         f"{what}(axis={axis!r}) at {where}")
+        if len(set(every)) > 1:
+            holders: dict = {}
+            for r, t in enumerate(every):
+                holders.setdefault(t.decode(), []).append(r)
+            listed = "; ".join(f"rank{'s' if len(h) > 1 else ''} {', '.join(map(str, h))}: {t}"
+                               for t, h in holders.items())
+            raise ShardingError(f"{what}(axis={axis!r}): the ranks' blocks differ in shape or "
+                                f"dtype, so they do not form one tensor ({listed}); every rank "
+                                f"must pass a block of the same shape  [{where}]")
+    return out
 
 
 def scatter(array, layout: ShardSpec, mesh: Mesh, src: int = 0,
@@ -592,11 +788,20 @@ def tensor(shape, layout: ShardSpec | None = None, mesh: Mesh | None = None, dty
     `dtype` is a name ("f32", "bf16", "fp16", ...), a `ts` dtype or a numpy one."""
     where = user_frame()
     name = name or assigned_name(where) or "tensor"
-    np_dtype = as_dtype(dtype if dtype is not None else "f32")
+    np_dtype = as_dtype(dtype if dtype is not None else "f32", "dist.tensor: dtype")
     if init not in ("zeros", "random"):
-        raise ValueError(f"{name}: init must be 'zeros' or 'random', got {init!r}  [{where}]")
+        raise ArgumentError(f"{name}: init must be 'zeros' or 'random', got {init!r}  [{where}]")
     if mesh is None:
         raise ShardingError(f"{name}: dist.tensor needs mesh=  [{where}]")
+    _check_mesh("dist.tensor", mesh, where)
+    if isinstance(shape, str) or not hasattr(shape, "__iter__") or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ArgumentError(f"{name}: dist.tensor's shape={shape!r} must be a tuple of sizes "
+                            f"(ints >= 0)  [{where}]")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise ArgumentError(f"{name}: dist.tensor's scale={scale!r} must be a number  [{where}]")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ArgumentError(f"{name}: dist.tensor's seed={seed!r} must be an int  [{where}]")
     shape = tuple(int(d) for d in shape)
     layout = layout or ShardSpec()
     dims = layout.dims_for(len(shape), mesh, name)
@@ -669,8 +874,8 @@ class deterministic:
 
     def __init__(self, reduce_tree: str = "binary", enabled: bool = True):
         if reduce_tree not in self.TREES:
-            raise ValueError(f"dist.deterministic: reduce_tree must be one of {self.TREES}, "
-                             f"got {reduce_tree!r}")
+            raise ArgumentError(f"dist.deterministic: reduce_tree must be one of {self.TREES}, "
+                                f"got {reduce_tree!r}  [{user_frame()}]")
         self.reduce_tree, self.enabled = reduce_tree, enabled
 
     def __enter__(self):
@@ -716,8 +921,8 @@ def inspect(t, file=None) -> str:
             print(text, file=file or sys.stdout)
         return text
     if not isinstance(t, DTensor):
-        raise TypeError(f"dist.inspect expects a DTensor or a compiled function, got "
-                        f"{type(t).__name__}")
+        raise ArgumentError(f"dist.inspect: t is a {type(t).__name__}, not a DTensor or a "
+                            f"compiled function  [{user_frame()}]")
     info = t.mesh.info
     lines = [f"DTensor {t.name or ''} global {list(t.shape)} {t.dtype.name}, layout "
              f"{_describe(t.dims, t.layout.partial)} on the {t.mesh.topology}"]

@@ -105,11 +105,21 @@ class Elastic:
 
     def __init__(self, rejoin: bool = True, safe_point: str = "step",
                  directory="checkpoints", every: int = 1, keep: int = 2, world_sizes=None):
+        from ._source import user_frame
         if safe_point not in SAFE_POINTS:
             raise ElasticError(f"dist.elastic: safe_point={safe_point!r}; the safe points are "
-                               f"{', '.join(map(repr, SAFE_POINTS))}")
-        if not isinstance(every, int) or every < 1:
-            raise ElasticError(f"dist.elastic: every={every!r} must be a positive integer")
+                               f"{', '.join(map(repr, SAFE_POINTS))}  [{user_frame()}]")
+        for name, value in (("every", every), ("keep", keep)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ElasticError(f"dist.elastic: {name}={value!r} must be a positive integer  "
+                                   f"[{user_frame()}]")
+        if world_sizes is not None and not callable(world_sizes) and (
+                isinstance(world_sizes, (str, bytes)) or not hasattr(world_sizes, "__iter__")
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                           for n in world_sizes)):
+            raise ElasticError(f"dist.elastic: world_sizes={world_sizes!r} must be a collection "
+                               f"of numbers of ranks (ints >= 1) or a function n -> bool  "
+                               f"[{user_frame()}]")
         self.rejoin = bool(rejoin)
         self.directory, self.every, self.keep = Path(directory), every, keep
         self._accepts = world_sizes if callable(world_sizes) else \
@@ -186,7 +196,8 @@ class Elastic:
         wanted = "1" if self.rank == 0 and (self._control / REQUEST_FILE).exists() else ""
         if self.world_size > 1:
             from ._mpi import bcast_text, world_comm
-            wanted = bcast_text(world_comm(), wanted)
+            wanted = bcast_text(world_comm(), wanted,
+                                what="the resize check of a dist.elastic safe point")
         return wanted == "1"
 
     def safe_point(self, step: int, tensors=None, optimizer=None, extra=None) -> None:

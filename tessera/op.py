@@ -15,6 +15,7 @@ and row-reduction parts into a few kernels.
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
@@ -25,8 +26,8 @@ from tessera_compiler.ir import graph_builder as gb
 from . import dtypes
 from ._source import SourceLine, user_frame
 from ._trace import (Traced, as_traced, autocast_dtype, current, current_location, element_type,
-                     is_tensor)
-from .errors import ShapeError
+                     is_tensor, not_a_tensor)
+from .errors import ArgumentError, ShapeError
 
 __all__ = [
     "matmul", "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum",
@@ -42,6 +43,8 @@ __all__ = [
 class DTypeError(ShapeError, TypeError):
     """Operands whose element types an op cannot take."""
 
+
+builtins_sum = builtins.sum        # (this module defines its own `sum`)
 
 # ----------------------------------------------------------------------------
 # Operand handling
@@ -203,6 +206,7 @@ def relu(x) -> Traced:
 
 
 def square(x) -> Traced:
+    (x,) = _elementwise_operands("square", _where_called("square"), x)
     return mul(x, x)
 
 
@@ -223,11 +227,13 @@ def pow(x, p) -> Traced:
 
 def sigmoid(x) -> Traced:
     """1 / (1 + exp(-x))."""
+    (x,) = _elementwise_operands("sigmoid", _where_called("sigmoid"), x)
     return div(1.0, add(exp(neg(x)), 1.0))
 
 
 def silu(x) -> Traced:
     """x * sigmoid(x)."""
+    (x,) = _elementwise_operands("silu", _where_called("silu"), x)
     return mul(x, sigmoid(x))
 
 
@@ -289,12 +295,16 @@ def cast(x, dtype) -> Traced:
 def _dims(name, x: Traced, dim, src) -> list[int]:
     if dim is None:
         return list(range(x.ndim))
-    dims = [dim] if isinstance(dim, int) else list(dim)
+    dims = [dim] if isinstance(dim, (int, np.integer, str)) or not hasattr(dim, "__iter__") \
+        else list(dim)
     out = []
     for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise ArgumentError(f"op.{name}: dim {d!r} is not a dimension index (an int, a "
+                                f"tuple of them, or None for all) of {list(x.shape)}  [{src}]")
         if not -x.ndim <= d < x.ndim:
             raise ShapeError(f"op.{name}: dim {d} is out of range for shape {list(x.shape)}  [{src}]")
-        out.append(d % x.ndim)
+        out.append(int(d) % x.ndim)
     return out
 
 
@@ -302,13 +312,21 @@ def _dim_or_axis(name: str, dim, axis, default=None):
     """`axis=` (numpy's, JAX's name) is accepted wherever `dim=` (the design
     docs', PyTorch's) is."""
     if axis is not None and dim is not None and dim != default:
-        raise TypeError(f"op.{name}: give dim= or axis=, not both  [{_where_called(name)}]")
+        raise ArgumentError(f"op.{name}: give dim= or axis=, not both (got dim={dim!r}, "
+                            f"axis={axis!r})  [{_where_called(name)}]")
     return axis if axis is not None else dim
+
+
+def _is_flag(x) -> bool:
+    """True, False (or numpy's, or 0 and 1): not a string, whose truth is its length."""
+    return isinstance(x, (bool, np.bool_)) or (isinstance(x, (int, np.integer)) and x in (0, 1))
 
 
 def _reduce(kind: str, name: str, x, dim, keepdim) -> Traced:
     src = _where_called(name)
     x = _tensor(name, x, src)
+    if not _is_flag(keepdim):
+        raise ArgumentError(f"op.{name}: keepdim={keepdim!r} must be True or False  [{src}]")
     dims = _dims(name, x, dim, src)
     if kind == "max" and any(x.shape[d] == 0 for d in dims):
         raise ShapeError(f"op.{name}: reduction over a zero-size dimension of {list(x.shape)} has "
@@ -351,6 +369,10 @@ def reshape(x, *shape) -> Traced:
     x = _tensor("reshape", x, src)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < -1:
+            raise ArgumentError(f"op.reshape: shape entry {s!r} of {list(shape)} is not a size "
+                                f"(an int >= 0, or -1 for the one inferred)  [{src}]")
     shape = [int(s) for s in shape]
     if shape.count(-1) > 1:
         raise ShapeError(f"op.reshape: at most one -1 in {shape}  [{src}]")
@@ -371,6 +393,13 @@ def transpose(x, *dims) -> Traced:
     `transpose(x, perm)` permutes."""
     src = _where_called("transpose")
     x = _tensor("transpose", x, src)
+    given = dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    for d in given:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or \
+                not -x.ndim <= d < builtins.max(x.ndim, 1):
+            raise ArgumentError(f"op.transpose: dimension {d!r} of {list(dims)} is not a "
+                                f"dimension index of {list(x.shape)} (-{x.ndim} to "
+                                f"{x.ndim - 1})  [{src}]")
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         perm = [d % x.ndim for d in dims[0]]
     elif len(dims) == 2:
@@ -395,8 +424,16 @@ def split(x, sections, dim: int = -1, *, axis=None) -> list[Traced]:
     x = _tensor("split", x, src)
     d = _dims("split", x, dim, src)[0]
     n = x.shape[d]
-    sizes = [n // sections] * sections if isinstance(sections, int) else list(sections)
-    if isinstance(sections, int) and n % sections or np.sum(sizes) != n:
+    count = isinstance(sections, (int, np.integer)) and not isinstance(sections, bool)
+    if not (count and sections > 0) and not (
+            isinstance(sections, (list, tuple)) and all(
+                isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0
+                for k in sections)):
+        raise ArgumentError(f"op.split: sections {sections!r} must be a number of equal parts "
+                            f"(an int >= 1) or a list of part sizes (ints >= 0) adding up to "
+                            f"dimension {d} of {list(x.shape)} (size {n})  [{src}]")
+    sizes = [n // sections] * sections if count else list(sections)
+    if count and n % sections or builtins_sum(sizes) != n:
         raise ShapeError(f"op.split: dimension {d} of {list(x.shape)} (size {n}) does not split "
                          f"into {sections}  [{src}]")
     out, start = [], 0
@@ -446,13 +483,26 @@ def concat(xs, dim: int = 0, *, axis=None) -> Traced:
     """Concatenation along `dim` (or `axis`)."""
     dim = _dim_or_axis("concat", dim, axis, default=0)
     src = _where_called("concat")
+    if not isinstance(xs, (list, tuple)):
+        raise ArgumentError(f"op.concat: xs must be a list or tuple of tensors, got a "
+                            f"{type(xs).__name__}  [{src}]")
+    if not xs:
+        raise ArgumentError(f"op.concat: xs holds no tensors (an empty {type(xs).__name__})  "
+                            f"[{src}]")
+    for i, x in enumerate(xs):
+        if not is_tensor(x) and not isinstance(x, (bool, int, float)):
+            raise ArgumentError(f"op.concat: xs[{i}] is a {type(x).__name__}, not a tensor  "
+                                f"[{src}]")
     xs = [_tensor("concat", x, src) for x in xs]
     d = _dims("concat", xs[0], dim, src)[0]
     for x in xs[1:]:
         if x.ndim != xs[0].ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, xs[0].shape))
-                                       if i != d) or x.dtype != xs[0].dtype:
+                                       if i != d):
             raise ShapeError(f"op.concat: operands {', '.join(_describe(t) for t in xs)} differ "
                              f"outside dim {d}  [{src}]")
+        if x.dtype != xs[0].dtype:
+            raise DTypeError(f"op.concat: operand dtypes differ: "
+                             f"{', '.join(_describe(t) for t in xs)}  [{src}]")
     with current_location(src):
         return _out(gb.concat([x.value for x in xs], d), src)
 
@@ -483,8 +533,8 @@ def matmul(a, b, transport: str | None = None) -> Traced:
     is a compile error at this call; "auto" is then a no-op."""
     src = _where_called("matmul")
     if transport is not None and transport not in TRANSPORTS:
-        raise ValueError(f"op.matmul: transport must be one of {list(TRANSPORTS)}, got "
-                         f"{transport!r}  [{src}]")
+        raise ArgumentError(f"op.matmul: transport must be one of {list(TRANSPORTS)}, got "
+                            f"{transport!r}  [{src}]")
     a, b = _tensor("matmul", a, src), _tensor("matmul", b, src)
     half = autocast_dtype()
     if half is not None:
@@ -532,7 +582,20 @@ def _matmul_vector(a: Traced, b: Traced, transport) -> Traced:
 def linear(x, w, b=None, transport: str | None = None) -> Traced:
     """x @ w (+ b); `transport` as for `matmul`."""
     y = matmul(x, w, transport)
-    return y if b is None else add(y, b)
+    if b is None:
+        return y
+    shape = getattr(b, "shape", None)
+    if shape is not None and not _broadcasts_to(tuple(shape), y.shape):
+        raise ShapeError(f"op.linear: bias b has shape {list(shape)}, which does not broadcast "
+                         f"to the output {list(y.shape)} (expected [{y.shape[-1]}])  "
+                         f"[{user_frame()}]")
+    return add(y, b)
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(shape), reversed(target)))
 
 
 def _float32_for_numerics(x: Traced, src) -> Traced:
@@ -561,22 +624,43 @@ def log_softmax(x, dim: int = -1, *, axis=None) -> Traced:
     src = _where_called("log_softmax")
     dim = _dim_or_axis("log_softmax", dim, axis, default=-1)
     x = _float32_for_numerics(_tensor("log_softmax", x, src), src)
+    _require_float("log_softmax", src, x)
     shifted = _minus_max(x, dim)
     return sub(shifted, log(sum(exp(shifted), dim, keepdim=True)))
 
 
 def _check_feature(name, x: Traced, p, what, src) -> None:
-    if p is not None and isinstance(p, Traced) and p.shape != (x.shape[-1],):
-        raise ShapeError(f"op.{name}: {what} has shape {list(p.shape)}, expected "
+    """A norm's weight or bias: None, or a tensor of shape [D] (x's last
+    dimension); a traced one, or an array or DTensor it will capture."""
+    if p is None:
+        return
+    shape = getattr(p, "shape", None) if is_tensor(p) else None
+    if shape is None:
+        raise not_a_tensor(f"op.{name}", p, src)
+    if tuple(shape) != (x.shape[-1],):
+        raise ShapeError(f"op.{name}: {what} has shape {list(shape)}, expected "
                          f"[{x.shape[-1]}] for input {list(x.shape)}  [{src}]")
+
+
+def _check_eps(name, eps, src) -> None:
+    if is_tensor(eps):
+        return
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise ArgumentError(f"op.{name}: eps={eps!r:.60} is a {type(eps).__name__}, not a "
+                            f"number  [{src}]")
+    if not eps >= 0:
+        raise ArgumentError(f"op.{name}: eps={eps!r} must be >= 0 (it is added to the "
+                            f"variance)  [{src}]")
 
 
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5) -> Traced:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension."""
     src = _where_called("layernorm")
     x = _float32_for_numerics(_tensor("layernorm", x, src), src)
+    _require_float("layernorm", src, x)
     _check_feature("layernorm", x, weight, "weight", src)
     _check_feature("layernorm", x, bias, "bias", src)
+    _check_eps("layernorm", eps, src)
     centered = sub(x, mean(x, -1, keepdim=True))
     y = mul(centered, rsqrt(add(mean(mul(centered, centered), -1, keepdim=True), eps)))
     if weight is not None:
@@ -590,7 +674,9 @@ def rmsnorm(x, weight=None, eps: float = 1e-6) -> Traced:
     """x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
     src = _where_called("rmsnorm")
     x = _float32_for_numerics(_tensor("rmsnorm", x, src), src)
+    _require_float("rmsnorm", src, x)
     _check_feature("rmsnorm", x, weight, "weight", src)
+    _check_eps("rmsnorm", eps, src)
     y = mul(x, rsqrt(add(mean(mul(x, x), -1, keepdim=True), eps)))
     return y if weight is None else mul(y, weight)
 
@@ -626,6 +712,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     `ts.autocast(dtype=ts.bf16)` the operands are cast to bf16; the softmax
     runs in fp32."""
     src = _where_called("attention")
+    if not _is_flag(causal):
+        raise ArgumentError(f"op.attention: causal={causal!r} must be True or False  [{src}]")
     q, k, v = (_tensor("attention", t, src) for t in (q, k, v))
     half = autocast_dtype()
     if half is not None:
@@ -641,9 +729,13 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         raise ShapeError(f"op.attention: seq_dim={seq_dim} is not a dimension of q "
                          f"{list(q.shape)} before its last (the head width)  [{src}]")
     seq_dim %= q.ndim
+    if scale is not None and (isinstance(scale, bool) or
+                              not isinstance(scale, (int, float, np.floating, np.integer))):
+        raise ArgumentError(f"op.attention: scale must be a positive number (or None: "
+                            f"1/sqrt(D)), got {scale!r}  [{src}]")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not scale > 0:
-        raise ValueError(f"op.attention: scale must be positive, got {scale}  [{src}]")
+        raise ArgumentError(f"op.attention: scale must be positive, got {scale}  [{src}]")
     with current_location(src):
         out, _ = gb.attention(q.value, k.value, v.value, causal, scale, seq_dim)
     return _out(out, src)
@@ -655,7 +747,13 @@ flash_attention = attention
 def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     """Mean over non-ignored rows of -log softmax(logits)[target]. `logits` is
     `[N, V]` (or `[..., V]` with `targets` `[...]`); rows whose target is
-    `ignore_index` (or outside `[0, V)`) count zero and are left out of the mean."""
+    `ignore_index` (a class in `[0, V)` too) count zero and are left out of
+    the mean. Any other target outside `[0, V)` is an error: the step that
+    computes the loss, or only its gradient, raises `ts.ValueCheckError`
+    once it has run, naming the row (of the flattened targets), the target
+    and V. The check runs where the targets are (on a GPU without
+    synchronizing the step; each rank of a data-parallel step checks its
+    own rows)."""
     src = _where_called("cross_entropy")
     logits = _float32_for_numerics(_tensor("cross_entropy", logits, src), src)
     targets = _tensor("cross_entropy", targets, src)
@@ -668,11 +766,13 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     V = logits.shape[-1]
     N = int(np.prod(targets.shape))
     logits = reshape(logits, N, V)
-    t = reshape(targets, N)
+    t = _checked_targets(reshape(targets, N), V, ignore_index, src)
     if 0 <= ignore_index < V:           # a real class: its rows count zero too
         t = where(equal(t, ignore_index), -1, t)
     onehot = _one_hot(t, V, logits.dtype, src)                           # [N, V], zero row if ignored
-    # From the targets, not summed over the vocabulary (no all-reduce where it is split).
+    # Not ignored (t is in [0, V) or ignored, and an ignored class is -1 by
+    # now); from the targets, not summed over the vocabulary (no all-reduce
+    # where it is split).
     valid = mul(cast(greater_equal(t, 0), logits.dtype), cast(less(t, V), logits.dtype))
     # -log softmax(x)[target] = log(sum(exp(x - max))) - (x - max)[target]: the
     # two sums over the vocabulary are independent, so a vocabulary split over
@@ -683,6 +783,19 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     nll = mul(sub(log(total), chosen), valid)                            # [N]
     count = maximum(sum(valid), 1.0)
     return div(sum(nll), count)
+
+
+def _checked_targets(t: Traced, classes: int, ignore_index: int, src) -> Traced:
+    """Flat targets `t`, checked where the step runs to lie in [0, classes)
+    or be `ignore_index` (`tgraph.check_range`: the loss and its gradient
+    read its result, so either keeps the check)."""
+    allowed = [] if 0 <= ignore_index < classes else [int(ignore_index)]
+    rule = f"targets must be in [0, {classes})" + \
+        (f" or ignore_index={ignore_index}" if allowed else "")
+    message = (f"ts.nn.cross_entropy{{where}}: target {{value}} in row {{row}} is out of range "
+               f"for {classes} classes ({rule})")
+    with current_location(src):
+        return _out(gb.check_range(t.value, 0, classes, message, allowed), src)
 
 
 def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bool = True,
@@ -709,10 +822,17 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
     columns over a tensor-parallel axis then gives every rank whole heads
     (head-parallel attention, no communication until `wo`)."""
     src = _where_called("transformer_block")
+    if norm not in ("layernorm", "rmsnorm"):
+        raise ArgumentError(f"op.transformer_block: norm={norm!r} must be 'layernorm' or "
+                            f"'rmsnorm'  [{src}]")
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
+        raise ArgumentError(f"op.transformer_block: heads={heads!r} must be a number of "
+                            f"attention heads (an int >= 1)  [{src}]")
     if params is None or len(params) != depth:
         raise ShapeError(f"op.transformer_block: needs params= with one dict per layer "
                          f"(depth={depth}); create them with ts.nn.init_transformer  [{src}]")
     x = _tensor("transformer_block", x, src)
+    _require_float("transformer_block", src, x)
     if x.ndim != 3:
         raise ShapeError(f"op.transformer_block: x must be [B, S, D], got {list(x.shape)}  [{src}]")
     B, S, D = x.shape
@@ -819,6 +939,9 @@ def topk(x, k: int):
     x = as_traced("op.topk", x, src)
     _require_float("topk", src, x)
     n = x.shape[-1] if x.ndim else 0
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ArgumentError(f"op.topk: k={k!r} must be an int in [1, {n}] (the last dimension "
+                            f"of {list(x.shape)})  [{src}]")
     if not x.ndim or not 1 <= k <= n:
         raise ShapeError(f"op.topk: k={k} must be in [1, {n}] (the last dimension of "
                          f"{list(x.shape)})  [{src}]")
@@ -1113,7 +1236,12 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
                              f"router, D from x, F from w1), got {list(w.shape)}: dimension "
                              f"{which} differs  [{src}]")
     if not isinstance(k, int) or not 1 <= k <= E:
-        raise ShapeError(f"op.moe: k={k} must be an integer in [1, E={E}]  [{src}]")
+        raise ShapeError(f"op.moe: k={k!r} must be an integer in [1, E={E}]  [{src}]")
+    if capacity_factor is not None and (
+            isinstance(capacity_factor, bool) or
+            not isinstance(capacity_factor, (int, float, np.floating, np.integer))):
+        raise ArgumentError(f"op.moe: capacity_factor={capacity_factor!r} must be a positive "
+                            f"number (or None for dropless)  [{src}]")
     if capacity_factor is not None and not capacity_factor > 0:
         raise ShapeError(f"op.moe: capacity_factor={capacity_factor} must be positive (or None "
                          f"for dropless)  [{src}]")
@@ -1162,6 +1290,20 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
 _EAGER: dict = {}
 
 
+def _no_tensor(fn, args, kwargs) -> Exception:
+    """An op called outside a compiled function with no tensor operand
+    (`op.relu("x")`, `op.add(1.0, 2.0)`): there is nothing to compute on."""
+    import inspect
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+        given = ", ".join(f"{k}={v!r:.60}" for k, v in bound.items())
+    except TypeError:
+        given = ", ".join(f"{a!r:.60}" for a in args)
+    return ArgumentError(f"op.{fn.__name__}: no operand is a tensor ({given}); outside a "
+                         "compiled function an op computes on numpy arrays or DTensors (inside "
+                         f"one, on traced tensors)  [{user_frame()}]")
+
+
 def _eager(fn):
     import functools
 
@@ -1173,12 +1315,13 @@ def _eager(fn):
             return fn(*args, **kwargs)
         leaves, _ = flatten((args, kwargs))
         if not any(is_tensor(x) for x in leaves):
-            return fn(*args, **kwargs)     # no tensor: the op's own error
+            raise _no_tensor(fn, args, kwargs)
         mesh = kwargs.get("mesh")              # op.moe(..., mesh=mesh): compiled for it
         compiled = _EAGER.get((fn.__name__, mesh))
         if compiled is None:
             from .compiler import CompiledFunction
             compiled = _EAGER[fn.__name__, mesh] = CompiledFunction(fn, mesh, numpy_results=True)
+            compiled.eager = True
         return compiled(*args, **kwargs)
     return call
 

@@ -47,7 +47,7 @@ from ._pytree import flatten, unflatten
 from ._source import user_frame
 from ._trace import Traced, current
 from .compiler import CompiledFunction
-from .errors import CompileError, TesseraError
+from .errors import ArgumentError, CompileError, TesseraError
 
 _local = threading.local()
 #: microbatches="auto": measured per signature on its first call (tessera.autotune)
@@ -87,6 +87,12 @@ class Stage:
     pipeline stage; called anywhere else it is the plain function."""
 
     def __init__(self, fn, name: str | None = None):
+        if not callable(fn):
+            raise ArgumentError(f"pipeline.Stage: fn is a {type(fn).__name__} ({fn!r:.40}), not a "
+                                f"function  [{user_frame()}]")
+        if name is not None and not isinstance(name, str):
+            raise ArgumentError(f"pipeline.Stage: name={name!r} must be a str or None  "
+                                f"[{user_frame()}]")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "stage")
@@ -116,6 +122,9 @@ def stage(name=None):
     `@graph.stage` without a name)."""
     if callable(name):
         return Stage(name)
+    if name is not None and not isinstance(name, str):
+        raise ArgumentError(f"pipeline.stage: name={name!r} must be a str (or the function "
+                            f"itself, as @graph.stage)  [{user_frame()}]")
     return lambda fn: Stage(fn, name)
 
 
@@ -123,9 +132,16 @@ def compose(stages: int, assign: list):
     """`pipeline.compose(stages=4, assign=[b0, b1, b2, b3])`: makes each
     callable of `assign` a stage, in that list (so a loop over it afterwards
     calls the stages), and returns the list."""
+    if not isinstance(assign, list):
+        raise ArgumentError(f"pipeline.compose: assign={assign!r:.40} must be a list of the "
+                            f"stages' functions  [{user_frame()}]")
     if len(assign) != stages:
         raise PipelineError(f"pipeline.compose(stages={stages}) got {len(assign)} callables to "
                             f"assign  [{user_frame()}]")
+    for i, f in enumerate(assign):
+        if not callable(f):
+            raise ArgumentError(f"pipeline.compose: assign[{i}] is a {type(f).__name__} "
+                                f"({f!r:.40}), not a function  [{user_frame()}]")
     assign[:] = [f if isinstance(f, Stage) else Stage(f, getattr(f, "__name__", f"b{i}"))
                  for i, f in enumerate(assign)]
     return assign
@@ -176,13 +192,12 @@ class PipelinedFunction(CompiledFunction):
         if name is None:
             raise PipelineError(f"unknown pipeline schedule {schedule!r} for {fn.__name__}; "
                                 f"choose one of {list(SCHEDULES)}  [{src}]")
+        _check_run_arguments(getattr(fn, "__name__", "step"), mesh, axis, microbatches,
+                             virtual_stages, stages, batch, src)
         super().__init__(fn, mesh, numpy_results=False, deterministic=deterministic,
                          target=target)
         self.axis = axis
         self.schedule = name
-        if isinstance(microbatches, str) and microbatches != AUTO:
-            raise PipelineError(f"{fn.__name__}: microbatches={microbatches!r}: give a count or "
-                                f"{AUTO!r} (measured on the first call)  [{src}]")
         #: microbatches="auto": each signature's count is measured on its first call
         self.auto_microbatches = microbatches == AUTO
         self.microbatches = None if self.auto_microbatches else microbatches
@@ -213,8 +228,9 @@ class PipelinedFunction(CompiledFunction):
         m = self.microbatches = self.microbatches or defaults.microbatches
         if m is None:
             raise PipelineError(f"{self.fn.__name__}: say how many microbatches "
-                                "(pipeline.run(microbatches=...), microbatches='auto', or "
-                                "schedule.pipeline_microbatches(n))")
+                                "(pipeline.run(microbatches=...) or "
+                                "@schedule(pipeline=True, microbatches=...), microbatches='auto', "
+                                "or schedule.pipeline_microbatches(n))")
         return int(m)
 
     # -- microbatches="auto" -----------------------------------------------------------
@@ -224,7 +240,7 @@ class PipelinedFunction(CompiledFunction):
                 and (self.autotune or (self.autotune is None and env.flag("TESSERA_AUTOTUNE"))):
             self.auto_microbatches = True       # autotuning with no count given: measure one
         if self.auto_microbatches:
-            key = prepared[-1]
+            key = prepared.key
             if key not in self._tuned_microbatches:
                 counts, reference = self._microbatch_counts(prepared)
                 self._tuned_microbatches[key] = tune_microbatches(self, prepared, counts,
@@ -238,7 +254,7 @@ class PipelinedFunction(CompiledFunction):
         interleaved one multiples of p), at most TESSERA_AUTOTUNE_CANDIDATES
         (default 5) spread evenly from p to the largest; a batch of fewer
         rows than p ranks: its largest divisors."""
-        bound, _, _, mesh, _, _, _ = prepared
+        bound, mesh = prepared.bound, prepared.mesh
         rows = _local_rows(self.fn.__name__, bound, self._batch_names(list(bound.arguments)),
                            mesh)
         p = mesh.axis_size(self.axis)
@@ -527,6 +543,35 @@ def _combine(results: list, size: int, blocks: int):
     return unflatten(structure, out)
 
 
+def _check_run_arguments(name, mesh, axis, microbatches, virtual_stages, stages, batch,
+                         src) -> None:
+    """pipeline.run's settings, checked where the step is made."""
+    from . import dist
+    if mesh is not None and not isinstance(mesh, dist.Mesh):
+        raise ArgumentError(f"pipeline.run: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), "
+                            f"not a dist.Mesh  [{src}]")
+    if not isinstance(axis, str):
+        raise ArgumentError(f"pipeline.run: axis={axis!r} must be a mesh axis name (a str)  "
+                            f"[{src}]")
+    if mesh is not None and axis not in mesh.axes:
+        raise PipelineError(f"{name}: the pipeline axis {axis!r} is not an axis of the "
+                            f"{mesh.topology} (axes: {', '.join(mesh.axes)})  [{src}]")
+    if microbatches is not None and microbatches != AUTO and (
+            isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer))
+            or microbatches < 1):
+        raise PipelineError(f"{name}: microbatches={microbatches!r}: give a count or {AUTO!r} "
+                            f"(measured on the first call); a count is an int >= 1  [{src}]")
+    for what, value in (("virtual_stages", virtual_stages), ("stages", stages)):
+        if value is not None and not (what == "stages" and isinstance(value, list)) and (
+                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise PipelineError(f"{name}: {what}={value!r} must be a count (an int >= 1)  "
+                                f"[{src}]")
+    if batch is not None and not isinstance(batch, str) and not (
+            isinstance(batch, (tuple, list)) and all(isinstance(b, str) for b in batch)):
+        raise ArgumentError(f"pipeline.run: batch={batch!r} must name the batch arguments (a str "
+                            f"or a tuple of strs)  [{src}]")
+
+
 def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule: str = "1F1B",
         microbatches: int | str | None = None, virtual_stages: int | None = None, batch=None,
         stages: list | None = None, deterministic: bool | None = None, target=None):
@@ -545,8 +590,16 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
     process with the same step and shapes searches nothing."""
     if axis is None:
         axis = mesh_axes[0] if mesh_axes else "pp"
+    _check_run_arguments("pipeline.run", mesh, axis, microbatches, virtual_stages, stages, batch,
+                         user_frame())
+    if schedule_name(schedule) is None:
+        raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose one of "
+                            f"{list(SCHEDULES)}  [{user_frame()}]")
 
     def wrap(f):                  # (PipelinedFunction refuses an unknown schedule)
+        if not callable(f):
+            raise ArgumentError(f"pipeline.run: fn is a {type(f).__name__} ({f!r:.40}), not a "
+                                f"function  [{user_frame()}]")
         m = mesh
         if m is None:
             from . import dist
@@ -561,6 +614,9 @@ def pipeline(stages: list, mesh=None, axis: str = "pp", schedule: str = "1F1B",
              microbatches: int | None = None, **kwargs):
     """`@graph.pipeline(stages=[encoder, decoder], mesh=mesh, axis="pp")`: a
     step whose stage calls must be exactly `stages`, in order."""
+    if not isinstance(stages, (list, tuple)):
+        raise ArgumentError(f"graph.pipeline: stages={stages!r:.60} must be a list of @graph.stage "
+                            f"functions  [{user_frame()}]")
     bad = [s for s in stages if not isinstance(s, Stage)]
     if bad:
         raise PipelineError(f"graph.pipeline(stages=...): {bad[0]!r} is not a @graph.stage "

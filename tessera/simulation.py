@@ -111,7 +111,7 @@ class Simulation:
         self.called.add(id(compiled))
         started = time.perf_counter()
         prepared, traced = compiled._prepare_and_trace(args, kwargs)
-        _, leaves, _, mesh, _, _, _ = prepared
+        leaves, mesh = prepared.leaves, prepared.mesh
         options = compiled._target()
         if compiled.target is None:
             options = options.with_(target=self.target)

@@ -16,7 +16,10 @@ data_parallel
     given. Arrays under the `batch` arguments are split along their first
     dimension over it; everything else is replicated. The loss is a mean over
     the global batch, so the gradient each rank contributes is a pending
-    partial sum that the compiler all-reduces: averaged gradients.
+    partial sum that the compiler all-reduces: averaged gradients. The batch
+    every rank passes is the global one (the ranks check they agree); with
+    `batch_is_local=True` each rank passes its own rows instead and the
+    global batch is all of them (`dist.from_local`).
 
 zero_redundancy_optimizer
     As data_parallel, and arrays under the `state` arguments (optimizer
@@ -58,6 +61,9 @@ class Strategy:
     batch: tuple[str, ...]
     state: tuple[str, ...]
     layouts: object = None
+    #: the batch arguments hold each rank's own rows (dist.from_local), not
+    #: the global batch every rank passes alike
+    batch_is_local: bool = False
 
     @property
     def scatter_axes(self) -> tuple[str, ...]:
@@ -68,6 +74,26 @@ class Strategy:
             return self.mesh
         from .mesh import auto
         return auto((self.axis,))
+
+    def place_all(self, paths: list, leaves: list, mesh: dist.Mesh) -> tuple[list, list]:
+        """Every leaf as the strategy lays it out (see `place`), and each as
+        the ranks must agree on it: a global array as passed, a local batch
+        (`batch_is_local`: each rank's blocks of the global batch, placed
+        together with one agreement between the ranks) as its DTensor."""
+        if not self.batch_is_local:
+            return [self.place(p, leaf, mesh) for p, leaf in zip(paths, leaves)], list(leaves)
+        local = [i for i, (p, leaf) in enumerate(zip(paths, leaves))
+                 if p.split(".")[0] in self.batch and isinstance(leaf, (np.ndarray, np.generic))
+                 and np.ndim(leaf)]
+        placed = [leaf if i in local else self.place(p, leaf, mesh)
+                  for i, (p, leaf) in enumerate(zip(paths, leaves))]
+        if local:
+            from ._source import user_frame
+            blocks = dist.local_blocks([(paths[i], leaves[i]) for i in local], self.axis, 0,
+                                       mesh, "ts.distribute(batch_is_local=True)", user_frame())
+            for i, block in zip(local, blocks):
+                placed[i] = block
+        return placed, [placed[i] if i in local else leaf for i, leaf in enumerate(leaves)]
 
     def place(self, path: str, leaf, mesh: dist.Mesh):
         """`leaf` (the argument at `path`, e.g. `batch.inputs`) as the strategy
@@ -117,22 +143,51 @@ def _takes(f, names) -> bool:
 def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | None = None,
                axis: str = "dp", batch=("batch", "microbatches"),
                state=("opt_state", "optimizer_state", "state"), layouts=None,
-               mesh_axes=None):
+               mesh_axes=None, batch_is_local: bool = False):
     """Compile `fn` with a parallelism strategy (see the module docstring).
     `batch` and `state` name the arguments that hold the batch and the
     optimizer state; `mesh_axes=["tp"]` is accepted as the design docs write
-    it and names the axis."""
+    it and names the axis. `batch_is_local=True`: each rank passes its own
+    batch (the DDP habit), and the global batch is every rank's rows in
+    axis order (`dist.from_local`), so a mean loss is the mean over all of
+    them; by default the batch is global, the same on every rank, and split."""
+    from ._source import user_frame
     from .compiler import CompiledFunction
+    from .errors import ArgumentError
     if strategy not in STRATEGIES:
-        raise ValueError(f"ts.distribute: unknown strategy {strategy!r} (known: "
-                         f"{', '.join(STRATEGIES)})")
+        raise ArgumentError(f"ts.distribute: unknown strategy {strategy!r} (known: "
+                            f"{', '.join(STRATEGIES)})  [{user_frame()}]")
+    if mesh is not None and not isinstance(mesh, dist.Mesh):
+        raise ArgumentError(f"ts.distribute: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), "
+                            f"not a dist.Mesh  [{user_frame()}]")
     if mesh_axes:
         axis = list(mesh_axes)[0]
+    if not isinstance(axis, str):
+        raise ArgumentError(f"ts.distribute: axis {axis!r} must be a mesh axis name (a str)  "
+                            f"[{user_frame()}]")
     if mesh is not None and axis not in mesh.axes:
-        raise ValueError(f"ts.distribute: axis {axis!r} is not in the {mesh.topology}")
-    plan = Strategy(strategy, mesh, axis, tuple(batch), tuple(state), layouts)
+        raise dist.ShardingError(f"ts.distribute: axis {axis!r} is not in the {mesh.topology} "
+                                 f"(axes: {', '.join(mesh.axes)})  [{user_frame()}]")
+    if batch_is_local and strategy not in ("data_parallel", "zero_redundancy_optimizer"):
+        raise ArgumentError(f"ts.distribute: batch_is_local=True is for the data-parallel "
+                            f"strategies, not {strategy!r}  [{user_frame()}]")
+    # One name is one argument (batch="mbs"), not its letters.
+    batch = (batch,) if isinstance(batch, str) else batch
+    state = (state,) if isinstance(state, str) else state
+    for name, names in (("batch", batch), ("state", state)):
+        if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+            raise ArgumentError(f"ts.distribute: {name}={names!r} must name arguments (a str or a "
+                                f"tuple of strs)  [{user_frame()}]")
+    if layouts is not None and not callable(layouts):
+        raise ArgumentError(f"ts.distribute: layouts={layouts!r:.40} must be a function "
+                            f"(path, array) -> ShardSpec or None  [{user_frame()}]")
+    plan = Strategy(strategy, mesh, axis, tuple(batch), tuple(state), layouts,
+                    bool(batch_is_local))
 
     def wrap(f):
+        if not callable(f):
+            raise ArgumentError(f"ts.distribute: fn is a {type(f).__name__} ({f!r:.40}), not a "
+                                f"function  [{user_frame()}]")
         if (strategy == "tensor_parallel" and layouts is None) or (
                 strategy == "zero_redundancy_optimizer" and not _takes(f, batch)):
             # Per-rank code over its arguments' blocks (the training guide's

@@ -113,6 +113,11 @@ _VARIABLES = [
     Variable("TESSERA_COLLECTIVE_TIMEOUT", "runtime", "600",
              "seconds a collective or transfer may take to complete before the rank dumps "
              "its flight recorder (its last collectives) and fails with CollectiveTimeout"),
+    Variable("TESSERA_CHECK_INPUTS", "frontend", "first",
+             "when the ranks compare checksums of the arguments they must pass alike (numpy "
+             "arrays, replicated DTensor blocks, captured constants) in a multi-rank job: "
+             "'first' (before each compiled signature's first run), 'always' (every call) or "
+             "'never'"),
     Variable("TESSERA_SHM_COLLECTIVES", "runtime", "1",
              "0: collectives and transfers between CPU ranks on one machine go through MPI "
              "instead of shared memory (where a waiting rank sleeps instead of spinning)"),

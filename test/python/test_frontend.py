@@ -45,6 +45,16 @@ def test_shardspec_errors_name_the_tensor(spec, message):
     assert str(err.value).startswith("W:")
 
 
+def test_row_of_a_vector_is_an_error_not_its_only_dimension():
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    with pytest.raises(ShardingError, match=r"^b: partition entry 'row' names the second-to-last "
+                                            r"dimension, but the tensor has rank 1"):
+        b = dist.from_numpy(np.zeros(4, np.float32), layout=dist.ShardSpec(("row",), ("tp",)),  # noqa: F841
+                            mesh=mesh)
+    spec = dist.ShardSpec(("col",), ("tp",))          # a vector's one dimension
+    assert spec.dims_for(1, mesh) == [("tp",)]
+
+
 def test_indivisible_dimension_names_tensor_dimension_axis_and_line():
     mesh = dist.Mesh(axes=["tp"], devices=range(2))
     with pytest.raises(ShardingError) as err:
@@ -189,7 +199,8 @@ def test_ops_outside_compile_run_eagerly_or_name_the_problem():
     programs = len(op._EAGER["relu", None]._programs)
     op.relu(-x)
     assert len(op._EAGER["relu", None]._programs) == programs
-    with pytest.raises(RuntimeError, match="outside a function compiled by tessera"):
+    with pytest.raises(ts.ArgumentError, match=r"op.relu: no operand is a tensor \(x=\[1.0, "
+                                               r"2.0\]\).*test_frontend.py:\d+"):
         op.relu([1.0, 2.0])
 
 

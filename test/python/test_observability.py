@@ -106,6 +106,29 @@ def test_a_skipped_collective_is_named_by_the_flight_recorder_within_the_timeout
     assert took < 60
 
 
+def test_a_rank_that_never_calls_the_compiled_function_is_named_within_the_timeout(
+        tessera_launch):
+    """Before a compiled function's first run the ranks compare their
+    programs: a rank that never comes (stuck before the call) is named by
+    the others' CollectiveTimeout within the timeout, and the job stops."""
+    proc = tessera_launch("-n", 2, WORKERS / "absent_rank_worker.py",
+                          env={"TESSERA_COLLECTIVE_TIMEOUT": "3"}, timeout=90)
+    ended = time.time()
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    called = float(re.search(r"calling at ([\d.]+)", proc.stdout).group(1))
+    assert ended - called < 3 + 10, ended - called
+    assert re.search(r"CollectiveTimeout: the program agreement before the first run of step "
+                     r"\(called at \S*absent_rank_worker\.py:\d+\): the ranks check that they "
+                     r"traced the same program: rank 1 never arrived within 3 s "
+                     r"\(TESSERA_COLLECTIVE_TIMEOUT\); rank 0 waited there", proc.stderr), \
+        proc.stderr[-3000:]
+    # The launcher's diagnosis from the flight recorders: rank 1 never started it.
+    assert re.search(r"\[tessera\] world the program agreement of step #1 "
+                     r"\(absent_rank_worker\.py:\d+\): rank 0 waiting, rank 1 never started it",
+                     proc.stderr), proc.stderr[-3000:]
+    assert "returned from a call" not in proc.stderr
+
+
 def test_diagnose_names_a_rank_in_another_collective_and_a_silent_one():
     def entry(seq, op, state, nbytes=64):
         return {"seq": seq, "op": op, "axis": "dp", "nbytes": nbytes, "state": state,

@@ -106,19 +106,19 @@ def test_cross_entropy_and_embedding(dtype):
 
 
 @pytest.mark.parametrize("ignore_index", [-100, 0, 7])
-def test_cross_entropy_leaves_out_ignored_and_out_of_range_targets(ignore_index):
-    """Rows whose target is `ignore_index` (a real class too: 0, 7) or
-    outside [0, V) count zero and leave the mean; the loss and its gradient
-    against float64 numpy (softmax minus the one-hot, over the kept rows)."""
+def test_cross_entropy_leaves_out_ignored_targets(ignore_index):
+    """Rows whose target is `ignore_index` (a real class too: 0, 7) count
+    zero and leave the mean; the loss and its gradient against float64
+    numpy (softmax minus the one-hot, over the kept rows)."""
     r = rng()
     logits = r.standard_normal((5, 4, 11)).astype(np.float32)
     targets = r.integers(0, 11, (5, 4)).astype(np.int32)
     targets[0, :2] = ignore_index
-    targets[1, 0], targets[1, 1] = -3, 11                       # out of range
+    targets[1, 3] = ignore_index
     loss = ts.jit(lambda x, t: op.cross_entropy(x, t, ignore_index=ignore_index))
     grad = ts.jit(lambda x, t: ts.grad(op.cross_entropy(x, t, ignore_index=ignore_index), x))
     x, t = logits.astype(np.float64).reshape(-1, 11), targets.reshape(-1)
-    keep = (t >= 0) & (t < 11) & (t != ignore_index)
+    keep = t != ignore_index
     p = _softmax(x)
     want = -np.log(p[keep, t[keep]]).mean()
     onehot = np.zeros_like(x)
@@ -127,6 +127,55 @@ def test_cross_entropy_leaves_out_ignored_and_out_of_range_targets(ignore_index)
     np.testing.assert_allclose(loss(logits, targets), want, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(grad(logits, targets)).reshape(-1, 11), want_grad,
                                atol=1e-7)
+
+
+def test_cross_entropy_targets_out_of_range_fail_the_step(monkeypatch):
+    """A target outside [0, C) that is not ignore_index (C, -1, -5, a large
+    one) fails the step once it has run: ts.ValueCheckError names the row of
+    the flattened targets (the first bad one), the target, C and the line,
+    for the loss and for a step that returns only a gradient (the loss
+    itself unused), run as straight-line code and by the interpreting loop
+    (profiled runs). The compiled steps keep working afterwards."""
+    from tessera_runtime.executor import ScheduleExecutor
+    r = rng()
+    logits = r.standard_normal((5, 4, 11)).astype(np.float32)
+    w = r.standard_normal((11, 11)).astype(np.float32)
+    targets = r.integers(0, 11, (5, 4)).astype(np.int32)
+    targets[0, :2] = -100
+    loss = ts.jit(lambda x, t: op.cross_entropy(x, t))
+    grad_only = ts.jit(lambda x, w, t: ts.grad(ts.nn.cross_entropy(x @ w, t), w))
+    steps = {"loss": lambda t: loss(logits, t), "gradient": lambda t: grad_only(logits, w, t)}
+    for bad in (11, -1, -5, 2**31 - 1):
+        monkeypatch.setattr(ScheduleExecutor, "straight_line", bad != -5)
+        t = targets.copy()
+        t[2, 1] = bad                                   # row 9
+        t[3, 0] = 12                                    # a later bad row: the first is named
+        for what, step in steps.items():
+            with pytest.raises(ts.ValueCheckError, match=(
+                    rf"^ts.nn.cross_entropy at \S*test_ops.py:\d+: target {bad} in row 9 is out "
+                    r"of range for 11 classes \(targets must be in \[0, 11\) or "
+                    r"ignore_index=-100\)$")) as err:
+                step(t)
+            e = err.value
+            assert (e.row, e.value, e.low, e.high, e.allowed) == (9, bad, 0, 11, (-100,)), what
+            assert isinstance(e, ts.TesseraError) and isinstance(e, ValueError)
+    x, t = logits.astype(np.float64).reshape(-1, 11), targets.reshape(-1)
+    keep = t != -100
+    np.testing.assert_allclose(loss(logits, targets),
+                               -np.log(_softmax(x)[keep, t[keep]]).mean(), rtol=1e-5)
+    p = _softmax(x @ w)
+    p[np.flatnonzero(keep), t[keep]] -= 1
+    np.testing.assert_allclose(grad_only(logits, w, targets),
+                               x.T @ (p * keep[:, None]) / keep.sum(), rtol=1e-4, atol=1e-6)
+
+
+def test_cross_entropy_with_a_real_class_ignored_checks_every_other_value():
+    """ignore_index a class (7): -100 is then out of range like any other."""
+    targets = np.array([[7, 3], [-100, 1]], np.int32)
+    loss = ts.jit(lambda x, t: op.cross_entropy(x, t, ignore_index=7))
+    with pytest.raises(ts.ValueCheckError, match=r"target -100 in row 2 is out of range for 11 "
+                                                 r"classes \(targets must be in \[0, 11\)\)$"):
+        loss(np.zeros((2, 2, 11), np.float32), targets)
 
 
 def test_transformer_block_matches_numpy():
@@ -220,7 +269,7 @@ def test_dtype_error_names_op_and_dtypes():
 def test_unsupported_operation_names_op_and_line():
     with pytest.raises(ts.ShapeError, match=r"op.pow: exponent 2.5 is not supported.*test_ops.py:\d+"):
         ts.jit(lambda a: a ** 2.5)(np.ones(3))
-    with pytest.raises(TypeError, match="use ts.where"):
+    with pytest.raises(ts.TracingError, match=r"with ts.where\(cond, a, b\).*test_ops.py:\d+"):
         ts.jit(lambda a: a if a > 0 else -a)(np.ones(3))
 
 
@@ -281,3 +330,108 @@ def test_fp8_e4m3_casts_round_as_ml_dtypes(target, monkeypatch):
     want = x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     assert same.all(), (x[~same][:8], got[~same][:8], want[~same][:8])
+
+
+def test_comparisons_are_traced_on_either_side_and_where_equals_numpy():
+    """`==` and `!=` build comparisons like `<` does (Python's default `==`
+    compared identities: `ts.where(t == 0, ...)` failed and `if s == 6.0:`
+    was silently never taken), with numbers on either side and integer or
+    float tensors; the selected values equal numpy's."""
+    r = rng()
+    t = r.integers(0, 3, (4, 5)).astype(np.int32)
+    x = r.standard_normal((4, 5)).astype(np.float32)
+    y = r.standard_normal((5,)).astype(np.float32)
+    k = int(r.integers(0, 3))
+
+    @ts.jit
+    def f(t, x, y):
+        return (ts.where(t == k, x, -x), ts.where(k != t, x, 0.0), ts.where(x == x, 1.0, 0.0),
+                ts.where(x != y, x, y), t == t, 2.0 == op.sum(x * 0.0 + 2.0) / 20.0)
+
+    a, b, c, d, same, scalar = f(t, x, y)
+    np.testing.assert_array_equal(a, np.where(t == k, x, -x))
+    np.testing.assert_array_equal(b, np.where(k != t, x, 0.0))
+    np.testing.assert_array_equal(c, np.ones_like(x))
+    np.testing.assert_array_equal(d, np.where(x != y, x, y))
+    assert same.dtype == np.bool_ and same.all() and scalar.dtype == np.bool_ and scalar
+    # Not a tensor or a number: not equal, as numpy says.
+    seen = []
+    ts.jit(lambda x: seen.append((x == None, x != "x")) or x)(x)  # noqa: E711
+    assert seen == [(False, True)]
+
+
+def _tracing_error(call) -> str:
+    with pytest.raises(ts.TracingError) as err:
+        call()
+    text = str(err.value)
+    assert "test_ops.py:" in text, text
+    return text
+
+
+def test_a_python_branch_or_number_from_a_traced_value_is_an_error_at_the_users_line():
+    """bool(), int(), float(), an index and np.asarray of a traced tensor raise
+    TracingError naming the conversion and the user's line, in ts.jit, in
+    per-rank code (where the hint names the rank as a Python number), in a
+    pipeline stage and in a remat region."""
+    from tessera import dist, graph, pipeline
+    x = np.arange(6, dtype=np.float32)
+
+    def branch(x):
+        if op.sum(x) == 15.0:           # was silently never taken
+            return x
+        return -x
+    text = _tracing_error(lambda: ts.jit(branch)(x))
+    assert text.startswith("bool() (an `if`, `while`, `and`, `or`, `not` or assert on it) of a "
+                           "traced tensor ([] bool): it has no value while branch is being "
+                           "compiled"), text
+    assert "ts.where(cond, a, b)" in text
+    for conversion, fn in (("int()", lambda x: x[: int(op.sum(x))]),
+                           ("float()", lambda x: x * float(op.max(x))),
+                           ("an integer index", lambda x: x[: range(op.sum(x))[0]]),
+                           ("a numpy array", lambda x: np.exp(x) + x),
+                           ("bool()", lambda x: x if 0.0 < x[0] < 1.0 else -x)):
+        assert _tracing_error(lambda: ts.jit(fn)(x)).startswith(conversion)
+
+    one = dist.Mesh(axes=["dp"], devices=range(1))
+
+    @dist.spmd(mesh=one)
+    def per_rank(x):
+        if dist.axis_index("dp") == 0:
+            x = dist.all_reduce(x, axis="dp")
+        return x
+    text = _tracing_error(lambda: per_rank(x))
+    assert "ts.mesh.current().coords[axis] (dist.axis_index is a traced tensor)" in text
+
+    @dist.spmd(mesh=one)
+    def per_rank_where(x):               # the traced form: a comparison of the coordinate
+        return dist.all_reduce(ts.where(dist.axis_index("dp") == 0, x, x * 0.0), axis="dp")
+    np.testing.assert_array_equal(per_rank_where(x).numpy(), x)
+
+    @graph.stage("branching")
+    def stage(w, h):
+        return h if op.sum(h) > 0.0 else -h
+
+    mesh2 = dist.Mesh(axes=["pp"], devices=range(2))
+
+    @pipeline.run(mesh=mesh2, axis="pp", microbatches=2)
+    def step(ws, h):
+        return ts.value_and_grad(lambda ws: op.sum(stage(ws[1], stage(ws[0], h))))(ws)
+    _tracing_error(lambda: step.lower([np.ones((2, 2), np.float32)] * 2,
+                                      np.ones((4, 2), np.float32)))
+
+    @ts.jit
+    def rematted(x):
+        @ts.remat
+        def region(x):
+            return x * 2.0 if op.max(x) != 0.0 else x
+        return region(x)
+    _tracing_error(lambda: rematted(x))
+
+
+def test_traced_tensors_iterate_by_rows_and_are_unhashable():
+    x = rng().standard_normal((3, 2)).astype(np.float32)
+    rows = ts.jit(lambda x: [r * 2.0 for r in x] + [x * float(len(x))])(x)
+    np.testing.assert_allclose(np.stack(rows[:3]), 2 * x)
+    np.testing.assert_allclose(rows[3], 3 * x)
+    with pytest.raises(TypeError, match="unhashable"):
+        ts.jit(lambda x: {x: 1} and x)(x)

@@ -75,6 +75,24 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
                                    rtol=1e-6, atol=1e-6)
         assert seen["pending_reduced"] == [[1.5, 1.5], [1.5, 1.5]]
         assert seen["reduced_kept"] is True
+        # The default mesh is the one made last (tp), not the one a compiled
+        # call ran on; calls that do not pair up are stopped, naming both.
+        assert seen["local_default_mesh"].startswith(
+            "ShardingError: dist.all_reduce: axis 'dp' is not in the tp mesh, 2 (the mesh "
+            "made last, at test/python/workers/rank_programs_worker.py:"), \
+            seen["local_default_mesh"]
+        shapes = seen["eager_shapes_differ"]
+        assert shapes.startswith("CollectiveMismatch: the ranks are at different "
+                                 "collectives"), shapes
+        assert "rank 0: dist.all_reduce over 'dp' (op='sum') of a float32 array [8] at " \
+            in shapes and "rank 1: dist.all_reduce over 'dp' (op='sum') of a float32 array " \
+            "[1] at " in shapes
+        kinds = seen["eager_kinds_differ"]
+        assert "rank 0: dist.all_reduce over 'dp'" in kinds and \
+            "rank 1: dist.all_gather over 'dp' (dim=-1)" in kinds, kinds
+    for case in ("eager_shapes_differ", "eager_kinds_differ"):
+        assert ranks[0][case] == ranks[1][case]
+    _check_issue_60(ranks)
     # The local view: per-rank code that differs by rank but pairs its
     # collectives; every collective; gradients; and per-rank code whose
     # collectives do not pair, caught.
@@ -104,6 +122,53 @@ def test_two_ranks_catch_differing_programs_and_move_only_blocks(run_mpi, tmp_pa
         assert seen["random_local_shape"] == [6, 4]
         np.testing.assert_array_equal(seen["random_block"],
                                       whole[:, 4 * r:4 * r + 4].astype(np.float32))
+
+
+def _check_issue_60(ranks: list) -> None:
+    """Arguments the ranks must pass alike, per-rank batches, traced
+    comparisons and axes not in the mesh (the worker's last section)."""
+    for seen in ranks:
+        mismatch = seen["per_rank_array"]
+        assert mismatch.startswith("InputMismatch: summed (called at test/python/workers/"
+                                   "rank_programs_worker.py:"), mismatch
+        assert "g is a numpy array, so it is a global value that every rank passes alike, " \
+            "but it differs: rank 0 holds one value; rank 1 holds another" in mismatch
+        assert "dist.from_local(x, axis='dp')" in mismatch and "Nothing ran." in mismatch
+        assert seen["agreed_array"] == [3.0, 3.0]      # the global value, reduced already
+        assert "<lambda> (called at " in seen["per_rank_dtensor"]
+        assert "g is a DTensor replicated over 'dp', so its block must be the same" in \
+            seen["per_rank_dtensor"], seen["per_rank_dtensor"]
+        assert seen["per_rank_always"].startswith("InputMismatch: summed"), \
+            seen["per_rank_always"]
+        assert "batch.x is a numpy array" in seen["per_rank_batch"], seen["per_rank_batch"]
+        assert seen["from_local_default_mesh"].startswith(
+            "ShardingError: dist.from_local: axis 'dp' is not in the default mesh, tp mesh, 2 "
+            "(the mesh made last, at "), seen["from_local_default_mesh"]
+        assert seen["from_local_shapes_differ"].startswith(
+            "ShardingError: dist.from_local(axis='dp'): the ranks' blocks differ in shape"), \
+            seen["from_local_shapes_differ"]
+        assert "(rank 0: float32 [1, 3]; rank 1: float32 [2, 3])" in \
+            seen["from_local_shapes_differ"]
+        assert seen["compares"] == [[0.0, 1.0, 0.0], [-1.0, 2.0, 3.0]]
+        branch = seen["branch_on_axis_index"]
+        assert branch.startswith("TracingError: bool() (an `if`, `while`, `and`, `or`, `not` "
+                                 "or assert on it) of a traced tensor ([] bool)"), branch
+        assert "ts.mesh.current().coords[axis]" in branch and "rank_programs_worker.py:" in branch
+        assert seen["wrong_axis"].startswith("ShardingError: dist.all_reduce: axis 'tpp' is not "
+                                             "in the mesh it is compiled for, the dp mesh, 2"), \
+            seen["wrong_axis"]
+    # Each rank's own batch: the global batch is both, in rank order.
+    batches = np.concatenate([np.array(seen["my_batch"], np.float64) for seen in ranks])
+    w = np.arange(3, dtype=np.float64).reshape(3, 1)
+    for seen in ranks:
+        np.testing.assert_allclose(seen["local_batch_loss"], (batches @ w).mean(), rtol=1e-5)
+        assert seen["from_local"][0] == [8, 3]
+        np.testing.assert_array_equal(np.array(seen["from_local"][1], np.float32),
+                                      batches.astype(np.float32))
+    X8 = np.array(ranks[0]["X8"], np.float64)
+    want = X8[:2] + 10 * X8[2:]                       # rank 1's rows scaled, then summed
+    for seen in ranks:
+        np.testing.assert_allclose(seen["rank_one_scales"], want, rtol=1e-5, atol=1e-6)
 
 
 def _check_point_to_point(ranks: list) -> None:

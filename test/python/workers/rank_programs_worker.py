@@ -9,11 +9,15 @@
   array, blocks only; `DTensor.shard/.replicate` reshard it;
 - a function takes the mesh of the DTensor it captures;
 - `dist.deterministic()` inside a compiled function marks it deterministic;
-- eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets);
+- eager ops and collectives at top level (the docs' 3.2 and 7.4 snippets),
+  on the default mesh, `with mesh:` or `mesh=`, and calls that do not pair up;
 - the local view: rank-dependent per-rank code, every per-rank collective,
   gradients through per-rank code (the docs' per-rank snippets run in
   examples/design_docs); sends and receives, recv_from by name, and
-  programs whose sends and receives would mispair or hang.
+  programs whose sends and receives would mispair or hang;
+- arguments the ranks must pass alike (arrays, replicated DTensor blocks)
+  checked; per-rank batches through `batch_is_local` and `dist.from_local`;
+  traced comparisons (`==` on `dist.axis_index`); an axis not in the mesh.
 
 Writes OUT/rank{r}.json with what each case saw.
 
@@ -133,9 +137,19 @@ W_local = mine.standard_normal((2, 3)).astype(np.float32)
 X_local = mine.standard_normal((3, 2)).astype(np.float32)
 Y_local = op.matmul(W_local, X_local)
 report["local_product"] = Y_local.tolist()
-report["local_sum"] = dist.all_reduce(Y_local, axis="dp").tolist()
-report["local_gather"] = ts.distributed.all_gather(Y_local, axis="dp", dim=1).tolist()
-report["local_scatter"] = dist.reduce_scatter(Y_local, axis="dp", dim=0).tolist()
+# `tp` is the mesh made last, so the default mesh: it has no 'dp'.
+report["local_default_mesh"] = error_of(lambda: dist.all_reduce(Y_local, axis="dp"))
+with mesh:                          # the dp mesh, for the collectives inside
+    report["local_sum"] = dist.all_reduce(Y_local, axis="dp").tolist()
+    report["local_gather"] = ts.distributed.all_gather(Y_local, axis="dp", dim=1).tolist()
+report["local_scatter"] = dist.reduce_scatter(Y_local, axis="dp", dim=0, mesh=mesh).tolist()
+# Calls that do not pair up: stopped on every rank before any data moves.
+with mesh:
+    report["eager_shapes_differ"] = error_of(
+        lambda: dist.all_reduce(np.ones(8 if rank == 0 else 1, np.float32), axis="dp"))
+    report["eager_kinds_differ"] = error_of(
+        lambda: dist.all_reduce(Y_local, axis="dp") if rank == 0 else
+        dist.all_gather(Y_local, axis="dp"))
 # A pending sum reduced (from_numpy holds 1.5 as a pending sum: rank 0 has
 # it, rank 1 zeros, so the sum is 1.5); a reduced value passed through
 # (ts.grad's gradients).
@@ -329,5 +343,84 @@ def owner_per_process(w):          # `my_rank` is this process' rank: the plans 
 
 for case in (never_sent, both_wait, wrong_shape, unknown_name, owner_per_process):
     report[case.__name__] = error_of(lambda: case(params["wq"]))
+
+# -- issue 60: traced comparisons, arguments the ranks must agree on, local
+# batches, axes that are not in the mesh.
+
+
+@ts.compile(mesh=mesh)
+def summed(g):
+    return dist.all_reduce(g, axis="dp")
+
+
+# The DDP habit: each rank passes its own array to a global-view function.
+report["per_rank_array"] = error_of(lambda: summed(np.full(2, rank + 1.0, np.float32)))
+report["agreed_array"] = summed(np.full(2, 3.0, np.float32)).numpy().tolist()
+# A DTensor replicated over dp whose blocks differ (each rank's own array).
+mine_replicated = dist.from_numpy(np.full(2, float(rank), np.float32), dist.ShardSpec(), mesh)
+report["per_rank_dtensor"] = error_of(lambda: ts.compile(lambda g: g * 2.0, mesh=mesh)(
+    mine_replicated))
+# Checked before a signature's first run only, unless TESSERA_CHECK_INPUTS=always.
+import os                                                          # noqa: E402
+os.environ["TESSERA_CHECK_INPUTS"] = "always"
+report["per_rank_always"] = error_of(lambda: summed(np.full(2, rank - 3.0, np.float32)))
+del os.environ["TESSERA_CHECK_INPUTS"]
+
+
+def mean_loss(w, batch):
+    return op.mean(op.matmul(batch["x"], w))
+
+
+data_parallel = ts.distribute(mean_loss, strategy="data_parallel", mesh=mesh)
+local_batches = ts.distribute(mean_loss, strategy="data_parallel", mesh=mesh,
+                              batch_is_local=True)
+w1 = np.arange(3, dtype=np.float32).reshape(3, 1)
+my_batch = {"x": np.random.default_rng(seed + 40 + rank).standard_normal((2 + 2, 3))
+            .astype(np.float32)}
+report["my_batch"] = my_batch["x"].tolist()
+report["per_rank_batch"] = error_of(lambda: data_parallel(w1, my_batch))
+report["local_batch_loss"] = float(local_batches(w1, my_batch))
+report["from_local_default_mesh"] = error_of(lambda: dist.from_local(my_batch["x"], axis="dp"))
+rows = dist.from_local(my_batch["x"], axis="dp", mesh=mesh)
+report["from_local"] = [list(rows.shape), rows.numpy().tolist()]
+report["from_local_shapes_differ"] = error_of(
+    lambda: dist.from_local(np.ones((1 + rank, 3), np.float32), axis="dp", mesh=mesh))
+
+
+# Comparisons are traced, in the global view and in per-rank code.
+@ts.compile(mesh=mesh)
+def compares(x):
+    return ts.where(x == 2.0, 1.0, 0.0), ts.where(0.0 != x, x, -1.0)
+
+
+cmp_eq, cmp_ne = compares(np.array([0.0, 2.0, 3.0], np.float32))
+report["compares"] = [cmp_eq.numpy().tolist(), cmp_ne.numpy().tolist()]
+
+
+@dist.spmd(mesh=mesh, in_specs=dist.ShardSpec((0,), ("dp",)))
+def rank_one_scales(x):
+    y = ts.where(dist.axis_index("dp") == 1, x * 10.0, x)
+    return dist.all_reduce(y, axis="dp")
+
+
+report["rank_one_scales"] = rank_one_scales(x_rows).numpy().tolist()
+
+
+@dist.spmd(mesh=mesh, in_specs=dist.ShardSpec((0,), ("dp",)))
+def branches_on_axis_index(x):
+    if dist.axis_index("dp") == 0:
+        x = dist.all_reduce(x, axis="dp")
+    return x
+
+
+report["branch_on_axis_index"] = error_of(lambda: branches_on_axis_index(x_rows))
+
+
+@ts.compile(mesh=mesh)
+def wrong_axis(x):
+    return dist.all_reduce(x, axis="tpp")
+
+
+report["wrong_axis"] = error_of(lambda: wrong_axis(np.ones(2, np.float32)))
 
 (out / f"rank{rank}.json").write_text(json.dumps(report))
