@@ -26,13 +26,27 @@ _NAMES = {"f32": f32, "float32": f32, "fp32": f32, "f64": f64, "float64": f64,
           "fp8_e4m3": fp8_e4m3, "float8_e4m3fn": fp8_e4m3}
 
 
-def as_dtype(d) -> np.dtype:
-    """A numpy dtype from a dtype, a numpy type or a name like "bf16"."""
+def as_dtype(d, what: str = "dtype") -> np.dtype:
+    """A numpy dtype from a dtype, a numpy type or a name like "bf16"; anything
+    else is an ArgumentError naming `what` (the API and its argument, e.g.
+    "op.cast: dtype") and the user's line."""
     if isinstance(d, str):
         if d not in _NAMES:
-            raise TypeError(f"unknown dtype {d!r} (known: {', '.join(sorted(_NAMES))})")
+            raise _not_a_dtype(what, d, f"unknown dtype {d!r} (known: {', '.join(sorted(_NAMES))})")
         return _NAMES[d]
-    return np.dtype(d)
+    if d is None:
+        raise _not_a_dtype(what, d, "None is not a dtype (ts.f32, ts.bf16, ts.int32, \"f32\", ...)")
+    try:
+        return np.dtype(d)
+    except TypeError:
+        raise _not_a_dtype(what, d, f"{d!r} ({type(d).__name__}) is not a dtype (ts.f32, "
+                                    "ts.bf16, ts.int32, \"f32\", ...)") from None
+
+
+def _not_a_dtype(what: str, d, text: str) -> Exception:
+    from ._source import user_frame
+    from .errors import ArgumentError
+    return ArgumentError(f"{what}: {text}  [{user_frame()}]")
 
 
 def is_float(d) -> bool:
@@ -60,4 +74,10 @@ def tensor(value, dtype=None) -> np.ndarray:
     function it is captured as an input like any array."""
     if dtype is None and isinstance(value, float):
         dtype = f32
-    return np.asarray(value, dtype=as_dtype(dtype) if dtype is not None else None)
+    out = np.asarray(value, dtype=as_dtype(dtype, "ts.tensor: dtype") if dtype is not None else None)
+    if out.dtype.kind not in "biufV":
+        from ._source import user_frame
+        from .errors import ArgumentError
+        raise ArgumentError(f"ts.tensor: value is a {type(value).__name__} ({value!r:.60}), which "
+                            f"makes a {out.dtype} array, not numbers  [{user_frame()}]")
+    return out

@@ -45,7 +45,7 @@ from ._source import user_frame
 from ._trace import (TraceState, Traced, as_traced, current, current_location,
                      declared_sharding, element_type, is_tensor, tracing)
 from .dtypes import as_dtype
-from .errors import CompileError, ShapeError, ShardingError
+from .errors import ArgumentError, CompileError, ShapeError, ShardingError
 
 __all__ = ["spmd", "axis_index", "send", "recv"]
 
@@ -204,8 +204,20 @@ def spmd(fn=None, *, mesh=None, in_specs=None, out_specs=None):
     one for all; default: a DTensor argument's own layout) and the function
     runs on the blocks; `out_specs` says how the results' blocks form global
     values (default: replicated, checked)."""
+    from . import dist
+    if mesh is not None and not isinstance(mesh, dist.Mesh):
+        raise ArgumentError(f"dist.spmd: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), not a "
+                            f"dist.Mesh  [{user_frame()}]")
+    for what, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
+        if specs is not None and not isinstance(specs, (dist.ShardSpec, list, tuple)):
+            raise ArgumentError(f"dist.spmd: {what}= is a {type(specs).__name__} "
+                                f"({specs!r:.40}); give one dist.ShardSpec for every argument, "
+                                f"or a list of them (None: replicated)  [{user_frame()}]")
     if fn is None:
         return lambda f: spmd(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    if not callable(fn):
+        raise ArgumentError(f"dist.spmd: fn is a {type(fn).__name__} ({fn!r:.40}), not a "
+                            f"function  [{user_frame()}]")
     return LocalFunction(fn, mesh, in_specs, out_specs)
 
 
@@ -214,6 +226,9 @@ def axis_index(axis: str) -> Traced:
     function (an int32 scalar)."""
     state = _local_state("dist.axis_index")
     src = user_frame()
+    if not isinstance(axis, str) or axis not in state.mesh.axes:
+        raise ShardingError(f"dist.axis_index: axis {axis!r} is not an axis of the "
+                            f"{state.mesh.topology} (axes: {', '.join(state.mesh.axes)})  [{src}]")
     n = state.mesh.axis_size(axis)
     with current_location(src):
         coords = gb.iota([n], 0, ir.IntegerType.get_signless(32))
@@ -230,6 +245,18 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
     if axis not in mesh.axes:
         raise ShardingError(f"dist.{kind}: axis {axis!r} is not in the {mesh.topology}  [{src}]")
     n = mesh.axis_size(axis)
+    if kind == "all_reduce" and args.get("op", "sum") not in ("sum", "max", "min"):
+        raise ArgumentError(f"dist.all_reduce: op must be one of ('sum', 'max', 'min'), got "
+                            f"{args['op']!r}  [{src}]")
+    if kind == "broadcast" and not (isinstance(args["src"], (int, np.integer))
+                                    and 0 <= args["src"] < n):
+        raise ArgumentError(f"dist.broadcast: src={args['src']!r} is not a coordinate of axis "
+                            f"{axis!r} (0 to {n - 1})  [{src}]")
+    for name, d in args.items():
+        if name.endswith("dim") and (isinstance(d, bool) or not isinstance(d, (int, np.integer))
+                                     or not -x.ndim <= d < max(x.ndim, 1)):
+            raise ArgumentError(f"dist.{kind}: {name}={d!r} is not a dimension of the block "
+                                f"{list(x.shape)}  [{src}]")
     deterministic = dist.deterministic_enabled()
     with current_location(src):
         if kind == "all_reduce":
@@ -270,6 +297,7 @@ def send(x, to: int, *, axis: str | None = None, name: str | None = None) -> Non
     state = _local_state("dist.send")
     src = user_frame()
     x = as_traced("dist.send", x, src)
+    _check_peer(state, to, "to", axis, "dist.send", src)
     axis, coord, peer = _peer(state, to, axis, "dist.send", src)
     with current_location(src):
         op = gb.send(x.value, state.mesh.name, axis, coord)
@@ -285,14 +313,28 @@ def recv(frm: int, name: str | None = None, *, like=None, shape=None, dtype=None
     being told (`ts.distributed.recv_from(owner_rank, param_name)`)."""
     state = _local_state("dist.recv")
     src = user_frame()
+    _check_peer(state, frm, "frm", axis, "dist.recv", src)
+    if like is not None:
+        if not hasattr(like, "shape") or not hasattr(like, "dtype"):
+            raise ArgumentError(f"dist.recv: like= is a {type(like).__name__}, not a tensor  "
+                                f"[{src}]")
+        shape, dtype = like.shape, like.dtype
+    if shape is not None:
+        if not isinstance(shape, (tuple, list)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+                for d in shape):
+            raise ArgumentError(f"dist.recv: shape={shape!r} must be a tuple of sizes (ints "
+                                f">= 0)  [{src}]")
+        if dtype is None:
+            raise ArgumentError(f"dist.recv: shape= needs dtype= too (the received value's "
+                                f"element type)  [{src}]")
+        dtype = as_dtype(dtype, "dist.recv: dtype")
+    elif name is None:
+        raise ShapeError(f"dist.recv from rank {frm} at {src}: give the value's type "
+                         "(like=, or shape= and dtype=), or the name= its sender uses")
     axis, coord, peer = _peer(state, frm, axis, "dist.recv", src)
     index = sum(1 for p in state.peers if p.kind == "recv")
-    if like is not None:
-        shape, dtype = like.shape, like.dtype
     if shape is None:
-        if name is None:
-            raise ShapeError(f"dist.recv from rank {frm} at {src}: give the value's type "
-                             "(like=, or shape= and dtype=), or the name= its sender uses")
         shape, dtype = state.recv_types.get(index, (None, None))
     pending = shape is None
     dtype = np.dtype(np.float32) if pending else as_dtype(dtype)
@@ -360,6 +402,21 @@ def set_body_type(body: ir.Operation) -> None:
     ret = list(block.operations)[-1]
     body.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
         [a.type for a in block.arguments], [v.type for v in ret.operands]))
+
+
+def _check_peer(state: TraceState, peer, param: str, axis, what: str, src) -> None:
+    """`peer` (the `param` argument) names a rank of the mesh (with `axis`: a
+    coordinate along it); checked before asking which rank traces, so that a
+    wrong argument is named wherever the body is traced."""
+    mesh = state.mesh
+    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+        raise ArgumentError(f"{what}: {param}={peer!r} must be a rank (an int)  [{src}]")
+    if axis is not None and axis not in mesh.axes:
+        raise ShardingError(f"{what}: axis {axis!r} is not in the {mesh.topology}  [{src}]")
+    size = mesh.size if axis is None else mesh.axis_size(axis)
+    if not 0 <= peer < size:
+        which = f"axis {axis!r} (size {size})" if axis is not None else f"the {mesh.topology}"
+        raise ShardingError(f"{what}: {peer} is not a rank of {which}  [{src}]")
 
 
 def _peer(state: TraceState, peer: int, axis: str | None, what: str, src):
@@ -680,7 +737,12 @@ def _specs_for(specs, n: int, what: str, name: str) -> list:
     specs = list(specs)
     if len(specs) != n:
         raise ShardingError(f"{name}: {what} has {len(specs)} entries for {n} "
-                            f"{'arguments' if what == 'in_specs' else 'results'}")
+                            f"{'arguments' if what == 'in_specs' else 'results'}  "
+                            f"[{user_frame()}]")
+    for i, s in enumerate(specs):
+        if s is not None and not isinstance(s, dist.ShardSpec):
+            raise ArgumentError(f"{name}: {what}[{i}] is a {type(s).__name__} ({s!r:.40}), not "
+                                f"a dist.ShardSpec or None  [{user_frame()}]")
     return [s or dist.ShardSpec() for s in specs]
 
 

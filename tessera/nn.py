@@ -22,6 +22,18 @@ def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
     (GPT-2 style init: normal(0, 0.02), output projections scaled by 1/sqrt(2 depth)).
     With `experts=E`, each block's MLP is a mixture of E experts (`op.moe`):
     its parameters are `moe = {router [D, E], w1 [E, D, F], w2 [E, F, D]}`."""
+    from ._source import user_frame
+    from .dtypes import as_dtype, is_float
+    from .errors import ArgumentError
+    for name, value, least in (("depth", depth, 1), ("width", width, 1),
+                               ("mlp_ratio", mlp_ratio, 1), ("experts", experts, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ArgumentError(f"nn.init_transformer: {name}={value!r} must be an int >= "
+                                f"{least}  [{user_frame()}]")
+    dtype = as_dtype(dtype, "nn.init_transformer: dtype")
+    if not is_float(dtype):
+        raise ArgumentError(f"nn.init_transformer: dtype {dtype} is not a floating-point type "
+                            f"(parameters are floats: ts.f32, ts.bf16, ...)  [{user_frame()}]")
     rng = np.random.default_rng(seed)
     hidden = mlp_ratio * width
     std, out_std = 0.02, 0.02 / np.sqrt(2 * depth)

@@ -26,6 +26,8 @@ import numpy as np
 
 from . import op, simulation
 from ._pytree import flatten, unflatten
+from ._source import user_frame
+from .errors import ArgumentError
 
 __all__ = ["AdamW", "SGD", "global_norm", "clip_by_global_norm", "accumulate", "tree_sum",
            "accumulate_grad",
@@ -36,6 +38,21 @@ def _map(fn, *trees):
     leaves = [flatten(t)[0] for t in trees]
     structure = flatten(trees[0])[1]
     return unflatten(structure, [fn(*xs) for xs in zip(*leaves)])
+
+
+def _check_hyper(api: str, name: str, value, low: float, high: float | None = None,
+                 low_open: bool = False) -> None:
+    """A hyperparameter given as a Python number must lie in its range
+    (`low` <= value, or < with `low_open`; value < `high`); a tensor (a
+    traced learning-rate schedule) is taken as is."""
+    from ._trace import is_tensor
+    if is_tensor(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ArgumentError(f"{api}: {name}={value!r:.40} must be a number  [{user_frame()}]")
+    if value < low or (low_open and value == low) or (high is not None and not value < high):
+        span = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'})"
+        raise ArgumentError(f"{api}: {name}={value!r} is out of range {span}  [{user_frame()}]")
 
 
 def _zeros_like(tree):
@@ -51,6 +68,14 @@ class AdamW:
     Moments are fp32 whatever the parameters' dtype."""
 
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        _check_hyper("ts.optim.AdamW", "lr", lr, 0.0)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ArgumentError(f"ts.optim.AdamW: betas={betas!r} must be two numbers (beta1, "
+                                f"beta2)  [{user_frame()}]")
+        for i, b in enumerate(betas):
+            _check_hyper("ts.optim.AdamW", f"betas[{i}]", b, 0.0, 1.0)
+        _check_hyper("ts.optim.AdamW", "eps", eps, 0.0)
+        _check_hyper("ts.optim.AdamW", "weight_decay", weight_decay, 0.0)
         self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
 
     def init(self, params) -> dict:
@@ -91,6 +116,9 @@ class SGD:
     g += wd p;  buf = momentum buf + g;  p -= lr buf."""
 
     def __init__(self, lr=1e-2, momentum=0.0, weight_decay=0.0):
+        _check_hyper("ts.optim.SGD", "lr", lr, 0.0)
+        _check_hyper("ts.optim.SGD", "momentum", momentum, 0.0)
+        _check_hyper("ts.optim.SGD", "weight_decay", weight_decay, 0.0)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
 
     def init(self, params) -> dict:
@@ -148,7 +176,8 @@ def tree_sum(values):
     blocks (of a power-of-two size) gives the same bits as one rank's sum."""
     level = list(values)
     if not level:
-        raise ValueError("ts.optim.tree_sum: nothing to sum")
+        raise ArgumentError(f"ts.optim.tree_sum: values is empty: nothing to sum  "
+                            f"[{user_frame()}]")
     while len(level) > 1:
         pairs = [_map(op.add, level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
         level = pairs + ([level[-1]] if len(level) % 2 else [])
@@ -176,11 +205,12 @@ def accumulate_grad(loss_fn, params, microbatches, axis: str = "dp"):
     count = leaves[0].shape[0]
     for x in leaves:
         if x.shape[0] != count:
-            raise ValueError(f"ts.optim.accumulate_grad: every microbatch array needs the same "
-                             f"leading dimension (microbatches), got {count} and {x.shape[0]}")
+            raise ArgumentError(f"ts.optim.accumulate_grad: every microbatch array needs the "
+                                f"same leading dimension (microbatches), got {count} and "
+                                f"{x.shape[0]}  [{user_frame()}]")
     if count % d:
-        raise ValueError(f"ts.optim.accumulate_grad: {count} microbatches do not split over the "
-                         f"{d} ranks of axis {axis!r}")
+        raise ArgumentError(f"ts.optim.accumulate_grad: {count} microbatches do not split over "
+                            f"the {d} ranks of axis {axis!r}  [{user_frame()}]")
     per_rank = count // d
     # [M, ...] -> [d, M/d, ...]: rank r's block is row r.
     blocks = [op.reshape(x, d, per_rank, *x.shape[1:]) for x in leaves]

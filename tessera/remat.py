@@ -59,6 +59,10 @@ def remat(fn=None, *, policy="nothing_saveable"):
     name = policy_name(policy, "ts.remat")
     if fn is None:
         return lambda f: remat(f, policy=policy)
+    if not callable(fn):
+        from .errors import ArgumentError
+        raise ArgumentError(f"ts.remat: fn is a {type(fn).__name__} ({fn!r:.40}), not a function  "
+                            f"[{user_frame()}]")
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -35,10 +35,16 @@ class Tensor:
         items = items if isinstance(items, tuple) else (items,)
         dims, dtype = [], None
         for it in items:
-            if isinstance(it, (str, int)):
+            if isinstance(it, bool):
+                dtype = as_dtype(it, f"ts.Tensor{list(items)}: entry {it!r}")
+            elif isinstance(it, (str, int)):
+                if isinstance(it, int) and it < 0:
+                    from .errors import ArgumentError
+                    raise ArgumentError(f"ts.Tensor{list(items)}: dimension {it} must be a size "
+                                        f"(an int >= 0) or a symbol (a str)  [{user_frame()}]")
                 dims.append(it)
             else:
-                dtype = as_dtype(it)
+                dtype = as_dtype(it, f"ts.Tensor{list(items)}: entry {it!r}")
         return TensorSpec(tuple(dims), dtype)
 
 

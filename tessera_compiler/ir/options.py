@@ -22,6 +22,18 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields
 
+#: What a bad option raises: `invalid(message)` is the exception. The
+#: compiler alone (tessera-opt's pass options) raises ValueError; the
+#: `tessera` package, when imported, installs one that raises its
+#: ArgumentError (a ValueError too) naming the user's line, as
+#: `ts.TargetOptions(target="tpu")` in a script should.
+invalid = ValueError
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) or type(x).__name__.startswith(
+        ("int", "uint")) and hasattr(x, "dtype")
+
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -46,8 +58,22 @@ class GemmConfig:
     SIMT_THREADS = 128
 
     def __post_init__(self):
+        for name in ("bm", "bn", "bk"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise invalid(f"GemmConfig: {name}={value!r} must be a tile size (an int >= 1)")
         if self.warps is not None:
+            if not isinstance(self.warps, (tuple, list)) or len(self.warps) != 2 or not all(
+                    _is_int(w) and w >= 1 for w in self.warps):
+                raise invalid(f"GemmConfig: warps={self.warps!r} must be None (CUDA cores) or "
+                              f"(warps along M, warps along N), two ints >= 1")
             object.__setattr__(self, "warps", tuple(self.warps))
+        if self.stages is not None and (not _is_int(self.stages) or self.stages < 1):
+            raise invalid(f"GemmConfig: stages={self.stages!r} must be None or a number of "
+                          f"shared-memory buffers (an int >= 1)")
+        for name in ("wgmma", "tma", "producer"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid(f"GemmConfig: {name}={getattr(self, name)!r} must be True or False")
 
     @property
     def threads(self) -> int:
@@ -223,21 +249,41 @@ class TargetOptions:
         lambda v: "none" if v is None else repr(v))
 
     def __post_init__(self):
-        if self.target is not None:
-            _parse_target(self.target)
+        if self.target is not None and self.target not in TARGETS:
+            raise invalid(f"TargetOptions: unknown target {self.target!r}; choose one of "
+                          f"{', '.join(TARGETS)}")
+        for f in fields(self):
+            value, kind = getattr(self, f.name), type(f.default)
+            if kind is bool and not isinstance(value, bool):
+                raise invalid(f"TargetOptions: {f.name}={value!r} must be True or False")
+            if kind is int and not _is_int(value):
+                raise invalid(f"TargetOptions: {f.name}={value!r} must be an int")
         for name in ("elementwise_tile_elements", "bucket_elements"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise invalid(f"TargetOptions: {name} must be at least 1, got "
+                              f"{getattr(self, name)}")
         if self.ranks_per_node < 0:
-            raise ValueError(f"ranks_per_node must be 0 (one node) or more, got "
-                             f"{self.ranks_per_node}")
+            raise invalid(f"TargetOptions: ranks_per_node must be 0 (one node) or more, got "
+                          f"{self.ranks_per_node}")
+        if self.wait_watchdog_s is not None and (isinstance(self.wait_watchdog_s, bool) or
+                                                 not isinstance(self.wait_watchdog_s, (int, float))):
+            raise invalid(f"TargetOptions: wait_watchdog_s={self.wait_watchdog_s!r} must be a "
+                          f"number of seconds or None")
+        if isinstance(self.gemm_configs, (str, GemmConfig)) or not all(
+                isinstance(c, GemmConfig) for c in self.gemm_configs):
+            raise invalid(f"TargetOptions: gemm_configs={self.gemm_configs!r:.80} must be a "
+                          f"tuple of GemmConfigs (GemmConfig.parse reads the text form)")
         object.__setattr__(self, "gemm_configs", tuple(self.gemm_configs))
         for name in ("attention_forward_blocks", "attention_backward_blocks"):
             value = getattr(self, name)
             if isinstance(value, dict):
                 value = value.items()
-            object.__setattr__(self, name, tuple(sorted(
-                (int(w), (int(b[0]), int(b[1]))) for w, b in value)))
+            try:
+                blocks = tuple(sorted((int(w), (int(b[0]), int(b[1]))) for w, b in value))
+            except (TypeError, ValueError, IndexError):
+                raise invalid(f"TargetOptions: {name}={getattr(self, name)!r:.80} must be "
+                              f"(head width, (BM, BN)) pairs") from None
+            object.__setattr__(self, name, blocks)
 
     # -- identity ----------------------------------------------------------
     def as_json(self) -> dict:

@@ -7,6 +7,9 @@ split (`Program.elementwise_exact`). Hypothesis runs derandomized in every
 rank, and each example's verdict is agreed by all ranks before hypothesis sees it, so
 every rank draws, shrinks and reports the same programs.
 
+Every other argument split along one dimension is built from each rank's
+block (`dist.from_local`), the others from the global value.
+
 argv: 1d|2d EXAMPLES OUT_DIR. Rank 0 writes OUT_DIR/current.py (the
 program being run, as a script: a hang names it) and OUT_DIR/result.json."""
 
@@ -34,15 +37,28 @@ else:
 count = [0]
 
 
+def place(i: int, spec_args: tuple, a: np.ndarray):
+    """Argument `i` with its ShardSpec: every other argument split along one
+    dimension (and not partial) is built from this rank's block, as
+    per-rank data loading gives it (`dist.from_local`); the others from the
+    global value (`dist.from_numpy`)."""
+    spec = dist.ShardSpec(*spec_args)
+    dims = spec.dims_for(a.ndim, mesh)
+    split = [d for d, axes in enumerate(dims) if axes]
+    if i % 2 or len(split) != 1 or spec.partial:
+        return dist.from_numpy(a, spec, mesh)
+    block = a[mesh.info.local_slices(a.shape, dims, mesh.rank)]
+    return dist.from_local(block, axis=dims[split[0]], dim=split[0], mesh=mesh)
+
+
 def check(p) -> str | None:
     """What is wrong with `p` on the mesh, on this rank (None: nothing)."""
     arrays = p.draw_inputs(seed=2)
     filename = str(out / f"program_{count[0]}.py")
     try:
         def sharded(fn, *args):
-            placed = [dist.from_numpy(a, dist.ShardSpec(*p.specs[v.name]), mesh)
-                      for v, a in zip(p.arguments(), args)]
-            return ts.jit(fn)(*placed)
+            return ts.jit(fn)(*[place(i, p.specs[v.name], a)
+                                for i, (v, a) in enumerate(zip(p.arguments(), args))])
         got = oracles.run(p, arrays, filename, call=sharded)
         one_device = oracles.run(p, arrays, filename)
     except Exception as e:           # any error on a valid program is a bug
