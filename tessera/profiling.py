@@ -121,6 +121,23 @@ def _never_started(src: SourceLine) -> None:
         f"... `prof.stop()`  [{src}]", ProfileWarning, src.filename, src.line)
 
 
+#: the profile a bare `dist.profile()` statement started (stopped at exit,
+#: or by `dist.profile().stop()`)
+_STATEMENT: list = []
+
+
+def _result_discarded(frame) -> bool:
+    """Whether the call `frame` is making is a statement of its own: the
+    next instruction pops its result (not a `with`, an assignment or a
+    `.start()`). False where the bytecode says otherwise or cannot tell (an
+    interactive prompt prints the result instead)."""
+    import dis
+    for ins in dis.get_instructions(frame.f_code):
+        if ins.offset > frame.f_lasti and ins.opname not in ("CACHE", "EXTENDED_ARG"):
+            return ins.opname == "POP_TOP"
+    return False
+
+
 class profile:
     """Profile the ranks' work (see the module docs), in one of two forms:
 
@@ -132,11 +149,12 @@ class profile:
 
     Every rank starts and stops together (both exchange clocks or records).
     A profile started and not stopped is stopped when the process exits
-    (its table printed then), as `tessera launch --profile` does; one made
-    and never started records nothing and says so (a ProfileWarning naming
-    the line that made it) when it is collected: a bare `dist.profile()`
-    call, the tutorial's 4.6 wording, is a statement that would otherwise
-    do nothing at all.
+    (its table printed then), as `tessera launch --profile` does. A bare
+    `dist.profile()` statement (the tutorial's 4.6 wording, whose object
+    nobody keeps) starts one that lasts to the process' exit, or to
+    `dist.profile().stop()`. One made some other way and never started
+    records nothing and says so (a ProfileWarning naming the line that made
+    it) when it is collected.
 
     trace:  where rank 0 writes the Perfetto trace JSON (None: no file)
     steps:  how many steps the profile covers, for the per-step columns
@@ -164,6 +182,11 @@ class profile:
         # (A finalizer, not __del__: it also runs at exit for a profile
         # still referenced then, and holds no reference to the profile.)
         self._unstarted = weakref.finalize(self, _never_started, self._source)
+        if _result_discarded(sys._getframe(1)):
+            # `dist.profile()` as a statement (the tutorial's 4.6 wording):
+            # what it means is "profile the rest of the run", so it starts
+            # now and ends at the process' exit, or at `dist.profile().stop()`.
+            _STATEMENT.append(self.start())
 
     # -- the two forms ----------------------------------------------------------
     def start(self) -> "profile":
@@ -195,6 +218,10 @@ class profile:
             raise ProfileError(f"dist.profile.stop(): the profile made at {self._source} was "
                                "already stopped; make a new dist.profile() for another window  "
                                f"[{_user_line()}]")
+        if self._recorder is None and _STATEMENT:
+            # `dist.profile().stop()`: the profile a bare `dist.profile()` started
+            self._unstarted.detach()
+            return _STATEMENT.pop().stop()
         if self._recorder is None:
             raise ProfileError(f"dist.profile.stop(): the profile made at {self._source} was "
                                "never started; start it with .start() (or use `with "

@@ -2,10 +2,11 @@
 (dp x tp) ranks: `dist.inspect` shows a weight's layout, `graph.trace` the
 IR of a training step, and `dist.profile()` reports each rank's
 communication / computation balance over 3 steps and writes one Perfetto
-timeline of all ranks. The tutorial writes it as a bare call; here it is
-`prof = dist.profile(trace).start()` ... `prof.stop()` around the steps (a
-`with dist.profile(trace) as prof:` block is the same; a profile made and
-never started records nothing and warns at the line that made it). The step is a two-layer MLP, W1 split by columns and
+timeline of all ranks. The tutorial writes it as a bare call, as here:
+it profiles from there on, until `dist.profile().stop()` (or the exit);
+`prof = dist.profile(trace).start()` ... `prof.stop()` and a `with
+dist.profile(trace) as prof:` block are the same around the steps they
+enclose. The step is a two-layer MLP, W1 split by columns and
 W2 by rows over tp, the batch over dp; its loss is checked against numpy and
 the timeline's schema (every rank, every stream, each collective's axis,
 bytes and Python line) is checked here.
@@ -47,10 +48,10 @@ ir = graph.trace(step, W1, W2, X, Y)
 # - `dist.profile()` reports communication/computation balance.
 trace = Path(tempfile.gettempdir()) / "tessera-tutorial-4-6.json"
 step(W1, W2, X, Y)                       # compile outside the profile
-prof = dist.profile(trace).start()      # (or `with dist.profile(trace) as prof:` around them)
+dist.profile(trace)                      # (or `with dist.profile(trace) as prof:` around them)
 for _ in range(3):
     loss, (g1, g2) = step(W1, W2, X, Y)
-prof.stop()                              # every rank: gathers, rank 0 prints the table
+prof = dist.profile().stop()             # every rank: gathers, rank 0 prints the table
 
 reference = np.mean((np.maximum(x @ w1, 0) @ w2 - y) ** 2)
 np.testing.assert_allclose(float(loss), reference, rtol=1e-5)

@@ -354,11 +354,21 @@ def test_a_profile_runs_from_start_to_stop_as_a_with_block_does():
     assert block.ranks[0]["steps"] == 1
 
 
-def test_a_profile_that_is_never_started_says_so_at_the_line_that_made_it():
+def test_a_bare_profile_statement_profiles_until_stopped_and_one_never_started_says_so():
+    """`dist.profile()` as a statement (the tutorial's wording) starts a
+    profile that `dist.profile().stop()` (or the exit) ends; one made some
+    other way and never started warns at the line that made it."""
+    run = _tanh_step()
+    dist.profile(None, show=False)          # a bare statement: profiles from here
+    run()
+    run()
+    prof = dist.profile().stop()
+    assert prof.ranks[0]["steps"] == 2 and "[tessera profile] 1 rank, 2 steps" in prof.table
     with pytest.warns(ProfileWarning, match=rf"dist.profile\(\) was never started, so it recorded "
                                             rf"nothing: use `with dist.profile\(\) as prof:`.*"
-                                            rf"\[.*{HERE}:{_line_of('# a bare call')}\]"):
-        dist.profile(None)                  # a bare call
+                                            rf"\[.*{HERE}:{_line_of('# made, never started')}\]"):
+        made = dist.profile(None)           # made, never started
+        del made
     with warnings.catch_warnings():
         warnings.simplefilter("error", ProfileWarning)
         started = dist.profile(None, show=False).start()
