@@ -196,8 +196,8 @@ def exchange(comm, data: bytes, key: str, what: str, ranks=None, axis: str = "wo
     groups: dict = {}
     for r, (k, text) in enumerate(calls):
         groups.setdefault(k, []).append((ranks[r], text.decode()))
-    lines = [f"the ranks are at different collectives, so their data would be paired "
-             f"wrongly; nothing moved:"]
+    lines = ["the ranks are at different collectives, so their data would be paired wrongly; "
+             "nothing moved:"]
     for members in groups.values():
         who, text = [r for r, _ in members], members[0][1]
         lines.append(f"  {_listed(who)}: {text}")
