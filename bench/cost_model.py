@@ -36,6 +36,8 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
+from cpu_ranks import add_gpt_arguments  # noqa: E402
+
 PARTS = (("compute", ("compute",), "compute"),
          ("comm exposed", ("transfer", "waiting"), "comm_exposed"),
          ("runtime", ("overhead", "copies"), "runtime"),
@@ -93,11 +95,7 @@ def worker(cfg: dict, steps: int, out: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--length", type=int, default=8)
+    add_gpt_arguments(ap)
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)

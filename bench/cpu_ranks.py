@@ -31,6 +31,17 @@ def checkout_env(**extra: str) -> dict:
     return {**os.environ, **extra, "PYTHONPATH": path + (os.pathsep + old if old else "")}
 
 
+def add_gpt_arguments(ap: argparse.ArgumentParser, width: int = 128, depth: int = 2,
+                      heads: int = 4, batch: int = 32, length: int = 8) -> None:
+    """The example GPT's size (examples/train_gpt.py): --width, --depth,
+    --heads, --batch (sequences) and --length (digits to reverse)."""
+    ap.add_argument("--width", type=int, default=width)
+    ap.add_argument("--depth", type=int, default=depth)
+    ap.add_argument("--heads", type=int, default=heads)
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--length", type=int, default=length)
+
+
 def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
     """--torch-python (the peer's interpreter) and the hidden worker flags."""
     import importlib.util

@@ -38,8 +38,8 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
-from cpu_ranks import (add_worker_arguments, commit_and_date, run_ranks,  # noqa: E402
-                       run_worker, write_results)
+from cpu_ranks import (add_gpt_arguments, add_worker_arguments, commit_and_date,  # noqa: E402
+                       run_ranks, run_worker, write_results)
 
 
 def tessera_worker(cfg: dict, out: Path) -> None:
@@ -103,11 +103,7 @@ def tessera_worker(cfg: dict, out: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--length", type=int, default=8)
+    add_gpt_arguments(ap)
     ap.add_argument("--steps", type=int, default=20, help="steps per timed block")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of blocks")
     ap.add_argument("--repeats", type=int, default=20, help="timings of the check alone")
