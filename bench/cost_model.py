@@ -36,7 +36,7 @@ for _p in ("examples", "runtime", "passes", ".", "build/dev/python_packages"):
     if str(ROOT / _p) not in sys.path:
         sys.path.insert(0, str(ROOT / _p))
 
-from cpu_ranks import add_gpt_arguments  # noqa: E402
+from cpu_ranks import add_gpt_arguments, new_stem  # noqa: E402
 
 PARTS = (("compute", ("compute",), "compute"),
          ("comm exposed", ("transfer", "waiting"), "comm_exposed"),
@@ -171,8 +171,8 @@ def main(argv=None) -> int:
     print(text)
     print("\n" + result["table"])
     results = ROOT / "bench" / "results"
-    from cpu_ranks import new_stem          # (-2, -3, ... for another run the same day)
-    stem = new_stem(results, f"cost_model-{date}-w{args.width}d{args.depth}-dp{args.dp}tp{args.tp}")
+    stem = new_stem(                        # (-2, -3, ... for another run the same day)
+        results, f"cost_model-{date}-w{args.width}d{args.depth}-dp{args.dp}tp{args.tp}")
     stem.with_suffix(".md").write_text(text + "\n\n```\n" + result["table"] + "\n```\n")
     stem.with_suffix(".json").write_text(json.dumps({
         "config": cfg, "steps": args.steps, "commit": commit, "date": date,
