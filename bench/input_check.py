@@ -71,7 +71,7 @@ def tessera_worker(cfg: dict, out: Path) -> None:
     # The check alone, as the first call ran it: the same inputs, repeated.
     prepared = step._prepare((params, state, scaler, micro), {})
     traced = step._programs[prepared.key][1]
-    inputs = prepared.passed + list(zip(traced.captured_names, traced.captured))
+    inputs = prepared.agreed() + list(zip(traced.captured_names, traced.captured))
     checked_bytes = sum(int(np.asarray(leaf.local() if isinstance(leaf, dist.DTensor)
                                        else leaf).nbytes) for _, leaf in inputs)
     checks = []

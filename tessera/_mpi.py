@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from tessera_runtime import flight
+
+from .errors import CollectiveMismatch, CollectiveTimeout
 
 
 def world_comm():
@@ -129,9 +132,6 @@ def exchange(comm, data: bytes, key: str, what: str, ranks=None, axis: str = "wo
     world rank of each rank of `comm` (default: `comm` is the world);
     `axis` what the flight recorder files it under (its exchanges are
     numbered per axis, alike on every rank)."""
-    from tessera_runtime import flight
-
-    from .errors import CollectiveMismatch, CollectiveTimeout
     me, size = comm.Get_rank(), comm.Get_size()
     ranks = list(ranks) if ranks is not None else list(range(size))
     seconds = flight.timeout_seconds()
@@ -187,8 +187,8 @@ def exchange(comm, data: bytes, key: str, what: str, ranks=None, axis: str = "wo
         came = [r for r in ranks if r not in late]
         flight.timed_out(entry, seconds)
         raise CollectiveTimeout(
-            f"{what}: {_listed(late)} never arrived within {seconds:g} s "
-            f"(TESSERA_COLLECTIVE_TIMEOUT); {_listed(came)} waited there. Every rank must "
+            f"{what}: {listed(late)} never arrived within {seconds:g} s "
+            f"(TESSERA_COLLECTIVE_TIMEOUT); {listed(came)} waited there. Every rank must "
             "reach it: a rank stuck before it (loading data, an exception caught and "
             "ignored, another branch of the script) leaves the others waiting")
     entry.state = "completed"
@@ -200,12 +200,13 @@ def exchange(comm, data: bytes, key: str, what: str, ranks=None, axis: str = "wo
              "nothing moved:"]
     for members in groups.values():
         who, text = [r for r, _ in members], members[0][1]
-        lines.append(f"  {_listed(who)}: {text}")
+        lines.append(f"  {listed(who)}: {text}")
     lines.append("Every rank of the group must make the same collective calls, in the same "
                  "order, with the same shapes and dtypes.")
     raise CollectiveMismatch("\n".join(lines))
 
 
-def _listed(ranks) -> str:
+def listed(ranks) -> str:
+    """`rank 3` or `ranks 0, 2`, for errors."""
     ranks = list(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

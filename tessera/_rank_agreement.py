@@ -23,7 +23,7 @@ import numpy as np
 from tessera_compiler.ir.types import ELEMENT_BYTES
 from tessera_mlir import ir
 
-from ._mpi import allgather_text, exchange, world_comm
+from ._mpi import allgather_text, exchange, listed, world_comm
 from ._source import SourceLine
 from .errors import CompileError, InputMismatch
 
@@ -146,7 +146,7 @@ def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]
         groups.setdefault(digest, []).append(rank)
     ranks = list(groups.values())
     lines = [f"{name}: the ranks traced {len(ranks)} different programs ("
-             + "; ".join(f"program {k + 1} on rank{'s' if len(g) > 1 else ''} {_ranks(g)}"
+             + "; ".join(f"program {k + 1} on {listed(g)}"
                          for k, g in enumerate(ranks))
              + "), so their collectives would pair with each other's and mix the programs' "
              "data; nothing ran."]
@@ -166,10 +166,6 @@ def describe_mismatch(name: str, digests: list[bytes], programs: list[list[str]]
                  "(Python's hash() of a str differs between processes unless PYTHONHASHSEED is "
                  "set, as `tessera launch` sets it.)")
     return "\n".join(lines)
-
-
-def _ranks(group: list[int]) -> str:
-    return ", ".join(map(str, group))
 
 
 # -- the arguments' values -----------------------------------------------------------
@@ -238,9 +234,8 @@ def agree_on_inputs(name: str, inputs: list, mesh, source: str | None = None) ->
 
 def _describe_input_mismatch(name, path, leaf, mesh, holders: list, at: str) -> str:
     from .dist import DTensor
-    which = "; ".join(f"{'ranks' if len(h) > 1 else 'rank'} {', '.join(map(str, h))} "
-                      f"{'hold' if len(h) > 1 else 'holds'} {'one value' if k == 0 else 'another'}"
-                      for k, h in enumerate(holders))
+    which = "; ".join(f"{listed(h)} {'hold' if len(h) > 1 else 'holds'} "
+                      f"{'one value' if k == 0 else 'another'}" for k, h in enumerate(holders))
     if isinstance(leaf, DTensor):
         split = {a for d in leaf.dims for a in d} | set(leaf.layout.partial)
         over = ", ".join(repr(a) for a in mesh.axes if a not in split)

@@ -37,33 +37,22 @@ def generated_frame(frame) -> bool:
         str(frame.f_globals.get("__name__", "")).startswith(("tessera.", "tessera_compiler."))
 
 
-def user_frame() -> SourceLine:
+def user_frame(outside: tuple[str, ...] = ()) -> SourceLine:
     """The innermost stack frame outside the tessera package (and outside
-    code a tessera module generated, such as a dataclass's `__init__`)."""
+    code a tessera module generated, such as a dataclass's `__init__`, and
+    the folders `outside`: another package of the project that tessera
+    calls, such as tessera_compiler, raising an error that must name the
+    user's line)."""
     frame = inspect.currentframe()
     while frame is not None:
-        if not in_package(frame.f_code.co_filename) and not generated_frame(frame):
+        if not in_package(frame.f_code.co_filename) and not generated_frame(frame) and \
+                not (outside and os.path.abspath(frame.f_code.co_filename).startswith(outside)):
             # linecache, not inspect.getframeinfo: the same line from the same
             # cache, without getframeinfo's search for the enclosing source
             # (~200 us a call, and tracing calls this for every op).
             text = linecache.getline(frame.f_code.co_filename, frame.f_lineno,
                                      frame.f_globals).strip()
             return SourceLine(frame.f_code.co_filename, frame.f_lineno, text)
-        frame = frame.f_back
-    return SourceLine("<unknown>", 0)
-
-
-def user_frame_outside(*dirs: str) -> SourceLine:
-    """`user_frame`, also passing over frames of code under `dirs` (another
-    package of the project that tessera calls, such as tessera_compiler,
-    raising an error that must name the user's line)."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not in_package(name) and not generated_frame(frame) and \
-                not os.path.abspath(name).startswith(dirs):
-            text = linecache.getline(name, frame.f_lineno, frame.f_globals).strip()
-            return SourceLine(name, frame.f_lineno, text)
         frame = frame.f_back
     return SourceLine("<unknown>", 0)
 

@@ -28,7 +28,7 @@ from tessera_mlir.dialects import func, tgraph
 from ._pytree import flatten
 from ._source import PACKAGE_DIR, SourceLine, user_frame
 from .dtypes import as_dtype
-from .errors import ShapeError, TracingError
+from .errors import ArgumentError, ShapeError, TracingError
 
 # numpy dtype -> MLIR element type (bfloat16 is ml_dtypes').
 _ELEMENT = {as_dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()}
@@ -41,7 +41,6 @@ _state = threading.local()
 def element_type(dtype: np.dtype) -> ir.Type:
     dtype = np.dtype(dtype)
     if dtype not in _ELEMENT:
-        from .errors import ArgumentError
         raise ArgumentError(f"dtype {dtype} is not supported yet (supported: "
                             f"{SUPPORTED_DTYPES})  [{user_frame()}]")
     return ir.Type.parse(_ELEMENT[dtype])
@@ -153,7 +152,7 @@ def _op():
 
 
 def _comparable(x) -> bool:
-    return isinstance(x, (Traced, bool, int, float, np.ndarray, np.generic)) or is_tensor(x)
+    return isinstance(x, (bool, int, float)) or is_tensor(x)
 
 
 #: what each conversion of a traced tensor is called in its error
@@ -259,7 +258,6 @@ class autocast:
         from .dtypes import FLOATS, as_dtype, bf16
         self.dtype = as_dtype(dtype, "ts.autocast: dtype") if dtype is not None else bf16
         if self.dtype not in FLOATS:
-            from .errors import ArgumentError
             raise ArgumentError(f"ts.autocast: dtype {self.dtype} is not a floating-point type "
                                 f"(ts.bf16, ts.f16, ts.f32)  [{user_frame()}]")
         self.enabled = enabled
@@ -412,7 +410,6 @@ def not_a_tensor(what: str, x, src: SourceLine) -> Exception:
     """The error of passing `x` (a string, None, a list, ...) where `what`
     takes a tensor: it names the API the user called and the parameter that
     holds `x` (`op.layernorm: weight is a str, ...`), found on the stack."""
-    from .errors import ArgumentError
     found = _parameter_holding(x)
     head = what.split(" ")[0]
     if found is not None:
@@ -509,7 +506,6 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: boo
     `remat_candidates` marks candidate recomputation regions (see tessera.remat)."""
     for s in specs:
         if np.dtype(s.dtype) not in _ELEMENT:
-            from .errors import ArgumentError
             raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: argument {s.name} has dtype "
                                 f"{np.dtype(s.dtype)}, which tessera does not support (supported: "
                                 f"{SUPPORTED_DTYPES})  [{user_frame()}]")

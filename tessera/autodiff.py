@@ -11,6 +11,7 @@ import functools
 from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
+from ._checks import check_callable, is_int
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from ._trace import Traced, current, current_location
@@ -79,16 +80,12 @@ def _argnums(api: str, wrt, argnums, default):
     name = "wrt" if wrt is not None else "argnums"
     if isinstance(numbers, list):
         numbers = tuple(numbers)
-    ok = _is_index(numbers) or (isinstance(numbers, tuple) and numbers
-                                and all(_is_index(i) for i in numbers))
+    ok = is_int(numbers) or (isinstance(numbers, tuple) and numbers
+                                and all(is_int(i) for i in numbers))
     if not ok:
         raise ArgumentError(f"{api}: {name}= must be an argument number or a non-empty tuple of "
                         f"them, got {numbers!r}  [{user_frame()}]")
     return numbers
-
-
-def _is_index(i) -> bool:
-    return isinstance(i, int) and not isinstance(i, bool)
 
 
 def _differentiated(api: str, fn, args, argnums):
@@ -112,9 +109,7 @@ def _grad_of_function(fn, argnums):
 def value_and_grad(fn, wrt=None, *, argnums=None):
     """Like `grad(fn, wrt)` (`argnums=` too; default: argument 0), returning
     `(loss, grads)`."""
-    if not callable(fn):
-        raise ArgumentError(f"ts.value_and_grad: fn is a {type(fn).__name__}, not a function "
-                            f"(ts.value_and_grad(loss_fn)(params, ...))  [{user_frame()}]")
+    check_callable("ts.value_and_grad", fn)
     argnums = _argnums("ts.value_and_grad", wrt, argnums, default=0)
 
     @functools.wraps(fn)

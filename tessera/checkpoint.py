@@ -43,9 +43,10 @@ import numpy as np
 
 from tessera_runtime import world
 
+from ._checks import is_int
 from ._pytree import flatten, paths, unflatten
 from ._source import user_frame
-from .dist import DTensor, Mesh, ShardSpec, from_numpy, summand
+from .dist import DTensor, Mesh, ShardSpec, check_mesh, from_numpy, summand
 from .dtypes import bf16
 from .errors import CollectiveTimeout, TesseraError
 
@@ -339,7 +340,7 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
     if not atomic:
         raise CheckpointError("checkpoint.save: atomic=False is not offered: the tag is "
                               f"committed by one rename, which costs nothing  [{user_frame()}]")
-    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+    if keep is not None and (not is_int(keep) or keep < 1):
         raise CheckpointError(f"checkpoint.save: keep={keep!r} must be a positive integer  "
                               f"[{user_frame()}]")
     directory = _directory(directory, "checkpoint.save")
@@ -719,10 +720,8 @@ def load(tag: str = "latest", directory="checkpoints", mesh: Mesh | None = None,
     everything loaded."""
     where = user_frame()
     directory = _directory(directory, "checkpoint.load")
-    if mesh is not None and not isinstance(mesh, Mesh):
-        from .errors import ArgumentError
-        raise ArgumentError(f"checkpoint.load: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), "
-                            f"not a dist.Mesh  [{where}]")
+    if mesh is not None:
+        check_mesh("checkpoint.load", mesh, where)
     _settle()
     tag, manifest = _read_manifest(directory, tag)
     if layouts is not None and mesh is None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import is_int
 from ._mpi import exchange, world_comm
 from ._pytree import flatten, unflatten
 from ._source import user_frame
@@ -97,11 +98,10 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
     if not isinstance(axis, str):
         raise ShardingError(f"dist.{name}: axis must be a mesh axis name (a str), got "
                             f"{axis!r}  [{user_frame()}]")
-    if mesh is not None and not isinstance(mesh, dist.Mesh):
-        raise ShardingError(f"dist.{name}: mesh= must be a dist.Mesh, got "
-                            f"{type(mesh).__name__}  [{user_frame()}]")
+    if mesh is not None:
+        dist.check_mesh(f"dist.{name}", mesh)
     for key, d in args.items():
-        if key.endswith("dim") and (isinstance(d, bool) or not isinstance(d, (int, np.integer))):
+        if key.endswith("dim") and not is_int(d):
             raise ArgumentError(f"dist.{name}: {key}={d!r} must be a dimension index (an int)  "
                                 f"[{user_frame()}]")
     leaves, structure = flatten(x)
@@ -154,8 +154,8 @@ def _check_axis(name: str, axis: str, mesh, whose: str | None, given) -> None:
                             f"{whose}, the {mesh.topology}  [{user_frame()}]")
     if axis in mesh.axes:
         return
-    which = f"{whose}, the {mesh.topology}" if whose is not None else \
-        dist.describe_default(mesh) if mesh is dist.default_mesh() else f"the {mesh.topology}"
+    which = f"{whose}, the {mesh.topology}" if whose is not None else f"the {mesh.topology}" + (
+        f" {dist.default_origin(mesh)}" if mesh is dist.default_mesh() else "")
     raise ShardingError(f"dist.{name}: axis {axis!r} is not in {which} (axes: "
                         f"{', '.join(mesh.axes)}); name one of its axes, or pass mesh= (or use "
                         f"`with mesh:`) for the mesh that has it  [{user_frame()}]")

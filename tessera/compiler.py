@@ -46,6 +46,7 @@ from tessera_mlir import ir
 
 from . import dist, simulation
 from .autotune import tune
+from ._checks import check_callable
 from ._mpi import barrier, bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import CHECK_MODES, agree_on_inputs, agree_on_program
@@ -87,9 +88,15 @@ class Prepared(NamedTuple):
     specs: list
     #: what identifies the compiled program these arguments run
     key: tuple
-    #: (path, leaf) of every tensor leaf as the caller passed it (before the
-    #: strategy laid it out): what the ranks check they agree on
+    #: the argument leaves' paths, and the leaves as the caller passed them
+    #: (before the strategy laid them out): what the ranks check they agree on
+    names: list
     passed: list
+
+    def agreed(self) -> list:
+        """(path, leaf) of each tensor leaf the ranks must agree on (made
+        only when they check: not on every call)."""
+        return [(n, leaf) for n, leaf in zip(self.names, self.passed) if is_tensor(leaf)]
 
 
 class CompiledFunction:
@@ -215,8 +222,7 @@ class CompiledFunction:
             tensor_names = [n for n, l in zip(names, leaves)
                             if isinstance(l, dist.DTensor) or is_tensor(l)]
             specs = self._specs[key] = [ArgSpec(n, *m) for n, m in zip(tensor_names, metas)]
-        return Prepared(bound, leaves, structure, mesh, tensors, specs, key,
-                        [(n, l) for n, l in zip(names, passed) if is_tensor(l)])
+        return Prepared(bound, leaves, structure, mesh, tensors, specs, key, names, passed)
 
     # -- compilation ----------------------------------------------------------
     def _target(self) -> TargetOptions:
@@ -463,7 +469,7 @@ class CompiledFunction:
         if mesh.size > 1 and (key not in self._inputs_agreed or _check_inputs() == "always"):
             if _check_inputs() != "never":
                 captured = list(zip(traced.captured_names, traced.captured))
-                inputs = prepared.passed + captured
+                inputs = prepared.agreed() + captured
                 if self.eager:      # an array is this rank's own value (a DTensor is not)
                     inputs = [(p, leaf) for p, leaf in inputs if isinstance(leaf, dist.DTensor)]
                 agree_on_inputs(self.fn.__name__, inputs, mesh, source=str(user_frame()))
@@ -580,12 +586,9 @@ def _check_target(target) -> None:
 def _check_arguments(fn, mesh, deterministic, target, autotune) -> None:
     """A compiled function's settings, checked where it is made (not at its
     first call, far from the line that got them wrong)."""
-    if not callable(fn):
-        raise ArgumentError(f"ts.jit: fn is a {type(fn).__name__} ({fn!r:.40}), not a function  "
-                            f"[{user_frame()}]")
-    if mesh is not None and not isinstance(mesh, dist.Mesh):
-        raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: mesh= is a {type(mesh).__name__} "
-                            f"({mesh!r:.40}), not a dist.Mesh  [{user_frame()}]")
+    check_callable("ts.jit", fn)
+    if mesh is not None:
+        dist.check_mesh(getattr(fn, "__name__", "fn"), mesh)
     for name, value in (("deterministic", deterministic), ("autotune", autotune)):
         if value is not None and not isinstance(value, (bool, np.bool_)):
             raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: {name}={value!r} must be "

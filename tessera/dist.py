@@ -21,7 +21,8 @@ import numpy as np
 from tessera_runtime import env, flight, world
 from tessera_runtime.mesh import MeshError, MeshInfo
 
-from ._mpi import bcast_text, raw_view, world_comm
+from ._checks import is_int, is_number
+from ._mpi import bcast_text, exchange, listed, raw_view, world_comm
 from .dtypes import as_dtype
 from ._source import SourceLine, assigned_name, in_package, user_frame
 from .errors import ArgumentError, LaunchError, ShardingError
@@ -64,8 +65,8 @@ class Mesh:
         if not axes:
             raise ArgumentError(f"dist.Mesh: axes=[]: a mesh needs at least one axis  "
                                 f"[{user_frame()}]")
-        if shape is not None and (not hasattr(shape, "__iter__") or not all(
-                isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape)):
+        if shape is not None and (not hasattr(shape, "__iter__")
+                                  or not all(is_int(n) for n in shape)):
             raise ArgumentError(f"dist.Mesh: shape={shape!r} must be a tuple of axis sizes "
                                 f"(ints), one per axis  [{user_frame()}]")
         if devices is not None and not isinstance(devices, (range, list, tuple)):
@@ -249,12 +250,12 @@ def default_mesh() -> "Mesh | None":
     return _CREATED[0] if _CREATED else None
 
 
-def describe_default(mesh: "Mesh") -> str:
-    """How `mesh` came to be the default, for errors: `the tp mesh, 2 (the
+def default_origin(mesh: "Mesh") -> str:
+    """How the default mesh `mesh` came to be the default, for errors: `(the
     mesh made last, at train.py:12)`."""
     how = "the mesh of the enclosing `with mesh:`" if _entered() and _entered()[-1] is mesh \
         else "the mesh made last"
-    return f"the {mesh.topology} ({how}, at {mesh.source})"
+    return f"({how}, at {mesh.source})"
 
 
 def world_size() -> int:
@@ -356,7 +357,7 @@ class ShardSpec:
             index = rank - 2
         elif part == "col":
             index = rank - 1
-        elif isinstance(part, (int, np.integer)) and not isinstance(part, bool):
+        elif is_int(part):
             index = part if part >= 0 else rank + part
         else:
             raise ShardingError(f"{what}: partition entry {part!r} must be 'row', 'col' or a "
@@ -541,7 +542,6 @@ def _describe(dims, partial=()) -> str:
 
 def _assemble(t: DTensor) -> np.ndarray:
     """Gathers every rank's shard (MPI Allgather on raw buffers) into the global value."""
-    from ._mpi import exchange
     comm = world_comm()
     local = np.array(t._local, order="C")
     # Every rank there, with the same tensor, before MPI pairs the blocks.
@@ -581,7 +581,7 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
     name = name or assigned_name(where) or "tensor"
     if mesh is None:
         raise ShardingError(f"{name}: dist.from_numpy needs mesh=  [{where}]")
-    _check_mesh("dist.from_numpy", mesh, where)
+    check_mesh("dist.from_numpy", mesh, where)
     layout = layout or ShardSpec()
     if not isinstance(layout, ShardSpec):
         raise ArgumentError(f"{name}: dist.from_numpy's layout is a {type(layout).__name__} "
@@ -600,10 +600,11 @@ def from_numpy(array, layout: ShardSpec | None = None, mesh: Mesh | None = None,
     return DTensor(summand(local, layout, mesh, rank), array.shape, array.dtype, layout, mesh, name)
 
 
-def _check_mesh(what: str, mesh, where) -> None:
+def check_mesh(what: str, mesh, where: SourceLine | None = None) -> None:
+    """`mesh=` of `what` must be a Mesh."""
     if not isinstance(mesh, Mesh):
-        raise ArgumentError(f"{what}: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), not a "
-                            f"dist.Mesh  [{where}]")
+        raise ArgumentError(f"{what}: mesh= is a {type(mesh).__name__} ({mesh!r:.40}); mesh= "
+                            f"must be a dist.Mesh  [{where or user_frame()}]")
 
 
 def _numbers(what: str, param: str, array, where) -> np.ndarray:
@@ -704,18 +705,17 @@ def local_blocks(named, axis, dim: int, mesh: Mesh | None, what: str,
     between the ranks for all of them."""
     from .mesh import current
     if mesh is not None:
-        _check_mesh(what, mesh, where)
+        check_mesh(what, mesh, where)
     if not isinstance(axis, str) and not (isinstance(axis, (tuple, list)) and axis
                                           and all(isinstance(a, str) for a in axis)):
         raise ArgumentError(f"{what}: axis {axis!r} must be a mesh axis name or a tuple of "
                             f"them  [{where}]")
-    which = "the {}" if mesh is not None else "the default mesh, {}"
-    mesh = mesh or current()
-    which = which.format(describe_default(mesh)[4:] if which.startswith("the default")
-                         else mesh.topology)
+    given, mesh = mesh is not None, mesh or current()
     axes = (axis,) if isinstance(axis, str) else tuple(axis)
     for a in axes:
         if a not in mesh.axes:
+            which = f"the {mesh.topology}" if given else \
+                f"the default mesh, {mesh.topology} {default_origin(mesh)}"
             raise ShardingError(f"{what}: axis {a!r} is not in {which} (axes: "
                                 f"{', '.join(mesh.axes)}); pass mesh=  [{where}]")
     mesh.require_rank(what)
@@ -733,7 +733,6 @@ def local_blocks(named, axis, dim: int, mesh: Mesh | None, what: str,
         out.append(DTensor(local, shape, x.dtype, layout, mesh, name))
         mine.append((f"{name}: " if len(named) > 1 else "") + f"{x.dtype.name} {list(x.shape)}")
     if mesh.size > 1:
-        from ._mpi import exchange
         text = "; ".join(mine).encode()
         every = exchange(world_comm(), text, f"{what} over {axes}",
                          f"{what}(axis={axis!r}) at {where}")
@@ -741,10 +740,9 @@ def local_blocks(named, axis, dim: int, mesh: Mesh | None, what: str,
             holders: dict = {}
             for r, t in enumerate(every):
                 holders.setdefault(t.decode(), []).append(r)
-            listed = "; ".join(f"rank{'s' if len(h) > 1 else ''} {', '.join(map(str, h))}: {t}"
-                               for t, h in holders.items())
+            blocks = "; ".join(f"{listed(h)}: {t}" for t, h in holders.items())
             raise ShardingError(f"{what}(axis={axis!r}): the ranks' blocks differ in shape or "
-                                f"dtype, so they do not form one tensor ({listed}); every rank "
+                                f"dtype, so they do not form one tensor ({blocks}); every rank "
                                 f"must pass a block of the same shape  [{where}]")
     return out
 
@@ -793,14 +791,14 @@ def tensor(shape, layout: ShardSpec | None = None, mesh: Mesh | None = None, dty
         raise ArgumentError(f"{name}: init must be 'zeros' or 'random', got {init!r}  [{where}]")
     if mesh is None:
         raise ShardingError(f"{name}: dist.tensor needs mesh=  [{where}]")
-    _check_mesh("dist.tensor", mesh, where)
-    if isinstance(shape, str) or not hasattr(shape, "__iter__") or not all(
-            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
+    check_mesh("dist.tensor", mesh, where)
+    if isinstance(shape, str) or not hasattr(shape, "__iter__") \
+            or not all(is_int(d) and d >= 0 for d in shape):
         raise ArgumentError(f"{name}: dist.tensor's shape={shape!r} must be a tuple of sizes "
                             f"(ints >= 0)  [{where}]")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+    if not is_number(scale):
         raise ArgumentError(f"{name}: dist.tensor's scale={scale!r} must be a number  [{where}]")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if not is_int(seed):
         raise ArgumentError(f"{name}: dist.tensor's seed={seed!r} must be an int  [{where}]")
     shape = tuple(int(d) for d in shape)
     layout = layout or ShardSpec()

@@ -44,6 +44,7 @@ from tessera_runtime import env, world
 
 from . import checkpoint
 from .dist import DTensor
+from ._checks import is_int
 from ._pytree import flatten
 from .errors import TesseraError
 
@@ -110,13 +111,12 @@ class Elastic:
             raise ElasticError(f"dist.elastic: safe_point={safe_point!r}; the safe points are "
                                f"{', '.join(map(repr, SAFE_POINTS))}  [{user_frame()}]")
         for name, value in (("every", every), ("keep", keep)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ElasticError(f"dist.elastic: {name}={value!r} must be a positive integer  "
                                    f"[{user_frame()}]")
         if world_sizes is not None and not callable(world_sizes) and (
                 isinstance(world_sizes, (str, bytes)) or not hasattr(world_sizes, "__iter__")
-                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                           for n in world_sizes)):
+                or not all(is_int(n) and n >= 1 for n in world_sizes)):
             raise ElasticError(f"dist.elastic: world_sizes={world_sizes!r} must be a collection "
                                f"of numbers of ranks (ints >= 1) or a function n -> bool  "
                                f"[{user_frame()}]")

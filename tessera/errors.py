@@ -61,8 +61,8 @@ def option_error(message: str) -> ArgumentError:
 
     import tessera_compiler
 
-    from ._source import user_frame_outside
-    where = user_frame_outside(os.path.dirname(os.path.abspath(tessera_compiler.__file__)) + os.sep)
+    from ._source import user_frame
+    where = user_frame(outside=(os.path.dirname(os.path.abspath(tessera_compiler.__file__)) + os.sep,))
     return ArgumentError(f"{message}  [{where}]")
 
 

@@ -39,6 +39,7 @@ from tessera_compiler.ir.support import symbol_of
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
+from ._checks import check_callable, is_int
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import PEER_PLAN
 from ._source import user_frame
@@ -205,9 +206,8 @@ def spmd(fn=None, *, mesh=None, in_specs=None, out_specs=None):
     runs on the blocks; `out_specs` says how the results' blocks form global
     values (default: replicated, checked)."""
     from . import dist
-    if mesh is not None and not isinstance(mesh, dist.Mesh):
-        raise ArgumentError(f"dist.spmd: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), not a "
-                            f"dist.Mesh  [{user_frame()}]")
+    if mesh is not None:
+        dist.check_mesh("dist.spmd", mesh)
     for what, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
         if specs is not None and not isinstance(specs, (dist.ShardSpec, list, tuple)):
             raise ArgumentError(f"dist.spmd: {what}= is a {type(specs).__name__} "
@@ -215,9 +215,7 @@ def spmd(fn=None, *, mesh=None, in_specs=None, out_specs=None):
                                 f"or a list of them (None: replicated)  [{user_frame()}]")
     if fn is None:
         return lambda f: spmd(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    if not callable(fn):
-        raise ArgumentError(f"dist.spmd: fn is a {type(fn).__name__} ({fn!r:.40}), not a "
-                            f"function  [{user_frame()}]")
+    check_callable("dist.spmd", fn)
     return LocalFunction(fn, mesh, in_specs, out_specs)
 
 
@@ -253,8 +251,7 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
         raise ArgumentError(f"dist.broadcast: src={args['src']!r} is not a coordinate of axis "
                             f"{axis!r} (0 to {n - 1})  [{src}]")
     for name, d in args.items():
-        if name.endswith("dim") and (isinstance(d, bool) or not isinstance(d, (int, np.integer))
-                                     or not -x.ndim <= d < max(x.ndim, 1)):
+        if name.endswith("dim") and (not is_int(d) or not -x.ndim <= d < max(x.ndim, 1)):
             raise ArgumentError(f"dist.{kind}: {name}={d!r} is not a dimension of the block "
                                 f"{list(x.shape)}  [{src}]")
     deterministic = dist.deterministic_enabled()
@@ -320,9 +317,7 @@ def recv(frm: int, name: str | None = None, *, like=None, shape=None, dtype=None
                                 f"[{src}]")
         shape, dtype = like.shape, like.dtype
     if shape is not None:
-        if not isinstance(shape, (tuple, list)) or not all(
-                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
-                for d in shape):
+        if not isinstance(shape, (tuple, list)) or not all(is_int(d) and d >= 0 for d in shape):
             raise ArgumentError(f"dist.recv: shape={shape!r} must be a tuple of sizes (ints "
                                 f">= 0)  [{src}]")
         if dtype is None:
@@ -409,7 +404,7 @@ def _check_peer(state: TraceState, peer, param: str, axis, what: str, src) -> No
     coordinate along it); checked before asking which rank traces, so that a
     wrong argument is named wherever the body is traced."""
     mesh = state.mesh
-    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+    if not is_int(peer):
         raise ArgumentError(f"{what}: {param}={peer!r} must be a rank (an int)  [{src}]")
     if axis is not None and axis not in mesh.axes:
         raise ShardingError(f"{what}: axis {axis!r} is not in the {mesh.topology}  [{src}]")
@@ -421,7 +416,8 @@ def _check_peer(state: TraceState, peer, param: str, axis, what: str, src) -> No
 
 def _peer(state: TraceState, peer: int, axis: str | None, what: str, src):
     """(axis, coordinate along it, mesh rank) of `peer` as seen by the rank
-    `state` traces for."""
+    `state` traces for (`peer` and `axis` checked by `_check_peer`, or a
+    rank of the mesh already: recv_from's implied sends)."""
     mesh = state.mesh
     me = state.rank if state.rank is not None else mesh._job_rank()
     if me is None:
@@ -431,18 +427,11 @@ def _peer(state: TraceState, peer: int, axis: str | None, what: str, src):
     mine = list(mesh.info.coords(me))
     peer = int(peer)
     if axis is not None:
-        if axis not in mesh.axes:
-            raise ShardingError(f"{what}: axis {axis!r} is not in the {mesh.topology}  [{src}]")
         coord = peer
-        if not 0 <= coord < mesh.axis_size(axis):
-            raise ShardingError(f"{what}: {coord} is not a rank of axis {axis!r} (size "
-                                f"{mesh.axis_size(axis)})  [{src}]")
         theirs = list(mine)
         theirs[mesh.axes.index(axis)] = coord
         peer = mesh.info.rank_at(theirs)
     else:
-        if not 0 <= peer < mesh.size:
-            raise ShardingError(f"{what}: {peer} is not a rank of the {mesh.topology}  [{src}]")
         theirs = list(mesh.info.coords(peer))
         differ = [a for a, x, y in zip(mesh.axes, mine, theirs) if x != y]
         if len(differ) > 1:

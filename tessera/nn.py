@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import simulation
+from ._checks import is_int
 from .op import (attention, cross_entropy, embedding, gelu, layernorm, linear, log_softmax,
                  relu, rmsnorm, silu, softmax, transformer_block)
 
@@ -27,7 +28,7 @@ def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
     from .errors import ArgumentError
     for name, value, least in (("depth", depth, 1), ("width", width, 1),
                                ("mlp_ratio", mlp_ratio, 1), ("experts", experts, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        if not is_int(value) or value < least:
             raise ArgumentError(f"nn.init_transformer: {name}={value!r} must be an int >= "
                                 f"{least}  [{user_frame()}]")
     dtype = as_dtype(dtype, "nn.init_transformer: dtype")

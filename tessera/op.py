@@ -24,6 +24,7 @@ from tessera_mlir import ir
 from tessera_compiler.ir import graph_builder as gb
 
 from . import dtypes
+from ._checks import is_int, is_number
 from ._source import SourceLine, user_frame
 from ._trace import (Traced, as_traced, autocast_dtype, current, current_location, element_type,
                      is_tensor, not_a_tensor)
@@ -299,7 +300,7 @@ def _dims(name, x: Traced, dim, src) -> list[int]:
         else list(dim)
     out = []
     for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+        if not is_int(d):
             raise ArgumentError(f"op.{name}: dim {d!r} is not a dimension index (an int, a "
                                 f"tuple of them, or None for all) of {list(x.shape)}  [{src}]")
         if not -x.ndim <= d < x.ndim:
@@ -370,7 +371,7 @@ def reshape(x, *shape) -> Traced:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     for s in shape:
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < -1:
+        if not is_int(s) or s < -1:
             raise ArgumentError(f"op.reshape: shape entry {s!r} of {list(shape)} is not a size "
                                 f"(an int >= 0, or -1 for the one inferred)  [{src}]")
     shape = [int(s) for s in shape]
@@ -395,8 +396,7 @@ def transpose(x, *dims) -> Traced:
     x = _tensor("transpose", x, src)
     given = dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
     for d in given:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or \
-                not -x.ndim <= d < builtins.max(x.ndim, 1):
+        if not is_int(d) or not -x.ndim <= d < builtins.max(x.ndim, 1):
             raise ArgumentError(f"op.transpose: dimension {d!r} of {list(dims)} is not a "
                                 f"dimension index of {list(x.shape)} (-{x.ndim} to "
                                 f"{x.ndim - 1})  [{src}]")
@@ -424,11 +424,9 @@ def split(x, sections, dim: int = -1, *, axis=None) -> list[Traced]:
     x = _tensor("split", x, src)
     d = _dims("split", x, dim, src)[0]
     n = x.shape[d]
-    count = isinstance(sections, (int, np.integer)) and not isinstance(sections, bool)
+    count = is_int(sections)
     if not (count and sections > 0) and not (
-            isinstance(sections, (list, tuple)) and all(
-                isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0
-                for k in sections)):
+            isinstance(sections, (list, tuple)) and all(is_int(k) and k >= 0 for k in sections)):
         raise ArgumentError(f"op.split: sections {sections!r} must be a number of equal parts "
                             f"(an int >= 1) or a list of part sizes (ints >= 0) adding up to "
                             f"dimension {d} of {list(x.shape)} (size {n})  [{src}]")
@@ -645,7 +643,7 @@ def _check_feature(name, x: Traced, p, what, src) -> None:
 def _check_eps(name, eps, src) -> None:
     if is_tensor(eps):
         return
-    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+    if not is_number(eps):
         raise ArgumentError(f"op.{name}: eps={eps!r:.60} is a {type(eps).__name__}, not a "
                             f"number  [{src}]")
     if not eps >= 0:
@@ -729,8 +727,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         raise ShapeError(f"op.attention: seq_dim={seq_dim} is not a dimension of q "
                          f"{list(q.shape)} before its last (the head width)  [{src}]")
     seq_dim %= q.ndim
-    if scale is not None and (isinstance(scale, bool) or
-                              not isinstance(scale, (int, float, np.floating, np.integer))):
+    if scale is not None and not is_number(scale):
         raise ArgumentError(f"op.attention: scale must be a positive number (or None: "
                             f"1/sqrt(D)), got {scale!r}  [{src}]")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -825,7 +822,7 @@ def transformer_block(x, depth: int = 1, params=None, heads: int = 1, causal: bo
     if norm not in ("layernorm", "rmsnorm"):
         raise ArgumentError(f"op.transformer_block: norm={norm!r} must be 'layernorm' or "
                             f"'rmsnorm'  [{src}]")
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
+    if not is_int(heads) or heads < 1:
         raise ArgumentError(f"op.transformer_block: heads={heads!r} must be a number of "
                             f"attention heads (an int >= 1)  [{src}]")
     if params is None or len(params) != depth:
@@ -939,7 +936,7 @@ def topk(x, k: int):
     x = as_traced("op.topk", x, src)
     _require_float("topk", src, x)
     n = x.shape[-1] if x.ndim else 0
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    if not is_int(k):
         raise ArgumentError(f"op.topk: k={k!r} must be an int in [1, {n}] (the last dimension "
                             f"of {list(x.shape)})  [{src}]")
     if not x.ndim or not 1 <= k <= n:
@@ -1237,9 +1234,7 @@ def moe(x, experts: dict, router: str = "topk", k: int = 2, capacity_factor=None
                              f"{which} differs  [{src}]")
     if not isinstance(k, int) or not 1 <= k <= E:
         raise ShapeError(f"op.moe: k={k!r} must be an integer in [1, E={E}]  [{src}]")
-    if capacity_factor is not None and (
-            isinstance(capacity_factor, bool) or
-            not isinstance(capacity_factor, (int, float, np.floating, np.integer))):
+    if capacity_factor is not None and not is_number(capacity_factor):
         raise ArgumentError(f"op.moe: capacity_factor={capacity_factor!r} must be a positive "
                             f"number (or None for dropless)  [{src}]")
     if capacity_factor is not None and not capacity_factor > 0:

@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from . import op, simulation
+from ._checks import is_number
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from .errors import ArgumentError
@@ -48,7 +49,7 @@ def _check_hyper(api: str, name: str, value, low: float, high: float | None = No
     from ._trace import is_tensor
     if is_tensor(value):
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+    if not is_number(value):
         raise ArgumentError(f"{api}: {name}={value!r:.40} must be a number  [{user_frame()}]")
     if value < low or (low_open and value == low) or (high is not None and not value < high):
         span = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'})"

@@ -43,6 +43,7 @@ from tessera_runtime import env
 
 from . import _trace
 from .autotune import tune_microbatches
+from ._checks import check_callable, is_int
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from ._trace import Traced, current
@@ -87,9 +88,7 @@ class Stage:
     pipeline stage; called anywhere else it is the plain function."""
 
     def __init__(self, fn, name: str | None = None):
-        if not callable(fn):
-            raise ArgumentError(f"pipeline.Stage: fn is a {type(fn).__name__} ({fn!r:.40}), not a "
-                                f"function  [{user_frame()}]")
+        check_callable("pipeline.Stage", fn)
         if name is not None and not isinstance(name, str):
             raise ArgumentError(f"pipeline.Stage: name={name!r} must be a str or None  "
                                 f"[{user_frame()}]")
@@ -139,9 +138,7 @@ def compose(stages: int, assign: list):
         raise PipelineError(f"pipeline.compose(stages={stages}) got {len(assign)} callables to "
                             f"assign  [{user_frame()}]")
     for i, f in enumerate(assign):
-        if not callable(f):
-            raise ArgumentError(f"pipeline.compose: assign[{i}] is a {type(f).__name__} "
-                                f"({f!r:.40}), not a function  [{user_frame()}]")
+        check_callable("pipeline.compose", f, f"assign[{i}]")
     assign[:] = [f if isinstance(f, Stage) else Stage(f, getattr(f, "__name__", f"b{i}"))
                  for i, f in enumerate(assign)]
     return assign
@@ -547,9 +544,8 @@ def _check_run_arguments(name, mesh, axis, microbatches, virtual_stages, stages,
                          src) -> None:
     """pipeline.run's settings, checked where the step is made."""
     from . import dist
-    if mesh is not None and not isinstance(mesh, dist.Mesh):
-        raise ArgumentError(f"pipeline.run: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), "
-                            f"not a dist.Mesh  [{src}]")
+    if mesh is not None:
+        dist.check_mesh("pipeline.run", mesh, src)
     if not isinstance(axis, str):
         raise ArgumentError(f"pipeline.run: axis={axis!r} must be a mesh axis name (a str)  "
                             f"[{src}]")
@@ -557,13 +553,12 @@ def _check_run_arguments(name, mesh, axis, microbatches, virtual_stages, stages,
         raise PipelineError(f"{name}: the pipeline axis {axis!r} is not an axis of the "
                             f"{mesh.topology} (axes: {', '.join(mesh.axes)})  [{src}]")
     if microbatches is not None and microbatches != AUTO and (
-            isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer))
-            or microbatches < 1):
+            not is_int(microbatches) or microbatches < 1):
         raise PipelineError(f"{name}: microbatches={microbatches!r}: give a count or {AUTO!r} "
                             f"(measured on the first call); a count is an int >= 1  [{src}]")
     for what, value in (("virtual_stages", virtual_stages), ("stages", stages)):
         if value is not None and not (what == "stages" and isinstance(value, list)) and (
-                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+                not is_int(value) or value < 1):
             raise PipelineError(f"{name}: {what}={value!r} must be a count (an int >= 1)  "
                                 f"[{src}]")
     if batch is not None and not isinstance(batch, str) and not (
@@ -597,9 +592,7 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
                             f"{list(SCHEDULES)}  [{user_frame()}]")
 
     def wrap(f):                  # (PipelinedFunction refuses an unknown schedule)
-        if not callable(f):
-            raise ArgumentError(f"pipeline.run: fn is a {type(f).__name__} ({f!r:.40}), not a "
-                                f"function  [{user_frame()}]")
+        check_callable("pipeline.run", f)
         m = mesh
         if m is None:
             from . import dist

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 
 from tessera_compiler.ir.remat import REMAT, mark
 
+from ._checks import check_callable
 from ._source import user_frame
 from ._trace import current
 from .errors import ShapeError
@@ -59,10 +60,7 @@ def remat(fn=None, *, policy="nothing_saveable"):
     name = policy_name(policy, "ts.remat")
     if fn is None:
         return lambda f: remat(f, policy=policy)
-    if not callable(fn):
-        from .errors import ArgumentError
-        raise ArgumentError(f"ts.remat: fn is a {type(fn).__name__} ({fn!r:.40}), not a function  "
-                            f"[{user_frame()}]")
+    check_callable("ts.remat", fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

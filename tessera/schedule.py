@@ -68,6 +68,7 @@ import warnings
 from tessera_compiler.ir.support import nested_ops
 from tessera_mlir.dialects import tgraph
 
+from ._checks import is_int
 from ._source import SourceLine, user_frame
 from .compiler import CompiledFunction
 from .compiler import compile as _compile
@@ -83,7 +84,7 @@ __all__ = ["all_reduce_overlap", "pipeline_microbatches", "Settings", "ScheduleE
 
 def pipeline_microbatches(n: int) -> None:
     """The number of microbatches of pipelined steps that do not say."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if not is_int(n) or n < 1:
         raise ArgumentError(f"schedule.pipeline_microbatches: expected a positive int, got "
                             f"{n!r}  [{user_frame()}]")
     defaults.microbatches = n
@@ -199,7 +200,7 @@ def _check_settings(given: dict, src: SourceLine) -> Settings:
     if "microbatches" in given:
         m = given["microbatches"]
         auto = isinstance(m, str) and m == AUTO
-        expect("microbatches", auto or (isinstance(m, int) and not isinstance(m, bool)),
+        expect("microbatches", auto or is_int(m),
                f"a count or {AUTO!r}")
         expect("microbatches", auto or m >= 1, f"a positive count or {AUTO!r}")
     for name, known in (("comm_backend", COMM_BACKENDS), ("epoch", EPOCHS)):

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dist
+from ._checks import check_callable
 
 STRATEGIES = ("data_parallel", "zero_redundancy_optimizer", "tensor_parallel")
 
@@ -81,7 +82,7 @@ class Strategy:
         (`batch_is_local`: each rank's blocks of the global batch, placed
         together with one agreement between the ranks) as its DTensor."""
         if not self.batch_is_local:
-            return [self.place(p, leaf, mesh) for p, leaf in zip(paths, leaves)], list(leaves)
+            return [self.place(p, leaf, mesh) for p, leaf in zip(paths, leaves)], leaves
         local = [i for i, (p, leaf) in enumerate(zip(paths, leaves))
                  if p.split(".")[0] in self.batch and isinstance(leaf, (np.ndarray, np.generic))
                  and np.ndim(leaf)]
@@ -157,9 +158,8 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
     if strategy not in STRATEGIES:
         raise ArgumentError(f"ts.distribute: unknown strategy {strategy!r} (known: "
                             f"{', '.join(STRATEGIES)})  [{user_frame()}]")
-    if mesh is not None and not isinstance(mesh, dist.Mesh):
-        raise ArgumentError(f"ts.distribute: mesh= is a {type(mesh).__name__} ({mesh!r:.40}), "
-                            f"not a dist.Mesh  [{user_frame()}]")
+    if mesh is not None:
+        dist.check_mesh("ts.distribute", mesh)
     if mesh_axes:
         axis = list(mesh_axes)[0]
     if not isinstance(axis, str):
@@ -185,9 +185,7 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
                     bool(batch_is_local))
 
     def wrap(f):
-        if not callable(f):
-            raise ArgumentError(f"ts.distribute: fn is a {type(f).__name__} ({f!r:.40}), not a "
-                                f"function  [{user_frame()}]")
+        check_callable("ts.distribute", f)
         if (strategy == "tensor_parallel" and layouts is None) or (
                 strategy == "zero_redundancy_optimizer" and not _takes(f, batch)):
             # Per-rank code over its arguments' blocks (the training guide's

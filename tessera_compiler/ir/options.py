@@ -156,7 +156,7 @@ def _parse_bool(text: str) -> bool:
 
 def _parse_target(text: str) -> str:
     if text not in TARGETS:
-        raise ValueError(f"unknown target {text!r}; choose one of {', '.join(TARGETS)}")
+        raise invalid(f"unknown target {text!r}; choose one of {', '.join(TARGETS)}")
     return text
 
 
@@ -249,9 +249,8 @@ class TargetOptions:
         lambda v: "none" if v is None else repr(v))
 
     def __post_init__(self):
-        if self.target is not None and self.target not in TARGETS:
-            raise invalid(f"TargetOptions: unknown target {self.target!r}; choose one of "
-                          f"{', '.join(TARGETS)}")
+        if self.target is not None:
+            _parse_target(self.target)
         for f in fields(self):
             value, kind = getattr(self, f.name), type(f.default)
             if kind is bool and not isinstance(value, bool):

@@ -202,19 +202,22 @@ def check_range(xp, attrs, x):
     if low == 0 and x.dtype.kind == "i" and high <= 1 << (8 * x.dtype.itemsize - 1):
         # One reduction: seen unsigned, a negative value is at least `high`
         # (on 256 int32 one max is ~1.6 us, a min and a max ~4).
-        unsigned = x.view(_UNSIGNED[x.dtype.itemsize])
-        if unsigned.max() < high:
+        if x.view(_UNSIGNED[x.dtype.itemsize]).max() < high:
             return None
-        bad = unsigned.reshape(-1) >= high
     elif low <= x.min() and x.max() < high:
         return None
-    else:
-        bad = (x.reshape(-1) < low) | (x.reshape(-1) >= high)
     flat = x.reshape(-1)
-    for a in attrs.get("allowed", ()):
-        bad &= flat != a
+    bad = _failing(flat, attrs)
     i = int(bad.argmax())
     return (attrs.get("block", (0, 1))[0] * x.size + i, int(flat[i])) if bad[i] else None
+
+
+def _failing(flat, attrs):
+    """Which elements of `flat` (numpy or device) check_range refuses."""
+    bad = (flat < attrs["low"]) | (flat >= attrs["high"])
+    for a in attrs.get("allowed", ()):
+        bad &= flat != a
+    return bad
 
 
 def _check_on_device(xp, attrs, x):
@@ -224,10 +227,7 @@ def _check_on_device(xp, attrs, x):
     flat = x.reshape(-1)
     if not flat.size:
         return None
-    low, high = attrs["low"], attrs["high"]
-    bad = (flat < low) | (flat >= high)
-    for a in attrs.get("allowed", ()):
-        bad &= flat != a
+    bad = _failing(flat, attrs)
     i = xp.argmax(bad)                          # the first failing element, or 0
     first = attrs.get("block", (0, 1))[0] * flat.size
     row = xp.where(xp.take(bad, i), i.astype(xp.int64) + first, -1)
