@@ -44,6 +44,10 @@ _VARIABLES = [
     Variable("TESSERA_DUMP_IR", "frontend", "",
              "a folder: rank 0 writes every compiled function's IR at every level there "
              "(`tessera trace` sets it)"),
+    Variable("TESSERA_DUMP_KERNELS", "compiler", "",
+             "a folder: every kernel the C++ and CUDA printers emit is written there, one "
+             "file per kernel named by the hash of its text (compare two folders to see "
+             "which kernels a compiler change altered)"),
     Variable("TESSERA_COLLECTIVE_REPORT", "frontend", "",
              "a byte count: print the collectives each compiled function needs that move at "
              "least that many bytes per rank, with the Python line behind each"),

@@ -124,6 +124,20 @@ SPLIT_MIN_CHARS = 40_000
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 
 
+def dump_kernels(kernels: list[str], suffix: str) -> None:
+    """With TESSERA_DUMP_KERNELS set, writes each emitted kernel's text to
+    that folder as <hash of the text><suffix>: the same kernel, the same
+    file, so two runs' folders differ exactly in the kernels that changed."""
+    folder = env.get("TESSERA_DUMP_KERNELS")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for text in kernels:
+        path = Path(folder) / f"{_key(text)}{suffix}"
+        if not path.exists():
+            path.write_text(text)
+
+
 def build_jobs() -> int:
     """Host compiles at once: TESSERA_BUILD_JOBS, else the cores this
     process may run on."""

@@ -20,7 +20,7 @@ from tessera_mlir import ir
 from ..ir.support import kernels_of, marked_args, nested_ops, operation_key
 from ..ir.ops import TILE_ELEMENTWISE
 from ..ir.types import enum_of, tile_of
-from .build import KERNEL_HEADER, PREAMBLE_END
+from .build import KERNEL_HEADER, PREAMBLE_END, dump_kernels
 
 #: The CPU kernels' extra symbols: NAME__range(args, pid0_begin, pid0_end),
 #: NAME__grid (pid0's extent) and NAME__slice(void** args, begin, end), the
@@ -1300,7 +1300,6 @@ def emit_cpp(module: ir.Module) -> str:
     the OpenMP team that runs their grids (tessera_parallel) and the
     engine's GEMM on it (tessera_gemm_f32, and tessera_gemm_f32_then with a
     kernel as its epilogue)."""
-    parts = [cpu_runtime_source()]
-    for kernel in kernels_of(module):
-        parts.append(KernelEmitter().emit_kernel(kernel))
-    return "\n".join(parts)
+    kernels = [KernelEmitter().emit_kernel(kernel) for kernel in kernels_of(module)]
+    dump_kernels(kernels, ".cpp")
+    return "\n".join([cpu_runtime_source(), *kernels])

@@ -17,6 +17,7 @@ from tessera_mlir import ir
 from ...ir import gpu_schedule as gs
 from ...ir.options import DEFAULT, TargetOptions
 from ...ir.support import kernels_of, marked_args, nested_ops
+from ..build import dump_kernels
 from ..tile_emitter import EmitError, KernelEmitter, Tile
 from .gemm import GemmMainLoops
 from .mma import TensorCoreDots
@@ -210,6 +211,7 @@ def emit_cuda_kernels(module, options: TargetOptions = DEFAULT) -> tuple[str, di
             launch["signals"] = marked_args(kernel, "ttile.signals")
         launches[ir.StringAttr(kernel.attributes["sym_name"]).value] = launch
         nvshmem |= emitter.uses_nvshmem
+    dump_kernels(parts[1:], ".cu")
     parts[1:1] = [wgmma_wrapper(*shape) for shape in sorted(wgmma_shapes)]
     if options.wait_watchdog_s is not None:
         watchdog_ns = int(options.wait_watchdog_s * 1e9)
