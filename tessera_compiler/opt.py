@@ -252,6 +252,7 @@ class Options:
     allow_unregistered_dialect: bool = False
     help: bool = False
     list_passes: bool = False
+    pass_table: bool = False
 
 
 _OPTION_HELP = [
@@ -279,6 +280,8 @@ _OPTION_HELP = [
     ("--allow-unregistered-dialect", "accept operations of unregistered dialects"),
     ("--mlir-disable-threading", "accepted for mlir-opt compatibility (always single-threaded)"),
     ("--list-passes", "list the Tessera passes"),
+    ("--pass-table", "print the Tessera passes as a Markdown table (README.md's; "
+                     "tools/readme_pass_table.py rewrites it there)"),
     ("-h, --help", "show this help"),
 ]
 
@@ -327,6 +330,22 @@ def _pass_lines() -> list[str]:
     return lines
 
 
+def pass_table() -> str:
+    """The Tessera passes as a Markdown table (flag, summary, options), in
+    registry order: README.md shows it, so that the README lists exactly the
+    passes tessera-opt registers (test/test_readme_pass_table.py checks it)."""
+    from tessera_compiler.ir.options import TargetOptions
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| flag | does | options |", "|---|---|---|"]
+    for flag, info in tessera_passes().items():
+        options = ", ".join(f"`{TargetOptions.option_name(o)}`" for o in info.options)
+        lines.append(f"| `{flag}` | {cell(info.summary)} | {options} |")
+    return "\n".join(lines) + "\n"
+
+
 _BOOL_TRUE = {"", "true", "1", "on", "yes"}
 _BOOL_FALSE = {"false", "0", "off", "no"}
 
@@ -351,6 +370,7 @@ _SIMPLE_BOOLS = {
     "verify-each": "verify_each",
     "allow-unregistered-dialect": "allow_unregistered_dialect",
     "list-passes": "list_passes",
+    "pass-table": "pass_table",
 }
 
 _IGNORED = {"mlir-disable-threading", "mlir-print-local-scope"}
@@ -469,6 +489,9 @@ def run(argv: list[str]) -> int:
     if opts.list_passes:
         sys.stdout.write("Tessera passes:\n" + "\n".join(_pass_lines()) + "\n"
                          "(any upstream MLIR pass name also works)\n")
+        return 0
+    if opts.pass_table:
+        sys.stdout.write(pass_table())
         return 0
     try:
         _validate_pipeline(opts)
