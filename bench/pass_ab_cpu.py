@@ -40,24 +40,24 @@ def step_pairs(flag: str, width, depth, heads, length, batch, pairs: int, cache:
     `flag` (separate kernel caches), called alternately `pairs` times each."""
     import train_gpt as ex
     import tessera as ts
-    from tessera_compiler import pipeline
+    from tessera_compiler import lowering
     params = ex.init_params(width, depth, heads, 2 * length, 0)
     tokens = ex.make_batch(np.random.default_rng(0), batch, length)
     opt = ts.optim.AdamW(lr=3e-3, betas=(0.9, 0.98), weight_decay=0.01)
     scaler = ts.optim.loss_scale_init(1.0)
-    stages = pipeline.STAGES
+    stages = lowering.STAGES
     if not any(flag in flags for _, flags in stages):
-        raise SystemExit(f"{flag} is not in the compiler's pipeline (tessera_compiler.pipeline)")
+        raise SystemExit(f"{flag} is not in the compiler's pipeline (tessera_compiler.lowering)")
 
     def compiled(with_pass: bool):
         os.environ["TESSERA_CACHE_DIR"] = str(cache / ("with" if with_pass else "without"))
-        pipeline.STAGES = stages if with_pass else [(s, [f for f in flags if f != flag])
+        lowering.STAGES = stages if with_pass else [(s, [f for f in flags if f != flag])
                                                      for s, flags in stages]
         try:
             step, state = ex.make_step(opt, heads, "fp32", clip=1.0), opt.init(params)
             step(params, state, scaler, [tokens])               # compiles
         finally:
-            pipeline.STAGES = stages
+            lowering.STAGES = stages
         return lambda: step(params, state, scaler, [tokens])
 
     runs = {"with": compiled(True), "without": compiled(False)}

@@ -36,12 +36,12 @@ import tessera_runtime
 from tessera_runtime import env
 from tessera_compiler.bundle import compiler_fingerprint, write_bundle
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.pipeline import CompileError as _PipelineError
+from tessera_compiler.lowering import CompileError as _PipelineError
 from tessera_compiler.ir.context import new_context
 from tessera_compiler.memory_budget import apply as apply_remat
 from tessera_compiler.memory_budget import choose as choose_remat
 from tessera_compiler.memory_budget import parse_bytes
-from tessera_compiler.pipeline import Levels, collective_report, lower, target_options
+from tessera_compiler.lowering import Levels, collective_report, lower, target_options
 from tessera_mlir import ir
 
 from . import dist, simulation

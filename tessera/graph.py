@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tessera_compiler.pipeline import Levels, collective_report
+from tessera_compiler.lowering import Levels, collective_report
 
 from .compiler import CompiledFunction
 from .pipeline import pipeline, stage

@@ -24,7 +24,7 @@ from .ir.locations import location_name, source_of
 from .ir.pipeline import ACTION, INFO
 from .ir.sharding import Sharding, meshes_of
 from .ir.types import ELEMENT_TYPES, enum_of
-from .pipeline import Levels
+from .lowering import Levels
 
 FORMAT_VERSION = 1
 

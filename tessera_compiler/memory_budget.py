@@ -30,7 +30,7 @@ from .ir import graph_builder as gb
 from .ir.options import TargetOptions
 from .ir.pipeline import flops
 from .ir.remat import RECOMPUTED, mark, remat_of
-from .pipeline import CompileError, Levels, lower
+from .lowering import CompileError, Levels, lower
 
 #: the policies in the order they cost recomputed FLOPs
 LEVELS = ("none", "selective", "dots_saveable", "nothing_saveable")

@@ -28,7 +28,7 @@ CUDA_OPTIONS = ("wait_watchdog_s", "register_budget")
 
 
 def schedule_for_gpu(module_op, options) -> None:
-    """Runs the GPU scheduling passes (tessera-gpu-pipeline, -place,
+    """Runs the GPU scheduling passes (tessera-gpu-software-pipeline, -place,
     -alloc-shared) on `module_op`'s kernels, afresh: the CUDA printer reads
     what they decide. Raises ir.MLIRError with their diagnostics."""
     import tessera_passes

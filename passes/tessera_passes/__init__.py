@@ -108,7 +108,7 @@ _PASSES = [
     PassInfo("tessera-fuse-gemm-epilogues", "fuse_gemm_epilogues",
              "Run the kernel after a CPU matmul (bias + GELU, residual + layernorm) as its epilogue: each team member runs it on the rows its sgemm call just wrote, one launch instead of two (CPU target)",
              ("target",)),
-    PassInfo("tessera-gpu-pipeline", "gpu_pipeline",
+    PassInfo("tessera-gpu-software-pipeline", "gpu_software_pipeline",
              "Schedule each scf.for of a GPU kernel on tensor cores (#ttile.pipeline: GEMM main loop or registers, mma.sync or wgmma, cp.async or TMA ring, stages, lag, producer warpgroup, ping-pong, issuing ahead) and place a register loop's values",
              ("register_budget",)),
     PassInfo("tessera-gpu-place", "gpu_place",
@@ -119,7 +119,7 @@ _PASSES = [
 
 #: The passes that schedule Tile IR for the GPU, in order (the CUDA printer
 #: reads what they decide).
-GPU_SCHEDULE = ("tessera-gpu-pipeline", "tessera-gpu-place", "tessera-gpu-alloc-shared")
+GPU_SCHEDULE = ("tessera-gpu-software-pipeline", "tessera-gpu-place", "tessera-gpu-alloc-shared")
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}
 

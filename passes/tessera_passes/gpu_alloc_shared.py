@@ -178,7 +178,7 @@ class KernelAllocator:
             loop, why_not = gs.match_gemm_loop(op)
             if loop is None:
                 raise PassError(f"this loop's #ttile.pipeline says kind = gemm, but {why_not}: "
-                                f"run tessera-gpu-pipeline to schedule it", op.location)
+                                f"run tessera-gpu-software-pipeline to schedule it", op.location)
             nbytes, align = loop.ring(pipeline.stages, pipeline.wgmma)
             op.attributes[gs.RING] = gs.i64(self.alloc(nbytes, align))
             kinds = ["full", "empty"] if pipeline.producer else ["full"] if pipeline.tma else []

@@ -1,6 +1,6 @@
 """tessera-gpu-place: where each tile value of a GPU kernel lives.
 
-The second of the three GPU scheduling passes (after tessera-gpu-pipeline,
+The second of the three GPU scheduling passes (after tessera-gpu-software-pipeline,
 whose loop schedules and register-loop placements it keeps). Walking each
 `ttile.kernel` in program order:
 
@@ -16,7 +16,7 @@ whose loop schedules and register-loop placements it keeps). Walking each
   unless an op outside the region reads it: then it is `shared`. Results of
   reductions, CUDA-core dots, transposes and loops whose tiles stay in
   shared memory are `shared`; GEMM main loops and tensor-core dots leave
-  `fragment`s (tessera-gpu-pipeline set those).
+  `fragment`s (tessera-gpu-software-pipeline set those).
 * **Spills** (`ttile.spill` on the op that needs it): a fragment read by
   anything but a region over its own registers (a reduction, a dot, a loop,
   a region of another shape) is copied to a shared tile first.
@@ -160,7 +160,7 @@ class KernelPlacer:
             self.handle(op)
 
     def _read_directly(self, loop: ir.Operation) -> set:
-        """The ops before `loop` tessera-gpu-pipeline gave to it (fills and
+        """The ops before `loop` tessera-gpu-software-pipeline gave to it (fills and
         A operands it reads itself)."""
         ops = set()
         for v in gs.loop_reads(loop):
@@ -189,15 +189,16 @@ class KernelPlacer:
 def place(module_op: ir.Operation) -> None:
     for kernel in kernels_of(module_op):
         if gs.SMEM_BYTES in kernel.attributes:      # placed already: schedule afresh
-            raise PassError("kernel is scheduled already; run tessera-gpu-pipeline first "
+            raise PassError("kernel is scheduled already; run tessera-gpu-software-pipeline first "
                             "(it clears the schedule)", kernel.location)
-        # (tessera-gpu-pipeline marks every dot and every loop carrying values.)
+        # (tessera-gpu-software-pipeline marks every dot and every loop carrying values.)
         unscheduled = next((o for o in nested_ops(kernel)
                             if (o.name == "ttile.dot" or o.name == "scf.for" and len(o.results))
                             and not any(a in o.attributes
                                         for a in (gs.PIPELINE, gs.FALLBACK, gs.PLACE))), None)
         if unscheduled is not None:
-            raise PassError(f"'{unscheduled.name}' has no schedule: run tessera-gpu-pipeline "
+            raise PassError(f"'{unscheduled.name}' has no schedule: "
+                            f"run tessera-gpu-software-pipeline "
                             "before tessera-gpu-place", unscheduled.location)
         KernelPlacer(kernel).run()
 

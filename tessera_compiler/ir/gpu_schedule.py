@@ -1,5 +1,5 @@
 """The GPU schedule's attributes (TTile.td, "The GPU schedule"): what the
-passes tessera-gpu-pipeline, tessera-gpu-place and tessera-gpu-alloc-shared
+passes tessera-gpu-software-pipeline, tessera-gpu-place and tessera-gpu-alloc-shared
 decide and the CUDA printer reads, as Python values.
 
     ttile.place     where each result lives (PlaceAttr, or an array: one per result)

@@ -2,7 +2,7 @@
 changes the code the compiler makes (target, GPU feature switches, GEMM
 configurations, block targets, the mbarrier watchdog, ...).
 
-`pipeline.lower` takes one and hands it to every pass and emitter; the
+`lowering.lower` takes one and hands it to every pass and emitter; the
 bundle cache is keyed by `TargetOptions.digest()` together with the
 compiler's code hash, so a new knob can never reuse a stale bundle. Each
 pass declares which fields it reads (`tessera_passes.PassInfo.options`),

@@ -112,7 +112,7 @@ ttile.kernel @not_a_gemm_loop(%a: memref<128x64xbf16>, %b: memref<64x128xbf16>, 
   %c0 = arith.constant 0 : index
   %c64 = arith.constant 64 : index
   %acc0 = ttile.fill 0.0 {ttile.place = #ttile.place<literal>} : !ttile.tile<128x128xf32>
-  // expected-error @+1 {{this loop's #ttile.pipeline says kind = gemm, but the dot has no 'warps': run tessera-gpu-pipeline to schedule it}}
+  // expected-error @+1 {{this loop's #ttile.pipeline says kind = gemm, but the dot has no 'warps': run tessera-gpu-software-pipeline to schedule it}}
   %acc = scf.for %k = %c0 to %c64 step %c64 iter_args(%it = %acc0) -> (!ttile.tile<128x128xf32>) {
     %ta = ttile.load %a[%c0, %k] {ttile.place = #ttile.place<staged>} : memref<128x64xbf16> -> !ttile.tile<128x64xbf16>
     %tb = ttile.load %b[%k, %c0] {ttile.place = #ttile.place<staged>} : memref<64x128xbf16> -> !ttile.tile<64x128xbf16>

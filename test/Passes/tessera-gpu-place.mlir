@@ -1,13 +1,13 @@
 // tessera-gpu-place: pointwise regions (ttile.region, the first op's
 // ttile.domain), where each remaining tile value lives (ttile.place) and
 // where a fragment is copied to shared memory first (ttile.spill). Its input
-// is tessera-gpu-pipeline's output: the loops' #ttile.pipeline, the values
+// is tessera-gpu-software-pipeline's output: the loops' #ttile.pipeline, the values
 // those loops placed.
 // RUN: tessera-opt %s --split-input-file --tessera-gpu-place --verify-diagnostics | FileCheck %s
 
 // A GEMM epilogue reading the loop's fragment: one region over the
 // fragment's 64x64 shape, in registers, no spill. The loop's own values keep
-// tessera-gpu-pipeline's placement.
+// tessera-gpu-software-pipeline's placement.
 // CHECK-LABEL: ttile.kernel @epilogue(
 // CHECK: ttile.fill {{.*}}{ttile.place = #ttile.place<literal>}
 // CHECK: ttile.dot {{.*}}{ttile.place = #ttile.place<fragment>, warps
@@ -92,12 +92,12 @@ ttile.kernel @regions(%x: memref<32x64xf32>, %y: memref<16x16xf32>, %r: memref<3
 
 // -----
 
-// A loop tessera-gpu-pipeline has not seen.
+// A loop tessera-gpu-software-pipeline has not seen.
 ttile.kernel @unscheduled(%a: memref<16x16xf32>, %c: memref<16x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index
   %c16 = arith.constant 16 : index
   %acc0 = ttile.fill 0.0 : !ttile.tile<16x16xf32>
-  // expected-error @+1 {{'scf.for' has no schedule: run tessera-gpu-pipeline before tessera-gpu-place}}
+  // expected-error @+1 {{'scf.for' has no schedule: run tessera-gpu-software-pipeline before tessera-gpu-place}}
   %acc = scf.for %k = %c0 to %c16 step %c16 iter_args(%it = %acc0) -> (!ttile.tile<16x16xf32>) {
     %t = ttile.load %a[%c0, %k] : memref<16x16xf32> -> !ttile.tile<16x16xf32>
     %s = ttile.add %t, %it : !ttile.tile<16x16xf32>
@@ -109,9 +109,9 @@ ttile.kernel @unscheduled(%a: memref<16x16xf32>, %c: memref<16x16xf32>) attribut
 
 // -----
 
-// A kernel placed already (tessera-gpu-pipeline clears a schedule; this
+// A kernel placed already (tessera-gpu-software-pipeline clears a schedule; this
 // pass does not).
-// expected-error @+1 {{kernel is scheduled already; run tessera-gpu-pipeline first (it clears the schedule)}}
+// expected-error @+1 {{kernel is scheduled already; run tessera-gpu-software-pipeline first (it clears the schedule)}}
 ttile.kernel @placed(%x: memref<16x16xf32>, %z: memref<16x16xf32>)
     attributes {grid = array<i64: 1>, block = array<i64: 32>, ttile.smem_bytes = 0 : i64} {
   %c0 = arith.constant 0 : index

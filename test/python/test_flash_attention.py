@@ -106,7 +106,7 @@ def test_attention_reads_q_k_v_from_the_projection_and_writes_its_gradient_there
     dimension 3. The gradient of qkv is no concat: the backward kernels
     store dq, dk and dv into it at their index. Output and gradient match
     float64 numpy, with the bits of the program compiled without the pass."""
-    from tessera_compiler import pipeline
+    from tessera_compiler import lowering
     rng = np.random.default_rng()
     qkv = rng.standard_normal((2, 96, 3, 3, 16)).astype(np.float32)
     R = rng.standard_normal((2, 96, 3, 16)).astype(np.float32)
@@ -129,8 +129,8 @@ def test_attention_reads_q_k_v_from_the_projection_and_writes_its_gradient_there
         np.testing.assert_allclose(np.asarray(grad, np.float64)[:, :, :, i],
                                    np.swapaxes(want[1 + i], 1, 2), rtol=2e-4, atol=2e-5,
                                    err_msg=f"d{name}")
-    monkeypatch.setattr(pipeline, "STAGES", [(stage, [f for f in flags if f != "tessera-fold-slices"])
-                                             for stage, flags in pipeline.STAGES])
+    monkeypatch.setattr(lowering, "STAGES", [(stage, [f for f in flags if f != "tessera-fold-slices"])
+                                             for stage, flags in lowering.STAGES])
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "plain"))
     plain = ts.jit(step)
     assert 'tsched.library = "slice"' in plain.lower(qkv, R).tile

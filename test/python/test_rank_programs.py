@@ -389,7 +389,7 @@ def test_compile_errors_show_the_ir_only_when_asked(show, monkeypatch):
     parsing as a buggy pass would) says what and where; the failing
     function's IR only with TESSERA_SHOW_IR=1."""
     from tessera_compiler.ir.context import new_context
-    from tessera_compiler.pipeline import CompileError, lower
+    from tessera_compiler.lowering import CompileError, lower
     from tessera_mlir import ir
     if show:
         monkeypatch.setenv("TESSERA_SHOW_IR", "1")

@@ -694,7 +694,7 @@ ttile.kernel @k(%a: memref<128x64xbf16>, %b: memref<64x256xbf16>) attributes {gr
 }
 // -----
 
-// The GPU schedule's attributes (set by tessera-gpu-pipeline, -place and
+// The GPU schedule's attributes (set by tessera-gpu-software-pipeline, -place and
 // -alloc-shared) are checked like the ops.
 
 ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {

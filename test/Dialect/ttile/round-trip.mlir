@@ -253,7 +253,7 @@ ttile.kernel @pull(%all: memref<64x32xf32> {ttile.symmetric}, %a: memref<16x32xf
 
 // -----
 
-// The GPU schedule (tessera-gpu-pipeline, -place, -alloc-shared) as
+// The GPU schedule (tessera-gpu-software-pipeline, -place, -alloc-shared) as
 // attributes: each prints as it parses.
 // CHECK-LABEL: ttile.kernel @scheduled(
 // CHECK-SAME: ttile.smem_bytes = 29184 : i64

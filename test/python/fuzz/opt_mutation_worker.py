@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tessera_passes
 from tessera_compiler import opt
-from tessera_compiler.pipeline import STAGES
+from tessera_compiler.lowering import STAGES
 
 REPO = Path(__file__).resolve().parents[3]
 INTERNAL = ("internal error", "raised ", "Traceback", "LLVM ERROR", "Assertion", "UNREACHABLE")
@@ -26,7 +26,7 @@ PASSES = [f"--{flag}" for flag in tessera_passes.PASSES]
 
 
 def _compile_pipeline(target: str) -> list[str]:
-    """The compiler's own pass list (tessera_compiler.pipeline.STAGES) for
+    """The compiler's own pass list (tessera_compiler.lowering.STAGES) for
     `target`, as one --pass-pipeline; passes with a target option get it."""
     flags = [f for stage, stage_flags in STAGES if stage != "gpu" or target == "gpu"
              for f in stage_flags]

@@ -65,7 +65,8 @@ def TTile_TileType : TypeDef<TTile_Dialect, "Tile"> {
 // and read by the CUDA printer (tessera-translate --ttile-to-cuda), which
 // decides nothing itself:
 //
-//   tessera-gpu-pipeline     each scf.for: a GEMM main loop or a loop with its
+//   tessera-gpu-software-pipeline
+//                            each scf.for: a GEMM main loop or a loop with its
 //                            tiles in registers on tensor cores (#ttile.pipeline:
 //                            instruction, ring filled by cp.async or TMA,
 //                            stages, wgmma groups in flight, producer warpgroup,

@@ -12,9 +12,9 @@
                the CPU, tessera-fold-slices (kernels read and write one index of
                a dimension in place) and tessera-fuse-gemm-epilogues (a GEMM
                runs the kernel after it)
-  gpu          (GPU target) after tessera-gpu-pipeline, -place and -alloc-shared:
-               the Tile IR with how each kernel runs on an SM, which the CUDA
-               printer reads
+  gpu          (GPU target) after tessera-gpu-software-pipeline, -place and
+               -alloc-shared: the Tile IR with how each kernel runs on an SM,
+               which the CUDA printer reads
   cpp / cuda   kernel sources emitted from the Tile IR
 """
 

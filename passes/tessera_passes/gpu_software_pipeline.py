@@ -1,5 +1,6 @@
-"""tessera-gpu-pipeline: choose how each scf.for of a GPU kernel runs on
-tensor cores, and where a register loop's values live.
+"""tessera-gpu-software-pipeline: choose how each scf.for of a GPU kernel runs
+on tensor cores (its software pipeline: stages, ring, lag), and where a
+register loop's values live.
 
 The first of the three passes that schedule Tile IR for the GPU (then
 tessera-gpu-place, tessera-gpu-alloc-shared; the CUDA printer only reads

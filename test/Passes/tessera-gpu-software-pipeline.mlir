@@ -1,14 +1,14 @@
-// tessera-gpu-pipeline: each scf.for of a ttile.kernel becomes a GEMM main
+// tessera-gpu-software-pipeline: each scf.for of a ttile.kernel becomes a GEMM main
 // loop (#ttile.pipeline<kind = gemm>), a loop with its tiles in registers
 // (kind = registers) or neither (ttile.fallback says why); dots outside such
 // loops go to tensor cores or say why not. It places a schedulable loop's
 // values (ttile.place) and nothing else: regions, spills and shared-memory
 // offsets are tessera-gpu-place's and tessera-gpu-alloc-shared's.
-// RUN: tessera-opt %s --split-input-file --tessera-gpu-pipeline --verify-diagnostics | FileCheck %s
-// RUN: tessera-opt %s --split-input-file --tessera-gpu-pipeline='register-budget=64' --verify-diagnostics | FileCheck %s --check-prefix=BUDGET
+// RUN: tessera-opt %s --split-input-file --tessera-gpu-software-pipeline --verify-diagnostics | FileCheck %s
+// RUN: tessera-opt %s --split-input-file --tessera-gpu-software-pipeline='register-budget=64' --verify-diagnostics | FileCheck %s --check-prefix=BUDGET
 // Scheduling again replaces the schedule (the passes after it set nothing
-// that survives a second tessera-gpu-pipeline).
-// RUN: tessera-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(tessera-gpu-pipeline,tessera-gpu-place,tessera-gpu-alloc-shared,tessera-gpu-pipeline)' | FileCheck %s --check-prefix=AGAIN
+// that survives a second tessera-gpu-software-pipeline).
+// RUN: tessera-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(tessera-gpu-software-pipeline,tessera-gpu-place,tessera-gpu-alloc-shared,tessera-gpu-software-pipeline)' | FileCheck %s --check-prefix=AGAIN
 
 // An mma.sync GEMM main loop on a 3-stage cp.async ring: its loads are
 // staged, its dot and result fragments, its initial fill folded in.
