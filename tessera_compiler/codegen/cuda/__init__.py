@@ -1,6 +1,6 @@
 """The CUDA printer: CUDA C++ for sm_90a (Hopper) from scheduled Tile IR.
 
-tessera-gpu-pipeline, tessera-gpu-place and tessera-gpu-alloc-shared decide
+tessera-gpu-software-pipeline, tessera-gpu-place and tessera-gpu-alloc-shared decide
 how each kernel runs (which loops pipeline on tensor cores, where each tile
 lives, shared-memory offsets); this package prints what they decided, one
 module per op family, composed into `CudaKernelEmitter` (kernel.py):

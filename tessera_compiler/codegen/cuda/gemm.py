@@ -24,7 +24,7 @@ class GemmMainLoops:
     """The GEMM main loop printers (a CudaKernelEmitter part)."""
 
     def _emit_mma_loop(self, op, pipeline) -> None:
-        """A GEMM main loop as tessera-gpu-pipeline scheduled it (its
+        """A GEMM main loop as tessera-gpu-software-pipeline scheduled it (its
         accumulator's initial fill is folded into the registers' setup)."""
         g, _ = gs.match_gemm_loop(op)
         p = dict(bm=g.bm, bn=g.bn, bk=g.bk, wm=g.wm, wn=g.wn, elt=g.elt, wgmma=pipeline.wgmma,

@@ -31,7 +31,7 @@ from .staging import Staging
 
 class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, GemmMainLoops,
                         NvshmemOps, KernelEmitter):
-    """Prints one `ttile.kernel` that tessera-gpu-pipeline, -place and
+    """Prints one `ttile.kernel` that tessera-gpu-software-pipeline, -place and
     -alloc-shared scheduled: it reads their attributes and decides nothing.
     `KernelEmitter` (tile_emitter.py) walks the ops and calls `op_<name>`;
     each part prints one family."""
@@ -103,7 +103,7 @@ class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, G
                        if "stages" in kernel.attributes else 2)
         self.kernel_location = kernel.location
         if not gs.planned(kernel):
-            raise EmitError(f"kernel @{name} has no GPU schedule: run tessera-gpu-pipeline, "
+            raise EmitError(f"kernel @{name} has no GPU schedule: run tessera-gpu-software-pipeline, "
                             "tessera-gpu-place and tessera-gpu-alloc-shared first "
                             "(tessera-translate --ttile-to-cuda does)", kernel.location)
         self.shared_bytes = gs.integer(kernel, gs.SMEM_BYTES)

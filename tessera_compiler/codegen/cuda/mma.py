@@ -2,7 +2,7 @@
 the loops share: warp accumulators in mma.sync's fragment layout, ldmatrix
 operand loads, the mma tiles of one k step.
 
-A dot tessera-gpu-pipeline placed as a `fragment` runs on tensor cores from
+A dot tessera-gpu-software-pipeline placed as a `fragment` runs on tensor cores from
 its shared-memory operands; any other on CUDA cores (`ttile.fallback`: why)."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class TensorCoreDots:
 
     # -- dot (SIMT): each thread computes whole output elements ---------------------
     def op_ttile_dot(self, op):
-        if gs.place(op.results[0]) == "fragment":       # tessera-gpu-pipeline: tensor cores
+        if gs.place(op.results[0]) == "fragment":       # tessera-gpu-software-pipeline: tensor cores
             self._tile_mma(op)
             return
         why = gs.fallback(op)

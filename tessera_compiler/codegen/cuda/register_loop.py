@@ -26,7 +26,7 @@ does:
   accumulator layout of two adjacent n8 tiles is exactly the A layout of
   one k16 step, so P never leaves registers.
 
-tessera-gpu-pipeline decides which loops run this way and where each value
+tessera-gpu-software-pipeline decides which loops run this way and where each value
 lives (`RegisterLoopPlan`); `RegisterLoop(emitter, op, pipeline).emit()`
 prints one. Results leave as register Fragments (`[BM, n]`, which
 the emitter's pointwise epilogue reads directly) or shared-memory tiles
@@ -62,7 +62,7 @@ class _Val:
 
 
 class RegisterLoop:
-    """Prints an scf.for that tessera-gpu-pipeline scheduled with its tiles
+    """Prints an scf.for that tessera-gpu-software-pipeline scheduled with its tiles
     in registers (`#ttile.pipeline<kind = registers, ...>`): its values'
     placements, its staged loads, how each invariant A operand is read and
     the ring's offset are in the IR."""
@@ -337,7 +337,7 @@ class RegisterLoop:
 
     def _shared_a_operands(self, wgmma: bool) -> dict:
         """The invariant A operands the `wgmma` (or mma.sync) branch keeps in
-        shared memory (tessera-gpu-pipeline's `ttile.shared_in`), as keys,
+        shared memory (tessera-gpu-software-pipeline's `ttile.shared_in`), as keys,
         largest first (their copies' order in the ring's region)."""
         branch = "wgmma" if wgmma else "mma_sync"
         regs = {a: self.mt * tile_of(a.type)[0][1] // 16 * 4 for a in self.invariant_a}
