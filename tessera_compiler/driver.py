@@ -65,10 +65,6 @@ class Chunk:
     def text(self) -> str:
         return "\n" * (self.first_line - 1) + self.body
 
-    @property
-    def last_line(self) -> int:
-        return self.first_line + self.body.count("\n")
-
 
 def read_input(path: Optional[str]) -> tuple[str, str]:
     """Returns ``(source_name, text)`` of ``path`` (``None`` or ``-``: stdin)."""

@@ -143,7 +143,7 @@ def _check_shared_parameters(pipe: Pipeline, func_op, actions: dict) -> None:
                 ranks.setdefault(pipe.rank_of(a.stage), (a.stage, _op(use.owner)))
         if len(ranks) > 1 and any(actions.get(_op(u.owner), Action("F", 0, 0)).kind != "F"
                                   for u in arg.uses):
-            (s1, op1), (s2, op2) = list(ranks.values())[:2]
+            (s1, _), (s2, op2) = list(ranks.values())[:2]
             raise PassError(
                 f"a parameter is used by stage {pipe.describe(s1)} and by stage "
                 f"{pipe.describe(s2)}, which run on different ranks of '{pipe.axis}' "

@@ -105,15 +105,6 @@ def set_places(op: ir.Operation, places: list[str]) -> None:
     op.attributes[PLACE] = attrs[0] if len(attrs) == 1 else ir.ArrayAttr.get(attrs)
 
 
-def set_place(value: ir.Value, where: str) -> None:
-    """Sets the placement of one result, keeping the others'."""
-    op, i = _defining(value)
-    places = [ttile.PlaceAttr(p).value for p in (_per_result(op, PLACE) or [])] or \
-        ["registers"] * len(op.results)
-    places[i] = where
-    set_places(op, places)
-
-
 def smem(value: ir.Value) -> int | None:
     """The byte offset of `value`'s shared tile, or None."""
     op, i = _defining(value)

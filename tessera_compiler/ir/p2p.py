@@ -26,9 +26,6 @@ from tessera_mlir import ir
 
 from .spmd import PER_RANK_COLLECTIVES
 
-P2P = ("tgraph.send", "tgraph.recv")
-
-
 class PeerError(Exception):
     """The ranks' programs do not pair up (the message says where)."""
 
