@@ -18,7 +18,7 @@ Steps:
      VM's speed drifts by +-15% over minutes, alike for both peers of a round)
      (--peer alternate: alternating in this one, which shares the machine's
      drift but lets each framework's spinning idle threads slow the other:
-     PyTorch's w128 step measured 26 ms alone and 66 ms alternating); the
+     PyTorch's w128 step more than twice as slow alternating as alone); the
      median per-step time of each; then the same step under `jax.jit` in a
      process of its own (`bench/dp_tp_step.py`'s JAX worker on one device,
      the same parameters, batch and AdamW; its first loss must match too);

@@ -282,8 +282,7 @@ def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = N
     (path / "ir").mkdir(parents=True)
     (path / "kernels").mkdir()
     # The kernels build (g++ or nvcc processes) while this thread prints the
-    # IR levels into the bundle (~0.1 s for the example's step, otherwise
-    # added to every first call).
+    # IR levels into the bundle (otherwise added to every first call).
     with ThreadPoolExecutor(1) as pool:
         if levels.target == "cpu":
             built = pool.submit(build_cpu_library, levels.cpp)

@@ -117,8 +117,8 @@ def _printed_level(stage: str) -> property:
 @dataclass
 class Levels:
     """The program at every level. Each IR level is a copy of the module
-    taken after its stage (a copy is ~1 ms, printing it 10-35 ms: 5% of a
-    small model's first call) and printed when first read."""
+    taken after its stage (copying is cheap, printing is not: a few percent
+    of a small model's first call) and printed when first read."""
     cpp: str = ""
     cuda: str = ""
     #: {kernel: {"grid", "block", "shared_bytes"}} of the CUDA kernels

@@ -128,7 +128,7 @@ class Communicator(ABC):
         entry = flight.RECORDER.record(seq, what.split()[0], self.label, nbytes, source, peer)
         if peer is not None:
             what = f"{what} {'to' if what == 'send' else 'from'} {peer}"
-        if self.trace is None:          # (read once: os.environ costs ~2 us a collective)
+        if self.trace is None:          # (read once, not os.environ on every collective)
             self.trace = trace_enabled()
         trace = f"rank {self.world_rank} {self.label} {what} {nbytes} B" if self.trace else None
         return RecordedWork(work, entry, trace)

@@ -40,8 +40,8 @@ from .engines.library import CHECKS, failed_check
 
 
 #: the largest buffer the straight-line run keeps in its arena
-#: (_arena_layout). A buffer's allocation costs ~2 us of Python, which only
-#: small buffers notice (a 1 MiB one's kernel runs ~100 us); and the arena's
+#: (_arena_layout). A buffer's allocation costs microseconds of Python,
+#: which only small buffers' kernels notice; and the arena's
 #: bytes are held between runs, beside the results a run allocates, where
 #: freed buffers could have held them: the threshold bounds that cost to the
 #: small buffers' peak.
@@ -501,8 +501,8 @@ class ScheduleExecutor:
         """Resolves each launch into an engine callable. An engine that
         launches by address (`Engine.by_address`) gets each buffer's address,
         taken once when the buffer is made, instead of the buffer: the CPU
-        engine's launch is then one ctypes call (an address costs ~1 us to
-        take, and a training step passes ~1,800 buffers to kernels)."""
+        engine's launch is then one ctypes call (taking an address costs
+        Python time, and a training step passes ~1,800 buffers to kernels)."""
         eng, meta = self.engine, self._meta
         bound = []
         for op, a, b, ins in plan:
@@ -713,9 +713,8 @@ class ScheduleExecutor:
         """The plan as one generated Python function, for unprofiled runs on
         an engine launching by address (the CPU): every buffer and its
         address a local variable, every instruction one line, instead of the
-        interpreting loop's dispatch and dictionaries (measured: the loop
-        cost ~1.5 us per instruction, most of the runtime share of a CPU
-        step). Returns (fn, the return instruction): `fn(values, at,
+        interpreting loop's dispatch and dictionaries (the loop's cost per
+        instruction was most of the runtime share of a CPU step). Returns (fn, the return instruction): `fn(values, at,
         pending, B, A, checks)` takes the inputs (and their addresses) by value name
         and an arena's buffers and addresses (`_new_arena`),
         leaves started collectives' works in `pending` until their wait,
@@ -852,9 +851,8 @@ class ScheduleExecutor:
         lifetimes as `_account` counts them). slots = {buffer: (offset,
         bytes, shape, dtype)}; views = {view of an arena buffer: (what it
         views, shape, flat)}, in plan order. Why: a CPU training step
-        allocates ~400 buffers and takes their addresses, ~2 us each in
-        Python (measured: ~15% of a w128 dp x tp rank's step); an arena's
-        are made once."""
+        allocates ~400 buffers and takes their addresses in Python (~15% of
+        a w128 dp x tp rank's step); an arena's are made once."""
         plan = self._plan()
         self._input_use()                   # (its _view_roots)
         returned = next(ins["values"] for op, _, _, ins in plan if op == "return")

@@ -31,12 +31,12 @@ from . import Engine, EngineError, Event
 
 #: A launch whose buffers total less runs on one thread. The team's
 #: members spin between launches (the GEMMs run on the same team, so no
-#: other pool wants the cores), so waking them costs about a microsecond.
-#: Measured, w128 GPT step, medians of alternating processes: 21.2 ms at
-#: 4 MiB, 18.5 at 1 MiB, 17.0-17.6 at 64 KiB, 17.1 at 0; where numpy's
-#: OpenBLAS runs the GEMMs (no team_sgemm) its spinning workers hold the
-#: cores and a team member waits a scheduler slice behind them (186 ms at
-#: 1 MiB): there the threshold is THREADED_MIN_BYTES_BESIDE_OPENBLAS.
+#: other pool wants the cores), so waking them costs about a microsecond
+#: and a low threshold was as fast as any on the w128 GPT step; where
+#: numpy's OpenBLAS runs the GEMMs (no team_sgemm) its spinning workers
+#: hold the cores and a team member waits a scheduler slice behind them:
+#: there the threshold is THREADED_MIN_BYTES_BESIDE_OPENBLAS (the
+#: measurements: bench/results/docstring-timings-moved-2026-12-02.md).
 THREADED_MIN_BYTES = 64 << 10
 THREADED_MIN_BYTES_BESIDE_OPENBLAS = 4 << 20
 #: A 2-D float32 GEMM of at least GEMM_SPLIT_MIN_MACS multiply-adds is cut
@@ -48,10 +48,8 @@ THREADED_MIN_BYTES_BESIDE_OPENBLAS = 4 << 20
 #: depends on the shape and the job's layout only, never on the thread count
 #: (TESSERA_NUM_THREADS, affinity). Why not 4 blocks always: every block
 #: packs the whole of the operand it does not cut again, and on a 1-thread
-#: rank the blocks run one after another (measured, the 27 GEMMs of a w128
-#: dp x tp rank, 2-8 M multiply-adds each, one thread: 3.20 ms uncut, 3.46
-#: ms in 2 blocks, 3.82 ms in 4; the 51 GEMMs of a w512 step on 2 threads:
-#: 812 ms in 2 blocks, 828 ms in 4).
+#: rank the blocks run one after another (each block more was slower on
+#: one thread and on two: bench/results/docstring-timings-moved-2026-12-02.md).
 GEMM_PIECES = 4
 GEMM_SPLIT_MIN_MACS = 1 << 18
 GEMM_FULL_SPLIT_MACS = 1 << 24
@@ -60,8 +58,8 @@ GEMM_FULL_SPLIT_MACS = 1 << 24
 #: GEMMs are long enough that waking a worker is noise, and the kernels
 #: between them long enough that a spinning worker costs them a core. With
 #: only smaller GEMMs (the w128 GPT's are <= 1.5 MiB) the worker kept
-#: spinning between GEMMs is worth more than the core it takes (measured:
-#: its 27 GEMMs 2-3 ms slower a step with sleeping workers).
+#: spinning between GEMMs is worth more than the core it takes (its GEMMs
+#: were slower with sleeping workers).
 QUIET_BLAS_MIN_BYTES = 8 << 20
 
 
@@ -69,9 +67,10 @@ _char_at, _address_of = ctypes.c_char.from_buffer, ctypes.addressof
 
 
 def address(array: np.ndarray) -> int:
-    """The data pointer of `array`. Through a ctypes view of its buffer: 0.8
-    us where `.ctypes.data` takes 2.7-3.9 us; read-only or empty arrays,
-    which a ctypes view refuses, the slow way."""
+    """The data pointer of `array`. Through a ctypes view of its buffer,
+    a fraction of what `.ctypes.data` costs (a step takes thousands of
+    addresses); read-only or empty arrays, which a ctypes view refuses, the
+    slow way."""
     try:
         return _address_of(_char_at(array))
     except (TypeError, ValueError):
@@ -122,9 +121,9 @@ def quiet_blas_workers() -> bool:
     of spinning for OpenBLAS's default 2**28 cycles (~0.1 s); called when a
     program with large GEMMs is prepared (QUIET_BLAS_MIN_BYTES). Why: a step
     alternates GEMMs with generated kernels, and the spinning worker took a
-    core from the kernels that followed each GEMM (measured on the w512 GPT
-    step: its generated kernels ~450 -> ~280 ms, the step 1749 -> 1514 ms;
-    its GEMMs pay a worker wake-up each, within the noise). OpenBLAS reads its timeout
+    core from the kernels that followed each GEMM (on the w512 GPT step
+    the generated kernels and the step got faster; the GEMMs' worker
+    wake-ups are within the noise). OpenBLAS reads its timeout
     when it loads, before this runs: the engine sets OPENBLAS_THREAD_TIMEOUT,
     has OpenBLAS read its environment again and restarts its workers.
     Process-wide, once; not when the user set OPENBLAS_THREAD_TIMEOUT (or
@@ -208,9 +207,9 @@ def quiet_openmp_workers() -> None:
     (GOMP_SPINCOUNT=0), before the first kernel library loads libgomp,
     unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY. Why: libgomp's
     default spins ~300,000 rounds after each parallel region, on the core
-    the next GEMM's OpenBLAS worker needs (measured, w512 GPT step, 3
-    alternations: 1435 ms spinning, 1164 ms sleeping, 1228 ms with the
-    Python thread pool this team replaced). With team_sgemm the team is the
+    the next GEMM's OpenBLAS worker needs (on the w512 GPT step sleeping
+    beat spinning and the Python thread pool this team replaced). With
+    team_sgemm the team is the
     only pool and its members spin between launches. libgomp reads the
     variable when it loads, so a process that loaded it before keeps its
     setting."""
@@ -544,7 +543,7 @@ class CPUEngine(Engine):
         first = attrs.get("block", (0, 1))[0] * n
         item = ctypes.c_int32 if np.dtype(dtype) == np.int32 else ctypes.c_int64
         size = ctypes.sizeof(item)
-        # (ctypes objects made once: 0.7 us a call instead of 1.1 converting ints)
+        # (ctypes objects made once, not converted from ints on every call)
         args = tuple(ctypes.c_int64(v) for v in (n, low, high, other))
 
         def run(ptrs):
@@ -588,7 +587,7 @@ class CPUEngine(Engine):
         """A concat (library.py's) as one tessera_copy_box call per input,
         each into its place in the output (the cotangent of q, k and v
         split out of one projection is one: numpy's concatenate copied it on
-        one thread, 2.2 ms at w512)."""
+        one thread)."""
         if self._copy_box is None:
             return None
         *shapes, (out_shape, out_dtype) = metas
@@ -645,9 +644,8 @@ class CPUEngine(Engine):
         """A float32 2-D matmul straight to the team's tessera_gemm_f32 with
         the buffers' addresses (the executor's are C-contiguous; a transposed
         operand is its untransposed buffer and a transpose flag): one ctypes
-        call, where the array path (TeamBLAS.matmul) spends ~10 us a GEMM on
-        views, flags and `.ctypes` (measured: a quarter of a w128 dp x tp
-        rank's GEMM time)."""
+        call, where the array path (TeamBLAS.matmul) spends a quarter of a
+        w128 dp x tp rank's GEMM time on views, flags and `.ctypes`."""
         epilogue = attrs.get("epilogue")
         if routine != "matmul" or self._team is None or (len(metas) != 3 and epilogue is None):
             return None
