@@ -95,6 +95,7 @@ class Routine:
     title: str = ""
 
     def __post_init__(self):
+        assert sum(o[-1] in "?*" for o in self.operands) <= 1, self.name
         for a in self.attributes.values():
             assert a.type in ATTRIBUTE_TYPES, (self.name, a)
         assert self.cost in COST_CLASSES, (self.name, self.cost)
@@ -106,13 +107,11 @@ class Routine:
     def split(self, buffers: list) -> tuple[dict, list]:
         """(operands by name, results) of a launch's buffers, or ContractError
         when their number does not fit the declaration."""
-        fixed = [o for o in self.operands if o[-1] not in "?*"]
-        loose = [o for o in self.operands if o[-1] in "?*"]
-        low = len(fixed) + len(self.results)
+        loose = "".join(o[-1] for o in self.operands if o[-1] in "?*")     # "", "?" or "*"
+        low = len(self.operands) - len(loose) + len(self.results)
         extra = len(buffers) - low
-        if extra < 0 or (not loose and extra) or (loose and loose[0][-1] == "?" and extra > 1):
-            want = f"{low}" if not loose else f"{low}" + ("+" if loose[0][-1] == "*" else " or "
-                                                              f"{low + 1}")
+        if extra < 0 or extra > {"": 0, "?": 1}.get(loose, extra):
+            want = {"": f"{low}", "?": f"{low} or {low + 1}", "*": f"{low} or more"}[loose]
             raise ContractError(f"routine '{self.name}' takes {want} buffers "
                                 f"({', '.join(self.operands + self.results)}), got {len(buffers)}")
         ins, i = {}, 0
