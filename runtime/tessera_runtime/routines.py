@@ -194,6 +194,8 @@ def _matmul(ins, outs, attrs):
     k2, n = (b[-1], b[-2]) if attrs.get("transpose_rhs") else (b[-2], b[-1])
     if k != k2:
         return f"contracted sizes differ: {k} and {k2}"
+    if da != db:
+        return f"operand dtypes differ: {da} and {db}"
     batch = _broadcast(tuple(a[:-2]), tuple(b[:-2]))
     if batch is None:
         return f"batch dimensions {list(a[:-2])} and {list(b[:-2])} do not broadcast"
