@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tessera_mlir import ir
+from tessera_runtime import routines
 
 from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
-from .ir import library
+from .ir.routines import declaration, declarations
 from .ir.options import TargetOptions
 from .ir.locations import location_name, source_of
 from .ir.pipeline import ACTION, INFO
@@ -100,7 +101,7 @@ def _code_fingerprint() -> str:
         for f in sorted(root.rglob("*.py")):
             h.update(f.read_bytes())
     # The routines' table decides which ops become library calls.
-    h.update(Path(library.routines.__file__).read_bytes())
+    h.update(Path(routines.__file__).read_bytes())
     for lib in sorted(Path(list(tessera_mlir.__path__)[0]).rglob("*Tessera*")):
         st = lib.stat()
         h.update(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -111,8 +112,8 @@ def _library_declarations(module: ir.Module) -> dict:
     """kernel symbol -> (runtime routine, its attributes as JSON) for the
     launches tessera-lower-to-tile turned into library calls, each checked
     against its routine's declaration (`tessera_runtime.routines`)."""
-    return {ir.StringAttr(d.attributes["sym_name"]).value: library.declaration(d)
-            for d in library.declarations(module.operation)}
+    return {ir.StringAttr(d.attributes["sym_name"]).value: declaration(d)
+            for d in declarations(module.operation)}
 
 
 def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:

@@ -69,7 +69,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import func, scf, tsched, ttile
 
 from tessera_compiler.ir import graph_builder as gb, ops
-from tessera_compiler.ir.library import ROUTINES
+from tessera_compiler.ir.routines import ROUTINES
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import action_rank, copy_action
 from tessera_compiler.ir.sharding import meshes_of

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from tessera_mlir import ir
 
-from tessera_compiler.ir.library import declaration, declarations
+from tessera_compiler.ir.routines import declaration, declarations
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import ACTION, action_rank
 from tessera_compiler.ir.sharding import meshes_of

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 #: Attribute types: the JSON value a bundle holds for each, and (in the
-#: compiler, `tessera_compiler/ir/library.py`) the MLIR attribute.
+#: compiler, `tessera_compiler/ir/routines.py`) the MLIR attribute.
 ATTRIBUTE_TYPES = {
     "i64": "an integer (IntegerAttr i64)",
     "i64[]": "a list of integers (DenseI64ArrayAttr)",

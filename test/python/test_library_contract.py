@@ -23,7 +23,7 @@ from tessera_runtime.engines import library
 from tessera_runtime.engines.cpu import CPUEngine
 
 from tessera_compiler import cost
-from tessera_compiler.ir import library as ir_library, ops
+from tessera_compiler.ir import ops, routines as ir_routines
 from tessera_compiler.ir.support import PassError
 from tessera_compiler.ir.types import DTYPE_BYTES, ELEMENT_TYPES
 import tessera_passes.lower_to_tile as lower_to_tile
@@ -129,11 +129,11 @@ def test_the_verifier_accepts_exactly_the_declared_routines():
     with ir.Context():
         for name, (buffers, attrs) in SAMPLES.items():
             module = ir.Module.parse(_declaration(name, buffers, attrs))
-            (decl,) = ir_library.declarations(module.operation)
-            assert ir_library.declaration(decl) == (name, attrs)
+            (decl,) = ir_routines.declarations(module.operation)
+            assert ir_routines.declaration(decl) == (name, attrs)
         module = ir.Module.parse(_declaration("sort", *SAMPLES["reshape"]))
         with pytest.raises(PassError, match="unknown library routine 'sort'"):
-            ir_library.declaration(ir_library.declarations(module.operation)[0])
+            ir_routines.declaration(ir_routines.declarations(module.operation)[0])
 
 
 def _program(library_name: str, attrs: dict, nargs: int) -> dict:
