@@ -9,7 +9,9 @@ A prediction needs only the compiled program (the Schedule IR function as
                 times the grid, times constant loop trip counts), each op's
                 class from the op table (`ir/ops.py`: `op_class`)
   matmul        gemm_call_s + 2 m n k (x batch) / GEMM rate of the dtype and
-                size (small GEMMs run slower: the measured gemm_curve)
+                size (small GEMMs run slower: the measured gemm_curve); a
+                grouped GEMM (MoE experts) gemm_call_s per group + 2 rows k n
+                / the rate of one group's share
   other library launch_s + 2 x its output's bytes / copy (or transpose) rate;
                 a value check launch_s + its input's bytes / memory rate (the
                 class is the routine's `cost` in tessera_runtime/routines.py)
@@ -587,6 +589,12 @@ def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> fl
         # The kernel it runs on each block of rows (no launch of its own).
         return gemm + _kernel_seconds(attrs["epilogue"], [args[i] for i in attrs["epilogue_args"]],
                                       work, machine) - machine.launch_s
+    if kind == "grouped_gemm":
+        # One GEMM per group over its segment of rows: 2 rows k n in all.
+        (rows, k), dtype = args[0]
+        flops = 2.0 * rows * k * args[-1][0][-1]
+        return (machine.gemm_call_s * math.prod(args[2][0]) +
+                flops / machine.gemm_rate(dtype, flops / max(1, math.prod(args[2][0]))))
     if kind == "view":                  # the runtime makes it a view of its input
         return 0.0
     if kind == "read":                  # reads its input once, writes nothing

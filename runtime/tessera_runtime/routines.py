@@ -49,6 +49,8 @@ ATTRIBUTE_TYPES = {
 #: How the cost model prices a launch of the routine (tessera_compiler/cost.py).
 COST_CLASSES = {
     "gemm": "gemm_call_s + 2 m n k / the GEMM rate (with its epilogue kernel's time)",
+    "grouped_gemm": "gemm_call_s per group + 2 rows k n / the GEMM rate (rows: the first "
+                    "operand's [rows, k]; n: the result's last dimension)",
     "view": "free: the runtime makes the result a view of its input",
     "read": "launch_s + its input's bytes / the memory rate (a check: writes nothing)",
     "copy": "launch_s + 2 x its output's bytes / the copy rate",
@@ -407,10 +409,10 @@ _ROUTINES = [
                                                                            "base?"),
             ("result",), _moe_collect, "copy", _MOE_ATTRS, graph_op="tgraph.moe_collect"),
     Routine("grouped_matmul", "each segment of rows times its group's matrix",
-            ("lhs", "rhs", "sizes"), ("result",), _grouped_matmul, "copy",
+            ("lhs", "rhs", "sizes"), ("result",), _grouped_matmul, "grouped_gemm",
             {"transpose_rhs": Attribute("unit")}, graph_op="tgraph.grouped_matmul"),
     Routine("grouped_outer", "each segment's x^T g summed into its group's matrix",
-            ("lhs", "rhs", "sizes"), ("result",), _grouped_outer, "copy",
+            ("lhs", "rhs", "sizes"), ("result",), _grouped_outer, "grouped_gemm",
             graph_op="tgraph.grouped_outer"),
     Routine("check_range", "a value check: every element in [low, high) or in `allowed`; "
             "writes nothing, returns a flag", ("input",), (), _check_range, "read",

@@ -95,6 +95,9 @@ def test_every_declared_routine_is_implemented_priced_and_honours_its_result_rul
         seconds = cost._launch_seconds({"library": name, "args": args, "attrs": attrs,
                                         "kernel": name}, {}, dict(zip(args, buffers)), machine)
         assert seconds >= 0 and (seconds == 0) == (declared.cost == "view"), (name, seconds)
+        if declared.cost in ("gemm", "grouped_gemm"):        # at least its FLOPs at peak
+            flops = {"matmul": 2 * 2 * 8 * 4 * 6}.get(name, 2 * 8 * 4 * 6)    # 2 (batch) m k n
+            assert seconds >= machine.gemm_call_s + flops / machine.gemm_rate("float32"), name
     with pytest.raises(routines.ContractError, match="unknown library routine 'sort'"):
         routines.implementations({"sort": None})
 
