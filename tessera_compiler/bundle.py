@@ -17,8 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tessera_mlir import ir
+from tessera_runtime import routines
 
 from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
+from .ir.routines import declaration, declarations
 from .ir.options import TargetOptions
 from .ir.locations import location_name, source_of
 from .ir.pipeline import ACTION, INFO
@@ -98,42 +100,20 @@ def _code_fingerprint() -> str:
     for root in roots:
         for f in sorted(root.rglob("*.py")):
             h.update(f.read_bytes())
+    # The routines' table decides which ops become library calls.
+    h.update(Path(routines.__file__).read_bytes())
     for lib in sorted(Path(list(tessera_mlir.__path__)[0]).rglob("*Tessera*")):
         st = lib.stat()
         h.update(f"{lib.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
-def _attr_json(a: ir.Attribute):
-    """A library attribute as JSON: integer arrays, integers, strings, unit
-    attributes (true), symbols (their names: a GEMM's epilogue kernel) and
-    arrays of strings (mesh axis names)."""
-    if isinstance(a, ir.FlatSymbolRefAttr):
-        return a.value
-    if isinstance(a, ir.DenseI64ArrayAttr):
-        return list(a)
-    if isinstance(a, ir.IntegerAttr):
-        return a.value
-    if isinstance(a, ir.StringAttr):
-        return a.value
-    if isinstance(a, ir.UnitAttr):
-        return True
-    return [ir.StringAttr(x).value for x in ir.ArrayAttr(a)]
-
-
 def _library_declarations(module: ir.Module) -> dict:
     """kernel symbol -> (runtime routine, its attributes as JSON) for the
-    launches tessera-lower-to-tile turned into library calls."""
-    out = {}
-    for op in module.body.operations:
-        op = op.operation
-        if op.name == "func.func" and "tsched.library" in op.attributes:
-            attrs = {}
-            for named in ir.DictAttr(op.attributes["tsched.library_attrs"]):
-                attrs[named.name] = _attr_json(named.attr)
-            out[ir.StringAttr(op.attributes["sym_name"]).value] = (
-                ir.StringAttr(op.attributes["tsched.library"]).value, attrs)
-    return out
+    launches tessera-lower-to-tile turned into library calls, each checked
+    against its routine's declaration (`tessera_runtime.routines`)."""
+    return {ir.StringAttr(d.attributes["sym_name"]).value: declaration(d)
+            for d in declarations(module.operation)}
 
 
 def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:

@@ -6,11 +6,15 @@ A prediction needs only the compiled program (the Schedule IR function as
   kernel        launch_s + max(bytes / memory rate, elementwise ops / vector
                 rate + transcendental ops / their rate + dot FLOPs / GEMM rate),
                 the op counts read from the kernel's Tile IR (ops on tiles,
-                times the grid, times constant loop trip counts)
+                times the grid, times constant loop trip counts), each op's
+                class from the op table (`ir/ops.py`: `op_class`)
   matmul        gemm_call_s + 2 m n k (x batch) / GEMM rate of the dtype and
-                size (small GEMMs run slower: the measured gemm_curve)
+                size (small GEMMs run slower: the measured gemm_curve); a
+                grouped GEMM (MoE experts) gemm_call_s per group + 2 rows k n
+                / the rate of one group's share
   other library launch_s + 2 x its output's bytes / copy (or transpose) rate;
-                a value check launch_s + its input's bytes / memory rate
+                a value check launch_s + its input's bytes / memory rate (the
+                class is the routine's `cost` in tessera_runtime/routines.py)
   collective    the ring alpha-beta model of the link its group uses: an
                 all_reduce of B bytes over n ranks takes 2(n-1) alpha +
                 2(n-1)/n B beta, all_gather / reduce_scatter / all_to_all
@@ -52,23 +56,16 @@ alone, at the actions' FLOP costs, is `tessera_compiler.ir.pipeline.simulate`).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 
 from tessera_mlir import ir
 
-from .ir.sharding import sub_axis
+from tessera_runtime import routines
 
-#: Tile IR ops counted as transcendental (a libm call or a polynomial each)
-TRANSCENDENTAL = frozenset({"ttile.exp", "ttile.log", "ttile.tanh", "ttile.gelu", "ttile.sqrt",
-                            "ttile.rsqrt", "ttile.div"})
-#: Tile IR ops that move data and compute nothing (their bytes are the kernel's)
-_MOVES = frozenset({"ttile.load", "ttile.store", "ttile.return", "ttile.program_id",
-                    "ttile.barrier", "ttile.fill", "ttile.iota"})
-_BYTES = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "float16": 2, "bfloat16": 2,
-          "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+from .ir import ops
+from .ir.sharding import sub_axis
+from .ir.types import DTYPE_BYTES, is_tile, tile_of
 
 
 @dataclass(frozen=True)
@@ -178,13 +175,9 @@ class KernelWork:
     dot: float = 0.0
 
 
-_TILE = re.compile(r"!ttile\.tile<((?:\d+x)+)")
-
-
 def _tile_shape(t: ir.Type) -> list[int]:
     """A `!ttile.tile<AxBxT>`'s shape ([] for other types)."""
-    m = _TILE.match(str(t))
-    return [int(d) for d in m.group(1).split("x") if d] if m else []
+    return tile_of(t)[0] if is_tile(t) else []
 
 
 def _trip_count(op: ir.Operation) -> int:
@@ -210,7 +203,8 @@ def _count(block: ir.Block, scale: float, work: KernelWork) -> None:
         for region in op.regions:
             for b in region.blocks:
                 _count(b, scale, work)
-        if not name.startswith("ttile.") or name in _MOVES:
+        kind = ops.op_class(name)
+        if not name.startswith("ttile.") or kind == "move":
             continue
         if name == "ttile.dot":
             a, b = (_tile_shape(v.type) for v in op.operands[:2])
@@ -218,7 +212,7 @@ def _count(block: ir.Block, scale: float, work: KernelWork) -> None:
             continue
         elements = max([math.prod(_tile_shape(v.type)) for v in list(op.operands) + list(op.results)
                         if _tile_shape(v.type)], default=0)
-        if name in TRANSCENDENTAL:
+        if kind == "transcendental":
             work.transcendental += scale * elements
         else:
             work.vector += scale * elements
@@ -294,7 +288,7 @@ class Cost:
 
 
 def _buffer_bytes(shape, dtype: str) -> int:
-    return math.prod(shape) * _BYTES.get(dtype, 4)
+    return math.prod(shape) * DTYPE_BYTES[dtype]
 
 
 def _coordinates(mesh: dict, rank: int) -> dict:
@@ -579,8 +573,11 @@ def predict_ranks(program: dict, work: dict, machine: Machine, ranks) -> list[Pr
 
 def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> float:
     args = [shapes[a] for a in ins["args"]]
-    library = ins.get("library")
-    if library == "matmul":
+    if "library" not in ins:
+        return _kernel_seconds(ins["kernel"], args, work, machine)
+    # Priced by the routine's cost class (routines.COST_CLASSES).
+    kind = routines.routine(ins["library"]).cost
+    if kind == "gemm":
         a, dtype = args[0]
         out = args[-1][0]
         attrs = ins.get("attrs", {})
@@ -592,18 +589,21 @@ def _launch_seconds(ins: dict, work: dict, shapes: dict, machine: Machine) -> fl
         # The kernel it runs on each block of rows (no launch of its own).
         return gemm + _kernel_seconds(attrs["epilogue"], [args[i] for i in attrs["epilogue_args"]],
                                       work, machine) - machine.launch_s
-    if library == "reshape":            # the runtime makes it a view of its input
+    if kind == "grouped_gemm":
+        # One GEMM per group over its segment of rows: 2 rows k n in all.
+        (rows, k), dtype = args[0]
+        flops = 2.0 * rows * k * args[-1][0][-1]
+        return (machine.gemm_call_s * math.prod(args[2][0]) +
+                flops / machine.gemm_rate(dtype, flops / max(1, math.prod(args[2][0]))))
+    if kind == "view":                  # the runtime makes it a view of its input
         return 0.0
-    if library == "check_range":        # reads its input once, writes nothing
+    if kind == "read":                  # reads its input once, writes nothing
         return machine.launch_s + _buffer_bytes(*args[0]) / machine.memory_bytes_per_s
-    if library is not None:
-        # A copy reads and writes about its output's bytes (a slice reads
-        # only the part it keeps).
-        out_bytes = _buffer_bytes(*args[-1])
-        rate = machine.transpose_bytes_per_s if library == "transpose" else \
-            machine.copy_bytes_per_s
-        return machine.launch_s + 2 * out_bytes / rate
-    return _kernel_seconds(ins["kernel"], args, work, machine)
+    # A copy reads and writes about its output's bytes (a slice reads only
+    # the part it keeps).
+    out_bytes = _buffer_bytes(*args[-1])
+    rate = machine.transpose_bytes_per_s if kind == "transpose" else machine.copy_bytes_per_s
+    return machine.launch_s + 2 * out_bytes / rate
 
 
 def _kernel_seconds(kernel: str, args: list, work: dict, machine: Machine) -> float:
@@ -653,7 +653,3 @@ def estimate(module: ir.Module, machine: Machine, ranks=None) -> Cost:
         out.append(Prediction(r, p.step_s, p.parts, p.items, p.slices, p.waits_s))
     return Cost(machine, out, len(roles))
 
-
-def load_machine(path) -> Machine:
-    with open(path) as f:
-        return Machine.from_json(json.load(f))

@@ -41,7 +41,8 @@ STAGES = [
                      "tessera-pipeline-schedule", "tessera-hoist-selects"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
     ("tile", ["tessera-lower-to-tile", "tessera-fold-transposes", "canonicalize", "cse",
-              "tessera-merge-kernels", "tessera-fold-slices", "tessera-fuse-gemm-epilogues"]),
+              "tessera-merge-kernels", "tessera-fold-slices", "tessera-fuse-gemm-epilogues",
+              "tessera-verify-schedule"]),
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]
 

@@ -16,6 +16,12 @@ including those inside functions, so a lazy back edge is caught too):
                           test/runtime/test_runtime_imports.py)
     tessera_runtime.env   the one module that reads the environment, which any
                           layer but the bottom one may import
+    tessera_runtime.routines
+                          the library routines' one declaration (a contract
+                          between the compiler and the runtime, so it lives
+                          in the package both may read): every layer may
+                          import it, the bottom one included; it imports no
+                          Tessera module (the standard library only)
 
 No module imports a private name (`_x`) of another module, and the
 compiler's modules import each other without cycles.
@@ -85,6 +91,8 @@ def _passes() -> set[str]:
 def layer_of(module: str) -> str:
     if module == "tessera_runtime.env":
         return "env"
+    if module == "tessera_runtime.routines":
+        return "routines"
     if module.startswith("tessera_compiler.ir"):
         return "ir"
     if module.startswith("tessera_compiler.codegen"):
@@ -97,12 +105,16 @@ def layer_of(module: str) -> str:
 #: For each layer, the Tessera layers and top-level packages it may import.
 #: `env` is tessera_runtime.env, the one module that reads the environment
 #: (every layer above the bottom one may ask it).
+#: `routines` is tessera_runtime.routines, the library routines' table
+#: (every layer reads it; it reads no Tessera module).
 ALLOWED = {
-    "ir": {"ir", "tessera_mlir"},
-    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env"},
-    "codegen": {"ir", "codegen", "tessera_mlir", "env"},
-    "compiler": {"ir", "codegen", "compiler", "tessera_passes", "tessera_mlir", "env"},
-    "tessera": {"ir", "compiler", "codegen", "tessera", "tessera_runtime", "tessera_mlir", "env"},
+    "ir": {"ir", "tessera_mlir", "routines"},
+    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env", "routines"},
+    "codegen": {"ir", "codegen", "tessera_mlir", "env", "routines"},
+    "compiler": {"ir", "codegen", "compiler", "tessera_passes", "tessera_mlir", "env", "routines"},
+    "tessera": {"ir", "compiler", "codegen", "tessera", "tessera_runtime", "tessera_mlir", "env",
+                "routines"},
+    "routines": set(),
 }
 TESSERA_TOPS = {"tessera", "tessera_compiler", "tessera_passes", "tessera_runtime", "tessera_mlir"}
 
@@ -230,21 +242,27 @@ def test_the_checks_catch_a_back_edge_a_pass_import_a_private_name_and_a_cycle(t
     files = {
         "tessera_compiler/__init__.py": "",
         "tessera_compiler/ir/__init__.py": "",
-        "tessera_compiler/ir/types.py": "import tessera_passes.alpha\n",          # back edge
+        "tessera_compiler/ir/types.py": "import tessera_passes.alpha\n"           # back edge
+                                        "from tessera_runtime import routines\n",  # allowed
         "tessera_compiler/codegen/__init__.py": "",
         "tessera_compiler/codegen/a.py": "from .b import _helper\n",            # private; cycle
         "tessera_compiler/codegen/b.py": "from . import a\n_helper = 1\n",
         "tessera_passes/__init__.py": "",
         "tessera_passes/alpha.py": "from tessera_compiler.ir import types\n",
         "tessera_passes/beta.py": "from . import alpha\n",                       # pass -> pass
+        "tessera_runtime/__init__.py": "",
+        "tessera_runtime/env.py": "",
+        "tessera_runtime/routines.py": "from . import env\n",         # the table imports
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     fake = _modules({"tessera_compiler": tmp_path / "tessera_compiler",
-                     "tessera_passes": tmp_path / "tessera_passes"})
+                     "tessera_passes": tmp_path / "tessera_passes",
+                     "tessera_runtime": tmp_path / "tessera_runtime"})
     assert [v.split(": ", 1)[1] for v in layering_violations(fake)] == [
-        "tessera_compiler.ir.types (ir) imports tessera_passes.alpha (tessera_passes)"]
+        "tessera_compiler.ir.types (ir) imports tessera_passes.alpha (tessera_passes)",
+        "tessera_runtime.routines (routines) imports tessera_runtime.env (env)"]
     assert [v.split(": ", 1)[1] for v in pass_imports(
         fake, {"tessera_passes.alpha", "tessera_passes.beta"})] == [
         "tessera_passes.beta imports the pass tessera_passes.alpha"]

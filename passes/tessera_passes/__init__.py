@@ -92,7 +92,7 @@ _PASSES = [
              "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; NVSHMEM all_gathers fused into their matmul's kernel",
              ("target", "nvshmem_auto_max_bytes")),
     PassInfo("tessera-verify-schedule", "verify_schedule",
-             "Run every rank's schedule symbolically: each send pairs with its recv in order, collectives are issued in one order on every rank of their axis, F precedes B precedes W, nothing deadlocks"),
+             "Run every rank's schedule symbolically: each send pairs with its recv in order, collectives are issued in one order on every rank of their axis, F precedes B precedes W, nothing deadlocks; check each library declaration against its routine's declaration (name, attributes, buffers, result rule)"),
     PassInfo("tessera-lower-to-tile", "lower_to_tile",
              "Lower tsched kernels to ttile kernels: fuse elementwise and row-reduction launches, tile them; flash-attention kernels for attention; NVSHMEM gathered GEMMs; library calls for matmul (CPU) and data movement",
              ("target", "target_blocks", "grouped_tile_order", "gemm_configs", "wgmma", "tma",

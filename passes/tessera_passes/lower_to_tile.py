@@ -9,7 +9,9 @@ one tgraph op each. This pass decides how each runs:
    launch that writes no buffer) become body-less declarations marked
    `tsched.library = "<routine>"` with the op's attributes in
    `tsched.library_attrs`; the runtime engine implements them (BLAS through
-   numpy on the CPU).
+   numpy on the CPU). Which op becomes which routine, and which of its
+   attributes the declaration keeps, is the routines' one table
+   (`tessera_runtime/routines.py`).
 2. Loop fusion. Every maximal run of consecutive launches of tileable kernels
    (elementwise ops, comparisons, selects, casts, fills, iotas, broadcasts
    and reductions over the last dimension) over compatible shapes becomes ONE
@@ -67,6 +69,7 @@ from tessera_mlir import ir
 from tessera_mlir.dialects import func, scf, tsched, ttile
 
 from tessera_compiler.ir import graph_builder as gb, ops
+from tessera_compiler.ir.routines import ROUTINES
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import action_rank, copy_action
 from tessera_compiler.ir.sharding import meshes_of
@@ -83,16 +86,9 @@ from .tile.gathered_gemm import GatheredGemm
 from .tile.gemm import gemm_config, gemm_offsets, gemm_tile
 from .tile.scattered_gemm import ScatteredGemm
 
-LIBRARY = {"tgraph.reshape": "reshape", "tgraph.transpose": "transpose", "tgraph.slice": "slice",
-           "tgraph.pad": "pad", "tgraph.concat": "concat", "tgraph.gather": "gather",
-           "tgraph.scatter_add": "scatter_add", "tgraph.axis_slice": "axis_slice",
-           "tgraph.topk": "topk", "tgraph.moe_dispatch": "moe_dispatch",
-           "tgraph.moe_collect": "moe_collect", "tgraph.grouped_matmul": "grouped_matmul",
-           "tgraph.grouped_outer": "grouped_outer", "tgraph.check_range": "check_range"}
-# `axis` and `row_axes` name mesh axes: the runtime turns them into this
-# rank's block index (e.g. which rows of a vocab-parallel table it holds).
-LIBRARY_ATTRS = ("perm", "offsets", "dim", "axis", "row_axes", "k", "num_experts", "capacity",
-                 "blocks", "transpose_rhs", "low", "high", "allowed", "message")
+#: Graph IR op -> the library routine it becomes on every target (the
+#: routines' one table, tessera_runtime.routines; matmul only on the CPU).
+LIBRARY = {r.graph_op: r.name for r in ROUTINES.values() if r.graph_op and not r.cpu_only}
 
 
 def tile_elementwise(op: ir.Operation, result_type: ir.Type, xs: list[ir.Value]) -> ir.Value:
@@ -123,14 +119,14 @@ def _library_routine(kernel: ir.Operation, cpu_target: bool) -> str | None:
     body = kernel_body(kernel)
     if len(body) != 1:
         return None
-    if body[0].name == "tgraph.matmul":
-        return "matmul" if cpu_target else None
-    return LIBRARY.get(body[0].name)
+    routine = next((r for r in ROUTINES.values() if r.graph_op == body[0].name), None)
+    return routine.name if routine and (cpu_target or not routine.cpu_only) else None
 
 
 def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -> ir.Operation:
     """Replaces a one-op tensor kernel by a declaration on buffers that names
-    the runtime routine implementing it and the op's attributes."""
+    the runtime routine implementing it and the op's attributes its
+    declaration names (the op's others, a mesh symbol, stay behind)."""
     name = ir.StringAttr(kernel.attributes["sym_name"]).value
     ftype = function_type(kernel)
     op = kernel_body(kernel)[0]
@@ -139,7 +135,7 @@ def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -
         decl = func.FuncOp(name, (arg_types, []), visibility="private")
         decl.attributes["tsched.library"] = ir.StringAttr.get(routine)
         decl.attributes["tsched.library_attrs"] = ir.DictAttr.get(
-            {a: op.attributes[a] for a in LIBRARY_ATTRS if a in op.attributes})
+            {a: op.attributes[a] for a in ROUTINES[routine].attributes if a in op.attributes})
     decl.operation.move_before(kernel)
     return decl.operation
 

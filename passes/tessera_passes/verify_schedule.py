@@ -20,12 +20,21 @@ blocking rules of the runtime:
 A mismatch, an unpaired send or recv, or a state where no rank can move
 (a deadlock) is an error at the op concerned, naming the ranks and where
 each one waits: found here, before anything runs, instead of as a hang.
+
+Library declarations (`func.func` with `tsched.library`, from
+tessera-lower-to-tile on) are checked against their routine's declaration
+in `tessera_runtime/routines.py`: a known routine, only its attributes,
+each required one present and of its type, its number of buffers, and the
+result buffers its result rule gives. The pipeline runs this pass again
+after the tile passes, so that no bundle names a routine the runtime does
+not declare.
 """
 
 from __future__ import annotations
 
 from tessera_mlir import ir
 
+from tessera_compiler.ir.routines import declaration, declarations
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.pipeline import ACTION, action_rank
 from tessera_compiler.ir.sharding import meshes_of
@@ -218,4 +227,6 @@ def run(op, pass_, options: TargetOptions):
                     raise PassError(f"'tsched.action' names axis '{axis}', which no mesh has",
                                     first.location)
                 verify_axis(f, axis, mesh.axis_size(axis))
+        for decl in declarations(op):
+            declaration(decl)
     run_reporting(op, pass_, body)

@@ -16,6 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import routines
 from .mesh import MeshError, MeshInfo
 
 FORMAT = "tessera-bundle"
@@ -292,6 +293,14 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
     if op == "launch" and "library" in raw:
         fields["library"] = r.get(raw, "library", where, str)
         fields["attrs"] = r.get(raw, "attrs", where, dict, default={})
+        # The routine's declaration (routines.py): its name, attributes and
+        # number of buffers, checked here rather than at its first launch.
+        try:
+            declared = routines.routine(fields["library"])
+            declared.check_attributes(fields["attrs"])
+            declared.split(fields["args"])
+        except routines.ContractError as e:
+            raise r.fail(f"{where}.library", str(e)) from None
     return Instr(index=i, op=op, fields=fields)
 
 

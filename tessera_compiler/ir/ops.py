@@ -6,6 +6,7 @@ Tile IR, with every fact the compiler needs about it:
     autodiff        `vjp`: the vector-Jacobian product, in Graph IR
     tile lowering   `tgraph.<name>` becomes `ttile.<name>`
     emitters        `c`: the element's C/CUDA expression
+    cost model      `cost`: its op class (`op_class`: transcendental or compute)
     tests           `numpy`: the float64 reference; `domain` of test inputs
 
 Adding an elementwise op: its ODS definition in TGraph.td and TTile.td (with
@@ -54,6 +55,9 @@ class Elementwise:
     #: "nonzero" (div: a divisor near 0 puts a pole within finite
     #: differences' step, e.g. d/db = -8e5 at b ~ 1e-3).
     domain: str = "real"
+    #: Its op class for the cost model (`op_class`): "transcendental" (a libm
+    #: call or a polynomial per element: exp, log, division, ...) or "compute".
+    cost: str = "compute"
 
 
 def _select_vjp(x, out, g, op):
@@ -160,7 +164,8 @@ _TABLE = [
                 lambda x, out, g, op: [gb.binary("mul", g, x[1]), gb.binary("mul", g, x[0])],
                 linear="one"),
     Elementwise("div", 2, "a / b", lambda em, op, ct, a, b: f"{a} / {b}",
-                lambda a, b, op: a / b, _div_vjp, linear="first", domain="nonzero"),
+                lambda a, b, op: a / b, _div_vjp, linear="first", domain="nonzero",
+                cost="transcendental"),
     Elementwise("max", 2, "the larger of a and b",
                 lambda em, op, ct, a, b: f"({a} > {b} || {a} != {a} ? {a} : {b})",  # NaN wins
                 lambda a, b, op: np.maximum(a, b), _max_vjp),
@@ -169,20 +174,24 @@ _TABLE = [
     Elementwise("relu", 1, "max(x, 0)", lambda em, op, ct, a: f"({a} < 0 ? 0 : {a})",  # NaN stays
                 lambda a, op: np.maximum(a, 0), _relu_vjp),
     Elementwise("exp", 1, "e^x", lambda em, op, ct, a: em.fast(ct, "exp", a),
-                lambda a, op: np.exp(a), lambda x, out, g, op: [gb.binary("mul", g, out)]),
+                lambda a, op: np.exp(a), lambda x, out, g, op: [gb.binary("mul", g, out)],
+                cost="transcendental"),
     Elementwise("exp2", 1, "2^x", lambda em, op, ct, a: em.fast(ct, "exp2", a),
-                lambda a, op: np.exp2(a), None, graph=False),
+                lambda a, op: np.exp2(a), None, graph=False, cost="transcendental"),
     Elementwise("log", 1, "natural logarithm", lambda em, op, ct, a: em.math("log", a),
                 lambda a, op: np.log(a), lambda x, out, g, op: [gb.binary("div", g, x[0])],
-                domain="positive"),
+                domain="positive", cost="transcendental"),
     Elementwise("tanh", 1, "hyperbolic tangent", lambda em, op, ct, a: em.fast(ct, "tanh", a),
-                lambda a, op: np.tanh(a), _tanh_vjp),
-    Elementwise("gelu", 1, "GELU (tanh approximation)", _gelu_c, _gelu_numpy, _gelu_vjp),
+                lambda a, op: np.tanh(a), _tanh_vjp, cost="transcendental"),
+    Elementwise("gelu", 1, "GELU (tanh approximation)", _gelu_c, _gelu_numpy, _gelu_vjp,
+                 cost="transcendental"),
     Elementwise("sqrt", 1, "square root", lambda em, op, ct, a: em.math("sqrt", a),
-                lambda a, op: np.sqrt(a), _sqrt_vjp, domain="positive"),
+                lambda a, op: np.sqrt(a), _sqrt_vjp, domain="positive",
+                cost="transcendental"),
     Elementwise("rsqrt", 1, "1 / sqrt(x)",
                 lambda em, op, ct, a: f"({ct})1 / {em.math('sqrt', a)}",
-                lambda a, op: 1 / np.sqrt(a), _rsqrt_vjp, domain="positive"),
+                lambda a, op: 1 / np.sqrt(a), _rsqrt_vjp, domain="positive",
+                cost="transcendental"),
     Elementwise("compare", 2, "a <kind> b (an i1 tensor)", _compare_c, _compare_numpy,
                 None),
     Elementwise("select", 3, "cond ? a : b", lambda em, op, ct, c, a, b: f"({c} ? {a} : {b})",
@@ -204,6 +213,22 @@ TILEABLE = frozenset(GRAPH_ELEMENTWISE) | {"tgraph.fill", "tgraph.iota", "tgraph
                                           "tgraph.reduce"}
 #: All of them as Tile IR ops (`ttile.add`).
 TILE_ELEMENTWISE: dict[str, Elementwise] = {f"ttile.{e.name}": e for e in _TABLE}
+
+
+#: Tile IR ops that move data and compute nothing (the cost model counts
+#: their bytes as the kernel's, not their elements as work).
+TILE_MOVES = frozenset({"ttile.load", "ttile.store", "ttile.return", "ttile.program_id",
+                        "ttile.barrier", "ttile.fill", "ttile.iota"})
+
+
+def op_class(name: str) -> str:
+    """The cost model's class of Tile IR op `name`: "move" (TILE_MOVES),
+    "transcendental" (an elementwise op whose `cost` says so) or "compute"
+    (every other: arithmetic, reductions, dots)."""
+    if name in TILE_MOVES:
+        return "move"
+    e = TILE_ELEMENTWISE.get(name)
+    return e.cost if e is not None else "compute"
 
 
 def of(op: ir.Operation) -> Elementwise | None:

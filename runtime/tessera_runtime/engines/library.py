@@ -4,7 +4,9 @@ library). Written against the numpy array API, so the same code runs on
 numpy (CPU engine) and, later, cupy (GPU engine).
 
 Each routine takes the launch's buffers (inputs, then the one output) and
-the op's attributes, and writes the output in place.
+the op's attributes, and writes the output in place. What each routine
+takes and gives is declared in `tessera_runtime/routines.py`; ROUTINES
+below registers against those names.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
+from .. import routines
 
 
 class LibraryError(RuntimeError):
@@ -80,15 +84,10 @@ def concat(xp, attrs, *args):
     xp.concatenate(inputs, axis=attrs["dim"], out=out)
 
 
-#: how errors name the embedding routines
-ROW_ROUTINES = {"gather": "gather (embedding lookup)",
-                "scatter_add": "scatter_add (embedding gradient)"}
-
-
 def index_out_of_range(routine: str, index: int, rows: int) -> LibraryError:
     """The error of embedding routine `routine` given id `index` for a table
     of `rows` rows (the CPU engine's C versions raise it too)."""
-    return LibraryError(f"{ROW_ROUTINES[routine]}: index {index} is out of range for a table "
+    return LibraryError(f"{routines.ROUTINES[routine].what}: index {index} is out of range for a table "
                         f"of {rows} rows")
 
 
@@ -164,7 +163,7 @@ def _add_rows(xp, out, ids, updates) -> None:
 # collectives in flight.
 
 #: the routines that check values (they return a flag instead of writing)
-CHECKS = ("check_range",)
+CHECKS = routines.CHECKS
 
 #: What a failed check raises: ValueCheckError, or a subclass of it that a
 #: frontend registers (`raise_checks_as`) so that its users catch it with
@@ -387,8 +386,11 @@ def axis_slice(xp, attrs, a, out):
     out[...] = a[tuple(box)]
 
 
-ROUTINES = {"matmul": matmul, "reshape": reshape, "transpose": transpose, "slice": slice_,
-            "pad": pad, "concat": concat, "gather": gather, "scatter_add": scatter_add,
-            "axis_slice": axis_slice, "topk": topk, "moe_dispatch": moe_dispatch,
-            "moe_collect": moe_collect, "grouped_matmul": grouped_matmul,
-            "grouped_outer": grouped_outer, "check_range": check_range}
+#: The implementations, by declared name (routines.ROUTINES); an engine
+#: claiming a routine runs these (on numpy or cupy) or its own by address.
+ROUTINES = routines.implementations({
+    "matmul": matmul, "reshape": reshape, "transpose": transpose, "slice": slice_, "pad": pad,
+    "concat": concat, "gather": gather, "scatter_add": scatter_add, "axis_slice": axis_slice,
+    "topk": topk, "moe_dispatch": moe_dispatch, "moe_collect": moe_collect,
+    "grouped_matmul": grouped_matmul, "grouped_outer": grouped_outer,
+    "check_range": check_range})
