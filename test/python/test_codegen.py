@@ -98,7 +98,7 @@ def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, mon
     names = [name, name + "_again"]
     units = build._translation_units(src, 2)
     shared, once = src.split(build.KERNEL_HEADER)[0].split(build.PREAMBLE_END)
-    assert "tessera_gemm_f32" in once and "tessera_gemm_f32" not in shared
+    assert build.CPU_RUNTIME in once and build.CPU_RUNTIME not in shared
     assert len(units) == 2 and all(u.startswith(shared) and once.strip() not in u for u in units)
     lib = build.build_cpu_library(src)
     assert len(list(tmp_path.rglob("*.o"))) == 3                # two units, the runtime part
@@ -280,7 +280,8 @@ _INSTANCES = {"tessera_cp_async_wait": "<0>", "tessera_wgmma_wait": "<1>",
 
 def _functions(text: str) -> set[str]:
     """The tessera_* functions `text` declares or defines."""
-    return set(re.findall(r"^(?:template <[^>]*> )?(?:__device__ )?(?:__forceinline__ |inline )?"
+    return set(re.findall(r"^(?:template <[^>]*> )?(?:__device__ |TESSERA_FN )?"
+                          r"(?:__forceinline__ |inline )?"
                           r"\w+ (tessera_\w+)\(", text, re.M)
                + re.findall(r"^TESSERA_MMA\((tessera_\w+),", text, re.M))
 
