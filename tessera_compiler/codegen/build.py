@@ -128,7 +128,6 @@ CPU_INCLUDE_DIR = Path(__file__).resolve().parent / "cpu"
 CPU_HEADER, CPU_RUNTIME = "tessera_cpu.h", "tessera_cpu_runtime.cpp"
 
 
-@lru_cache(maxsize=None)
 def cpu_include_digest() -> str:
     """The hash of every file in CPU_INCLUDE_DIR (names and contents): part of
     each CPU build's cache key, so an edited header never reuses an object

@@ -77,6 +77,24 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
     assert build_cpu_library(src + "\n// changed\n") != first
 
 
+def test_an_edited_cpu_header_builds_anew(tmp_path, monkeypatch):
+    """An emitted CPU source names its headers (codegen/cpu/, found with -I)
+    without their text: the cache key holds the headers' contents, so an
+    edited header compiles anew instead of reusing an object of the old."""
+    import shutil
+    from tessera_compiler.codegen import build
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
+    headers = tmp_path / "cpu"
+    shutil.copytree(build.CPU_INCLUDE_DIR, headers)
+    monkeypatch.setattr(build, "CPU_INCLUDE_DIR", headers)
+    src = f'#include "{build.CPU_HEADER}"\nextern "C" float f(float x) {{ return tessera_exp(x); }}\n'
+    first = build.build_cpu_library(src)
+    assert build.build_cpu_library(src) == first
+    numerics = headers / "tessera_numerics.h"
+    numerics.write_text(numerics.read_text() + "// edited\n")
+    assert build.build_cpu_library(src) != first
+
+
 def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, monkeypatch):
     """build_cpu_library splits a source's kernels into one translation unit
     per build job (each the shared preamble and a share of the kernels),

@@ -48,7 +48,6 @@ import hashlib
 import os
 import subprocess
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 
@@ -65,7 +64,6 @@ EMULATOR_DIR = Path(__file__).resolve().parent / "emulator"
 EMULATOR_CORE, EMULATOR_API = "tessera_emulator.cpp", "tessera_emulator_api.h"
 
 
-@lru_cache(maxsize=None)
 def _emulator_digest() -> str:
     """The hash of every file in EMULATOR_DIR (names and contents): part of
     each emulated build's cache key, as the sources name the headers only."""

@@ -28,8 +28,10 @@ static inline float tessera_exp(float x) {
   float n = __builtin_rintf(c * 1.44269504088896341f);
   float r = __builtin_fmaf(n, 2.12194440e-4f, __builtin_fmaf(n, -0.693359375f, c));
   float p = 1.9875691500e-4f;
-  p = __builtin_fmaf(p, r, 1.3981999507e-3f); p = __builtin_fmaf(p, r, 8.3334519073e-3f);
-  p = __builtin_fmaf(p, r, 4.1665795894e-2f); p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
   p = __builtin_fmaf(p, r, 5.0000001201e-1f);
   p = __builtin_fmaf(p, r * r, r + 1.0f);
   int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
@@ -60,8 +62,8 @@ static inline float tessera_tanh(float x) {
 // the whole k loop; every element still sums k = 0..K-1 in order.
 typedef float tessera_v8 __attribute__((vector_size(32), aligned(4), may_alias));
 template <int MR, int NR>
-static inline void tessera_dot_block(const float* a, const float* b, float* r,
-                                     int64_t K, int64_t N) {
+static inline void tessera_dot_block(const float* a, const float* b, float* r, int64_t K,
+                                     int64_t N) {
   tessera_v8 c[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -85,8 +87,8 @@ static inline void tessera_dot_block(const float* a, const float* b, float* r,
     for (int q = 0; q < NR; ++q) *(tessera_v8*)&r[i * N + 8 * q] = c[i][q];
 }
 template <int MR>
-static inline void tessera_dot_rows(const float* a, const float* b, float* r,
-                                    int64_t K, int64_t N) {
+static inline void tessera_dot_rows(const float* a, const float* b, float* r, int64_t K,
+                                    int64_t N) {
   int64_t j = 0;
   for (; j + 16 <= N; j += 16) tessera_dot_block<MR, 2>(a, b + j, r + j, K, N);
   for (; j + 8 <= N; j += 8) tessera_dot_block<MR, 1>(a, b + j, r + j, K, N);
@@ -94,14 +96,20 @@ static inline void tessera_dot_rows(const float* a, const float* b, float* r,
     for (int i = 0; i < MR; ++i)
       for (int64_t k = 0; k < K; ++k) r[i * N + j] += a[i * K + k] * b[k * N + j];
 }
-static inline void tessera_dot(const float* a, const float* b, float* r,
-                               int64_t M, int64_t K, int64_t N) {
+static inline void tessera_dot(const float* a, const float* b, float* r, int64_t M, int64_t K,
+                               int64_t N) {
   int64_t i = 0;
   for (; i + 4 <= M; i += 4) tessera_dot_rows<4>(a + i * K, b, r + i * N, K, N);
   switch (M - i) {
-    case 3: tessera_dot_rows<3>(a + i * K, b, r + i * N, K, N); break;
-    case 2: tessera_dot_rows<2>(a + i * K, b, r + i * N, K, N); break;
-    case 1: tessera_dot_rows<1>(a + i * K, b, r + i * N, K, N); break;
+    case 3:
+      tessera_dot_rows<3>(a + i * K, b, r + i * N, K, N);
+      break;
+    case 2:
+      tessera_dot_rows<2>(a + i * K, b, r + i * N, K, N);
+      break;
+    case 1:
+      tessera_dot_rows<1>(a + i * K, b, r + i * N, K, N);
+      break;
   }
 }
 

@@ -31,8 +31,7 @@ static inline void tessera_thread_slice(int64_t grid, int64_t* begin, int64_t* e
 }
 // pids [0, grid) of a kernel (its NAME__slice) in slices over the team.
 typedef void (*tessera_slice_fn)(void**, int64_t, int64_t);
-extern "C" void tessera_parallel(tessera_slice_fn slice, void** args, int64_t grid,
-                                 int threads) {
+extern "C" void tessera_parallel(tessera_slice_fn slice, void** args, int64_t grid, int threads) {
 #pragma omp parallel num_threads(tessera_team_size(threads))
   {
     int64_t begin, end;
@@ -67,13 +66,13 @@ extern "C" void tessera_use_sgemm(void* sgemm, void* set_threads) {
 // a block is not whole programs, the team runs them all after a barrier.
 static void tessera_gemm_blocks(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                 const float* a, const float* b, float* c, int64_t pieces,
-                                int threads, bool by_rows, tessera_slice_fn epilogue,
-                                void** args, int64_t rows) {
+                                int threads, bool by_rows, tessera_slice_fn epilogue, void** args,
+                                int64_t rows) {
   const int64_t extent = by_rows ? M : N;
   const int64_t piece = ((extent + pieces - 1) / pieces + 15) / 16 * 16;
   const int64_t count = (extent + piece - 1) / piece;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
-  const int ta = trans_a ? 112 : 111, tb = trans_b ? 112 : 111;   // CblasTrans, CblasNoTrans
+  const int ta = trans_a ? 112 : 111, tb = trans_b ? 112 : 111;  // CblasTrans, CblasNoTrans
   const bool per_block = epilogue && piece % rows == 0;
   // openblas_set_num_threads_local sets OpenBLAS's one (process-wide)
   // thread count and returns the previous: set here, before the team
@@ -86,11 +85,11 @@ static void tessera_gemm_blocks(int trans_a, int trans_b, int64_t M, int64_t N, 
     for (int64_t p = first; p < last; ++p) {
       const int64_t lo = p * piece, n = extent - lo < piece ? extent - lo : piece;
       if (by_rows)
-        tessera_sgemm(101, ta, tb, n, N, K, 1.0f, a + (trans_a ? lo : lo * K), lda, b, ldb,
-                      0.0f, c + lo * N, N);
+        tessera_sgemm(101, ta, tb, n, N, K, 1.0f, a + (trans_a ? lo : lo * K), lda, b, ldb, 0.0f,
+                      c + lo * N, N);
       else
-        tessera_sgemm(101, ta, tb, M, n, K, 1.0f, a, lda, b + (trans_b ? lo * K : lo), ldb,
-                      0.0f, c + lo, N);
+        tessera_sgemm(101, ta, tb, M, n, K, 1.0f, a, lda, b + (trans_b ? lo * K : lo), ldb, 0.0f,
+                      c + lo, N);
       if (per_block) epilogue(args, lo / rows, (lo + n) / rows);
     }
     if (epilogue && !per_block) {
@@ -115,8 +114,8 @@ extern "C" void tessera_gemm_f32_then(int trans_a, int trans_b, int64_t M, int64
                                       const float* a, const float* b, float* c, int64_t pieces,
                                       int threads, tessera_slice_fn epilogue, void** args,
                                       int64_t rows) {
-  tessera_gemm_blocks(trans_a, trans_b, M, N, K, a, b, c, pieces, threads, true, epilogue,
-                      args, rows);
+  tessera_gemm_blocks(trans_a, trans_b, M, N, K, a, b, c, pieces, threads, true, epilogue, args,
+                      rows);
 }
 // Embedding rows on a table's block (a vocab-parallel rank's: global rows
 // [first, first + rows) of `total`), float32 rows of `width`, int32 ids,
@@ -128,8 +127,8 @@ extern "C" void tessera_gemm_f32_then(int trans_a, int trans_b, int64_t M, int64
 // out[i] = table[ids[i] - first]; -0.0 where another rank holds the row
 // (x + -0.0 == x for every x, so the sum over the ranks is exactly the row).
 extern "C" int64_t tessera_gather_rows_f32(const float* table, const int32_t* ids, int64_t n,
-                                           int64_t width, int64_t first, int64_t total,
-                                           float* out, int64_t rows) {
+                                           int64_t width, int64_t first, int64_t total, float* out,
+                                           int64_t rows) {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= total) return i;
   for (int64_t i = 0; i < n; ++i) {
@@ -147,9 +146,9 @@ extern "C" int64_t tessera_gather_rows_f32(const float* table, const int32_t* id
 // id names, summed as the host's stable sort and np.add.reduceat sum a run:
 // the first update plus the in-order sum of the others (the same bits for
 // every split of the table).
-extern "C" int64_t tessera_scatter_add_rows_f32(const float* updates, const int32_t* ids,
-                                                int64_t n, int64_t width, int64_t first,
-                                                int64_t total, float* out, int64_t rows) {
+extern "C" int64_t tessera_scatter_add_rows_f32(const float* updates, const int32_t* ids, int64_t n,
+                                                int64_t width, int64_t first, int64_t total,
+                                                float* out, int64_t rows) {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= total) return i;
   std::memset(out, 0, rows * width * sizeof(float));
@@ -188,12 +187,12 @@ extern "C" int64_t tessera_scatter_add_rows_f32(const float* updates, const int3
 // C: numpy copies a transposed view on one thread, and a w512 step's 32 head
 // transposes (4 MiB each) took 17 ms.
 static void tessera_copy_rows(const char* src, char* dst, int64_t rank, const int64_t* extent,
-                              const int64_t* src_strides, const int64_t* dst_strides,
-                              int64_t item, int64_t first, int64_t last) {
+                              const int64_t* src_strides, const int64_t* dst_strides, int64_t item,
+                              int64_t first, int64_t last) {
   const int64_t inner = extent[rank - 1], s_in = src_strides[rank - 1],
                 d_in = dst_strides[rank - 1];
   int64_t index[8] = {0};
-  for (int64_t d = rank - 2, r = first; d >= 0; --d) {      // the first row's index
+  for (int64_t d = rank - 2, r = first; d >= 0; --d) {  // the first row's index
     index[d] = r % extent[d];
     r /= extent[d];
     src += index[d] * src_strides[d];
@@ -202,11 +201,11 @@ static void tessera_copy_rows(const char* src, char* dst, int64_t rank, const in
   for (int64_t r = first; r < last; ++r) {
     if (s_in == item && d_in == item)
       std::memcpy(dst, src, inner * item);
-    else if (item == 4)                                       // a constant size: one move
+    else if (item == 4)  // a constant size: one move
       for (int64_t j = 0; j < inner; ++j) std::memcpy(dst + j * d_in, src + j * s_in, 4);
     else
       for (int64_t j = 0; j < inner; ++j) std::memcpy(dst + j * d_in, src + j * s_in, item);
-    for (int64_t d = rank - 2; d >= 0; --d) {               // the next row
+    for (int64_t d = rank - 2; d >= 0; --d) {  // the next row
       src += src_strides[d];
       dst += dst_strides[d];
       if (++index[d] < extent[d]) break;
@@ -221,7 +220,7 @@ extern "C" void tessera_copy_box(const char* src, char* dst, int64_t rank, const
                                  int64_t item, char* zero_from, int64_t zero, int threads) {
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < rank; ++d) rows *= extent[d];
-  if (tessera_team_size(threads) <= 1) {      // no team to start for a small copy
+  if (tessera_team_size(threads) <= 1) {  // no team to start for a small copy
     if (zero) std::memset(zero_from, 0, zero);
     tessera_copy_rows(src, dst, rank, extent, src_strides, dst_strides, item, 0, rows);
     return;
@@ -255,19 +254,18 @@ static int64_t tessera_first_outside(const T* x, int64_t n, int64_t low, int64_t
   for (; start + 4096 <= n; start += 4096) {
     const T* b = x + start;
     U bad = 0;
-    for (int64_t i = 0; i < 4096; ++i)
-      bad |= (U)((U)((U)b[i] - lo) >= span) & (U)(b[i] != other);
+    for (int64_t i = 0; i < 4096; ++i) bad |= (U)((U)((U)b[i] - lo) >= span) & (U)(b[i] != other);
     if (bad) break;
   }
   for (int64_t i = start; i < n; ++i)
     if ((U)((U)x[i] - lo) >= span && x[i] != other) return i;
   return -1;
 }
-extern "C" int64_t tessera_check_range_i32(const int32_t* x, int64_t n, int64_t low,
-                                           int64_t high, int64_t allowed) {
+extern "C" int64_t tessera_check_range_i32(const int32_t* x, int64_t n, int64_t low, int64_t high,
+                                           int64_t allowed) {
   return tessera_first_outside<int32_t, uint32_t>(x, n, low, high, allowed);
 }
-extern "C" int64_t tessera_check_range_i64(const int64_t* x, int64_t n, int64_t low,
-                                           int64_t high, int64_t allowed) {
+extern "C" int64_t tessera_check_range_i64(const int64_t* x, int64_t n, int64_t low, int64_t high,
+                                           int64_t allowed) {
   return tessera_first_outside<int64_t, uint64_t>(x, n, low, high, allowed);
 }

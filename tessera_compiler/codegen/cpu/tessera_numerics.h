@@ -13,10 +13,14 @@
 // bfloat16 <-> float by bit manipulation (round to nearest even), so the
 // generated code needs no compiler support for a bf16 type.
 TESSERA_FN inline float bf16_to_float(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4); return f;
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
 }
 TESSERA_FN inline uint16_t float_to_bf16(float f) {
-  uint32_t bits; memcpy(&bits, &f, 4);
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);  // nan
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return (uint16_t)(bits >> 16);
@@ -33,7 +37,7 @@ TESSERA_FN inline float f8e4m3_to_float(uint8_t h) {
     const uint32_t nan_bits = 0x7fc00000u;
     memcpy(&v, &nan_bits, 4);
   } else if (e == 0u) {
-    v = (float)m * 0.001953125f;                       // m * 2^-9
+    v = (float)m * 0.001953125f;  // m * 2^-9
   } else {
     const uint32_t bits = ((e + 120u) << 23) | (m << 20);
     memcpy(&v, &bits, 4);
@@ -41,16 +45,18 @@ TESSERA_FN inline float f8e4m3_to_float(uint8_t h) {
   return (h & 0x80u) ? -v : v;
 }
 TESSERA_FN inline uint8_t float_to_f8e4m3(float f) {
-  uint32_t bits; memcpy(&bits, &f, 4);
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
   const uint8_t sign = (uint8_t)((bits >> 24) & 0x80u);
   const uint32_t mag = bits & 0x7fffffffu;
-  if (mag >= 0x7f800000u) return sign | 0x7fu;          // nan, inf
-  if (mag < 0x3c800000u) {                              // below 2^-6: subnormal
+  if (mag >= 0x7f800000u) return sign | 0x7fu;  // nan, inf
+  if (mag < 0x3c800000u) {                      // below 2^-6: subnormal
     // a * 2^9 (exact) to the nearest integer, ties to even: adding 2^23
     // leaves no fraction bits (no libm call: NVRTC has no host builtins).
-    float a; memcpy(&a, &mag, 4);
+    float a;
+    memcpy(&a, &mag, 4);
     const float q = (a * 512.0f + 8388608.0f) - 8388608.0f;
-    return sign | (uint8_t)q;                            // 8 is 2^-6, a normal
+    return sign | (uint8_t)q;  // 8 is 2^-6, a normal
   }
   const uint32_t r = mag + 0x7ffffu + ((mag >> 20) & 1u);  // to 3 mantissa bits, even
   const uint32_t e = (r >> 23) - 120u, m = (r >> 20) & 7u;
@@ -62,8 +68,8 @@ TESSERA_FN inline float f8e4m3_round(float f) { return f8e4m3_to_float(float_to_
 // A kernel with `row_segments`: whether the `tile_rows` rows from `first` lie
 // past the segments of their block (`per_block` sizes at block `first /
 // height`); a band reaching into the next block runs.
-TESSERA_FN inline bool tessera_past_segments(const int32_t* sizes, int64_t per_block, int64_t height,
-                                      int64_t first, int64_t tile_rows) {
+TESSERA_FN inline bool tessera_past_segments(const int32_t* sizes, int64_t per_block,
+                                             int64_t height, int64_t first, int64_t tile_rows) {
   const int64_t block = first / height;
   if ((first + tile_rows - 1) / height != block) return false;
   int64_t used = 0;

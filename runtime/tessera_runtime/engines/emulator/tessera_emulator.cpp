@@ -5,6 +5,8 @@
 // cuda_emulator.py's docstring.
 #include "tessera_emulator.h"
 
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,8 +17,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-#include <sys/mman.h>
-#include <ucontext.h>
 
 dim3 blockIdx, blockDim, gridDim;
 dim3* tessera_thread_index;
@@ -31,7 +31,10 @@ extern "C" void tessera_emulator_wait(double seconds) { tessera_wait_s = seconds
 template <typename Op> struct AsyncGroups {
   std::deque<std::vector<Op>> committed;
   std::vector<Op> open;
-  void commit() { committed.push_back(std::move(open)); open.clear(); }
+  void commit() {
+    committed.push_back(std::move(open));
+    open.clear();
+  }
   template <typename Run> void wait(size_t n, Run run) {
     while (committed.size() > n) {
       for (Op& op : committed.front()) run(op);
@@ -39,11 +42,19 @@ template <typename Op> struct AsyncGroups {
     }
   }
 };
-struct CpAsync { void* dst; const void* src; };
+struct CpAsync {
+  void* dst;
+  const void* src;
+};
 // A wgmma in flight (see issue_wgmma).
 struct Wgmma {
-  float* d; uint64_t a, b; int n; bool bf16, mn_major_b;
-  const uint32_t* a_regs; uint32_t a_issued[4]; float a_rows[2][16];
+  float* d;
+  uint64_t a, b;
+  int n;
+  bool bf16, mn_major_b;
+  const uint32_t* a_regs;
+  uint32_t a_issued[4];
+  float a_rows[2][16];
 };
 
 // Every CUDA thread of a block is a fiber (a ucontext with its own stack)
@@ -59,9 +70,9 @@ struct CudaThread {
   bool done = false;
   AsyncGroups<CpAsync> cp_async;
   AsyncGroups<Wgmma> wgmma_async;
-  std::vector<uint32_t> unfenced;     // shared-memory chunks it has to fence (see below)
+  std::vector<uint32_t> unfenced;  // shared-memory chunks it has to fence (see below)
 };
-static CudaThread* tessera_me;        // the fiber running now
+static CudaThread* tessera_me;  // the fiber running now
 static ucontext_t tessera_scheduler;
 // Set by whatever lets a waiting fiber go on (an arrival, a completed
 // wait, a fiber's end); a round of the block's fibers without it only
@@ -88,18 +99,29 @@ struct FiberBarrier {
   unsigned expected = 0, arrived = 0;
   uint64_t generation = 0;
   void complete_if_full() {
-    if (arrived && arrived >= expected) { arrived = 0; ++generation; }
+    if (arrived && arrived >= expected) {
+      arrived = 0;
+      ++generation;
+    }
   }
-  void drop() { --expected; complete_if_full(); tessera_progress = true; }
+  void drop() {
+    --expected;
+    complete_if_full();
+    tessera_progress = true;
+  }
   void arrive_and_wait(const char* what) {
     const uint64_t phase = generation;
     ++arrived;
     complete_if_full();
     tessera_progress = true;
-    tessera_wait_until([&] { return generation != phase; }, [&] {
-      std::fprintf(stderr, "%s emulation: thread %u of block %u waited %.0f s (%u of %u "
-                   "arrivals)\n", what, threadIdx.x, blockIdx.x, tessera_wait_s, arrived, expected);
-    });
+    tessera_wait_until([&] { return generation != phase; },
+                       [&] {
+                         std::fprintf(stderr,
+                                      "%s emulation: thread %u of block %u waited %.0f s (%u of %u "
+                                      "arrivals)\n",
+                                      what, threadIdx.x, blockIdx.x, tessera_wait_s, arrived,
+                                      expected);
+                       });
   }
 };
 
@@ -119,12 +141,15 @@ void tessera_emu_syncwarp() { tessera_me->warp->bar.arrive_and_wait("__syncwarp"
 // waits for that, bar.arrive only arrives. A wait nobody completes (within
 // tessera_wait_s), or arrivals still pending when the block ends, stop the process with a
 // message.
-struct NamedBarrier { unsigned arrived = 0, count = 0; uint64_t generation = 0; };
+struct NamedBarrier {
+  unsigned arrived = 0, count = 0;
+  uint64_t generation = 0;
+};
 static NamedBarrier named_barriers[16];
-static uint64_t named_arrive(unsigned id, unsigned count) {   // the phase it joined
+static uint64_t named_arrive(unsigned id, unsigned count) {  // the phase it joined
   if (id == 0 || id >= 16 || count == 0 || count % 32 || count > blockDim.x) {
-    std::fprintf(stderr, "named barrier emulation: barrier %u of %u threads in a block of %u\n",
-                 id, count, blockDim.x);
+    std::fprintf(stderr, "named barrier emulation: barrier %u of %u threads in a block of %u\n", id,
+                 count, blockDim.x);
     std::abort();
   }
   NamedBarrier& b = named_barriers[id];
@@ -145,11 +170,14 @@ static uint64_t named_arrive(unsigned id, unsigned count) {   // the phase it jo
 void tessera_emu_named_barrier_arrive(unsigned id, unsigned count) { named_arrive(id, count); }
 void tessera_emu_named_barrier_sync(unsigned id, unsigned count) {
   const uint64_t phase = named_arrive(id, count);
-  tessera_wait_until([&] { return named_barriers[id].generation != phase; }, [&] {
-    std::fprintf(stderr, "named barrier emulation: thread %u waited %.0f s on barrier %u (%u of "
-                 "%u arrivals)\n", threadIdx.x, tessera_wait_s, id, named_barriers[id].arrived,
-                 count);
-  });
+  tessera_wait_until([&] { return named_barriers[id].generation != phase; },
+                     [&] {
+                       std::fprintf(
+                           stderr,
+                           "named barrier emulation: thread %u waited %.0f s on barrier %u (%u of "
+                           "%u arrivals)\n",
+                           threadIdx.x, tessera_wait_s, id, named_barriers[id].arrived, count);
+                     });
 }
 
 uint64_t tessera_emu_shfl_xor(uint64_t bits, int mask) {
@@ -191,7 +219,9 @@ void tessera_emu_cp_async_wait(int n) {
   });
 }
 
-static inline uint32_t pack16(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+static inline uint32_t pack16(uint16_t lo, uint16_t hi) {
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
 
 // ldmatrix.m8n8.x4.b16: lanes 8j..8j+7 give the row addresses of matrix j;
 // lane t receives, in register j, row t/4, elements 2(t%4) and 2(t%4)+1 of
@@ -213,10 +243,16 @@ void tessera_emu_ldmatrix(uint32_t* r, const void* smem, bool trans) {
 }
 
 static inline float half_bits_to_float(uint16_t h, bool bf16) {
-  if (bf16) { uint32_t b = uint32_t(h) << 16; float f; std::memcpy(&f, &b, 4); return f; }
+  if (bf16) {
+    uint32_t b = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  }
   const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, man = h & 1023;
-  float v = exp == 0 ? std::ldexp(float(man), -24)
-          : exp == 31 ? (man ? NAN : INFINITY) : std::ldexp(float(man | 1024), int(exp) - 25);
+  float v = exp == 0    ? std::ldexp(float(man), -24)
+            : exp == 31 ? (man ? NAN : INFINITY)
+                        : std::ldexp(float(man | 1024), int(exp) - 25);
   return sign ? -v : v;
 }
 
@@ -272,8 +308,10 @@ static uint32_t wgmma_address(uint64_t desc, int mn, int k, bool mn_major) {
   const uint32_t start = uint32_t(desc & 0x3FFF) << 4, lbo = uint32_t((desc >> 16) & 0x3FFF) << 4,
                  sbo = uint32_t((desc >> 32) & 0x3FFF) << 4;
   if ((desc >> 62) != 1 || ((desc >> 49) & 7)) {
-    std::fprintf(stderr, "wgmma emulation: only the 128-byte swizzle with base offset 0 is "
-                 "emulated (descriptor %#llx)\n", (unsigned long long)desc);
+    std::fprintf(stderr,
+                 "wgmma emulation: only the 128-byte swizzle with base offset 0 is "
+                 "emulated (descriptor %#llx)\n",
+                 (unsigned long long)desc);
     std::abort();
   }
   uint32_t at = mn_major ? start + (mn / 64) * lbo + (mn % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
@@ -281,16 +319,19 @@ static uint32_t wgmma_address(uint64_t desc, int mn, int k, bool mn_major) {
   return at ^ ((at >> 7) & 7) << 4;
 }
 static float wgmma_element(uint64_t desc, int mn, int k, bool mn_major, bool bf16) {
-  uint16_t h; std::memcpy(&h, tessera_smem + wgmma_address(desc, mn, k, mn_major), 2);
+  uint16_t h;
+  std::memcpy(&h, tessera_smem + wgmma_address(desc, mn, k, mn_major), 2);
   return half_bits_to_float(h, bf16);
 }
 // A wgmma operand element the async proxy may not see yet (see smem_unfenced).
 static void check_fenced(uint64_t desc, int mn, int k, bool mn_major, const char* operand) {
   const uint32_t at = wgmma_address(desc, mn, k, mn_major);
   if (const uint16_t writer = smem_unfenced[at / 16]) {
-    std::fprintf(stderr, "wgmma emulation: thread %u's wgmma reads its %s operand at shared "
+    std::fprintf(stderr,
+                 "wgmma emulation: thread %u's wgmma reads its %s operand at shared "
                  "byte %u, which thread %u's cp.async wrote with no fence.proxy.async since: "
-                 "the async proxy need not see it\n", threadIdx.x, operand, at, writer - 1);
+                 "the async proxy need not see it\n",
+                 threadIdx.x, operand, at, writer - 1);
     std::abort();
   }
 }
@@ -304,8 +345,10 @@ static void check_fenced(uint64_t desc, int mn, int k, bool mn_major, const char
 static void run_wgmma(Wgmma& op) {
   const int t = threadIdx.x % 128, row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);
   if (op.a_regs && std::memcmp(op.a_regs, op.a_issued, sizeof op.a_issued)) {
-    std::fprintf(stderr, "wgmma emulation: thread %u changed the A registers of a wgmma before "
-                 "waiting for it\n", threadIdx.x);
+    std::fprintf(stderr,
+                 "wgmma emulation: thread %u changed the A registers of a wgmma before "
+                 "waiting for it\n",
+                 threadIdx.x);
     std::abort();
   }
   for (int j = 0; j < op.n / 8; ++j)
@@ -313,8 +356,8 @@ static void run_wgmma(Wgmma& op) {
       const int row = row0 + 8 * (q >> 1), col = 8 * j + col0 + (q & 1);
       float s = op.d[4 * j + q];
       for (int k = 0; k < 16; ++k)
-        s += (op.a_regs ? op.a_rows[q >> 1][k] : wgmma_element(op.a, row, k, false, op.bf16))
-             * wgmma_element(op.b, col, k, op.mn_major_b, op.bf16);
+        s += (op.a_regs ? op.a_rows[q >> 1][k] : wgmma_element(op.a, row, k, false, op.bf16)) *
+             wgmma_element(op.b, col, k, op.mn_major_b, op.bf16);
       op.d[4 * j + q] = s;
     }
 }
@@ -357,10 +400,17 @@ void tessera_emu_wgmma_wait(int n) { tessera_me->wgmma_async.wait(size_t(n), run
 // its destination, out-of-bounds elements as 0, with the 128-byte swizzle
 // applied to the shared-memory address (bits 4-6 ^= bits 7-9).
 struct EmulatedTensorMap {
-  uint64_t base; uint32_t rank, elt_bytes; uint64_t dims[5], strides[5]; uint32_t box[5];
+  uint64_t base;
+  uint32_t rank, elt_bytes;
+  uint64_t dims[5], strides[5];
+  uint32_t box[5];
 };
 static_assert(sizeof(EmulatedTensorMap) <= 128, "a tensor map is 128 bytes");
-struct TmaCopy { void* dst; const EmulatedTensorMap* map; int c[5]; };
+struct TmaCopy {
+  void* dst;
+  const EmulatedTensorMap* map;
+  int c[5];
+};
 static size_t box_bytes(const EmulatedTensorMap& m) {
   size_t n = m.elt_bytes;
   for (uint32_t d = 0; d < m.rank; ++d) n *= m.box[d];
@@ -371,7 +421,8 @@ static size_t run_tma(const TmaCopy& copy) {
   const size_t n = box_bytes(m) / m.elt_bytes;
   const uint32_t dst = tessera_shared_address(copy.dst);
   for (size_t e = 0; e < n; ++e) {
-    size_t rest = e, src = 0; bool inside = true;
+    size_t rest = e, src = 0;
+    bool inside = true;
     for (uint32_t d = 0; d < m.rank; ++d) {
       const int64_t at = int64_t(copy.c[d]) + int64_t(rest % m.box[d]);
       rest /= m.box[d];
@@ -380,10 +431,12 @@ static size_t run_tma(const TmaCopy& copy) {
     }
     uint32_t to = dst + uint32_t(e * m.elt_bytes);
     to ^= ((to >> 7) & 7) << 4;
-    smem_unfenced[to / 16] = 0;          // the async proxy's own write
-    if (inside) std::memcpy(tessera_smem + to, reinterpret_cast<const unsigned char*>(m.base) + src,
-                            m.elt_bytes);
-    else std::memset(tessera_smem + to, 0, m.elt_bytes);
+    smem_unfenced[to / 16] = 0;  // the async proxy's own write
+    if (inside)
+      std::memcpy(tessera_smem + to, reinterpret_cast<const unsigned char*>(m.base) + src,
+                  m.elt_bytes);
+    else
+      std::memset(tessera_smem + to, 0, m.elt_bytes);
   }
   return n * m.elt_bytes;
 }
@@ -395,9 +448,13 @@ static size_t run_tma(const TmaCopy& copy) {
 // read as NaN until then). Copies of more bytes than announced, a barrier
 // used before its init, or a wait nobody satisfies (tessera_wait_s) stop the
 // process with a message instead of hanging as a GPU would.
-struct Mbarrier { int expected = 0, pending = 0; unsigned phase = 0; int64_t tx = 0;
-                  std::vector<TmaCopy> copies; };
-static std::map<const void*, Mbarrier> mbarriers;     // this block's, by address
+struct Mbarrier {
+  int expected = 0, pending = 0;
+  unsigned phase = 0;
+  int64_t tx = 0;
+  std::vector<TmaCopy> copies;
+};
+static std::map<const void*, Mbarrier> mbarriers;  // this block's, by address
 static Mbarrier& mbarrier_at(const void* bar, const char* use) {
   auto it = mbarriers.find(bar);
   if (it == mbarriers.end()) {
@@ -409,7 +466,8 @@ static Mbarrier& mbarrier_at(const void* bar, const char* use) {
 }
 void tessera_emu_mbarrier_init(uint64_t* bar, unsigned count) {
   Mbarrier& b = mbarriers[bar];
-  b = Mbarrier{}; b.expected = b.pending = int(count);
+  b = Mbarrier{};
+  b.expected = b.pending = int(count);
 }
 static void arrive(Mbarrier& b) {
   tessera_progress = true;
@@ -423,9 +481,7 @@ void tessera_emu_mbarrier_expect_tx(uint64_t* bar, unsigned bytes) {
   b.tx += bytes;
   arrive(b);
 }
-void tessera_emu_mbarrier_arrive(uint64_t* bar) {
-  arrive(mbarrier_at(bar, "arrive"));
-}
+void tessera_emu_mbarrier_arrive(uint64_t* bar) { arrive(mbarrier_at(bar, "arrive")); }
 void tessera_emu_tma_load(void* dst, const void* map, int rank, const int* c, uint64_t* bar) {
   Mbarrier& b = mbarrier_at(bar, "cp.async.bulk.tensor");
   TmaCopy copy{dst, static_cast<const EmulatedTensorMap*>(map), {}};
@@ -440,29 +496,37 @@ void tessera_emu_tma_load(void* dst, const void* map, int rank, const int* c, ui
 }
 void tessera_emu_mbarrier_wait(uint64_t* bar, unsigned parity) {
   int64_t issued = 0;
-  tessera_wait_until([&] {
-    Mbarrier& b = mbarrier_at(bar, "try_wait.parity");
-    if ((b.phase & 1) != (parity & 1)) return true;      // that phase has completed
-    issued = 0;
-    for (const TmaCopy& c : b.copies) issued += int64_t(box_bytes(*c.map));
-    if (issued > b.tx) {
-      std::fprintf(stderr, "mbarrier emulation: copies of %lld bytes on a phase that announced "
-                   "%lld\n", (long long)issued, (long long)b.tx);
-      std::abort();
-    }
-    // Complete once every arrival is in and the copies cover the bytes
-    // announced (the issuing thread may still be issuing them).
-    if (b.pending != 0 || issued != b.tx) return false;
-    for (const TmaCopy& c : b.copies) run_tma(c);
-    b.copies.clear();
-    b.tx = 0; ++b.phase; b.pending = b.expected;
-    return true;
-  }, [&] {
-    std::fprintf(stderr, "mbarrier emulation: thread %u waited %.0f s for phase parity %u of "
-                 "the barrier at shared byte %u: %d arrivals missing, %lld of %lld bytes "
-                 "issued\n", threadIdx.x, tessera_wait_s, parity, tessera_shared_address(bar),
-                 mbarriers[bar].pending, (long long)issued, (long long)mbarriers[bar].tx);
-  });
+  tessera_wait_until(
+      [&] {
+        Mbarrier& b = mbarrier_at(bar, "try_wait.parity");
+        if ((b.phase & 1) != (parity & 1)) return true;  // that phase has completed
+        issued = 0;
+        for (const TmaCopy& c : b.copies) issued += int64_t(box_bytes(*c.map));
+        if (issued > b.tx) {
+          std::fprintf(stderr,
+                       "mbarrier emulation: copies of %lld bytes on a phase that announced "
+                       "%lld\n",
+                       (long long)issued, (long long)b.tx);
+          std::abort();
+        }
+        // Complete once every arrival is in and the copies cover the bytes
+        // announced (the issuing thread may still be issuing them).
+        if (b.pending != 0 || issued != b.tx) return false;
+        for (const TmaCopy& c : b.copies) run_tma(c);
+        b.copies.clear();
+        b.tx = 0;
+        ++b.phase;
+        b.pending = b.expected;
+        return true;
+      },
+      [&] {
+        std::fprintf(stderr,
+                     "mbarrier emulation: thread %u waited %.0f s for phase parity %u of "
+                     "the barrier at shared byte %u: %d arrivals missing, %lld of %lld bytes "
+                     "issued\n",
+                     threadIdx.x, tessera_wait_s, parity, tessera_shared_address(bar),
+                     mbarriers[bar].pending, (long long)issued, (long long)mbarriers[bar].tx);
+      });
 }
 
 // NVSHMEM's device API for kernels that include nvshmem.h (the API header's
@@ -480,7 +544,9 @@ static int tessera_pe = 0, tessera_npes = 1;
 
 extern "C" void tessera_nvshmem_attach(void* base, uint64_t heap_bytes, int pe, int npes) {
   tessera_heap_base = static_cast<unsigned char*>(base);
-  tessera_heap_bytes = heap_bytes; tessera_pe = pe; tessera_npes = npes;
+  tessera_heap_bytes = heap_bytes;
+  tessera_pe = pe;
+  tessera_npes = npes;
 }
 
 static unsigned char* tessera_on_pe(const void* local, int pe) {
@@ -488,8 +554,10 @@ static unsigned char* tessera_on_pe(const void* local, int pe) {
   const unsigned char* at = static_cast<const unsigned char*>(local);
   if (!tessera_heap_base || at < mine || at >= mine + tessera_heap_bytes || pe < 0 ||
       pe >= tessera_npes) {
-    std::fprintf(stderr, "NVSHMEM emulation: PE %d addressed PE %d of %d at %p, which is not "
-                 "on its symmetric heap\n", tessera_pe, pe, tessera_npes, local);
+    std::fprintf(stderr,
+                 "NVSHMEM emulation: PE %d addressed PE %d of %d at %p, which is not "
+                 "on its symmetric heap\n",
+                 tessera_pe, pe, tessera_npes, local);
     std::abort();
   }
   return tessera_heap_base + uint64_t(pe) * tessera_heap_bytes + (at - mine);
@@ -506,25 +574,33 @@ void tessera_emu_getmem(void* dest, const void* src, size_t bytes, int pe) {
 void tessera_emu_memory_fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 void tessera_emu_signal_op(uint64_t* sig, uint64_t value, int op, int pe) {
   std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(tessera_on_pe(sig, pe)));
-  if (op == NVSHMEM_SIGNAL_SET) word.store(value, std::memory_order_release);
-  else word.fetch_add(value, std::memory_order_acq_rel);
+  if (op == NVSHMEM_SIGNAL_SET)
+    word.store(value, std::memory_order_release);
+  else
+    word.fetch_add(value, std::memory_order_acq_rel);
 }
 // A wait yields to the block's other fibers; while all of them wait on
 // peers the scheduler sleeps between rounds.
 uint64_t tessera_emu_signal_wait_until(uint64_t* sig, int cmp, uint64_t value) {
   std::atomic_ref<uint64_t> word(*sig);
   uint64_t v = 0;
-  tessera_wait_until([&] {
-    v = word.load(std::memory_order_acquire);
-    return cmp == NVSHMEM_CMP_EQ ? v == value : cmp == NVSHMEM_CMP_NE ? v != value
-         : cmp == NVSHMEM_CMP_GT ? v > value : cmp == NVSHMEM_CMP_GE ? v >= value
-         : cmp == NVSHMEM_CMP_LT ? v < value : v <= value;
-  }, [&] {
-    std::fprintf(stderr, "NVSHMEM emulation: PE %d (block %u) waited %.0f s for signal word "
-                 "%p (value %llu, waiting for %d against %llu); a peer never signalled\n",
-                 tessera_pe, blockIdx.x, tessera_wait_s, (void*)sig, (unsigned long long)v,
-                 cmp, (unsigned long long)value);
-  });
+  tessera_wait_until(
+      [&] {
+        v = word.load(std::memory_order_acquire);
+        return cmp == NVSHMEM_CMP_EQ   ? v == value
+               : cmp == NVSHMEM_CMP_NE ? v != value
+               : cmp == NVSHMEM_CMP_GT ? v > value
+               : cmp == NVSHMEM_CMP_GE ? v >= value
+               : cmp == NVSHMEM_CMP_LT ? v < value
+                                       : v <= value;
+      },
+      [&] {
+        std::fprintf(stderr,
+                     "NVSHMEM emulation: PE %d (block %u) waited %.0f s for signal word "
+                     "%p (value %llu, waiting for %d against %llu); a peer never signalled\n",
+                     tessera_pe, blockIdx.x, tessera_wait_s, (void*)sig, (unsigned long long)v, cmp,
+                     (unsigned long long)value);
+      });
   return v;
 }
 
@@ -538,7 +614,8 @@ static unsigned char* fiber_stack(unsigned t) {
     void* p = mmap(nullptr, kFiberStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-      std::fprintf(stderr, "CUDA emulation: no memory for thread %zu's stack\n", fiber_stacks.size());
+      std::fprintf(stderr, "CUDA emulation: no memory for thread %zu's stack\n",
+                   fiber_stacks.size());
       std::abort();
     }
     mprotect(p, kGuardBytes, PROT_NONE);
@@ -566,7 +643,7 @@ static void fiber_main() {
   // An exited thread no longer holds up the block's barriers.
   block_barrier.drop();
   tessera_me->done = true;
-}   // returns to the scheduler (uc_link)
+}  // returns to the scheduler (uc_link)
 
 // Thread t's context, to start at fiber_main on its own stack. A function
 // of its own: getcontext returns twice (to GCC), which would keep the
@@ -581,10 +658,12 @@ __attribute__((noinline)) static void start_fiber(CudaThread& th, unsigned t) {
 
 extern "C" int tessera_emulate(void* fn, int nargs, void** launch_args, const unsigned* grid,
                                unsigned threads) {
-  if (threads % 32 && threads > 32) return 1;       // partial warps only for tiny blocks
+  if (threads % 32 && threads > 32) return 1;  // partial warps only for tiny blocks
   gridDim = dim3{grid[0], grid[1], grid[2]};
   blockDim = dim3{threads, 1, 1};
-  kernel_fn = fn; kernel_nargs = nargs; kernel_args = launch_args;
+  kernel_fn = fn;
+  kernel_nargs = nargs;
+  kernel_args = launch_args;
   const unsigned nwarps = (threads + 31) / 32;
   for (unsigned z = 0; z < grid[2]; ++z)
     for (unsigned y = 0; y < grid[1]; ++y)
@@ -592,8 +671,9 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** launch_args, const un
         blockIdx = dim3{x, y, z};
         block_barrier = FiberBarrier{threads};
         std::vector<Warp> warps(nwarps);
-        for (unsigned w = 0; w < nwarps; ++w) warps[w].bar.expected = std::min(32u, threads - 32 * w);
-        std::memset(tessera_smem, 0xff, sizeof(tessera_smem));   // no stale data by luck
+        for (unsigned w = 0; w < nwarps; ++w)
+          warps[w].bar.expected = std::min(32u, threads - 32 * w);
+        std::memset(tessera_smem, 0xff, sizeof(tessera_smem));  // no stale data by luck
         std::memset(smem_unfenced, 0, sizeof(smem_unfenced));
         mbarriers.clear();
         for (auto& b : named_barriers) b = NamedBarrier{};
@@ -617,15 +697,19 @@ extern "C" int tessera_emulate(void* fn, int nargs, void** launch_args, const un
             swapcontext(&tessera_scheduler, &th.context);
             if (th.done) --live;
           }
-          if (tessera_progress) idle_rounds = 0;
-          else if (++idle_rounds < 64) std::this_thread::yield();
-          else std::this_thread::sleep_for(std::chrono::microseconds(100));
+          if (tessera_progress)
+            idle_rounds = 0;
+          else if (++idle_rounds < 64)
+            std::this_thread::yield();
+          else
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
         }
         for (unsigned id = 0; id < 16; ++id)
           if (named_barriers[id].arrived) {
-            std::fprintf(stderr, "named barrier emulation: barrier %u has %u of %u arrivals "
-                         "pending at the end of block (%u, %u, %u)\n", id,
-                         named_barriers[id].arrived, named_barriers[id].count, x, y, z);
+            std::fprintf(stderr,
+                         "named barrier emulation: barrier %u has %u of %u arrivals "
+                         "pending at the end of block (%u, %u, %u)\n",
+                         id, named_barriers[id].arrived, named_barriers[id].count, x, y, z);
             std::abort();
           }
       }

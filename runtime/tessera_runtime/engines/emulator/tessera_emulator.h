@@ -17,13 +17,18 @@
 #define TESSERA_EMULATED_PTX 1
 #define TESSERA_SMEM_BYTES 232448
 
-struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
 extern dim3 blockIdx, blockDim, gridDim;
-extern dim3* tessera_thread_index;          // the running CUDA thread's, set per switch
+extern dim3* tessera_thread_index;  // the running CUDA thread's, set per switch
 #define threadIdx (*tessera_thread_index)
 extern unsigned char tessera_smem[TESSERA_SMEM_BYTES];
 
-using std::exp; using std::tanh; using std::log; using std::sqrt;
+using std::exp;
+using std::log;
+using std::sqrt;
+using std::tanh;
 inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline uint32_t tessera_shared_address(const void* p) {
@@ -62,7 +67,13 @@ uint64_t tessera_emu_signal_wait_until(uint64_t* sig, int cmp, uint64_t value);
 // NVSHMEM's constants (its device API below, for sources that include nvshmem.h).
 #define NVSHMEM_SIGNAL_SET 0
 #define NVSHMEM_SIGNAL_ADD 5
-enum { NVSHMEM_CMP_EQ, NVSHMEM_CMP_NE, NVSHMEM_CMP_GT, NVSHMEM_CMP_GE, NVSHMEM_CMP_LT,
-       NVSHMEM_CMP_LE };
+enum {
+  NVSHMEM_CMP_EQ,
+  NVSHMEM_CMP_NE,
+  NVSHMEM_CMP_GT,
+  NVSHMEM_CMP_GE,
+  NVSHMEM_CMP_LT,
+  NVSHMEM_CMP_LE
+};
 
 #endif  // TESSERA_EMULATOR_H

@@ -11,9 +11,12 @@ inline void __syncthreads() { tessera_emu_syncthreads(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { tessera_emu_syncwarp(); }
 template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
   static_assert(sizeof(T) <= 8, "shuffle of a wide type");
-  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
   bits = tessera_emu_shfl_xor(bits, mask);
-  T r; std::memcpy(&r, &bits, sizeof(T)); return r;
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
 }
 inline void tessera_named_barrier_sync(unsigned id, unsigned count) {
   tessera_emu_named_barrier_sync(id, count);
@@ -26,7 +29,9 @@ inline void tessera_cp_async_commit() { tessera_emu_cp_async_commit(); }
 template <int N> inline void tessera_cp_async_wait() { tessera_emu_cp_async_wait(N); }
 inline void tessera_fence_proxy_async() { tessera_emu_fence_proxy_async(); }
 inline void tessera_ldmatrix_x4(uint32_t* r, const void* s) { tessera_emu_ldmatrix(r, s, false); }
-inline void tessera_ldmatrix_x4_trans(uint32_t* r, const void* s) { tessera_emu_ldmatrix(r, s, true); }
+inline void tessera_ldmatrix_x4_trans(uint32_t* r, const void* s) {
+  tessera_emu_ldmatrix(r, s, true);
+}
 inline void tessera_mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
   tessera_emu_mma(d, a, b, true);
 }
@@ -70,7 +75,8 @@ inline void tessera_tma_load_3d(void* d, const void* m, int c0, int c1, int c2, 
   const int c[] = {c0, c1, c2};
   tessera_emu_tma_load(d, m, 3, c, b);
 }
-inline void tessera_tma_load_4d(void* d, const void* m, int c0, int c1, int c2, int c3, uint64_t* b) {
+inline void tessera_tma_load_4d(void* d, const void* m, int c0, int c1, int c2, int c3,
+                                uint64_t* b) {
   const int c[] = {c0, c1, c2, c3};
   tessera_emu_tma_load(d, m, 4, c, b);
 }
