@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -126,6 +127,31 @@ PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 #: CPU_HEADER before its kernels, CPU_RUNTIME as its runtime part.
 CPU_INCLUDE_DIR = Path(__file__).resolve().parent / "cpu"
 CPU_HEADER, CPU_RUNTIME = "tessera_cpu.h", "tessera_cpu_runtime.cpp"
+
+
+def inline_includes(text: str, folder: Path) -> str:
+    """`text` with each `#include "file"` line replaced by that file's text
+    (found beside its includer, else in `folder`: the -I), itself inlined,
+    once per file as include guards would have it; system includes stay.
+    For a source that must stand alone: NVRTC's, a bundle's."""
+    seen: set[Path] = set()
+
+    def inline(text: str, here: Path) -> str:
+        def replace(match: re.Match) -> str:
+            path = here / match[1] if (here / match[1]).exists() else folder / match[1]
+            path = path.resolve()
+            if path in seen:
+                return ""
+            seen.add(path)
+            return inline(path.read_text(), path.parent)
+        return re.sub(r'^#include "([^"]+)"\n', replace, text, flags=re.M)
+    return inline(text, folder)
+
+
+def standalone_cpu_source(source: str) -> str:
+    """Emitted CPU source `source` with its headers pasted in: what a bundle
+    records, which g++ compiles without Tessera's headers."""
+    return inline_includes(source, CPU_INCLUDE_DIR)
 
 
 def cpu_include_digest() -> str:

@@ -95,6 +95,18 @@ def test_an_edited_cpu_header_builds_anew(tmp_path, monkeypatch):
     assert build.build_cpu_library(src) != first
 
 
+def test_a_bundle_records_its_cpu_source_with_the_headers_pasted_in():
+    """The source a bundle records stands alone (g++ needs no Tessera
+    header): every quoted include replaced by its file, each file once."""
+    from tessera_compiler.codegen import build
+    from tessera_compiler.codegen.tile_emitter import cpu_runtime_source
+    source = build.standalone_cpu_source(cpu_runtime_source())
+    assert '#include "' not in source and "#include <cmath>" in source
+    for defined in ("float tessera_exp(", "void tessera_parallel(", "float bf16_to_float("):
+        assert source.count(defined) == 1, defined
+    assert source.index("tessera_exp(") < source.index(build.PREAMBLE_END)
+
+
 def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, monkeypatch):
     """build_cpu_library splits a source's kernels into one translation unit
     per build job (each the shared preamble and a share of the kernels),

@@ -101,15 +101,9 @@ static inline void tessera_dot(const float* a, const float* b, float* r, int64_t
   int64_t i = 0;
   for (; i + 4 <= M; i += 4) tessera_dot_rows<4>(a + i * K, b, r + i * N, K, N);
   switch (M - i) {
-    case 3:
-      tessera_dot_rows<3>(a + i * K, b, r + i * N, K, N);
-      break;
-    case 2:
-      tessera_dot_rows<2>(a + i * K, b, r + i * N, K, N);
-      break;
-    case 1:
-      tessera_dot_rows<1>(a + i * K, b, r + i * N, K, N);
-      break;
+    case 3: tessera_dot_rows<3>(a + i * K, b, r + i * N, K, N); break;
+    case 2: tessera_dot_rows<2>(a + i * K, b, r + i * N, K, N); break;
+    case 1: tessera_dot_rows<1>(a + i * K, b, r + i * N, K, N); break;
   }
 }
 
