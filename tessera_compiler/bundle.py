@@ -19,7 +19,7 @@ from pathlib import Path
 from tessera_mlir import ir
 from tessera_runtime import routines
 
-from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc
+from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc, standalone_cpu_source
 from .ir.routines import declaration, declarations
 from .ir.options import TargetOptions
 from .ir.locations import location_name, source_of
@@ -280,7 +280,7 @@ def write_bundle(path: str | Path, levels: Levels, devices: list[int] | None = N
         "ir": {s: f"ir/{s}.mlir" for s in ("graph", "partitioned", "schedule", "tile")},
     }
     if levels.target == "cpu":
-        (path / "kernels" / "kernels.cpp").write_text(levels.cpp)
+        (path / "kernels" / "kernels.cpp").write_text(standalone_cpu_source(levels.cpp))
         shutil.copyfile(library, path / "kernels" / "libkernels.so")
         manifest.update(engine="cpu", kernels={"cpu": "kernels/libkernels.so"},
                         sources={"cpp": "kernels/kernels.cpp"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -122,6 +123,46 @@ SPLIT_MIN_CHARS = 40_000
 #: Where `prebuild_cpu_runtime` (tools/bootstrap.sh, at install) puts the
 #: object of a CPU library's runtime part; the kernel cache is the fallback.
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
+#: The C++ an emitted CPU source includes (compiled with -I at this folder):
+#: CPU_HEADER before its kernels, CPU_RUNTIME as its runtime part.
+CPU_INCLUDE_DIR = Path(__file__).resolve().parent / "cpu"
+CPU_HEADER, CPU_RUNTIME = "tessera_cpu.h", "tessera_cpu_runtime.cpp"
+
+
+def inline_includes(text: str, folder: Path) -> str:
+    """`text` with each `#include "file"` line replaced by that file's text
+    (found beside its includer, else in `folder`: the -I), itself inlined,
+    once per file as include guards would have it; system includes stay.
+    For a source that must stand alone: NVRTC's, a bundle's."""
+    seen: set[Path] = set()
+
+    def inline(text: str, here: Path) -> str:
+        def replace(match: re.Match) -> str:
+            path = here / match[1] if (here / match[1]).exists() else folder / match[1]
+            path = path.resolve()
+            if path in seen:
+                return ""
+            seen.add(path)
+            return inline(path.read_text(), path.parent)
+        return re.sub(r'^#include "([^"]+)"\n', replace, text, flags=re.M)
+    return inline(text, folder)
+
+
+def standalone_cpu_source(source: str) -> str:
+    """Emitted CPU source `source` with its headers pasted in: what a bundle
+    records, which g++ compiles without Tessera's headers."""
+    return inline_includes(source, CPU_INCLUDE_DIR)
+
+
+def cpu_include_digest() -> str:
+    """The hash of every file in CPU_INCLUDE_DIR (names and contents): part of
+    each CPU build's cache key, so an edited header never reuses an object
+    built from the old one (the source text names the headers only)."""
+    digest = hashlib.sha256()
+    for path in sorted(CPU_INCLUDE_DIR.iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:24]
 
 
 def dump_kernels(kernels: list[str], suffix: str) -> None:
@@ -181,7 +222,7 @@ def _runtime_object(runtime: str, cxx: str) -> Path:
     library, 0.16 s of g++): prebuilt at install, else built into the cache
     once."""
     flags = _object_flags()
-    name = f"{_key(runtime, cxx, _version(cxx), *flags)}.o"
+    name = f"{_key(runtime, cxx, _version(cxx), *flags, cpu_include_digest())}.o"
     if (PREBUILT_DIR / name).exists():
         return PREBUILT_DIR / name
     return _compile_objects([runtime], cxx, flags)[0]
@@ -210,7 +251,8 @@ def build_cpu_library(source: str) -> Path:
     cxx, jobs = host_compiler(), build_jobs()
     parts = _parts(source)
     if parts is None:
-        return _cached_build(source, ".cpp", cxx, CXX_FLAGS, ".so")
+        return _cached_build(source, ".cpp", cxx, [*CXX_FLAGS, f"-I{CPU_INCLUDE_DIR}"], ".so",
+                             depends=(cpu_include_digest(),))
     units = _translation_units(source, jobs if jobs > 1 and len(source) >= SPLIT_MIN_CHARS
                                else 1)
     objects = _compile_objects(units, cxx, _object_flags()) + [_runtime_object(parts[1], cxx)]
@@ -221,19 +263,20 @@ def build_cpu_library(source: str) -> Path:
 
 def _compile_objects(units: list[str], cxx: str, flags: list[str],
                      directory: Path | None = None) -> list[Path]:
-    """Each source in `units` compiled to an object file in `directory`
-    (the cache), all at once; cached by content (a kernel set that changes
-    in one unit recompiles one)."""
+    """Each CPU source in `units` compiled to an object file in `directory`
+    (the cache), all at once; cached by content, the included headers'
+    too (a kernel set that changes in one unit recompiles one)."""
     directory = directory or cache_dir()
     objects, running = [], []
     for unit in units:
-        target = directory / f"{_key(unit, cxx, _version(cxx), *flags)}.o"
+        target = directory / f"{_key(unit, cxx, _version(cxx), *flags, cpu_include_digest())}.o"
         objects.append(target)
         if target.exists():
             continue
         tmp = Path(tempfile.mkdtemp(dir=directory))
         (tmp / "kernels.cpp").write_text(unit)
-        proc = subprocess.Popen([cxx, *flags, str(tmp / "kernels.cpp"), "-o", str(tmp / "out.o")],
+        proc = subprocess.Popen([cxx, *flags, f"-I{CPU_INCLUDE_DIR}", str(tmp / "kernels.cpp"),
+                                 "-o", str(tmp / "out.o")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         running.append((proc, tmp, target))
     failures = []

@@ -77,6 +77,36 @@ def test_kernel_library_is_cached_by_content(tmp_path, monkeypatch):
     assert build_cpu_library(src + "\n// changed\n") != first
 
 
+def test_an_edited_cpu_header_builds_anew(tmp_path, monkeypatch):
+    """An emitted CPU source names its headers (codegen/cpu/, found with -I)
+    without their text: the cache key holds the headers' contents, so an
+    edited header compiles anew instead of reusing an object of the old."""
+    import shutil
+    from tessera_compiler.codegen import build
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
+    headers = tmp_path / "cpu"
+    shutil.copytree(build.CPU_INCLUDE_DIR, headers)
+    monkeypatch.setattr(build, "CPU_INCLUDE_DIR", headers)
+    src = f'#include "{build.CPU_HEADER}"\nextern "C" float f(float x) {{ return tessera_exp(x); }}\n'
+    first = build.build_cpu_library(src)
+    assert build.build_cpu_library(src) == first
+    numerics = headers / "tessera_numerics.h"
+    numerics.write_text(numerics.read_text() + "// edited\n")
+    assert build.build_cpu_library(src) != first
+
+
+def test_a_bundle_records_its_cpu_source_with_the_headers_pasted_in():
+    """The source a bundle records stands alone (g++ needs no Tessera
+    header): every quoted include replaced by its file, each file once."""
+    from tessera_compiler.codegen import build
+    from tessera_compiler.codegen.tile_emitter import cpu_runtime_source
+    source = build.standalone_cpu_source(cpu_runtime_source())
+    assert '#include "' not in source and "#include <cmath>" in source
+    for defined in ("float tessera_exp(", "void tessera_parallel(", "float bf16_to_float("):
+        assert source.count(defined) == 1, defined
+    assert source.index("tessera_exp(") < source.index(build.PREAMBLE_END)
+
+
 def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, monkeypatch):
     """build_cpu_library splits a source's kernels into one translation unit
     per build job (each the shared preamble and a share of the kernels),
@@ -98,7 +128,7 @@ def test_a_large_kernel_source_builds_as_units_at_once_each_cached(tmp_path, mon
     names = [name, name + "_again"]
     units = build._translation_units(src, 2)
     shared, once = src.split(build.KERNEL_HEADER)[0].split(build.PREAMBLE_END)
-    assert "tessera_gemm_f32" in once and "tessera_gemm_f32" not in shared
+    assert build.CPU_RUNTIME in once and build.CPU_RUNTIME not in shared
     assert len(units) == 2 and all(u.startswith(shared) and once.strip() not in u for u in units)
     lib = build.build_cpu_library(src)
     assert len(list(tmp_path.rglob("*.o"))) == 3                # two units, the runtime part
@@ -280,7 +310,8 @@ _INSTANCES = {"tessera_cp_async_wait": "<0>", "tessera_wgmma_wait": "<1>",
 
 def _functions(text: str) -> set[str]:
     """The tessera_* functions `text` declares or defines."""
-    return set(re.findall(r"^(?:template <[^>]*> )?(?:__device__ )?(?:__forceinline__ |inline )?"
+    return set(re.findall(r"^(?:template <[^>]*> )?(?:__device__ |TESSERA_FN )?"
+                          r"(?:__forceinline__ |inline )?"
                           r"\w+ (tessera_\w+)\(", text, re.M)
                + re.findall(r"^TESSERA_MMA\((tessera_\w+),", text, re.M))
 

@@ -170,6 +170,28 @@ def _in_child(run, tmp_path):
     return (np.load(result) if process.exitcode == 0 else None), err.read_text()
 
 
+def test_an_edited_emulator_header_builds_anew(tmp_path, monkeypatch):
+    """The emulator's sources name its headers (engines/emulator/, found with
+    -I): the cache key holds their contents, so an edited header compiles
+    anew instead of reusing an object of the old."""
+    import shutil
+    from tessera_runtime import env
+    from tessera_runtime.engines import cuda_emulator
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
+    headers = tmp_path / "emulator"
+    shutil.copytree(cuda_emulator.EMULATOR_DIR, headers)
+    monkeypatch.setattr(cuda_emulator, "EMULATOR_DIR", headers)
+    src = '#include "tessera_emulator.h"\nint answer() { return 42; }\n'
+
+    def build():
+        return cuda_emulator._cached_compile(env.host_compiler(), src, ".o", ["-c"])
+    first = build()
+    assert build() == first
+    common = headers / "tessera_emulator.h"
+    common.write_text(common.read_text() + "// edited\n")
+    assert build() != first
+
+
 def test_emulator_gives_up_on_a_wait_nobody_completes(monkeypatch, tmp_path):
     """A kernel whose mbarrier phase never gets its second arrival would hang
     a GPU; the emulator stops it after TESSERA_EMULATOR_WAIT_S seconds with

@@ -11,7 +11,7 @@
 //                           __CUDA_ARCH_FEAT_SM90_ALL: kernels take their
 //                           mma.sync branch);
 //   the CPU emulator        TESSERA_EMULATED_PTX: declarations. The runtime's
-//                           emulator (tessera_runtime/engines/cuda_emulator.py)
+//                           emulator (tessera_runtime/engines/emulator/)
 //                           defines each before this header, from the PTX ISA
 //                           and independently of the PTX below; a definition
 //                           that does not match its declaration here fails to
