@@ -32,14 +32,9 @@ _MARKERS = re.compile(r"(?:\s|#:?|//)+")
 #: CPU emitter, the build, the library table): (file, the timing found).
 #: Remove an entry with its timing; an entry no longer found fails too.
 PENDING = {
-    ("tessera_compiler/codegen/build.py", "4.8 vs 6.7"),
-    ("tessera_compiler/codegen/build.py", "119 ms vs 131"),
     ("tessera_compiler/codegen/tile_emitter.py", "1.5 -> 6.3 ms"),
     ("tessera_compiler/codegen/tile_emitter.py", "6.5 -> 4.1 ms"),
     ("tessera_compiler/codegen/tile_emitter.py", "7.5 -> 4.8 us"),
-    ("tessera_compiler/codegen/tile_emitter.py", "283 -> 219 us"),
-    ("tessera_compiler/codegen/tile_emitter.py", "506 -> 390 us"),
-    ("runtime/tessera_runtime/engines/library.py", "748 -> 172 us"),
 }
 
 

@@ -28,10 +28,9 @@ from tessera_runtime import env
 # it with; GCC's default for C++ contracts a*b+c across statements into an FMA,
 # and a recomputed value (ts.remat) fused differently would change bits.
 #
-# -O2, not -O3: g++ took 30% less time on the example's kernels (4.8 vs 6.7 s
-# of CPU for 77 kernels) and the step's generated kernels ran no slower (w256:
-# 119 ms vs 131-136 ms per step, best of 5 x 5 steps; a few fused broadcasts
-# 10% slower, the attention kernels 8% faster). GCC 12's -O2 still
+# -O2, not -O3: g++ takes markedly less time on the example's kernels and the
+# step's generated kernels run no slower (the measurement:
+# bench/results/docstring-timings-moved-2026-12-02.md). GCC 12's -O2 still
 # vectorizes (its "very cheap" cost model: the loops that need no runtime
 # checks or epilogue, which is what the emitter writes).
 CXX_FLAGS = ["-O2", "-march=native", "-fno-math-errno", "-fno-trapping-math",

@@ -136,9 +136,9 @@ def scatter_add(xp, attrs, updates, ids, out):
 def _add_rows(xp, out, ids, updates) -> None:
     """out[ids[i]] += updates[i] (rows of `out`; `ids` of any shape, `updates`
     of that shape + a row). On the host: the updates sorted by id (stably)
-    and each id's run summed with np.add.reduceat, 4-5x faster than
-    np.add.at's per-element loop (measured: 748 -> 172 us for the example
-    GPT's 512 x 128 embedding gradient). Deterministic: the same sums in the
+    and each id's run summed with np.add.reduceat: np.add.at loops per
+    element in Python-level dispatch (the measurement:
+    bench/results/docstring-timings-moved-2026-12-02.md). Deterministic: the same sums in the
     same order on every run and for every split of the table's rows (a
     vocab-parallel rank sums its rows' runs exactly as one rank would)."""
     if _on_device(xp):

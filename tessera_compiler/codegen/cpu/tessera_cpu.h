@@ -19,8 +19,8 @@
 // (inf, -inf, nan, overflow, underflow) are kept by the final selects. The
 // polynomials use explicit fused multiply-adds: -ffp-contract=off forbids the
 // compiler's own, and an explicit fmaf rounds once on every machine (a call
-// where the CPU lacks FMA, same bits), so results stay machine-independent;
-// measured on Zen 3: exp 283 -> 219 us, tanh 506 -> 390 us per 256 Ki floats.
+// where the CPU lacks FMA, same bits), so results stay machine-independent
+// (their speed against the fused-FMA form: bench/results/docstring-timings-moved-2026-12-02.md).
 // tanh(|x|) = (1 - e) / (1 + e), e = exp(-2|x|) in (0, 1]: no overflow, and
 // no cancellation where it is used (|x| >= 0.625).
 static inline float tessera_exp(float x) {
