@@ -46,7 +46,7 @@ from tessera_runtime import world
 from ._checks import is_int
 from ._pytree import flatten, paths, unflatten
 from ._source import user_frame
-from .dist import DTensor, Mesh, ShardSpec, check_mesh, from_numpy, summand
+from ._dtensor import DTensor, Mesh, ShardSpec, check_mesh, from_numpy, summand
 from .dtypes import bf16
 from .errors import CollectiveTimeout, TesseraError
 

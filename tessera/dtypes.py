@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+from tessera_compiler.ir.types import ELEMENT_TYPES
 
 f32 = float32 = np.dtype(np.float32)
 f64 = float64 = np.dtype(np.float64)
@@ -41,6 +42,10 @@ def as_dtype(d, what: str = "dtype") -> np.dtype:
     except TypeError:
         raise _not_a_dtype(what, d, f"{d!r} ({type(d).__name__}) is not a dtype (ts.f32, "
                                     "ts.bf16, ts.int32, \"f32\", ...)") from None
+
+
+#: the dtypes a tensor may have, for messages (the element types of Graph IR)
+SUPPORTED_DTYPES = ", ".join(dict.fromkeys(str(as_dtype(n)) for n in ELEMENT_TYPES.values()))
 
 
 def _not_a_dtype(what: str, d, text: str) -> Exception:

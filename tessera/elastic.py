@@ -43,7 +43,7 @@ from pathlib import Path
 from tessera_runtime import env, world
 
 from . import checkpoint
-from .dist import DTensor
+from ._dtensor import DTensor
 from ._checks import is_int
 from ._pytree import flatten
 from .errors import TesseraError
