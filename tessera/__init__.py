@@ -36,10 +36,6 @@ _options.invalid = errors.option_error     # ts.TargetOptions(target="tpu"): at 
 
 __version__ = "0.2.0"
 
-from .profiling import profile_from_env as _profile_from_env  # noqa: E402
-
-_profile_from_env()         # `tessera launch --profile DIR`
-
 __all__ = ["distributed", "compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
            "remat",
            "value_and_grad",

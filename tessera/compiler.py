@@ -54,6 +54,7 @@ from ._source import user_frame
 from ._trace import (ArgSpec, MeshFromCapture, autocast_dtype, current, is_tensor,
                      local_inputs, pin_layout, symbol_name, trace_function)
 from .errors import ArgumentError, CompileError, ShardingError
+from .profiling import profile_from_env
 from .types import check_annotations
 
 DUMP_ENV = "TESSERA_DUMP_IR"
@@ -436,6 +437,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if (simulating := simulation.active()) is not None:
             return simulating.call(self, args, kwargs)      # price it, run nothing
+        profile_from_env()              # `tessera launch --profile DIR`: from the first call on
         prepared = self._prepare(args, kwargs)
         self._before_call(prepared)
         self._enter_mesh(prepared.mesh)

@@ -499,10 +499,18 @@ def timeline_png(trace: dict, path: str | Path, ranks: int = 8) -> Path:
     return Path(path)
 
 
+_from_env_checked = False
+
+
 def profile_from_env() -> None:
-    """With TESSERA_PROFILE=DIR, profile the whole process (called once when
-    tessera is imported): DIR/trace.json and DIR/summary.txt at exit, and
+    """With TESSERA_PROFILE=DIR, profile the rest of the process from its
+    first compiled call on (`CompiledFunction.__call__` asks, once; importing
+    tessera starts nothing): DIR/trace.json and DIR/summary.txt at exit, and
     DIR/timeline.png where matplotlib is installed."""
+    global _from_env_checked
+    if _from_env_checked:
+        return
+    _from_env_checked = True
     folder = env.get("TESSERA_PROFILE")
     if not folder:
         return
