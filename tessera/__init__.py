@@ -15,7 +15,7 @@
         return loss, ts.grad(loss, params)
 """
 
-from . import checkpoint, dist, errors, graph, mesh, nn, op, optim, pipeline, schedule
+from . import checkpoint, dist, errors, graph, mesh, models, nn, op, optim, pipeline, schedule
 from . import dist as distributed          # `ts.distributed.all_gather`, as the docs write it
 from ._trace import autocast
 from .autodiff import grad, value_and_grad
@@ -39,7 +39,7 @@ __version__ = "0.2.0"
 __all__ = ["distributed", "compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
            "remat",
            "value_and_grad",
-           "autocast", "Tensor", "checkpoint", "dist", "graph", "nn", "op", "optim", "pipeline", "schedule", "f32", "f64", "f16",
+           "autocast", "Tensor", "checkpoint", "dist", "graph", "models", "nn", "op", "optim", "pipeline", "schedule", "f32", "f64", "f16",
            "bf16", "int32", "int64", "bool_", "TesseraError", "ValueCheckError", "ShardingError", "ShapeError", "TracingError",
            "ArgumentError", "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
            "softmax", "relu", "exp", "log", "sqrt", "tanh", "where", "isfinite", "minimum",

@@ -232,26 +232,31 @@ def minimum(a, b) -> Traced:
 
 @eager
 def neg(x) -> Traced:
+    """-x, elementwise."""
     return _unary("neg", "neg", x)
 
 
 @eager
 def exp(x) -> Traced:
+    """e ** x, elementwise."""
     return _unary("exp", "exp", x)
 
 
 @eager
 def log(x) -> Traced:
+    """The natural logarithm of x, elementwise."""
     return _unary("log", "log", x)
 
 
 @eager
 def tanh(x) -> Traced:
+    """The hyperbolic tangent of x, elementwise."""
     return _unary("tanh", "tanh", x)
 
 
 @eager
 def sqrt(x) -> Traced:
+    """The square root of x, elementwise."""
     return _unary("sqrt", "sqrt", x)
 
 
@@ -269,6 +274,7 @@ def relu(x) -> Traced:
 
 @eager
 def square(x) -> Traced:
+    """x * x, elementwise."""
     (x,) = _elementwise_operands("square", where_called("square"), x)
     return mul(x, x)
 
@@ -318,17 +324,39 @@ def _compare(kind: str, name: str, a, b) -> Traced:
 
 
 @eager
-def equal(a, b): return _compare("eq", "equal", a, b)
+def equal(a, b) -> Traced:
+    """a == b, elementwise (broadcast), as a bool tensor."""
+    return _compare("eq", "equal", a, b)
+
+
 @eager
-def not_equal(a, b): return _compare("ne", "not_equal", a, b)
+def not_equal(a, b) -> Traced:
+    """a != b, elementwise (broadcast), as a bool tensor."""
+    return _compare("ne", "not_equal", a, b)
+
+
 @eager
-def less(a, b): return _compare("lt", "less", a, b)
+def less(a, b) -> Traced:
+    """a < b, elementwise (broadcast), as a bool tensor."""
+    return _compare("lt", "less", a, b)
+
+
 @eager
-def less_equal(a, b): return _compare("le", "less_equal", a, b)
+def less_equal(a, b) -> Traced:
+    """a <= b, elementwise (broadcast), as a bool tensor."""
+    return _compare("le", "less_equal", a, b)
+
+
 @eager
-def greater(a, b): return _compare("gt", "greater", a, b)
+def greater(a, b) -> Traced:
+    """a > b, elementwise (broadcast), as a bool tensor."""
+    return _compare("gt", "greater", a, b)
+
+
 @eager
-def greater_equal(a, b): return _compare("ge", "greater_equal", a, b)
+def greater_equal(a, b) -> Traced:
+    """a >= b, elementwise (broadcast), as a bool tensor."""
+    return _compare("ge", "greater_equal", a, b)
 
 
 @eager

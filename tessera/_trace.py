@@ -314,19 +314,6 @@ def set_pipeline_split(split: StageSplit | None) -> None:
     _state.pipeline_split = split
 
 
-def require_tracing(op_name: str, *operands) -> SourceLine:
-    src = user_frame()
-    if current() is None:
-        raise RuntimeError(f"op.{op_name} at {src} was called outside a function compiled by "
-                           "tessera (ts.jit, ts.function or tessera.compile); decorate the "
-                           "function that calls it")
-    for i, x in enumerate(operands):
-        if not isinstance(x, Traced):
-            raise ShapeError(f"op.{op_name}: operand #{i} is a {type(x).__name__}, not a traced "
-                             f"tensor  [{src}]")
-    return src
-
-
 def local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
     """What the program takes: this rank's (or `rank`'s) block of each tensor
     argument, then the constants the trace captured."""

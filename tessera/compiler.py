@@ -204,8 +204,7 @@ class CompiledFunction:
         # Per tensor leaf: its spec's fields but the name, and the DTensor or
         # (replicated, so also the local value) the array. The key holds
         # plain tuples, its ArgSpecs are made once per key (a dataclass
-        # each, made and hashed in Python: 0.3 ms a call of the example's
-        # step, 84 tensors).
+        # each, made and hashed in Python: too slow to make on every call).
         tensors, metas = [], []
         for leaf in leaves:
             if isinstance(leaf, _dtensor.DTensor):
@@ -487,8 +486,8 @@ class CompiledFunction:
                 # copy, so nothing of the caller's): no DTensor and no copy,
                 # unless an earlier result overlaps it (the same buffer
                 # returned twice; pieces of one buffer, as a pipeline's
-                # results, do not). (The example's step returns 80 arrays:
-                # 0.75 ms of copies and 1.3 ms of DTensors a call.)
+                # results, do not). (A step returns many arrays: copies and
+                # DTensors for each are a visible part of a call.)
                 owner = id(local if local.base is None else local.base)
                 lo, hi = byte_bounds(local)
                 spans = held.setdefault(owner, [])
@@ -745,18 +744,8 @@ def compile(fn=None, *, mesh: _dtensor.Mesh | None = None, deterministic: bool |
                             autotune=autotune)
 
 
-def jit(fn=None, *, mesh: _dtensor.Mesh | None = None, deterministic: bool | None = None,
-        target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
-        autotune: bool | None = None):
-    """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
-                   memory_budget=memory_budget, autotune=autotune)
-
-
-def function(fn=None, *, mesh: _dtensor.Mesh | None = None, deterministic: bool | None = None,
-             target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
-             autotune: bool | None = None):
-    """`@ts.function`: a compiled function with shape-annotated arguments
-    (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
-                   memory_budget=memory_budget, autotune=autotune)
+#: `ts.jit(step)`, the design docs' training guide's name, and
+#: `@ts.function` (with shape-annotated arguments, `ts.Tensor["B", "S", ts.int32]`,
+#: checked at every call, as any compiled function's): both `compile`.
+jit = compile
+function = compile

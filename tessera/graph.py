@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tessera_compiler.pipeline import Levels, collective_report
 
+from .autodiff import grad
 from .compiler import CompiledFunction
 from .pipeline import pipeline, stage
 
@@ -77,11 +78,9 @@ def trace(fn, *args, mesh=None, target=None, **kwargs) -> Trace:
     return Trace(compiled.fn.__name__, compiled.lower(*args, target=target, **kwargs))
 
 
-def backward(loss, wrt=None):
-    """Gradients of scalar `loss` with respect to the parameters the step uses
-    (the tensors it captures from outside), or `wrt`; see `ts.grad`."""
-    from .autodiff import grad
-    return grad(loss, wrt)
+#: `graph.backward(loss)` (in a `training_step`): the training guide's name
+#: for `ts.grad` (with respect to the parameters the step captures, or `wrt`).
+backward = grad
 
 
 def training_step(fn=None, *, module: str | None = None, mesh=None):

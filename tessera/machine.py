@@ -88,9 +88,8 @@ def _cores() -> int:
 def thread_limits(ranks: int) -> dict:
     """BLAS/OpenMP threads per rank so that the ranks of one node share its
     cores instead of each starting one thread per core (what torchrun does
-    too). Measured: the example GPT on 4 ranks of a 2-core machine ran 0.9 s a
-    step with OpenBLAS' default threads, 0.06 s with these. A variable the
-    user set wins. TESSERA_NUM_THREADS too (the kernels' team): a launched
+    too): ranks that each start a thread per core oversubscribe the node
+    many times over. A variable the user set wins. TESSERA_NUM_THREADS too (the kernels' team): a launched
     rank works it out from the job's size, a process standing in for one
     rank of an R-rank job (`tessera calibrate -n R`) cannot. The same for
     TESSERA_GEMM_BLOCKS (the GEMMs' cut, and so their bits)."""

@@ -36,13 +36,7 @@ __all__ = [
 ]
 
 
-def kernel(fn=None, *, mesh=None, in_specs=None, out_specs=None):
-    """`@op.kernel` (the tutorials' name): a per-rank function with explicit
-    collectives, `dist.spmd`. Called on DTensors it takes their layouts."""
-    return spmd(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-
-
-def autodiff(loss, wrt=None):
-    """Gradients of scalar `loss`; see `tessera.grad`. Without `wrt`: with
-    respect to every float tensor the function captured (its parameters)."""
-    return grad(loss, wrt)
+#: `@op.kernel`, the tutorials' name for `dist.spmd` (a per-rank function
+#: with explicit collectives), and `op.autodiff(loss)`, theirs for `ts.grad`.
+kernel = spmd
+autodiff = grad
