@@ -24,10 +24,11 @@ from tessera_runtime import env, flight, world
 from tessera_runtime.mesh import MeshError, MeshInfo
 
 from ._checks import is_int, is_number
-from ._mpi import bcast_text, exchange, listed, raw_view, world_comm
 from ._context import simulation, trace_state
-from .dtypes import SUPPORTED_DTYPES, as_dtype
+from ._mpi import bcast_text, exchange, listed, raw_view, world_comm
+from ._pytree import flatten, paths, unflatten
 from ._source import SourceLine, assigned_name, in_package, user_frame
+from .dtypes import SUPPORTED_DTYPES, as_dtype
 from .errors import ArgumentError, LaunchError, ShardingError
 
 
@@ -717,7 +718,6 @@ def from_tree(tree, layouts, mesh: Mesh, name: str | None = None):
     parameters. `layouts` is one ShardSpec for every leaf, or a function
     `(path, array) -> ShardSpec | None` where `path` names the leaf like
     `blocks.0.wqkv` and None means replicated."""
-    from ._pytree import flatten, paths, unflatten
     leaves, structure = flatten(tree)
     prefix = name or ""
     out = []

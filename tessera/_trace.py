@@ -29,9 +29,9 @@ from . import dtypes
 from ._context import set_trace_state, trace_state
 from ._dtensor import DTensor, ShardSpec, check_divisible
 from ._pytree import flatten
-from ._source import PACKAGE_DIR, SourceLine, user_frame
-from .dtypes import SUPPORTED_DTYPES, as_dtype
-from .errors import ArgumentError, ShapeError, TracingError
+from ._source import PACKAGE_DIR, SourceLine, generated_frame, in_package, user_frame
+from .dtypes import FLOATS, SUPPORTED_DTYPES, as_dtype, bf16
+from .errors import ArgumentError, ShapeError, ShardingError, TracingError
 
 # numpy dtype -> MLIR element type (bfloat16 is ml_dtypes').
 _ELEMENT = {as_dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()}
@@ -259,7 +259,6 @@ class autocast:
     in fp32; weights and gradients keep their own dtype."""
 
     def __init__(self, dtype=None, enabled: bool = True):
-        from .dtypes import FLOATS, as_dtype, bf16
         self.dtype = as_dtype(dtype, "ts.autocast: dtype") if dtype is not None else bf16
         if self.dtype not in FLOATS:
             raise ArgumentError(f"ts.autocast: dtype {self.dtype} is not a floating-point type "
@@ -353,7 +352,6 @@ def capture(obj, src: SourceLine) -> Traced:
         if obj.mesh != state.mesh:
             if state.mesh_is_default:
                 raise MeshFromCapture(obj.mesh)
-            from .errors import ShardingError
             raise ShardingError(
                 f"{_variable_name(obj) or name} (used at {src}) is a DTensor on the "
                 f"{obj.mesh.topology}, but {ir.StringAttr(state.func.attributes['sym_name']).value} "
@@ -440,7 +438,6 @@ def _parameter_holding(x) -> tuple[str, str] | None:
     whose parameters is `x`: the API the user called and the argument they
     passed `x` as (`linear`'s `w`, not the `matmul` it calls). Only on the
     error path."""
-    from ._source import generated_frame, in_package
     frame = inspect.currentframe().f_back
     found = None
     while frame is not None and (in_package(frame.f_code.co_filename) or generated_frame(frame)):

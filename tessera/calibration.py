@@ -5,11 +5,11 @@ produce sit at the bottom, in `machine`)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
 from pathlib import Path
-import json
 
 import numpy as np
 import tessera_runtime
@@ -18,7 +18,9 @@ from tessera_compiler.cost import Link, collective_seconds, kernel_work
 from tessera_runtime import profiler
 
 import tessera as ts
-from tessera import op
+
+from . import op
+from ._mpi import world_comm
 
 _N = 1 << 17                        # elements of the kernel benchmarks' arrays (512 KiB: a step's sizes)
 _COMM_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 21)
@@ -135,7 +137,6 @@ def _comm_link(say, reps: int = 12) -> Link:
     add is the model's `cores_per_node`."""
     from tessera_runtime.mpi_comm import MPICommunicator
     from tessera_runtime.shm_comm import SharedMemoryCommunicator
-    from ._mpi import world_comm
     world = world_comm()
     rank, size = world.Get_rank(), world.Get_size()
 

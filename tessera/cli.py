@@ -32,6 +32,7 @@ from tessera_runtime import env as tessera_env
 from tessera_runtime import flight
 
 from . import elastic
+from .errors import TesseraError
 from .machine import thread_limits
 
 DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
@@ -664,7 +665,6 @@ def _simulate(parser, opts) -> int:
     import json
     import runpy
     from . import simulation
-    from .errors import TesseraError
     from .machine import machine as describe
     try:
         mesh = simulation.parse_mesh(opts.mesh)

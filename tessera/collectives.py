@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _dtensor
+from . import _dtensor, mesh as mesh_module
 from ._checks import is_int
 from ._mpi import exchange, world_comm
 from ._pytree import flatten, unflatten
 from ._source import user_frame
+from ._trace import Traced, current
 from .errors import ArgumentError, ShardingError
+from .local_view import collective
 
 __all__ = ["all_reduce", "allreduce", "all_gather", "reduce_scatter", "all_to_all"]
 
@@ -94,7 +96,6 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
     """`name` applied to every tensor of `x`: as a collective of per-rank code
     (a traced tensor in dist.spmd), a layout change (a DTensor) or an MPI
     collective of this rank's array (numpy) over `mesh` (None: the default)."""
-    from ._trace import Traced, current
     if not isinstance(axis, str):
         raise ShardingError(f"dist.{name}: axis must be a mesh axis name (a str), got "
                             f"{axis!r}  [{user_frame()}]")
@@ -111,7 +112,6 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
     out = []
     for leaf in leaves:
         if isinstance(leaf, Traced) and state.local:
-            from .local_view import collective
             out.append(collective(name, leaf, axis, **args))
             continue
         if isinstance(leaf, Traced):
@@ -141,7 +141,6 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
 
 
 def _default_mesh():
-    from . import mesh as mesh_module
     return mesh_module.current()
 
 

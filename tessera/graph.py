@@ -5,7 +5,8 @@ from __future__ import annotations
 from tessera_compiler.pipeline import Levels, collective_report
 
 from .autodiff import grad
-from .compiler import CompiledFunction
+from .compiler import CompiledFunction, compile as _compile
+from .machine import machine as describe
 from .pipeline import pipeline, stage
 
 __all__ = ["Trace", "trace", "backward", "training_step", "stage", "pipeline"]
@@ -47,7 +48,6 @@ class Trace:
         the mesh has, or `ranks_per_node`), "h100-node", "h200-node" or a
         `Machine`."""
         from tessera_compiler.cost import estimate
-        from .machine import machine as describe
         ranks = 1
         mesh = self.levels.module and _mesh_size(self.levels.module)
         if mesh:
@@ -88,7 +88,6 @@ def training_step(fn=None, *, module: str | None = None, mesh=None):
     `graph.backward(loss)` and returns `(grads, metrics)`; the parameters are
     the arrays/DTensors the step reads from outside, and `grads` is a dict by
     their names."""
-    from .compiler import compile as _compile
 
     def wrap(f):
         compiled = _compile(f, mesh=mesh)

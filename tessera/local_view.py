@@ -47,6 +47,7 @@ from ._rank_agreement import PEER_PLAN
 from ._source import user_frame
 from ._trace import (TraceState, Traced, as_traced, current, current_location,
                      declared_sharding, element_type, is_tensor, tracing)
+from .compiler import CompiledFunction
 from .dtypes import as_dtype
 from .errors import ArgumentError, CompileError, ShapeError, ShardingError
 
@@ -70,7 +71,6 @@ class LocalFunction:
     def _run(self, args):
         """A global program that calls this function: its arguments keep
         their layouts (a DTensor's is its in-spec unless in_specs says)."""
-        from .compiler import CompiledFunction
         mesh = self.mesh or next((a.mesh for a in args if isinstance(a, _dtensor.DTensor)), None)
         if mesh not in self._standalone:
             def program(*xs):

@@ -15,25 +15,14 @@ tutorials' names for `dist.spmd` and `ts.grad`.
 
 from __future__ import annotations
 
-from ._primitives import (DTypeError, TRANSPORTS, add, attention, cast, concat,
-                          cross_entropy, div, embedding, equal, exp, flash_attention, gelu,
-                          greater, greater_equal, index, isfinite, layernorm, less, less_equal,
-                          linear, log, log_softmax, matmul, max, maximum, mean, minimum, mul, neg,
-                          not_equal, pow, relu, reshape, rmsnorm, rsqrt, sigmoid, silu, softmax,
-                          split, sqrt, square, sub, sum, tanh, topk, transpose, where)
+from . import _primitives
+from ._primitives import *  # noqa: F403  (every primitive: one list, _primitives.__all__)
+from ._primitives import DTypeError, TRANSPORTS  # noqa: F401  (op.DTypeError, op.TRANSPORTS)
 from .autodiff import grad
 from .local_view import spmd
-from .models import MULTI_QP_CHANNELS, moe, transformer_block
+from .models import MULTI_QP_CHANNELS, moe, transformer_block  # noqa: F401
 
-__all__ = [
-    "matmul", "add", "sub", "mul", "div", "neg", "pow", "maximum", "minimum",
-    "exp", "log", "tanh", "sqrt", "rsqrt", "relu", "gelu", "silu", "sigmoid", "square",
-    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "where",
-    "isfinite", "cast", "sum", "mean", "max", "softmax", "log_softmax", "layernorm",
-    "rmsnorm", "embedding", "attention", "flash_attention", "cross_entropy", "reshape",
-    "transpose", "split", "concat", "index", "transformer_block", "autodiff", "linear",
-    "kernel", "moe", "topk",
-]
+__all__ = _primitives.__all__ + ["transformer_block", "moe", "autodiff", "kernel"]
 
 
 #: `@op.kernel`, the tutorials' name for `dist.spmd` (a per-rank function

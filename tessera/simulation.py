@@ -42,6 +42,9 @@ import numpy as np
 from tessera_compiler.cost import Machine, estimate
 
 from . import _context, _dtensor
+from ._pytree import unflatten
+from .dtypes import bf16
+from .profiling import perfetto_trace
 
 __all__ = ["Simulation", "SimulationDone", "active", "placeholder", "parse_mesh"]
 
@@ -105,7 +108,6 @@ class Simulation:
     # -- the compiled-function hook ------------------------------------------
     def call(self, compiled, args, kwargs):
         """What `compiled(*args, **kwargs)` does while simulating."""
-        from ._pytree import unflatten
         from tessera_compiler.bundle import program_json
         if id(compiled) in self.called:
             raise SimulationDone(compiled.fn.__name__)
@@ -176,7 +178,6 @@ class Simulation:
     def perfetto(self, ranks) -> dict:
         """The predicted timeline of `ranks`: each function's call after the
         previous one's, a thread per stream (dist.profile's trace format)."""
-        from .profiling import perfetto_trace
         records = []
         for rank in ranks:
             slices, offset = [], 0.0
@@ -192,7 +193,6 @@ class Simulation:
 
 
 def _dtype(name: str):
-    from .dtypes import bf16
     return bf16 if name == "bfloat16" else np.dtype(name)
 
 

@@ -50,6 +50,11 @@ import numpy as np
 
 from . import _dtensor
 from ._checks import check_callable
+from ._source import user_frame
+from .compiler import CompiledFunction
+from .errors import ArgumentError
+from .local_view import spmd
+from .mesh import auto
 
 STRATEGIES = ("data_parallel", "zero_redundancy_optimizer", "tensor_parallel")
 
@@ -73,7 +78,6 @@ class Strategy:
     def mesh_for(self) -> _dtensor.Mesh:
         if self.mesh is not None:
             return self.mesh
-        from .mesh import auto
         return auto((self.axis,))
 
     def place_all(self, paths: list, leaves: list, mesh: _dtensor.Mesh) -> tuple[list, list]:
@@ -89,7 +93,6 @@ class Strategy:
         placed = [leaf if i in local else self.place(p, leaf, mesh)
                   for i, (p, leaf) in enumerate(zip(paths, leaves))]
         if local:
-            from ._source import user_frame
             blocks = _dtensor.local_blocks([(paths[i], leaves[i]) for i in local], self.axis, 0,
                                        mesh, "ts.distribute(batch_is_local=True)", user_frame())
             for i, block in zip(local, blocks):
@@ -152,9 +155,6 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: _dtensor.Mesh 
     batch (the DDP habit), and the global batch is every rank's rows in
     axis order (`dist.from_local`), so a mean loss is the mean over all of
     them; by default the batch is global, the same on every rank, and split."""
-    from ._source import user_frame
-    from .compiler import CompiledFunction
-    from .errors import ArgumentError
     if strategy not in STRATEGIES:
         raise ArgumentError(f"ts.distribute: unknown strategy {strategy!r} (known: "
                             f"{', '.join(STRATEGIES)})  [{user_frame()}]")
@@ -191,7 +191,6 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: _dtensor.Mesh 
             # Per-rank code over its arguments' blocks (the training guide's
             # tensor_parallel_linear; its zero_optimizer_step, which takes no
             # batch and updates the parameters its rank owns): the local view.
-            from .local_view import spmd
             return CompiledFunction(spmd(f, mesh=mesh), mesh)
         if isinstance(f, CompiledFunction):
             f.strategy = plan
