@@ -65,7 +65,7 @@ def _kernel_rates(say) -> dict:
         return x
 
     say("kernels: launch, memory, elementwise and transcendental rates")
-    _, launch, tiny_in, tiny_out, tiny_n = _timed(lambda x: x + 1.0, [x[:16].copy()], 200)
+    _, launch, _, tiny_out, _ = _timed(lambda x: x + 1.0, [x[:16].copy()], 200)
     mod, t_cheap, _, _, _ = _timed(cheap, [x], 20)
     w = kernel_work(mod)
     vector = sum(k.vector for k in w.values())
@@ -87,7 +87,7 @@ def _kernel_rates(say) -> dict:
     # call_s + argument_s per argument and result outside it. Fitted to three
     # programs: one op, 32 ops on 32 arguments, a small training step.
     many = [small * 0.1 for _ in range(32)]
-    _, _, many_in, many_out, many_n = _timed(lambda *xs: [x + 1.0 for x in xs], many, 50)
+    _, _, _, many_out, _ = _timed(lambda *xs: [x + 1.0 for x in xs], many, 50)
     _, _, train_in, train_out, train_n = _timed(_train, _train_args(), 20)
     instruction = max(train_in / train_n, 0.0)
     (call, argument), *_ = np.linalg.lstsq(np.array([[1.0, 2], [1.0, 64], [1.0, 7]]),

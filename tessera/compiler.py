@@ -131,7 +131,6 @@ class CompiledFunction:
         self._programs: dict = {}
         self._names: dict = {}         # argument structure -> its leaves' paths
         self._specs: dict = {}         # call key -> its tensors' ArgSpecs
-        self._traces: dict = {}
         self._graph_text: dict = {}    # key -> the traced Graph IR (what the bundle is of)
         self._plans: dict = {}         # key -> memory plan, once computed
         self._remat_choices: dict = {}  # (program, options, budget) -> memory_budget.Choice
