@@ -43,6 +43,7 @@ import cycle, except the edges of TESSERA_BACK_EDGES, each with its reason):
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,12 +66,18 @@ def _modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
 MODULES = _modules()
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """`path` parsed (once: every check reads every module)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(name: str, path: Path, modules: dict) -> list[tuple[str, list[str], int]]:
     """(module imported, names imported from it, line) for every import in
     `path` (module `name`), relative imports resolved."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -126,11 +133,18 @@ ALLOWED = {
 TESSERA_TOPS = {"tessera", "tessera_compiler", "tessera_passes", "tessera_runtime", "tessera_mlir"}
 
 
-def _edges(modules: dict):
-    for name, path in modules.items():
-        for target, names, line in _imports(name, path, modules):
-            if target.split(".")[0] in TESSERA_TOPS:
-                yield name, path, target, names, line
+def _edges(modules: dict) -> tuple:
+    """(module, path, module imported, names, line) of every import of a
+    Tessera package by `modules`."""
+    return _edges_of(tuple(modules.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _edges_of(items: tuple) -> tuple:
+    modules = dict(items)
+    return tuple((name, path, target, names, line) for name, path in items
+                 for target, names, line in _imports(name, path, modules)
+                 if target.split(".")[0] in TESSERA_TOPS)
 
 
 def layering_violations(modules: dict) -> list[str]:
@@ -168,7 +182,7 @@ def private_imports(modules: dict) -> list[str]:
             if n.startswith("_") and not n.startswith("__"):
                 bad.append(f"{path}:{line}: {name} imports {target}.{n}")
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         aliases = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
