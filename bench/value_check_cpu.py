@@ -1,6 +1,6 @@
 """What cross-entropy's target check (`tgraph.check_range`) costs a step on
 the CPU: the same tiny loss and gradient steps traced with the check (as
-built) and without it (`op._checked_targets` passing the targets through),
+built) and without it (`_primitives._checked_targets` passing the targets through),
 called alternately in one process (the VM's drift between processes is
 larger than the check), with and without ignore_index rows.
 
@@ -28,7 +28,7 @@ for _p in ("runtime", "passes", ".", "build/dev/python_packages"):
 import numpy as np  # noqa: E402
 
 import tessera as ts  # noqa: E402
-from tessera import op  # noqa: E402
+from tessera import _primitives, op  # noqa: E402
 
 CALLS = 25          # calls per timed block
 
@@ -37,13 +37,13 @@ def _variants(make, x, t):
     """The step compiled with its check and without it."""
     with_check = make()
     with_check(x, t)
-    real = op._checked_targets
-    op._checked_targets = lambda t, *args: t
+    real = _primitives._checked_targets
+    _primitives._checked_targets = lambda t, *args: t
     try:
         without = make()
         without(x, t)
     finally:
-        op._checked_targets = real
+        _primitives._checked_targets = real
     return with_check, without
 
 

@@ -15,7 +15,7 @@
         return loss, ts.grad(loss, params)
 """
 
-from . import checkpoint, dist, errors, graph, mesh, nn, op, optim, pipeline, schedule
+from . import checkpoint, dist, errors, graph, mesh, models, nn, op, optim, pipeline, schedule
 from . import dist as distributed          # `ts.distributed.all_gather`, as the docs write it
 from ._trace import autocast
 from .autodiff import grad, value_and_grad
@@ -36,14 +36,10 @@ _options.invalid = errors.option_error     # ts.TargetOptions(target="tpu"): at 
 
 __version__ = "0.2.0"
 
-from .profiling import profile_from_env as _profile_from_env  # noqa: E402
-
-_profile_from_env()         # `tessera launch --profile DIR`
-
 __all__ = ["distributed", "compile", "jit", "function", "CompiledFunction", "distribute", "mesh", "grad",
            "remat",
            "value_and_grad",
-           "autocast", "Tensor", "checkpoint", "dist", "graph", "nn", "op", "optim", "pipeline", "schedule", "f32", "f64", "f16",
+           "autocast", "Tensor", "checkpoint", "dist", "graph", "models", "nn", "op", "optim", "pipeline", "schedule", "f32", "f64", "f16",
            "bf16", "int32", "int64", "bool_", "TesseraError", "ValueCheckError", "ShardingError", "ShapeError", "TracingError",
            "ArgumentError", "LaunchError", "CompileError", "matmul", "split", "concat", "reshape", "transpose",
            "softmax", "relu", "exp", "log", "sqrt", "tanh", "where", "isfinite", "minimum",

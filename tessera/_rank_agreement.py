@@ -23,6 +23,7 @@ import numpy as np
 from tessera_compiler.ir.types import ELEMENT_BYTES
 from tessera_mlir import ir
 
+from ._dtensor import DTensor
 from ._mpi import allgather_text, exchange, listed, world_comm
 from ._source import SourceLine
 from .errors import CompileError, InputMismatch
@@ -195,7 +196,6 @@ def agreement_groups(leaf, mesh) -> list | None:
     (a group label per rank), or None when no two must: an array is a
     global value, the same on every rank; a DTensor's block is the same on
     the ranks that differ only along the axes it is replicated over."""
-    from .dist import DTensor
     if not isinstance(leaf, DTensor):
         return [0] * mesh.size
     distinct = {a for d in leaf.dims for a in d} | set(leaf.layout.partial)
@@ -210,7 +210,6 @@ def agree_on_inputs(name: str, inputs: list, mesh, source: str | None = None) ->
     `inputs` (the call's tensor arguments and the constants the function
     captured) holds the same bytes on the ranks that must agree on it (see
     agreement_groups). Every rank of `mesh` (the job) must call it."""
-    from .dist import DTensor
     mine = np.array([checksum(leaf.local() if isinstance(leaf, DTensor) else np.asarray(leaf))
                      for _, leaf in inputs], np.uint64)
     at = f" (called at {source})" if source else ""
@@ -233,7 +232,6 @@ def agree_on_inputs(name: str, inputs: list, mesh, source: str | None = None) ->
 
 
 def _describe_input_mismatch(name, path, leaf, mesh, holders: list, at: str) -> str:
-    from .dist import DTensor
     which = "; ".join(f"{listed(h)} {'hold' if len(h) > 1 else 'holds'} "
                       f"{'one value' if k == 0 else 'another'}" for k, h in enumerate(holders))
     if isinstance(leaf, DTensor):

@@ -49,7 +49,7 @@ def user_frame(outside: tuple[str, ...] = ()) -> SourceLine:
                 not (outside and os.path.abspath(frame.f_code.co_filename).startswith(outside)):
             # linecache, not inspect.getframeinfo: the same line from the same
             # cache, without getframeinfo's search for the enclosing source
-            # (~200 us a call, and tracing calls this for every op).
+            # (tracing calls this for every op).
             text = linecache.getline(frame.f_code.co_filename, frame.f_lineno,
                                      frame.f_globals).strip()
             return SourceLine(frame.f_code.co_filename, frame.f_lineno, text)

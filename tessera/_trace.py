@@ -25,15 +25,17 @@ from tessera_compiler.ir.types import ELEMENT_TYPES
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
+from . import dtypes
+from ._context import set_trace_state, trace_state
+from ._dtensor import DTensor, ShardSpec, check_divisible
 from ._pytree import flatten
-from ._source import PACKAGE_DIR, SourceLine, user_frame
-from .dtypes import as_dtype
-from .errors import ArgumentError, ShapeError, TracingError
+from ._source import PACKAGE_DIR, SourceLine, generated_frame, in_package, user_frame
+from .dtypes import FLOATS, SUPPORTED_DTYPES, as_dtype, bf16
+from .errors import ArgumentError, ShapeError, ShardingError, TracingError
 
 # numpy dtype -> MLIR element type (bfloat16 is ml_dtypes').
 _ELEMENT = {as_dtype(numpy_name): mlir_name for mlir_name, numpy_name in ELEMENT_TYPES.items()}
 #: the dtypes a tensor may have, for errors
-SUPPORTED_DTYPES = ", ".join(str(d) for d in _ELEMENT)
 
 _state = threading.local()
 
@@ -147,8 +149,10 @@ class Traced:
 
 
 def _op():
-    from . import op
-    return op
+    # A back edge (see test/test_layers.py): a traced tensor's operators
+    # (a + b, a @ b, a[i]) are the op primitives, which build on Traced.
+    from . import _primitives
+    return _primitives
 
 
 def _comparable(x) -> bool:
@@ -240,7 +244,7 @@ class MeshFromCapture(Exception):
 
 
 def current() -> TraceState | None:
-    return getattr(_state, "trace", None)
+    return trace_state()
 
 
 def autocast_dtype() -> np.dtype | None:
@@ -255,7 +259,6 @@ class autocast:
     in fp32; weights and gradients keep their own dtype."""
 
     def __init__(self, dtype=None, enabled: bool = True):
-        from .dtypes import FLOATS, as_dtype, bf16
         self.dtype = as_dtype(dtype, "ts.autocast: dtype") if dtype is not None else bf16
         if self.dtype not in FLOATS:
             raise ArgumentError(f"ts.autocast: dtype {self.dtype} is not a floating-point type "
@@ -310,17 +313,30 @@ def set_pipeline_split(split: StageSplit | None) -> None:
     _state.pipeline_split = split
 
 
-def require_tracing(op_name: str, *operands) -> SourceLine:
-    src = user_frame()
-    if current() is None:
-        raise RuntimeError(f"op.{op_name} at {src} was called outside a function compiled by "
-                           "tessera (ts.jit, ts.function or tessera.compile); decorate the "
-                           "function that calls it")
-    for i, x in enumerate(operands):
-        if not isinstance(x, Traced):
-            raise ShapeError(f"op.{op_name}: operand #{i} is a {type(x).__name__}, not a traced "
-                             f"tensor  [{src}]")
-    return src
+def local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
+    """What the program takes: this rank's (or `rank`'s) block of each tensor
+    argument, then the constants the trace captured."""
+    def block(t):
+        return t.local() if rank is None else t.block(rank)
+    return [block(t) if isinstance(t, DTensor) else np.asarray(t)
+            for t in list(tensors) + list(traced.captured)]
+
+
+def pin_layout(x: Traced, layout) -> Traced:
+    """`dist.redistribute` inside a compiled function (global view): `x`
+    with its layout pinned (a tgraph.shard op); the partitioner inserts the
+    collectives, as JAX's with_sharding_constraint."""
+    if not isinstance(layout, ShardSpec):
+        raise ArgumentError(f"dist.redistribute: layout is a {type(layout).__name__} "
+                            f"({layout!r:.40}), not a dist.ShardSpec  [{user_frame()}]")
+    state = current()
+    dims = layout.dims_for(x.ndim, state.mesh, getattr(x, "name", None) or "tensor")
+    where = user_frame()
+    check_divisible(x.shape, dims, state.mesh, "dist.redistribute", where)
+    with current_location(where):
+        attr = Sharding(state.mesh.name, dims, layout.partial).to_attr()
+        value = tgraph.ShardOp(x.value, attr).result
+    return Traced(value, x.shape, x.dtype, where)
 
 
 def capture(obj, src: SourceLine) -> Traced:
@@ -330,14 +346,12 @@ def capture(obj, src: SourceLine) -> Traced:
     for held, traced in state.captured:
         if held is obj:
             return traced
-    from . import dist
-    if isinstance(obj, dist.DTensor):
+    if isinstance(obj, DTensor):
         shape, dtype, dims, partial = obj.shape, obj.dtype, tuple(obj.dims), tuple(obj.layout.partial)
         name = obj.name
         if obj.mesh != state.mesh:
             if state.mesh_is_default:
                 raise MeshFromCapture(obj.mesh)
-            from .errors import ShardingError
             raise ShardingError(
                 f"{_variable_name(obj) or name} (used at {src}) is a DTensor on the "
                 f"{obj.mesh.topology}, but {ir.StringAttr(state.func.attributes['sym_name']).value} "
@@ -352,8 +366,7 @@ def capture(obj, src: SourceLine) -> Traced:
         name = f"{name}_{len(state.captured)}"      # (two arrays the code calls `w`)
     if state.local:
         # A per-rank body sees a captured DTensor's block, in its layout.
-        from .dist import ShardSpec
-        spec = obj.layout if isinstance(obj, dist.DTensor) else ShardSpec()
+        spec = obj.layout if isinstance(obj, DTensor) else ShardSpec()
         shape = state.mesh.info.local_shape(shape, dims)
         state.capture_specs.append(spec)
     t = ir.RankedTensorType.get(list(shape), element_type(dtype))
@@ -372,17 +385,10 @@ def capture(obj, src: SourceLine) -> Traced:
     return traced
 
 
-_TENSOR_TYPES: tuple = ()
-
-
 def is_tensor(x) -> bool:
     """Whether a leaf of a function's arguments is a tensor (a numpy array or
     scalar, a DTensor, a traced tensor) rather than static data."""
-    global _TENSOR_TYPES
-    if not _TENSOR_TYPES:               # (dist imports this module: import it once, late)
-        from . import dist
-        _TENSOR_TYPES = (Traced, np.ndarray, np.generic, dist.DTensor)
-    return isinstance(x, _TENSOR_TYPES)
+    return isinstance(x, (Traced, np.ndarray, np.generic, DTensor))
 
 
 def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Traced:
@@ -391,7 +397,6 @@ def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Trac
     array or DTensor captured as an input. `what` names the caller in errors."""
     from tessera_compiler.ir import graph_builder as gb
 
-    from . import dist, dtypes
     if isinstance(x, Traced):
         return x
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.ndarray):
@@ -400,7 +405,7 @@ def as_traced(what: str, x, src: SourceLine, like: Traced | None = None) -> Trac
             dtype = dtypes.f32
         with current_location(src):
             return Traced(gb.fill([], element_type(dtype), float(x)), (), dtype, src)
-    if isinstance(x, (np.ndarray, np.generic, dist.DTensor)):
+    if isinstance(x, (np.ndarray, np.generic, DTensor)):
         with current_location(src):
             return capture(x, src)
     raise not_a_tensor(what, x, src)
@@ -433,7 +438,6 @@ def _parameter_holding(x) -> tuple[str, str] | None:
     whose parameters is `x`: the API the user called and the argument they
     passed `x` as (`linear`'s `w`, not the `matmul` it calls). Only on the
     error path."""
-    from ._source import generated_frame, in_package
     frame = inspect.currentframe().f_back
     found = None
     while frame is not None and (in_package(frame.f_code.co_filename) or generated_frame(frame)):
@@ -451,11 +455,11 @@ def _parameter_holding(x) -> tuple[str, str] | None:
 def tracing(state: TraceState):
     """Records ops into `state` (a nested function, such as a per-rank body)
     inside the block, then returns to the trace that was current."""
-    previous, _state.trace = current(), state
+    previous = set_trace_state(state)
     try:
         yield state
     finally:
-        _state.trace = previous
+        set_trace_state(previous)
 
 
 def _variable_name(obj) -> str | None:
@@ -533,11 +537,11 @@ def trace_function(fn, specs: list[ArgSpec], mesh, call=None, deterministic: boo
                            remat_candidates=remat_candidates)
         with ir.InsertionPoint(entry):
             args = [Traced(v, s.shape, s.dtype) for v, s in zip(entry.arguments, specs)]
-            previous, _state.trace = current(), state
+            previous = set_trace_state(state)
             try:
                 out = call(args) if call is not None else fn(*args)
             finally:
-                _state.trace = previous
+                set_trace_state(previous)
             leaves, structure = flatten(out)
             for i, o in enumerate(leaves):
                 if not isinstance(o, Traced):

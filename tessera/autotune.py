@@ -60,6 +60,11 @@ from tessera_compiler.ir.context import new_context
 from tessera_compiler.ir.options import TENSOR_CORE_CONFIGS, TargetOptions
 from tessera_mlir import ir
 
+from ._mpi import bcast_text, world_comm
+from ._rank_agreement import agree_on_program
+from ._trace import local_inputs
+from .machine import cache_path, host_cpu, machine
+
 __all__ = ["SPACE", "tune", "tune_microbatches", "cache_file", "entries", "show", "clear"]
 
 #: Each target's knobs and the values tried (TargetOptions fields).
@@ -84,7 +89,6 @@ def cache_file() -> Path:
 def _arch(options: TargetOptions) -> str:
     if options.target == "gpu":
         return "sm_90a"          # what the CUDA emitter targets
-    from .machine import host_cpu
     cpu, cores = host_cpu()
     return f"{platform.machine()} {cpu} x{cores}".strip()
 
@@ -194,7 +198,6 @@ def _ranked(compiled, traced, candidates, mesh) -> tuple[list, str]:
     """The candidates by the cost model's predicted step (fastest first; the
     function's own options stay in), and what ranked them."""
     from tessera_compiler.cost import estimate
-    from .machine import cache_path, machine
     base = candidates[0]
     ranks = mesh.size
     if base.target == "gpu":
@@ -229,7 +232,6 @@ def _slowest(seconds: float) -> float:
     if tessera_runtime.world()[1] == 1:
         return seconds
     from mpi4py import MPI
-    from ._mpi import world_comm
     return float(world_comm().allreduce(seconds, op=MPI.MAX))
 
 
@@ -237,7 +239,6 @@ def _agree(text: str) -> str:
     """Rank 0's `text` on every rank."""
     if tessera_runtime.world()[1] == 1:
         return text
-    from ._mpi import bcast_text, world_comm
     return bcast_text(world_comm(), text, what="autotune's choice")
 
 
@@ -369,8 +370,6 @@ def tune_microbatches(compiled, prepared, counts: list, reference: int) -> int:
     count is MIN_GAIN faster). The choice is stored beside the options'
     choices, keyed by the program as traced with `reference` microbatches.
     Every rank returns the same count."""
-    from ._rank_agreement import agree_on_program
-    from .compiler import local_inputs
     bound, leaves, mesh, tensors, specs, key = (prepared.bound, prepared.leaves, prepared.mesh,
                                                 prepared.tensors, prepared.specs, prepared.key)
     base = compiled._target()

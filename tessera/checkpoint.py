@@ -44,11 +44,12 @@ import numpy as np
 from tessera_runtime import world
 
 from ._checks import is_int
+from ._dtensor import DTensor, Mesh, ShardSpec, check_mesh, from_numpy, summand
+from ._mpi import allgather_text, bcast_text, world_comm
 from ._pytree import flatten, paths, unflatten
 from ._source import user_frame
-from .dist import DTensor, Mesh, ShardSpec, check_mesh, from_numpy, summand
 from .dtypes import bf16
-from .errors import CollectiveTimeout, TesseraError
+from .errors import ArgumentError, CollectiveTimeout, TesseraError
 
 __all__ = ["save", "load", "tags", "latest", "manifest", "Checkpoint", "SaveHandle",
            "CheckpointError"]
@@ -78,7 +79,6 @@ def _comm():
     if world()[1] == 1:
         return None
     if _COMM is None:
-        from ._mpi import world_comm
         _COMM = world_comm().Dup()
     return _COMM
 
@@ -318,7 +318,6 @@ def _check_tag(tag: str) -> None:
 def _directory(directory, what: str) -> Path:
     """`directory=` as a Path: a str or a path, or an error at the user's line."""
     if not isinstance(directory, (str, os.PathLike)):
-        from .errors import ArgumentError
         raise ArgumentError(f"{what}: directory={directory!r:.60} must be a folder's path (a str "
                             f"or a Path)  [{user_frame()}]")
     return Path(directory)
@@ -346,7 +345,6 @@ def save(tag: str, tensors=None, optimizer=None, extra=None, directory="checkpoi
     directory = _directory(directory, "checkpoint.save")
     started = time.perf_counter()
     _settle()                                # one save at a time, in call order
-    from ._mpi import allgather_text, bcast_text
     rank, size = world()
     comm = _comm()
     handle = SaveHandle(tag, directory)

@@ -32,6 +32,8 @@ from tessera_runtime import env as tessera_env
 from tessera_runtime import flight
 
 from . import elastic
+from .errors import TesseraError
+from .machine import thread_limits
 
 DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
 MEMORY_ENV = "TESSERA_MEMORY_REPORT"
@@ -333,22 +335,6 @@ class _ElasticJob:
 def _say(text: str) -> None:
     sys.stderr.write(f"[tessera] {text}\n")
     sys.stderr.flush()
-
-
-def thread_limits(ranks: int) -> dict:
-    """BLAS/OpenMP threads per rank so that the ranks of one node share its
-    cores instead of each starting one thread per core (what torchrun does
-    too). Measured: the example GPT on 4 ranks of a 2-core machine ran 0.9 s a
-    step with OpenBLAS' default threads, 0.06 s with these. A variable the
-    user set wins. TESSERA_NUM_THREADS too (the kernels' team): a launched
-    rank works it out from the job's size, a process standing in for one
-    rank of an R-rank job (`tessera calibrate -n R`) cannot. The same for
-    TESSERA_GEMM_BLOCKS (the GEMMs' cut, and so their bits)."""
-    from tessera_runtime.engines.cpu import gemm_block_limit
-    per_rank = str(max(1, tessera_env.cores() // ranks))
-    return {"OMP_NUM_THREADS": per_rank, "OPENBLAS_NUM_THREADS": per_rank,
-            "MKL_NUM_THREADS": per_rank, "TESSERA_NUM_THREADS": per_rank,
-            "TESSERA_GEMM_BLOCKS": str(gemm_block_limit(ranks))}
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -679,7 +665,6 @@ def _simulate(parser, opts) -> int:
     import json
     import runpy
     from . import simulation
-    from .errors import TesseraError
     from .machine import machine as describe
     try:
         mesh = simulation.parse_mesh(opts.mesh)

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _dtensor, mesh as mesh_module
 from ._checks import is_int
 from ._mpi import exchange, world_comm
 from ._pytree import flatten, unflatten
 from ._source import user_frame
+from ._trace import Traced, current
 from .errors import ArgumentError, ShardingError
+from .local_view import collective
 
 __all__ = ["all_reduce", "allreduce", "all_gather", "reduce_scatter", "all_to_all"]
 
@@ -93,13 +96,11 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
     """`name` applied to every tensor of `x`: as a collective of per-rank code
     (a traced tensor in dist.spmd), a layout change (a DTensor) or an MPI
     collective of this rank's array (numpy) over `mesh` (None: the default)."""
-    from . import dist
-    from ._trace import Traced, current
     if not isinstance(axis, str):
         raise ShardingError(f"dist.{name}: axis must be a mesh axis name (a str), got "
                             f"{axis!r}  [{user_frame()}]")
     if mesh is not None:
-        dist.check_mesh(f"dist.{name}", mesh)
+        _dtensor.check_mesh(f"dist.{name}", mesh)
     for key, d in args.items():
         if key.endswith("dim") and not is_int(d):
             raise ArgumentError(f"dist.{name}: {key}={d!r} must be a dimension index (an int)  "
@@ -111,7 +112,6 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
     out = []
     for leaf in leaves:
         if isinstance(leaf, Traced) and state.local:
-            from .local_view import collective
             out.append(collective(name, leaf, axis, **args))
             continue
         if isinstance(leaf, Traced):
@@ -128,7 +128,7 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
                 "the collectives their layouts need; change a layout with "
                 "dist.redistribute(x, layout), or write per-rank code with explicit "
                 "collectives in a function decorated with @dist.spmd.")
-        if isinstance(leaf, dist.DTensor):
+        if isinstance(leaf, _dtensor.DTensor):
             _check_axis(name, axis, leaf.mesh, f"the mesh of {leaf.name or 'the tensor'}", mesh)
             out.append(on_dtensor(leaf))
         elif isinstance(leaf, (np.ndarray, np.generic)):
@@ -141,32 +141,29 @@ def _each(x, name, axis, mesh, on_dtensor, on_array, **args):
 
 
 def _default_mesh():
-    from . import mesh as mesh_module
     return mesh_module.current()
 
 
 def _check_axis(name: str, axis: str, mesh, whose: str | None, given) -> None:
     """`axis` must be an axis of `mesh` (`whose` mesh, or the default one
     when None), and a `mesh=` given must be that mesh."""
-    from . import dist
     if given is not None and whose is not None and given != mesh:
         raise ShardingError(f"dist.{name}: mesh= is the {given.topology}, but it runs on "
                             f"{whose}, the {mesh.topology}  [{user_frame()}]")
     if axis in mesh.axes:
         return
     which = f"{whose}, the {mesh.topology}" if whose is not None else f"the {mesh.topology}" + (
-        f" {dist.default_origin(mesh)}" if mesh is dist.default_mesh() else "")
+        f" {_dtensor.default_origin(mesh)}" if mesh is _dtensor.default_mesh() else "")
     raise ShardingError(f"dist.{name}: axis {axis!r} is not in {which} (axes: "
                         f"{', '.join(mesh.axes)}); name one of its axes, or pass mesh= (or use "
                         f"`with mesh:`) for the mesh that has it  [{user_frame()}]")
 
 
 def _dtensor_all_reduce(t, axis: str, op: str):
-    from . import dist
     if any(axis in d for d in t.dims):
         raise ShardingError(
             f"dist.all_reduce: {t.name or 'the tensor'} is split over {axis!r} "
-            f"({dist._describe(t.dims, t.layout.partial)}), not a pending sum over it: "
+            f"({_dtensor.describe_layout(t.dims, t.layout.partial)}), not a pending sum over it: "
             "dist.all_gather collects its blocks")
     if axis not in t.layout.partial:
         return t                          # already the reduced value
@@ -174,25 +171,23 @@ def _dtensor_all_reduce(t, axis: str, op: str):
         raise ShardingError(f"dist.all_reduce: a pending sum is reduced with op='sum', "
                             f"not {op!r}")
     partial = tuple(a for a in t.layout.partial if a != axis)
-    return t.redistribute(dist.ShardSpec(t.layout.partition, t.layout.mesh_axes, partial))
+    return t.redistribute(_dtensor.ShardSpec(t.layout.partition, t.layout.mesh_axes, partial))
 
 
 def _dtensor_gather(t, axis: str):
-    from . import dist
     keep = [(p, a) for p, a in zip(t.layout.partition, t.layout.mesh_axes) if a != axis]
     if len(keep) == len(t.layout.partition):
         return t                          # not split over the axis: whole already
-    return t.redistribute(dist.ShardSpec(tuple(p for p, _ in keep), tuple(a for _, a in keep),
+    return t.redistribute(_dtensor.ShardSpec(tuple(p for p, _ in keep), tuple(a for _, a in keep),
                                          t.layout.partial))
 
 
 def _dtensor_reduce_scatter(t, axis: str, dim: int):
-    from . import dist
     if axis not in t.layout.partial:
         raise ShardingError(f"dist.reduce_scatter: {t.name or 'the tensor'} is not a pending "
                             f"sum over {axis!r}; split it with t.shard({dim}, {axis!r})")
     partial = tuple(a for a in t.layout.partial if a != axis)
-    return t.redistribute(dist.ShardSpec(t.layout.partition + (dim,),
+    return t.redistribute(_dtensor.ShardSpec(t.layout.partition + (dim,),
                                          t.layout.mesh_axes + (axis,), partial))
 
 

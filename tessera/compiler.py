@@ -44,7 +44,7 @@ from tessera_compiler.memory_budget import parse_bytes
 from tessera_compiler.lowering import Levels, collective_report, lower, target_options
 from tessera_mlir import ir
 
-from . import dist, simulation
+from . import _dtensor, simulation
 from .autotune import tune
 from ._checks import check_callable
 from ._mpi import barrier, bcast_text, world_comm
@@ -52,8 +52,9 @@ from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import CHECK_MODES, agree_on_inputs, agree_on_program
 from ._source import user_frame
 from ._trace import (ArgSpec, MeshFromCapture, autocast_dtype, current, is_tensor,
-                     symbol_name, trace_function)
+                     local_inputs, pin_layout, symbol_name, trace_function)
 from .errors import ArgumentError, CompileError, ShardingError
+from .profiling import profile_from_env
 from .types import check_annotations
 
 DUMP_ENV = "TESSERA_DUMP_IR"
@@ -82,7 +83,7 @@ class Prepared(NamedTuple):
     #: the argument leaves, arrays laid out by the strategy (if any) as DTensors
     leaves: list
     structure: object
-    mesh: dist.Mesh
+    mesh: _dtensor.Mesh
     #: the tensor leaves (DTensors and arrays), in the program's argument order
     tensors: list
     specs: list
@@ -106,7 +107,7 @@ class CompiledFunction:
     one (`ts.jit`, `ts.function`) the function runs replicated on every rank and
     tensor results are numpy arrays."""
 
-    def __init__(self, fn, mesh: dist.Mesh | None, numpy_results: bool = False,
+    def __init__(self, fn, mesh: _dtensor.Mesh | None, numpy_results: bool = False,
                  deterministic: bool | None = None, strategy=None,
                  target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
                  autotune: bool | None = None):
@@ -130,7 +131,6 @@ class CompiledFunction:
         self._programs: dict = {}
         self._names: dict = {}         # argument structure -> its leaves' paths
         self._specs: dict = {}         # call key -> its tensors' ArgSpecs
-        self._traces: dict = {}
         self._graph_text: dict = {}    # key -> the traced Graph IR (what the bundle is of)
         self._plans: dict = {}         # key -> memory plan, once computed
         self._remat_choices: dict = {}  # (program, options, budget) -> memory_budget.Choice
@@ -167,8 +167,8 @@ class CompiledFunction:
                 not isinstance(x, bool) else x for x in leaves])
         return bound
 
-    def _mesh_for(self, leaves) -> dist.Mesh:
-        meshes = {a.mesh for a in leaves if isinstance(a, dist.DTensor)}
+    def _mesh_for(self, leaves) -> _dtensor.Mesh:
+        meshes = {a.mesh for a in leaves if isinstance(a, _dtensor.DTensor)}
         if self.mesh is not None:
             meshes.add(self.mesh)
         elif self.strategy is not None and not meshes:
@@ -203,11 +203,10 @@ class CompiledFunction:
         # Per tensor leaf: its spec's fields but the name, and the DTensor or
         # (replicated, so also the local value) the array. The key holds
         # plain tuples, its ArgSpecs are made once per key (a dataclass
-        # each, made and hashed in Python: 0.3 ms a call of the example's
-        # step, 84 tensors).
+        # each, made and hashed in Python: too slow to make on every call).
         tensors, metas = [], []
         for leaf in leaves:
-            if isinstance(leaf, dist.DTensor):
+            if isinstance(leaf, _dtensor.DTensor):
                 tensors.append(leaf)
                 metas.append((leaf.shape, leaf.dtype, tuple(leaf.dims), tuple(leaf.layout.partial)))
             elif is_tensor(leaf):
@@ -216,11 +215,11 @@ class CompiledFunction:
                 metas.append((arr.shape, arr.dtype, ((),) * arr.ndim, ()))
         static = tuple(_static_key(l) for l in leaves if not is_tensor(l))
         key = (structure, static, tuple(metas), mesh, autocast_dtype(),
-               dist.deterministic_enabled(self.deterministic), self._target())
+               _dtensor.deterministic_enabled(self.deterministic), self._target())
         specs = self._specs.get(key)
         if specs is None:
             tensor_names = [n for n, l in zip(names, leaves)
-                            if isinstance(l, dist.DTensor) or is_tensor(l)]
+                            if isinstance(l, _dtensor.DTensor) or is_tensor(l)]
             specs = self._specs[key] = [ArgSpec(n, *m) for n, m in zip(tensor_names, metas)]
         return Prepared(bound, leaves, structure, mesh, tensors, specs, key, names, passed)
 
@@ -249,7 +248,7 @@ class CompiledFunction:
         """Graph IR of `call(traced arguments)` (see _trace)."""
         scatter = self.strategy.scatter_axes if self.strategy is not None else ()
         traced = trace_function(self.fn, specs, mesh, call,
-                                deterministic=dist.deterministic_enabled(self.deterministic),
+                                deterministic=_dtensor.deterministic_enabled(self.deterministic),
                                 scatter_axes=scatter, mesh_is_default=mesh is _default_mesh(),
                                 remat_candidates=self.memory_budget is not None)
         if self.schedule_settings is not None:
@@ -436,6 +435,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if (simulating := simulation.active()) is not None:
             return simulating.call(self, args, kwargs)      # price it, run nothing
+        profile_from_env()              # `tessera launch --profile DIR`: from the first call on
         prepared = self._prepare(args, kwargs)
         self._before_call(prepared)
         self._enter_mesh(prepared.mesh)
@@ -458,7 +458,7 @@ class CompiledFunction:
             program = tessera_runtime.load_bundle(path)
             layouts = []
             for o in program.outputs:
-                layout = dist.ShardSpec.from_dims(o.sharding.dims, o.sharding.partial)
+                layout = _dtensor.ShardSpec.from_dims(o.sharding.dims, o.sharding.partial)
                 name = f"{self.fn.__name__}.{o.name}"
                 layouts.append((layout, not any(o.sharding.dims) and not o.sharding.partial,
                                 name, layout.dims_for(len(o.global_shape), mesh, name)))
@@ -471,11 +471,11 @@ class CompiledFunction:
                 captured = list(zip(traced.captured_names, traced.captured))
                 inputs = prepared.agreed() + captured
                 if self.eager:      # an array is this rank's own value (a DTensor is not)
-                    inputs = [(p, leaf) for p, leaf in inputs if isinstance(leaf, dist.DTensor)]
+                    inputs = [(p, leaf) for p, leaf in inputs if isinstance(leaf, _dtensor.DTensor)]
                 agree_on_inputs(self.fn.__name__, inputs, mesh, source=str(user_frame()))
             self._inputs_agreed.add(key)
         self._last_layouts = (mesh, specs)
-        as_numpy = self.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
+        as_numpy = self.numpy_results and not any(isinstance(l, _dtensor.DTensor) for l in leaves)
         self._last_key = key
         outputs = program.run(local_inputs(tensors, traced))
         results, held = [], {}
@@ -485,8 +485,8 @@ class CompiledFunction:
                 # copy, so nothing of the caller's): no DTensor and no copy,
                 # unless an earlier result overlaps it (the same buffer
                 # returned twice; pieces of one buffer, as a pipeline's
-                # results, do not). (The example's step returns 80 arrays:
-                # 0.75 ms of copies and 1.3 ms of DTensors a call.)
+                # results, do not). (A step returns many arrays: copies and
+                # DTensors for each are a visible part of a call.)
                 owner = id(local if local.base is None else local.base)
                 lo, hi = byte_bounds(local)
                 spans = held.setdefault(owner, [])
@@ -496,7 +496,7 @@ class CompiledFunction:
                     spans.append((lo, hi))
                 results.append(local)
                 continue
-            t = dist.DTensor.with_dims(local, spec.global_shape, layout, mesh, name, dims)
+            t = _dtensor.DTensor.with_dims(local, spec.global_shape, layout, mesh, name, dims)
             results.append(t.numpy() if as_numpy else t)
         out = unflatten(traced.structure, results)
         return out
@@ -518,12 +518,12 @@ class CompiledFunction:
                          + (", ".join(split) or "replicated"))
         return "\n".join(lines)
 
-    def _enter_mesh(self, mesh: dist.Mesh) -> None:
+    def _enter_mesh(self, mesh: _dtensor.Mesh) -> None:
         """This process must be a device of `mesh`; with several, an error on
         any rank aborts them all (none is left waiting in a collective)."""
         mesh.require_rank(f"calling {self.fn.__name__}")
         if mesh.size > 1:
-            dist.install_abort_on_error()
+            _dtensor.install_abort_on_error()
 
     def build(self, *args, **kwargs) -> tuple[Path, list[np.ndarray]]:
         """Compiles for these arguments without running: the bundle
@@ -588,7 +588,7 @@ def _check_arguments(fn, mesh, deterministic, target, autotune) -> None:
     first call, far from the line that got them wrong)."""
     check_callable("ts.jit", fn)
     if mesh is not None:
-        dist.check_mesh(getattr(fn, "__name__", "fn"), mesh)
+        _dtensor.check_mesh(getattr(fn, "__name__", "fn"), mesh)
     for name, value in (("deterministic", deterministic), ("autotune", autotune)):
         if value is not None and not isinstance(value, (bool, np.bool_)):
             raise ArgumentError(f"{getattr(fn, '__name__', 'fn')}: {name}={value!r} must be "
@@ -641,18 +641,36 @@ def _dynamic_names(fn, signature, dynamic) -> tuple[str, ...]:
     return names
 
 
-def local_inputs(tensors, traced, rank: int | None = None) -> list[np.ndarray]:
-    """What the program takes: this rank's (or `rank`'s) block of each tensor
-    argument, then the constants the trace captured."""
-    def block(t):
-        return t.local() if rank is None else t.block(rank)
-    return [block(t) if isinstance(t, dist.DTensor) else np.asarray(t)
-            for t in list(tensors) + list(traced.captured)]
+_RESHARDERS: dict = {}
+
+
+def reshard(x, layout) -> _dtensor.DTensor:
+    """`dist.redistribute` of a DTensor outside a compiled function: `x` in
+    `layout`, moved by one small compiled program per (layout, mesh), cached."""
+    if not isinstance(layout, _dtensor.ShardSpec):
+        raise ArgumentError(f"dist.redistribute: layout is a {type(layout).__name__} "
+                            f"({layout!r:.40}), not a dist.ShardSpec  [{user_frame()}]")
+    if not isinstance(x, _dtensor.DTensor):
+        raise ArgumentError(f"dist.redistribute: x is a {type(x).__name__}, not a DTensor (or a "
+                            f"traced tensor inside a compiled function); make one with "
+                            f"dist.from_numpy  [{user_frame()}]")
+    # The layout must fit before a program is compiled (and run) to move it.
+    _dtensor.check_divisible(x.shape, layout.dims_for(x.ndim, x.mesh, x.name or "tensor"),
+                             x.mesh, x.name or "tensor", user_frame())
+    key = (layout, x.mesh)
+    if key not in _RESHARDERS:
+        def reshard_program(t):
+            return pin_layout(t, layout)
+        reshard_program.__name__ = "reshard"
+        _RESHARDERS[key] = compile(reshard_program, mesh=x.mesh)
+    out = _RESHARDERS[key](x)
+    out.name = x.name
+    return out
 
 
 @functools.lru_cache(maxsize=None)
-def _default_mesh() -> dist.Mesh:
-    return dist.Mesh(axes=["dp"], devices=range(tessera_runtime.world()[1]), name="mesh")
+def _default_mesh() -> _dtensor.Mesh:
+    return _dtensor.Mesh(axes=["dp"], devices=range(tessera_runtime.world()[1]), name="mesh")
 
 
 def _options(target, name: str) -> TargetOptions:
@@ -679,7 +697,7 @@ def _resolved_options(target, env_target: str | None, env_nodes: str | None) -> 
     return options
 
 
-def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
+def compile(fn=None, *, mesh: _dtensor.Mesh | None = None, deterministic: bool | None = None,
             target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
             autotune: bool | None = None):
     """Compile `fn` for `mesh`. Use as `@tessera.compile(mesh=mesh)` or
@@ -725,18 +743,8 @@ def compile(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | Non
                             autotune=autotune)
 
 
-def jit(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-        target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
-        autotune: bool | None = None):
-    """`ts.jit(step)`: compile on first call, as in the design docs' training guide."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
-                   memory_budget=memory_budget, autotune=autotune)
-
-
-def function(fn=None, *, mesh: dist.Mesh | None = None, deterministic: bool | None = None,
-             target: str | TargetOptions | None = None, dynamic=(), memory_budget=None,
-             autotune: bool | None = None):
-    """`@ts.function`: a compiled function with shape-annotated arguments
-    (`ts.Tensor["B", "S", ts.int32]`), checked at every call."""
-    return compile(fn, mesh=mesh, deterministic=deterministic, target=target, dynamic=dynamic,
-                   memory_budget=memory_budget, autotune=autotune)
+#: `ts.jit(step)`, the design docs' training guide's name, and
+#: `@ts.function` (with shape-annotated arguments, `ts.Tensor["B", "S", ts.int32]`,
+#: checked at every call, as any compiled function's): both `compile`.
+jit = compile
+function = compile

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+from tessera_compiler.ir.types import ELEMENT_TYPES
+
+from ._source import user_frame
+from .errors import ArgumentError
 
 f32 = float32 = np.dtype(np.float32)
 f64 = float64 = np.dtype(np.float64)
@@ -43,9 +47,11 @@ def as_dtype(d, what: str = "dtype") -> np.dtype:
                                     "ts.bf16, ts.int32, \"f32\", ...)") from None
 
 
+#: the dtypes a tensor may have, for messages (the element types of Graph IR)
+SUPPORTED_DTYPES = ", ".join(dict.fromkeys(str(as_dtype(n)) for n in ELEMENT_TYPES.values()))
+
+
 def _not_a_dtype(what: str, d, text: str) -> Exception:
-    from ._source import user_frame
-    from .errors import ArgumentError
     return ArgumentError(f"{what}: {text}  [{user_frame()}]")
 
 
@@ -76,8 +82,6 @@ def tensor(value, dtype=None) -> np.ndarray:
         dtype = f32
     out = np.asarray(value, dtype=as_dtype(dtype, "ts.tensor: dtype") if dtype is not None else None)
     if out.dtype.kind not in "biufV":
-        from ._source import user_frame
-        from .errors import ArgumentError
         raise ArgumentError(f"ts.tensor: value is a {type(value).__name__} ({value!r:.60}), which "
                             f"makes a {out.dtype} array, not numbers  [{user_frame()}]")
     return out

@@ -43,9 +43,11 @@ from pathlib import Path
 from tessera_runtime import env, world
 
 from . import checkpoint
-from .dist import DTensor
 from ._checks import is_int
+from ._dtensor import DTensor
+from ._mpi import bcast_text, world_comm
 from ._pytree import flatten
+from ._source import user_frame
 from .errors import TesseraError
 
 SAFE_POINTS = ("step", "pipeline_boundary")
@@ -106,7 +108,6 @@ class Elastic:
 
     def __init__(self, rejoin: bool = True, safe_point: str = "step",
                  directory="checkpoints", every: int = 1, keep: int = 2, world_sizes=None):
-        from ._source import user_frame
         if safe_point not in SAFE_POINTS:
             raise ElasticError(f"dist.elastic: safe_point={safe_point!r}; the safe points are "
                                f"{', '.join(map(repr, SAFE_POINTS))}  [{user_frame()}]")
@@ -195,7 +196,6 @@ class Elastic:
             return False
         wanted = "1" if self.rank == 0 and (self._control / REQUEST_FILE).exists() else ""
         if self.world_size > 1:
-            from ._mpi import bcast_text, world_comm
             wanted = bcast_text(world_comm(), wanted,
                                 what="the resize check of a dist.elastic safe point")
         return wanted == "1"

@@ -4,6 +4,8 @@ axis involved and the user's source line where it has one."""
 from tessera_runtime import flight as _flight
 from tessera_runtime.engines import library as _library
 
+from ._source import user_frame
+
 
 class TesseraError(Exception):
     """Base class of every error Tessera raises on purpose."""
@@ -61,7 +63,6 @@ def option_error(message: str) -> ArgumentError:
 
     import tessera_compiler
 
-    from ._source import user_frame
     where = user_frame(outside=(os.path.dirname(os.path.abspath(tessera_compiler.__file__)) + os.sep,))
     return ArgumentError(f"{message}  [{where}]")
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tessera_compiler.lowering import Levels, collective_report
 
-from .compiler import CompiledFunction
+from .autodiff import grad
+from .compiler import CompiledFunction, compile as _compile
+from .machine import machine as describe
 from .pipeline import pipeline, stage
 
 __all__ = ["Trace", "trace", "backward", "training_step", "stage", "pipeline"]
@@ -46,7 +48,6 @@ class Trace:
         the mesh has, or `ranks_per_node`), "h100-node", "h200-node" or a
         `Machine`."""
         from tessera_compiler.cost import estimate
-        from .machine import machine as describe
         ranks = 1
         mesh = self.levels.module and _mesh_size(self.levels.module)
         if mesh:
@@ -77,11 +78,9 @@ def trace(fn, *args, mesh=None, target=None, **kwargs) -> Trace:
     return Trace(compiled.fn.__name__, compiled.lower(*args, target=target, **kwargs))
 
 
-def backward(loss, wrt=None):
-    """Gradients of scalar `loss` with respect to the parameters the step uses
-    (the tensors it captures from outside), or `wrt`; see `ts.grad`."""
-    from .autodiff import grad
-    return grad(loss, wrt)
+#: `graph.backward(loss)` (in a `training_step`): the training guide's name
+#: for `ts.grad` (with respect to the parameters the step captures, or `wrt`).
+backward = grad
 
 
 def training_step(fn=None, *, module: str | None = None, mesh=None):
@@ -89,7 +88,6 @@ def training_step(fn=None, *, module: str | None = None, mesh=None):
     `graph.backward(loss)` and returns `(grads, metrics)`; the parameters are
     the arrays/DTensors the step reads from outside, and `grads` is a dict by
     their names."""
-    from .compiler import compile as _compile
 
     def wrap(f):
         compiled = _compile(f, mesh=mesh)

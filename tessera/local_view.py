@@ -39,12 +39,15 @@ from tessera_compiler.ir.support import symbol_of
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
+from . import _dtensor
 from ._checks import check_callable, is_int
+from ._primitives import equal, mul, where
 from ._pytree import flatten, paths, unflatten
 from ._rank_agreement import PEER_PLAN
 from ._source import user_frame
 from ._trace import (TraceState, Traced, as_traced, current, current_location,
                      declared_sharding, element_type, is_tensor, tracing)
+from .compiler import CompiledFunction
 from .dtypes import as_dtype
 from .errors import ArgumentError, CompileError, ShapeError, ShardingError
 
@@ -68,9 +71,7 @@ class LocalFunction:
     def _run(self, args):
         """A global program that calls this function: its arguments keep
         their layouts (a DTensor's is its in-spec unless in_specs says)."""
-        from . import dist
-        from .compiler import CompiledFunction
-        mesh = self.mesh or next((a.mesh for a in args if isinstance(a, dist.DTensor)), None)
+        mesh = self.mesh or next((a.mesh for a in args if isinstance(a, _dtensor.DTensor)), None)
         if mesh not in self._standalone:
             def program(*xs):
                 return self(*xs)
@@ -80,7 +81,6 @@ class LocalFunction:
 
     # -- called while tracing a global program ------------------------------
     def _trace_into(self, outer: TraceState, args):
-        from . import dist
         if outer.local:
             raise ShardingError(f"{self.fn.__name__}: a local-view function called inside "
                                 f"another one  [{user_frame()}]; call its Python function")
@@ -100,7 +100,7 @@ class LocalFunction:
         for i, (x, spec) in enumerate(zip(inputs, specs)):
             what = f"{self.fn.__name__} argument #{i}"
             dims = spec.dims_for(x.ndim, mesh, what)
-            dist.check_divisible(x.shape, dims, mesh, what, src)
+            _dtensor.check_divisible(x.shape, dims, mesh, what, src)
             block_types.append(ir.RankedTensorType.get(list(mesh.info.local_shape(x.shape, dims)),
                                                        element_type(x.dtype)))
             in_attrs.append(Sharding(mesh.name, tuple(dims), tuple(spec.partial)).to_attr())
@@ -178,7 +178,6 @@ class LocalFunction:
         return Trace(body, state, leaves, structure, paths(out))
 
     def _out_specs(self, outputs, varying, mesh, src):
-        from . import dist
         given = _specs_for(self.out_specs, len(outputs), "out_specs", self.fn.__name__) \
             if self.out_specs is not None else [None] * len(outputs)
         specs = []
@@ -195,7 +194,7 @@ class LocalFunction:
                     f"dist.ShardSpec((0,), ({loose[0]!r},)) to lay the blocks side by side or "
                     f"dist.ShardSpec(partial=({loose[0]!r},)) for a sum of them, or reduce it "
                     f"with dist.all_reduce(..., axis={loose[0]!r})  [{src}]")
-            specs.append(spec or dist.ShardSpec())
+            specs.append(spec or _dtensor.ShardSpec())
         return specs
 
 
@@ -205,11 +204,10 @@ def spmd(fn=None, *, mesh=None, in_specs=None, out_specs=None):
     one for all; default: a DTensor argument's own layout) and the function
     runs on the blocks; `out_specs` says how the results' blocks form global
     values (default: replicated, checked)."""
-    from . import dist
     if mesh is not None:
-        dist.check_mesh("dist.spmd", mesh)
+        _dtensor.check_mesh("dist.spmd", mesh)
     for what, specs in (("in_specs", in_specs), ("out_specs", out_specs)):
-        if specs is not None and not isinstance(specs, (dist.ShardSpec, list, tuple)):
+        if specs is not None and not isinstance(specs, (_dtensor.ShardSpec, list, tuple)):
             raise ArgumentError(f"dist.spmd: {what}= is a {type(specs).__name__} "
                                 f"({specs!r:.40}); give one dist.ShardSpec for every argument, "
                                 f"or a list of them (None: replicated)  [{user_frame()}]")
@@ -236,7 +234,6 @@ def axis_index(axis: str) -> Traced:
 
 def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
     """The collective `kind` of `x` over `axis` inside a local-view function."""
-    from . import dist
     state = _local_state(f"dist.{kind}")
     src = user_frame()
     mesh = state.mesh
@@ -254,14 +251,12 @@ def collective(kind: str, x: Traced, axis: str, **args) -> Traced:
         if name.endswith("dim") and (not is_int(d) or not -x.ndim <= d < max(x.ndim, 1)):
             raise ArgumentError(f"dist.{kind}: {name}={d!r} is not a dimension of the block "
                                 f"{list(x.shape)}  [{src}]")
-    deterministic = dist.deterministic_enabled()
+    deterministic = _dtensor.deterministic_enabled()
     with current_location(src):
         if kind == "all_reduce":
             value = gb.all_reduce(x.value, args.get("op", "sum"), mesh.name, axis, deterministic)
         elif kind == "broadcast":
-            from . import op
-            mine = op.where(op.equal(axis_index(axis), np.int32(args["src"])), x,
-                            op.mul(x, 0.0))
+            mine = where(equal(axis_index(axis), np.int32(args["src"])), x, mul(x, 0.0))
             return collective("all_reduce", mine, axis)
         else:
             # all_to_all only, op.moe's exchange: its transport and row counts
@@ -706,11 +701,10 @@ def _merge(leaves, is_input, blocks) -> list:
 def _declared_spec(x: Traced):
     """The layout an argument of the compiled function was given; replicated
     for any other value."""
-    from . import dist
     sharding = declared_sharding(x)
     if sharding is None:
-        return dist.ShardSpec()
-    return dist.ShardSpec.from_dims(sharding.dims, sharding.partial)
+        return _dtensor.ShardSpec()
+    return _dtensor.ShardSpec.from_dims(sharding.dims, sharding.partial)
 
 
 def _spec_axes(spec) -> set:
@@ -718,10 +712,9 @@ def _spec_axes(spec) -> set:
 
 
 def _specs_for(specs, n: int, what: str, name: str) -> list:
-    from . import dist
     if specs is None:
-        return [dist.ShardSpec()] * n
-    if isinstance(specs, dist.ShardSpec):
+        return [_dtensor.ShardSpec()] * n
+    if isinstance(specs, _dtensor.ShardSpec):
         return [specs] * n
     specs = list(specs)
     if len(specs) != n:
@@ -729,10 +722,10 @@ def _specs_for(specs, n: int, what: str, name: str) -> list:
                             f"{'arguments' if what == 'in_specs' else 'results'}  "
                             f"[{user_frame()}]")
     for i, s in enumerate(specs):
-        if s is not None and not isinstance(s, dist.ShardSpec):
+        if s is not None and not isinstance(s, _dtensor.ShardSpec):
             raise ArgumentError(f"{name}: {what}[{i}] is a {type(s).__name__} ({s!r:.40}), not "
                                 f"a dist.ShardSpec or None  [{user_frame()}]")
-    return [s or dist.ShardSpec() for s in specs]
+    return [s or _dtensor.ShardSpec() for s in specs]
 
 
 def _local_state(what: str) -> TraceState:

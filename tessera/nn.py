@@ -7,6 +7,9 @@ import numpy as np
 
 from . import simulation
 from ._checks import is_int
+from ._source import user_frame
+from .dtypes import as_dtype, is_float
+from .errors import ArgumentError
 from .op import (attention, cross_entropy, embedding, gelu, layernorm, linear, log_softmax,
                  relu, rmsnorm, silu, softmax, transformer_block)
 
@@ -23,9 +26,6 @@ def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,
     (GPT-2 style init: normal(0, 0.02), output projections scaled by 1/sqrt(2 depth)).
     With `experts=E`, each block's MLP is a mixture of E experts (`op.moe`):
     its parameters are `moe = {router [D, E], w1 [E, D, F], w2 [E, F, D]}`."""
-    from ._source import user_frame
-    from .dtypes import as_dtype, is_float
-    from .errors import ArgumentError
     for name, value, least in (("depth", depth, 1), ("width", width, 1),
                                ("mlp_ratio", mlp_ratio, 1), ("experts", experts, 0)):
         if not is_int(value) or value < least:

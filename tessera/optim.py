@@ -28,7 +28,10 @@ from . import op, simulation
 from ._checks import is_number
 from ._pytree import flatten, unflatten
 from ._source import user_frame
+from ._trace import is_tensor
+from .autodiff import grad
 from .errors import ArgumentError
+from .mesh import current
 
 __all__ = ["AdamW", "SGD", "global_norm", "clip_by_global_norm", "accumulate", "tree_sum",
            "accumulate_grad",
@@ -46,7 +49,6 @@ def _check_hyper(api: str, name: str, value, low: float, high: float | None = No
     """A hyperparameter given as a Python number must lie in its range
     (`low` <= value, or < with `low_open`; value < `high`); a tensor (a
     traced learning-rate schedule) is taken as is."""
-    from ._trace import is_tensor
     if is_tensor(value):
         return
     if not is_number(value):
@@ -198,8 +200,6 @@ def accumulate_grad(loss_fn, params, microbatches, axis: str = "dp"):
     the parameters after any number of steps) are the same bits for every d:
     batch-invariant data parallelism. `loss_fn` should average over its
     microbatch (a mean of equal-sized microbatch means is the batch mean)."""
-    from .autodiff import grad
-    from .mesh import current
     mesh = current()
     d = mesh.axis_size(axis) if axis in mesh.axes else 1
     leaves, structure = flatten(microbatches)

@@ -41,7 +41,8 @@ from tessera_compiler.ir.support import i64, ops_of
 from tessera_mlir import ir
 from tessera_runtime import env
 
-from . import _trace
+from . import _dtensor, _trace, simulation
+from ._primitives import concat
 from .autotune import tune_microbatches
 from ._checks import check_callable, is_int
 from ._pytree import flatten, unflatten
@@ -217,7 +218,6 @@ class PipelinedFunction(CompiledFunction):
 
     def _microbatches(self) -> int:
         if self.auto_microbatches and self.microbatches is None:
-            from . import simulation
             when = ("tessera simulate runs nothing to measure: give a count" if
                     simulation.active() else "call it once first (or give a count)")
             raise PipelineError(f"{self.fn.__name__}: microbatches='auto' is chosen by measuring "
@@ -431,11 +431,10 @@ class PipelinedFunction(CompiledFunction):
 def _local_rows(fn_name, bound, batch_names, mesh) -> int:
     """Rows of the batch each data-parallel replica of the pipeline runs
     (dim 0 of the batch arguments over the mesh axes splitting it)."""
-    from . import dist
     rows = set()
     for name in batch_names:
         for leaf in flatten(bound.arguments[name])[0]:
-            if isinstance(leaf, dist.DTensor) and leaf.ndim:
+            if isinstance(leaf, _dtensor.DTensor) and leaf.ndim:
                 blocks = 1
                 for axis in leaf.dims[0]:
                     blocks *= mesh.axis_size(axis)
@@ -515,7 +514,6 @@ def _combine(results: list, size: int, blocks: int):
     mean loss over the whole batch and its gradient), per-example outputs
     (leading dimension the microbatch size) concatenated back into batch
     order (within each of the `blocks` row blocks, see _split)."""
-    from . import op
     leaves = [flatten(r)[0] for r in results]
     structure = flatten(results[0])[1]
     out = []
@@ -527,11 +525,11 @@ def _combine(results: list, size: int, blocks: int):
         is_grad = getattr(first.value.owner, "name", None) == "tgraph.grad"
         if first.shape and first.shape[0] == size and not is_grad:
             if blocks == 1:
-                out.append(op.concat(list(parts), dim=0))
+                out.append(concat(list(parts), dim=0))
             else:
                 rest = tuple(first.shape[1:])
                 cut = [x.reshape(blocks, size // blocks, *rest) for x in parts]
-                out.append(op.concat(cut, dim=1).reshape(size * len(parts), *rest))
+                out.append(concat(cut, dim=1).reshape(size * len(parts), *rest))
         else:
             total = parts[0]
             for x in parts[1:]:
@@ -543,9 +541,8 @@ def _combine(results: list, size: int, blocks: int):
 def _check_run_arguments(name, mesh, axis, microbatches, virtual_stages, stages, batch,
                          src) -> None:
     """pipeline.run's settings, checked where the step is made."""
-    from . import dist
     if mesh is not None:
-        dist.check_mesh("pipeline.run", mesh, src)
+        _dtensor.check_mesh("pipeline.run", mesh, src)
     if not isinstance(axis, str):
         raise ArgumentError(f"pipeline.run: axis={axis!r} must be a mesh axis name (a str)  "
                             f"[{src}]")
@@ -595,9 +592,8 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
         check_callable("pipeline.run", f)
         m = mesh
         if m is None:
-            from . import dist
             import tessera_runtime
-            m = dist.Mesh(axes=[axis], devices=range(tessera_runtime.world()[1]))
+            m = _dtensor.Mesh(axes=[axis], devices=range(tessera_runtime.world()[1]))
         return PipelinedFunction(f, m, axis, schedule, microbatches, virtual_stages, batch,
                                  stages, deterministic=deterministic, target=target)
     return wrap if fn is None else wrap(fn)

@@ -48,6 +48,10 @@ import numpy as np
 import tessera_runtime
 from tessera_runtime import env, flight, profiler
 
+from ._mpi import allgather_text, world_comm
+from ._source import user_frame
+from .errors import ArgumentError
+
 if TYPE_CHECKING:
     from ._source import SourceLine
 
@@ -101,14 +105,12 @@ class ProfileError(*_ERROR_BASES):
 
 
 def _user_line() -> "SourceLine":
-    from ._source import user_frame
     return user_frame()
 
 
 def _argument_error(text: str) -> Exception:
     """tessera's ArgumentError at the user's line (imported here, not at the
     top: see ProfileError)."""
-    from .errors import ArgumentError
     return ArgumentError(f"{text}  [{_user_line()}]")
 
 
@@ -201,7 +203,6 @@ class profile:
         rank, size = tessera_runtime.world()
         self.rank = rank
         if size > 1:
-            from ._mpi import world_comm
             self._comm = world_comm()
             self._offsets = _clock_offsets(self._comm)
         else:
@@ -256,7 +257,6 @@ class profile:
                            "groups": flight.RECORDER.groups,
                            "slices": [list(s) for s in rec.slices]})
         if self._comm is not None:
-            from ._mpi import allgather_text
             records = [json.loads(t) for t in allgather_text(
                 self._comm, mine, what="the merge of dist.profile's records", axis="profile")]
         else:
@@ -499,10 +499,18 @@ def timeline_png(trace: dict, path: str | Path, ranks: int = 8) -> Path:
     return Path(path)
 
 
+_from_env_checked = False
+
+
 def profile_from_env() -> None:
-    """With TESSERA_PROFILE=DIR, profile the whole process (called once when
-    tessera is imported): DIR/trace.json and DIR/summary.txt at exit, and
+    """With TESSERA_PROFILE=DIR, profile the rest of the process from its
+    first compiled call on (`CompiledFunction.__call__` asks, once; importing
+    tessera starts nothing): DIR/trace.json and DIR/summary.txt at exit, and
     DIR/timeline.png where matplotlib is installed."""
+    global _from_env_checked
+    if _from_env_checked:
+        return
+    _from_env_checked = True
     folder = env.get("TESSERA_PROFILE")
     if not folder:
         return

@@ -41,6 +41,11 @@ import numpy as np
 
 from tessera_compiler.cost import Machine, estimate
 
+from . import _context, _dtensor
+from ._pytree import unflatten
+from .dtypes import bf16
+from .profiling import perfetto_trace
+
 __all__ = ["Simulation", "SimulationDone", "active", "placeholder", "parse_mesh"]
 
 
@@ -103,8 +108,6 @@ class Simulation:
     # -- the compiled-function hook ------------------------------------------
     def call(self, compiled, args, kwargs):
         """What `compiled(*args, **kwargs)` does while simulating."""
-        from . import dist
-        from ._pytree import unflatten
         from tessera_compiler.bundle import program_json
         if id(compiled) in self.called:
             raise SimulationDone(compiled.fn.__name__)
@@ -124,13 +127,13 @@ class Simulation:
             if program.get("pipeline") and hasattr(compiled, "report_of") else None
         self.records.append(Record(compiled.fn.__name__, cost, compiled._entry_plan(levels),
                                    time.perf_counter() - started, report, cost.roles))
-        as_numpy = compiled.numpy_results and not any(isinstance(l, dist.DTensor) for l in leaves)
+        as_numpy = compiled.numpy_results and not any(isinstance(l, _dtensor.DTensor) for l in leaves)
         results = []
         for spec in program["outputs"]:
             value = placeholder(spec["global_shape"], _dtype(spec["dtype"]))
             sharding = spec.get("sharding", {"dims": [[]] * len(value.shape), "partial": []})
-            layout = dist.ShardSpec.from_dims(sharding["dims"], sharding["partial"])
-            results.append(value if as_numpy else dist.DTensor(
+            layout = _dtensor.ShardSpec.from_dims(sharding["dims"], sharding["partial"])
+            results.append(value if as_numpy else _dtensor.DTensor(
                 None, value.shape, value.dtype, layout, mesh,
                 name=f"{compiled.fn.__name__}.{spec['name']}", global_value=value))
         return unflatten(traced.structure, results)
@@ -175,7 +178,6 @@ class Simulation:
     def perfetto(self, ranks) -> dict:
         """The predicted timeline of `ranks`: each function's call after the
         previous one's, a thread per stream (dist.profile's trace format)."""
-        from .profiling import perfetto_trace
         records = []
         for rank in ranks:
             slices, offset = [], 0.0
@@ -191,23 +193,17 @@ class Simulation:
 
 
 def _dtype(name: str):
-    from .dtypes import bf16
     return bf16 if name == "bfloat16" else np.dtype(name)
-
-
-_active: Simulation | None = None
 
 
 def active() -> Simulation | None:
     """The simulation this process runs under (`tessera simulate`), if any."""
-    return _active
+    return _context.simulation()
 
 
 def start(sim: Simulation) -> None:
-    global _active
-    _active = sim
+    _context.set_simulation(sim)
 
 
 def stop() -> None:
-    global _active
-    _active = None
+    _context.set_simulation(None)

@@ -48,8 +48,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dist
+from . import _dtensor
 from ._checks import check_callable
+from ._source import user_frame
+from .compiler import CompiledFunction
+from .errors import ArgumentError
+from .local_view import spmd
+from .mesh import auto
 
 STRATEGIES = ("data_parallel", "zero_redundancy_optimizer", "tensor_parallel")
 
@@ -57,7 +62,7 @@ STRATEGIES = ("data_parallel", "zero_redundancy_optimizer", "tensor_parallel")
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    mesh: dist.Mesh | None
+    mesh: _dtensor.Mesh | None
     axis: str
     batch: tuple[str, ...]
     state: tuple[str, ...]
@@ -70,13 +75,12 @@ class Strategy:
     def scatter_axes(self) -> tuple[str, ...]:
         return (self.axis,) if self.name == "zero_redundancy_optimizer" else ()
 
-    def mesh_for(self) -> dist.Mesh:
+    def mesh_for(self) -> _dtensor.Mesh:
         if self.mesh is not None:
             return self.mesh
-        from .mesh import auto
         return auto((self.axis,))
 
-    def place_all(self, paths: list, leaves: list, mesh: dist.Mesh) -> tuple[list, list]:
+    def place_all(self, paths: list, leaves: list, mesh: _dtensor.Mesh) -> tuple[list, list]:
         """Every leaf as the strategy lays it out (see `place`), and each as
         the ranks must agree on it: a global array as passed, a local batch
         (`batch_is_local`: each rank's blocks of the global batch, placed
@@ -89,17 +93,16 @@ class Strategy:
         placed = [leaf if i in local else self.place(p, leaf, mesh)
                   for i, (p, leaf) in enumerate(zip(paths, leaves))]
         if local:
-            from ._source import user_frame
-            blocks = dist.local_blocks([(paths[i], leaves[i]) for i in local], self.axis, 0,
+            blocks = _dtensor.local_blocks([(paths[i], leaves[i]) for i in local], self.axis, 0,
                                        mesh, "ts.distribute(batch_is_local=True)", user_frame())
             for i, block in zip(local, blocks):
                 placed[i] = block
         return placed, [placed[i] if i in local else leaf for i, leaf in enumerate(leaves)]
 
-    def place(self, path: str, leaf, mesh: dist.Mesh):
+    def place(self, path: str, leaf, mesh: _dtensor.Mesh):
         """`leaf` (the argument at `path`, e.g. `batch.inputs`) as the strategy
         lays it out; DTensors and non-arrays pass through."""
-        if isinstance(leaf, dist.DTensor) or not isinstance(leaf, (np.ndarray, np.generic)):
+        if isinstance(leaf, _dtensor.DTensor) or not isinstance(leaf, (np.ndarray, np.generic)):
             return leaf
         arg = path.split(".")[0]
         array = np.asarray(leaf)
@@ -107,13 +110,13 @@ class Strategy:
         if self.layouts is not None:
             spec = self.layouts(path, array)
         elif arg in self.batch and array.ndim:
-            spec = dist.ShardSpec((0,), (self.axis,))
+            spec = _dtensor.ShardSpec((0,), (self.axis,))
         elif arg in self.state and self.name == "zero_redundancy_optimizer":
             n = mesh.axis_size(self.axis)
             dim = next((d for d, size in enumerate(array.shape) if size % n == 0 and size >= n),
                        None)
-            spec = dist.ShardSpec((dim,), (self.axis,)) if dim is not None else None
-        return dist.from_numpy(array, layout=spec or dist.ShardSpec(), mesh=mesh, name=path)
+            spec = _dtensor.ShardSpec((dim,), (self.axis,)) if dim is not None else None
+        return _dtensor.from_numpy(array, layout=spec or _dtensor.ShardSpec(), mesh=mesh, name=path)
 
 
     def check_split(self, fn_name: str, arg_names, placed) -> None:
@@ -121,11 +124,11 @@ class Strategy:
         batch on every rank, silently: refuse it, naming what it saw."""
         if self.name not in ("data_parallel", "zero_redundancy_optimizer"):
             return
-        if any(isinstance(leaf, dist.DTensor) and any(self.axis in d for d in leaf.dims)
+        if any(isinstance(leaf, _dtensor.DTensor) and any(self.axis in d for d in leaf.dims)
                for leaf in placed):
             return
         seen = ", ".join(dict.fromkeys(arg_names)) or "none"
-        raise dist.ShardingError(
+        raise _dtensor.ShardingError(
             f"{fn_name}: ts.distribute(strategy={self.name!r}) found no batch to split over "
             f"'{self.axis}': it splits the arrays under the arguments named "
             f"{', '.join(repr(b) for b in self.batch)}, and {fn_name} takes {seen}. Name the "
@@ -141,7 +144,7 @@ def _takes(f, names) -> bool:
     return any(n in params for n in names)
 
 
-def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | None = None,
+def distribute(fn=None, *, strategy: str = "data_parallel", mesh: _dtensor.Mesh | None = None,
                axis: str = "dp", batch=("batch", "microbatches"),
                state=("opt_state", "optimizer_state", "state"), layouts=None,
                mesh_axes=None, batch_is_local: bool = False):
@@ -152,21 +155,18 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
     batch (the DDP habit), and the global batch is every rank's rows in
     axis order (`dist.from_local`), so a mean loss is the mean over all of
     them; by default the batch is global, the same on every rank, and split."""
-    from ._source import user_frame
-    from .compiler import CompiledFunction
-    from .errors import ArgumentError
     if strategy not in STRATEGIES:
         raise ArgumentError(f"ts.distribute: unknown strategy {strategy!r} (known: "
                             f"{', '.join(STRATEGIES)})  [{user_frame()}]")
     if mesh is not None:
-        dist.check_mesh("ts.distribute", mesh)
+        _dtensor.check_mesh("ts.distribute", mesh)
     if mesh_axes:
         axis = list(mesh_axes)[0]
     if not isinstance(axis, str):
         raise ArgumentError(f"ts.distribute: axis {axis!r} must be a mesh axis name (a str)  "
                             f"[{user_frame()}]")
     if mesh is not None and axis not in mesh.axes:
-        raise dist.ShardingError(f"ts.distribute: axis {axis!r} is not in the {mesh.topology} "
+        raise _dtensor.ShardingError(f"ts.distribute: axis {axis!r} is not in the {mesh.topology} "
                                  f"(axes: {', '.join(mesh.axes)})  [{user_frame()}]")
     if batch_is_local and strategy not in ("data_parallel", "zero_redundancy_optimizer"):
         raise ArgumentError(f"ts.distribute: batch_is_local=True is for the data-parallel "
@@ -191,7 +191,6 @@ def distribute(fn=None, *, strategy: str = "data_parallel", mesh: dist.Mesh | No
             # Per-rank code over its arguments' blocks (the training guide's
             # tensor_parallel_linear; its zero_optimizer_step, which takes no
             # batch and updates the parameters its rank owns): the local view.
-            from .local_view import spmd
             return CompiledFunction(spmd(f, mesh=mesh), mesh)
         if isinstance(f, CompiledFunction):
             f.strategy = plan

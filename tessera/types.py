@@ -15,7 +15,7 @@ import numpy as np
 
 from ._source import user_frame
 from .dtypes import as_dtype
-from .errors import ShapeError
+from .errors import ArgumentError, ShapeError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,6 @@ class Tensor:
                 dtype = as_dtype(it, f"ts.Tensor{list(items)}: entry {it!r}")
             elif isinstance(it, (str, int)):
                 if isinstance(it, int) and it < 0:
-                    from .errors import ArgumentError
                     raise ArgumentError(f"ts.Tensor{list(items)}: dimension {it} must be a size "
                                         f"(an int >= 0) or a symbol (a str)  [{user_frame()}]")
                 dims.append(it)

@@ -25,11 +25,31 @@ including those inside functions, so a lazy back edge is caught too):
 
 No module imports a private name (`_x`) of another module, and the
 compiler's modules import each other without cycles.
+
+`tessera/`, the user API, has layers of its own (TESSERA_LAYERS; a module
+imports its own layer and those below, and no module of it takes part in an
+import cycle, except the edges of TESSERA_BACK_EDGES, each with its reason):
+
+    base          errors, _source, _checks, dtypes, types, _pytree, _mpi,
+                  _context (what is being traced or simulated now), profiling,
+                  machine (machine descriptions for the cost model)
+    tensors       _dtensor (meshes, layouts, DTensors), mesh, simulation,
+                  _rank_agreement, checkpoint, elastic
+    tracing       _trace (Python -> Graph IR), autodiff, remat
+    compile       autotune, compiler
+    ops           _primitives (the op primitives; eager through the compiler)
+    per-rank      local_view (dist.spmd), collectives, strategy, pipeline, schedule
+    models        models (transformer_block, moe)
+    namespaces    op, dist, nn: what the user imports, gathered from the layers below
+    training      optim, graph
+    top           tessera (the package), cli, __main__, calibration (runs programs
+                  to measure this host)
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,12 +72,18 @@ def _modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
 MODULES = _modules()
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """`path` parsed (once: every check reads every module)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(name: str, path: Path, modules: dict) -> list[tuple[str, list[str], int]]:
     """(module imported, names imported from it, line) for every import in
     `path` (module `name`), relative imports resolved."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -119,11 +145,18 @@ ALLOWED = {
 TESSERA_TOPS = {"tessera", "tessera_compiler", "tessera_passes", "tessera_runtime", "tessera_mlir"}
 
 
-def _edges(modules: dict):
-    for name, path in modules.items():
-        for target, names, line in _imports(name, path, modules):
-            if target.split(".")[0] in TESSERA_TOPS:
-                yield name, path, target, names, line
+def _edges(modules: dict) -> tuple:
+    """(module, path, module imported, names, line) of every import of a
+    Tessera package by `modules`."""
+    return _edges_of(tuple(modules.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _edges_of(items: tuple) -> tuple:
+    modules = dict(items)
+    return tuple((name, path, target, names, line) for name, path in items
+                 for target, names, line in _imports(name, path, modules)
+                 if target.split(".")[0] in TESSERA_TOPS)
 
 
 def layering_violations(modules: dict) -> list[str]:
@@ -161,7 +194,7 @@ def private_imports(modules: dict) -> list[str]:
             if n.startswith("_") and not n.startswith("__"):
                 bad.append(f"{path}:{line}: {name} imports {target}.{n}")
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         aliases = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -181,14 +214,66 @@ def private_imports(modules: dict) -> list[str]:
     return bad
 
 
-def import_cycles(modules: dict) -> list[str]:
-    """Cycles among the imports of tessera_compiler's and tessera_passes'
-    modules (a package's __init__ importing its own submodules is none)."""
+#: tessera/'s layers, lowest first (see the module docstring); a module not
+#: listed is an error (test_every_tessera_module_has_a_layer).
+TESSERA_LAYERS = {
+    "base": {"errors", "_source", "_checks", "dtypes", "types", "_pytree", "_mpi", "_context",
+             "profiling", "machine"},
+    "tensors": {"_dtensor", "mesh", "simulation", "_rank_agreement", "checkpoint", "elastic"},
+    "tracing": {"_trace", "autodiff", "remat"},
+    "compile": {"autotune", "compiler"},
+    "ops": {"_primitives"},
+    "per-rank": {"local_view", "collectives", "strategy", "pipeline", "schedule"},
+    "models": {"models"},
+    "namespaces": {"op", "dist", "nn"},
+    "training": {"optim", "graph"},
+    "top": {"", "cli", "__main__", "calibration"},
+}
+#: The imports of tessera/ that go down against the layers (each inside the
+#: function that needs it), with why; the cycle checks leave them out.
+TESSERA_BACK_EDGES = {
+    ("tessera._trace", "tessera._primitives"):
+        "a traced tensor's operators (a + b, a @ b, a[i]) are the op primitives, which "
+        "build on Traced",
+    ("tessera._dtensor", "tessera.compiler"):
+        "DTensor.redistribute (.replicate, .shard) moves a tensor by running a small "
+        "compiled program, and the compiler takes DTensors",
+}
+
+
+def tessera_layer_of(module: str, layers: dict = TESSERA_LAYERS) -> str | None:
+    rest = module.partition(".")[2]
+    return next((layer for layer, names in layers.items() if rest in names), None)
+
+
+def tessera_layer_violations(modules: dict, layers: dict = TESSERA_LAYERS,
+                             back_edges=TESSERA_BACK_EDGES) -> list[str]:
+    """Imports between tessera/'s modules against TESSERA_LAYERS' order."""
+    order = list(layers)
+    bad = []
+    for name, path, target, _, line in _edges(modules):
+        owner = _owner(target, modules)
+        if name.split(".")[0] != "tessera" or not owner or owner.split(".")[0] != "tessera" \
+                or owner == name or (name, owner) in back_edges:
+            continue
+        frm, to = tessera_layer_of(name, layers), tessera_layer_of(owner, layers)
+        if frm is None or to is None:
+            bad.append(f"{path}:{line}: {name} or {owner} has no layer in TESSERA_LAYERS")
+        elif order.index(to) > order.index(frm):
+            bad.append(f"{path}:{line}: {name} ({frm}) imports {owner} ({to})")
+    return bad
+
+
+def import_cycles(modules: dict, packages=("tessera_compiler", "tessera_passes"),
+                  back_edges=frozenset()) -> list[str]:
+    """Cycles among the imports of `packages`' modules, imports inside
+    functions included, leaving out `back_edges` (a package's __init__
+    importing its own submodules is none)."""
     graph: dict[str, set[str]] = {}
     for name, _, target, _, _ in _edges(modules):
         owner = _owner(target, modules)
-        if owner and owner != name and name.split(".")[0] in ("tessera_compiler", "tessera_passes") \
-                and owner.split(".")[0] in ("tessera_compiler", "tessera_passes"):
+        if owner and owner != name and name.split(".")[0] in packages \
+                and owner.split(".")[0] in packages and (name, owner) not in back_edges:
             graph.setdefault(name, set()).add(owner)
     cycles, state = [], {}
 
@@ -234,6 +319,55 @@ def test_no_private_name_crosses_a_module_boundary():
 def test_compiler_modules_import_each_other_without_cycles():
     cycles = import_cycles(MODULES)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_every_tessera_module_has_a_layer():
+    missing = [m for m in MODULES if m.split(".")[0] == "tessera" and tessera_layer_of(m) is None]
+    assert not missing, f"add these to TESSERA_LAYERS (test/test_layers.py): {missing}"
+
+
+def test_tessera_modules_import_only_their_layer_and_those_below():
+    bad = tessera_layer_violations(MODULES)
+    assert not bad, "imports against tessera/'s layers:\n" + "\n".join(bad)
+
+
+def test_tessera_modules_import_each_other_without_cycles():
+    """Counting imports inside functions: a lazy import hides a cycle from
+    Python, not from the reader. A module-level cycle is caught as well."""
+    cycles = import_cycles(MODULES, ("tessera",), TESSERA_BACK_EDGES)
+    assert not cycles, "import cycles in tessera/:\n" + "\n".join(cycles)
+
+
+def test_every_allowed_back_edge_is_still_an_import():
+    """An allowed back edge that no longer exists is a stale excuse."""
+    edges = {(n, _owner(t, MODULES)) for n, _, t, _, _ in _edges(MODULES)}
+    stale = [f"{a} -> {b}" for a, b in TESSERA_BACK_EDGES if (a, b) not in edges]
+    assert not stale, "remove from TESSERA_BACK_EDGES: " + ", ".join(stale)
+
+
+def test_the_tessera_checks_catch_a_lazy_back_edge_and_a_cycle(tmp_path):
+    """The tessera/ checks on a small tree: a lazy import up the layers (and
+    the cycle it closes) is caught, an allowed one is not."""
+    files = {
+        "tessera/__init__.py": "from . import op\n",
+        "tessera/errors.py": "",
+        "tessera/_trace.py": "def f():\n    from . import op\n",                 # allowed
+        "tessera/compiler.py": "from . import _trace\n"
+                               "def g():\n    from .op import relu\n",          # back edge
+        "tessera/op.py": "from . import compiler, errors\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    fake = _modules({"tessera": tmp_path / "tessera"})
+    layers = {"base": {"errors"}, "tracing": {"_trace"}, "compile": {"compiler"},
+              "namespaces": {"op"}, "top": {""}}
+    allowed = {("tessera._trace", "tessera.op"): "(a reason)"}
+    assert [v.split(": ", 1)[1] for v in tessera_layer_violations(fake, layers, allowed)] == [
+        "tessera.compiler (compile) imports tessera.op (namespaces)"]
+    assert import_cycles(fake, ("tessera",), allowed) == [
+        "tessera.compiler -> tessera.op -> tessera.compiler"]
+    assert len(import_cycles(fake, ("tessera",))) == 2
 
 
 def test_the_checks_catch_a_back_edge_a_pass_import_a_private_name_and_a_cycle(tmp_path):

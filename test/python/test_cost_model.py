@@ -232,7 +232,7 @@ def test_a_calibration_rank_runs_on_the_threads_a_launched_rank_gets(ranks, monk
     job's size. (It did
     not: on 2 cores the calibration ran 2 threads where each of 4 ranks
     gets 1, and the model predicted half the measured step.)"""
-    from tessera.cli import thread_limits
+    from tessera.machine import thread_limits
     from tessera_runtime.engines.cpu import default_threads, gemm_block_limit
     limits = thread_limits(ranks)
     for name in ("TESSERA_NUM_THREADS", "TESSERA_GEMM_BLOCKS"):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import dist, op
+from tessera import _primitives, dist, op
 from tessera.errors import LaunchError, ShapeError, ShardingError
 
 
@@ -196,12 +196,32 @@ def test_ops_outside_compile_run_eagerly_or_name_the_problem():
     x = np.random.default_rng().standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_array_equal(op.relu(x), np.maximum(x, 0))
     np.testing.assert_allclose(op.matmul(x, x.T), x @ x.T, rtol=1e-5)
-    programs = len(op._EAGER["relu", None]._programs)
+    programs = len(_primitives._EAGER["relu", None]._programs)
     op.relu(-x)
-    assert len(op._EAGER["relu", None]._programs) == programs
+    assert len(_primitives._EAGER["relu", None]._programs) == programs
     with pytest.raises(ts.ArgumentError, match=r"op.relu: no operand is a tensor \(x=\[1.0, "
                                                r"2.0\]\).*test_frontend.py:\d+"):
         op.relu([1.0, 2.0])
+
+
+def test_every_op_is_defined_eager_and_no_module_rewrites_its_globals():
+    """Each op and model of `op` is an `@eager` function (its definition
+    says so; nothing rewrites a module's globals() afterwards), the models
+    too: `op.moe` with no tensor operand names the problem as the ops do."""
+    import ast
+    from pathlib import Path
+    for name in op.__all__:
+        fn = getattr(op, name)
+        if name in ("kernel", "autodiff"):          # dist.spmd and ts.grad
+            continue
+        # (every wrapper `eager` makes runs its one inner function's code)
+        assert fn.__code__ is _primitives.eager(len).__code__, f"op.{name} is not @eager"
+    with pytest.raises(ts.ArgumentError, match="op.moe: no operand is a tensor"):
+        op.moe("x", experts={})
+    for path in Path(ts.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            assert not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call)
+                        and getattr(node.value.func, "id", None) == "globals"), path
 
 
 def test_save_writes_a_bundle(tmp_path):

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import checkpoint, dist, nn, op, pipeline
+from tessera import _dtensor, checkpoint, dist, nn, op, pipeline
 
 KINDS = ("wrong type", "wrong rank", "wrong axis", "wrong dtype", "out of range", "other")
 HERE = os.path.basename(__file__)
@@ -71,12 +71,12 @@ COL = dist.ShardSpec(("col",), ("tp",))
 
 
 def _meshes():
-    made = list(dist._CREATED)       # (a mesh made here must not become other tests' default)
+    made = list(_dtensor._CREATED)       # (a mesh made here must not become other tests' default)
     try:
         return (dist.Mesh(axes=["dp"], devices=range(1)), dist.Mesh(axes=["tp"], devices=range(2)),
                 dist.Mesh(axes=["pp"], devices=range(2)))
     finally:
-        dist._CREATED[:] = made
+        _dtensor._CREATED[:] = made
 
 
 MESH1, MESH2, MESH_PP = _meshes()
@@ -904,9 +904,9 @@ def _saved_checkpoint(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _keep_default_mesh():
     """A case that builds a mesh must not leave it the default mesh."""
-    made = list(dist._CREATED)
+    made = list(_dtensor._CREATED)
     yield
-    dist._CREATED[:] = made
+    _dtensor._CREATED[:] = made
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

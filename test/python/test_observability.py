@@ -194,3 +194,22 @@ def test_the_emulated_gpu_engine_profiles_kernels_and_host_copies(tmp_path, monk
     assert r["compute"] > 0 and r["copies"] > 0
     assert r["compute"] + r["transfer"] + r["waiting"] + r["overhead"] + r["copies"] + \
         r["idle"] == pytest.approx(r["window"])
+
+
+def test_importing_tessera_starts_no_profile_until_the_first_compiled_call(tmp_path):
+    """TESSERA_PROFILE=DIR (what `tessera launch --profile DIR` gives each
+    rank's script) profiles from the first compiled call on: importing
+    tessera starts nothing and writes nothing. (What the profile writes at
+    exit: test_launch_profile_writes_one_perfetto_trace_of_every_rank_and_stream.)"""
+    import os
+    import subprocess
+    import sys
+    script = ("import os, numpy as np, tessera as ts\n"
+              "from tessera_runtime import profiler\n"
+              "assert profiler.active() is None and not os.path.exists(os.environ['TESSERA_PROFILE'])\n"
+              "ts.jit(lambda x: x + 1.0)(np.ones(4, np.float32))\n"
+              "assert profiler.active() is not None, 'the first call started no profile'\n"
+              "os._exit(0)     # (before the profile's own exit handler writes it)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "TESSERA_PROFILE": str(tmp_path / "prof")}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
