@@ -29,33 +29,51 @@ from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.ops import TILE_ELEMENTWISE
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import PassError, i64, kernels_of, operation_key, run_reporting
-from tessera_compiler.ir.types import tile_of
 
 
-def run_from(ops: list[ir.Operation], start: int) -> list[ir.Operation]:
+class Member:
+    """What a run needs to know of one op of a block: `kind` (load: an
+    in-place load; broadcast; compute: an elementwise op or fill; None:
+    any other op, which ends a run), its tile's elements, a broadcast's
+    last dimension, whether a loop can index its source, and the key of the
+    op making that source."""
+
+    def __init__(self, op: ir.Operation):
+        self.op, self.kind = op, None
+        name = op.name
+        if name == "ttile.load" and cs.in_place(op):
+            self.kind = "load"
+        elif name == "ttile.broadcast" or name == "ttile.fill" or name in TILE_ELEMENTWISE:
+            self.kind = "broadcast" if name == "ttile.broadcast" else "compute"
+            shape = cs.tile_shape(op.results[0].type)
+            self.size = math.prod(shape)
+            if self.kind == "broadcast":
+                self.width = shape[-1]
+                self.indexable = cs.broadcast_index(op, "r", "j", "e") is not None
+                made = op.operands[0].owner
+                self.made = None if isinstance(made, ir.Block) else operation_key(made)
+            self.key = operation_key(op)
+
+
+def run_from(members: list[Member], start: int) -> list[Member]:
     """The ops from `start` on that can share one element loop (see the
     module docstring)."""
-    run, size, width = [], None, None
-    for op in ops[start:]:
-        if op.name == "ttile.load" and cs.in_place(op):
-            run.append(op)
+    run, computed, size, width = [], set(), None, None
+    for m in members[start:]:
+        if m.kind == "load":
+            run.append(m)
             continue
-        if op.name == "ttile.broadcast":
-            shape = tile_of(op.results[0].type)[0]
-            made = op.operands[0].owner
-            made = None if isinstance(made, ir.Block) else operation_key(made)
-            if cs.broadcast_index(op, "r", "j", "e") is None or \
-                    width not in (None, shape[-1]) or \
-                    any(m.name != "ttile.load" and operation_key(m) == made for m in run):
+        if m.kind == "broadcast":
+            if not m.indexable or width not in (None, m.width) or m.made in computed:
                 break
-            width = shape[-1]
-        elif op.name not in TILE_ELEMENTWISE and op.name != "ttile.fill":
+            width = m.width
+        elif m.kind != "compute":
             break
-        n = math.prod(tile_of(op.results[0].type)[0])
-        if size is not None and n != size:
+        if size is not None and m.size != size:
             break
-        size = n
-        run.append(op)
+        size = m.size
+        run.append(m)
+        computed.add(m.key)
     return run
 
 
@@ -64,17 +82,21 @@ class KernelFuser:
         self.loops = 0
 
     def block(self, ops: list[ir.Operation]) -> None:
+        for op in ops:                      # the loops decided before
+            if cs.FUSED in op.attributes:
+                del op.attributes[cs.FUSED]
+        members = [Member(op) for op in ops]
         i = 0
-        while i < len(ops):
-            run = run_from(ops, i)
-            if sum(op.name != "ttile.load" for op in run) < 2:
+        while i < len(members):
+            run = run_from(members, i)
+            if sum(m.kind != "load" for m in run) < 2:
                 for region in ops[i].regions:
                     for block in region.blocks:
                         self.block([o.operation for o in block.operations])
                 i += 1
                 continue
-            for op in run:
-                op.attributes[cs.FUSED] = i64(self.loops)
+            for m in run:
+                m.op.attributes[cs.FUSED] = i64(self.loops)
             self.loops += 1
             i += len(run)
 
@@ -84,7 +106,6 @@ def fuse(module_op: ir.Operation) -> None:
         if gs.planned(kernel):
             raise PassError("kernel is scheduled for the GPU (ttile.smem_bytes); the CPU "
                             "schedule is for kernels printed as C++", kernel.location)
-        cs.clear(kernel, (cs.FUSED,))
         KernelFuser().block([o.operation for o in kernel.regions[0].blocks[0].operations])
 
 

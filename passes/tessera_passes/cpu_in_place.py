@@ -37,7 +37,6 @@ from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import (PassError, kernels_of, nested_ops, operation_key,
                                          run_reporting)
-from tessera_compiler.ir.types import is_tile, tile_of
 
 
 def _defining_op(value: ir.Value) -> ir.Operation | None:
@@ -66,40 +65,60 @@ def _precedes(value: ir.Value, op: ir.Operation) -> bool:
 
 class KernelInPlace:
     def __init__(self, kernel: ir.Operation):
-        self.ops = nested_ops(kernel)
-        # Buffers (kernel arguments) by how many stores write them, and
-        # those some load reads.
+        ops = nested_ops(kernel)
+        # The loads, dots and stores in program order; buffers (kernel
+        # arguments) by how many stores write them, and those some load
+        # reads. The schedule decided before is removed (the verifier
+        # allows its attributes on these ops only).
+        self.loads, self.dots, self.stored_by = [], [], []
         self.stores: dict = {}
         self.loaded = set()
-        for o in self.ops:
-            if o.name == "ttile.store":
+        self.blocks: dict = {}
+        for o in ops:
+            name = o.name
+            if name == "ttile.store":
+                self.stored_by.append(o)
                 self.stores[o.operands[1]] = self.stores.get(o.operands[1], 0) + 1
-            elif o.name == "ttile.load":
+            elif name == "ttile.load":
+                self.loads.append(o)
                 self.loaded.add(o.operands[0])
+            elif name == "ttile.dot":
+                self.dots.append(o)
+            else:
+                continue
+            for attr in (cs.IN_PLACE, cs.ACCUMULATE):
+                if attr in o.attributes:
+                    del o.attributes[attr]
 
     def run(self) -> None:
-        for o in self.ops:
-            if o.name == "ttile.load" and self.reads_in_place(o):
+        for o in self.loads:
+            if self.reads_in_place(o):
                 o.attributes[cs.IN_PLACE] = ir.UnitAttr.get()
         accumulating = set()
-        for o in self.ops:
-            if o.name == "ttile.dot" and self.accumulates(o):
+        for o in self.dots:
+            if self.accumulates(o):
                 o.attributes[cs.ACCUMULATE] = ir.UnitAttr.get()
                 accumulating.add(operation_key(o))
-        for o in self.ops:
-            if o.name in ("scf.for", "scf.if") or operation_key(o) in accumulating:
-                continue                    # their results are arrays of other values
-            for value in o.results:
-                store = self.computed_in(value) if is_tile(value.type) else None
-                if store is not None:
-                    store.attributes[cs.IN_PLACE] = ir.UnitAttr.get()
+        for o in self.stored_by:
+            if self.computes_in_place(o, accumulating):
+                o.attributes[cs.IN_PLACE] = ir.UnitAttr.get()
+
+    def block_of(self, access: ir.Operation, tile: ir.Value, buf: ir.Value) -> bool:
+        """cpu_schedule.block_of, the buffer's facts read once per kernel."""
+        if buf not in self.blocks:
+            mt = ir.MemRefType(buf.type)
+            self.blocks[buf] = (list(mt.shape), str(mt.element_type))
+        shape, element = self.blocks[buf]
+        if not shape or element in cs.CONVERTED_ELEMENTS:
+            return False
+        return cs.contiguous(cs.placed_shape(access, cs.tile_shape(tile.type), len(shape)), shape)
 
     def reads_in_place(self, load: ir.Operation) -> bool:
         buf = load.operands[0]
         if buf in self.stores or \
                 any(u.owner.operation.name == "ttile.store" for u in load.results[0].uses):
             return False
-        return cs.block_of(load, load.results[0], buf)
+        return self.block_of(load, load.results[0], buf)
 
     def accumulates(self, dot: ir.Operation) -> bool:
         acc = dot.operands[2]
@@ -108,22 +127,22 @@ class KernelInPlace:
             return False
         if defining is not None and defining.name == "ttile.load" and cs.in_place(defining):
             return False                    # a pointer into a buffer the kernel reads
-        return tile_of(acc.type) == tile_of(dot.results[0].type)
+        return acc.type == dot.results[0].type
 
-    def computed_in(self, value: ir.Value) -> ir.Operation | None:
-        """The store whose block `value`'s tile can be computed in, or None."""
-        stores = [u for u in value.uses if u.owner.operation.name == "ttile.store"]
-        if len(stores) != 1 or stores[0].operand_number != 0:
-            return None
-        store = stores[0].owner.operation
-        producer = _defining_op(value)
-        if store.block != producer.block:
-            return None
+    def computes_in_place(self, store: ir.Operation, accumulating: set) -> bool:
+        """Whether the tile `store` stores can be computed in its block."""
         buf = store.operands[1]
-        if self.stores.get(buf) != 1 or buf in self.loaded or \
+        if self.stores.get(buf) != 1 or buf in self.loaded:
+            return False
+        value = store.operands[0]
+        producer = _defining_op(value)
+        if producer is None or producer.block != store.block or \
+                producer.name in ("scf.for", "scf.if") or operation_key(producer) in accumulating:
+            return False            # a loop's results and accumulating dots' are other arrays
+        if sum(u.owner.operation.name == "ttile.store" for u in value.uses) != 1 or \
                 not all(_precedes(v, producer) for v in list(store.operands)[2:]):
-            return None
-        return store if cs.block_of(store, value, buf) else None
+            return False
+        return self.block_of(store, value, buf)
 
 
 def schedule(module_op: ir.Operation) -> None:
@@ -131,7 +150,6 @@ def schedule(module_op: ir.Operation) -> None:
         if gs.planned(kernel):
             raise PassError("kernel is scheduled for the GPU (ttile.smem_bytes); the CPU "
                             "schedule is for kernels printed as C++", kernel.location)
-        cs.clear(kernel)
         KernelInPlace(kernel).run()
 
 

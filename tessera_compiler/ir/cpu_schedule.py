@@ -23,8 +23,7 @@ from __future__ import annotations
 import math
 
 from tessera_mlir import ir
-
-from .types import tile_of
+from tessera_mlir.dialects import ttile
 
 IN_PLACE, ACCUMULATE, FUSED = "ttile.in_place", "ttile.accumulate", "ttile.fused"
 #: Every CPU schedule attribute (the passes remove them before deciding afresh).
@@ -70,6 +69,12 @@ def stored_in_place_by(value: ir.Value) -> ir.Operation | None:
 
 # -- facts the passes and the printer share --------------------------------------
 
+def tile_shape(t: ir.Type) -> list[int]:
+    """The shape of a `!ttile.tile` (types.tile_of without the element
+    type's name, which costs more than the rest: the passes ask often)."""
+    return list(ttile.TileType(t).shape)
+
+
 def placed_shape(access: ir.Operation, tile_shape: list[int], rank: int) -> list[int]:
     """A `ttile.load` / `ttile.store`'s tile shape padded to its buffer's
     `rank`: at its `dims`, else in the trailing dimensions (1 elsewhere)."""
@@ -96,7 +101,7 @@ def block_of(access: ir.Operation, tile: ir.Value, buffer: ir.Value) -> bool:
     shape = list(mt.shape)
     if not shape or str(mt.element_type) in CONVERTED_ELEMENTS:
         return False
-    return contiguous(placed_shape(access, tile_of(tile.type)[0], len(shape)), shape)
+    return contiguous(placed_shape(access, tile_shape(tile.type), len(shape)), shape)
 
 
 def broadcast_index(op: ir.Operation, row: str, column: str, e: str) -> str | None:
@@ -107,7 +112,7 @@ def broadcast_index(op: ir.Operation, row: str, column: str, e: str) -> str | No
     the result's trailing dimensions (a [1, 16, 128] position table over a
     [2, 16, 128] tile), `e` when it is the result's shape, 0 for one value;
     None for other broadcasts (a loop of their own)."""
-    shape, src_shape = tile_of(op.results[0].type)[0], tile_of(op.operands[0].type)[0]
+    shape, src_shape = tile_shape(op.results[0].type), tile_shape(op.operands[0].type)
     source = [1] * (len(shape) - len(src_shape)) + list(src_shape)
     if source == list(shape):
         return e
