@@ -742,6 +742,22 @@ static LogicalResult verifyFused(Operation *op, int64_t loop) {
   return success();
 }
 
+/// One attribute of the CPU schedule (`ttile.in_place`, `ttile.accumulate`,
+/// `ttile.fused`).
+static LogicalResult verifyCpuSchedule(Operation *op, StringRef name, Attribute value) {
+  if (name == "ttile.fused") {
+    auto loop = llvm::dyn_cast<IntegerAttr>(value);
+    if (!loop)
+      return op->emitOpError("'ttile.fused' must be an integer, got ") << value;
+    if (loop.getInt() < 0)
+      return op->emitOpError("'ttile.fused' must be >= 0, got ") << loop.getInt();
+    return verifyFused(op, loop.getInt());
+  }
+  if (!llvm::isa<UnitAttr>(value))
+    return op->emitOpError("'") << name << "' is a unit attribute, got " << value;
+  return name == "ttile.in_place" ? verifyInPlace(op) : verifyAccumulate(op);
+}
+
 LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
   Attribute value = attr.getValue();
@@ -791,14 +807,8 @@ LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribu
   }
   if (name == "ttile.region")
     return count() ? success() : failure();
-  if (name == "ttile.in_place")
-    return failed(unit()) ? failure() : verifyInPlace(op);
-  if (name == "ttile.accumulate")
-    return failed(unit()) ? failure() : verifyAccumulate(op);
-  if (name == "ttile.fused") {
-    std::optional<int64_t> loop = count();
-    return loop ? verifyFused(op, *loop) : failure();
-  }
+  if (name == "ttile.in_place" || name == "ttile.accumulate" || name == "ttile.fused")
+    return verifyCpuSchedule(op, name, value);
   if (name == "ttile.spill" || name == "ttile.release")
     return unit();
   if (name == "ttile.pingpong" || name == "ttile.issue_ahead")
