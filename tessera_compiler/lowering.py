@@ -43,6 +43,7 @@ STAGES = [
     ("tile", ["tessera-lower-to-tile", "tessera-fold-transposes", "canonicalize", "cse",
               "tessera-merge-kernels", "tessera-fold-slices", "tessera-fuse-gemm-epilogues",
               "tessera-verify-schedule"]),
+    ("cpu", list(tessera_passes.CPU_SCHEDULE)),        # CPU target only
     ("gpu", list(tessera_passes.GPU_SCHEDULE)),        # GPU target only
 ]
 
@@ -103,7 +104,7 @@ def collectives_of(module: ir.Module, options: TargetOptions | None = None) -> l
     return out
 
 
-IR_STAGES = ("graph", "autodiff", "partitioned", "schedule", "tile", "gpu")
+IR_STAGES = ("graph", "autodiff", "partitioned", "schedule", "tile", "cpu", "gpu")
 
 
 def _printed_level(stage: str) -> property:
@@ -135,7 +136,7 @@ class Levels:
     _snapshots: dict = field(default_factory=dict, repr=False)
     _texts: dict = field(default_factory=dict, repr=False)
 
-    graph, autodiff, partitioned, schedule, tile, gpu = (_printed_level(s) for s in IR_STAGES)
+    graph, autodiff, partitioned, schedule, tile, cpu, gpu = (_printed_level(s) for s in IR_STAGES)
 
     def keep(self, stage: str, module: ir.Module) -> None:
         """Keeps a copy of `module` as it is now, as level `stage`."""
@@ -209,7 +210,7 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu",
     module.operation.attributes["tessera.target"] = ir.StringAttr.get(target)
     facts = graph_facts(module)
     for stage, flags in STAGES:
-        if stage == "gpu" and (target != "gpu" or plan_only):
+        if stage in ("cpu", "gpu") and (target != stage or plan_only):
             continue
         pm = passmanager.PassManager("builtin.module", context=module.context)
         add_passes(pm, flags, options)

@@ -27,16 +27,40 @@ TRANSLATIONS = {
 CUDA_OPTIONS = ("wait_watchdog_s", "register_budget")
 
 
+def _schedule(module_op, flags, options) -> None:
+    import tessera_passes
+    from tessera_mlir import passmanager
+    pm = passmanager.PassManager("builtin.module", context=module_op.context)
+    for flag in flags:
+        tessera_passes.get(flag).add_to(pm, options)
+    pm.run(module_op)
+
+
 def schedule_for_gpu(module_op, options) -> None:
     """Runs the GPU scheduling passes (tessera-gpu-software-pipeline, -place,
     -alloc-shared) on `module_op`'s kernels, afresh: the CUDA printer reads
     what they decide. Raises ir.MLIRError with their diagnostics."""
     import tessera_passes
-    from tessera_mlir import passmanager
-    pm = passmanager.PassManager("builtin.module", context=module_op.context)
-    for flag in tessera_passes.GPU_SCHEDULE:
-        tessera_passes.get(flag).add_to(pm, options)
-    pm.run(module_op)
+    _schedule(module_op, tessera_passes.GPU_SCHEDULE, options)
+
+
+def schedule_for_cpu(module_op) -> None:
+    """Runs the CPU scheduling passes (tessera-cpu-in-place, -fuse) on
+    `module_op`'s kernels, afresh: the C++ printer reads what they decide.
+    Raises ir.MLIRError with their diagnostics."""
+    import tessera_passes
+    from .ir.options import TargetOptions
+    _schedule(module_op, tessera_passes.CPU_SCHEDULE, TargetOptions(target="cpu"))
+
+
+def ttile_to_cpp(module) -> str:
+    """C++ for the kernels of Tile IR `module` (an ir.Module or its
+    operation), scheduled for the CPU first (see codegen.emit_cpp)."""
+    from tessera_mlir import ir
+    from .codegen import emit_cpp
+    op = module.operation if isinstance(module, ir.Module) else module
+    schedule_for_cpu(op)
+    return emit_cpp(op)
 
 
 def ttile_to_cuda(module, options=None) -> tuple[str, dict]:
@@ -66,6 +90,7 @@ def _translate(name: str, options):
         from .codegen.tile_emitter import EmitError
         try:
             if name == "ttile-to-cpp":
+                schedule_for_cpu(module_op)
                 return emit_cpp(module_op)
             schedule_for_gpu(module_op, options)
             return emit_cuda(module_op, options)

@@ -6,6 +6,7 @@
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/FunctionImplementation.h"
+#include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -535,6 +536,228 @@ static LogicalResult checkOffset(Operation *op, StringRef name, int64_t offset, 
   return success();
 }
 
+
+//===----------------------------------------------------------------------===//
+// The CPU schedule (see "The CPU schedule" in TTile.td)
+//===----------------------------------------------------------------------===//
+
+/// Whether the tile `access` (a load or store) moves is one contiguous block
+/// of `buffer`: not 0-d, not bf16 / FP8 (held as bits, converted per
+/// element), whole in every dimension after its first of extent > 1.
+static bool isBlockOf(Operation *access, Type tileType, Type bufferType) {
+  auto tile = llvm::dyn_cast<TileType>(tileType);
+  auto buffer = llvm::dyn_cast<MemRefType>(bufferType);
+  if (!tile || !buffer)
+    return false;
+  ArrayRef<int64_t> shape = buffer.getShape(), sizes = tile.getShape();
+  Type element = buffer.getElementType();
+  if (shape.empty() || sizes.size() > shape.size() || element.isBF16() ||
+      llvm::isa<Float8E4M3FNType>(element))
+    return false;
+  SmallVector<int64_t> placed(shape.size(), 1);
+  if (auto dims = access->getAttrOfType<DenseI64ArrayAttr>("dims")) {
+    for (auto [d, n] : llvm::zip(dims.asArrayRef(), sizes)) {
+      if (d < 0 || d >= static_cast<int64_t>(shape.size()))
+        return false;
+      placed[d] = n;
+    }
+  } else {
+    for (size_t i = 0; i < sizes.size(); ++i)
+      placed[shape.size() - sizes.size() + i] = sizes[i];
+  }
+  size_t first = 0;
+  while (first < placed.size() && placed[first] <= 1)
+    ++first;
+  for (size_t d = first + 1; d < shape.size(); ++d)
+    if (placed[d] != shape[d])
+      return false;
+  return true;
+}
+
+/// The enclosing kernel's ops that store to (`stores`) or load from `buffer`.
+static void countAccesses(Operation *op, Value buffer, int &stores, int &loads) {
+  stores = loads = 0;
+  Operation *kernel = op->getParentOfType<KernelOp>();
+  if (!kernel)
+    return;
+  kernel->walk([&](Operation *o) {
+    StringRef name = o->getName().getStringRef();
+    if (name == "ttile.store" && o->getNumOperands() > 1 && o->getOperand(1) == buffer)
+      ++stores;
+    else if (name == "ttile.load" && o->getNumOperands() > 0 && o->getOperand(0) == buffer)
+      ++loads;
+  });
+}
+
+static LogicalResult verifyInPlace(Operation *op) {
+  StringRef name = op->getName().getStringRef();
+  int stores = 0, loads = 0;
+  if (name == "ttile.load") {
+    if (op->getNumOperands() < 1 || op->getNumResults() != 1)
+      return failure();
+    countAccesses(op, op->getOperand(0), stores, loads);
+    if (stores)
+      return op->emitOpError("'ttile.in_place' reads a buffer the kernel stores to (a view "
+                             "would see the store)");
+    if (!isBlockOf(op, op->getResult(0).getType(), op->getOperand(0).getType()))
+      return op->emitOpError("'ttile.in_place' needs a tile that is one contiguous block of "
+                             "a buffer that is not 0-d, bf16 or FP8");
+    return success();
+  }
+  if (name != "ttile.store")
+    return op->emitOpError("'ttile.in_place' belongs on a ttile.load or a ttile.store");
+  if (op->getNumOperands() < 2)
+    return failure();
+  Value value = op->getOperand(0), buffer = op->getOperand(1);
+  Operation *producer = value.getDefiningOp();
+  if (!producer || producer->getBlock() != op->getBlock())
+    return op->emitOpError("'ttile.in_place' stores a tile defined outside its block");
+  StringRef made = producer->getName().getStringRef();
+  if (made == "scf.for" || (made == "ttile.dot" && producer->hasAttr("ttile.accumulate")))
+    return op->emitOpError("'ttile.in_place' stores a tile held in another value's array (")
+           << made << ")";
+  for (Value offset : op->getOperands().drop_front(2))
+    if (Operation *o = offset.getDefiningOp())
+      if (o->getBlock() == producer->getBlock() && producer->isBeforeInBlock(o))
+        return op->emitOpError("'ttile.in_place' needs its offsets computed before the tile");
+  countAccesses(op, buffer, stores, loads);
+  if (stores != 1 || loads)
+    return op->emitOpError("'ttile.in_place' needs a buffer the kernel stores only there and "
+                           "never loads (")
+           << stores << " stores, " << loads << " loads)";
+  if (!isBlockOf(op, value.getType(), buffer.getType()))
+    return op->emitOpError("'ttile.in_place' needs a tile that is one contiguous block of a "
+                           "buffer that is not 0-d, bf16 or FP8");
+  return success();
+}
+
+static LogicalResult verifyAccumulate(Operation *op) {
+  if (op->getName().getStringRef() != "ttile.dot")
+    return op->emitOpError("'ttile.accumulate' belongs on a ttile.dot");
+  if (op->getNumOperands() != 3 || op->getNumResults() != 1)
+    return failure();
+  Value acc = op->getOperand(2);
+  if (!acc.hasOneUse() || acc.getParentBlock() != op->getBlock())
+    return op->emitOpError("'ttile.accumulate' needs the dot to be its accumulator's only use, "
+                           "in the accumulator's block");
+  if (acc.getType() != op->getResult(0).getType())
+    return op->emitOpError("'ttile.accumulate' needs an accumulator of the result's type");
+  if (Operation *load = acc.getDefiningOp())
+    if (load->getName().getStringRef() == "ttile.load" && load->hasAttr("ttile.in_place"))
+      return op->emitOpError("'ttile.accumulate' into a load read in place (a buffer)");
+  return success();
+}
+
+static std::optional<int64_t> tileElements(Type type) {
+  auto tile = llvm::dyn_cast<TileType>(type);
+  if (!tile)
+    return std::nullopt;
+  int64_t n = 1;
+  for (int64_t d : tile.getShape())
+    n *= d;
+  return n;
+}
+
+/// Whether a fused loop (running over rows of the result's last dimension)
+/// can index broadcast `op`'s source directly: the result's shape, one
+/// column, one value, or the result's trailing dimensions.
+static bool loopIndexesBroadcast(Operation *op) {
+  auto result = llvm::dyn_cast<TileType>(op->getResult(0).getType());
+  auto src = llvm::dyn_cast<TileType>(op->getOperand(0).getType());
+  if (!result || !src || src.getShape().size() > result.getShape().size())
+    return false;
+  ArrayRef<int64_t> shape = result.getShape();
+  SmallVector<int64_t> source(shape.size() - src.getShape().size(), 1);
+  llvm::append_range(source, src.getShape());
+  if (ArrayRef<int64_t>(source) == shape)
+    return true;
+  if (source.back() == 1 &&
+      ArrayRef<int64_t>(source).drop_back() == shape.drop_back())
+    return true;
+  size_t lead = 0;
+  while (lead < source.size() && source[lead] == 1)
+    ++lead;
+  return lead == source.size() || ArrayRef<int64_t>(source).drop_front(lead) == shape.drop_front(lead);
+}
+
+/// `ttile.fused = N` on `op`: an op a fused element loop can hold, and the
+/// ops of loop N in `op`'s block consecutive, over tiles of one size, with
+/// one last dimension for their broadcasts, which read no value of the loop
+/// (only the first op of the loop reports what is wrong with it).
+static LogicalResult verifyFused(Operation *op, int64_t loop) {
+  StringRef name = op->getName().getStringRef();
+  bool load = name == "ttile.load";
+  if (!(op->hasTrait<OpTrait::Elementwise>() || name == "ttile.fill" ||
+        name == "ttile.broadcast" || (load && op->hasAttr("ttile.in_place"))))
+    return op->emitOpError("'ttile.fused' belongs on an elementwise op, a fill, a broadcast or "
+                           "a ttile.load {ttile.in_place}");
+  if (op->getNumResults() != 1 || !tileElements(op->getResult(0).getType()))
+    return failure();
+  auto inLoop = [&](Operation &o) {
+    auto n = o.getAttrOfType<IntegerAttr>("ttile.fused");
+    return n && n.getInt() == loop;
+  };
+  Block *block = op->getBlock();
+  Operation *first = nullptr, *last = nullptr;
+  for (Operation &o : *block)
+    if (inLoop(o)) {
+      if (!first)
+        first = &o;
+      last = &o;
+    }
+  if (first != op)
+    return success();
+  std::optional<int64_t> size, width;
+  bool computes = false;
+  llvm::SmallPtrSet<Operation *, 16> members;
+  for (Operation *o = first;; o = o->getNextNode()) {
+    if (!inLoop(*o))
+      return op->emitOpError("'ttile.fused' loop ") << loop << " is not consecutive ops of its "
+                                                          "block (interrupted by '"
+                                                       << o->getName() << "')";
+    members.insert(o);
+    if (o->getName().getStringRef() != "ttile.load" && o->getNumResults() == 1) {
+      computes = true;
+      std::optional<int64_t> n = tileElements(o->getResult(0).getType());
+      if (size && n != size)
+        return op->emitOpError("'ttile.fused' loop ")
+               << loop << " holds tiles of " << *size << " and " << n.value_or(0) << " elements";
+      size = n;
+      if (o->getName().getStringRef() == "ttile.broadcast") {
+        int64_t w = llvm::cast<TileType>(o->getResult(0).getType()).getShape().back();
+        Operation *src = o->getOperand(0).getDefiningOp();
+        if (!loopIndexesBroadcast(o) || (width && *width != w) ||
+            (src && members.contains(src) && src->getName().getStringRef() != "ttile.load"))
+          return o->emitOpError("'ttile.fused' on a broadcast its loop cannot index (one "
+                                "last dimension for the loop's broadcasts, a source the loop "
+                                "does not compute)");
+        width = w;
+      }
+    }
+    if (o == last)
+      break;
+  }
+  if (!computes)
+    return op->emitOpError("'ttile.fused' loop ") << loop << " computes nothing (only loads)";
+  return success();
+}
+
+/// One attribute of the CPU schedule (`ttile.in_place`, `ttile.accumulate`,
+/// `ttile.fused`).
+static LogicalResult verifyCpuSchedule(Operation *op, StringRef name, Attribute value) {
+  if (name == "ttile.fused") {
+    auto loop = llvm::dyn_cast<IntegerAttr>(value);
+    if (!loop)
+      return op->emitOpError("'ttile.fused' must be an integer, got ") << value;
+    if (loop.getInt() < 0)
+      return op->emitOpError("'ttile.fused' must be >= 0, got ") << loop.getInt();
+    return verifyFused(op, loop.getInt());
+  }
+  if (!llvm::isa<UnitAttr>(value))
+    return op->emitOpError("'") << name << "' is a unit attribute, got " << value;
+  return name == "ttile.in_place" ? verifyInPlace(op) : verifyAccumulate(op);
+}
+
 LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
   StringRef name = attr.getName().getValue();
   Attribute value = attr.getValue();
@@ -584,6 +807,8 @@ LogicalResult TTileDialect::verifyOperationAttribute(Operation *op, NamedAttribu
   }
   if (name == "ttile.region")
     return count() ? success() : failure();
+  if (name == "ttile.in_place" || name == "ttile.accumulate" || name == "ttile.fused")
+    return verifyCpuSchedule(op, name, value);
   if (name == "ttile.spill" || name == "ttile.release")
     return unit();
   if (name == "ttile.pingpong" || name == "ttile.issue_ahead")

@@ -108,6 +108,10 @@ _PASSES = [
     PassInfo("tessera-fuse-gemm-epilogues", "fuse_gemm_epilogues",
              "Run the kernel after a CPU matmul (bias + GELU, residual + layernorm) as its epilogue: each team member runs it on the rows its sgemm call just wrote, one launch instead of two (CPU target)",
              ("target",)),
+    PassInfo("tessera-cpu-in-place", "cpu_in_place",
+             "Decide which tiles of a CPU kernel are blocks of its buffers (ttile.in_place: a load read in place, a tile computed in the block its store writes) and which dots add into their accumulator's array (ttile.accumulate)"),
+    PassInfo("tessera-cpu-fuse", "cpu_fuse",
+             "Group each run of consecutive elementwise ops, fills, broadcasts and in-place loads over tiles of one size in a CPU kernel into one element loop (ttile.fused)"),
     PassInfo("tessera-gpu-software-pipeline", "gpu_software_pipeline",
              "Schedule each scf.for of a GPU kernel on tensor cores (#ttile.pipeline: GEMM main loop or registers, mma.sync or wgmma, cp.async or TMA ring, stages, lag, producer warpgroup, ping-pong, issuing ahead) and place a register loop's values",
              ("register_budget",)),
@@ -120,6 +124,9 @@ _PASSES = [
 #: The passes that schedule Tile IR for the GPU, in order (the CUDA printer
 #: reads what they decide).
 GPU_SCHEDULE = ("tessera-gpu-software-pipeline", "tessera-gpu-place", "tessera-gpu-alloc-shared")
+#: The passes that schedule Tile IR for the CPU, in order (the C++ printer
+#: reads what they decide).
+CPU_SCHEDULE = ("tessera-cpu-in-place", "tessera-cpu-fuse")
 
 PASSES: dict[str, PassInfo] = {p.flag: p for p in _PASSES}
 

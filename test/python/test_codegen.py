@@ -455,10 +455,10 @@ def _cpu_kernels(text: str):
     """(C++ source, loaded library) of the Tile IR kernels in `text`."""
     import ctypes
     from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
     from tessera_compiler.codegen.build import build_cpu_library
+    from tessera_compiler.translate import ttile_to_cpp
     with ir.Context():
-        source = emit_cpp(ir.Module.parse(text))
+        source = ttile_to_cpp(ir.Module.parse(text))
     return source, ctypes.CDLL(str(build_cpu_library(source)))
 
 
@@ -689,6 +689,55 @@ ttile.kernel @blocks(%x: memref<8x64xf32>, %y: memref<8x128xf32>, %acc: memref<8
     np.testing.assert_allclose(out, (x64 + y64) * a64, rtol=1e-6)
     np.testing.assert_allclose(out2, (x64 + y64) * a64 * x64, rtol=1e-6)
     np.testing.assert_allclose(acc, a64 + x64, rtol=1e-6)
+
+
+_GELU_BIAS = """
+ttile.kernel @k(%x: memref<8x64xf32>, %b: memref<8x64xf32>, %y: memref<8x64xf32>)
+    attributes {grid = array<i64: 4>, block = array<i64: 32>} {
+  %pid = ttile.program_id 0
+  %c0 = arith.constant 0 : index
+  %c2 = arith.constant 2 : index
+  %row = arith.muli %pid, %c2 : index
+  %tx = ttile.load %x[%row, %c0] : memref<8x64xf32> -> !ttile.tile<2x64xf32>
+  %tb = ttile.load %b[%row, %c0] : memref<8x64xf32> -> !ttile.tile<2x64xf32>
+  %s = ttile.add %tx, %tb : !ttile.tile<2x64xf32>
+  %g = ttile.gelu %s : !ttile.tile<2x64xf32>
+  ttile.store %g, %y[%row, %c0] : !ttile.tile<2x64xf32>, memref<8x64xf32>
+  ttile.return
+}"""
+
+
+def test_the_cpp_printer_prints_the_cpu_schedule_and_the_plain_form_without_it():
+    """The C++ printer decides nothing: without tessera-cpu-in-place and
+    tessera-cpu-fuse it copies both loads and the store and gives each op a
+    loop of its own; with them (ttile_to_cpp) the loads are pointers into
+    x and b, the GELU is computed in y, and add and GELU share one loop in
+    which the sum is a scalar."""
+    from tessera_mlir import ir
+    from tessera_compiler.codegen import emit_cpp
+    from tessera_compiler.translate import ttile_to_cpp
+    with ir.Context():
+        plain = emit_cpp(ir.Module.parse(_GELU_BIAS))
+        scheduled = ttile_to_cpp(ir.Module.parse(_GELU_BIAS))
+    plain, scheduled = (s[s.index("k__range"):] for s in (plain, scheduled))
+    assert "__restrict__ t" not in plain and "const float v" not in plain, plain
+    assert len(re.findall(r"for \(int64_t e\d+ = 0; e\d+ < 128;", plain)) == 2, plain
+    assert re.search(r"const float\* __restrict__ t\d+ = arg0 \+", scheduled), scheduled
+    assert re.search(r"const float\* __restrict__ t\d+ = arg1 \+", scheduled), scheduled
+    assert re.search(r"(?<!const )float\* __restrict__ t\d+ = arg2 \+", scheduled), scheduled
+    assert len(re.findall(r"for \(int64_t e\d+ = 0; e\d+ < 128;", scheduled)) == 1, scheduled
+    assert re.search(r"const float v\d+ = ", scheduled), scheduled
+
+
+def test_the_cuda_printer_rejects_a_kernel_with_a_cpu_schedule():
+    from tessera_mlir import ir
+    from tessera_compiler.codegen.tile_emitter import EmitError
+    from tessera_compiler.translate import schedule_for_cpu, ttile_to_cuda
+    with ir.Context():
+        module = ir.Module.parse(_GELU_BIAS)
+        schedule_for_cpu(module.operation)
+        with pytest.raises(EmitError, match="has a CPU schedule attribute"):
+            ttile_to_cuda(module)
 
 
 def test_cpu_broadcasts_join_the_elementwise_loop():

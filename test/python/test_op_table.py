@@ -90,7 +90,7 @@ def test_every_consumer_takes_the_table():
     emitters reach every op through the table (the numeric tests below show
     what they do with it)."""
     from tessera_compiler.ir.gpu_schedule import POINTWISE
-    from tessera_compiler.codegen.tile_emitter import ELEMENTWISE_EXPRESSIONS
+    from tessera_compiler.codegen.printer import ELEMENTWISE_EXPRESSIONS
     from tessera_compiler.ir import graph_builder as gb
     from tessera_passes import sharding_rules
     assert set(TRACER) == {e.name for e in ops.ELEMENTWISE.values() if e.graph}
@@ -186,15 +186,14 @@ def test_every_tile_op_computes_its_reference(emitter):
     through the C++ emitter (built and run) and the CUDA emitter (run by the
     CPU emulator), against float64 numpy."""
     from tessera_mlir import ir
-    from tessera_compiler.codegen import emit_cpp
-    from tessera_compiler.translate import ttile_to_cuda
+    from tessera_compiler.translate import ttile_to_cpp, ttile_to_cuda
     from tessera_compiler.codegen.build import build_cpu_library
     from tessera_runtime.engines.cuda_emulator import EmulatedKernels
     entries = list(ops.ELEMENTWISE.values())
     with ir.Context():
         module = ir.Module.parse(_tile_kernel(entries))
         if emitter == "cpp":
-            source = emit_cpp(module)
+            source = ttile_to_cpp(module)
         else:
             source, launches = ttile_to_cuda(module)
     rng = np.random.default_rng()

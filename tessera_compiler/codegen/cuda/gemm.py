@@ -16,7 +16,7 @@ from __future__ import annotations
 from tessera_mlir import ir
 
 from ...ir import gpu_schedule as gs
-from ..tile_emitter import c_literal
+from ..printer import c_literal
 from .common import WGMMA_BRANCH, Fragment, swizzled_desc
 
 

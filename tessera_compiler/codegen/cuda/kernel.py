@@ -14,11 +14,12 @@ import math
 
 from tessera_mlir import ir
 
+from ...ir import cpu_schedule as cs
 from ...ir import gpu_schedule as gs
 from ...ir.options import DEFAULT, TargetOptions
 from ...ir.support import kernels_of, marked_args, nested_ops
 from ..build import dump_kernels
-from ..tile_emitter import EmitError, KernelEmitter, Tile
+from ..printer import EmitError, Tile, TilePrinter
 from .gemm import GemmMainLoops
 from .mma import TensorCoreDots
 from .nvshmem import NvshmemOps
@@ -30,12 +31,11 @@ from .staging import Staging
 
 
 class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, GemmMainLoops,
-                        NvshmemOps, KernelEmitter):
+                        NvshmemOps, TilePrinter):
     """Prints one `ttile.kernel` that tessera-gpu-software-pipeline, -place and
     -alloc-shared scheduled: it reads their attributes and decides nothing.
-    `KernelEmitter` (tile_emitter.py) walks the ops and calls `op_<name>`;
-    each part prints one family."""
-    cuda = True
+    `TilePrinter` (../printer.py, shared with the C++ printer) walks the ops
+    and calls `op_<name>`; each part prints one family."""
 
     def __init__(self, options: TargetOptions = DEFAULT):
         super().__init__()
@@ -77,6 +77,9 @@ class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, G
     def sync(self) -> None:
         self.line("__syncthreads();")
 
+    def math(self, fn: str, arg: str) -> str:
+        return f"{fn}({arg})"             # CUDA's math library (float and double overloads)
+
     def fast(self, ct: str, fn: str, arg: str) -> str:
         # A float exp as 2^(x * log2 e) on the special-function unit
         # (tessera_ex2), where expf without fast math is a longer accurate
@@ -106,6 +109,12 @@ class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, G
             raise EmitError(f"kernel @{name} has no GPU schedule: run tessera-gpu-software-pipeline, "
                             "tessera-gpu-place and tessera-gpu-alloc-shared first "
                             "(tessera-translate --ttile-to-cuda does)", kernel.location)
+        cpu = next((o for o in nested_ops(kernel) if any(a in o.attributes for a in cs.ATTRIBUTES)),
+                   None)
+        if cpu is not None:
+            raise EmitError(f"'{cpu.name}' in kernel @{name} has a CPU schedule attribute "
+                            "(tessera-cpu-in-place, tessera-cpu-fuse): the CUDA printer reads the "
+                            "GPU schedule", cpu.location)
         self.shared_bytes = gs.integer(kernel, gs.SMEM_BYTES)
         strided = next((o for o in nested_ops(kernel)
                         if o.name in ("ttile.load", "ttile.store") and "dims" in o.attributes), None)

@@ -16,7 +16,7 @@ from tessera_mlir import ir
 
 from ...ir import gpu_schedule as gs
 from ...ir.types import tile_of
-from ..tile_emitter import ELEMENTWISE_EXPRESSIONS, STORED_AS_BITS, EmitError, Tile, c_literal, ctype
+from ..printer import ELEMENTWISE_EXPRESSIONS, STORED_AS_BITS, EmitError, Tile, c_literal, ctype
 from .common import Fragment
 
 

@@ -41,7 +41,7 @@ from tessera_mlir import ir
 
 from ...ir import gpu_schedule as gs
 from ...ir.types import enum_of, tile_of
-from ..tile_emitter import Tile, c_literal, ctype
+from ..printer import Tile, c_literal, ctype
 from .common import REDUCE, WGMMA_BRANCH, Fragment, swizzled_desc
 
 @dataclass

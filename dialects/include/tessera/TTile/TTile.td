@@ -45,7 +45,8 @@ def TTile_Dialect : Dialect {
   let cppNamespace = "::tessera::ttile";
   let useDefaultTypePrinterParser = 1;
   let useDefaultAttributePrinterParser = 1;
-  // The GPU schedule's discardable attributes (`ttile.place`, ...; see below).
+  // The GPU and CPU schedules' discardable attributes (`ttile.place`,
+  // `ttile.fused`, ...; see below).
   let hasOperationAttrVerify = 1;
   let dependentDialects = ["::tessera::tgraph::TGraphDialect"];
 }
@@ -86,6 +87,35 @@ def TTile_TileType : TypeDef<TTile_Dialect, "Tile"> {
 //
 // They are discardable attributes of the ops they describe (ttile, scf and
 // arith ops), checked by the dialect's attribute verifier.
+//===----------------------------------------------------------------------===//
+
+//===----------------------------------------------------------------------===//
+// The CPU schedule
+//
+// How a kernel runs as C++ loops, decided by two passes and read by the C++
+// printer (tessera-translate --ttile-to-cpp), which decides nothing itself:
+//
+//   tessera-cpu-in-place  `ttile.in_place` (unit) on a ttile.load: the tile is
+//                         the loaded block itself (a pointer, no copy): one
+//                         contiguous block of a buffer the kernel never
+//                         stores to, not bf16 / FP8, not itself stored. On a
+//                         ttile.store: the stored tile is computed in the
+//                         block the store writes (the store copies nothing):
+//                         defined by an op (not a loop) in the store's
+//                         block, one contiguous block of a buffer the kernel
+//                         stores only there and never loads.
+//                         `ttile.accumulate` (unit) on a ttile.dot: it adds
+//                         into its accumulator's array: the accumulator has
+//                         the result's type, the dot is its only use, in its
+//                         block, and it is not a load read in place.
+//   tessera-cpu-fuse      `ttile.fused = N` (i64 >= 0) on consecutive
+//                         elementwise ops, fills, broadcasts and in-place
+//                         loads of one block: they share one element loop
+//                         (loop N of the kernel) over tiles of one size.
+//
+// A missing attribute is the plain form (a copy; a loop per op), so the
+// printer is correct on any Tile IR. The verifier rejects an attribute on
+// the wrong op or with values the printer cannot honour.
 //===----------------------------------------------------------------------===//
 
 def TTile_Placement : I32EnumAttr<"Placement", "where a tile value lives while a GPU kernel runs", [
