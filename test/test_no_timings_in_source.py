@@ -28,16 +28,6 @@ TIMING = re.compile(
 
 _MARKERS = re.compile(r"(?:\s|#:?|//)+")
 
-#: Timings still in files other branches of issue 61 are rewriting (the
-#: CPU emitter, the build, the library table): (file, the timing found).
-#: Remove an entry with its timing; an entry no longer found fails too.
-PENDING = {
-    ("tessera_compiler/codegen/tile_emitter.py", "1.5 -> 6.3 ms"),
-    ("tessera_compiler/codegen/tile_emitter.py", "6.5 -> 4.1 ms"),
-    ("tessera_compiler/codegen/tile_emitter.py", "7.5 -> 4.8 us"),
-}
-
-
 def _python_prose(text: str) -> list[tuple[int, str]]:
     """(line, text) of every docstring and every run of comment lines."""
     out = []
@@ -101,13 +91,10 @@ def timings(root: Path = REPO) -> list[tuple[str, int, str]]:
 
 def test_no_measured_timings_in_docstrings_or_comments():
     found = timings()
-    new = [f"{f}:{line}: {t!r}" for f, line, t in found
-           if not any(f == pf and pt in t for pf, pt in PENDING)]
+    new = [f"{f}:{line}: {t!r}" for f, line, t in found]
     assert not new, ("measured timings in docstrings or comments: move each to a file in "
                      "bench/results/ (e.g. the one the bench wrote) and say why, not how "
                      "fast:\n" + "\n".join(new))
-    stale = [p for p in PENDING if not any(f == p[0] and p[1] in t for f, _, t in found)]
-    assert not stale, f"PENDING entries no longer found (remove them): {sorted(stale)}"
 
 
 def test_the_pattern_catches_timings_and_spares_plain_costs(tmp_path):

@@ -30,8 +30,7 @@ from .printer import EmitError, Tile, TilePrinter, ctype
 #: range with its arguments in an array, which the library's one
 #: tessera_parallel(slice, args, grid, threads) splits over an OpenMP team
 #: (the CPU engine's threaded launches). One parallel region per library,
-#: not per kernel: g++ took ~0.4 s longer on the w128 step's 89 kernels with
-#: a region in each.
+#: not per kernel: a region in each kernel costs g++ compile time on every one.
 RANGE_SUFFIX, GRID_SUFFIX, SLICE_SUFFIX = "__range", "__grid", "__slice"
 
 # Tiles larger than this live on the heap (CPU), not the stack.
@@ -61,7 +60,7 @@ class KernelEmitter(TilePrinter):
         never writes a buffer it reads in place (`ttile.in_place`, see
         tessera-cpu-in-place). GCC does not trust `__restrict__` on the
         in-place pointers; without the hint -O2 would need runtime alias
-        checks and did not vectorize (a fused GELU backward 1.5 -> 6.3 ms)."""
+        checks and did not vectorize (a fused GELU backward markedly slower)."""
         self.line("#pragma GCC ivdep")
 
     def new_tile(self, value: ir.Value) -> Tile:
@@ -252,8 +251,8 @@ class KernelEmitter(TilePrinter):
         r = self.new_tile(op.results[0])
         m, n = src.shape           # r[j, i] = src[i, j]
         # On the CPU two loops, not one over r's elements with a div and mod
-        # each: a 64x128 tile 7.5 -> 4.8 us (src read row by row, r written
-        # with stride m; the other order and 8x8 blocks measured 5.7-6.3 us).
+        # each (src read row by row, r written with stride m; the other order
+        # and 8x8 blocks were slower).
         i, j = self.fresh("i"), self.fresh("j")
         with self.loop(i, m):
             self.independent_iterations()
