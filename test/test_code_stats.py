@@ -4,17 +4,15 @@ their first decorator to their last line."""
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _stats():
-    spec = importlib.util.spec_from_file_location("code_stats", REPO / "bench" / "code_stats.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return SimpleNamespace(**runpy.run_path(str(REPO / "bench" / "code_stats.py")))
 
 
 def test_cycle_groups_are_the_strongly_connected_components():

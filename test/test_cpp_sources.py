@@ -4,11 +4,12 @@ none is left in Python strings (bench/cpp_in_strings.py counts it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,9 +59,6 @@ def test_cpp_files_are_clang_formatted():
 def test_no_cpp_is_left_in_python_strings():
     """The compiler, passes, runtime and frontend hold no fixed C++ text in
     string literals (the printers' per-op f-strings are generated code)."""
-    spec = importlib.util.spec_from_file_location("cpp_in_strings",
-                                                  REPO / "bench" / "cpp_in_strings.py")
-    counter = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(counter)
+    counter = SimpleNamespace(**runpy.run_path(str(REPO / "bench" / "cpp_in_strings.py")))
     assert counter.looks_like_cpp("#include <cmath>\nstatic int f() {\n  return 1;\n}\n")
     assert counter.count(REPO) == {}

@@ -4,9 +4,10 @@ until the table is regenerated."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 for _p in (REPO / "runtime", REPO / "passes", REPO):
@@ -17,10 +18,7 @@ from tessera_compiler.opt import pass_table, tessera_passes  # noqa: E402
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("readme_pass_table", REPO / "tools" / "readme_pass_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return SimpleNamespace(**runpy.run_path(str(REPO / "tools" / "readme_pass_table.py")))
 
 
 def test_readme_pass_table_is_the_registry():

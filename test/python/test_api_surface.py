@@ -4,8 +4,9 @@ makes of the modules' `__all__`s, and it marks each alias."""
 from __future__ import annotations
 
 import functools
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import tessera as ts
 
@@ -14,10 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @functools.lru_cache(maxsize=None)
 def _gen_api():
-    spec = importlib.util.spec_from_file_location("gen_api", REPO / "tools" / "gen_api.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return SimpleNamespace(**runpy.run_path(str(REPO / "tools" / "gen_api.py")))
 
 
 @functools.lru_cache(maxsize=None)
