@@ -29,10 +29,7 @@ from .errors import (ArgumentError, CompileError, LaunchError, ShapeError, Shard
 from .op import (concat, exp, isfinite, log, matmul, maximum, minimum, relu, reshape, softmax,
                  split, sqrt, tanh, transpose, where)
 from .types import Tensor
-from tessera_compiler.ir import options as _options
 from tessera_compiler.ir.options import GemmConfig, TargetOptions
-
-_options.invalid = errors.option_error     # ts.TargetOptions(target="tpu"): at the user's line
 
 __version__ = "0.2.0"
 

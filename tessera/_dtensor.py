@@ -21,13 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera_runtime import env, flight, world
+from tessera_runtime.errors import in_tessera
 from tessera_runtime.mesh import MeshError, MeshInfo
 
 from ._checks import is_int, is_number
 from ._context import simulation, trace_state
 from ._mpi import bcast_text, exchange, listed, raw_view, world_comm
 from ._pytree import flatten, paths, unflatten
-from ._source import SourceLine, assigned_name, in_package, user_frame
+from ._source import SourceLine, assigned_name, user_frame
 from .dtypes import SUPPORTED_DTYPES, as_dtype
 from .errors import ArgumentError, LaunchError, ShardingError
 
@@ -84,7 +85,7 @@ class Mesh:
             raise ArgumentError(f"dist.Mesh: {e}  [{user_frame()}]") from None
         #: where the user made it (named by errors about the default mesh)
         self.source = user_frame()
-        if not in_package(sys._getframe(1).f_code.co_filename):
+        if not in_tessera(sys._getframe(1)):
             make_default(self)          # the default mesh of eager collectives now
         rank, size = world()
         if size > 1:

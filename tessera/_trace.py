@@ -10,7 +10,6 @@ Python parameter, so diagnostics from any later pass point back at the program.
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import threading
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from tessera_compiler.ir.context import new_context
 from tessera_compiler.ir.pipeline import tag_location
 from tessera_compiler.ir.sharding import Sharding
 from tessera_compiler.ir.types import ELEMENT_TYPES
+from tessera_runtime.errors import in_tessera
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph
 
@@ -29,7 +29,7 @@ from . import dtypes
 from ._context import set_trace_state, trace_state
 from ._dtensor import DTensor, ShardSpec, check_divisible
 from ._pytree import flatten
-from ._source import PACKAGE_DIR, SourceLine, generated_frame, in_package, user_frame
+from ._source import SourceLine, user_frame
 from .dtypes import FLOATS, SUPPORTED_DTYPES, as_dtype, bf16
 from .errors import ArgumentError, ShapeError, ShardingError, TracingError
 
@@ -440,7 +440,7 @@ def _parameter_holding(x) -> tuple[str, str] | None:
     error path."""
     frame = inspect.currentframe().f_back
     found = None
-    while frame is not None and (in_package(frame.f_code.co_filename) or generated_frame(frame)):
+    while frame is not None and in_tessera(frame):
         code = frame.f_code
         if code.co_name in frame.f_globals.get("__all__", ()):
             for p in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
@@ -466,7 +466,7 @@ def _variable_name(obj) -> str | None:
     """The name the user's code refers to `obj` by (for gradient dicts and
     argument names), found in the innermost user frame."""
     frame = inspect.currentframe()
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE_DIR):
+    while frame is not None and in_tessera(frame):
         frame = frame.f_back
     if frame is None:
         return None

@@ -22,6 +22,10 @@ including those inside functions, so a lazy back edge is caught too):
                           in the package both may read): every layer may
                           import it, the bottom one included; it imports no
                           Tessera module (the standard library only)
+    tessera_runtime.errors
+                          the errors every layer raises at the user
+                          (TesseraError, ArgumentError) and the walk to the
+                          user's line: like routines, below every layer
 
 No module imports a private name (`_x`) of another module, and the
 compiler's modules import each other without cycles.
@@ -119,6 +123,8 @@ def layer_of(module: str) -> str:
         return "env"
     if module == "tessera_runtime.routines":
         return "routines"
+    if module == "tessera_runtime.errors":
+        return "errors"
     if module.startswith("tessera_compiler.ir"):
         return "ir"
     if module.startswith("tessera_compiler.codegen"):
@@ -133,14 +139,19 @@ def layer_of(module: str) -> str:
 #: (every layer above the bottom one may ask it).
 #: `routines` is tessera_runtime.routines, the library routines' table
 #: (every layer reads it; it reads no Tessera module).
+#: `errors` is tessera_runtime.errors, the errors every layer raises at the
+#: user (TesseraError, ArgumentError) and how one finds the user's line
+#: (every layer reads it; it reads no Tessera module).
 ALLOWED = {
-    "ir": {"ir", "tessera_mlir", "routines"},
-    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env", "routines"},
-    "codegen": {"ir", "codegen", "tessera_mlir", "env", "routines"},
-    "compiler": {"ir", "codegen", "compiler", "tessera_passes", "tessera_mlir", "env", "routines"},
+    "ir": {"ir", "tessera_mlir", "routines", "errors"},
+    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env", "routines", "errors"},
+    "codegen": {"ir", "codegen", "tessera_mlir", "env", "routines", "errors"},
+    "compiler": {"ir", "codegen", "compiler", "tessera_passes", "tessera_mlir", "env", "routines",
+                 "errors"},
     "tessera": {"ir", "compiler", "codegen", "tessera", "tessera_runtime", "tessera_mlir", "env",
-                "routines"},
+                "routines", "errors"},
     "routines": set(),
+    "errors": set(),
 }
 TESSERA_TOPS = {"tessera", "tessera_compiler", "tessera_passes", "tessera_runtime", "tessera_mlir"}
 

@@ -36,14 +36,18 @@ from collections import deque
 from pathlib import Path
 
 from . import env
+from .errors import TesseraError
 
 
 #: the launcher creates it in TESSERA_FLIGHT_DIR to ask every rank for its ring
 REQUEST_FILE = "dump-requested"
 
 
-class CollectiveTimeout(RuntimeError):
-    """A collective or transfer did not complete within TESSERA_COLLECTIVE_TIMEOUT."""
+class CollectiveTimeout(TesseraError, RuntimeError):
+    """A collective or transfer, or an exchange every rank must make (the
+    program agreement, an eager collective, a checkpoint commit), did not
+    complete within TESSERA_COLLECTIVE_TIMEOUT; the message names the ranks
+    that never arrived. (`ts.CollectiveTimeout` is this class.)"""
 
 
 class Entry:

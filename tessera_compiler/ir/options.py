@@ -20,14 +20,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field, fields
 
-#: What a bad option raises: `invalid(message)` is the exception. The
-#: compiler alone (tessera-opt's pass options) raises ValueError; the
-#: `tessera` package, when imported, installs one that raises its
-#: ArgumentError (a ValueError too) naming the user's line, as
-#: `ts.TargetOptions(target="tpu")` in a script should.
-invalid = ValueError
+from tessera_runtime.errors import ArgumentError, user_frame, where
+
+class OptionError(ArgumentError):
+    """A bad option: `ts.ArgumentError` (a TypeError and a ValueError), its
+    message ending in the line that built the options (`ts.TargetOptions(
+    target="tpu")` in a script). `reason` is the message without the line,
+    which tessera-opt prints for a pass option given as text."""
+
+    def __init__(self, reason: str):
+        frame = user_frame(sys._getframe(1))
+        super().__init__(f"{reason}  [{where(frame)}]" if frame is not None else reason)
+        self.reason = reason
 
 
 def _is_int(x) -> bool:
@@ -61,19 +68,19 @@ class GemmConfig:
         for name in ("bm", "bn", "bk"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise invalid(f"GemmConfig: {name}={value!r} must be a tile size (an int >= 1)")
+                raise OptionError(f"GemmConfig: {name}={value!r} must be a tile size (an int >= 1)")
         if self.warps is not None:
             if not isinstance(self.warps, (tuple, list)) or len(self.warps) != 2 or not all(
                     _is_int(w) and w >= 1 for w in self.warps):
-                raise invalid(f"GemmConfig: warps={self.warps!r} must be None (CUDA cores) or "
+                raise OptionError(f"GemmConfig: warps={self.warps!r} must be None (CUDA cores) or "
                               f"(warps along M, warps along N), two ints >= 1")
             object.__setattr__(self, "warps", tuple(self.warps))
         if self.stages is not None and (not _is_int(self.stages) or self.stages < 1):
-            raise invalid(f"GemmConfig: stages={self.stages!r} must be None or a number of "
+            raise OptionError(f"GemmConfig: stages={self.stages!r} must be None or a number of "
                           f"shared-memory buffers (an int >= 1)")
         for name in ("wgmma", "tma", "producer"):
             if not isinstance(getattr(self, name), bool):
-                raise invalid(f"GemmConfig: {name}={getattr(self, name)!r} must be True or False")
+                raise OptionError(f"GemmConfig: {name}={getattr(self, name)!r} must be True or False")
 
     @property
     def threads(self) -> int:
@@ -156,7 +163,7 @@ def _parse_bool(text: str) -> bool:
 
 def _parse_target(text: str) -> str:
     if text not in TARGETS:
-        raise invalid(f"unknown target {text!r}; choose one of {', '.join(TARGETS)}")
+        raise OptionError(f"unknown target {text!r}; choose one of {', '.join(TARGETS)}")
     return text
 
 
@@ -254,23 +261,23 @@ class TargetOptions:
         for f in fields(self):
             value, kind = getattr(self, f.name), type(f.default)
             if kind is bool and not isinstance(value, bool):
-                raise invalid(f"TargetOptions: {f.name}={value!r} must be True or False")
+                raise OptionError(f"TargetOptions: {f.name}={value!r} must be True or False")
             if kind is int and not _is_int(value):
-                raise invalid(f"TargetOptions: {f.name}={value!r} must be an int")
+                raise OptionError(f"TargetOptions: {f.name}={value!r} must be an int")
         for name in ("elementwise_tile_elements", "bucket_elements"):
             if getattr(self, name) < 1:
-                raise invalid(f"TargetOptions: {name} must be at least 1, got "
+                raise OptionError(f"TargetOptions: {name} must be at least 1, got "
                               f"{getattr(self, name)}")
         if self.ranks_per_node < 0:
-            raise invalid(f"TargetOptions: ranks_per_node must be 0 (one node) or more, got "
+            raise OptionError(f"TargetOptions: ranks_per_node must be 0 (one node) or more, got "
                           f"{self.ranks_per_node}")
         if self.wait_watchdog_s is not None and (isinstance(self.wait_watchdog_s, bool) or
                                                  not isinstance(self.wait_watchdog_s, (int, float))):
-            raise invalid(f"TargetOptions: wait_watchdog_s={self.wait_watchdog_s!r} must be a "
+            raise OptionError(f"TargetOptions: wait_watchdog_s={self.wait_watchdog_s!r} must be a "
                           f"number of seconds or None")
         if isinstance(self.gemm_configs, (str, GemmConfig)) or not all(
                 isinstance(c, GemmConfig) for c in self.gemm_configs):
-            raise invalid(f"TargetOptions: gemm_configs={self.gemm_configs!r:.80} must be a "
+            raise OptionError(f"TargetOptions: gemm_configs={self.gemm_configs!r:.80} must be a "
                           f"tuple of GemmConfigs (GemmConfig.parse reads the text form)")
         object.__setattr__(self, "gemm_configs", tuple(self.gemm_configs))
         for name in ("attention_forward_blocks", "attention_backward_blocks"):
@@ -280,7 +287,7 @@ class TargetOptions:
             try:
                 blocks = tuple(sorted((int(w), (int(b[0]), int(b[1]))) for w, b in value))
             except (TypeError, ValueError, IndexError):
-                raise invalid(f"TargetOptions: {name}={getattr(self, name)!r:.80} must be "
+                raise OptionError(f"TargetOptions: {name}={getattr(self, name)!r:.80} must be "
                               f"(head width, (BM, BN)) pairs") from None
             object.__setattr__(self, name, blocks)
 
@@ -321,7 +328,8 @@ class TargetOptions:
 
     def with_text(self, values: dict[str, str]) -> "TargetOptions":
         """These options with `{option name: text}` applied (tessera-opt's
-        `pass{name=value ...}`); ValueError names a bad one."""
+        `pass{name=value ...}`); ValueError names a bad one (text has no
+        Python line to name)."""
         changes = {}
         for option, text in values.items():
             f = OPTION_FIELDS.get(option)
@@ -329,9 +337,14 @@ class TargetOptions:
                 raise ValueError(f"unknown option '{option}'")
             try:
                 changes[f.name] = f.metadata["parse"](text)
+            except OptionError as err:
+                raise ValueError(f"option '{option}': {err.reason}") from None
             except ValueError as err:
                 raise ValueError(f"option '{option}': {err}") from None
-        return dataclasses.replace(self, **changes)
+        try:
+            return dataclasses.replace(self, **changes)
+        except OptionError as err:
+            raise ValueError(err.reason) from None
 
     def option_text(self, field_name: str) -> str:
         f = next(f for f in fields(self) if f.name == field_name)

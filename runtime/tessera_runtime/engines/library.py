@@ -16,19 +16,23 @@ import re
 import numpy as np
 
 from .. import routines
+from ..errors import TesseraError
 
 
 class LibraryError(RuntimeError):
     """A library routine got arguments it cannot handle (e.g. an index out of range)."""
 
 
-class ValueCheckError(LibraryError, ValueError):
-    """A value check of a step (`tgraph.check_range`: `ts.nn.cross_entropy`'s
-    targets) found an element outside its range; raised once the step has
-    run. `row`: the element's position in the flattened global tensor,
-    `value`: the element, `low`, `high`, `allowed`: what passes (`[low,
-    high)` and the values of `allowed`), `source`: the user's Python line
-    (`file:line`, or None)."""
+class ValueCheckError(TesseraError, LibraryError, ValueError):
+    """A value a compiled step checks was out of range: `ts.nn.cross_entropy`'s
+    targets outside [0, C) that are not its ignore_index. Raised once the
+    step has run (a check, `tgraph.check_range`, never stops a step
+    half-way, on any device), naming the row of the flattened targets, the
+    value, C and the user's line. `row`: the element's position in the
+    flattened global tensor, `value`: the element, `low`, `high`,
+    `allowed`: what passes (`[low, high)` and the values of `allowed`),
+    `source`: the user's Python line (`file:line`, or None). It is
+    `ts.ValueCheckError`."""
 
     def __init__(self, message: str = "", row: int | None = None, value: int | None = None,
                  low: int | None = None, high: int | None = None, allowed: tuple = (),
@@ -165,20 +169,6 @@ def _add_rows(xp, out, ids, updates) -> None:
 #: the routines that check values (they return a flag instead of writing)
 CHECKS = routines.CHECKS
 
-#: What a failed check raises: ValueCheckError, or a subclass of it that a
-#: frontend registers (`raise_checks_as`) so that its users catch it with
-#: their own base class (tessera registers one that is a TesseraError).
-_check_error: type = ValueCheckError
-
-
-def raise_checks_as(cls: type) -> None:
-    """Failed checks raise `cls` (a subclass of ValueCheckError) from now on."""
-    global _check_error
-    if not (isinstance(cls, type) and issubclass(cls, ValueCheckError)):
-        raise TypeError(f"raise_checks_as needs a subclass of ValueCheckError, got {cls!r}")
-    _check_error = cls
-
-
 #: the unsigned integer type of each integer width (bytes)
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -240,7 +230,7 @@ def failed_check(attrs: dict, row: int, value: int, source: str | None) -> Value
     `{where}` are filled in here."""
     fields = {"row": str(row), "value": str(value), "where": f" at {source}" if source else ""}
     text = re.sub(r"\{(row|value|where)\}", lambda m: fields[m.group(1)], attrs["message"])
-    return _check_error(text, row=row, value=value, low=attrs["low"], high=attrs["high"],
+    return ValueCheckError(text, row=row, value=value, low=attrs["low"], high=attrs["high"],
                         allowed=tuple(attrs.get("allowed", ())), source=source)
 
 
