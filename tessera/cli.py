@@ -78,6 +78,7 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
         own_flight_dir = not flight_dir
         if own_flight_dir:
             flight_dir = env[FLIGHT_ENV] = tempfile.mkdtemp(prefix="tessera-flight-")
+        _FailedRanks.clear(Path(flight_dir))       # an earlier job's, in the user's folder
         # PYTHONHASHSEED: every rank hashes a str alike, so per-rank code such
         # as the training guide's `hash(param_name) % size` agrees across ranks.
         proc = subprocess.Popen(cmd, env={**thread_limits(n), "PYTHONHASHSEED": "0",
@@ -93,9 +94,10 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
 def _supervise(proc: subprocess.Popen, n: int, timeout: float | None, hang: "_HangWatch",
                watch) -> int:
     """Waits for the job, in slices of at most half a second so that a stop
-    signal, the --timeout, a hang or `watch` is seen in time."""
+    signal, the --timeout, a hang, a failed rank or `watch` is seen in time."""
     deadline = math.inf if timeout is None else time.monotonic() + timeout
     hung = False
+    failed = _FailedRanks(hang.directory)
     while True:
         try:
             code = proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
@@ -117,6 +119,14 @@ def _supervise(proc: subprocess.Popen, n: int, timeout: float | None, hang: "_Ha
             return 124
         if hung:
             continue
+        if failed.overdue():
+            # mpiexec stops every rank once one exits non-zero; hydra
+            # sometimes does not (a rank blocked in a collective with the
+            # failed one can outlive it), so the launcher stops the rest.
+            _say(f"mpiexec left the job running {STOP_GRACE_S:g} s after {failed.which()} "
+                 "failed; stopping it")
+            _say(_stop(proc))
+            return failed.code()
         if hang():
             # The ranks that timed out now fail with CollectiveTimeout and
             # end the job; whatever is left after 5 s is stopped.
@@ -212,6 +222,51 @@ class _HangWatch:
         for line in flight.diagnose(dumps, self.n):
             _say(line)
         return True
+
+
+class _FailedRanks:
+    """The ranks whose wrapper (`_rank`) reported a failure in the flight
+    directory: `rank-R.failed`, holding its exit status."""
+
+    SUFFIX = ".failed"
+
+    def __init__(self, directory: Path):
+        self.directory, self.first_seen = directory, None
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob(f"rank-*{self.SUFFIX}"))
+
+    @classmethod
+    def clear(cls, directory: Path) -> None:
+        for path in cls(directory)._files():
+            path.unlink(missing_ok=True)
+
+    def overdue(self) -> bool:
+        """Whether a rank failed at least STOP_GRACE_S ago."""
+        if self.first_seen is None:
+            if self._files():
+                self.first_seen = time.monotonic()
+            return False
+        return time.monotonic() - self.first_seen >= STOP_GRACE_S
+
+    def which(self) -> str:
+        return ", ".join(p.name[:-len(self.SUFFIX)].replace("-", " ") for p in self._files())
+
+    def code(self) -> int:
+        try:
+            return int(self._files()[0].read_text()) or 1
+        except (IndexError, OSError, ValueError):
+            return 1
+
+    @classmethod
+    def report(cls, rank: int, code: int) -> None:
+        """Called by a failing rank's wrapper."""
+        directory = tessera_env.get(FLIGHT_ENV)
+        if directory:
+            try:
+                (Path(directory) / f"rank-{rank}{cls.SUFFIX}").write_text(str(code))
+            except OSError:     # the launcher is gone, or a job without one (plain mpiexec)
+                pass
 
 
 def _elastic_range(text: str) -> tuple[int, int]:
@@ -469,6 +524,7 @@ def _rank(script: str, args: list[str], profile: str | None = None) -> int:
         how = f"exited with status {code}"
     if not stopped:
         _say(f"rank {rank} {how}: stopping the job")
+        _FailedRanks.report(rank, code)
     return code
 
 

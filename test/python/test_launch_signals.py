@@ -194,3 +194,23 @@ def test_elastic_launcher_stopped_does_not_restart_and_saves_nothing_partial(tmp
     saved = checkpoint.load("latest", directory=ckpt)
     assert saved.tag == tag == f"step_{step}"
     np.testing.assert_array_equal(saved.tensors["x"], np.full(1 << 16, step, np.float32))
+
+
+def test_a_job_mpiexec_leaves_running_after_a_rank_failed_is_stopped(tmp_path, monkeypatch,
+                                                                     capsys):
+    """A rank's wrapper that fails reports it in the flight folder; should
+    mpiexec leave the other ranks running (hydra usually stops them, but not
+    always), the launcher stops the job itself STOP_GRACE_S later and exits
+    with the failed rank's status. (A `sleep` stands for the job.)"""
+    from tessera import cli
+
+    monkeypatch.setattr(cli, "STOP_GRACE_S", 0.3)
+    monkeypatch.setenv(cli.FLIGHT_ENV, str(tmp_path))
+    (tmp_path / "rank-3.failed").write_text("stale, from an earlier job")
+    cli._FailedRanks.clear(tmp_path)
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    cli._FailedRanks.report(1, 7)
+    start = time.monotonic()
+    code = cli._supervise(job, 2, None, cli._HangWatch(tmp_path, 2), None)
+    assert code == 7 and job.poll() is not None and time.monotonic() - start < 5
+    assert "left the job running 0.3 s after rank 1 failed" in capsys.readouterr().err
