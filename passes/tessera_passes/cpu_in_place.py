@@ -37,6 +37,7 @@ from tessera_compiler.ir import gpu_schedule as gs
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import (PassError, kernels_of, nested_ops, operation_key,
                                          run_reporting)
+from tessera_compiler.ir.types import STORED_AS_BITS
 
 
 def _defining_op(value: ir.Value) -> ir.Operation | None:
@@ -109,7 +110,7 @@ class KernelInPlace:
             mt = ir.MemRefType(buf.type)
             self.blocks[buf] = (list(mt.shape), str(mt.element_type))
         shape, element = self.blocks[buf]
-        if not shape or element in cs.CONVERTED_ELEMENTS:
+        if not shape or element in STORED_AS_BITS:
             return False
         return cs.contiguous(cs.placed_shape(access, cs.tile_shape(tile.type), len(shape)), shape)
 

@@ -12,6 +12,7 @@ flags.
 
 from __future__ import annotations
 
+import abc
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from tessera_mlir import ir
 from ..ir.cpu_schedule import placed_shape
 from ..ir.ops import TILE_ELEMENTWISE
 from ..ir.support import marked_args
+from ..ir import types
 from ..ir.types import tile_of
 
 NVSHMEM_OPS = {"ttile.my_pe", "ttile.n_pes", "ttile.put", "ttile.get", "ttile.signal",
@@ -32,10 +34,12 @@ _CTYPES = {"f32": "float", "f64": "double", "f16": "_Float16", "bf16": "float",
            "f8E4M3FN": "float", "i32": "int32_t", "i64": "int64_t", "i8": "int8_t",
            "i1": "bool"}
 _BUFFER_CTYPES = {**_CTYPES, "bf16": "uint16_t", "f8E4M3FN": "uint8_t"}
-#: Storage-only float types: (bits -> float, float -> bits, round a float to
-#: the type) helpers, defined in cpu/tessera_numerics.h.
-STORED_AS_BITS = {"bf16": ("bf16_to_float", "float_to_bf16", "bf16_round"),
-                  "f8E4M3FN": ("f8e4m3_to_float", "float_to_f8e4m3", "f8e4m3_round")}
+#: Storage-only float types (`types.STORED_AS_BITS`): (bits -> float, float
+#: -> bits, round a float to the type) helpers, defined in
+#: cpu/tessera_numerics.h.
+_BIT_HELPERS = {"bf16": ("bf16_to_float", "float_to_bf16", "bf16_round"),
+                "f8E4M3FN": ("f8e4m3_to_float", "float_to_f8e4m3", "f8e4m3_round")}
+STORED_AS_BITS = {element: _BIT_HELPERS[element] for element in types.STORED_AS_BITS}
 
 
 class EmitError(Exception):
@@ -89,7 +93,7 @@ ELEMENTWISE_EXPRESSIONS = {name: e.c for name, e in TILE_ELEMENTWISE.items()}
 
 
 @dataclass
-class TilePrinter:
+class TilePrinter(abc.ABC):
     lines: list[str] = field(default_factory=list)
     names: dict = field(default_factory=dict)
     tiles: dict = field(default_factory=dict)
@@ -335,9 +339,9 @@ class TilePrinter:
         self.for_each(r.size, lambda e: self.line(
             f"{r.name}[{e}] = {self.element_value(op, r, e)};"))
 
+    @abc.abstractmethod
     def math(self, fn: str, arg: str) -> str:
         """The C library's `fn` (each printer spells it)."""
-        raise NotImplementedError
 
     def fast(self, ct: str, fn: str, arg: str) -> str:
         """The printer's fastest accurate `fn` (the C library's here)."""

@@ -25,14 +25,11 @@ import math
 from tessera_mlir import ir
 from tessera_mlir.dialects import ttile
 
+from .types import STORED_AS_BITS
+
 IN_PLACE, ACCUMULATE, FUSED = "ttile.in_place", "ttile.accumulate", "ttile.fused"
 #: Every CPU schedule attribute (the passes remove them before deciding afresh).
 ATTRIBUTES = (IN_PLACE, ACCUMULATE, FUSED)
-
-#: Buffer element types held as raw bits and converted per element (bf16,
-#: FP8): a tile of them is never the buffer's block itself.
-CONVERTED_ELEMENTS = frozenset({"bf16", "f8E4M3FN"})
-
 
 def in_place(op: ir.Operation) -> bool:
     return IN_PLACE in op.attributes
@@ -99,7 +96,7 @@ def block_of(access: ir.Operation, tile: ir.Value, buffer: ir.Value) -> bool:
     block of a buffer that is not 0-d and not held as converted bits."""
     mt = ir.MemRefType(buffer.type)
     shape = list(mt.shape)
-    if not shape or str(mt.element_type) in CONVERTED_ELEMENTS:
+    if not shape or str(mt.element_type) in STORED_AS_BITS:
         return False
     return contiguous(placed_shape(access, tile_shape(tile.type), len(shape)), shape)
 

@@ -16,6 +16,11 @@ ELEMENT_TYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "
 ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "bf16": 2, "f16": 2, "f8E4M3FN": 1,
                  "i8": 1, "i1": 1}
 
+#: Element types that generated code stores as their raw bits (no C++ or
+#: CUDA arithmetic type holds them) and converts per element on load and
+#: store: a tile of them is never the buffer's block itself.
+STORED_AS_BITS = frozenset({"bf16", "f8E4M3FN"})
+
 #: Bytes per element of each numpy dtype name Tessera handles (the bundle's
 #: and the cost model's spelling), from the two tables above.
 DTYPE_BYTES = {ELEMENT_TYPES[t]: n for t, n in ELEMENT_BYTES.items()}

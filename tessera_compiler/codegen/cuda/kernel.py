@@ -104,7 +104,6 @@ class CudaKernelEmitter(PointwiseRegions, Reductions, TensorCoreDots, Staging, G
         self.threads = block_threads = math.prod(block)
         self.stages = (ir.IntegerAttr(kernel.attributes["stages"]).value
                        if "stages" in kernel.attributes else 2)
-        self.kernel_location = kernel.location
         if not gs.planned(kernel):
             raise EmitError(f"kernel @{name} has no GPU schedule: run tessera-gpu-software-pipeline, "
                             "tessera-gpu-place and tessera-gpu-alloc-shared first "
