@@ -10,6 +10,7 @@ nothing but the standard library.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import textwrap
@@ -240,6 +241,17 @@ def cache_dir(kind: str) -> Path:
     path = cache_root() / kind
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def folder_digest(folder: Path) -> str:
+    """The hash of every file in `folder` (names and contents): the part of
+    a cached build's key for the headers its source includes by name only,
+    so an edited header never reuses an object built from the old one."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:24]
 
 
 def count(name: str) -> int | None:

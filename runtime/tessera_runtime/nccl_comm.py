@@ -1,7 +1,7 @@
 """NCCL communicators over cupy (device buffers: cupy arrays), one per mesh axis.
 
 Imported only on a machine with a GPU and cupy. Each axis group is found with
-the same MPI Comm.Split as the MPI engine (`mpi_comm.make_axis_communicators`);
+the same MPI Comm.Split as the MPI engine (`axis_comms.make_axis_communicators`);
 the group's rank 0 makes an NCCL unique id and broadcasts it over that MPI
 sub-communicator (as raw bytes), and every member joins with
 `NcclCommunicator(size, id, rank)`.
@@ -220,10 +220,10 @@ def make_axis_communicators(mesh_info: MeshInfo, comm=None, sub_axes=()) -> dict
     """One NCCL communicator per mesh axis and per sub-axis in `sub_axes`
     for this process (every rank of `comm`, default MPI COMM_WORLD, must call
     it with the same mesh and sub-axes), each made at its first collective."""
-    from . import mpi_comm
-    mpi_groups = mpi_comm.make_axis_communicators(mesh_info, comm, sub_axes,
-                                                     shared_memory=False)
-    rank = (comm or mpi_comm.MPI.COMM_WORLD).Get_rank()
+    from . import axis_comms
+    mpi_groups = axis_comms.make_axis_communicators(mesh_info, comm, sub_axes,
+                                                    shared_memory=False)
+    rank = (comm or axis_comms.MPI.COMM_WORLD).Get_rank()
     out: dict = {}
     for axis, group in mpi_groups.items():
         if isinstance(group, SelfCommunicator):

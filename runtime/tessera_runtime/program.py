@@ -105,8 +105,8 @@ def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = Fa
         for axis, comm in comms.items():
             comm.name_group(axis, rank, [rank])
         return rank, comms
-    from . import mpi_comm                     # lazy: initializes MPI
-    comm = mpi_comm.MPI.COMM_WORLD
+    from . import axis_comms                   # lazy: initializes MPI
+    comm = axis_comms.MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     if sorted(mesh.devices) != list(range(size)):
         raise MeshError(f"mesh '{mesh.name}' has devices {list(mesh.devices)} but the MPI job "
@@ -114,7 +114,7 @@ def _default_communicators(mesh: MeshInfo, use_mpi: bool | None, nccl: bool = Fa
     if nccl:
         from . import nccl_comm
         return rank, nccl_comm.make_axis_communicators(mesh, comm, sub_axes)
-    return rank, mpi_comm.make_axis_communicators(mesh, comm, sub_axes)
+    return rank, axis_comms.make_axis_communicators(mesh, comm, sub_axes)
 
 
 def load_bundle(path, *, engine: Engine | str | None = None,

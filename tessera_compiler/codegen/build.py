@@ -157,11 +157,7 @@ def cpu_include_digest() -> str:
     """The hash of every file in CPU_INCLUDE_DIR (names and contents): part of
     each CPU build's cache key, so an edited header never reuses an object
     built from the old one (the source text names the headers only)."""
-    digest = hashlib.sha256()
-    for path in sorted(CPU_INCLUDE_DIR.iterdir()):
-        if path.is_file():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:24]
+    return env.folder_digest(CPU_INCLUDE_DIR)
 
 
 def dump_kernels(kernels: list[str], suffix: str) -> None:

@@ -34,7 +34,8 @@ sys.excepthook = _abort
 import tessera_runtime as rt                                      # noqa: E402
 from tessera_runtime.comm import CommError, SelfCommunicator      # noqa: E402
 from tessera_runtime.mesh import MeshInfo                         # noqa: E402
-from tessera_runtime.mpi_comm import MPICommunicator, make_axis_communicators  # noqa: E402
+from tessera_runtime.axis_comms import make_axis_communicators  # noqa: E402
+from tessera_runtime.mpi_comm import MPICommunicator  # noqa: E402
 from tessera_runtime.shared_memory import shared_mapping                        # noqa: E402
 from tessera_runtime import shm_comm                                            # noqa: E402
 

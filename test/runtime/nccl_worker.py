@@ -20,7 +20,7 @@ sys.excepthook = _abort
 
 import cupy as cp                                                   # noqa: E402
 
-from tessera_runtime import mpi_comm, nccl_comm                    # noqa: E402
+from tessera_runtime import axis_comms, nccl_comm                 # noqa: E402
 from tessera_runtime.mesh import MeshInfo                          # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -28,7 +28,7 @@ ME, N = WORLD.Get_rank(), WORLD.Get_size()
 cp.cuda.Device(ME % cp.cuda.runtime.getDeviceCount()).use()
 mesh = MeshInfo(["dp"], shape=[N])
 gpu = nccl_comm.make_axis_communicators(mesh)["dp"]
-cpu = mpi_comm.make_axis_communicators(mesh)["dp"]
+cpu = axis_comms.make_axis_communicators(mesh)["dp"]
 
 
 def data(seed, rank, shape):

@@ -64,16 +64,6 @@ EMULATOR_DIR = Path(__file__).resolve().parent / "emulator"
 EMULATOR_CORE, EMULATOR_API = "tessera_emulator.cpp", "tessera_emulator_api.h"
 
 
-def _emulator_digest() -> str:
-    """The hash of every file in EMULATOR_DIR (names and contents): part of
-    each emulated build's cache key, as the sources name the headers only."""
-    digest = hashlib.sha256()
-    for path in sorted(EMULATOR_DIR.iterdir()):
-        if path.is_file():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:24]
-
-
 def _cached_compile(cxx: str, source: str, suffix: str, flags: list[str],
                     inputs: tuple[Path, ...] = ()) -> Path:
     """`source` compiled with `flags` (and linked with `inputs`) into the
@@ -83,7 +73,7 @@ def _cached_compile(cxx: str, source: str, suffix: str, flags: list[str],
     g++ time on shared cores)."""
     flags = ["-std=c++20", "-O1", "-fPIC", "-w", *flags]
     key = hashlib.sha256("\0".join([source, cxx, *flags, *(p.name for p in inputs),
-                                     _emulator_digest()]).encode())
+                                     env.folder_digest(EMULATOR_DIR)]).encode())
     target = cache_dir("emulated") / f"{key.hexdigest()[:24]}{suffix}"
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
