@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from tessera_runtime import env as tessera_env
-from tessera_runtime import flight
+from tessera_runtime import flight, rank_wrapper
+from tessera_runtime.rank_wrapper import say as _say
 
 from . import elastic
 from .errors import TesseraError
@@ -37,8 +38,7 @@ from .machine import thread_limits
 
 DUMP_ENV = "TESSERA_DUMP_IR"     # (read by tessera.compiler through tessera_runtime.env)
 MEMORY_ENV = "TESSERA_MEMORY_REPORT"
-FLIGHT_ENV = "TESSERA_FLIGHT_DIR"
-PROFILE_ENV = "TESSERA_PROFILE"
+FLIGHT_ENV = rank_wrapper.FLIGHT_ENV
 
 
 def find_mpiexec() -> str:
@@ -68,8 +68,9 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
         return 2
     # The profile folder reaches the script through its rank's wrapper (the
     # wrapper imports tessera too, and must not profile itself).
-    wrapper = ["_rank"] + (["--profile", str(Path(profile).resolve())] if profile else [])
-    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "tessera", *wrapper, script, *args]
+    wrapper = ["-m", rank_wrapper.__name__] + (["--profile", str(Path(profile).resolve())]
+                                               if profile else [])
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, *wrapper, script, *args]
     env = {**(env or {})}
     with _STOP_SIGNALS:
         if _STOP_SIGNALS.received is not None:      # `launch --elastic`, between two runs
@@ -225,16 +226,14 @@ class _HangWatch:
 
 
 class _FailedRanks:
-    """The ranks whose wrapper (`_rank`) reported a failure in the flight
-    directory: `rank-R.failed`, holding its exit status."""
-
-    SUFFIX = ".failed"
+    """The ranks whose wrapper (`tessera_runtime.rank_wrapper`) reported a
+    failure in the flight folder (`rank-R.failed`, holding its exit status)."""
 
     def __init__(self, directory: Path):
         self.directory, self.first_seen = directory, None
 
     def _files(self) -> list[Path]:
-        return sorted(self.directory.glob(f"rank-*{self.SUFFIX}"))
+        return sorted(self.directory.glob(f"rank-*{rank_wrapper.FAILED_SUFFIX}"))
 
     @classmethod
     def clear(cls, directory: Path) -> None:
@@ -250,23 +249,13 @@ class _FailedRanks:
         return time.monotonic() - self.first_seen >= STOP_GRACE_S
 
     def which(self) -> str:
-        return ", ".join(p.name[:-len(self.SUFFIX)].replace("-", " ") for p in self._files())
+        return ", ".join(p.stem.replace("-", " ") for p in self._files())
 
     def code(self) -> int:
         try:
             return int(self._files()[0].read_text()) or 1
         except (IndexError, OSError, ValueError):
             return 1
-
-    @classmethod
-    def report(cls, rank: int, code: int) -> None:
-        """Called by a failing rank's wrapper."""
-        directory = tessera_env.get(FLIGHT_ENV)
-        if directory:
-            try:
-                (Path(directory) / f"rank-{rank}{cls.SUFFIX}").write_text(str(code))
-            except OSError:     # the launcher is gone, or a job without one (plain mpiexec)
-                pass
 
 
 def _elastic_range(text: str) -> tuple[int, int]:
@@ -349,7 +338,7 @@ class _ElasticJob:
                 (self.control / name).unlink(missing_ok=True)
             code = _launch(self.size, script, args, timeout=self.timeout,
                            watch=self._watch, env={
-                               "TESSERA_ELASTIC_CONTROL": str(self.control),
+                               rank_wrapper.CONTROL_ENV: str(self.control),
                                "TESSERA_ELASTIC_RESTART": str(restarts),
                                "TESSERA_ELASTIC_MAX": str(self.high)})
             if _STOP_SIGNALS.received is not None:     # the launcher was told to stop
@@ -385,11 +374,6 @@ class _ElasticJob:
             where = f"resuming at step {found[1]}" if found else "starting from step 0"
             _say(f"restart {restarts}: {self.size} -> {new} ranks, {where} ({why})")
             self.size = new
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(f"[tessera] {text}\n")
-    sys.stderr.flush()
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -483,49 +467,6 @@ def _running(pid: int) -> bool:
     if stat is None:                # gone since, or no /proc to ask: kill's answer stands
         return not os.path.isdir("/proc")
     return stat[0] not in "ZX"
-
-
-def _rank(script: str, args: list[str], profile: str | None = None) -> int:
-    """One rank: runs the script in a child process and reports a failure
-    with the rank's number. The child dies with this process (PDEATHSIG), so
-    when mpiexec stops a job no rank is left behind waiting in a collective."""
-    import tessera_runtime
-    rank = tessera_runtime.world()[0]
-
-    def die_with_parent():
-        try:
-            import ctypes
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-    child = subprocess.Popen([sys.executable, script, *args], close_fds=False,
-                             preexec_fn=die_with_parent,
-                             env={**os.environ, PROFILE_ENV: profile} if profile else None)
-    stopped = []                      # signals the job's stop forwarded to the child
-
-    def forward(sig, _frame):
-        stopped.append(sig)
-        child.send_signal(sig)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    code = child.wait()
-    if code == 0:
-        return 0
-    control = elastic.control_dir()
-    if control is not None:           # how this rank ended, for `launch --elastic`
-        elastic.write_json(control / elastic.RANKS_DIR / f"{rank}.json", {
-            "rank": rank, "code": code, "stopped": bool(stopped),
-            "signal": signal.Signals(-code).name if code < 0 else None})
-    if code < 0:
-        how = f"was killed by {signal.Signals(-code).name}"
-        code = 128 - code
-    else:
-        how = f"exited with status {code}"
-    if not stopped:
-        _say(f"rank {rank} {how}: stopping the job")
-        _FailedRanks.report(rank, code)
-    return code
 
 
 def main(argv=None) -> int:
@@ -655,10 +596,6 @@ def main(argv=None) -> int:
 
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] == ["_rank"]:                  # internal: one rank of `launch`
-        if argv[1:2] == ["--profile"]:
-            return _rank(argv[3], argv[4:], profile=argv[2])
-        return _rank(argv[1], argv[2:])
     opts = parser.parse_args(argv)
     if opts.env:
         from tessera_runtime import env

@@ -41,6 +41,7 @@ import sys
 from pathlib import Path
 
 from tessera_runtime import env, world
+from tessera_runtime.rank_wrapper import CONTROL_ENV, RANKS_DIR, write_json
 
 from . import checkpoint
 from ._checks import is_int
@@ -52,7 +53,6 @@ from .errors import TesseraError
 
 SAFE_POINTS = ("step", "pipeline_boundary")
 JOB_FILE, REQUEST_FILE, RESIZED_FILE = "job.json", "resize-request.json", "resized.json"
-RANKS_DIR = "ranks"                   # the launcher's rank wrappers report how ranks ended
 
 
 class ElasticError(TesseraError, RuntimeError):
@@ -61,14 +61,8 @@ class ElasticError(TesseraError, RuntimeError):
 
 def control_dir() -> Path | None:
     """The launcher's control folder (None outside `tessera launch --elastic`)."""
-    value = env.get("TESSERA_ELASTIC_CONTROL")
+    value = env.get(CONTROL_ENV)
     return Path(value) if value else None
-
-
-def write_json(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)                       # the reader sees all of it or nothing
 
 
 def read_json(path: Path):

@@ -5,11 +5,9 @@ each other's factory."""
 
 from __future__ import annotations
 
-from mpi4py import MPI
-
 from .comm import CommError, SelfCommunicator
 from .mesh import MeshInfo
-from .mpi_comm import MPICommunicator
+from .mpi_comm import MPI, MPICommunicator   # (only mpi_comm imports mpi4py)
 from .shm_comm import SharedMemoryCommunicator
 
 

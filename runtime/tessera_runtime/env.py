@@ -156,7 +156,8 @@ _VARIABLES = [
     Variable("CUDA_HOME", "runtime", "", "as CUDA_PATH"),
     Variable("TESSERA_ELASTIC_CONTROL", "frontend", "",
              "the control folder of `tessera launch --elastic` (set by the launcher): "
-             "dist.elastic reports the sizes the script accepts there and hears resize requests"),
+             "dist.elastic reports the sizes the script accepts there and hears resize "
+             "requests, and each rank's wrapper reports how its rank ended"),
     Variable("TESSERA_ELASTIC_RESTART", "frontend", "0",
              "how many times `tessera launch --elastic` restarted this job (set by the launcher)"),
     Variable("TESSERA_ELASTIC_MAX", "frontend", "0",

@@ -132,14 +132,14 @@ def test_hierarchical_all_reduce_on_two_nodes_of_two_equals_the_flat_one(tessera
 def test_deterministic_runs_are_reproducible_and_batch_invariant_over_dp_1_2_4(run_mpi,
                                                                                tmp_path):
     """Deterministic mode with gradients accumulated over 4 microbatches:
-    three dp=2 runs give the same bits, and so do dp=1 and dp=4 (the tree is
-    over microbatches) for the gradients and parameters after 20 steps."""
+    two dp=2 runs give the same bits, and so do dp=1 and dp=4 (the tree is
+    over microbatches) for the gradients and parameters after 10 steps."""
     seed = _seed()
-    for dp, tag in ((2, "a"), (2, "b"), (2, "c"), (1, "a"), (4, "a")):
-        _ok(run_mpi(dp, WORKERS / "det_worker.py", seed, dp, 20, tmp_path, tag, timeout=300))
-    a, b, c = (np.load(tmp_path / f"det-dp2-{t}.npz") for t in "abc")
+    for dp, tag in ((2, "a"), (2, "b"), (1, "a"), (4, "a")):
+        _ok(run_mpi(dp, WORKERS / "det_worker.py", seed, dp, 10, tmp_path, tag, timeout=300))
+    a, b = (np.load(tmp_path / f"det-dp2-{t}.npz") for t in "ab")
     for name in a.files:
-        assert np.array_equal(a[name], b[name]) and np.array_equal(a[name], c[name]), name
+        assert np.array_equal(a[name], b[name]), name
     runs = {dp: np.load(tmp_path / f"det-dp{dp}-a.npz") for dp in (1, 2, 4)}
     names = [n for n in runs[1].files if n != "loss"]
     assert any(n.startswith("grad.") for n in names) and any(n.startswith("param.") for n in names)

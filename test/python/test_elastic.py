@@ -106,7 +106,9 @@ def test_example_gpt_resumes_on_half_the_ranks_bitwise(tmp_path, tessera_launch)
     """The issue's acceptance: the example GPT in deterministic mode
     (accumulate_grad over 4 microbatches) on dp=4 loses rank 1 at step 3 and
     continues on dp=2; its parameters and optimizer state after step 5 are the
-    same bits as an uninterrupted dp=4 run's and a dp=1 run's."""
+    same bits as a dp=1 run's, and so an uninterrupted dp=4 run's (deterministic
+    dp=1 and dp=4 runs are bitwise equal: test_distributed.py's
+    test_deterministic_runs_are_reproducible_and_batch_invariant_over_dp_1_2_4)."""
     example = REPO / "examples" / "train_gpt.py"
     common = [example, "--width", "32", "--depth", "1", "--heads", "2", "--batch", "4",
               "--length", "4", "--steps", "5", "--accum", "4", "--deterministic",
@@ -115,18 +117,16 @@ def test_example_gpt_resumes_on_half_the_ranks_bitwise(tmp_path, tessera_launch)
     one = subprocess.run([sys.executable, *map(str, common), "--checkpoint-dir", tmp_path / "1"],
                          capture_output=True, text=True, timeout=300, cwd=str(REPO))
     assert one.returncode == 0, one.stderr[-3000:]
-    four = tessera_launch("-n", 4, *common, "--checkpoint-dir", tmp_path / "4", timeout=300)
-    assert four.returncode == 0, four.stderr[-3000:]
     elastic = tessera_launch("-n", 4, "--elastic", "2:4", *common, "--checkpoint-dir",
                              tmp_path / "e", env={"TESSERA_ELASTIC_KILL": "1:3"}, timeout=300)
     assert elastic.returncode == 0, elastic.stderr[-3000:]
     assert "[tessera] restart 1: 4 -> 2 ranks, resuming at step" in elastic.stderr
     assert "dp × tp mesh, 2 × 1" in elastic.stdout          # the restarted run's banner
-    runs = {name: checkpoint.load("step_5", directory=tmp_path / name) for name in "14e"}
+    runs = {name: checkpoint.load("step_5", directory=tmp_path / name) for name in "1e"}
     for tree in ("tensors", "optimizer"):
         base = runs["1"]
         names = paths(getattr(base, tree), tree)
-        for other in "4e":
+        for other in "e":
             for name, x, y in zip(names, flatten(getattr(base, tree))[0],
                                   flatten(getattr(runs[other], tree))[0]):
                 assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), (other, name)

@@ -21,7 +21,8 @@ from tessera import checkpoint, elastic
 REPO = Path(__file__).resolve().parents[2]
 
 #: Each rank writes OUT/started.<rank>: the pids of every process of the job
-#: it runs in: itself, its wrapper (`tessera _rank`), hydra's proxy, mpiexec.
+#: it runs in: itself, its wrapper (`tessera_runtime.rank_wrapper`), hydra's proxy,
+#: mpiexec.
 STARTED = """
 def started(out):
     import os
@@ -203,13 +204,21 @@ def test_a_job_mpiexec_leaves_running_after_a_rank_failed_is_stopped(tmp_path, m
     always), the launcher stops the job itself STOP_GRACE_S later and exits
     with the failed rank's status. (A `sleep` stands for the job.)"""
     from tessera import cli
+    from tessera_runtime import rank_wrapper
 
     monkeypatch.setattr(cli, "STOP_GRACE_S", 0.3)
-    monkeypatch.setenv(cli.FLIGHT_ENV, str(tmp_path))
-    (tmp_path / "rank-3.failed").write_text("stale, from an earlier job")
+    rank_wrapper.failed_file(tmp_path, 3).write_text("stale, from an earlier job")
     cli._FailedRanks.clear(tmp_path)
     job = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    cli._FailedRanks.report(1, 7)
+    # Rank 1's wrapper, its script exiting with status 7.
+    script = tmp_path / "fails.py"
+    script.write_text("raise SystemExit(7)\n")
+    wrapper = subprocess.run([sys.executable, "-m", "tessera_runtime.rank_wrapper", str(script)],
+                             env={**os.environ, "PMI_RANK": "1", "PMI_SIZE": "2",
+                                  rank_wrapper.FLIGHT_ENV: str(tmp_path)},
+                             capture_output=True, text=True, timeout=60)
+    assert wrapper.returncode == 7 and "rank 1 exited with status 7" in wrapper.stderr
+    assert rank_wrapper.failed_file(tmp_path, 1).read_text() == "7"
     start = time.monotonic()
     code = cli._supervise(job, 2, None, cli._HangWatch(tmp_path, 2), None)
     assert code == 7 and job.poll() is not None and time.monotonic() - start < 5
