@@ -40,7 +40,8 @@ __all__ = [
     "less", "less_equal", "greater", "greater_equal", "where", "isfinite", "cast", "sum", "mean",
     "max", "softmax", "log_softmax", "layernorm", "rmsnorm", "embedding", "attention",
     "flash_attention", "cross_entropy", "reshape", "transpose", "split", "concat", "index",
-    "linear", "topk",
+    "linear", "topk", "sin", "cos", "erf", "abs", "sign", "floor", "ceil", "arange",
+    "broadcast_to", "min", "argmax", "argmin",
 ]
 
 
@@ -281,18 +282,21 @@ def square(x) -> Traced:
 
 @eager
 def pow(x, p) -> Traced:
-    """x ** p for a small non-negative integer p, or p = 0.5 / -0.5."""
-    if p == 0.5:
-        return sqrt(x)
-    if p == -0.5:
-        return rsqrt(x)
-    if isinstance(p, int) and 0 <= p <= 8:
-        result = 1.0
-        for _ in range(p):
-            result = x if isinstance(result, float) else mul(result, x)
-        return result if not isinstance(result, float) else mul(x, 0.0) + 1.0
-    raise ShapeError(f"op.pow: exponent {p!r} is not supported (integers 0..8, 0.5, -0.5)  "
-                     f"[{user_frame()}]")
+    """x ** p, elementwise, for any real exponent `p` (a number or a tensor,
+    broadcast): NaN where x < 0 and p is not an integer, as numpy's. Small
+    integer exponents (0 to 8) are products of x, 0.5 and -0.5 sqrt and
+    rsqrt: exact, and cheaper than `tgraph.pow`."""
+    if isinstance(p, (int, float)) and not isinstance(p, bool):
+        if p == 0.5:
+            return sqrt(x)
+        if p == -0.5:
+            return rsqrt(x)
+        if float(p).is_integer() and 0 <= p <= 8:
+            result = 1.0
+            for _ in range(int(p)):
+                result = x if isinstance(result, float) else mul(result, x)
+            return result if not isinstance(result, float) else mul(x, 0.0) + 1.0
+    return _binary("pow", "pow", x, p)
 
 
 @eager
@@ -309,11 +313,71 @@ def silu(x) -> Traced:
     return mul(x, sigmoid(x))
 
 
+#: GELU's forms (`gelu(approximate=)`), PyTorch's names
+GELU_FORMS = ("tanh", "none")
+
+
 @eager
-def gelu(x) -> Traced:
-    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-    One op (`tgraph.gelu`): its backward keeps only its input."""
-    return _unary("gelu", "gelu", x)
+def gelu(x, approximate: str = "tanh") -> Traced:
+    """GELU, by default its tanh form; `approximate="none"` is the exact one
+    (PyTorch's default). `approximate="tanh"` (as JAX's and GPT-2's):
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), one op (`tgraph.gelu`)
+    whose backward keeps only its input. `approximate="none"` (PyTorch's
+    default, `F.gelu(x)`; BERT's and Llama-era MLPs' "gelu"): the exact
+    x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))). They differ by up to 5e-4."""
+    if approximate == "tanh":
+        return _unary("gelu", "gelu", x)
+    if approximate != "none":
+        raise ArgumentError(f"op.gelu: approximate={approximate!r} must be one of "
+                            f"{', '.join(map(repr, GELU_FORMS))}  [{where_called('gelu')}]")
+    (x,) = _elementwise_operands("gelu", where_called("gelu"), x)
+    return mul(mul(x, 0.5), add(erf(mul(x, 0.7071067811865476)), 1.0))
+
+
+@eager
+def sin(x) -> Traced:
+    """The sine of x (radians), elementwise."""
+    return _unary("sin", "sin", x)
+
+
+@eager
+def cos(x) -> Traced:
+    """The cosine of x (radians), elementwise."""
+    return _unary("cos", "cos", x)
+
+
+@eager
+def erf(x) -> Traced:
+    """The error function, elementwise: 2/sqrt(pi) times the integral of
+    e^(-t^2) from 0 to x."""
+    return _unary("erf", "erf", x)
+
+
+@eager
+def abs(x) -> Traced:  # noqa: A001  (op.abs, as numpy's; `abs(t)` on a tensor calls it)
+    """|x|, elementwise; its gradient is sign(x) (0 at 0, as PyTorch's)."""
+    return _unary("abs", "abs", x)
+
+
+@eager
+def sign(x) -> Traced:
+    """-1, 0 or 1 by the sign of x (NaN stays NaN), elementwise; no gradient
+    flows through it (zero almost everywhere)."""
+    return _unary("sign", "sign", x)
+
+
+@eager
+def floor(x) -> Traced:
+    """The largest integer not above x, elementwise (a float); no gradient
+    flows through it."""
+    return _unary("floor", "floor", x)
+
+
+@eager
+def ceil(x) -> Traced:
+    """The smallest integer not below x, elementwise (a float); no gradient
+    flows through it."""
+    return _unary("ceil", "ceil", x)
 
 
 def _compare(kind: str, name: str, a, b) -> Traced:
@@ -456,6 +520,55 @@ def max(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:  # noqa: A0
 
 
 @eager
+def min(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:  # noqa: A001
+    """Minimum over `dim` (or `axis`): -max(-x); a zero-size dimension is an
+    error, as in numpy."""
+    src = where_called("min")
+    (x,) = _elementwise_operands("min", src, x)
+    if any(n == 0 for n in x.shape):
+        dims = _dims("min", x, _dim_or_axis("min", dim, axis), src)
+        if any(x.shape[d] == 0 for d in dims):
+            raise ShapeError(f"op.min: reduction over a zero-size dimension of {list(x.shape)} "
+                             f"has no identity (numpy raises too)  [{src}]")
+    return neg(max(neg(x), dim, keepdim, axis=axis))
+
+
+def _arg_extreme(name: str, x, dim, keepdim, largest: bool) -> Traced:
+    src = where_called(name)
+    x = operand(name, x, src)
+    require_float(name, src, x)
+    if not _is_flag(keepdim):
+        raise ArgumentError(f"op.{name}: keepdim={keepdim!r} must be True or False  [{src}]")
+    if not is_int(dim) or not -x.ndim <= dim < builtins.max(x.ndim, 1) or not x.ndim:
+        raise ArgumentError(f"op.{name}: dim={dim!r} must be a dimension of {list(x.shape)}  "
+                            f"[{src}]")
+    d = dim % x.ndim
+    if x.shape[d] == 0:
+        raise ShapeError(f"op.{name}: dimension {d} of {list(x.shape)} is empty (numpy raises "
+                         f"too)  [{src}]")
+    last = x if d == x.ndim - 1 else transpose(x, *[i for i in range(x.ndim) if i != d], d)
+    _, indices = topk(last if largest else neg(last), 1)
+    shape = [n for i, n in enumerate(x.shape) if i != d]
+    if keepdim:
+        shape.insert(d, 1)
+    return reshape(indices, *shape) if shape else reshape(indices)
+
+
+@eager
+def argmax(x, dim: int = -1, keepdim: bool = False) -> Traced:
+    """The index (int32) of the largest entry along `dim`; ties: the lowest
+    index, as numpy's. No gradient (an index)."""
+    return _arg_extreme("argmax", x, dim, keepdim, largest=True)
+
+
+@eager
+def argmin(x, dim: int = -1, keepdim: bool = False) -> Traced:
+    """The index (int32) of the smallest entry along `dim`; ties: the lowest
+    index, as numpy's. No gradient (an index)."""
+    return _arg_extreme("argmin", x, dim, keepdim, largest=False)
+
+
+@eager
 def mean(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:
     """Mean over `dim` (or `axis`); over a zero-size dimension NaN (0 / 0),
     numpy's result (numpy also warns)."""
@@ -557,34 +670,61 @@ def split(x, sections, dim: int = -1, *, axis=None) -> list[Traced]:
 
 @eager
 def index(x, key) -> Traced:
-    """`x[key]` for integers and unit-step slices per leading dimension
-    (`x[0]`, `x[:, 1:3]`; an empty slice is a zero-size dimension); an
-    integer drops its dimension."""
+    """`x[key]`, numpy's basic indexing: integers (negative ones count from
+    the end; an integer drops its dimension), slices with any positive step
+    (`x[1:-1]`, `x[::2]`; an empty slice is a zero-size dimension), `...`
+    (as many full slices as the other indices leave) and `None` (a new
+    dimension of size 1). A negative step (`x[::-1]`) and arrays as indices
+    (numpy's advanced indexing) are errors naming the dimension."""
     src = where_called("index")
     x = operand("index", x, src)
     key = key if isinstance(key, tuple) else (key,)
-    if len(key) > x.ndim:
-        raise ShapeError(f"op.index: {len(key)} indices for shape {list(x.shape)}  [{src}]")
-    offsets, shape, keep = [0] * x.ndim, list(x.shape), list(x.shape)
-    for d, k in enumerate(key):
-        if isinstance(k, (int, np.integer)):
-            i = int(k) + (x.shape[d] if k < 0 else 0)
-            if not 0 <= i < x.shape[d]:
+    if builtins_sum(k is Ellipsis for k in key) > 1:
+        raise ShapeError(f"op.index: an index can hold one ellipsis ('...'), got {key}  [{src}]")
+    taken = builtins_sum(k is not None and k is not Ellipsis for k in key)
+    if taken > x.ndim:
+        raise ShapeError(f"op.index: {taken} indices for shape {list(x.shape)}  [{src}]")
+    if Ellipsis in key:
+        at = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:at] + (slice(None),) * (x.ndim - taken) + key[at + 1:]
+    offsets, spans, out, strided, d = [0] * x.ndim, list(x.shape), [], [], 0
+    for k in key:
+        if k is None:
+            out.append(1)
+            continue
+        n = x.shape[d]
+        if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+            i = int(k) + (n if k < 0 else 0)
+            if not 0 <= i < n:
                 raise ShapeError(f"op.index: index {k} is out of range for dimension {d} of "
                                  f"{list(x.shape)}  [{src}]")
-            offsets[d], shape[d], keep[d] = i, 1, None
+            offsets[d], spans[d] = i, 1
         elif isinstance(k, slice):
-            start, stop, step = k.indices(x.shape[d])
-            if step != 1:
-                raise ShapeError(f"op.index: only unit-step slices are supported, got "
-                                 f"{k} for dimension {d} of {list(x.shape)}  [{src}]")
-            size = stop - start if stop > start else 0     # x[2:1] is empty, as in numpy
-            offsets[d], shape[d], keep[d] = start, size, size
+            start, stop, step = k.indices(n)
+            if step < 0:
+                raise ShapeError(f"op.index: negative steps are not supported, got {k} for "
+                                 f"dimension {d} of {list(x.shape)}  [{src}]")
+            count = len(range(start, stop, step))
+            offsets[d], spans[d] = (start, (count - 1) * step + 1) if count else (0, 0)
+            if step > 1 and count > 1:
+                strided.append((d, step, count))
+            out.append(count)
         else:
-            raise ShapeError(f"op.index: cannot index with a {type(k).__name__}  [{src}]")
+            raise ShapeError(f"op.index: cannot index dimension {d} of {list(x.shape)} with a "
+                             f"{type(k).__name__} (integers, slices, ... and None)  [{src}]")
+        d += 1
+    out.extend(x.shape[d:])
     with current_location(src):
-        v = gb.slice_(x.value, offsets, shape)
-        return result_of(gb.reshape(v, [s for s in keep if s is not None]), src)
+        v = gb.slice_(x.value, offsets, spans)
+        for d, step, count in strided:
+            # Every step-th element: padded to count * step, split into
+            # [count, step] and the first of each step kept.
+            shape = gb.shape_of(v)
+            v = gb.pad(v, [0] * len(shape), shape[:d] + [count * step] + shape[d + 1:])
+            v = gb.reshape(v, shape[:d] + [count, step] + shape[d + 1:])
+            v = gb.slice_(v, [0] * (len(shape) + 1), shape[:d] + [count, 1] + shape[d + 1:])
+            v = gb.reshape(v, shape[:d] + [count] + shape[d + 1:])
+        return result_of(gb.reshape(v, out), src)
 
 
 @eager
@@ -625,8 +765,9 @@ TRANSPORTS = ("auto", "nccl", "nvshmem")
 
 @eager
 def matmul(a, b, transport: str | None = None) -> Traced:
-    """`a[..., M, K] @ b[..., K, N]`; `b` may be 2-D with `a` of any rank >= 2
-    (a linear layer). Under `ts.autocast(dtype=ts.bf16)` the operands are cast
+    """`a[..., M, K] @ b[..., K, N]`, the batch dimensions broadcast as
+    numpy's; `b` may be 2-D with `a` of any rank >= 2 (a linear layer, one
+    GEMM over every row). Under `ts.autocast(dtype=ts.bf16)` the operands are cast
     to bf16 and accumulated in fp32.
 
     `transport` picks how the collective next to this matmul moves data:
@@ -667,10 +808,19 @@ def matmul(a, b, transport: str | None = None) -> Traced:
             flat = gb.reshape(a.value, [int(np.prod(a.shape[:-1])), a.shape[-1]])
             out = gb.matmul(flat, b.value, transport)
             return result_of(gb.reshape(out, list(a.shape[:-1]) + [b.shape[-1]]), src)
-        if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
-            raise ShapeError(f"op.matmul: batch dimensions differ: {list(a.shape)} and "
-                             f"{list(b.shape)}  [{src}]")
-        return result_of(gb.matmul(a.value, b.value, transport), src)
+        av, bv = a.value, b.value
+        if a.shape[:-2] != b.shape[:-2]:
+            # Batch dimensions broadcast as numpy's (a [H, S, D] @ b [D, T]
+            # above, a [B, H, S, D] @ b [B, 1, D, T] here).
+            try:
+                batch = list(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+            except ValueError:
+                raise ShapeError(f"op.matmul: batch dimensions {list(a.shape[:-2])} and "
+                                 f"{list(b.shape[:-2])} do not broadcast (operands "
+                                 f"{list(a.shape)} and {list(b.shape)})  [{src}]") from None
+            av = gb.broadcast(av, batch + list(a.shape[-2:]))
+            bv = gb.broadcast(bv, batch + list(b.shape[-2:]))
+        return result_of(gb.matmul(av, bv, transport), src)
 
 
 def _matmul_vector(a: Traced, b: Traced, transport) -> Traced:
@@ -690,8 +840,20 @@ def _matmul_vector(a: Traced, b: Traced, transport) -> Traced:
 
 
 @eager
-def linear(x, w, b=None, transport: str | None = None) -> Traced:
-    """x @ w (+ b); `transport` as for `matmul`."""
+def linear(x, w, b=None, transport: str | None = None, weight_layout: str = "in_out") -> Traced:
+    """x @ w (+ b); `transport` as for `matmul`. `weight_layout="in_out"`
+    (the default): w is [in, out]; `"out_in"`: w is [out, in], as PyTorch's
+    `nn.Linear.weight` and Hugging Face checkpoints hold it (x @ w.T, the
+    transpose folded into the GEMM by tessera-fold-transposes)."""
+    if weight_layout not in WEIGHT_LAYOUTS:
+        raise ArgumentError(f"op.linear: weight_layout={weight_layout!r} must be one of "
+                            f"{', '.join(map(repr, WEIGHT_LAYOUTS))}  [{user_frame()}]")
+    if weight_layout == "out_in":
+        w = operand("linear", w, where_called("linear"))
+        if w.ndim != 2:
+            raise ShapeError(f"op.linear: weight_layout='out_in' needs a 2-D weight [out, in], "
+                             f"got w {list(w.shape)}  [{user_frame()}]")
+        w = transpose(w, 1, 0)
     y = matmul(x, w, transport)
     if b is None:
         return y
@@ -701,6 +863,53 @@ def linear(x, w, b=None, transport: str | None = None) -> Traced:
                          f"to the output {list(y.shape)} (expected [{y.shape[-1]}])  "
                          f"[{user_frame()}]")
     return add(y, b)
+
+
+#: `op.linear`'s weight layouts: [in, out] (Tessera's) and [out, in] (PyTorch's)
+WEIGHT_LAYOUTS = ("in_out", "out_in")
+
+
+def arange(start, stop=None, step=1, dtype=None):
+    """Evenly spaced values as numpy's `arange`: from start by step, below
+    stop (`arange(n)`: 0 to n-1). Integer arguments give int32 (as JAX), any float one float32;
+    `dtype` chooses. Inside a compiled function a traced tensor (`tgraph.iota`,
+    no buffer read), outside one a numpy array."""
+    src = where_called("arange")
+    if stop is None:
+        start, stop = 0, start
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if not is_number(v):
+            raise ArgumentError(f"op.arange: {name}={v!r:.60} must be a number  [{src}]")
+    if step == 0:
+        raise ArgumentError(f"op.arange: step=0 would never reach stop={stop!r}  [{src}]")
+    integral = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+    dtype = dtypes.as_dtype(dtype if dtype is not None else (np.int32 if integral else np.float32))
+    n = builtins.max(0, math.ceil((stop - start) / step))
+    if current() is None:
+        return (start + step * np.arange(n)).astype(dtype)
+    with current_location(src):
+        i = result_of(gb.iota([n], 0, element_type(dtype)), src)
+    if step != 1:
+        i = mul(i, step)
+    return i if start == 0 else add(i, start)
+
+
+@eager
+def broadcast_to(x, shape) -> Traced:
+    """x broadcast to `shape` (numpy's rules: leading dimensions are added,
+    dimensions of size 1 repeat); no copy is made until an op needs one."""
+    src = where_called("broadcast_to")
+    x = operand("broadcast_to", x, src)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if not all(is_int(n) and n >= 0 for n in shape):
+        raise ArgumentError(f"op.broadcast_to: shape {shape!r} must be sizes (ints >= 0)  "
+                            f"[{src}]")
+    if not _broadcasts_to(tuple(x.shape), tuple(int(n) for n in shape)):
+        raise ShapeError(f"op.broadcast_to: x of shape {list(x.shape)} does not broadcast to "
+                         f"{list(shape)} (numpy rules: trailing dimensions must match or be 1)  "
+                         f"[{src}]")
+    with current_location(src):
+        return result_of(gb.broadcast(x.value, [int(n) for n in shape]), src)
 
 
 def _broadcasts_to(shape: tuple, target: tuple) -> bool:

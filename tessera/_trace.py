@@ -110,6 +110,8 @@ class Traced:
     def __rtruediv__(self, o): return _op().div(o, self)
     def __neg__(self): return _op().neg(self)
     def __pow__(self, p): return _op().pow(self, p)
+    def __rpow__(self, b): return _op().pow(b, self)
+    def __abs__(self): return _op().abs(self)
     def __matmul__(self, o): return _op().matmul(self, o)
     def __rmatmul__(self, o): return _op().matmul(o, self)
     def __lt__(self, o): return _op().less(self, o)

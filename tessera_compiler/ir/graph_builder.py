@@ -77,8 +77,12 @@ def fill(shape, element: ir.Type, value: float) -> ir.Value:
     return tgraph.FillOp(ranked(shape, element), ir.FloatAttr.get_f64(float(value))).result
 
 
+def full_like(x: ir.Value, value: float) -> ir.Value:
+    return fill(shape_of(x), element_of(x), value)
+
+
 def zeros_like(x: ir.Value) -> ir.Value:
-    return fill(shape_of(x), element_of(x), 0.0)
+    return full_like(x, 0.0)
 
 
 def iota(shape, dim: int, element: ir.Type) -> ir.Value:

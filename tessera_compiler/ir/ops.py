@@ -17,6 +17,7 @@ every consumer takes it from here (and computes it right, against numpy).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -100,7 +101,7 @@ def _gelu_vjp(x, out, g, op):
     x0 = x[0]
 
     def c(v):
-        return gb.fill(gb.shape_of(x0), gb.element_of(x0), v)
+        return gb.full_like(x0, v)
 
     def mul(a, b):
         return gb.binary("mul", a, b)
@@ -153,6 +154,34 @@ def _cast_vjp(x, out, g, op):
     return [gb.cast(g, ir.BF16Type.get() if isinstance(elt, ir.Float8E4M3FNType) else elt)]
 
 
+def _pow_vjp(x, out, g, op):
+    # d/da a^b = b a^(b-1); d/db a^b = a^b log a (NaN for a < 0, as numpy's)
+    one = gb.full_like(x[1], 1.0)
+    ga = gb.binary("mul", g, gb.binary("mul", x[1], gb.binary("pow", x[0],
+                                                              gb.binary("sub", x[1], one))))
+    return [ga, gb.binary("mul", g, gb.binary("mul", out, gb.unary("log", x[0])))]
+
+
+def _erf_numpy(a):
+    # numpy has no erf; the standard library's, element by element (tests only)
+    return np.vectorize(math.erf, otypes=[np.float64])(a)
+
+
+#: 2 / sqrt(pi): erf's derivative is 2/sqrt(pi) e^(-x^2)
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+
+
+def _erf_vjp(x, out, g, op):
+    minus_square = gb.unary("neg", gb.binary("mul", x[0], x[0]))
+    slope = gb.binary("mul", gb.full_like(x[0], _TWO_OVER_SQRT_PI), gb.unary("exp", minus_square))
+    return [gb.binary("mul", g, slope)]
+
+
+def _sign_c(em, op, ct, a) -> str:
+    # NaN stays NaN (numpy's sign); -0.0 and 0.0 give 0
+    return f"({a} != {a} ? {a} : ({ct})(({a} > 0) - ({a} < 0)))"
+
+
 _TABLE = [
     Elementwise("add", 2, "a + b", lambda em, op, ct, a, b: f"{a} + {b}",
                 lambda a, b, op: a + b, lambda x, out, g, op: [g, g], linear="same"),
@@ -192,6 +221,32 @@ _TABLE = [
                 lambda em, op, ct, a: f"({ct})1 / {em.math('sqrt', a)}",
                 lambda a, op: 1 / np.sqrt(a), _rsqrt_vjp, domain="positive",
                 cost="transcendental"),
+    Elementwise("pow", 2, "a ** b, any real exponent (NaN for a < 0 and a non-integer b)",
+                lambda em, op, ct, a, b: em.math("pow", f"{a}, {b}"),
+                lambda a, b, op: np.power(a, b), _pow_vjp, domain="positive",
+                cost="transcendental"),
+    Elementwise("sin", 1, "sine", lambda em, op, ct, a: em.math("sin", a),
+                lambda a, op: np.sin(a),
+                lambda x, out, g, op: [gb.binary("mul", g, gb.unary("cos", x[0]))],
+                cost="transcendental"),
+    Elementwise("cos", 1, "cosine", lambda em, op, ct, a: em.math("cos", a),
+                lambda a, op: np.cos(a),
+                lambda x, out, g, op: [gb.unary("neg", gb.binary("mul", g,
+                                                                 gb.unary("sin", x[0])))],
+                cost="transcendental"),
+    Elementwise("erf", 1, "the error function", lambda em, op, ct, a: em.math("erf", a),
+                lambda a, op: _erf_numpy(a), _erf_vjp, cost="transcendental"),
+    Elementwise("abs", 1, "|x|", lambda em, op, ct, a: em.math("fabs", a),
+                lambda a, op: np.abs(a),
+                lambda x, out, g, op: [gb.binary("mul", g, gb.unary("sign", x[0]))]),
+    # sign, floor, ceil: piecewise constant, so no VJP (their operand gets
+    # no gradient: zero almost everywhere, as PyTorch's and JAX's).
+    Elementwise("sign", 1, "-1, 0 or 1 by the sign of x", _sign_c, lambda a, op: np.sign(a),
+                None),
+    Elementwise("floor", 1, "the largest integer not above x",
+                lambda em, op, ct, a: em.math("floor", a), lambda a, op: np.floor(a), None),
+    Elementwise("ceil", 1, "the smallest integer not below x",
+                lambda em, op, ct, a: em.math("ceil", a), lambda a, op: np.ceil(a), None),
     Elementwise("compare", 2, "a <kind> b (an i1 tensor)", _compare_c, _compare_numpy,
                 None),
     Elementwise("select", 3, "cond ? a : b", lambda em, op, ct, c, a, b: f"({c} ? {a} : {b})",

@@ -128,7 +128,7 @@ for _name in ("add", "sub", "mul", "div", "maximum", "minimum"):
 
 # Elementwise unary ops (and composites of them).
 for _name in ("neg", "exp", "log", "tanh", "sqrt", "rsqrt", "relu", "gelu", "silu", "sigmoid",
-              "square", "isfinite"):
+              "square", "isfinite", "sin", "cos", "erf", "abs", "sign", "floor", "ceil"):
     _f = getattr(op, _name)
     cases(
         Case(f"op.{_name}", "wrong type", lambda f=_f: ts.jit(lambda x: f("abc"))(F),
@@ -149,7 +149,7 @@ for _name in ("equal", "not_equal", "less", "less_equal", "greater", "greater_eq
     )
 
 # Reductions: dim= / axis= in range, integers.
-for _name in ("sum", "mean", "max"):
+for _name in ("sum", "mean", "max", "min"):
     _f = getattr(op, _name)
     cases(
         Case(f"op.{_name}", "out of range", lambda f=_f: f(F, dim=5), "dim 5"),
@@ -168,11 +168,12 @@ cases(
          "zero-size dimension of [0, 3]"),
     Case("op.sum", "wrong dtype", lambda: op.sum(np.ones(3, np.complex64)), "complex64"),
 
-    Case("op.pow", "out of range", lambda: op.pow(F, 9), "exponent 9"),
-    Case("op.pow", "wrong type", lambda: ts.jit(lambda x: op.pow(x, "2"))(F), "exponent '2'"),
+    Case("op.pow", "wrong type", lambda: ts.jit(lambda x: op.pow(x, "2"))(F), "p is a str"),
     Case("op.pow", "wrong type", lambda: ts.jit(lambda x: op.pow("a", 2))(F), "x is a str"),
     Case("op.pow", "wrong dtype", lambda: op.pow(I4, 2), "int32"),
-    Case("op.pow", "out of range", lambda: op.pow(F, -1), "exponent -1"),
+    Case("op.pow", "wrong dtype", lambda: op.pow(I4, 2.5), "int32"),
+    Case("op.pow", "wrong rank", lambda: op.pow(F, V5), "[4, 6] and [5]"),
+    Case("op.gelu", "other", lambda: op.gelu(F, approximate="exact"), "approximate='exact'"),
 
     Case("op.where", "wrong dtype", lambda: op.where(F, F, F), "condition must be boolean"),
     Case("op.where", "wrong type", lambda: op.where(B, F, "a"), "b is a str"),
@@ -221,7 +222,24 @@ cases(
     Case("op.index", "wrong rank", lambda: op.index(F, (0, 0, 0)), "3 indices for shape [4, 6]"),
     Case("op.index", "wrong type", lambda: op.index(F, "a"), "index with a str"),
     Case("op.index", "wrong type", lambda: ts.jit(lambda x: x[1.5])(F), "index with a float"),
-    Case("op.index", "other", lambda: ts.jit(lambda x: x[::2])(F), "unit-step"),
+    Case("op.index", "other", lambda: ts.jit(lambda x: x[::-1])(F), "negative steps"),
+    Case("op.index", "other", lambda: ts.jit(lambda x: x[..., ...])(F), "one ellipsis"),
+    Case("op.index", "wrong type", lambda: ts.jit(lambda x: x[:, [0, 1]])(F),
+         "dimension 1 of [4, 6] with a list"),
+    Case("op.arange", "wrong type", lambda: op.arange("5"), "stop='5'"),
+    Case("op.argmax", "out of range", lambda: op.argmax(F, 2), "dim=2"),
+    Case("op.argmax", "wrong dtype", lambda: op.argmax(I4), "int32"),
+    Case("op.argmax", "out of range", lambda: op.argmax(np.ones((3, 0), np.float32)),
+         "dimension 1 of [3, 0] is empty"),
+    Case("op.argmin", "wrong type", lambda: op.argmin(F, keepdim="yes"), "keepdim='yes'"),
+    Case("op.argmin", "wrong type", lambda: op.argmin(F, dim=0.5), "dim=0.5"),
+    Case("op.arange", "out of range", lambda: op.arange(0, 5, 0), "step=0"),
+    Case("op.arange", "wrong dtype", lambda: ts.jit(lambda x: x + op.arange(6, dtype="s"))(F),
+         "'s'"),
+    Case("op.broadcast_to", "wrong rank", lambda: op.broadcast_to(F, (4, 5)),
+         "[4, 6] does not broadcast to [4, 5]"),
+    Case("op.broadcast_to", "wrong type", lambda: op.broadcast_to(F, (4, "6")), "'6'"),
+    Case("op.broadcast_to", "wrong type", lambda: op.broadcast_to("F", (4, 6)), "x is a str"),
 
     Case("op.concat", "wrong rank", lambda: op.concat([F, np.ones((4, 5), np.float32)]),
          "[4, 5] float32 differ outside dim 0"),
@@ -239,13 +257,16 @@ cases(
     Case("op.matmul", "wrong rank", lambda: ts.jit(lambda x: x @ x)(F), "lhs [4, 6] has K = 6"),
     Case("op.matmul", "wrong rank", lambda: op.matmul(F, np.float32(2.0)), "rank >= 1"),
     Case("op.matmul", "wrong rank",
-         lambda: op.matmul(F3, np.ones((3, 6, 2), np.float32)), "batch dimensions differ"),
+         lambda: op.matmul(F3, np.ones((3, 6, 2), np.float32)), "[2] and [3] do not broadcast"),
     Case("op.matmul", "wrong dtype", lambda: op.matmul(IM, IM.T), "int32"),
     Case("op.matmul", "wrong dtype", lambda: op.matmul(F, W.astype(np.float64)), "float64"),
     Case("op.matmul", "out of range", lambda: op.matmul(F, W, transport="fast"),
          "transport must be one of"),
 
     Case("op.linear", "wrong type", lambda: op.linear(F, "w"), "w is a str"),
+    Case("op.linear", "other", lambda: op.linear(F, W, weight_layout="io"), "weight_layout='io'"),
+    Case("op.linear", "wrong rank", lambda: op.linear(F, F3, weight_layout="out_in"),
+         "2-D weight [out, in]"),
     Case("op.linear", "wrong rank", lambda: op.linear(F, W, np.ones(4, np.float32)),
          "b has shape [4]"),
     Case("op.linear", "wrong rank", lambda: op.linear(F, np.ones((5, 3), np.float32)),

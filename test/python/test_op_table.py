@@ -29,6 +29,8 @@ TRACER = {
     "mul": lambda a, b: op.mul(a, b), "div": lambda a, b: op.div(a, b),
     "max": lambda a, b: op.maximum(a, b), "neg": op.neg, "relu": op.relu, "exp": op.exp,
     "log": op.log, "tanh": op.tanh, "gelu": op.gelu, "sqrt": op.sqrt, "rsqrt": op.rsqrt,
+    "pow": lambda a, b: op.pow(a, b), "sin": op.sin, "cos": op.cos, "erf": op.erf,
+    "abs": op.abs, "sign": op.sign, "floor": op.floor, "ceil": op.ceil,
     "compare": lambda a, b: op.less(a, b),
     "select": lambda a, b: op.where(op.greater(a, b), a, b),
     "cast": lambda a: op.cast(a, ts.f64),

@@ -315,6 +315,14 @@ UNARY = [
     ("rsqrt", "op.rsqrt(op.add(op.square({x}), 1.0))", lambda x: 1 / np.sqrt(x * x + 1),
      lambda b: 1.0, 1e4),
     ("scale", "op.mul({x}, 0.5)", lambda x: x * 0.5, lambda b: b * 0.5, math.inf),
+    ("sin", "op.sin({x})", np.sin, lambda b: 1.0, 10.0),
+    ("cos", "op.cos({x})", np.cos, lambda b: 1.0, 10.0),
+    ("erf", "op.erf({x})", lambda x: np.vectorize(math.erf, otypes=[np.float64])(x),
+     lambda b: 1.0, math.inf),
+    ("abs", "abs({x})", np.abs, lambda b: b, math.inf),
+    ("gelu_exact", "op.gelu({x}, approximate='none')",
+     lambda x: 0.5 * x * (1 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2))),
+     lambda b: b, math.inf),
 ]
 
 BINARY = [
@@ -640,15 +648,25 @@ def _select(b: _Builder):
 
 def _power(b: _Builder):
     x = b.pick(lambda v: _float(v) and v.bound <= 30)
-    p = b.draw(st.sampled_from([2, 3, 0, 1, 0.5, -0.5]))
-    if p in (0.5, -0.5):          # of a positive value
+    p = b.draw(st.sampled_from([2, 3, 0, 1, 0.5, -0.5, 1.5, -1.0, 2.7, -2.5]))
+    if p in (0.5, -0.5, 1.5, -1.0, 2.7, -2.5):          # of a positive value
         text, ref = (f"op.pow(op.add(op.square({x.name}), 1.0), {p})",
                      lambda env, n=x.name, p=p: (env[n] ** 2 + 1) ** p)
-        bound = (x.bound ** 2 + 1) ** 0.5
+        bound = max((x.bound ** 2 + 1) ** p, 1.0)
     else:
         text, ref = f"op.pow({x.name}, {p})", (lambda env, n=x.name, p=p: env[n] ** p)
         bound = max(x.bound ** p, 1.0)
     b.step(text, ref, x.shape, x.dtype, bound)
+
+
+def _rounding(b: _Builder):
+    """floor, ceil or sign of an input: piecewise constant, so only of values
+    both sides hold exactly (an input; an intermediate rounded differently
+    in float32 than in the float64 reference could step across an integer)."""
+    x = b.pick(lambda v: v.name.startswith("x") and v.dtype == "f32")
+    name = b.draw(st.sampled_from(["floor", "ceil", "sign"]))
+    b.step(f"op.{name}({x.name})", lambda env, n=x.name, f=getattr(np, name): f(env[n]),
+           x.shape, x.dtype, x.bound + 1)
 
 
 def _embedding(b: _Builder):
@@ -719,7 +737,7 @@ def _moe(b: _Builder):
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
          _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round,
-         _attention, _attention_of_one_tensor]
+         _attention, _attention_of_one_tensor, _rounding]
 
 
 @st.composite

@@ -215,6 +215,7 @@ def TGraph_SubOp : TGraph_BinaryOp<"sub", "subtraction">;
 def TGraph_MulOp : TGraph_BinaryOp<"mul", "multiplication">;
 def TGraph_DivOp : TGraph_BinaryOp<"div", "division">;
 def TGraph_MaxOp : TGraph_BinaryOp<"max", "maximum">;
+def TGraph_PowOp : TGraph_BinaryOp<"pow", "power: lhs ** rhs, any real exponent">;
 
 class TGraph_UnaryOp<string mnemonic, string what>
     : TGraph_Op<mnemonic, [Pure, SameOperandsAndResultType, Elementwise]> {
@@ -234,6 +235,13 @@ def TGraph_GeluOp : TGraph_UnaryOp<"gelu",
     "GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))">;
 def TGraph_SqrtOp : TGraph_UnaryOp<"sqrt", "square root">;
 def TGraph_RsqrtOp : TGraph_UnaryOp<"rsqrt", "1 / sqrt(x)">;
+def TGraph_SinOp : TGraph_UnaryOp<"sin", "sine">;
+def TGraph_CosOp : TGraph_UnaryOp<"cos", "cosine">;
+def TGraph_ErfOp : TGraph_UnaryOp<"erf", "the error function">;
+def TGraph_AbsOp : TGraph_UnaryOp<"abs", "absolute value">;
+def TGraph_SignOp : TGraph_UnaryOp<"sign", "-1, 0 or 1 by the sign of x (NaN stays NaN)">;
+def TGraph_FloorOp : TGraph_UnaryOp<"floor", "the largest integer not above x">;
+def TGraph_CeilOp : TGraph_UnaryOp<"ceil", "the smallest integer not below x">;
 
 def TGraph_CompareKind : I32EnumAttr<"CompareKind", "comparison predicate", [
     I32EnumAttrCase<"eq", 0>, I32EnumAttrCase<"ne", 1>, I32EnumAttrCase<"lt", 2>,

@@ -392,6 +392,7 @@ def TTile_MulOp : TTile_BinaryOp<"mul", "product">;
 def TTile_MaxOp : TTile_BinaryOp<"max", "maximum">;
 def TTile_SubOp : TTile_BinaryOp<"sub", "difference">;
 def TTile_DivOp : TTile_BinaryOp<"div", "quotient">;
+def TTile_PowOp : TTile_BinaryOp<"pow", "power: lhs ** rhs">;
 
 class TTile_UnaryOp<string mnemonic, string what>
     : TTile_Op<mnemonic, [Pure, SameOperandsAndResultType, Elementwise]> {
@@ -412,6 +413,13 @@ def TTile_TanhOp : TTile_UnaryOp<"tanh", "tanh(x)">;
 def TTile_GeluOp : TTile_UnaryOp<"gelu", "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))">;
 def TTile_SqrtOp : TTile_UnaryOp<"sqrt", "sqrt(x)">;
 def TTile_RsqrtOp : TTile_UnaryOp<"rsqrt", "1 / sqrt(x)">;
+def TTile_SinOp : TTile_UnaryOp<"sin", "sin(x)">;
+def TTile_CosOp : TTile_UnaryOp<"cos", "cos(x)">;
+def TTile_ErfOp : TTile_UnaryOp<"erf", "erf(x)">;
+def TTile_AbsOp : TTile_UnaryOp<"abs", "|x|">;
+def TTile_SignOp : TTile_UnaryOp<"sign", "sign(x): -1, 0 or 1 (NaN stays NaN)">;
+def TTile_FloorOp : TTile_UnaryOp<"floor", "floor(x)">;
+def TTile_CeilOp : TTile_UnaryOp<"ceil", "ceil(x)">;
 
 def TTile_CompareAttr : Attr<
     CPred<"::llvm::isa<::tessera::tgraph::CompareKindAttr>($_self)">,
