@@ -41,7 +41,7 @@ __all__ = [
     "max", "softmax", "log_softmax", "layernorm", "rmsnorm", "embedding", "attention",
     "flash_attention", "cross_entropy", "reshape", "transpose", "split", "concat", "index",
     "linear", "topk", "sin", "cos", "erf", "abs", "sign", "floor", "ceil", "arange",
-    "broadcast_to", "min", "argmax", "argmin",
+    "broadcast_to", "min", "argmax", "argmin", "take_along_axis",
 ]
 
 
@@ -546,7 +546,7 @@ def _arg_extreme(name: str, x, dim, keepdim, largest: bool) -> Traced:
     if x.shape[d] == 0:
         raise ShapeError(f"op.{name}: dimension {d} of {list(x.shape)} is empty (numpy raises "
                          f"too)  [{src}]")
-    last = x if d == x.ndim - 1 else transpose(x, *[i for i in range(x.ndim) if i != d], d)
+    last = x if d == x.ndim - 1 else transpose(x, [i for i in range(x.ndim) if i != d] + [d])
     _, indices = topk(last if largest else neg(last), 1)
     shape = [n for i, n in enumerate(x.shape) if i != d]
     if keepdim:
@@ -1122,6 +1122,55 @@ def _checked_targets(t: Traced, classes: int, ignore_index: int, src) -> Traced:
                f"for {classes} classes ({rule})")
     with current_location(src):
         return result_of(gb.check_range(t.value, 0, classes, message, allowed), src)
+
+
+@eager
+def take_along_axis(x, indices, dim: int) -> Traced:
+    """numpy's `take_along_axis`: out[..., j, ...] = x[..., indices[..., j,
+    ...], ...] along `dim`. `indices` (int32 or int64) has x's rank; its other
+    dimensions broadcast with x's; negative indices count from the end. An
+    index outside [-n, n) fails the step with ts.ValueCheckError naming its
+    row and value (checked where the step runs; numpy raises IndexError).
+    Differentiable in x: a one-hot read, k x n work per row, no gather op."""
+    src = where_called("take_along_axis")
+    x, idx = operand("take_along_axis", x, src), operand("take_along_axis", indices, src)
+    require_float("take_along_axis", src, x)
+    if idx.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise DTypeError(f"op.take_along_axis: indices must be int32 or int64, got "
+                         f"{_describe(idx)}  [{src}]")
+    if idx.ndim != x.ndim or not x.ndim:
+        raise ShapeError(f"op.take_along_axis: indices {list(idx.shape)} must have the rank of "
+                         f"x {list(x.shape)} (at least 1)  [{src}]")
+    if not is_int(dim) or not -x.ndim <= dim < x.ndim:
+        raise ArgumentError(f"op.take_along_axis: dim={dim!r} must be a dimension of "
+                            f"{list(x.shape)}  [{src}]")
+    d, n = dim % x.ndim, x.shape[dim % x.ndim]
+    lead_x = [m for i, m in enumerate(x.shape) if i != d]
+    lead_i = [m for i, m in enumerate(idx.shape) if i != d]
+    try:
+        lead = list(np.broadcast_shapes(tuple(lead_x), tuple(lead_i)))
+    except ValueError:
+        raise ShapeError(f"op.take_along_axis: indices {list(idx.shape)} and x {list(x.shape)} "
+                         f"do not broadcast outside dimension {d}  [{src}]") from None
+    message = (f"op.take_along_axis{{where}}: index {{value}} in row {{row}} is out of range "
+               f"for dimension {d} of size {n} (indices must be in [{-n}, {n}))")
+    with current_location(src):
+        checked = result_of(gb.check_range(idx.value, -n, n, message), src)
+    k = idx.shape[d]
+    perm = [i for i in range(x.ndim) if i != d] + [d]
+    xt = broadcast_to(transpose(x, perm), lead + [n])
+    it = broadcast_to(transpose(checked, perm), lead + [k])
+    # Compared as floats (exact below 2^24, else float64): Graph IR has no
+    # integer arithmetic for the wrap of negative indices.
+    exact = dtypes.as_dtype(np.float32 if n < 1 << 24 else np.float64)
+    at = cast(it, exact)
+    at = where(less(at, 0.0), add(at, float(n)), at)
+    with current_location(src):
+        cols = result_of(gb.iota(lead + [k, n], len(lead) + 1, element_type(exact)), src)
+    hit = cast(equal(reshape(at, *lead, k, 1), cols), x.dtype)
+    out = sum(mul(hit, reshape(xt, *lead, 1, n)), -1)
+    back = [perm.index(i) for i in range(x.ndim)]
+    return transpose(out, back)
 
 
 # ----------------------------------------------------------------------------

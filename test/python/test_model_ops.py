@@ -138,3 +138,34 @@ def test_min_argmax_argmin_match_numpy_ties_included(dim):
     want = np.zeros_like(y)
     np.put_along_axis(want, np.expand_dims(y.argmin(axis=dim), dim), 1.0, dim)
     np.testing.assert_array_equal(g, want)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_take_along_axis_matches_numpy_negative_indices_and_broadcast_included(dim):
+    rng = _rng()
+    x = rng.standard_normal((3, 4, 5))
+    shape = list(x.shape)
+    shape[dim] = 2
+    shape[(dim + 1) % 3] = 1                      # broadcasts against x there
+    n = x.shape[dim]
+    idx = rng.integers(-n, n, size=shape).astype(np.int64)
+    r = rng.standard_normal(np.take_along_axis(x, idx, dim).shape)
+
+    def f(x, idx):
+        y = op.take_along_axis(x, idx, dim)
+        return y, ts.grad(op.sum(y * r), x)
+    y, g = ts.jit(f)(x, idx)
+    np.testing.assert_array_equal(y, np.take_along_axis(x, idx, dim))
+    want = np.zeros_like(x)
+    np.add.at(want, tuple(np.broadcast_to(idx % n if a == dim % 3 else np.arange(x.shape[a])
+                                          .reshape([-1 if b == a else 1 for b in range(3)]),
+                                          r.shape) for a in range(3)), r)
+    np.testing.assert_allclose(g, want, rtol=1e-12)
+
+
+def test_take_along_axis_out_of_range_fails_the_step_naming_the_index():
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ts.ValueCheckError, match=r"index 3 in row 1 is out of range for "
+                                                 r"dimension 1 of size 3 \(indices must be in "
+                                                 r"\[-3, 3\)\)"):
+        ts.jit(lambda x, i: op.take_along_axis(x, i, 1))(x, np.array([[0], [3]], np.int32))
