@@ -92,6 +92,14 @@ func.func private @reductions() attributes {kinds = [#tgraph.reduction<sum>, #tg
 // CHECK: tgraph.sub
 // CHECK: tgraph.div
 // CHECK: tgraph.rsqrt
+// CHECK: tgraph.sin %{{.*}} : tensor<4x8xf32>
+// CHECK: tgraph.cos
+// CHECK: tgraph.erf
+// CHECK: tgraph.abs
+// CHECK: tgraph.sign
+// CHECK: tgraph.floor
+// CHECK: tgraph.ceil
+// CHECK: tgraph.pow %{{.*}}, %{{.*}} : tensor<4x8xf32>
 // CHECK: tgraph.compare <gt> %{{.*}}, %{{.*}} : tensor<4x8xf32> -> tensor<4x8xi1>
 // CHECK: tgraph.select %{{.*}}, %{{.*}}, %{{.*}} : tensor<4x8xi1>, tensor<4x8xf32>
 // CHECK: tgraph.reduce <max> %{{.*}} dims [1] : tensor<4x8xf32> -> tensor<4x1xf32>
@@ -111,6 +119,14 @@ func.func @training_ops(%x: tensor<4x8xf32>, %b: tensor<1x8xf32>, %ids: tensor<4
   %1 = tgraph.sub %x, %0 : tensor<4x8xf32>
   %d = tgraph.div %1, %x : tensor<4x8xf32>
   %r = tgraph.rsqrt %d : tensor<4x8xf32>
+  %e1 = tgraph.sin %r : tensor<4x8xf32>
+  %e2 = tgraph.cos %e1 : tensor<4x8xf32>
+  %e3 = tgraph.erf %e2 : tensor<4x8xf32>
+  %e4 = tgraph.abs %e3 : tensor<4x8xf32>
+  %e5 = tgraph.sign %e4 : tensor<4x8xf32>
+  %e6 = tgraph.floor %e5 : tensor<4x8xf32>
+  %e7 = tgraph.ceil %e6 : tensor<4x8xf32>
+  %e8 = tgraph.pow %e7, %x : tensor<4x8xf32>
   %2 = tgraph.compare <gt> %1, %x : tensor<4x8xf32> -> tensor<4x8xi1>
   %3 = tgraph.select %2, %1, %x : tensor<4x8xi1>, tensor<4x8xf32>
   %4 = tgraph.reduce <max> %3 dims [1] : tensor<4x8xf32> -> tensor<4x1xf32>

@@ -99,6 +99,14 @@ func.func private @tile_types(!ttile.tile<16x32xf16>, !ttile.tile<1xbf16>, !ttil
 // CHECK: ttile.tanh
 // CHECK: ttile.sqrt
 // CHECK: ttile.rsqrt
+// CHECK: ttile.sin %{{.*}} : !ttile.tile<2x8xf32>
+// CHECK: ttile.cos
+// CHECK: ttile.erf
+// CHECK: ttile.abs
+// CHECK: ttile.sign
+// CHECK: ttile.floor
+// CHECK: ttile.ceil
+// CHECK: ttile.pow %{{.*}}, %{{.*}} : !ttile.tile<2x8xf32>
 ttile.kernel @row_ops(%x: memref<2x8xf32>, %s: memref<f32>, %y: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %c0 = arith.constant 0 : index
   %t = ttile.load %x[%c0, %c0] : memref<2x8xf32> -> !ttile.tile<2x8xf32>
@@ -118,7 +126,15 @@ ttile.kernel @row_ops(%x: memref<2x8xf32>, %s: memref<f32>, %y: memref<2x8xf32>)
   %th = ttile.tanh %l : !ttile.tile<2x8xf32>
   %sq = ttile.sqrt %th : !ttile.tile<2x8xf32>
   %rs = ttile.rsqrt %sq : !ttile.tile<2x8xf32>
-  ttile.store %rs, %y[%c0, %c0] : !ttile.tile<2x8xf32>, memref<2x8xf32>
+  %e1 = ttile.sin %rs : !ttile.tile<2x8xf32>
+  %e2 = ttile.cos %e1 : !ttile.tile<2x8xf32>
+  %e3 = ttile.erf %e2 : !ttile.tile<2x8xf32>
+  %e4 = ttile.abs %e3 : !ttile.tile<2x8xf32>
+  %e5 = ttile.sign %e4 : !ttile.tile<2x8xf32>
+  %e6 = ttile.floor %e5 : !ttile.tile<2x8xf32>
+  %e7 = ttile.ceil %e6 : !ttile.tile<2x8xf32>
+  %e8 = ttile.pow %e7, %t : !ttile.tile<2x8xf32>
+  ttile.store %e8, %y[%c0, %c0] : !ttile.tile<2x8xf32>, memref<2x8xf32>
   ttile.return
 }
 
