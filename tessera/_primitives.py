@@ -874,7 +874,8 @@ def arange(start, stop=None, step=1, dtype=None):
     stop (`arange(n)`: 0 to n-1). Integer arguments give int32 (as JAX), any float one float32;
     `dtype` chooses. Inside a compiled function a traced tensor (`tgraph.iota`,
     no buffer read), outside one a numpy array."""
-    src = where_called("arange")
+    tracing = current() is not None
+    src = where_called("arange") if tracing else user_frame()
     if stop is None:
         start, stop = 0, start
     for name, v in (("start", start), ("stop", stop), ("step", step)):
@@ -885,7 +886,7 @@ def arange(start, stop=None, step=1, dtype=None):
     integral = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
     dtype = dtypes.as_dtype(dtype if dtype is not None else (np.int32 if integral else np.float32))
     n = builtins.max(0, math.ceil((stop - start) / step))
-    if current() is None:
+    if not tracing:
         return (start + step * np.arange(n)).astype(dtype)
     with current_location(src):
         i = result_of(gb.iota([n], 0, element_type(dtype)), src)
