@@ -24,9 +24,10 @@ from ._source import user_frame
 from ._trace import Traced, as_traced, current, current_location, element_type
 from .errors import ArgumentError, ShapeError
 from .local_view import collective, spmd
+from .pretrained import from_pretrained
 from .remat import policy_name, region
 
-__all__ = ["transformer_block", "moe", "MULTI_QP_CHANNELS"]
+__all__ = ["transformer_block", "moe", "MULTI_QP_CHANNELS", "from_pretrained"]
 
 
 @eager

@@ -226,6 +226,10 @@ cases(
     Case("op.index", "wrong type", lambda: ts.jit(lambda x: x[:, [0, 1]])(F),
          "dimension 1 of [4, 6] with a list"),
     Case("op.arange", "wrong type", lambda: op.arange("5"), "stop='5'"),
+    Case("models.from_pretrained", "wrong type", lambda: ts.models.from_pretrained(None),
+         "path=None"),
+    Case("models.from_pretrained", "other", lambda: ts.models.from_pretrained("/nonexistent"),
+         "/nonexistent has no config.json"),
     Case("op.argmax", "out of range", lambda: op.argmax(F, 2), "dim=2"),
     Case("op.take_along_axis", "wrong dtype", lambda: op.take_along_axis(F, F, 1),
          "indices must be int32 or int64"),
@@ -900,7 +904,7 @@ EXEMPT = {
 }
 
 MODULES = {"ts": ts, "dist": dist, "op": op, "nn": nn, "checkpoint": checkpoint,
-           "pipeline": pipeline}
+           "pipeline": pipeline, "models": ts.models}
 
 
 def _resolve(entry: str):

@@ -1,0 +1,85 @@
+"""`ts.models.from_pretrained` against Hugging Face `transformers` itself:
+tiny Llama (grouped-query attention, tied embeddings) and Qwen2 (q/k/v bias,
+one key/value head) checkpoints with random weights, and the logits
+`transformers` computed for them under a left-padding mask, all made by
+test/fixtures/make_hf_fixtures.py (versions in test/fixtures/hf/versions.json),
+so no `transformers` is needed here."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera import models, op
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_logits_match_transformers_under_a_padding_mask(name):
+    m = models.from_pretrained(HF / name)
+    ref = np.load(HF / name / "reference.npz")
+    logits = m(ref["input_ids"], attention_mask=ref["attention_mask"])
+    assert logits.shape == ref["logits"].shape and logits.dtype == np.float32
+    real = ref["attention_mask"].astype(bool)          # rows of real tokens (see forward)
+    np.testing.assert_allclose(logits[real], ref["logits"][real], rtol=0, atol=5e-5)
+
+
+def test_forward_is_traceable_and_differentiable_under_hf_names():
+    m = models.from_pretrained(HF / "llama")
+    ref = np.load(HF / "llama" / "reference.npz")
+    ids, mask = ref["input_ids"][:1], ref["attention_mask"][:1]
+    labels = np.roll(ids, -1, axis=1)
+
+    @ts.jit
+    def loss_and_grads(params, ids, mask, labels):
+        logits = m.forward(params, ids, mask)
+        loss = op.cross_entropy(op.reshape(logits, -1, logits.shape[-1]), op.reshape(labels, -1))
+        return loss, ts.grad(loss, params)
+    loss, grads = loss_and_grads(m.params, ids, mask, labels)
+    assert set(grads) == set(m.params)
+    # the loss from the fixture's logits (float64 softmax)
+    z = ref["logits"][0].astype(np.float64)
+    lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+    np.testing.assert_allclose(loss, np.mean(lse - z[np.arange(z.shape[0]), labels[0]]),
+                               rtol=1e-5)
+    assert all(np.isfinite(g).all() for g in grads.values())
+
+
+def _copy(tmp_path, name="llama") -> Path:
+    return Path(shutil.copytree(HF / name, tmp_path / name))
+
+
+@pytest.mark.parametrize("field,value,names", [
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0},
+     "rope_parameters="),
+    ("model_type", "gpt_neox", "model_type='gpt_neox' is not supported"),
+    ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("num_key_value_heads", 3, "must divide num_attention_heads=4"),
+    ("some_new_field", 1, "some_new_field=1 is a config field Tessera does not know"),
+])
+def test_an_unsupported_config_field_is_an_error_naming_it(tmp_path, field, value, names):
+    folder = _copy(tmp_path)
+    raw = json.loads((folder / "config.json").read_text())
+    raw[field] = value
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ts.ArgumentError, match=names.replace("(", r"\(").replace("[", r"\[")):
+        models.from_pretrained(folder)
+
+
+def test_missing_files_and_weights_are_errors(tmp_path):
+    with pytest.raises(ts.ArgumentError, match="has no config.json"):
+        models.from_pretrained(tmp_path)
+    folder = _copy(tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ts.ArgumentError, match="has no model.safetensors"):
+        models.from_pretrained(folder)
+    folder = _copy(tmp_path, "qwen2")
+    raw = json.loads((folder / "config.json").read_text())
+    raw["num_hidden_layers"] = 3
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ts.ArgumentError, match=r"missing \['model.layers.2."):
+        models.from_pretrained(folder)
