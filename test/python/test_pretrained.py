@@ -83,3 +83,15 @@ def test_missing_files_and_weights_are_errors(tmp_path):
     (folder / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ts.ArgumentError, match=r"missing \['model.layers.2."):
         models.from_pretrained(folder)
+
+
+def test_the_docs_example_runs(monkeypatch, capsys):
+    """docs/models.md's example, as written, from the repository's root."""
+    import re
+    text = (HF.parents[2] / "docs" / "models.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(HF.parents[2])
+    exec(compile(code, "docs/models.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "<llama from test/fixtures/hf/llama: 2 layers" in out
+    assert "'model.embed_tokens.weight'" in out
