@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes
-from ._primitives import (add, arange, broadcast_to, cast, concat, cos, embedding, index, linear,
-                          matmul, mul, neg, reshape, rmsnorm, silu, sin, softmax, transpose,
-                          where)
+from ._primitives import (add, arange, argmax, broadcast_to, cast, concat, cos, embedding,
+                          index, linear, matmul, mul, neg, reshape, rmsnorm, silu, sin, softmax,
+                          take_along_axis, transpose, where)
 from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
@@ -131,27 +131,78 @@ class Pretrained:
     its forward pass, eager (`m(ids, attention_mask=)`) or traced
     (`m.forward(params, ids, attention_mask)`)."""
 
-    def __init__(self, config: LlamaConfig, params: dict, path: Path):
+    def __init__(self, config: LlamaConfig, params: dict, path: Path, eos=(), pad=None):
         self.config, self.params, self.path = config, params, path
-        self._compiled = None
+        #: generation's stop tokens and the token a finished row repeats
+        self.eos_token_ids, self.pad_token_id = tuple(eos), pad
+        self._compiled = self._next_token = None
 
-    def forward(self, params: dict, input_ids, attention_mask=None):
+    def forward(self, params: dict, input_ids, attention_mask=None, position_ids=None):
         """Logits [B, S, V] (float32) of `input_ids` [B, S]; `attention_mask`
-        [B, S] (1: a token, 0: padding) masks padded keys. Positions count
-        from 0 at the first column, padding included, as Hugging Face's
-        forward does without `position_ids`. Rows of a padded query see no
-        key: their logits follow softmax over equal scores, as HF's eager
-        attention; read only rows whose mask is 1."""
-        return _llama(self.config, params, input_ids, attention_mask)
+        [B, S] (1: a token, 0: padding) masks padded keys. `position_ids`
+        [B, S] (int32) place each token for RoPE; without them positions
+        count from 0 at the first column, padding included, as Hugging
+        Face's forward does. Rows of a padded query see no key: their logits
+        follow softmax over equal scores, as HF's eager attention; read only
+        rows whose mask is 1."""
+        return _llama(self.config, params, input_ids, attention_mask, position_ids)
+
+    def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None) -> np.ndarray:
+        """Greedy decoding, as `transformers`' `generate(do_sample=False)`:
+        the prompt [B, S] (left-padded, `attention_mask` 0 on padding) and up
+        to `max_new_tokens` tokens after it, [B, S + n]. Positions start at
+        each row's first token; a row that emits a stop token
+        (generation_config.json's `eos_token_id`) repeats the pad token
+        after it, and decoding ends when every row has stopped.
+
+        One compiled step for every token: the whole sequence buffer
+        [B, S + max_new_tokens] runs through the model each time (no KV
+        cache yet), and the next token is the argmax at the last column."""
+        ids, mask = self._batch(input_ids, attention_mask)
+        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+            raise ArgumentError(f"Pretrained.generate: max_new_tokens={max_new_tokens!r} must "
+                                f"be an int >= 1  [{user_frame()}]")
+        batch, length = ids.shape
+        total = length + max_new_tokens
+        buf = np.zeros((batch, total), np.int32)
+        seen = np.zeros((batch, total), np.int32)
+        buf[:, :length], seen[:, :length] = ids, mask
+        if self._next_token is None:
+            def next_token(params, ids, mask, positions, last):
+                logits = self.forward(params, ids, mask, positions)
+                return argmax(take_along_axis(logits, last, 1), -1)
+            self._next_token = jit(next_token)
+        running = np.ones(batch, bool)
+        pad = self.pad_token_id if self.pad_token_id is not None else (
+            self.eos_token_ids[0] if self.eos_token_ids else 0)
+        for step in range(max_new_tokens):
+            end = length + step
+            positions = np.maximum(np.cumsum(seen, axis=1) - 1, 0).astype(np.int32)
+            last = np.full((batch, 1, 1), end - 1, np.int32)
+            token = self._next_token(self.params, buf, seen, positions, last).reshape(batch)
+            token = np.where(running, token, pad).astype(np.int32)
+            buf[:, end], seen[:, end] = token, 1
+            running &= ~np.isin(token, self.eos_token_ids)
+            if not running.any():
+                return buf[:, :end + 1]
+        return buf
+
+    def _batch(self, input_ids, attention_mask):
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise ArgumentError(f"Pretrained: input_ids must be integer token ids [batch, "
+                                f"sequence], got {ids.dtype} {list(ids.shape)}  [{user_frame()}]")
+        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
+        if mask.shape != ids.shape:
+            raise ArgumentError(f"Pretrained: attention_mask {list(mask.shape)} must have "
+                                f"input_ids' shape {list(ids.shape)}  [{user_frame()}]")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            raise ArgumentError(f"Pretrained: token ids must be in [0, {self.config.vocab_size})"
+                                f", got {ids.min()}..{ids.max()}  [{user_frame()}]")
+        return ids.astype(np.int32), mask.astype(np.int32)
 
     def __call__(self, input_ids, attention_mask=None) -> np.ndarray:
-        ids = np.asarray(input_ids, np.int32)
-        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask,
-                                                                           np.int32)
-        if ids.ndim != 2 or mask.shape != ids.shape:
-            raise ArgumentError(f"Pretrained: input_ids {list(ids.shape)} must be [batch, "
-                                f"sequence] and attention_mask {list(mask.shape)} the same  "
-                                f"[{user_frame()}]")
+        ids, mask = self._batch(input_ids, attention_mask)
         if self._compiled is None:
             self._compiled = jit(lambda params, ids, mask: self.forward(params, ids, mask))
         return self._compiled(self.params, ids, mask)
@@ -199,7 +250,12 @@ def from_pretrained(path) -> Pretrained:
         raise ArgumentError(f"models.from_pretrained: {where}: the weights do not match the "
                             f"config: missing {missing[:3]}, unexpected {extra[:3]}  "
                             f"[{user_frame()}]")
-    return Pretrained(config, params, folder)
+    generation = config_file.parent / "generation_config.json"
+    settings = {**json.loads(config_file.read_text()),
+                **(json.loads(generation.read_text()) if generation.is_file() else {})}
+    eos = settings.get("eos_token_id")
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return Pretrained(config, params, folder, eos, settings.get("pad_token_id"))
 
 
 def _parameter_names(c: LlamaConfig) -> list[str]:
@@ -214,12 +270,14 @@ def _parameter_names(c: LlamaConfig) -> list[str]:
     return names
 
 
-def _rotary(c: LlamaConfig, length: int):
-    """cos and sin [S, D] of Hugging Face's rotate-half RoPE at positions 0..S-1."""
+def _rotary(c: LlamaConfig, positions):
+    """cos and sin [B or 1, 1, S, D] of Hugging Face's rotate-half RoPE at
+    `positions` [B or 1, S]."""
     d = c.head_dim
     inv = 1.0 / c.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d)
-    angles = mul(reshape(cast(arange(length), dtypes.float32), length, 1),
-                 reshape(inv.astype(np.float32), 1, d // 2))
+    rows, length = positions.shape
+    angles = mul(reshape(cast(positions, dtypes.float32), rows, 1, length, 1),
+                 reshape(inv.astype(np.float32), 1, 1, 1, d // 2))
     angles = concat([angles, angles], -1)
     return cos(angles), sin(angles)
 
@@ -231,19 +289,19 @@ def _rope(x, cos, sin):
     return add(mul(x, cos), mul(rotated, sin))
 
 
-def _llama(c: LlamaConfig, params: dict, ids, mask):
+def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
     batch, length = ids.shape
     h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = embedding(ids, params["model.embed_tokens.weight"])
-    cos, sin = _rotary(c, length)
+    cos, sin = _rotary(c, reshape(arange(length), 1, length) if positions is None else positions)
     # Additive mask [B, 1, S, S]: a key is seen if it is not after the query
     # and not padding (float32's lowest for the rest, as Hugging Face's).
     lowest = float(np.finfo(np.float32).min)
     rows = reshape(arange(length), length, 1)
     cols = reshape(arange(length), 1, length)
     causal = reshape(cast(rows >= cols, dtypes.float32), 1, 1, length, length)
-    keys = reshape(cast(mask, dtypes.float32), batch, 1, 1, length)
-    seen = mul(causal, keys)
+    seen = causal if mask is None else mul(causal, reshape(cast(mask, dtypes.float32), batch, 1,
+                                                           1, length))
     bias = where(seen > 0.5, 0.0, lowest)
     scale = 1.0 / math.sqrt(d)
 

@@ -95,3 +95,26 @@ def test_the_docs_example_runs(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "<llama from test/fixtures/hf/llama: 2 layers" in out
     assert "'model.embed_tokens.weight'" in out
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_greedy_generation_equals_transformers_token_for_token(name):
+    m = models.from_pretrained(HF / name)
+    ref = np.load(HF / name / "reference.npz")
+    out = m.generate(ref["input_ids"], max_new_tokens=8, attention_mask=ref["attention_mask"])
+    np.testing.assert_array_equal(out, ref["generated"])
+
+
+def test_generation_stops_when_every_row_has_emitted_a_stop_token():
+    m = models.from_pretrained(HF / "llama")
+    ref = np.load(HF / "llama" / "reference.npz")
+    length = ref["input_ids"].shape[1]
+    first = ref["generated"][:, length]               # each row's first new token
+    m.eos_token_ids = (int(first[0]),)
+    out = m.generate(ref["input_ids"], max_new_tokens=8, attention_mask=ref["attention_mask"])
+    # row 0 stops at once and repeats its stop token; row 1 runs on
+    assert (out[0, length:] == first[0]).all()
+    np.testing.assert_array_equal(out[1], ref["generated"][1][:out.shape[1]])
+    m.eos_token_ids = tuple(int(t) for t in first)
+    out = m.generate(ref["input_ids"], max_new_tokens=8, attention_mask=ref["attention_mask"])
+    np.testing.assert_array_equal(out, ref["generated"][:, :length + 1])
