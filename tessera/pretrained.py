@@ -6,9 +6,10 @@
     logits = m.forward(m.params, ids, mask)           # traceable: inside ts.jit / ts.grad
 
 The Llama family (Llama 2/3 without rope scaling, Mistral without a sliding
-window, Qwen2's bias on q/k/v) is written here as Hugging Face's modeling
-code computes it: RMSNorm, rotary embeddings (rotate-half), grouped-query
-attention, SwiGLU. `m.params` is a dict under Hugging Face's parameter names
+window, Qwen2's bias on q/k/v) and GPT-2 are written here as Hugging Face's
+modeling code computes them: RMSNorm, rotary embeddings (rotate-half),
+grouped-query attention, SwiGLU; learned positions, LayerNorm, fused q/k/v
+and GELU for GPT-2. `m.params` is a dict under Hugging Face's parameter names
 (`model.layers.0.self_attn.q_proj.weight`), weights in their [out, in]
 layout (`op.linear(..., weight_layout="out_in")`).
 
@@ -16,8 +17,8 @@ Every field of config.json is either used, one that cannot change the
 forward pass (token ids, the dtype it was saved in, ...), or an error that
 names it: a checkpoint is never run as a different model than it is.
 
-What is not here yet (issue 62): GPT-2 and Mixtral, KV-cache generation,
-`save_pretrained`, reading only a rank's shard under a mesh; attention is
+What is not here yet (issue 62): Mixtral, a KV cache and sampling in
+`generate`, `save_pretrained`, reading only a rank's shard under a mesh; attention is
 written out (it holds [S, S] scores: the flash kernels take no mask yet),
 and grouped-query heads are broadcast to every query head.
 """
@@ -33,14 +34,14 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes
-from ._primitives import (add, arange, argmax, broadcast_to, cast, concat, cos, embedding,
-                          index, linear, matmul, mul, neg, reshape, rmsnorm, silu, sin, softmax,
-                          take_along_axis, transpose, where)
+from ._primitives import (add, arange, argmax, broadcast_to, cast, concat, cos, embedding, gelu,
+                          index, layernorm, linear, matmul, mul, neg, reshape, rmsnorm, silu, sin,
+                          softmax, take_along_axis, transpose, where)
 from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
 
-__all__ = ["from_pretrained", "Pretrained", "LlamaConfig"]
+__all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config"]
 
 #: model_type -> whether q, k and v projections carry a bias
 FAMILIES = {"llama": False, "mistral": False, "qwen2": True}
@@ -78,8 +79,6 @@ class LlamaConfig:
             return ArgumentError(f"models.from_pretrained: {where}: {field}={raw.get(field)!r} "
                                  f"{why}  [{user_frame()}]")
         kind = raw.get("model_type")
-        if kind not in FAMILIES:
-            raise bad("model_type", f"is not supported (supported: {', '.join(FAMILIES)})")
         used = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta"}
         unknown = sorted(set(raw) - used - IGNORED)
@@ -125,6 +124,109 @@ class LlamaConfig:
             raise bad("num_key_value_heads", f"must divide num_attention_heads={heads}")
         return config
 
+    def describe(self) -> str:
+        return (f"{self.num_hidden_layers} layers, width {self.hidden_size}, "
+                f"{self.num_attention_heads} heads ({self.num_key_value_heads} key/value), "
+                f"vocabulary {self.vocab_size}")
+
+    def parameter_names(self) -> list[str]:
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        names += [] if self.tie_word_embeddings else ["lm_head.weight"]
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}."
+            names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+            names += [p + f"self_attn.{w}_proj.weight" for w in "qkvo"]
+            names += [p + f"self_attn.{w}_proj.bias" for w in "qkv"] if self.qkv_bias else []
+            names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
+        return names
+
+    def forward(self, params, ids, mask, positions):
+        return _llama(self, params, ids, mask, positions)
+
+
+#: GPT-2's `activation_function` -> op.gelu's `approximate`
+GPT2_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
+
+#: GPT-2 config.json fields that cannot change the forward pass (dropouts:
+#: inference; the summary_* fields: GPT2DoubleHeadsModel's extra head)
+GPT2_IGNORED = frozenset({
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
+    "n_positions", "n_ctx", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type",
+    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+    "task_specific_params", "_name_or_path", "return_dict", "output_hidden_states",
+    "output_attentions", "tie_word_embeddings", "activation_function", "n_inner",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "add_cross_attention",
+})
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """The fields of a GPT-2 config.json the forward pass reads."""
+    model_type: str
+    vocab_size: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_inner: int
+    n_positions: int
+    layer_norm_epsilon: float
+    approximate: str
+
+    @classmethod
+    def from_json(cls, raw: dict, where: str) -> "GPT2Config":
+        def bad(field: str, why: str) -> ArgumentError:
+            return ArgumentError(f"models.from_pretrained: {where}: {field}={raw.get(field)!r} "
+                                 f"{why}  [{user_frame()}]")
+        used = {"vocab_size", "n_embd", "n_layer", "n_head", "layer_norm_epsilon"}
+        unknown = sorted(set(raw) - used - GPT2_IGNORED)
+        if unknown:
+            raise bad(unknown[0], "is a config field Tessera does not know; it could change the "
+                                  "model, so it is not ignored")
+        act = raw.get("activation_function", "gelu_new")
+        if act not in GPT2_ACTIVATIONS:
+            raise bad("activation_function", f"is not supported ({', '.join(GPT2_ACTIVATIONS)})")
+        for field, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx",
+                                                            False),
+                            ("reorder_and_upcast_attn", False), ("add_cross_attention", False),
+                            ("tie_word_embeddings", True)):
+            if raw.get(field, want) != want:
+                raise bad(field, f"is not supported ({want})")
+        try:
+            n = int(raw["n_embd"])
+            return cls("gpt2", int(raw["vocab_size"]), n, int(raw["n_layer"]), int(raw["n_head"]),
+                       int(raw.get("n_inner") or 4 * n), int(raw.get("n_positions", 1024)),
+                       float(raw.get("layer_norm_epsilon", 1e-5)), GPT2_ACTIVATIONS[act])
+        except KeyError as e:
+            raise ArgumentError(f"models.from_pretrained: {where}: config.json has no "
+                                f"{e.args[0]}  [{user_frame()}]") from None
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return (f"{self.n_layer} layers, width {self.n_embd}, {self.n_head} heads, "
+                f"vocabulary {self.vocab_size}")
+
+    def parameter_names(self) -> list[str]:
+        names = ["transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
+                 "transformer.ln_f.bias"]
+        for i in range(self.n_layer):
+            p = f"transformer.h.{i}."
+            names += [p + f"{m}.{w}" for m in ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj",
+                                              "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
+        return names
+
+    def forward(self, params, ids, mask, positions):
+        return _gpt2(self, params, ids, mask, positions)
+
+
+#: model_type -> its config class
+CONFIGS = {"llama": LlamaConfig, "mistral": LlamaConfig, "qwen2": LlamaConfig,
+           "gpt2": GPT2Config}
+
 
 class Pretrained:
     """A checkpoint's model: `params` (Hugging Face's names), `config`, and
@@ -145,7 +247,7 @@ class Pretrained:
         Face's forward does. Rows of a padded query see no key: their logits
         follow softmax over equal scores, as HF's eager attention; read only
         rows whose mask is 1."""
-        return _llama(self.config, params, input_ids, attention_mask, position_ids)
+        return self.config.forward(params, input_ids, attention_mask, position_ids)
 
     def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None) -> np.ndarray:
         """Greedy decoding, as `transformers`' `generate(do_sample=False)`:
@@ -208,10 +310,7 @@ class Pretrained:
         return self._compiled(self.params, ids, mask)
 
     def __repr__(self) -> str:
-        c = self.config
-        return (f"<{c.model_type} from {self.path}: {c.num_hidden_layers} layers, width "
-                f"{c.hidden_size}, {c.num_attention_heads} heads ({c.num_key_value_heads} "
-                f"key/value), vocabulary {c.vocab_size}>")
+        return f"<{self.config.model_type} from {self.path}: {self.config.describe()}>"
 
 
 def from_pretrained(path) -> Pretrained:
@@ -229,7 +328,13 @@ def from_pretrained(path) -> Pretrained:
         raise ArgumentError(f"models.from_pretrained: {where} has no config.json (a Hugging "
                             f"Face checkpoint folder holds config.json and *.safetensors)  "
                             f"[{user_frame()}]")
-    config = LlamaConfig.from_json(json.loads(config_file.read_text()), where)
+    raw = json.loads(config_file.read_text())
+    family = CONFIGS.get(raw.get("model_type"))
+    if family is None:
+        raise ArgumentError(f"models.from_pretrained: {where}: model_type="
+                            f"{raw.get('model_type')!r} is not supported (supported: "
+                            f"{', '.join(CONFIGS)})  [{user_frame()}]")
+    config = family.from_json(raw, where)
     index_file = folder / "model.safetensors.index.json"
     if index_file.is_file():
         files = sorted(set(json.loads(index_file.read_text())["weight_map"].values()))
@@ -244,8 +349,9 @@ def from_pretrained(path) -> Pretrained:
             params[key] = np.ascontiguousarray(value.astype(np.float32))
     if config.tie_word_embeddings:
         params.pop("lm_head.weight", None)
-    missing = [n for n in _parameter_names(config) if n not in params]
-    extra = sorted(set(params) - set(_parameter_names(config)))
+    names = config.parameter_names()
+    missing = [n for n in names if n not in params]
+    extra = sorted(set(params) - set(names))
     if missing or extra:
         raise ArgumentError(f"models.from_pretrained: {where}: the weights do not match the "
                             f"config: missing {missing[:3]}, unexpected {extra[:3]}  "
@@ -258,16 +364,27 @@ def from_pretrained(path) -> Pretrained:
     return Pretrained(config, params, folder, eos, settings.get("pad_token_id"))
 
 
-def _parameter_names(c: LlamaConfig) -> list[str]:
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    names += [] if c.tie_word_embeddings else ["lm_head.weight"]
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        names += [p + f"self_attn.{w}_proj.weight" for w in "qkvo"]
-        names += [p + f"self_attn.{w}_proj.bias" for w in "qkv"] if c.qkv_bias else []
-        names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
-    return names
+def _mask_bias(batch: int, length: int, mask):
+    """The additive attention mask [B or 1, 1, S, S]: a key is seen if it is
+    not after the query and not padding (`mask` [B, S] 0); float32's lowest
+    for the rest, as Hugging Face's."""
+    rows = reshape(arange(length), length, 1)
+    cols = reshape(arange(length), 1, length)
+    seen = reshape(cast(rows >= cols, dtypes.float32), 1, 1, length, length)
+    if mask is not None:
+        seen = mul(seen, reshape(cast(mask, dtypes.float32), batch, 1, 1, length))
+    return where(seen > 0.5, 0.0, float(np.finfo(np.float32).min))
+
+
+def _attend(q, k, v, bias):
+    """softmax(q k^T / sqrt(D) + bias) v over [B, H, S, D] (the [S, S] scores
+    written out: the flash kernels take no mask yet)."""
+    scores = add(mul(matmul(q, transpose(k, 2, 3)), 1.0 / math.sqrt(q.shape[-1])), bias)
+    return matmul(softmax(scores, -1), v)
+
+
+def _positions(length: int, positions):
+    return reshape(arange(length), 1, length) if positions is None else positions
 
 
 def _rotary(c: LlamaConfig, positions):
@@ -293,17 +410,8 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
     batch, length = ids.shape
     h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = embedding(ids, params["model.embed_tokens.weight"])
-    cos, sin = _rotary(c, reshape(arange(length), 1, length) if positions is None else positions)
-    # Additive mask [B, 1, S, S]: a key is seen if it is not after the query
-    # and not padding (float32's lowest for the rest, as Hugging Face's).
-    lowest = float(np.finfo(np.float32).min)
-    rows = reshape(arange(length), length, 1)
-    cols = reshape(arange(length), 1, length)
-    causal = reshape(cast(rows >= cols, dtypes.float32), 1, 1, length, length)
-    seen = causal if mask is None else mul(causal, reshape(cast(mask, dtypes.float32), batch, 1,
-                                                           1, length))
-    bias = where(seen > 0.5, 0.0, lowest)
-    scale = 1.0 / math.sqrt(d)
+    cos, sin = _rotary(c, _positions(length, positions))
+    bias = _mask_bias(batch, length, mask)
 
     def proj(v, name, bias_too=False):
         return linear(v, params[name + ".weight"], params[name + ".bias"] if bias_too else None,
@@ -324,9 +432,7 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
                                      (batch, kv, h // kv, length, d)), batch, h, length, d)
             v = reshape(broadcast_to(reshape(v, batch, kv, 1, length, d),
                                      (batch, kv, h // kv, length, d)), batch, h, length, d)
-        scores = add(mul(matmul(q, transpose(k, 2, 3)), scale), bias)
-        out = matmul(softmax(scores, -1), v)
-        out = reshape(transpose(out, 1, 2), batch, length, h * d)
+        out = reshape(transpose(_attend(q, k, v, bias), 1, 2), batch, length, h * d)
         x = add(x, proj(out, p + "self_attn.o_proj"))
         m = rmsnorm(x, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
         gate = silu(proj(m, p + "mlp.gate_proj"))
@@ -335,3 +441,33 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
     head = params["model.embed_tokens.weight"] if c.tie_word_embeddings else \
         params["lm_head.weight"]
     return linear(x, head, weight_layout="out_in")
+
+
+def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None):
+    """GPT-2 as Hugging Face's GPT2LMHeadModel computes it: learned positions,
+    pre-LayerNorm blocks, one fused q/k/v projection, GELU MLP; its Conv1D
+    weights are [in, out], Tessera's own layout; the head is the token table."""
+    batch, length = ids.shape
+    h, d = c.n_head, c.n_embd // c.n_head
+    p = "transformer."
+    x = add(embedding(ids, params[p + "wte.weight"]),
+            embedding(_positions(length, positions), params[p + "wpe.weight"]))
+    bias = _mask_bias(batch, length, mask)
+
+    def heads(t):
+        return transpose(reshape(t, batch, length, h, d), 1, 2)
+
+    for i in range(c.n_layer):
+        b = f"{p}h.{i}."
+        a = layernorm(x, params[b + "ln_1.weight"], params[b + "ln_1.bias"], c.layer_norm_epsilon)
+        qkv = linear(a, params[b + "attn.c_attn.weight"], params[b + "attn.c_attn.bias"])
+        q, k, v = (heads(index(qkv, (Ellipsis, slice(j * c.n_embd, (j + 1) * c.n_embd))))
+                   for j in range(3))
+        out = reshape(transpose(_attend(q, k, v, bias), 1, 2), batch, length, c.n_embd)
+        x = add(x, linear(out, params[b + "attn.c_proj.weight"], params[b + "attn.c_proj.bias"]))
+        m = layernorm(x, params[b + "ln_2.weight"], params[b + "ln_2.bias"], c.layer_norm_epsilon)
+        m = gelu(linear(m, params[b + "mlp.c_fc.weight"], params[b + "mlp.c_fc.bias"]),
+                 approximate=c.approximate)
+        x = add(x, linear(m, params[b + "mlp.c_proj.weight"], params[b + "mlp.c_proj.bias"]))
+    x = layernorm(x, params[p + "ln_f.weight"], params[p + "ln_f.bias"], c.layer_norm_epsilon)
+    return linear(x, params[p + "wte.weight"], weight_layout="out_in")

@@ -18,7 +18,7 @@ from tessera import models, op
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_logits_match_transformers_under_a_padding_mask(name):
     m = models.from_pretrained(HF / name)
     ref = np.load(HF / name / "reference.npz")
@@ -97,7 +97,7 @@ def test_the_docs_example_runs(monkeypatch, capsys):
     assert "'model.embed_tokens.weight'" in out
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_greedy_generation_equals_transformers_token_for_token(name):
     m = models.from_pretrained(HF / name)
     ref = np.load(HF / name / "reference.npz")
