@@ -275,7 +275,8 @@ def test_pow_takes_any_real_exponent_as_numpy_does():
     p = rng.uniform(-2, 3, (3, 5))
     got = ts.jit(lambda x, p: [x ** 2.5, abs(x) ** p, x ** 3, 2.0 ** x, x ** -1.0, op.pow(x, p)])(
         x, p)
-    want = [x ** 2.5, np.abs(x) ** p, x ** 3, 2.0 ** x, x ** -1.0, np.power(x, p)]
+    with np.errstate(invalid="ignore"):          # numpy's NaN for x < 0 is the reference
+        want = [x ** 2.5, np.abs(x) ** p, x ** 3, 2.0 ** x, x ** -1.0, np.power(x, p)]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12, equal_nan=True)
     assert np.isnan(got[0][x < 0]).all() and np.isfinite(got[2]).all()
