@@ -41,7 +41,7 @@ __all__ = [
     "max", "softmax", "log_softmax", "layernorm", "rmsnorm", "embedding", "attention",
     "flash_attention", "cross_entropy", "reshape", "transpose", "split", "concat", "index",
     "linear", "topk", "sin", "cos", "erf", "abs", "sign", "floor", "ceil", "arange",
-    "broadcast_to", "min", "argmax", "argmin", "take_along_axis",
+    "broadcast_to", "min", "argmax", "argmin", "take_along_axis", "cumsum",
 ]
 
 
@@ -1123,6 +1123,28 @@ def _checked_targets(t: Traced, classes: int, ignore_index: int, src) -> Traced:
                f"for {classes} classes ({rule})")
     with current_location(src):
         return result_of(gb.check_range(t.value, 0, classes, message, allowed), src)
+
+
+@eager
+def cumsum(x, dim: int = -1) -> Traced:
+    """Running sums along `dim`, as numpy's `cumsum` (floating-point x): one
+    GEMM with an upper-triangular matrix of ones (n x n work per row of n;
+    a sequence's positions, a mask's count, not long scans). Its gradient is
+    the reversed running sum."""
+    src = where_called("cumsum")
+    x = operand("cumsum", x, src)
+    require_float("cumsum", src, x)
+    if not is_int(dim) or not x.ndim or not -x.ndim <= dim < x.ndim:
+        raise ArgumentError(f"op.cumsum: dim={dim!r} must be a dimension of {list(x.shape)}  "
+                            f"[{src}]")
+    d, n = dim % x.ndim, x.shape[dim % x.ndim]
+    perm = [i for i in range(x.ndim) if i != d] + [d]
+    last = x if d == x.ndim - 1 else transpose(x, perm)
+    with current_location(src):
+        rows = result_of(gb.iota([n, n], 0, element_type(np.dtype(np.int32))), src)
+        cols = result_of(gb.iota([n, n], 1, element_type(np.dtype(np.int32))), src)
+    y = matmul(last, cast(less_equal(rows, cols), x.dtype))
+    return y if d == x.ndim - 1 else transpose(y, [perm.index(i) for i in range(x.ndim)])
 
 
 @eager

@@ -18,7 +18,7 @@ forward pass (token ids, the dtype it was saved in, ...), or an error that
 names it: a checkpoint is never run as a different model than it is.
 
 What is not here yet (issue 62): Mixtral, a KV cache and sampling in
-`generate`, `save_pretrained`, reading only a rank's shard under a mesh; attention is
+`generate`, reading only a rank's shard under a mesh; attention is
 written out (it holds [S, S] scores: the flash kernels take no mask yet),
 and grouped-query heads are broadcast to every query head.
 """
@@ -288,6 +288,35 @@ class Pretrained:
             if not running.any():
                 return buf[:, :end + 1]
         return buf
+
+    def save_pretrained(self, folder) -> Path:
+        """Writes `params` as a Hugging Face checkpoint folder `transformers`
+        reads back: config.json (the checkpoint's own, its dtype float32),
+        generation_config.json when the checkpoint had one, and
+        model.safetensors under HF's names (a tied head is not written, as
+        HF does not). Returns the folder."""
+        from safetensors.numpy import save_file
+        if not isinstance(folder, (str, os.PathLike)):
+            raise ArgumentError(f"Pretrained.save_pretrained: folder={folder!r:.60} must be a "
+                                f"path  [{user_frame()}]")
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        raw = json.loads((self.path / "config.json").read_text())
+        for key in ("dtype", "torch_dtype"):
+            if key in raw:
+                raw[key] = "float32"
+        (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+        generation = self.path / "generation_config.json"
+        if generation.is_file() and generation.resolve() != (out / generation.name).resolve():
+            (out / generation.name).write_text(generation.read_text())
+        names = self.config.parameter_names()
+        missing = [n for n in names if n not in self.params]
+        if missing:
+            raise ArgumentError(f"Pretrained.save_pretrained: params has no {missing[0]}  "
+                                f"[{user_frame()}]")
+        save_file({n: np.ascontiguousarray(self.params[n], np.float32) for n in names},
+                  str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
 
     def _batch(self, input_ids, attention_mask):
         ids = np.asarray(input_ids)

@@ -169,3 +169,17 @@ def test_take_along_axis_out_of_range_fails_the_step_naming_the_index():
                                                  r"dimension 1 of size 3 \(indices must be in "
                                                  r"\[-3, 3\)\)"):
         ts.jit(lambda x, i: op.take_along_axis(x, i, 1))(x, np.array([[0], [3]], np.int32))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cumsum_matches_numpy_and_its_gradient_is_the_reversed_running_sum(dim):
+    rng = _rng()
+    x, r = rng.standard_normal((3, 5, 4)), rng.standard_normal((3, 5, 4))
+
+    def f(x):
+        y = op.cumsum(x, dim)
+        return y, ts.grad(op.sum(y * r), x)
+    y, g = ts.jit(f)(x)
+    np.testing.assert_allclose(y, np.cumsum(x, axis=dim), rtol=1e-12, atol=1e-12)
+    reversed_sum = np.flip(np.cumsum(np.flip(r, axis=dim), axis=dim), axis=dim)
+    np.testing.assert_allclose(g, reversed_sum, rtol=1e-12, atol=1e-12)

@@ -118,3 +118,20 @@ def test_generation_stops_when_every_row_has_emitted_a_stop_token():
     m.eos_token_ids = tuple(int(t) for t in first)
     out = m.generate(ref["input_ids"], max_new_tokens=8, attention_mask=ref["attention_mask"])
     np.testing.assert_array_equal(out, ref["generated"][:, :length + 1])
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_save_pretrained_round_trips_bit_for_bit(tmp_path, name):
+    """What save_pretrained writes reads back to the same bits, under the
+    tensor names (and so the file layout) transformers wrote."""
+    from safetensors.numpy import load_file
+    m = models.from_pretrained(HF / name)
+    out = m.save_pretrained(tmp_path / "out")
+    again = models.from_pretrained(out)
+    assert set(again.params) == set(m.params)
+    for key, value in m.params.items():
+        assert again.params[key].tobytes() == value.tobytes(), key
+    assert set(load_file(str(out / "model.safetensors"))) == \
+        set(load_file(str(HF / name / "model.safetensors")))
+    assert json.loads((out / "config.json").read_text()) == \
+        json.loads((HF / name / "config.json").read_text())

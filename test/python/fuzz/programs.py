@@ -659,6 +659,13 @@ def _power(b: _Builder):
     b.step(text, ref, x.shape, x.dtype, bound)
 
 
+def _cumsum(b: _Builder):
+    x = b.pick(lambda v: _float(v) and v.shape != ())
+    d = b.draw(st.integers(-len(x.shape), len(x.shape) - 1))
+    b.step(f"op.cumsum({x.name}, {d})", lambda env, n=x.name, d=d: np.cumsum(env[n], axis=d),
+           x.shape, x.dtype, x.bound * max(x.shape[d], 1))
+
+
 def _rounding(b: _Builder):
     """floor, ceil or sign of an input: piecewise constant, so only of values
     both sides hold exactly (an input; an intermediate rounded differently
@@ -737,7 +744,7 @@ def _moe(b: _Builder):
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
          _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round,
-         _attention, _attention_of_one_tensor, _rounding]
+         _attention, _attention_of_one_tensor, _rounding, _cumsum]
 
 
 @st.composite
