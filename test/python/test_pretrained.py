@@ -135,3 +135,25 @@ def test_save_pretrained_round_trips_bit_for_bit(tmp_path, name):
         set(load_file(str(HF / name / "model.safetensors")))
     assert json.loads((out / "config.json").read_text()) == \
         json.loads((HF / name / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "gpt2_exact_gelu"])
+def test_loss_and_every_gradient_match_transformers(name):
+    """HF's causal-LM loss (labels shifted by one, padding -100, mean over
+    the rest) and its gradient for every parameter, against the fixture's
+    (torch autograd in float32)."""
+    m = models.from_pretrained(HF / name)
+    ref = np.load(HF / name / "reference.npz")
+    targets = ref["labels"][:, 1:]
+
+    @ts.jit
+    def loss_and_grads(params, ids, mask, targets):
+        logits = m.forward(params, ids, mask)
+        loss = op.cross_entropy(logits[:, :-1], targets)
+        return loss, ts.grad(loss, params)
+    loss, grads = loss_and_grads(m.params, ref["input_ids"], ref["attention_mask"], targets)
+    np.testing.assert_allclose(loss, ref["loss"], rtol=1e-6)
+    hf = {k[len("grad."):]: ref[k] for k in ref.files if k.startswith("grad.")}
+    assert set(hf) == set(grads)
+    for key, g in grads.items():
+        np.testing.assert_allclose(g, hf[key], rtol=1e-4, atol=2e-6, err_msg=key)
