@@ -283,8 +283,8 @@ def square(x) -> Traced:
 @eager
 def pow(x, p) -> Traced:
     """x ** p, elementwise, for any real exponent `p` (a number or a tensor,
-    broadcast): NaN where x < 0 and p is not an integer, as numpy's. Small
-    integer exponents (0 to 8) are products of x, 0.5 and -0.5 sqrt and
+    broadcast): NaN where x < 0 and p is not an integer, as numpy's. An
+    integer exponent from 0 to 8 is a product of x's, 0.5 a sqrt and -0.5 an
     rsqrt: exact, and cheaper than `tgraph.pow`."""
     if isinstance(p, (int, float)) and not isinstance(p, bool):
         if p == 0.5:
@@ -523,14 +523,25 @@ def max(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:  # noqa: A0
 def min(x, dim=None, keepdim: bool = False, *, axis=None) -> Traced:  # noqa: A001
     """Minimum over `dim` (or `axis`): -max(-x); a zero-size dimension is an
     error, as in numpy."""
-    src = where_called("min")
-    (x,) = _elementwise_operands("min", src, x)
-    if any(n == 0 for n in x.shape):
-        dims = _dims("min", x, _dim_or_axis("min", dim, axis), src)
-        if any(x.shape[d] == 0 for d in dims):
-            raise ShapeError(f"op.min: reduction over a zero-size dimension of {list(x.shape)} "
-                             f"has no identity (numpy raises too)  [{src}]")
-    return neg(max(neg(x), dim, keepdim, axis=axis))
+    (x,) = _elementwise_operands("min", where_called("min"), x)
+    return neg(_reduce("max", "min", neg(x), _dim_or_axis("min", dim, axis), keepdim))
+
+
+def _one_dim(name: str, x: Traced, dim, src) -> int:
+    """`dim` of an op along one dimension of `x` (at least 1-D), as an index >= 0."""
+    if not is_int(dim) or not x.ndim or not -x.ndim <= dim < x.ndim:
+        raise ArgumentError(f"op.{name}: dim={dim!r} must be a dimension of {list(x.shape)}  "
+                            f"[{src}]")
+    return int(dim) % x.ndim
+
+
+def _moved_last(x: Traced, d: int) -> tuple[Traced, list[int] | None]:
+    """`x` with dimension `d` moved last, and the permutation that moves a
+    result of the same rank back (None: nothing moved)."""
+    if d == x.ndim - 1:
+        return x, None
+    perm = [i for i in range(x.ndim) if i != d] + [d]
+    return transpose(x, perm), [perm.index(i) for i in range(x.ndim)]
 
 
 def _arg_extreme(name: str, x, dim, keepdim, largest: bool) -> Traced:
@@ -539,14 +550,11 @@ def _arg_extreme(name: str, x, dim, keepdim, largest: bool) -> Traced:
     require_float(name, src, x)
     if not _is_flag(keepdim):
         raise ArgumentError(f"op.{name}: keepdim={keepdim!r} must be True or False  [{src}]")
-    if not is_int(dim) or not -x.ndim <= dim < builtins.max(x.ndim, 1) or not x.ndim:
-        raise ArgumentError(f"op.{name}: dim={dim!r} must be a dimension of {list(x.shape)}  "
-                            f"[{src}]")
-    d = dim % x.ndim
+    d = _one_dim(name, x, dim, src)
     if x.shape[d] == 0:
         raise ShapeError(f"op.{name}: dimension {d} of {list(x.shape)} is empty (numpy raises "
                          f"too)  [{src}]")
-    last = x if d == x.ndim - 1 else transpose(x, [i for i in range(x.ndim) if i != d] + [d])
+    last, _ = _moved_last(x, d)
     _, indices = topk(last if largest else neg(last), 1)
     shape = [n for i, n in enumerate(x.shape) if i != d]
     if keepdim:
@@ -1134,17 +1142,14 @@ def cumsum(x, dim: int = -1) -> Traced:
     src = where_called("cumsum")
     x = operand("cumsum", x, src)
     require_float("cumsum", src, x)
-    if not is_int(dim) or not x.ndim or not -x.ndim <= dim < x.ndim:
-        raise ArgumentError(f"op.cumsum: dim={dim!r} must be a dimension of {list(x.shape)}  "
-                            f"[{src}]")
-    d, n = dim % x.ndim, x.shape[dim % x.ndim]
-    perm = [i for i in range(x.ndim) if i != d] + [d]
-    last = x if d == x.ndim - 1 else transpose(x, perm)
+    d = _one_dim("cumsum", x, dim, src)
+    n = x.shape[d]
+    last, back = _moved_last(x, d)
     with current_location(src):
         rows = result_of(gb.iota([n, n], 0, element_type(np.dtype(np.int32))), src)
         cols = result_of(gb.iota([n, n], 1, element_type(np.dtype(np.int32))), src)
     y = matmul(last, cast(less_equal(rows, cols), x.dtype))
-    return y if d == x.ndim - 1 else transpose(y, [perm.index(i) for i in range(x.ndim)])
+    return y if back is None else transpose(y, back)
 
 
 @eager
@@ -1164,14 +1169,12 @@ def take_along_axis(x, indices, dim: int) -> Traced:
     if idx.ndim != x.ndim or not x.ndim:
         raise ShapeError(f"op.take_along_axis: indices {list(idx.shape)} must have the rank of "
                          f"x {list(x.shape)} (at least 1)  [{src}]")
-    if not is_int(dim) or not -x.ndim <= dim < x.ndim:
-        raise ArgumentError(f"op.take_along_axis: dim={dim!r} must be a dimension of "
-                            f"{list(x.shape)}  [{src}]")
-    d, n = dim % x.ndim, x.shape[dim % x.ndim]
+    d = _one_dim("take_along_axis", x, dim, src)
+    n = x.shape[d]
     lead_x = [m for i, m in enumerate(x.shape) if i != d]
     lead_i = [m for i, m in enumerate(idx.shape) if i != d]
     try:
-        lead = list(np.broadcast_shapes(tuple(lead_x), tuple(lead_i)))
+        np.broadcast_shapes(tuple(lead_x), tuple(lead_i))
     except ValueError:
         raise ShapeError(f"op.take_along_axis: indices {list(idx.shape)} and x {list(x.shape)} "
                          f"do not broadcast outside dimension {d}  [{src}]") from None
@@ -1179,21 +1182,13 @@ def take_along_axis(x, indices, dim: int) -> Traced:
                f"for dimension {d} of size {n} (indices must be in [{-n}, {n}))")
     with current_location(src):
         checked = result_of(gb.check_range(idx.value, -n, n, message), src)
-    k = idx.shape[d]
-    perm = [i for i in range(x.ndim) if i != d] + [d]
-    xt = broadcast_to(transpose(x, perm), lead + [n])
-    it = broadcast_to(transpose(checked, perm), lead + [k])
-    # Compared as floats (exact below 2^24, else float64): Graph IR has no
-    # integer arithmetic for the wrap of negative indices.
-    exact = dtypes.as_dtype(np.float32 if n < 1 << 24 else np.float64)
-    at = cast(it, exact)
-    at = where(less(at, 0.0), add(at, float(n)), at)
-    with current_location(src):
-        cols = result_of(gb.iota(lead + [k, n], len(lead) + 1, element_type(exact)), src)
-    hit = cast(equal(reshape(at, *lead, k, 1), cols), x.dtype)
-    out = sum(mul(hit, reshape(xt, *lead, 1, n)), -1)
-    back = [perm.index(i) for i in range(x.ndim)]
-    return transpose(out, back)
+    xt, back = _moved_last(x, d)
+    it, _ = _moved_last(checked, d)
+    # Wrapped as floats (exact below 2^24, else float64): Graph IR has no
+    # integer arithmetic. The read broadcasts the other dimensions.
+    at = cast(it, dtypes.as_dtype(np.float32 if n < 1 << 24 else np.float64))
+    out = read_chosen(xt, where(less(at, 0.0), add(at, float(n)), at), src)
+    return out if back is None else transpose(out, back)
 
 
 # ----------------------------------------------------------------------------

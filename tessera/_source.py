@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import inspect
 import linecache
-import os
 import re
 from dataclasses import dataclass
 
 from tessera_runtime.errors import user_frame as _user_frame
+from tessera_runtime.errors import where
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class SourceLine:
     text: str = ""
 
     def __str__(self) -> str:
-        return f"{os.path.relpath(self.filename) if not self.filename.startswith('<') else self.filename}:{self.line}"
+        return where(self.filename, self.line)
 
 
 def user_frame() -> SourceLine:

@@ -66,8 +66,8 @@ def _launch(n: int, script: str, args: list[str], env: dict | None = None,
     if n < 1:
         print("tessera: -n must be at least 1", file=sys.stderr)
         return 2
-    # The profile folder reaches the script through its rank's wrapper (the
-    # wrapper imports tessera too, and must not profile itself).
+    # The profile folder reaches the script through its rank's wrapper (in
+    # the script's environment only: the wrapper must not profile itself).
     wrapper = ["-m", rank_wrapper.__name__] + (["--profile", str(Path(profile).resolve())]
                                                if profile else [])
     cmd = [find_mpiexec(), "-n", str(n), sys.executable, *wrapper, script, *args]
@@ -312,8 +312,8 @@ class _ElasticJob:
 
     def _lost(self) -> tuple[int, str]:
         """How many ranks of the last run died (their slots are gone), and why."""
-        reports = [r for r in (elastic.read_json(p) for p in
-                               sorted((self.control / elastic.RANKS_DIR).glob("*.json"))) if r]
+        folder = self.control / rank_wrapper.RANKS_DIR
+        reports = [r for r in map(elastic.read_json, sorted(folder.glob("*.json"))) if r]
         died = [r for r in reports if r.get("signal") and not r.get("stopped")]
         if not reports:                   # a rank vanished with its wrapper (its node is gone)
             return 1, "a rank vanished"
@@ -332,8 +332,8 @@ class _ElasticJob:
         """The runs of the job, until one ends it; returns its exit status."""
         failures = restarts = 0
         while True:
-            shutil.rmtree(self.control / elastic.RANKS_DIR, ignore_errors=True)
-            (self.control / elastic.RANKS_DIR).mkdir()
+            shutil.rmtree(self.control / rank_wrapper.RANKS_DIR, ignore_errors=True)
+            (self.control / rank_wrapper.RANKS_DIR).mkdir()
             for name in (elastic.REQUEST_FILE, elastic.RESIZED_FILE):
                 (self.control / name).unlink(missing_ok=True)
             code = _launch(self.size, script, args, timeout=self.timeout,

@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 
 from tessera_runtime import env, world
-from tessera_runtime.rank_wrapper import CONTROL_ENV, RANKS_DIR, write_json
+from tessera_runtime.rank_wrapper import CONTROL_ENV, write_json
 
 from . import checkpoint
 from ._checks import is_int

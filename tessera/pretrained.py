@@ -46,15 +46,43 @@ __all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config"]
 #: model_type -> whether q, k and v projections carry a bias
 FAMILIES = {"llama": False, "mistral": False, "qwen2": True}
 
-#: config.json fields that cannot change the forward pass
-IGNORED = frozenset({
+#: config.json fields of every family that cannot change the forward pass
+NO_EFFECT = frozenset({
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
     "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
-    "max_position_embeddings", "max_window_layers", "attention_dropout", "_name_or_path",
-    "return_dict", "output_hidden_states", "output_attentions", "tie_word_embeddings",
-    "use_sliding_window", "sliding_window", "layer_types", "rope_scaling", "pretraining_tp",
-    "attention_bias", "mlp_bias", "hidden_act", "head_dim", "rope_parameters",
+    "_name_or_path", "return_dict", "output_hidden_states", "output_attentions",
 })
+
+
+class _ConfigFields:
+    """A config.json being read: every field is known to the reader (used,
+    checked, or in NO_EFFECT), and each error names the folder, the field and
+    the user's line."""
+
+    def __init__(self, raw: dict, where: str, known: set):
+        self.raw, self.where = raw, where
+        unknown = sorted(set(raw) - known - NO_EFFECT)
+        if unknown:
+            raise self.bad(unknown[0], "is a config field Tessera does not know; it could change "
+                                       "the model, so it is not ignored")
+
+    def bad(self, field: str, why: str) -> ArgumentError:
+        return ArgumentError(f"models.from_pretrained: {self.where}: {field}="
+                             f"{self.raw.get(field)!r} {why}  [{user_frame()}]")
+
+    def get(self, field: str, default=None):
+        return self.raw.get(field, default)
+
+    def __getitem__(self, field: str):
+        if field not in self.raw:
+            raise ArgumentError(f"models.from_pretrained: {self.where}: config.json has no "
+                                f"{field}  [{user_frame()}]")
+        return self.raw[field]
+
+    def require(self, field: str, want) -> None:
+        """The field, where given, must be `want` (what Tessera computes)."""
+        if self.raw.get(field, want) != want:
+            raise self.bad(field, f"is not supported ({want})")
 
 
 @dataclass(frozen=True)
@@ -73,55 +101,44 @@ class LlamaConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
 
+    #: fields that cannot change the forward pass (dropout: inference)
+    NO_EFFECT = frozenset({"max_position_embeddings", "max_window_layers", "attention_dropout"})
+    #: fields read or checked below
+    CHECKED = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                         "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                         "rope_theta", "rope_parameters", "rope_scaling", "hidden_act",
+                         "pretraining_tp", "mlp_bias", "attention_bias", "use_sliding_window",
+                         "sliding_window", "layer_types", "tie_word_embeddings", "head_dim"})
+
     @classmethod
     def from_json(cls, raw: dict, where: str) -> "LlamaConfig":
-        def bad(field: str, why: str) -> ArgumentError:
-            return ArgumentError(f"models.from_pretrained: {where}: {field}={raw.get(field)!r} "
-                                 f"{why}  [{user_frame()}]")
-        kind = raw.get("model_type")
-        used = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta"}
-        unknown = sorted(set(raw) - used - IGNORED)
-        if unknown:
-            raise bad(unknown[0], "is a config field Tessera does not know; it could change the "
-                                  "model, so it is not ignored")
-        if raw.get("hidden_act", "silu") != "silu":
-            raise bad("hidden_act", "is not supported (silu)")
-        if raw.get("rope_scaling") is not None:
-            raise bad("rope_scaling", "is not supported yet (plain RoPE only)")
+        f = _ConfigFields(raw, where, cls.NO_EFFECT | cls.CHECKED)
+        kind = f["model_type"]
+        f.require("hidden_act", "silu")
+        f.require("rope_scaling", None)
+        f.require("pretraining_tp", 1)
+        f.require("mlp_bias", False)
+        f.require("attention_bias", FAMILIES[kind])
         # transformers 5 writes RoPE's settings as one dict
-        rope = raw.get("rope_parameters") or {}
+        rope = f.get("rope_parameters") or {}
         if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type",
                                                                           "rope_theta"}:
-            raise bad("rope_parameters", "is not supported yet (rope_type 'default' only)")
-        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        if raw.get("pretraining_tp", 1) != 1:
-            raise bad("pretraining_tp", "is not supported (1)")
-        if raw.get("mlp_bias", False):
-            raise bad("mlp_bias", "is not supported (no MLP bias)")
-        if raw.get("attention_bias", FAMILIES[kind]) != FAMILIES[kind]:
-            raise bad("attention_bias", f"is not supported for {kind} "
-                                        f"({FAMILIES[kind]})")
-        window = raw.get("sliding_window") if kind == "mistral" or raw.get(
-            "use_sliding_window") else None
-        if window is not None:
-            raise bad("sliding_window", "is not supported yet (full attention only)")
-        if any(t != "full_attention" for t in raw.get("layer_types") or ()):
-            raise bad("layer_types", "is not supported yet (full_attention layers only)")
-        heads = int(raw["num_attention_heads"])
-        try:
-            config = cls(kind, int(raw["vocab_size"]), int(raw["hidden_size"]),
-                         int(raw["intermediate_size"]), int(raw["num_hidden_layers"]), heads,
-                         int(raw.get("num_key_value_heads") or heads),
-                         int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
-                         float(raw.get("rms_norm_eps", 1e-6)),
-                         float(theta),
-                         bool(raw.get("tie_word_embeddings", False)), FAMILIES[kind])
-        except KeyError as e:
-            raise ArgumentError(f"models.from_pretrained: {where}: config.json has no "
-                                f"{e.args[0]}  [{user_frame()}]") from None
+            raise f.bad("rope_parameters", "is not supported yet (rope_type 'default' only)")
+        if (kind == "mistral" or f.get("use_sliding_window")) and \
+                f.get("sliding_window") is not None:
+            raise f.bad("sliding_window", "is not supported yet (full attention only)")
+        if any(t != "full_attention" for t in f.get("layer_types") or ()):
+            raise f.bad("layer_types", "is not supported yet (full_attention layers only)")
+        heads, width = int(f["num_attention_heads"]), int(f["hidden_size"])
+        config = cls(kind, int(f["vocab_size"]), width, int(f["intermediate_size"]),
+                     int(f["num_hidden_layers"]), heads,
+                     int(f.get("num_key_value_heads") or heads),
+                     int(f.get("head_dim") or width // heads),
+                     float(f.get("rms_norm_eps", 1e-6)),
+                     float(rope.get("rope_theta", f.get("rope_theta", 10000.0))),
+                     bool(f.get("tie_word_embeddings", False)), FAMILIES[kind])
         if heads % config.num_key_value_heads:
-            raise bad("num_key_value_heads", f"must divide num_attention_heads={heads}")
+            raise f.bad("num_key_value_heads", f"must divide num_attention_heads={heads}")
         return config
 
     def describe(self) -> str:
@@ -147,20 +164,6 @@ class LlamaConfig:
 #: GPT-2's `activation_function` -> op.gelu's `approximate`
 GPT2_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
-#: GPT-2 config.json fields that cannot change the forward pass (dropouts:
-#: inference; the summary_* fields: GPT2DoubleHeadsModel's extra head)
-GPT2_IGNORED = frozenset({
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
-    "n_positions", "n_ctx", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type",
-    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
-    "task_specific_params", "_name_or_path", "return_dict", "output_hidden_states",
-    "output_attentions", "tie_word_embeddings", "activation_function", "n_inner",
-    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
-    "add_cross_attention",
-})
-
-
 @dataclass(frozen=True)
 class GPT2Config:
     """The fields of a GPT-2 config.json the forward pass reads."""
@@ -174,33 +177,34 @@ class GPT2Config:
     layer_norm_epsilon: float
     approximate: str
 
+    #: fields that cannot change the forward pass (dropouts: inference; the
+    #: summary_* fields: GPT2DoubleHeadsModel's extra head)
+    NO_EFFECT = frozenset({"n_positions", "n_ctx", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                           "summary_type", "summary_use_proj", "summary_activation",
+                           "summary_proj_to_labels", "summary_first_dropout",
+                           "task_specific_params"})
+    #: fields read or checked below
+    CHECKED = frozenset({"vocab_size", "n_embd", "n_layer", "n_head", "n_inner",
+                         "layer_norm_epsilon", "activation_function", "scale_attn_weights",
+                         "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+                         "add_cross_attention", "tie_word_embeddings"})
+
     @classmethod
     def from_json(cls, raw: dict, where: str) -> "GPT2Config":
-        def bad(field: str, why: str) -> ArgumentError:
-            return ArgumentError(f"models.from_pretrained: {where}: {field}={raw.get(field)!r} "
-                                 f"{why}  [{user_frame()}]")
-        used = {"vocab_size", "n_embd", "n_layer", "n_head", "layer_norm_epsilon"}
-        unknown = sorted(set(raw) - used - GPT2_IGNORED)
-        if unknown:
-            raise bad(unknown[0], "is a config field Tessera does not know; it could change the "
-                                  "model, so it is not ignored")
-        act = raw.get("activation_function", "gelu_new")
+        f = _ConfigFields(raw, where, cls.NO_EFFECT | cls.CHECKED)
+        act = f.get("activation_function", "gelu_new")
         if act not in GPT2_ACTIVATIONS:
-            raise bad("activation_function", f"is not supported ({', '.join(GPT2_ACTIVATIONS)})")
+            raise f.bad("activation_function", f"is not supported "
+                                               f"({', '.join(GPT2_ACTIVATIONS)})")
         for field, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx",
                                                             False),
                             ("reorder_and_upcast_attn", False), ("add_cross_attention", False),
                             ("tie_word_embeddings", True)):
-            if raw.get(field, want) != want:
-                raise bad(field, f"is not supported ({want})")
-        try:
-            n = int(raw["n_embd"])
-            return cls("gpt2", int(raw["vocab_size"]), n, int(raw["n_layer"]), int(raw["n_head"]),
-                       int(raw.get("n_inner") or 4 * n), int(raw.get("n_positions", 1024)),
-                       float(raw.get("layer_norm_epsilon", 1e-5)), GPT2_ACTIVATIONS[act])
-        except KeyError as e:
-            raise ArgumentError(f"models.from_pretrained: {where}: config.json has no "
-                                f"{e.args[0]}  [{user_frame()}]") from None
+            f.require(field, want)
+        n = int(f["n_embd"])
+        return cls("gpt2", int(f["vocab_size"]), n, int(f["n_layer"]), int(f["n_head"]),
+                   int(f.get("n_inner") or 4 * n), int(f.get("n_positions", 1024)),
+                   float(f.get("layer_norm_epsilon", 1e-5)), GPT2_ACTIVATIONS[act])
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -233,7 +237,8 @@ class Pretrained:
     its forward pass, eager (`m(ids, attention_mask=)`) or traced
     (`m.forward(params, ids, attention_mask)`)."""
 
-    def __init__(self, config: LlamaConfig, params: dict, path: Path, eos=(), pad=None):
+    def __init__(self, config: LlamaConfig | GPT2Config, params: dict, path: Path, eos=(),
+                 pad=None):
         self.config, self.params, self.path = config, params, path
         #: generation's stop tokens and the token a finished row repeats
         self.eos_token_ids, self.pad_token_id = tuple(eos), pad
@@ -385,9 +390,8 @@ def from_pretrained(path) -> Pretrained:
         raise ArgumentError(f"models.from_pretrained: {where}: the weights do not match the "
                             f"config: missing {missing[:3]}, unexpected {extra[:3]}  "
                             f"[{user_frame()}]")
-    generation = config_file.parent / "generation_config.json"
-    settings = {**json.loads(config_file.read_text()),
-                **(json.loads(generation.read_text()) if generation.is_file() else {})}
+    generation = folder / "generation_config.json"
+    settings = {**raw, **(json.loads(generation.read_text()) if generation.is_file() else {})}
     eos = settings.get("eos_token_id")
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     return Pretrained(config, params, folder, eos, settings.get("pad_token_id"))

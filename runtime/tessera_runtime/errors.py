@@ -48,7 +48,7 @@ def user_frame(frame=None):
     return frame
 
 
-def where(frame) -> str:
-    """`file:line` of `frame`, the file relative to the working directory."""
-    name = frame.f_code.co_filename
-    return f"{name if name.startswith('<') else os.path.relpath(name)}:{frame.f_lineno}"
+def where(filename: str, line: int) -> str:
+    """`file:line` as errors name a line: the file relative to the working
+    directory (`<stdin>` and other pseudo-files as they are)."""
+    return f"{filename if filename.startswith('<') else os.path.relpath(filename)}:{line}"

@@ -20,6 +20,7 @@ importing tessera (bench/import_time.py), paid once per rank per launch.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -58,12 +59,15 @@ def failed_file(directory: Path, rank: int) -> Path:
     return directory / f"rank-{rank}{FAILED_SUFFIX}"
 
 
-def _die_with_parent() -> None:
+def _dying_with_parent():
+    """A function for the child, between fork and exec, that has it killed
+    when this process dies (PR_SET_PDEATHSIG); libc is loaded here, before
+    the fork, as a forked child should import nothing."""
     try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
     except OSError:
-        pass
+        return None
+    return lambda: libc.prctl(1, signal.SIGKILL)
 
 
 def run(script: str, args: list[str], profile: str | None = None) -> int:
@@ -71,7 +75,7 @@ def run(script: str, args: list[str], profile: str | None = None) -> int:
     the signal's number for a child a signal killed)."""
     rank = world()[0]
     child = subprocess.Popen([sys.executable, script, *args], close_fds=False,
-                             preexec_fn=_die_with_parent,
+                             preexec_fn=_dying_with_parent(),
                              env={**os.environ, PROFILE_ENV: profile} if profile else None)
     stopped = []                      # signals the job's stop forwarded to the child
 

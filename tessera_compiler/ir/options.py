@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 from dataclasses import dataclass, field, fields
 
 from tessera_runtime.errors import ArgumentError, user_frame, where
+
 
 class OptionError(ArgumentError):
     """A bad option: `ts.ArgumentError` (a TypeError and a ValueError), its
@@ -32,8 +32,9 @@ class OptionError(ArgumentError):
     which tessera-opt prints for a pass option given as text."""
 
     def __init__(self, reason: str):
-        frame = user_frame(sys._getframe(1))
-        super().__init__(f"{reason}  [{where(frame)}]" if frame is not None else reason)
+        frame = user_frame()
+        super().__init__(reason if frame is None else
+                         f"{reason}  [{where(frame.f_code.co_filename, frame.f_lineno)}]")
         self.reason = reason
 
 
@@ -73,14 +74,15 @@ class GemmConfig:
             if not isinstance(self.warps, (tuple, list)) or len(self.warps) != 2 or not all(
                     _is_int(w) and w >= 1 for w in self.warps):
                 raise OptionError(f"GemmConfig: warps={self.warps!r} must be None (CUDA cores) or "
-                              f"(warps along M, warps along N), two ints >= 1")
+                                  f"(warps along M, warps along N), two ints >= 1")
             object.__setattr__(self, "warps", tuple(self.warps))
         if self.stages is not None and (not _is_int(self.stages) or self.stages < 1):
             raise OptionError(f"GemmConfig: stages={self.stages!r} must be None or a number of "
-                          f"shared-memory buffers (an int >= 1)")
+                              f"shared-memory buffers (an int >= 1)")
         for name in ("wgmma", "tma", "producer"):
             if not isinstance(getattr(self, name), bool):
-                raise OptionError(f"GemmConfig: {name}={getattr(self, name)!r} must be True or False")
+                raise OptionError(f"GemmConfig: {name}={getattr(self, name)!r} must be True or "
+                                  f"False")
 
     @property
     def threads(self) -> int:
@@ -267,18 +269,18 @@ class TargetOptions:
         for name in ("elementwise_tile_elements", "bucket_elements"):
             if getattr(self, name) < 1:
                 raise OptionError(f"TargetOptions: {name} must be at least 1, got "
-                              f"{getattr(self, name)}")
+                                  f"{getattr(self, name)}")
         if self.ranks_per_node < 0:
             raise OptionError(f"TargetOptions: ranks_per_node must be 0 (one node) or more, got "
-                          f"{self.ranks_per_node}")
+                              f"{self.ranks_per_node}")
         if self.wait_watchdog_s is not None and (isinstance(self.wait_watchdog_s, bool) or
                                                  not isinstance(self.wait_watchdog_s, (int, float))):
-            raise OptionError(f"TargetOptions: wait_watchdog_s={self.wait_watchdog_s!r} must be a "
-                          f"number of seconds or None")
+            raise OptionError(f"TargetOptions: wait_watchdog_s={self.wait_watchdog_s!r} must be "
+                              f"a number of seconds or None")
         if isinstance(self.gemm_configs, (str, GemmConfig)) or not all(
                 isinstance(c, GemmConfig) for c in self.gemm_configs):
             raise OptionError(f"TargetOptions: gemm_configs={self.gemm_configs!r:.80} must be a "
-                          f"tuple of GemmConfigs (GemmConfig.parse reads the text form)")
+                              f"tuple of GemmConfigs (GemmConfig.parse reads the text form)")
         object.__setattr__(self, "gemm_configs", tuple(self.gemm_configs))
         for name in ("attention_forward_blocks", "attention_backward_blocks"):
             value = getattr(self, name)
@@ -288,7 +290,7 @@ class TargetOptions:
                 blocks = tuple(sorted((int(w), (int(b[0]), int(b[1]))) for w, b in value))
             except (TypeError, ValueError, IndexError):
                 raise OptionError(f"TargetOptions: {name}={getattr(self, name)!r:.80} must be "
-                              f"(head width, (BM, BN)) pairs") from None
+                                  f"(head width, (BM, BN)) pairs") from None
             object.__setattr__(self, name, blocks)
 
     # -- identity ----------------------------------------------------------

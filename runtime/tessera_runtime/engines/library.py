@@ -231,7 +231,7 @@ def failed_check(attrs: dict, row: int, value: int, source: str | None) -> Value
     fields = {"row": str(row), "value": str(value), "where": f" at {source}" if source else ""}
     text = re.sub(r"\{(row|value|where)\}", lambda m: fields[m.group(1)], attrs["message"])
     return ValueCheckError(text, row=row, value=value, low=attrs["low"], high=attrs["high"],
-                        allowed=tuple(attrs.get("allowed", ())), source=source)
+                           allowed=tuple(attrs.get("allowed", ())), source=source)
 
 
 # -- mixture of experts -------------------------------------------------------------
