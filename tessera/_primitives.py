@@ -1031,21 +1031,55 @@ def embedding(ids, table) -> Traced:
 
 @eager
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
-              seq_dim: int = -2) -> Traced:
-    """softmax(q k^T * scale [+ causal mask]) v over `[..., S, D]` operands
-    (e.g. `[B, H, S, D]`; `v` may have another last dimension); scale
-    defaults to 1/sqrt(D).
+              seq_dim: int = -2, *, mask=None, segment_ids=None,
+              window: int | None = None) -> Traced:
+    """softmax(q k^T * scale + masks) v over `[..., S, D]` operands (e.g.
+    `[B, H, S, D]`; `v` may have another last dimension); scale defaults to
+    1/sqrt(D).
 
     `seq_dim` is the dimension the sequence runs along (any but the last;
-    the others before the last are batch dimensions): `seq_dim=1` attends
-    over `[B, S, H, D]` operands as a projection reshaped per head lays them
-    out, with no transposes to `[B, H, S, D]` and back.
+    the others before the last are batch dimensions, "leading"): `seq_dim=1`
+    attends over `[B, S, H, D]` operands as a projection reshaped per head
+    lays them out, with no transposes to `[B, H, S, D]` and back.
+
+    `k` and `v` may have fewer heads than `q` (grouped-query attention;
+    multi-query with one): each leading dimension of `k`/`v` divides `q`'s,
+    and query head `h` attends with key/value head `h // (Hq // Hkv)`, read
+    in place (no copies). They may also be longer or shorter than `q`
+    (`Sk != Sq`): the queries are the last `Sq` positions of the `Sk` keys
+    (a decode step, a chunk of a prefill), which is where `causal` and
+    `window` put them.
+
+    What a query attends to (all optional, combined):
+
+    * `causal=True`: keys at or before its position;
+    * `window=W` (with `causal`): only the last `W` positions, its own
+      included (Mistral's sliding window: key j when pos - j < W);
+    * `mask`: boolean (True = attend, as PyTorch's SDPA) or an additive float
+      bias (-inf masks), broadcastable to `[L..., Sq, Sk]`, `L` being q's
+      leading dimensions in order (`[B, H]` for `[B, H, S, D]` and, with
+      `seq_dim=1`, for `[B, S, H, D]`): `[B, 1, 1, Sk]` for key padding,
+      `[B, 1, Sq, Sk]` per query;
+    * `segment_ids`: integer document ids `[B, S]` (a leading prefix of q's
+      leading dimensions, then the sequence) for packed documents: a query
+      attends to keys of its own document only. With `Sk != Sq` pass
+      `(q_ids, kv_ids)`.
+
+    A query left with no key at all (a padding row whose mask is all False)
+    gives 0 and passes no gradient, as PyTorch's SDPA (Hugging Face's
+    default attention) and FlashAttention do; the textbook formula would
+    give NaN. An additive mask entry at or below -1000 masks its key as
+    -inf does (beside any key within 100 of the row's best its weight is 0
+    in float32 either way), so HF's `finfo.min` masks behave as boolean
+    ones: a row masked everywhere gives 0, where the formula would average
+    every value with a float32 gradient it cannot represent. The mask gets
+    no gradient (an error where it depends on a value being differentiated).
 
     One fused op (`tgraph.attention`): it compiles to flash-attention kernels
-    that stream key/value blocks through an online softmax, so the `[S, S]`
-    scores never exist in memory, forward or backward. Under
-    `ts.autocast(dtype=ts.bf16)` the operands are cast to bf16; the softmax
-    runs in fp32."""
+    that stream key/value blocks through an online softmax, so the `[Sq, Sk]`
+    scores never exist in memory, forward or backward (only a mask the
+    caller passes has that size). Under `ts.autocast(dtype=ts.bf16)` the
+    operands are cast to bf16; the softmax and the mask run in fp32."""
     src = where_called("attention")
     if not _is_flag(causal):
         raise ArgumentError(f"op.attention: causal={causal!r} must be True or False  [{src}]")
@@ -1053,9 +1087,11 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     half = autocast_dtype()
     if half is not None:
         q, k, v = (_cast_to(t, half, src) for t in (q, k, v))
-    if q.ndim < 2 or q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
-        raise ShapeError(f"op.attention: q {list(q.shape)}, k {list(k.shape)} and v "
-                         f"{list(v.shape)} must be [..., S, D] with equal q/k shapes  [{src}]")
+    shapes = f"q {list(q.shape)}, k {list(k.shape)} and v {list(v.shape)}"
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or k.shape[-1] != q.shape[-1] \
+            or k.shape[:-1] != v.shape[:-1]:
+        raise ShapeError(f"op.attention: {shapes} must be [..., Sq, D], [..., Sk, D] and "
+                         f"[..., Sk, Dv]  [{src}]")
     if not q.dtype == k.dtype == v.dtype:
         raise DTypeError(f"op.attention: operand dtypes differ: {_describe(q)}, {_describe(k)}, "
                          f"{_describe(v)}  [{src}]")
@@ -1064,15 +1100,101 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         raise ShapeError(f"op.attention: seq_dim={seq_dim} is not a dimension of q "
                          f"{list(q.shape)} before its last (the head width)  [{src}]")
     seq_dim %= q.ndim
+    lead_dims = [d for d in range(q.ndim - 1) if d != seq_dim]
+    for d in lead_dims:
+        if k.shape[d] == 0 or q.shape[d] % k.shape[d]:
+            raise ShapeError(f"op.attention: dimension {d} of k and v ({k.shape[d]}) must divide "
+                             f"q's ({q.shape[d]}): {shapes} (grouped heads: query head h reads "
+                             f"key/value head h // (Hq // Hkv))  [{src}]")
     if scale is not None and not is_number(scale):
         raise ArgumentError(f"op.attention: scale must be a positive number (or None: "
                             f"1/sqrt(D)), got {scale!r}  [{src}]")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not scale > 0:
         raise ArgumentError(f"op.attention: scale must be positive, got {scale}  [{src}]")
+    if window is not None and (not _is_count(window) or window < 1 or not causal):
+        raise ArgumentError(f"op.attention: window={window!r} must be a positive integer, with "
+                            f"causal=True (the last W positions)  [{src}]")
+    lead = [q.shape[d] for d in lead_dims]
+    sq, sk = q.shape[seq_dim], k.shape[seq_dim]
+    spec = gb.AttentionSpec(scale, bool(causal), seq_dim, None if window is None else int(window),
+                            _attention_mask(mask, q, lead, sq, sk, src),
+                            _segment_ids(segment_ids, lead, sq, sk, src))
     with current_location(src):
-        out, _ = gb.attention(q.value, k.value, v.value, causal, scale, seq_dim)
+        out, _ = gb.attention(q.value, k.value, v.value, spec)
     return result_of(out, src)
+
+
+def _is_count(n) -> bool:
+    return isinstance(n, (int, np.integer)) and not isinstance(n, bool)
+
+
+#: An additive attention mask entry at or below this masks its key (-inf).
+MASKED_BELOW = -1000.0
+
+
+def _attention_mask(mask, q: Traced, lead: list, sq: int, sk: int, src):
+    """op.attention's `mask` as the op's additive f32 (f64) bias
+    `[L..., Sq | 1, Sk]` (None: no mask)."""
+    if mask is None:
+        return None
+    mask = operand("attention", mask, src)
+    want = lead + [sq, sk]
+    shown = "[" + ", ".join(f"1|{n}" for n in lead + [sq]) + f", {sk}]"
+    if mask.ndim > len(want) or any(m not in (1, w) for m, w in
+                                    zip(reversed(mask.shape), reversed(want))):
+        raise ShapeError(f"op.attention: mask {list(mask.shape)} does not broadcast to "
+                         f"{shown} (q's leading dimensions, then Sq, Sk)  [{src}]")
+    stat = dtypes.as_dtype(np.float64 if q.dtype == np.dtype(np.float64) else np.float32)
+    if mask.dtype == np.dtype(bool):
+        mask = cast(where(mask, 0.0, float("-inf")), stat)
+    elif dtypes.is_float(mask.dtype):
+        mask = cast(mask, stat)
+        mask = where(mask <= MASKED_BELOW, float("-inf"), mask)
+    else:
+        raise DTypeError(f"op.attention: mask must be boolean (True = attend) or an additive "
+                         f"float bias, got {_describe(mask)}  [{src}]")
+    shape = [1] * (len(want) - mask.ndim) + list(mask.shape)
+    if shape[-1] != sk:         # one bias for every key: spelled out
+        shape[-1] = sk
+        mask = broadcast_to(reshape(mask, *([1] * (len(want) - mask.ndim) + list(mask.shape))),
+                            shape)
+    return reshape(mask, *shape).value
+
+
+def _segment_ids(ids, lead: list, sq: int, sk: int, src):
+    """op.attention's `segment_ids` as the op's i32 `[L..., S, 1]` pair (None)."""
+    if ids is None:
+        return None
+    pair = isinstance(ids, (tuple, list))
+    if not pair and sq != sk:
+        raise ShapeError(f"op.attention: segment_ids for {sq} queries over {sk} keys: pass "
+                         f"(q_segment_ids, kv_segment_ids)  [{src}]")
+    if pair and len(ids) != 2:
+        raise ArgumentError(f"op.attention: segment_ids must be one array or a pair "
+                            f"(q_segment_ids, kv_segment_ids), got {len(ids)}  [{src}]")
+    out = []
+    for t, n, name in zip(ids if pair else (ids, ids), (sq, sk), ("q", "kv")):
+        t = operand("attention", t, src)
+        if t.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+            raise DTypeError(f"op.attention: segment_ids must be int32 or int64, got "
+                             f"{_describe(t)}  [{src}]")
+        prefix = list(t.shape[:-1])
+        if not t.ndim or t.shape[-1] != n or len(prefix) > len(lead) or \
+                any(p not in (1, l) for p, l in zip(prefix, lead)):
+            shown = "[" + ", ".join(str(l) for l in lead[:1]) + (", " if lead else "") + f"{n}]"
+            raise ShapeError(f"op.attention: {name} segment_ids {list(t.shape)} must be "
+                             f"{shown}: a prefix of q's leading dimensions {lead}, then the "
+                             f"{n} positions  [{src}]")
+        if t.dtype == np.dtype(np.int64):
+            message = ("op.attention{where}: segment id {value} at position {row} does not fit "
+                       "in int32")
+            with current_location(src):
+                t = result_of(gb.check_range(t.value, -(1 << 31), 1 << 31, message), src)
+            t = cast(t, dtypes.as_dtype(np.int32))
+        shape = prefix + [1] * (len(lead) - len(prefix)) + [n, 1]
+        out.append(reshape(t, *shape).value)
+    return tuple(out)
 
 
 flash_attention = attention

@@ -17,16 +17,17 @@ Every field of config.json is either used, one that cannot change the
 forward pass (token ids, the dtype it was saved in, ...), or an error that
 names it: a checkpoint is never run as a different model than it is.
 
+Attention is `op.attention` (flash kernels, never the [S, S] scores): the
+padding mask a [B, 1, 1, S] key mask, grouped-query key/value heads read in
+place by their query heads.
+
 What is not here yet (issue 62): Mixtral, a KV cache and sampling in
-`generate`, reading only a rank's shard under a mesh; attention is
-written out (it holds [S, S] scores: the flash kernels take no mask yet),
-and grouped-query heads are broadcast to every query head.
+`generate`, reading only a rank's shard under a mesh.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes
-from ._primitives import (add, arange, argmax, broadcast_to, cast, concat, cos, embedding, gelu,
-                          index, layernorm, linear, matmul, mul, neg, reshape, rmsnorm, silu, sin,
-                          softmax, take_along_axis, transpose, where)
+from ._primitives import (add, arange, argmax, attention, cast, concat, cos, embedding, gelu,
+                          index, layernorm, linear, mul, neg, reshape, rmsnorm, silu, sin,
+                          take_along_axis)
 from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
@@ -100,6 +101,8 @@ class LlamaConfig:
     rope_theta: float
     tie_word_embeddings: bool
     qkv_bias: bool
+    #: Mistral's sliding window: a query sees the last `window` positions
+    window: int | None = None
 
     #: fields that cannot change the forward pass (dropout: inference)
     NO_EFFECT = frozenset({"max_position_embeddings", "max_window_layers", "attention_dropout"})
@@ -124,9 +127,12 @@ class LlamaConfig:
         if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type",
                                                                           "rope_theta"}:
             raise f.bad("rope_parameters", "is not supported yet (rope_type 'default' only)")
-        if (kind == "mistral" or f.get("use_sliding_window")) and \
+        window = f.get("sliding_window") if kind == "mistral" else None
+        if kind != "mistral" and f.get("use_sliding_window") and \
                 f.get("sliding_window") is not None:
-            raise f.bad("sliding_window", "is not supported yet (full attention only)")
+            # Qwen2 windows the layers from max_window_layers on
+            raise f.bad("use_sliding_window", "is not supported yet for "
+                        f"{kind} (Mistral's sliding window is)")
         if any(t != "full_attention" for t in f.get("layer_types") or ()):
             raise f.bad("layer_types", "is not supported yet (full_attention layers only)")
         heads, width = int(f["num_attention_heads"]), int(f["hidden_size"])
@@ -136,7 +142,8 @@ class LlamaConfig:
                      int(f.get("head_dim") or width // heads),
                      float(f.get("rms_norm_eps", 1e-6)),
                      float(rope.get("rope_theta", f.get("rope_theta", 10000.0))),
-                     bool(f.get("tie_word_embeddings", False)), FAMILIES[kind])
+                     bool(f.get("tie_word_embeddings", False)), FAMILIES[kind],
+                     None if window is None else int(window))
         if heads % config.num_key_value_heads:
             raise f.bad("num_key_value_heads", f"must divide num_attention_heads={heads}")
         return config
@@ -397,23 +404,15 @@ def from_pretrained(path) -> Pretrained:
     return Pretrained(config, params, folder, eos, settings.get("pad_token_id"))
 
 
-def _mask_bias(batch: int, length: int, mask):
-    """The additive attention mask [B or 1, 1, S, S]: a key is seen if it is
-    not after the query and not padding (`mask` [B, S] 0); float32's lowest
-    for the rest, as Hugging Face's."""
-    rows = reshape(arange(length), length, 1)
-    cols = reshape(arange(length), 1, length)
-    seen = reshape(cast(rows >= cols, dtypes.float32), 1, 1, length, length)
-    if mask is not None:
-        seen = mul(seen, reshape(cast(mask, dtypes.float32), batch, 1, 1, length))
-    return where(seen > 0.5, 0.0, float(np.finfo(np.float32).min))
-
-
-def _attend(q, k, v, bias):
-    """softmax(q k^T / sqrt(D) + bias) v over [B, H, S, D] (the [S, S] scores
-    written out: the flash kernels take no mask yet)."""
-    scores = add(mul(matmul(q, transpose(k, 2, 3)), 1.0 / math.sqrt(q.shape[-1])), bias)
-    return matmul(softmax(scores, -1), v)
+def _key_padding(batch: int, length: int, mask):
+    """The boolean key mask [B, 1, 1, S] of `mask` [B, S] (0: padding), or
+    None. A padding row before every token (left padding) has no key to
+    attend to: 0, as PyTorch's SDPA (HF's default attention) gives it; HF's
+    eager attention averages every value there instead, and its loss reads
+    that row (it predicts the first token), so the two HF losses differ."""
+    if mask is None:
+        return None
+    return reshape(cast(mask, dtypes.float32) > 0.5, batch, 1, 1, length)
 
 
 def _positions(length: int, positions):
@@ -421,12 +420,12 @@ def _positions(length: int, positions):
 
 
 def _rotary(c: LlamaConfig, positions):
-    """cos and sin [B or 1, 1, S, D] of Hugging Face's rotate-half RoPE at
-    `positions` [B or 1, S]."""
+    """cos and sin [B or 1, S, 1, D] of Hugging Face's rotate-half RoPE at
+    `positions` [B or 1, S] (for [B, S, H, D] heads)."""
     d = c.head_dim
     inv = 1.0 / c.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d)
     rows, length = positions.shape
-    angles = mul(reshape(cast(positions, dtypes.float32), rows, 1, length, 1),
+    angles = mul(reshape(cast(positions, dtypes.float32), rows, length, 1, 1),
                  reshape(inv.astype(np.float32), 1, 1, 1, d // 2))
     angles = concat([angles, angles], -1)
     return cos(angles), sin(angles)
@@ -444,28 +443,25 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
     h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = embedding(ids, params["model.embed_tokens.weight"])
     cos, sin = _rotary(c, _positions(length, positions))
-    bias = _mask_bias(batch, length, mask)
+    keys = _key_padding(batch, length, mask)
 
     def proj(v, name, bias_too=False):
         return linear(v, params[name + ".weight"], params[name + ".bias"] if bias_too else None,
                       weight_layout="out_in")
 
+    def heads(v, name, n):
+        return reshape(proj(v, name, c.qkv_bias), batch, length, n, d)
+
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         a = rmsnorm(x, params[p + "input_layernorm.weight"], c.rms_norm_eps)
-        q = transpose(reshape(proj(a, p + "self_attn.q_proj", c.qkv_bias), batch, length, h, d),
-                      1, 2)
-        k = transpose(reshape(proj(a, p + "self_attn.k_proj", c.qkv_bias), batch, length, kv, d),
-                      1, 2)
-        v = transpose(reshape(proj(a, p + "self_attn.v_proj", c.qkv_bias), batch, length, kv, d),
-                      1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        if kv != h:       # grouped-query: each key/value head serves h // kv query heads
-            k = reshape(broadcast_to(reshape(k, batch, kv, 1, length, d),
-                                     (batch, kv, h // kv, length, d)), batch, h, length, d)
-            v = reshape(broadcast_to(reshape(v, batch, kv, 1, length, d),
-                                     (batch, kv, h // kv, length, d)), batch, h, length, d)
-        out = reshape(transpose(_attend(q, k, v, bias), 1, 2), batch, length, h * d)
+        # [B, S, H, D] heads, as the projections lay them out; grouped-query
+        # key/value heads (kv of them) are read in place by each group.
+        q, k = (_rope(heads(a, p + f"self_attn.{n}_proj", m), cos, sin)
+                for n, m in (("q", h), ("k", kv)))
+        v = heads(a, p + "self_attn.v_proj", kv)
+        out = reshape(attention(q, k, v, causal=True, seq_dim=1, mask=keys, window=c.window),
+                      batch, length, h * d)
         x = add(x, proj(out, p + "self_attn.o_proj"))
         m = rmsnorm(x, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
         gate = silu(proj(m, p + "mlp.gate_proj"))
@@ -485,10 +481,10 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None):
     p = "transformer."
     x = add(embedding(ids, params[p + "wte.weight"]),
             embedding(_positions(length, positions), params[p + "wpe.weight"]))
-    bias = _mask_bias(batch, length, mask)
+    keys = _key_padding(batch, length, mask)
 
     def heads(t):
-        return transpose(reshape(t, batch, length, h, d), 1, 2)
+        return reshape(t, batch, length, h, d)
 
     for i in range(c.n_layer):
         b = f"{p}h.{i}."
@@ -496,7 +492,8 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None):
         qkv = linear(a, params[b + "attn.c_attn.weight"], params[b + "attn.c_attn.bias"])
         q, k, v = (heads(index(qkv, (Ellipsis, slice(j * c.n_embd, (j + 1) * c.n_embd))))
                    for j in range(3))
-        out = reshape(transpose(_attend(q, k, v, bias), 1, 2), batch, length, c.n_embd)
+        out = reshape(attention(q, k, v, causal=True, seq_dim=1, mask=keys), batch, length,
+                      c.n_embd)
         x = add(x, linear(out, params[b + "attn.c_proj.weight"], params[b + "attn.c_proj.bias"]))
         m = layernorm(x, params[b + "ln_2.weight"], params[b + "ln_2.bias"], c.layer_norm_epsilon)
         m = gelu(linear(m, params[b + "mlp.c_fc.weight"], params[b + "mlp.c_fc.bias"]),

@@ -712,42 +712,111 @@ LogicalResult GroupedOuterOp::verify() {
 // Attention
 //===----------------------------------------------------------------------===//
 
-/// Checks `q`, `k`, `v` of an attention op (`[..., S, D]`, `[..., S, D]`,
-/// `[..., S, Dv]` of one float element type), its scale (positive) and its
-/// sequence dimension (any but the last).
-static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
-                                             RankedTensorType k, RankedTensorType v,
-                                             const APFloat &scale,
-                                             std::optional<uint64_t> seqDim) {
-  if (q.getRank() < 2)
-    return op->emitOpError("'q' must be [..., S, D], got ") << q;
-  if (seqDim && (static_cast<int64_t>(*seqDim) < 0 ||
-                 static_cast<int64_t>(*seqDim) >= q.getRank() - 1))
-    return op->emitOpError("'seq_dim' must be a dimension of 'q' ")
-           << q << " before its last, got " << static_cast<int64_t>(*seqDim);
-  if (k != q)
-    return op->emitOpError("'k' must have the type of 'q' ") << q << ", got " << k;
-  if (v.getRank() != q.getRank() || v.getShape().drop_back() != q.getShape().drop_back() ||
-      v.getElementType() != q.getElementType())
-    return op->emitOpError("'v' must be [..., S, Dv] with the leading dimensions and element "
-                           "type of 'q' ")
-           << q << ", got " << v;
-  if (!isa<FloatType>(q.getElementType()))
-    return op->emitOpError("operands must be float tensors, got ") << q;
-  if (scale.convertToDouble() <= 0)
-    return op->emitOpError("'scale' must be positive, got ") << scale.convertToDouble();
+/// The leading (batch, head) dimensions of an attention operand whose
+/// sequence runs along `seqDim`: every dimension but that and the last.
+static SmallVector<int64_t> attentionLead(RankedTensorType t, int64_t seqDim) {
+  SmallVector<int64_t> lead;
+  for (int64_t d = 0; d + 1 < t.getRank(); ++d)
+    if (d != seqDim)
+      lead.push_back(t.getDimSize(d));
+  return lead;
+}
+
+/// f32, or f64 for f64 operands: the element type of attention's row
+/// statistics (lse, delta) and of its additive mask.
+static Type attentionStatistic(Operation *op, RankedTensorType q) {
+  return q.getElementType().isF64() ? Type(Float64Type::get(op->getContext()))
+                                    : Type(Float32Type::get(op->getContext()));
+}
+
+/// `[L..., rows, cols]` where each `L` is 1 or `q`'s leading dimension.
+static LogicalResult verifyAttentionSide(Operation *op, StringRef name, RankedTensorType t,
+                                         ArrayRef<int64_t> lead, ArrayRef<int64_t> rows,
+                                         int64_t cols, Type element) {
+  auto describe = [&]() {
+    auto diag = op->emitOpError("'") << name << "' must be [";
+    for (int64_t l : lead)
+      diag << "1|" << l << ", ";
+    for (int64_t r : rows)
+      diag << (r == rows.front() ? "" : "|") << r;
+    diag << ", " << cols << "] of " << element << ", got " << t;
+    return diag;
+  };
+  if (t.getRank() != static_cast<int64_t>(lead.size()) + 2 || t.getElementType() != element)
+    return describe();
+  for (auto [i, l] : llvm::enumerate(lead))
+    if (t.getDimSize(i) != 1 && t.getDimSize(i) != l)
+      return describe();
+  if (!llvm::is_contained(rows, t.getDimSize(lead.size())) || t.getDimSize(lead.size() + 1) != cols)
+    return describe();
   return success();
 }
 
-/// `[..., S, 1]` f32 (f64 for f64 operands): the per-row statistics of
+/// Checks the operands of an attention op: `q[..., Sq, D]`, `k[..., Sk, D]`,
+/// `v[..., Sk, Dv]` of one float element type whose leading dimensions
+/// divide `q`'s; the optional mask and segment ids; the scale (positive),
+/// the sequence dimension (any but the last) and the window (with causal).
+static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
+                                             RankedTensorType k, RankedTensorType v,
+                                             Value mask, Value qSegments, Value kvSegments,
+                                             bool causal, std::optional<uint64_t> window,
+                                             const APFloat &scale,
+                                             std::optional<uint64_t> seqDimAttr) {
+  if (q.getRank() < 2)
+    return op->emitOpError("'q' must be [..., S, D], got ") << q;
+  int64_t rank = q.getRank();
+  if (seqDimAttr && (static_cast<int64_t>(*seqDimAttr) < 0 ||
+                     static_cast<int64_t>(*seqDimAttr) >= rank - 1))
+    return op->emitOpError("'seq_dim' must be a dimension of 'q' ")
+           << q << " before its last, got " << static_cast<int64_t>(*seqDimAttr);
+  int64_t seqDim = seqDimAttr ? static_cast<int64_t>(*seqDimAttr) : rank - 2;
+  if (!isa<FloatType>(q.getElementType()))
+    return op->emitOpError("operands must be float tensors, got ") << q;
+  SmallVector<int64_t> lead = attentionLead(q, seqDim);
+  if (k.getRank() != rank || k.getElementType() != q.getElementType() ||
+      k.getDimSize(rank - 1) != q.getDimSize(rank - 1))
+    return op->emitOpError("'k' must be [..., Sk, D] with the rank, head width and element "
+                           "type of 'q' ")
+           << q << ", got " << k;
+  SmallVector<int64_t> kvLead = attentionLead(k, seqDim);
+  for (auto [ql, kl] : llvm::zip(lead, kvLead))
+    if (kl <= 0 || ql % kl != 0)
+      return op->emitOpError("each leading dimension of 'k' ")
+             << k << " must divide 'q''s " << q << " (grouped heads)";
+  if (v.getRank() != rank || v.getShape().drop_back() != k.getShape().drop_back() ||
+      v.getElementType() != q.getElementType())
+    return op->emitOpError("'v' must be [..., Sk, Dv] with the leading dimensions and element "
+                           "type of 'k' ")
+           << k << ", got " << v;
+  if (scale.convertToDouble() <= 0)
+    return op->emitOpError("'scale' must be positive, got ") << scale.convertToDouble();
+  if (window && (!causal || static_cast<int64_t>(*window) < 1))
+    return op->emitOpError("'window' must be at least 1 and needs 'causal', got ")
+           << static_cast<int64_t>(*window);
+  int64_t sq = q.getDimSize(seqDim), sk = k.getDimSize(seqDim);
+  if (mask && failed(verifyAttentionSide(op, "mask", cast<RankedTensorType>(mask.getType()),
+                                         lead, {sq, 1}, sk, attentionStatistic(op, q))))
+    return failure();
+  if (static_cast<bool>(qSegments) != static_cast<bool>(kvSegments))
+    return op->emitOpError("'q_segments' and 'kv_segments' come together");
+  auto i32 = IntegerType::get(op->getContext(), 32);
+  if (qSegments &&
+      (failed(verifyAttentionSide(op, "q_segments", cast<RankedTensorType>(qSegments.getType()),
+                                  lead, {sq}, 1, i32)) ||
+       failed(verifyAttentionSide(op, "kv_segments",
+                                  cast<RankedTensorType>(kvSegments.getType()), lead, {sk}, 1,
+                                  i32))))
+    return failure();
+  return success();
+}
+
+/// `[..., Sq, 1]` f32 (f64 for f64 operands): the per-row statistics of
 /// attention (lse, delta).
 static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTensorType q,
                                         Type t) {
   SmallVector<int64_t> shape(q.getShape().drop_back());
   shape.push_back(1);
-  Type element = q.getElementType().isF64() ? Type(Float64Type::get(op->getContext()))
-                                            : Type(Float32Type::get(op->getContext()));
-  auto expected = RankedTensorType::get(shape, element);
+  auto expected = RankedTensorType::get(shape, attentionStatistic(op, q));
   if (t != expected)
     return op->emitOpError("'") << name << "' must be " << expected << ", got " << t;
   return success();
@@ -755,19 +824,29 @@ static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTen
 
 LogicalResult AttentionOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v, getScale(), getSeqDim())))
+  if (failed(verifyAttentionOperands(*this, q, k, v, getMask(), getQSegments(),
+                                     getKvSegments(), getCausal(), getWindow(), getScale(),
+                                     getSeqDim())))
     return failure();
-  if (getOut().getType() != v)
-    return emitOpError("'out' must have the type of 'v' ") << v << ", got " << getOut().getType();
+  SmallVector<int64_t> outShape(q.getShape().drop_back());
+  outShape.push_back(v.getDimSize(v.getRank() - 1));
+  auto out = RankedTensorType::get(outShape, q.getElementType());
+  if (getOut().getType() != out)
+    return emitOpError("'out' must be ") << out << ", got " << getOut().getType();
   return verifyRowStatistic(*this, "lse", q, getLse().getType());
 }
 
 LogicalResult AttentionGradOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v, getScale(), getSeqDim())))
+  if (failed(verifyAttentionOperands(*this, q, k, v, getMask(), getQSegments(),
+                                     getKvSegments(), getCausal(), getWindow(), getScale(),
+                                     getSeqDim())))
     return failure();
-  if (getDout().getType() != v)
-    return emitOpError("'dout' must have the type of 'v' ") << v << ", got " << getDout().getType();
+  SmallVector<int64_t> outShape(q.getShape().drop_back());
+  outShape.push_back(v.getDimSize(v.getRank() - 1));
+  auto out = RankedTensorType::get(outShape, q.getElementType());
+  if (getDout().getType() != out)
+    return emitOpError("'dout' must be ") << out << ", got " << getDout().getType();
   if (failed(verifyRowStatistic(*this, "lse", q, getLse().getType())) ||
       failed(verifyRowStatistic(*this, "delta", q, getDelta().getType())))
     return failure();

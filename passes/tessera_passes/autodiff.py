@@ -69,6 +69,16 @@ def _rematerialize(v: ir.Value) -> ir.Value:
     return v
 
 
+class Undifferentiable:
+    """A VJP rule's answer for a float operand it gives no cotangent (the
+    additive mask of attention): fine for a constant, an error where the
+    operand depends on a value being differentiated (a silent zero would
+    be a wrong gradient)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
 #: A unit attribute on an op whose results carry no gradient back (op.moe's
 #: FP8 scales: a rounding's scale is a constant to the derivative).
 NO_GRADIENT = "tgraph.no_gradient"
@@ -132,8 +142,10 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
         stat = gb.statistic_element(x[0])
         delta = gb.reduce(gb.binary("mul", gb.cast(g, stat), gb.cast(out, stat)), "sum",
                           [len(gb.shape_of(out)) - 1])
-        return gb.attention_grad(*x, g, op.results[1], delta, "causal" in op.attributes,
-                                 ir.FloatAttr(op.attributes["scale"]).value, gb.seq_dim_of(op))
+        spec = gb.AttentionSpec.of(op)
+        grads = gb.attention_grad(*x[:3], g, op.results[1], delta, spec)
+        mask = [Undifferentiable("the mask of tgraph.attention")] if spec.mask is not None else []
+        return grads + mask + [None] * len(spec.segments or ())
     if name in ("moe_dispatch", "moe_collect"):
         # Transposes of each other: a dispatched row's cotangent goes back to
         # its (token, choice), a collected one's to its row (sizes: none).
@@ -499,13 +511,26 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
 
     for value, g in seeds:
         accumulate(value, g)
-    for op in reversed(_ops_between(body, sources, [v for v, _ in seeds])):
+    between = _ops_between(body, sources, [v for v, _ in seeds])
+    # Values a cotangent can reach: float results of ops with such an operand
+    # (a comparison's boolean result carries none).
+    differentiated = set(sources)
+    for op in between:
+        if any(v in differentiated for v in op.operands):
+            differentiated.update(r for r in op.results if gb.is_float(r))
+    for op in reversed(between):
         cts = [cotangent.get(r) for r in op.results]
         if all(g is None for g in cts) or NO_GRADIENT in op.attributes:
             continue
         with backward_location(op.location):
             for operand, ct in zip(op.operands, rule(recompute.primal(op), cts)):
-                if ct is not None and gb.is_float(operand):
+                if isinstance(ct, Undifferentiable):
+                    if operand in differentiated:
+                        raise PassError(f"tessera-autodiff: {ct.what} depends on a value being "
+                                        "differentiated, and it has no gradient (pass it as a "
+                                        "constant, or compute the scores in its place)",
+                                        op.location)
+                elif ct is not None and gb.is_float(operand):
                     accumulate(operand, ct)
     return cotangent
 

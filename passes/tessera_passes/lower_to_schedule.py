@@ -62,6 +62,7 @@ fill with the reduction's identity, numpy's result (0 for sum and matmul,
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tessera_mlir import ir
 from tessera_mlir.dialects import func, tgraph, tsched
@@ -538,15 +539,18 @@ def attention_rows_second_to_last(func_op: ir.Operation) -> None:
             continue
         perm = [d for d in range(rank) if d not in (seq, rank - 1)] + [seq, rank - 1]
         back = [perm.index(d) for d in range(rank)]
-        causal, scale = "causal" in op.attributes, ir.FloatAttr(op.attributes["scale"]).value
+        spec = replace(gb.AttentionSpec.of(op), seq_dim=None)
+        # q, k, v (and dout, lse, delta) run along seq_dim; the mask and
+        # segment ids are [lead..., Sq, Sk] / [lead..., S, 1] whatever it is.
+        rows = list(op.operands)[:len(op.operands) - len(spec.sides)]
         with ir.InsertionPoint(op), op.location:
             moved: dict = {}            # one transpose per distinct operand
-            for v in op.operands:
+            for v in rows:
                 if v not in moved:
                     moved[v] = gb.transpose(v, perm)
-            ins = [moved[v] for v in op.operands]
-            outs = list(gb.attention(*ins, causal, scale) if op.name == "tgraph.attention"
-                        else gb.attention_grad(*ins, causal, scale))
+            ins = [moved[v] for v in rows]
+            outs = list(gb.attention(*ins, spec) if op.name == "tgraph.attention"
+                        else gb.attention_grad(*ins, spec))
             # (A result nothing reads, as a forward's lse often is, stays put.)
             results = [gb.transpose(new, back) if list(old.uses) else None
                        for old, new in zip(op.results, outs)]

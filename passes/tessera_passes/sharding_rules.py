@@ -336,13 +336,50 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """attention and attention_grad: batch and head dimensions keep their
     split (head-parallel attention needs no communication); each rank
     attends over whole sequences, so the sequence (`seq_dim`) and feature
-    dimensions are gathered. Every result (out and lse; dq, dk and dv) has
-    this sharding."""
+    dimensions are gathered.
+
+    Grouped key/value heads (a k/v leading dimension smaller than q's)
+    split with q's where the split divides them: each rank's query heads
+    then read its own key/value heads. Where it does not (8 query heads
+    in groups of 4 over tp = 4), the dimension is gathered, on q too: a
+    rank's query heads would need a rank-dependent slice of the key/value
+    heads. A dimension of size 1 (multi-query heads, a mask shared by the
+    heads) is whole. Results: out and lse (dq) are q's, dk and dv k's."""
+    spec = gb.AttentionSpec.of(op)
     seq = gb.seq_dim_of(op)
-    lead = merge_dims([o.with_dims(tuple(() if d in (seq, o.rank - 1) else split
-                                         for d, split in enumerate(o.dims))) for o in ins])
-    s = Sharding(ins[0].mesh, lead)
-    return Rule([s] * len(ins), s)
+    rank = ins[0].rank
+    lead_dims = [d for d in range(rank - 1) if d != seq]
+    rows = len(op.operands) - len(spec.sides)          # q, k, v (dout, lse, delta)
+    q_like = [0] + list(range(3, rows))
+    q_shape, kv_shape = ctx.shape(op.operands[0]), ctx.shape(op.operands[1])
+
+    def whole_rows(o: Sharding) -> Sharding:
+        return o.with_dims(tuple(() if d in (seq, rank - 1) else split
+                                 for d, split in enumerate(o.dims)))
+    merged = merge_dims([whole_rows(ins[i]) for i in range(rows)])
+    lead = []
+    for d in lead_dims:
+        split, kv = merged[d], kv_shape[d]
+        if split and kv not in (1, q_shape[d]) and kv % ctx.mesh.parts(split):
+            split = ()
+        lead.append(split)
+
+    def placed(extent: list[int], trailing: int) -> Sharding:
+        """A [lead..., trailing dims] operand: q's lead split where the
+        dimension is q's, whole where it is 1."""
+        dims = [split if n > 1 else () for split, n in zip(lead, extent)]
+        return Sharding(ins[0].mesh, tuple(dims) + ((),) * trailing)
+
+    def rows_of(shape: list[int]) -> Sharding:
+        dims = [()] * rank
+        for d, split in zip(lead_dims, lead):
+            dims[d] = split if shape[d] > 1 else ()
+        return Sharding(ins[0].mesh, tuple(dims))
+    q_s, kv_s = rows_of(q_shape), rows_of(kv_shape)
+    required = [q_s if i in q_like else kv_s for i in range(rows)]
+    required += [placed(ctx.shape(v)[:len(lead)], 2) for v in spec.sides]
+    results = [q_s, q_s] if op.name == "tgraph.attention" else [q_s, kv_s, kv_s]
+    return Rule(required, q_s, results=results)
 
 
 RULES = {

@@ -428,6 +428,18 @@ class TilePrinter(abc.ABC):
     def op_arith_remui(self, op):
         self._index_binary(op, "%")
 
+    def _index_choice(self, op, sym):
+        v = self.fresh("i")
+        a, b = (self.scalar(x) for x in op.operands)
+        self.line(f"const int64_t {v} = {a} {sym} {b} ? {a} : {b};")
+        self.names[op.results[0]] = v
+
+    def op_arith_maxsi(self, op):
+        self._index_choice(op, ">")
+
+    def op_arith_minsi(self, op):
+        self._index_choice(op, "<")
+
     def op_ttile_return(self, op):
         pass
 

@@ -286,7 +286,7 @@ def _row_statistic(q: ir.Value) -> ir.RankedTensorType:
     return ranked(shape_of(q)[:-1] + [1], statistic_element(q))
 
 
-#: The fused attention ops (they share `seq_dim`, `causal` and `scale`).
+#: The fused attention ops (they share `AttentionSpec`).
 ATTENTION_OPS = ("tgraph.attention", "tgraph.attention_grad")
 
 
@@ -294,24 +294,57 @@ def _seq_dim_attr(q: ir.Value, seq_dim: int | None):
     """The `seq_dim` attribute, absent for the default (q's second to last)."""
     if seq_dim is None or seq_dim == len(shape_of(q)) - 2:
         return None
-    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), seq_dim)
+    return i64(seq_dim)
 
 
-def attention(q: ir.Value, k: ir.Value, v: ir.Value, causal: bool,
-              scale: float, seq_dim: int | None = None) -> tuple[ir.Value, ir.Value]:
-    """(out, lse) of fused attention (`tgraph.attention`); `seq_dim` None:
-    the sequence runs along q's second to last dimension."""
-    op = tgraph.AttentionOp(v.type, _row_statistic(q), q, k, v, ir.FloatAttr.get_f64(scale),
-                            causal=causal or None, seq_dim=_seq_dim_attr(q, seq_dim))
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What an attention op computes besides its q, k, v: the scale, the
+    sequence dimension (None: q's second to last), and what a query may
+    attend to (`causal`, `window`, the additive `mask` and the `segments`
+    pair of document ids: operands, shared by the forward op and its
+    gradient)."""
+    scale: float
+    causal: bool = False
+    seq_dim: int | None = None
+    window: int | None = None
+    mask: ir.Value | None = None
+    segments: tuple[ir.Value, ir.Value] | None = None
+
+    @staticmethod
+    def of(op: ir.Operation) -> "AttentionSpec":
+        view = op.opview
+        seg = (view.q_segments, view.kv_segments) if view.q_segments is not None else None
+        window = ir.IntegerAttr(op.attributes["window"]).value if "window" in op.attributes \
+            else None
+        return AttentionSpec(ir.FloatAttr(op.attributes["scale"]).value,
+                             "causal" in op.attributes, seq_dim_of(op), window, view.mask, seg)
+
+    @property
+    def sides(self) -> list[ir.Value]:
+        """The mask and segment operands, in operand order."""
+        return ([self.mask] if self.mask is not None else []) + list(self.segments or ())
+
+    def _build(self, q: ir.Value) -> dict:
+        qs, ks = self.segments or (None, None)
+        return dict(mask=self.mask, q_segments=qs, kv_segments=ks, causal=self.causal or None,
+                    seq_dim=_seq_dim_attr(q, self.seq_dim),
+                    window=None if self.window is None else i64(self.window))
+
+
+def attention(q: ir.Value, k: ir.Value, v: ir.Value,
+              spec: AttentionSpec) -> tuple[ir.Value, ir.Value]:
+    """(out, lse) of fused attention (`tgraph.attention`)."""
+    out = ranked(shape_of(q)[:-1] + shape_of(v)[-1:], element_of(q))
+    op = tgraph.AttentionOp(out, _row_statistic(q), q, k, v, ir.FloatAttr.get_f64(spec.scale),
+                            **spec._build(q))
     return op.results[0], op.results[1]
 
 
-def attention_grad(q, k, v, dout, lse, delta, causal: bool, scale: float,
-                   seq_dim: int | None = None) -> list[ir.Value]:
+def attention_grad(q, k, v, dout, lse, delta, spec: AttentionSpec) -> list[ir.Value]:
     """[dq, dk, dv] of `tgraph.attention` (`tgraph.attention_grad`)."""
     op = tgraph.AttentionGradOp(q.type, k.type, v.type, q, k, v, dout, lse, delta,
-                                ir.FloatAttr.get_f64(scale), causal=causal or None,
-                                seq_dim=_seq_dim_attr(q, seq_dim))
+                                ir.FloatAttr.get_f64(spec.scale), **spec._build(q))
     return list(op.results)
 
 

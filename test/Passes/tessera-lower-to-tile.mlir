@@ -570,6 +570,36 @@ func.func private @att(%q: tensor<2x128x64xbf16>, %k: tensor<2x128x64xbf16>, %v:
 
 // -----
 
+// Grouped heads and a key mask: 4 query heads read 2 key/value heads in
+// place (the head offset divided by the group, 2), and the additive
+// [1, 1, 64] mask is loaded a [1, BN] row per key block, broadcast and
+// added to the scaled scores; the softmax then runs in natural units (exp,
+// not exp2) and guards rows that have seen no key yet.
+// CHECK-LABEL: func.func @attention_grouped_masked
+// CHECK: ttile.kernel @gm(%[[Q:.*]]: memref<4x16x32xf32>, %[[K:.*]]: memref<2x64x32xf32>, %[[V:.*]]: memref<2x64x32xf32>, %[[M:.*]]: memref<1x1x64xf32>, %{{.*}}: memref<4x16x32xf32>, %{{.*}}: memref<4x16x1xf32>)
+// CHECK: %[[KV:.*]] = arith.divui %{{.*}}, %c2
+// CHECK: scf.for %[[COL:.*]] = %{{.*}} to %{{.*}} step
+// CHECK: ttile.load %[[K]][%[[KV]], %[[COL]], %{{.*}}]
+// CHECK: ttile.load %[[M]][%{{.*}}, %{{.*}}, %[[COL]]] : memref<1x1x64xf32> -> !ttile.tile<1x
+// CHECK: ttile.broadcast
+// CHECK: ttile.add
+// CHECK: ttile.compare {{.*}}<eq>
+// CHECK: ttile.exp %
+// CHECK: scf.yield
+func.func @attention_grouped_masked(%q: memref<4x16x32xf32>, %k: memref<2x64x32xf32>, %v: memref<2x64x32xf32>, %m: memref<1x1x64xf32>) -> (memref<4x16x32xf32>, memref<4x16x1xf32>) {
+  %s = tsched.stream "compute"
+  %o = tsched.alloc : memref<4x16x32xf32>
+  %l = tsched.alloc : memref<4x16x1xf32>
+  tsched.launch @gm on %s ins(%q, %k, %v, %m : memref<4x16x32xf32>, memref<2x64x32xf32>, memref<2x64x32xf32>, memref<1x1x64xf32>) outs(%o, %l : memref<4x16x32xf32>, memref<4x16x1xf32>)
+  return %o, %l : memref<4x16x32xf32>, memref<4x16x1xf32>
+}
+func.func private @gm(%q: tensor<4x16x32xf32>, %k: tensor<2x64x32xf32>, %v: tensor<2x64x32xf32>, %m: tensor<1x1x64xf32>) -> (tensor<4x16x32xf32>, tensor<4x16x1xf32>) attributes {tsched.kernel} {
+  %o:2 = tgraph.attention %q, %k, %v mask(%m : tensor<1x1x64xf32>) {causal, scale = 0.125 : f64} : tensor<4x16x32xf32>, tensor<2x64x32xf32>, tensor<2x64x32xf32> -> tensor<4x16x32xf32>, tensor<4x16x1xf32>
+  return %o#0, %o#1 : tensor<4x16x32xf32>, tensor<4x16x1xf32>
+}
+
+// -----
+
 // Its gradient: two kernels without atomics. @g_dkdv owns a key block and
 // loops over the query blocks from the diagonal on; @g_dq owns a query block.
 // CHECK-LABEL: func.func @attention_grad

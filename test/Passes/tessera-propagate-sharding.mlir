@@ -215,6 +215,32 @@ func.func @attention(%q: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.shardin
 
 // -----
 
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// Grouped heads (8 query heads over 2 key/value heads) split over tp = 2:
+// each rank's 4 query heads read its own key/value head.
+// CHECK-LABEL: func.func @attention_grouped_heads
+func.func @attention_grouped_heads(%q: tensor<2x8x16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"], [], []]>},
+                                   %k: tensor<2x2x16x16xf32>) -> tensor<2x8x16x16xf32> {
+  // CHECK: tgraph.attention {{.*}} {causal, scale = 2.500000e-01 : f64, tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], ["tp"], [], []]>}
+  %o:2 = tgraph.attention %q, %k, %k {causal, scale = 0.25 : f64} : tensor<2x8x16x16xf32>, tensor<2x2x16x16xf32>, tensor<2x2x16x16xf32> -> tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>
+  return %o#0 : tensor<2x8x16x16xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["tp"] shape = [4]
+// tp = 4 does not divide the 2 key/value heads: a rank's 2 query heads
+// would read half a group, so the heads are gathered (q's too).
+// CHECK-LABEL: func.func @attention_grouped_heads_gathered
+func.func @attention_grouped_heads_gathered(%q: tensor<2x8x16x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"], [], []]>},
+                                            %k: tensor<2x2x16x16xf32>) -> tensor<2x8x16x16xf32> {
+  // CHECK: tgraph.attention {{.*}} {causal, scale = 2.500000e-01 : f64, tgraph.sharding = #tgraph.sharding<@mesh, {{\[\[}}], [], [], []]>}
+  %o:2 = tgraph.attention %q, %k, %k {causal, scale = 0.25 : f64} : tensor<2x8x16x16xf32>, tensor<2x2x16x16xf32>, tensor<2x2x16x16xf32> -> tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>
+  return %o#0 : tensor<2x8x16x16xf32>
+}
+
+// -----
+
 tgraph.mesh @mesh axes = ["dp"] shape = [2]
 // A local-view call's results have its out-shardings: the exp after it is
 // split by rows like the first result, the neg (linear) a pending sum like

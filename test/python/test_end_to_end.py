@@ -40,6 +40,10 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
     for r in results:
         assert r["ok"], f"seed {seed}, rank {r['rank']}"
         assert r["swaps_exact"], f"seed {seed}, rank {r['rank']}: send/recv on dp x tp"
+        # Grouped-query attention split over dp (batch) and tp (heads) needs
+        # no collective: each rank's query heads read its own key/value head.
+        assert r["attention_ok"], f"seed {seed}, rank {r['rank']}: GQA attention on dp x tp"
+        assert r["attention_gathers"] == 0
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

@@ -180,7 +180,7 @@ def test_attention_never_materializes_the_score_matrix():
 def test_attention_lowering_errors_name_the_line():
     with pytest.raises(ts.errors.ShapeError, match=r"op.attention: q \[4, 8\].*test_flash"):
         ts.jit(lambda q, k: op.attention(q, k, k))(np.zeros((4, 8), np.float32),
-                                                   np.zeros((5, 8), np.float32))
+                                                   np.zeros((5, 7), np.float32))
     with pytest.raises(op.DTypeError, match="op.attention: operand dtypes differ"):
         ts.jit(lambda q, k: op.attention(q, k, k))(np.zeros((4, 8), np.float32),
                                                    np.zeros((4, 8), np.float64))

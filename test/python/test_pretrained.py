@@ -1,7 +1,8 @@
 """`ts.models.from_pretrained` against Hugging Face `transformers` itself:
-tiny Llama (grouped-query attention, tied embeddings) and Qwen2 (q/k/v bias,
-one key/value head) checkpoints with random weights, and the logits
-`transformers` computed for them under a left-padding mask, all made by
+tiny Llama (grouped-query attention, tied embeddings), Mistral (sliding
+window), Qwen2 (q/k/v bias, one key/value head) and GPT-2 checkpoints with
+random weights, and the logits `transformers` computed for them under a
+left-padding mask (its default attention, PyTorch's SDPA), all made by
 test/fixtures/make_hf_fixtures.py (versions in test/fixtures/hf/versions.json),
 so no `transformers` is needed here."""
 
@@ -18,14 +19,14 @@ from tessera import models, op
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "gpt2_exact_gelu"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_logits_match_transformers_under_a_padding_mask(name):
     m = models.from_pretrained(HF / name)
     ref = np.load(HF / name / "reference.npz")
     logits = m(ref["input_ids"], attention_mask=ref["attention_mask"])
     assert logits.shape == ref["logits"].shape and logits.dtype == np.float32
-    real = ref["attention_mask"].astype(bool)          # rows of real tokens (see forward)
-    np.testing.assert_allclose(logits[real], ref["logits"][real], rtol=0, atol=5e-5)
+    # Every row, padding too: a padding row with no key gets SDPA's 0.
+    np.testing.assert_allclose(logits, ref["logits"], rtol=0, atol=5e-5)
 
 
 def test_forward_is_traceable_and_differentiable_under_hf_names():
@@ -97,7 +98,7 @@ def test_the_docs_example_runs(monkeypatch, capsys):
     assert "'model.embed_tokens.weight'" in out
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "gpt2_exact_gelu"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_greedy_generation_equals_transformers_token_for_token(name):
     m = models.from_pretrained(HF / name)
     ref = np.load(HF / name / "reference.npz")
@@ -137,7 +138,7 @@ def test_save_pretrained_round_trips_bit_for_bit(tmp_path, name):
         json.loads((HF / name / "config.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "gpt2_exact_gelu"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_loss_and_every_gradient_match_transformers(name):
     """HF's causal-LM loss (labels shifted by one, padding -100, mean over
     the rest) and its gradient for every parameter, against the fixture's

@@ -24,6 +24,24 @@ the gradients are deterministic:
 
 `delta = rowsum(dO * out)` comes from Graph IR (tessera-autodiff emits it).
 
+What a query may attend to is decided per score block, inside the kernels:
+`causal` and `window` by comparing iotas of the positions (query row `i`
+sits at `i + Sk - Sq`), the additive mask by loading its `[BM, BN]` block
+(or `[1, BN]` row, broadcast) and adding it to the scaled scores (the
+softmax then runs in natural units: float32's lowest, HF's mask value,
+would overflow in base 2), segment ids by comparing a column of the
+query block's ids with a row of the key block's. Blocks no query of the
+block can see are never visited: the causal loops stop at the diagonal and
+windowed ones start at the window. Where a row can lose every key (a mask,
+segment ids, more queries than keys), the online softmax takes its offset
+as 0 while the row's maximum is still -inf, an empty row divides by 1 (out
+= 0, lse = -inf) and the backward reads lse = -inf as 0 (p = 0).
+
+Grouped key/value heads (k, v with leading dimensions that divide q's) are
+read in place: a query head's tiles come from its group's key/value head.
+`_dkdv` runs per key/value head and its loop visits every query block of
+every head of the group, so dK and dV sum the group without atomics.
+
 The block sizes are in the tile types, `warps` on every `ttile.dot` and
 `stages` on the kernel, like a GEMM's; `attention_config` picks them.
 Half-precision operands multiply in bf16/f16 with f32 accumulation, and the
@@ -77,20 +95,51 @@ class AttentionConfig:
         return self.warps * 32 if self.warps else THREADS_PER_BLOCK
 
 
-def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool,
+def attention_config(seq_q: int, seq_k: int, head_dim: int, cpu: bool, forward: bool,
                      options: TargetOptions) -> AttentionConfig:
-    """Block sizes for sequence length `seq` and head width `head_dim`
-    (the larger of q's and v's), of the forward kernel or the backward's
-    (`options.attention_forward_blocks`, `attention_backward_blocks`)."""
+    """Block sizes for `seq_q` queries over `seq_k` keys and head width
+    `head_dim` (the larger of q's and v's), of the forward kernel or the
+    backward's (`options.attention_forward_blocks`,
+    `attention_backward_blocks`). The backward's kernels take each block
+    size along both sequences (`_dkdv` the forward's blocks transposed), so
+    there both divide both lengths."""
+    if not forward:
+        seq_q = seq_k = math.gcd(seq_q, seq_k)
     if cpu:
-        b = largest_divisor(seq, CPU_BLOCK)
-        return AttentionConfig(b, b)
+        return AttentionConfig(largest_divisor(seq_q, CPU_BLOCK), largest_divisor(seq_k, CPU_BLOCK))
     blocks = options.attention_forward_blocks if forward else options.attention_backward_blocks
     bm, bn = next((v for width, v in blocks if head_dim <= width), (8, 8))
-    bm, bn = largest_divisor(seq, bm), largest_divisor(seq, bn)
+    bm, bn = largest_divisor(seq_q, bm), largest_divisor(seq_k, bn)
     # Warps of 16 query rows each (FlashAttention-2's split).
     warps = min(MAX_WARPS, bm // 16) if bm % 16 == 0 and bn % 16 == 0 else None
     return AttentionConfig(bm, bn, warps, 2)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The shapes of one attention op: q's leading (batch, head) dimensions
+    `lead` and k's `kv_lead` (each divides q's), `sq` queries over `sk`
+    keys, head widths `d` (q, k) and `dv` (v), and the mask's leading
+    extent (1 or q's per dimension), if any."""
+    lead: list
+    kv_lead: list
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    mask_lead: list | None = None
+    mask_rows: int = 1
+    segment_lead: list | None = None
+
+    @property
+    def offset(self) -> int:
+        """Query row i sits at position i + offset."""
+        return self.sk - self.sq
+
+    @property
+    def groups(self) -> list[int]:
+        """Query heads per key/value head, per leading dimension."""
+        return [q // k for q, k in zip(self.lead, self.kv_lead)]
 
 
 # -- builders ------------------------------------------------------------------
@@ -98,14 +147,35 @@ def attention_config(seq: int, head_dim: int, cpu: bool, forward: bool,
 class _Builder:
     """Tile IR for one attention kernel; `self.elt` is the operands' element
     type, the softmax and accumulators are f32 (f64 for f64 operands).
-    Every operand's rows run along buffer dimension `seq_dim` of `rank`."""
+    Every q/k/v operand's rows run along buffer dimension `seq_dim` of
+    `rank`; `geo` and `spec` are the op's shapes and masks, `sides` the
+    kernel's mask and segment buffers (set per kernel)."""
 
-    def __init__(self, cfg: AttentionConfig, elt: ir.Type, scale: float, causal: bool,
-                 seq_dim: int, rank: int):
-        self.cfg, self.elt, self.scale, self.causal = cfg, elt, scale, causal
-        self.seq_dim, self.rank = seq_dim, rank
+    def __init__(self, cfg: AttentionConfig, elt: ir.Type, spec: gb.AttentionSpec, seq_dim: int,
+                 rank: int, geo: Geometry):
+        self.cfg, self.elt, self.scale, self.causal = cfg, elt, spec.scale, spec.causal
+        self.window, self.has_mask, self.has_segments = spec.window, spec.mask is not None, \
+            spec.segments is not None
+        self.seq_dim, self.rank, self.geo = seq_dim, rank, geo
         self.acc = elt if isinstance(elt, ir.F64Type) else ir.F32Type.get()
         self.half = elt != self.acc
+        self.mask_buf = self.q_seg_buf = self.kv_seg_buf = None
+        # With an additive mask the scores are scaled and biased in the block
+        # (scale * s + mask) and the softmax runs in natural units: a finite
+        # mask as low as float32's lowest (HF's) would overflow to -inf in
+        # raw-score or base-2 units and empty a row it only pushes down.
+        self.natural = self.has_mask
+        # A row may see no key of a block while it has seen none before (its
+        # maximum is -inf), or none at all: the softmax guards the -inf.
+        self.may_empty = self.has_mask or self.has_segments or self.window is not None or \
+            (self.causal and geo.offset < 0)
+
+    def with_sides(self, bufs: list[ir.Value]) -> "_Builder":
+        """Takes the kernel's mask and segment buffers (in operand order)."""
+        bufs = list(bufs)
+        self.mask_buf = bufs.pop(0) if self.has_mask else None
+        self.q_seg_buf, self.kv_seg_buf = bufs if self.has_segments else (None, None)
+        return self
 
     def at(self, lead, row: ir.Value) -> tuple[list[ir.Value], ir.Attribute | None]:
         """(offsets, dims) of the tile at batch offsets `lead` and sequence
@@ -115,6 +185,17 @@ class _Builder:
         trailing = self.seq_dim == self.rank - 2
         return offsets, None if trailing else ir.DenseI64ArrayAttr.get([self.seq_dim,
                                                                         self.rank - 1])
+
+    def kv_at(self, at: list[ir.Value]) -> list[ir.Value]:
+        """The key/value head (batch offsets) query offsets `at` read."""
+        return [a if g == 1 else arith.DivUIOp(a, index(g)).result
+                for a, g in zip(at, self.geo.groups)]
+
+    @staticmethod
+    def side_at(at: list[ir.Value], extent: list[int]) -> list[ir.Value]:
+        """Offsets `at` in a mask or segment buffer whose leading extents are
+        `extent` (1: shared along that dimension)."""
+        return [a if n > 1 else index(0) for a, n in zip(at, extent)]
 
     def fill(self, shape, value: float, element=None) -> ir.Value:
         return ttile.FillOp(tile_type(shape, element or self.acc), ir.FloatAttr.get_f64(value)).result
@@ -161,29 +242,90 @@ class _Builder:
             return v
         return ttile.CastOp(tile_type(self.shape(v), self.elt), v).result
 
-    def scores(self, q, k, row, col, transposed: bool = False) -> ir.Value:
+    def _positions(self, shape, start: ir.Value, dim: int, plus: int = 0) -> ir.Value:
+        """An i32 tile counting from `start + plus` along `dim`."""
+        if plus:
+            start = arith.AddIOp(start, index(plus)).result
+        return ttile.IotaOp(tile_type(shape, I32()), start, i64(dim)).result
+
+    def _compare(self, kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return ttile.CompareOp(tile_type(self.shape(a), ir.IntegerType.get_signless(1)), a, b,
+                               tgraph.CompareKindAttr.get(kind)).result
+
+    def _mask_scores(self, s, at, row, col, transposed: bool) -> ir.Value:
+        """Scores `s` ([queries, keys] from query row `row` and key `col`,
+        or their transpose) with the keys no query may see at -inf, and the
+        additive mask (in units of raw scores: divided by the scale)."""
+        shape = self.shape(s)
+        qd, kd = (1, 0) if transposed else (0, 1)
+        keep = []
+        if self.causal or self.window:
+            queries = self._positions(shape, row, qd, self.geo.offset)
+        if self.causal:
+            keep.append(self._compare("ge", queries, self._positions(shape, col, kd)))
+        if self.window:             # pos - key < W, i.e. key + W > pos
+            keep.append(self._compare("gt", self._positions(shape, col, kd, self.window),
+                                      queries))
+        if self.has_segments:
+            lead = self.side_at(at, self.geo.segment_lead)
+            bq, bk = shape[qd], shape[kd]
+            mine = ttile.LoadOp(tile_type([bq, 1], I32()), self.q_seg_buf,
+                                lead + [row, index(0)]).result
+            theirs = ttile.LoadOp(tile_type([bk, 1], I32()), self.kv_seg_buf,
+                                  lead + [col, index(0)]).result
+            if transposed:
+                mine, theirs = self.transpose(mine), theirs
+            else:
+                theirs = self.transpose(theirs)
+            keep.append(self._compare("eq", ttile.BroadcastOp(tile_type(shape, I32()), mine).result,
+                                      ttile.BroadcastOp(tile_type(shape, I32()), theirs).result))
+        for k in keep:
+            s = ttile.SelectOp(k, s, self.fill(shape, float("-inf"))).result
+        if self.has_mask:
+            bq, bk = shape[qd], shape[kd]
+            rows = bq if self.geo.mask_rows > 1 else 1
+            offsets = self.side_at(at, self.geo.mask_lead) + [row if rows > 1 else index(0), col]
+            bias = ttile.LoadOp(tile_type([rows, bk], self.acc), self.mask_buf, offsets).result
+            if rows != bq:
+                bias = self.broadcast(bias, [bq, bk])
+            if transposed:
+                bias = self.transpose(bias)
+            s = ttile.AddOp(ttile.MulOp(s, self.fill(shape, self.scale)).result, bias).result
+        return s
+
+    def scores(self, q, k, at, row, col, transposed: bool = False) -> ir.Value:
         """q k^T ([queries, keys], not yet scaled) for query rows from `row`
         and keys from `col`, or its transpose k q^T ([keys, queries]), with
-        keys after the query masked to -inf when causal."""
+        the keys no query may attend to masked (`at`: the query head); with
+        an additive mask, scale * s + mask (`natural`)."""
         s = self.dot(k, self.transpose(q)) if transposed else self.dot(q, self.transpose(k))
-        shape = self.shape(s)
-        if self.causal:
-            i32 = ir.IntegerType.get_signless(32)
-            query_dim, key_dim = (1, 0) if transposed else (0, 1)
-            queries = ttile.IotaOp(tile_type(shape, i32), row, i64(query_dim)).result
-            keys = ttile.IotaOp(tile_type(shape, i32), col, i64(key_dim)).result
-            keep = ttile.CompareOp(tile_type(shape, ir.IntegerType.get_signless(1)), queries, keys,
-                                   tgraph.CompareKindAttr.get("ge")).result
-            s = ttile.SelectOp(keep, s, self.fill(shape, float("-inf"))).result
+        if self.causal or self.has_mask or self.has_segments:
+            s = self._mask_scores(s, at, row, col, transposed)
         return s
 
     def exp_scaled(self, s: ir.Value, offset: ir.Value) -> ir.Value:
         """exp(scale * s - offset) for scores `s` and a tile `offset` in base-2
         units (offset / ln 2): exp2(s * scale log2(e) - offset), where the
         scale and the conversion to base 2 are one multiply (one FMA with
-        the subtraction) and 2^x is the special-function unit's own."""
+        the subtraction) and 2^x is the special-function unit's own.
+        `natural`: exp(s - offset) of scaled scores."""
+        if self.natural:
+            return ttile.ExpOp(ttile.SubOp(s, offset).result).result
         scaled = ttile.MulOp(s, self.fill(self.shape(s), self.scale * LOG2E)).result
-        return ttile.Exp2Op(ttile.SubOp(scaled, offset).result).result
+        return self.exp(ttile.SubOp(scaled, offset).result)
+
+    def exp(self, x: ir.Value) -> ir.Value:
+        """e^x in the softmax's units (2^x in base 2)."""
+        return (ttile.ExpOp if self.natural else ttile.Exp2Op)(x).result
+
+    def finite(self, x: ir.Value, value: float, where: float = float("-inf")) -> ir.Value:
+        """`x` with its entries equal to `where` replaced by `value` (only
+        where a row may lose every key)."""
+        if not self.may_empty:
+            return x
+        shape = self.shape(x)
+        hit = self._compare("eq", x, self.fill(shape, where))
+        return ttile.SelectOp(hit, self.fill(shape, value), x).result
 
     def broadcast(self, column: ir.Value, shape) -> ir.Value:
         """A [m, 1] column or [1, n] row repeated to `shape`."""
@@ -202,11 +344,54 @@ class _Builder:
         offsets, dims = self.at(lead, row)
         ttile.StoreOp(v, buf, offsets, dims=dims)
 
+    # -- loop bounds ---------------------------------------------------------------
 
-def _causal_end(start: ir.Value, rows: int, step: int) -> ir.Value:
-    """The first multiple of `step` at or after `start + rows`."""
-    end = arith.AddIOp(start, index(rows + step - 1)).result
+    def key_range(self, row: ir.Value, rows: int, step: int) -> tuple[ir.Value, ir.Value]:
+        """[start, end) of the key blocks (multiples of `step`) query rows
+        `row .. row + rows` may see: up to the diagonal when causal, from
+        the window's first key when windowed."""
+        off = self.geo.offset
+        end = index(self.geo.sk)
+        if self.causal:
+            last = arith.AddIOp(row, index(rows + off)).result
+            end = _round_up(_at_least_zero(last) if off < 0 else last, step)
+        start = index(0)
+        if self.window:
+            first = arith.AddIOp(row, index(off - self.window + 1)).result
+            start = _round_down(_at_least_zero(first), step)
+        return start, end
+
+    def query_range(self, col: ir.Value, cols: int, step: int) -> tuple[ir.Value, ir.Value]:
+        """[start, end) of the query blocks (multiples of `step`) that may see
+        keys `col .. col + cols`."""
+        off = self.geo.offset
+        start, end = index(0), index(self.geo.sq)
+        if self.causal:         # queries at or after the first key: i + off >= col
+            first = arith.SubIOp(col, index(off)).result if off else col
+            start = _round_down(_at_least_zero(first) if off > 0 else first, step)
+        if self.window:         # the last key within reach: i + off - W + 1 <= col + cols - 1
+            last = arith.AddIOp(col, index(cols - 1 - off + self.window)).result
+            end = arith.MinSIOp(_round_up(_at_least_zero(last), step), end).result
+        return start, end
+
+
+def I32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def _at_least_zero(x: ir.Value) -> ir.Value:
+    return arith.MaxSIOp(x, index(0)).result
+
+
+def _round_up(x: ir.Value, step: int) -> ir.Value:
+    """The first multiple of `step` at or after `x` (>= 0)."""
+    end = arith.AddIOp(x, index(step - 1)).result
     return arith.MulIOp(arith.DivUIOp(end, index(step)).result, index(step)).result
+
+
+def _round_down(x: ir.Value, step: int) -> ir.Value:
+    """The last multiple of `step` at or before `x` (>= 0)."""
+    return arith.MulIOp(arith.DivUIOp(x, index(step)).result, index(step)).result
 
 
 def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, module_block,
@@ -216,76 +401,93 @@ def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, mo
     return kernel, list(entry.arguments)
 
 
+def _geometry(op) -> Geometry:
+    q, k, v = list(op.operands)[:3]
+    spec = gb.AttentionSpec.of(op)
+    shape, kv_shape, seq_dim = shape_of(q), shape_of(k), gb.seq_dim_of(op)
+
+    def lead(s):
+        return s[:seq_dim] + s[seq_dim + 1:-1]
+    mask = shape_of(spec.mask) if spec.mask is not None else None
+    segments = shape_of(spec.segments[0]) if spec.segments else None
+    return Geometry(lead(shape), lead(kv_shape), shape[seq_dim], kv_shape[seq_dim], shape[-1],
+                    shape_of(v)[-1], mask[:-2] if mask else None, mask[-2] if mask else 1,
+                    segments[:-2] if segments else None)
+
+
 def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
-    q, _, v = list(op.operands)[:3]
+    q = op.operands[0]
     shape, seq_dim = shape_of(q), gb.seq_dim_of(op)
-    seq, d, dv = shape[seq_dim], shape[-1], shape_of(v)[-1]
-    lead = shape[:seq_dim] + shape[seq_dim + 1:-1]           # batch dimensions
+    geo = _geometry(op)
     if seq_dim != len(shape) - 2 and not cpu:
         raise PassError("tessera-lower-to-tile: GPU attention kernels read [..., S, D] operands; "
                         "tessera-lower-to-schedule moves seq_dim there first", op.location)
-    cfg = attention_config(seq, max(d, dv), cpu, forward, options)
+    cfg = attention_config(geo.sq, geo.sk, max(geo.d, geo.dv), cpu, forward, options)
     elt = ir.ShapedType(q.type).element_type
     if str(elt) not in ("f64", "f32", "bf16", "f16"):
         raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
                         "(f64, f32, bf16, f16)", op.location)
+    d, dv = geo.d, geo.dv
     # Hopper's wgmma where bf16 tiles are whole 128-byte swizzle atoms (head
     # widths multiples of 64) for whole warpgroups of 16-row warps.
     if options.wgmma and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
             and cfg.bm == 16 * cfg.warps \
             and d % 64 == 0 and dv % 64 == 0:
         # (TMA's tensor maps take buffers of rank 5 at most.)
-        cfg = replace(cfg, wgmma=True, tma=options.tma and len(lead) <= 3,
+        cfg = replace(cfg, wgmma=True, tma=options.tma and len(geo.lead) <= 3,
                       pingpong=options.pingpong and cfg.warps == 8)
         if forward and options.issue_ahead and cfg.tma and not cfg.pingpong:
             cfg = replace(cfg, issue_ahead=True, stages=3)
-    b = _Builder(cfg, elt, ir.FloatAttr(op.attributes["scale"]).value, "causal" in op.attributes,
-                 seq_dim, len(shape))
-    return lead, seq, d, dv, cfg, b
+    b = _Builder(cfg, elt, gb.AttentionSpec.of(op), seq_dim, len(shape), geo)
+    return geo, cfg, b
 
 
 def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
                    options: TargetOptions) -> ir.Operation:
     """The flash-attention forward kernel of `tgraph.attention` `op` over
-    buffers `ins` (q, k, v) and `outs` (out, lse)."""
-    lead, seq, d, dv, cfg, b = _setup(op, cpu, True, options)
-    bm, bn = cfg.bm, cfg.bn
-    grid = math.prod(lead + [seq // bm])
-    kernel, (q_buf, k_buf, v_buf, o_buf, lse_buf) = _kernel(
+    buffers `ins` (q, k, v, then the mask and segment ids it has) and
+    `outs` (out, lse)."""
+    geo, cfg, b = _setup(op, cpu, True, options)
+    bm, bn, d, dv = cfg.bm, cfg.bn, geo.d, geo.dv
+    grid = math.prod(geo.lead + [geo.sq // bm])
+    kernel, (q_buf, k_buf, v_buf, *sides, o_buf, lse_buf) = _kernel(
         name, list(ins) + list(outs), grid, cfg, module_block, op.location)
+    b.with_sides(sides)
     with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
-        *at, qi = grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
+        *at, qi = grid_offsets(geo.lead + [geo.sq // bm], [1] * (len(geo.lead) + 1))
+        kv = b.kv_at(at)
         row = arith.MulIOp(qi, index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
-        end = _causal_end(row, bm, bn) if b.causal else index(seq)
+        start, end = b.key_range(row, bm, bn)
         m0, l0 = b.fill([bm, 1], float("-inf")), b.fill([bm, 1], 0.0)
-        loop = scf.ForOp(index(0), end, index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
+        loop = scf.ForOp(start, end, index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
         for marked in ("pingpong", "issue_ahead"):
             if getattr(cfg, marked):
                 loop.operation.attributes[f"ttile.{marked}"] = ir.UnitAttr.get()
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
             m, l, acc = loop.inner_iter_args
-            k = b.stream(k_buf, at, col, [bn, d])
-            v = b.stream(v_buf, at, col, [bn, dv])
-            s = b.scores(q, k, row, col)
+            k = b.stream(k_buf, kv, col, [bn, d])
+            v = b.stream(v_buf, kv, col, [bn, dv])
+            s = b.scores(q, k, at, row, col)
             # The running maximum m is of scale * s in base-2 units: the row
             # maximum of the raw scores times scale log2(e) (> 0: it commutes
             # with max), so each score costs one FMA before its 2^x.
-            to_base2 = b.scale * LOG2E
-            if b.scale > 0:
-                m_block = ttile.MulOp(b.row_reduce(s, "max"), b.fill([bm, 1], to_base2)).result
-            else:
-                m_block = b.row_reduce(ttile.MulOp(s, b.fill([bm, bn], to_base2)).result, "max")
+            m_block = b.row_reduce(s, "max")
+            if not b.natural:
+                m_block = ttile.MulOp(m_block, b.fill([bm, 1], b.scale * LOG2E)).result
             m_new = ttile.MaxOp(m, m_block).result
-            p = b.exp_scaled(s, b.broadcast(m_new, [bm, bn]))
-            alpha = ttile.Exp2Op(ttile.SubOp(m, m_new).result).result
+            # (A row that has seen no key yet keeps m = -inf: offset 0.)
+            m_offset = b.finite(m_new, 0.0)
+            p = b.exp_scaled(s, b.broadcast(m_offset, [bm, bn]))
+            alpha = b.exp(ttile.SubOp(m, m_offset).result)
             l_new = ttile.AddOp(ttile.MulOp(l, alpha).result, b.row_reduce(p, "sum")).result
             scaled = ttile.MulOp(acc, b.broadcast(alpha, [bm, dv])).result
             scf.YieldOp([m_new, l_new, b.dot(b.operand(p), v, scaled)])
         m, l, acc = loop.results
-        b.store(ttile.DivOp(acc, b.broadcast(l, [bm, dv])).result, o_buf, at, row)
-        m_natural = ttile.MulOp(m, b.fill([bm, 1], LN2)).result
+        b.store(ttile.DivOp(acc, b.broadcast(b.finite(l, 1.0, 0.0), [bm, dv])).result, o_buf,
+                at, row)
+        m_natural = m if b.natural else ttile.MulOp(m, b.fill([bm, 1], LN2)).result
         b.store(ttile.AddOp(m_natural, ttile.LogOp(l).result).result, lse_buf, at, row)
         ttile.ReturnOp()
     return kernel
@@ -296,7 +498,9 @@ def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
     `transposed`: (P^T, dS^T) of a transposed block S^T ([keys, queries]),
     with `lse` and `delta` as rows: dS^T = P^T (V dO^T - delta^T)."""
     shape = b.shape(s)
-    if b.shape(lse)[1] == 1:            # a column: converted once per row
+    if b.natural:
+        lse2 = b.broadcast(lse, shape)
+    elif b.shape(lse)[1] == 1:          # a column: converted once per row
         lse2 = b.broadcast(ttile.MulOp(lse, b.fill(b.shape(lse), LOG2E)).result, shape)
     else:                               # a row (the transposed block's): in the FMA
         lse2 = ttile.MulOp(b.broadcast(lse, shape), b.fill(shape, LOG2E)).result
@@ -306,11 +510,26 @@ def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
     return p, ds
 
 
+def _group_member(b: _Builder, kv_at: list[ir.Value], g: ir.Value) -> list[ir.Value]:
+    """Batch offsets of query head `g` (0 .. G-1, row-major over the
+    grouped dimensions) of the group reading key/value offsets `kv_at`."""
+    at, inner = [], math.prod(b.geo.groups)
+    for a, n in zip(kv_at, b.geo.groups):
+        if n == 1:
+            at.append(a)
+            continue
+        inner //= n
+        member = arith.RemUIOp(arith.DivUIOp(g, index(inner)).result, index(n)).result
+        at.append(arith.AddIOp(arith.MulIOp(a, index(n)).result, member).result)
+    return at
+
+
 def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
                      options: TargetOptions) -> list[tuple[ir.Operation, list, list]]:
     """The `_dkdv` and `_dq` kernels of `tgraph.attention_grad` `op`, each
     with the input and output buffers it is launched on."""
-    lead, seq, d, dv, cfg, b = _setup(op, cpu, False, options)
+    geo, cfg, b = _setup(op, cpu, False, options)
+    d, dv = geo.d, geo.dv
     # `_dkdv` instances own key rows and step over query blocks: it takes the
     # forward's blocks transposed, so its loop carries as many rows as the
     # forward's (the rows its warps split) and loads the narrower blocks.
@@ -318,64 +537,80 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
     # where ptxas 13.0 fits its cp.async loop in 255 registers but spills
     # 80 bytes from the TMA one: there it keeps cp.async.
     kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm, tma=cfg.tma and max(d, dv) <= 64)
-    kb = _Builder(kv_cfg, b.elt, b.scale, b.causal, b.seq_dim, b.rank)
+    kb = _Builder(kv_cfg, b.elt, gb.AttentionSpec.of(op), b.seq_dim, b.rank, geo)
     bm, bn = kv_cfg.bm, kv_cfg.bn
-    q_in, k_in, v_in, do_in, lse_in, delta_in = ins
+    q_in, k_in, v_in, do_in, lse_in, delta_in, *side_ins = ins
     dq_out, dk_out, dv_out = outs
-    batch = math.prod(lead)
     stat = b.acc
+    group = math.prod(geo.groups)
 
-    kv_ins, kv_outs = [q_in, k_in, v_in, do_in, lse_in, delta_in], [dk_out, dv_out]
-    dkdv, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf) = _kernel(
-        f"{name}_dkdv", kv_ins + kv_outs, batch * (seq // bn), kv_cfg, module_block, op.location)
+    kv_ins, kv_outs = [q_in, k_in, v_in, do_in, lse_in, delta_in, *side_ins], [dk_out, dv_out]
+    dkdv, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, *sides, dk_buf, dv_buf) = _kernel(
+        f"{name}_dkdv", kv_ins + kv_outs, math.prod(geo.kv_lead) * (geo.sk // bn), kv_cfg,
+        module_block, op.location)
+    kb.with_sides(sides)
     with ir.InsertionPoint(dkdv.regions[0].blocks[0]), op.location:
-        *at, kj = grid_offsets(lead + [seq // bn], [1] * (len(lead) + 1))
+        *kv_at, kj = grid_offsets(geo.kv_lead + [geo.sk // bn], [1] * (len(geo.kv_lead) + 1))
         col = arith.MulIOp(kj, index(bn)).result
-        k = kb.load(k_buf, at, col, [bn, d])
-        v = kb.load(v_buf, at, col, [bn, dv])
-        # Query blocks before the one holding row `col` see none of these keys.
-        start = arith.MulIOp(arith.DivUIOp(col, index(bm)).result, index(bm)).result \
-            if kb.causal else index(0)
-        loop = scf.ForOp(start, index(seq), index(bm), [kb.fill([bn, d], 0.0),
-                                                           kb.fill([bn, dv], 0.0)])
+        k = kb.load(k_buf, kv_at, col, [bn, d])
+        v = kb.load(v_buf, kv_at, col, [bn, dv])
+        start, end = kb.query_range(col, bn, bm)
+        if group == 1:
+            loop = scf.ForOp(start, end, index(bm), [kb.fill([bn, d], 0.0),
+                                                     kb.fill([bn, dv], 0.0)])
+        else:
+            # Every query head of the group, one after another: step t
+            # visits head t / span, query row start + t % span.
+            span = arith.SubIOp(end, start).result
+            total = arith.MulIOp(_at_least_zero(span), index(group)).result
+            loop = scf.ForOp(index(0), total, index(bm), [kb.fill([bn, d], 0.0),
+                                                          kb.fill([bn, dv], 0.0)])
         with ir.InsertionPoint(loop.body):
-            row = loop.induction_variable
+            t = loop.induction_variable
+            if group == 1:
+                row, at = t, kv_at
+            else:
+                row = arith.AddIOp(start, arith.RemUIOp(t, span).result).result
+                at = _group_member(kb, kv_at, arith.DivUIOp(t, span).result)
             dk_acc, dv_acc = loop.inner_iter_args
             q = kb.stream(q_buf, at, row, [bm, d])
             do = kb.stream(do_buf, at, row, [bm, dv])
             # The transposed blocks P^T and dS^T ([keys, queries]) come out
             # with this kernel's key rows, ready to be the A operand of dV's
             # and dK's dots; lse and delta run along their columns.
-            lse = kb.transpose(kb.load(lse_buf, at, row, [bm, 1], stat))
+            lse = kb.transpose(kb.finite(kb.load(lse_buf, at, row, [bm, 1], stat), 0.0))
             delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], stat))
-            pt, dst = _probabilities(kb, kb.scores(q, k, row, col, transposed=True), lse, do, v,
-                                     delta, transposed=True)
+            pt, dst = _probabilities(kb, kb.scores(q, k, at, row, col, transposed=True), lse, do,
+                                     v, delta, transposed=True)
             dv_new = kb.dot(kb.operand(pt), do, dv_acc)
             dk_new = kb.dot(kb.operand(dst), q, dk_acc)
             scf.YieldOp([dk_new, dv_new])
         dk_acc, dv_acc = loop.results
-        kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, at, col)
-        kb.store(dv_acc, dv_buf, at, col)
+        kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, kv_at, col)
+        kb.store(dv_acc, dv_buf, kv_at, col)
         ttile.ReturnOp()
 
     bm, bn = cfg.bm, cfg.bn
-    q_ins = [q_in, k_in, v_in, do_in, lse_in, delta_in]
-    dq, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dq_buf) = _kernel(
-        f"{name}_dq", q_ins + [dq_out], batch * (seq // bm), cfg, module_block, op.location)
+    q_ins = [q_in, k_in, v_in, do_in, lse_in, delta_in, *side_ins]
+    dq, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, *sides, dq_buf) = _kernel(
+        f"{name}_dq", q_ins + [dq_out], math.prod(geo.lead) * (geo.sq // bm), cfg, module_block,
+        op.location)
+    b.with_sides(sides)
     with ir.InsertionPoint(dq.regions[0].blocks[0]), op.location:
-        *at, qi = grid_offsets(lead + [seq // bm], [1] * (len(lead) + 1))
+        *at, qi = grid_offsets(geo.lead + [geo.sq // bm], [1] * (len(geo.lead) + 1))
+        kv = b.kv_at(at)
         row = arith.MulIOp(qi, index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
         do = b.load(do_buf, at, row, [bm, dv])
-        lse = b.load(lse_buf, at, row, [bm, 1], stat)
+        lse = b.finite(b.load(lse_buf, at, row, [bm, 1], stat), 0.0)
         delta = b.load(delta_buf, at, row, [bm, 1], stat)
-        end = _causal_end(row, bm, bn) if b.causal else index(seq)
-        loop = scf.ForOp(index(0), end, index(bn), [b.fill([bm, d], 0.0)])
+        start, end = b.key_range(row, bm, bn)
+        loop = scf.ForOp(start, end, index(bn), [b.fill([bm, d], 0.0)])
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
-            k = b.stream(k_buf, at, col, [bn, d])
-            v = b.stream(v_buf, at, col, [bn, dv])
-            _, ds = _probabilities(b, b.scores(q, k, row, col), lse, do, v, delta)
+            k = b.stream(k_buf, kv, col, [bn, d])
+            v = b.stream(v_buf, kv, col, [bn, dv])
+            _, ds = _probabilities(b, b.scores(q, k, at, row, col), lse, do, v, delta)
             scf.YieldOp([b.dot(b.operand(ds), k, loop.inner_iter_args[0])])
         b.store(ttile.MulOp(loop.results[0], b.fill([bm, d], b.scale)).result, dq_buf, at, row)
         ttile.ReturnOp()

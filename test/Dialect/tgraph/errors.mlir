@@ -568,10 +568,42 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xi32> {
 
 // -----
 
-func.func @f(%q: tensor<64x16xf32>, %k: tensor<32x16xf32>) -> tensor<64x16xf32> {
-  // expected-error @below {{'tgraph.attention' op 'k' must have the type of 'q' 'tensor<64x16xf32>', got 'tensor<32x16xf32>'}}
-  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<64x16xf32>, tensor<32x16xf32>, tensor<32x16xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
+func.func @f(%q: tensor<64x16xf32>, %k: tensor<32x8xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'k' must be [..., Sk, D] with the rank, head width and element type of 'q' 'tensor<64x16xf32>', got 'tensor<32x8xf32>'}}
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<64x16xf32>, tensor<32x8xf32>, tensor<32x8xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
   return %o#0 : tensor<64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<4x64x16xf32>, %k: tensor<3x64x16xf32>) -> tensor<4x64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op each leading dimension of 'k' 'tensor<3x64x16xf32>' must divide 'q''s 'tensor<4x64x16xf32>' (grouped heads)}}
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<4x64x16xf32>, tensor<3x64x16xf32>, tensor<3x64x16xf32> -> tensor<4x64x16xf32>, tensor<4x64x1xf32>
+  return %o#0 : tensor<4x64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<64x16xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'window' must be at least 1 and needs 'causal', got 8}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 0.25 : f64, window = 8 : i64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
+  return %o#0 : tensor<64x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<2x4x8x16xf32>, %m: tensor<2x2x8x8xf32>) -> tensor<2x4x8x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'mask' must be [1|2, 1|4, 8|1, 8] of 'f32', got 'tensor<2x2x8x8xf32>'}}
+  %o:2 = tgraph.attention %q, %q, %q mask(%m : tensor<2x2x8x8xf32>) {scale = 0.25 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
+  return %o#0 : tensor<2x4x8x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<2x8x16xf32>, %s: tensor<2x8x1xi32>, %t: tensor<2x8x1xi64>) -> tensor<2x8x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'kv_segments' must be [1|2, 8, 1] of 'i32', got 'tensor<2x8x1xi64>'}}
+  %o:2 = tgraph.attention %q, %q, %q segments(%s, %t : tensor<2x8x1xi32>, tensor<2x8x1xi64>) {scale = 0.25 : f64} : tensor<2x8x16xf32>, tensor<2x8x16xf32>, tensor<2x8x16xf32> -> tensor<2x8x16xf32>, tensor<2x8x1xf32>
+  return %o#0 : tensor<2x8x16xf32>
 }
 
 // -----
@@ -601,7 +633,7 @@ func.func @f(%q: tensor<64x16xi32>) -> tensor<64x16xi32> {
 // -----
 
 func.func @f(%q: tensor<64x16xf32>, %d: tensor<64x8xf32>, %s: tensor<64x1xf32>) -> tensor<64x16xf32> {
-  // expected-error @below {{'tgraph.attention_grad' op 'dout' must have the type of 'v' 'tensor<64x16xf32>', got 'tensor<64x8xf32>'}}
+  // expected-error @below {{'tgraph.attention_grad' op 'dout' must be 'tensor<64x16xf32>', got 'tensor<64x8xf32>'}}
   %g:3 = tgraph.attention_grad %q, %q, %q, %d, %s, %s {scale = 1.0 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x8xf32>, tensor<64x1xf32>, tensor<64x1xf32> -> tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>
   return %g#0 : tensor<64x16xf32>
 }

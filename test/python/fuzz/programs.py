@@ -532,28 +532,65 @@ def _normalize(b: _Builder):
            math.sqrt(max(last, 1)) * 3 * 3 + 3)
 
 
-def attention_reference(q, k, v, seq_dim: int, causal: bool) -> np.ndarray:
-    """softmax(q k^T / sqrt(D) [causal]) v with the sequence along `seq_dim`."""
+def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
+                        mask=None) -> np.ndarray:
+    """softmax(q k^T / sqrt(D) [masks]) v with the sequence along `seq_dim`;
+    k and v may have fewer heads (leading dimensions dividing q's) and
+    another length (queries are the last positions); `mask` is boolean
+    [lead..., Sq | 1, Sk]. A row with no key gives 0."""
     q, k, v = (np.moveaxis(np.asarray(t, np.float64), seq_dim, -2) for t in (q, k, v))
+    for axis in range(q.ndim - 2):
+        k, v = (np.repeat(t, q.shape[axis] // k.shape[axis], axis) for t in (k, v))
     s = np.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+    sq, sk = s.shape[-2:]
+    pos, keys = np.arange(sq)[:, None] + sk - sq, np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
     if causal:
-        n = s.shape[-1]
-        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.moveaxis(p / p.sum(-1, keepdims=True) @ v, -2, seq_dim)
+        allowed &= keys <= pos
+    if window is not None:
+        allowed &= pos - keys < window
+    if mask is not None:
+        allowed = allowed & mask
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isneginf(m), 0, m))
+    total = p.sum(-1, keepdims=True)
+    return np.moveaxis(p / np.where(total == 0, 1, total) @ v, -2, seq_dim)
 
 
 def _attention(b: _Builder):
+    """Grouped key/value heads (leading dimensions dividing q's), another
+    key length, a sliding window and a boolean mask, each at times."""
     q = b.pick(lambda v: v.dtype == "f32" and len(v.shape) >= 2 and 0 not in v.shape)
     rank = len(q.shape)
     seq_dim = b.draw(st.integers(0, rank - 2))
     spelled = seq_dim - rank if b.draw(st.booleans()) else seq_dim      # -2, -3, ... too
     causal = b.draw(st.booleans())
-    k = b.new_input(q.shape)
-    v = b.new_input(q.shape[:-1] + (b.draw(st.integers(1, 4)),))
-    b.step(f"op.attention({q.name}, {k.name}, {v.name}, causal={causal}, seq_dim={spelled})",
-           lambda env, n=(q.name, k.name, v.name): attention_reference(
-               *(env[x] for x in n), seq_dim, causal), v.shape, "f32", v.bound)
+    kv_shape = list(q.shape)
+    for d in range(rank - 1):
+        if d != seq_dim:
+            kv_shape[d] = b.draw(st.sampled_from([n for n in range(1, q.shape[d] + 1)
+                                                  if q.shape[d] % n == 0]))
+    kv_shape[seq_dim] = b.draw(st.sampled_from([q.shape[seq_dim], b.draw(DIM_SIZES) or 1]))
+    k = b.new_input(tuple(kv_shape))
+    v = b.new_input(tuple(kv_shape[:-1]) + (b.draw(st.integers(1, 4)),))
+    window = b.draw(st.integers(1, 4)) if causal and b.draw(st.booleans()) else None
+    extra, mask_name = "", None
+    if window is not None:
+        extra += f", window={window}"
+    if b.draw(st.booleans()):
+        lead = [n for d, n in enumerate(q.shape[:-1]) if d != seq_dim]
+        rows = b.draw(st.sampled_from([1, q.shape[seq_dim]]))
+        m = b.new_input(tuple(n if b.draw(st.booleans()) else 1 for n in lead) +
+                        (rows, kv_shape[seq_dim]))
+        mask_name = m.name
+        extra += f", mask={m.name} > 0"
+    out_shape = q.shape[:-1] + (v.shape[-1],)
+    b.step(f"op.attention({q.name}, {k.name}, {v.name}, causal={causal}, seq_dim={spelled}"
+           f"{extra})",
+           lambda env, n=(q.name, k.name, v.name), mk=mask_name: attention_reference(
+               *(env[x] for x in n), seq_dim, causal, window,
+               None if mk is None else env[mk] > 0), out_shape, "f32", v.bound)
 
 
 def _attention_of_one_tensor(b: _Builder):

@@ -5,6 +5,7 @@ compiler reduces it over tp and the result keeps its dp row split."""
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -47,6 +48,36 @@ for d in (0, 1):
     for t in (0, 1):   # block (d, t): dp peer's rows, after its tp peer added 1 - t, x10
         ref_swaps[4 * d:4 * d + 4, 6 * t:6 * t + 6] = \
             (x[4 * (1 - d):4 * (1 - d) + 4, 6 * t:6 * t + 6] + (1 - t)) * 10.0
+# Grouped-query attention, batch over dp and heads over tp (8 query heads,
+# 2 key/value heads: each tp rank's 4 query heads read its own key/value
+# head), causal with a key-padding mask split with the batch; forward and
+# the gradients of q, k and v against float64.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_attention_variants import reference  # noqa: E402
+
+aq = rng.standard_normal((4, 8, 16, 8)).astype(np.float32)
+akv = rng.standard_normal((2, 4, 2, 16, 8)).astype(np.float32)
+aR = rng.standard_normal((4, 8, 16, 8)).astype(np.float32)
+pad = np.ones((4, 1, 1, 16), bool)
+pad[1, ..., :5] = False
+heads = dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "tp"))
+AQ, AK, AV, AR = (dist.from_numpy(t, heads, mesh) for t in (aq, akv[0], akv[1], aR))
+PAD = dist.from_numpy(pad, dist.ShardSpec(partition=(0,), mesh_axes=("dp",)), mesh)
+
+
+@ts.compile(mesh=mesh)
+def attention_step(q, k, v, r, pad):
+    def loss(q, k, v):
+        return op.sum(op.mul(op.attention(q, k, v, causal=True, mask=pad), r))
+    return (op.attention(q, k, v, causal=True, mask=pad),) + tuple(ts.grad(loss(q, k, v),
+                                                                            [q, k, v]))
+
+
+att = [t.numpy() for t in attention_step(AQ, AK, AV, AR, PAD)]
+att_want = reference(aq, akv[0], akv[1], aR, 1 / np.sqrt(8), causal=True, mask=pad)
+att_ok = all(np.allclose(g, w, rtol=2e-4, atol=3e-5) for g, w in zip(att, att_want))
+att_ir = ts.graph.trace(attention_step, AQ, AK, AV, AR, PAD).partitioned
+
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
@@ -55,5 +86,7 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "y_local": list(Y.local().shape), "y_layout": repr(Y),
                "ok": bool(np.allclose(Y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())),
                "swaps_exact": bool(np.array_equal(got, ref_swaps)),
+               "attention_ok": att_ok,
+               "attention_gathers": att_ir.count("tgraph.all_gather"),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)

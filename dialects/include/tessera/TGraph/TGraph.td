@@ -646,48 +646,76 @@ def TGraph_GroupedOuterOp : TGraph_Op<"grouped_outer", [Pure]> {
 // Attention (fused: the [S, S] score matrix is never materialized)
 //----------------------------------------------------------------------------
 
-def TGraph_AttentionOp : TGraph_Op<"attention", [Pure]> {
-  let summary = "softmax(q k^T * scale [causal mask]) v, with the row log-sum-exp";
+def TGraph_AttentionOp : TGraph_Op<"attention", [Pure, AttrSizedOperandSegments]> {
+  let summary = "softmax(q k^T * scale [+ masks]) v, with the row log-sum-exp";
   let description = [{
-    Operands are `q[..., S, D]`, `k[..., S, D]` and `v[..., S, Dv]`; leading
-    (batch, head) dimensions match. With `causal`, query row `i` attends to
-    keys `0..i`. Results: `out[..., S, Dv]` (the operands' element type) and
-    `lse[..., S, 1]` (f32; f64 for f64 operands), the natural log of each row's softmax
-    denominator of the scaled scores, which the backward pass
+    Operands are `q[..., Sq, D]`, `k[..., Sk, D]` and `v[..., Sk, Dv]` of one
+    float element type. Each leading (batch, head) dimension of `k` and `v`
+    divides `q`'s: query head `h` reads key/value head `h / (Hq / Hkv)`
+    (grouped-query attention; multi-query when `Hkv = 1`), with no copies.
+    Query row `i` sits at position `i + Sk - Sq` (the last `Sq` positions:
+    a decode step or a chunk of a prefill), which `causal` and `window`
+    read. Results: `out[..., Sq, Dv]` (the operands' element type) and
+    `lse[..., Sq, 1]` (f32; f64 for f64 operands), the natural log of each
+    row's softmax denominator of the scaled scores, which the backward pass
     (`tgraph.attention_grad`) uses to recompute probabilities instead of
     storing them. Lowered to flash-attention Tile IR kernels (online softmax
-    over key blocks).
+    over key blocks) that never hold the `[Sq, Sk]` scores.
+
+    What a query may attend to, all optional and combined:
+    * `causal`: keys at or before its position;
+    * `window = W` (with `causal`): the last `W` positions, its own included
+      (sliding-window attention: key `j` when `pos - j < W`);
+    * `mask(%m)`: an additive f32 (f64) bias `[L..., Sq | 1, Sk]`, `-inf`
+      where a key is masked; each leading dimension `L` is 1 or `q`'s (in
+      the order of `q`'s leading dimensions, `seq_dim` left out);
+    * `segments(%qs, %ks)`: i32 document ids `[L..., Sq, 1]` and
+      `[L..., Sk, 1]` (packed documents: a query attends to keys of its
+      own document only).
+    A row with no key left gives `out = 0` and `lse = -inf` (FlashAttention's
+    convention), and no gradient.
 
     `seq_dim` names the dimension that runs along the sequence (default: the
-    second to last, `S` above); the other leading dimensions are batch
-    dimensions. `q[B, S, H, D]` with `seq_dim = 1` is attention per head
-    read straight from a `[B, S, H, D]` projection, with no transposes to
-    and from `[B, H, S, D]`; `lse` is then `[B, S, H, 1]`.
+    second to last); the other leading dimensions are batch dimensions.
+    `q[B, S, H, D]` with `seq_dim = 1` is attention per head read straight
+    from a `[B, S, H, D]` projection, with no transposes to and from
+    `[B, H, S, D]`; `lse` is then `[B, S, H, 1]`.
 
     ```mlir
     %o, %lse = tgraph.attention %q, %k, %v {causal, scale = 0.125 : f64}
         : tensor<2x4x128x64xbf16>, tensor<2x4x128x64xbf16>, tensor<2x4x128x64xbf16>
         -> tensor<2x4x128x64xbf16>, tensor<2x4x128x1xf32>
+    %o2, %lse2 = tgraph.attention %q, %k2, %v2 mask(%m : tensor<2x1x1x256xf32>) {scale = 0.125 : f64}
+        : tensor<2x8x1x64xf32>, tensor<2x2x256x64xf32>, tensor<2x2x256x64xf32>
+        -> tensor<2x8x1x64xf32>, tensor<2x8x1x1xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$q, AnyRankedTensor:$k, AnyRankedTensor:$v,
-                       UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim);
+                       Optional<AnyRankedTensor>:$mask,
+                       Optional<AnyRankedTensor>:$q_segments,
+                       Optional<AnyRankedTensor>:$kv_segments,
+                       UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim,
+                       OptionalAttr<I64Attr>:$window);
   let results = (outs AnyRankedTensor:$out, AnyRankedTensor:$lse);
   let assemblyFormat = [{
-    $q `,` $k `,` $v attr-dict `:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)
+    $q `,` $k `,` $v (`mask` `(` $mask^ `:` type($mask) `)`)?
+    (`segments` `(` $q_segments^ `,` $kv_segments `:` type($q_segments) `,` type($kv_segments) `)`)?
+    attr-dict `:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)
   }];
   let hasVerifier = 1;
 }
 
-def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure]> {
+def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure, AttrSizedOperandSegments]> {
   let summary = "gradients of tgraph.attention with respect to q, k and v";
   let description = [{
-    Given the forward operands, the output's cotangent `dout[..., S, Dv]`,
-    the forward `lse[..., S, 1]` and `delta[..., S, 1] = rowsum(dout * out)`
+    Given the forward operands, the output's cotangent `dout[..., Sq, Dv]`,
+    the forward `lse[..., Sq, 1]` and `delta[..., Sq, 1] = rowsum(dout * out)`
     (both f32, or f64 for f64 operands), returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`. The
     probabilities are recomputed block by block from `lse`; each gradient
-    is accumulated by one kernel instance (no atomics: deterministic).
-    `seq_dim` is the forward op's.
+    is accumulated by one kernel instance (no atomics: deterministic; a
+    grouped key/value head sums its query heads' contributions in one
+    loop). `mask`, `segments`, `causal`, `window` and `seq_dim` are the
+    forward op's; the mask gets no gradient.
 
     ```mlir
     %dq, %dk, %dv = tgraph.attention_grad %q, %k, %v, %do, %lse, %delta {causal, scale = 0.125 : f64}
@@ -698,10 +726,16 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure]> {
   }];
   let arguments = (ins AnyRankedTensor:$q, AnyRankedTensor:$k, AnyRankedTensor:$v,
                        AnyRankedTensor:$dout, AnyRankedTensor:$lse, AnyRankedTensor:$delta,
-                       UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim);
+                       Optional<AnyRankedTensor>:$mask,
+                       Optional<AnyRankedTensor>:$q_segments,
+                       Optional<AnyRankedTensor>:$kv_segments,
+                       UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim,
+                       OptionalAttr<I64Attr>:$window);
   let results = (outs AnyRankedTensor:$dq, AnyRankedTensor:$dk, AnyRankedTensor:$dv);
   let assemblyFormat = [{
-    $q `,` $k `,` $v `,` $dout `,` $lse `,` $delta attr-dict `:` type($q) `,` type($k) `,`
+    $q `,` $k `,` $v `,` $dout `,` $lse `,` $delta (`mask` `(` $mask^ `:` type($mask) `)`)?
+    (`segments` `(` $q_segments^ `,` $kv_segments `:` type($q_segments) `,` type($kv_segments) `)`)?
+    attr-dict `:` type($q) `,` type($k) `,`
     type($v) `,` type($dout) `,` type($lse) `,` type($delta) `->` type($dq) `,` type($dk) `,` type($dv)
   }];
   let hasVerifier = 1;
