@@ -41,7 +41,8 @@ __all__ = [
     "max", "softmax", "log_softmax", "layernorm", "rmsnorm", "embedding", "attention",
     "flash_attention", "cross_entropy", "reshape", "transpose", "split", "concat", "index",
     "linear", "topk", "sin", "cos", "erf", "abs", "sign", "floor", "ceil", "arange",
-    "broadcast_to", "min", "argmax", "argmin", "take_along_axis", "cumsum",
+    "broadcast_to", "min", "argmax", "argmin", "take_along_axis", "cumsum", "dynamic_slice",
+    "dynamic_update_slice",
 ]
 
 
@@ -1311,6 +1312,68 @@ def take_along_axis(x, indices, dim: int) -> Traced:
     at = cast(it, dtypes.as_dtype(np.float32 if n < 1 << 24 else np.float64))
     out = read_chosen(xt, where(less(at, 0.0), add(at, float(n)), at), src)
     return out if back is None else transpose(out, back)
+
+
+def _dynamic_start(name: str, x: Traced, start, d: int, size: int, src) -> Traced:
+    """`start` (a Python int or an integer scalar of the program) as the i32
+    scalar a dynamic slice reads, checked where the step runs to leave room
+    for `size` along dimension `d` (ts.ValueCheckError naming the value)."""
+    room = x.shape[d] - size
+    if is_int(start) and not 0 <= start <= room:
+        raise ArgumentError(f"op.{name}: start={start} leaves no room for {size} along dimension "
+                            f"{d} of {list(x.shape)} (0 to {room})  [{src}]")
+    s = operand(name, np.int32(start) if is_int(start) else start, src)
+    if s.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or s.shape != ():
+        raise DTypeError(f"op.{name}: start must be an integer scalar (int32 or int64), got "
+                         f"{_describe(s)}  [{src}]")
+    message = (f"op.{name}{{where}}: start {{value}} leaves no room for {size} along "
+               f"dimension {d} of {list(x.shape)} (0 to {room}; a scalar: row {{row}})")
+    with current_location(src):
+        checked = result_of(gb.check_range(s.value, 0, room + 1, message), src)
+    return cast(checked, dtypes.as_dtype(np.int32))
+
+
+@eager
+def dynamic_slice(x, start, size: int, dim: int = 0) -> Traced:
+    """`x`'s block of `size` along `dim` from `start`, XLA's `dynamic_slice`
+    along one dimension: `start` may be a value of the program (an integer
+    scalar: a decode step's position), read when the step runs. A start
+    that leaves no room for the block fails the step with
+    ts.ValueCheckError (XLA clamps it: a different block, silently).
+    Differentiable in x."""
+    src = where_called("dynamic_slice")
+    x = operand("dynamic_slice", x, src)
+    d = _one_dim("dynamic_slice", x, dim, src)
+    if not is_int(size) or not 0 <= size <= x.shape[d]:
+        raise ArgumentError(f"op.dynamic_slice: size={size!r} must be an integer in [0, "
+                            f"{x.shape[d]}] (dimension {d} of {list(x.shape)})  [{src}]")
+    at = _dynamic_start("dynamic_slice", x, start, d, int(size), src)
+    with current_location(src):
+        return result_of(gb.dynamic_slice(x.value, at.value, d, int(size)), src)
+
+
+@eager
+def dynamic_update_slice(x, update, start, dim: int = 0) -> Traced:
+    """`x` with the block of `update` written along `dim` at `start`
+    (`update` has x's shape but along `dim`), XLA's `dynamic_update_slice`
+    along one dimension: `start` may be a value of the program, read when
+    the step runs (a KV cache written at a decode step's position, one
+    compiled step for every position). A start that leaves no room fails
+    the step with ts.ValueCheckError. Differentiable in x and update."""
+    src = where_called("dynamic_update_slice")
+    x = operand("dynamic_update_slice", x, src)
+    update = operand("dynamic_update_slice", update, src, like=x)
+    d = _one_dim("dynamic_update_slice", x, dim, src)
+    if update.dtype != x.dtype:
+        raise DTypeError(f"op.dynamic_update_slice: update is {_describe(update)}, x "
+                         f"{_describe(x)}: one dtype  [{src}]")
+    if update.ndim != x.ndim or update.shape[d] > x.shape[d] or \
+            any(u != n for i, (u, n) in enumerate(zip(update.shape, x.shape)) if i != d):
+        raise ShapeError(f"op.dynamic_update_slice: update {list(update.shape)} must have x's "
+                         f"shape {list(x.shape)} but along dim {d}  [{src}]")
+    at = _dynamic_start("dynamic_update_slice", x, start, d, update.shape[d], src)
+    with current_location(src):
+        return result_of(gb.dynamic_update_slice(x.value, at.value, update.value, d), src)
 
 
 # ----------------------------------------------------------------------------

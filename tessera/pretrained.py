@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes
-from ._primitives import (add, arange, argmax, attention, cast, concat, cos, embedding, gelu,
-                          index, layernorm, linear, mul, neg, reshape, rmsnorm, silu, sin,
-                          take_along_axis)
+from ._primitives import (add, arange, argmax, attention, cast, concat, cos,
+                          dynamic_update_slice, embedding, gelu, index, layernorm, linear, mul,
+                          neg, reshape, rmsnorm, silu, sin)
 from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
@@ -164,8 +164,8 @@ class LlamaConfig:
             names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
         return names
 
-    def forward(self, params, ids, mask, positions):
-        return _llama(self, params, ids, mask, positions)
+    def forward(self, params, ids, mask, positions, attend=None):
+        return _llama(self, params, ids, mask, positions, attend)
 
 
 #: GPT-2's `activation_function` -> op.gelu's `approximate`
@@ -230,8 +230,8 @@ class GPT2Config:
                                               "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
         return names
 
-    def forward(self, params, ids, mask, positions):
-        return _gpt2(self, params, ids, mask, positions)
+    def forward(self, params, ids, mask, positions, attend=None):
+        return _gpt2(self, params, ids, mask, positions, attend)
 
 
 #: model_type -> its config class
@@ -249,7 +249,7 @@ class Pretrained:
         self.config, self.params, self.path = config, params, path
         #: generation's stop tokens and the token a finished row repeats
         self.eos_token_ids, self.pad_token_id = tuple(eos), pad
-        self._compiled = self._next_token = None
+        self._compiled = self._decoders = None
 
     def forward(self, params: dict, input_ids, attention_mask=None, position_ids=None):
         """Logits [B, S, V] (float32) of `input_ids` [B, S]; `attention_mask`
@@ -269,9 +269,12 @@ class Pretrained:
         (generation_config.json's `eos_token_id`) repeats the pad token
         after it, and decoding ends when every row has stopped.
 
-        One compiled step for every token: the whole sequence buffer
-        [B, S + max_new_tokens] runs through the model each time (no KV
-        cache yet), and the next token is the argmax at the last column."""
+        A KV cache: the prompt runs once (the prefill, compiled per prompt
+        shape), then each new token alone (the decode step, compiled once
+        for the batch and the cache's length S + max_new_tokens) writes its
+        keys and values into every layer's fixed-size cache with
+        `op.dynamic_update_slice` at a run-time index and attends over the
+        slots written so far."""
         ids, mask = self._batch(input_ids, attention_mask)
         if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
             raise ArgumentError(f"Pretrained.generate: max_new_tokens={max_new_tokens!r} must "
@@ -281,25 +284,54 @@ class Pretrained:
         buf = np.zeros((batch, total), np.int32)
         seen = np.zeros((batch, total), np.int32)
         buf[:, :length], seen[:, :length] = ids, mask
-        if self._next_token is None:
-            def next_token(params, ids, mask, positions, last):
-                logits = self.forward(params, ids, mask, positions)
-                return argmax(take_along_axis(logits, last, 1), -1)
-            self._next_token = jit(next_token)
+        prefill, decode = self._decoding()
+        positions = np.maximum(np.cumsum(seen, axis=1) - 1, 0).astype(np.int32)
+        token, *kept = prefill(self.params, ids, mask, positions[:, :length])
+        caches = []
+        for kv in kept:                 # [B, S, KV, D] into slots 0 .. S-1 of [B, total, KV, D]
+            cache = np.zeros((batch, total) + kv.shape[2:], np.float32)
+            cache[:, :length] = kv
+            caches.append(cache)
         running = np.ones(batch, bool)
         pad = self.pad_token_id if self.pad_token_id is not None else (
             self.eos_token_ids[0] if self.eos_token_ids else 0)
         for step in range(max_new_tokens):
-            end = length + step
-            positions = np.maximum(np.cumsum(seen, axis=1) - 1, 0).astype(np.int32)
-            last = np.full((batch, 1, 1), end - 1, np.int32)
-            token = self._next_token(self.params, buf, seen, positions, last).reshape(batch)
-            token = np.where(running, token, pad).astype(np.int32)
-            buf[:, end], seen[:, end] = token, 1
+            at = length + step
+            token = np.where(running, np.asarray(token).reshape(batch), pad).astype(np.int32)
+            buf[:, at], seen[:, at] = token, 1
             running &= ~np.isin(token, self.eos_token_ids)
             if not running.any():
-                return buf[:, :end + 1]
+                return buf[:, :at + 1]
+            if step + 1 == max_new_tokens:
+                break
+            position = (np.cumsum(seen, axis=1)[:, at:at + 1] - 1).astype(np.int32)
+            token, *caches = decode(self.params, token[:, None], position, seen, np.int32(at),
+                                    caches)
         return buf
+
+    def _decoding(self):
+        """The compiled prefill and decode steps (made once per model)."""
+        if self._decoders is None:
+            c = self.config
+            window = getattr(c, "window", None)
+
+            def prefill(params, ids, mask, positions):
+                attend = _Sequence(keep=True)
+                logits = c.forward(params, ids, mask, positions, attend)
+                return (argmax(logits[:, -1], -1),) + tuple(attend.kept)
+
+            def decode(params, token, position, seen, at, caches):
+                slots = caches[0].shape[1]
+                keys = cast(seen, dtypes.float32)
+                if window is not None:      # the last `window` positions, this one's included
+                    near = cast(arange(slots), dtypes.float32) > cast(at, dtypes.float32) - window
+                    keys = mul(keys, cast(near, dtypes.float32))
+                attend = _Decode(list(caches), at,
+                                 reshape(keys > 0.5, token.shape[0], 1, 1, slots))
+                logits = c.forward(params, token, None, position, attend)
+                return (argmax(logits[:, -1], -1),) + tuple(attend.written)
+            self._decoders = (jit(prefill), jit(decode))
+        return self._decoders
 
     def save_pretrained(self, folder) -> Path:
         """Writes `params` as a Hugging Face checkpoint folder `transformers`
@@ -415,6 +447,37 @@ def _key_padding(batch: int, length: int, mask):
     return reshape(cast(mask, dtypes.float32) > 0.5, batch, 1, 1, length)
 
 
+class _Sequence:
+    """Attention over the whole sequence (the forward pass, a prefill):
+    causal, padded keys masked, Mistral's window; `keep` records each
+    layer's keys and values (the KV cache a prefill starts)."""
+
+    def __init__(self, keep: bool = False):
+        self.kept = [] if keep else None
+
+    def __call__(self, layer: int, q, k, v, keys, window):
+        if self.kept is not None:
+            self.kept += [k, v]
+        return attention(q, k, v, causal=True, seq_dim=1, mask=keys, window=window)
+
+
+class _Decode:
+    """One new token per row against a fixed-size KV cache: each layer's
+    key and value [B, L, KV, D] written at run-time index `at` by
+    dynamic_update_slice, then attended under `keys` [B, 1, 1, L] (the
+    written, unpadded slots in the window). `written` collects the new
+    caches."""
+
+    def __init__(self, caches: list, at, keys):
+        self.caches, self.at, self.keys, self.written = caches, at, keys, []
+
+    def __call__(self, layer: int, q, k, v, _keys, _window):
+        ck, cv = (dynamic_update_slice(cache, new, self.at, dim=1)
+                  for cache, new in zip(self.caches[2 * layer: 2 * layer + 2], (k, v)))
+        self.written += [ck, cv]
+        return attention(q, ck, cv, seq_dim=1, mask=self.keys)
+
+
 def _positions(length: int, positions):
     return reshape(arange(length), 1, length) if positions is None else positions
 
@@ -438,12 +501,13 @@ def _rope(x, cos, sin):
     return add(mul(x, cos), mul(rotated, sin))
 
 
-def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
+def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None):
     batch, length = ids.shape
     h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = embedding(ids, params["model.embed_tokens.weight"])
     cos, sin = _rotary(c, _positions(length, positions))
     keys = _key_padding(batch, length, mask)
+    attend = attend or _Sequence()
 
     def proj(v, name, bias_too=False):
         return linear(v, params[name + ".weight"], params[name + ".bias"] if bias_too else None,
@@ -460,8 +524,7 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
         q, k = (_rope(heads(a, p + f"self_attn.{n}_proj", m), cos, sin)
                 for n, m in (("q", h), ("k", kv)))
         v = heads(a, p + "self_attn.v_proj", kv)
-        out = reshape(attention(q, k, v, causal=True, seq_dim=1, mask=keys, window=c.window),
-                      batch, length, h * d)
+        out = reshape(attend(i, q, k, v, keys, c.window), batch, length, h * d)
         x = add(x, proj(out, p + "self_attn.o_proj"))
         m = rmsnorm(x, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
         gate = silu(proj(m, p + "mlp.gate_proj"))
@@ -472,7 +535,7 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None):
     return linear(x, head, weight_layout="out_in")
 
 
-def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None):
+def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None):
     """GPT-2 as Hugging Face's GPT2LMHeadModel computes it: learned positions,
     pre-LayerNorm blocks, one fused q/k/v projection, GELU MLP; its Conv1D
     weights are [in, out], Tessera's own layout; the head is the token table."""
@@ -482,6 +545,7 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None):
     x = add(embedding(ids, params[p + "wte.weight"]),
             embedding(_positions(length, positions), params[p + "wpe.weight"]))
     keys = _key_padding(batch, length, mask)
+    attend = attend or _Sequence()
 
     def heads(t):
         return reshape(t, batch, length, h, d)
@@ -492,8 +556,7 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None):
         qkv = linear(a, params[b + "attn.c_attn.weight"], params[b + "attn.c_attn.bias"])
         q, k, v = (heads(index(qkv, (Ellipsis, slice(j * c.n_embd, (j + 1) * c.n_embd))))
                    for j in range(3))
-        out = reshape(attention(q, k, v, causal=True, seq_dim=1, mask=keys), batch, length,
-                      c.n_embd)
+        out = reshape(attend(i, q, k, v, keys, None), batch, length, c.n_embd)
         x = add(x, linear(out, params[b + "attn.c_proj.weight"], params[b + "attn.c_proj.bias"]))
         m = layernorm(x, params[b + "ln_2.weight"], params[b + "ln_2.bias"], c.layer_norm_epsilon)
         m = gelu(linear(m, params[b + "mlp.c_fc.weight"], params[b + "mlp.c_fc.bias"]),

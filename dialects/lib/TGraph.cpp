@@ -709,6 +709,44 @@ LogicalResult GroupedOuterOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// Dynamic slices
+//===----------------------------------------------------------------------===//
+
+/// `start` is an i32 scalar and `dim` a dimension of `x`; `block` (the
+/// slice or the update) has `x`'s rank, element type and shape but along
+/// `dim`, where it is at most `x`'s.
+static LogicalResult verifyDynamicSlice(Operation *op, RankedTensorType x, Type start,
+                                        RankedTensorType block, StringRef name, int64_t dim) {
+  auto s = dyn_cast<RankedTensorType>(start);
+  if (!s || s.getRank() != 0 || !s.getElementType().isInteger(32))
+    return op->emitOpError("'start' must be an i32 scalar tensor, got ") << start;
+  if (dim < 0 || dim >= x.getRank())
+    return op->emitOpError("'dim' ") << dim << " is not a dimension of " << x;
+  bool ok = block.getRank() == x.getRank() && block.getElementType() == x.getElementType() &&
+            block.getDimSize(dim) <= x.getDimSize(dim);
+  for (int64_t d = 0; ok && d < x.getRank(); ++d)
+    ok = d == dim || block.getDimSize(d) == x.getDimSize(d);
+  if (!ok)
+    return op->emitOpError("'") << name << "' must have the shape of 'x' " << x
+                                << " but along dim " << dim << " (at most its size), got "
+                                << block;
+  return success();
+}
+
+LogicalResult DynamicSliceOp::verify() {
+  return verifyDynamicSlice(*this, getX().getType(), getStart().getType(),
+                            getResult().getType(), "result", getDim());
+}
+
+LogicalResult DynamicUpdateSliceOp::verify() {
+  if (getResult().getType() != getX().getType())
+    return emitOpError("'result' must have the type of 'x' ") << getX().getType() << ", got "
+                                                               << getResult().getType();
+  return verifyDynamicSlice(*this, getX().getType(), getStart().getType(),
+                            getUpdate().getType(), "update", getDim());
+}
+
+//===----------------------------------------------------------------------===//
 // Attention
 //===----------------------------------------------------------------------===//
 

@@ -133,6 +133,13 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
         return [gb.scatter_add(g, x[1], gb.shape_of(x[0])[0]), None]
     if name == "scatter_add":
         return [gb.gather(g, x[1]), None]
+    if name in ("dynamic_slice", "dynamic_update_slice"):
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        if name == "dynamic_slice":     # the block's cotangent in place, zeros around it
+            return [gb.dynamic_update_slice(gb.zeros_like(x[0]), x[1], g, dim), None]
+        size = gb.shape_of(x[2])[dim]   # the overwritten block passes nothing to x
+        return [gb.dynamic_update_slice(g, x[1], gb.zeros_like(x[2]), dim), None,
+                gb.dynamic_slice(g, x[1], dim, size)]
     if name == "attention":
         if gs[1] is not None:
             raise PassError("tessera-autodiff: the log-sum-exp result of tgraph.attention "

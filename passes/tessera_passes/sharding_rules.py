@@ -271,6 +271,18 @@ def concat_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     return Rule(required, Sharding(ins[0].mesh, tuple(dims), partial))
 
 
+def dynamic_slice_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """dynamic_slice and dynamic_update_slice: the block's dimension is
+    whole (every rank reads the run-time start, a replicated scalar); the
+    others keep x's (and the update's) split. A pending sum is reduced."""
+    dim = ir.IntegerAttr(op.attributes["dim"]).value
+    blocks = [ins[0]] + ins[2:]
+    dims = list(merge_dims([o.with_partial(()) for o in blocks]))
+    dims[dim] = ()
+    s = Sharding(ins[0].mesh, tuple(dims))
+    return Rule([s, Sharding.replicated(ins[0].mesh, 0)] + [s] * (len(ins) - 2), s)
+
+
 def gather_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """`table[V, ...][indices]`: the indices' splits carry over. A table split
     by rows (vocab parallelism) is looked up locally, reading zeros for rows
@@ -392,6 +404,8 @@ RULES = {
     "tgraph.pad": box_rule,
     "tgraph.concat": concat_rule,
     "tgraph.gather": gather_rule,
+    "tgraph.dynamic_slice": dynamic_slice_rule,
+    "tgraph.dynamic_update_slice": dynamic_slice_rule,
     "tgraph.scatter_add": scatter_add_rule,
     "tgraph.fill": replicated_rule,
     "tgraph.iota": replicated_rule,

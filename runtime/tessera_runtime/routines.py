@@ -285,6 +285,32 @@ def _scatter_add(ins, outs, attrs):
     return _expect(outs, [((rows,) + tuple(u[len(ids[0]):]), d)])
 
 
+def _dynamic_block(x, start, block, dim):
+    """Why `block` (a slice or an update) does not fit `x` along `dim` at a
+    run-time `start`, or None."""
+    (s, d), (b, bd) = x, block
+    if start[0] != () or start[1] != "int32":
+        return f"start must be an int32 scalar, got {_show(start)}"
+    if not 0 <= dim < len(s):
+        return f"dim {dim} is out of range for rank {len(s)}"
+    if len(b) != len(s) or bd != d or b[dim] > s[dim] or \
+            any(x != y for i, (x, y) in enumerate(zip(b, s)) if i != dim):
+        return f"{_show(block)} is not a block of {_show(x)} along dim {dim}"
+    return None
+
+
+def _dynamic_slice(ins, outs, attrs):
+    if len(outs) != 1:
+        return f"one result, got {len(outs)}"
+    return _dynamic_block(ins["input"], ins["start"], outs[0], attrs["dim"]) or \
+        _expect(outs, [outs[0]])
+
+
+def _dynamic_update_slice(ins, outs, attrs):
+    return _dynamic_block(ins["input"], ins["start"], ins["update"], attrs["dim"]) or \
+        _expect(outs, [ins["input"]])
+
+
 def _axis_slice(ins, outs, attrs):
     (s, d), dim = ins["input"], attrs["dim"]
     if not 0 <= dim < len(s):
@@ -396,6 +422,13 @@ _ROUTINES = [
     Routine("scatter_add", "rows added into a zero table by index", ("updates", "indices"),
             ("result",), _scatter_add, "copy", {"row_axes": _ROW_AXES},
             graph_op="tgraph.scatter_add", title="embedding gradient"),
+    Routine("dynamic_slice", "a block along `dim` from a start read at run time",
+            ("input", "start"), ("result",), _dynamic_slice, "copy",
+            {"dim": Attribute("i64", True)}, graph_op="tgraph.dynamic_slice"),
+    Routine("dynamic_update_slice", "the input with a block along `dim` replaced at a start "
+            "read at run time", ("input", "start", "update"), ("result",),
+            _dynamic_update_slice, "copy", {"dim": Attribute("i64", True)},
+            graph_op="tgraph.dynamic_update_slice"),
     Routine("axis_slice", "this rank's block along `dim` of a value replicated over `axis`",
             ("input",), ("result",), _axis_slice, "copy",
             {"axis": Attribute("str", True, "the mesh axis (the executor makes it `block`)"),

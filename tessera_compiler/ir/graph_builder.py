@@ -191,6 +191,18 @@ def scatter_add(updates: ir.Value, ids: ir.Value, rows: int) -> ir.Value:
     return tgraph.ScatterAddOp(ranked(shape, element_of(updates)), updates, ids).result
 
 
+def dynamic_slice(x: ir.Value, start: ir.Value, dim: int, size: int) -> ir.Value:
+    """x's block of `size` along `dim` from run-time `start` (an i32 scalar)."""
+    shape = shape_of(x)
+    shape[dim] = size
+    return tgraph.DynamicSliceOp(ranked(shape, element_of(x)), x, start, i64(dim)).result
+
+
+def dynamic_update_slice(x: ir.Value, start: ir.Value, update: ir.Value, dim: int) -> ir.Value:
+    """x with its block along `dim` at run-time `start` replaced by `update`."""
+    return tgraph.DynamicUpdateSliceOp(x.type, x, start, update, i64(dim)).result
+
+
 def check_range(x: ir.Value, low: int, high: int, message: str, allowed=()) -> ir.Value:
     """`x` (integers), each element checked to lie in `[low, high)` or in
     `allowed`, else the step fails with `message` (`{row}`, `{value}`,

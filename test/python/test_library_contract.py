@@ -42,6 +42,9 @@ SAMPLES = {
     "gather": ([((16, 8), "float32"), ((2, 4), "int32"), ((2, 4, 8), "float32")], {}),
     "scatter_add": ([((2, 4, 8), "float32"), ((2, 4), "int32"), ((16, 8), "float32")], {}),
     "axis_slice": ([((4, 6), "float32"), ((4, 3), "float32")], {"axis": "tp", "dim": 1}),
+    "dynamic_slice": ([((4, 6), "float32"), ((), "int32"), ((4, 2), "float32")], {"dim": 1}),
+    "dynamic_update_slice": ([((4, 6), "float32"), ((), "int32"), ((4, 2), "float32"),
+                              ((4, 6), "float32")], {"dim": 1}),
     "topk": ([((5, 8), "float32"), ((5, 2), "int32")], {"k": 2}),
     "moe_dispatch": ([((6, 4), "float32"), ((6, 2), "int32"), ((16, 4), "float32"),
                       ((4,), "int32")], {"num_experts": 4, "capacity": 0}),
@@ -122,7 +125,7 @@ def _declaration(name, buffers, attrs) -> str:
             return "[" + ", ".join(json.dumps(x) for x in v) + "]"
         return "array<i64" + "".join(f", {x}" if i else f": {x}" for i, x in enumerate(v)) + ">"
     mlir = {d: t for t, d in ELEMENT_TYPES.items()}
-    types = ", ".join(f"memref<{'x'.join(map(str, s))}x{mlir[d]}>" for s, d in buffers)
+    types = ", ".join(f"memref<{''.join(f'{n}x' for n in s)}{mlir[d]}>" for s, d in buffers)
     entries = ", ".join(k if attr(v) is None else f"{k} = {attr(v)}" for k, v in attrs.items())
     return (f'func.func private @f({types}) attributes {{tsched.library = "{name}", '
             f"tsched.library_attrs = {{{entries}}}}}")

@@ -183,3 +183,47 @@ def test_cumsum_matches_numpy_and_its_gradient_is_the_reversed_running_sum(dim):
     np.testing.assert_allclose(y, np.cumsum(x, axis=dim), rtol=1e-12, atol=1e-12)
     reversed_sum = np.flip(np.cumsum(np.flip(r, axis=dim), axis=dim), axis=dim)
     np.testing.assert_allclose(g, reversed_sum, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_dynamic_slice_and_update_at_a_run_time_start_match_numpy_with_gradients(dim):
+    """One compiled step for every start (an input of the program): the
+    block read and the block written match numpy, and so do the gradients
+    (the read block's cotangent lands in place; the overwritten block of x
+    gets none, the update all of it)."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((4, 5, 6)).astype(np.float32)
+    d = dim % 3
+    size = 2
+    u = rng.standard_normal(x.shape[:d] + (size,) + x.shape[d + 1:]).astype(np.float32)
+    R, S = rng.standard_normal(x.shape).astype(np.float32), rng.standard_normal(u.shape).astype(
+        np.float32)
+
+    def step(x, u, at, R, S):
+        written = op.dynamic_update_slice(x, u, at, dim=dim)
+        read = op.dynamic_slice(x, at, size, dim=dim)
+        loss = op.add(op.sum(op.mul(written, R)), op.sum(op.mul(read, S)))
+        return (written, read) + tuple(ts.grad(loss, [x, u]))
+    compiled = ts.jit(step)
+    for at in range(x.shape[d] - size + 1):
+        box = (slice(None),) * d + (slice(at, at + size),)
+        written, read, dx, du = compiled(x, u, np.int32(at), R, S)
+        want = x.copy()
+        want[box] = u
+        assert np.array_equal(written, want) and np.array_equal(read, x[box])
+        want_dx = R.copy()
+        want_dx[box] = S
+        np.testing.assert_allclose(dx, want_dx, rtol=1e-6)
+        assert np.array_equal(du, R[box])
+    assert len(compiled._bundles) == 1
+
+
+def test_a_dynamic_start_with_no_room_fails_the_step_naming_it():
+    x = np.zeros((2, 6), np.float32)
+    step = ts.jit(lambda x, at: op.dynamic_update_slice(x, np.ones((2, 3), np.float32), at, dim=1))
+    with pytest.raises(ts.ValueCheckError, match=r"op.dynamic_update_slice at .*test_model_ops.py"
+                                                 r":\d+: start 4 leaves no room for 3 along "
+                                                 r"dimension 1 of \[2, 6\] \(0 to 3"):
+        step(x, np.int32(4))
+    with pytest.raises(ts.ArgumentError, match=r"start=-1 leaves no room"):
+        op.dynamic_slice(x, -1, 2, dim=1)

@@ -100,10 +100,17 @@ def test_the_docs_example_runs(monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_greedy_generation_equals_transformers_token_for_token(name):
+    """With a KV cache: the prompt's prefill, then one decode step per token,
+    compiled once, writing each layer's cache at a run-time index."""
     m = models.from_pretrained(HF / name)
     ref = np.load(HF / name / "reference.npz")
     out = m.generate(ref["input_ids"], max_new_tokens=8, attention_mask=ref["attention_mask"])
     np.testing.assert_array_equal(out, ref["generated"])
+    prefill, decode = m._decoding()
+    assert len(prefill._bundles) == 1 and len(decode._bundles) == 1
+    program = (decode._bundles[decode._last_key] / "program.json").read_text()
+    layers = len([n for n in m.params if n.endswith(("k_proj.weight", "c_attn.weight"))])
+    assert program.count('"dynamic_update_slice"') == 2 * layers      # each layer's k and v
 
 
 def test_generation_stops_when_every_row_has_emitted_a_stop_token():

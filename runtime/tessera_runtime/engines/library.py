@@ -88,6 +88,27 @@ def concat(xp, attrs, *args):
     xp.concatenate(inputs, axis=attrs["dim"], out=out)
 
 
+def _dynamic_box(start, dim: int, size: int, shape) -> tuple:
+    """The index of a block of `size` along `dim` at run-time `start` (an
+    int32 scalar buffer). The frontend's check_range fails the step with
+    the user's error when the start leaves no room; the start is clamped
+    here only so that such a step never reads or writes past the buffer
+    (its results are not returned)."""
+    first = min(max(int(start), 0), shape[dim] - size)
+    return (slice(None),) * dim + (slice(first, first + size),)
+
+
+def dynamic_slice(xp, attrs, x, start, out):
+    out[...] = x[_dynamic_box(start, attrs["dim"], out.shape[attrs["dim"]], x.shape)]
+
+
+def dynamic_update_slice(xp, attrs, x, start, update, out):
+    box = _dynamic_box(start, attrs["dim"], update.shape[attrs["dim"]], x.shape)
+    if out is not x:
+        out[...] = x
+    out[box] = update
+
+
 def index_out_of_range(routine: str, index: int, rows: int) -> LibraryError:
     """The error of embedding routine `routine` given id `index` for a table
     of `rows` rows (the CPU engine's C versions raise it too)."""
@@ -381,6 +402,7 @@ def axis_slice(xp, attrs, a, out):
 ROUTINES = routines.implementations({
     "matmul": matmul, "reshape": reshape, "transpose": transpose, "slice": slice_, "pad": pad,
     "concat": concat, "gather": gather, "scatter_add": scatter_add, "axis_slice": axis_slice,
+    "dynamic_slice": dynamic_slice, "dynamic_update_slice": dynamic_update_slice,
     "topk": topk, "moe_dispatch": moe_dispatch, "moe_collect": moe_collect,
     "grouped_matmul": grouped_matmul, "grouped_outer": grouped_outer,
     "check_range": check_range})

@@ -974,3 +974,27 @@ func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
   %0 = tgraph.exp %x {tgraph.no_gradient = 1 : i64} : tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+func.func @f(%x: tensor<2x64x8xf32>, %u: tensor<2x1x4xf32>, %at: tensor<i32>) -> tensor<2x64x8xf32> {
+  // expected-error @below {{'tgraph.dynamic_update_slice' op 'update' must have the shape of 'x' 'tensor<2x64x8xf32>' but along dim 1 (at most its size), got 'tensor<2x1x4xf32>'}}
+  %c = tgraph.dynamic_update_slice %x[%at] = %u {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32>, tensor<2x1x4xf32> -> tensor<2x64x8xf32>
+  return %c : tensor<2x64x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x64x8xf32>, %at: tensor<1xi64>) -> tensor<2x4x8xf32> {
+  // expected-error @below {{'tgraph.dynamic_slice' op 'start' must be an i32 scalar tensor, got 'tensor<1xi64>'}}
+  %r = tgraph.dynamic_slice %x[%at] {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<1xi64> -> tensor<2x4x8xf32>
+  return %r : tensor<2x4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x64x8xf32>, %at: tensor<i32>) -> tensor<2x4x8xf32> {
+  // expected-error @below {{'tgraph.dynamic_slice' op 'dim' 3 is not a dimension of 'tensor<2x64x8xf32>'}}
+  %r = tgraph.dynamic_slice %x[%at] {dim = 3 : i64} : tensor<2x64x8xf32>, tensor<i32> -> tensor<2x4x8xf32>
+  return %r : tensor<2x4x8xf32>
+}

@@ -216,6 +216,16 @@ func.func @attention_masks(%q: tensor<2x8x16x16xf32>, %k: tensor<2x2x64x16xf32>,
   return %g#1 : tensor<2x2x64x16xf32>
 }
 
+// A KV cache written at a run-time position, and a block read back.
+// CHECK-LABEL: func.func @dynamic_slices
+// CHECK: tgraph.dynamic_update_slice %{{.*}}[%{{.*}}] = %{{.*}} {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32>, tensor<2x1x8xf32> -> tensor<2x64x8xf32>
+// CHECK: tgraph.dynamic_slice %{{.*}}[%{{.*}}] {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32> -> tensor<2x4x8xf32>
+func.func @dynamic_slices(%cache: tensor<2x64x8xf32>, %kv: tensor<2x1x8xf32>, %at: tensor<i32>) -> tensor<2x4x8xf32> {
+  %c = tgraph.dynamic_update_slice %cache[%at] = %kv {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32>, tensor<2x1x8xf32> -> tensor<2x64x8xf32>
+  %r = tgraph.dynamic_slice %c[%at] {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32> -> tensor<2x4x8xf32>
+  return %r : tensor<2x4x8xf32>
+}
+
 // CHECK-LABEL: func.func @spmd_call
 // CHECK: tgraph.spmd @spmd_body(%{{.*}}) in [#tgraph.sharding<@mesh, {{\[}}["tp"], []]>] out [#tgraph.sharding<@mesh, {{\[}}[], []], partial = ["tp"]>] : (tensor<8x4xf32>) -> tensor<2x4xf32>
 // CHECK: func.func private @spmd_body({{.*}}) -> tensor<2x4xf32> attributes {tgraph.local}

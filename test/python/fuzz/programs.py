@@ -703,6 +703,32 @@ def _cumsum(b: _Builder):
            x.shape, x.dtype, x.bound * max(x.shape[d], 1))
 
 
+def _dynamic_slices(b: _Builder):
+    """A block read (op.dynamic_slice) or written (op.dynamic_update_slice)
+    along one dimension at a start that is an input of the program."""
+    b.need(b.allow_int)
+    x = b.pick(lambda v: v.dtype == "f32" and v.shape != () and 0 not in v.shape)
+    d = b.draw(st.integers(0, len(x.shape) - 1))
+    size = b.draw(st.integers(0, x.shape[d]))
+    start = b.new_input((), "i32", bound=-(x.shape[d] - size + 1))
+    block = x.shape[:d] + (size,) + x.shape[d + 1:]
+
+    def box(s):
+        return (slice(None),) * d + (slice(int(s), int(s) + size),)
+    if b.draw(st.booleans()):
+        b.step(f"op.dynamic_slice({x.name}, {start.name}, {size}, dim={d})",
+               lambda env, n=x.name, t=start.name: env[n][box(env[t])], block, "f32", x.bound)
+        return
+    u = b.new_input(block)
+
+    def written(env, n=x.name, t=start.name, u=u.name):
+        y = np.array(env[n], copy=True)
+        y[box(env[t])] = env[u]
+        return y
+    b.step(f"op.dynamic_update_slice({x.name}, {u.name}, {start.name}, dim={d})", written,
+           x.shape, "f32", max(x.bound, u.bound))
+
+
 def _rounding(b: _Builder):
     """floor, ceil or sign of an input: piecewise constant, so only of values
     both sides hold exactly (an input; an intermediate rounded differently
@@ -781,7 +807,7 @@ def _moe(b: _Builder):
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
          _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round,
-         _attention, _attention_of_one_tensor, _rounding, _cumsum]
+         _attention, _attention_of_one_tensor, _rounding, _cumsum, _dynamic_slices]
 
 
 @st.composite

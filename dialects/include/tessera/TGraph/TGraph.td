@@ -441,6 +441,49 @@ def TGraph_GatherOp : TGraph_Op<"gather", [Pure]> {
   let hasVerifier = 1;
 }
 
+def TGraph_DynamicSliceOp : TGraph_Op<"dynamic_slice", [Pure]> {
+  let summary = "a block of `x` along `dim` from a start index read at run time";
+  let description = [{
+    `result = x[..., start : start + size, ...]` along `dim`, every other
+    dimension whole; `start` is an i32 scalar tensor (a value of the
+    program: a decode step's position). A start outside `[0, n - size]`
+    is an error at run time (the frontend checks it with
+    `tgraph.check_range`).
+
+    ```mlir
+    %r = tgraph.dynamic_slice %x[%start] {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32> -> tensor<2x1x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$x, AnyRankedTensor:$start, I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $x `[` $start `]` attr-dict `:` type($x) `,` type($start) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_DynamicUpdateSliceOp : TGraph_Op<"dynamic_update_slice", [Pure]> {
+  let summary = "`x` with a block along `dim` replaced by `update` at a run-time start";
+  let description = [{
+    `result = x` but `result[..., start : start + m, ...] = update` along
+    `dim` (`update` has `x`'s shape with `m` there); `start` is an i32
+    scalar tensor read at run time (a KV cache written at a decode step's
+    position). A start outside `[0, n - m]` is an error at run time.
+
+    ```mlir
+    %c = tgraph.dynamic_update_slice %cache[%start] = %kv {dim = 1 : i64} : tensor<2x64x8xf32>, tensor<i32>, tensor<2x1x8xf32> -> tensor<2x64x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$x, AnyRankedTensor:$start, AnyRankedTensor:$update,
+                       I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $x `[` $start `]` `=` $update attr-dict `:` type($x) `,` type($start) `,` type($update)
+    `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
   let summary = "sum rows of `updates` into a zero tensor at rows `indices`";
   let description = [{
