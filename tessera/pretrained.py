@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes
-from ._primitives import (add, arange, argmax, attention, cast, concat, cos,
+from ._primitives import (add, arange, attention, cast, concat, cos,
                           dynamic_update_slice, embedding, gelu, index, layernorm, linear, mul,
                           neg, reshape, rmsnorm, silu, sin)
 from .compiler import jit
@@ -261,13 +261,21 @@ class Pretrained:
         rows whose mask is 1."""
         return self.config.forward(params, input_ids, attention_mask, position_ids)
 
-    def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None) -> np.ndarray:
+    def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None, *,
+                 temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None) -> np.ndarray:
         """Greedy decoding, as `transformers`' `generate(do_sample=False)`:
         the prompt [B, S] (left-padded, `attention_mask` 0 on padding) and up
         to `max_new_tokens` tokens after it, [B, S + n]. Positions start at
         each row's first token; a row that emits a stop token
         (generation_config.json's `eos_token_id`) repeats the pad token
         after it, and decoding ends when every row has stopped.
+
+        Sampling with `temperature=` (> 0): each token is drawn from
+        softmax(logits / temperature), kept to the `top_k` most likely
+        tokens and then to the fewest whose probability reaches `top_p`
+        (HF's order of its warpers), by numpy's generator seeded with
+        `seed` (the same seed, the same tokens).
 
         A KV cache: the prompt runs once (the prefill, compiled per prompt
         shape), then each new token alone (the decode step, compiled once
@@ -279,6 +287,7 @@ class Pretrained:
         if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
             raise ArgumentError(f"Pretrained.generate: max_new_tokens={max_new_tokens!r} must "
                                 f"be an int >= 1  [{user_frame()}]")
+        choose = _chooser(temperature, top_k, top_p, seed)
         batch, length = ids.shape
         total = length + max_new_tokens
         buf = np.zeros((batch, total), np.int32)
@@ -286,7 +295,7 @@ class Pretrained:
         buf[:, :length], seen[:, :length] = ids, mask
         prefill, decode = self._decoding()
         positions = np.maximum(np.cumsum(seen, axis=1) - 1, 0).astype(np.int32)
-        token, *kept = prefill(self.params, ids, mask, positions[:, :length])
+        logits, *kept = prefill(self.params, ids, mask, positions[:, :length])
         caches = []
         for kv in kept:                 # [B, S, KV, D] into slots 0 .. S-1 of [B, total, KV, D]
             cache = np.zeros((batch, total) + kv.shape[2:], np.float32)
@@ -297,7 +306,7 @@ class Pretrained:
             self.eos_token_ids[0] if self.eos_token_ids else 0)
         for step in range(max_new_tokens):
             at = length + step
-            token = np.where(running, np.asarray(token).reshape(batch), pad).astype(np.int32)
+            token = np.where(running, choose(np.asarray(logits)), pad).astype(np.int32)
             buf[:, at], seen[:, at] = token, 1
             running &= ~np.isin(token, self.eos_token_ids)
             if not running.any():
@@ -305,12 +314,13 @@ class Pretrained:
             if step + 1 == max_new_tokens:
                 break
             position = (np.cumsum(seen, axis=1)[:, at:at + 1] - 1).astype(np.int32)
-            token, *caches = decode(self.params, token[:, None], position, seen, np.int32(at),
-                                    caches)
+            logits, *caches = decode(self.params, token[:, None], position, seen, np.int32(at),
+                                     caches)
         return buf
 
     def _decoding(self):
-        """The compiled prefill and decode steps (made once per model)."""
+        """The compiled prefill and decode steps (made once per model): each
+        gives the last position's logits [B, V] and the layers' caches."""
         if self._decoders is None:
             c = self.config
             window = getattr(c, "window", None)
@@ -318,7 +328,7 @@ class Pretrained:
             def prefill(params, ids, mask, positions):
                 attend = _Sequence(keep=True)
                 logits = c.forward(params, ids, mask, positions, attend)
-                return (argmax(logits[:, -1], -1),) + tuple(attend.kept)
+                return (logits[:, -1],) + tuple(attend.kept)
 
             def decode(params, token, position, seen, at, caches):
                 slots = caches[0].shape[1]
@@ -329,7 +339,7 @@ class Pretrained:
                 attend = _Decode(list(caches), at,
                                  reshape(keys > 0.5, token.shape[0], 1, 1, slots))
                 logits = c.forward(params, token, None, position, attend)
-                return (argmax(logits[:, -1], -1),) + tuple(attend.written)
+                return (logits[:, -1],) + tuple(attend.written)
             self._decoders = (jit(prefill), jit(decode))
         return self._decoders
 
@@ -445,6 +455,55 @@ def _key_padding(batch: int, length: int, mask):
     if mask is None:
         return None
     return reshape(cast(mask, dtypes.float32) > 0.5, batch, 1, 1, length)
+
+
+def _chooser(temperature, top_k, top_p, seed):
+    """The next token of each row of logits [B, V]: the argmax (greedy), or
+    a draw as `Pretrained.generate` describes for `temperature` > 0."""
+    where = user_frame()
+    if temperature is None:
+        for name, value in (("top_k", top_k), ("top_p", top_p), ("seed", seed)):
+            if value is not None:
+                raise ArgumentError(f"Pretrained.generate: {name}={value!r} samples: pass "
+                                    f"temperature= too (1.0: the model's own distribution)  "
+                                    f"[{where}]")
+        return lambda logits: np.argmax(logits, axis=-1)
+    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+            and temperature > 0 and np.isfinite(temperature)):
+        raise ArgumentError(f"Pretrained.generate: temperature={temperature!r} must be a number "
+                            f"> 0 (None: greedy)  [{where}]")
+    if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool)
+                                  and top_k >= 1):
+        raise ArgumentError(f"Pretrained.generate: top_k={top_k!r} must be an int >= 1  [{where}]")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ArgumentError(f"Pretrained.generate: top_p={top_p!r} must be in (0, 1]  [{where}]")
+    rng = np.random.default_rng(seed)
+
+    def draw(logits):
+        return sample(logits, temperature, top_k, top_p, rng)
+    return draw
+
+
+def sample(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
+           rng: np.random.Generator) -> np.ndarray:
+    """One token per row of `logits` [B, V] from softmax(logits /
+    temperature) kept to the `top_k` most likely tokens, then to the fewest
+    (most likely first) whose probability reaches `top_p`."""
+    z = np.asarray(logits, np.float64) / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        ranked = np.take_along_axis(p, order, -1)
+        before = np.cumsum(ranked, -1) - ranked           # the mass of the likelier tokens
+        keep = np.zeros_like(p, bool)
+        np.put_along_axis(keep, order, before < top_p, -1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    return np.array([rng.choice(p.shape[-1], p=row) for row in p], np.int32)
 
 
 class _Sequence:

@@ -32,6 +32,8 @@ import types
 from dataclasses import dataclass
 from typing import Callable
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -104,6 +106,12 @@ def spmd2(body, **specs):
 
 
 # -- the table -------------------------------------------------------------------
+
+def _TINY_LLAMA():
+    """The suite's tiny Llama checkpoint (test/fixtures/hf/llama)."""
+    return ts.models.from_pretrained(Path(__file__).resolve().parents[1] / "fixtures" / "hf" /
+                                     "llama")
+
 
 CASES: list[Case] = []
 
@@ -230,6 +238,12 @@ cases(
          "path=None"),
     Case("models.from_pretrained", "other", lambda: ts.models.from_pretrained("/nonexistent"),
          "/nonexistent has no config.json"),
+    Case("models.from_pretrained", "out of range",
+         lambda: _TINY_LLAMA().generate(np.zeros((1, 2), np.int32), temperature=-1.0),
+         "temperature=-1.0"),
+    Case("models.from_pretrained", "other",
+         lambda: _TINY_LLAMA().generate(np.zeros((1, 2), np.int32), top_p=0.9),
+         "top_p=0.9 samples: pass temperature="),
     Case("op.argmax", "out of range", lambda: op.argmax(F, 2), "dim=2"),
     Case("op.cumsum", "out of range", lambda: op.cumsum(F, 2), "dim=2"),
     Case("op.cumsum", "wrong dtype", lambda: op.cumsum(I4), "int32"),
