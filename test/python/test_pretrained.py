@@ -220,3 +220,25 @@ def test_sampling_misuses_are_errors_naming_the_argument(kwargs, names):
     m = models.from_pretrained(HF / "llama")
     with pytest.raises(ts.ArgumentError, match=re.escape(names) + ".*test_pretrained.py"):
         m.generate(np.zeros((1, 3), np.int32), max_new_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt2"])
+def test_twenty_adamw_steps_follow_transformers_loss_curve(name):
+    """ts.optim.AdamW with torch.optim.AdamW's hyperparameters, 20 steps on
+    the fixture's batch from its weights: the loss before every step against
+    the one torch computed (test/fixtures/make_hf_fixtures.py ADAMW)."""
+    m = models.from_pretrained(HF / name)
+    ref = np.load(HF / name / "reference.npz")
+    opt = ts.optim.AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    @ts.jit
+    def step(params, state, ids, mask, targets):
+        loss = op.cross_entropy(m.forward(params, ids, mask)[:, :-1], targets)
+        params, state = opt.update(params, ts.grad(loss, params), state)
+        return loss, params, state
+    params, state, losses = m.params, opt.init(m.params), []
+    for _ in range(len(ref["adamw_losses"])):
+        loss, params, state = step(params, state, ref["input_ids"], ref["attention_mask"],
+                                   ref["labels"][:, 1:])
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, ref["adamw_losses"], rtol=2e-5)
