@@ -37,7 +37,7 @@ import numpy as np
 from . import dtypes
 from ._primitives import (add, arange, attention, cast, concat, cos,
                           dynamic_update_slice, embedding, gelu, index, layernorm, linear, mul,
-                          neg, reshape, rmsnorm, silu, sin)
+                          neg, reshape, rmsnorm, silu, sin, transpose)
 from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
@@ -45,7 +45,7 @@ from .errors import ArgumentError
 __all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config"]
 
 #: model_type -> whether q, k and v projections carry a bias
-FAMILIES = {"llama": False, "mistral": False, "qwen2": True}
+FAMILIES = {"llama": False, "mistral": False, "mixtral": False, "qwen2": True}
 
 #: config.json fields of every family that cannot change the forward pass
 NO_EFFECT = frozenset({
@@ -103,6 +103,9 @@ class LlamaConfig:
     qkv_bias: bool
     #: Mistral's sliding window: a query sees the last `window` positions
     window: int | None = None
+    #: Mixtral: SwiGLU experts per layer (0: one dense MLP), chosen per token
+    experts: int = 0
+    experts_per_token: int = 0
 
     #: fields that cannot change the forward pass (dropout: inference)
     NO_EFFECT = frozenset({"max_position_embeddings", "max_window_layers", "attention_dropout"})
@@ -113,9 +116,15 @@ class LlamaConfig:
                          "pretraining_tp", "mlp_bias", "attention_bias", "use_sliding_window",
                          "sliding_window", "layer_types", "tie_word_embeddings", "head_dim"})
 
+    #: Mixtral's fields (the router's auxiliary loss only counts in HF's loss
+    #: with output_router_logits, which is refused)
+    MOE = frozenset({"num_local_experts", "num_experts_per_tok", "output_router_logits",
+                     "router_aux_loss_coef", "router_jitter_noise"})
+
     @classmethod
     def from_json(cls, raw: dict, where: str) -> "LlamaConfig":
-        f = _ConfigFields(raw, where, cls.NO_EFFECT | cls.CHECKED)
+        moe = raw.get("model_type") == "mixtral"
+        f = _ConfigFields(raw, where, cls.NO_EFFECT | cls.CHECKED | (cls.MOE if moe else set()))
         kind = f["model_type"]
         f.require("hidden_act", "silu")
         f.require("rope_scaling", None)
@@ -127,7 +136,10 @@ class LlamaConfig:
         if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type",
                                                                           "rope_theta"}:
             raise f.bad("rope_parameters", "is not supported yet (rope_type 'default' only)")
-        window = f.get("sliding_window") if kind == "mistral" else None
+        window = f.get("sliding_window") if kind in ("mistral", "mixtral") else None
+        if moe:
+            f.require("output_router_logits", False)
+            f.require("router_jitter_noise", 0.0)
         if kind != "mistral" and f.get("use_sliding_window") and \
                 f.get("sliding_window") is not None:
             # Qwen2 windows the layers from max_window_layers on
@@ -143,7 +155,12 @@ class LlamaConfig:
                      float(f.get("rms_norm_eps", 1e-6)),
                      float(rope.get("rope_theta", f.get("rope_theta", 10000.0))),
                      bool(f.get("tie_word_embeddings", False)), FAMILIES[kind],
-                     None if window is None else int(window))
+                     None if window is None else int(window),
+                     int(f["num_local_experts"]) if moe else 0,
+                     int(f["num_experts_per_tok"]) if moe else 0)
+        if moe and not 1 <= config.experts_per_token <= config.experts:
+            raise f.bad("num_experts_per_tok", f"must be in [1, num_local_experts="
+                        f"{config.experts}]")
         if heads % config.num_key_value_heads:
             raise f.bad("num_key_value_heads", f"must divide num_attention_heads={heads}")
         return config
@@ -151,7 +168,8 @@ class LlamaConfig:
     def describe(self) -> str:
         return (f"{self.num_hidden_layers} layers, width {self.hidden_size}, "
                 f"{self.num_attention_heads} heads ({self.num_key_value_heads} key/value), "
-                f"vocabulary {self.vocab_size}")
+                + (f"{self.experts} experts ({self.experts_per_token} per token), "
+                   if self.experts else "") + f"vocabulary {self.vocab_size}")
 
     def parameter_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
@@ -161,7 +179,12 @@ class LlamaConfig:
             names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
             names += [p + f"self_attn.{w}_proj.weight" for w in "qkvo"]
             names += [p + f"self_attn.{w}_proj.bias" for w in "qkv"] if self.qkv_bias else []
-            names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
+            if self.experts:
+                names += [p + "block_sparse_moe.gate.weight"]
+                names += [p + f"block_sparse_moe.experts.{e}.{w}.weight"
+                          for e in range(self.experts) for w in ("w1", "w2", "w3")]
+            else:
+                names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
         return names
 
     def forward(self, params, ids, mask, positions, attend=None):
@@ -235,7 +258,8 @@ class GPT2Config:
 
 
 #: model_type -> its config class
-CONFIGS = {"llama": LlamaConfig, "mistral": LlamaConfig, "qwen2": LlamaConfig,
+CONFIGS = {"llama": LlamaConfig, "mistral": LlamaConfig, "mixtral": LlamaConfig,
+           "qwen2": LlamaConfig,
            "gpt2": GPT2Config}
 
 
@@ -586,12 +610,31 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None)
         out = reshape(attend(i, q, k, v, keys, c.window), batch, length, h * d)
         x = add(x, proj(out, p + "self_attn.o_proj"))
         m = rmsnorm(x, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        if c.experts:
+            x = add(x, _experts(c, params, p + "block_sparse_moe.", m))
+            continue
         gate = silu(proj(m, p + "mlp.gate_proj"))
         x = add(x, proj(mul(gate, proj(m, p + "mlp.up_proj")), p + "mlp.down_proj"))
     x = rmsnorm(x, params["model.norm.weight"], c.rms_norm_eps)
     head = params["model.embed_tokens.weight"] if c.tie_word_embeddings else \
         params["lm_head.weight"]
     return linear(x, head, weight_layout="out_in")
+
+
+def _experts(c: LlamaConfig, params: dict, p: str, x):
+    """Mixtral's sparse block as `op.moe`: the router `gate` [E, D] and each
+    expert's w1, w3 [F, D] and w2 [D, F] (nn.Linear's [out, in]) stacked into
+    op.moe's [D, E], [E, D, F] and [E, F, D]: top-k of the router's logits,
+    softmax over the chosen (HF's softmax renormalised over them)."""
+    from .models import moe
+
+    def stacked(w):
+        return concat([reshape(transpose(params[f"{p}experts.{e}.{w}.weight"], 0, 1), 1,
+                               *params[f"{p}experts.{e}.{w}.weight"].shape[::-1])
+                       for e in range(c.experts)], 0)
+    experts = {"router": transpose(params[p + "gate.weight"], 0, 1),
+               "w1": stacked("w1"), "w3": stacked("w3"), "w2": stacked("w2")}
+    return moe(x, experts, k=c.experts_per_token)
 
 
 def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None):

@@ -1,6 +1,6 @@
 """`ts.models.from_pretrained` against Hugging Face `transformers` itself:
 tiny Llama (grouped-query attention, tied embeddings), Mistral (sliding
-window), Qwen2 (q/k/v bias, one key/value head) and GPT-2 checkpoints with
+window), Mixtral (4 experts, 2 per token, through op.moe), Qwen2 (q/k/v bias, one key/value head) and GPT-2 checkpoints with
 random weights, and the logits `transformers` computed for them under a
 left-padding mask (its default attention, PyTorch's SDPA), all made by
 test/fixtures/make_hf_fixtures.py (versions in test/fixtures/hf/versions.json),
@@ -20,7 +20,7 @@ from tessera import models, op
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_logits_match_transformers_under_a_padding_mask(name):
     m = models.from_pretrained(HF / name)
     ref = np.load(HF / name / "reference.npz")
@@ -99,7 +99,7 @@ def test_the_docs_example_runs(monkeypatch, capsys):
     assert "'model.embed_tokens.weight'" in out
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_greedy_generation_equals_transformers_token_for_token(name):
     """With a KV cache: the prompt's prefill, then one decode step per token,
     compiled once, writing each layer's cache at a run-time index."""
@@ -146,7 +146,7 @@ def test_save_pretrained_round_trips_bit_for_bit(tmp_path, name):
         json.loads((HF / name / "config.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2", "gpt2_exact_gelu"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_loss_and_every_gradient_match_transformers(name):
     """HF's causal-LM loss (labels shifted by one, padding -100, mean over
     the rest) and its gradient for every parameter, against the fixture's
@@ -222,7 +222,7 @@ def test_sampling_misuses_are_errors_naming_the_argument(kwargs, names):
         m.generate(np.zeros((1, 3), np.int32), max_new_tokens=2, **kwargs)
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "gpt2"])
 def test_twenty_adamw_steps_follow_transformers_loss_curve(name):
     """ts.optim.AdamW with torch.optim.AdamW's hyperparameters, 20 steps on
     the fixture's batch from its weights: the loss before every step against
