@@ -187,6 +187,19 @@ class LlamaConfig:
                 names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
         return names
 
+    def parameter_shapes(self) -> dict:
+        """Each parameter's shape under HF's names (nn.Linear: [out, in])."""
+        w, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        by_leaf = {"embed_tokens.weight": (self.vocab_size, w), "lm_head.weight":
+                   (self.vocab_size, w), "q_proj.weight": (q, w), "k_proj.weight": (kv, w),
+                   "v_proj.weight": (kv, w), "o_proj.weight": (w, q), "q_proj.bias": (q,),
+                   "k_proj.bias": (kv,), "v_proj.bias": (kv,), "gate_proj.weight": (i, w),
+                   "up_proj.weight": (i, w), "down_proj.weight": (w, i),
+                   "gate.weight": (self.experts, w), "w1.weight": (i, w), "w3.weight": (i, w),
+                   "w2.weight": (w, i)}
+        return {n: by_leaf.get(".".join(n.split(".")[-2:]), (w,)) for n in self.parameter_names()}
+
     def forward(self, params, ids, mask, positions, attend=None):
         return _llama(self, params, ids, mask, positions, attend)
 
@@ -414,17 +427,22 @@ class Pretrained:
         ids, mask = self._batch(input_ids, attention_mask)
         if self._compiled is None:
             self._compiled = jit(lambda params, ids, mask: self.forward(params, ids, mask))
-        return self._compiled(self.params, ids, mask)
+        return np.asarray(self._compiled(self.params, ids, mask))   # (gathers a DTensor)
 
     def __repr__(self) -> str:
         return f"<{self.config.model_type} from {self.path}: {self.config.describe()}>"
 
 
-def from_pretrained(path) -> Pretrained:
+def from_pretrained(path, mesh=None) -> Pretrained:
     """The Hugging Face checkpoint in folder `path` (config.json and
     model.safetensors, or shards listed by model.safetensors.index.json):
-    its config checked field by field, its weights as float32 numpy arrays."""
-    from safetensors.numpy import load_file
+    its config checked field by field, its weights as float32 numpy arrays.
+
+    With `mesh=` (a `dist.Mesh`; every rank calls this), the weights are
+    DTensors and each rank reads only its block from the files: over a
+    `tp` axis the Llama family's projections are laid out Megatron-style
+    (`tp_layout`), everything else, and every axis but `tp`, replicated."""
+    from safetensors import safe_open
     if not isinstance(path, (str, os.PathLike)):
         raise ArgumentError(f"models.from_pretrained: path={path!r:.60} must be a folder's path "
                             f"(a str or a Path)  [{user_frame()}]")
@@ -448,12 +466,14 @@ def from_pretrained(path) -> Pretrained:
     else:
         files = ["model.safetensors"]
     params: dict = {}
+    tp = mesh.axis_size("tp") if mesh is not None and "tp" in mesh.axes else 1
     for name in files:
         if not (folder / name).is_file():
             raise ArgumentError(f"models.from_pretrained: {where} has no {name}  "
                                 f"[{user_frame()}]")
-        for key, value in load_file(str(folder / name)).items():
-            params[key] = np.ascontiguousarray(value.astype(np.float32))
+        with safe_open(str(folder / name), framework="np") as f:
+            for key in f.keys():
+                params[key] = _read(f, key, config, mesh, tp)
     if config.tie_word_embeddings:
         params.pop("lm_head.weight", None)
     names = config.parameter_names()
@@ -468,6 +488,43 @@ def from_pretrained(path) -> Pretrained:
     eos = settings.get("eos_token_id")
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     return Pretrained(config, params, folder, eos, settings.get("pad_token_id"))
+
+
+def tp_layout(config, name: str, shape, tp: int):
+    """The `dist.ShardSpec` of Llama-family weight `name` over a `tp` axis
+    of `tp` ranks (None: replicated). Megatron's layout for nn.Linear's
+    [out, in] weights: q, k, v, gate and up split their output rows (whole
+    heads), o and down their input columns, the embedding and the head
+    their vocabulary rows. A dimension tp does not divide stays whole, as
+    do GPT-2's fused projections and Mixtral's experts."""
+    from ._dtensor import ShardSpec
+    if not isinstance(config, LlamaConfig) or tp == 1 or ".experts." in name:
+        return None
+    leaf = name.split(".")[-2] if name.endswith(".weight") else ""
+    dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
+           "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
+    if dim is None or shape[dim] % tp:
+        return None
+    return ShardSpec((dim,), ("tp",))
+
+
+def _read(f, key: str, config, mesh, tp: int):
+    """Weight `key` of open safetensors file `f` as float32: all of it, or
+    under `mesh` a DTensor of which this rank read only its block."""
+    if mesh is None:
+        return np.ascontiguousarray(f.get_tensor(key).astype(np.float32))
+    from ._dtensor import ShardSpec, from_local, from_numpy
+    shape = f.get_slice(key).get_shape()
+    spec = tp_layout(config, key, shape, tp)
+    if spec is None:
+        return from_numpy(np.ascontiguousarray(f.get_tensor(key).astype(np.float32)),
+                          ShardSpec(), mesh, name=key)
+    dim = spec.partition[0]
+    n = shape[dim] // tp
+    first = mesh.coords["tp"] * n
+    block = f.get_slice(key)[(slice(None),) * dim + (slice(first, first + n),)]
+    return from_local(np.ascontiguousarray(block.astype(np.float32)), axis="tp", dim=dim,
+                      mesh=mesh, name=key)
 
 
 def _key_padding(batch: int, length: int, mask):
@@ -626,7 +683,7 @@ def _experts(c: LlamaConfig, params: dict, p: str, x):
     expert's w1, w3 [F, D] and w2 [D, F] (nn.Linear's [out, in]) stacked into
     op.moe's [D, E], [E, D, F] and [E, F, D]: top-k of the router's logits,
     softmax over the chosen (HF's softmax renormalised over them)."""
-    from .models import moe
+    from ._moe import moe
 
     def stacked(w):
         return concat([reshape(transpose(params[f"{p}experts.{e}.{w}.weight"], 0, 1), 1,

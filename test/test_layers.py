@@ -43,7 +43,7 @@ import cycle, except the edges of TESSERA_BACK_EDGES, each with its reason):
     compile       autotune, compiler
     ops           _primitives (the op primitives; eager through the compiler)
     per-rank      local_view (dist.spmd), collectives, strategy, pipeline, schedule
-    models        models (transformer_block, moe), pretrained (Hugging Face checkpoints)
+    models        _moe (moe), models (transformer_block), pretrained (Hugging Face checkpoints)
     namespaces    op, dist, nn: what the user imports, gathered from the layers below
     training      optim, graph
     top           tessera (the package), cli, __main__, calibration (runs programs
@@ -235,7 +235,7 @@ TESSERA_LAYERS = {
     "compile": {"autotune", "compiler"},
     "ops": {"_primitives"},
     "per-rank": {"local_view", "collectives", "strategy", "pipeline", "schedule"},
-    "models": {"models", "pretrained"},
+    "models": {"_moe", "models", "pretrained"},
     "namespaces": {"op", "dist", "nn"},
     "training": {"optim", "graph"},
     "top": {"", "cli", "__main__", "calibration"},

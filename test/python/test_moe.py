@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import models, op
+from tessera import _moe, models, op
 from tessera.errors import ShapeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
@@ -209,7 +209,7 @@ def test_combine_adds_each_tokens_outputs_in_expert_index_order():
     values = np.array([1e8, -1e8, 1.0], np.float32)
     weighted = np.stack([values[rng.permutation(k)] for _ in range(T)])          # [T, k]
     weighted = np.repeat(weighted[:, :, None], D, axis=2).astype(np.float32)
-    got = np.asarray(ts.jit(lambda w, c: op.sum(models._by_expert_index(w, c), 1))(
+    got = np.asarray(ts.jit(lambda w, c: op.sum(_moe._by_expert_index(w, c), 1))(
         weighted, chosen))
     want = np.zeros((T, D), np.float32)
     by_choice = np.zeros((T, D), np.float32)

@@ -78,6 +78,20 @@ att_want = reference(aq, akv[0], akv[1], aR, 1 / np.sqrt(8), causal=True, mask=p
 att_ok = all(np.allclose(g, w, rtol=2e-4, atol=3e-5) for g, w in zip(att, att_want))
 att_ir = ts.graph.trace(attention_step, AQ, AK, AV, AR, PAD).partitioned
 
+# A Hugging Face checkpoint read per rank (models.from_pretrained(mesh=)):
+# over tp = 2 each rank reads half of every projection, the embedding and
+# the head from the safetensors file, and the logits are HF's.
+from tessera import models  # noqa: E402
+
+fixture = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama"
+hf_ref = np.load(fixture / "reference.npz")
+llama = models.from_pretrained(fixture, mesh=mesh)
+whole = models.from_pretrained(fixture)
+hf_logits = llama(hf_ref["input_ids"], attention_mask=hf_ref["attention_mask"])
+held = sum(np.asarray(p.local()).nbytes for p in llama.params.values())
+everything = sum(p.nbytes for p in whole.params.values())
+q_local = list(llama.params["model.layers.0.self_attn.q_proj.weight"].local().shape)
+
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
@@ -87,6 +101,8 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "ok": bool(np.allclose(Y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())),
                "swaps_exact": bool(np.array_equal(got, ref_swaps)),
                "attention_ok": att_ok,
+               "hf_logits_gap": float(np.abs(hf_logits - hf_ref["logits"]).max()),
+               "hf_bytes": [held, everything], "hf_q_local": q_local,
                "attention_gathers": att_ir.count("tgraph.all_gather"),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)

@@ -1,0 +1,274 @@
+"""Train a small Llama with Tessera on text every machine has: the bytes of
+the Python standard library's own sources.
+
+    python examples/train_llama.py                          # from scratch, bytes as tokens
+    python examples/train_llama.py --steps 300 --width 256  # longer, wider
+    python examples/train_llama.py --from-pretrained DIR    # fine-tune an HF checkpoint
+    python examples/train_llama.py --save out/              # write an HF checkpoint at the end
+    tessera launch -n 4 examples/train_llama.py --dp 2 --tp 2    # data x tensor parallel
+
+The model is `tessera.models`' Llama (RMSNorm, rotate-half RoPE, grouped-query
+attention, SwiGLU) under Hugging Face's parameter names: a from-scratch run
+starts from a checkpoint folder written with random weights (`transformers`
+reads it, and reads what `--save` writes), and `--from-pretrained` starts
+from yours (Llama, Mistral, Mixtral or Qwen2; its vocabulary must hold the
+256 byte values, which are the tokens here). The `.py` files under
+`sysconfig.get_paths()["stdlib"]` are read in sorted order; every tenth
+file is held out for validation, so the validation loss is measured on code
+the model never trained on. Every step draws `--batch` windows of
+`--seq` + 1 bytes from the training files (`--seed`); the validation loss
+is the mean over `--val-batches` fixed windows, every `--eval-every` steps.
+At the end it writes a loss plot (PNG) and prints a greedy continuation.
+
+On a dp x tp mesh the model code does not change: the projections are laid
+out Megatron-style over `tp` (q, k, v, gate and up split their output rows,
+o and down their input columns, the embedding and the head the vocabulary)
+and each batch is split over `dp`; the compiler partitions the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import tessera as ts
+from tessera import dist, models, op
+from tessera.pretrained import LlamaConfig
+
+BYTES = 256                     # the tokens: byte values
+
+
+# -- data ------------------------------------------------------------------------
+
+def stdlib_text(limit_mb: float = 8.0) -> tuple[np.ndarray, np.ndarray, int]:
+    """(training bytes, validation bytes, files read): the standard
+    library's .py files in sorted order (the first `limit_mb` MiB of them),
+    every tenth one held out for validation."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train, valid, total, files = [], [], 0, 0
+    for i, path in enumerate(sorted(root.rglob("*.py"))):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        (valid if i % 10 == 0 else train).append(data)
+        files += 1
+        total += len(data)
+        if total > limit_mb * 2 ** 20:
+            break
+    return (np.frombuffer(b"\n".join(train), np.uint8), np.frombuffer(b"\n".join(valid), np.uint8),
+            files)
+
+
+def windows(data: np.ndarray, starts: np.ndarray, seq: int) -> dict:
+    """Inputs [B, seq] and next-byte targets [B, seq] at `starts`."""
+    rows = np.stack([data[s:s + seq + 1] for s in starts]).astype(np.int32)
+    return {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
+
+
+# -- model -----------------------------------------------------------------------
+
+def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: int,
+                   seq: int, seed: int) -> Path:
+    """A Llama checkpoint folder with random weights (normal(0, 0.02)
+    matrices, unit norms, as transformers initialises them): config.json
+    and model.safetensors under HF's names."""
+    from safetensors.numpy import save_file
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "vocab_size": BYTES, "hidden_size": width, "intermediate_size": width * 8 // 3,
+              "num_hidden_layers": depth, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "max_position_embeddings": seq,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+              "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+              "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32"}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shapes = LlamaConfig.from_json(config, str(folder)).parameter_shapes()
+    rng = np.random.default_rng(seed)
+    weights = {name: (np.ones(shape, np.float32) if name.endswith("norm.weight") else
+                      (rng.standard_normal(shape) * 0.02).astype(np.float32))
+               for name, shape in shapes.items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def tp_layout(name: str, shape, tp: int) -> dist.ShardSpec | None:
+    """Megatron-style tensor parallelism over mesh axis `tp` for HF names
+    (nn.Linear weights are [out, in]): q, k, v, gate and up split their
+    output rows (whole heads), o and down their input columns, the
+    embedding and the head the vocabulary. A dimension tp does not divide
+    (2 key/value heads over tp = 4) stays whole."""
+    leaf = name.split(".")[-2] if name.endswith(".weight") else ""
+    dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
+           "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
+    if dim is None or shape[dim] % tp:
+        return None
+    return dist.ShardSpec((dim,), ("tp",))
+
+
+def make_step(model, opt, clip: float):
+    """The compiled training step: (loss, params, opt_state)."""
+    config = model.config
+
+    @ts.jit
+    def train_step(params, opt_state, batch):
+        def loss_fn(p):
+            logits = config.forward(p, batch["inputs"], None, None)
+            return op.cross_entropy(logits, batch["targets"])
+        loss, grads = ts.value_and_grad(loss_fn)(params)
+        grads, _ = ts.optim.clip_by_global_norm(grads, clip)
+        params, opt_state = opt.update(params, grads, opt_state)
+        return loss, params, opt_state
+    return train_step
+
+
+def make_eval(model):
+    config = model.config
+
+    @ts.jit
+    def eval_loss(params, batch):
+        return op.cross_entropy(config.forward(params, batch["inputs"], None, None),
+                                batch["targets"])
+    return eval_loss
+
+
+# -- reporting -------------------------------------------------------------------
+
+def plot(train: list, valid: list, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no loss plot (pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(np.arange(1, len(train) + 1), train, lw=1, label="train")
+    if valid:
+        steps, losses = zip(*valid)
+        ax.plot(steps, losses, "o-", lw=1, label="validation")
+    ax.set(xlabel="step", ylabel="loss (nats per byte)",
+           title="Llama on the Python standard library's bytes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"loss plot written to {path}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=8, help="windows per step")
+    ap.add_argument("--seq", type=int, default=128, help="bytes per window")
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped query)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--from-pretrained", default=None, metavar="DIR",
+                    help="start from this Hugging Face checkpoint folder instead of random "
+                         "weights (the model flags are then its config's)")
+    ap.add_argument("--save", default=None, metavar="DIR",
+                    help="write the trained model there as an HF checkpoint folder")
+    ap.add_argument("--eval-every", type=int, default=25, metavar="N")
+    ap.add_argument("--val-batches", type=int, default=4, metavar="N")
+    ap.add_argument("--data-mb", type=float, default=8.0,
+                    help="MiB of the standard library's sources to read")
+    ap.add_argument("--dp", type=int, default=None,
+                    help="data-parallel ranks (default: the ranks left after --tp)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
+    ap.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--ep", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--plot", default="llama_loss.png", help="loss plot PNG to write")
+    args = ap.parse_args(argv)
+    if args.pp > 1 or args.ep > 1:
+        ap.error("--pp and --ep are not offered by this example yet (examples/train_gpt.py "
+                 "runs them); use --dp and --tp")
+    if args.dp is None:
+        args.dp = max(1, dist.world_size() // args.tp)
+    mesh = None
+    if args.dp * args.tp > 1:
+        if args.batch % args.dp:
+            ap.error(f"--batch {args.batch} must be a multiple of --dp {args.dp}")
+        mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
+        mesh.require_rank(f"--dp {args.dp} --tp {args.tp}")
+    lead = mesh is None or mesh.rank == 0
+    say = print if lead else (lambda *a, **k: None)
+
+    train_bytes, valid_bytes, files = stdlib_text(args.data_mb)
+    say(f"data: {files} standard-library files, {len(train_bytes) / 2**20:.1f} MiB to train "
+        f"on, {len(valid_bytes) / 2**20:.1f} MiB held out")
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(args.from_pretrained) if args.from_pretrained else new_checkpoint(
+            Path(scratch) / "init", args.width, args.depth, args.heads, args.kv_heads,
+            args.seq, args.seed)
+        model = models.from_pretrained(folder)
+        if model.config.vocab_size < BYTES:
+            ap.error(f"--from-pretrained {folder}: a vocabulary of {model.config.vocab_size} "
+                     f"does not hold the {BYTES} byte values this example trains on")
+        say(f"model: {model.config.describe()}; "
+            f"{sum(int(np.prod(p.shape)) for p in model.params.values()):,} parameters"
+            + (f"; {mesh.topology}" if mesh else ""))
+        opt = ts.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        params, opt_state = model.params, opt.init(model.params)
+        if mesh is not None:
+            def layout(path, array):
+                return tp_layout(path.split(".", 1)[-1] if path.startswith(("m.", "v."))
+                                 else path, array.shape, args.tp)
+            params = dist.from_tree(params, layout, mesh)
+            opt_state = dist.from_tree(opt_state, layout, mesh)
+        step, evaluate = make_step(model, opt, clip=1.0), make_eval(model)
+
+        rng = np.random.default_rng(args.seed)
+        starts = np.random.default_rng(args.seed + 1).integers(
+            0, len(valid_bytes) - args.seq - 1, (args.val_batches, args.batch))
+
+        def shard(batch):
+            return batch if mesh is None else dist.from_tree(
+                batch, dist.ShardSpec((0,), ("dp",)), mesh)
+
+        def validation() -> float:
+            return float(np.mean([float(evaluate(params, shard(windows(valid_bytes, s, args.seq))))
+                                  for s in starts]))
+
+        losses, valid = [], [(0, validation())]
+        say(f"step    0: validation {valid[0][1]:.4f} (ln 256 = {math.log(BYTES):.3f})")
+        start = time.perf_counter()
+        for i in range(1, args.steps + 1):
+            batch = windows(train_bytes, rng.integers(0, len(train_bytes) - args.seq - 1,
+                                                      args.batch), args.seq)
+            loss, params, opt_state = step(params, opt_state, shard(batch))
+            losses.append(float(loss))
+            if i == 1:
+                say(f"compiled the training step in {time.perf_counter() - start:.1f} s")
+                start = time.perf_counter()
+            if i % args.eval_every == 0 or i == args.steps:
+                valid.append((i, validation()))
+                rate = args.batch * args.seq * (i - 1) / max(time.perf_counter() - start, 1e-9)
+                say(f"step {i:4d}: loss {np.mean(losses[-args.eval_every:]):.3f}, validation "
+                    f"{valid[-1][1]:.4f}, {rate:,.0f} tokens/s")
+        if lead:
+            plot(losses, valid, args.plot)
+        model.params = {k: np.asarray(v) for k, v in params.items()}
+        prompt = b"def main():\n    "
+        out = model.generate(np.frombuffer(prompt, np.uint8).astype(np.int32)[None],
+                             max_new_tokens=48)
+        say("greedy continuation of 'def main():':\n" +
+            bytes(int(t) % BYTES for t in out[0]).decode("utf-8", "replace"))
+        if args.save and lead:
+            say(f"saved to {model.save_pretrained(args.save)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
