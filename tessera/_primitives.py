@@ -1033,7 +1033,7 @@ def embedding(ids, table) -> Traced:
 @eager
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
               seq_dim: int = -2, *, mask=None, segment_ids=None,
-              window: int | None = None) -> Traced:
+              window: int | None = None, softcap: float | None = None) -> Traced:
     """softmax(q k^T * scale + masks) v over `[..., S, D]` operands (e.g.
     `[B, H, S, D]`; `v` may have another last dimension); scale defaults to
     1/sqrt(D).
@@ -1050,6 +1050,9 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     (`Sk != Sq`): the queries are the last `Sq` positions of the `Sk` keys
     (a decode step, a chunk of a prefill), which is where `causal` and
     `window` put them.
+
+    `softcap=c` caps the scaled scores smoothly before any mask, as Gemma 2:
+    `c * tanh(scale * q k^T / c)`.
 
     What a query attends to (all optional, combined):
 
@@ -1116,11 +1119,16 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     if window is not None and (not _is_count(window) or window < 1 or not causal):
         raise ArgumentError(f"op.attention: window={window!r} must be a positive integer, with "
                             f"causal=True (the last W positions)  [{src}]")
+    if softcap is not None and (not is_number(softcap) or not softcap > 0
+                                or not math.isfinite(softcap)):
+        raise ArgumentError(f"op.attention: softcap={softcap!r} must be a positive number (or "
+                            f"None)  [{src}]")
     lead = [q.shape[d] for d in lead_dims]
     sq, sk = q.shape[seq_dim], k.shape[seq_dim]
     spec = gb.AttentionSpec(scale, bool(causal), seq_dim, None if window is None else int(window),
                             _attention_mask(mask, q, lead, sq, sk, src),
-                            _segment_ids(segment_ids, lead, sq, sk, src))
+                            _segment_ids(segment_ids, lead, sq, sk, src),
+                            None if softcap is None else float(softcap))
     with current_location(src):
         out, _ = gb.attention(q.value, k.value, v.value, spec)
     return result_of(out, src)

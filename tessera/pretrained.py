@@ -465,6 +465,10 @@ def from_pretrained(path, mesh=None) -> Pretrained:
         files = sorted(set(json.loads(index_file.read_text())["weight_map"].values()))
     else:
         files = ["model.safetensors"]
+    from ._dtensor import Mesh
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ArgumentError(f"models.from_pretrained: mesh={mesh!r:.60} must be a dist.Mesh "
+                            f"(or None: numpy weights)  [{user_frame()}]")
     params: dict = {}
     tp = mesh.axis_size("tp") if mesh is not None and "tp" in mesh.axes else 1
     for name in files:

@@ -798,6 +798,7 @@ static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
                                              RankedTensorType k, RankedTensorType v,
                                              Value mask, Value qSegments, Value kvSegments,
                                              bool causal, std::optional<uint64_t> window,
+                                             std::optional<APFloat> softcap,
                                              const APFloat &scale,
                                              std::optional<uint64_t> seqDimAttr) {
   if (q.getRank() < 2)
@@ -828,6 +829,8 @@ static LogicalResult verifyAttentionOperands(Operation *op, RankedTensorType q,
            << k << ", got " << v;
   if (scale.convertToDouble() <= 0)
     return op->emitOpError("'scale' must be positive, got ") << scale.convertToDouble();
+  if (softcap && !(softcap->convertToDouble() > 0))
+    return op->emitOpError("'softcap' must be positive, got ") << softcap->convertToDouble();
   if (window && (!causal || static_cast<int64_t>(*window) < 1))
     return op->emitOpError("'window' must be at least 1 and needs 'causal', got ")
            << static_cast<int64_t>(*window);
@@ -863,7 +866,10 @@ static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTen
 LogicalResult AttentionOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
   if (failed(verifyAttentionOperands(*this, q, k, v, getMask(), getQSegments(),
-                                     getKvSegments(), getCausal(), getWindow(), getScale(),
+                                     getKvSegments(), getCausal(), getWindow(), getSoftcapAttr() ?
+                                         std::optional<APFloat>(getSoftcapAttr().getValue()) :
+                                         std::nullopt,
+                                     getScale(),
                                      getSeqDim())))
     return failure();
   SmallVector<int64_t> outShape(q.getShape().drop_back());
@@ -877,7 +883,10 @@ LogicalResult AttentionOp::verify() {
 LogicalResult AttentionGradOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
   if (failed(verifyAttentionOperands(*this, q, k, v, getMask(), getQSegments(),
-                                     getKvSegments(), getCausal(), getWindow(), getScale(),
+                                     getKvSegments(), getCausal(), getWindow(), getSoftcapAttr() ?
+                                         std::optional<APFloat>(getSoftcapAttr().getValue()) :
+                                         std::nullopt,
+                                     getScale(),
                                      getSeqDim())))
     return failure();
   SmallVector<int64_t> outShape(q.getShape().drop_back());

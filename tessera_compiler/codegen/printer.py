@@ -233,10 +233,12 @@ class TilePrinter(abc.ABC):
         self.line(f"const int64_t {v} = {ir.IntegerAttr(value).value};")
         self.names[op.results[0]] = v
 
-    def _index_binary(self, op, sym):
+    def _index_binary(self, op, sym, choose: bool = False):
+        """`a sym b` of two index operands, or with `choose` the one of them
+        it prefers (`a > b ? a : b`: maxsi)."""
         v = self.fresh("i")
         a, b = (self.scalar(x) for x in op.operands)
-        self.line(f"const int64_t {v} = {a} {sym} {b};")
+        self.line(f"const int64_t {v} = {a} {sym} {b}{f' ? {a} : {b}' if choose else ''};")
         self.names[op.results[0]] = v
 
     def op_arith_muli(self, op):
@@ -428,17 +430,11 @@ class TilePrinter(abc.ABC):
     def op_arith_remui(self, op):
         self._index_binary(op, "%")
 
-    def _index_choice(self, op, sym):
-        v = self.fresh("i")
-        a, b = (self.scalar(x) for x in op.operands)
-        self.line(f"const int64_t {v} = {a} {sym} {b} ? {a} : {b};")
-        self.names[op.results[0]] = v
-
     def op_arith_maxsi(self, op):
-        self._index_choice(op, ">")
+        self._index_binary(op, ">", choose=True)
 
     def op_arith_minsi(self, op):
-        self._index_choice(op, "<")
+        self._index_binary(op, "<", choose=True)
 
     def op_ttile_return(self, op):
         pass

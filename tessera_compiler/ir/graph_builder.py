@@ -312,16 +312,17 @@ def _seq_dim_attr(q: ir.Value, seq_dim: int | None):
 @dataclass(frozen=True)
 class AttentionSpec:
     """What an attention op computes besides its q, k, v: the scale, the
-    sequence dimension (None: q's second to last), and what a query may
-    attend to (`causal`, `window`, the additive `mask` and the `segments`
-    pair of document ids: operands, shared by the forward op and its
-    gradient)."""
+    sequence dimension (None: q's second to last), Gemma 2's `softcap` of
+    the scaled scores, and what a query may attend to (`causal`, `window`,
+    the additive `mask` and the `segments` pair of document ids: operands,
+    shared by the forward op and its gradient)."""
     scale: float
     causal: bool = False
     seq_dim: int | None = None
     window: int | None = None
     mask: ir.Value | None = None
     segments: tuple[ir.Value, ir.Value] | None = None
+    softcap: float | None = None
 
     @staticmethod
     def of(op: ir.Operation) -> "AttentionSpec":
@@ -329,8 +330,11 @@ class AttentionSpec:
         seg = (view.q_segments, view.kv_segments) if view.q_segments is not None else None
         window = ir.IntegerAttr(op.attributes["window"]).value if "window" in op.attributes \
             else None
+        softcap = ir.FloatAttr(op.attributes["softcap"]).value if "softcap" in op.attributes \
+            else None
         return AttentionSpec(ir.FloatAttr(op.attributes["scale"]).value,
-                             "causal" in op.attributes, seq_dim_of(op), window, view.mask, seg)
+                             "causal" in op.attributes, seq_dim_of(op), window, view.mask, seg,
+                             softcap)
 
     @property
     def sides(self) -> list[ir.Value]:
@@ -341,7 +345,8 @@ class AttentionSpec:
         qs, ks = self.segments or (None, None)
         return dict(mask=self.mask, q_segments=qs, kv_segments=ks, causal=self.causal or None,
                     seq_dim=_seq_dim_attr(q, self.seq_dim),
-                    window=None if self.window is None else i64(self.window))
+                    window=None if self.window is None else i64(self.window),
+                    softcap=None if self.softcap is None else ir.FloatAttr.get_f64(self.softcap))
 
 
 def attention(q: ir.Value, k: ir.Value, v: ir.Value,

@@ -11,19 +11,25 @@ import tessera as ts
 from tessera import op
 
 
-def reference(q, k, v, R, scale, causal=False, mask=None, segments=None, window=None):
+def reference(q, k, v, R, scale, causal=False, mask=None, segments=None, window=None,
+              softcap=None):
     """out and d(sum(out * R))/d(q, k, v) in float64 over [B, H, S, D]
     operands; k and v may have fewer heads (each serves H // Hkv query
     heads) and another length (queries are the last Sq positions); `mask`
     is boolean or additive (-1000 or less masks), broadcast to [B, H, Sq,
-    Sk]; `segments` a pair of [B, S] ids. A row with no key gives 0 and
-    passes no gradient."""
+    Sk]; `segments` a pair of [B, S] ids; `softcap` caps the scaled scores
+    (c tanh(s / c)) before the masks. A row with no key gives 0 and passes
+    no gradient."""
     q, k, v, R = (np.asarray(t, np.float64) for t in (q, k, v, R))
     B, H, Sq, _ = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     G = H // Hk
     kr, vr = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
     s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
+    slope = 1.0
+    if softcap is not None:
+        th = np.tanh(s / softcap)
+        s, slope = softcap * th, 1 - th * th
     pos, keys = np.arange(Sq)[:, None] + Sk - Sq, np.arange(Sk)[None, :]
     allowed = np.ones((B, H, Sq, Sk), bool)
     if causal:
@@ -45,7 +51,7 @@ def reference(q, k, v, R, scale, causal=False, mask=None, segments=None, window=
     out = p @ vr
     dv = np.swapaxes(p, -1, -2) @ R
     dp = R @ np.swapaxes(vr, -1, -2)
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * slope
     dq = ds @ kr * scale
     dk = np.swapaxes(ds, -1, -2) @ q * scale
 
@@ -96,7 +102,8 @@ def test_attention_variants_forward_and_backward_cpu():
     key: 0), a boolean key-padding mask with a row left empty, an additive
     per-head mask, HF's finite mask (float32's lowest masks a key as -inf
     does: a row masked everywhere gives 0), packed documents
-    and a sliding window across 3 key blocks (S = 192, window 50)."""
+    a sliding window across 3 key blocks (S = 192, window 50) and Gemma
+    2's soft cap of the scores (c = 1.5, small enough to bend them)."""
     rng = np.random.default_rng()
     cases = {
         "gqa-causal": (_qkvr(rng, 2, 4, 2, 64, 64), dict(causal=True)),
@@ -119,6 +126,7 @@ def test_attention_variants_forward_and_backward_cpu():
     cases["finite-lowest"] = (_qkvr(rng, 1, 2, 2, 16, 16), dict(mask=lowest.astype(np.float32)))
     docs = _packed(rng, 2, 96)
     cases["segments"] = (_qkvr(rng, 2, 2, 1, 96, 96), dict(causal=True, segments=(docs, docs)))
+    cases["softcap"] = (_qkvr(rng, 1, 4, 2, 32, 32), dict(causal=True, softcap=1.5))
 
     def attend(kw, scale):
         def f(q, k, v):
@@ -168,8 +176,8 @@ def test_attention_along_seq_dim_with_grouped_heads_mask_and_segments_cpu():
 
 def test_attention_variants_cuda_kernels_emulated(monkeypatch):
     """The GPU target's kernels (generated CUDA run by the CPU emulator)
-    with grouped heads, a decode-sized query block at an offset, a padding
-    mask, packed documents and a window: the float64 answer."""
+    with grouped heads, a query block at an offset, a padding mask,
+    packed documents, a window and a soft cap: the float64 answer."""
     monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
     monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
     rng = np.random.default_rng()
@@ -180,10 +188,11 @@ def test_attention_variants_cuda_kernels_emulated(monkeypatch):
     qs = ks[:, 32:]
 
     def attend(q, k, v):
-        return op.attention(q, k, v, causal=True, window=20, mask=mask, segment_ids=(qs, ks))
+        return op.attention(q, k, v, causal=True, window=20, mask=mask, segment_ids=(qs, ks),
+                            softcap=2.0)
     got = ts.jit(_with_grads(attend), target="gpu")(q, k, v, R)
     _check(got, reference(q, k, v, R, 0.25, causal=True, window=20, mask=mask,
-                          segments=(qs, ks)), "gpu")
+                          segments=(qs, ks), softcap=2.0), "gpu")
 
 
 def test_attention_variant_misuses_are_errors_at_the_callers_line():
@@ -202,6 +211,8 @@ def test_attention_variant_misuses_are_errors_at_the_callers_line():
         ts.jit(lambda q: op.attention(q, q, q, window=4))(x)
     with pytest.raises(ts.errors.ShapeError, match=r"segment_ids \[1, 9\] must be \[1, 8\]"):
         ts.jit(lambda q, s: op.attention(q, q, q, segment_ids=s))(x, np.zeros((1, 9), np.int32))
+    with pytest.raises(ts.errors.ArgumentError, match=r"softcap=0.0 must be a positive number"):
+        ts.jit(lambda q: op.attention(q, q, q, softcap=0.0))(x)
     with pytest.raises(ts.errors.ShapeError, match=r"pass \(q_segment_ids, kv_segment_ids\)"):
         ts.jit(lambda q, k, s: op.attention(q, k, k, segment_ids=s))(
             x[:, :, :4], x, np.zeros((1, 8), np.int32))

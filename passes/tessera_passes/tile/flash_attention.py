@@ -156,6 +156,7 @@ class _Builder:
         self.cfg, self.elt, self.scale, self.causal = cfg, elt, spec.scale, spec.causal
         self.window, self.has_mask, self.has_segments = spec.window, spec.mask is not None, \
             spec.segments is not None
+        self.softcap = spec.softcap
         self.seq_dim, self.rank, self.geo = seq_dim, rank, geo
         self.acc = elt if isinstance(elt, ir.F64Type) else ir.F32Type.get()
         self.half = elt != self.acc
@@ -164,7 +165,7 @@ class _Builder:
         # (scale * s + mask) and the softmax runs in natural units: a finite
         # mask as low as float32's lowest (HF's) would overflow to -inf in
         # raw-score or base-2 units and empty a row it only pushes down.
-        self.natural = self.has_mask
+        self.natural = self.has_mask or self.softcap is not None
         # A row may see no key of a block while it has seen none before (its
         # maximum is -inf), or none at all: the softmax guards the -inf.
         self.may_empty = self.has_mask or self.has_segments or self.window is not None or \
@@ -252,11 +253,19 @@ class _Builder:
         return ttile.CompareOp(tile_type(self.shape(a), ir.IntegerType.get_signless(1)), a, b,
                                tgraph.CompareKindAttr.get(kind)).result
 
-    def _mask_scores(self, s, at, row, col, transposed: bool) -> ir.Value:
+    def _mask_scores(self, s, at, row, col, transposed: bool):
         """Scores `s` ([queries, keys] from query row `row` and key `col`,
-        or their transpose) with the keys no query may see at -inf, and the
-        additive mask (in units of raw scores: divided by the scale)."""
+        or their transpose) with the keys no query may see at -inf; in
+        `natural` units scaled (and soft-capped) first, the additive mask
+        added. Also the soft cap's derivative 1 - tanh^2 (None without)."""
         shape = self.shape(s)
+        slope = None
+        if self.natural:
+            s = ttile.MulOp(s, self.fill(shape, self.scale)).result
+        if self.softcap is not None:     # c tanh(s / c), and d/ds = 1 - tanh^2
+            th = ttile.TanhOp(ttile.MulOp(s, self.fill(shape, 1.0 / self.softcap)).result).result
+            s = ttile.MulOp(th, self.fill(shape, self.softcap)).result
+            slope = ttile.SubOp(self.fill(shape, 1.0), ttile.MulOp(th, th).result).result
         qd, kd = (1, 0) if transposed else (0, 1)
         keep = []
         if self.causal or self.window:
@@ -290,18 +299,19 @@ class _Builder:
                 bias = self.broadcast(bias, [bq, bk])
             if transposed:
                 bias = self.transpose(bias)
-            s = ttile.AddOp(ttile.MulOp(s, self.fill(shape, self.scale)).result, bias).result
-        return s
+            s = ttile.AddOp(s, bias).result
+        return s, slope
 
-    def scores(self, q, k, at, row, col, transposed: bool = False) -> ir.Value:
-        """q k^T ([queries, keys], not yet scaled) for query rows from `row`
-        and keys from `col`, or its transpose k q^T ([keys, queries]), with
-        the keys no query may attend to masked (`at`: the query head); with
-        an additive mask, scale * s + mask (`natural`)."""
+    def scores(self, q, k, at, row, col, transposed: bool = False):
+        """(scores, the soft cap's slope or None): q k^T ([queries, keys],
+        not yet scaled) for query rows from `row` and keys from `col`, or
+        its transpose k q^T ([keys, queries]), with the keys no query may
+        attend to masked (`at`: the query head); in `natural` units (a mask
+        or a soft cap) c tanh(scale s / c) + mask."""
         s = self.dot(k, self.transpose(q)) if transposed else self.dot(q, self.transpose(k))
-        if self.causal or self.has_mask or self.has_segments:
-            s = self._mask_scores(s, at, row, col, transposed)
-        return s
+        if self.causal or self.natural or self.has_segments:
+            return self._mask_scores(s, at, row, col, transposed)
+        return s, None
 
     def exp_scaled(self, s: ir.Value, offset: ir.Value) -> ir.Value:
         """exp(scale * s - offset) for scores `s` and a tile `offset` in base-2
@@ -469,7 +479,7 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
             m, l, acc = loop.inner_iter_args
             k = b.stream(k_buf, kv, col, [bn, d])
             v = b.stream(v_buf, kv, col, [bn, dv])
-            s = b.scores(q, k, at, row, col)
+            s, _ = b.scores(q, k, at, row, col)
             # The running maximum m is of scale * s in base-2 units: the row
             # maximum of the raw scores times scale log2(e) (> 0: it commutes
             # with max), so each score costs one FMA before its 2^x.
@@ -493,10 +503,12 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
     return kernel
 
 
-def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
-    """(P, dS) of one score block: P = exp(S - lse), dS = P (dO V^T - delta);
+def _probabilities(b: _Builder, scores, lse, do, v, delta, transposed: bool = False):
+    """(P, dS) of one score block (`scores`: `_Builder.scores`'): P =
+    exp(S - lse), dS = P (dO V^T - delta), times the soft cap's slope;
     `transposed`: (P^T, dS^T) of a transposed block S^T ([keys, queries]),
     with `lse` and `delta` as rows: dS^T = P^T (V dO^T - delta^T)."""
+    s, slope = scores
     shape = b.shape(s)
     if b.natural:
         lse2 = b.broadcast(lse, shape)
@@ -507,6 +519,8 @@ def _probabilities(b: _Builder, s, lse, do, v, delta, transposed: bool = False):
     p = b.exp_scaled(s, lse2)
     dp = b.dot(v, b.transpose(do)) if transposed else b.dot(do, b.transpose(v))
     ds = ttile.MulOp(p, ttile.SubOp(dp, b.broadcast(delta, shape)).result).result
+    if slope is not None:
+        ds = ttile.MulOp(ds, slope).result
     return p, ds
 
 

@@ -998,3 +998,11 @@ func.func @f(%x: tensor<2x64x8xf32>, %at: tensor<i32>) -> tensor<2x4x8xf32> {
   %r = tgraph.dynamic_slice %x[%at] {dim = 3 : i64} : tensor<2x64x8xf32>, tensor<i32> -> tensor<2x4x8xf32>
   return %r : tensor<2x4x8xf32>
 }
+
+// -----
+
+func.func @f(%q: tensor<64x16xf32>) -> tensor<64x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'softcap' must be positive, got -1}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 0.25 : f64, softcap = -1.0 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
+  return %o#0 : tensor<64x16xf32>
+}

@@ -205,13 +205,13 @@ func.func @attention_seq_dim(%q: tensor<2x64x4x16xf32>, %d: tensor<2x64x4x1xf32>
 }
 
 // Grouped key/value heads (8 query heads over 2), a query block at an
-// offset (16 queries over 64 keys), a key-padding mask, packed documents
-// and a sliding window; the gradient takes the same masks.
+// offset (16 queries over 64 keys), a key-padding mask, packed documents,
+// a sliding window and a soft cap; the gradient takes the same masks.
 // CHECK-LABEL: func.func @attention_masks
-// CHECK: tgraph.attention %{{.*}}, %{{.*}}, %{{.*}} mask(%{{.*}} : tensor<2x1x1x64xf32>) segments(%{{.*}}, %{{.*}} : tensor<2x1x16x1xi32>, tensor<2x1x64x1xi32>) {causal, scale = 2.500000e-01 : f64, window = 32 : i64} : tensor<2x8x16x16xf32>, tensor<2x2x64x16xf32>, tensor<2x2x64x16xf32> -> tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>
+// CHECK: tgraph.attention %{{.*}}, %{{.*}}, %{{.*}} mask(%{{.*}} : tensor<2x1x1x64xf32>) segments(%{{.*}}, %{{.*}} : tensor<2x1x16x1xi32>, tensor<2x1x64x1xi32>) {causal, scale = 2.500000e-01 : f64, softcap = 3.000000e+01 : f64, window = 32 : i64} : tensor<2x8x16x16xf32>, tensor<2x2x64x16xf32>, tensor<2x2x64x16xf32> -> tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>
 // CHECK: tgraph.attention_grad {{.*}} mask(%{{.*}} : tensor<2x1x1x64xf32>) segments({{.*}}) {causal, scale = 2.500000e-01 : f64, window = 32 : i64}
 func.func @attention_masks(%q: tensor<2x8x16x16xf32>, %k: tensor<2x2x64x16xf32>, %m: tensor<2x1x1x64xf32>, %qs: tensor<2x1x16x1xi32>, %ks: tensor<2x1x64x1xi32>, %d: tensor<2x8x16x1xf32>) -> tensor<2x2x64x16xf32> {
-  %o:2 = tgraph.attention %q, %k, %k mask(%m : tensor<2x1x1x64xf32>) segments(%qs, %ks : tensor<2x1x16x1xi32>, tensor<2x1x64x1xi32>) {causal, scale = 0.25 : f64, window = 32 : i64} : tensor<2x8x16x16xf32>, tensor<2x2x64x16xf32>, tensor<2x2x64x16xf32> -> tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>
+  %o:2 = tgraph.attention %q, %k, %k mask(%m : tensor<2x1x1x64xf32>) segments(%qs, %ks : tensor<2x1x16x1xi32>, tensor<2x1x64x1xi32>) {causal, scale = 0.25 : f64, softcap = 30.0 : f64, window = 32 : i64} : tensor<2x8x16x16xf32>, tensor<2x2x64x16xf32>, tensor<2x2x64x16xf32> -> tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>
   %g:3 = tgraph.attention_grad %q, %k, %k, %o#0, %o#1, %d mask(%m : tensor<2x1x1x64xf32>) segments(%qs, %ks : tensor<2x1x16x1xi32>, tensor<2x1x64x1xi32>) {causal, scale = 0.25 : f64, window = 32 : i64} : tensor<2x8x16x16xf32>, tensor<2x2x64x16xf32>, tensor<2x2x64x16xf32>, tensor<2x8x16x16xf32>, tensor<2x8x16x1xf32>, tensor<2x8x16x1xf32> -> tensor<2x8x16x16xf32>, tensor<2x2x64x16xf32>, tensor<2x2x64x16xf32>
   return %g#1 : tensor<2x2x64x16xf32>
 }

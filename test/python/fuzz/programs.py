@@ -533,7 +533,7 @@ def _normalize(b: _Builder):
 
 
 def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
-                        mask=None) -> np.ndarray:
+                        mask=None, softcap=None) -> np.ndarray:
     """softmax(q k^T / sqrt(D) [masks]) v with the sequence along `seq_dim`;
     k and v may have fewer heads (leading dimensions dividing q's) and
     another length (queries are the last positions); `mask` is boolean
@@ -542,6 +542,8 @@ def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
     for axis in range(q.ndim - 2):
         k, v = (np.repeat(t, q.shape[axis] // k.shape[axis], axis) for t in (k, v))
     s = np.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
     sq, sk = s.shape[-2:]
     pos, keys = np.arange(sq)[:, None] + sk - sq, np.arange(sk)[None, :]
     allowed = np.ones((sq, sk), bool)
@@ -560,7 +562,8 @@ def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
 
 def _attention(b: _Builder):
     """Grouped key/value heads (leading dimensions dividing q's), another
-    key length, a sliding window and a boolean mask, each at times."""
+    key length, a sliding window, a soft cap and a boolean mask, each at
+    times."""
     q = b.pick(lambda v: v.dtype == "f32" and len(v.shape) >= 2 and 0 not in v.shape)
     rank = len(q.shape)
     seq_dim = b.draw(st.integers(0, rank - 2))
@@ -575,9 +578,12 @@ def _attention(b: _Builder):
     k = b.new_input(tuple(kv_shape))
     v = b.new_input(tuple(kv_shape[:-1]) + (b.draw(st.integers(1, 4)),))
     window = b.draw(st.integers(1, 4)) if causal and b.draw(st.booleans()) else None
+    softcap = b.draw(st.sampled_from([None, None, 1.0, 4.0]))
     extra, mask_name = "", None
     if window is not None:
         extra += f", window={window}"
+    if softcap is not None:
+        extra += f", softcap={softcap}"
     if b.draw(st.booleans()):
         lead = [n for d, n in enumerate(q.shape[:-1]) if d != seq_dim]
         rows = b.draw(st.sampled_from([1, q.shape[seq_dim]]))
@@ -590,7 +596,7 @@ def _attention(b: _Builder):
            f"{extra})",
            lambda env, n=(q.name, k.name, v.name), mk=mask_name: attention_reference(
                *(env[x] for x in n), seq_dim, causal, window,
-               None if mk is None else env[mk] > 0), out_shape, "f32", v.bound)
+               None if mk is None else env[mk] > 0, softcap), out_shape, "f32", v.bound)
 
 
 def _attention_of_one_tensor(b: _Builder):

@@ -705,6 +705,9 @@ def TGraph_AttentionOp : TGraph_Op<"attention", [Pure, AttrSizedOperandSegments]
     storing them. Lowered to flash-attention Tile IR kernels (online softmax
     over key blocks) that never hold the `[Sq, Sk]` scores.
 
+    `softcap = c` (Gemma 2) caps the scaled scores smoothly before the masks:
+    `c * tanh(scale * q k^T / c)`.
+
     What a query may attend to, all optional and combined:
     * `causal`: keys at or before its position;
     * `window = W` (with `causal`): the last `W` positions, its own included
@@ -738,7 +741,7 @@ def TGraph_AttentionOp : TGraph_Op<"attention", [Pure, AttrSizedOperandSegments]
                        Optional<AnyRankedTensor>:$q_segments,
                        Optional<AnyRankedTensor>:$kv_segments,
                        UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim,
-                       OptionalAttr<I64Attr>:$window);
+                       OptionalAttr<I64Attr>:$window, OptionalAttr<F64Attr>:$softcap);
   let results = (outs AnyRankedTensor:$out, AnyRankedTensor:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v (`mask` `(` $mask^ `:` type($mask) `)`)?
@@ -757,8 +760,8 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure, AttrSizedOperand
     probabilities are recomputed block by block from `lse`; each gradient
     is accumulated by one kernel instance (no atomics: deterministic; a
     grouped key/value head sums its query heads' contributions in one
-    loop). `mask`, `segments`, `causal`, `window` and `seq_dim` are the
-    forward op's; the mask gets no gradient.
+    loop). `mask`, `segments`, `causal`, `window`, `softcap` and `seq_dim`
+    are the forward op's; the mask gets no gradient.
 
     ```mlir
     %dq, %dk, %dv = tgraph.attention_grad %q, %k, %v, %do, %lse, %delta {causal, scale = 0.125 : f64}
@@ -773,7 +776,7 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure, AttrSizedOperand
                        Optional<AnyRankedTensor>:$q_segments,
                        Optional<AnyRankedTensor>:$kv_segments,
                        UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim,
-                       OptionalAttr<I64Attr>:$window);
+                       OptionalAttr<I64Attr>:$window, OptionalAttr<F64Attr>:$softcap);
   let results = (outs AnyRankedTensor:$dq, AnyRankedTensor:$dk, AnyRankedTensor:$dv);
   let assemblyFormat = [{
     $q `,` $k `,` $v `,` $dout `,` $lse `,` $delta (`mask` `(` $mask^ `:` type($mask) `)`)?
