@@ -1073,11 +1073,13 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     gives 0 and passes no gradient, as PyTorch's SDPA (Hugging Face's
     default attention) and FlashAttention do; the textbook formula would
     give NaN. An additive mask entry at or below -1000 masks its key as
-    -inf does (beside any key within 100 of the row's best its weight is 0
-    in float32 either way), so HF's `finfo.min` masks behave as boolean
-    ones: a row masked everywhere gives 0, where the formula would average
-    every value with a float32 gradient it cannot represent. The mask gets
-    no gradient (an error where it depends on a value being differentiated).
+    -inf does. Beside a key whose biased score is above -896 that changes
+    nothing (exp(-104) is 0 in float32 either way); it decides the rows
+    with no key above -1000, which give 0 as a fully masked row does: with
+    HF's `finfo.min` masks the formula would average every value there,
+    with a gradient float32 cannot represent (its log-sum-exp drowns in
+    the mask). The mask gets no gradient (an error where it depends on a
+    value being differentiated).
 
     One fused op (`tgraph.attention`): it compiles to flash-attention kernels
     that stream key/value blocks through an online softmax, so the `[Sq, Sk]`

@@ -28,6 +28,7 @@ What is not here yet (issue 62): Mixtral, a KV cache and sampling in
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ from ._source import user_frame
 from .errors import ArgumentError
 
 __all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config"]
+
+#: KV-cache slots come in multiples of this (Pretrained.generate)
+CACHE_SLOTS = 64
 
 #: model_type -> whether q, k and v projections carry a bias
 FAMILIES = {"llama": False, "mistral": False, "mixtral": False, "qwen2": True}
@@ -326,7 +330,10 @@ class Pretrained:
                                 f"be an int >= 1  [{user_frame()}]")
         choose = _chooser(temperature, top_k, top_p, seed)
         batch, length = ids.shape
-        total = length + max_new_tokens
+        # The cache's slots: a multiple of 64, so the decode step's attention
+        # streams 64-key blocks whatever the lengths (the spare slots stay
+        # masked).
+        total = -(-(length + max_new_tokens) // CACHE_SLOTS) * CACHE_SLOTS
         buf = np.zeros((batch, total), np.int32)
         seen = np.zeros((batch, total), np.int32)
         buf[:, :length], seen[:, :length] = ids, mask
@@ -353,7 +360,7 @@ class Pretrained:
             position = (np.cumsum(seen, axis=1)[:, at:at + 1] - 1).astype(np.int32)
             logits, *caches = decode(self.params, token[:, None], position, seen, np.int32(at),
                                      caches)
-        return buf
+        return buf[:, :length + max_new_tokens]
 
     def _decoding(self):
         """The compiled prefill and decode steps (made once per model): each
@@ -507,7 +514,9 @@ def tp_layout(config, name: str, shape, tp: int):
     leaf = name.split(".")[-2] if name.endswith(".weight") else ""
     dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
            "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
-    if dim is None or shape[dim] % tp:
+    # (q, k, v and o by whole heads: a rank's rows are heads of its own)
+    unit = config.head_dim if leaf in ("q_proj", "k_proj", "v_proj", "o_proj") else 1
+    if dim is None or (shape[dim] // unit) % tp:
         return None
     return ShardSpec((dim,), ("tp",))
 
@@ -553,14 +562,14 @@ def _chooser(temperature, top_k, top_p, seed):
                                     f"temperature= too (1.0: the model's own distribution)  "
                                     f"[{where}]")
         return lambda logits: np.argmax(logits, axis=-1)
-    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+    if not (isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
             and temperature > 0 and np.isfinite(temperature)):
         raise ArgumentError(f"Pretrained.generate: temperature={temperature!r} must be a number "
                             f"> 0 (None: greedy)  [{where}]")
-    if top_k is not None and not (isinstance(top_k, int) and not isinstance(top_k, bool)
-                                  and top_k >= 1):
+    if top_k is not None and not (isinstance(top_k, numbers.Integral)
+                                  and not isinstance(top_k, bool) and top_k >= 1):
         raise ArgumentError(f"Pretrained.generate: top_k={top_k!r} must be an int >= 1  [{where}]")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+    if top_p is not None and not (isinstance(top_p, numbers.Real) and 0 < top_p <= 1):
         raise ArgumentError(f"Pretrained.generate: top_p={top_p!r} must be in (0, 1]  [{where}]")
     rng = np.random.default_rng(seed)
 

@@ -775,8 +775,8 @@ static LogicalResult verifyAttentionSide(Operation *op, StringRef name, RankedTe
     auto diag = op->emitOpError("'") << name << "' must be [";
     for (int64_t l : lead)
       diag << "1|" << l << ", ";
-    for (int64_t r : rows)
-      diag << (r == rows.front() ? "" : "|") << r;
+    for (auto [i, r] : llvm::enumerate(rows))
+      diag << (i ? "|" : "") << r;
     diag << ", " << cols << "] of " << element << ", got " << t;
     return diag;
   };

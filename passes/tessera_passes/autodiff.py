@@ -240,7 +240,10 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
 
         seeds = [(mapping.get(outs[i], outs[i]), entry.arguments[n_in + k])
                  for k, i in enumerate(wanted)]
-        cotangent = backprop(cloned, entry.arguments[:n_in], seeds, rule, summed)
+        outer = _DIFFERENTIATED[-1] if _DIFFERENTIATED else None
+        checked = [a for a, v in zip(entry.arguments[:n_in], op.operands)
+                   if outer is None or v in outer]
+        cotangent = backprop(cloned, entry.arguments[:n_in], seeds, rule, summed, checked)
         grads = [cotangent.get(a) if a in cotangent else gb.zeros_like(a)
                  for a in entry.arguments[:n_in]]
         func.ReturnOp(grads)
@@ -498,12 +501,20 @@ def _joined_pads(a: ir.Value, b: ir.Value) -> ir.Value | None:
     return gb.pad(gb.concat(parts, d), offsets, gb.shape_of(a))
 
 
-def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
+#: The values each enclosing `backprop` differentiates (innermost last): a
+#: per-rank body's VJP differentiates every argument of its body, and reads
+#: here which of its call's operands really are differentiated.
+_DIFFERENTIATED: list[set] = []
+
+
+def backprop(body: list, sources, seeds, rule=None, adjust=None, checked=None) -> dict:
     """Reverse mode over the ops of `body` on a path from `sources` to the
     seeded values: `seeds` are (value, cotangent) pairs; `rule(op, cts)`
     gives an op's operand cotangents (default `vjp`); `adjust(value, ct)`
-    may change a cotangent before it is added to `value`'s. Builds at the
-    current insertion point; returns every value's summed cotangent."""
+    may change a cotangent before it is added to `value`'s; `checked`: the
+    sources an `Undifferentiable` operand may not depend on (default: all).
+    Builds at the current insertion point; returns every value's summed
+    cotangent."""
     rule = rule or vjp
     recompute = Recompute(body)
     cotangent: dict = {}
@@ -521,10 +532,21 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
     between = _ops_between(body, sources, [v for v, _ in seeds])
     # Values a cotangent can reach: float results of ops with such an operand
     # (a comparison's boolean result carries none).
-    differentiated = set(sources)
+    differentiated = set(sources if checked is None else checked)
     for op in between:
-        if any(v in differentiated for v in op.operands):
+        if any(v in differentiated for v in op.operands) and NO_GRADIENT not in op.attributes:
             differentiated.update(r for r in op.results if gb.is_float(r))
+    _DIFFERENTIATED.append(differentiated)
+    try:
+        _reverse(between, cotangent, accumulate, rule, recompute, differentiated)
+    finally:
+        _DIFFERENTIATED.pop()
+    return cotangent
+
+
+def _reverse(between: list, cotangent: dict, accumulate, rule, recompute,
+             differentiated: set) -> None:
+    """backprop's reverse walk over `between`."""
     for op in reversed(between):
         cts = [cotangent.get(r) for r in op.results]
         if all(g is None for g in cts) or NO_GRADIENT in op.attributes:
@@ -539,7 +561,6 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None) -> dict:
                                         op.location)
                 elif ct is not None and gb.is_float(operand):
                     accumulate(operand, ct)
-    return cotangent
 
 
 def differentiate(grad_op: ir.Operation) -> None:

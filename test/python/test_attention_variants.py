@@ -253,3 +253,41 @@ def test_int64_segment_ids_out_of_int32_range_fail_the_step():
     with pytest.raises(ts.ValueCheckError, match=r"segment id 1099511627776 .*does not fit in "
                                                  r"int32"):
         ts.jit(lambda q, s: op.attention(q, q, q, segment_ids=s))(x, ids)
+
+
+def test_bf16_variant_kernels_lower_for_hopper():
+    """bf16 with head width 64 on the GPU target (where plain attention's
+    loops run on wgmma with TMA-fed, register-resident tiles): grouped
+    heads alone, and with a window, a key mask and a query block at an
+    offset, lower forward and backward to CUDA (their loops in shared
+    memory: no TMA)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng()
+    q = rng.standard_normal((1, 8, 128, 64)).astype(bf16)
+    k, v = (rng.standard_normal((1, 2, 128, 64)).astype(bf16) for _ in range(2))
+    mask = np.ones((1, 1, 1, 128), bool)
+
+    def step(q, k, v):
+        def loss(q, k, v):
+            grouped = op.attention(q, k, v, causal=True)
+            masked = op.attention(q[:, :, 64:], k, v, causal=True, window=32, mask=mask)
+            return op.add(op.sum(op.cast(grouped, ts.f32)), op.sum(op.cast(masked, ts.f32)))
+        return ts.grad(loss(q, k, v), [q, k, v])
+    source = ts.jit(step).lower(q, k, v, target="gpu").cuda
+    assert source.count("_attention_") >= 2
+
+
+def test_query_and_key_segment_ids_broadcast_each_on_its_own():
+    """q's ids shared by the batch ([1, S]) and k's per row ([B, S]), and the
+    reverse: each is read with its own leading extent."""
+    rng = np.random.default_rng()
+    q, k, v, R = _qkvr(rng, 2, 2, 2, 16, 16)
+    shared = _packed(rng, 1, 16)
+    own = _packed(rng, 2, 16)
+    for qs, ks in ((shared, own), (own, shared[0])):
+        got = ts.jit(_with_grads(lambda q, k, v: op.attention(q, k, v, segment_ids=(qs, ks))))(
+            q, k, v, R)
+        want = reference(q, k, v, R, 0.25, segments=(np.broadcast_to(qs, (2, 16)),
+                                                      np.broadcast_to(ks, (2, 16))))
+        _check(got, want, f"q ids {list(qs.shape)}, k ids {list(np.shape(ks))}")

@@ -120,7 +120,8 @@ class Geometry:
     """The shapes of one attention op: q's leading (batch, head) dimensions
     `lead` and k's `kv_lead` (each divides q's), `sq` queries over `sk`
     keys, head widths `d` (q, k) and `dv` (v), and the mask's leading
-    extent (1 or q's per dimension), if any."""
+    extent (1 or q's per dimension), if any, and the query and key segment
+    ids' (each its own)."""
     lead: list
     kv_lead: list
     sq: int
@@ -129,7 +130,8 @@ class Geometry:
     dv: int
     mask_lead: list | None = None
     mask_rows: int = 1
-    segment_lead: list | None = None
+    q_segment_lead: list | None = None
+    kv_segment_lead: list | None = None
 
     @property
     def offset(self) -> int:
@@ -276,12 +278,13 @@ class _Builder:
             keep.append(self._compare("gt", self._positions(shape, col, kd, self.window),
                                       queries))
         if self.has_segments:
-            lead = self.side_at(at, self.geo.segment_lead)
             bq, bk = shape[qd], shape[kd]
             mine = ttile.LoadOp(tile_type([bq, 1], I32()), self.q_seg_buf,
-                                lead + [row, index(0)]).result
+                                self.side_at(at, self.geo.q_segment_lead) +
+                                [row, index(0)]).result
             theirs = ttile.LoadOp(tile_type([bk, 1], I32()), self.kv_seg_buf,
-                                  lead + [col, index(0)]).result
+                                  self.side_at(at, self.geo.kv_segment_lead) +
+                                  [col, index(0)]).result
             if transposed:
                 mine, theirs = self.transpose(mine), theirs
             else:
@@ -419,10 +422,10 @@ def _geometry(op) -> Geometry:
     def lead(s):
         return s[:seq_dim] + s[seq_dim + 1:-1]
     mask = shape_of(spec.mask) if spec.mask is not None else None
-    segments = shape_of(spec.segments[0]) if spec.segments else None
+    q_ids, kv_ids = (shape_of(t)[:-2] for t in spec.segments) if spec.segments else (None, None)
     return Geometry(lead(shape), lead(kv_shape), shape[seq_dim], kv_shape[seq_dim], shape[-1],
                     shape_of(v)[-1], mask[:-2] if mask else None, mask[-2] if mask else 1,
-                    segments[:-2] if segments else None)
+                    q_ids, kv_ids)
 
 
 def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
@@ -448,7 +451,15 @@ def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
                       pingpong=options.pingpong and cfg.warps == 8)
         if forward and options.issue_ahead and cfg.tma and not cfg.pingpong:
             cfg = replace(cfg, issue_ahead=True, stages=3)
-    b = _Builder(cfg, elt, gb.AttentionSpec.of(op), seq_dim, len(shape), geo)
+    spec = gb.AttentionSpec.of(op)
+    if spec.mask is not None or spec.segments or spec.window or spec.softcap is not None or \
+            geo.sq != geo.sk or geo.lead != geo.kv_lead:
+        # The register-resident wgmma loops (gpu_software_pipeline) take bf16
+        # tiles streamed by TMA and no index arithmetic: the masked and
+        # grouped kernels keep their loops in shared memory (cp.async).
+        cfg = replace(cfg, tma=False, pingpong=False, issue_ahead=False,
+                      stages=cfg.stages and min(cfg.stages, 2))
+    b = _Builder(cfg, elt, spec, seq_dim, len(shape), geo)
     return geo, cfg, b
 
 
