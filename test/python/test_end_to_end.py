@@ -50,6 +50,7 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         assert r["hf_q_local"] == [16, 32]
         held, everything = r["hf_bytes"]
         assert held < 0.6 * everything, r["hf_bytes"]
+        assert r["hf_generate"] is True, r["hf_generate"]      # tensor-parallel decode: HF's
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

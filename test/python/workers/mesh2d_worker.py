@@ -91,6 +91,12 @@ hf_logits = llama(hf_ref["input_ids"], attention_mask=hf_ref["attention_mask"])
 held = sum(np.asarray(p.local()).nbytes for p in llama.params.values())
 everything = sum(p.nbytes for p in whole.params.values())
 q_local = list(llama.params["model.layers.0.self_attn.q_proj.weight"].local().shape)
+try:
+    hf_tokens = llama.generate(hf_ref["input_ids"], max_new_tokens=8,
+                               attention_mask=hf_ref["attention_mask"])
+    hf_generate = bool(np.array_equal(hf_tokens, hf_ref["generated"]))
+except Exception as e:  # noqa: BLE001 - reported to the test
+    hf_generate = f"{type(e).__name__}: {e}"
 
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
@@ -103,6 +109,7 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "attention_ok": att_ok,
                "hf_logits_gap": float(np.abs(hf_logits - hf_ref["logits"]).max()),
                "hf_bytes": [held, everything], "hf_q_local": q_local,
+               "hf_generate": hf_generate,
                "attention_gathers": att_ir.count("tgraph.all_gather"),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)
