@@ -863,37 +863,39 @@ static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTen
   return success();
 }
 
-LogicalResult AttentionOp::verify() {
-  auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v, getMask(), getQSegments(),
-                                     getKvSegments(), getCausal(), getWindow(), getSoftcapAttr() ?
-                                         std::optional<APFloat>(getSoftcapAttr().getValue()) :
-                                         std::nullopt,
-                                     getScale(),
-                                     getSeqDim())))
+/// The operand checks of an attention op (`AttentionOp`, `AttentionGradOp`)
+/// and the type of its output `[..., Sq, Dv]` (`out`, `dout`).
+template <typename AttentionLike>
+static FailureOr<RankedTensorType> verifyAttentionOf(AttentionLike op) {
+  auto q = op.getQ().getType(), k = op.getK().getType(), v = op.getV().getType();
+  std::optional<APFloat> softcap;
+  if (auto cap = op.getSoftcapAttr())
+    softcap = cap.getValue();
+  if (failed(verifyAttentionOperands(op, q, k, v, op.getMask(), op.getQSegments(),
+                                     op.getKvSegments(), op.getCausal(), op.getWindow(), softcap,
+                                     op.getScale(), op.getSeqDim())))
     return failure();
   SmallVector<int64_t> outShape(q.getShape().drop_back());
   outShape.push_back(v.getDimSize(v.getRank() - 1));
-  auto out = RankedTensorType::get(outShape, q.getElementType());
-  if (getOut().getType() != out)
-    return emitOpError("'out' must be ") << out << ", got " << getOut().getType();
-  return verifyRowStatistic(*this, "lse", q, getLse().getType());
+  return RankedTensorType::get(outShape, q.getElementType());
+}
+
+LogicalResult AttentionOp::verify() {
+  FailureOr<RankedTensorType> out = verifyAttentionOf(*this);
+  if (failed(out))
+    return failure();
+  if (getOut().getType() != *out)
+    return emitOpError("'out' must be ") << *out << ", got " << getOut().getType();
+  return verifyRowStatistic(*this, "lse", getQ().getType(), getLse().getType());
 }
 
 LogicalResult AttentionGradOp::verify() {
   auto q = getQ().getType(), k = getK().getType(), v = getV().getType();
-  if (failed(verifyAttentionOperands(*this, q, k, v, getMask(), getQSegments(),
-                                     getKvSegments(), getCausal(), getWindow(), getSoftcapAttr() ?
-                                         std::optional<APFloat>(getSoftcapAttr().getValue()) :
-                                         std::nullopt,
-                                     getScale(),
-                                     getSeqDim())))
+  FailureOr<RankedTensorType> out = verifyAttentionOf(*this);
+  if (failed(out))
     return failure();
-  SmallVector<int64_t> outShape(q.getShape().drop_back());
-  outShape.push_back(v.getDimSize(v.getRank() - 1));
-  auto out = RankedTensorType::get(outShape, q.getElementType());
-  if (getDout().getType() != out)
-    return emitOpError("'dout' must be ") << out << ", got " << getDout().getType();
+  if (getDout().getType() != *out)
+    return emitOpError("'dout' must be ") << *out << ", got " << getDout().getType();
   if (failed(verifyRowStatistic(*this, "lse", q, getLse().getType())) ||
       failed(verifyRowStatistic(*this, "delta", q, getDelta().getType())))
     return failure();
