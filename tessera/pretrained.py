@@ -525,19 +525,19 @@ def _read(f, key: str, config, mesh, tp: int):
     """Weight `key` of open safetensors file `f` as float32: all of it, or
     under `mesh` a DTensor of which this rank read only its block."""
     if mesh is None:
-        return np.ascontiguousarray(f.get_tensor(key).astype(np.float32))
+        return np.ascontiguousarray(f.get_tensor(key).astype(np.float32, copy=False))
     from ._dtensor import ShardSpec, from_local, from_numpy
     shape = f.get_slice(key).get_shape()
     spec = tp_layout(config, key, shape, tp)
     if spec is None:
-        return from_numpy(np.ascontiguousarray(f.get_tensor(key).astype(np.float32)),
-                          ShardSpec(), mesh, name=key)
+        whole = np.ascontiguousarray(f.get_tensor(key).astype(np.float32, copy=False))
+        return from_numpy(whole, ShardSpec(), mesh, name=key)
     dim = spec.partition[0]
     n = shape[dim] // tp
     first = mesh.coords["tp"] * n
     block = f.get_slice(key)[(slice(None),) * dim + (slice(first, first + n),)]
-    return from_local(np.ascontiguousarray(block.astype(np.float32)), axis="tp", dim=dim,
-                      mesh=mesh, name=key)
+    block = np.ascontiguousarray(block.astype(np.float32, copy=False))
+    return from_local(block, axis="tp", dim=dim, mesh=mesh, name=key)
 
 
 def _key_padding(batch: int, length: int, mask):
