@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera import _moe, models, op
+from tessera import _moe, op
 from tessera.errors import ShapeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
