@@ -1165,12 +1165,10 @@ def _attention_mask(mask, q: Traced, lead: list, sq: int, sk: int, src):
     else:
         raise DTypeError(f"op.attention: mask must be boolean (True = attend) or an additive "
                          f"float bias, got {_describe(mask)}  [{src}]")
-    shape = [1] * (len(want) - mask.ndim) + list(mask.shape)
-    if shape[-1] != sk:         # one bias for every key: spelled out
-        shape[-1] = sk
-        mask = broadcast_to(reshape(mask, *([1] * (len(want) - mask.ndim) + list(mask.shape))),
-                            shape)
-    return reshape(mask, *shape).value
+    mask = reshape(mask, *([1] * (len(want) - mask.ndim) + list(mask.shape)))
+    if mask.shape[-1] != sk:    # one bias for every key: spelled out
+        mask = broadcast_to(mask, list(mask.shape[:-1]) + [sk])
+    return mask.value
 
 
 def _segment_ids(ids, lead: list, sq: int, sk: int, src):

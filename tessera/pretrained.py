@@ -338,8 +338,10 @@ class Pretrained:
         seen = np.zeros((batch, total), np.int32)
         buf[:, :length], seen[:, :length] = ids, mask
         prefill, decode = self._decoding()
-        positions = np.maximum(np.cumsum(seen, axis=1) - 1, 0).astype(np.int32)
-        logits, *kept = prefill(self.params, ids, mask, positions[:, :length])
+        counted = np.cumsum(mask, axis=1)           # each row's tokens so far
+        positions = np.maximum(counted - 1, 0).astype(np.int32)
+        logits, *kept = prefill(self.params, ids, mask, positions)
+        counted = counted[:, -1]
         caches = []
         for kv in kept:                 # [B, S, KV, D] into slots 0 .. S-1 of [B, total, KV, D]
             cache = np.zeros((batch, total) + kv.shape[2:], np.float32)
@@ -357,8 +359,9 @@ class Pretrained:
                 return buf[:, :at + 1]
             if step + 1 == max_new_tokens:
                 break
-            position = (np.cumsum(seen, axis=1)[:, at:at + 1] - 1).astype(np.int32)
-            logits, *caches = decode(self.params, token[:, None], position, seen, np.int32(at),
+            counted += 1                             # the token just written
+            logits, *caches = decode(self.params, token[:, None],
+                                     (counted - 1)[:, None].astype(np.int32), seen, np.int32(at),
                                      caches)
         return buf[:, :length + max_new_tokens]
 

@@ -84,7 +84,8 @@ class Undifferentiable:
 NO_GRADIENT = "tgraph.no_gradient"
 
 
-def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
+def vjp(op: ir.Operation, gs: list[ir.Value | None],
+        differentiated=frozenset()) -> list[ir.Value | None]:
     """Cotangents of `op`'s operands given the cotangents `gs` of its results
     (None for a result the loss does not depend on); None for operands
     without one (integers, conditions, indices)."""
@@ -174,13 +175,13 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None]) -> list[ir.Value | None]:
     if name in ("iota", "fill", "topk", "check_range"):     # (check_range: integers)
         return [None] * len(x)
     if name == "spmd":
-        return _spmd_vjp(op, gs)
+        return _spmd_vjp(op, gs, differentiated)
     raise PassError(f"tessera-autodiff: no derivative rule for '{op.name}'", op.location)
 
 
 # -- per-rank (local-view) code ----------------------------------------------------
 
-def _spmd_vjp(op: ir.Operation, gs: list) -> list:
+def _spmd_vjp(op: ir.Operation, gs: list, differentiated) -> list:
     """The cotangents of a `tgraph.spmd`'s operands: another `tgraph.spmd`
     whose per-rank body runs reverse mode over a copy of the forward body;
     the forward values its code reads then come from the forward call
@@ -233,16 +234,15 @@ def _spmd_vjp(op: ir.Operation, gs: list) -> list:
                     g = gb.all_reduce(g, "sum", mesh.name, axis)
             return g
 
-        def rule(inner, cts):
+        def rule(inner, cts, inner_differentiated):
             if inner.name in PER_RANK_COLLECTIVES:
                 return _collective_vjp(inner, cts[0], varying, mesh)
-            return vjp(inner, cts)
+            return vjp(inner, cts, inner_differentiated)
 
         seeds = [(mapping.get(outs[i], outs[i]), entry.arguments[n_in + k])
                  for k, i in enumerate(wanted)]
-        outer = _DIFFERENTIATED[-1] if _DIFFERENTIATED else None
-        checked = [a for a, v in zip(entry.arguments[:n_in], op.operands)
-                   if outer is None or v in outer]
+        # (The body's arguments whose operands really are differentiated.)
+        checked = [a for a, v in zip(entry.arguments[:n_in], op.operands) if v in differentiated]
         cotangent = backprop(cloned, entry.arguments[:n_in], seeds, rule, summed, checked)
         grads = [cotangent.get(a) if a in cotangent else gb.zeros_like(a)
                  for a in entry.arguments[:n_in]]
@@ -501,17 +501,13 @@ def _joined_pads(a: ir.Value, b: ir.Value) -> ir.Value | None:
     return gb.pad(gb.concat(parts, d), offsets, gb.shape_of(a))
 
 
-#: The values each enclosing `backprop` differentiates (innermost last): a
-#: per-rank body's VJP differentiates every argument of its body, and reads
-#: here which of its call's operands really are differentiated.
-_DIFFERENTIATED: list[set] = []
-
-
 def backprop(body: list, sources, seeds, rule=None, adjust=None, checked=None) -> dict:
     """Reverse mode over the ops of `body` on a path from `sources` to the
-    seeded values: `seeds` are (value, cotangent) pairs; `rule(op, cts)`
-    gives an op's operand cotangents (default `vjp`); `adjust(value, ct)`
-    may change a cotangent before it is added to `value`'s; `checked`: the
+    seeded values: `seeds` are (value, cotangent) pairs; `rule(op, cts,
+    differentiated)` gives an op's operand cotangents (default `vjp`;
+    `differentiated`: the values a cotangent can reach from the sources);
+    `adjust(value, ct)` may change a cotangent before it is added to
+    `value`'s; `checked`: the
     sources an `Undifferentiable` operand may not depend on (default: all).
     Builds at the current insertion point; returns every value's summed
     cotangent."""
@@ -536,23 +532,12 @@ def backprop(body: list, sources, seeds, rule=None, adjust=None, checked=None) -
     for op in between:
         if any(v in differentiated for v in op.operands) and NO_GRADIENT not in op.attributes:
             differentiated.update(r for r in op.results if gb.is_float(r))
-    _DIFFERENTIATED.append(differentiated)
-    try:
-        _reverse(between, cotangent, accumulate, rule, recompute, differentiated)
-    finally:
-        _DIFFERENTIATED.pop()
-    return cotangent
-
-
-def _reverse(between: list, cotangent: dict, accumulate, rule, recompute,
-             differentiated: set) -> None:
-    """backprop's reverse walk over `between`."""
     for op in reversed(between):
         cts = [cotangent.get(r) for r in op.results]
         if all(g is None for g in cts) or NO_GRADIENT in op.attributes:
             continue
         with backward_location(op.location):
-            for operand, ct in zip(op.operands, rule(recompute.primal(op), cts)):
+            for operand, ct in zip(op.operands, rule(recompute.primal(op), cts, differentiated)):
                 if isinstance(ct, Undifferentiable):
                     if operand in differentiated:
                         raise PassError(f"tessera-autodiff: {ct.what} depends on a value being "
@@ -561,6 +546,7 @@ def _reverse(between: list, cotangent: dict, accumulate, rule, recompute,
                                         op.location)
                 elif ct is not None and gb.is_float(operand):
                     accumulate(operand, ct)
+    return cotangent
 
 
 def differentiate(grad_op: ir.Operation) -> None:

@@ -155,7 +155,8 @@ class _Builder:
 
     def __init__(self, cfg: AttentionConfig, elt: ir.Type, spec: gb.AttentionSpec, seq_dim: int,
                  rank: int, geo: Geometry):
-        self.cfg, self.elt, self.scale, self.causal = cfg, elt, spec.scale, spec.causal
+        self.cfg, self.elt, self.spec = cfg, elt, spec
+        self.scale, self.causal = spec.scale, spec.causal
         self.window, self.has_mask, self.has_segments = spec.window, spec.mask is not None, \
             spec.segments is not None
         self.softcap = spec.softcap
@@ -249,7 +250,7 @@ class _Builder:
         """An i32 tile counting from `start + plus` along `dim`."""
         if plus:
             start = arith.AddIOp(start, index(plus)).result
-        return ttile.IotaOp(tile_type(shape, I32()), start, i64(dim)).result
+        return ttile.IotaOp(tile_type(shape, _i32()), start, i64(dim)).result
 
     def _compare(self, kind: str, a: ir.Value, b: ir.Value) -> ir.Value:
         return ttile.CompareOp(tile_type(self.shape(a), ir.IntegerType.get_signless(1)), a, b,
@@ -279,18 +280,18 @@ class _Builder:
                                       queries))
         if self.has_segments:
             bq, bk = shape[qd], shape[kd]
-            mine = ttile.LoadOp(tile_type([bq, 1], I32()), self.q_seg_buf,
+            mine = ttile.LoadOp(tile_type([bq, 1], _i32()), self.q_seg_buf,
                                 self.side_at(at, self.geo.q_segment_lead) +
                                 [row, index(0)]).result
-            theirs = ttile.LoadOp(tile_type([bk, 1], I32()), self.kv_seg_buf,
+            theirs = ttile.LoadOp(tile_type([bk, 1], _i32()), self.kv_seg_buf,
                                   self.side_at(at, self.geo.kv_segment_lead) +
                                   [col, index(0)]).result
             if transposed:
                 mine, theirs = self.transpose(mine), theirs
             else:
                 theirs = self.transpose(theirs)
-            keep.append(self._compare("eq", ttile.BroadcastOp(tile_type(shape, I32()), mine).result,
-                                      ttile.BroadcastOp(tile_type(shape, I32()), theirs).result))
+            keep.append(self._compare("eq", ttile.BroadcastOp(tile_type(shape, _i32()), mine).result,
+                                      ttile.BroadcastOp(tile_type(shape, _i32()), theirs).result))
         for k in keep:
             s = ttile.SelectOp(k, s, self.fill(shape, float("-inf"))).result
         if self.has_mask:
@@ -388,7 +389,7 @@ class _Builder:
         return start, end
 
 
-def I32() -> ir.Type:
+def _i32() -> ir.Type:
     return ir.IntegerType.get_signless(32)
 
 
@@ -414,9 +415,8 @@ def _kernel(name: str, bufs: list[ir.Value], grid: int, cfg: AttentionConfig, mo
     return kernel, list(entry.arguments)
 
 
-def _geometry(op) -> Geometry:
+def _geometry(op, spec: gb.AttentionSpec) -> Geometry:
     q, k, v = list(op.operands)[:3]
-    spec = gb.AttentionSpec.of(op)
     shape, kv_shape, seq_dim = shape_of(q), shape_of(k), gb.seq_dim_of(op)
 
     def lead(s):
@@ -431,7 +431,8 @@ def _geometry(op) -> Geometry:
 def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
     q = op.operands[0]
     shape, seq_dim = shape_of(q), gb.seq_dim_of(op)
-    geo = _geometry(op)
+    spec = gb.AttentionSpec.of(op)
+    geo = _geometry(op, spec)
     if seq_dim != len(shape) - 2 and not cpu:
         raise PassError("tessera-lower-to-tile: GPU attention kernels read [..., S, D] operands; "
                         "tessera-lower-to-schedule moves seq_dim there first", op.location)
@@ -441,24 +442,21 @@ def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
         raise PassError(f"tessera-lower-to-tile: attention on {elt} operands is not supported "
                         "(f64, f32, bf16, f16)", op.location)
     d, dv = geo.d, geo.dv
+    # The register-resident wgmma loops (gpu_software_pipeline) take bf16
+    # tiles streamed by TMA and no index arithmetic: masked, grouped and
+    # offset kernels keep their loops in shared memory (cp.async).
+    plain = spec.mask is None and not spec.segments and not spec.window and \
+        spec.softcap is None and geo.sq == geo.sk and geo.lead == geo.kv_lead
     # Hopper's wgmma where bf16 tiles are whole 128-byte swizzle atoms (head
     # widths multiples of 64) for whole warpgroups of 16-row warps.
     if options.wgmma and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
             and cfg.bm == 16 * cfg.warps \
             and d % 64 == 0 and dv % 64 == 0:
         # (TMA's tensor maps take buffers of rank 5 at most.)
-        cfg = replace(cfg, wgmma=True, tma=options.tma and len(geo.lead) <= 3,
-                      pingpong=options.pingpong and cfg.warps == 8)
+        cfg = replace(cfg, wgmma=True, tma=plain and options.tma and len(geo.lead) <= 3,
+                      pingpong=plain and options.pingpong and cfg.warps == 8)
         if forward and options.issue_ahead and cfg.tma and not cfg.pingpong:
             cfg = replace(cfg, issue_ahead=True, stages=3)
-    spec = gb.AttentionSpec.of(op)
-    if spec.mask is not None or spec.segments or spec.window or spec.softcap is not None or \
-            geo.sq != geo.sk or geo.lead != geo.kv_lead:
-        # The register-resident wgmma loops (gpu_software_pipeline) take bf16
-        # tiles streamed by TMA and no index arithmetic: the masked and
-        # grouped kernels keep their loops in shared memory (cp.async).
-        cfg = replace(cfg, tma=False, pingpong=False, issue_ahead=False,
-                      stages=cfg.stages and min(cfg.stages, 2))
     b = _Builder(cfg, elt, spec, seq_dim, len(shape), geo)
     return geo, cfg, b
 
@@ -562,7 +560,7 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
     # where ptxas 13.0 fits its cp.async loop in 255 registers but spills
     # 80 bytes from the TMA one: there it keeps cp.async.
     kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm, tma=cfg.tma and max(d, dv) <= 64)
-    kb = _Builder(kv_cfg, b.elt, gb.AttentionSpec.of(op), b.seq_dim, b.rank, geo)
+    kb = _Builder(kv_cfg, b.elt, b.spec, b.seq_dim, b.rank, geo)
     bm, bn = kv_cfg.bm, kv_cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in, *side_ins = ins
     dq_out, dk_out, dv_out = outs
