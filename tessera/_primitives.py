@@ -42,7 +42,7 @@ __all__ = [
     "flash_attention", "cross_entropy", "reshape", "transpose", "split", "concat", "index",
     "linear", "topk", "sin", "cos", "erf", "abs", "sign", "floor", "ceil", "arange",
     "broadcast_to", "min", "argmax", "argmin", "take_along_axis", "cumsum", "dynamic_slice",
-    "dynamic_update_slice",
+    "dynamic_update_slice", "dropout",
 ]
 
 
@@ -1382,6 +1382,65 @@ def dynamic_update_slice(x, update, start, dim: int = 0) -> Traced:
     at = _dynamic_start("dynamic_update_slice", x, start, d, update.shape[d], src)
     with current_location(src):
         return result_of(gb.dynamic_update_slice(x.value, at.value, update.value, d), src)
+
+
+# ----------------------------------------------------------------------------
+# Dropout (counter-based random bits: tessera_runtime/random.py)
+# ----------------------------------------------------------------------------
+
+def _dropout_key(key, src) -> Traced:
+    """`key` as the int64 [seed, step] pair tgraph.dropout reads: an int (a
+    seed, step 0), a (seed, step) pair of ints or integer scalars of the
+    program, or an integer [2] tensor."""
+    def bad(why):
+        return ArgumentError(f"op.dropout: key={key!r:.80} {why}; give a seed, a (seed, step) "
+                             f"pair (ints or integer scalars of the program: pass the step as "
+                             f"an array to compile once) or an integer [2] tensor  [{src}]")
+    if is_int(key):
+        key = (key, 0)
+    if isinstance(key, (tuple, list)):
+        if len(key) != 2:
+            raise bad(f"has {len(key)} parts")
+        if all(is_int(k) for k in key):
+            if not all(0 <= k < 1 << 63 for k in key):
+                raise bad("must hold integers in [0, 2**63)")
+            return operand("dropout", np.array(key, np.int64), src)
+        parts = []
+        for k in key:
+            k = operand("dropout", np.int64(k) if is_int(k) else k, src)
+            if k.dtype.kind not in "iu" or k.shape != ():
+                raise bad(f"has a part {_describe(k)}, not an integer scalar")
+            parts.append(reshape(_cast_to(k, np.int64, src), 1))
+        return concat(parts)
+    key = operand("dropout", key, src)
+    if key.dtype.kind not in "iu" or key.shape != (2,):
+        raise bad(f"is {_describe(key)}, not an integer [2] tensor")
+    return _cast_to(key, np.int64, src)
+
+
+@eager
+def dropout(x, p: float, key) -> Traced:
+    """`x` with each element zeroed with probability `p` and the others
+    scaled by 1/(1-p) (PyTorch's `F.dropout` in training; p=0 returns x, p=1
+    zeros). The element's fate is a counter-based random word (Philox-4x32,
+    tessera_runtime/random.py) of `key` = (seed, step) and its index in the
+    global tensor, so the mask is the same on one rank and on any mesh that
+    splits x, and the same when recomputed (its gradient applies it again).
+    `key` is a seed, a (seed, step) pair of ints or of integer scalars of the
+    program (pass the step as an array: one compiled step for every step),
+    or an integer [2] tensor. Different steps draw independent masks."""
+    src = where_called("dropout")
+    x = operand("dropout", x, src)
+    require_float("dropout", src, x)
+    if not is_number(p) or not 0 <= p <= 1:
+        raise ArgumentError(f"op.dropout: p={p!r:.60} must be a number in [0, 1]  [{src}]")
+    k = _dropout_key(key, src)
+    if p == 0:
+        return x
+    with current_location(src):
+        if p == 1:
+            return result_of(gb.zeros_like(x.value), src)
+        return result_of(gb.dropout(x.value, k.value, float(p)), src)
 
 
 # ----------------------------------------------------------------------------

@@ -10,14 +10,14 @@ from ._checks import is_int
 from ._source import user_frame
 from .dtypes import as_dtype, is_float
 from .errors import ArgumentError
-from .op import (attention, cross_entropy, embedding, gelu, layernorm, linear, log_softmax,
+from .op import (attention, cross_entropy, dropout, embedding, gelu, layernorm, linear, log_softmax,
                  relu, rmsnorm, silu, softmax, transformer_block)
 
 flash_attention = attention
 
-__all__ = ["flash_attention", "attention", "cross_entropy", "embedding", "gelu", "layernorm",
-           "linear", "log_softmax", "relu", "rmsnorm", "silu", "softmax", "transformer_block",
-           "init_transformer"]
+__all__ = ["flash_attention", "attention", "cross_entropy", "dropout", "embedding", "gelu",
+           "layernorm", "linear", "log_softmax", "relu", "rmsnorm", "silu", "softmax",
+           "transformer_block", "init_transformer"]
 
 
 def init_transformer(depth: int, width: int, mlp_ratio: int = 4, seed: int = 0,

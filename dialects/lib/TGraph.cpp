@@ -747,6 +747,26 @@ LogicalResult DynamicUpdateSliceOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// Dropout
+//===----------------------------------------------------------------------===//
+
+LogicalResult DropoutOp::verify() {
+  auto x = getX().getType();
+  if (!isa<FloatType>(x.getElementType()))
+    return emitOpError("'x' must be a floating-point tensor, got ") << x;
+  auto key = dyn_cast<RankedTensorType>(getKey().getType());
+  if (!key || key.getShape() != ArrayRef<int64_t>{2} || !key.getElementType().isInteger(64))
+    return emitOpError("'key' must be the tensor<2xi64> [seed, step], got ") << getKey().getType();
+  double p = getP().convertToDouble();
+  if (!(p > 0.0 && p < 1.0))
+    return emitOpError("'p' must lie in (0, 1), got ") << p;
+  if (auto axes = getDimAxes(); axes && static_cast<int64_t>(axes->size()) != x.getRank())
+    return emitOpError("'dim_axes' must have one entry per dimension of ") << x << ", got "
+                                                                         << axes->size();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // Attention
 //===----------------------------------------------------------------------===//
 

@@ -141,6 +141,8 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None],
         size = gb.shape_of(x[2])[dim]   # the overwritten block passes nothing to x
         return [gb.dynamic_update_slice(g, x[1], gb.zeros_like(x[2]), dim), None,
                 gb.dynamic_slice(g, x[1], dim, size)]
+    if name == "dropout":     # the same mask and scale on the cotangent (the key: integers)
+        return [gb.dropout(g, x[1], ir.FloatAttr(op.attributes["p"]).value), None]
     if name == "attention":
         if gs[1] is not None:
             raise PassError("tessera-autodiff: the log-sum-exp result of tgraph.attention "

@@ -283,6 +283,17 @@ def dynamic_slice_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     return Rule([s, Sharding.replicated(ins[0].mesh, 0)] + [s] * (len(ins) - 2), s)
 
 
+def dropout_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """Dropout keeps x's layout, a pending sum included (a fixed mask times
+    x is linear in x); the key is replicated. Each rank draws the words of
+    its own block's global indices: `dim_axes` names the axes splitting
+    each dimension, which the executor turns into the block's position."""
+    x = ins[0]
+    return Rule([x, Sharding.replicated(x.mesh, 1)], x,
+                attrs={"dim_axes": [",".join(d) for d in x.dims]}
+                if any(x.dims) else {})
+
+
 def gather_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """`table[V, ...][indices]`: the indices' splits carry over. A table split
     by rows (vocab parallelism) is looked up locally, reading zeros for rows
@@ -406,6 +417,7 @@ RULES = {
     "tgraph.gather": gather_rule,
     "tgraph.dynamic_slice": dynamic_slice_rule,
     "tgraph.dynamic_update_slice": dynamic_slice_rule,
+    "tgraph.dropout": dropout_rule,
     "tgraph.scatter_add": scatter_add_rule,
     "tgraph.fill": replicated_rule,
     "tgraph.iota": replicated_rule,

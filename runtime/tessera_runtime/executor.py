@@ -538,15 +538,23 @@ class ScheduleExecutor:
     def _with_block(self, attrs: dict) -> dict:
         """Library attributes naming mesh axes (`axis`, `row_axes`) get this
         rank's `block` = (index, count) over them: its coordinate along the
-        axes, row-major, from the communicators' ranks."""
+        axes, row-major, from the communicators' ranks; `dim_axes` (the
+        axes splitting each dimension, comma-separated) get one per
+        dimension, `blocks`."""
+        if "dim_axes" in attrs:
+            return {**attrs, "blocks": [self._block(a.split(",") if a else [])
+                                        for a in attrs["dim_axes"]]}
         axes = [attrs["axis"]] if "axis" in attrs else attrs.get("row_axes")
         if not axes:
             return attrs
+        return {**attrs, "block": self._block(axes)}
+
+    def _block(self, axes: list) -> tuple:
         index, count = 0, 1
         for axis in axes:
             comm = self.comms[axis]
             index, count = index * comm.size + comm.rank, count * comm.size
-        return {**attrs, "block": (index, count)}
+        return index, count
 
     def run(self, local_inputs, device_outputs: bool = False, donate: bool = False) -> list:
         self.check_inputs(local_inputs)

@@ -40,6 +40,7 @@ from typing import Callable
 ATTRIBUTE_TYPES = {
     "i64": "an integer (IntegerAttr i64)",
     "i64[]": "a list of integers (DenseI64ArrayAttr)",
+    "f64": "a number (FloatAttr f64)",
     "str": "a string (StringAttr)",
     "str[]": "a list of strings (ArrayAttr of StringAttr)",
     "unit": "true (UnitAttr: present or absent)",
@@ -165,6 +166,8 @@ def _is_json(v, kind: str) -> bool:
         return _is_int(v)
     if kind == "i64[]":
         return isinstance(v, (list, tuple)) and all(_is_int(x) for x in v)
+    if kind == "f64":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
     if kind in ("str", "symbol"):
         return isinstance(v, str)
     if kind == "str[]":
@@ -311,6 +314,18 @@ def _dynamic_update_slice(ins, outs, attrs):
         _expect(outs, [ins["input"]])
 
 
+def _dropout(ins, outs, attrs):
+    key = ins["key"]
+    if key != ((2,), "int64"):
+        return f"key must be an int64 [seed, step] pair, got {_show(key)}"
+    if not 0 < attrs["p"] < 1:
+        return f"p={attrs['p']} must lie in (0, 1)"
+    dims = attrs.get("dim_axes")
+    if dims is not None and len(dims) != len(ins["input"][0]):
+        return f"dim_axes {dims} must name the axes of each of {len(ins['input'][0])} dimensions"
+    return _expect(outs, [ins["input"]])
+
+
 def _axis_slice(ins, outs, attrs):
     (s, d), dim = ins["input"], attrs["dim"]
     if not 0 <= dim < len(s):
@@ -429,6 +444,13 @@ _ROUTINES = [
             "read at run time", ("input", "start", "update"), ("result",),
             _dynamic_update_slice, "copy", {"dim": Attribute("i64", True)},
             graph_op="tgraph.dynamic_update_slice"),
+    Routine("dropout", "the input with elements dropped at rate p (scaled by 1/(1-p)), "
+            "each by the counter-based random word of its global index (runtime/random.py)",
+            ("input", "key"), ("result",), _dropout, "copy",
+            {"p": Attribute("f64", True, "the rate, in (0, 1)"),
+             "dim_axes": Attribute("str[]", False, "per dimension, the mesh axes splitting it, "
+                                   "comma-separated (the executor makes them `blocks`)")},
+            graph_op="tgraph.dropout"),
     Routine("axis_slice", "this rank's block along `dim` of a value replicated over `axis`",
             ("input",), ("result",), _axis_slice, "copy",
             {"axis": Attribute("str", True, "the mesh axis (the executor makes it `block`)"),

@@ -203,6 +203,13 @@ def dynamic_update_slice(x: ir.Value, start: ir.Value, update: ir.Value, dim: in
     return tgraph.DynamicUpdateSliceOp(x.type, x, start, update, i64(dim)).result
 
 
+def dropout(x: ir.Value, key: ir.Value, p: float) -> ir.Value:
+    """x with elements dropped at rate `p` (0 < p < 1) and the rest scaled by
+    1/(1-p), by the random word of each element's global index under `key`
+    (an int64 [seed, step] pair)."""
+    return tgraph.DropoutOp(x, key, ir.FloatAttr.get_f64(float(p))).result
+
+
 def check_range(x: ir.Value, low: int, high: int, message: str, allowed=()) -> ir.Value:
     """`x` (integers), each element checked to lie in `[low, high)` or in
     `allowed`, else the step fails with `message` (`{row}`, `{value}`,

@@ -31,6 +31,8 @@ def attribute_json(kind: str, a: ir.Attribute):
         return ir.IntegerAttr(a).value
     if kind == "i64[]" and isinstance(a, ir.DenseI64ArrayAttr):
         return list(ir.DenseI64ArrayAttr(a))
+    if kind == "f64" and isinstance(a, ir.FloatAttr):
+        return ir.FloatAttr(a).value
     if kind == "str" and isinstance(a, ir.StringAttr):
         return ir.StringAttr(a).value
     if kind == "str[]" and isinstance(a, ir.ArrayAttr) and \

@@ -345,3 +345,19 @@ func.func @overlap(%x: tensor<2x6xf32>) -> tensor<2x6xf32> {
   %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<2x6xf32> -> tensor<2x6xf32>
   return %g : tensor<2x6xf32>
 }
+
+// -----
+
+// Dropout's cotangent is dropout of the cotangent with the same key and
+// rate: the same mask, drawn again, never stored.
+// CHECK-LABEL: func.func @dropout
+// CHECK: tgraph.dropout %{{.*}}[%arg1] {p = 2.500000e-01 : f64} : tensor<2x6xf32>, tensor<2xi64> -> tensor<2x6xf32>
+// CHECK: %[[G:.*]] = tgraph.dropout %{{.*}}[%arg1] {p = 2.500000e-01 : f64} : tensor<2x6xf32>, tensor<2xi64> -> tensor<2x6xf32>
+// CHECK: return %[[G]]
+func.func @dropout(%x: tensor<2x6xf32>, %key: tensor<2xi64>) -> tensor<2x6xf32> {
+  %d = tgraph.dropout %x[%key] {p = 0.25 : f64} : tensor<2x6xf32>, tensor<2xi64> -> tensor<2x6xf32>
+  %r = tgraph.reduce <sum> %d dims [0, 1] : tensor<2x6xf32> -> tensor<1x1xf32>
+  %s = tgraph.reshape %r : tensor<1x1xf32> to tensor<f32>
+  %g = tgraph.grad %s wrt %x : tensor<f32>, tensor<2x6xf32> -> tensor<2x6xf32>
+  return %g : tensor<2x6xf32>
+}

@@ -363,3 +363,25 @@ func.func private @spmd_twice_body(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, ten
   %e = tgraph.exp %x : tensor<4x4xf32>
   return %e, %e : tensor<4x4xf32>, tensor<4x4xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
+// Dropout keeps its operand's layout (each rank draws its own block's words:
+// dim_axes places the block) and a pending sum (the mask is linear): no
+// collective before it.
+// CHECK-LABEL: func.func @dropout
+// CHECK-NOT: tgraph.all_gather
+// CHECK: tgraph.dropout %arg0[%arg2] {dim_axes = ["dp", "tp"]{{.*}}} : tensor<2x4xf32>, tensor<2xi64> -> tensor<2x4xf32>
+// CHECK: %[[M:.*]] = tgraph.matmul
+// CHECK-NEXT: %[[D:.*]] = tgraph.dropout %[[M]][%arg2] {dim_axes = ["dp", ""]{{.*}}} : tensor<2x8xf32>, tensor<2xi64> -> tensor<2x8xf32>
+// CHECK-NEXT: tgraph.all_reduce <sum> %[[D]] on @mesh["tp"]
+func.func @dropout(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], ["tp"]]>},
+                   %w: tensor<8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["tp"], []]>},
+                   %key: tensor<2xi64>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %0 = tgraph.dropout %x[%key] {p = 0.25 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+  %1 = tgraph.matmul %x, %w : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %2 = tgraph.dropout %1[%key] {p = 0.5 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+  %3 = tgraph.exp %2 : tensor<4x8xf32>
+  return %0, %3 : tensor<4x8xf32>, tensor<4x8xf32>
+}

@@ -44,6 +44,9 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         # no collective: each rank's query heads read its own key/value head.
         assert r["attention_ok"], f"seed {seed}, rank {r['rank']}: GQA attention on dp x tp"
         assert r["attention_gathers"] == 0
+        # Dropout split over dp x tp draws the single-process mask, with no gather.
+        assert r["dropout_ok"] == [True, True, True], r["dropout_ok"]
+        assert r["dropout_gathers"] == 0
         # The tiny Llama read per rank over tp = 2: HF's logits, and each rank
         # holds half of every projection (q_proj [32, 32] -> [16, 32]).
         assert r["hf_logits_gap"] <= 5e-5, r["hf_logits_gap"]

@@ -45,6 +45,7 @@ SAMPLES = {
     "dynamic_slice": ([((4, 6), "float32"), ((), "int32"), ((4, 2), "float32")], {"dim": 1}),
     "dynamic_update_slice": ([((4, 6), "float32"), ((), "int32"), ((4, 2), "float32"),
                               ((4, 6), "float32")], {"dim": 1}),
+    "dropout": ([((4, 8), "float32"), ((2,), "int64"), ((4, 8), "float32")], {"p": 0.25}),
     "topk": ([((5, 8), "float32"), ((5, 2), "int32")], {"k": 2}),
     "moe_dispatch": ([((6, 4), "float32"), ((6, 2), "int32"), ((16, 4), "float32"),
                       ((4,), "int32")], {"num_experts": 4, "capacity": 0}),
@@ -119,6 +120,8 @@ def _declaration(name, buffers, attrs) -> str:
             return None
         if isinstance(v, int):
             return f"{v} : i64"
+        if isinstance(v, float):
+            return f"{v!r} : f64"
         if isinstance(v, str):
             return json.dumps(v)
         if v and isinstance(v[0], str):

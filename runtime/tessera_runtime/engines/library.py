@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from .. import routines
+from .. import random, routines
 from ..errors import TesseraError
 
 
@@ -397,12 +397,22 @@ def axis_slice(xp, attrs, a, out):
     out[...] = a[tuple(box)]
 
 
+def dropout(xp, attrs, x, key, out):
+    """Dropout of this rank's block `x`: each element kept by the word of
+    its global index (random.dropout_keep; `blocks` says where the block
+    lies) and scaled by 1/(1-p), in x's dtype."""
+    p = attrs["p"]
+    keep = random.dropout_keep(key, p, x.shape, attrs.get("blocks"), xp)
+    out[...] = xp.where(keep, x * x.dtype.type(1.0 / (1.0 - p)), x.dtype.type(0))
+
+
 #: The implementations, by declared name (routines.ROUTINES); an engine
 #: claiming a routine runs these (on numpy or cupy) or its own by address.
 ROUTINES = routines.implementations({
     "matmul": matmul, "reshape": reshape, "transpose": transpose, "slice": slice_, "pad": pad,
     "concat": concat, "gather": gather, "scatter_add": scatter_add, "axis_slice": axis_slice,
     "dynamic_slice": dynamic_slice, "dynamic_update_slice": dynamic_update_slice,
+    "dropout": dropout,
     "topk": topk, "moe_dispatch": moe_dispatch, "moe_collect": moe_collect,
     "grouped_matmul": grouped_matmul, "grouped_outer": grouped_outer,
     "check_range": check_range})

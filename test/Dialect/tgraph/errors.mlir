@@ -1006,3 +1006,35 @@ func.func @f(%q: tensor<64x16xf32>) -> tensor<64x16xf32> {
   %o:2 = tgraph.attention %q, %q, %q {scale = 0.25 : f64, softcap = -1.0 : f64} : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32> -> tensor<64x16xf32>, tensor<64x1xf32>
   return %o#0 : tensor<64x16xf32>
 }
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>, %key: tensor<2xi64>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.dropout' op 'p' must lie in (0, 1), got 1}}
+  %r = tgraph.dropout %x[%key] {p = 1.0 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+  return %r : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>, %key: tensor<2xi32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.dropout' op 'key' must be the tensor<2xi64> [seed, step], got 'tensor<2xi32>'}}
+  %r = tgraph.dropout %x[%key] {p = 0.5 : f64} : tensor<4x8xf32>, tensor<2xi32> -> tensor<4x8xf32>
+  return %r : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xi32>, %key: tensor<2xi64>) -> tensor<4x8xi32> {
+  // expected-error @below {{'tgraph.dropout' op 'x' must be a floating-point tensor, got 'tensor<4x8xi32>'}}
+  %r = tgraph.dropout %x[%key] {p = 0.5 : f64} : tensor<4x8xi32>, tensor<2xi64> -> tensor<4x8xi32>
+  return %r : tensor<4x8xi32>
+}
+
+// -----
+
+func.func @f(%x: tensor<4x8xf32>, %key: tensor<2xi64>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.dropout' op 'dim_axes' must have one entry per dimension of 'tensor<4x8xf32>', got 1}}
+  %r = tgraph.dropout %x[%key] {p = 0.5 : f64, dim_axes = ["dp"]} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+  return %r : tensor<4x8xf32>
+}

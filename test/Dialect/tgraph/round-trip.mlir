@@ -267,3 +267,14 @@ func.func @remat_marks(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
   %1 = tgraph.tanh %x {tgraph.recompute = 3 : i64} : tensor<4xf32>
   return %0, %1 : tensor<4xf32>, tensor<4xf32>
 }
+
+// Dropout by counter-based random bits of (key, global index); after
+// partitioning, the axes splitting each dimension.
+// CHECK-LABEL: func.func @dropout
+// CHECK: tgraph.dropout %{{.*}}[%{{.*}}] {p = 1.000000e-01 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+// CHECK: tgraph.dropout %{{.*}}[%{{.*}}] {dim_axes = ["dp", ""], p = 5.000000e-01 : f64} : tensor<4x8xbf16>, tensor<2xi64> -> tensor<4x8xbf16>
+func.func @dropout(%x: tensor<4x8xf32>, %y: tensor<4x8xbf16>, %key: tensor<2xi64>) -> (tensor<4x8xf32>, tensor<4x8xbf16>) {
+  %0 = tgraph.dropout %x[%key] {p = 0.1 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+  %1 = tgraph.dropout %y[%key] {p = 0.5 : f64, dim_axes = ["dp", ""]} : tensor<4x8xbf16>, tensor<2xi64> -> tensor<4x8xbf16>
+  return %0, %1 : tensor<4x8xf32>, tensor<4x8xbf16>
+}

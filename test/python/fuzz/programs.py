@@ -35,6 +35,8 @@ import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
+from tessera_runtime import random as philox
+
 MAX_ELEMENTS = 120          # per value: programs stay fast to compile and to check
 # Shrinks toward 1; a zero-size dimension one time in 20.
 DIM_SIZES = st.sampled_from([1, 2, 3, 4, 5, 2, 3, 4, 1, 2, 3, 4, 5, 2, 3, 4, 3, 4, 2, 0])
@@ -735,6 +737,21 @@ def _dynamic_slices(b: _Builder):
            x.shape, "f32", max(x.bound, u.bound))
 
 
+def _dropout(b: _Builder):
+    """op.dropout at a drawn rate and key: the reference applies the mask of
+    tessera_runtime.random (checked against Random123's answers), which a
+    split tensor must reproduce on any mesh."""
+    x = b.pick(lambda v: v.dtype == "f32")
+    p = b.draw(st.sampled_from([0.0, 0.25, 0.5, 0.9]))
+    seed, step = b.draw(st.integers(0, 2**40)), b.draw(st.integers(0, 3))
+
+    def dropped(env, n=x.name):
+        keep = philox.dropout_keep((seed, step), p, np.shape(env[n]))
+        return np.where(keep, env[n] * float(np.float32(1 / (1 - p))), 0.0)
+    b.step(f"op.dropout({x.name}, {p}, ({seed}, {step}))", dropped, x.shape, "f32",
+           x.bound / (1 - p))
+
+
 def _rounding(b: _Builder):
     """floor, ceil or sign of an input: piecewise constant, so only of values
     both sides hold exactly (an input; an intermediate rounded differently
@@ -813,7 +830,8 @@ def _moe(b: _Builder):
 
 STEPS = [_unary, _binary, _reduction, _reshape, _transpose, _matmul, _slice, _concat, _split,
          _normalize, _cross_entropy, _cast, _select, _power, _embedding, _moe, _fp8_round,
-         _attention, _attention_of_one_tensor, _rounding, _cumsum, _dynamic_slices]
+         _attention, _attention_of_one_tensor, _rounding, _cumsum, _dynamic_slices,
+         _dropout]
 
 
 @st.composite

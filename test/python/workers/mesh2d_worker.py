@@ -78,6 +78,33 @@ att_want = reference(aq, akv[0], akv[1], aR, 1 / np.sqrt(8), causal=True, mask=p
 att_ok = all(np.allclose(g, w, rtol=2e-4, atol=3e-5) for g, w in zip(att, att_want))
 att_ir = ts.graph.trace(attention_step, AQ, AK, AV, AR, PAD).partitioned
 
+# Dropout on dp x tp: each rank draws the words of its own block's global
+# indices, so the mask is the one a single process draws: on a tensor split
+# both ways, through a pending tp sum (the mask is linear), in the gradient,
+# with the step read at run time.
+from tessera_runtime import random as philox  # noqa: E402
+
+DX = dist.from_numpy(x, dist.ShardSpec(partition=(0, 1), mesh_axes=("dp", "tp")), mesh)
+
+
+@ts.compile(mesh=mesh)
+def dropped(dx, x, w1, w2, step):
+    key = (1234, step)
+    direct = op.dropout(dx, 0.3, key)
+    return direct, op.dropout(op.matmul(op.relu(op.matmul(x, w1)), w2), 0.5, key), \
+        ts.grad(op.sum(op.mul(op.dropout(dx, 0.3, key), dx)), [dx])[0]
+
+
+drop_got = [t.numpy() for t in dropped(DX, X, W1, W2, np.int64(7))]
+keep3 = philox.dropout_keep((1234, 7), 0.3, x.shape) * np.float32(1 / 0.7)
+keep5 = philox.dropout_keep((1234, 7), 0.5, x.shape) * np.float32(2.0)
+h = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
+drop_ok = [bool(np.array_equal(drop_got[0], x * keep3)),
+           bool(np.allclose(drop_got[1], h * keep5, rtol=1e-5, atol=1e-5 * np.abs(h).max())),
+           bool(np.allclose(drop_got[2], 2 * x * keep3, rtol=1e-6, atol=1e-6))]
+drop_gathers = ts.graph.trace(dropped, DX, X, W1, W2, np.int64(7)).partitioned.count(
+    "tgraph.all_gather")
+
 # A Hugging Face checkpoint read per rank (models.from_pretrained(mesh=)):
 # over tp = 2 each rank reads half of every projection, the embedding and
 # the head from the safetensors file, and the logits are HF's.
@@ -106,7 +133,7 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "y_local": list(Y.local().shape), "y_layout": repr(Y),
                "ok": bool(np.allclose(Y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())),
                "swaps_exact": bool(np.array_equal(got, ref_swaps)),
-               "attention_ok": att_ok,
+               "attention_ok": att_ok, "dropout_ok": drop_ok, "dropout_gathers": drop_gathers,
                "hf_logits_gap": float(np.abs(hf_logits - hf_ref["logits"]).max()),
                "hf_bytes": [held, everything], "hf_q_local": q_local,
                "hf_generate": hf_generate,

@@ -484,6 +484,35 @@ def TGraph_DynamicUpdateSliceOp : TGraph_Op<"dynamic_update_slice", [Pure]> {
   let hasVerifier = 1;
 }
 
+def TGraph_DropoutOp : TGraph_Op<"dropout", [Pure, AllTypesMatch<["x", "result"]>]> {
+  let summary = "`x` with elements dropped at rate `p`, by counter-based random bits";
+  let description = [{
+    `result = x * keep / (1 - p)`, where element `e` (its flat row-major
+    index in the global tensor) is kept when the random word
+    `philox4x32_10(counter = (e / 4, step), key = seed)[e % 4]` has its top
+    24 bits at least `round(p * 2^24)`; `key` is the i64 pair
+    `[seed, step]` (`tessera_runtime/random.py` says it exactly). A pure
+    function of (key, global index): the same mask on one rank and on any
+    mesh, and again in the gradient (the same op on the cotangent).
+    `0 < p < 1`.
+
+    After partitioning, `dim_axes` names, per dimension, the mesh axes
+    splitting it (comma-separated, empty when whole): the runtime places
+    this rank's block in the global tensor from them.
+
+    ```mlir
+    %r = tgraph.dropout %x[%key] {p = 1.000000e-01 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$x, AnyRankedTensor:$key, F64Attr:$p,
+                       OptionalAttr<StrArrayAttr>:$dim_axes);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $x `[` $key `]` attr-dict `:` type($x) `,` type($key) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
   let summary = "sum rows of `updates` into a zero tensor at rows `indices`";
   let description = [{
