@@ -1033,7 +1033,8 @@ def embedding(ids, table) -> Traced:
 @eager
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
               seq_dim: int = -2, *, mask=None, segment_ids=None,
-              window: int | None = None, softcap: float | None = None) -> Traced:
+              window: int | None = None, softcap: float | None = None,
+              dropout_p: float = 0.0, dropout_key=None) -> Traced:
     """softmax(q k^T * scale + masks) v over `[..., S, D]` operands (e.g.
     `[B, H, S, D]`; `v` may have another last dimension); scale defaults to
     1/sqrt(D).
@@ -1053,6 +1054,12 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 
     `softcap=c` caps the scaled scores smoothly before any mask, as Gemma 2:
     `c * tanh(scale * q k^T / c)`.
+
+    `dropout_p=p` with `dropout_key=(seed, step)` drops probabilities after
+    the softmax, as PyTorch's SDPA in training: the mask is
+    `op.dropout(probabilities, p, dropout_key)`'s on the `[L..., Sq, Sk]`
+    probabilities, drawn inside the flash kernels (forward and backward)
+    and never stored; the same on any mesh.
 
     What a query attends to (all optional, combined):
 
@@ -1127,13 +1134,31 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
                             f"None)  [{src}]")
     lead = [q.shape[d] for d in lead_dims]
     sq, sk = q.shape[seq_dim], k.shape[seq_dim]
+    rate, seeds = _attention_dropout(dropout_p, dropout_key, lead, src)
     spec = gb.AttentionSpec(scale, bool(causal), seq_dim, None if window is None else int(window),
                             _attention_mask(mask, q, lead, sq, sk, src),
                             _segment_ids(segment_ids, lead, sq, sk, src),
-                            None if softcap is None else float(softcap))
+                            None if softcap is None else float(softcap), rate, seeds)
     with current_location(src):
         out, _ = gb.attention(q.value, k.value, v.value, spec)
     return result_of(out, src)
+
+
+def _attention_dropout(p, key, lead: list, src):
+    """op.attention's dropout: (rate, the i64 seeds [L..., 1, 3] holding
+    (seed, step, h) per head, h its flat index in L), or (None, None)."""
+    if not is_number(p) or not 0 <= p < 1:
+        raise ArgumentError(f"op.attention: dropout_p={p!r:.60} must be a number in [0, 1)  "
+                            f"[{src}]")
+    if p == 0:
+        return None, None
+    if key is None:
+        raise ArgumentError(f"op.attention: dropout_p={p} needs dropout_key=(seed, step) (the "
+                            f"step as an array of the program: a new mask each step)  [{src}]")
+    k = _dropout_key(key, src, "op.attention: dropout_key")
+    heads = reshape(_cast_to(arange(math.prod(lead)), np.int64, src), *lead, 1, 1)
+    pair = broadcast_to(reshape(k, *([1] * len(lead)), 1, 2), (*lead, 1, 2))
+    return float(p), concat([pair, heads], dim=-1).value
 
 
 def _is_count(n) -> bool:
@@ -1388,12 +1413,12 @@ def dynamic_update_slice(x, update, start, dim: int = 0) -> Traced:
 # Dropout (counter-based random bits: tessera_runtime/random.py)
 # ----------------------------------------------------------------------------
 
-def _dropout_key(key, src) -> Traced:
+def _dropout_key(key, src, what: str = "op.dropout: key") -> Traced:
     """`key` as the int64 [seed, step] pair tgraph.dropout reads: an int (a
     seed, step 0), a (seed, step) pair of ints or integer scalars of the
-    program, or an integer [2] tensor."""
+    program, or an integer [2] tensor. `what` names the parameter in errors."""
     def bad(why):
-        return ArgumentError(f"op.dropout: key={key!r:.80} {why}; give a seed, a (seed, step) "
+        return ArgumentError(f"{what}={key!r:.80} {why}; give a seed, a (seed, step) "
                              f"pair (ints or integer scalars of the program: pass the step as "
                              f"an array to compile once) or an integer [2] tensor  [{src}]")
     if is_int(key):

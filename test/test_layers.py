@@ -26,6 +26,12 @@ including those inside functions, so a lazy back edge is caught too):
                           the errors every layer raises at the user
                           (TesseraError, ArgumentError) and the walk to the
                           user's line: like routines, below every layer
+    tessera_runtime.random
+                          the counter-based generator dropout draws from (a
+                          contract between the kernels the compiler prints
+                          and the runtime's routine, like routines): the
+                          compiler's layers above the bottom may import it;
+                          it imports numpy only
 
 No module imports a private name (`_x`) of another module, and the
 compiler's modules import each other without cycles.
@@ -125,6 +131,8 @@ def layer_of(module: str) -> str:
         return "routines"
     if module == "tessera_runtime.errors":
         return "errors"
+    if module == "tessera_runtime.random":
+        return "random"
     if module.startswith("tessera_compiler.ir"):
         return "ir"
     if module.startswith("tessera_compiler.codegen"):
@@ -142,16 +150,20 @@ def layer_of(module: str) -> str:
 #: `errors` is tessera_runtime.errors, the errors every layer raises at the
 #: user (TesseraError, ArgumentError) and how one finds the user's line
 #: (every layer reads it; it reads no Tessera module).
+#: `random` is tessera_runtime.random, dropout's generator (printed kernels
+#: and the runtime's routine draw the same words; it reads no Tessera module).
 ALLOWED = {
     "ir": {"ir", "tessera_mlir", "routines", "errors"},
-    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env", "routines", "errors"},
-    "codegen": {"ir", "codegen", "tessera_mlir", "env", "routines", "errors"},
+    "tessera_passes": {"ir", "tessera_passes", "tessera_mlir", "env", "routines", "errors",
+                       "random"},
+    "codegen": {"ir", "codegen", "tessera_mlir", "env", "routines", "errors", "random"},
     "compiler": {"ir", "codegen", "compiler", "tessera_passes", "tessera_mlir", "env", "routines",
-                 "errors"},
+                 "errors", "random"},
     "tessera": {"ir", "compiler", "codegen", "tessera", "tessera_runtime", "tessera_mlir", "env",
-                "routines", "errors"},
+                "routines", "errors", "random"},
     "routines": set(),
     "errors": set(),
+    "random": set(),
 }
 TESSERA_TOPS = {"tessera", "tessera_compiler", "tessera_passes", "tessera_runtime", "tessera_mlir"}
 

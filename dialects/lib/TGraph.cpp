@@ -885,6 +885,33 @@ static LogicalResult verifyRowStatistic(Operation *op, StringRef name, RankedTen
 
 /// The operand checks of an attention op (`AttentionOp`, `AttentionGradOp`)
 /// and the type of its output `[..., Sq, Dv]` (`out`, `dout`).
+/// Attention dropout: `dropout_p` in (0, 1) and the i64 seeds `[L..., 1, 3]`
+/// (L: q's leading dimensions, `seq_dim` left out), both or neither.
+template <typename AttentionLike>
+static LogicalResult verifyAttentionDropout(AttentionLike op, RankedTensorType q) {
+  auto rate = op.getDropoutPAttr();
+  Value seeds = op.getDropoutSeeds();
+  if (!rate && !seeds)
+    return success();
+  if (!rate || !seeds)
+    return op.emitOpError("'dropout_p' and 'dropout(%seeds)' go together");
+  double p = rate.getValueAsDouble();
+  if (!(p > 0.0 && p < 1.0))
+    return op.emitOpError("'dropout_p' must lie in (0, 1), got ") << p;
+  int64_t seqDim = op.getSeqDim() ? static_cast<int64_t>(*op.getSeqDim()) : q.getRank() - 2;
+  SmallVector<int64_t> want;
+  for (int64_t d = 0; d + 1 < q.getRank(); ++d)
+    if (d != seqDim)
+      want.push_back(q.getDimSize(d));
+  want.append({1, 3});
+  auto got = cast<RankedTensorType>(seeds.getType());
+  auto wantType = RankedTensorType::get(want, IntegerType::get(op.getContext(), 64));
+  if (got != wantType)
+    return op.emitOpError("'dropout' seeds must be ")
+           << wantType << " ((seed, step, head) per head of " << q << "), got " << got;
+  return success();
+}
+
 template <typename AttentionLike>
 static FailureOr<RankedTensorType> verifyAttentionOf(AttentionLike op) {
   auto q = op.getQ().getType(), k = op.getK().getType(), v = op.getV().getType();
@@ -894,6 +921,8 @@ static FailureOr<RankedTensorType> verifyAttentionOf(AttentionLike op) {
   if (failed(verifyAttentionOperands(op, q, k, v, op.getMask(), op.getQSegments(),
                                      op.getKvSegments(), op.getCausal(), op.getWindow(), softcap,
                                      op.getScale(), op.getSeqDim())))
+    return failure();
+  if (failed(verifyAttentionDropout(op, q)))
     return failure();
   SmallVector<int64_t> outShape(q.getShape().drop_back());
   outShape.push_back(v.getDimSize(v.getRank() - 1));

@@ -381,6 +381,19 @@ LogicalResult IotaOp::verify() {
   return success();
 }
 
+LogicalResult DropoutFactorOp::verify() {
+  TileType r = getResult().getType();
+  if (r.getShape().size() != 2 || !isa<FloatType>(r.getElementType()))
+    return emitOpError("result must be a 2-D float tile, got ") << r;
+  if (getStrides().size() != 2)
+    return emitOpError("'strides' must give one stride per tile dimension, got ")
+           << getStrides().size();
+  double p = getP().convertToDouble();
+  if (!(p > 0.0 && p < 1.0))
+    return emitOpError("'p' must lie in (0, 1), got ") << p;
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // NVSHMEM
 //===----------------------------------------------------------------------===//

@@ -106,9 +106,15 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None],
         if kind == "sum":
             return [gb.broadcast(g, shape)]
         if kind == "max":
-            # The gradient flows to the elements equal to the maximum.
+            # The gradient flows to the elements equal to the maximum, split
+            # evenly between ties (JAX's rule): tied copies of one value (an
+            # embedding row looked up twice) then pass its derivative once.
             hit = gb.compare("eq", x[0], gb.broadcast(out, shape))
-            return [gb.select(hit, gb.broadcast(g, shape), gb.zeros_like(x[0]))]
+            zeros = gb.zeros_like(x[0])
+            ties = gb.reduce(gb.select(hit, gb.fill(shape, gb.element_of(x[0]), 1.0), zeros),
+                             "sum", list(ir.DenseI64ArrayAttr(op.attributes["dims"])))
+            share = gb.broadcast(gb.binary("div", g, ties), shape)
+            return [gb.select(hit, share, zeros)]
         raise PassError(f"tessera-autodiff: no derivative for a '{kind}' reduction", op.location)
     if name == "reshape":
         return [gb.reshape(g, gb.shape_of(x[0]))]
@@ -148,14 +154,15 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None],
             raise PassError("tessera-autodiff: the log-sum-exp result of tgraph.attention "
                             "is not differentiable", op.location)
         # delta = rowsum(dout * out) in f32 (f64): the softmax Jacobian's
-        # diagonal term, computed once here instead of in every backward tile.
+        # diagonal term, computed once here instead of in every backward tile
+        # (with dropout too: rowsum(P * (Z * dP)) is dout . out).
         stat = gb.statistic_element(x[0])
         delta = gb.reduce(gb.binary("mul", gb.cast(g, stat), gb.cast(out, stat)), "sum",
                           [len(gb.shape_of(out)) - 1])
         spec = gb.AttentionSpec.of(op)
         grads = gb.attention_grad(*x[:3], g, op.results[1], delta, spec)
         mask = [Undifferentiable("the mask of tgraph.attention")] if spec.mask is not None else []
-        return grads + mask + [None] * len(spec.segments or ())
+        return grads + mask + [None] * (len(spec.sides) - len(mask))   # (integers)
     if name in ("moe_dispatch", "moe_collect"):
         # Transposes of each other: a dispatched row's cotangent goes back to
         # its (token, choice), a collected one's to its row (sizes: none).

@@ -17,7 +17,9 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 from tessera_mlir import ir
+from tessera_runtime import random
 
 from ..ir.cpu_schedule import placed_shape
 from ..ir.ops import TILE_ELEMENTWISE
@@ -386,6 +388,24 @@ class TilePrinter(abc.ABC):
         stride = math.prod(r.shape[dim + 1:])
         self.for_each(r.size, lambda e: self.line(
             f"{r.name}[{e}] = ({r.ctype})({offset} + ({e} / {stride}) % {r.shape[dim]});"))
+
+    def dropout_factor(self, op, index: str) -> str:
+        """The C expression of `ttile.dropout_factor` `op` at flat element
+        index expression `index` (tessera_numerics.h's dropout_keeps)."""
+        seed, step, _ = (self.scalar(v) for v in op.operands)
+        p = ir.FloatAttr(op.attributes["p"]).value
+        ct = ctype(tile_of(op.results[0].type)[1], op.location)
+        scale = c_literal(float(np.float32(1.0 / (1.0 - p))), ct)
+        return (f"(dropout_keeps((uint64_t){seed}, (uint64_t){step}, (uint64_t)({index}), "
+                f"{random.dropout_threshold(p)}u) ? {scale} : ({ct})0)")
+
+    def op_ttile_dropout_factor(self, op):
+        r = self.new_tile(op.results[0])
+        base = self.scalar(op.operands[2])
+        s0, s1 = ir.DenseI64ArrayAttr(op.attributes["strides"])
+        n = r.shape[1]
+        self.for_each(r.size, lambda e: self.line(
+            f"{r.name}[{e}] = {self.dropout_factor(op, f'{base} + ({e} / {n}) * {s0} + ({e} % {n}) * {s1}')};"))
 
     # arith.cmpi predicates, by enum value (eq, ne, slt, sle, sgt, sge, ult, ule, ugt, uge).
     _CMPI = ["==", "!=", "<", "<=", ">", ">=", "<", "<=", ">", ">="]

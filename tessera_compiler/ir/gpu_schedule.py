@@ -38,7 +38,7 @@ ATTRIBUTES = (PLACE, REGION, DOMAIN, SPILL, RELEASE, SMEM, PIPELINE, RING, BARRI
 #: Ops a pointwise region groups (one per-thread loop over their iteration
 #: shape, values in registers).
 POINTWISE = set(TILE_ELEMENTWISE) | {"ttile.fill", "ttile.iota", "ttile.broadcast",
-                                     "ttile.load", "ttile.store"}
+                                     "ttile.load", "ttile.store", "ttile.dropout_factor"}
 #: sm_90 allows up to 227 KB of shared memory per block (opt-in above 48 KB).
 MAX_SHARED_BYTES = 227 * 1024
 #: Shared-memory allocations are 16-byte aligned (cp.async's 16-byte copies).

@@ -330,6 +330,9 @@ class AttentionSpec:
     mask: ir.Value | None = None
     segments: tuple[ir.Value, ir.Value] | None = None
     softcap: float | None = None
+    #: dropout of the probabilities: the rate and the i64 [L..., 1, 3] seeds
+    dropout_p: float | None = None
+    dropout_seeds: ir.Value | None = None
 
     @staticmethod
     def of(op: ir.Operation) -> "AttentionSpec":
@@ -339,21 +342,27 @@ class AttentionSpec:
             else None
         softcap = ir.FloatAttr(op.attributes["softcap"]).value if "softcap" in op.attributes \
             else None
+        rate = ir.FloatAttr(op.attributes["dropout_p"]).value if "dropout_p" in op.attributes \
+            else None
         return AttentionSpec(ir.FloatAttr(op.attributes["scale"]).value,
                              "causal" in op.attributes, seq_dim_of(op), window, view.mask, seg,
-                             softcap)
+                             softcap, rate, view.dropout_seeds)
 
     @property
     def sides(self) -> list[ir.Value]:
-        """The mask and segment operands, in operand order."""
-        return ([self.mask] if self.mask is not None else []) + list(self.segments or ())
+        """The mask, segment and dropout seed operands, in operand order."""
+        return ([self.mask] if self.mask is not None else []) + list(self.segments or ()) + \
+            ([self.dropout_seeds] if self.dropout_seeds is not None else [])
 
     def _build(self, q: ir.Value) -> dict:
         qs, ks = self.segments or (None, None)
         return dict(mask=self.mask, q_segments=qs, kv_segments=ks, causal=self.causal or None,
                     seq_dim=_seq_dim_attr(q, self.seq_dim),
                     window=None if self.window is None else i64(self.window),
-                    softcap=None if self.softcap is None else ir.FloatAttr.get_f64(self.softcap))
+                    softcap=None if self.softcap is None else ir.FloatAttr.get_f64(self.softcap),
+                    dropout_seeds=self.dropout_seeds,
+                    dropout_p=None if self.dropout_p is None else
+                    ir.FloatAttr.get_f64(self.dropout_p))
 
 
 def attention(q: ir.Value, k: ir.Value, v: ir.Value,

@@ -631,6 +631,43 @@ func.func private @g(%q: tensor<128x32xf32>, %k: tensor<128x32xf32>, %v: tensor<
 
 // -----
 
+// Attention dropout: each kernel reads its head's (seed, step, head) from the
+// seeds buffer and draws the probability block's factors at its flat index
+// (head * Sq * Sk + row * Sk + col; the transposed block of @dr_dkdv with
+// strides [1, Sk]); the forward multiplies P by them after the denominator.
+// CHECK-LABEL: func.func @attention_dropout
+// CHECK: ttile.kernel @df
+// CHECK: ttile.reduce {{.*}}<sum>
+// CHECK: ttile.load_scalar %{{.*}}[%{{.*}}, %c0{{.*}}, %c2{{.*}}] : memref<2x1x3xi64>
+// CHECK: %[[Z:.*]] = ttile.dropout_factor %{{.*}}, %{{.*}} at %{{.*}} {p = 2.500000e-01 : f64, strides = array<i64: 64, 1>} : !ttile.tile<64x64xf32>
+// CHECK-NEXT: %[[PZ:.*]] = ttile.mul %{{.*}}, %[[Z]]
+// CHECK-NEXT: ttile.dot %[[PZ]]
+// CHECK: ttile.kernel @dr_dkdv
+// CHECK: ttile.dropout_factor %{{.*}}, %{{.*}} at %{{.*}} {p = 2.500000e-01 : f64, strides = array<i64: 1, 64>} : !ttile.tile<64x64xf32>
+// CHECK: ttile.kernel @dr_dq
+// CHECK: ttile.dropout_factor %{{.*}}, %{{.*}} at %{{.*}} {p = 2.500000e-01 : f64, strides = array<i64: 64, 1>} : !ttile.tile<64x64xf32>
+func.func @attention_dropout(%q: memref<2x64x16xf32>, %k: memref<2x64x16xf32>, %v: memref<2x64x16xf32>, %sd: memref<2x1x3xi64>, %do: memref<2x64x16xf32>, %l: memref<2x64x1xf32>, %d: memref<2x64x1xf32>) -> (memref<2x64x16xf32>, memref<2x64x16xf32>) {
+  %s = tsched.stream "compute"
+  %o = tsched.alloc : memref<2x64x16xf32>
+  %lse = tsched.alloc : memref<2x64x1xf32>
+  %dq = tsched.alloc : memref<2x64x16xf32>
+  %dk = tsched.alloc : memref<2x64x16xf32>
+  %dv = tsched.alloc : memref<2x64x16xf32>
+  tsched.launch @df on %s ins(%q, %k, %v, %sd : memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2x1x3xi64>) outs(%o, %lse : memref<2x64x16xf32>, memref<2x64x1xf32>)
+  tsched.launch @dr on %s ins(%q, %k, %v, %do, %l, %d, %sd : memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2x64x1xf32>, memref<2x64x1xf32>, memref<2x1x3xi64>) outs(%dq, %dk, %dv : memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>)
+  return %o, %dq : memref<2x64x16xf32>, memref<2x64x16xf32>
+}
+func.func private @df(%q: tensor<2x64x16xf32>, %k: tensor<2x64x16xf32>, %v: tensor<2x64x16xf32>, %sd: tensor<2x1x3xi64>) -> (tensor<2x64x16xf32>, tensor<2x64x1xf32>) attributes {tsched.kernel} {
+  %o:2 = tgraph.attention %q, %k, %v dropout(%sd : tensor<2x1x3xi64>) {causal, scale = 0.25 : f64, dropout_p = 0.25 : f64} : tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32> -> tensor<2x64x16xf32>, tensor<2x64x1xf32>
+  return %o#0, %o#1 : tensor<2x64x16xf32>, tensor<2x64x1xf32>
+}
+func.func private @dr(%q: tensor<2x64x16xf32>, %k: tensor<2x64x16xf32>, %v: tensor<2x64x16xf32>, %do: tensor<2x64x16xf32>, %l: tensor<2x64x1xf32>, %d: tensor<2x64x1xf32>, %sd: tensor<2x1x3xi64>) -> (tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32>) attributes {tsched.kernel} {
+  %g:3 = tgraph.attention_grad %q, %k, %v, %do, %l, %d dropout(%sd : tensor<2x1x3xi64>) {causal, scale = 0.25 : f64, dropout_p = 0.25 : f64} : tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x1xf32>, tensor<2x64x1xf32> -> tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32>
+  return %g#0, %g#1, %g#2 : tensor<2x64x16xf32>, tensor<2x64x16xf32>, tensor<2x64x16xf32>
+}
+
+// -----
+
 // An all_gather + matmul kernel (transport = nvshmem) over the outer axis of
 // a 2x2 mesh (PE stride 2): one GEMM kernel. Instance (c, 0), for each of the
 // 4 local 16-row chunks c, puts its chunk into every PE's symmetric copy,

@@ -9,17 +9,19 @@ import pytest
 
 import tessera as ts
 from tessera import op
+from tessera_runtime import random
 
 
 def reference(q, k, v, R, scale, causal=False, mask=None, segments=None, window=None,
-              softcap=None):
+              softcap=None, dropout=None):
     """out and d(sum(out * R))/d(q, k, v) in float64 over [B, H, S, D]
     operands; k and v may have fewer heads (each serves H // Hkv query
     heads) and another length (queries are the last Sq positions); `mask`
     is boolean or additive (-1000 or less masks), broadcast to [B, H, Sq,
     Sk]; `segments` a pair of [B, S] ids; `softcap` caps the scaled scores
-    (c tanh(s / c)) before the masks. A row with no key gives 0 and passes
-    no gradient."""
+    (c tanh(s / c)) before the masks; `dropout` = (p, (seed, step)) drops
+    the probabilities by op.dropout's mask of [B, H, Sq, Sk]. A row with no
+    key gives 0 and passes no gradient."""
     q, k, v, R = (np.asarray(t, np.float64) for t in (q, k, v, R))
     B, H, Sq, _ = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
@@ -48,9 +50,13 @@ def reference(q, k, v, R, scale, causal=False, mask=None, segments=None, window=
     p = np.exp(s - np.where(np.isneginf(m), 0, m))
     l = p.sum(-1, keepdims=True)
     p /= np.where(l == 0, 1, l)
-    out = p @ vr
-    dv = np.swapaxes(p, -1, -2) @ R
-    dp = R @ np.swapaxes(vr, -1, -2)
+    z = 1.0
+    if dropout is not None:
+        rate, key = dropout
+        z = random.dropout_keep(key, rate, p.shape) * float(np.float32(1 / (1 - rate)))
+    out = (p * z) @ vr
+    dv = np.swapaxes(p * z, -1, -2) @ R
+    dp = (R @ np.swapaxes(vr, -1, -2)) * z
     ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * slope
     dq = ds @ kr * scale
     dk = np.swapaxes(ds, -1, -2) @ q * scale
@@ -291,3 +297,49 @@ def test_query_and_key_segment_ids_broadcast_each_on_its_own():
         want = reference(q, k, v, R, 0.25, segments=(np.broadcast_to(qs, (2, 16)),
                                                       np.broadcast_to(ks, (2, 16))))
         _check(got, want, f"q ids {list(qs.shape)}, k ids {list(np.shape(ks))}")
+
+
+def test_attention_dropout_forward_and_backward_cpu():
+    """Dropout of the probabilities inside the flash kernels: the mask is
+    op.dropout's of [B, H, Sq, Sk] (drawn again in the backward), with
+    grouped heads and a causal mask, with a padding mask over 3 key blocks,
+    and with [B, S, H, D] operands (seq_dim=1: heads indexed the same);
+    a step read at run time, values and gradients against float64."""
+    rng = np.random.default_rng()
+    seed = int(rng.integers(2**40))
+    q, k, v, R = _qkvr(rng, 2, 4, 2, 64, 64)
+    q2, k2, v2, R2 = _qkvr(rng, 1, 2, 2, 24, 192)
+    pad = np.ones((1, 1, 1, 192), bool)
+    pad[..., :7] = False
+
+    def step(q, k, v, R, q2, k2, v2, R2, t):
+        key = (seed, t)
+        gqa = _with_grads(lambda q, k, v: op.attention(q, k, v, causal=True, dropout_p=0.3,
+                                                       dropout_key=key))(q, k, v, R)
+        padded = _with_grads(lambda q, k, v: op.attention(q, k, v, mask=pad, dropout_p=0.5,
+                                                          dropout_key=key))(q2, k2, v2, R2)
+        rows = [op.transpose(t, 0, 2, 1, 3) for t in (q, k, v, R)]
+        by_rows = _with_grads(lambda q, k, v: op.attention(q, k, v, causal=True, seq_dim=1,
+                                                           dropout_p=0.3, dropout_key=key))(*rows)
+        return gqa, padded, by_rows
+
+    gqa, padded, by_rows = ts.jit(step)(q, k, v, R, q2, k2, v2, R2, np.int64(3))
+    _check(gqa, reference(q, k, v, R, 0.25, causal=True, dropout=(0.3, (seed, 3))), "gqa")
+    _check(padded, reference(q2, k2, v2, R2, 0.25, mask=pad, dropout=(0.5, (seed, 3))),
+           "padded")
+    want = reference(q, k, v, R, 0.25, causal=True, dropout=(0.3, (seed, 3)))
+    _check([np.swapaxes(t, 1, 2) for t in by_rows], want, "seq_dim=1")
+
+
+def test_attention_dropout_cuda_kernels_emulated(monkeypatch):
+    """The GPU target's kernels draw the same words (the shared
+    philox_word): the CPU's answer, grouped heads and causal."""
+    monkeypatch.setenv("TESSERA_CUDA_EMULATE", "1")
+    monkeypatch.setenv("TESSERA_EMULATE_ARCH", "sm_90a")
+    rng = np.random.default_rng()
+    q, k, v, R = _qkvr(rng, 1, 4, 2, 32, 64)
+
+    def attend(q, k, v):
+        return op.attention(q, k, v, causal=True, dropout_p=0.25, dropout_key=(17, 2))
+    got = ts.jit(_with_grads(attend), target="gpu")(q, k, v, R)
+    _check(got, reference(q, k, v, R, 0.25, causal=True, dropout=(0.25, (17, 2))), "gpu")

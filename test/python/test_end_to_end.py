@@ -42,6 +42,7 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         assert r["swaps_exact"], f"seed {seed}, rank {r['rank']}: send/recv on dp x tp"
         # Grouped-query attention split over dp (batch) and tp (heads) needs
         # no collective: each rank's query heads read its own key/value head.
+        # (With dropout too: each rank draws its heads' rows of the global mask.)
         assert r["attention_ok"], f"seed {seed}, rank {r['rank']}: GQA attention on dp x tp"
         assert r["attention_gathers"] == 0
         # Dropout split over dp x tp draws the single-process mask, with no gather.

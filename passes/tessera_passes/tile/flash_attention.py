@@ -37,6 +37,13 @@ segment ids, more queries than keys), the online softmax takes its offset
 as 0 while the row's maximum is still -inf, an empty row divides by 1 (out
 = 0, lse = -inf) and the backward reads lse = -inf as 0 (p = 0).
 
+Dropout (`dropout_p`) multiplies each probability block by its factor Z (0
+or 1/(1-p), `ttile.dropout_factor`: the word of the score's flat index in
+the global [L..., Sq, Sk] probabilities, drawn again in the backward,
+never stored) before it meets V; the denominator `l` and `lse` stay the
+undropped softmax's. Backward: dV += (P Z)^T dO, dS = P (Z dP - delta),
+with delta = rowsum(dO out) as without dropout.
+
 Grouped key/value heads (k, v with leading dimensions that divide q's) are
 read in place: a query head's tiles come from its group's key/value head.
 `_dkdv` runs per key/value head and its loop visits every query block of
@@ -159,11 +166,11 @@ class _Builder:
         self.scale, self.causal = spec.scale, spec.causal
         self.window, self.has_mask, self.has_segments = spec.window, spec.mask is not None, \
             spec.segments is not None
-        self.softcap = spec.softcap
+        self.softcap, self.dropout = spec.softcap, spec.dropout_p
         self.seq_dim, self.rank, self.geo = seq_dim, rank, geo
         self.acc = elt if isinstance(elt, ir.F64Type) else ir.F32Type.get()
         self.half = elt != self.acc
-        self.mask_buf = self.q_seg_buf = self.kv_seg_buf = None
+        self.mask_buf = self.q_seg_buf = self.kv_seg_buf = self.seeds_buf = None
         # With an additive mask the scores are scaled and biased in the block
         # (scale * s + mask) and the softmax runs in natural units: a finite
         # mask as low as float32's lowest (HF's) would overflow to -inf in
@@ -175,9 +182,11 @@ class _Builder:
             (self.causal and geo.offset < 0)
 
     def with_sides(self, bufs: list[ir.Value]) -> "_Builder":
-        """Takes the kernel's mask and segment buffers (in operand order)."""
+        """Takes the kernel's mask, segment and dropout seed buffers (in
+        operand order)."""
         bufs = list(bufs)
         self.mask_buf = bufs.pop(0) if self.has_mask else None
+        self.seeds_buf = bufs.pop() if self.dropout is not None else None
         self.q_seg_buf, self.kv_seg_buf = bufs if self.has_segments else (None, None)
         return self
 
@@ -305,6 +314,24 @@ class _Builder:
                 bias = self.transpose(bias)
             s = ttile.AddOp(s, bias).result
         return s, slope
+
+    def dropout_factor(self, at, row, col, transposed: bool = False) -> ir.Value | None:
+        """Dropout's factor (0 or 1/(1-p)) of each probability of the block
+        of query rows from `row` and keys from `col` of query head `at` (or
+        of its transpose), None without dropout: the head's seed, step and
+        global index come from its row of the seeds buffer."""
+        if self.dropout is None:
+            return None
+        seed, step, head = (ttile.LoadScalarOp(self.seeds_buf, list(at) + [index(0), index(i)])
+                            .result for i in range(3))
+        sq, sk = self.geo.sq, self.geo.sk
+        base = arith.AddIOp(arith.MulIOp(head, index(sq * sk)).result,
+                            arith.AddIOp(arith.MulIOp(row, index(sk)).result, col).result).result
+        rows, cols = (self.cfg.bn, self.cfg.bm) if transposed else (self.cfg.bm, self.cfg.bn)
+        strides = [1, sk] if transposed else [sk, 1]
+        return ttile.DropoutFactorOp(tile_type([rows, cols], self.acc), seed, step, base,
+                                     ir.FloatAttr.get_f64(self.dropout),
+                                     ir.DenseI64ArrayAttr.get(strides)).result
 
     def scores(self, q, k, at, row, col, transposed: bool = False):
         """(scores, the soft cap's slope or None): q k^T ([queries, keys],
@@ -446,7 +473,8 @@ def _setup(op, cpu: bool, forward: bool, options: TargetOptions):
     # tiles streamed by TMA and no index arithmetic: masked, grouped and
     # offset kernels keep their loops in shared memory (cp.async).
     plain = spec.mask is None and not spec.segments and not spec.window and \
-        spec.softcap is None and geo.sq == geo.sk and geo.lead == geo.kv_lead
+        spec.softcap is None and spec.dropout_p is None and geo.sq == geo.sk and \
+        geo.lead == geo.kv_lead
     # Hopper's wgmma where bf16 tiles are whole 128-byte swizzle atoms (head
     # widths multiples of 64) for whole warpgroups of 16-row warps.
     if options.wgmma and not cpu and str(elt) == "bf16" and cfg.warps and cfg.warps % 4 == 0 \
@@ -502,6 +530,9 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
             alpha = b.exp(ttile.SubOp(m, m_offset).result)
             l_new = ttile.AddOp(ttile.MulOp(l, alpha).result, b.row_reduce(p, "sum")).result
             scaled = ttile.MulOp(acc, b.broadcast(alpha, [bm, dv])).result
+            z = b.dropout_factor(at, row, col)
+            if z is not None:           # (l above: the undropped denominator)
+                p = ttile.MulOp(p, z).result
             scf.YieldOp([m_new, l_new, b.dot(b.operand(p), v, scaled)])
         m, l, acc = loop.results
         b.store(ttile.DivOp(acc, b.broadcast(b.finite(l, 1.0, 0.0), [bm, dv])).result, o_buf,
@@ -512,11 +543,12 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
     return kernel
 
 
-def _probabilities(b: _Builder, scores, lse, do, v, delta, transposed: bool = False):
+def _probabilities(b: _Builder, scores, lse, do, v, delta, transposed: bool = False, z=None):
     """(P, dS) of one score block (`scores`: `_Builder.scores`'): P =
     exp(S - lse), dS = P (dO V^T - delta), times the soft cap's slope;
     `transposed`: (P^T, dS^T) of a transposed block S^T ([keys, queries]),
-    with `lse` and `delta` as rows: dS^T = P^T (V dO^T - delta^T)."""
+    with `lse` and `delta` as rows: dS^T = P^T (V dO^T - delta^T). With
+    dropout's factors `z`: (P Z, P (Z dP - delta)), P Z what met V."""
     s, slope = scores
     shape = b.shape(s)
     if b.natural:
@@ -527,10 +559,12 @@ def _probabilities(b: _Builder, scores, lse, do, v, delta, transposed: bool = Fa
         lse2 = ttile.MulOp(b.broadcast(lse, shape), b.fill(shape, LOG2E)).result
     p = b.exp_scaled(s, lse2)
     dp = b.dot(v, b.transpose(do)) if transposed else b.dot(do, b.transpose(v))
+    if z is not None:
+        dp = ttile.MulOp(dp, z).result
     ds = ttile.MulOp(p, ttile.SubOp(dp, b.broadcast(delta, shape)).result).result
     if slope is not None:
         ds = ttile.MulOp(ds, slope).result
-    return p, ds
+    return (p if z is None else ttile.MulOp(p, z).result), ds
 
 
 def _group_member(b: _Builder, kv_at: list[ir.Value], g: ir.Value) -> list[ir.Value]:
@@ -604,7 +638,8 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
             lse = kb.transpose(kb.finite(kb.load(lse_buf, at, row, [bm, 1], stat), 0.0))
             delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], stat))
             pt, dst = _probabilities(kb, kb.scores(q, k, at, row, col, transposed=True), lse, do,
-                                     v, delta, transposed=True)
+                                     v, delta, transposed=True,
+                                     z=kb.dropout_factor(at, row, col, transposed=True))
             dv_new = kb.dot(kb.operand(pt), do, dv_acc)
             dk_new = kb.dot(kb.operand(dst), q, dk_acc)
             scf.YieldOp([dk_new, dv_new])
@@ -633,7 +668,8 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
             col = loop.induction_variable
             k = b.stream(k_buf, kv, col, [bn, d])
             v = b.stream(v_buf, kv, col, [bn, dv])
-            _, ds = _probabilities(b, b.scores(q, k, at, row, col), lse, do, v, delta)
+            _, ds = _probabilities(b, b.scores(q, k, at, row, col), lse, do, v, delta,
+                                   z=b.dropout_factor(at, row, col))
             scf.YieldOp([b.dot(b.operand(ds), k, loop.inner_iter_args[0])])
         b.store(ttile.MulOp(loop.results[0], b.fill([bm, d], b.scale)).result, dq_buf, at, row)
         ttile.ReturnOp()

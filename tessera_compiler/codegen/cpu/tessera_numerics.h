@@ -1,4 +1,5 @@
-// Number formats stored as bits and the row-segment test: what the CPU
+// Number formats stored as bits, the row-segment test and dropout's random
+// words: what the CPU
 // kernels (tessera_cpu.h) and the CUDA kernels (cuda/tessera_prelude.cuh)
 // share. TESSERA_FN qualifies each function: `static` on the CPU,
 // `__device__` on a GPU; NVRTC has no host headers, so this header includes
@@ -75,6 +76,38 @@ TESSERA_FN inline bool tessera_past_segments(const int32_t* sizes, int64_t per_b
   int64_t used = 0;
   for (int64_t s = 0; s < per_block; ++s) used += sizes[block * per_block + s];
   return first - block * height >= used;
+}
+
+// Philox-4x32-10 (Random123): word `index % 4` of the block `index / 4`, the
+// counter (block, step) and the key `seed` as 32-bit halves. The runtime's
+// tgraph.dropout draws the same words (tessera_runtime/random.py); the tests
+// hold both to Random123's published answers and to each other.
+TESSERA_FN inline uint32_t philox_word(uint64_t seed, uint64_t step, uint64_t index) {
+  const uint64_t block = index >> 2;
+  uint32_t c0 = (uint32_t)block, c1 = (uint32_t)(block >> 32);
+  uint32_t c2 = (uint32_t)step, c3 = (uint32_t)(step >> 32);
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1;
+    c3 = (uint32_t)p0;
+    c0 = n0;
+    c2 = n2;
+  }
+  const uint32_t lane = (uint32_t)(index & 3u);
+  return lane == 0u ? c0 : lane == 1u ? c1 : lane == 2u ? c2 : c3;
+}
+
+// Whether dropout keeps element `index`: its word's top 24 bits at least
+// `threshold` (round(p * 2^24)).
+TESSERA_FN inline bool dropout_keeps(uint64_t seed, uint64_t step, uint64_t index,
+                                     uint32_t threshold) {
+  return (philox_word(seed, step, index) >> 8) >= threshold;
 }
 
 #endif  // TESSERA_NUMERICS_H

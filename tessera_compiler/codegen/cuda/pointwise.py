@@ -180,6 +180,12 @@ class PointwiseRegions:
             coord = self.coords[dim] if shape[dim] != 1 else "0"
             self._define(result, f"({ctype(elt)})({self.scalar(op.operands[0])} + {coord})")
             return
+        if name == "ttile.dropout_factor":
+            s0, s1 = ir.DenseI64ArrayAttr(op.attributes["strides"])
+            row, col = self.coords[-2:]
+            index = f"{self.scalar(op.operands[2])} + {row} * {s0} + {col} * {s1}"
+            self._define(result, self.dropout_factor(op, index))
+            return
         if name == "ttile.broadcast":
             # Every value is evaluated at the region's coordinates, and a tile's
             # size-1 dimensions ignore them: broadcasting is free.

@@ -1038,3 +1038,27 @@ func.func @f(%x: tensor<4x8xf32>, %key: tensor<2xi64>) -> tensor<4x8xf32> {
   %r = tgraph.dropout %x[%key] {p = 0.5 : f64, dim_axes = ["dp"]} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
   return %r : tensor<4x8xf32>
 }
+
+// -----
+
+func.func @f(%q: tensor<2x4x8x16xf32>, %sd: tensor<2x1x1x3xi64>) -> tensor<2x4x8x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'dropout' seeds must be 'tensor<2x4x1x3xi64>' ((seed, step, head) per head of 'tensor<2x4x8x16xf32>'), got 'tensor<2x1x1x3xi64>'}}
+  %o:2 = tgraph.attention %q, %q, %q dropout(%sd : tensor<2x1x1x3xi64>) {scale = 0.25 : f64, dropout_p = 0.1 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
+  return %o#0 : tensor<2x4x8x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'dropout_p' and 'dropout(%seeds)' go together}}
+  %o:2 = tgraph.attention %q, %q, %q {scale = 0.25 : f64, dropout_p = 0.1 : f64} : tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>, tensor<8x1xf32>
+  return %o#0 : tensor<8x16xf32>
+}
+
+// -----
+
+func.func @f(%q: tensor<8x16xf32>, %sd: tensor<1x3xi64>) -> tensor<8x16xf32> {
+  // expected-error @below {{'tgraph.attention' op 'dropout_p' must lie in (0, 1), got 0}}
+  %o:2 = tgraph.attention %q, %q, %q dropout(%sd : tensor<1x3xi64>) {scale = 0.25 : f64, dropout_p = 0.0 : f64} : tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>, tensor<8x1xf32>
+  return %o#0 : tensor<8x16xf32>
+}

@@ -278,3 +278,13 @@ func.func @dropout(%x: tensor<4x8xf32>, %y: tensor<4x8xbf16>, %key: tensor<2xi64
   %1 = tgraph.dropout %y[%key] {p = 0.5 : f64, dim_axes = ["dp", ""]} : tensor<4x8xbf16>, tensor<2xi64> -> tensor<4x8xbf16>
   return %0, %1 : tensor<4x8xf32>, tensor<4x8xbf16>
 }
+
+// Attention with dropout of its probabilities: (seed, step, head) per head.
+// CHECK-LABEL: func.func @attention_dropout
+// CHECK: tgraph.attention %arg0, %arg0, %arg0 dropout(%arg1 : tensor<2x4x1x3xi64>) {dropout_p = 1.000000e-01 : f64, scale = 2.500000e-01 : f64}
+// CHECK: tgraph.attention_grad %arg0, %arg0, %arg0, %arg0, %{{.*}}, %{{.*}} dropout(%arg1 : tensor<2x4x1x3xi64>) {dropout_p = 1.000000e-01 : f64, scale = 2.500000e-01 : f64}
+func.func @attention_dropout(%q: tensor<2x4x8x16xf32>, %sd: tensor<2x4x1x3xi64>) -> tensor<2x4x8x16xf32> {
+  %o:2 = tgraph.attention %q, %q, %q dropout(%sd : tensor<2x4x1x3xi64>) {scale = 0.25 : f64, dropout_p = 0.1 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
+  %g:3 = tgraph.attention_grad %q, %q, %q, %q, %o#1, %o#1 dropout(%sd : tensor<2x4x1x3xi64>) {scale = 0.25 : f64, dropout_p = 0.1 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>, tensor<2x4x8x1xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>
+  return %g#0 : tensor<2x4x8x16xf32>
+}

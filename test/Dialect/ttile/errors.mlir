@@ -890,3 +890,21 @@ ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = arr
   %x = ttile.fill 0.0 {ttile.plcae = #ttile.place<shared>} : !ttile.tile<8xf32>
   ttile.return
 }
+
+// -----
+
+ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.dropout_factor' op 'p' must lie in (0, 1), got 1}}
+  %t = ttile.dropout_factor %c0, %c0 at %c0 {p = 1.0 : f64, strides = array<i64: 8, 1>} : !ttile.tile<2x8xf32>
+  ttile.return
+}
+
+// -----
+
+ttile.kernel @k(%x: memref<2x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  // expected-error @below {{'ttile.dropout_factor' op result must be a 2-D float tile, got '!ttile.tile<2x8xi32>'}}
+  %t = ttile.dropout_factor %c0, %c0 at %c0 {p = 0.5 : f64, strides = array<i64: 8, 1>} : !ttile.tile<2x8xi32>
+  ttile.return
+}

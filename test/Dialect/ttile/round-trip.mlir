@@ -309,3 +309,14 @@ ttile.kernel @head_rows(%a: memref<2x64x4x32xf32>, %b: memref<2x64x4x32xf32>) at
   ttile.store %t, %b[%c0, %c16, %c0, %c0] {dims = array<i64: 1, 3>} : !ttile.tile<16x32xf32>, memref<2x64x4x32xf32>
   ttile.return
 }
+
+// Dropout's factors of a block, at a flat index with strides per dimension.
+// CHECK-LABEL: ttile.kernel @dropout_factor
+// CHECK: ttile.dropout_factor %{{.*}}, %{{.*}} at %{{.*}} {p = 1.000000e-01 : f64, strides = array<i64: 64, 1>} : !ttile.tile<16x16xf32>
+ttile.kernel @dropout_factor(%x: memref<16x16xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
+  %c0 = arith.constant 0 : index
+  %c7 = arith.constant 7 : index
+  %z = ttile.dropout_factor %c7, %c0 at %c0 {p = 0.1 : f64, strides = array<i64: 64, 1>} : !ttile.tile<16x16xf32>
+  ttile.store %z, %x[%c0, %c0] : !ttile.tile<16x16xf32>, memref<16x16xf32>
+  ttile.return
+}

@@ -535,11 +535,12 @@ def _normalize(b: _Builder):
 
 
 def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
-                        mask=None, softcap=None) -> np.ndarray:
+                        mask=None, softcap=None, dropout=None) -> np.ndarray:
     """softmax(q k^T / sqrt(D) [masks]) v with the sequence along `seq_dim`;
     k and v may have fewer heads (leading dimensions dividing q's) and
     another length (queries are the last positions); `mask` is boolean
-    [lead..., Sq | 1, Sk]. A row with no key gives 0."""
+    [lead..., Sq | 1, Sk]; `dropout` = (p, key) drops the probabilities by
+    op.dropout's mask of [lead..., Sq, Sk]. A row with no key gives 0."""
     q, k, v = (np.moveaxis(np.asarray(t, np.float64), seq_dim, -2) for t in (q, k, v))
     for axis in range(q.ndim - 2):
         k, v = (np.repeat(t, q.shape[axis] // k.shape[axis], axis) for t in (k, v))
@@ -559,7 +560,11 @@ def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
     m = s.max(-1, keepdims=True)
     p = np.exp(s - np.where(np.isneginf(m), 0, m))
     total = p.sum(-1, keepdims=True)
-    return np.moveaxis(p / np.where(total == 0, 1, total) @ v, -2, seq_dim)
+    p = p / np.where(total == 0, 1, total)
+    if dropout is not None:
+        rate, key = dropout
+        p = p * philox.dropout_keep(key, rate, p.shape) * float(np.float32(1 / (1 - rate)))
+    return np.moveaxis(p @ v, -2, seq_dim)
 
 
 def _attention(b: _Builder):
@@ -593,12 +598,17 @@ def _attention(b: _Builder):
                         (rows, kv_shape[seq_dim]))
         mask_name = m.name
         extra += f", mask={m.name} > 0"
+    dropout = None
+    if b.draw(st.integers(0, 3)) == 0:
+        dropout = (b.draw(st.sampled_from([0.25, 0.5])), (b.draw(st.integers(0, 2**40)), 1))
+        extra += f", dropout_p={dropout[0]}, dropout_key={dropout[1]}"
     out_shape = q.shape[:-1] + (v.shape[-1],)
     b.step(f"op.attention({q.name}, {k.name}, {v.name}, causal={causal}, seq_dim={spelled}"
            f"{extra})",
            lambda env, n=(q.name, k.name, v.name), mk=mask_name: attention_reference(
                *(env[x] for x in n), seq_dim, causal, window,
-               None if mk is None else env[mk] > 0, softcap), out_shape, "f32", v.bound)
+               None if mk is None else env[mk] > 0, softcap, dropout), out_shape, "f32",
+           v.bound * (2 if dropout else 1))
 
 
 def _attention_of_one_tensor(b: _Builder):

@@ -67,15 +67,22 @@ PAD = dist.from_numpy(pad, dist.ShardSpec(partition=(0,), mesh_axes=("dp",)), me
 
 @ts.compile(mesh=mesh)
 def attention_step(q, k, v, r, pad):
-    def loss(q, k, v):
-        return op.sum(op.mul(op.attention(q, k, v, causal=True, mask=pad), r))
-    return (op.attention(q, k, v, causal=True, mask=pad),) + tuple(ts.grad(loss(q, k, v),
-                                                                            [q, k, v]))
+    def attend(q, k, v):
+        return op.attention(q, k, v, causal=True, mask=pad)
+
+    def dropped(q, k, v):       # each rank's heads draw the global mask's rows
+        return op.attention(q, k, v, causal=True, dropout_p=0.2, dropout_key=(5, 1))
+    return tuple((f(q, k, v),) + tuple(ts.grad(op.sum(op.mul(f(q, k, v), r)), [q, k, v]))
+                 for f in (attend, dropped))
 
 
-att = [t.numpy() for t in attention_step(AQ, AK, AV, AR, PAD)]
+att, att_dropped = ([t.numpy() for t in ts_] for ts_ in attention_step(AQ, AK, AV, AR, PAD))
 att_want = reference(aq, akv[0], akv[1], aR, 1 / np.sqrt(8), causal=True, mask=pad)
 att_ok = all(np.allclose(g, w, rtol=2e-4, atol=3e-5) for g, w in zip(att, att_want))
+dropped_want = reference(aq, akv[0], akv[1], aR, 1 / np.sqrt(8), causal=True,
+                         dropout=(0.2, (5, 1)))
+att_ok = att_ok and all(np.allclose(g, w, rtol=2e-4, atol=3e-5)
+                        for g, w in zip(att_dropped, dropped_want))
 att_ir = ts.graph.trace(attention_step, AQ, AK, AV, AR, PAD).partitioned
 
 # Dropout on dp x tp: each rank draws the words of its own block's global

@@ -750,6 +750,14 @@ def TGraph_AttentionOp : TGraph_Op<"attention", [Pure, AttrSizedOperandSegments]
     A row with no key left gives `out = 0` and `lse = -inf` (FlashAttention's
     convention), and no gradient.
 
+    `dropout_p = p` with `dropout(%seeds)` drops probabilities after the
+    softmax (`lse` stays the undropped one): the mask is `tgraph.dropout`'s
+    of the probabilities `[L..., Sq, Sk]` (`L` q's leading dimensions) under
+    key (seed, step), drawn in the kernels, never stored. `%seeds` is i64
+    `[L..., 1, 3]` holding (seed, step, h) per head, `h` the head's flat
+    index in the global `L` (so a split over heads draws the whole
+    tensor's mask); the backward draws the same.
+
     `seq_dim` names the dimension that runs along the sequence (default: the
     second to last); the other leading dimensions are batch dimensions.
     `q[B, S, H, D]` with `seq_dim = 1` is attention per head read straight
@@ -769,12 +777,15 @@ def TGraph_AttentionOp : TGraph_Op<"attention", [Pure, AttrSizedOperandSegments]
                        Optional<AnyRankedTensor>:$mask,
                        Optional<AnyRankedTensor>:$q_segments,
                        Optional<AnyRankedTensor>:$kv_segments,
+                       Optional<AnyRankedTensor>:$dropout_seeds,
                        UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim,
-                       OptionalAttr<I64Attr>:$window, OptionalAttr<F64Attr>:$softcap);
+                       OptionalAttr<I64Attr>:$window, OptionalAttr<F64Attr>:$softcap,
+                       OptionalAttr<F64Attr>:$dropout_p);
   let results = (outs AnyRankedTensor:$out, AnyRankedTensor:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v (`mask` `(` $mask^ `:` type($mask) `)`)?
     (`segments` `(` $q_segments^ `,` $kv_segments `:` type($q_segments) `,` type($kv_segments) `)`)?
+    (`dropout` `(` $dropout_seeds^ `:` type($dropout_seeds) `)`)?
     attr-dict `:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)
   }];
   let hasVerifier = 1;
@@ -789,8 +800,9 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure, AttrSizedOperand
     probabilities are recomputed block by block from `lse`; each gradient
     is accumulated by one kernel instance (no atomics: deterministic; a
     grouped key/value head sums its query heads' contributions in one
-    loop). `mask`, `segments`, `causal`, `window`, `softcap` and `seq_dim`
-    are the forward op's; the mask gets no gradient.
+    loop). `mask`, `segments`, `dropout`, `causal`, `window`, `softcap`,
+    `dropout_p` and `seq_dim` are the forward op's; the mask gets no
+    gradient.
 
     ```mlir
     %dq, %dk, %dv = tgraph.attention_grad %q, %k, %v, %do, %lse, %delta {causal, scale = 0.125 : f64}
@@ -804,12 +816,15 @@ def TGraph_AttentionGradOp : TGraph_Op<"attention_grad", [Pure, AttrSizedOperand
                        Optional<AnyRankedTensor>:$mask,
                        Optional<AnyRankedTensor>:$q_segments,
                        Optional<AnyRankedTensor>:$kv_segments,
+                       Optional<AnyRankedTensor>:$dropout_seeds,
                        UnitAttr:$causal, F64Attr:$scale, OptionalAttr<I64Attr>:$seq_dim,
-                       OptionalAttr<I64Attr>:$window, OptionalAttr<F64Attr>:$softcap);
+                       OptionalAttr<I64Attr>:$window, OptionalAttr<F64Attr>:$softcap,
+                       OptionalAttr<F64Attr>:$dropout_p);
   let results = (outs AnyRankedTensor:$dq, AnyRankedTensor:$dk, AnyRankedTensor:$dv);
   let assemblyFormat = [{
     $q `,` $k `,` $v `,` $dout `,` $lse `,` $delta (`mask` `(` $mask^ `:` type($mask) `)`)?
     (`segments` `(` $q_segments^ `,` $kv_segments `:` type($q_segments) `,` type($kv_segments) `)`)?
+    (`dropout` `(` $dropout_seeds^ `:` type($dropout_seeds) `)`)?
     attr-dict `:` type($q) `,` type($k) `,`
     type($v) `,` type($dout) `,` type($lse) `,` type($delta) `->` type($dq) `,` type($dk) `,` type($dv)
   }];

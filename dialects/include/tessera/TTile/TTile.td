@@ -500,6 +500,28 @@ def TTile_IotaOp : TTile_Op<"iota", [Pure]> {
   let hasVerifier = 1;
 }
 
+def TTile_DropoutFactorOp : TTile_Op<"dropout_factor", [Pure]> {
+  let summary = "dropout's factor of each element of a block: 0 or 1/(1-p)";
+  let description = [{
+    Element `(r, c)` stands for element `base + r * strides[0] + c *
+    strides[1]` (its flat index) of a tensor that `tgraph.dropout` drops
+    at rate `p` under key (`seed`, `step`): 0 where that element is
+    dropped, `1 / (1 - p)` where it is kept. The words come from the same
+    Philox-4x32-10 as the runtime's (`philox_word` in
+    cpu/tessera_numerics.h, shared by the C++ and CUDA kernels). Flash
+    attention multiplies its probability blocks by it.
+
+    ```mlir
+    %z = ttile.dropout_factor %seed, %step at %base {p = 1.000000e-01 : f64, strides = array<i64: 64, 1>} : !ttile.tile<16x16xf32>
+    ```
+  }];
+  let arguments = (ins Index:$seed, Index:$step, Index:$base, F64Attr:$p,
+                       DenseI64ArrayAttr:$strides);
+  let results = (outs TTile_TileType:$result);
+  let assemblyFormat = "$seed `,` $step `at` $base attr-dict `:` qualified(type($result))";
+  let hasVerifier = 1;
+}
+
 def TTile_ReduceOp : TTile_Op<"reduce", [Pure]> {
   let summary = "reduce a tile along one dimension (kept with size 1)";
   let description = [{
