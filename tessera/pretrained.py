@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from . import dtypes
-from ._primitives import (add, arange, attention, cast, concat, cos,
+from ._checks import is_int
+from ._primitives import (add, arange, attention, cast, concat, cos, dropout,
                           dynamic_update_slice, embedding, gelu, index, layernorm, linear, mul,
                           neg, reshape, rmsnorm, silu, sin, transpose)
 from .compiler import jit
@@ -110,11 +111,14 @@ class LlamaConfig:
     #: Mixtral: SwiGLU experts per layer (0: one dense MLP), chosen per token
     experts: int = 0
     experts_per_token: int = 0
+    #: dropout of the attention probabilities in training (forward's dropout_key)
+    attention_dropout: float = 0.0
 
-    #: fields that cannot change the forward pass (dropout: inference)
-    NO_EFFECT = frozenset({"max_position_embeddings", "max_window_layers", "attention_dropout"})
+    #: fields that cannot change the forward pass
+    NO_EFFECT = frozenset({"max_position_embeddings", "max_window_layers"})
     #: fields read or checked below
-    CHECKED = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    CHECKED = frozenset({"attention_dropout", "vocab_size", "hidden_size", "intermediate_size",
+                         "num_hidden_layers",
                          "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
                          "rope_theta", "rope_parameters", "rope_scaling", "hidden_act",
                          "pretraining_tp", "mlp_bias", "attention_bias", "use_sliding_window",
@@ -161,7 +165,8 @@ class LlamaConfig:
                      bool(f.get("tie_word_embeddings", False)), FAMILIES[kind],
                      None if window is None else int(window),
                      int(f["num_local_experts"]) if moe else 0,
-                     int(f["num_experts_per_tok"]) if moe else 0)
+                     int(f["num_experts_per_tok"]) if moe else 0,
+                     _rate(f, "attention_dropout", 0.0))
         if moe and not 1 <= config.experts_per_token <= config.experts:
             raise f.bad("num_experts_per_tok", f"must be in [1, num_local_experts="
                         f"{config.experts}]")
@@ -204,8 +209,8 @@ class LlamaConfig:
                    "w2.weight": (w, i)}
         return {n: by_leaf.get(".".join(n.split(".")[-2:]), (w,)) for n in self.parameter_names()}
 
-    def forward(self, params, ids, mask, positions, attend=None):
-        return _llama(self, params, ids, mask, positions, attend)
+    def forward(self, params, ids, mask, positions, attend=None, drop=None):
+        return _llama(self, params, ids, mask, positions, attend, drop)
 
 
 #: GPT-2's `activation_function` -> op.gelu's `approximate`
@@ -223,15 +228,20 @@ class GPT2Config:
     n_positions: int
     layer_norm_epsilon: float
     approximate: str
+    #: dropout rates in training (forward's dropout_key): of the attention
+    #: probabilities, of each block's two residual branches, of the embeddings
+    attn_pdrop: float = 0.0
+    resid_pdrop: float = 0.0
+    embd_pdrop: float = 0.0
 
-    #: fields that cannot change the forward pass (dropouts: inference; the
-    #: summary_* fields: GPT2DoubleHeadsModel's extra head)
-    NO_EFFECT = frozenset({"n_positions", "n_ctx", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-                           "summary_type", "summary_use_proj", "summary_activation",
+    #: fields that cannot change the forward pass (the summary_* fields:
+    #: GPT2DoubleHeadsModel's extra head)
+    NO_EFFECT = frozenset({"n_positions", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
                            "summary_proj_to_labels", "summary_first_dropout",
                            "task_specific_params"})
     #: fields read or checked below
-    CHECKED = frozenset({"vocab_size", "n_embd", "n_layer", "n_head", "n_inner",
+    CHECKED = frozenset({"attn_pdrop", "resid_pdrop", "embd_pdrop", "vocab_size", "n_embd",
+                         "n_layer", "n_head", "n_inner",
                          "layer_norm_epsilon", "activation_function", "scale_attn_weights",
                          "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
                          "add_cross_attention", "tie_word_embeddings"})
@@ -251,7 +261,8 @@ class GPT2Config:
         n = int(f["n_embd"])
         return cls("gpt2", int(f["vocab_size"]), n, int(f["n_layer"]), int(f["n_head"]),
                    int(f.get("n_inner") or 4 * n), int(f.get("n_positions", 1024)),
-                   float(f.get("layer_norm_epsilon", 1e-5)), GPT2_ACTIVATIONS[act])
+                   float(f.get("layer_norm_epsilon", 1e-5)), GPT2_ACTIVATIONS[act],
+                   *(_rate(f, name, 0.1) for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop")))
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -270,8 +281,8 @@ class GPT2Config:
                                               "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
         return names
 
-    def forward(self, params, ids, mask, positions, attend=None):
-        return _gpt2(self, params, ids, mask, positions, attend)
+    def forward(self, params, ids, mask, positions, attend=None, drop=None):
+        return _gpt2(self, params, ids, mask, positions, attend, drop)
 
 
 #: model_type -> its config class
@@ -292,15 +303,27 @@ class Pretrained:
         self.eos_token_ids, self.pad_token_id = tuple(eos), pad
         self._compiled = self._decoders = None
 
-    def forward(self, params: dict, input_ids, attention_mask=None, position_ids=None):
+    def forward(self, params: dict, input_ids, attention_mask=None, position_ids=None, *,
+                dropout_key=None):
         """Logits [B, S, V] (float32) of `input_ids` [B, S]; `attention_mask`
         [B, S] (1: a token, 0: padding) masks padded keys. `position_ids`
         [B, S] (int32) place each token for RoPE; without them positions
         count from 0 at the first column, padding included, as Hugging
         Face's forward does. Rows of a padded query see no key: their logits
         follow softmax over equal scores, as HF's eager attention; read only
-        rows whose mask is 1."""
-        return self.config.forward(params, input_ids, attention_mask, position_ids)
+        rows whose mask is 1.
+
+        Without `dropout_key` this is the model in evaluation mode (HF's
+        `model.eval()`): no dropout. `dropout_key=(seed, step)` (seed an
+        int; the step an int or an integer scalar of the program, to
+        compile once) is training mode (`model.train()`): the config's
+        dropouts where HF applies them (Llama's `attention_dropout` on the
+        attention probabilities; GPT-2's `embd_pdrop` on the embeddings,
+        `attn_pdrop` on the probabilities and `resid_pdrop` on each residual
+        branch), each site with its own stream of `op.dropout`'s
+        counter-based masks: the same on any mesh."""
+        drop = None if dropout_key is None else _Dropouts(dropout_key)
+        return self.config.forward(params, input_ids, attention_mask, position_ids, None, drop)
 
     def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None, *,
                  temperature: float | None = None, top_k: int | None = None,
@@ -605,16 +628,58 @@ def sample(logits: np.ndarray, temperature: float, top_k: int | None, top_p: flo
 
 class _Sequence:
     """Attention over the whole sequence (the forward pass, a prefill):
-    causal, padded keys masked, Mistral's window; `keep` records each
-    layer's keys and values (the KV cache a prefill starts)."""
+    causal, padded keys masked, Mistral's window, the probabilities dropped
+    at `rate` under `drop` (training); `keep` records each layer's keys and
+    values (the KV cache a prefill starts)."""
 
-    def __init__(self, keep: bool = False):
+    def __init__(self, keep: bool = False, drop: "_Dropouts | None" = None, rate: float = 0.0):
         self.kept = [] if keep else None
+        self.drop, self.rate = drop, rate
 
     def __call__(self, layer: int, q, k, v, keys, window):
         if self.kept is not None:
             self.kept += [k, v]
-        return attention(q, k, v, causal=True, seq_dim=1, mask=keys, window=window)
+        rate, key = (self.rate, self.drop.key(layer, "attention")) \
+            if self.drop is not None and self.rate else (0.0, None)
+        return attention(q, k, v, causal=True, seq_dim=1, mask=keys, window=window,
+                         dropout_p=rate, dropout_key=key)
+
+
+class _Dropouts:
+    """Training's dropout sites of one forward pass: each (layer, site)
+    draws from its own key, the seed mixed with the site (Philox's words of
+    distinct keys are independent), the step as given."""
+
+    #: the sites of a layer, numbered
+    SITES = ("attention", "attention_out", "mlp_out")
+    #: 64-bit odd constants mixing (seed, site) into a site's seed
+    _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)
+
+    def __init__(self, key):
+        seed, step = (key, 0) if is_int(key) else tuple(key) if isinstance(key, (tuple, list)) \
+            and len(key) == 2 else (None, None)
+        if not is_int(seed) or not 0 <= seed < 1 << 63:
+            raise ArgumentError(f"Pretrained.forward: dropout_key={key!r:.80} must be (seed, "
+                                f"step): seed an int in [0, 2**63), the step an int or an "
+                                f"integer scalar of the program  [{user_frame()}]")
+        self.seed, self.step = int(seed), step
+
+    def key(self, layer: int, site: str) -> tuple:
+        """The (seed, step) of `site` of layer `layer` (-1: before the layers)."""
+        n = (layer + 1) * len(self.SITES) + self.SITES.index(site) + 1
+        return (self.seed * self._MIX[0] + n * self._MIX[1]) % (1 << 63), self.step
+
+    def __call__(self, x, rate: float, layer: int, site: str):
+        """x dropped at `rate` at `site` (x itself at rate 0)."""
+        return dropout(x, rate, self.key(layer, site)) if rate else x
+
+
+def _rate(f: "_ConfigFields", field: str, default: float) -> float:
+    """A dropout rate of the config, checked to lie in [0, 1)."""
+    rate = f.get(field, default)
+    if not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not 0 <= rate < 1:
+        raise f.bad(field, "must be a number in [0, 1)")
+    return float(rate)
 
 
 class _Decode:
@@ -657,13 +722,13 @@ def _rope(x, cos, sin):
     return add(mul(x, cos), mul(rotated, sin))
 
 
-def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None):
+def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None, drop=None):
     batch, length = ids.shape
     h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = embedding(ids, params["model.embed_tokens.weight"])
     cos, sin = _rotary(c, _positions(length, positions))
     keys = _key_padding(batch, length, mask)
-    attend = attend or _Sequence()
+    attend = attend or _Sequence(drop=drop, rate=c.attention_dropout)
 
     def proj(v, name, bias_too=False):
         return linear(v, params[name + ".weight"], params[name + ".bias"] if bias_too else None,
@@ -710,7 +775,7 @@ def _experts(c: LlamaConfig, params: dict, p: str, x):
     return moe(x, experts, k=c.experts_per_token)
 
 
-def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None):
+def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None, drop=None):
     """GPT-2 as Hugging Face's GPT2LMHeadModel computes it: learned positions,
     pre-LayerNorm blocks, one fused q/k/v projection, GELU MLP; its Conv1D
     weights are [in, out], Tessera's own layout; the head is the token table."""
@@ -720,7 +785,11 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None):
     x = add(embedding(ids, params[p + "wte.weight"]),
             embedding(_positions(length, positions), params[p + "wpe.weight"]))
     keys = _key_padding(batch, length, mask)
-    attend = attend or _Sequence()
+    attend = attend or _Sequence(drop=drop, rate=c.attn_pdrop)
+    if drop is None:            # evaluation: every site passes its value through
+        def drop(x, _rate, _layer, _site):
+            return x
+    x = drop(x, c.embd_pdrop, -1, "mlp_out")
 
     def heads(t):
         return reshape(t, batch, length, h, d)
@@ -732,10 +801,12 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None):
         q, k, v = (heads(index(qkv, (Ellipsis, slice(j * c.n_embd, (j + 1) * c.n_embd))))
                    for j in range(3))
         out = reshape(attend(i, q, k, v, keys, None), batch, length, c.n_embd)
-        x = add(x, linear(out, params[b + "attn.c_proj.weight"], params[b + "attn.c_proj.bias"]))
+        x = add(x, drop(linear(out, params[b + "attn.c_proj.weight"],
+                               params[b + "attn.c_proj.bias"]), c.resid_pdrop, i, "attention_out"))
         m = layernorm(x, params[b + "ln_2.weight"], params[b + "ln_2.bias"], c.layer_norm_epsilon)
         m = gelu(linear(m, params[b + "mlp.c_fc.weight"], params[b + "mlp.c_fc.bias"]),
                  approximate=c.approximate)
-        x = add(x, linear(m, params[b + "mlp.c_proj.weight"], params[b + "mlp.c_proj.bias"]))
+        x = add(x, drop(linear(m, params[b + "mlp.c_proj.weight"], params[b + "mlp.c_proj.bias"]),
+                        c.resid_pdrop, i, "mlp_out"))
     x = layernorm(x, params[p + "ln_f.weight"], params[p + "ln_f.bias"], c.layer_norm_epsilon)
     return linear(x, params[p + "wte.weight"], weight_layout="out_in")

@@ -247,6 +247,9 @@ cases(
     Case("models.from_pretrained", "other",
          lambda: _TINY_LLAMA().generate(np.zeros((1, 2), np.int32), top_p=0.9),
          "top_p=0.9 samples: pass temperature="),
+    Case("models.from_pretrained", "wrong type",
+         lambda: ts.jit(lambda p, i: _TINY_LLAMA().forward(p, i, dropout_key=1.5))(
+             _TINY_LLAMA().params, np.zeros((1, 2), np.int32)), "dropout_key=1.5 must be"),
     Case("op.argmax", "out of range", lambda: op.argmax(F, 2), "dim=2"),
     Case("op.cumsum", "out of range", lambda: op.cumsum(F, 2), "dim=2"),
     Case("op.cumsum", "wrong dtype", lambda: op.cumsum(I4), "int32"),

@@ -6,6 +6,7 @@ left-padding mask (its default attention, PyTorch's SDPA), all made by
 test/fixtures/make_hf_fixtures.py (versions in test/fixtures/hf/versions.json),
 so no `transformers` is needed here."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -49,6 +50,44 @@ def test_forward_is_traceable_and_differentiable_under_hf_names():
     np.testing.assert_allclose(loss, np.mean(lse - z[np.arange(z.shape[0]), labels[0]]),
                                rtol=1e-5)
     assert all(np.isfinite(g).all() for g in grads.values())
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_training_mode_applies_the_configs_dropouts(name):
+    """forward(dropout_key=) is HF's train mode: at the config's rates the
+    logits change, the same key gives the same bits, another step another
+    mask, and gradients flow; at rate 0 it is the evaluation forward."""
+    ref = np.load(HF / name / "reference.npz")
+    ids, mask = ref["input_ids"], ref["attention_mask"]
+    m = models.from_pretrained(HF / name)
+    fields = ("attn_pdrop", "resid_pdrop", "embd_pdrop") if name == "gpt2" else \
+        ("attention_dropout",)
+    m.config = dataclasses.replace(m.config, **{f: 0.25 for f in fields})
+
+    @ts.jit
+    def train(params, ids, mask, step):
+        logits = m.forward(params, ids, mask, dropout_key=(11, step))
+        return logits, ts.grad(op.sum(op.mul(logits, logits)), params)
+    eval_logits = m(ids, attention_mask=mask)
+    a, grads = train(m.params, ids, mask, np.int64(0))
+    again, _ = train(m.params, ids, mask, np.int64(0))
+    other, _ = train(m.params, ids, mask, np.int64(1))
+    rows = mask.astype(bool)
+    assert np.abs(a - eval_logits)[rows].max() > 1e-3, "dropout changed nothing"
+    assert np.array_equal(a, again) and not np.array_equal(a, other)
+    assert all(np.isfinite(g).all() for g in grads.values())
+    m.config = dataclasses.replace(m.config, **{f: 0.0 for f in fields})
+    off = ts.jit(lambda p, i, k: m.forward(p, i, k, dropout_key=(11, 0)))(m.params, ids, mask)
+    np.testing.assert_array_equal(off, eval_logits)
+
+
+def test_a_dropout_rate_out_of_range_is_an_error_naming_it(tmp_path):
+    folder = _copy(tmp_path, "gpt2")
+    raw = json.loads((folder / "config.json").read_text())
+    raw["attn_pdrop"] = 1.5
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ts.ArgumentError, match=r"attn_pdrop=1.5 .*must be a number in \[0, 1\)"):
+        models.from_pretrained(folder)
 
 
 def _copy(tmp_path, name="llama") -> Path:
