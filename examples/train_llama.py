@@ -6,6 +6,7 @@ the Python standard library's own sources.
     python examples/train_llama.py --from-pretrained DIR    # fine-tune an HF checkpoint
     python examples/train_llama.py --save out/              # write an HF checkpoint at the end
     tessera launch -n 4 examples/train_llama.py --dp 2 --tp 2    # data x tensor parallel
+    tessera launch -n 2 examples/train_llama.py --pp 2 --microbatches 4   # pipeline stages
 
 The model is `tessera.models`' Llama (RMSNorm, rotate-half RoPE, grouped-query
 attention, SwiGLU) under Hugging Face's parameter names: a from-scratch run
@@ -23,7 +24,11 @@ At the end it writes a loss plot (PNG) and prints a greedy continuation.
 On a dp x tp mesh the model code does not change: the projections are laid
 out Megatron-style over `tp` (q, k, v, gate and up split their output rows,
 o and down their input columns, the embedding and the head the vocabulary)
-and each batch is split over `dp`; the compiler partitions the step.
+and each batch is split over `dp`; the compiler partitions the step. With
+`--pp P` the step's forward is cut into P stages of about equal cost
+(`pipeline.run(stages=P)`: the model code names no stage), one per rank of
+a `pp` axis, each batch run as `--microbatches` microbatches under
+`--schedule`; clipping and AdamW follow as a second compiled function.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 import tessera as ts
-from tessera import dist, models, op
+from tessera import dist, models, op, pipeline
 from tessera.pretrained import LlamaConfig
 
 BYTES = 256                     # the tokens: byte values
@@ -130,6 +135,34 @@ def make_step(model, opt, clip: float):
     return train_step
 
 
+def make_pipeline_step(model, opt, clip: float, mesh, schedule: str, microbatches: int):
+    """The training step over a mesh with a `pp` axis: loss and gradients of
+    one batch pipelined in `microbatches` over stages the compiler cuts (no
+    @graph.stage in the model: `stages=` cuts its ops by forward cost),
+    then clipping and AdamW. step(params, opt_state, batch) -> (loss,
+    params, opt_state)."""
+    config = model.config
+
+    @pipeline.run(mesh=mesh, axis="pp", schedule=schedule, microbatches=microbatches,
+                  batch="batch", stages=mesh.axis_size("pp"))
+    def gradients(params, batch):
+        def loss_fn(p):
+            return op.cross_entropy(config.forward(p, batch["inputs"], None, None),
+                                    batch["targets"])
+        return ts.value_and_grad(loss_fn)(params)
+
+    @ts.jit
+    def update(params, opt_state, grads):
+        grads, _ = ts.optim.clip_by_global_norm(grads, clip)
+        return opt.update(params, grads, opt_state)
+
+    def step(params, opt_state, batch):
+        loss, grads = gradients(params, batch)
+        params, opt_state = update(params, opt_state, grads)
+        return loss, params, opt_state
+    return step
+
+
 def make_eval(model):
     config = model.config
 
@@ -187,21 +220,32 @@ def main(argv=None) -> int:
     ap.add_argument("--dp", type=int, default=None,
                     help="data-parallel ranks (default: the ranks left after --tp)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
-    ap.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--pp", type=int, default=1,
+                    help="pipeline stages, one per rank of a pp axis (cut by forward cost)")
+    ap.add_argument("--microbatches", type=int, default=4,
+                    help="with --pp: microbatches per step (they divide --batch)")
+    ap.add_argument("--schedule", default="1F1B", choices=["gpipe", "1F1B", "zero_bubble"],
+                    help="with --pp: the pipeline schedule")
     ap.add_argument("--ep", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--plot", default="llama_loss.png", help="loss plot PNG to write")
     args = ap.parse_args(argv)
-    if args.pp > 1 or args.ep > 1:
-        ap.error("--pp and --ep are not offered by this example yet (examples/train_gpt.py "
-                 "runs them); use --dp and --tp")
+    if args.ep > 1:
+        ap.error("--ep is not offered by this example yet: its Llama has no experts "
+                 "(examples/train_gpt.py --moe N --ep E runs expert parallelism)")
     if args.dp is None:
-        args.dp = max(1, dist.world_size() // args.tp)
+        args.dp = max(1, dist.world_size() // (args.tp * args.pp))
     mesh = None
-    if args.dp * args.tp > 1:
+    if args.dp * args.tp * args.pp > 1:
         if args.batch % args.dp:
             ap.error(f"--batch {args.batch} must be a multiple of --dp {args.dp}")
-        mesh = dist.Mesh(axes=["dp", "tp"], shape=(args.dp, args.tp))
-        mesh.require_rank(f"--dp {args.dp} --tp {args.tp}")
+        if args.pp > 1 and (args.batch // args.dp) % args.microbatches:
+            ap.error(f"--microbatches {args.microbatches} must divide each dp rank's batch "
+                     f"({args.batch // args.dp})")
+        axes, shape = ["dp", "tp", "pp"], (args.dp, args.tp, args.pp)
+        if args.pp == 1:
+            axes, shape = axes[:2], shape[:2]
+        mesh = dist.Mesh(axes=axes, shape=shape)
+        mesh.require_rank(" ".join(f"--{a} {n}" for a, n in zip(axes, shape)))
     lead = mesh is None or mesh.rank == 0
     say = print if lead else (lambda *a, **k: None)
 
@@ -227,7 +271,9 @@ def main(argv=None) -> int:
                                  else path, array.shape, args.tp)
             params = dist.from_tree(params, layout, mesh)
             opt_state = dist.from_tree(opt_state, layout, mesh)
-        step, evaluate = make_step(model, opt, clip=1.0), make_eval(model)
+        step = make_step(model, opt, clip=1.0) if args.pp == 1 else make_pipeline_step(
+            model, opt, 1.0, mesh, args.schedule, args.microbatches)
+        evaluate = make_eval(model)
 
         rng = np.random.default_rng(args.seed)
         starts = np.random.default_rng(args.seed + 1).integers(

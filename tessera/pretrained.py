@@ -49,6 +49,11 @@ __all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config"]
 #: KV-cache slots come in multiples of this (Pretrained.generate)
 CACHE_SLOTS = 64
 
+#: safetensors dtypes a checkpoint's weights may have -> (numpy dtype, the
+#: config's name): read into float32 exactly, written back as they were
+STORED = {"F32": (np.float32, "float32"), "BF16": (dtypes.bfloat16, "bfloat16"),
+          "F16": (np.float16, "float16")}
+
 #: model_type -> whether q, k and v projections carry a bias
 FAMILIES = {"llama": False, "mistral": False, "mixtral": False, "qwen2": True}
 
@@ -297,8 +302,11 @@ class Pretrained:
     (`m.forward(params, ids, attention_mask)`)."""
 
     def __init__(self, config: LlamaConfig | GPT2Config, params: dict, path: Path, eos=(),
-                 pad=None):
+                 pad=None, stored=None):
         self.config, self.params, self.path = config, params, path
+        #: each weight's dtype in the checkpoint (safetensors' names: "BF16"),
+        #: which save_pretrained writes it back in
+        self.stored_dtypes = dict(stored or {})
         #: generation's stop tokens and the token a finished row repeats
         self.eos_token_ids, self.pad_token_id = tuple(eos), pad
         self._compiled = self._decoders = None
@@ -415,10 +423,13 @@ class Pretrained:
 
     def save_pretrained(self, folder) -> Path:
         """Writes `params` as a Hugging Face checkpoint folder `transformers`
-        reads back: config.json (the checkpoint's own, its dtype float32),
-        generation_config.json when the checkpoint had one, and
-        model.safetensors under HF's names (a tied head is not written, as
-        HF does not). Returns the folder."""
+        reads back: config.json (the checkpoint's own, its dtype the one the
+        weights are written in), generation_config.json when the checkpoint
+        had one, and model.safetensors under HF's names (a tied head is not
+        written, as HF does not), each weight in the dtype the checkpoint
+        stored it in (`stored_dtypes`: a bf16 checkpoint stays bf16, each
+        value rounded to nearest even; float32 for weights it did not
+        have). Returns the folder."""
         from safetensors.numpy import save_file
         if not isinstance(folder, (str, os.PathLike)):
             raise ArgumentError(f"Pretrained.save_pretrained: folder={folder!r:.60} must be a "
@@ -426,19 +437,22 @@ class Pretrained:
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         raw = json.loads((self.path / "config.json").read_text())
+        names = self.config.parameter_names()
+        kinds = {n: self.stored_dtypes.get(n, "F32") for n in names}
+        one = set(kinds.values())
         for key in ("dtype", "torch_dtype"):
-            if key in raw:
-                raw[key] = "float32"
+            if key in raw and len(one) == 1:    # (mixed: the checkpoint's own word stays)
+                raw[key] = STORED[next(iter(one))][1]
         (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
         generation = self.path / "generation_config.json"
         if generation.is_file() and generation.resolve() != (out / generation.name).resolve():
             (out / generation.name).write_text(generation.read_text())
-        names = self.config.parameter_names()
         missing = [n for n in names if n not in self.params]
         if missing:
             raise ArgumentError(f"Pretrained.save_pretrained: params has no {missing[0]}  "
                                 f"[{user_frame()}]")
-        save_file({n: np.ascontiguousarray(self.params[n], np.float32) for n in names},
+        save_file({n: np.ascontiguousarray(np.asarray(self.params[n], np.float32)
+                                           .astype(STORED[kinds[n]][0])) for n in names},
                   str(out / "model.safetensors"), metadata={"format": "pt"})
         return out
 
@@ -469,7 +483,9 @@ class Pretrained:
 def from_pretrained(path, mesh=None) -> Pretrained:
     """The Hugging Face checkpoint in folder `path` (config.json and
     model.safetensors, or shards listed by model.safetensors.index.json):
-    its config checked field by field, its weights as float32 numpy arrays.
+    its config checked field by field, its weights as float32 numpy arrays
+    (bf16 and f16 weights read exactly: each is a float32 value; the
+    dtypes they had are `stored_dtypes`, which save_pretrained writes).
 
     With `mesh=` (a `dist.Mesh`; every rank calls this), the weights are
     DTensors and each rank reads only its block from the files: over a
@@ -502,7 +518,7 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ArgumentError(f"models.from_pretrained: mesh={mesh!r:.60} must be a dist.Mesh "
                             f"(or None: numpy weights)  [{user_frame()}]")
-    params: dict = {}
+    params, stored = {}, {}
     tp = mesh.axis_size("tp") if mesh is not None and "tp" in mesh.axes else 1
     for name in files:
         if not (folder / name).is_file():
@@ -510,6 +526,12 @@ def from_pretrained(path, mesh=None) -> Pretrained:
                                 f"[{user_frame()}]")
         with safe_open(str(folder / name), framework="np") as f:
             for key in f.keys():
+                stored[key] = f.get_slice(key).get_dtype()
+                if stored[key] not in STORED:
+                    raise ArgumentError(f"models.from_pretrained: {where}: {key} is stored as "
+                                        f"{stored[key]}; Tessera reads {', '.join(STORED)} "
+                                        f"weights (quantized checkpoints are not supported)  "
+                                        f"[{user_frame()}]")
                 params[key] = _read(f, key, config, mesh, tp)
     if config.tie_word_embeddings:
         params.pop("lm_head.weight", None)
@@ -524,7 +546,8 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     settings = {**raw, **(json.loads(generation.read_text()) if generation.is_file() else {})}
     eos = settings.get("eos_token_id")
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return Pretrained(config, params, folder, eos, settings.get("pad_token_id"))
+    return Pretrained(config, params, folder, eos, settings.get("pad_token_id"),
+                      {k: stored[k] for k in params})
 
 
 def tp_layout(config, name: str, shape, tp: int):

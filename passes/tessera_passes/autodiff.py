@@ -265,20 +265,28 @@ def _spmd_vjp(op: ir.Operation, gs: list, differentiated) -> list:
     types += [arg.type for arg, _ in residuals]
     backward.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
         types, [g.type for g in grads]))
-    if residuals:
-        op = _with_results(op, body, [v for _, v in residuals], mesh)
+    # A residual the body returns already (attention's output, read by its
+    # gradient) comes back through that result in its out-sharding; the
+    # others are returned as new per-rank results.
+    returned_at = {v: i for i, v in enumerate(outs)}
+    extra = [v for _, v in residuals if v not in returned_at]
+    first_extra = len(op.results)
+    if extra:
+        op = _with_results(op, body, extra, mesh)
+    results_attrs = list(ir.ArrayAttr(op.attributes["out_shardings"]))
+    fresh = iter(range(first_extra, first_extra + len(extra)))
+    taken = [returned_at[v] if v in returned_at else next(fresh) for _, v in residuals]
     out_attrs = []
     for g, spec in zip(grads, in_specs):
         summed = sorted(varying(g) - _split_axes(spec))
         out_attrs.append(Sharding(spec.mesh, spec.dims, tuple(summed)).to_attr())
-    n_out = len(out_specs)
     in_attrs = [s.to_attr() for s in in_specs] + \
         [out_specs[i].with_partial(()).to_attr() for i in wanted] + \
-        list(ir.ArrayAttr(op.attributes["out_shardings"]))[n_out:]
+        [results_attrs[i] for i in taken]
     call = tgraph.SpmdOp([v.type for v in op.operands],
                          ir.FlatSymbolRefAttr.get(symbol_of(backward)),
                          list(op.operands) + [gs[i] for i in wanted]
-                         + list(op.results)[n_out:],
+                         + [op.results[i] for i in taken],
                          ir.ArrayAttr.get(in_attrs), ir.ArrayAttr.get(out_attrs))
     return list(call.results)
 

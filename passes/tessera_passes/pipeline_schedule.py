@@ -321,12 +321,15 @@ def schedule_function(func_op: ir.Operation, bucket_elements: int) -> None:
     for key, op in late:
         placed.append([key + (len(placed),), op, None])
     # A transfer's recv goes first in its action; recvs from one peer in the
-    # order the peer sends (the k-th send pairs with the k-th recv).
+    # order the peer sends (the k-th send pairs with the k-th recv). A send
+    # follows its value's producer (tessera-lower-to-schedule), so values
+    # made in one action are sent in their producers' program order.
+    program = {op: i for i, op in enumerate(o.operation for o in block.operations)}
     channels: dict = {}
     for (v, here), (t, a, producer) in made.items():
         entry = [position[a][:3] + (0, 0), t, a]
         placed.append(entry)
-        send_key = position[actions[producer]]
+        send_key = position[actions[producer]] + (program[producer],)
         channels.setdefault((rank(producer), here), []).append((send_key, entry))
     for chan in channels.values():
         chan.sort(key=lambda e: e[0])

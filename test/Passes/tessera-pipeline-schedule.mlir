@@ -54,6 +54,25 @@ func.func @early_result(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<
 
 // -----
 
+// Two values made in one action (%a before %c) and read by the next stage in
+// the other order: rank 0 sends them as they are made (a send follows its
+// producer), so rank 1 receives %a's transfer first, whatever reads first.
+// CHECK-LABEL: func.func @two_crossing
+// CHECK: %[[A:.*]] = tgraph.matmul
+// CHECK: %[[C:.*]] = tgraph.tanh %[[A]]
+// CHECK: tgraph.transfer %[[A]] on @mesh["pp"] from 0 to 1
+// CHECK-NEXT: tgraph.transfer %[[C]] on @mesh["pp"] from 0 to 1
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @two_crossing(%w0: tensor<4x8xf32>, %x0: tensor<2x4xf32>) -> tensor<2x8xf32> attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 2 : i64}} {
+  %a = tgraph.matmul %x0, %w0 : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %c = tgraph.tanh %x0 : tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %d = tgraph.concat %c, %c dim 1 : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x8xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %e = tgraph.add %d, %a : tensor<2x8xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  return %e : tensor<2x8xf32>
+}
+
+// -----
+
 // On a dp x pp mesh, the dp all_reduces of the gradients one rank makes
 // (here rank 1's two, in its action) are bucketed into one all_reduce on
 // that rank, as tessera-bucket-collectives does outside pipelines, and the

@@ -185,3 +185,23 @@ def test_local_view_backward_reads_the_forward_instead_of_recomputing_it():
     x = np.random.default_rng().standard_normal((8, 4)).astype(np.float32)
     trace = ts.graph.trace(lambda x: ts.grad(op.sum(body(x)), [x]), x, mesh=mesh)
     assert trace.schedule.count("collective_start <all_gather>") == 1
+
+
+def test_local_view_backward_reads_a_returned_value_through_its_result():
+    """A residual the body also returns (attention's output, which its
+    gradient reads) comes back through the forward call's result in its
+    out-sharding (heads split over tp), not as a second result with another
+    layout. (Values: test_end_to_end's 4-rank mesh2d job.)"""
+    from tessera import dist
+    mesh = dist.Mesh(axes=["tp"], devices=range(2))
+    heads, whole = dist.ShardSpec((1,), ("tp",)), dist.ShardSpec((), ())
+
+    @dist.spmd(mesh=mesh, in_specs=(heads, whole), out_specs=heads)
+    def attend(q, m):
+        return op.attention(q, q, q, causal=True, mask=m)
+
+    q = np.random.default_rng().standard_normal((2, 4, 8, 4)).astype(np.float32)
+    mask = np.ones((2, 1, 1, 8), bool)
+    trace = ts.graph.trace(lambda q, m: ts.grad(op.sum(op.mul(attend(q, m), attend(q, m))), [q]),
+                           q, mask, mesh=mesh)
+    assert "tgraph.attention_grad" in trace.partitioned

@@ -185,6 +185,44 @@ def test_save_pretrained_round_trips_bit_for_bit(tmp_path, name):
         json.loads((HF / name / "config.json").read_text())
 
 
+def test_a_bf16_checkpoint_is_read_exactly_and_written_back_in_bf16(tmp_path):
+    """Most published checkpoints are bf16: each value is read as the
+    float32 it is, the model computes on them as on a float32 checkpoint of
+    the same values, and save_pretrained writes bf16 again, the same bytes
+    (and config dtype bfloat16); a quantized tensor is an error naming it."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+    folder = _copy(tmp_path, "llama")
+    weights = load_file(str(folder / "model.safetensors"))
+    save_file({k: v.astype(ts.bf16) for k, v in weights.items()},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((folder / "config.json").read_text())
+    raw["dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(raw))
+    m = models.from_pretrained(folder)
+    for k, v in weights.items():
+        if k in m.params:
+            assert m.params[k].dtype == np.float32
+            np.testing.assert_array_equal(m.params[k], v.astype(ts.bf16).astype(np.float32))
+    assert set(m.stored_dtypes.values()) == {"BF16"}
+    ref = np.load(HF / "llama" / "reference.npz")
+    rounded = models.from_pretrained(HF / "llama")
+    rounded.params = dict(m.params)
+    np.testing.assert_array_equal(m(ref["input_ids"], attention_mask=ref["attention_mask"]),
+                                  rounded(ref["input_ids"], attention_mask=ref["attention_mask"]))
+    out = m.save_pretrained(tmp_path / "out")
+    with safe_open(str(out / "model.safetensors"), framework="np") as f, \
+            safe_open(str(folder / "model.safetensors"), framework="np") as g:
+        for k in f.keys():
+            assert f.get_slice(k).get_dtype() == "BF16"
+            assert f.get_tensor(k).tobytes() == g.get_tensor(k).tobytes(), k
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    save_file({k: (v * 100).astype(np.int8) for k, v in weights.items()},
+              str(folder / "model.safetensors"))
+    with pytest.raises(ts.ArgumentError, match=r"is stored as I8; Tessera reads F32, BF16, F16"):
+        models.from_pretrained(folder)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt2_exact_gelu"])
 def test_loss_and_every_gradient_match_transformers(name):
     """HF's causal-LM loss (labels shifted by one, padding -100, mean over

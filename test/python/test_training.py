@@ -208,4 +208,28 @@ def test_llama_example_learns_the_standard_library_and_round_trips_hf(tmp_path, 
     first = float(resumed.split("step    0: validation ")[1].split(" ")[0])
     assert abs(first - valid[-1]) < 1e-3, (first, valid[-1])      # the saved weights
     with pytest.raises(SystemExit):
-        train_llama.main(["--pp", "2"])
+        train_llama.main(["--ep", "2"])
+
+
+def test_llama_example_pipelined_follows_one_rank(tessera_launch, tmp_path, capsys):
+    """examples/train_llama.py --pp 2: the step cut into 2 stages by cost
+    on 2 ranks (its transfers paired in the order they are made) gives the
+    one-rank run's losses and validation."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import train_llama
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    args = ["--steps", "3", "--eval-every", "3", "--width", "64", "--seq", "32", "--batch", "8",
+            "--data-mb", "0.5", "--val-batches", "1", "--plot", str(tmp_path / "loss.png")]
+
+    def last(out):
+        return [line for line in out.splitlines() if line.startswith("step    3")][0] \
+            .split(", ")[:2]
+    assert train_llama.main(args) == 0
+    one = last(capsys.readouterr().out)
+    proc = tessera_launch("-n", 2, EXAMPLES / "train_llama.py", "--pp", 2, *args,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dp × tp × pp mesh, 1 × 1 × 2" in proc.stdout
+    assert last(proc.stdout) == one, (proc.stdout, one)

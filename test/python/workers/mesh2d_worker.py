@@ -85,6 +85,25 @@ att_ok = att_ok and all(np.allclose(g, w, rtol=2e-4, atol=3e-5)
                         for g, w in zip(att_dropped, dropped_want))
 att_ir = ts.graph.trace(attention_step, AQ, AK, AV, AR, PAD).partitioned
 
+
+# The same attention as a local-view body (heads over tp, the padding mask
+# whole): its gradient reads the output the body returns, through that result.
+@dist.spmd(mesh=mesh, in_specs=(heads, heads, heads, dist.ShardSpec((0,), ("dp",))),
+           out_specs=heads)
+def attend_local(q, k, v, pad):
+    return op.attention(q, k, v, causal=True, mask=pad)
+
+
+@ts.compile(mesh=mesh)
+def local_step(q, k, v, r, pad):
+    return (attend_local(q, k, v, pad),) + tuple(
+        ts.grad(op.sum(op.mul(attend_local(q, k, v, pad), r)), [q, k, v]))
+
+
+att_local = [t.numpy() for t in local_step(AQ, AK, AV, AR, PAD)]
+att_ok = att_ok and all(np.allclose(g, w, rtol=2e-4, atol=3e-5)
+                        for g, w in zip(att_local, att_want))
+
 # Dropout on dp x tp: each rank draws the words of its own block's global
 # indices, so the mask is the one a single process draws: on a tensor split
 # both ways, through a pending tp sum (the mask is linear), in the gradient,

@@ -1,0 +1,177 @@
+"""The example Llama's training step on 4 ranks, data parallel x tensor
+parallel (dp = 2, tp = 2: Megatron's column/row splits over whole heads,
+the batch over dp), in Tessera and in JAX in one run: Tessera as 4 MPI
+ranks (`tessera launch -n 4` of examples/train_llama.py's step), JAX as 4
+host devices of one process (`--xla_force_host_platform_device_count=4`,
+the same parameter layouts as `NamedSharding`s, the step compiled by GSPMD).
+Both train the same checkpoint on the same batches with AdamW and torch's
+gradient clipping. Prints each side's time per step (the median after the
+first, which compiles), the ratio, and the two loss curves' largest
+relative gap. PyTorch's 2-D parallelism (DTensor tensor parallelism inside
+DDP over gloo) is not measured here.
+
+    pip install jax optax                         # beside Tessera
+    python bench/train_llama_mesh.py              # 30 steps, the example's model
+    python bench/train_llama_mesh.py --steps 30 --width 256
+
+On a machine with fewer than 4 cores both sides share them: the ranks (and
+XLA's devices) are oversubscribed alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+DP, TP = 2, 2
+
+
+def _batches(args):
+    import numpy as np
+    import train_llama
+    train_bytes, _, _ = train_llama.stdlib_text(2.0)
+    rng = np.random.default_rng(0)
+    return [train_llama.windows(train_bytes, rng.integers(0, len(train_bytes) - args.seq - 1,
+                                                         args.batch), args.seq)
+            for _ in range(args.steps)]
+
+
+def tessera_rank(args) -> None:
+    """One rank of the Tessera run (under tessera launch -n 4): rank 0 writes
+    the losses and step times to args.out."""
+    import numpy as np
+
+    import tessera as ts
+    from tessera import dist, models
+    import train_llama
+
+    mesh = dist.Mesh(axes=["dp", "tp"], shape=(DP, TP))
+    model = models.from_pretrained(args.checkpoint)
+    opt = ts.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def layout(path, array):
+        return train_llama.tp_layout(path.split(".", 1)[-1] if path.startswith(("m.", "v."))
+                                     else path, array.shape, TP)
+    params = dist.from_tree(model.params, layout, mesh)
+    state = dist.from_tree(opt.init(model.params), layout, mesh)
+    step = train_llama.make_step(model, opt, clip=1.0)
+    losses, seconds = [], []
+    for batch in _batches(args):
+        start = time.perf_counter()
+        loss, params, state = step(params, state,
+                                   dist.from_tree(batch, dist.ShardSpec((0,), ("dp",)), mesh))
+        losses.append(float(loss))
+        seconds.append(time.perf_counter() - start)
+    if mesh.rank == 0:
+        Path(args.out).write_text(json.dumps({"losses": losses, "seconds": seconds}))
+
+
+def jax_run(args, params, config):
+    """Losses and seconds per step of the JAX step over a dp x tp mesh of
+    host devices."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import numpy as np
+    from train_llama_peers import llama_loss
+    jax.config.update("jax_default_matmul_precision", "highest")
+    mesh = Mesh(np.array(jax.devices()[:DP * TP]).reshape(DP, TP), ("dp", "tp"))
+
+    def spec(name, shape):
+        leaf = name.split(".")[-2] if name.endswith(".weight") else ""
+        dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
+               "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
+        if dim is None or shape[dim] % TP:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, P(*[("tp" if d == dim else None) for d in range(len(shape))]))
+    shardings = {k: spec(k, v.shape) for k, v in params.items()}
+    p = {k: jax.device_put(jnp.asarray(v), shardings[k]) for k, v in params.items()}
+    rows = NamedSharding(mesh, P("dp", None))
+    loss_fn = llama_loss(jnp, jax, config)
+    tx = optax.adamw(args.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+    opt_state = tx.init(p)
+
+    @jax.jit
+    def step(p, opt_state, inputs, targets):
+        loss, grads = jax.value_and_grad(loss_fn)(p, inputs, targets)
+        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+        scale = jnp.minimum(1.0, 1.0 / (norm + 1e-6))           # torch's clip_grad_norm_
+        updates, opt_state = tx.update(jax.tree.map(lambda g: g * scale, grads), opt_state, p)
+        return loss, optax.apply_updates(p, updates), opt_state
+
+    losses, seconds = [], []
+    for batch in _batches(args):
+        start = time.perf_counter()
+        inputs, targets = (jax.device_put(batch[k], rows) for k in ("inputs", "targets"))
+        loss, p, opt_state = step(p, opt_state, inputs, targets)
+        losses.append(float(loss))                  # (waits for the step)
+        seconds.append(time.perf_counter() - start)
+    return losses, seconds, f"jax {jax.__version__}, optax {optax.__version__}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank:
+        tessera_rank(args)
+        return
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={DP * TP}").strip()
+    import numpy as np
+
+    from tessera import models
+    import train_llama
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = train_llama.new_checkpoint(Path(scratch) / "init", args.width, args.depth,
+                                            args.heads, args.kv_heads, args.seq, 0)
+        out = Path(scratch) / "tessera.json"
+        flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
+                 ("steps", "batch", "seq", "width", "depth", "heads", "kv_heads", "lr")]
+        subprocess.run([sys.executable, "-m", "tessera", "launch", "-n", str(DP * TP),
+                        __file__, "--rank", f"--checkpoint={folder}", f"--out={out}", *flags],
+                       check=True)
+        ours = json.loads(out.read_text())
+        model = models.from_pretrained(folder)
+        theirs_losses, theirs_seconds, version = jax_run(args, model.params, model.config)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    ours_s, theirs_s = np.median(ours["seconds"][1:]), np.median(theirs_seconds[1:])
+    a, b = np.array(ours["losses"]), np.array(theirs_losses)
+    gap = np.abs(a - b) / np.abs(b)
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores; tessera {commit}; {version}")
+    print(f"Llama {args.depth} layers, width {args.width}, {args.heads} heads ({args.kv_heads} "
+          f"key/value); batch {args.batch} x {args.seq}; dp={DP} x tp={TP}; {args.steps} AdamW "
+          f"steps")
+    print(f"loss: step 1 {a[0]:.4f} / {b[0]:.4f}, step {args.steps} {a[-1]:.4f} / {b[-1]:.4f} "
+          f"(tessera / jax); largest relative gap {gap.max():.2e}")
+    print(f"time per step (median after the first): tessera {ours_s * 1e3:.1f} ms (4 ranks), "
+          f"jax {theirs_s * 1e3:.1f} ms (4 host devices); ratio (jax / tessera) "
+          f"{theirs_s / ours_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()
