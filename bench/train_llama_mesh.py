@@ -85,31 +85,20 @@ def jax_run(args, params, config):
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import numpy as np
-    from train_llama_peers import llama_loss
-    jax.config.update("jax_default_matmul_precision", "highest")
+    import train_llama
+    from train_llama_peers import jax_training
     mesh = Mesh(np.array(jax.devices()[:DP * TP]).reshape(DP, TP), ("dp", "tp"))
 
-    def spec(name, shape):
-        leaf = name.split(".")[-2] if name.endswith(".weight") else ""
-        dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
-               "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
-        if dim is None or shape[dim] % TP:
+    def spec(name, shape):          # the example's Megatron layout, as a NamedSharding
+        layout = train_llama.tp_layout(name, shape, TP)
+        if layout is None:
             return NamedSharding(mesh, P())
+        dim = layout.partition[0]
         return NamedSharding(mesh, P(*[("tp" if d == dim else None) for d in range(len(shape))]))
-    shardings = {k: spec(k, v.shape) for k, v in params.items()}
-    p = {k: jax.device_put(jnp.asarray(v), shardings[k]) for k, v in params.items()}
+    p = {k: jax.device_put(jnp.asarray(v), spec(k, v.shape)) for k, v in params.items()}
     rows = NamedSharding(mesh, P("dp", None))
-    loss_fn = llama_loss(jnp, jax, config)
-    tx = optax.adamw(args.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+    tx, step = jax_training(config, args.lr)
     opt_state = tx.init(p)
-
-    @jax.jit
-    def step(p, opt_state, inputs, targets):
-        loss, grads = jax.value_and_grad(loss_fn)(p, inputs, targets)
-        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
-        scale = jnp.minimum(1.0, 1.0 / (norm + 1e-6))           # torch's clip_grad_norm_
-        updates, opt_state = tx.update(jax.tree.map(lambda g: g * scale, grads), opt_state, p)
-        return loss, optax.apply_updates(p, updates), opt_state
 
     losses, seconds = [], []
     for batch in _batches(args):

@@ -105,23 +105,32 @@ def run_torch(folder, batches, args):
     return losses, seconds, f"torch {torch.__version__}, transformers {transformers.__version__}"
 
 
-def run_jax(params, config, batches, args):
-    """Losses and seconds per step of the same Llama in JAX (optax AdamW)."""
+def jax_training(config, lr: float):
+    """(optax AdamW, the jitted step(p, opt_state, inputs, targets) -> (loss,
+    p, opt_state)) of the Llama in JAX, clipped as torch's clip_grad_norm_."""
     import jax
     import jax.numpy as jnp
     import optax
     jax.config.update("jax_default_matmul_precision", "highest")
     loss_fn = llama_loss(jnp, jax, config)
-    tx = optax.adamw(args.lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+    tx = optax.adamw(lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
 
     @jax.jit
     def step(p, opt_state, inputs, targets):
         loss, grads = jax.value_and_grad(loss_fn)(p, inputs, targets)
         norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
-        scale = jnp.minimum(1.0, 1.0 / (norm + 1e-6))           # torch's clip_grad_norm_
+        scale = jnp.minimum(1.0, 1.0 / (norm + 1e-6))
         updates, opt_state = tx.update(jax.tree.map(lambda g: g * scale, grads), opt_state, p)
         return loss, optax.apply_updates(p, updates), opt_state
+    return tx, step
 
+
+def run_jax(params, config, batches, args):
+    """Losses and seconds per step of the same Llama in JAX (optax AdamW)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    tx, step = jax_training(config, args.lr)
     p = {k: jnp.asarray(v) for k, v in params.items()}
     opt_state, losses, seconds = tx.init(p), [], []
     for batch in batches:

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import dtypes
 from ._checks import is_int
-from ._primitives import (add, arange, attention, cast, concat, cos, dropout,
+from ._primitives import (add, arange, attention, broadcast_to, cast, concat, cos, dropout,
                           dynamic_update_slice, embedding, gelu, index, layernorm, linear, mul,
                           neg, reshape, rmsnorm, silu, sin, transpose)
 from .compiler import jit
@@ -371,13 +371,8 @@ class Pretrained:
         prefill, decode = self._decoding()
         counted = np.cumsum(mask, axis=1)           # each row's tokens so far
         positions = np.maximum(counted - 1, 0).astype(np.int32)
-        logits, *kept = prefill(self.params, ids, mask, positions)
+        logits, *caches = prefill(self.params, ids, mask, positions, total)
         counted = counted[:, -1]
-        caches = []
-        for kv in kept:                 # [B, S, KV, D] into slots 0 .. S-1 of [B, total, KV, D]
-            cache = np.zeros((batch, total) + kv.shape[2:], np.float32)
-            cache[:, :length] = kv
-            caches.append(cache)
         running = np.ones(batch, bool)
         pad = self.pad_token_id if self.pad_token_id is not None else (
             self.eos_token_ids[0] if self.eos_token_ids else 0)
@@ -403,10 +398,18 @@ class Pretrained:
             c = self.config
             window = getattr(c, "window", None)
 
-            def prefill(params, ids, mask, positions):
+            def prefill(params, ids, mask, positions, slots: int):
+                # Each layer's keys and values, in slots 0 .. S-1 of a
+                # [B, slots, KV, D] cache made here: on a mesh it stays in the
+                # layout the step computes it in (heads split over tp), never
+                # gathered whole on every rank.
                 attend = _Sequence(keep=True)
                 logits = c.forward(params, ids, mask, positions, attend)
-                return (logits[:, -1],) + tuple(attend.kept)
+                batch, length = ids.shape
+                caches = tuple(concat([kv, broadcast_to(0.0, (batch, slots - length,
+                                                              *kv.shape[2:]))], 1)
+                               for kv in attend.kept)
+                return (logits[:, -1],) + caches
 
             def decode(params, token, position, seen, at, caches):
                 slots = caches[0].shape[1]

@@ -59,7 +59,7 @@ func.func @early_result(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<
 // producer), so rank 1 receives %a's transfer first, whatever reads first.
 // CHECK-LABEL: func.func @two_crossing
 // CHECK: %[[A:.*]] = tgraph.matmul
-// CHECK: %[[C:.*]] = tgraph.tanh %[[A]]
+// CHECK: %[[C:.*]] = tgraph.tanh %arg1
 // CHECK: tgraph.transfer %[[A]] on @mesh["pp"] from 0 to 1
 // CHECK-NEXT: tgraph.transfer %[[C]] on @mesh["pp"] from 0 to 1
 tgraph.mesh @mesh axes = ["pp"] shape = [2]

@@ -265,8 +265,8 @@ def test_bf16_variant_kernels_lower_for_hopper():
     """bf16 with head width 64 on the GPU target (where plain attention's
     loops run on wgmma with TMA-fed, register-resident tiles): grouped
     heads alone, and with a window, a key mask and a query block at an
-    offset, lower forward and backward to CUDA (their loops in shared
-    memory: no TMA)."""
+    offset, and with dropout, lower forward and backward to CUDA (their
+    loops in shared memory: no TMA)."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     bf16 = ml_dtypes.bfloat16
     rng = np.random.default_rng()
@@ -278,10 +278,13 @@ def test_bf16_variant_kernels_lower_for_hopper():
         def loss(q, k, v):
             grouped = op.attention(q, k, v, causal=True)
             masked = op.attention(q[:, :, 64:], k, v, causal=True, window=32, mask=mask)
-            return op.add(op.sum(op.cast(grouped, ts.f32)), op.sum(op.cast(masked, ts.f32)))
+            dropped = op.attention(q, k, v, causal=True, dropout_p=0.1, dropout_key=(3, 4))
+            return op.add(op.add(op.sum(op.cast(grouped, ts.f32)), op.sum(op.cast(masked, ts.f32))),
+                          op.sum(op.cast(dropped, ts.f32)))
         return ts.grad(loss(q, k, v), [q, k, v])
     source = ts.jit(step).lower(q, k, v, target="gpu").cuda
-    assert source.count("_attention_") >= 2
+    assert source.count("_attention_") >= 3
+    assert source.count("dropout_keeps(") >= 3          # forward, dK/dV and dQ draw the mask
 
 
 def test_query_and_key_segment_ids_broadcast_each_on_its_own():

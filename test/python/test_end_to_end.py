@@ -55,6 +55,9 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         held, everything = r["hf_bytes"]
         assert held < 0.6 * everything, r["hf_bytes"]
         assert r["hf_generate"] is True, r["hf_generate"]      # tensor-parallel decode: HF's
+        # its KV caches split by key/value heads over tp: [B, 64, 2, 8] -> [., ., 1, 8]
+        (whole, local), batch = r["cache_local"], r["cache_local"][0][0]
+        assert whole == [batch, 64, 2, 8] and local == [batch, 64, 1, 8], r["cache_local"]
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

@@ -144,6 +144,13 @@ hf_logits = llama(hf_ref["input_ids"], attention_mask=hf_ref["attention_mask"])
 held = sum(np.asarray(p.local()).nbytes for p in llama.params.values())
 everything = sum(p.nbytes for p in whole.params.values())
 q_local = list(llama.params["model.layers.0.self_attn.q_proj.weight"].local().shape)
+# The KV caches generate decodes with stay split over tp by heads (made in
+# the prefill, in the step's layout), not held whole by every rank.
+ids0, mask0 = hf_ref["input_ids"], hf_ref["attention_mask"]
+first_cache = llama._decoding()[0](llama.params, ids0, mask0,
+                                   np.maximum(np.cumsum(mask0, 1) - 1, 0).astype(np.int32),
+                                   64)[1]
+cache_local = [list(first_cache.shape), list(first_cache.local().shape)]
 try:
     hf_tokens = llama.generate(hf_ref["input_ids"], max_new_tokens=8,
                                attention_mask=hf_ref["attention_mask"])
@@ -162,7 +169,7 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "attention_ok": att_ok, "dropout_ok": drop_ok, "dropout_gathers": drop_gathers,
                "hf_logits_gap": float(np.abs(hf_logits - hf_ref["logits"]).max()),
                "hf_bytes": [held, everything], "hf_q_local": q_local,
-               "hf_generate": hf_generate,
+               "hf_generate": hf_generate, "cache_local": cache_local,
                "attention_gathers": att_ir.count("tgraph.all_gather"),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)
