@@ -86,7 +86,7 @@ def jax_run(args, params, config):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import numpy as np
     import train_llama
-    from train_llama_peers import jax_training
+    from train_llama_peers import jax_losses, jax_training
     mesh = Mesh(np.array(jax.devices()[:DP * TP]).reshape(DP, TP), ("dp", "tp"))
 
     def spec(name, shape):          # the example's Megatron layout, as a NamedSharding
@@ -100,26 +100,15 @@ def jax_run(args, params, config):
     tx, step = jax_training(config, args.lr)
     opt_state = tx.init(p)
 
-    losses, seconds = [], []
-    for batch in _batches(args):
-        start = time.perf_counter()
-        inputs, targets = (jax.device_put(batch[k], rows) for k in ("inputs", "targets"))
-        loss, p, opt_state = step(p, opt_state, inputs, targets)
-        losses.append(float(loss))                  # (waits for the step)
-        seconds.append(time.perf_counter() - start)
+    losses, seconds = jax_losses(step, p, opt_state, _batches(args),
+                                 lambda x: jax.device_put(x, rows))
     return losses, seconds, f"jax {jax.__version__}, optax {optax.__version__}"
 
 
 def main() -> None:
+    from train_llama_peers import model_arguments
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    model_arguments(ap, steps=30)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

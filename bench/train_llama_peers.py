@@ -132,18 +132,25 @@ def run_jax(params, config, batches, args):
     import optax
     tx, step = jax_training(config, args.lr)
     p = {k: jnp.asarray(v) for k, v in params.items()}
-    opt_state, losses, seconds = tx.init(p), [], []
-    for batch in batches:
-        start = time.perf_counter()
-        loss, p, opt_state = step(p, opt_state, batch["inputs"], batch["targets"])
-        losses.append(float(loss))                  # (waits for the step)
-        seconds.append(time.perf_counter() - start)
+    losses, seconds = jax_losses(step, p, tx.init(p), batches)
     return losses, seconds, f"jax {jax.__version__}, optax {optax.__version__}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=100)
+def jax_losses(step, p, opt_state, batches, put=lambda x: x):
+    """(losses, seconds per step) of JAX `step` over `batches` (each array
+    placed by `put` first)."""
+    losses, seconds = [], []
+    for batch in batches:
+        start = time.perf_counter()
+        loss, p, opt_state = step(p, opt_state, put(batch["inputs"]), put(batch["targets"]))
+        losses.append(float(loss))                  # (waits for the step)
+        seconds.append(time.perf_counter() - start)
+    return losses, seconds
+
+
+def model_arguments(ap, steps: int) -> None:
+    """The flags of the model, data and optimizer both Llama benches take."""
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--width", type=int, default=128)
@@ -151,6 +158,11 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    model_arguments(ap, steps=100)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     os.environ.setdefault("TESSERA_NUM_THREADS", str(args.threads))
