@@ -119,16 +119,17 @@ def tp_layout(name: str, shape, tp: int) -> dist.ShardSpec | None:
     return dist.ShardSpec((dim,), ("tp",))
 
 
+def batch_loss(model, params, batch):
+    """The mean next-byte cross-entropy of `batch` (traced)."""
+    logits = model.config.forward(params, batch["inputs"], None, None)
+    return op.cross_entropy(logits, batch["targets"])
+
+
 def make_step(model, opt, clip: float):
     """The compiled training step: (loss, params, opt_state)."""
-    config = model.config
-
     @ts.jit
     def train_step(params, opt_state, batch):
-        def loss_fn(p):
-            logits = config.forward(p, batch["inputs"], None, None)
-            return op.cross_entropy(logits, batch["targets"])
-        loss, grads = ts.value_and_grad(loss_fn)(params)
+        loss, grads = ts.value_and_grad(lambda p: batch_loss(model, p, batch))(params)
         grads, _ = ts.optim.clip_by_global_norm(grads, clip)
         params, opt_state = opt.update(params, grads, opt_state)
         return loss, params, opt_state
@@ -141,15 +142,10 @@ def make_pipeline_step(model, opt, clip: float, mesh, schedule: str, microbatche
     @graph.stage in the model: `stages=` cuts its ops by forward cost),
     then clipping and AdamW. step(params, opt_state, batch) -> (loss,
     params, opt_state)."""
-    config = model.config
-
     @pipeline.run(mesh=mesh, axis="pp", schedule=schedule, microbatches=microbatches,
                   batch="batch", stages=mesh.axis_size("pp"))
     def gradients(params, batch):
-        def loss_fn(p):
-            return op.cross_entropy(config.forward(p, batch["inputs"], None, None),
-                                    batch["targets"])
-        return ts.value_and_grad(loss_fn)(params)
+        return ts.value_and_grad(lambda p: batch_loss(model, p, batch))(params)
 
     @ts.jit
     def update(params, opt_state, grads):
@@ -164,12 +160,9 @@ def make_pipeline_step(model, opt, clip: float, mesh, schedule: str, microbatche
 
 
 def make_eval(model):
-    config = model.config
-
     @ts.jit
     def eval_loss(params, batch):
-        return op.cross_entropy(config.forward(params, batch["inputs"], None, None),
-                                batch["targets"])
+        return batch_loss(model, params, batch)
     return eval_loss
 
 

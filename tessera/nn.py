@@ -10,8 +10,8 @@ from ._checks import is_int
 from ._source import user_frame
 from .dtypes import as_dtype, is_float
 from .errors import ArgumentError
-from .op import (attention, cross_entropy, dropout, embedding, gelu, layernorm, linear, log_softmax,
-                 relu, rmsnorm, silu, softmax, transformer_block)
+from .op import (attention, cross_entropy, dropout, embedding, gelu, layernorm, linear,
+                 log_softmax, relu, rmsnorm, silu, softmax, transformer_block)
 
 flash_attention = attention
 

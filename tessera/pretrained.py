@@ -241,8 +241,8 @@ class GPT2Config:
 
     #: fields that cannot change the forward pass (the summary_* fields:
     #: GPT2DoubleHeadsModel's extra head)
-    NO_EFFECT = frozenset({"n_positions", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
-                           "summary_proj_to_labels", "summary_first_dropout",
+    NO_EFFECT = frozenset({"n_positions", "n_ctx", "summary_type", "summary_use_proj",
+                           "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
                            "task_specific_params"})
     #: fields read or checked below
     CHECKED = frozenset({"attn_pdrop", "resid_pdrop", "embd_pdrop", "vocab_size", "n_embd",
@@ -330,8 +330,8 @@ class Pretrained:
         `attn_pdrop` on the probabilities and `resid_pdrop` on each residual
         branch), each site with its own stream of `op.dropout`'s
         counter-based masks: the same on any mesh."""
-        drop = None if dropout_key is None else _Dropouts(dropout_key)
-        return self.config.forward(params, input_ids, attention_mask, position_ids, None, drop)
+        return self.config.forward(params, input_ids, attention_mask, position_ids, None,
+                                   _Dropouts(dropout_key))
 
     def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None, *,
                  temperature: float | None = None, top_k: int | None = None,
@@ -455,7 +455,8 @@ class Pretrained:
             raise ArgumentError(f"Pretrained.save_pretrained: params has no {missing[0]}  "
                                 f"[{user_frame()}]")
         save_file({n: np.ascontiguousarray(np.asarray(self.params[n], np.float32)
-                                           .astype(STORED[kinds[n]][0])) for n in names},
+                                           .astype(STORED[kinds[n]][0], copy=False))
+                   for n in names},
                   str(out / "model.safetensors"), metadata={"format": "pt"})
         return out
 
@@ -660,28 +661,31 @@ class _Sequence:
 
     def __init__(self, keep: bool = False, drop: "_Dropouts | None" = None, rate: float = 0.0):
         self.kept = [] if keep else None
-        self.drop, self.rate = drop, rate
+        self.drop, self.rate = drop or _Dropouts(), rate
 
     def __call__(self, layer: int, q, k, v, keys, window):
         if self.kept is not None:
             self.kept += [k, v]
-        rate, key = (self.rate, self.drop.key(layer, "attention")) \
-            if self.drop is not None and self.rate else (0.0, None)
+        rate, key = self.drop.attention(self.rate, layer)
         return attention(q, k, v, causal=True, seq_dim=1, mask=keys, window=window,
                          dropout_p=rate, dropout_key=key)
 
 
 class _Dropouts:
-    """Training's dropout sites of one forward pass: each (layer, site)
-    draws from its own key, the seed mixed with the site (Philox's words of
-    distinct keys are independent), the step as given."""
+    """Training's dropout sites of one forward pass (`key` = (seed, step);
+    None: evaluation, no dropout): each (layer, site) draws from its own
+    key, the seed mixed with the site (Philox's words of distinct keys are
+    independent), the step as given."""
 
-    #: the sites of a layer, numbered
-    SITES = ("attention", "attention_out", "mlp_out")
+    #: the sites of a layer, numbered (layer -1: before the layers)
+    SITES = ("embeddings", "attention", "attention_out", "mlp_out")
     #: 64-bit odd constants mixing (seed, site) into a site's seed
     _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)
 
-    def __init__(self, key):
+    def __init__(self, key=None):
+        self.seed = self.step = None
+        if key is None:
+            return
         seed, step = (key, 0) if is_int(key) else tuple(key) if isinstance(key, (tuple, list)) \
             and len(key) == 2 else (None, None)
         if not is_int(seed) or not 0 <= seed < 1 << 63:
@@ -691,13 +695,18 @@ class _Dropouts:
         self.seed, self.step = int(seed), step
 
     def key(self, layer: int, site: str) -> tuple:
-        """The (seed, step) of `site` of layer `layer` (-1: before the layers)."""
+        """The (seed, step) of `site` of layer `layer`."""
         n = (layer + 1) * len(self.SITES) + self.SITES.index(site) + 1
         return (self.seed * self._MIX[0] + n * self._MIX[1]) % (1 << 63), self.step
 
+    def attention(self, rate: float, layer: int) -> tuple:
+        """op.attention's (dropout_p, dropout_key) in layer `layer`."""
+        return (rate, self.key(layer, "attention")) if rate and self.seed is not None \
+            else (0.0, None)
+
     def __call__(self, x, rate: float, layer: int, site: str):
-        """x dropped at `rate` at `site` (x itself at rate 0)."""
-        return dropout(x, rate, self.key(layer, site)) if rate else x
+        """x dropped at `rate` at `site` (x itself at rate 0 or in evaluation)."""
+        return dropout(x, rate, self.key(layer, site)) if rate and self.seed is not None else x
 
 
 def _rate(f: "_ConfigFields", field: str, default: float) -> float:
@@ -811,11 +820,9 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None, d
     x = add(embedding(ids, params[p + "wte.weight"]),
             embedding(_positions(length, positions), params[p + "wpe.weight"]))
     keys = _key_padding(batch, length, mask)
+    drop = drop or _Dropouts()
     attend = attend or _Sequence(drop=drop, rate=c.attn_pdrop)
-    if drop is None:            # evaluation: every site passes its value through
-        def drop(x, _rate, _layer, _site):
-            return x
-    x = drop(x, c.embd_pdrop, -1, "mlp_out")
+    x = drop(x, c.embd_pdrop, -1, "embeddings")
 
     def heads(t):
         return reshape(t, batch, length, h, d)

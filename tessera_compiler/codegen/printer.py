@@ -404,8 +404,11 @@ class TilePrinter(abc.ABC):
         base = self.scalar(op.operands[2])
         s0, s1 = ir.DenseI64ArrayAttr(op.attributes["strides"])
         n = r.shape[1]
-        self.for_each(r.size, lambda e: self.line(
-            f"{r.name}[{e}] = {self.dropout_factor(op, f'{base} + ({e} / {n}) * {s0} + ({e} % {n}) * {s1}')};"))
+
+        def element(e):
+            index = f"{base} + ({e} / {n}) * {s0} + ({e} % {n}) * {s1}"
+            self.line(f"{r.name}[{e}] = {self.dropout_factor(op, index)};")
+        self.for_each(r.size, element)
 
     # arith.cmpi predicates, by enum value (eq, ne, slt, sle, sgt, sge, ult, ule, ugt, uge).
     _CMPI = ["==", "!=", "<", "<=", ">", ">=", "<", "<=", ">", ">="]

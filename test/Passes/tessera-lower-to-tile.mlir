@@ -632,13 +632,16 @@ func.func private @g(%q: tensor<128x32xf32>, %k: tensor<128x32xf32>, %v: tensor<
 // -----
 
 // Attention dropout: each kernel reads its head's (seed, step, head) from the
-// seeds buffer and draws the probability block's factors at its flat index
-// (head * Sq * Sk + row * Sk + col; the transposed block of @dr_dkdv with
+// seeds buffer once, before its loop, and draws the probability block's
+// factors at its flat index (head * Sq * Sk + row * Sk + col; the transposed
+// block of @dr_dkdv with
 // strides [1, Sk]); the forward multiplies P by them after the denominator.
 // CHECK-LABEL: func.func @attention_dropout
 // CHECK: ttile.kernel @df
-// CHECK: ttile.reduce {{.*}}<sum>
 // CHECK: ttile.load_scalar %{{.*}}[%{{.*}}, %c0{{.*}}, %c2{{.*}}] : memref<2x1x3xi64>
+// CHECK: scf.for
+// CHECK-NOT: ttile.load_scalar
+// CHECK: ttile.reduce {{.*}}<sum>
 // CHECK: %[[Z:.*]] = ttile.dropout_factor %{{.*}}, %{{.*}} at %{{.*}} {p = 2.500000e-01 : f64, strides = array<i64: 64, 1>} : !ttile.tile<64x64xf32>
 // CHECK-NEXT: %[[PZ:.*]] = ttile.mul %{{.*}}, %[[Z]]
 // CHECK-NEXT: ttile.dot %[[PZ]]

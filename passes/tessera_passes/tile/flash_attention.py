@@ -315,18 +315,26 @@ class _Builder:
             s = ttile.AddOp(s, bias).result
         return s, slope
 
-    def dropout_factor(self, at, row, col, transposed: bool = False) -> ir.Value | None:
-        """Dropout's factor (0 or 1/(1-p)) of each probability of the block
-        of query rows from `row` and keys from `col` of query head `at` (or
-        of its transpose), None without dropout: the head's seed, step and
-        global index come from its row of the seeds buffer."""
+    def dropout_seeds(self, at) -> tuple | None:
+        """(seed, step, the flat index of its first probability) of query
+        head `at`, read from its row of the seeds buffer (None without
+        dropout): once per head, outside the loops that stay on one head."""
         if self.dropout is None:
             return None
         seed, step, head = (ttile.LoadScalarOp(self.seeds_buf, list(at) + [index(0), index(i)])
                             .result for i in range(3))
-        sq, sk = self.geo.sq, self.geo.sk
-        base = arith.AddIOp(arith.MulIOp(head, index(sq * sk)).result,
-                            arith.AddIOp(arith.MulIOp(row, index(sk)).result, col).result).result
+        return seed, step, arith.MulIOp(head, index(self.geo.sq * self.geo.sk)).result
+
+    def dropout_factor(self, seeds, row, col, transposed: bool = False) -> ir.Value | None:
+        """Dropout's factor (0 or 1/(1-p)) of each probability of the block
+        of query rows from `row` and keys from `col` of the head whose
+        `dropout_seeds` are `seeds` (or of its transpose), None without."""
+        if seeds is None:
+            return None
+        seed, step, first = seeds
+        sk = self.geo.sk
+        base = arith.AddIOp(first, arith.AddIOp(arith.MulIOp(row, index(sk)).result,
+                                                col).result).result
         rows, cols = (self.cfg.bn, self.cfg.bm) if transposed else (self.cfg.bm, self.cfg.bn)
         strides = [1, sk] if transposed else [sk, 1]
         return ttile.DropoutFactorOp(tile_type([rows, cols], self.acc), seed, step, base,
@@ -506,6 +514,7 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
         row = arith.MulIOp(qi, index(bm)).result
         q = b.load(q_buf, at, row, [bm, d])
         start, end = b.key_range(row, bm, bn)
+        seeds = b.dropout_seeds(at)
         m0, l0 = b.fill([bm, 1], float("-inf")), b.fill([bm, 1], 0.0)
         loop = scf.ForOp(start, end, index(bn), [m0, l0, b.fill([bm, dv], 0.0)])
         for marked in ("pingpong", "issue_ahead"):
@@ -530,7 +539,7 @@ def forward_kernel(op, name: str, ins, outs, module_block, cpu: bool,
             alpha = b.exp(ttile.SubOp(m, m_offset).result)
             l_new = ttile.AddOp(ttile.MulOp(l, alpha).result, b.row_reduce(p, "sum")).result
             scaled = ttile.MulOp(acc, b.broadcast(alpha, [bm, dv])).result
-            z = b.dropout_factor(at, row, col)
+            z = b.dropout_factor(seeds, row, col)
             if z is not None:           # (l above: the undropped denominator)
                 p = ttile.MulOp(p, z).result
             scf.YieldOp([m_new, l_new, b.dot(b.operand(p), v, scaled)])
@@ -612,6 +621,7 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
         k = kb.load(k_buf, kv_at, col, [bn, d])
         v = kb.load(v_buf, kv_at, col, [bn, dv])
         start, end = kb.query_range(col, bn, bm)
+        seeds = kb.dropout_seeds(kv_at) if group == 1 else None
         if group == 1:
             loop = scf.ForOp(start, end, index(bm), [kb.fill([bn, d], 0.0),
                                                      kb.fill([bn, dv], 0.0)])
@@ -625,10 +635,11 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
         with ir.InsertionPoint(loop.body):
             t = loop.induction_variable
             if group == 1:
-                row, at = t, kv_at
+                row, at, head_seeds = t, kv_at, seeds
             else:
                 row = arith.AddIOp(start, arith.RemUIOp(t, span).result).result
                 at = _group_member(kb, kv_at, arith.DivUIOp(t, span).result)
+                head_seeds = kb.dropout_seeds(at)
             dk_acc, dv_acc = loop.inner_iter_args
             q = kb.stream(q_buf, at, row, [bm, d])
             do = kb.stream(do_buf, at, row, [bm, dv])
@@ -639,7 +650,7 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
             delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], stat))
             pt, dst = _probabilities(kb, kb.scores(q, k, at, row, col, transposed=True), lse, do,
                                      v, delta, transposed=True,
-                                     z=kb.dropout_factor(at, row, col, transposed=True))
+                                     z=kb.dropout_factor(head_seeds, row, col, transposed=True))
             dv_new = kb.dot(kb.operand(pt), do, dv_acc)
             dk_new = kb.dot(kb.operand(dst), q, dk_acc)
             scf.YieldOp([dk_new, dv_new])
@@ -663,13 +674,14 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
         lse = b.finite(b.load(lse_buf, at, row, [bm, 1], stat), 0.0)
         delta = b.load(delta_buf, at, row, [bm, 1], stat)
         start, end = b.key_range(row, bm, bn)
+        seeds = b.dropout_seeds(at)
         loop = scf.ForOp(start, end, index(bn), [b.fill([bm, d], 0.0)])
         with ir.InsertionPoint(loop.body):
             col = loop.induction_variable
             k = b.stream(k_buf, kv, col, [bn, d])
             v = b.stream(v_buf, kv, col, [bn, dv])
             _, ds = _probabilities(b, b.scores(q, k, at, row, col), lse, do, v, delta,
-                                   z=b.dropout_factor(at, row, col))
+                                   z=b.dropout_factor(seeds, row, col))
             scf.YieldOp([b.dot(b.operand(ds), k, loop.inner_iter_args[0])])
         b.store(ttile.MulOp(loop.results[0], b.fill([bm, d], b.scale)).result, dq_buf, at, row)
         ttile.ReturnOp()
