@@ -60,9 +60,7 @@ def tessera_rank(args) -> None:
     model = models.from_pretrained(args.checkpoint)
     opt = ts.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
-    def layout(path, array):
-        return train_llama.tp_layout(path.split(".", 1)[-1] if path.startswith(("m.", "v."))
-                                     else path, array.shape, TP)
+    layout = model.layout(mesh)
     params = dist.from_tree(model.params, layout, mesh)
     state = dist.from_tree(opt.init(model.params), layout, mesh)
     step = train_llama.make_step(model, opt, clip=1.0)
@@ -85,12 +83,12 @@ def jax_run(args, params, config):
     import optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import numpy as np
-    import train_llama
+    from tessera.pretrained import parallel_layout
     from train_llama_peers import jax_losses, jax_training
     mesh = Mesh(np.array(jax.devices()[:DP * TP]).reshape(DP, TP), ("dp", "tp"))
 
     def spec(name, shape):          # the example's Megatron layout, as a NamedSharding
-        layout = train_llama.tp_layout(name, shape, TP)
+        layout = parallel_layout(config, name, shape, tp=TP)
         if layout is None:
             return NamedSharding(mesh, P())
         dim = layout.partition[0]

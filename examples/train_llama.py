@@ -7,6 +7,8 @@ the Python standard library's own sources.
     python examples/train_llama.py --save out/              # write an HF checkpoint at the end
     tessera launch -n 4 examples/train_llama.py --dp 2 --tp 2    # data x tensor parallel
     tessera launch -n 2 examples/train_llama.py --pp 2 --microbatches 4   # pipeline stages
+    python examples/train_llama.py --experts 4 --top-k 2    # Mixtral: 4 SwiGLU experts a layer
+    tessera launch -n 4 examples/train_llama.py --experts 4 --ep 2 --dp 2   # expert parallel
 
 The model is `tessera.models`' Llama (RMSNorm, rotate-half RoPE, grouped-query
 attention, SwiGLU) under Hugging Face's parameter names: a from-scratch run
@@ -29,6 +31,10 @@ and each batch is split over `dp`; the compiler partitions the step. With
 (`pipeline.run(stages=P)`: the model code names no stage), one per rank of
 a `pp` axis, each batch run as `--microbatches` microbatches under
 `--schedule`; clipping and AdamW follow as a second compiled function.
+With `--experts E` each layer's MLP is Mixtral's mixture of E experts
+(`op.moe`, `--top-k` per token); `--ep N` splits them over an `ep` axis
+(each rank reads and updates its E/N experts; tokens travel to their
+experts and back by all-to-all) and the batch over `dp` x `ep`.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import numpy as np
 
 import tessera as ts
 from tessera import dist, models, op, pipeline
-from tessera.pretrained import LlamaConfig
+from tessera.pretrained import LlamaConfig, Pretrained
 
 BYTES = 256                     # the tokens: byte values
 
@@ -82,10 +88,12 @@ def windows(data: np.ndarray, starts: np.ndarray, seq: int) -> dict:
 # -- model -----------------------------------------------------------------------
 
 def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: int,
-                   seq: int, seed: int) -> Path:
+                   seq: int, seed: int, experts: int = 0, top_k: int = 2) -> Path:
     """A Llama checkpoint folder with random weights (normal(0, 0.02)
     matrices, unit norms, as transformers initialises them): config.json
-    and model.safetensors under HF's names."""
+    and model.safetensors under HF's names. With `experts`, a Mixtral: each
+    MLP `experts` SwiGLU experts of half the model width, `top_k`
+    per token."""
     from safetensors.numpy import save_file
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "vocab_size": BYTES, "hidden_size": width, "intermediate_size": width * 8 // 3,
@@ -94,29 +102,23 @@ def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: i
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
               "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
               "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32"}
+    if experts:
+        del config["mlp_bias"]
+        config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                      intermediate_size=width // 2, num_local_experts=experts,
+                      num_experts_per_tok=top_k, sliding_window=None,
+                      output_router_logits=False, router_jitter_noise=0.0)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    shapes = LlamaConfig.from_json(config, str(folder)).parameter_shapes()
+    model = LlamaConfig.from_json(config, str(folder))
     rng = np.random.default_rng(seed)
     weights = {name: (np.ones(shape, np.float32) if name.endswith("norm.weight") else
                       (rng.standard_normal(shape) * 0.02).astype(np.float32))
-               for name, shape in shapes.items()}
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+               for name, shape in model.parameter_shapes().items()}
+    # (Mixtral's experts fused in memory, per expert in the file)
+    save_file(Pretrained(model, weights, folder).to_checkpoint(weights),
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
-
-
-def tp_layout(name: str, shape, tp: int) -> dist.ShardSpec | None:
-    """Megatron-style tensor parallelism over mesh axis `tp` for HF names
-    (nn.Linear weights are [out, in]): q, k, v, gate and up split their
-    output rows (whole heads), o and down their input columns, the
-    embedding and the head the vocabulary. A dimension tp does not divide
-    (2 key/value heads over tp = 4) stays whole."""
-    leaf = name.split(".")[-2] if name.endswith(".weight") else ""
-    dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
-           "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
-    if dim is None or shape[dim] % tp:
-        return None
-    return dist.ShardSpec((dim,), ("tp",))
 
 
 def batch_loss(model, params, batch):
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data-mb", type=float, default=8.0,
                     help="MiB of the standard library's sources to read")
     ap.add_argument("--dp", type=int, default=None,
-                    help="data-parallel ranks (default: the ranks left after --tp)")
+                    help="data-parallel ranks (default: the ranks left after --tp, --pp, --ep)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline stages, one per rank of a pp axis (cut by forward cost)")
@@ -219,24 +221,35 @@ def main(argv=None) -> int:
                     help="with --pp: microbatches per step (they divide --batch)")
     ap.add_argument("--schedule", default="1F1B", choices=["gpipe", "1F1B", "zero_bubble"],
                     help="with --pp: the pipeline schedule")
-    ap.add_argument("--ep", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--experts", type=int, default=0, metavar="E",
+                    help="a Mixtral: each MLP a mixture of E SwiGLU experts (from scratch)")
+    ap.add_argument("--top-k", type=int, default=2, help="with --experts: experts per token")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="expert-parallel ranks: the experts split over an ep axis")
     ap.add_argument("--plot", default="llama_loss.png", help="loss plot PNG to write")
     args = ap.parse_args(argv)
-    if args.ep > 1:
-        ap.error("--ep is not offered by this example yet: its Llama has no experts "
-                 "(examples/train_gpt.py --moe N --ep E runs expert parallelism)")
+    if args.experts and args.from_pretrained:
+        ap.error("--experts makes a Mixtral from scratch; --from-pretrained takes the "
+                 "checkpoint's own (a Mixtral's experts come with it)")
+    if args.experts and not 1 <= args.top_k <= args.experts:
+        ap.error(f"--top-k {args.top_k} must be in [1, --experts {args.experts}]")
+    if args.ep > 1 and not (args.experts or args.from_pretrained):
+        ap.error("--ep splits experts: pass --experts E (or a Mixtral --from-pretrained)")
+    if args.ep > 1 and args.pp > 1:
+        ap.error("--ep does not run pipelined (--pp) yet")
     if args.dp is None:
-        args.dp = max(1, dist.world_size() // (args.tp * args.pp))
+        args.dp = max(1, dist.world_size() // (args.tp * args.pp * args.ep))
     mesh = None
-    if args.dp * args.tp * args.pp > 1:
-        if args.batch % args.dp:
-            ap.error(f"--batch {args.batch} must be a multiple of --dp {args.dp}")
+    if args.dp * args.ep * args.tp * args.pp > 1:
+        rows = args.dp * args.ep        # expert-parallel ranks take different tokens
+        if args.batch % rows:
+            ap.error(f"--batch {args.batch} must be a multiple of --dp x --ep ({rows})")
         if args.pp > 1 and (args.batch // args.dp) % args.microbatches:
             ap.error(f"--microbatches {args.microbatches} must divide each dp rank's batch "
                      f"({args.batch // args.dp})")
-        axes, shape = ["dp", "tp", "pp"], (args.dp, args.tp, args.pp)
-        if args.pp == 1:
-            axes, shape = axes[:2], shape[:2]
+        sizes = {"dp": args.dp, "ep": args.ep, "tp": args.tp, "pp": args.pp}
+        axes = [a for a, n in sizes.items() if n > 1 or a in ("dp", "tp")]
+        shape = tuple(sizes[a] for a in axes)
         mesh = dist.Mesh(axes=axes, shape=shape)
         mesh.require_rank(" ".join(f"--{a} {n}" for a, n in zip(axes, shape)))
     lead = mesh is None or mesh.rank == 0
@@ -248,8 +261,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(args.from_pretrained) if args.from_pretrained else new_checkpoint(
             Path(scratch) / "init", args.width, args.depth, args.heads, args.kv_heads,
-            args.seq, args.seed)
+            args.seq, args.seed, args.experts, args.top_k)
         model = models.from_pretrained(folder)
+        if args.ep > 1 and not getattr(model.config, "experts", 0):
+            ap.error("--ep splits experts: pass --experts E (or a Mixtral --from-pretrained)")
         if model.config.vocab_size < BYTES:
             ap.error(f"--from-pretrained {folder}: a vocabulary of {model.config.vocab_size} "
                      f"does not hold the {BYTES} byte values this example trains on")
@@ -259,9 +274,7 @@ def main(argv=None) -> int:
         opt = ts.optim.AdamW(lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
         params, opt_state = model.params, opt.init(model.params)
         if mesh is not None:
-            def layout(path, array):
-                return tp_layout(path.split(".", 1)[-1] if path.startswith(("m.", "v."))
-                                 else path, array.shape, args.tp)
+            layout = model.layout(mesh)     # Megatron over tp, the experts over ep
             params = dist.from_tree(params, layout, mesh)
             opt_state = dist.from_tree(opt_state, layout, mesh)
         step = make_step(model, opt, clip=1.0) if args.pp == 1 else make_pipeline_step(
@@ -272,9 +285,11 @@ def main(argv=None) -> int:
         starts = np.random.default_rng(args.seed + 1).integers(
             0, len(valid_bytes) - args.seq - 1, (args.val_batches, args.batch))
 
+        rows = tuple(a for a in ("dp", "ep") if mesh is not None and a in mesh.axes)
+
         def shard(batch):
             return batch if mesh is None else dist.from_tree(
-                batch, dist.ShardSpec((0,), ("dp",)), mesh)
+                batch, dist.ShardSpec((0,) * len(rows), rows), mesh)
 
         def validation() -> float:
             return float(np.mean([float(evaluate(params, shard(windows(valid_bytes, s, args.seq))))

@@ -5,8 +5,8 @@
     logits = m(input_ids, attention_mask=mask)        # numpy [B, S, V]
     logits = m.forward(m.params, ids, mask)           # traceable: inside ts.jit / ts.grad
 
-The Llama family (Llama 2/3 without rope scaling, Mistral without a sliding
-window, Qwen2's bias on q/k/v) and GPT-2 are written here as Hugging Face's
+The Llama family (Llama 2/3 without rope scaling, Mistral with its sliding
+window, Qwen2's bias on q/k/v, Mixtral's experts) and GPT-2 are written here as Hugging Face's
 modeling code computes them: RMSNorm, rotary embeddings (rotate-half),
 grouped-query attention, SwiGLU; learned positions, LayerNorm, fused q/k/v
 and GELU for GPT-2. `m.params` is a dict under Hugging Face's parameter names
@@ -21,8 +21,8 @@ Attention is `op.attention` (flash kernels, never the [S, S] scores): the
 padding mask a [B, 1, 1, S] key mask, grouped-query key/value heads read in
 place by their query heads.
 
-What is not here yet (issue 62): Mixtral, a KV cache and sampling in
-`generate`, reading only a rank's shard under a mesh.
+Mixtral (`op.moe`) keeps its experts fused, as transformers 5 does
+(`LlamaConfig.checkpoint_pieces`); `generate` decodes with a KV cache.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
 
-__all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config"]
+__all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config", "parallel_layout"]
 
 #: KV-cache slots come in multiples of this (Pretrained.generate)
 CACHE_SLOTS = 64
@@ -194,9 +194,8 @@ class LlamaConfig:
             names += [p + f"self_attn.{w}_proj.weight" for w in "qkvo"]
             names += [p + f"self_attn.{w}_proj.bias" for w in "qkv"] if self.qkv_bias else []
             if self.experts:
-                names += [p + "block_sparse_moe.gate.weight"]
-                names += [p + f"block_sparse_moe.experts.{e}.{w}.weight"
-                          for e in range(self.experts) for w in ("w1", "w2", "w3")]
+                names += [p + "mlp.gate.weight", p + "mlp.experts.gate_up_proj",
+                          p + "mlp.experts.down_proj"]
             else:
                 names += [p + f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")]
         return names
@@ -210,9 +209,29 @@ class LlamaConfig:
                    "v_proj.weight": (kv, w), "o_proj.weight": (w, q), "q_proj.bias": (q,),
                    "k_proj.bias": (kv,), "v_proj.bias": (kv,), "gate_proj.weight": (i, w),
                    "up_proj.weight": (i, w), "down_proj.weight": (w, i),
-                   "gate.weight": (self.experts, w), "w1.weight": (i, w), "w3.weight": (i, w),
-                   "w2.weight": (w, i)}
+                   "gate.weight": (self.experts, w),
+                   "experts.gate_up_proj": (self.experts, 2 * i, w),
+                   "experts.down_proj": (self.experts, w, i)}
         return {n: by_leaf.get(".".join(n.split(".")[-2:]), (w,)) for n in self.parameter_names()}
+
+    def checkpoint_pieces(self) -> dict:
+        """Where each parameter is in the checkpoint's files: its own key,
+        or for Mixtral's experts what transformers 5 fuses on loading (and
+        splits again on saving): the router `mlp.gate.weight` is the file's
+        `block_sparse_moe.gate.weight`; `mlp.experts.gate_up_proj` [E, 2F, D]
+        stacks each expert's w1 and w3 rows, `mlp.experts.down_proj`
+        [E, D, F] each expert's w2. -> {name: key, or [[keys of expert e,
+        concatenated along rows] for each e]}."""
+        pieces = {n: n for n in self.parameter_names()}
+        for i in range(self.num_hidden_layers if self.experts else 0):
+            p, f = f"model.layers.{i}.", f"model.layers.{i}.block_sparse_moe."
+            pieces[p + "mlp.gate.weight"] = f + "gate.weight"
+            pieces[p + "mlp.experts.gate_up_proj"] = [
+                [f"{f}experts.{e}.w1.weight", f"{f}experts.{e}.w3.weight"]
+                for e in range(self.experts)]
+            pieces[p + "mlp.experts.down_proj"] = [[f"{f}experts.{e}.w2.weight"]
+                                                   for e in range(self.experts)]
+        return pieces
 
     def forward(self, params, ids, mask, positions, attend=None, drop=None):
         return _llama(self, params, ids, mask, positions, attend, drop)
@@ -285,6 +304,10 @@ class GPT2Config:
             names += [p + f"{m}.{w}" for m in ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj",
                                               "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
         return names
+
+    def checkpoint_pieces(self) -> dict:
+        """Each parameter is its own key of the checkpoint."""
+        return {n: n for n in self.parameter_names()}
 
     def forward(self, params, ids, mask, positions, attend=None, drop=None):
         return _gpt2(self, params, ids, mask, positions, attend, drop)
@@ -440,8 +463,8 @@ class Pretrained:
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         raw = json.loads((self.path / "config.json").read_text())
-        names = self.config.parameter_names()
-        kinds = {n: self.stored_dtypes.get(n, "F32") for n in names}
+        tensors = self.to_checkpoint(self.params)
+        kinds = {k: self.stored_dtypes.get(k, "F32") for k in tensors}
         one = set(kinds.values())
         for key in ("dtype", "torch_dtype"):
             if key in raw and len(one) == 1:    # (mixed: the checkpoint's own word stays)
@@ -450,14 +473,51 @@ class Pretrained:
         generation = self.path / "generation_config.json"
         if generation.is_file() and generation.resolve() != (out / generation.name).resolve():
             (out / generation.name).write_text(generation.read_text())
-        missing = [n for n in names if n not in self.params]
-        if missing:
-            raise ArgumentError(f"Pretrained.save_pretrained: params has no {missing[0]}  "
-                                f"[{user_frame()}]")
-        save_file({n: np.ascontiguousarray(np.asarray(self.params[n], np.float32)
-                                           .astype(STORED[kinds[n]][0], copy=False))
-                   for n in names},
+        save_file({k: np.ascontiguousarray(v.astype(STORED[kinds[k]][0], copy=False))
+                   for k, v in tensors.items()},
                   str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
+
+    def layout(self, mesh):
+        """`dist.from_tree`'s layout function for this model's parameters on
+        `mesh`, and for anything keyed like them (gradients, an optimizer
+        state's `m.<name>` moments): `parallel_layout` of each parameter,
+        other leaves (a step count) replicated."""
+        from ._dtensor import Mesh
+        if not isinstance(mesh, Mesh):
+            raise ArgumentError(f"Pretrained.layout: mesh={mesh!r:.60} must be a dist.Mesh  "
+                                f"[{user_frame()}]")
+        names, sizes = set(self.config.parameter_names()), _axis_sizes(mesh)
+
+        def spec(path: str, array):
+            while path not in names and "." in path:
+                path = path.split(".", 1)[1]
+            return parallel_layout(self.config, path, array.shape, **sizes) \
+                if path in names else None
+        return spec
+
+    def to_checkpoint(self, tree: dict) -> dict:
+        """`tree` (the params, their gradients or an optimizer moment: a
+        dict under `params`' names, numpy arrays or DTensors) under the
+        checkpoint's names, as float32 numpy arrays: what save_pretrained
+        writes. Mixtral's fused experts are split per expert again (w1 and
+        w3 [F, D] from gate_up_proj's rows, w2 [D, F] from down_proj); a
+        DTensor is gathered."""
+        if not isinstance(tree, dict):
+            raise ArgumentError(f"Pretrained.to_checkpoint: tree is a {type(tree).__name__}, "
+                                f"not a dict under the model's parameter names  "
+                                f"[{user_frame()}]")
+        out = {}
+        for name, piece in self.config.checkpoint_pieces().items():
+            if name not in tree:
+                raise ArgumentError(f"Pretrained.to_checkpoint: the tree has no {name} (a "
+                                    f"dict under the model's parameter names)  [{user_frame()}]")
+            value = np.asarray(tree[name], np.float32)
+            if isinstance(piece, str):
+                out[piece] = value
+                continue
+            for e, keys in enumerate(piece):
+                out.update(zip(keys, np.split(value[e], len(keys))))
         return out
 
     def _batch(self, input_ids, attention_mask):
@@ -492,9 +552,16 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     dtypes they had are `stored_dtypes`, which save_pretrained writes).
 
     With `mesh=` (a `dist.Mesh`; every rank calls this), the weights are
-    DTensors and each rank reads only its block from the files: over a
-    `tp` axis the Llama family's projections are laid out Megatron-style
-    (`tp_layout`), everything else, and every axis but `tp`, replicated."""
+    DTensors and each rank reads only its block from the files
+    (`parallel_layout`): over a `tp` axis the Llama family's projections
+    Megatron-style, over an `ep` axis Mixtral's experts by expert;
+    everything else, and every other axis, replicated.
+
+    Mixtral's experts are held as transformers 5 holds them (and names
+    them: `m.params` has the names of its `state_dict()`):
+    `mlp.experts.gate_up_proj` [E, 2F, D] and `mlp.experts.down_proj`
+    [E, D, F], fused from the files' per-expert w1/w3/w2 on reading and
+    split again by save_pretrained (`LlamaConfig.checkpoint_pieces`)."""
     from safetensors import safe_open
     if not isinstance(path, (str, os.PathLike)):
         raise ArgumentError(f"models.from_pretrained: path={path!r:.60} must be a folder's path "
@@ -522,13 +589,15 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ArgumentError(f"models.from_pretrained: mesh={mesh!r:.60} must be a dist.Mesh "
                             f"(or None: numpy weights)  [{user_frame()}]")
+    from contextlib import ExitStack
     params, stored = {}, {}
-    tp = mesh.axis_size("tp") if mesh is not None and "tp" in mesh.axes else 1
-    for name in files:
-        if not (folder / name).is_file():
-            raise ArgumentError(f"models.from_pretrained: {where} has no {name}  "
-                                f"[{user_frame()}]")
-        with safe_open(str(folder / name), framework="np") as f:
+    with ExitStack() as stack:
+        opened = {}                 # checkpoint key -> its open file
+        for name in files:
+            if not (folder / name).is_file():
+                raise ArgumentError(f"models.from_pretrained: {where} has no {name}  "
+                                    f"[{user_frame()}]")
+            f = stack.enter_context(safe_open(str(folder / name), framework="np"))
             for key in f.keys():
                 stored[key] = f.get_slice(key).get_dtype()
                 if stored[key] not in STORED:
@@ -536,61 +605,85 @@ def from_pretrained(path, mesh=None) -> Pretrained:
                                         f"{stored[key]}; Tessera reads {', '.join(STORED)} "
                                         f"weights (quantized checkpoints are not supported)  "
                                         f"[{user_frame()}]")
-                params[key] = _read(f, key, config, mesh, tp)
-    if config.tie_word_embeddings:
-        params.pop("lm_head.weight", None)
-    names = config.parameter_names()
-    missing = [n for n in names if n not in params]
-    extra = sorted(set(params) - set(names))
-    if missing or extra:
-        raise ArgumentError(f"models.from_pretrained: {where}: the weights do not match the "
-                            f"config: missing {missing[:3]}, unexpected {extra[:3]}  "
-                            f"[{user_frame()}]")
+                opened[key] = f
+        if config.tie_word_embeddings:
+            opened.pop("lm_head.weight", None)
+            stored.pop("lm_head.weight", None)
+        pieces = config.checkpoint_pieces()
+        wanted = {k for piece in pieces.values()
+                  for k in ([piece] if isinstance(piece, str) else sum(piece, []))}
+        missing = sorted(wanted - set(opened))
+        extra = sorted(set(opened) - wanted)
+        if missing or extra:
+            raise ArgumentError(f"models.from_pretrained: {where}: the weights do not match "
+                                f"the config: missing {missing[:3]}, unexpected {extra[:3]}  "
+                                f"[{user_frame()}]")
+        for name, piece in pieces.items():
+            params[name] = _read(opened, name, piece, config, mesh)
     generation = folder / "generation_config.json"
     settings = {**raw, **(json.loads(generation.read_text()) if generation.is_file() else {})}
     eos = settings.get("eos_token_id")
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return Pretrained(config, params, folder, eos, settings.get("pad_token_id"),
-                      {k: stored[k] for k in params})
+    return Pretrained(config, params, folder, eos, settings.get("pad_token_id"), stored)
 
 
-def tp_layout(config, name: str, shape, tp: int):
-    """The `dist.ShardSpec` of Llama-family weight `name` over a `tp` axis
-    of `tp` ranks (None: replicated). Megatron's layout for nn.Linear's
-    [out, in] weights: q, k, v, gate and up split their output rows (whole
-    heads), o and down their input columns, the embedding and the head
-    their vocabulary rows. A dimension tp does not divide stays whole, as
-    do GPT-2's fused projections and Mixtral's experts."""
+def parallel_layout(config, name: str, shape, tp: int = 1, ep: int = 1):
+    """The `dist.ShardSpec` of parameter `name` (of `shape`) on a mesh with
+    a `tp` axis of `tp` ranks and an `ep` axis of `ep` (None: replicated).
+    Over tp, Megatron's layout for the Llama family's nn.Linear [out, in]
+    weights: q, k, v, gate and up split their output rows (whole heads), o
+    and down their input columns, the embedding and the head their
+    vocabulary rows. Over ep, Mixtral's fused experts by expert (dimension
+    0). A dimension the axis does not divide stays whole, as do GPT-2's
+    fused projections and the experts over tp."""
     from ._dtensor import ShardSpec
-    if not isinstance(config, LlamaConfig) or tp == 1 or ".experts." in name:
+    if not isinstance(config, LlamaConfig):
         return None
+    if ".experts." in name:
+        return ShardSpec((0,), ("ep",)) if ep > 1 and shape[0] % ep == 0 else None
     leaf = name.split(".")[-2] if name.endswith(".weight") else ""
     dim = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0,
            "o_proj": 1, "down_proj": 1, "embed_tokens": 0, "lm_head": 0}.get(leaf)
     # (q, k, v and o by whole heads: a rank's rows are heads of its own)
     unit = config.head_dim if leaf in ("q_proj", "k_proj", "v_proj", "o_proj") else 1
-    if dim is None or (shape[dim] // unit) % tp:
+    if tp == 1 or dim is None or (shape[dim] // unit) % tp:
         return None
     return ShardSpec((dim,), ("tp",))
 
 
-def _read(f, key: str, config, mesh, tp: int):
-    """Weight `key` of open safetensors file `f` as float32: all of it, or
-    under `mesh` a DTensor of which this rank read only its block."""
+def _axis_sizes(mesh) -> dict:
+    """{'tp': n, 'ep': n} of `mesh` (1 for an axis it does not have)."""
+    return {a: mesh.axis_size(a) if a in mesh.axes else 1 for a in ("tp", "ep")}
+
+
+def _read(opened: dict, name: str, piece, config, mesh):
+    """Parameter `name` as float32, from checkpoint key `piece` or (fused
+    experts) the per-expert keys `piece` lists, in the open files `opened`:
+    all of it, or under `mesh` a DTensor of which this rank read only its
+    block (a split parameter's rows first..first+n of its dimension)."""
+    def rows(first=0, n=None, dim=0):
+        """The parameter's rows first..first+n along `dim` (all: n None)."""
+        if isinstance(piece, str):
+            f = opened[piece]
+            block = f.get_tensor(piece) if n is None else \
+                f.get_slice(piece)[(slice(None),) * dim + (slice(first, first + n),)]
+        else:                                            # experts: dim 0
+            chosen = piece if n is None else piece[first:first + n]
+            block = np.stack([np.concatenate([opened[k].get_tensor(k) for k in keys])
+                              for keys in chosen])
+        return np.ascontiguousarray(block.astype(np.float32, copy=False))
     if mesh is None:
-        return np.ascontiguousarray(f.get_tensor(key).astype(np.float32, copy=False))
+        return rows()
     from ._dtensor import ShardSpec, from_local, from_numpy
-    shape = f.get_slice(key).get_shape()
-    spec = tp_layout(config, key, shape, tp)
+    shape = opened[piece].get_slice(piece).get_shape() if isinstance(piece, str) else \
+        config.parameter_shapes()[name]
+    spec = parallel_layout(config, name, shape, **_axis_sizes(mesh))
     if spec is None:
-        whole = np.ascontiguousarray(f.get_tensor(key).astype(np.float32, copy=False))
-        return from_numpy(whole, ShardSpec(), mesh, name=key)
-    dim = spec.partition[0]
-    n = shape[dim] // tp
-    first = mesh.coords["tp"] * n
-    block = f.get_slice(key)[(slice(None),) * dim + (slice(first, first + n),)]
-    block = np.ascontiguousarray(block.astype(np.float32, copy=False))
-    return from_local(block, axis="tp", dim=dim, mesh=mesh, name=key)
+        return from_numpy(rows(), ShardSpec(), mesh, name=name)
+    dim, axis = spec.partition[0], spec.mesh_axes[0]
+    n = shape[dim] // mesh.axis_size(axis)
+    return from_local(rows(mesh.coords[axis] * n, n, dim), axis=axis, dim=dim, mesh=mesh,
+                      name=name)
 
 
 def _key_padding(batch: int, length: int, mask):
@@ -784,7 +877,7 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None,
         x = add(x, proj(out, p + "self_attn.o_proj"))
         m = rmsnorm(x, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
         if c.experts:
-            x = add(x, _experts(c, params, p + "block_sparse_moe.", m))
+            x = add(x, _experts(c, params, p + "mlp.", m))
             continue
         gate = silu(proj(m, p + "mlp.gate_proj"))
         x = add(x, proj(mul(gate, proj(m, p + "mlp.up_proj")), p + "mlp.down_proj"))
@@ -795,18 +888,19 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None,
 
 
 def _experts(c: LlamaConfig, params: dict, p: str, x):
-    """Mixtral's sparse block as `op.moe`: the router `gate` [E, D] and each
-    expert's w1, w3 [F, D] and w2 [D, F] (nn.Linear's [out, in]) stacked into
-    op.moe's [D, E], [E, D, F] and [E, F, D]: top-k of the router's logits,
-    softmax over the chosen (HF's softmax renormalised over them)."""
+    """Mixtral's sparse block as `op.moe`: the router `gate` [E, D] and the
+    fused experts (transformers 5's layout: gate_up_proj [E, 2F, D], w1's
+    rows then w3's; down_proj [E, D, F]) as op.moe's [D, E], [E, D, F] and
+    [E, F, D]: top-k of the router's logits, softmax over the chosen (HF's
+    softmax renormalised over them). Over an `ep` axis the experts stay
+    split: each rank transposes its own."""
     from ._moe import moe
-
-    def stacked(w):
-        return concat([reshape(transpose(params[f"{p}experts.{e}.{w}.weight"], 0, 1), 1,
-                               *params[f"{p}experts.{e}.{w}.weight"].shape[::-1])
-                       for e in range(c.experts)], 0)
+    f = c.intermediate_size
+    gate_up = transpose(params[p + "experts.gate_up_proj"], 1, 2)         # [E, D, 2F]
     experts = {"router": transpose(params[p + "gate.weight"], 0, 1),
-               "w1": stacked("w1"), "w3": stacked("w3"), "w2": stacked("w2")}
+               "w1": index(gate_up, (Ellipsis, slice(None, f))),
+               "w3": index(gate_up, (Ellipsis, slice(f, None))),
+               "w2": transpose(params[p + "experts.down_proj"], 1, 2)}
     return moe(x, experts, k=c.experts_per_token)
 
 

@@ -58,6 +58,9 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         # its KV caches split by key/value heads over tp: [B, 64, 2, 8] -> [., ., 1, 8]
         (whole, local), batch = r["cache_local"], r["cache_local"][0][0]
         assert whole == [batch, 64, 2, 8] and local == [batch, 64, 1, 8], r["cache_local"]
+        # Mixtral over ep x tp: each rank read 2 of the 4 experts; HF's logits.
+        assert r["moe_logits_gap"] <= 5e-5, r["moe_logits_gap"]
+        assert r["moe_local"] == [[4, 80, 32], [2, 80, 32]], r["moe_local"]
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

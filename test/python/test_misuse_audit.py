@@ -250,6 +250,13 @@ cases(
     Case("models.from_pretrained", "wrong type",
          lambda: ts.jit(lambda p, i: _TINY_LLAMA().forward(p, i, dropout_key=1.5))(
              _TINY_LLAMA().params, np.zeros((1, 2), np.int32)), "dropout_key=1.5 must be"),
+    Case("models.from_pretrained", "wrong type", lambda: _TINY_LLAMA().to_checkpoint([1.0]),
+         "tree is a list"),
+    Case("models.from_pretrained", "other",
+         lambda: _TINY_LLAMA().to_checkpoint({"model.norm.weight": np.ones(32, np.float32)}),
+         "the tree has no model.embed_tokens.weight"),
+    Case("models.from_pretrained", "wrong type", lambda: _TINY_LLAMA().layout(("tp", 2)),
+         "mesh=('tp', 2) must be a dist.Mesh"),
     Case("op.argmax", "out of range", lambda: op.argmax(F, 2), "dim=2"),
     Case("op.cumsum", "out of range", lambda: op.cumsum(F, 2), "dim=2"),
     Case("op.cumsum", "wrong dtype", lambda: op.cumsum(I4), "int32"),

@@ -207,29 +207,40 @@ def test_llama_example_learns_the_standard_library_and_round_trips_hf(tmp_path, 
     resumed = capsys.readouterr().out
     first = float(resumed.split("step    0: validation ")[1].split(" ")[0])
     assert abs(first - valid[-1]) < 1e-3, (first, valid[-1])      # the saved weights
-    with pytest.raises(SystemExit):
-        train_llama.main(["--ep", "2"])
+    for argv, says in ((["--ep", "2"], "--ep splits experts: pass --experts E"),
+                       (["--experts", "4", "--top-k", "5"], "--top-k 5 must be in [1, --experts 4]"),
+                       (["--experts", "4", "--ep", "2", "--pp", "2"],
+                        "--ep does not run pipelined")):
+        with pytest.raises(SystemExit):
+            train_llama.main(argv)
+        assert says in capsys.readouterr().err
 
 
-def test_llama_example_pipelined_follows_one_rank(tessera_launch, tmp_path, capsys):
-    """examples/train_llama.py --pp 2: the step cut into 2 stages by cost
-    on 2 ranks (its transfers paired in the order they are made) gives the
-    one-rank run's losses and validation."""
+@pytest.mark.parametrize("model, plan, mesh", [
+    pytest.param([], ["--pp", "2"], "dp × tp × pp mesh, 1 × 1 × 2", id="pp2"),
+    pytest.param(["--experts", "4"], ["--ep", "2"], "dp × ep × tp mesh, 1 × 2 × 1", id="ep2")])
+def test_llama_example_on_two_ranks_follows_one_rank(tessera_launch, tmp_path, capsys, model,
+                                                     plan, mesh):
+    """examples/train_llama.py on 2 ranks gives the one-rank run's losses
+    and validation: --pp 2 (the step cut into 2 stages by cost, its
+    transfers paired in the order they are made), and a Mixtral with
+    --ep 2 (each rank holds and updates 2 of the 4 experts; tokens travel
+    to them by all-to-all)."""
     sys.path.insert(0, str(EXAMPLES))
     try:
         import train_llama
     finally:
         sys.path.remove(str(EXAMPLES))
     args = ["--steps", "3", "--eval-every", "3", "--width", "64", "--seq", "32", "--batch", "8",
-            "--data-mb", "0.5", "--val-batches", "1", "--plot", str(tmp_path / "loss.png")]
+            "--data-mb", "0.5", "--val-batches", "1", "--plot", str(tmp_path / "loss.png"),
+            *model]
 
     def last(out):
         return [line for line in out.splitlines() if line.startswith("step    3")][0] \
             .split(", ")[:2]
     assert train_llama.main(args) == 0
     one = last(capsys.readouterr().out)
-    proc = tessera_launch("-n", 2, EXAMPLES / "train_llama.py", "--pp", 2, *args,
-                          timeout=300)
+    proc = tessera_launch("-n", 2, EXAMPLES / "train_llama.py", *plan, *args, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "dp × tp × pp mesh, 1 × 1 × 2" in proc.stdout
+    assert mesh in proc.stdout
     assert last(proc.stdout) == one, (proc.stdout, one)

@@ -7,6 +7,8 @@ logits of HF's model (its default SDPA attention) and Tessera's, the
 greedy tokens of both `generate`s, and the weights Tessera writes after a
 training step read back by `transformers` to the same logits."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ import transformers
 import tessera as ts
 from tessera import models, op
 
-from test_pretrained import HF
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 NAMES = ["llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt2_exact_gelu"]
 
@@ -52,9 +54,16 @@ def test_logits_and_greedy_tokens_equal_installed_transformers(name):
                                do_sample=False).numpy()
     tokens = ours.generate(ids, max_new_tokens=6, attention_mask=mask)
     np.testing.assert_array_equal(tokens, want[:, :tokens.shape[1]])
+    # m.params is HF's state_dict: its names, shapes and values (Mixtral's
+    # experts fused as transformers 5 holds them; a tied head only once)
+    state = {k: v.numpy() for k, v in theirs.state_dict().items()}
+    assert set(ours.params) <= set(state)
+    assert set(state) - set(ours.params) <= {"lm_head.weight"}
+    for key, value in ours.params.items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "mixtral"])
 def test_weights_tessera_trained_are_what_transformers_reads(name, tmp_path):
     m = models.from_pretrained(HF / name)
     ids, mask = _batch(m.config.vocab_size)

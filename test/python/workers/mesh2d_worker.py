@@ -158,6 +158,17 @@ try:
 except Exception as e:  # noqa: BLE001 - reported to the test
     hf_generate = f"{type(e).__name__}: {e}"
 
+# Mixtral read per rank over ep x tp = 2 x 2: each rank reads its two
+# experts' w1/w3/w2 (fused as transformers 5 holds them), the attention
+# Megatron-style over tp; op.moe exchanges tokens over ep; HF's logits.
+ep_mesh = dist.Mesh(axes=["ep", "tp"], devices=[[0, 1], [2, 3]])
+moe_fixture = fixture.parent / "mixtral"
+moe_ref = np.load(moe_fixture / "reference.npz")
+mixtral = models.from_pretrained(moe_fixture, mesh=ep_mesh)
+moe_logits = mixtral(moe_ref["input_ids"], attention_mask=moe_ref["attention_mask"])
+moe_experts = mixtral.params["model.layers.0.mlp.experts.gate_up_proj"]
+moe_local = [list(moe_experts.shape), list(moe_experts.local().shape)]
+
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
@@ -170,6 +181,8 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "hf_logits_gap": float(np.abs(hf_logits - hf_ref["logits"]).max()),
                "hf_bytes": [held, everything], "hf_q_local": q_local,
                "hf_generate": hf_generate, "cache_local": cache_local,
+               "moe_logits_gap": float(np.abs(moe_logits - moe_ref["logits"]).max()),
+               "moe_local": moe_local,
                "attention_gathers": att_ir.count("tgraph.all_gather"),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)
