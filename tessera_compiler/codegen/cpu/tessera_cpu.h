@@ -23,8 +23,13 @@
 // (their speed against the fused-FMA form: bench/results/docstring-timings-moved-2026-12-02.md).
 // tanh(|x|) = (1 - e) / (1 + e), e = exp(-2|x|) in (0, 1]: no overflow, and
 // no cancellation where it is used (|x| >= 0.625).
+// Below -103.972 the result is 0 (the last select), so such an x (a masked
+// score's -inf) is evaluated at 0 instead: scaling the polynomial down to a
+// subnormal there costs a microcode assist per lane on x86, for a value the
+// select throws away (bench/results/cpu-attention-2026-12-03.md). Results
+// are the same bits.
 static inline float tessera_exp(float x) {
-  float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  float c = x < -103.972f ? 0.0f : (x > 89.0f ? 89.0f : x);
   float n = __builtin_rintf(c * 1.44269504088896341f);
   float r = __builtin_fmaf(n, 2.12194440e-4f, __builtin_fmaf(n, -0.693359375f, c));
   float p = 1.9875691500e-4f;
@@ -60,20 +65,35 @@ static inline float tessera_tanh(float x) {
 // 16x32x16 dots of short-sequence attention, against about 60 for this one
 // (Zen 3, AVX2). Here an MR x 8*NR block of r stays in vector registers for
 // the whole k loop; every element still sums k = 0..K-1 in order.
-typedef float tessera_v8 __attribute__((vector_size(32), aligned(4), may_alias));
-template <int MR, int NR>
+// The lanes' vector types, by lane count. aligned(4): loads and stores of
+// any float address (a typedef passed as a template argument would lose
+// that attribute and turn them into aligned moves).
+template <int L> struct tessera_lanes;
+template <> struct tessera_lanes<8> {
+  typedef float type __attribute__((vector_size(32), aligned(4), may_alias));
+};
+#ifdef __AVX512F__
+// With AVX-512 the block's columns go 16 to a register: half the
+// instructions per k for the same accumulators (each element's sum is the
+// same sequence of rounded products and adds, so the same bits).
+template <> struct tessera_lanes<16> {
+  typedef float type __attribute__((vector_size(64), aligned(4), may_alias));
+};
+#endif
+template <int L, int MR, int NR>
 static inline void tessera_dot_block(const float* a, const float* b, float* r, int64_t K,
                                      int64_t N) {
-  tessera_v8 c[MR][NR];
+  typedef typename tessera_lanes<L>::type V;
+  V c[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int q = 0; q < NR; ++q) c[i][q] = *(const tessera_v8*)&r[i * N + 8 * q];
+    for (int q = 0; q < NR; ++q) c[i][q] = *(const V*)&r[i * N + L * q];
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
-    tessera_v8 bv[NR];
+    V bv[NR];
 #pragma GCC unroll 8
-    for (int q = 0; q < NR; ++q) bv[q] = *(const tessera_v8*)&b[k * N + 8 * q];
+    for (int q = 0; q < NR; ++q) bv[q] = *(const V*)&b[k * N + L * q];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const float av = a[i * K + k];
@@ -84,14 +104,19 @@ static inline void tessera_dot_block(const float* a, const float* b, float* r, i
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int q = 0; q < NR; ++q) *(tessera_v8*)&r[i * N + 8 * q] = c[i][q];
+    for (int q = 0; q < NR; ++q) *(V*)&r[i * N + L * q] = c[i][q];
 }
 template <int MR>
 static inline void tessera_dot_rows(const float* a, const float* b, float* r, int64_t K,
                                     int64_t N) {
   int64_t j = 0;
-  for (; j + 16 <= N; j += 16) tessera_dot_block<MR, 2>(a, b + j, r + j, K, N);
-  for (; j + 8 <= N; j += 8) tessera_dot_block<MR, 1>(a, b + j, r + j, K, N);
+#ifdef __AVX512F__
+  for (; j + 32 <= N; j += 32) tessera_dot_block<16, MR, 2>(a, b + j, r + j, K, N);
+  for (; j + 16 <= N; j += 16) tessera_dot_block<16, MR, 1>(a, b + j, r + j, K, N);
+#else
+  for (; j + 16 <= N; j += 16) tessera_dot_block<8, MR, 2>(a, b + j, r + j, K, N);
+#endif
+  for (; j + 8 <= N; j += 8) tessera_dot_block<8, MR, 1>(a, b + j, r + j, K, N);
   for (; j < N; ++j)
     for (int i = 0; i < MR; ++i)
       for (int64_t k = 0; k < K; ++k) r[i * N + j] += a[i * K + k] * b[k * N + j];
