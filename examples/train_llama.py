@@ -110,13 +110,13 @@ def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: i
                       output_router_logits=False, router_jitter_noise=0.0)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    model = LlamaConfig.from_json(config, str(folder))
+    parsed = LlamaConfig.from_json(config, str(folder))
     rng = np.random.default_rng(seed)
     weights = {name: (np.ones(shape, np.float32) if name.endswith("norm.weight") else
                       (rng.standard_normal(shape) * 0.02).astype(np.float32))
-               for name, shape in model.parameter_shapes().items()}
+               for name, shape in parsed.parameter_shapes().items()}
     # (Mixtral's experts fused in memory, per expert in the file)
-    save_file(Pretrained(model, weights, folder).to_checkpoint(weights),
+    save_file(Pretrained(parsed, weights, folder).to_checkpoint(weights),
               str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 

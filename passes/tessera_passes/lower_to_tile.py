@@ -622,10 +622,22 @@ def duplicate_recomputed(sched: ir.Operation, kernels: dict) -> None:
     unless it is a few scalars (KEPT_ALIVE_BYTES): its free then moves after
     the last copy's consumer."""
     launches = [op for op in ops_of(sched) if op.name == "tsched.launch"]
-    order = {operation_key(op): i for i, op in enumerate(ops_of(sched))}   # (original ops)
+    # Each op's position, kept true through the edits below: ops made here
+    # are placed where they go and erased ones are forgotten, since an
+    # operation's key is its address and a new op may take an erased one's
+    # (an unknown op read as "last" once let a copy read its input after the
+    # input's free, and only when the allocator did not hand the address on).
+    order = {operation_key(op): float(i) for i, op in enumerate(ops_of(sched))}
 
     def at(op) -> float:
-        return order.get(operation_key(op), len(order))
+        found = order.get(operation_key(op))
+        if found is None and op.parent is not None and op.parent.name != "func.func":
+            return at(op.parent)            # (a nested op: where its top-level op is)
+        return order[operation_key(op)] if found is None else found
+
+    def erase(op) -> None:
+        del order[operation_key(op)]
+        op.erase()
 
     candidates = [op for op in launches if _kernel_op(kernels, op).name in RECOMPUTED]
     for launch in candidates:       # (collected first: the loop erases ops)
@@ -669,15 +681,18 @@ def duplicate_recomputed(sched: ir.Operation, kernels: dict) -> None:
             with ir.InsertionPoint.after(consumer), consumer.location:
                 free = tsched.FreeOp(copy)
             copy_action(consumer, alloc, made, free)
+            place = at(consumer)
+            order.update({operation_key(alloc): place - 0.5, operation_key(made): place - 0.25,
+                          operation_key(free): place + 0.25})
         if any(u.name == "tsched.launch" and u != launch
                for u in (use.owner.operation for use in buf.uses)):
             continue                    # (a consumer that does not fuse reads the original)
         for u in [u.owner.operation for u in buf.uses]:
             if u.name == "tsched.free":
-                u.erase()
+                erase(u)
         alloc = buf.owner
-        launch.erase()
-        alloc.erase()
+        erase(launch)
+        erase(alloc)
 
 
 def fuse_and_tile(sched: ir.Operation, kernels: dict, module_block, taken: set,
