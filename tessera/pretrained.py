@@ -611,15 +611,16 @@ def from_pretrained(path, mesh=None) -> Pretrained:
             stored.pop("lm_head.weight", None)
         pieces = config.checkpoint_pieces()
         wanted = {k for piece in pieces.values()
-                  for k in ([piece] if isinstance(piece, str) else sum(piece, []))}
+                  for keys in ([[piece]] if isinstance(piece, str) else piece) for k in keys}
         missing = sorted(wanted - set(opened))
         extra = sorted(set(opened) - wanted)
         if missing or extra:
             raise ArgumentError(f"models.from_pretrained: {where}: the weights do not match "
                                 f"the config: missing {missing[:3]}, unexpected {extra[:3]}  "
                                 f"[{user_frame()}]")
+        shapes = config.parameter_shapes() if mesh is not None else {}
         for name, piece in pieces.items():
-            params[name] = _read(opened, name, piece, config, mesh)
+            params[name] = _read(opened, piece, shapes.get(name), config, mesh, name)
     generation = folder / "generation_config.json"
     settings = {**raw, **(json.loads(generation.read_text()) if generation.is_file() else {})}
     eos = settings.get("eos_token_id")
@@ -656,9 +657,10 @@ def _axis_sizes(mesh) -> dict:
     return {a: mesh.axis_size(a) if a in mesh.axes else 1 for a in ("tp", "ep")}
 
 
-def _read(opened: dict, name: str, piece, config, mesh):
-    """Parameter `name` as float32, from checkpoint key `piece` or (fused
-    experts) the per-expert keys `piece` lists, in the open files `opened`:
+def _read(opened: dict, piece, shape, config, mesh, name: str):
+    """Parameter `name` (of `shape`, for a fused one) as float32, from
+    checkpoint key `piece` or (fused experts) the per-expert keys `piece`
+    lists, in the open files `opened`:
     all of it, or under `mesh` a DTensor of which this rank read only its
     block (a split parameter's rows first..first+n of its dimension)."""
     def rows(first=0, n=None, dim=0):
@@ -675,8 +677,8 @@ def _read(opened: dict, name: str, piece, config, mesh):
     if mesh is None:
         return rows()
     from ._dtensor import ShardSpec, from_local, from_numpy
-    shape = opened[piece].get_slice(piece).get_shape() if isinstance(piece, str) else \
-        config.parameter_shapes()[name]
+    if isinstance(piece, str):
+        shape = opened[piece].get_slice(piece).get_shape()
     spec = parallel_layout(config, name, shape, **_axis_sizes(mesh))
     if spec is None:
         return from_numpy(rows(), ShardSpec(), mesh, name=name)

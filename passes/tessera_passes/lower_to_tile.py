@@ -630,10 +630,10 @@ def duplicate_recomputed(sched: ir.Operation, kernels: dict) -> None:
     order = {operation_key(op): float(i) for i, op in enumerate(ops_of(sched))}
 
     def at(op) -> float:
-        found = order.get(operation_key(op))
-        if found is None and op.parent is not None and op.parent.name != "func.func":
+        key = operation_key(op)
+        if key not in order and op.parent is not None and op.parent.name != "func.func":
             return at(op.parent)            # (a nested op: where its top-level op is)
-        return order[operation_key(op)] if found is None else found
+        return order[key]
 
     def erase(op) -> None:
         del order[operation_key(op)]
