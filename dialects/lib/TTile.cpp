@@ -700,10 +700,11 @@ static bool loopIndexesBroadcast(Operation *op) {
 static LogicalResult verifyFused(Operation *op, int64_t loop) {
   StringRef name = op->getName().getStringRef();
   bool load = name == "ttile.load";
-  if (!(op->hasTrait<OpTrait::Elementwise>() || name == "ttile.fill" ||
-        name == "ttile.broadcast" || (load && op->hasAttr("ttile.in_place"))))
-    return op->emitOpError("'ttile.fused' belongs on an elementwise op, a fill, a broadcast or "
-                           "a ttile.load {ttile.in_place}");
+  if (!(op->hasTrait<OpTrait::Elementwise>() || name == "ttile.fill" || name == "ttile.iota" ||
+        name == "ttile.dropout_factor" || name == "ttile.broadcast" ||
+        (load && op->hasAttr("ttile.in_place"))))
+    return op->emitOpError("'ttile.fused' belongs on an elementwise op, a fill, an iota, a "
+                           "dropout factor, a broadcast or a ttile.load {ttile.in_place}");
   if (op->getNumResults() != 1 || !tileElements(op->getResult(0).getType()))
     return failure();
   auto inLoop = [&](Operation &o) {

@@ -2,13 +2,16 @@
 
 The second CPU scheduling pass (after tessera-cpu-in-place, whose in-place
 loads it reads). In each block of each `ttile.kernel`, from each op on, the
-longest run of consecutive elementwise ops, fills and broadcasts whose
-results are tiles of one size, with the in-place loads among them, is one
-loop (`ttile.fused = N` on each, N numbering the kernel's loops) when it
+longest run of consecutive elementwise ops, fills, iotas, dropout factors
+and broadcasts whose results are tiles of one size, with the in-place loads
+among them, is one loop (`ttile.fused = N` on each, N numbering the kernel's loops) when it
 has two ops or more besides its loads. GCC does not fuse loops: a GELU
 backward was 25 loops over 16 KB tiles; fused, its values stay in
 registers and a tile that only its loop reads needs no array. Per element
-the same operations run in the same order: the same bits.
+the same operations run in the same order: the same bits. Iotas and
+dropout factors are functions of the element's index: in a loop they are
+computed where they are read (a causal attention block's two position
+tiles were 32 KiB of int32 written and read back per block).
 
 A broadcast joins a run when the loop can index its source directly
 (`cpu_schedule.broadcast_index`: one column, one row, trailing dimensions,
@@ -31,9 +34,13 @@ from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.support import PassError, i64, kernels_of, operation_key, run_reporting
 
 
+#: Ops whose element is a function of its index (and the op's scalars).
+INDEXED = ("ttile.fill", "ttile.iota", "ttile.dropout_factor")
+
+
 class Member:
     """What a run needs to know of one op of a block: `kind` (load: an
-    in-place load; broadcast; compute: an elementwise op or fill; None:
+    in-place load; broadcast; compute: an elementwise or INDEXED op; None:
     any other op, which ends a run), its tile's elements, a broadcast's
     last dimension, whether a loop can index its source, and the key of the
     op making that source."""
@@ -43,7 +50,7 @@ class Member:
         name = op.name
         if name == "ttile.load" and cs.in_place(op):
             self.kind = "load"
-        elif name == "ttile.broadcast" or name == "ttile.fill" or name in TILE_ELEMENTWISE:
+        elif name == "ttile.broadcast" or name in INDEXED or name in TILE_ELEMENTWISE:
             self.kind = "broadcast" if name == "ttile.broadcast" else "compute"
             shape = cs.tile_shape(op.results[0].type)
             self.size = math.prod(shape)

@@ -15,8 +15,9 @@ around such kernels go:
   attention kernels forward and backward: 12 copies of a w512 step.
 * A `concat` along dimension j of unit pieces, each a reshape adding that
   dimension to a buffer only one kernel writes, and only with `dims`
-  stores: each writing kernel stores into the concat's result at the
-  piece's index instead (its allocation moves before the first writer).
+  stores (and loads: the CPU's attention backward reads back the dQ it is
+  summing there): each writing kernel stores into the concat's result at
+  the piece's index instead (its allocation moves before the first writer).
   The attention gradient's dq, dk and dv joined into the qkv projection's
   gradient (tessera-autodiff's joined pads): 4 copies of a w512 step.
 
@@ -46,15 +47,15 @@ def _users(v: ir.Value) -> list:
     return [u.owner.operation for u in v.uses]
 
 
-def _only_strided(kernel: ir.Operation, arg: int, access: str) -> bool:
-    """Whether every use of `kernel`'s argument `arg` is a `dims` load
-    (access "ttile.load") or store ("ttile.store") of it."""
+def _only_strided(kernel: ir.Operation, arg: int, *accesses: str) -> bool:
+    """Whether every use of `kernel`'s argument `arg` is a `dims` access of
+    it of the kinds `accesses` ("ttile.load", "ttile.store")."""
     value = kernel.regions[0].blocks[0].arguments[arg]
     for use in value.uses:
         op = use.owner.operation
-        if op.name != access or "dims" not in op.attributes:
+        if op.name not in accesses or "dims" not in op.attributes:
             return False
-        if access == "ttile.store" and op.operands[0] == value:     # (the stored tile)
+        if op.name == "ttile.store" and op.operands[0] == value:     # (the stored tile)
             return False
     return True
 
@@ -231,7 +232,7 @@ class _Folder:
             writer = users[0]
             kernel = _kernel(writer, self.symbols)
             if kernel is None or position(writer) < 0 or not all(
-                    _only_strided(kernel, a, "ttile.store")
+                    _only_strided(kernel, a, "ttile.store", "ttile.load")
                     for a, v in enumerate(list(writer.opview.outs), len(writer.opview.ins))
                     if v == buffer):
                 return False

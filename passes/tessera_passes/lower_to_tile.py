@@ -41,7 +41,7 @@ one tgraph op each. This pass decides how each runs:
 
 4. Attention (every target). `tgraph.attention` becomes a flash-attention
    forward kernel and `tgraph.attention_grad` a `_dkdv` and a `_dq` kernel
-   (`tile/flash_attention.py`).
+   on GPUs, one `_bwd` kernel on the CPU (`tile/flash_attention.py`).
 5. GEMMs fused with a collective (GPU, an NVSHMEM transport). An all_gather
    + matmul kernel starts a GEMM run like a matmul, epilogue included, and
    becomes one GEMM that puts this rank's rows into every peer's symmetric
@@ -826,6 +826,12 @@ def lower_attention(sched: ir.Operation, kernels: dict, module_block, cpu_target
     return consumed
 
 
+def _launched(schedules) -> set[str]:
+    """The names of the kernels `schedules` launch."""
+    return {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
+            for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
+
+
 def run(op, pass_, options: TargetOptions):
     def body():
         module_block = op.regions[0].blocks[0]
@@ -836,6 +842,14 @@ def run(op, pass_, options: TargetOptions):
             return
         schedules = [f for f in functions(op) if "tsched.kernel" not in f.attributes
                      and any(o.name == "tsched.launch" for o in ops_of(f))]
+        launched = _launched(schedules)
+        for name, kernel in kernels.items():
+            if name in launched and not kernel_body(kernel):
+                # (A check whose result nothing reads is dead code to
+                # canonicalize: its kernel is left with nothing to run.)
+                raise PassError(f"tessera-lower-to-tile: kernel @{name} computes nothing (a "
+                                "tsched.kernel function holds the op it launches)",
+                                kernel.location)
         consumed, taken = set(), set()
         for f in schedules:
             duplicate_recomputed(f, kernels)
@@ -843,8 +857,7 @@ def run(op, pass_, options: TargetOptions):
                                       meshes_of(op))
             consumed |= lower_attention(f, kernels, module_block, cpu_target, options)
             consumed |= lower_exchanges(f, kernels, module_block, meshes_of(op))
-        launched = {ir.FlatSymbolRefAttr(o.attributes["kernel"]).value
-                    for f in schedules for o in ops_of(f) if o.name == "tsched.launch"}
+        launched = _launched(schedules)
         for name, kernel in kernels.items():
             if name in launched and name not in consumed:
                 routine = _library_routine(kernel, cpu_target)

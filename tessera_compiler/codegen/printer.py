@@ -327,10 +327,22 @@ class TilePrinter(abc.ABC):
         return ELEMENTWISE_EXPRESSIONS[op.name](self, op, ct, *xs)
 
     def element_value(self, op, result: Tile, e) -> str:
-        """The C expression of elementwise `op` (or a fill) at element `e`
-        of its operands (a scalar operand is its own element)."""
+        """The C expression of element `e` of `op`'s result: an elementwise
+        op of its operands' elements (a scalar operand is its own element),
+        a fill's value, an iota's position or a dropout factor's (from the
+        index alone: an element loop can compute them where they are read)."""
         if op.name == "ttile.fill":
             x = c_literal(ir.FloatAttr(op.attributes["value"]).value, result.ctype)
+        elif op.name == "ttile.iota":
+            dim = ir.IntegerAttr(op.attributes["dim"]).value
+            stride = math.prod(result.shape[dim + 1:])
+            x = f"({result.ctype})({self.scalar(op.operands[0])} + ({e} / {stride}) % " \
+                f"{result.shape[dim]})"
+        elif op.name == "ttile.dropout_factor":
+            base = self.scalar(op.operands[2])
+            s0, s1 = ir.DenseI64ArrayAttr(op.attributes["strides"])
+            n = result.shape[1]
+            x = self.dropout_factor(op, f"{base} + ({e} / {n}) * {s0} + ({e} % {n}) * {s1}")
         else:
             x = self.expression(op, [s.name if s.scalar else f"{s.name}[{e}]"
                                      for s in (self.names[v] for v in op.operands)])
@@ -382,12 +394,7 @@ class TilePrinter(abc.ABC):
             f"{r.name}[{e}] = {src.name}[({e} % {m}) * {n} + {e} / {m}];"))
 
     def op_ttile_iota(self, op):
-        r = self.new_tile(op.results[0])
-        dim = ir.IntegerAttr(op.attributes["dim"]).value
-        offset = self.scalar(op.operands[0])
-        stride = math.prod(r.shape[dim + 1:])
-        self.for_each(r.size, lambda e: self.line(
-            f"{r.name}[{e}] = ({r.ctype})({offset} + ({e} / {stride}) % {r.shape[dim]});"))
+        self._elementwise(op)
 
     def dropout_factor(self, op, index: str) -> str:
         """The C expression of `ttile.dropout_factor` `op` at flat element
@@ -400,15 +407,7 @@ class TilePrinter(abc.ABC):
                 f"{random.dropout_threshold(p)}u) ? {scale} : ({ct})0)")
 
     def op_ttile_dropout_factor(self, op):
-        r = self.new_tile(op.results[0])
-        base = self.scalar(op.operands[2])
-        s0, s1 = ir.DenseI64ArrayAttr(op.attributes["strides"])
-        n = r.shape[1]
-
-        def element(e):
-            index = f"{base} + ({e} / {n}) * {s0} + ({e} % {n}) * {s1}"
-            self.line(f"{r.name}[{e}] = {self.dropout_factor(op, index)};")
-        self.for_each(r.size, element)
+        self._elementwise(op)
 
     # arith.cmpi predicates, by enum value (eq, ne, slt, sle, sgt, sge, ult, ule, ugt, uge).
     _CMPI = ["==", "!=", "<", "<=", ">", ">=", "<", "<=", ">", ">="]

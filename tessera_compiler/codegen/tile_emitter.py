@@ -206,6 +206,19 @@ class KernelEmitter(TilePrinter):
         self.line(f"const {tile.ctype}* __restrict__ {tile.name} = {buf} + ({base});")
         return True
 
+    def op_ttile_fill(self, op):
+        value = op.results[0]
+        if _zero_fill(value) and all(
+                use.owner.operation.name == "ttile.dot" and use.operand_number == 2
+                and not cs.accumulates(use.owner.operation) for use in value.uses):
+            # Read only as the zero accumulator of dots that clear their own
+            # result (a memset each): no array to fill.
+            shape, elt = tile_of(value.type)
+            self.names[value] = Tile(self.fresh("t"), shape, ctype(elt, value.location), elt,
+                                     scalar=True)
+            return
+        super().op_ttile_fill(op)
+
     def op_ttile_dot(self, op):
         a, b, acc = (self.names[v] for v in op.operands)
         M, K = a.shape

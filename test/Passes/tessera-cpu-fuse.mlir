@@ -1,5 +1,6 @@
-// tessera-cpu-fuse: consecutive elementwise ops, fills, broadcasts and
-// in-place loads over tiles of one size share one element loop
+// tessera-cpu-fuse: consecutive elementwise ops, fills, iotas, dropout
+// factors, broadcasts and in-place loads over tiles of one size share one
+// element loop
 // (ttile.fused = N, N numbering the kernel's loops), when the loop has two
 // ops or more besides its loads. Its input is tessera-cpu-in-place's output.
 // RUN: tessera-opt %s --split-input-file --tessera-cpu-in-place --tessera-cpu-fuse --verify-diagnostics | FileCheck %s
@@ -32,6 +33,40 @@ ttile.kernel @bias_gelu(%x: memref<64x128xf32>, %b: memref<1x128xf32>, %y: memre
   %m = ttile.reduce %g {dim = 1 : i64, kind = #tgraph.reduction<max>} : !ttile.tile<16x128xf32> -> !ttile.tile<16x1xf32>
   %e = ttile.exp %m : !ttile.tile<16x1xf32>
   ttile.store %e, %r[%row, %c0] : !ttile.tile<16x1xf32>, memref<64x1xf32>
+  ttile.return
+}
+
+// -----
+
+// A causal attention block's mask: the two position iotas, their compare,
+// the -inf fill and the select are one loop (the positions are computed from
+// the element's index where the compare reads them, never stored), and so
+// is a dropout factor with the multiply it feeds.
+// CHECK-LABEL: ttile.kernel @causal_mask(
+// CHECK: ttile.iota {{.*}}{ttile.fused = 0 : i64}
+// CHECK-NEXT: ttile.iota {{.*}}{ttile.fused = 0 : i64}
+// CHECK-NEXT: ttile.compare {{.*}}{{{.*}}ttile.fused = 0 : i64}
+// CHECK-NEXT: ttile.fill {{.*}}{ttile.fused = 0 : i64}
+// CHECK-NEXT: ttile.select {{.*}}{ttile.fused = 0 : i64}
+// CHECK-NEXT: ttile.dropout_factor {{.*}}ttile.fused = 0 : i64
+// CHECK-NEXT: ttile.mul {{.*}}{ttile.fused = 0 : i64}
+// CHECK-NEXT: ttile.store
+ttile.kernel @causal_mask(%x: memref<64x64xf32>, %y: memref<64x64xf32>)
+    attributes {grid = array<i64: 4>, block = array<i64: 128>} {
+  %c0 = arith.constant 0 : index
+  %c16 = arith.constant 16 : index
+  %seed = arith.constant 7 : index
+  %p = ttile.program_id 0
+  %row = arith.muli %p, %c16 : index
+  %tx = ttile.load %x[%row, %c0] : memref<64x64xf32> -> !ttile.tile<16x64xf32>
+  %qpos = ttile.iota %row dim 0 : !ttile.tile<16x64xi32>
+  %kpos = ttile.iota %c0 dim 1 : !ttile.tile<16x64xi32>
+  %keep = ttile.compare %qpos, %kpos {kind = #tgraph.compare<ge>} : !ttile.tile<16x64xi32> -> !ttile.tile<16x64xi1>
+  %ninf = ttile.fill 0xFFF0000000000000 : !ttile.tile<16x64xf32>
+  %s = ttile.select %keep, %tx, %ninf : !ttile.tile<16x64xi1>, !ttile.tile<16x64xf32>
+  %z = ttile.dropout_factor %seed, %seed at %row {p = 2.500000e-01 : f64, strides = array<i64: 64, 1>} : !ttile.tile<16x64xf32>
+  %d = ttile.mul %s, %z : !ttile.tile<16x64xf32>
+  ttile.store %d, %y[%row, %c0] : !ttile.tile<16x64xf32>, memref<64x64xf32>
   ttile.return
 }
 

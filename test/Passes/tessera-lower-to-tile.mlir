@@ -260,6 +260,20 @@ func.func private @ar(%a: tensor<8xf32>) -> tensor<8xf32> attributes {tsched.ker
 
 // -----
 
+// A launched kernel with no op (canonicalize erases a check whose result
+// nothing reads) is reported at the kernel, not a crash.
+func.func @empty_kernel(%t: memref<8xi32>) {
+  %s = tsched.stream "compute"
+  tsched.launch @nothing on %s ins(%t : memref<8xi32>)
+  return
+}
+// expected-error @below {{tessera-lower-to-tile: kernel @nothing computes nothing (a tsched.kernel function holds the op it launches)}}
+func.func private @nothing(%t: tensor<8xi32>) attributes {tsched.kernel} {
+  return
+}
+
+// -----
+
 // A column min: Tile IR has max only, so the loop combines with
 // -max(-acc, -r) from an identity of +inf.
 // CHECK-LABEL: ttile.kernel @cmin
@@ -627,6 +641,51 @@ func.func @attention_grad(%q: memref<128x32xf32>, %k: memref<128x32xf32>, %v: me
 func.func private @g(%q: tensor<128x32xf32>, %k: tensor<128x32xf32>, %v: tensor<128x32xf32>, %do: tensor<128x32xf32>, %l: tensor<128x1xf32>, %d: tensor<128x1xf32>) -> (tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>) attributes {tsched.kernel} {
   %g:3 = tgraph.attention_grad %q, %k, %v, %do, %l, %d {causal, scale = 0.125 : f64} : tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x1xf32>, tensor<128x1xf32> -> tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>
   return %g#0, %g#1, %g#2 : tensor<128x32xf32>, tensor<128x32xf32>, tensor<128x32xf32>
+}
+
+// -----
+
+// On the CPU the gradient is one kernel per key/value head (grid 1: one head
+// of keys for two query heads): dQ zeroed in its buffer, then per key block
+// the @g_dkdv loop over every query block of the group, each step also adding
+// dS K (dS^T transposed) into its dQ block in the buffer; dQ scaled last. P
+// and dS once per block: five dots a step where the two kernels take seven.
+// CHECK-LABEL: func.func @attention_grad_cpu
+// CHECK: tsched.launch @gc_bwd on %{{.*}} outs(%{{.*}}, %{{.*}}, %{{.*}} : memref<2x128x32xf32>, memref<1x128x32xf32>, memref<1x128x32xf32>)
+// CHECK: ttile.kernel @gc_bwd
+// CHECK-SAME: grid = array<i64: 1>
+// CHECK: scf.for
+// CHECK: ttile.fill 0.0
+// CHECK-NEXT: arith.constant
+// CHECK-NEXT: ttile.store %{{.*}}, %arg6
+// CHECK: scf.for
+// CHECK: scf.for {{.*}} iter_args
+// CHECK-COUNT-4: ttile.dot
+// CHECK: %[[PART:.*]] = ttile.load %arg6
+// CHECK-NEXT: %[[DS:.*]] = ttile.transpose
+// CHECK-NEXT: %[[SUM:.*]] = ttile.dot %[[DS]], %{{.*}}, %[[PART]]
+// CHECK: ttile.store %[[SUM]], %arg6
+// CHECK-NOT: ttile.dot
+// CHECK: scf.yield
+// CHECK: ttile.store %{{.*}}, %arg7
+// CHECK: ttile.store %{{.*}}, %arg8
+// CHECK: scf.for
+// CHECK: %[[DQ:.*]] = ttile.load %arg6
+// CHECK: ttile.mul %[[DQ]]
+// CHECK: ttile.store %{{.*}}, %arg6
+module attributes {tessera.target = "cpu"} {
+func.func @attention_grad_cpu(%q: memref<2x128x32xf32>, %k: memref<1x128x32xf32>, %v: memref<1x128x32xf32>, %do: memref<2x128x32xf32>, %l: memref<2x128x1xf32>, %d: memref<2x128x1xf32>) -> (memref<2x128x32xf32>, memref<1x128x32xf32>, memref<1x128x32xf32>) {
+  %s = tsched.stream "compute"
+  %dq = tsched.alloc : memref<2x128x32xf32>
+  %dk = tsched.alloc : memref<1x128x32xf32>
+  %dv = tsched.alloc : memref<1x128x32xf32>
+  tsched.launch @gc on %s ins(%q, %k, %v, %do, %l, %d : memref<2x128x32xf32>, memref<1x128x32xf32>, memref<1x128x32xf32>, memref<2x128x32xf32>, memref<2x128x1xf32>, memref<2x128x1xf32>) outs(%dq, %dk, %dv : memref<2x128x32xf32>, memref<1x128x32xf32>, memref<1x128x32xf32>)
+  return %dq, %dk, %dv : memref<2x128x32xf32>, memref<1x128x32xf32>, memref<1x128x32xf32>
+}
+func.func private @gc(%q: tensor<2x128x32xf32>, %k: tensor<1x128x32xf32>, %v: tensor<1x128x32xf32>, %do: tensor<2x128x32xf32>, %l: tensor<2x128x1xf32>, %d: tensor<2x128x1xf32>) -> (tensor<2x128x32xf32>, tensor<1x128x32xf32>, tensor<1x128x32xf32>) attributes {tsched.kernel} {
+  %g:3 = tgraph.attention_grad %q, %k, %v, %do, %l, %d {causal, scale = 0.125 : f64} : tensor<2x128x32xf32>, tensor<1x128x32xf32>, tensor<1x128x32xf32>, tensor<2x128x32xf32>, tensor<2x128x1xf32>, tensor<2x128x1xf32> -> tensor<2x128x32xf32>, tensor<1x128x32xf32>, tensor<1x128x32xf32>
+  return %g#0, %g#1, %g#2 : tensor<2x128x32xf32>, tensor<1x128x32xf32>, tensor<1x128x32xf32>
+}
 }
 
 // -----

@@ -22,6 +22,11 @@ the gradients are deterministic:
   `dK += dS^T Q`;
 * `_dq`, per query block: loops over key blocks, accumulates `dQ += dS K`.
 
+On the CPU (f32, f64) the two are one kernel, `_bwd` (per key/value head):
+no atomics are needed where one instance owns a head's whole sequence, so
+`_dkdv`'s steps also add `dS K` into the dQ buffer, and P and dS are
+computed once per block instead of twice (`_cpu_backward_kernel`).
+
 `delta = rowsum(dO * out)` comes from Graph IR (tessera-autodiff emits it).
 
 What a query may attend to is decided per score block, inside the kernels:
@@ -590,11 +595,115 @@ def _group_member(b: _Builder, kv_at: list[ir.Value], g: ir.Value) -> list[ir.Va
     return at
 
 
+def _dkdv_step(kb: _Builder, bufs, at, row, col, k, v, accs, seeds):
+    """One query block's step of a key block's loop (`_dkdv`'s and the CPU
+    kernel's): the transposed blocks P^T and dS^T of query rows `row` of
+    head `at` against the key block at `col` (`k`, `v`), and (dK, dV)
+    accumulated from `accs`. Returns (dS^T, dK, dV, the query tile)."""
+    q_buf, do_buf, lse_buf, delta_buf = bufs
+    bm, d, dv = kb.cfg.bm, kb.geo.d, kb.geo.dv
+    dk_acc, dv_acc = accs
+    q = kb.stream(q_buf, at, row, [bm, d])
+    do = kb.stream(do_buf, at, row, [bm, dv])
+    # The transposed blocks P^T and dS^T ([keys, queries]) come out with the
+    # key rows, ready to be the A operand of dV's and dK's dots; lse and
+    # delta run along their columns.
+    lse = kb.transpose(kb.finite(kb.load(lse_buf, at, row, [bm, 1], kb.acc), 0.0))
+    delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], kb.acc))
+    pt, dst = _probabilities(kb, kb.scores(q, k, at, row, col, transposed=True), lse, do, v,
+                             delta, transposed=True,
+                             z=kb.dropout_factor(seeds, row, col, transposed=True))
+    return dst, kb.dot(kb.operand(dst), q, dk_acc), kb.dot(kb.operand(pt), do, dv_acc)
+
+
+def _query_blocks(kb: _Builder, start: ir.Value, end: ir.Value, group: int, accs: list):
+    """The loop over the query blocks [start, end) of every query head of a
+    key/value head's group (head t / span, then query row start + t % span
+    at step t) carrying `accs`; (loop, a function giving the step's (row,
+    head offsets) from the key/value head's offsets)."""
+    bm = kb.cfg.bm
+    if group == 1:
+        loop = scf.ForOp(start, end, index(bm), accs)
+        return loop, lambda kv_at: (loop.induction_variable, kv_at)
+    span = arith.SubIOp(end, start).result
+    total = arith.MulIOp(_at_least_zero(span), index(group)).result
+    loop = scf.ForOp(index(0), total, index(bm), accs)
+
+    def place(kv_at):
+        t = loop.induction_variable
+        return (arith.AddIOp(start, arith.RemUIOp(t, span).result).result,
+                _group_member(kb, kv_at, arith.DivUIOp(t, span).result))
+    return loop, place
+
+
+def _cpu_backward_kernel(op, name: str, ins, outs, module_block, geo: Geometry,
+                         b: _Builder) -> ir.Operation:
+    """The CPU's one backward kernel, per key/value head: for each key block
+    the `_dkdv` loop over the query blocks that see it, where each step also
+    adds dS K into the query block's dQ, kept in the dQ buffer (zeroed
+    first, scaled last). P and dS are computed once per block, not once for
+    dK/dV and again for dQ: two of the seven dots per block and half the
+    exponentials. The same bits as the two GPU-form kernels: every dQ
+    element sums the same products in the same order (key blocks ascending),
+    dS is dS^T transposed. An instance writes only its group's dQ rows, so
+    the grid needs no atomics either; f32 and f64 only (a half dQ buffer
+    would round the running sums)."""
+    kv_cfg = replace(b.cfg, bm=b.cfg.bn, bn=b.cfg.bm)
+    kb = _Builder(kv_cfg, b.elt, b.spec, b.seq_dim, b.rank, geo)
+    bm, bn, d, dv = kv_cfg.bm, kv_cfg.bn, geo.d, geo.dv
+    group = math.prod(geo.groups)
+    kernel, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, *sides, dq_buf, dk_buf,
+             dv_buf) = _kernel(f"{name}_bwd", list(ins) + list(outs), math.prod(geo.kv_lead),
+                               kv_cfg, module_block, op.location)
+    kb.with_sides(sides)
+    with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
+        kv_at = grid_offsets(geo.kv_lead, [1] * len(geo.kv_lead))
+
+        def each_query_block(body):
+            """`body(head offsets, row)` for every query block of the group."""
+            loop, place = _query_blocks(kb, index(0), index(geo.sq), group, [])
+            with ir.InsertionPoint(loop.body):
+                body(*reversed(place(kv_at)))
+                scf.YieldOp([])
+
+        each_query_block(lambda at, row: kb.store(kb.fill([bm, d], 0.0), dq_buf, at, row))
+        outer = scf.ForOp(index(0), index(geo.sk), index(bn), [])
+        with ir.InsertionPoint(outer.body):
+            col = outer.induction_variable
+            k = kb.load(k_buf, kv_at, col, [bn, d])
+            v = kb.load(v_buf, kv_at, col, [bn, dv])
+            start, end = kb.query_range(col, bn, bm)
+            seeds = kb.dropout_seeds(kv_at) if group == 1 else None
+            loop, place = _query_blocks(kb, start, end, group,
+                                        [kb.fill([bn, d], 0.0), kb.fill([bn, dv], 0.0)])
+            with ir.InsertionPoint(loop.body):
+                row, at = place(kv_at)
+                dst, dk_new, dv_new = _dkdv_step(
+                    kb, (q_buf, do_buf, lse_buf, delta_buf), at, row, col, k, v,
+                    loop.inner_iter_args, seeds if group == 1 else kb.dropout_seeds(at))
+                dq = kb.load(dq_buf, at, row, [bm, d], kb.acc)
+                kb.store(kb.dot(kb.operand(kb.transpose(dst)), k, dq), dq_buf, at, row)
+                scf.YieldOp([dk_new, dv_new])
+            dk_acc, dv_acc = loop.results
+            kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, kv_at, col)
+            kb.store(dv_acc, dv_buf, kv_at, col)
+            scf.YieldOp([])
+        each_query_block(lambda at, row: kb.store(
+            ttile.MulOp(kb.load(dq_buf, at, row, [bm, d], kb.acc),
+                        kb.fill([bm, d], kb.scale)).result, dq_buf, at, row))
+        ttile.ReturnOp()
+    return kernel
+
+
 def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
                      options: TargetOptions) -> list[tuple[ir.Operation, list, list]]:
-    """The `_dkdv` and `_dq` kernels of `tgraph.attention_grad` `op`, each
-    with the input and output buffers it is launched on."""
+    """The kernels of `tgraph.attention_grad` `op`, each with the input and
+    output buffers it is launched on: on the CPU (f32, f64) one
+    (`_cpu_backward_kernel`), else `_dkdv` and `_dq`."""
     geo, cfg, b = _setup(op, cpu, False, options)
+    if cpu and not b.half:
+        return [(_cpu_backward_kernel(op, name, ins, outs, module_block, geo, b), list(ins),
+                 list(outs))]
     d, dv = geo.d, geo.dv
     # `_dkdv` instances own key rows and step over query blocks: it takes the
     # forward's blocks transposed, so its loop carries as many rows as the
@@ -622,37 +731,13 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
         v = kb.load(v_buf, kv_at, col, [bn, dv])
         start, end = kb.query_range(col, bn, bm)
         seeds = kb.dropout_seeds(kv_at) if group == 1 else None
-        if group == 1:
-            loop = scf.ForOp(start, end, index(bm), [kb.fill([bn, d], 0.0),
-                                                     kb.fill([bn, dv], 0.0)])
-        else:
-            # Every query head of the group, one after another: step t
-            # visits head t / span, query row start + t % span.
-            span = arith.SubIOp(end, start).result
-            total = arith.MulIOp(_at_least_zero(span), index(group)).result
-            loop = scf.ForOp(index(0), total, index(bm), [kb.fill([bn, d], 0.0),
-                                                          kb.fill([bn, dv], 0.0)])
+        loop, place = _query_blocks(kb, start, end, group,
+                                    [kb.fill([bn, d], 0.0), kb.fill([bn, dv], 0.0)])
         with ir.InsertionPoint(loop.body):
-            t = loop.induction_variable
-            if group == 1:
-                row, at, head_seeds = t, kv_at, seeds
-            else:
-                row = arith.AddIOp(start, arith.RemUIOp(t, span).result).result
-                at = _group_member(kb, kv_at, arith.DivUIOp(t, span).result)
-                head_seeds = kb.dropout_seeds(at)
-            dk_acc, dv_acc = loop.inner_iter_args
-            q = kb.stream(q_buf, at, row, [bm, d])
-            do = kb.stream(do_buf, at, row, [bm, dv])
-            # The transposed blocks P^T and dS^T ([keys, queries]) come out
-            # with this kernel's key rows, ready to be the A operand of dV's
-            # and dK's dots; lse and delta run along their columns.
-            lse = kb.transpose(kb.finite(kb.load(lse_buf, at, row, [bm, 1], stat), 0.0))
-            delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], stat))
-            pt, dst = _probabilities(kb, kb.scores(q, k, at, row, col, transposed=True), lse, do,
-                                     v, delta, transposed=True,
-                                     z=kb.dropout_factor(head_seeds, row, col, transposed=True))
-            dv_new = kb.dot(kb.operand(pt), do, dv_acc)
-            dk_new = kb.dot(kb.operand(dst), q, dk_acc)
+            row, at = place(kv_at)
+            _, dk_new, dv_new = _dkdv_step(kb, (q_buf, do_buf, lse_buf, delta_buf), at, row, col,
+                                           k, v, loop.inner_iter_args,
+                                           seeds if group == 1 else kb.dropout_seeds(at))
             scf.YieldOp([dk_new, dv_new])
         dk_acc, dv_acc = loop.results
         kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, kv_at, col)

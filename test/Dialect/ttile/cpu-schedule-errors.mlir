@@ -124,7 +124,7 @@ ttile.kernel @k(%a: memref<8xf32>) attributes {grid = array<i64: 1>, block = arr
 
 ttile.kernel @k(%a: memref<8x8xf32>) attributes {grid = array<i64: 1>, block = array<i64: 32>} {
   %x = ttile.fill 1.0 : !ttile.tile<8x8xf32>
-  // expected-error @below {{'ttile.dot' op 'ttile.fused' belongs on an elementwise op, a fill, a broadcast or a ttile.load {ttile.in_place}}}
+  // expected-error @below {{'ttile.dot' op 'ttile.fused' belongs on an elementwise op, a fill, an iota, a dropout factor, a broadcast or a ttile.load {ttile.in_place}}}
   %y = ttile.dot %x, %x, %x {ttile.fused = 0 : i64} : !ttile.tile<8x8xf32>, !ttile.tile<8x8xf32> -> !ttile.tile<8x8xf32>
   ttile.return
 }

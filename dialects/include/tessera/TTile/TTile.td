@@ -109,8 +109,9 @@ def TTile_TileType : TypeDef<TTile_Dialect, "Tile"> {
 //                         the result's type, the dot is its only use, in its
 //                         block, and it is not a load read in place.
 //   tessera-cpu-fuse      `ttile.fused = N` (i64 >= 0) on consecutive
-//                         elementwise ops, fills, broadcasts and in-place
-//                         loads of one block: they share one element loop
+//                         elementwise ops, fills, iotas, dropout factors,
+//                         broadcasts and in-place loads of one block: they
+//                         share one element loop
 //                         (loop N of the kernel) over tiles of one size.
 //
 // A missing attribute is the plain form (a copy; a loop per op), so the
