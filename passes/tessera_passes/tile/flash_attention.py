@@ -595,25 +595,41 @@ def _group_member(b: _Builder, kv_at: list[ir.Value], g: ir.Value) -> list[ir.Va
     return at
 
 
-def _dkdv_step(kb: _Builder, bufs, at, row, col, k, v, accs, seeds):
-    """One query block's step of a key block's loop (`_dkdv`'s and the CPU
-    kernel's): the transposed blocks P^T and dS^T of query rows `row` of
-    head `at` against the key block at `col` (`k`, `v`), and (dK, dV)
-    accumulated from `accs`. Returns (dS^T, dK, dV, the query tile)."""
-    q_buf, do_buf, lse_buf, delta_buf = bufs
-    bm, d, dv = kb.cfg.bm, kb.geo.d, kb.geo.dv
-    dk_acc, dv_acc = accs
-    q = kb.stream(q_buf, at, row, [bm, d])
-    do = kb.stream(do_buf, at, row, [bm, dv])
-    # The transposed blocks P^T and dS^T ([keys, queries]) come out with the
-    # key rows, ready to be the A operand of dV's and dK's dots; lse and
-    # delta run along their columns.
-    lse = kb.transpose(kb.finite(kb.load(lse_buf, at, row, [bm, 1], kb.acc), 0.0))
-    delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], kb.acc))
-    pt, dst = _probabilities(kb, kb.scores(q, k, at, row, col, transposed=True), lse, do, v,
-                             delta, transposed=True,
-                             z=kb.dropout_factor(seeds, row, col, transposed=True))
-    return dst, kb.dot(kb.operand(dst), q, dk_acc), kb.dot(kb.operand(pt), do, dv_acc)
+def _key_block(kb: _Builder, bufs, kv_at, col, group: int, each_step=None) -> None:
+    """dK and dV of the key block at `col` of key/value head `kv_at`, stored
+    there: `_dkdv`'s loop over the query blocks that see it, of every query
+    head of the group. Each step computes the transposed blocks P^T and
+    dS^T ([keys, queries]: key rows, so each is the A operand of dV's and
+    dK's dots as it stands; lse and delta run along their columns);
+    `each_step(head offsets, row, dS^T, k)` then adds what else the kernel
+    makes of them (the CPU kernel's dQ)."""
+    q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf = bufs
+    bm, bn, d, dv = kb.cfg.bm, kb.cfg.bn, kb.geo.d, kb.geo.dv
+    k = kb.load(k_buf, kv_at, col, [bn, d])
+    v = kb.load(v_buf, kv_at, col, [bn, dv])
+    start, end = kb.query_range(col, bn, bm)
+    seeds = kb.dropout_seeds(kv_at) if group == 1 else None
+    loop, place = _query_blocks(kb, start, end, group,
+                                [kb.fill([bn, d], 0.0), kb.fill([bn, dv], 0.0)])
+    with ir.InsertionPoint(loop.body):
+        row, at = place(kv_at)
+        head_seeds = seeds if group == 1 else kb.dropout_seeds(at)
+        dk_acc, dv_acc = loop.inner_iter_args
+        q = kb.stream(q_buf, at, row, [bm, d])
+        do = kb.stream(do_buf, at, row, [bm, dv])
+        lse = kb.transpose(kb.finite(kb.load(lse_buf, at, row, [bm, 1], kb.acc), 0.0))
+        delta = kb.transpose(kb.load(delta_buf, at, row, [bm, 1], kb.acc))
+        scores = kb.scores(q, k, at, row, col, transposed=True)
+        pt, dst = _probabilities(kb, scores, lse, do, v, delta, transposed=True,
+                                 z=kb.dropout_factor(head_seeds, row, col, transposed=True))
+        dv_new = kb.dot(kb.operand(pt), do, dv_acc)
+        dk_new = kb.dot(kb.operand(dst), q, dk_acc)
+        if each_step is not None:
+            each_step(at, row, dst, k)
+        scf.YieldOp([dk_new, dv_new])
+    dk_acc, dv_acc = loop.results
+    kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, kv_at, col)
+    kb.store(dv_acc, dv_buf, kv_at, col)
 
 
 def _query_blocks(kb: _Builder, start: ir.Value, end: ir.Value, group: int, accs: list):
@@ -669,24 +685,11 @@ def _cpu_backward_kernel(op, name: str, ins, outs, module_block, geo: Geometry,
         each_query_block(lambda at, row: kb.store(kb.fill([bm, d], 0.0), dq_buf, at, row))
         outer = scf.ForOp(index(0), index(geo.sk), index(bn), [])
         with ir.InsertionPoint(outer.body):
-            col = outer.induction_variable
-            k = kb.load(k_buf, kv_at, col, [bn, d])
-            v = kb.load(v_buf, kv_at, col, [bn, dv])
-            start, end = kb.query_range(col, bn, bm)
-            seeds = kb.dropout_seeds(kv_at) if group == 1 else None
-            loop, place = _query_blocks(kb, start, end, group,
-                                        [kb.fill([bn, d], 0.0), kb.fill([bn, dv], 0.0)])
-            with ir.InsertionPoint(loop.body):
-                row, at = place(kv_at)
-                dst, dk_new, dv_new = _dkdv_step(
-                    kb, (q_buf, do_buf, lse_buf, delta_buf), at, row, col, k, v,
-                    loop.inner_iter_args, seeds if group == 1 else kb.dropout_seeds(at))
+            def add_dq(at, row, dst, k):
                 dq = kb.load(dq_buf, at, row, [bm, d], kb.acc)
                 kb.store(kb.dot(kb.operand(kb.transpose(dst)), k, dq), dq_buf, at, row)
-                scf.YieldOp([dk_new, dv_new])
-            dk_acc, dv_acc = loop.results
-            kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, kv_at, col)
-            kb.store(dv_acc, dv_buf, kv_at, col)
+            _key_block(kb, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf),
+                       kv_at, outer.induction_variable, group, add_dq)
             scf.YieldOp([])
         each_query_block(lambda at, row: kb.store(
             ttile.MulOp(kb.load(dq_buf, at, row, [bm, d], kb.acc),
@@ -726,22 +729,8 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
     kb.with_sides(sides)
     with ir.InsertionPoint(dkdv.regions[0].blocks[0]), op.location:
         *kv_at, kj = grid_offsets(geo.kv_lead + [geo.sk // bn], [1] * (len(geo.kv_lead) + 1))
-        col = arith.MulIOp(kj, index(bn)).result
-        k = kb.load(k_buf, kv_at, col, [bn, d])
-        v = kb.load(v_buf, kv_at, col, [bn, dv])
-        start, end = kb.query_range(col, bn, bm)
-        seeds = kb.dropout_seeds(kv_at) if group == 1 else None
-        loop, place = _query_blocks(kb, start, end, group,
-                                    [kb.fill([bn, d], 0.0), kb.fill([bn, dv], 0.0)])
-        with ir.InsertionPoint(loop.body):
-            row, at = place(kv_at)
-            _, dk_new, dv_new = _dkdv_step(kb, (q_buf, do_buf, lse_buf, delta_buf), at, row, col,
-                                           k, v, loop.inner_iter_args,
-                                           seeds if group == 1 else kb.dropout_seeds(at))
-            scf.YieldOp([dk_new, dv_new])
-        dk_acc, dv_acc = loop.results
-        kb.store(ttile.MulOp(dk_acc, kb.fill([bn, d], kb.scale)).result, dk_buf, kv_at, col)
-        kb.store(dv_acc, dv_buf, kv_at, col)
+        _key_block(kb, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, dk_buf, dv_buf), kv_at,
+                   arith.MulIOp(kj, index(bn)).result, group)
         ttile.ReturnOp()
 
     bm, bn = cfg.bm, cfg.bn
