@@ -241,9 +241,9 @@ def main(argv=None) -> int:
         args.dp = max(1, dist.world_size() // (args.tp * args.pp * args.ep))
     mesh = None
     if args.dp * args.ep * args.tp * args.pp > 1:
-        rows = args.dp * args.ep        # expert-parallel ranks take different tokens
-        if args.batch % rows:
-            ap.error(f"--batch {args.batch} must be a multiple of --dp x --ep ({rows})")
+        takers = args.dp * args.ep      # expert-parallel ranks take different tokens
+        if args.batch % takers:
+            ap.error(f"--batch {args.batch} must be a multiple of --dp x --ep ({takers})")
         if args.pp > 1 and (args.batch // args.dp) % args.microbatches:
             ap.error(f"--microbatches {args.microbatches} must divide each dp rank's batch "
                      f"({args.batch // args.dp})")
@@ -285,11 +285,11 @@ def main(argv=None) -> int:
         starts = np.random.default_rng(args.seed + 1).integers(
             0, len(valid_bytes) - args.seq - 1, (args.val_batches, args.batch))
 
-        rows = tuple(a for a in ("dp", "ep") if mesh is not None and a in mesh.axes)
+        batch_axes = tuple(a for a in ("dp", "ep") if mesh is not None and a in mesh.axes)
 
         def shard(batch):
             return batch if mesh is None else dist.from_tree(
-                batch, dist.ShardSpec((0,) * len(rows), rows), mesh)
+                batch, dist.ShardSpec((0,) * len(batch_axes), batch_axes), mesh)
 
         def validation() -> float:
             return float(np.mean([float(evaluate(params, shard(windows(valid_bytes, s, args.seq))))

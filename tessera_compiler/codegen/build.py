@@ -250,8 +250,8 @@ def _precompiled_header(cxx: str, flags: list[str]) -> Path | None:
     header when it was made by the same compiler with the same flags, and
     the header otherwise, so the objects are the same either way. Parsing
     the header's standard includes was most of a small kernel's compile
-    (0.33 of its 0.36 s). Made at install (prebuild_cpu_runtime), else once
-    into the cache."""
+    (bench/results/cpu-attention-backward-2026-12-03.md). Made at install
+    (prebuild_cpu_runtime), else once into the cache."""
     name = _header_name(cxx, flags)
     for base in (PREBUILT_DIR, cache_dir()):
         if (base / name / f"{CPU_HEADER}.gch").exists():
