@@ -145,7 +145,10 @@ def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -
 # --------------------------------------------------------------------------
 
 def _kernel_op(kernels, launch) -> ir.Operation:
-    return kernel_body(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])[0]
+    """The op the kernel `launch` launches holds (its function's first; the
+    pass refuses a launched kernel without one before asking)."""
+    kernel = kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value]
+    return kernel.regions[0].blocks[0].operations[0].operation
 
 
 def _reduced_dims(op) -> list[int]:
@@ -282,21 +285,23 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
     `gemm`, a matmul starts a run and only pointwise launches over its output
     join it. Library launches that read nothing the run produced move ahead
     of the run."""
-    groups, current, shapes, head = [], [], [], None
+    # `domain`: the run's iteration domain so far (None: its first launch's
+    # shapes fit none, so nothing joins). The domain of the run's shapes
+    # and a new launch's is that of the run's domain and the new shapes.
+    groups, current, domain, head = [], [], None, None
     produced = set()
 
     def start(launch, kop):
-        nonlocal current, shapes, head
+        nonlocal current, domain, head
         if current:
             groups.append(current)
         current, produced_now = [launch], _launch_parts(launch)[2]
         produced.clear()
         produced.update(produced_now)
         if gemm and _is_gemm(kop):
-            head = shape_of(produced_now[0])
-            shapes = [head]
+            head = domain = shape_of(produced_now[0])
         else:
-            head, shapes = None, _op_shapes(kop)
+            head, domain = None, _domain(_op_shapes(kop))
 
     for op in ops_of(sched):
         if op.name in ("tsched.alloc", "tsched.free"):
@@ -304,7 +309,7 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
         # Launches of different pipeline ranks never share a kernel.
         if op.name == "tsched.launch" and current and action_rank(op) != action_rank(current[0]):
             groups.append(current)
-            current, shapes, head = [], [], None
+            current, domain, head = [], None, None
             produced.clear()
         if op.name == "tsched.launch":
             kop = _kernel_op(kernels, op)
@@ -318,14 +323,15 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
                 if head is not None:
                     joins = _fits_epilogue(kop, head)
                 else:
-                    joins = bool(current) and not _is_column_reduce(kop) and \
-                        not _is_column_reduce(_kernel_op(kernels, current[0])) and \
-                        _domain(shapes + _op_shapes(kop)) is not None
+                    joined = _domain([domain] + _op_shapes(kop)) \
+                        if current and domain is not None else None
+                    joins = joined is not None and not _is_column_reduce(kop) and \
+                        not _is_column_reduce(_kernel_op(kernels, current[0]))
                 if joins:
                     current.append(op)
                     produced.update(_launch_parts(op)[2])
                     if head is None:
-                        shapes = shapes + _op_shapes(kop)
+                        domain = joined
                     continue
                 start(op, kop)
                 continue
@@ -333,7 +339,7 @@ def fusion_groups(sched: ir.Operation, kernels: dict, gemm: bool = False) -> lis
                 continue
         if current:
             groups.append(current)
-        current, shapes, head = [], [], None
+        current, domain, head = [], None, None
         produced.clear()
     if current:
         groups.append(current)
@@ -844,7 +850,8 @@ def run(op, pass_, options: TargetOptions):
                      and any(o.name == "tsched.launch" for o in ops_of(f))]
         launched = _launched(schedules)
         for name, kernel in kernels.items():
-            if name in launched and not kernel_body(kernel):
+            if name in launched and kernel.regions[0].blocks[0].operations[0].operation.name \
+                    == "func.return":
                 # (A check whose result nothing reads is dead code to
                 # canonicalize: its kernel is left with nothing to run.)
                 raise PassError(f"tessera-lower-to-tile: kernel @{name} computes nothing (a "
