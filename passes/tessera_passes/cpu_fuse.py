@@ -4,8 +4,8 @@ The second CPU scheduling pass (after tessera-cpu-in-place, whose in-place
 loads it reads). In each block of each `ttile.kernel`, from each op on, the
 longest run of consecutive elementwise ops, fills, iotas, dropout factors
 and broadcasts whose results are tiles of one size, with the in-place loads
-among them, is one loop (`ttile.fused = N` on each, N numbering the kernel's loops) when it
-has two ops or more besides its loads. GCC does not fuse loops: a GELU
+among them, is one loop (`ttile.fused = N` on each, N numbering the
+kernel's loops) when it has two ops or more besides its loads. GCC does not fuse loops: a GELU
 backward was 25 loops over 16 KB tiles; fused, its values stay in
 registers and a tile that only its loop reads needs no array. Per element
 the same operations run in the same order: the same bits. Iotas and

@@ -301,7 +301,7 @@ def _compile_objects(units: list[str], cxx: str, flags: list[str],
     too (a kernel set that changes in one unit recompiles one)."""
     directory = directory or cache_dir()
     objects, running = [], []
-    header = None
+    header, looked = None, False
     for unit in units:
         target = directory / f"{_key(unit, cxx, _version(cxx), *flags, cpu_include_digest())}.o"
         objects.append(target)
@@ -309,7 +309,8 @@ def _compile_objects(units: list[str], cxx: str, flags: list[str],
             continue
         tmp = Path(tempfile.mkdtemp(dir=directory))
         (tmp / "kernels.cpp").write_text(unit)
-        header = header or _precompiled_header(cxx, flags)
+        if not looked:                  # (once: a compiler that cannot is asked once)
+            header, looked = _precompiled_header(cxx, flags), True
         include = [f"-I{header}"] if header else []
         proc = subprocess.Popen([cxx, *flags, *include, f"-I{CPU_INCLUDE_DIR}",
                                  str(tmp / "kernels.cpp"), "-o", str(tmp / "out.o")],

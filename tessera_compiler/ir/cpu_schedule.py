@@ -9,9 +9,9 @@ passes tessera-cpu-in-place and tessera-cpu-fuse decide and the C++ printer
     ttile.accumulate  on a ttile.dot: it adds into its accumulator's array (no
                       copy of the accumulator first)
     ttile.fused       on consecutive elementwise ops, fills, iotas, dropout
-                      factors, broadcasts and in-place loads of one block: the number of the one
-                      element loop they share (a value only that loop reads
-                      is a scalar in it, not an array)
+                      factors, broadcasts and in-place loads of one block:
+                      the number of the one element loop they share (a value
+                      only that loop reads is a scalar in it, not an array)
 
 A missing attribute means the plain form: a load copies, a store copies, a
 dot copies its accumulator, an op has a loop of its own. So the printer is

@@ -652,8 +652,7 @@ def _query_blocks(kb: _Builder, start: ir.Value, end: ir.Value, group: int, accs
     return loop, place
 
 
-def _cpu_backward_kernel(op, name: str, ins, outs, module_block, geo: Geometry,
-                         b: _Builder) -> ir.Operation:
+def _cpu_backward_kernel(op, name: str, ins, outs, module_block, kb: _Builder) -> ir.Operation:
     """The CPU's one backward kernel, per key/value head: for each key block
     the `_dkdv` loop over the query blocks that see it, where each step also
     adds dS K into the query block's dQ, kept in the dQ buffer (zeroed
@@ -663,14 +662,14 @@ def _cpu_backward_kernel(op, name: str, ins, outs, module_block, geo: Geometry,
     element sums the same products in the same order (key blocks ascending),
     dS is dS^T transposed. An instance writes only its group's dQ rows, so
     the grid needs no atomics either; f32 and f64 only (a half dQ buffer
-    would round the running sums)."""
-    kv_cfg = replace(b.cfg, bm=b.cfg.bn, bn=b.cfg.bm)
-    kb = _Builder(kv_cfg, b.elt, b.spec, b.seq_dim, b.rank, geo)
-    bm, bn, d, dv = kv_cfg.bm, kv_cfg.bn, geo.d, geo.dv
+    would round the running sums). `kb` builds with `_dkdv`'s blocks (the
+    forward's transposed)."""
+    geo = kb.geo
+    bm, bn, d = kb.cfg.bm, kb.cfg.bn, geo.d
     group = math.prod(geo.groups)
     kernel, (q_buf, k_buf, v_buf, do_buf, lse_buf, delta_buf, *sides, dq_buf, dk_buf,
              dv_buf) = _kernel(f"{name}_bwd", list(ins) + list(outs), math.prod(geo.kv_lead),
-                               kv_cfg, module_block, op.location)
+                               kb.cfg, module_block, op.location)
     kb.with_sides(sides)
     with ir.InsertionPoint(kernel.regions[0].blocks[0]), op.location:
         kv_at = grid_offsets(geo.kv_lead, [1] * len(geo.kv_lead))
@@ -679,7 +678,8 @@ def _cpu_backward_kernel(op, name: str, ins, outs, module_block, geo: Geometry,
             """`body(head offsets, row)` for every query block of the group."""
             loop, place = _query_blocks(kb, index(0), index(geo.sq), group, [])
             with ir.InsertionPoint(loop.body):
-                body(*reversed(place(kv_at)))
+                row, at = place(kv_at)
+                body(at, row)
                 scf.YieldOp([])
 
         each_query_block(lambda at, row: kb.store(kb.fill([bm, d], 0.0), dq_buf, at, row))
@@ -704,9 +704,6 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
     output buffers it is launched on: on the CPU (f32, f64) one
     (`_cpu_backward_kernel`), else `_dkdv` and `_dq`."""
     geo, cfg, b = _setup(op, cpu, False, options)
-    if cpu and not b.half:
-        return [(_cpu_backward_kernel(op, name, ins, outs, module_block, geo, b), list(ins),
-                 list(outs))]
     d, dv = geo.d, geo.dv
     # `_dkdv` instances own key rows and step over query blocks: it takes the
     # forward's blocks transposed, so its loop carries as many rows as the
@@ -716,6 +713,9 @@ def backward_kernels(op, name: str, ins, outs, module_block, cpu: bool,
     # 80 bytes from the TMA one: there it keeps cp.async.
     kv_cfg = replace(cfg, bm=cfg.bn, bn=cfg.bm, tma=cfg.tma and max(d, dv) <= 64)
     kb = _Builder(kv_cfg, b.elt, b.spec, b.seq_dim, b.rank, geo)
+    if cpu and not b.half:
+        return [(_cpu_backward_kernel(op, name, ins, outs, module_block, kb), list(ins),
+                 list(outs))]
     bm, bn = kv_cfg.bm, kv_cfg.bn
     q_in, k_in, v_in, do_in, lse_in, delta_in, *side_ins = ins
     dq_out, dk_out, dv_out = outs
