@@ -290,8 +290,19 @@ def build_cpu_library(source: str) -> Path:
                                else 1)
     objects = _compile_objects(units, cxx, _object_flags()) + [_runtime_object(parts[1], cxx)]
     # Linked and cached by the objects' names, which are their contents' hashes.
-    return _cached_build(" ".join(o.name for o in objects), "", cxx, ["-shared", "-fopenmp"], ".so",
-                         inputs=tuple(objects))
+    return _cached_build(" ".join(o.name for o in objects), "", cxx,
+                         ["-shared", "-fopenmp", *_linker_flags(cxx)], ".so", inputs=tuple(objects))
+
+
+@lru_cache(maxsize=None)
+def _linker_flags(cxx: str) -> tuple[str, ...]:
+    """`-fuse-ld=gold` where `cxx` can link with gold: it links a kernel
+    library (a few objects and the runtime part's) in about a quarter of
+    GNU ld's time (0.11 -> 0.025 s, measured on the 2-core CI machine; a
+    test compiles one library per program, so links were a tenth of the
+    suite). The same objects either way; GNU ld where gold is missing."""
+    proc = subprocess.run([cxx, "-fuse-ld=gold", "-Wl,--version"], capture_output=True, text=True)
+    return ("-fuse-ld=gold",) if proc.returncode == 0 and "gold" in proc.stdout.lower() else ()
 
 
 def _compile_objects(units: list[str], cxx: str, flags: list[str],
