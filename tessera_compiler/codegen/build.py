@@ -298,9 +298,9 @@ def build_cpu_library(source: str) -> Path:
 def _linker_flags(cxx: str) -> tuple[str, ...]:
     """`-fuse-ld=gold` where `cxx` can link with gold: it links a kernel
     library (a few objects and the runtime part's) in about a quarter of
-    GNU ld's time (0.11 -> 0.025 s, measured on the 2-core CI machine; a
-    test compiles one library per program, so links were a tenth of the
-    suite). The same objects either way; GNU ld where gold is missing."""
+    GNU ld's time, and the suite links one library per program it compiles
+    (bench/results/suite-time-2026-12-03.md). The same objects either way;
+    GNU ld where gold is missing."""
     proc = subprocess.run([cxx, "-fuse-ld=gold", "-Wl,--version"], capture_output=True, text=True)
     return ("-fuse-ld=gold",) if proc.returncode == 0 and "gold" in proc.stdout.lower() else ()
 
