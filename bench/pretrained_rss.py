@@ -1,12 +1,15 @@
 """Peak memory of reading a Hugging Face checkpoint: whole on one process
 (`models.from_pretrained(folder)`) against each rank's block on a tp mesh
-(`models.from_pretrained(folder, mesh=)`), on a Llama large enough that
+(`models.from_pretrained(folder, mesh=)`: tp splits every projection,
+pp holds each stage's layers on its ranks), on a Llama large enough that
 the weights dominate.
 
     python bench/pretrained_rss.py --make /tmp/llama-rss        # writes the checkpoint
     python bench/pretrained_rss.py --load /tmp/llama-rss        # one process, whole
     tessera launch -n 2 bench/pretrained_rss.py --load /tmp/llama-rss --tp 2
     tessera launch -n 4 bench/pretrained_rss.py --load /tmp/llama-rss --tp 4
+    tessera launch -n 2 bench/pretrained_rss.py --load /tmp/llama-rss --pp 2
+    tessera launch -n 4 bench/pretrained_rss.py --load /tmp/llama-rss --pp 2 --tp 2
 
 Each process prints its peak resident set (ru_maxrss) after the read, the
 peak before it (Python, numpy, Tessera imported: the baseline), their
@@ -59,20 +62,20 @@ def make(folder: Path, width: int, depth: int, vocab: int) -> None:
     print(f"wrote {folder}: {len(weights)} tensors, {total / 2**20:.0f} MiB")
 
 
-def load(folder: Path, tp: int) -> None:
+def load(folder: Path, tp: int, pp: int) -> None:
     import tessera as ts
     from tessera import dist, models
     mesh = None
-    if tp > 1:
-        mesh = dist.Mesh(axes=["tp"], shape=(tp,))
-        mesh.require_rank(f"--tp {tp}")
+    if tp * pp > 1:
+        mesh = dist.Mesh(axes=["pp", "tp"], shape=(pp, tp))
+        mesh.require_rank(f"--pp {pp} --tp {tp}")
     before = peak_mib()
     m = models.from_pretrained(folder, mesh=mesh)
     after = peak_mib()
-    held = sum((np.asarray(p.local()) if mesh else p).nbytes for p in m.params.values())
+    held = sum(p.nbytes for p in m.params.values())     # (a DTensor's: this rank's block)
     rank = mesh.rank if mesh else 0
     now = resident_mib()
-    print(f"rank {rank} of {tp}: peak RSS {after:.0f} MiB (baseline {before:.0f} MiB: +"
+    print(f"rank {rank} of {tp * pp} (pp {pp}, tp {tp}): peak RSS {after:.0f} MiB (baseline {before:.0f} MiB: +"
           f"{after - before:.0f} MiB); after the read: anonymous {now['RssAnon']:.0f} MiB, file "
           f"pages {now['RssFile']:.0f} MiB; weights held {held / 2**20:.0f} MiB", flush=True)
     del ts
@@ -83,6 +86,7 @@ def main() -> None:
     ap.add_argument("--make", type=Path, default=None)
     ap.add_argument("--load", type=Path, default=None)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -90,7 +94,7 @@ def main() -> None:
     if args.make:
         make(args.make, args.width, args.depth, args.vocab)
     if args.load:
-        load(args.load, args.tp)
+        load(args.load, args.tp, args.pp)
     if not (args.make or args.load):
         ap.error("--make DIR and/or --load DIR")
 

@@ -408,6 +408,11 @@ class DTensor:
     """A tensor distributed over a mesh: its global shape and layout, and this
     rank's local shard."""
 
+    #: (axis, ranks): held only by the ranks at those coordinates of mesh
+    #: axis `axis` (a pipeline stage's parameter, `held_by`); elsewhere its
+    #: local shard is a `tessera_runtime.Absent`. None: by every rank.
+    held = None
+
     def __init__(self, local: np.ndarray | None, shape, dtype, layout: ShardSpec, mesh: Mesh,
                  name: str | None = None, global_value: np.ndarray | None = None):
         self._local = local
@@ -467,6 +472,12 @@ class DTensor:
     def numpy(self) -> np.ndarray:
         """The global value, on every rank (a collective when the tensor is split
         or partial: every rank of the mesh must call it)."""
+        if self.held is not None:
+            axis, ranks = self.held
+            raise ShardingError(f"DTensor '{self.name or 'tensor'}' is held by the ranks at "
+                                f"{axis} = {', '.join(map(str, ranks))} only (a pipeline "
+                                f"stage's); read its shard with .local() there  "
+                                f"[{user_frame()}]")
         if self._local is None:
             if self._global is not None:
                 return self._global.copy()
@@ -507,11 +518,43 @@ class DTensor:
     @property
     def nbytes(self) -> int:
         """Bytes of this rank's shard (what the tensor costs each rank)."""
+        if self.held is not None and not self.holds():
+            return 0
         return math.prod(self.local_shape) * self.dtype.itemsize
 
+    def holds(self) -> bool:
+        """Whether this rank holds its shard (False only for a tensor
+        `held_by` other ranks)."""
+        return self.held is None or self.mesh.coords[self.held[0]] in self.held[1]
+
     def __repr__(self) -> str:
+        held = "" if self.held is None else \
+            f", held by {self.held[0]} = {', '.join(map(str, self.held[1]))}"
         return (f"DTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
-                f"layout={describe_layout(self.dims, self.layout.partial)}, mesh={self.mesh.topology!r})")
+                f"layout={describe_layout(self.dims, self.layout.partial)}{held}, "
+                f"mesh={self.mesh.topology!r})")
+
+
+def held_by(local, shape, dtype, layout: ShardSpec, mesh: Mesh, name: str, axis: str,
+            ranks) -> DTensor:
+    """A DTensor that only the ranks at coordinates `ranks` of mesh axis
+    `axis` hold (those pass their shard as `local`, of `layout`; the others
+    None): a pipeline stage's parameter, which only its stage's ranks read.
+    Elsewhere its local shard is a `tessera_runtime.Absent` that a compiled
+    call skips when this rank's program does not read it and refuses when
+    it does. No collective: each rank makes its own."""
+    from tessera_runtime import Absent
+    ranks = tuple(sorted(ranks))
+    dims = layout.dims_for(len(shape), mesh, name)
+    if mesh.coords[axis] not in ranks:
+        local = Absent(mesh.info.local_shape(tuple(shape), dims), dtype,
+                       f"'{name}' is held by the ranks at {axis} = "
+                       f"{', '.join(map(str, ranks))} only (a pipeline stage's: a step "
+                       f"pipelined over '{axis}' reads it there; one that is not reads it "
+                       "on every rank)")
+    t = DTensor.with_dims(local, tuple(shape), layout, mesh, name, dims)
+    t.dtype, t.held = np.dtype(dtype), (axis, ranks)
+    return t
 
 
 def describe_layout(dims, partial=()) -> str:

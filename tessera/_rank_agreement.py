@@ -199,6 +199,8 @@ def agreement_groups(leaf, mesh) -> list | None:
     if not isinstance(leaf, DTensor):
         return [0] * mesh.size
     distinct = {a for d in leaf.dims for a in d} | set(leaf.layout.partial)
+    if leaf.held is not None:       # (held by some ranks of an axis: none to compare along it)
+        distinct.add(leaf.held[0])
     if len(distinct) == len(mesh.axes):
         return None
     keep = [i for i, a in enumerate(mesh.axes) if a in distinct]
@@ -210,7 +212,8 @@ def agree_on_inputs(name: str, inputs: list, mesh, source: str | None = None) ->
     `inputs` (the call's tensor arguments and the constants the function
     captured) holds the same bytes on the ranks that must agree on it (see
     agreement_groups). Every rank of `mesh` (the job) must call it."""
-    mine = np.array([checksum(leaf.local() if isinstance(leaf, DTensor) else np.asarray(leaf))
+    mine = np.array([(checksum(leaf.local()) if leaf.holds() else 0)
+                     if isinstance(leaf, DTensor) else checksum(np.asarray(leaf))
                      for _, leaf in inputs], np.uint64)
     at = f" (called at {source})" if source else ""
     every = exchange(world_comm(), mine.tobytes(), f"the argument check of {name}",

@@ -164,7 +164,10 @@ def _snapshot(tree_name: str, tree, rank: int, part: _Part) -> None:
             else:
                 split = {a for d in leaf.dims for a in d}
                 coords = leaf.mesh.coords
-                first_replica = all(c == 0 for a, c in coords.items() if a not in split)
+                # (A pipeline stage's tensor: written by the first of its holders.)
+                first = {leaf.held[0]: min(leaf.held[1])} if leaf.held is not None else {}
+                first_replica = leaf.holds() and all(
+                    c == first.get(a, 0) for a, c in coords.items() if a not in split)
                 index = leaf.mesh.info.local_slices(leaf.shape, leaf.dims, own)
                 owned = [(np.array(leaf.local(), order="C"), [s.start for s in index])] \
                     if first_replica else []

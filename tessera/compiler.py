@@ -437,6 +437,7 @@ class CompiledFunction:
             return simulating.call(self, args, kwargs)      # price it, run nothing
         profile_from_env()              # `tessera launch --profile DIR`: from the first call on
         prepared = self._prepare(args, kwargs)
+        self._refuse_held(prepared.leaves)
         self._before_call(prepared)
         self._enter_mesh(prepared.mesh)
         entry = self._programs.get(prepared.key)
@@ -477,9 +478,17 @@ class CompiledFunction:
         self._last_layouts = (mesh, specs)
         as_numpy = self.numpy_results and not any(isinstance(l, _dtensor.DTensor) for l in leaves)
         self._last_key = key
-        outputs = program.run(local_inputs(tensors, traced))
+        try:
+            outputs = program.run(local_inputs(tensors, traced))
+        except tessera_runtime.InputError as e:     # (a stage's parameter read by another's rank)
+            raise ShardingError(f"{self.fn.__name__}: {e}  [{user_frame()}]") from None
         results, held = [], {}
         for spec, local, (layout, whole, name, dims) in zip(program.outputs, outputs, layouts):
+            if spec.on is not None:         # (a pipeline stage's result, results="stage")
+                axis, rank = spec.on
+                results.append(_dtensor.held_by(local, spec.global_shape, spec.dtype, layout,
+                                                mesh, name, axis, (rank,)))
+                continue
             if as_numpy and whole:
                 # The run's own array (an input it returns comes back as a
                 # copy, so nothing of the caller's): no DTensor and no copy,
@@ -500,6 +509,24 @@ class CompiledFunction:
             results.append(t.numpy() if as_numpy else t)
         out = unflatten(traced.structure, results)
         return out
+
+    def _refuse_held(self, leaves) -> None:
+        """A DTensor that only some ranks of an axis hold (a pipeline
+        stage's parameter) is an argument of a step pipelined over that
+        axis only: any other program reads every argument on every rank.
+        Refused on every rank alike, before anything runs."""
+        axis = getattr(self, "axis", None)
+        for leaf in leaves:
+            if isinstance(leaf, _dtensor.DTensor) and leaf.held is not None \
+                    and leaf.held[0] != axis:
+                held_axis, ranks = leaf.held
+                raise ShardingError(
+                    f"{self.fn.__name__}: argument '{leaf.name}' is held by the ranks at "
+                    f"{held_axis} = {', '.join(map(str, ranks))} only (a pipeline stage's "
+                    f"parameter), but {self.fn.__name__} is not pipelined over '{held_axis}', "
+                    f"so every rank would read it: pipeline the step "
+                    f"(pipeline.run(axis='{held_axis}')), whose stages read their own "
+                    f"parameters  [{user_frame()}]")
 
     def describe_layouts(self) -> str:
         """How the last call laid out each tensor argument over the mesh

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import op, simulation
 from ._checks import is_number
+from ._dtensor import DTensor, held_by
 from ._pytree import flatten, unflatten
 from ._source import user_frame
 from ._trace import is_tensor
@@ -61,7 +62,17 @@ def _check_hyper(api: str, name: str, value, low: float, high: float | None = No
 def _zeros_like(tree):
     if simulation.active() is not None:         # `tessera simulate`: shapes only
         return _map(lambda x: simulation.placeholder(np.shape(x)), tree)
-    return _map(lambda x: np.zeros(np.shape(x), np.float32), tree)
+    return _map(_zeros, tree)
+
+
+def _zeros(x):
+    """float32 zeros shaped like `x`; for a pipeline stage's parameter (a
+    DTensor only some ranks hold), zeros held by the same ranks, in its
+    layout: a stage's optimizer state is made where the stage runs."""
+    if isinstance(x, DTensor) and x.held is not None:
+        local = np.zeros(x.local_shape, np.float32) if x.holds() else None
+        return held_by(local, x.shape, np.float32, x.layout, x.mesh, x.name, *x.held)
+    return np.zeros(np.shape(x), np.float32)
 
 
 class AdamW:

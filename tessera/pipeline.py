@@ -23,7 +23,9 @@ weights' gradients), orders every rank's actions by the schedule, and
 connects the stages with point-to-point transfers that a static check
 proves deadlock-free (`tessera-verify-schedule`). Results are the
 microbatches' mean for scalars and gradients, and their concatenation for
-per-example outputs; every rank receives them.
+per-example outputs; every rank receives them, unless `results="stage"`
+keeps each on the stage that made it. `then=` continues the step once on
+the combined results (an optimizer update, run where each parameter is).
 
 The batch arguments are every argument but the first (the parameters), or
 the only one; `batch=("x", "y")` names them.
@@ -184,7 +186,7 @@ class PipelinedFunction(CompiledFunction):
 
     def __init__(self, fn, mesh, axis: str, schedule: str, microbatches: int | None,
                  virtual_stages: int | None, batch, stages: list | None,
-                 deterministic=None, target=None):
+                 deterministic=None, target=None, then=None, results: str = "every"):
         name = schedule_name(schedule)
         src = user_frame()
         if name is None:
@@ -207,6 +209,12 @@ class PipelinedFunction(CompiledFunction):
         self.stages = None if isinstance(stages, int) else stages
         self.split_costs = None
         self.overlap = defaults.all_reduce_overlap
+        #: traced once on the microbatches' combined results and the step's
+        #: arguments (an optimizer update): its ops run where their operands are
+        self.then = then
+        #: "every": the results reach every rank; "stage": a result one stage
+        #: makes stays on its ranks (single values still reach every rank)
+        self.results = results
 
     # -- tracing ------------------------------------------------------------------
     def _mesh_for(self, leaves):
@@ -290,6 +298,7 @@ class PipelinedFunction(CompiledFunction):
                 "microbatches": i64(m),
                 "stages": i64(len(calls)),
                 "overlap": ir.BoolAttr.get(self.overlap),
+                "results": ir.StringAttr.get(self.results),
                 "names": ir.ArrayAttr.get([ir.StringAttr.get(f"'{n}' (called at {s})")
                                            for n, s in calls]),
             })
@@ -341,7 +350,15 @@ class PipelinedFunction(CompiledFunction):
                     tracing.calls = [(f"part {k}", user_frame())
                                      for k in range(len(split.cuts or ()))]
                 calls_per_microbatch.append(tracing.calls)
-            return _combine(results, batch // m, blocks)
+            combined = _combine(results, batch // m, blocks)
+            if self.then is None:
+                return combined
+            # Traced once, on the whole batch's results, tagged with no stage:
+            # the pipeline pass runs each of its ops on the rank of its
+            # operands (a parameter's update where its gradient is).
+            whole = self._signature.bind_partial()
+            whole.arguments.update(values)
+            return self.then(combined, *whole.args, **whole.kwargs)
 
         traced = super()._trace_with(call, bound, leaves, specs, mesh)
         return traced, calls_per_microbatch
@@ -566,7 +583,8 @@ def _check_run_arguments(name, mesh, axis, microbatches, virtual_stages, stages,
 
 def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule: str = "1F1B",
         microbatches: int | str | None = None, virtual_stages: int | None = None, batch=None,
-        stages: list | None = None, deterministic: bool | None = None, target=None):
+        stages: list | None = None, deterministic: bool | None = None, target=None,
+        then=None, results: str = "every"):
     """`@pipeline.run(mesh=mesh, axis="pp", schedule="1F1B", microbatches=8)`:
     compile a step as a pipeline (see the module). `mesh_axes=("pp",)` is the
     collectives guide's spelling of `axis`; without a mesh, one `pp` axis over
@@ -579,11 +597,28 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
     counts dividing the batch from one per stage rank to 8 per rank on the
     first call of each signature, runs the fastest and stores the choice
     (`tessera.autotune`; `tessera autotune --show` lists it): a later
-    process with the same step and shapes searches nothing."""
+    process with the same step and shapes searches nothing.
+
+    `then(results, *args)`: traced once after the microbatches, on their
+    combined results and the step's own arguments (the whole batch); what
+    it returns is the step's result. Its ops run on the ranks holding their
+    operands: an optimizer update there runs each parameter's update on its
+    stage's ranks (a global gradient norm's partial sums travel to one rank
+    and its scale back). `results="stage"`: each result that one stage's
+    ranks make stays there (a DTensor the other ranks do not hold:
+    `DTensor.held`), single values (a loss) reaching every rank as before; with `then`,
+    parameters and optimizer state stay with their stage from step to step
+    (`"every"`, the default: every result reaches every rank)."""
     if axis is None:
         axis = mesh_axes[0] if mesh_axes else "pp"
     _check_run_arguments("pipeline.run", mesh, axis, microbatches, virtual_stages, stages, batch,
                          user_frame())
+    if then is not None:
+        check_callable("pipeline.run", then, "then")
+    if results not in ("every", "stage"):
+        raise ArgumentError(f"pipeline.run: results={results!r} must be 'every' (every rank "
+                            f"receives every result) or 'stage' (a stage's results stay on its "
+                            f"ranks)  [{user_frame()}]")
     if schedule_name(schedule) is None:
         raise PipelineError(f"unknown pipeline schedule {schedule!r}; choose one of "
                             f"{list(SCHEDULES)}  [{user_frame()}]")
@@ -595,7 +630,8 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
             import tessera_runtime
             m = _dtensor.Mesh(axes=[axis], devices=range(tessera_runtime.world()[1]))
         return PipelinedFunction(f, m, axis, schedule, microbatches, virtual_stages, batch,
-                                 stages, deterministic=deterministic, target=target)
+                                 stages, deterministic=deterministic, target=target, then=then,
+                                 results=results)
     return wrap if fn is None else wrap(fn)
 
 

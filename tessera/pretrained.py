@@ -44,7 +44,8 @@ from .compiler import jit
 from ._source import user_frame
 from .errors import ArgumentError
 
-__all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config", "parallel_layout"]
+__all__ = ["from_pretrained", "Pretrained", "LlamaConfig", "GPT2Config", "parallel_layout",
+           "stage_ranks"]
 
 #: KV-cache slots come in multiples of this (Pretrained.generate)
 CACHE_SLOTS = 64
@@ -233,8 +234,12 @@ class LlamaConfig:
                                                    for e in range(self.experts)]
         return pieces
 
-    def forward(self, params, ids, mask, positions, attend=None, drop=None):
-        return _llama(self, params, ids, mask, positions, attend, drop)
+    @property
+    def layers(self) -> int:
+        return self.num_hidden_layers
+
+    def forward(self, params, ids, mask, positions, attend=None, drop=None, staged=False):
+        return _llama(self, params, ids, mask, positions, attend, drop, staged)
 
 
 #: GPT-2's `activation_function` -> op.gelu's `approximate`
@@ -305,12 +310,27 @@ class GPT2Config:
                                               "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
         return names
 
+    def parameter_shapes(self) -> dict:
+        """Each parameter's shape under HF's names (Conv1D: [in, out])."""
+        n, inner = self.n_embd, self.n_inner
+        by_leaf = {"wte.weight": (self.vocab_size, n), "wpe.weight": (self.n_positions, n),
+                   "c_attn.weight": (n, 3 * n), "c_attn.bias": (3 * n,),
+                   "attn.c_proj.weight": (n, n), "c_fc.weight": (n, inner),
+                   "c_fc.bias": (inner,), "mlp.c_proj.weight": (inner, n)}
+        return {name: by_leaf.get(".".join(name.split(".")[-2:]),
+                                  by_leaf.get(".".join(name.split(".")[-3:]), (n,)))
+                for name in self.parameter_names()}
+
     def checkpoint_pieces(self) -> dict:
         """Each parameter is its own key of the checkpoint."""
         return {n: n for n in self.parameter_names()}
 
-    def forward(self, params, ids, mask, positions, attend=None, drop=None):
-        return _gpt2(self, params, ids, mask, positions, attend, drop)
+    @property
+    def layers(self) -> int:
+        return self.n_layer
+
+    def forward(self, params, ids, mask, positions, attend=None, drop=None, staged=False):
+        return _gpt2(self, params, ids, mask, positions, attend, drop, staged)
 
 
 #: model_type -> its config class
@@ -332,7 +352,10 @@ class Pretrained:
         self.stored_dtypes = dict(stored or {})
         #: generation's stop tokens and the token a finished row repeats
         self.eos_token_ids, self.pad_token_id = tuple(eos), pad
-        self._compiled = self._decoders = None
+        #: the mesh whose `pp` axis the layers are split over (from_pretrained
+        #: with such a mesh): forward marks each layer a pipeline stage
+        self.pipeline_mesh = None
+        self._compiled, self._decoders = {}, None
 
     def forward(self, params: dict, input_ids, attention_mask=None, position_ids=None, *,
                 dropout_key=None):
@@ -354,7 +377,7 @@ class Pretrained:
         branch), each site with its own stream of `op.dropout`'s
         counter-based masks: the same on any mesh."""
         return self.config.forward(params, input_ids, attention_mask, position_ids, None,
-                                   _Dropouts(dropout_key))
+                                   _Dropouts(dropout_key), self.pipeline_mesh is not None)
 
     def generate(self, input_ids, max_new_tokens: int = 32, attention_mask=None, *,
                  temperature: float | None = None, top_k: int | None = None,
@@ -379,6 +402,7 @@ class Pretrained:
         `op.dynamic_update_slice` at a run-time index and attends over the
         slots written so far."""
         ids, mask = self._batch(input_ids, attention_mask)
+        self._refuse_split_layers("generate")
         if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
             raise ArgumentError(f"Pretrained.generate: max_new_tokens={max_new_tokens!r} must "
                                 f"be an int >= 1  [{user_frame()}]")
@@ -460,6 +484,7 @@ class Pretrained:
         if not isinstance(folder, (str, os.PathLike)):
             raise ArgumentError(f"Pretrained.save_pretrained: folder={folder!r:.60} must be a "
                                 f"path  [{user_frame()}]")
+        self._refuse_split_layers("save_pretrained")
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         raw = json.loads((self.path / "config.json").read_text())
@@ -534,11 +559,38 @@ class Pretrained:
                                 f", got {ids.min()}..{ids.max()}  [{user_frame()}]")
         return ids.astype(np.int32), mask.astype(np.int32)
 
+    def _refuse_split_layers(self, what: str) -> None:
+        if self.pipeline_mesh is not None:
+            raise ArgumentError(
+                f"Pretrained.{what}: this model's layers are split over the "
+                f"{self.pipeline_mesh.axis_size('pp')} ranks of 'pp' (from_pretrained(mesh=) "
+                f"with a pp axis), each rank holding its stage's; {what} needs every layer on "
+                f"every rank: load it with a mesh without pp  [{user_frame()}]")
+
     def __call__(self, input_ids, attention_mask=None) -> np.ndarray:
+        """The logits [B, S, V] (numpy, on every rank). With the layers
+        split over a `pp` axis, a pipeline over it: each rank runs its
+        stage's layers, the batch in up to `pp` microbatches (the most
+        that divide it, and whose tokens an `ep` axis splits)."""
         ids, mask = self._batch(input_ids, attention_mask)
-        if self._compiled is None:
-            self._compiled = jit(lambda params, ids, mask: self.forward(params, ids, mask))
-        return np.asarray(self._compiled(self.params, ids, mask))   # (gathers a DTensor)
+        mesh = self.pipeline_mesh
+        parts = 1
+        if mesh is not None:            # (op.moe splits each microbatch's tokens over ep)
+            ep = mesh.axis_size("ep") if "ep" in mesh.axes else 1
+            parts = max(d for d in range(1, mesh.axis_size("pp") + 1)
+                        if len(ids) % d == 0 and (ids.size // d) % ep == 0 or d == 1)
+        compiled = self._compiled.get(parts)
+        if compiled is None:
+            def forward(params, ids, mask):
+                return self.forward(params, ids, mask)
+            if mesh is None:
+                compiled = jit(forward)
+            else:
+                from .pipeline import run
+                compiled = run(forward, mesh=mesh, axis="pp", microbatches=parts,
+                               batch=("ids", "mask"))
+            self._compiled[parts] = compiled
+        return np.asarray(compiled(self.params, ids, mask))   # (gathers a DTensor)
 
     def __repr__(self) -> str:
         return f"<{self.config.model_type} from {self.path}: {self.config.describe()}>"
@@ -589,6 +641,15 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise ArgumentError(f"models.from_pretrained: mesh={mesh!r:.60} must be a dist.Mesh "
                             f"(or None: numpy weights)  [{user_frame()}]")
+    pp = 1 if mesh is None else _pipeline_ranks(mesh)
+    if config.layers % pp:
+        field = "n_layer" if isinstance(config, GPT2Config) else "num_hidden_layers"
+        raise ArgumentError(f"models.from_pretrained: {where}: {field}={config.layers} layers "
+                            f"do not split evenly over the {pp} ranks of the mesh's 'pp' axis "
+                            f"(each rank holds one stage's layers: use a pp that divides "
+                            f"{config.layers})  [{user_frame()}]")
+    if pp > 1:          # (each rank reads its stage's layers: one process of the job each)
+        mesh.require_rank("models.from_pretrained with a pp axis")
     from contextlib import ExitStack
     params, stored = {}, {}
     with ExitStack() as stack:
@@ -625,7 +686,9 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     settings = {**raw, **(json.loads(generation.read_text()) if generation.is_file() else {})}
     eos = settings.get("eos_token_id")
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return Pretrained(config, params, folder, eos, settings.get("pad_token_id"), stored)
+    model = Pretrained(config, params, folder, eos, settings.get("pad_token_id"), stored)
+    model.pipeline_mesh = mesh if pp > 1 else None
+    return model
 
 
 def parallel_layout(config, name: str, shape, tp: int = 1, ep: int = 1):
@@ -657,6 +720,11 @@ def _axis_sizes(mesh) -> dict:
     return {a: mesh.axis_size(a) if a in mesh.axes else 1 for a in ("tp", "ep")}
 
 
+def _pipeline_ranks(mesh) -> int:
+    """The ranks of `mesh`'s `pp` axis (1 without one)."""
+    return mesh.axis_size("pp") if "pp" in mesh.axes else 1
+
+
 def _read(opened: dict, piece, shape, config, mesh, name: str):
     """Parameter `name` (of `shape`, for a fused one) as float32, from
     checkpoint key `piece` or (fused experts) the per-expert keys `piece`
@@ -676,10 +744,23 @@ def _read(opened: dict, piece, shape, config, mesh, name: str):
         return np.ascontiguousarray(block.astype(np.float32, copy=False))
     if mesh is None:
         return rows()
-    from ._dtensor import ShardSpec, from_local, from_numpy
+    from ._dtensor import ShardSpec, from_local, from_numpy, held_by
     if isinstance(piece, str):
         shape = opened[piece].get_slice(piece).get_shape()
     spec = parallel_layout(config, name, shape, **_axis_sizes(mesh))
+    if _pipeline_ranks(mesh) > 1:
+        # Held by its stage's pp ranks only, each reading its block; no
+        # collective (the other ranks do not read this parameter at all).
+        ranks = stage_ranks(config, name, _pipeline_ranks(mesh))
+        block = None
+        if mesh.coords["pp"] in ranks:
+            if spec is None:
+                block = rows()
+            else:
+                dim, axis = spec.partition[0], spec.mesh_axes[0]
+                n = shape[dim] // mesh.axis_size(axis)
+                block = rows(mesh.coords[axis] * n, n, dim)
+        return held_by(block, shape, np.float32, spec or ShardSpec(), mesh, name, "pp", ranks)
     if spec is None:
         return from_numpy(rows(), ShardSpec(), mesh, name=name)
     dim, axis = spec.partition[0], spec.mesh_axes[0]
@@ -852,7 +933,41 @@ def _rope(x, cos, sin):
     return add(mul(x, cos), mul(rotated, sin))
 
 
-def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None, drop=None):
+def _layers(c, layer, x, staged: bool):
+    """`x` through the model's layers, `layer(i, x)` each; `staged`: each
+    layer one pipeline stage call (`pipeline.Stage`: the pipeline places
+    call i on rank i // (layers / pp), as `stage_ranks` reads the
+    parameters; the embeddings, before the first call, belong to the first
+    stage and the final norm and head, after the last, to the last)."""
+    from functools import partial
+    from .pipeline import Stage
+    for i in range(c.layers):
+        step = partial(layer, i)
+        x = Stage(step, name=f"layer {i}")(x) if staged else step(x)
+    return x
+
+
+def stage_ranks(config, name: str, pp: int) -> tuple[int, ...]:
+    """The ranks of a `pp` axis of `pp` ranks that hold parameter `name`
+    when the model's layers are split over it (from_pretrained(mesh=) with
+    a pp axis): layer i's on rank i // (layers / pp), the embeddings on
+    the first, the final norm and the head on the last, a table tied to
+    the head on both. One table with the forward's stage calls
+    (`_layers`), which the pipeline places the same way."""
+    per = config.layers // pp
+    parts = name.split(".")
+    for k, part in enumerate(parts[:-1]):
+        if part in ("layers", "h") and parts[k + 1].isdigit():
+            return (int(parts[k + 1]) // per,)
+    if name in ("model.embed_tokens.weight", "transformer.wte.weight"):
+        return (0, pp - 1) if config.tie_word_embeddings and pp > 1 else (0,)
+    if name == "transformer.wpe.weight":
+        return (0,)
+    return (pp - 1,)          # the final norm, the head
+
+
+def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None, drop=None,
+           staged=False):
     batch, length = ids.shape
     h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     x = embedding(ids, params["model.embed_tokens.weight"])
@@ -867,7 +982,7 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None,
     def heads(v, name, n):
         return reshape(proj(v, name, c.qkv_bias), batch, length, n, d)
 
-    for i in range(c.num_hidden_layers):
+    def layer(i, x):
         p = f"model.layers.{i}."
         a = rmsnorm(x, params[p + "input_layernorm.weight"], c.rms_norm_eps)
         # [B, S, H, D] heads, as the projections lay them out; grouped-query
@@ -879,10 +994,11 @@ def _llama(c: LlamaConfig, params: dict, ids, mask, positions=None, attend=None,
         x = add(x, proj(out, p + "self_attn.o_proj"))
         m = rmsnorm(x, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
         if c.experts:
-            x = add(x, _experts(c, params, p + "mlp.", m))
-            continue
+            return add(x, _experts(c, params, p + "mlp.", m))
         gate = silu(proj(m, p + "mlp.gate_proj"))
-        x = add(x, proj(mul(gate, proj(m, p + "mlp.up_proj")), p + "mlp.down_proj"))
+        return add(x, proj(mul(gate, proj(m, p + "mlp.up_proj")), p + "mlp.down_proj"))
+
+    x = _layers(c, layer, x, staged)
     x = rmsnorm(x, params["model.norm.weight"], c.rms_norm_eps)
     head = params["model.embed_tokens.weight"] if c.tie_word_embeddings else \
         params["lm_head.weight"]
@@ -906,7 +1022,8 @@ def _experts(c: LlamaConfig, params: dict, p: str, x):
     return moe(x, experts, k=c.experts_per_token)
 
 
-def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None, drop=None):
+def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None, drop=None,
+          staged=False):
     """GPT-2 as Hugging Face's GPT2LMHeadModel computes it: learned positions,
     pre-LayerNorm blocks, one fused q/k/v projection, GELU MLP; its Conv1D
     weights are [in, out], Tessera's own layout; the head is the token table."""
@@ -923,7 +1040,7 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None, d
     def heads(t):
         return reshape(t, batch, length, h, d)
 
-    for i in range(c.n_layer):
+    def layer(i, x):
         b = f"{p}h.{i}."
         a = layernorm(x, params[b + "ln_1.weight"], params[b + "ln_1.bias"], c.layer_norm_epsilon)
         qkv = linear(a, params[b + "attn.c_attn.weight"], params[b + "attn.c_attn.bias"])
@@ -935,7 +1052,9 @@ def _gpt2(c: GPT2Config, params: dict, ids, mask, positions=None, attend=None, d
         m = layernorm(x, params[b + "ln_2.weight"], params[b + "ln_2.bias"], c.layer_norm_epsilon)
         m = gelu(linear(m, params[b + "mlp.c_fc.weight"], params[b + "mlp.c_fc.bias"]),
                  approximate=c.approximate)
-        x = add(x, drop(linear(m, params[b + "mlp.c_proj.weight"], params[b + "mlp.c_proj.bias"]),
-                        c.resid_pdrop, i, "mlp_out"))
+        return add(x, drop(linear(m, params[b + "mlp.c_proj.weight"],
+                                  params[b + "mlp.c_proj.bias"]), c.resid_pdrop, i, "mlp_out"))
+
+    x = _layers(c, layer, x, staged)
     x = layernorm(x, params[p + "ln_f.weight"], params[p + "ln_f.bias"], c.layer_norm_epsilon)
     return linear(x, params[p + "wte.weight"], weight_layout="out_in")

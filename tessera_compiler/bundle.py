@@ -23,7 +23,7 @@ from .codegen.build import build_cpu_library, build_cuda_cubin, nvcc, standalone
 from .ir.routines import declaration, declarations
 from .ir.options import TargetOptions
 from .ir.locations import location_name, source_of
-from .ir.pipeline import ACTION, INFO
+from .ir.pipeline import ACTION, HELD, INFO
 from .ir.sharding import Sharding, meshes_of
 from .ir.types import ELEMENT_TYPES, enum_of
 from .lowering import Levels
@@ -197,6 +197,10 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
             for i, (v, d) in enumerate(zip(op.operands, res_dicts)):
                 outputs.append(_tensor_spec(f"result{i}", name(v), ir.MemRefType(v.type),
                                             sharding_of(d), mesh))
+                if d is not None and HELD in d:     # (results="stage": on one pp rank)
+                    held = ir.DictAttr(d[HELD])
+                    outputs[-1]["on"] = [ir.StringAttr(held["axis"]).value,
+                                         ir.IntegerAttr(held["rank"]).value]
             ins = {"op": "return", "values": [name(v) for v in op.operands]}
         else:
             raise ValueError(f"cannot serialize '{kind}' into a bundle program")

@@ -83,7 +83,7 @@ _PASSES = [
              "Split each all_reduce over an axis whose ranks span nodes into a reduce_scatter inside each node, an all_reduce across nodes and an all_gather inside each node (sub-axes \"dp:(m)L\", \"dp:(1)m\")",
              ("ranks_per_node", "hierarchical_collectives")),
     PassInfo("tessera-pipeline-schedule", "pipeline_schedule",
-             "Make a pipelined step every pp rank's program: stage actions (F, B, W per microbatch) placed on ranks and ordered by the schedule (GPipe, 1F1B, interleaved, zero bubble), tgraph.transfer between stages, the results broadcast from their ranks in buckets",
+             "Make a pipelined step every pp rank's program: stage actions (F, B, W per microbatch) placed on ranks and ordered by the schedule (GPipe, 1F1B, interleaved, zero bubble), tgraph.transfer between stages, the epilogue (`then=`) on the ranks holding its operands, the results broadcast from their ranks in buckets (or kept there: `results = \"stage\"`)",
              ("bucket_elements",)),
     PassInfo("tessera-hoist-selects", "hoist_selects",
              "Move each select up to just after the last tileable op making or reading its operands (copying the reshapes, broadcasts and fills making its flag), when it is the last reader of one of them, so that it fuses into that kernel (CPU target)",

@@ -69,7 +69,7 @@ from tessera_mlir.dialects import func, tgraph, tsched
 
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.options import TargetOptions
-from tessera_compiler.ir.pipeline import ACTION, INFO, copy_action
+from tessera_compiler.ir.pipeline import ACTION, HELD, INFO, copy_action
 from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, non_tensor_signature,
                                          ops_of, run_reporting, set_dict_entry)
 from tessera_compiler.ir.types import enum_of, memref_of, shape_of
@@ -244,6 +244,9 @@ class ScheduleBuilder:
         res_dicts = [set_dict_entry(ir.DictAttr.get({}), "tsched.sharding", d["tgraph.sharding"])
                      if "tgraph.sharding" in d else ir.DictAttr.get({})
                      for d in arg_attr_dicts(src, "res_attrs")]
+        # (A pipeline's result kept on the rank making it says where.)
+        res_dicts = [set_dict_entry(r, HELD, d[HELD]) if HELD in d else r
+                     for r, d in zip(res_dicts, arg_attr_dicts(src, "res_attrs"))]
         with ir.InsertionPoint(src), src.location:
             sched = func.FuncOp(self.name + ".schedule", (in_types, out_types))
             if INFO in src.attributes:

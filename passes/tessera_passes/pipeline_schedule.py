@@ -15,15 +15,21 @@ locations, see tessera_compiler.ir.pipeline). This pass
    other schedules run each W with its B;
 2. costs every action (flops of its ops, microbatch 0) and simulates the
    schedule (`ir.pipeline.simulate`): every rank's action order;
-3. places the ops no stage owns: the step's combination of the
-   microbatches' results on the rank holding their inputs, right after the
-   last of them; input slices and constants with their users (copied onto
-   each rank that uses them);
+3. places the ops no stage owns (the step's combination of the
+   microbatches' results, pipeline.run's `then`: an optimizer update) on
+   the rank holding most of their operands' elements (a step argument
+   counting for the rank whose stage reads it): right after the last of
+   their operands' actions when that is on this rank, else in the rank's
+   end action (kind E, after all its pipeline work); input slices and
+   constants with their users (copied onto each rank that uses them);
 4. connects the ranks: a value used on another rank than its own becomes a
    `tgraph.transfer` to it (its recv at the start of the first action that
    reads it; recvs from one peer posted in the order the peer sends, so
    the k-th send pairs with the k-th recv), and each result of the step a
-   `tgraph.transfer` from its rank to every rank (a broadcast);
+   `tgraph.transfer` from its rank to every rank (a broadcast), unless the
+   function says `results = "stage"`: then a result of more than one
+   element stays on the rank making it, its result attributes saying
+   which (`tsched.held = {axis, rank}`);
 5. orders the block by the simulated start times (so every rank's ops, in
    program order, follow its schedule) and tags every op run by one rank
    with `tsched.action = {axis, rank, kind, stage, chunk, microbatch}`.
@@ -42,9 +48,10 @@ from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.packing import bucket_all_reduces, fold_repacks, pack, unpack
-from tessera_compiler.ir.pipeline import ACTION, INFO, Action, flops, simulate, tag_of
+from tessera_compiler.ir.pipeline import ACTION, HELD, INFO, Action, flops, simulate, tag_of
 from tessera_compiler.ir.sharding import meshes_of
-from tessera_compiler.ir.support import PassError, functions, i64, ops_of, run_reporting
+from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, i64, ops_of,
+                                         run_reporting, set_dict_entry)
 
 def _op(x):
     """An op as its Operation (owners and users come back as OpViews; dict
@@ -60,6 +67,13 @@ class Pipeline:
         self.microbatches = ir.IntegerAttr(info["microbatches"]).value
         self.calls = ir.IntegerAttr(info["stages"]).value
         self.overlap = ir.BoolAttr(info["overlap"]).value if "overlap" in info else True
+        #: "stage": a result one rank makes stays there (single values excepted)
+        results = ir.StringAttr(info["results"]).value if "results" in info else "every"
+        if results not in ("every", "stage"):
+            raise PassError(f"tgraph.pipeline: results = \"{results}\" must be \"every\" "
+                            "(every rank receives every result) or \"stage\" (a stage's "
+                            "results stay on its ranks)", func_op.location)
+        self.resident = results == "stage"
         self.names = [ir.StringAttr(a).value for a in ir.ArrayAttr(info["names"])] \
             if "names" in info else [f"stage {i}" for i in range(self.calls)]
         module = func_op.parent
@@ -151,6 +165,33 @@ def _check_shared_parameters(pipe: Pipeline, func_op, actions: dict) -> None:
                 "parameters", op2.location)
 
 
+#: the kind of a rank's end action: the epilogue ops placed after all its
+#: pipeline work (tessera-verify-schedule orders it after F, B and W)
+END = "E"
+
+
+def _elements(v) -> int:
+    """The elements of value `v`, or of what it broadcasts (a broadcast
+    scalar weighs one element)."""
+    owner = v.owner
+    if not isinstance(owner, ir.Block) and owner.name == "tgraph.broadcast":
+        v = owner.operands[0]
+    t = ir.ShapedType(v.type)
+    return math.prod(t.shape) if t.has_static_shape else 0
+
+
+def _argument_homes(pipe: Pipeline, block, actions: dict) -> dict:
+    """Each step argument that the stage ops of one rank only read (a
+    stage's parameter) -> that rank."""
+    homes = {}
+    for arg in block.arguments:
+        ranks = {pipe.rank_of(actions[_op(u.owner)].stage) for u in arg.uses
+                 if _op(u.owner) in actions}
+        if len(ranks) == 1:
+            homes[arg] = ranks.pop()
+    return homes
+
+
 def _costs(actions: dict) -> dict:
     """(kind, stage) -> cost of microbatch 0's action (the cost model)."""
     costs: dict = {}
@@ -160,8 +201,26 @@ def _costs(actions: dict) -> dict:
     return costs
 
 
+def _keep_results(func_op, ret, actions: dict, rank, owner_of, axis) -> None:
+    """pipeline.run(results="stage"): each result of more than one element
+    (a loss still reaches every rank) that one rank's action makes stays
+    there, its result attributes saying where (HELD: {axis, rank}, which
+    the bundle's output spec carries; the other ranks' runs hand back a
+    placeholder), so the next step finds a stage's parameters and
+    optimizer state where that stage runs."""
+    dicts = arg_attr_dicts(func_op, "res_attrs")
+    for i, v in enumerate(ret.operands):
+        producer = owner_of(v)
+        if producer is None or producer not in actions or \
+                math.prod(ir.RankedTensorType(v.type).shape) <= 1:
+            continue
+        dicts[i] = set_dict_entry(dicts[i], HELD, ir.DictAttr.get(
+            {"axis": axis, "rank": i64(rank(producer))}))
+    func_op.attributes["res_attrs"] = ir.ArrayAttr.get(dicts)
+
+
 def _broadcast_results(ret, actions: dict, position: dict, rank, owner_of, mesh_ref, axis,
-                       bucket_elements: int) -> tuple[list, list]:
+                       bucket_elements: int, held_attrs: list) -> tuple[list, list]:
     """The step's results made by a stage reach every rank: one broadcast
     per rank and element type, of its results flattened and concatenated
     (as tessera-bucket-collectives packs all_reduces; at most
@@ -176,7 +235,7 @@ def _broadcast_results(ret, actions: dict, position: dict, rank, owner_of, mesh_
     groups: dict = {}
     for i, v in enumerate(ret.operands):
         producer = owner_of(v)
-        if producer is not None and producer in actions:
+        if producer is not None and producer in actions and HELD not in held_attrs[i]:
             t = ir.RankedTensorType(v.type)
             groups.setdefault((rank(producer), str(t.element_type)), []).append(
                 (i, v, actions[producer], math.prod(t.shape)))
@@ -239,15 +298,45 @@ def schedule_function(func_op: ir.Operation, bucket_elements: int) -> None:
         o = v.owner
         return None if isinstance(o, ir.Block) else o.operation
 
-    # Ops that combine stage results (the step's epilogue): at the latest of
-    # their operands' actions.
+    # Ops that combine stage results (the step's epilogue: the microbatches'
+    # sum, pipeline.run's `then`): on the rank holding most of their
+    # operands' elements (a parameter's update where the parameter and its
+    # gradient are), at the latest of their operands' actions when that is
+    # on this rank, else in the rank's end action, after all its work (the
+    # operands made elsewhere received at its start).
+    homes = _argument_homes(pipe, block, actions)
+    ends: dict = {}
+    last_start = max((t.start for row in plan.rows for t in row), default=0.0)
+
+    def end_of(r: int) -> Action:
+        if r not in ends:
+            ends[r] = Action(END, r, -1)
+            position[ends[r]] = (last_start + 1.0, r, len(plan.rows[r]))
+        return ends[r]
+
     unplaced = []
     for op in floating:
         placed = [actions[owner_of(v)] for v in op.operands if owner_of(v) in actions]
-        if placed:
-            actions[op] = max(placed, key=lambda a: position[a])
-        else:
+        if not placed:
             unplaced.append(op)
+            continue
+        latest = max(placed, key=lambda a: position[a])
+        here = pipe.rank_of(latest.stage)
+        weight: dict = {}
+        for v in op.operands:
+            producer = owner_of(v)
+            r = pipe.rank_of(actions[producer].stage) if producer in actions else homes.get(v)
+            if r is not None:
+                weight[r] = weight.get(r, 0) + _elements(v)
+        best = max(weight, key=lambda r: (weight[r], r == here))
+        actions[op] = latest if best == here else end_of(best)
+    # A broadcast (a clipping scale made [rows, cols]) that only one end
+    # action reads is made there: its small operand travels, not its result.
+    for op in floating:
+        if op.name == "tgraph.broadcast" and op in actions:
+            users = {actions.get(_op(u.owner)) for r in op.results for u in r.uses}
+            if len(users) == 1 and next(iter(users)) in ends.values():
+                actions[op] = users.pop()
     # Input slices and constants: with each rank's first user. (An op's
     # hash follows its operands and attributes, so every dict above is read
     # before any op is changed: rewiring waits in `rewire` until the end.)
@@ -307,8 +396,11 @@ def schedule_function(func_op: ir.Operation, bucket_elements: int) -> None:
             elif position[a] < position[entry[1]]:
                 entry[1] = a
             rewire.append((op, i, entry[0].results[0]))
+    if pipe.resident:
+        _keep_results(func_op, ret, actions, rank, owner_of, axis)
+    held_attrs = [{a.name for a in d} for d in arg_attr_dicts(func_op, "res_attrs")]
     results, late = _broadcast_results(ret, actions, position, rank, owner_of, mesh_ref, axis,
-                                       bucket_elements)
+                                       bucket_elements, held_attrs)
 
     # Order: by simulated start time, then rank, then program order.
     placed = []            # [key, op, action or None]

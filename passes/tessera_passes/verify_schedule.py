@@ -191,7 +191,7 @@ def _same_collective(a: ir.Operation, b: ir.Operation) -> bool:
 
 
 def _check_action_order(ranks: list) -> None:
-    order = {"F": 0, "B": 1, "W": 2}
+    order = {"F": 0, "B": 1, "W": 2, "E": 3}     # (E: a rank's end action, the epilogue's)
     for rank in ranks:
         seen: dict = {}
         for op in rank.ops:
@@ -201,7 +201,7 @@ def _check_action_order(ranks: list) -> None:
                 continue
             kind = ir.StringAttr(d["kind"]).value
             if kind not in order:
-                raise PassError(f"unknown action kind '{kind}' (F, B or W)", op.location)
+                raise PassError(f"unknown action kind '{kind}' (F, B, W or E)", op.location)
             key = (ir.IntegerAttr(d["stage"]).value, ir.IntegerAttr(d["microbatch"]).value)
             last = seen.get(key, -1)
             if order[kind] < last:

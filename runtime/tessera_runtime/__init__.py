@@ -22,7 +22,7 @@ from . import env
 __all__ = [
     "load_bundle", "Program", "world",
     "Bundle", "TensorSpec", "MeshInfo", "Communicator", "SelfCommunicator", "Work",
-    "Engine", "BundleError", "EngineError", "InputError", "MeshError", "ScheduleError",
+    "Engine", "BundleError", "EngineError", "InputError", "MeshError", "ScheduleError", "Absent",
 ]
 
 #: Where each public name lives; imported on first use, so that importing
@@ -33,6 +33,7 @@ _EXPORTS = {
     "Communicator": "comm", "SelfCommunicator": "comm", "Work": "comm",
     "Engine": "engines", "EngineError": "engines", "get_engine": "engines",
     "InputError": "executor", "ScheduleError": "executor", "ScheduleExecutor": "executor",
+    "Absent": "executor",
     "MeshError": "mesh", "MeshInfo": "mesh",
 }
 

@@ -48,6 +48,9 @@ class TensorSpec:
     global_shape: tuple[int, ...]
     local_shape: tuple[int, ...]
     sharding: Sharding
+    #: (axis, rank): an output only that rank of the axis holds (a
+    #: pipeline's results="stage"); None: every rank
+    on: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -332,11 +335,17 @@ def _read_tensor(r: _Reader, raw, where: str, mesh: MeshInfo) -> TensorSpec:
         raise r.fail(f"{where}.local_shape", f"{list(lshape)} does not match global_shape "
                                              f"{list(gshape)} split as {[list(d) for d in dims]} "
                                              f"(expected {list(expect)})")
+    on = r.get(raw, "on", where, list, default=None)
+    if on is not None:
+        if len(on) != 2 or on[0] not in mesh.axes or not isinstance(on[1], int) or \
+                not 0 <= on[1] < mesh.shape[mesh.axes.index(on[0])]:
+            raise r.fail(f"{where}.on", f"{on!r} must be [a mesh axis, one of its ranks]")
+        on = (on[0], on[1])
     return TensorSpec(name=r.get(raw, "name", where, str),
                       value=r.get(raw, "value", where, str),
                       dtype=r.dtype(r.get(raw, "dtype", where, None), f"{where}.dtype"),
                       global_shape=gshape, local_shape=lshape,
-                      sharding=Sharding(dims=dims, partial=partial))
+                      sharding=Sharding(dims=dims, partial=partial), on=on)
 
 
 def read_program(path: Path) -> ProgramSpec:

@@ -56,6 +56,32 @@ class InputError(ValueError):
     """`Program.run` was called with the wrong number/shape/dtype of inputs."""
 
 
+class Absent:
+    """An input this rank does not hold, of `shape` and `dtype` (a pipeline
+    stage's parameter on another stage's rank): the program runs when its
+    instructions on this rank never read it (the other stages'), and any
+    read of its value is an error saying where the value is (`where`)."""
+
+    __slots__ = ("shape", "dtype", "where")
+
+    def __init__(self, shape, dtype, where: str):
+        self.shape, self.dtype, self.where = tuple(shape), np.dtype(dtype), where
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def __array__(self, dtype=None, copy=None):
+        raise InputError(f"this rank does not hold this value: {self.where}")
+
+    def __repr__(self) -> str:
+        return f"Absent({list(self.shape)}, {self.dtype.name}: {self.where})"
+
+
 def _a(noun: str) -> str:
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
@@ -153,7 +179,26 @@ class ScheduleExecutor:
         #: this rank's instructions (a pipeline's other stages run elsewhere)
         self.instructions = [ins for ins in program.instructions
                              if "on" not in ins.fields or self._runs_here(ins["on"])]
+        #: the outputs this rank returns, and (position, spec) of those another
+        #: rank holds (a pipeline's results="stage"), returned as `Absent`
+        self._outputs, self._elsewhere = [], []
+        for i, spec in enumerate(program.outputs):
+            if spec.on is None or self._runs_here(spec.on):
+                self._outputs.append(spec)
+            else:
+                self._elsewhere.append((i, spec))
+        if self._elsewhere:
+            self.instructions = [self._own_return(ins) if ins.op == "return" else ins
+                                 for ins in self.instructions]
         self._verify()
+
+    def _own_return(self, ins: Instr) -> Instr:
+        """The return instruction without the values other ranks hold."""
+        if len(ins["values"]) != len(self.program.outputs):
+            return ins                      # (_check_return reports it)
+        here = [v for v, spec in zip(ins["values"], self.program.outputs)
+                if spec.on is None or self._runs_here(spec.on)]
+        return Instr(index=ins.index, op=ins.op, fields={**ins.fields, "values": here})
 
     def _runs_here(self, on) -> bool:
         axis, rank = on
@@ -336,7 +381,7 @@ class ScheduleExecutor:
                                  f"'{ins['dst']}' must be {list(expect)}, got {list(dshape)}")
 
     def _check_return(self, ins: Instr, use, not_in_flight, meta) -> None:
-        values, outputs = ins["values"], self.program.outputs
+        values, outputs = ins["values"], self._outputs
         if len(values) != len(outputs):
             raise self._err(ins, f"returns {len(values)} values but the program "
                                  f"declares {len(outputs)} outputs")
@@ -566,6 +611,9 @@ class ScheduleExecutor:
         for spec, arr in zip(self.program.inputs, local_inputs):
             if spec.value not in used:          # another pipeline stage's parameter
                 continue
+            if isinstance(arr, Absent):
+                raise InputError(f"input '{spec.name}' is read on this rank, which does not "
+                                 f"hold it: {arr.where}")
             # A donated buffer is used as it is, once: an array passed as two
             # inputs is copied the second time (the program may write either).
             # One the program only reads is borrowed (no copy) when it already
@@ -708,13 +756,18 @@ class ScheduleExecutor:
                     raise failed_check(check["attrs"], row, value, check.get("loc"))
         t_out = time.perf_counter()
         outputs = [values[v] if device_outputs else eng.to_host(values[v], spec.dtype)
-                   for v, spec in zip(ins["values"], self.program.outputs)]
+                   for v, spec in zip(ins["values"], self._outputs)]
         # A result that is a borrowed input (or its view) is the caller's
         # array: hand out a copy, as when it was copied in.
         outputs = [eng.from_host(o) if self._returned_inputs.get(v) in borrowed
                    else o for v, o in zip(ins["values"], outputs)]
         if timing is not None:
             timing.finish(rec, t_out, outputs)
+        for i, spec in self._elsewhere:
+            axis, rank = spec.on
+            outputs.insert(i, Absent(spec.local_shape, spec.dtype,
+                                     f"result '{spec.name}' is held by the rank at {axis} = "
+                                     f"{rank} only"))
         return outputs
 
     def _straight_line(self):

@@ -46,6 +46,10 @@ RECOMPUTE = "tessera.recompute"
 ACTION = "tsched.action"
 #: a pipelined schedule function's schedule and cost model (read by the report)
 INFO = "tsched.pipeline"
+#: the result attribute of a pipelined step's result that stays on the rank
+#: making it ({axis, rank}; pipeline.run(results="stage")): the bundle's
+#: output spec says `on`, and the other ranks' runs return a placeholder
+HELD = "tsched.held"
 
 
 def schedule_name(name: str) -> str | None:

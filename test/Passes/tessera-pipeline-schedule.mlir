@@ -115,3 +115,39 @@ tgraph.mesh @mesh axes = ["pp"] shape = [2]
 func.func @uneven(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 3 : i64}} {
   return %x : tensor<2x4xf32>
 }
+
+// -----
+
+// results = "stage": a result made on one rank stays there, its result
+// attributes saying which (%b, the stage-1 sum of the microbatches, on rank
+// 1; no broadcast), and a single value (%s, a loss) still reaches every
+// rank. An op no stage owns goes to the rank holding most of its operands'
+// elements: %e reads %b (8 elements, rank 1) and %w0 (16, the parameter
+// that stage 0 reads on rank 0), so it runs on rank 0, in its end action
+// (kind E, after all its pipeline work), %b received there.
+// CHECK-LABEL: func.func @stage_results
+// CHECK-SAME: -> (tensor<2x4xf32> {tsched.held = {axis = "pp", rank = 0 : i64}}, tensor<2x4xf32> {tsched.held = {axis = "pp", rank = 1 : i64}}, tensor<1x1xf32>)
+// CHECK: %[[S:.*]] = tgraph.transfer %{{.*}} on @mesh["pp"] from 1 : tensor<1x1xf32>
+// CHECK: %[[B:.*]] = tgraph.add {{.*}}rank = 1 : i64
+// CHECK: %[[T:.*]] = tgraph.transfer %[[B]] on @mesh["pp"] from 1 to 0 {tsched.action = {axis = "pp", chunk = 0 : i64, kind = "E", microbatch = -1 : i64, rank = 0 : i64, stage = 0 : i64}}
+// CHECK: %[[E:.*]] = tgraph.matmul %[[T]], %arg0 {tsched.action = {{.*}}kind = "E"{{.*}}rank = 0 : i64
+// CHECK: return %[[E]], %[[B]], %[[S]]
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func @stage_results(%w0: tensor<4x4xf32>, %x0: tensor<2x4xf32>, %x1: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<1x1xf32>) attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 2 : i64, stages = 2 : i64, results = "stage"}} {
+  %a0 = tgraph.matmul %x0, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=0"("model.py":3:0))
+  %b0 = tgraph.tanh %a0 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=0"("model.py":4:0))
+  %a1 = tgraph.matmul %x1, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("tessera.pipeline:stage=0:microbatch=1"("model.py":3:0))
+  %b1 = tgraph.tanh %a1 : tensor<2x4xf32> loc("tessera.pipeline:stage=1:microbatch=1"("model.py":4:0))
+  %b = tgraph.add %b0, %b1 : tensor<2x4xf32> loc("model.py":6:0)
+  %e = tgraph.matmul %b, %w0 : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32> loc("model.py":7:0)
+  %s = tgraph.reduce <sum> %b0 dims [0, 1] : tensor<2x4xf32> -> tensor<1x1xf32> loc("model.py":8:0)
+  return %e, %b, %s : tensor<2x4xf32>, tensor<2x4xf32>, tensor<1x1xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+// expected-error @below {{tgraph.pipeline: results = "nowhere" must be "every" (every rank receives every result) or "stage"}}
+func.func @unknown_results(%x: tensor<2x4xf32>) -> tensor<2x4xf32> attributes {tgraph.partitioned, tgraph.pipeline = {axis = "pp", schedule = "1F1B", microbatches = 1 : i64, stages = 2 : i64, results = "nowhere"}} {
+  return %x : tensor<2x4xf32>
+}

@@ -86,6 +86,21 @@ func.func @order(%a: memref<4xf32>, %b: memref<4xf32>) {
 
 // -----
 
+// A rank's end action (kind E: the epilogue pipeline.run's `then` places
+// after all its pipeline work) is a known kind; an unknown one is refused.
+tgraph.mesh @mesh axes = ["pp"] shape = [2]
+func.func private @k(memref<4xf32>) -> memref<4xf32>
+func.func @end_action(%a: memref<4xf32>, %b: memref<4xf32>) {
+  %s = tsched.stream "compute"
+  tsched.launch @k on %s ins(%a : memref<4xf32>) outs(%b : memref<4xf32>) {tsched.action = {axis = "pp", rank = 0 : i64, kind = "W", stage = 0 : i64, microbatch = 1 : i64}}
+  tsched.launch @k on %s ins(%b : memref<4xf32>) outs(%a : memref<4xf32>) {tsched.action = {axis = "pp", rank = 0 : i64, kind = "E", stage = 0 : i64, microbatch = -1 : i64}}
+  // expected-error @below {{unknown action kind 'X' (F, B, W or E)}}
+  tsched.launch @k on %s ins(%a : memref<4xf32>) outs(%b : memref<4xf32>) {tsched.action = {axis = "pp", rank = 0 : i64, kind = "X", stage = 0 : i64, microbatch = 0 : i64}}
+  return
+}
+
+// -----
+
 // Library declarations that match their routines' declarations
 // (tessera_runtime/routines.py): attributes, buffers and result rule.
 // CHECK-LABEL: func.func private @mm

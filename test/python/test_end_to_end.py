@@ -61,6 +61,21 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         # Mixtral over ep x tp: each rank read 2 of the 4 experts; HF's logits.
         assert r["moe_logits_gap"] <= 5e-5, r["moe_logits_gap"]
         assert r["moe_local"] == [[4, 80, 32], [2, 80, 32]], r["moe_local"]
+        # The layers split over pp (x tp, x ep): each rank read its stage's
+        # layers only (its tp block), a pipeline gives HF's logits, and what
+        # needs every layer on every rank is refused, naming where it is.
+        assert max(r["pp_gaps"].values()) <= 5e-5, r["pp_gaps"]
+        held, everything = r["pp_held"]
+        assert held < 0.35 * everything, r["pp_held"]
+        stage = r["rank"] // 2
+        assert r["pp_q"][stage] == "ndarray[16, 32]", r["pp_q"]
+        assert r["pp_q"][1 - stage] == "Absent[16, 32]", r["pp_q"]
+        numpy_, generate, unpipelined = r["pp_refusals"]
+        assert numpy_.startswith("ShardingError") and "held by the ranks at pp = 1" in numpy_
+        assert generate.startswith("ArgumentError") and "split over the 2 ranks of 'pp'" in \
+            generate
+        assert unpipelined.startswith("ShardingError") and "is not pipelined over 'pp'" in \
+            unpipelined
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

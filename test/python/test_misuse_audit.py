@@ -257,6 +257,15 @@ cases(
          "the tree has no model.embed_tokens.weight"),
     Case("models.from_pretrained", "wrong type", lambda: _TINY_LLAMA().layout(("tp", 2)),
          "mesh=('tp', 2) must be a dist.Mesh"),
+    Case("models.from_pretrained", "other",
+         lambda: ts.models.from_pretrained(Path(__file__).resolve().parents[1] / "fixtures" /
+                                           "hf" / "llama",
+                                           mesh=dist.Mesh(axes=["pp"], devices=range(3))),
+         "num_hidden_layers=2 layers do not split evenly over the 3 ranks"),
+    Case("models.from_pretrained", "other",
+         lambda: ts.models.from_pretrained(Path(__file__).resolve().parents[1] / "fixtures" /
+                                           "hf" / "llama", mesh=MESH_PP),
+         "needs the pp mesh, 2 to run as 2 processes"),
     Case("op.argmax", "out of range", lambda: op.argmax(F, 2), "dim=2"),
     Case("op.cumsum", "out of range", lambda: op.cumsum(F, 2), "dim=2"),
     Case("op.cumsum", "wrong dtype", lambda: op.cumsum(I4), "int32"),
@@ -949,6 +958,10 @@ cases(
     Case("pipeline.run", "out of range", lambda: pipeline.run(mesh=MESH_PP, stages=0),
          "stages=0"),
     Case("pipeline.run", "wrong type", lambda: pipeline.run(42, mesh=MESH_PP), "fn is a int"),
+    Case("pipeline.run", "wrong type", lambda: pipeline.run(mesh=MESH_PP, then=5),
+         "then is a int"),
+    Case("pipeline.run", "out of range", lambda: pipeline.run(mesh=MESH_PP, results="all"),
+         "results='all' must be 'every'"),
     Case("pipeline.run", "wrong type", lambda: pipeline.run(mesh=MESH_PP, batch=1), "batch="),
 
     Case("pipeline.stage", "wrong type", lambda: pipeline.stage(5), "name=5"),

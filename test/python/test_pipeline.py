@@ -52,6 +52,30 @@ def test_every_schedule_matches_one_device_on_four_ranks(run_mpi, tmp_path):
     assert "stages=4 without markers" in seen["auto/4"]["grid"]
 
 
+def test_stage_parameters_train_where_their_stage_runs(run_mpi, tmp_path):
+    """A Hugging Face checkpoint over pp = 2 (models.from_pretrained with a
+    pp mesh): each rank reads its stage's layers; a step pipelined over pp
+    with `then=` (global-norm clipping and AdamW, traced once) and
+    `results="stage"` updates each parameter on its stage's rank and keeps
+    parameters and moments there from step to step (the other stage's are
+    placeholders), writes them to a checkpoint from their holders, and
+    follows the single process's loss curve."""
+    proc = run_mpi(2, WORKERS / "pp_train_worker.py", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result.rank*.json"))]
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        np.testing.assert_allclose(r["losses"], r["expected"], rtol=1e-6)
+        assert r["losses"][-1] < r["losses"][0]
+        held, everything = r["held"]            # parameters and the first moments
+        assert 0.45 * everything < held < 0.55 * everything, r["held"]
+        assert 0.45 * everything / 2 < r["moments_held"] < 0.55 * everything / 2
+        own, other = ("ndarray", "Absent") if r["rank"] == 0 else ("Absent", "ndarray")
+        assert r["kinds"] == [own, other, own, other], r["kinds"]
+        assert r["results"] == [["pp", [0]], ["pp", [1]]]
+        assert r["round_trip"]
+
+
 @pytest.mark.parametrize("p,m,scale", [(4, 8, 1.0), (4, 16, 1.0), (2, 4, 1.0), (4, 2, 1.0),
                                        (4, 8, 2e8), (2, 4, 3e-6)])
 def test_equal_costs_give_the_textbook_bubble(p, m, scale):

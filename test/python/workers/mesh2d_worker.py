@@ -169,6 +169,33 @@ moe_logits = mixtral(moe_ref["input_ids"], attention_mask=moe_ref["attention_mas
 moe_experts = mixtral.params["model.layers.0.mlp.experts.gate_up_proj"]
 moe_local = [list(moe_experts.shape), list(moe_experts.local().shape)]
 
+# The layers split over pp x tp = 2 x 2 (each rank reads its stage's layers,
+# and its tp block of them) and Mixtral's over pp x ep: m(ids) runs as a
+# pipeline, HF's logits; what needs every layer is refused on every rank.
+staged, staged_gaps = {}, {}
+for name, axes in (("llama", ["pp", "tp"]), ("mixtral", ["pp", "ep"])):
+    pp_mesh = dist.Mesh(axes=axes, devices=[[0, 1], [2, 3]])
+    ref_pp = np.load(fixture.parent / name / "reference.npz")
+    staged[name] = models.from_pretrained(fixture.parent / name, mesh=pp_mesh)
+    staged_gaps[name] = float(np.abs(staged[name](ref_pp["input_ids"],
+                                                  attention_mask=ref_pp["attention_mask"])
+                                     - ref_pp["logits"]).max())
+pp_llama = staged["llama"]
+pp_held = [sum(p.nbytes for p in pp_llama.params.values()),
+           sum(p.nbytes for p in whole.params.values())]
+pp_q = [type(pp_llama.params[f"model.layers.{i}.self_attn.q_proj.weight"].local()).__name__
+        + str(list(np.shape(pp_llama.params[f"model.layers.{i}.self_attn.q_proj.weight"].local())))
+        for i in range(2)]
+pp_refusals = []
+for refused in (lambda: pp_llama.params["model.layers.1.mlp.up_proj.weight"].numpy(),
+                lambda: pp_llama.generate(ids0, max_new_tokens=2),
+                lambda: ts.jit(lambda p, i: pp_llama.forward(p, i))(pp_llama.params, ids0)):
+    try:
+        refused()
+        pp_refusals.append("ran")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        pp_refusals.append(f"{type(e).__name__}: {e}")
+
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
@@ -182,7 +209,8 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "hf_bytes": [held, everything], "hf_q_local": q_local,
                "hf_generate": hf_generate, "cache_local": cache_local,
                "moe_logits_gap": float(np.abs(moe_logits - moe_ref["logits"]).max()),
-               "moe_local": moe_local,
+               "moe_local": moe_local, "pp_gaps": staged_gaps, "pp_held": pp_held,
+               "pp_q": pp_q, "pp_refusals": pp_refusals,
                "attention_gathers": att_ir.count("tgraph.all_gather"),
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)
