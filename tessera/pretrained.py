@@ -578,7 +578,7 @@ class Pretrained:
         if mesh is not None:            # (op.moe splits each microbatch's tokens over ep)
             ep = mesh.axis_size("ep") if "ep" in mesh.axes else 1
             parts = max(d for d in range(1, mesh.axis_size("pp") + 1)
-                        if len(ids) % d == 0 and (ids.size // d) % ep == 0 or d == 1)
+                        if d == 1 or (len(ids) % d == 0 and (ids.size // d) % ep == 0))
         compiled = self._compiled.get(parts)
         if compiled is None:
             def forward(params, ids, mask):
@@ -607,7 +607,12 @@ def from_pretrained(path, mesh=None) -> Pretrained:
     DTensors and each rank reads only its block from the files
     (`parallel_layout`): over a `tp` axis the Llama family's projections
     Megatron-style, over an `ep` axis Mixtral's experts by expert;
-    everything else, and every other axis, replicated.
+    everything else, and every other axis but `pp`, replicated. Over a
+    `pp` axis each rank reads only its stage's layers (`stage_ranks`; the
+    others' parameters are DTensors it does not hold) and the model's
+    forward marks each layer a pipeline stage: `m(ids)` runs as a pipeline,
+    a training step must be one (`pipeline.run(then=, results="stage")`
+    keeps each stage's parameters on its ranks).
 
     Mixtral's experts are held as transformers 5 holds them (and names
     them: `m.params` has the names of its `state_dict()`):
