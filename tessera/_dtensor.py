@@ -536,17 +536,19 @@ class DTensor:
 
 
 def held_by(local, shape, dtype, layout: ShardSpec, mesh: Mesh, name: str, axis: str,
-            ranks) -> DTensor:
+            ranks, dims=None) -> DTensor:
     """A DTensor that only the ranks at coordinates `ranks` of mesh axis
     `axis` hold (those pass their shard as `local`, of `layout`; the others
     None): a pipeline stage's parameter, which only its stage's ranks read.
     Elsewhere its local shard is a `tessera_runtime.Absent` that a compiled
     call skips when this rank's program does not read it and refuses when
-    it does. No collective: each rank makes its own."""
+    it does. No collective: each rank makes its own. `dims`: the layout's
+    (`layout.dims_for`), when the caller has them (a compiled call's
+    results), and a `local` that already is an Absent is kept."""
     from tessera_runtime import Absent
     ranks = tuple(sorted(ranks))
-    dims = layout.dims_for(len(shape), mesh, name)
-    if mesh.coords[axis] not in ranks:
+    dims = layout.dims_for(len(shape), mesh, name) if dims is None else dims
+    if mesh.coords[axis] not in ranks and not isinstance(local, Absent):
         local = Absent(mesh.info.local_shape(tuple(shape), dims), dtype,
                        f"'{name}' is held by the ranks at {axis} = "
                        f"{', '.join(map(str, ranks))} only (a pipeline stage's: a step "

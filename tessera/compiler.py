@@ -487,7 +487,7 @@ class CompiledFunction:
             if spec.on is not None:         # (a pipeline stage's result, results="stage")
                 axis, rank = spec.on
                 results.append(_dtensor.held_by(local, spec.global_shape, spec.dtype, layout,
-                                                mesh, name, axis, (rank,)))
+                                                mesh, name, axis, (rank,), dims))
                 continue
             if as_numpy and whole:
                 # The run's own array (an input it returns comes back as a

@@ -606,9 +606,9 @@ def run(fn=None, *, mesh=None, axis: str | None = None, mesh_axes=None, schedule
     stage's ranks (a global gradient norm's partial sums travel to one rank
     and its scale back). `results="stage"`: each result that one stage's
     ranks make stays there (a DTensor the other ranks do not hold:
-    `DTensor.held`), single values (a loss) reaching every rank as before; with `then`,
-    parameters and optimizer state stay with their stage from step to step
-    (`"every"`, the default: every result reaches every rank)."""
+    `DTensor.held`), single values (a loss) reaching every rank as before;
+    with `then`, parameters and optimizer state stay with their stage from
+    step to step (`"every"`, the default: every result reaches every rank)."""
     if axis is None:
         axis = mesh_axes[0] if mesh_axes else "pp"
     _check_run_arguments("pipeline.run", mesh, axis, microbatches, virtual_stages, stages, batch,

@@ -753,24 +753,23 @@ def _read(opened: dict, piece, shape, config, mesh, name: str):
     if isinstance(piece, str):
         shape = opened[piece].get_slice(piece).get_shape()
     spec = parallel_layout(config, name, shape, **_axis_sizes(mesh))
+
+    def block():
+        """This rank's block: all of it, or its rows of the split dimension."""
+        if spec is None:
+            return rows()
+        dim, axis = spec.partition[0], spec.mesh_axes[0]
+        n = shape[dim] // mesh.axis_size(axis)
+        return rows(mesh.coords[axis] * n, n, dim)
     if _pipeline_ranks(mesh) > 1:
         # Held by its stage's pp ranks only, each reading its block; no
         # collective (the other ranks do not read this parameter at all).
         ranks = stage_ranks(config, name, _pipeline_ranks(mesh))
-        block = None
-        if mesh.coords["pp"] in ranks:
-            if spec is None:
-                block = rows()
-            else:
-                dim, axis = spec.partition[0], spec.mesh_axes[0]
-                n = shape[dim] // mesh.axis_size(axis)
-                block = rows(mesh.coords[axis] * n, n, dim)
-        return held_by(block, shape, np.float32, spec or ShardSpec(), mesh, name, "pp", ranks)
+        return held_by(block() if mesh.coords["pp"] in ranks else None, shape, np.float32,
+                       spec or ShardSpec(), mesh, name, "pp", ranks)
     if spec is None:
-        return from_numpy(rows(), ShardSpec(), mesh, name=name)
-    dim, axis = spec.partition[0], spec.mesh_axes[0]
-    n = shape[dim] // mesh.axis_size(axis)
-    return from_local(rows(mesh.coords[axis] * n, n, dim), axis=axis, dim=dim, mesh=mesh,
+        return from_numpy(block(), ShardSpec(), mesh, name=name)
+    return from_local(block(), axis=spec.mesh_axes[0], dim=spec.partition[0], mesh=mesh,
                       name=name)
 
 

@@ -144,11 +144,15 @@ def make_library_declaration(kernel: ir.Operation, routine: str, module_block) -
 # 2-3. Loop fusion of tileable launches, GEMMs with their epilogues
 # --------------------------------------------------------------------------
 
+def _first_op(kernel) -> ir.Operation:
+    """A kernel function's first op (its `func.return` when it computes nothing)."""
+    return kernel.regions[0].blocks[0].operations[0].operation
+
+
 def _kernel_op(kernels, launch) -> ir.Operation:
     """The op the kernel `launch` launches holds (its function's first; the
     pass refuses a launched kernel without one before asking)."""
-    kernel = kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value]
-    return kernel.regions[0].blocks[0].operations[0].operation
+    return _first_op(kernels[ir.FlatSymbolRefAttr(launch.attributes["kernel"]).value])
 
 
 def _reduced_dims(op) -> list[int]:
@@ -850,8 +854,7 @@ def run(op, pass_, options: TargetOptions):
                      and any(o.name == "tsched.launch" for o in ops_of(f))]
         launched = _launched(schedules)
         for name, kernel in kernels.items():
-            if name in launched and kernel.regions[0].blocks[0].operations[0].operation.name \
-                    == "func.return":
+            if name in launched and _first_op(kernel).name == "func.return":
                 # (A check whose result nothing reads is dead code to
                 # canonicalize: its kernel is left with nothing to run.)
                 raise PassError(f"tessera-lower-to-tile: kernel @{name} computes nothing (a "

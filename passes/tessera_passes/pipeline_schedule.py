@@ -201,14 +201,14 @@ def _costs(actions: dict) -> dict:
     return costs
 
 
-def _keep_results(func_op, ret, actions: dict, rank, owner_of, axis) -> None:
+def _keep_results(func_op, ret, actions: dict, rank, owner_of, axis) -> set:
     """pipeline.run(results="stage"): each result of more than one element
     (a loss still reaches every rank) that one rank's action makes stays
     there, its result attributes saying where (HELD: {axis, rank}, which
     the bundle's output spec carries; the other ranks' runs hand back a
     placeholder), so the next step finds a stage's parameters and
-    optimizer state where that stage runs."""
-    dicts = arg_attr_dicts(func_op, "res_attrs")
+    optimizer state where that stage runs. Returns their result numbers."""
+    dicts, kept = arg_attr_dicts(func_op, "res_attrs"), set()
     for i, v in enumerate(ret.operands):
         producer = owner_of(v)
         if producer is None or producer not in actions or \
@@ -216,13 +216,15 @@ def _keep_results(func_op, ret, actions: dict, rank, owner_of, axis) -> None:
             continue
         dicts[i] = set_dict_entry(dicts[i], HELD, ir.DictAttr.get(
             {"axis": axis, "rank": i64(rank(producer))}))
+        kept.add(i)
     func_op.attributes["res_attrs"] = ir.ArrayAttr.get(dicts)
+    return kept
 
 
 def _broadcast_results(ret, actions: dict, position: dict, rank, owner_of, mesh_ref, axis,
-                       bucket_elements: int, held_attrs: list) -> tuple[list, list]:
-    """The step's results made by a stage reach every rank: one broadcast
-    per rank and element type, of its results flattened and concatenated
+                       bucket_elements: int, kept: set) -> tuple[list, list]:
+    """The step's results made by a stage (but those `kept` there) reach
+    every rank: one broadcast per rank and element type, of its results flattened and concatenated
     (as tessera-bucket-collectives packs all_reduces; at most
     `bucket_elements` a broadcast), sliced apart on every rank. Each
     broadcast sorts right after the last action making one of its results,
@@ -235,7 +237,7 @@ def _broadcast_results(ret, actions: dict, position: dict, rank, owner_of, mesh_
     groups: dict = {}
     for i, v in enumerate(ret.operands):
         producer = owner_of(v)
-        if producer is not None and producer in actions and HELD not in held_attrs[i]:
+        if producer is not None and producer in actions and i not in kept:
             t = ir.RankedTensorType(v.type)
             groups.setdefault((rank(producer), str(t.element_type)), []).append(
                 (i, v, actions[producer], math.prod(t.shape)))
@@ -396,11 +398,10 @@ def schedule_function(func_op: ir.Operation, bucket_elements: int) -> None:
             elif position[a] < position[entry[1]]:
                 entry[1] = a
             rewire.append((op, i, entry[0].results[0]))
-    if pipe.resident:
-        _keep_results(func_op, ret, actions, rank, owner_of, axis)
-    held_attrs = [{a.name for a in d} for d in arg_attr_dicts(func_op, "res_attrs")]
+    kept = _keep_results(func_op, ret, actions, rank, owner_of, axis) if pipe.resident \
+        else set()
     results, late = _broadcast_results(ret, actions, position, rank, owner_of, mesh_ref, axis,
-                                       bucket_elements, held_attrs)
+                                       bucket_elements, kept)
 
     # Order: by simulated start time, then rank, then program order.
     placed = []            # [key, op, action or None]

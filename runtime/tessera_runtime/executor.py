@@ -181,24 +181,17 @@ class ScheduleExecutor:
                              if "on" not in ins.fields or self._runs_here(ins["on"])]
         #: the outputs this rank returns, and (position, spec) of those another
         #: rank holds (a pipeline's results="stage"), returned as `Absent`
-        self._outputs, self._elsewhere = [], []
-        for i, spec in enumerate(program.outputs):
-            if spec.on is None or self._runs_here(spec.on):
-                self._outputs.append(spec)
-            else:
-                self._elsewhere.append((i, spec))
-        if self._elsewhere:
-            self.instructions = [self._own_return(ins) if ins.op == "return" else ins
-                                 for ins in self.instructions]
+        here = [spec.on is None or self._runs_here(spec.on) for spec in program.outputs]
+        self._outputs = [spec for spec, h in zip(program.outputs, here) if h]
+        self._elsewhere = [(i, spec) for i, (spec, h) in enumerate(zip(program.outputs, here))
+                           if not h]
+        if self._elsewhere:         # (the return instruction without their values)
+            self.instructions = [
+                Instr(index=ins.index, op=ins.op, fields={**ins.fields, "values": [
+                    v for v, h in zip(ins["values"], here) if h]})
+                if ins.op == "return" and len(ins["values"]) == len(here) else ins
+                for ins in self.instructions]
         self._verify()
-
-    def _own_return(self, ins: Instr) -> Instr:
-        """The return instruction without the values other ranks hold."""
-        if len(ins["values"]) != len(self.program.outputs):
-            return ins                      # (_check_return reports it)
-        here = [v for v, spec in zip(ins["values"], self.program.outputs)
-                if spec.on is None or self._runs_here(spec.on)]
-        return Instr(index=ins.index, op=ins.op, fields={**ins.fields, "values": here})
 
     def _runs_here(self, on) -> bool:
         axis, rank = on
