@@ -9,6 +9,7 @@ the Python standard library's own sources.
     tessera launch -n 2 examples/train_llama.py --pp 2 --microbatches 4   # pipeline stages
     python examples/train_llama.py --experts 4 --top-k 2    # Mixtral: 4 SwiGLU experts a layer
     tessera launch -n 4 examples/train_llama.py --experts 4 --ep 2 --dp 2   # expert parallel
+    tessera launch -n 2 examples/train_llama.py --cp 2 --seq 256   # sequence split (context parallel)
 
 The model is `tessera.models`' Llama (RMSNorm, rotate-half RoPE, grouped-query
 attention, SwiGLU) under Hugging Face's parameter names: a from-scratch run
@@ -34,7 +35,10 @@ a `pp` axis, each batch run as `--microbatches` microbatches under
 With `--experts E` each layer's MLP is Mixtral's mixture of E experts
 (`op.moe`, `--top-k` per token); `--ep N` splits them over an `ep` axis
 (each rank reads and updates its E/N experts; tokens travel to their
-experts and back by all-to-all) and the batch over `dp` x `ep`.
+experts and back by all-to-all) and the batch over `dp` x `ep`. With
+`--cp N` each window's bytes split over a `cp` axis (context parallelism):
+every rank holds and computes 1/N of each sequence, attention included
+(its heads exchanged for the sequence by all-to-all).
 """
 
 from __future__ import annotations
@@ -213,7 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data-mb", type=float, default=8.0,
                     help="MiB of the standard library's sources to read")
     ap.add_argument("--dp", type=int, default=None,
-                    help="data-parallel ranks (default: the ranks left after --tp, --pp, --ep)")
+                    help="data-parallel ranks (default: the ranks left after --tp, --pp, --ep, "
+                         "--cp)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline stages, one per rank of a pp axis (cut by forward cost)")
@@ -226,6 +231,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=2, help="with --experts: experts per token")
     ap.add_argument("--ep", type=int, default=1,
                     help="expert-parallel ranks: the experts split over an ep axis")
+    ap.add_argument("--cp", type=int, default=1,
+                    help="context-parallel ranks: each window's bytes split over a cp axis")
     ap.add_argument("--plot", default="llama_loss.png", help="loss plot PNG to write")
     args = ap.parse_args(argv)
     if args.experts and args.from_pretrained:
@@ -238,16 +245,19 @@ def main(argv=None) -> int:
     if args.ep > 1 and args.pp > 1:
         ap.error("--ep does not run pipelined (--pp) yet")
     if args.dp is None:
-        args.dp = max(1, dist.world_size() // (args.tp * args.pp * args.ep))
+        args.dp = max(1, dist.world_size() // (args.tp * args.pp * args.ep * args.cp))
+    if args.seq % args.cp:
+        ap.error(f"--cp {args.cp} must divide --seq {args.seq} (each rank holds --seq / --cp "
+                 f"bytes of every window)")
     mesh = None
-    if args.dp * args.ep * args.tp * args.pp > 1:
+    if args.dp * args.ep * args.tp * args.pp * args.cp > 1:
         takers = args.dp * args.ep      # expert-parallel ranks take different tokens
         if args.batch % takers:
             ap.error(f"--batch {args.batch} must be a multiple of --dp x --ep ({takers})")
         if args.pp > 1 and (args.batch // args.dp) % args.microbatches:
             ap.error(f"--microbatches {args.microbatches} must divide each dp rank's batch "
                      f"({args.batch // args.dp})")
-        sizes = {"dp": args.dp, "ep": args.ep, "tp": args.tp, "pp": args.pp}
+        sizes = {"dp": args.dp, "ep": args.ep, "cp": args.cp, "tp": args.tp, "pp": args.pp}
         axes = [a for a, n in sizes.items() if n > 1 or a in ("dp", "tp")]
         shape = tuple(sizes[a] for a in axes)
         mesh = dist.Mesh(axes=axes, shape=shape)
@@ -285,11 +295,14 @@ def main(argv=None) -> int:
         starts = np.random.default_rng(args.seed + 1).integers(
             0, len(valid_bytes) - args.seq - 1, (args.val_batches, args.batch))
 
-        batch_axes = tuple(a for a in ("dp", "ep") if mesh is not None and a in mesh.axes)
+        # windows over dp x ep, each window's bytes over cp
+        split = [(0, a) for a in ("dp", "ep") if mesh is not None and a in mesh.axes]
+        split += [(1, "cp")] if args.cp > 1 else []
 
         def shard(batch):
             return batch if mesh is None else dist.from_tree(
-                batch, dist.ShardSpec((0,) * len(batch_axes), batch_axes), mesh)
+                batch, dist.ShardSpec(tuple(d for d, _ in split), tuple(a for _, a in split)),
+                mesh)
 
         def validation() -> float:
             return float(np.mean([float(evaluate(params, shard(windows(valid_bytes, s, args.seq))))

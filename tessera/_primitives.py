@@ -813,10 +813,8 @@ def matmul(a, b, transport: str | None = None) -> Traced:
     if a.ndim == 1 or b.ndim == 1:
         return _matmul_vector(a, b, transport)
     with current_location(src):
-        if b.ndim == 2 and a.ndim > 2:
-            flat = gb.reshape(a.value, [int(np.prod(a.shape[:-1])), a.shape[-1]])
-            out = gb.matmul(flat, b.value, transport)
-            return result_of(gb.reshape(out, list(a.shape[:-1]) + [b.shape[-1]]), src)
+        if b.ndim == 2:     # (one weight for every batch: tgraph.matmul's shared rhs)
+            return result_of(gb.matmul(a.value, b.value, transport), src)
         av, bv = a.value, b.value
         if a.shape[:-2] != b.shape[:-2]:
             # Batch dimensions broadcast as numpy's (a [H, S, D] @ b [D, T]
@@ -1024,10 +1022,10 @@ def embedding(ids, table) -> Traced:
         raise DTypeError(f"op.embedding: ids must be integers, got {_describe(ids)}  [{src}]")
     if table.ndim != 2:
         raise ShapeError(f"op.embedding: table must be [vocab, dim], got {list(table.shape)}  [{src}]")
+    # (ids as they are, not flattened: a split of any of their dimensions,
+    # the sequence's under context parallelism, carries over to the rows)
     with current_location(src):
-        flat = gb.reshape(ids.value, [ids.size])
-        rows = gb.gather(table.value, flat)
-        return result_of(gb.reshape(rows, list(ids.shape) + [table.shape[1]]), src)
+        return result_of(gb.gather(table.value, ids.value), src)
 
 
 @eager
@@ -1254,13 +1252,13 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     if logits.shape[:-1] != targets.shape:
         raise ShapeError(f"op.cross_entropy: logits {list(logits.shape)} need targets of shape "
                          f"{list(logits.shape[:-1])}, got {list(targets.shape)}  [{src}]")
+    # (rows in the targets' shape, not flattened: a split of any of their
+    # dimensions, the sequence's under context parallelism, carries over)
     V = logits.shape[-1]
-    N = int(np.prod(targets.shape))
-    logits = reshape(logits, N, V)
-    t = _checked_targets(reshape(targets, N), V, ignore_index, src)
+    t = _checked_targets(targets, V, ignore_index, src)
     if 0 <= ignore_index < V:           # a real class: its rows count zero too
         t = where(equal(t, ignore_index), -1, t)
-    onehot = one_hot(t, V, logits.dtype, src)                           # [N, V], zero row if ignored
+    onehot = one_hot(t, V, logits.dtype, src)                       # [..., V], zero row if ignored
     # Not ignored (t is in [0, V) or ignored, and an ignored class is -1 by
     # now); from the targets, not summed over the vocabulary (no all-reduce
     # where it is split).
@@ -1269,15 +1267,15 @@ def cross_entropy(logits, targets, ignore_index: int = -100) -> Traced:
     # two sums over the vocabulary are independent, so a vocabulary split over
     # ranks all-reduces them together (log_softmax's needed the first's result).
     shifted = _minus_max(logits, -1)
-    total = sum(exp(shifted), -1)                                        # [N]
-    chosen = sum(mul(shifted, onehot), -1)                               # [N]
-    nll = mul(sub(log(total), chosen), valid)                            # [N]
+    total = sum(exp(shifted), -1)                                        # [...]
+    chosen = sum(mul(shifted, onehot), -1)                               # [...]
+    nll = mul(sub(log(total), chosen), valid)                            # [...]
     count = maximum(sum(valid), 1.0)
     return div(sum(nll), count)
 
 
 def _checked_targets(t: Traced, classes: int, ignore_index: int, src) -> Traced:
-    """Flat targets `t`, checked where the step runs to lie in [0, classes)
+    """Targets `t`, checked where the step runs to lie in [0, classes)
     or be `ignore_index` (`tgraph.check_range`: the loss and its gradient
     read its result, so either keeps the check)."""
     allowed = [] if 0 <= ignore_index < classes else [int(ignore_index)]

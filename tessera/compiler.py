@@ -132,6 +132,7 @@ class CompiledFunction:
         self._names: dict = {}         # argument structure -> its leaves' paths
         self._specs: dict = {}         # call key -> its tensors' ArgSpecs
         self._graph_text: dict = {}    # key -> the traced Graph IR (what the bundle is of)
+        self._attention: dict = {}     # key -> how its attention is partitioned (inspect)
         self._plans: dict = {}         # key -> memory plan, once computed
         self._remat_choices: dict = {}  # (program, options, budget) -> memory_budget.Choice
         self._compiled: dict = {}      # (key, options) -> bundle directory
@@ -543,7 +544,22 @@ class CompiledFunction:
             split += [f"partial sum over {a}" for a in s.partial]
             lines.append(f"  {s.name:<{width}}  {list(s.shape)} {np.dtype(s.dtype).name}  "
                          + (", ".join(split) or "replicated"))
+        attention = self._attention_plans()
+        if attention:
+            lines.append("attention over a split sequence:")
+            lines += [f"  {a}" for a in attention]
         return "\n".join(lines)
+
+    def _attention_plans(self) -> list[str]:
+        """How the last call's program partitions each attention over a split
+        sequence (`lowering.attention_plans_of`), from its Graph IR (the
+        bundle may have come from the cache): Python passes only, no build."""
+        key = self._last_key
+        if key not in self._attention:
+            module = ir.Module.parse(self._graph_text[key], new_context())
+            with module.context:
+                self._attention[key] = lower(module, self._target(), until="partitioned").attention
+        return self._attention[key]
 
     def _enter_mesh(self, mesh: _dtensor.Mesh) -> None:
         """This process must be a device of `mesh`; with several, an error on

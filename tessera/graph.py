@@ -35,6 +35,13 @@ class Trace:
         local shape, the Python line that needed it), in program order."""
         return self.levels.collectives
 
+    @property
+    def attention(self) -> list[str]:
+        """How each attention whose sequence is split (context parallelism)
+        is partitioned, with its Python line: exchanged for heads by
+        all-to-all (Ulysses), or gathered."""
+        return self.levels.attention
+
     def report(self, min_bytes: int = 0) -> str:
         """A table of the collectives moving at least `min_bytes` per rank,
         largest first: where an expensive reshard (a full gather) comes from."""

@@ -29,6 +29,7 @@ from tessera_runtime import env
 
 from .codegen import emit_cpp, emit_cuda_kernels
 from .codegen.tile_emitter import EmitError
+from .ir import graph_builder as gb
 from .ir.locations import source_of
 from .ir.options import TARGETS, TargetOptions
 from .ir.sharding import PER_RANK_OPS
@@ -104,6 +105,36 @@ def collectives_of(module: ir.Module, options: TargetOptions | None = None) -> l
     return out
 
 
+def attention_plans_of(module: ir.Module) -> list[str]:
+    """How tessera-partition placed each attention whose sequence was split
+    (context parallelism), in program order: "file.py:line: attention:
+    sequence over 'cp' exchanged for heads (all-to-all, Ulysses)", or
+    "... gathered over 'cp' (every rank attends over the whole sequence)"
+    where no leading dimension could take the split."""
+    out = []
+    for f in module.body.operations:
+        if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
+            continue
+        for op in f.operation.regions[0].blocks[0].operations:
+            op = op.operation
+            if op.name not in gb.ATTENTION_OPS:
+                continue
+            what = "attention" if op.name == "tgraph.attention" else "attention backward"
+            where = f"{source_of(op.location)}: {what}: sequence"
+            if "ulysses_axes" in op.attributes:
+                axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes["ulysses_axes"])]
+                out.append(f"{where} over {' x '.join(map(repr, axes))} exchanged for heads "
+                           f"(all-to-all, Ulysses)")
+                continue
+            q = op.operands[0].owner
+            q = getattr(q, "operation", q)
+            if isinstance(q, ir.Operation) and q.name == "tgraph.all_gather" and \
+                    ir.IntegerAttr(q.attributes["dim"]).value == gb.seq_dim_of(op):
+                out.append(f"{where} gathered over {ir.StringAttr(q.attributes['axis']).value!r} "
+                           f"(every rank attends over the whole sequence)")
+    return out
+
+
 IR_STAGES = ("graph", "autodiff", "partitioned", "schedule", "tile", "cpu", "gpu")
 
 
@@ -131,6 +162,8 @@ class Levels:
     module: ir.Module | None = field(default=None, repr=False)
     #: what tessera-partition inserted, with the Python line that caused each
     collectives: list = field(default_factory=list, repr=False)
+    #: how each attention over a split sequence was partitioned (attention_plans_of)
+    attention: list = field(default_factory=list, repr=False)
     #: {function: MemoryPlan}: each rank's planned peak (see memory.py)
     memory: dict = field(default_factory=dict, repr=False)
     _snapshots: dict = field(default_factory=dict, repr=False)
@@ -195,14 +228,14 @@ def target_options(target: str | TargetOptions | None) -> TargetOptions:
 
 
 def lower(module: ir.Module, target: str | TargetOptions = "cpu",
-          plan_only: bool = False) -> Levels:
+          plan_only: bool = False, until: str | None = None) -> Levels:
     """Lowers `module` (Graph IR) in place through every level, with
     `target`'s options (a TargetOptions, or a target name for the default
     options). On the CPU matmuls become BLAS library calls and the kernels
     C++; on the GPU matmuls are tiled Tile IR GEMMs (see
     tessera-lower-to-tile) and the kernels CUDA C++ for sm_90a.
     `plan_only`: stop at Tile IR, with the memory plan (no GPU schedule, no
-    kernel source)."""
+    kernel source). `until`: stop after that stage (e.g. "partitioned")."""
     options = target_options(target)
     target = options.target
     levels = Levels(target=target, options=options)
@@ -221,10 +254,13 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu",
         levels.keep(stage, module)
         if stage == "partitioned":
             levels.collectives = collectives_of(module, options)
+            levels.attention = attention_plans_of(module)
         if stage == "tile":
             levels.memory = plan_memory(module, facts)
+        if stage == until:
+            break
     levels.module = module
-    if plan_only:
+    if plan_only or until is not None:
         return levels
     try:
         if target == "cpu":

@@ -324,30 +324,54 @@ LogicalResult MatmulOp::verify() {
   if (lhs.getRank() < 2 || rhs.getRank() < 2)
     return emitOpError("operands must have rank >= 2, got 'lhs' ")
            << lhs << " and 'rhs' " << rhs;
-  if (lhs.getRank() != rhs.getRank() || res.getRank() != lhs.getRank())
+  // (a 2-D rhs with a higher-rank lhs: one weight shared by every batch)
+  bool shared = rhs.getRank() == 2 && lhs.getRank() > 2;
+  if ((lhs.getRank() != rhs.getRank() && !shared) || res.getRank() != lhs.getRank())
     return emitOpError("'lhs' ") << lhs << ", 'rhs' " << rhs << " and result "
-                                 << res << " must have the same rank";
+                                 << res << " must have the same rank (or 'rhs' be 2-D)";
+  if (lhs.getElementType() != rhs.getElementType() ||
+      res.getElementType() != lhs.getElementType())
+    return emitOpError("element types differ: 'lhs' ")
+           << lhs.getElementType() << ", 'rhs' " << rhs.getElementType()
+           << ", result " << res.getElementType();
+  int64_t r = lhs.getRank(), rb = rhs.getRank();
+  ArrayRef<int64_t> a = lhs.getShape(), b = rhs.getShape(), c = res.getShape();
+  for (int64_t i = 0; i < r - 2; ++i)
+    if ((!shared && a[i] != b[i]) || a[i] != c[i])
+      return emitOpError("batch dimension ") << i << " differs: 'lhs' "
+                                             << shapeString(a) << ", 'rhs' "
+                                             << shapeString(b) << ", result "
+                                             << shapeString(c);
+  if (a[r - 1] != b[rb - 2])
+    return emitOpError("contraction dimensions differ: 'lhs' has shape ")
+           << shapeString(a) << " (K = " << a[r - 1] << ") but 'rhs' has shape "
+           << shapeString(b) << " (K = " << b[rb - 2] << ")";
+  if (c[r - 2] != a[r - 2] || c[r - 1] != b[rb - 1])
+    return emitOpError("result shape ")
+           << shapeString(c) << " does not match 'lhs' " << shapeString(a)
+           << " x 'rhs' " << shapeString(b);
+  return success();
+}
+
+LogicalResult ContractRowsOp::verify() {
+  auto lhs = getLhs().getType(), rhs = getRhs().getType();
+  auto res = getResult().getType();
+  if (lhs.getRank() < 2 || rhs.getRank() != lhs.getRank())
+    return emitOpError("'lhs' ") << lhs << " and 'rhs' " << rhs
+                                 << " must have one rank, at least 2 (rows, then a column)";
   if (lhs.getElementType() != rhs.getElementType() ||
       res.getElementType() != lhs.getElementType())
     return emitOpError("element types differ: 'lhs' ")
            << lhs.getElementType() << ", 'rhs' " << rhs.getElementType()
            << ", result " << res.getElementType();
   int64_t r = lhs.getRank();
-  ArrayRef<int64_t> a = lhs.getShape(), b = rhs.getShape(), c = res.getShape();
-  for (int64_t i = 0; i < r - 2; ++i)
-    if (a[i] != b[i] || a[i] != c[i])
-      return emitOpError("batch dimension ") << i << " differs: 'lhs' "
-                                             << shapeString(a) << ", 'rhs' "
-                                             << shapeString(b) << ", result "
-                                             << shapeString(c);
-  if (a[r - 1] != b[r - 2])
-    return emitOpError("contraction dimensions differ: 'lhs' has shape ")
-           << shapeString(a) << " (K = " << a[r - 1] << ") but 'rhs' has shape "
-           << shapeString(b) << " (K = " << b[r - 2] << ")";
-  if (c[r - 2] != a[r - 2] || c[r - 1] != b[r - 1])
-    return emitOpError("result shape ")
-           << shapeString(c) << " does not match 'lhs' " << shapeString(a)
-           << " x 'rhs' " << shapeString(b);
+  ArrayRef<int64_t> a = lhs.getShape(), b = rhs.getShape();
+  if (a.drop_back() != b.drop_back())
+    return emitOpError("row dimensions differ: 'lhs' ") << shapeString(a) << ", 'rhs' "
+                                                      << shapeString(b);
+  if (res.getRank() != 2 || res.getDimSize(0) != a[r - 1] || res.getDimSize(1) != b[r - 1])
+    return emitOpError("result ") << res << " must be [" << a[r - 1] << ", " << b[r - 1]
+                                  << "]";
   return success();
 }
 
@@ -512,21 +536,25 @@ LogicalResult ConcatOp::verify() {
   return success();
 }
 
-/// Shared by gather and scatter_add: `rows` is [N, D...] indexed by `indices` [N]
-/// into `table` [V, D...].
+/// Shared by gather and scatter_add: `rows` is [I..., D...] indexed by
+/// `indices` [I...] (any rank: token ids [B, S] stay [B, S], so a split of
+/// either dimension carries over) into `table` [V, D...].
 static LogicalResult verifyRowIndexing(Operation *op, RankedTensorType table,
                                        RankedTensorType indices, RankedTensorType rows) {
-  if (indices.getRank() != 1 || !isInteger(indices.getElementType()))
-    return op->emitOpError("'indices' must be a 1-D integer tensor, got ") << indices;
-  if (table.getRank() < 1 || rows.getRank() != table.getRank() ||
+  if (!isInteger(indices.getElementType()))
+    return op->emitOpError("'indices' must be an integer tensor, got ") << indices;
+  int64_t n = indices.getRank();
+  if (table.getRank() < 1 || rows.getRank() != n + table.getRank() - 1 ||
       rows.getElementType() != table.getElementType())
     return op->emitOpError("table ") << table << " and rows " << rows
-                                     << " must have the same rank (>= 1) and element type";
-  if (rows.getDimSize(0) != indices.getDimSize(0))
-    return op->emitOpError("rows ") << rows << " must have one row per index ("
-                                    << indices.getDimSize(0) << ")";
+                                     << " must have one element type, and rows the indices' "
+                                        "dimensions then the table's row shape";
+  for (int64_t d = 0; d < n; ++d)
+    if (rows.getDimSize(d) != indices.getDimSize(d))
+      return op->emitOpError("rows ") << rows << " must have one row per index ("
+                                      << indices << ")";
   for (int64_t d = 1; d < table.getRank(); ++d)
-    if (rows.getDimSize(d) != table.getDimSize(d))
+    if (rows.getDimSize(n + d - 1) != table.getDimSize(d))
       return op->emitOpError("row shape differs: table ") << table << ", rows " << rows;
   return success();
 }

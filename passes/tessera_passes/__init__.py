@@ -89,7 +89,7 @@ _PASSES = [
              "Move each select up to just after the last tileable op making or reading its operands (copying the reshapes, broadcasts and fills making its flag), when it is the last reader of one of them, so that it fuses into that kernel (CPU target)",
              ("target",)),
     PassInfo("tessera-lower-to-schedule", "lower_to_schedule",
-             "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; NVSHMEM all_gathers fused into their matmul's kernel",
+             "Lower partitioned tgraph to tsched: buffers, kernel launches on a compute stream, async collectives on a comm stream; matmuls over rows (a 2-D weight) and contract_rows as 2-D GEMMs; NVSHMEM all_gathers fused into their matmul's kernel",
              ("target", "nvshmem_auto_max_bytes")),
     PassInfo("tessera-verify-schedule", "verify_schedule",
              "Run every rank's schedule symbolically: each send pairs with its recv in order, collectives are issued in one order on every rank of their axis, F precedes B precedes W, nothing deadlocks; check each library declaration against its routine's declaration (name, attributes, buffers, result rule)"),

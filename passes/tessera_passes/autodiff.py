@@ -135,7 +135,11 @@ def vjp(op: ir.Operation, gs: list[ir.Value | None],
             start += shape[dim]
         return grads
     if name == "matmul":
+        if len(gb.shape_of(x[1])) < len(gb.shape_of(x[0])):   # a weight shared by the rows
+            return [gb.matmul(g, gb.swap_last(x[1])), gb.contract_rows(x[0], g)]
         return [gb.matmul(g, gb.swap_last(x[1])), gb.matmul(gb.swap_last(x[0]), g)]
+    if name == "contract_rows":          # result[k, n] = sum over rows of a[r, k] b[r, n]
+        return [gb.matmul(x[1], gb.swap_last(g)), gb.matmul(x[0], g)]
     if name == "gather":
         return [gb.scatter_add(g, x[1], gb.shape_of(x[0])[0]), None]
     if name == "scatter_add":

@@ -30,6 +30,10 @@ buffers the fused kernel needs fit in `TargetOptions.nvshmem_auto_max_bytes`
 (256 MiB by default), else the runtime's collective library. Without a
 target (option or `tessera.target` attribute) nothing is fused.
 
+A matmul of rows (a 2-D rhs shared by a higher-rank lhs's batches) and a
+`tgraph.contract_rows` become 2-D GEMMs over the rows, their operands
+reshaped (views) to `[rows, K]` (`gemms_over_rows`).
+
 A value check (`tgraph.check_range`) launches a kernel that reads its
 operand's buffer and writes none; its result is that buffer, not a copy.
 
@@ -210,7 +214,11 @@ class ScheduleBuilder:
             self.on_compute.add(out)
 
     def check(self, op: ir.Operation, compute) -> None:
-        """A value check (`tgraph.check_range`) launches a kernel that reads
+        """A matmul of rows (a 2-D rhs shared by a higher-rank lhs's batches) and a
+`tgraph.contract_rows` become 2-D GEMMs over the rows, their operands
+reshaped (views) to `[rows, K]` (`gemms_over_rows`).
+
+A value check (`tgraph.check_range`) launches a kernel that reads
         its operand's buffer and writes none: its result is that buffer, not
         a copy (the runtime reads the check's flag with the step's results)."""
         buf = self.use(op.operands[0], compute)
@@ -564,11 +572,52 @@ def attention_rows_second_to_last(func_op: ir.Operation) -> None:
         op.erase()
 
 
+def gemms_over_rows(func_op: ir.Operation) -> None:
+    """A matmul whose rhs is 2-D and lhs of higher rank (a linear layer over
+    `[B, S, K]` rows) and a `tgraph.contract_rows` (its weight gradient)
+    become 2-D GEMMs over the rows: their operands are reshaped (views of
+    the local buffers, which are contiguous) to `[rows, K]`, contract_rows's
+    lhs transposed (tessera-fold-transposes makes that a GEMM flag). The
+    Graph IR keeps the rows in their dimensions so that a split of any of
+    them partitions; once shapes are local, every GEMM is 2-D."""
+    rows: dict = {}             # a value -> its [rows, K] view (one per value)
+    for op in ops_of(func_op):
+        name = op.name
+        if name not in ("tgraph.matmul", "tgraph.contract_rows") or (name == "tgraph.matmul" and (
+                len(shape_of(op.operands[0])) == 2 or len(shape_of(op.operands[1])) != 2)):
+            continue
+        made = []
+
+        def kept(v: ir.Value) -> ir.Value:
+            made.append(v.owner)
+            return v
+
+        def flat(v: ir.Value) -> ir.Value:
+            if len(shape_of(v)) == 2:
+                return v
+            if v not in rows:
+                rows[v] = kept(gb.reshape(v, [math.prod(shape_of(v)[:-1]), shape_of(v)[-1]]))
+            return rows[v]
+        with ir.InsertionPoint(op), op.location:
+            a, b = flat(op.operands[0]), flat(op.operands[1])
+            if name == "tgraph.matmul":
+                transport = enum_of(op, "transport") if "transport" in op.attributes else None
+                product = kept(gb.matmul(a, b, transport))
+                out = kept(gb.reshape(product, shape_of(op.results[0])))
+                rows[out] = product
+            else:
+                out = kept(gb.matmul(kept(gb.swap_last(a)), b))
+        copy_action(op, *made)
+        op.results[0].replace_all_uses_with(out)
+        op.erase()
+
+
 def lower_function(func_op: ir.Operation, gpu: bool, options: TargetOptions) -> None:
     if "tgraph.partitioned" not in func_op.attributes:
         raise PassError("run tessera-partition before tessera-lower-to-schedule "
                         f"(function @{ir.StringAttr(func_op.attributes['sym_name']).value} is not partitioned)",
                         func_op.location)
+    gemms_over_rows(func_op)
     if gpu:
         attention_rows_second_to_last(func_op)
     fused = resolve_transports(func_op, gpu, options.nvshmem_auto_max_bytes)

@@ -71,25 +71,26 @@ class Resharder:
         self.done: dict = {}
 
     def __call__(self, value: ir.Value, current: Sharding, target: Sharding,
-                 before: ir.Operation) -> ir.Value:
+                 before: ir.Operation, loc: ir.Location | None = None) -> ir.Value:
         if current == target:
             return value
         key = (value, target)
         if key not in self.done:
-            self.done[key] = self._move(value, current, target, before)
+            self.done[key] = self._move(value, current, target, before, loc)
         return self.done[key]
 
-    def _move(self, value, current, target, before) -> ir.Value:
+    def _move(self, value, current, target, before, loc=None) -> ir.Value:
         remade = self._remake(value, target, before)
         if remade is not None:
             return remade
         # The reshard's Python line (profiles, flight recorder, errors): its
         # reader's, except a return's, which is the function's `def`: there
         # the op that produced the value says more.
-        loc = before.location
         owner = getattr(value.owner, "operation", value.owner)
-        if before.name == "func.return" and isinstance(owner, ir.Operation):
-            loc = owner.location
+        if loc is None:
+            loc = before.location
+            if before.name == "func.return" and isinstance(owner, ir.Operation):
+                loc = owner.location
         with ir.InsertionPoint(before), loc:
             dims = [list(d) for d in current.dims]
             want = [list(d) for d in target.dims]
@@ -136,13 +137,19 @@ class Resharder:
         return value
 
     def _remake(self, value, target: Sharding, before) -> ir.Value | None:
-        """A fill, or a broadcast of a smaller value, is made again in the
-        target layout (moving only the broadcast's input) rather than moving
-        its large result: a broadcast bias or norm weight never travels."""
+        """A fill, an iota along a dimension the target does not split, or
+        a broadcast of a smaller value, is made again in the target layout
+        (moving only the broadcast's input) rather than moving or slicing
+        its large result: a broadcast bias or norm weight never travels,
+        and a one-hot's [tokens, vocabulary] column numbers are made at
+        the size of this rank's tokens."""
         owner = value.owner
         owner = getattr(owner, "operation", owner)
         if target.partial or not isinstance(owner, ir.Operation) or \
-                owner.name not in ("tgraph.fill", "tgraph.broadcast"):
+                owner.name not in ("tgraph.fill", "tgraph.broadcast", "tgraph.iota"):
+            return None
+        if owner.name == "tgraph.iota" and \
+                target.dims[ir.IntegerAttr(owner.attributes["dim"]).value]:
             return None
         shape = self.ctx.shape(value)
         t = ir.RankedTensorType(value.type)
@@ -150,6 +157,8 @@ class Resharder:
         with ir.InsertionPoint(before), before.location:
             if owner.name == "tgraph.fill":
                 return tgraph.FillOp(local, owner.attributes["value"]).result
+            if owner.name == "tgraph.iota":
+                return tgraph.IotaOp(local, owner.attributes["dim"]).result
             src = owner.operands[0]
             src_shape = self.ctx.shape(src)
             dims = [target.dims[d] if src_shape[d] == shape[d] else () for d in range(len(shape))]
@@ -205,7 +214,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     final_results = []
     inlined = []              # the local-view bodies inlined, erased at the end
     uses = use_counts(func_op)
-    for op in ops_of(func_op):
+    body_ops = ops_of(func_op)
+    for index, op in enumerate(body_ops):
         if op.name != "func.return":
             # As propagation reads it (the Resharder's memo makes one reduction
             # serve every reader of a value).
@@ -261,6 +271,8 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
                 owner.operands[index] = value
             current[value] = rule.result
             ctx.global_shapes[value] = ctx.global_shapes[result]
+        if rule.restore:
+            _restore(op, rule, body_ops[index + 1], reshard, current, ctx)
 
     for op in ops_of(func_op):
         if op.name == "tgraph.matmul" and "transport" in op.attributes:
@@ -274,6 +286,27 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
     func_op.attributes["arg_attrs"] = ir.ArrayAttr.get(list(arg_dicts))
     func_op.attributes["res_attrs"] = ir.ArrayAttr.get(list(res_dicts))
     func_op.attributes["tgraph.partitioned"] = ir.UnitAttr.get()
+
+
+def _restore(op: ir.Operation, rule, following: ir.Operation, reshard, current: dict,
+             ctx) -> None:
+    """Moves each result of `op` to the sharding `rule.restore` gives it,
+    before `following` (the next op) and at `op`'s Python line, and points
+    its readers there. A reader wanting the computed layout again (the
+    attention backward reading its forward's out and lse) gets the computed
+    value from the Resharder's memo, with no move back."""
+    for r, computed, wanted in zip(list(op.results), rule.of_results(op), rule.restore):
+        if computed == wanted:
+            continue
+        readers = [(u.owner, u.operand_number) for u in r.uses]
+        if not readers:          # (an unread lse: no collective for nothing)
+            continue
+        value = reshard(r, computed, wanted, following, loc=op.location)
+        for owner, index in readers:
+            owner.operands[index] = value
+        current[value] = wanted
+        ctx.global_shapes[value] = ctx.global_shapes[r]
+        reshard.done[(value, computed)] = r
 
 
 def _inline_spmd(op: ir.Operation, reshard, current: dict, ctx) -> str:
@@ -312,11 +345,14 @@ def _hand_transport(matmul: ir.Operation) -> None:
     rows (a row-parallel weight's output made sequence-parallel). An
     explicit `nvshmem` that finds neither is an error: a request that
     silently did nothing would hide a sharding the user did not intend (or
-    a lhs of rank 3, which op.matmul reshapes around the GEMM)."""
+    a lhs of rank 3: the fused kernels take a 2-D lhs)."""
     rows = len(ir.RankedTensorType(matmul.results[0].type).shape) - 2
     lhs_owner = matmul.operands[0].owner
-    neighbours = [] if isinstance(lhs_owner, ir.Block) else [(lhs_owner, "tgraph.all_gather")]
-    neighbours += [(u.owner, "tgraph.reduce_scatter") for u in matmul.results[0].uses]
+    neighbours = []
+    if rows == 0:
+        if not isinstance(lhs_owner, ir.Block):
+            neighbours.append((lhs_owner, "tgraph.all_gather"))
+        neighbours += [(u.owner, "tgraph.reduce_scatter") for u in matmul.results[0].uses]
     handed = False
     for op, wanted in neighbours:
         if op.name == wanted and ir.IntegerAttr(op.attributes["dim"]).value == rows:

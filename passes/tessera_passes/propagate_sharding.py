@@ -3,7 +3,8 @@
 Starts from the `tgraph.sharding` attributes of function arguments (an
 argument without one is replicated) and walks the body forward, applying the
 per-op rules of `sharding_rules.py`. Each op gets a `tgraph.sharding`
-attribute describing its result; `tgraph.shard` pins a value's sharding, and
+attribute describing its result as computed (its readers see the rule's
+`restore` where it has one: attention over a sequence split); `tgraph.shard` pins a value's sharding, and
 a `tgraph.spmd` gives its results its `out_shardings`.
 Collectives are per-rank ops and may only appear after partitioning.
 """
@@ -37,12 +38,13 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
                 shardings[r] = Sharding.from_attr(attr)
             continue
         if op.name == "tgraph.shard":
-            each = [Sharding.from_attr(op.attributes["sharding"])]
+            each = seen = [Sharding.from_attr(op.attributes["sharding"])]
         else:
             read = [read_sharding(v, shardings[v], uses, ctx, scatter) for v in op.operands]
-            each = op_rule(op, read, ctx, scatter)[0].of_results(op)
+            rule = op_rule(op, read, ctx, scatter)[0]
+            each, seen = rule.of_results(op), rule.as_read(op)
         op.attributes[SHARDING] = results_attr(each)
-        for r, s in zip(op.results, each):
+        for r, s in zip(op.results, seen):
             shardings[r] = s
     return shardings
 

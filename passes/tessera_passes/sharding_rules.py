@@ -39,9 +39,17 @@ class Rule:
     #: each result's sharding, for ops whose results differ in rank
     #: (moe_dispatch's rows and sizes); else every result has `result`'s
     results: list[Sharding] | None = None
+    #: the sharding each result is moved to right after the op, where its
+    #: readers find it (attention that exchanged a sequence split for a head
+    #: split returns to the sequence split); None: as computed
+    restore: list[Sharding] | None = None
 
     def of_results(self, op) -> list[Sharding]:
         return self.results or [self.result] * len(op.results)
+
+    def as_read(self, op) -> list[Sharding]:
+        """The results' shardings as the op's readers see them."""
+        return self.restore or self.of_results(op)
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,7 @@ def elementwise_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
 
 
 def matmul_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
-    """`lhs[..., M, K] x rhs[..., K, N]`.
+    """`lhs[..., M, K] x rhs[..., K, N]`, or `rhs[K, N]` shared by every batch.
 
     M follows lhs and N follows rhs. If K is split (on either side; the other
     side is sliced to match) the result is a pending partial sum over those
@@ -129,32 +137,15 @@ def matmul_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     the matmul, which is linear in each argument separately (not in both,
     and not at all in deterministic mode).
     """
-    lhs, rhs = ins
-    r = lhs.rank
-    if ctx.deterministic:
-        lhs, rhs = lhs.with_partial(()), rhs.with_partial(())
-    if lhs.partial and rhs.partial:
-        rhs = rhs.with_partial(())
-    # A pending sum over an axis the other operand is split on is reduced:
-    # keeping it would mean gathering the other operand (usually a weight).
-    if set(lhs.partial) & _axes_of(rhs):
-        lhs = lhs.with_partial(())
-    if set(rhs.partial) & _axes_of(lhs):
-        rhs = rhs.with_partial(())
-    lk, rk = lhs.dims[r - 1], rhs.dims[r - 2]
-    if lk != rk:
-        if not rk and not set(lk) & (_axes_of(rhs) | set(rhs.partial)):
-            rk = lk                       # slice rhs's K locally
-        elif not lk and not set(rk) & (_axes_of(lhs) | set(lhs.partial)):
-            lk = rk                       # slice lhs's K locally
-        else:
-            lk = rk = ()                  # gather both
+    lhs, rhs = _contracted_operands(ins, ctx)
+    r, rr = lhs.rank, rhs.rank
+    lk, rk = _contraction(lhs.dims[r - 1], rhs.dims[rr - 2], lhs, rhs)
     lhs = lhs.with_dims(lhs.dims[: r - 1] + (lk,))
-    rhs = rhs.with_dims(rhs.dims[: r - 2] + (rk,) + rhs.dims[r - 1:])
+    rhs = rhs.with_dims(rhs.dims[: rr - 2] + (rk,) + rhs.dims[rr - 1:])
     batch = lhs.dims[: r - 2]
     m_axes = lhs.dims[r - 2]
     taken = {a for d in batch for a in d} | set(lk) | set(lhs.partial)
-    n_wanted = rhs.dims[r - 1]
+    n_wanted = rhs.dims[rr - 1]
     # M and N split over the same axis (a sequence-parallel input to a
     # column-parallel weight): with a transport requested the input is
     # gathered (the gather can be fused into the GEMM) and the weight stays
@@ -165,13 +156,66 @@ def matmul_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
         m_axes = ()
         lhs = lhs.with_dims(batch + ((), lk))
     taken |= set(m_axes)
-    rhs = rhs.with_dims(batch + rhs.dims[r - 2:])
-    n_axes = rhs.dims[r - 1]
+    rhs = rhs.with_dims((batch if rr == r else ()) + rhs.dims[rr - 2:])
+    n_axes = rhs.dims[rr - 1]
     if set(n_axes) & taken:
-        rhs = rhs.with_dims(rhs.dims[: r - 1] + ((),))
+        rhs = rhs.with_dims(rhs.dims[: rr - 1] + ((),))
         n_axes = ()
     partial = tuple(dict.fromkeys(lhs.partial + rhs.partial + tuple(lk)))
     return Rule([lhs, rhs], Sharding(lhs.mesh, batch + (m_axes, n_axes), partial))
+
+
+def _contracted_operands(ins: list[Sharding], ctx: Context) -> tuple[Sharding, Sharding]:
+    """The two operands of a product with the pending sums it can keep: not
+    both (the product is linear in each separately), none in deterministic
+    mode, and not one over an axis the other operand is split on (keeping it
+    would mean gathering the other operand, usually a weight)."""
+    lhs, rhs = ins
+    if ctx.deterministic:
+        lhs, rhs = lhs.with_partial(()), rhs.with_partial(())
+    if lhs.partial and rhs.partial:
+        rhs = rhs.with_partial(())
+    if set(lhs.partial) & _axes_of(rhs):
+        lhs = lhs.with_partial(())
+    if set(rhs.partial) & _axes_of(lhs):
+        rhs = rhs.with_partial(())
+    return lhs, rhs
+
+
+def _contraction(lk: tuple, rk: tuple, lhs: Sharding, rhs: Sharding) -> tuple[tuple, tuple]:
+    """The splits of a contracted dimension on each side: equal, the
+    unsplit side sliced to match where it can be, else both gathered."""
+    if lk == rk:
+        return lk, rk
+    if not rk and not set(lk) & (_axes_of(rhs) | set(rhs.partial)):
+        return lk, lk                     # slice rhs's locally
+    if not lk and not set(rk) & (_axes_of(lhs) | set(lhs.partial)):
+        return rk, rk                     # slice lhs's locally
+    return (), ()
+
+
+def contract_rows_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
+    """`lhs[R..., K]^T rhs[R..., N]` summed over the rows: each row
+    dimension takes one split for both operands (the less split one is
+    sliced locally) and its axes become a pending partial sum of the
+    `[K, N]` result (a data- or context-parallel weight gradient, reduced
+    where it is needed); K follows lhs and N rhs where no row takes their
+    axis."""
+    lhs, rhs = _contracted_operands(ins, ctx)
+    n = lhs.rank - 1
+    rows = []
+    for d in range(n):
+        mine = _contraction(lhs.dims[d], rhs.dims[d], lhs, rhs)[0]
+        used = {a for split in rows for a in split}
+        rows.append(mine if not set(mine) & used else ())
+    taken = {a for split in rows for a in split} | set(lhs.partial) | set(rhs.partial)
+    k_axes = lhs.dims[n] if not set(lhs.dims[n]) & taken else ()
+    n_axes = rhs.dims[n] if not set(rhs.dims[n]) & (taken | set(k_axes)) else ()
+    lhs = lhs.with_dims(tuple(rows) + (k_axes,))
+    rhs = rhs.with_dims(tuple(rows) + (n_axes,))
+    summed = tuple(a for split in rows for a in split)
+    partial = tuple(dict.fromkeys(lhs.partial + rhs.partial + summed))
+    return Rule([lhs, rhs], Sharding(lhs.mesh, (k_axes, n_axes), partial))
 
 
 def reduce_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
@@ -325,16 +369,17 @@ def scatter_add_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
 
 
 def check_range_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
-    """A value check passes its operand through: the first dimension keeps
-    its split (the runtime numbers this rank's rows from its block:
-    `row_axes`), the others are whole (rows stay whole blocks of the
-    flattened tensor, so a global position is the block's first one plus a
-    local one), and a pending sum is reduced first (its summands are not the
-    values)."""
-    (x,) = ins
-    rows = x.dims[0] if x.rank else ()
-    x = Sharding(x.mesh, (rows,) + ((),) * (x.rank - 1)) if x.rank else x.with_partial(())
-    return Rule([x], x, attrs={"row_axes": list(rows)} if rows else {})
+    """A value check passes its operand through in its layout, a pending sum
+    reduced first (its summands are not the values). The runtime numbers
+    a failing element in the flattened global tensor from this rank's
+    block: `row_axes` when only the first dimension is split (the block's
+    first element is then its index times the block's size), else
+    `dim_axes`, the axes splitting each dimension (token ids split along
+    the sequence)."""
+    x = ins[0].with_partial(())
+    if not any(x.dims[1:]):
+        return Rule([x], x, attrs={"row_axes": list(x.dims[0])} if x.rank and x.dims[0] else {})
+    return Rule([x], x, attrs={"dim_axes": [",".join(d) for d in x.dims]})
 
 
 def replicated_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
@@ -358,8 +403,16 @@ def topk_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
 def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     """attention and attention_grad: batch and head dimensions keep their
     split (head-parallel attention needs no communication); each rank
-    attends over whole sequences, so the sequence (`seq_dim`) and feature
-    dimensions are gathered.
+    attends over whole sequences, so the feature dimensions are gathered.
+
+    A sequence (`seq_dim`) split over an axis (context parallelism) is
+    exchanged for a split of a leading dimension the axis divides on q, k
+    and v alike, heads first (all-to-all or "Ulysses" attention: each rank
+    attends over the whole sequence for its share of the heads, so its
+    memory and work are 1/n of the whole and no rank gathers K or V); the
+    results return to the sequence split right after the op (`restore`),
+    and the op records the axes as `ulysses_axes`. A sequence split no
+    leading dimension can take is gathered.
 
     Grouped key/value heads (a k/v leading dimension smaller than q's)
     split with q's where the split divides them: each rank's query heads
@@ -387,6 +440,21 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
             split = ()
         lead.append(split)
 
+    # Context parallelism: each axis splitting q's sequence moves to the
+    # innermost leading dimension it divides on q and on k/v (heads; a k/v
+    # dimension of 1, multi-query heads, cannot take it).
+    exchanged = []                                     # (axis, lead index)
+    for axis in ins[0].dims[seq]:
+        taken = {a for split in lead for a in split}
+        if axis in taken or axis not in ins[1].dims[seq]:
+            continue
+        for i in reversed(range(len(lead_dims))):
+            d, parts = lead_dims[i], ctx.mesh.parts(lead[i] + (axis,))
+            if q_shape[d] % parts == 0 and kv_shape[d] % parts == 0 and kv_shape[d] > 1:
+                lead[i] += (axis,)
+                exchanged.append((axis, i))
+                break
+
     def placed(extent: list[int], trailing: int) -> Sharding:
         """A [lead..., trailing dims] operand: q's lead split where the
         dimension is q's, whole where it is 1."""
@@ -402,11 +470,24 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     required = [q_s if i in q_like else kv_s for i in range(rows)]
     required += [placed(ctx.shape(v)[:len(lead)], 2) for v in spec.sides]
     results = [q_s, q_s] if op.name == "tgraph.attention" else [q_s, kv_s, kv_s]
-    return Rule(required, q_s, results=results)
+    if not exchanged:
+        return Rule(required, q_s, results=results)
+
+    def restored(s: Sharding) -> Sharding:
+        """`s` with the exchanged axes back on the sequence dimension."""
+        dims = [list(split) for split in s.dims]
+        for axis, i in exchanged:
+            if axis in dims[lead_dims[i]]:
+                dims[lead_dims[i]].remove(axis)
+                dims[seq].append(axis)
+        return s.with_dims(dims)
+    return Rule(required, q_s, results=results, restore=[restored(s) for s in results],
+                attrs={"ulysses_axes": [axis for axis, _ in exchanged]})
 
 
 RULES = {
     "tgraph.matmul": matmul_rule,
+    "tgraph.contract_rows": contract_rows_rule,
     "tgraph.reduce": reduce_rule,
     "tgraph.broadcast": broadcast_rule,
     "tgraph.reshape": reshape_rule,

@@ -320,10 +320,15 @@ def _dropout(ins, outs, attrs):
         return f"key must be an int64 [seed, step] pair, got {_show(key)}"
     if not 0 < attrs["p"] < 1:
         return f"p={attrs['p']} must lie in (0, 1)"
+    return _dim_axes_error(attrs, ins["input"][0]) or _expect(outs, [ins["input"]])
+
+
+def _dim_axes_error(attrs, shape) -> str | None:
+    """What is wrong with `dim_axes` for an input of `shape`, or None."""
     dims = attrs.get("dim_axes")
-    if dims is not None and len(dims) != len(ins["input"][0]):
-        return f"dim_axes {dims} must name the axes of each of {len(ins['input'][0])} dimensions"
-    return _expect(outs, [ins["input"]])
+    if dims is not None and len(dims) != len(shape):
+        return f"dim_axes {dims} must name the axes of each of {len(shape)} dimensions"
+    return None
 
 
 def _axis_slice(ins, outs, attrs):
@@ -394,7 +399,7 @@ def _check_range(ins, outs, attrs):
         return f"check_range checks integers, got {_show(ins['input'])}"
     if attrs["low"] >= attrs["high"]:
         return f"the range [{attrs['low']}, {attrs['high']}) is empty"
-    return _expect(outs, [])
+    return _dim_axes_error(attrs, ins["input"][0]) or _expect(outs, [])
 
 
 _MOE_ATTRS = {
@@ -406,6 +411,10 @@ _MOE_ATTRS = {
 #: rows: the executor gives the routine this rank's `block` over them.
 _ROW_AXES = Attribute("str[]", False, "mesh axes splitting the rows (the executor makes "
                                       "them `block`)")
+#: `dim_axes` names, per dimension, the mesh axes splitting it: the
+#: executor gives the routine this rank's `blocks` (one per dimension).
+_DIM_AXES = Attribute("str[]", False, "per dimension, the mesh axes splitting it, "
+                      "comma-separated (the executor makes them `blocks`)")
 
 _ROUTINES = [
     Routine("matmul", "a @ b over the last two dimensions (BLAS), batch dimensions broadcast",
@@ -448,8 +457,7 @@ _ROUTINES = [
             "each by the counter-based random word of its global index (runtime/random.py)",
             ("input", "key"), ("result",), _dropout, "copy",
             {"p": Attribute("f64", True, "the rate, in (0, 1)"),
-             "dim_axes": Attribute("str[]", False, "per dimension, the mesh axes splitting it, "
-                                   "comma-separated (the executor makes them `blocks`)")},
+             "dim_axes": _DIM_AXES},
             graph_op="tgraph.dropout"),
     Routine("axis_slice", "this rank's block along `dim` of a value replicated over `axis`",
             ("input",), ("result",), _axis_slice, "copy",
@@ -474,7 +482,7 @@ _ROUTINES = [
             {"low": Attribute("i64", True), "high": Attribute("i64", True),
              "allowed": Attribute("i64[]", False, "values allowed outside the range"),
              "message": Attribute("str", True, "the error, {row} {value} {where} filled in"),
-             "row_axes": _ROW_AXES},
+             "row_axes": _ROW_AXES, "dim_axes": _DIM_AXES},
             graph_op="tgraph.check_range"),
 ]
 

@@ -176,18 +176,24 @@ def matmul(a: ir.Value, b: ir.Value, transport: str | None = None) -> ir.Value:
     return tgraph.MatmulOp(ranked(shape, element_of(a)), a, b, transport=attr).result
 
 
+def contract_rows(a: ir.Value, b: ir.Value) -> ir.Value:
+    """a[R..., K]^T b[R..., N] summed over every row: [K, N]."""
+    shape = [shape_of(a)[-1], shape_of(b)[-1]]
+    return tgraph.ContractRowsOp(ranked(shape, element_of(a)), a, b).result
+
+
 def swap_last(x: ir.Value) -> ir.Value:
     r = len(shape_of(x))
     return transpose(x, list(range(r - 2)) + [r - 1, r - 2])
 
 
 def gather(table: ir.Value, ids: ir.Value) -> ir.Value:
-    shape = [shape_of(ids)[0]] + shape_of(table)[1:]
+    shape = shape_of(ids) + shape_of(table)[1:]
     return tgraph.GatherOp(ranked(shape, element_of(table)), table, ids).result
 
 
 def scatter_add(updates: ir.Value, ids: ir.Value, rows: int) -> ir.Value:
-    shape = [rows] + shape_of(updates)[1:]
+    shape = [rows] + shape_of(updates)[len(shape_of(ids)):]
     return tgraph.ScatterAddOp(ranked(shape, element_of(updates)), updates, ids).result
 
 

@@ -85,6 +85,8 @@ def flops(op: ir.Operation) -> float:
     if op.name == "tgraph.matmul":
         k = ir.RankedTensorType(op.operands[0].type).shape[-1]
         total *= 2 * k
+    elif op.name == "tgraph.contract_rows":        # K x N outputs, a sum over every row
+        total *= 2 * math.prod(ir.RankedTensorType(op.operands[0].type).shape[:-1])
     return total
 
 

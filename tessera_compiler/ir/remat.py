@@ -15,7 +15,8 @@ RECOMPUTE = "tgraph.recompute"
 #: are kept); "none" marks a candidate region that keeps everything.
 RECOMPUTED = {"none": lambda op: False,
               "selective": lambda op: op.name == "tgraph.attention",
-              "dots_saveable": lambda op: op.name != "tgraph.matmul",
+              "dots_saveable": lambda op: op.name not in ("tgraph.matmul",
+                                                          "tgraph.contract_rows"),
               "nothing_saveable": lambda op: True}
 
 

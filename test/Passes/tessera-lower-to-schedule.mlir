@@ -499,3 +499,23 @@ func.func @check_range(%x: tensor<2x4xi32>, %e: tensor<0xi32>) -> (tensor<8xi32>
   %3 = tgraph.check_range %e in [0, 7) message "{row} {value}" : tensor<0xi32>
   return %2, %3 : tensor<8xi32>, tensor<0xi32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+// A linear layer over [B, S, K] rows (a 2-D rhs) and its weight gradient
+// (contract_rows) become 2-D GEMMs over the rows: reshapes (views) of the
+// local buffers to [rows, K], each made once, contract_rows's lhs transposed.
+// CHECK-LABEL: func.func @gemms_over_rows
+// CHECK: tsched.launch @gemms_over_rows_reshape_0 {{.*}} memref<2x4x16xf32>{{.*}} memref<8x16xf32>
+// CHECK: tsched.launch @gemms_over_rows_matmul_1 {{.*}} memref<8x16xf32>, memref<16x32xf32>{{.*}} memref<8x32xf32>
+// CHECK: tsched.launch @gemms_over_rows_reshape_2 {{.*}} memref<8x32xf32>{{.*}} memref<2x4x32xf32>
+// CHECK: tsched.launch @gemms_over_rows_transpose_3 {{.*}} memref<8x16xf32>{{.*}} memref<16x8xf32>
+// CHECK: tsched.launch @gemms_over_rows_matmul_4 {{.*}} memref<16x8xf32>, memref<8x32xf32>{{.*}} memref<16x32xf32>
+// CHECK-NOT: contract_rows
+func.func @gemms_over_rows(%x: tensor<2x4x16xf32>, %w: tensor<16x32xf32>)
+    -> (tensor<2x4x32xf32>, tensor<16x32xf32>) attributes {tgraph.partitioned} {
+  %y = tgraph.matmul %x, %w : tensor<2x4x16xf32>, tensor<16x32xf32> -> tensor<2x4x32xf32>
+  %g = tgraph.contract_rows %x, %y : tensor<2x4x16xf32>, tensor<2x4x32xf32> -> tensor<16x32xf32>
+  return %y, %g : tensor<2x4x32xf32>, tensor<16x32xf32>
+}

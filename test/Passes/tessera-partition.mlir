@@ -172,13 +172,14 @@ func.func @vocab_parallel(%table: tensor<12x8xf32> {tgraph.sharding = #tgraph.sh
 // -----
 
 tgraph.mesh @mesh axes = ["dp", "tp"] shape = [2, 2]
-// A value check keeps its operand's row split, names the row axes (the
-// runtime numbers this rank's rows from its block), gathers the other
-// dimensions and reduces a pending sum first.
+// A value check keeps its operand's layout and names the axes splitting it
+// (the runtime numbers a failing element from this rank's block): the row
+// axes when only rows are split, else every dimension's (token ids split
+// along the sequence); it reduces a pending sum first.
 // CHECK-LABEL: func.func @check_range
 // CHECK: %[[T:.*]] = tgraph.check_range %arg0 in [0, 7) or [-100] message "{row} {value}" {row_axes = ["dp"]{{.*}}} : tensor<4xi32>
-// CHECK: %[[U:.*]] = tgraph.all_gather %arg1 on @mesh["tp"] dim 1 : tensor<2x3xi32> -> tensor<2x6xi32>
-// CHECK: tgraph.check_range %[[U]] in [0, 7) message "{row} {value}" {row_axes = ["dp"]{{.*}}} : tensor<2x6xi32>
+// CHECK-NOT: all_gather
+// CHECK: tgraph.check_range %arg1 in [0, 7) message "{row} {value}" {dim_axes = ["dp", "tp"]{{.*}}} : tensor<2x3xi32>
 // CHECK: %[[V:.*]] = tgraph.all_reduce <sum> %arg2 on @mesh["tp"]
 // CHECK: tgraph.check_range %[[V]] in [0, 7) message "{row} {value}" {tgraph.sharding = {{.*}}} : tensor<3xi32>
 func.func @check_range(%t: tensor<8xi32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"]]>},
@@ -254,6 +255,61 @@ func.func @attention(%q: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.shardin
                      %k: tensor<2x4x8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["dp"], [], ["tp"], []]>}) -> tensor<2x4x8x16xf32> {
   %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32> -> tensor<2x4x8x16xf32>, tensor<2x4x8x1xf32>
   return %o#0 : tensor<2x4x8x16xf32>
+}
+
+// -----
+
+// Context parallelism: q, k and v split along the sequence (seq_dim 1 of
+// [B, S, H, D]) over cp. Nothing gathers the sequence: all-to-alls trade
+// its split for a head split (Ulysses), each rank attends over the whole
+// sequence for its heads, and out returns to the sequence split right
+// after the op (lse, unread, stays put).
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+// CHECK-LABEL: func.func @ulysses
+// CHECK-NOT: all_gather
+// CHECK: %[[Q:.*]] = tgraph.all_to_all %arg0 on @mesh["cp"] split_dim 2 concat_dim 1 : tensor<1x4x4x8xf32> -> tensor<1x8x2x8xf32>
+// CHECK: %[[K:.*]] = tgraph.all_to_all %arg1 on @mesh["cp"] split_dim 2 concat_dim 1 : tensor<1x4x2x8xf32> -> tensor<1x8x1x8xf32>
+// CHECK: %[[O:.*]], %{{.*}} = tgraph.attention %[[Q]], %[[K]], %[[K]] {causal, {{.*}}ulysses_axes = ["cp"]} {{.*}} -> tensor<1x8x2x8xf32>, tensor<1x8x2x1xf32>
+// CHECK: %[[R:.*]] = tgraph.all_to_all %[[O]] on @mesh["cp"] split_dim 1 concat_dim 2 : tensor<1x8x2x8xf32> -> tensor<1x4x4x8xf32>
+// CHECK-NOT: all_to_all
+// CHECK: return %[[R]]
+func.func @ulysses(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
+                   %k: tensor<1x8x2x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>})
+    -> (tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) {
+  %o:2 = tgraph.attention %q, %k, %k {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x2x8xf32>, tensor<1x8x2x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
+  return %o#0 : tensor<1x8x4x8xf32>
+}
+
+// -----
+
+// A sequence split no leading dimension can take (one key/value head: multi-
+// query) is gathered, as before context parallelism.
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+// CHECK-LABEL: func.func @sequence_gathered
+// CHECK: tgraph.all_gather %arg1 on @mesh["cp"] dim 1
+// CHECK-NOT: ulysses_axes
+func.func @sequence_gathered(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
+                             %k: tensor<1x8x1x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x1x8xf32>, tensor<1x8x1x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
+  return %o#0 : tensor<1x8x4x8xf32>
+}
+
+// -----
+
+// A linear layer over [B, S, K] rows split along the sequence: each rank
+// multiplies its rows by the whole weight, no communication; the weight's
+// gradient (contract_rows) is a pending partial sum over cp, all-reduced
+// where it is returned.
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+// CHECK-LABEL: func.func @rows_over_cp
+// CHECK: %[[Y:.*]] = tgraph.matmul %arg0, %arg1 {{.*}} : tensor<2x4x16xf32>, tensor<16x32xf32> -> tensor<2x4x32xf32>
+// CHECK: %[[G:.*]] = tgraph.contract_rows %arg0, %[[Y]] {{.*}} : tensor<2x4x16xf32>, tensor<2x4x32xf32> -> tensor<16x32xf32>
+// CHECK: tgraph.all_reduce <sum> %[[G]] on @mesh["cp"]
+func.func @rows_over_cp(%x: tensor<2x8x16xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], []]>},
+                        %w: tensor<16x32xf32>) -> (tensor<2x8x32xf32>, tensor<16x32xf32>) {
+  %y = tgraph.matmul %x, %w : tensor<2x8x16xf32>, tensor<16x32xf32> -> tensor<2x8x32xf32>
+  %g = tgraph.contract_rows %x, %y : tensor<2x8x16xf32>, tensor<2x8x32xf32> -> tensor<16x32xf32>
+  return %y, %g : tensor<2x8x32xf32>, tensor<16x32xf32>
 }
 
 // -----

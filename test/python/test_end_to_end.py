@@ -76,6 +76,22 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
             generate
         assert unpipelined.startswith("ShardingError") and "is not pipelined over 'pp'" in \
             unpipelined
+        # Context parallelism (the sequence split over cp, and batch x sequence
+        # over dp x cp): grouped-query causal attention over packed documents
+        # with dropout, forward and gradients, equal float64's with the global
+        # sequence's dropout mask. All-to-alls trade the sequence split for a
+        # head split (Ulysses) and back; none moves more than one rank's block
+        # of q, and nothing gathers K or V (only the int32 document ids).
+        for plan, run in r["cp_runs"].items():
+            what = f"seed {seed}, rank {r['rank']}, {plan}"
+            assert run["ok"], what
+            said = run["attention"]                     # forward(s) and backward
+            assert len(said) >= 2 and all("(all-to-all, Ulysses)" in a for a in said), said
+            most = run["most_bytes"]
+            assert set(most) <= {"all_to_all", "all_gather", "all_reduce", "axis_slice"}, \
+                (what, most)
+            assert most["all_to_all"] <= 2 * run["k_block_bytes"], (what, run)
+            assert most.get("all_gather", 0) <= run["segment_bytes"], (what, run)
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

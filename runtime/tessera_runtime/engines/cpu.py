@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import env
-from . import Engine, EngineError, Event
+from . import Engine, EngineError, Event, library
 
 #: A launch whose buffers total less runs on one thread. The team's
 #: members spin between launches (the GEMMs run on the same team, so no
@@ -540,7 +540,6 @@ class CPUEngine(Engine):
             return lambda ptrs: None                    # every value passes
         other = allowed[0] if allowed and info.min <= allowed[0] <= info.max else low
         n = math.prod(shape)
-        first = attrs.get("block", (0, 1))[0] * n
         item = ctypes.c_int32 if np.dtype(dtype) == np.int32 else ctypes.c_int64
         size = ctypes.sizeof(item)
         # (ctypes objects made once, not converted from ints on every call)
@@ -548,7 +547,8 @@ class CPUEngine(Engine):
 
         def run(ptrs):
             i = check(ptrs[0], *args)
-            return None if i < 0 else (first + i, item.from_address(ptrs[0] + size * i).value)
+            return None if i < 0 else (library.global_index(attrs, shape, i),
+                                       item.from_address(ptrs[0] + size * i).value)
         return run
 
     def _box_by_address(self, routine: str, attrs: dict, metas):

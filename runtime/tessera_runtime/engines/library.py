@@ -11,6 +11,7 @@ below registers against those names.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -198,8 +199,7 @@ def check_range(xp, attrs, x):
     """`tgraph.check_range` on this rank's block `x`: every element must lie
     in [low, high) or be one of `allowed`. The flag: None when every element
     passes, else (row, value) of the first that fails, its row counted in
-    the flattened global tensor (the block's first element is `block` index
-    x the block's size: blocks split the first dimension only). On a device
+    the flattened global tensor (`global_index`). On a device
     (a cupy array) the flag is always a device array [row or -1, value],
     computed there with no host read (`_check_on_device`): the engine reads
     it with the step's results. (The CPU engine checks int32 and int64 blocks
@@ -219,7 +219,23 @@ def check_range(xp, attrs, x):
     flat = x.reshape(-1)
     bad = _failing(flat, attrs)
     i = int(bad.argmax())
-    return (attrs.get("block", (0, 1))[0] * x.size + i, int(flat[i])) if bad[i] else None
+    return (global_index(attrs, x.shape, i), int(flat[i])) if bad[i] else None
+
+
+def global_index(attrs, shape, i):
+    """Where element `i` (row-major) of this rank's block, of `shape`, lies
+    in the flattened global tensor: from `block` (the first dimension split:
+    the block's first element is its index times its size) or `blocks` (an
+    (index, count) per dimension). `i` may be a device scalar (the result
+    is then one, computed there)."""
+    blocks = attrs.get("blocks")
+    if blocks is None:
+        return attrs.get("block", (0, 1))[0] * math.prod(shape) + i
+    at, local_stride, global_stride = 0, 1, 1
+    for n, (index, count) in zip(reversed(shape), reversed(blocks)):
+        at = at + (index * n + i // local_stride % n) * global_stride
+        local_stride, global_stride = local_stride * n, global_stride * n * count
+    return at
 
 
 def _failing(flat, attrs):
@@ -239,8 +255,7 @@ def _check_on_device(xp, attrs, x):
         return None
     bad = _failing(flat, attrs)
     i = xp.argmax(bad)                          # the first failing element, or 0
-    first = attrs.get("block", (0, 1))[0] * flat.size
-    row = xp.where(xp.take(bad, i), i.astype(xp.int64) + first, -1)
+    row = xp.where(xp.take(bad, i), global_index(attrs, x.shape, i.astype(xp.int64)), -1)
     return xp.stack([row, xp.take(flat, i).astype(xp.int64)])
 
 

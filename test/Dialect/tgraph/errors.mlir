@@ -180,10 +180,42 @@ func.func @f(%a: tensor<8xf32>, %b: tensor<8x4xf32>) -> tensor<4xf32> {
 
 // -----
 
-func.func @f(%a: tensor<2x8x16xf32>, %b: tensor<16x4xf32>) -> tensor<2x8x4xf32> {
-  // expected-error @below {{must have the same rank}}
-  %0 = tgraph.matmul %a, %b : tensor<2x8x16xf32>, tensor<16x4xf32> -> tensor<2x8x4xf32>
-  return %0 : tensor<2x8x4xf32>
+func.func @f(%a: tensor<8x16xf32>, %b: tensor<2x16x4xf32>) -> tensor<8x4xf32> {
+  // expected-error @below {{'lhs' 'tensor<8x16xf32>', 'rhs' 'tensor<2x16x4xf32>' and result 'tensor<8x4xf32>' must have the same rank (or 'rhs' be 2-D)}}
+  %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<2x16x4xf32> -> tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<2x8x16xf32>, %b: tensor<16x4xf32>) -> tensor<2x8x8xf32> {
+  // expected-error @below {{result shape 2x8x8 does not match 'lhs' 2x8x16 x 'rhs' 16x4}}
+  %0 = tgraph.matmul %a, %b : tensor<2x8x16xf32>, tensor<16x4xf32> -> tensor<2x8x8xf32>
+  return %0 : tensor<2x8x8xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<2x8x16xf32>, %b: tensor<2x4x32xf32>) -> tensor<16x32xf32> {
+  // expected-error @below {{'tgraph.contract_rows' op row dimensions differ: 'lhs' 2x8x16, 'rhs' 2x4x32}}
+  %0 = tgraph.contract_rows %a, %b : tensor<2x8x16xf32>, tensor<2x4x32xf32> -> tensor<16x32xf32>
+  return %0 : tensor<16x32xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<2x8x16xf32>, %b: tensor<2x8x32xf32>) -> tensor<32x16xf32> {
+  // expected-error @below {{'tgraph.contract_rows' op result 'tensor<32x16xf32>' must be [16, 32]}}
+  %0 = tgraph.contract_rows %a, %b : tensor<2x8x16xf32>, tensor<2x8x32xf32> -> tensor<32x16xf32>
+  return %0 : tensor<32x16xf32>
+}
+
+// -----
+
+func.func @f(%a: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<1x1xf32> {
+  // expected-error @below {{'tgraph.contract_rows' op 'lhs' 'tensor<16xf32>' and 'rhs' 'tensor<16xf32>' must have one rank, at least 2 (rows, then a column)}}
+  %0 = tgraph.contract_rows %a, %b : tensor<16xf32>, tensor<16xf32> -> tensor<1x1xf32>
+  return %0 : tensor<1x1xf32>
 }
 
 // -----
@@ -537,9 +569,25 @@ func.func @f(%a: tensor<4x4xf32>, %b: tensor<4x3xf32>) -> tensor<4x8xf32> {
 // -----
 
 func.func @f(%t: tensor<16x8xf32>, %ids: tensor<4xf32>) -> tensor<4x8xf32> {
-  // expected-error @below {{'tgraph.gather' op 'indices' must be a 1-D integer tensor, got 'tensor<4xf32>'}}
+  // expected-error @below {{'tgraph.gather' op 'indices' must be an integer tensor, got 'tensor<4xf32>'}}
   %0 = tgraph.gather %t[%ids] : tensor<16x8xf32>, tensor<4xf32> -> tensor<4x8xf32>
   return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @f(%t: tensor<16x8xf32>, %ids: tensor<2x3xi32>) -> tensor<6x8xf32> {
+  // expected-error @below {{'tgraph.gather' op table 'tensor<16x8xf32>' and rows 'tensor<6x8xf32>' must have one element type, and rows the indices' dimensions then the table's row shape}}
+  %0 = tgraph.gather %t[%ids] : tensor<16x8xf32>, tensor<2x3xi32> -> tensor<6x8xf32>
+  return %0 : tensor<6x8xf32>
+}
+
+// -----
+
+func.func @f(%t: tensor<16x8xf32>, %ids: tensor<2x3xi32>) -> tensor<3x2x8xf32> {
+  // expected-error @below {{'tgraph.gather' op rows 'tensor<3x2x8xf32>' must have one row per index ('tensor<2x3xi32>')}}
+  %0 = tgraph.gather %t[%ids] : tensor<16x8xf32>, tensor<2x3xi32> -> tensor<3x2x8xf32>
+  return %0 : tensor<3x2x8xf32>
 }
 
 // -----

@@ -144,6 +144,27 @@ func.func @training_ops(%x: tensor<4x8xf32>, %b: tensor<1x8xf32>, %ids: tensor<4
   return %g#0 : tensor<4x8xf32>
 }
 
+// A linear layer over [B, S, K] rows (a 2-D rhs shared by every batch) and
+// its weight gradient, every row contracted.
+// CHECK-LABEL: func.func @linear_rows
+// CHECK: tgraph.matmul %{{.*}}, %{{.*}} : tensor<2x8x16xf32>, tensor<16x32xf32> -> tensor<2x8x32xf32>
+// CHECK: tgraph.contract_rows %{{.*}}, %{{.*}} : tensor<2x8x16xf32>, tensor<2x8x32xf32> -> tensor<16x32xf32>
+func.func @linear_rows(%x: tensor<2x8x16xf32>, %w: tensor<16x32xf32>) -> tensor<16x32xf32> {
+  %0 = tgraph.matmul %x, %w : tensor<2x8x16xf32>, tensor<16x32xf32> -> tensor<2x8x32xf32>
+  %1 = tgraph.contract_rows %x, %0 : tensor<2x8x16xf32>, tensor<2x8x32xf32> -> tensor<16x32xf32>
+  return %1 : tensor<16x32xf32>
+}
+
+// Indices of any rank: token ids [B, S] give rows [B, S, D].
+// CHECK-LABEL: func.func @token_rows
+// CHECK: tgraph.gather %{{.*}}[%{{.*}}] : tensor<16x8xf32>, tensor<2x3xi32> -> tensor<2x3x8xf32>
+// CHECK: tgraph.scatter_add %{{.*}}[%{{.*}}] : tensor<2x3x8xf32>, tensor<2x3xi32> -> tensor<16x8xf32>
+func.func @token_rows(%t: tensor<16x8xf32>, %ids: tensor<2x3xi32>) -> tensor<16x8xf32> {
+  %0 = tgraph.gather %t[%ids] : tensor<16x8xf32>, tensor<2x3xi32> -> tensor<2x3x8xf32>
+  %1 = tgraph.scatter_add %0[%ids] : tensor<2x3x8xf32>, tensor<2x3xi32> -> tensor<16x8xf32>
+  return %1 : tensor<16x8xf32>
+}
+
 // CHECK-LABEL: func.func @check_range
 // CHECK: %[[T:.*]] = tgraph.check_range %{{.*}} in [0, 7) or [-100] message "t {value} at {row}{where}" : tensor<16xi32>
 // CHECK: tgraph.check_range %[[T]] in [0, 7) message "t {value} at {row}" {row_axes = ["dp"]} : tensor<16xi32>

@@ -196,6 +196,46 @@ for refused in (lambda: pp_llama.params["model.layers.1.mlp.up_proj.weight"].num
     except Exception as e:  # noqa: BLE001 - reported to the test
         pp_refusals.append(f"{type(e).__name__}: {e}")
 
+# Context parallelism: q, k and v split along the sequence ([B, S, H, D],
+# seq_dim 1), over a cp axis of 4 and over dp x cp (batch x sequence).
+# Grouped-query heads, causal, packed documents and attention dropout;
+# forward and gradients against float64 (the dropout mask the global
+# sequence's), and the communication: nothing over cp moves more than one
+# rank's block of q (all-to-alls, never a gather of K or V).
+cq = rng.standard_normal((2, 32, 8, 8)).astype(np.float32)
+ckv = rng.standard_normal((2, 2, 32, 4, 8)).astype(np.float32)
+cR = rng.standard_normal((2, 32, 8, 8)).astype(np.float32)
+cseg = np.zeros((2, 32), np.int32)
+cseg[0, 20:], cseg[1, 5:], cseg[1, 9:] = 1, 1, 2          # one long document, short ones
+cp_runs = {}
+for cp_mesh, split in ((dist.Mesh(axes=["cp"], shape=(4,)), ((1,), ("cp",))),
+                       (dist.Mesh(axes=["dp", "cp"], devices=[[0, 1], [2, 3]]),
+                        ((0, 1), ("dp", "cp")))):
+    seq = dist.ShardSpec(*split)
+    CQ, CK, CV, CR, CSEG = (dist.from_numpy(t, seq, cp_mesh)
+                            for t in (cq, ckv[0], ckv[1], cR, cseg))
+
+    @ts.compile(mesh=cp_mesh)
+    def cp_step(q, k, v, r, segments):
+        def attend(q, k, v):
+            return op.attention(q, k, v, causal=True, segment_ids=segments, seq_dim=1,
+                                dropout_p=0.1, dropout_key=(3, 2))
+        return (attend(q, k, v),) + tuple(ts.grad(op.sum(op.mul(attend(q, k, v), r)), [q, k, v]))
+
+    got_cp = [np.swapaxes(t.numpy(), 1, 2) for t in cp_step(CQ, CK, CV, CR, CSEG)]
+    want_cp = reference(*(np.swapaxes(t, 1, 2) for t in (cq, ckv[0], ckv[1], cR)),
+                        1 / np.sqrt(8), causal=True, segments=(cseg, cseg),
+                        dropout=(0.1, (3, 2)))
+    traced = ts.graph.trace(cp_step, CQ, CK, CV, CR, CSEG)
+    most = {}                   # collective over cp -> the most bytes one moves
+    for c in traced.collectives:
+        if c.axis == "cp":
+            most[c.op] = max(most.get(c.op, 0), c.bytes)
+    cp_runs["x".join(cp_mesh.axes)] = {
+        "ok": all(np.allclose(g, w, rtol=2e-4, atol=3e-5) for g, w in zip(got_cp, want_cp)),
+        "most_bytes": most, "k_block_bytes": CK.local().nbytes,
+        "segment_bytes": cseg.nbytes, "attention": traced.attention}
+
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
 partitioned = ts.graph.trace(mlp, X, W1, W2).partitioned
@@ -211,6 +251,6 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "moe_logits_gap": float(np.abs(moe_logits - moe_ref["logits"]).max()),
                "moe_local": moe_local, "pp_gaps": staged_gaps, "pp_held": pp_held,
                "pp_q": pp_q, "pp_refusals": pp_refusals,
-               "attention_gathers": att_ir.count("tgraph.all_gather"),
+               "attention_gathers": att_ir.count("tgraph.all_gather"), "cp_runs": cp_runs,
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)

@@ -171,7 +171,11 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
   let summary = "matrix product";
   let description = [{
     `lhs[..., M, K] x rhs[..., K, N] -> result[..., M, N]`; leading batch
-    dimensions must match.
+    dimensions must match. `rhs` may instead be 2-D, `[K, N]`, shared by
+    every batch (a linear layer over `[B, S, K]` activations: no reshape
+    to `[B * S, K]`, so a split of any of their dimensions, the sequence's
+    under context parallelism, carries over to the result);
+    `tessera-flatten-rows` makes it a 2-D GEMM once the shapes are local.
 
     `transport` (optional) asks that the collective next to this matmul use
     that transport: the all-gather of `lhs` along M, which the partitioner
@@ -185,10 +189,34 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
     %0 = tgraph.matmul %a, %b : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
     %1 = tgraph.matmul %a, %b {transport = #tgraph.transport<nvshmem>}
          : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    %2 = tgraph.matmul %x, %w : tensor<2x8x16xf32>, tensor<16x32xf32> -> tensor<2x8x32xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs,
                        OptionalAttr<TGraph_TransportAttr>:$transport);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def TGraph_ContractRowsOp : TGraph_Op<"contract_rows", [Pure]> {
+  let summary = "lhs^T rhs summed over every row: a linear layer's weight gradient";
+  let description = [{
+    `lhs[R..., K]` and `rhs[R..., N]` with the same row dimensions `R`:
+    `result[k, n] = sum over r of lhs[r, k] * rhs[r, n]`, `[K, N]`. The
+    gradient of the weight of a `tgraph.matmul` whose `rhs` is 2-D, with
+    its rows kept in their dimensions (a split of any becomes a pending
+    partial sum); `tessera-flatten-rows` makes it a 2-D GEMM once the
+    shapes are local.
+
+    ```mlir
+    %dw = tgraph.contract_rows %x, %dy
+        : tensor<2x8x16xf32>, tensor<2x8x32xf32> -> tensor<16x32xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
@@ -420,8 +448,10 @@ def TGraph_ConcatOp : TGraph_Op<"concat", [Pure]> {
 def TGraph_GatherOp : TGraph_Op<"gather", [Pure]> {
   let summary = "rows of `table` selected by integer `indices`";
   let description = [{
-    `result[i, :] = table[indices[i], :]`. An index outside `[0, rows)` is an
-    error at run time on the CPU engine.
+    `result[i..., :] = table[indices[i...], :]`, for indices of any rank
+    (token ids `[B, S]` give `[B, S, D]`, so a split of either dimension
+    carries over to the rows). An index outside `[0, rows)` is an error at
+    run time.
 
     After partitioning, `row_axes` says the table's rows are split over these
     mesh axes (vocab parallelism): this rank holds one block of rows, looks up
@@ -516,7 +546,7 @@ def TGraph_DropoutOp : TGraph_Op<"dropout", [Pure, AllTypesMatch<["x", "result"]
 def TGraph_ScatterAddOp : TGraph_Op<"scatter_add", [Pure]> {
   let summary = "sum rows of `updates` into a zero tensor at rows `indices`";
   let description = [{
-    `result[indices[i], :] += updates[i, :]`: the derivative of `tgraph.gather`
+    `result[indices[i...], :] += updates[i..., :]`: the derivative of `tgraph.gather`
     with respect to the table. Repeated indices accumulate. With `row_axes`
     (after partitioning) the result is this rank's block of rows over those
     mesh axes and updates for other rows are skipped.
