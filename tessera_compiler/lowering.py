@@ -108,9 +108,10 @@ def collectives_of(module: ir.Module, options: TargetOptions | None = None) -> l
 def attention_plans_of(module: ir.Module) -> list[str]:
     """How tessera-partition placed each attention whose sequence was split
     (context parallelism), in program order: "file.py:line: attention:
-    sequence over 'cp' exchanged for heads (all-to-all, Ulysses)", or
-    "... gathered over 'cp' (every rank attends over the whole sequence)"
-    where no leading dimension could take the split."""
+    sequence over 'cp' exchanged for heads (all-to-all, Ulysses)" (with
+    "; K and V gathered (one head)" for multi-query attention), or "...
+    gathered over 'cp' (every rank attends over the whole sequence)" where
+    no leading dimension could take the split."""
     out = []
     for f in module.body.operations:
         if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
@@ -121,16 +122,20 @@ def attention_plans_of(module: ir.Module) -> list[str]:
                 continue
             what = "attention" if op.name == "tgraph.attention" else "attention backward"
             where = f"{source_of(op.location)}: {what}: sequence"
+            def gathered(v: ir.Value) -> str | None:
+                """The axis `v`'s sequence was gathered over, if it was."""
+                owner = getattr(v.owner, "operation", v.owner)
+                if isinstance(owner, ir.Operation) and owner.name == "tgraph.all_gather" and \
+                        ir.IntegerAttr(owner.attributes["dim"]).value == gb.seq_dim_of(op):
+                    return ir.StringAttr(owner.attributes["axis"]).value
+                return None
             if "ulysses_axes" in op.attributes:
                 axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes["ulysses_axes"])]
+                kv = "; K and V gathered (one head)" if gathered(op.operands[1]) else ""
                 out.append(f"{where} over {' x '.join(map(repr, axes))} exchanged for heads "
-                           f"(all-to-all, Ulysses)")
-                continue
-            q = op.operands[0].owner
-            q = getattr(q, "operation", q)
-            if isinstance(q, ir.Operation) and q.name == "tgraph.all_gather" and \
-                    ir.IntegerAttr(q.attributes["dim"]).value == gb.seq_dim_of(op):
-                out.append(f"{where} gathered over {ir.StringAttr(q.attributes['axis']).value!r} "
+                           f"(all-to-all, Ulysses){kv}")
+            elif gathered(op.operands[0]):
+                out.append(f"{where} gathered over {gathered(op.operands[0])!r} "
                            f"(every rank attends over the whole sequence)")
     return out
 

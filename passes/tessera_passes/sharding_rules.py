@@ -409,10 +409,12 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     exchanged for a split of a leading dimension the axis divides on q, k
     and v alike, heads first (all-to-all or "Ulysses" attention: each rank
     attends over the whole sequence for its share of the heads, so its
-    memory and work are 1/n of the whole and no rank gathers K or V); the
-    results return to the sequence split right after the op (`restore`),
-    and the op records the axes as `ulysses_axes`. A sequence split no
-    leading dimension can take is gathered.
+    memory and work are 1/n of the whole and no rank gathers K or V), else
+    for q alone where k and v have one head (multi-query: their one head
+    is gathered, q's heads split); the results return to the sequence split
+    right after the op (`restore`), and the op records the axes as
+    `ulysses_axes`. A sequence split no leading dimension can take (grouped
+    heads fewer than the axis) is gathered.
 
     Grouped key/value heads (a k/v leading dimension smaller than q's)
     split with q's where the split divides them: each rank's query heads
@@ -420,7 +422,8 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     in groups of 4 over tp = 4), the dimension is gathered, on q too: a
     rank's query heads would need a rank-dependent slice of the key/value
     heads. A dimension of size 1 (multi-query heads, a mask shared by the
-    heads) is whole. Results: out and lse (dq) are q's, dk and dv k's."""
+    heads) is whole. Results: out and lse (dq) are q's, dk and dv k's (a
+    pending sum over the axes splitting q where k has extent 1)."""
     spec = gb.AttentionSpec.of(op)
     seq = gb.seq_dim_of(op)
     rank = ins[0].rank
@@ -441,19 +444,23 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
         lead.append(split)
 
     # Context parallelism: each axis splitting q's sequence moves to the
-    # innermost leading dimension it divides on q and on k/v (heads; a k/v
-    # dimension of 1, multi-query heads, cannot take it).
+    # innermost leading dimension it divides on q and on k/v (heads), else
+    # to one it divides on q where k/v have extent 1 (multi-query heads:
+    # q's heads split, the one key/value head gathered whole).
     exchanged = []                                     # (axis, lead index)
     for axis in ins[0].dims[seq]:
         taken = {a for split in lead for a in split}
         if axis in taken or axis not in ins[1].dims[seq]:
             continue
-        for i in reversed(range(len(lead_dims))):
-            d, parts = lead_dims[i], ctx.mesh.parts(lead[i] + (axis,))
-            if q_shape[d] % parts == 0 and kv_shape[d] % parts == 0 and kv_shape[d] > 1:
-                lead[i] += (axis,)
-                exchanged.append((axis, i))
-                break
+        fits = [i for i in reversed(range(len(lead_dims)))
+                if q_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0]
+        kv_too = [i for i in fits
+                  if kv_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0
+                  and kv_shape[lead_dims[i]] > 1]
+        shared = [i for i in fits if kv_shape[lead_dims[i]] == 1]
+        for i in (kv_too or shared)[:1]:
+            lead[i] += (axis,)
+            exchanged.append((axis, i))
 
     def placed(extent: list[int], trailing: int) -> Sharding:
         """A [lead..., trailing dims] operand: q's lead split where the
@@ -469,18 +476,27 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     q_s, kv_s = rows_of(q_shape), rows_of(kv_shape)
     required = [q_s if i in q_like else kv_s for i in range(rows)]
     required += [placed(ctx.shape(v)[:len(lead)], 2) for v in spec.sides]
-    results = [q_s, q_s] if op.name == "tgraph.attention" else [q_s, kv_s, kv_s]
+    # dk and dv of a key/value dimension of 1 that q's split (multi-query
+    # heads; one shared by the batch) are each rank's share of a sum over
+    # the ranks' queries: pending partial sums over those axes.
+    shared = tuple(a for d, split in zip(lead_dims, lead) if kv_shape[d] == 1 < q_shape[d]
+                   for a in split)
+    dkv = kv_s.with_partial(shared)
+    results = [q_s, q_s] if op.name == "tgraph.attention" else [q_s, dkv, dkv]
     if not exchanged:
         return Rule(required, q_s, results=results)
 
     def restored(s: Sharding) -> Sharding:
-        """`s` with the exchanged axes back on the sequence dimension."""
+        """`s` with the exchanged axes back on the sequence dimension (a
+        pending sum over one reduce-scattered there)."""
         dims = [list(split) for split in s.dims]
         for axis, i in exchanged:
-            if axis in dims[lead_dims[i]]:
-                dims[lead_dims[i]].remove(axis)
+            if axis in dims[lead_dims[i]] or axis in s.partial:
+                if axis in dims[lead_dims[i]]:
+                    dims[lead_dims[i]].remove(axis)
                 dims[seq].append(axis)
-        return s.with_dims(dims)
+        return Sharding(s.mesh, tuple(tuple(d) for d in dims),
+                        tuple(a for a in s.partial if a not in dims[seq]))
     return Rule(required, q_s, results=results, restore=[restored(s) for s in results],
                 attrs={"ulysses_axes": [axis for axis, _ in exchanged]})
 

@@ -282,16 +282,52 @@ func.func @ulysses(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@
 
 // -----
 
-// A sequence split no leading dimension can take (one key/value head: multi-
-// query) is gathered, as before context parallelism.
+// Multi-query heads (one key/value head): q's sequence split is traded for
+// its heads; the one key/value head is gathered whole.
 tgraph.mesh @mesh axes = ["cp"] shape = [2]
+// CHECK-LABEL: func.func @multi_query
+// CHECK: %[[Q:.*]] = tgraph.all_to_all %arg0 on @mesh["cp"] split_dim 2 concat_dim 1
+// CHECK: %[[K:.*]] = tgraph.all_gather %arg1 on @mesh["cp"] dim 1 : tensor<1x4x1x8xf32> -> tensor<1x8x1x8xf32>
+// CHECK: tgraph.attention %[[Q]], %[[K]], %[[K]] {{.*}}ulysses_axes = ["cp"]
+func.func @multi_query(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
+                       %k: tensor<1x8x1x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x1x8xf32>, tensor<1x8x1x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
+  return %o#0 : tensor<1x8x4x8xf32>
+}
+
+// -----
+
+// A sequence split no leading dimension can take (2 grouped key/value
+// heads over 4 ranks, one batch row) is gathered, as before context
+// parallelism.
+tgraph.mesh @mesh axes = ["cp"] shape = [4]
 // CHECK-LABEL: func.func @sequence_gathered
+// CHECK: tgraph.all_gather %arg0 on @mesh["cp"] dim 1
 // CHECK: tgraph.all_gather %arg1 on @mesh["cp"] dim 1
 // CHECK-NOT: ulysses_axes
 func.func @sequence_gathered(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
-                             %k: tensor<1x8x1x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
-  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x1x8xf32>, tensor<1x8x1x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
+                             %k: tensor<1x8x2x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x2x8xf32>, tensor<1x8x2x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
   return %o#0 : tensor<1x8x4x8xf32>
+}
+
+// -----
+
+// Multi-query attention's backward with q's heads over tp: each rank's dk
+// and dv (of the one key/value head) are its heads' share, a pending sum
+// over tp, all-reduced where they are returned.
+tgraph.mesh @mesh axes = ["tp"] shape = [2]
+// CHECK-LABEL: func.func @multi_query_grad
+// CHECK: %{{.*}}, %[[DK:.*]], %[[DV:.*]] = tgraph.attention_grad {{.*}}#tgraph.sharding<@mesh, {{\[\[}}], [], [], []], partial = ["tp"]>
+// CHECK: tgraph.all_reduce <sum> %[[DK]] on @mesh["tp"]
+// CHECK: tgraph.all_reduce <sum> %[[DV]] on @mesh["tp"]
+func.func @multi_query_grad(%q: tensor<1x4x8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"], [], []]>},
+                            %k: tensor<1x1x8x8xf32>,
+                            %do: tensor<1x4x8x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"], [], []]>},
+                            %lse: tensor<1x4x8x1xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["tp"], [], []]>})
+    -> (tensor<1x4x8x8xf32>, tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>) {
+  %g:3 = tgraph.attention_grad %q, %k, %k, %do, %lse, %lse {causal, scale = 0.25 : f64} : tensor<1x4x8x8xf32>, tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>, tensor<1x4x8x8xf32>, tensor<1x4x8x1xf32>, tensor<1x4x8x1xf32> -> tensor<1x4x8x8xf32>, tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>
+  return %g#0, %g#1, %g#2 : tensor<1x4x8x8xf32>, tensor<1x1x8x8xf32>, tensor<1x1x8x8xf32>
 }
 
 // -----

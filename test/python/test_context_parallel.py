@@ -73,17 +73,18 @@ def test_a_sequence_split_stays_split_through_a_llama_step(llama):
 
 
 def test_a_split_no_head_dimension_can_take_is_gathered_and_said_so():
-    """Multi-query attention (one key/value head) cannot trade the sequence
-    split for heads: it is gathered, and graph.trace says which attention."""
-    mesh = dist.Mesh(axes=["cp"], shape=(2,))
+    """Two grouped key/value heads over 4 ranks (and one batch row) cannot
+    take the sequence split: it is gathered, and graph.trace says which
+    attention (its Python line)."""
+    mesh = dist.Mesh(axes=["cp"], shape=(4,))
     rng = np.random.default_rng()
     seq = dist.ShardSpec((1,), ("cp",))
     q, k = (dist.from_numpy(rng.standard_normal(s).astype(np.float32), seq, mesh)
-            for s in ((1, 8, 4, 8), (1, 8, 1, 8)))
+            for s in ((1, 8, 4, 8), (1, 8, 2, 8)))
 
-    def mqa(q, k):
+    def grouped(q, k):
         return op.attention(q, k, k, causal=True, seq_dim=1)
-    traced = ts.graph.trace(ts.compile(mqa, mesh=mesh), q, k)
+    traced = ts.graph.trace(ts.compile(grouped, mesh=mesh), q, k)
     [said] = traced.attention
     assert "test_context_parallel.py:" in said and \
         "sequence gathered over 'cp' (every rank attends over the whole sequence)" in said

@@ -45,6 +45,8 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         # (With dropout too: each rank draws its heads' rows of the global mask.)
         assert r["attention_ok"], f"seed {seed}, rank {r['rank']}: GQA attention on dp x tp"
         assert r["attention_gathers"] == 0
+        # Multi-query heads over tp: dk and dv summed over the ranks' heads.
+        assert r["mqa_ok"], f"seed {seed}, rank {r['rank']}: MQA gradients over tp"
         # Dropout split over dp x tp draws the single-process mask, with no gather.
         assert r["dropout_ok"] == [True, True, True], r["dropout_ok"]
         assert r["dropout_gathers"] == 0
@@ -81,17 +83,27 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         # with dropout, forward and gradients, equal float64's with the global
         # sequence's dropout mask. All-to-alls trade the sequence split for a
         # head split (Ulysses) and back; none moves more than one rank's block
-        # of q, and nothing gathers K or V (only the int32 document ids).
+        # of q, and nothing gathers K or V (only the int32 document ids) but
+        # multi-query attention's one head (its dk, dv reduce-scattered back).
+        assert sorted(r["cp_runs"]) == ["cp", "cp, multi-query", "dp x cp"]
         for plan, run in r["cp_runs"].items():
             what = f"seed {seed}, rank {r['rank']}, {plan}"
             assert run["ok"], what
             said = run["attention"]                     # forward(s) and backward
             assert len(said) >= 2 and all("(all-to-all, Ulysses)" in a for a in said), said
+            assert "attention over a split sequence:" in run["inspected"]     # dist.inspect
+            assert all(a in run["inspected"] for a in said), run["inspected"]
             most = run["most_bytes"]
-            assert set(most) <= {"all_to_all", "all_gather", "all_reduce", "axis_slice"}, \
-                (what, most)
-            assert most["all_to_all"] <= 2 * run["k_block_bytes"], (what, run)
-            assert most.get("all_gather", 0) <= run["segment_bytes"], (what, run)
+            assert set(most) <= {"all_to_all", "all_gather", "all_reduce", "axis_slice",
+                                 "reduce_scatter"}, (what, most)
+            q_block = 2 * run["k_block_bytes"] * (4 if plan.endswith("multi-query") else 1)
+            assert most["all_to_all"] <= q_block, (what, run)
+            if plan.endswith("multi-query"):
+                assert all(a.endswith("K and V gathered (one head)") for a in said), said
+                assert most["reduce_scatter"] <= run["k_block_bytes"] * 4, (what, run)
+            else:
+                assert most.get("all_gather", 0) <= run["segment_bytes"], (what, run)
+                assert "reduce_scatter" not in most, (what, run)
         assert r["x_local"] == [4, 12]
         # The partial sum over tp is reduced on tp; the rows stay split over dp
         # (a result keeps the layout it is computed in).

@@ -3,6 +3,7 @@ each axis. Rows of x split over dp, w1 columns and
 w2 rows over tp. The result is a partial sum over tp with rows split over dp: the
 compiler reduces it over tp and the result keeps its dp row split."""
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -84,6 +85,22 @@ dropped_want = reference(aq, akv[0], akv[1], aR, 1 / np.sqrt(8), causal=True,
 att_ok = att_ok and all(np.allclose(g, w, rtol=2e-4, atol=3e-5)
                         for g, w in zip(att_dropped, dropped_want))
 att_ir = ts.graph.trace(attention_step, AQ, AK, AV, AR, PAD).partitioned
+
+# Multi-query attention (one key/value head) with q's heads over tp and the
+# batch over dp: each rank's dk and dv are its heads' share of a sum over
+# tp (they were returned unsummed, a different gradient on each rank).
+mk, mv = (dist.from_numpy(t[:, :1], dist.ShardSpec(partition=(0,), mesh_axes=("dp",)), mesh)
+          for t in akv)
+
+
+@ts.compile(mesh=mesh)
+def mqa_step(q, k, v, r):
+    return tuple(ts.grad(op.sum(op.mul(op.attention(q, k, v, causal=True), r)), [q, k, v]))
+
+
+mqa_want = reference(aq, akv[0][:, :1], akv[1][:, :1], aR, 1 / np.sqrt(8), causal=True)[1:]
+mqa_ok = all(np.allclose(g.numpy(), w, rtol=2e-4, atol=3e-5)
+             for g, w in zip(mqa_step(AQ, mk, mv, AR), mqa_want))
 
 
 # The same attention as a local-view body (heads over tp, the padding mask
@@ -208,12 +225,14 @@ cR = rng.standard_normal((2, 32, 8, 8)).astype(np.float32)
 cseg = np.zeros((2, 32), np.int32)
 cseg[0, 20:], cseg[1, 5:], cseg[1, 9:] = 1, 1, 2          # one long document, short ones
 cp_runs = {}
-for cp_mesh, split in ((dist.Mesh(axes=["cp"], shape=(4,)), ((1,), ("cp",))),
-                       (dist.Mesh(axes=["dp", "cp"], devices=[[0, 1], [2, 3]]),
-                        ((0, 1), ("dp", "cp")))):
+for plan, cp_mesh, split, kv_heads in (
+        ("cp", dist.Mesh(axes=["cp"], shape=(4,)), ((1,), ("cp",)), 4),
+        ("dp x cp", dist.Mesh(axes=["dp", "cp"], devices=[[0, 1], [2, 3]]), ((0, 1), ("dp", "cp")),
+         4),
+        ("cp, multi-query", dist.Mesh(axes=["cp"], shape=(4,)), ((1,), ("cp",)), 1)):
     seq = dist.ShardSpec(*split)
-    CQ, CK, CV, CR, CSEG = (dist.from_numpy(t, seq, cp_mesh)
-                            for t in (cq, ckv[0], ckv[1], cR, cseg))
+    ck, cv = (t[:, :, :kv_heads] for t in ckv)
+    CQ, CK, CV, CR, CSEG = (dist.from_numpy(t, seq, cp_mesh) for t in (cq, ck, cv, cR, cseg))
 
     @ts.compile(mesh=cp_mesh)
     def cp_step(q, k, v, r, segments):
@@ -223,7 +242,7 @@ for cp_mesh, split in ((dist.Mesh(axes=["cp"], shape=(4,)), ((1,), ("cp",))),
         return (attend(q, k, v),) + tuple(ts.grad(op.sum(op.mul(attend(q, k, v), r)), [q, k, v]))
 
     got_cp = [np.swapaxes(t.numpy(), 1, 2) for t in cp_step(CQ, CK, CV, CR, CSEG)]
-    want_cp = reference(*(np.swapaxes(t, 1, 2) for t in (cq, ckv[0], ckv[1], cR)),
+    want_cp = reference(*(np.swapaxes(t, 1, 2) for t in (cq, ck, cv, cR)),
                         1 / np.sqrt(8), causal=True, segments=(cseg, cseg),
                         dropout=(0.1, (3, 2)))
     traced = ts.graph.trace(cp_step, CQ, CK, CV, CR, CSEG)
@@ -231,10 +250,11 @@ for cp_mesh, split in ((dist.Mesh(axes=["cp"], shape=(4,)), ((1,), ("cp",))),
     for c in traced.collectives:
         if c.axis == "cp":
             most[c.op] = max(most.get(c.op, 0), c.bytes)
-    cp_runs["x".join(cp_mesh.axes)] = {
+    cp_runs[plan] = {
         "ok": all(np.allclose(g, w, rtol=2e-4, atol=3e-5) for g, w in zip(got_cp, want_cp)),
         "most_bytes": most, "k_block_bytes": CK.local().nbytes,
-        "segment_bytes": cseg.nbytes, "attention": traced.attention}
+        "segment_bytes": cseg.nbytes, "attention": traced.attention,
+        "inspected": dist.inspect(cp_step, file=io.StringIO())}
 
 Y = mlp(X, W1, W2)
 ref = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
@@ -252,5 +272,6 @@ with open(f"{out_dir}/result.rank{mesh.rank}.json", "w") as f:
                "moe_local": moe_local, "pp_gaps": staged_gaps, "pp_held": pp_held,
                "pp_q": pp_q, "pp_refusals": pp_refusals,
                "attention_gathers": att_ir.count("tgraph.all_gather"), "cp_runs": cp_runs,
+               "mqa_ok": mqa_ok,
                "collectives": [l.split("=")[1].split("%")[0].strip() + " " + l.split("on ")[1].split(" ")[0]
                                for l in partitioned.splitlines() if "tgraph.all_" in l or "reduce_scatter" in l]}, f)
