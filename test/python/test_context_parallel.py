@@ -67,7 +67,7 @@ def test_a_sequence_split_stays_split_through_a_llama_step(llama):
     assert all("sequence over 'cp' exchanged for heads (all-to-all, Ulysses)" in a
                for a in traced.attention), traced.attention
     one = step.memory_report(*_on(dist.Mesh(axes=["cp"], shape=(1,)), model, opt, batch))
-    four = step.memory_report(*args)
+    four = next(iter(traced.levels.memory.values()))      # (the trace planned it)
     whole, split = (p.rank(0).by_category["activations"] for p in (one, four))
     assert split < 0.35 * whole, (split, whole)
 
