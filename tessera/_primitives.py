@@ -813,6 +813,12 @@ def matmul(a, b, transport: str | None = None) -> Traced:
     if a.ndim == 1 or b.ndim == 1:
         return _matmul_vector(a, b, transport)
     with current_location(src):
+        if b.ndim == 2 and a.ndim > 2 and transport == "nvshmem" and \
+                all(n == 1 for n in a.shape[:-2]):
+            # (the fused NVSHMEM GEMMs take a 2-D lhs: [1, S, K] rows as [S, K])
+            flat = gb.reshape(a.value, [a.shape[-2], a.shape[-1]])
+            out = gb.matmul(flat, b.value, transport)
+            return result_of(gb.reshape(out, list(a.shape[:-1]) + [b.shape[-1]]), src)
         if b.ndim == 2:     # (one weight for every batch: tgraph.matmul's shared rhs)
             return result_of(gb.matmul(a.value, b.value, transport), src)
         av, bv = a.value, b.value

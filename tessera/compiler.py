@@ -394,6 +394,7 @@ class CompiledFunction:
             return
         levels = self._lower(traced.module, options)
         self._plans[key] = self._entry_plan(levels)
+        self._attention[key] = levels.attention
         if not exists:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
@@ -555,10 +556,14 @@ class CompiledFunction:
         sequence (`lowering.attention_plans_of`), from its Graph IR (the
         bundle may have come from the cache): Python passes only, no build."""
         key = self._last_key
-        if key not in self._attention:
+        if key not in self._attention:          # (this process loaded the bundle)
             module = ir.Module.parse(self._graph_text[key], new_context())
             with module.context:
-                self._attention[key] = lower(module, self._target(), until="partitioned").attention
+                try:
+                    levels = lower(module, self._target(), until="partitioned")
+                except _PipelineError as err:
+                    raise CompileError(f"compiling {self.fn.__name__} failed:\n{err}") from None
+            self._attention[key] = levels.attention
         return self._attention[key]
 
     def _enter_mesh(self, mesh: _dtensor.Mesh) -> None:

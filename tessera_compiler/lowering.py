@@ -85,24 +85,28 @@ def collectives_of(module: ir.Module, options: TargetOptions | None = None) -> l
     from tessera_passes.lower_to_schedule import FUSABLE, choose_transport
     gpu = options is not None and options.target == "gpu"
     out = []
+    for op in _body_ops(module, PER_RANK_OPS):
+        src = ir.RankedTensorType(op.operands[0].type)
+        res = ir.RankedTensorType(op.results[0].type)
+        width = max(1, src.element_type.width // 8) if hasattr(src.element_type, "width") else 4
+        size = max(math.prod(src.shape), math.prod(res.shape)) * width
+        transport = ""
+        if options is not None and op.name in FUSABLE and "transport" in op.attributes:
+            chosen, why, error = choose_transport(op, gpu, options.nvshmem_auto_max_bytes)
+            transport = f"{chosen}: {why}" if not error else f"error: {error}"
+        out.append(Collective(op.name.split(".")[1], ir.StringAttr(op.attributes["axis"]).value,
+                              size, tuple(src.shape), source_of(op.location), transport))
+    return out
+
+
+def _body_ops(module: ir.Module, names):
+    """The ops named in `names` of the module's functions, in program order."""
     for f in module.body.operations:
         if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
             continue
         for op in f.operation.regions[0].blocks[0].operations:
-            op = op.operation
-            if op.name not in PER_RANK_OPS:
-                continue
-            src = ir.RankedTensorType(op.operands[0].type)
-            res = ir.RankedTensorType(op.results[0].type)
-            width = max(1, src.element_type.width // 8) if hasattr(src.element_type, "width") else 4
-            size = max(math.prod(src.shape), math.prod(res.shape)) * width
-            transport = ""
-            if options is not None and op.name in FUSABLE and "transport" in op.attributes:
-                chosen, why, error = choose_transport(op, gpu, options.nvshmem_auto_max_bytes)
-                transport = f"{chosen}: {why}" if not error else f"error: {error}"
-            out.append(Collective(op.name.split(".")[1], ir.StringAttr(op.attributes["axis"]).value,
-                                  size, tuple(src.shape), source_of(op.location), transport))
-    return out
+            if op.operation.name in names:
+                yield op.operation
 
 
 def attention_plans_of(module: ir.Module) -> list[str]:
@@ -113,31 +117,28 @@ def attention_plans_of(module: ir.Module) -> list[str]:
     gathered over 'cp' (every rank attends over the whole sequence)" where
     no leading dimension could take the split."""
     out = []
-    for f in module.body.operations:
-        if f.operation.name != "func.func" or not f.operation.regions[0].blocks:
-            continue
-        for op in f.operation.regions[0].blocks[0].operations:
-            op = op.operation
-            if op.name not in gb.ATTENTION_OPS:
-                continue
-            what = "attention" if op.name == "tgraph.attention" else "attention backward"
-            where = f"{source_of(op.location)}: {what}: sequence"
-            def gathered(v: ir.Value) -> str | None:
-                """The axis `v`'s sequence was gathered over, if it was."""
-                owner = getattr(v.owner, "operation", v.owner)
-                if isinstance(owner, ir.Operation) and owner.name == "tgraph.all_gather" and \
-                        ir.IntegerAttr(owner.attributes["dim"]).value == gb.seq_dim_of(op):
-                    return ir.StringAttr(owner.attributes["axis"]).value
-                return None
-            if "ulysses_axes" in op.attributes:
-                axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes["ulysses_axes"])]
-                kv = "; K and V gathered (one head)" if gathered(op.operands[1]) else ""
-                out.append(f"{where} over {' x '.join(map(repr, axes))} exchanged for heads "
-                           f"(all-to-all, Ulysses){kv}")
-            elif gathered(op.operands[0]):
-                out.append(f"{where} gathered over {gathered(op.operands[0])!r} "
-                           f"(every rank attends over the whole sequence)")
+    for op in _body_ops(module, gb.ATTENTION_OPS):
+        what = "attention" if op.name == "tgraph.attention" else "attention backward"
+        where = f"{source_of(op.location)}: {what}: sequence"
+        if "ulysses_axes" in op.attributes:
+            axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes["ulysses_axes"])]
+            kv = "; K and V gathered (one head)" if _gathered_over(op, 1) else ""
+            out.append(f"{where} over {' x '.join(map(repr, axes))} exchanged for heads "
+                       f"(all-to-all, Ulysses){kv}")
+        elif _gathered_over(op, 0):
+            out.append(f"{where} gathered over {_gathered_over(op, 0)!r} "
+                       f"(every rank attends over the whole sequence)")
     return out
+
+
+def _gathered_over(attention: ir.Operation, operand: int) -> str | None:
+    """The axis an attention operand's sequence was gathered over, if it was."""
+    owner = attention.operands[operand].owner
+    owner = getattr(owner, "operation", owner)
+    if isinstance(owner, ir.Operation) and owner.name == "tgraph.all_gather" and \
+            ir.IntegerAttr(owner.attributes["dim"]).value == gb.seq_dim_of(attention):
+        return ir.StringAttr(owner.attributes["axis"]).value
+    return None
 
 
 IR_STAGES = ("graph", "autodiff", "partitioned", "schedule", "tile", "cpu", "gpu")
@@ -241,6 +242,8 @@ def lower(module: ir.Module, target: str | TargetOptions = "cpu",
     tessera-lower-to-tile) and the kernels CUDA C++ for sm_90a.
     `plan_only`: stop at Tile IR, with the memory plan (no GPU schedule, no
     kernel source). `until`: stop after that stage (e.g. "partitioned")."""
+    if until is not None and until not in IR_STAGES:
+        raise ValueError(f"lower: until={until!r} is not a stage ({', '.join(IR_STAGES)})")
     options = target_options(target)
     target = options.target
     levels = Levels(target=target, options=options)

@@ -593,6 +593,12 @@ LogicalResult CheckRangeOp::verify() {
     return emitOpError("'message' must name the failing element's {row} and {value}");
   if (getRowAxes() && type.getRank() < 1)
     return emitOpError("'row_axes' needs a tensor with rows, got ") << type;
+  if (getRowAxes() && getDimAxes())
+    return emitOpError("'row_axes' and 'dim_axes' both given: name the split rows or every "
+                       "dimension's axes, not both");
+  if (auto axes = getDimAxes(); axes && static_cast<int64_t>(axes->size()) != type.getRank())
+    return emitOpError("'dim_axes' must have one entry per dimension of ") << type << ", got "
+                                                                          << axes->size();
   return success();
 }
 

@@ -214,11 +214,7 @@ class ScheduleBuilder:
             self.on_compute.add(out)
 
     def check(self, op: ir.Operation, compute) -> None:
-        """A matmul of rows (a 2-D rhs shared by a higher-rank lhs's batches) and a
-`tgraph.contract_rows` become 2-D GEMMs over the rows, their operands
-reshaped (views) to `[rows, K]` (`gemms_over_rows`).
-
-A value check (`tgraph.check_range`) launches a kernel that reads
+        """A value check (`tgraph.check_range`) launches a kernel that reads
         its operand's buffer and writes none: its result is that buffer, not
         a copy (the runtime reads the check's flag with the step's results)."""
         buf = self.use(op.operands[0], compute)
@@ -607,6 +603,8 @@ def gemms_over_rows(func_op: ir.Operation) -> None:
                 rows[out] = product
             else:
                 out = kept(gb.matmul(kept(gb.swap_last(a)), b))
+        # (A cached [rows, K] view takes its first reader's pipeline action:
+        # autodiff makes a linear layer's dx, which reads it too, before its dW.)
         copy_action(op, *made)
         op.results[0].replace_all_uses_with(out)
         op.erase()

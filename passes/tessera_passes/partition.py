@@ -267,12 +267,12 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
             with ir.InsertionPoint.after(op), op.location:
                 for kind, axis in rule.post:
                     value = reshard._all_reduce(value, kind, axis)
-            for owner, index in users:
-                owner.operands[index] = value
+            for owner, operand in users:
+                owner.operands[operand] = value
             current[value] = rule.result
             ctx.global_shapes[value] = ctx.global_shapes[result]
         if rule.restore:
-            _restore(op, rule, body_ops[index + 1], reshard, current, ctx)
+            _restore(op, rule, body_ops[index + 1], reshard, current, ctx, uses)
 
     for op in ops_of(func_op):
         if op.name == "tgraph.matmul" and "transport" in op.attributes:
@@ -289,12 +289,14 @@ def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
 
 
 def _restore(op: ir.Operation, rule, following: ir.Operation, reshard, current: dict,
-             ctx) -> None:
+             ctx, uses: dict) -> None:
     """Moves each result of `op` to the sharding `rule.restore` gives it,
     before `following` (the next op) and at `op`'s Python line, and points
-    its readers there. A reader wanting the computed layout again (the
-    attention backward reading its forward's out and lse) gets the computed
-    value from the Resharder's memo, with no move back."""
+    its readers there (it has their count, `uses`, for read_sharding). A
+    reader wanting the computed layout again (the attention backward reading
+    its forward's out and lse) gets the computed value from the Resharder's
+    memo, with no move back. (A rule with `post` has no `restore`.)"""
+    assert not rule.post, "a rule both reduces its result (post) and moves it (restore)"
     for r, computed, wanted in zip(list(op.results), rule.of_results(op), rule.restore):
         if computed == wanted:
             continue
@@ -306,6 +308,7 @@ def _restore(op: ir.Operation, rule, following: ir.Operation, reshard, current: 
             owner.operands[index] = value
         current[value] = wanted
         ctx.global_shapes[value] = ctx.global_shapes[r]
+        uses[value] = uses.get(r, 0)
         reshard.done[(value, computed)] = r
 
 
@@ -345,7 +348,7 @@ def _hand_transport(matmul: ir.Operation) -> None:
     rows (a row-parallel weight's output made sequence-parallel). An
     explicit `nvshmem` that finds neither is an error: a request that
     silently did nothing would hide a sharding the user did not intend (or
-    a lhs of rank 3: the fused kernels take a 2-D lhs)."""
+    a lhs of rank above 2: the fused kernels take a 2-D lhs)."""
     rows = len(ir.RankedTensorType(matmul.results[0].type).shape) - 2
     lhs_owner = matmul.operands[0].owner
     neighbours = []

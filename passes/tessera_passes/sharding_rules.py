@@ -448,7 +448,9 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     # to one it divides on q where k/v have extent 1 (multi-query heads:
     # q's heads split, the one key/value head gathered whole).
     exchanged = []                                     # (axis, lead index)
-    for axis in ins[0].dims[seq]:
+    # (innermost axis first: the Resharder moves one axis at a time from the
+    # inside of a split, an all-to-all each)
+    for axis in reversed(ins[0].dims[seq]):
         taken = {a for split in lead for a in split}
         if axis in taken or axis not in ins[1].dims[seq]:
             continue
@@ -457,8 +459,8 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
         kv_too = [i for i in fits
                   if kv_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0
                   and kv_shape[lead_dims[i]] > 1]
-        shared = [i for i in fits if kv_shape[lead_dims[i]] == 1]
-        for i in (kv_too or shared)[:1]:
+        one_kv_head = [i for i in fits if kv_shape[lead_dims[i]] == 1]
+        for i in (kv_too or one_kv_head)[:1]:
             lead[i] += (axis,)
             exchanged.append((axis, i))
 
@@ -479,18 +481,18 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     # dk and dv of a key/value dimension of 1 that q's split (multi-query
     # heads; one shared by the batch) are each rank's share of a sum over
     # the ranks' queries: pending partial sums over those axes.
-    shared = tuple(a for d, split in zip(lead_dims, lead) if kv_shape[d] == 1 < q_shape[d]
+    summed = tuple(a for d, split in zip(lead_dims, lead) if kv_shape[d] == 1 < q_shape[d]
                    for a in split)
-    dkv = kv_s.with_partial(shared)
+    dkv = kv_s.with_partial(summed)
     results = [q_s, q_s] if op.name == "tgraph.attention" else [q_s, dkv, dkv]
     if not exchanged:
         return Rule(required, q_s, results=results)
 
     def restored(s: Sharding) -> Sharding:
-        """`s` with the exchanged axes back on the sequence dimension (a
-        pending sum over one reduce-scattered there)."""
+        """`s` with the exchanged axes back on the sequence dimension, in
+        their order there (a pending sum over one reduce-scattered there)."""
         dims = [list(split) for split in s.dims]
-        for axis, i in exchanged:
+        for axis, i in reversed(exchanged):
             if axis in dims[lead_dims[i]] or axis in s.partial:
                 if axis in dims[lead_dims[i]]:
                     dims[lead_dims[i]].remove(axis)

@@ -216,39 +216,34 @@ def test_llama_example_learns_the_standard_library_and_round_trips_hf(tmp_path, 
         assert says in capsys.readouterr().err
 
 
-#: the one-rank runs the two-rank ones follow, by model flags (computed once)
-_ONE_RANK: dict = {}
-
-
-@pytest.mark.parametrize("model, plan, mesh", [
-    pytest.param([], ["--pp", "2"], "dp × tp × pp mesh, 1 × 1 × 2", id="pp2"),
-    pytest.param([], ["--cp", "2"], "dp × cp × tp mesh, 1 × 2 × 1", id="cp2"),
-    pytest.param(["--experts", "4"], ["--ep", "2"], "dp × ep × tp mesh, 1 × 2 × 1", id="ep2")])
+@pytest.mark.parametrize("model, plan, steps, mesh", [
+    pytest.param([], ["--pp", "2"], 3, "dp × tp × pp mesh, 1 × 1 × 2", id="pp2"),
+    pytest.param([], ["--cp", "2"], 20, "dp × cp × tp mesh, 1 × 2 × 1", id="cp2"),
+    pytest.param(["--experts", "4"], ["--ep", "2"], 3, "dp × ep × tp mesh, 1 × 2 × 1", id="ep2")])
 def test_llama_example_on_two_ranks_follows_one_rank(tessera_launch, tmp_path, capsys, model,
-                                                     plan, mesh):
+                                                     plan, steps, mesh):
     """examples/train_llama.py on 2 ranks gives the one-rank run's mean loss
-    over 20 steps and its validation loss after them: --pp 2 (the step cut
-    into 2 stages by cost, its transfers paired in the order they are
-    made), --cp 2 (each window's bytes split over cp: attention by
-    all-to-all over heads, every linear layer on the rank's own bytes, the
-    gradients summed over cp), and a Mixtral with --ep 2 (each rank holds
-    and updates 2 of the 4 experts; tokens travel to them by all-to-all)."""
+    over its steps and its validation loss after them: --pp 2 (the step
+    cut into 2 stages by cost, its transfers paired in the order they are
+    made), --cp 2 over 20 steps (each window's bytes split over cp:
+    attention by all-to-all over heads, every linear layer on the rank's
+    own bytes, the gradients summed over cp), and a Mixtral with --ep 2
+    (each rank holds and updates 2 of the 4 experts; tokens travel to them
+    by all-to-all)."""
     sys.path.insert(0, str(EXAMPLES))
     try:
         import train_llama
     finally:
         sys.path.remove(str(EXAMPLES))
-    args = ["--steps", "20", "--eval-every", "20", "--width", "64", "--seq", "32", "--batch",
-            "8", "--data-mb", "0.5", "--val-batches", "1", "--plot", str(tmp_path / "loss.png"),
-            *model]
+    args = ["--steps", str(steps), "--eval-every", str(steps), "--width", "64", "--seq", "32",
+            "--batch", "8", "--data-mb", "0.5", "--val-batches", "1", "--plot",
+            str(tmp_path / "loss.png"), *model]
 
     def last(out):
-        return [line for line in out.splitlines() if line.startswith("step   20")][0] \
+        return [line for line in out.splitlines() if line.startswith(f"step {steps:4d}")][0] \
             .split(", ")[:2]
-    if tuple(model) not in _ONE_RANK:
-        assert train_llama.main(args) == 0
-        _ONE_RANK[tuple(model)] = last(capsys.readouterr().out)
-    one = _ONE_RANK[tuple(model)]
+    assert train_llama.main(args) == 0
+    one = last(capsys.readouterr().out)
     proc = tessera_launch("-n", 2, EXAMPLES / "train_llama.py", *plan, *args, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert mesh in proc.stdout

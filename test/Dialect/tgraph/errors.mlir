@@ -909,6 +909,14 @@ func.func @f(%x: tensor<i32>) -> tensor<i32> {
 
 // -----
 
+func.func @f(%x: tensor<2x4xi32>) -> tensor<2x4xi32> {
+  // expected-error @below {{'tgraph.check_range' op 'dim_axes' must have one entry per dimension of 'tensor<2x4xi32>', got 1}}
+  %0 = tgraph.check_range %x in [0, 7) message "{row} {value}" {dim_axes = ["cp"]} : tensor<2x4xi32>
+  return %0 : tensor<2x4xi32>
+}
+
+// -----
+
 func.func @f(%x: tensor<4xi32>) -> tensor<4xi64> {
   // expected-error @below {{'tgraph.check_range' op failed to verify that all of {input, result} have same type}}
   %0 = "tgraph.check_range"(%x) {low = 0 : i64, high = 7 : i64, message = "{row} {value}"} : (tensor<4xi32>) -> tensor<4xi64>

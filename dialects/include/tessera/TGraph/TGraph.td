@@ -175,7 +175,7 @@ def TGraph_MatmulOp : TGraph_Op<"matmul", [Pure]> {
     every batch (a linear layer over `[B, S, K]` activations: no reshape
     to `[B * S, K]`, so a split of any of their dimensions, the sequence's
     under context parallelism, carries over to the result);
-    `tessera-flatten-rows` makes it a 2-D GEMM once the shapes are local.
+    `tessera-lower-to-schedule` makes it a 2-D GEMM once shapes are local.
 
     `transport` (optional) asks that the collective next to this matmul use
     that transport: the all-gather of `lhs` along M, which the partitioner
@@ -208,7 +208,7 @@ def TGraph_ContractRowsOp : TGraph_Op<"contract_rows", [Pure]> {
     `result[k, n] = sum over r of lhs[r, k] * rhs[r, n]`, `[K, N]`. The
     gradient of the weight of a `tgraph.matmul` whose `rhs` is 2-D, with
     its rows kept in their dimensions (a split of any becomes a pending
-    partial sum); `tessera-flatten-rows` makes it a 2-D GEMM once the
+    partial sum); `tessera-lower-to-schedule` makes it a 2-D GEMM once the
     shapes are local.
 
     ```mlir
@@ -585,8 +585,9 @@ def TGraph_CheckRangeOp : TGraph_Op<"check_range",
     targets with it, so the loss and its gradient both keep it.
 
     After partitioning, `row_axes` names the mesh axes splitting the first
-    dimension (the others are whole): this rank checks one block of rows and
-    reports rows by their global position.
+    dimension when only it is split, or `dim_axes` those splitting each
+    dimension (comma-separated; token ids split along the sequence): this
+    rank checks its block and reports an element by its global position.
 
     ```mlir
     %t = tgraph.check_range %targets in [0, 7) or [-100]
@@ -595,7 +596,8 @@ def TGraph_CheckRangeOp : TGraph_Op<"check_range",
   }];
   let arguments = (ins AnyRankedTensor:$input, I64Attr:$low, I64Attr:$high,
                        OptionalAttr<DenseI64ArrayAttr>:$allowed, StrAttr:$message,
-                       OptionalAttr<StrArrayAttr>:$row_axes);
+                       OptionalAttr<StrArrayAttr>:$row_axes,
+                       OptionalAttr<StrArrayAttr>:$dim_axes);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = [{
     $input `in` ` ` `[` $low `,` $high `)` (`or` $allowed^)? `message` $message attr-dict
