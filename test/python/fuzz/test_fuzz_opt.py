@@ -13,7 +13,7 @@ from pathlib import Path
 import oracles
 
 HERE = Path(__file__).resolve().parent
-MUTANTS = 800
+MUTANTS = 600
 SEED = 20261124
 
 

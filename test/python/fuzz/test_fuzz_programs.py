@@ -57,7 +57,7 @@ def _check_gradient(p, seed, tmp_path_factory):
                 p, seed, f"ts.remat{p.remat} changed the gradients' bits")
 
 
-@oracles.fuzz_settings(examples=100)
+@oracles.fuzz_settings(examples=75)
 @given(p=programs.programs())
 def test_random_programs_match_float64_numpy(p, tmp_path_factory):
     """Elementwise ops with broadcasting, reductions (dim=, axis=, keepdim),
@@ -68,7 +68,7 @@ def test_random_programs_match_float64_numpy(p, tmp_path_factory):
     _check_forward(p, 0, tmp_path_factory)
 
 
-@oracles.fuzz_settings(examples=50)
+@oracles.fuzz_settings(examples=40)
 @given(p=programs.gradient_programs())
 def test_random_gradients_match_finite_differences(p, tmp_path_factory):
     """ts.grad of sum(result * weight) by a random subset of a random
