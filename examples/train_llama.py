@@ -38,7 +38,8 @@ With `--experts E` each layer's MLP is Mixtral's mixture of E experts
 experts and back by all-to-all) and the batch over `dp` x `ep`. With
 `--cp N` each window's bytes split over a `cp` axis (context parallelism):
 every rank holds and computes 1/N of each sequence, attention included
-(its heads exchanged for the sequence by all-to-all).
+(its heads exchanged for the sequence by all-to-all, or with
+`--cp-attention ring` key/value blocks passed around the cp ranks).
 """
 
 from __future__ import annotations
@@ -131,9 +132,10 @@ def batch_loss(model, params, batch):
     return op.cross_entropy(logits, batch["targets"])
 
 
-def make_step(model, opt, clip: float):
-    """The compiled training step: (loss, params, opt_state)."""
-    @ts.jit
+def make_step(model, opt, clip: float, cp_attention: str = "auto"):
+    """The compiled training step: (loss, params, opt_state). `cp_attention`:
+    how attention runs over a sequence split (`TargetOptions.context_parallel`)."""
+    @ts.jit(target=ts.TargetOptions(context_parallel=cp_attention))
     def train_step(params, opt_state, batch):
         loss, grads = ts.value_and_grad(lambda p: batch_loss(model, p, batch))(params)
         grads, _ = ts.optim.clip_by_global_norm(grads, clip)
@@ -233,6 +235,9 @@ def main(argv=None) -> int:
                     help="expert-parallel ranks: the experts split over an ep axis")
     ap.add_argument("--cp", type=int, default=1,
                     help="context-parallel ranks: each window's bytes split over a cp axis")
+    ap.add_argument("--cp-attention", default="auto", choices=["auto", "ring", "ulysses"],
+                    help="with --cp: attention by a ring of key/value blocks, by all-to-all "
+                         "over heads (Ulysses), or whichever moves fewer bytes (auto)")
     ap.add_argument("--plot", default="llama_loss.png", help="loss plot PNG to write")
     args = ap.parse_args(argv)
     if args.experts and args.from_pretrained:
@@ -287,7 +292,7 @@ def main(argv=None) -> int:
             layout = model.layout(mesh)     # Megatron over tp, the experts over ep
             params = dist.from_tree(params, layout, mesh)
             opt_state = dist.from_tree(opt_state, layout, mesh)
-        step = make_step(model, opt, clip=1.0) if args.pp == 1 else make_pipeline_step(
+        step = make_step(model, opt, 1.0, args.cp_attention) if args.pp == 1 else make_pipeline_step(
             model, opt, 1.0, mesh, args.schedule, args.microbatches)
         evaluate = make_eval(model)
 

@@ -181,6 +181,8 @@ def program_json(module: ir.Module, devices: list[int] | None = None) -> dict:
                 ins["concat_dim"] = ir.IntegerAttr(attrs["concat_dim"]).value
             if "root" in attrs:
                 ins["root"] = ir.IntegerAttr(attrs["root"]).value
+            if "offset" in attrs:
+                ins["offset"] = ir.IntegerAttr(attrs["offset"]).value
             if len(view.counts):
                 ins["counts"] = [name(v) for v in view.counts]
         elif kind in ("tsched.send", "tsched.recv"):

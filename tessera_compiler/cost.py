@@ -20,7 +20,7 @@ A prediction needs only the compiled program (the Schedule IR function as
                 2(n-1)/n B beta, all_gather / reduce_scatter / all_to_all
                 (n-1) alpha + (n-1)/n B beta (B: the larger buffer), a
                 broadcast (pipelined) log2(n) alpha + B beta, a
-                send or recv alpha + B beta. A group whose ranks all sit on one
+                send, recv or ring shift alpha + B beta. A group whose ranks all sit on one
                 node (`ranks_per_node`) uses the `intra` link, else `inter`.
   instruction   instruction_s of executor work each (allocs, events, ...)
   call          call_s per call of the compiled function, plus argument_s per
@@ -326,6 +326,9 @@ def collective_seconds(kind: str, nbytes: int, n: int, link: Link) -> float:
         return 0.0
     if kind == "all_reduce":
         return 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * nbytes * link.beta_s
+    if kind == "shift":
+        # One message to the next rank around the ring (every rank sends at once).
+        return link.alpha_s + nbytes * link.beta_s
     if kind == "broadcast":
         # Pipelined (NCCL's ring, the CPU's shared-memory pieces): the bytes
         # cross a link about once, the latency once per tree level.

@@ -37,7 +37,8 @@ from .memory import graph_facts, plan_memory
 
 STAGES = [
     ("autodiff", ["tessera-autodiff", "canonicalize", "cse"]),
-    ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "canonicalize",
+    ("partitioned", ["tessera-propagate-sharding", "tessera-partition", "tessera-ring-attention",
+                     "canonicalize",
                      "tessera-bucket-collectives", "tessera-hierarchical-collectives",
                      "tessera-pipeline-schedule", "tessera-hoist-selects"]),
     ("schedule", ["tessera-lower-to-schedule", "tessera-verify-schedule"]),
@@ -115,7 +116,8 @@ def attention_plans_of(module: ir.Module) -> list[str]:
     sequence over 'cp' exchanged for heads (all-to-all, Ulysses)" (with
     "; K and V gathered (one head)" for multi-query attention), or "...
     gathered over 'cp' (every rank attends over the whole sequence)" where
-    no leading dimension could take the split."""
+    no leading dimension could take the split, or "... kept split over
+    'cp': ring (...)" (tessera-ring-attention's first step)."""
     out = []
     for op in _body_ops(module, gb.ATTENTION_OPS):
         what = "attention" if op.name == "tgraph.attention" else "attention backward"
@@ -125,6 +127,12 @@ def attention_plans_of(module: ir.Module) -> list[str]:
             kv = "; K and V gathered (one head)" if _gathered_over(op, 1) else ""
             out.append(f"{where} over {' x '.join(map(repr, axes))} exchanged for heads "
                        f"(all-to-all, Ulysses){kv}")
+        elif "ring_axes" in op.attributes:
+            axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes["ring_axes"])]
+            balance = ", striped over the ranks for causal balance" \
+                if "causal" in op.attributes else ""
+            out.append(f"{where} kept split over {axes[0]!r}: ring (key/value blocks passed "
+                       f"around the axis, merged by log-sum-exp{balance})")
         elif _gathered_over(op, 0):
             out.append(f"{where} gathered over {_gathered_over(op, 0)!r} "
                        f"(every rank attends over the whole sequence)")

@@ -1159,6 +1159,20 @@ int64_t AxisSliceOp::getAxisSize() {
   return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
 }
 
+LogicalResult RingShiftOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  FailureOr<int64_t> size = lookupAxisSize(*this, &symbols, getMeshAttr(), getAxis());
+  if (failed(size))
+    return failure();
+  int64_t offset = static_cast<int64_t>(getOffset());
+  if (offset < 1 || offset >= *size)
+    return emitOpError("offset ") << offset << " must be 1 to " << *size - 1 << " (axis '"
+                                  << getAxis() << "' has " << *size << " ranks)";
+  return success();
+}
+int64_t RingShiftOp::getAxisSize() {
+  return *lookupAxisSize(*this, nullptr, getMeshAttr(), getAxis());
+}
+
 LogicalResult TransferOp::verifySymbolUses(SymbolTableCollection &symbols) {
   FailureOr<int64_t> size = lookupAxisSize(*this, &symbols, getMeshAttr(), getAxis());
   if (failed(size))

@@ -118,6 +118,15 @@ LogicalResult CollectiveStartOp::verifySymbolUses(SymbolTableCollection &symbols
                                              << " must have the same shape";
     return success();
   }
+  if (kind == CollectiveKind::shift) {
+    if (!getOffset() || *getOffset() < 1 || static_cast<int64_t>(*getOffset()) >= *size)
+      return emitOpError("<shift> needs an 'offset' of 1 to ") << *size - 1 << " (axis '"
+                                                               << getAxis() << "')";
+    if (src.getShape() != dst.getShape())
+      return emitOpError("shift 'src' ") << src << " and 'dst' " << dst
+                                         << " must have the same shape";
+    return success();
+  }
   bool reduces = kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
   if (reduces && !getReduction())
     return emitOpError("<") << stringifyCollectiveKind(kind)

@@ -79,7 +79,8 @@ from tessera_compiler.ir.support import (PassError, arg_attr_dicts, functions, n
 from tessera_compiler.ir.types import enum_of, memref_of, shape_of
 
 COLLECTIVES = {"tgraph.all_reduce": "all_reduce", "tgraph.all_gather": "all_gather",
-               "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all"}
+               "tgraph.reduce_scatter": "reduce_scatter", "tgraph.all_to_all": "all_to_all",
+               "tgraph.ring_shift": "shift"}
 NOT_COMPUTE = {"tgraph.mesh", "tgraph.shard", "tgraph.grad", "tgraph.send", "tgraph.recv"}
 # What a reduction over no elements is.
 EMPTY_REDUCTION = {"sum": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}
@@ -356,6 +357,7 @@ class ScheduleBuilder:
                 dim=attrs["dim"] if "dim" in attrs else attrs["split_dim"] if "split_dim" in attrs
                 else None,
                 concat_dim=attrs["concat_dim"] if "concat_dim" in attrs else None,
+                offset=attrs["offset"] if "offset" in attrs else None,
                 deterministic=attrs["deterministic"] if "deterministic" in attrs else None)
             self.tag(start)
             self.pending[dst] = start.result

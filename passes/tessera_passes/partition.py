@@ -192,10 +192,10 @@ class Resharder:
         return gb.axis_slice(value, self.ctx.mesh.name, axis, dim, self.mesh.axis_size(axis))
 
 
-def partition_function(func_op: ir.Operation, mesh: Mesh) -> None:
+def partition_function(func_op: ir.Operation, mesh: Mesh, options=None, target=None) -> None:
     block = func_op.regions[0].blocks[0]
     ftype = function_type(func_op)
-    ctx = context_of(func_op, mesh)
+    ctx = context_of(func_op, mesh, options, target)
     scatter = scatter_axes_of(func_op)
     current: dict = {}
     reshard = Resharder(ctx, current)
@@ -376,5 +376,5 @@ def _arg_label(arg: ir.Value) -> str:
 def run(op, pass_, options: TargetOptions):
     def body():
         for f, mesh in distributed_functions(op):
-            partition_function(f, mesh)
+            partition_function(f, mesh, options, options.resolved_target(op, default="cpu"))
     run_reporting(op, pass_, body)

@@ -21,10 +21,10 @@ from .sharding_rules import (SHARDING, argument_shardings, context_of, distribut
                              op_rule, read_sharding, scatter_axes_of, use_counts)
 
 
-def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
+def propagate(func_op: ir.Operation, mesh: Mesh, options=None, target=None) -> dict:
     """Maps every SSA value of the function to its sharding; annotates ops."""
     shardings = {}
-    ctx = context_of(func_op, mesh)
+    ctx = context_of(func_op, mesh, options, target)
     scatter = scatter_axes_of(func_op)
     uses = use_counts(func_op)
     block = func_op.regions[0].blocks[0]
@@ -52,5 +52,5 @@ def propagate(func_op: ir.Operation, mesh: Mesh) -> dict:
 def run(op, pass_, options: TargetOptions):
     def body():
         for f, mesh in distributed_functions(op):
-            propagate(f, mesh)
+            propagate(f, mesh, options, options.resolved_target(op, default="cpu"))
     run_reporting(op, pass_, body)

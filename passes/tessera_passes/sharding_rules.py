@@ -62,6 +62,11 @@ class Context:
     deterministic: bool = False
     #: Global shapes of values the partitioner has already made local.
     global_shapes: dict = field(default_factory=dict, compare=False, hash=False)
+    #: attention over a split sequence: "auto", "ring" or "ulysses"
+    #: (`TargetOptions.context_parallel`), and whether collectives progress
+    #: under compute (the GPU target: a ring's shifts hide behind its blocks)
+    context_parallel: str = "auto"
+    overlapped: bool = False
 
     def shape(self, value: ir.Value) -> list[int]:
         """`value`'s global shape (rules reason about global shapes)."""
@@ -446,11 +451,13 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
     # Context parallelism: each axis splitting q's sequence moves to the
     # innermost leading dimension it divides on q and on k/v (heads), else
     # to one it divides on q where k/v have extent 1 (multi-query heads:
-    # q's heads split, the one key/value head gathered whole).
+    # q's heads split, the one key/value head gathered whole) -- unless the
+    # sequence stays split and attention runs as a ring (`_ring_axis`).
     exchanged = []                                     # (axis, lead index)
+    ring = _ring_axis(op, ins, spec, seq, lead_dims, lead, q_shape, kv_shape, ctx)
     # (innermost axis first: the Resharder moves one axis at a time from the
     # inside of a split, an all-to-all each)
-    for axis in reversed(ins[0].dims[seq]):
+    for axis in reversed(ins[0].dims[seq] if ring is None else ()):
         taken = {a for split in lead for a in split}
         if axis in taken or axis not in ins[1].dims[seq]:
             continue
@@ -476,8 +483,14 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
             dims[d] = split if shape[d] > 1 else ()
         return Sharding(ins[0].mesh, tuple(dims))
     q_s, kv_s = rows_of(q_shape), rows_of(kv_shape)
+    if ring is not None:
+        q_s = q_s.with_dims(tuple((ring,) if d == seq else s for d, s in enumerate(q_s.dims)))
+        kv_s = kv_s.with_dims(tuple((ring,) if d == seq else s for d, s in enumerate(kv_s.dims)))
     required = [q_s if i in q_like else kv_s for i in range(rows)]
     required += [placed(ctx.shape(v)[:len(lead)], 2) for v in spec.sides]
+    if ring is not None:           # (segment ids [L..., S, 1] split along S with their rows)
+        required = required[:rows] + [s.with_dims(s.dims[:-2] + ((ring,), ()))
+                                      for s in required[rows:]]
     # dk and dv of a key/value dimension of 1 that q's split (multi-query
     # heads; one shared by the batch) are each rank's share of a sum over
     # the ranks' queries: pending partial sums over those axes.
@@ -485,6 +498,8 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
                    for a in split)
     dkv = kv_s.with_partial(summed)
     results = [q_s, q_s] if op.name == "tgraph.attention" else [q_s, dkv, dkv]
+    if ring is not None:
+        return Rule(required, q_s, results=results, attrs={"ring_axes": [ring]})
     if not exchanged:
         return Rule(required, q_s, results=results)
 
@@ -501,6 +516,38 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
                         tuple(a for a in s.partial if a not in dims[seq]))
     return Rule(required, q_s, results=results, restore=[restored(s) for s in results],
                 attrs={"ulysses_axes": [axis for axis, _ in exchanged]})
+
+
+def _ring_axis(op, ins, spec, seq, lead_dims, lead, q_shape, kv_shape, ctx: Context):
+    """The axis attention runs over as a ring (tessera-ring-attention), or
+    None. The ring takes a sequence split over one axis, of q and k alike,
+    with equal q and k/v lengths and no mask, window or dropout (causal
+    attention also needs a local length the axis divides: it is striped).
+    `context_parallel = "ring"` asks for it; "ulysses" never; "auto" takes
+    it where it exposes fewer bytes per rank than the all-to-all: where no
+    head dimension can take the split (Ulysses would gather the sequence),
+    or on a target whose collectives progress under compute (the GPU),
+    where the shifts hide behind the blocks and only a causal ring's
+    striping exchanges show (as many bytes as Ulysses' exchanges: a tie
+    goes to Ulysses, one exchange per operand and no per-step launches)."""
+    split = ins[0].dims[seq]
+    if ctx.context_parallel == "ulysses" or len(split) != 1 or ins[1].dims[seq] != split:
+        return None
+    axis = split[0]
+    n = ctx.mesh.axis_size(axis)
+    if spec.mask is not None or spec.window is not None or spec.dropout_p is not None or \
+            q_shape[seq] != kv_shape[seq] or q_shape[seq] % n or \
+            (spec.causal and (q_shape[seq] // n) % n):
+        return None
+    if ctx.context_parallel == "ring":
+        return axis
+    taken = {a for s in lead for a in s}
+    ulysses = any(q_shape[d] % ctx.mesh.parts(s + (axis,)) == 0 and
+                  (kv_shape[d] == 1 or kv_shape[d] % ctx.mesh.parts(s + (axis,)) == 0)
+                  for d, s in zip(lead_dims, lead)) and axis not in taken
+    if not ulysses:
+        return axis
+    return axis if ctx.overlapped and not spec.causal else None
 
 
 RULES = {
@@ -587,8 +634,10 @@ def result_shardings(func_op: ir.Operation, types) -> list[Sharding | None]:
             for _, d in zip(types, arg_attr_dicts(func_op, "res_attrs"))]
 
 
-def context_of(func_op: ir.Operation, mesh: Mesh) -> Context:
-    return Context(mesh, deterministic=DETERMINISTIC in func_op.attributes)
+def context_of(func_op: ir.Operation, mesh: Mesh, options=None, target=None) -> Context:
+    return Context(mesh, deterministic=DETERMINISTIC in func_op.attributes,
+                   context_parallel=options.context_parallel if options else "auto",
+                   overlapped=target == "gpu")
 
 
 def scatter_axes_of(func_op: ir.Operation) -> tuple[str, ...]:

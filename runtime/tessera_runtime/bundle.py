@@ -21,7 +21,7 @@ from .mesh import MeshError, MeshInfo
 
 FORMAT = "tessera-bundle"
 SUPPORTED_VERSIONS = (1,)
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "shift")
 REDUCTIONS = ("sum", "max", "min", "prod")
 
 
@@ -275,6 +275,8 @@ def _read_instr(r: _Reader, i: int, raw) -> Instr:
         fields["deterministic"] = r.get(raw, "deterministic", where, bool, default=False)
         if kind == "broadcast":
             fields["root"] = r.get(raw, "root", where, int)
+        if kind == "shift":             # to rank r + offset, from rank r - offset
+            fields["offset"] = r.get(raw, "offset", where, int)
     if op in ("send", "recv"):
         fields["peer"] = r.get(raw, "peer", where, int)
     if "on" in raw:

@@ -345,10 +345,10 @@ class ScheduleExecutor:
             raise self._err(ins, f"no communicator for sub-axis '{axis}' (pass one per entry of "
                                  f"the program's sub_axes with communicators=)")
         n = self.program.mesh.axis_size(axis)
-        if kind not in ("all_reduce", "broadcast") and not 0 <= dim < len(sshape):
+        if kind not in ("all_reduce", "broadcast", "shift") and not 0 <= dim < len(sshape):
             raise self._err(ins, f"dim {dim} is out of range for rank-{len(sshape)} "
                                  f"src '{ins['src']}'")
-        if kind in ("all_reduce", "broadcast"):
+        if kind in ("all_reduce", "broadcast", "shift"):
             expect = sshape
         elif kind == "all_to_all":
             concat = ins["concat_dim"]
@@ -995,6 +995,8 @@ class ScheduleExecutor:
                                    counts=counts and tuple(values[c] for c in counts), **where)
         if kind == "broadcast":
             return comm.broadcast(src, dst, ins["root"], **where)
+        if kind == "shift":
+            return comm.shift(src, dst, ins["offset"], **where)
         return comm.reduce_scatter(src, dst, ins["dim"], ins["reduction"],
                                    ins["deterministic"], **where)
 

@@ -456,6 +456,11 @@ def recv(result_type: ir.Type, mesh: str, axis: str, frm: int) -> ir.Value:
     return tgraph.RecvOp(result_type, *_on(mesh, axis), i64(frm)).result
 
 
+def ring_shift(x: ir.Value, mesh: str, axis: str, offset: int) -> ir.Value:
+    """Each rank's `x` passed to the rank `offset` after it around `axis`."""
+    return tgraph.RingShiftOp(x, *_on(mesh, axis), i64(offset)).result
+
+
 def axis_slice(x: ir.Value, mesh: str, axis: str, dim: int, axis_size: int) -> ir.Value:
     return tgraph.AxisSliceOp(_resized(x, dim, over=axis_size), x, *_on(mesh, axis),
                               i64(dim)).result

@@ -169,6 +169,16 @@ def _parse_target(text: str) -> str:
     return text
 
 
+CONTEXT_PARALLEL = ("auto", "ring", "ulysses")
+
+
+def _parse_context_parallel(text: str) -> str:
+    if text not in CONTEXT_PARALLEL:
+        raise OptionError(f"unknown context_parallel {text!r}; choose one of "
+                          f"{', '.join(CONTEXT_PARALLEL)}")
+    return text
+
+
 def _parse_blocks(text: str) -> tuple:
     """`64:64x64,128:64x32` -> ((64, (64, 64)), (128, (64, 32)))."""
     out = []
@@ -252,6 +262,11 @@ class TargetOptions:
         True, "with ranks-per-node set, all-reduces that span nodes run as a reduce-scatter "
         "inside each node, an all-reduce across nodes and an all-gather inside each node",
         _parse_bool)
+    context_parallel: str = _option(
+        "auto", "attention over a sequence split (context parallelism): ring (key/value "
+        "blocks passed around the axis), ulysses (all-to-all: sequence for heads) or auto "
+        "(whichever moves fewer bytes per rank; the ring where no head dimension takes "
+        "the split)", _parse_context_parallel)
     wait_watchdog_s: float | None = _option(
         None, "seconds after which a thread waiting on an mbarrier traps (none: no "
         "check); bench/gpu_kit.py builds its checks with 5", _parse_optional_float,
@@ -260,6 +275,7 @@ class TargetOptions:
     def __post_init__(self):
         if self.target is not None:
             _parse_target(self.target)
+        _parse_context_parallel(self.context_parallel)
         for f in fields(self):
             value, kind = getattr(self, f.name), type(f.default)
             if kind is bool and not isinstance(value, bool):

@@ -110,7 +110,7 @@ class Mesh:
 #: Per-rank ops tessera-partition inserts (collectives and the local slice):
 #: they exist only in partitioned functions.
 PER_RANK_OPS = ("tgraph.all_reduce", "tgraph.all_gather", "tgraph.reduce_scatter",
-                "tgraph.all_to_all", "tgraph.axis_slice")
+                "tgraph.all_to_all", "tgraph.axis_slice", "tgraph.ring_shift")
 
 
 def meshes_of(module: ir.Module | ir.Operation) -> dict[str, Mesh]:

@@ -20,7 +20,8 @@ from .support import symbol_of
 #: collectives after which a value is the same on every rank of the axis
 UNIFORM_AFTER = ("tgraph.all_reduce", "tgraph.all_gather")
 #: ops after which a value differs along the axis
-VARYING_AFTER = ("tgraph.reduce_scatter", "tgraph.all_to_all", "tgraph.axis_slice")
+VARYING_AFTER = ("tgraph.reduce_scatter", "tgraph.all_to_all", "tgraph.axis_slice",
+                 "tgraph.ring_shift")
 #: every per-rank op over one mesh axis
 PER_RANK_COLLECTIVES = UNIFORM_AFTER + VARYING_AFTER
 

@@ -298,8 +298,8 @@ func.func @multi_query(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.shardi
 // -----
 
 // A sequence split no leading dimension can take (2 grouped key/value
-// heads over 4 ranks, one batch row) is gathered, as before context
-// parallelism.
+// heads over 4 ranks, one batch row) and the ring cannot either (causal
+// attention stripes each rank's 2 positions over 4 ranks) is gathered.
 tgraph.mesh @mesh axes = ["cp"] shape = [4]
 // CHECK-LABEL: func.func @sequence_gathered
 // CHECK: tgraph.all_gather %arg0 on @mesh["cp"] dim 1
@@ -307,6 +307,22 @@ tgraph.mesh @mesh axes = ["cp"] shape = [4]
 // CHECK-NOT: ulysses_axes
 func.func @sequence_gathered(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
                              %k: tensor<1x8x2x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
+  %o:2 = tgraph.attention %q, %k, %k {causal, scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x2x8xf32>, tensor<1x8x2x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
+  return %o#0 : tensor<1x8x4x8xf32>
+}
+
+// -----
+
+// Where no head dimension takes the split but the ring can, the sequence
+// stays split and the op is marked for tessera-ring-attention (auto:
+// Ulysses would gather it).
+tgraph.mesh @mesh axes = ["cp"] shape = [4]
+// CHECK-LABEL: func.func @ring
+// CHECK-NOT: all_gather
+// CHECK-NOT: all_to_all
+// CHECK: tgraph.attention %arg0, %arg1, %arg1 {ring_axes = ["cp"], {{.*}} : tensor<1x2x4x8xf32>, tensor<1x2x2x8xf32>, tensor<1x2x2x8xf32>
+func.func @ring(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
+                %k: tensor<1x8x2x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
   %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x2x8xf32>, tensor<1x8x2x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
   return %o#0 : tensor<1x8x4x8xf32>
 }

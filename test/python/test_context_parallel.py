@@ -72,6 +72,37 @@ def test_a_sequence_split_stays_split_through_a_llama_step(llama):
     assert split < 0.35 * whole, (split, whole)
 
 
+def test_ring_attention_keeps_the_sequence_split_in_a_llama_step(llama):
+    """context_parallel="ring" over cp = 4: attention keeps the sequence
+    split and passes key/value blocks around the ring (forward and
+    backward, said per attention); no collective gathers, none moves more
+    than one rank's block of q (the all-to-alls stripe the causal work),
+    each ring_shift at most one rank's K (or dK) block; each rank's planned
+    activations are about a quarter of one rank's."""
+    model, opt, _, batch = llama
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import train_llama
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    step = train_llama.make_step(model, opt, 1.0, "ring")
+    mesh = dist.Mesh(axes=["cp"], shape=(4,))
+    traced = ts.graph.trace(step, *_on(mesh, model, opt, batch))
+    over_cp = [c for c in traced.collectives if c.axis == "cp"]
+    assert {c.op for c in over_cp} == {"all_to_all", "ring_shift", "all_reduce", "axis_slice"}, \
+        traced.report()
+    k_block = 2 * (256 // 4) * 64 * 4                     # [B, S / cp, Hkv * D] float32
+    assert max(c.bytes for c in over_cp if c.op == "ring_shift") <= k_block, traced.report()
+    assert max(c.bytes for c in over_cp if c.op == "all_to_all") <= k_block, traced.report()
+    assert len(traced.attention) == 4 and all(
+        "kept split over 'cp': ring" in a and "striped" in a for a in traced.attention), \
+        traced.attention
+    four = next(iter(traced.levels.memory.values()))
+    one = step.memory_report(*_on(dist.Mesh(axes=["cp"], shape=(1,)), model, opt, batch))
+    whole, split = (p.rank(0).by_category["activations"] for p in (one, four))
+    assert split < 0.35 * whole, (split, whole)
+
+
 def test_a_split_no_head_dimension_can_take_is_gathered_and_said_so():
     """Two grouped key/value heads over 4 ranks (and one batch row) cannot
     take the sequence split: it is gathered, and graph.trace says which

@@ -85,15 +85,26 @@ def test_two_dimensional_mesh_on_four_ranks(run_mpi, tmp_path):
         # head split (Ulysses) and back; none moves more than one rank's block
         # of q, and nothing gathers K or V (only the int32 document ids) but
         # multi-query attention's one head (its dk, dv reduce-scattered back).
-        assert sorted(r["cp_runs"]) == ["cp", "cp, multi-query", "dp x cp"]
+        # Two grouped key/value heads over 4 ranks ("cp, ring"): the sequence
+        # stays split and K/V blocks go around the ring (ring_shift), each
+        # moving one rank's block; the causal work is striped by all-to-alls.
+        assert sorted(r["cp_runs"]) == ["cp", "cp, multi-query", "cp, ring", "dp x cp"]
         for plan, run in r["cp_runs"].items():
             what = f"seed {seed}, rank {r['rank']}, {plan}"
             assert run["ok"], what
             said = run["attention"]                     # forward(s) and backward
-            assert len(said) >= 2 and all("(all-to-all, Ulysses)" in a for a in said), said
             assert "attention over a split sequence:" in run["inspected"]     # dist.inspect
             assert all(a in run["inspected"] for a in said), run["inspected"]
             most = run["most_bytes"]
+            if plan.endswith("ring"):
+                assert len(said) >= 2 and all("kept split over 'cp': ring" in a and "striped" in a
+                                              for a in said), said
+                assert set(most) <= {"all_to_all", "ring_shift", "axis_slice", "all_reduce"}, \
+                    (what, most)
+                assert most["ring_shift"] <= run["k_block_bytes"], (what, run)
+                assert most["all_to_all"] <= 4 * run["k_block_bytes"], (what, run)
+                continue
+            assert len(said) >= 2 and all("(all-to-all, Ulysses)" in a for a in said), said
             assert set(most) <= {"all_to_all", "all_gather", "all_reduce", "axis_slice",
                                  "reduce_scatter"}, (what, most)
             q_block = 2 * run["k_block_bytes"] * (4 if plan.endswith("multi-query") else 1)

@@ -631,6 +631,8 @@ cases(
 
     Case("ts.TargetOptions", "out of range", lambda: ts.TargetOptions(target="tpu"),
          "unknown target 'tpu'"),
+    Case("ts.TargetOptions", "out of range", lambda: ts.TargetOptions(context_parallel="rings"),
+         "unknown context_parallel 'rings'; choose one of auto, ring, ulysses"),
     Case("ts.TargetOptions", "out of range", lambda: ts.TargetOptions(bucket_elements=0),
          "bucket_elements"),
     Case("ts.TargetOptions", "out of range", lambda: ts.TargetOptions(ranks_per_node=-1),

@@ -218,7 +218,8 @@ def test_llama_example_learns_the_standard_library_and_round_trips_hf(tmp_path, 
 
 @pytest.mark.parametrize("model, plan, steps, mesh", [
     pytest.param([], ["--pp", "2"], 3, "dp × tp × pp mesh, 1 × 1 × 2", id="pp2"),
-    pytest.param([], ["--cp", "2"], 20, "dp × cp × tp mesh, 1 × 2 × 1", id="cp2"),
+    pytest.param([], ["--cp", "2", "--cp-attention", "ring"], 20, "dp × cp × tp mesh, 1 × 2 × 1",
+                 id="cp2-ring"),
     pytest.param(["--experts", "4"], ["--ep", "2"], 3, "dp × ep × tp mesh, 1 × 2 × 1", id="ep2")])
 def test_llama_example_on_two_ranks_follows_one_rank(tessera_launch, tmp_path, capsys, model,
                                                      plan, steps, mesh):
@@ -226,8 +227,9 @@ def test_llama_example_on_two_ranks_follows_one_rank(tessera_launch, tmp_path, c
     over its steps and its validation loss after them: --pp 2 (the step
     cut into 2 stages by cost, its transfers paired in the order they are
     made), --cp 2 over 20 steps (each window's bytes split over cp:
-    attention by all-to-all over heads, every linear layer on the rank's
-    own bytes, the gradients summed over cp), and a Mixtral with --ep 2
+    attention as a ring of key/value blocks, striped for causal balance,
+    every linear layer on the rank's own bytes, the gradients summed over
+    cp; the all-to-all form's numerics are test_end_to_end's), and a Mixtral with --ep 2
     (each rank holds and updates 2 of the 4 experts; tokens travel to them
     by all-to-all)."""
     sys.path.insert(0, str(EXAMPLES))

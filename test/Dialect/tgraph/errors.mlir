@@ -1118,3 +1118,12 @@ func.func @f(%q: tensor<8x16xf32>, %sd: tensor<1x3xi64>) -> tensor<8x16xf32> {
   %o:2 = tgraph.attention %q, %q, %q dropout(%sd : tensor<1x3xi64>) {scale = 0.25 : f64, dropout_p = 0.0 : f64} : tensor<8x16xf32>, tensor<8x16xf32>, tensor<8x16xf32> -> tensor<8x16xf32>, tensor<8x1xf32>
   return %o#0 : tensor<8x16xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["cp"] shape = [4]
+func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'tgraph.ring_shift' op offset 4 must be 1 to 3 (axis 'cp' has 4 ranks)}}
+  %0 = tgraph.ring_shift %x on @mesh["cp"] offset 4 : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}

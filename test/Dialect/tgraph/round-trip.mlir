@@ -65,6 +65,8 @@ func.func @collectives(%x: tensor<8x16xf32>, %odd: tensor<3xf32> {tgraph.shardin
   %rs3 = tgraph.reduce_scatter <sum> %5 on @mesh["dp"] dim 0 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<4x16xf32>
   // CHECK: tgraph.all_to_all %[[R3]] on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<8x16xf32> -> tensor<2x64xf32>
   %a2a = tgraph.all_to_all %3 on @mesh["tp"] split_dim 0 concat_dim 1 : tensor<8x16xf32> -> tensor<2x64xf32>
+  // CHECK: tgraph.ring_shift %[[R3]] on @mesh["tp"] offset 1 : tensor<8x16xf32>
+  %ring = tgraph.ring_shift %3 on @mesh["tp"] offset 1 : tensor<8x16xf32>
   // CHECK: tgraph.all_to_all %[[R3]] on @mesh["tp"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<2x64xf32>
   %a2a2 = tgraph.all_to_all %3 on @mesh["tp"] split_dim 0 concat_dim 1 {transport = #tgraph.transport<nvshmem>} : tensor<8x16xf32> -> tensor<2x64xf32>
   // A ragged exchange: (send, receive) row counts.

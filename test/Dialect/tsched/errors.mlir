@@ -283,7 +283,7 @@ func.func @f(%a: memref<6xf32>, %b: memref<1xf32>) {
 tgraph.mesh @mesh axes = ["tp"] shape = [4]
 func.func @f(%a: memref<8xf32>) {
   %s = tsched.stream "comm"
-  // expected-error @below {{expected ::tessera::tsched::CollectiveKind to be one of: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast}}
+  // expected-error @below {{expected ::tessera::tsched::CollectiveKind to be one of: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, shift}}
   // expected-error @below {{failed to parse TSched_CollectiveKindAttr parameter 'value'}}
   %t = tsched.collective_start <scatter> %a -> %a on %s over @mesh["tp"] : memref<8xf32> -> memref<8xf32>
   return
@@ -358,5 +358,15 @@ func.func @f(%a: memref<8xf32>, %b: memref<8xf32>) {
   %s = tsched.stream "comm"
   // expected-error @below {{'tsched.collective_start' op <broadcast> needs a 'root' rank of axis 'pp' (size 2)}}
   %t = tsched.collective_start <broadcast> %a -> %b on %s over @mesh["pp"] : memref<8xf32> -> memref<8xf32>
+  return
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+func.func @f(%a: memref<8xf32>, %b: memref<8xf32>) {
+  %s = tsched.stream "comm"
+  // expected-error @below {{'tsched.collective_start' op <shift> needs an 'offset' of 1 to 1 (axis 'cp')}}
+  %t = tsched.collective_start <shift> %a -> %b on %s over @mesh["cp"] : memref<8xf32> -> memref<8xf32>
   return
 }

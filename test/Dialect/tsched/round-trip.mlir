@@ -112,6 +112,7 @@ func.func private @kinds() attributes {kinds = [#tsched.collective<all_reduce>, 
 // CHECK: %[[T0:.*]] = tsched.send %{{.*}} to 1 on %{{.*}} over @mesh["tp"] {tsched.action = {axis = "tp", rank = 0 : i64}} : memref<4x8xf32>
 // CHECK: %[[T1:.*]] = tsched.recv %{{.*}} from 0 on %{{.*}} over @mesh["tp"] {tsched.action = {axis = "tp", rank = 1 : i64}} : memref<4x8xf32>
 // CHECK: tsched.collective_start <broadcast> %{{.*}} -> %{{.*}} on %{{.*}} over @mesh["tp"] {root = 1 : i64} : memref<4x8xf32> -> memref<4x8xf32>
+// CHECK: tsched.collective_start <shift> %{{.*}} -> %{{.*}} on %{{.*}} over @mesh["tp"] {offset = 1 : i64} : memref<4x8xf32> -> memref<4x8xf32>
 func.func @p2p(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
   %comm = tsched.stream "comm"
   %t0 = tsched.send %a to 1 on %comm over @mesh["tp"] {tsched.action = {axis = "tp", rank = 0 : i64}} : memref<4x8xf32>
@@ -120,5 +121,7 @@ func.func @p2p(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
   tsched.collective_wait %t1 on %comm {tsched.action = {axis = "tp", rank = 1 : i64}}
   %t2 = tsched.collective_start <broadcast> %a -> %b on %comm over @mesh["tp"] {root = 1 : i64} : memref<4x8xf32> -> memref<4x8xf32>
   tsched.collective_wait %t2 on %comm
+  %t3 = tsched.collective_start <shift> %a -> %b on %comm over @mesh["tp"] {offset = 1 : i64} : memref<4x8xf32> -> memref<4x8xf32>
+  tsched.collective_wait %t3 on %comm
   return
 }

@@ -2,7 +2,7 @@
 // RUN: not tessera-opt %s --pass-pipeline='builtin.module(canonicalize, no-such-pass)' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 // RUN: not tessera-opt %s --pass-pipeline='builtin.module(func.func(no-such-pass))' 2>&1 | FileCheck %s --check-prefix=NESTED
 // RUN: not tessera-opt %s --canonicalize=no-such-option=1 2>&1 | FileCheck %s --check-prefix=OPTION
-// RUN: not tessera-opt %s --tessera-partition=x=1 2>&1 | FileCheck %s --check-prefix=TESSERA-OPTION
+// RUN: not tessera-opt %s --tessera-autodiff=x=1 2>&1 | FileCheck %s --check-prefix=TESSERA-OPTION
 // RUN: not tessera-opt %s --tessera-lower-to-tile='wgmma=false no-such-option=1' 2>&1 | FileCheck %s --check-prefix=UNKNOWN-OPTION
 // RUN: not tessera-opt %s --pass-pipeline='builtin.module(tessera-lower-to-tile{wgmma=maybe})' 2>&1 | FileCheck %s --check-prefix=BAD-VALUE
 // RUN: not tessera-opt %s --pass-pipeline='builtin.module(tessera-lower-to-tile{target=tpu})' 2>&1 | FileCheck %s --check-prefix=BAD-TARGET
@@ -21,7 +21,7 @@
 // NESTED: 'no-such-pass' does not refer to a registered pass or pass pipeline
 // OPTION: tessera-opt: error: invalid pass '--canonicalize=no-such-option=1'
 // OPTION: no such option no-such-option
-// TESSERA-OPTION: tessera-opt: error: Tessera pass 'tessera-partition' takes no options
+// TESSERA-OPTION: tessera-opt: error: Tessera pass 'tessera-autodiff' takes no options
 // UNKNOWN-OPTION: tessera-opt: error: Tessera pass 'tessera-lower-to-tile' has no option 'no-such-option' (its options: {{.*}}wgmma{{.*}})
 // BAD-VALUE: tessera-opt: error: invalid options for Tessera pass 'tessera-lower-to-tile' in 'tessera-lower-to-tile{wgmma=maybe}': option 'wgmma': 'maybe' is not a boolean (true or false)
 // BAD-TARGET: error: {{.*}}option 'target': unknown target 'tpu'; choose one of cpu, gpu

@@ -1014,6 +1014,29 @@ def TGraph_AllToAllOp : TGraph_CollectiveOp<"all_to_all"> {
   let extraClassDeclaration = extraBaseClassDeclaration;
 }
 
+def TGraph_RingShiftOp : TGraph_CollectiveOp<"ring_shift", [SameOperandsAndResultType]> {
+  let summary = "pass each rank's block to the rank `offset` after it around a mesh axis";
+  let description = [{
+    Rank `r` of the axis sends its `input` to rank `(r + offset) mod n` and
+    receives the result from rank `(r - offset) mod n` (point-to-point, every
+    rank at once: XLA's collective-permute for a ring). Ring attention passes
+    key/value blocks around the context-parallel axis with it
+    (`tessera-ring-attention`), each shift overlapping the block's attention.
+    `offset` is 1 to n - 1.
+
+    ```mlir
+    %1 = tgraph.ring_shift %0 on @mesh["cp"] offset 1 : tensor<2x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$mesh, StrAttr:$axis,
+                       I64Attr:$offset);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `on` $mesh `[` $axis `]` `offset` $offset attr-dict `:` type($result)
+  }];
+  let extraClassDeclaration = extraBaseClassDeclaration;
+}
+
 def TGraph_AxisSliceOp : TGraph_CollectiveOp<"axis_slice", [Pure]> {
   let summary = "keep this rank's block along `dim` of a value replicated over an axis";
   let description = [{

@@ -57,7 +57,7 @@ def TSched_TokenType : TypeDef<TSched_Dialect, "Token"> {
 def TSched_CollectiveKind : I32EnumAttr<"CollectiveKind", "collective operation", [
     I32EnumAttrCase<"all_reduce", 0>, I32EnumAttrCase<"all_gather", 1>,
     I32EnumAttrCase<"reduce_scatter", 2>, I32EnumAttrCase<"all_to_all", 3>,
-    I32EnumAttrCase<"broadcast", 4>]> {
+    I32EnumAttrCase<"broadcast", 4>, I32EnumAttrCase<"shift", 5>]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::tessera::tsched";
 }
@@ -137,8 +137,10 @@ def TSched_CollectiveStartOp : TSched_Op<"collective_start",
     reduce_scatter), `dim` (for all_gather and reduce_scatter; the split
     dimension of all_to_all), `concat_dim` (all_to_all), `root` (broadcast:
     the rank along `axis` whose `src` every rank receives in `dst`; only it
-    reads `src`, which may be defined on it alone) and `deterministic`
-    (fixed reduction order). `counts` (all_to_all only, optional): the
+    reads `src`, which may be defined on it alone), `offset` (shift: rank
+    `r` sends `src` to rank `r + offset` and receives `dst` from rank
+    `r - offset`, mod the axis size; `tgraph.ring_shift`) and
+    `deterministic` (fixed reduction order). `counts` (all_to_all only, optional): the
     `(send, receive)` row counts of a ragged exchange (`tgraph.all_to_all`);
     the collective reads them when it starts.
   }];
@@ -148,7 +150,8 @@ def TSched_CollectiveStartOp : TSched_Op<"collective_start",
                        TSched_StreamType:$stream, FlatSymbolRefAttr:$mesh,
                        StrAttr:$axis, OptionalAttr<TSched_ReductionAttr>:$reduction,
                        OptionalAttr<I64Attr>:$dim, OptionalAttr<I64Attr>:$concat_dim,
-                       OptionalAttr<I64Attr>:$root, UnitAttr:$deterministic);
+                       OptionalAttr<I64Attr>:$root, OptionalAttr<I64Attr>:$offset,
+                       UnitAttr:$deterministic);
   let results = (outs TSched_TokenType:$token);
   let assemblyFormat = [{
     $kind $src `->` $dst (`counts` `(` $counts^ `:` type($counts) `)`)?

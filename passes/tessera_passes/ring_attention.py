@@ -1,0 +1,321 @@
+"""tessera-ring-attention: attention over a sequence split, as a ring.
+
+tessera-partition leaves an attention (or attention_grad) whose q and k/v
+sequences stay split over a mesh axis marked `ring_axes = ["cp"]`: each
+rank holds its block of queries and its block of keys and values. This
+pass expands it into `n` steps (n the axis size): at step 0 each rank
+attends its queries over its own key/value block; at step t it attends
+over the block of rank `r - t`, which arrived by a `tgraph.ring_shift`
+started at the previous step (so the transfer overlaps that step's
+attention). The steps' partial results merge by their log-sum-exp in the
+statistic type (f32, f64 for f64): `lse = logaddexp(lse_a, lse_b)`,
+`out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse)`. No rank ever holds
+more than two key/value blocks, and nothing moves the whole sequence.
+
+The backward computes each block's gradients from the global `lse` and
+`delta` (so a block's probabilities are its share of the whole row's): `dq`
+sums on the rank, `dk` and `dv` accumulate in buffers that travel with
+their key/value block and take one more shift home.
+
+Causal attention is balanced by striping: the contiguous blocks are
+exchanged (one all_to_all each) so that rank `r` holds positions `r, r + n,
+r + 2n, ...` in order; then every step's block is half of a square (a
+contiguous split would give the last rank n times the first's work and
+leave whole blocks masked). Query `m` of rank `r` sees key `m'` of rank
+`s` when `m' < m`, or `m' = m` and `s <= r`: at step 0 plain causal; at
+step t >= 1 causal over the block with one masked key in front (`s <= r`,
+which is `t <= r`) or two masked keys in front and its last key dropped
+(`s > r`), selected by the rank (so every rank runs the same program). The
+masked keys carry the document id `PAD_SEGMENT`. Results and gradients are
+exchanged back to the contiguous blocks.
+
+The first step's op keeps `ring_axes` (what `dist.inspect` reports); the
+others carry `ring_step`. Segment ids travel with their key/value block.
+tessera-partition marks an op for the ring only where this pass can take
+it: one axis, equal q and k/v lengths, no mask, window or dropout, and for
+causal attention a local length the axis size divides.
+"""
+
+from __future__ import annotations
+
+from tessera_mlir import ir
+
+from tessera_compiler.ir import graph_builder as gb
+from tessera_compiler.ir.options import TargetOptions
+from tessera_compiler.ir.sharding import Sharding, meshes_of
+from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+
+RING_AXES = "ring_axes"
+RING_STEP = "ring_step"
+#: the document id of the masked keys a striped step puts in front of its block
+PAD_SEGMENT = -(2 ** 31)
+
+
+class Ring:
+    """Builds one function's ring steps over mesh axis `axis` (size `n`)."""
+
+    def __init__(self, mesh: str, axis: str, n: int):
+        self.mesh, self.axis, self.n = mesh, axis, n
+        self.striped: dict = {}      # contiguous value -> striped (and back)
+
+    # -- moving blocks -----------------------------------------------------
+    def shift(self, x: ir.Value) -> ir.Value:
+        return gb.ring_shift(x, self.mesh, self.axis, 1)
+
+    def shift_all(self, values: list) -> list:
+        """Each value shifted once (k and v may be one value)."""
+        moved: dict = {}
+        return [moved.setdefault(v, self.shift(v)) if v not in moved else moved[v]
+                for v in values]
+
+    def stripe(self, x: ir.Value, seq: int) -> ir.Value:
+        """Rank r's contiguous block of `x` along `seq` -> positions r, r + n,
+        ... of the whole sequence, in order: the block's rows as [L/n, n],
+        the n-column exchanged over the axis (one all_to_all)."""
+        if x in self.striped:
+            return self.striped[x]
+        shape, n = gb.shape_of(x), self.n
+        rows = shape[:seq] + [shape[seq] // n, n] + shape[seq + 1:]
+        moved = gb.all_to_all(gb.reshape(x, rows), self.mesh, self.axis, seq + 1, seq, n)
+        out = gb.reshape(moved, shape)
+        self.striped[x], self.striped[out] = out, x
+        return out
+
+    def unstripe(self, x: ir.Value, seq: int) -> ir.Value:
+        """The inverse of `stripe`: back to rank r's contiguous block."""
+        if x in self.striped:
+            return self.striped[x]
+        shape, n = gb.shape_of(x), self.n
+        # Rank j's m-th row is position m n + j: the rows of destination i
+        # (m in [i L/n, (i+1) L/n)) arrive from every j, interleaved by j.
+        rows = shape[:seq] + [n, shape[seq] // n, 1] + shape[seq + 1:]
+        moved = gb.all_to_all(gb.reshape(x, rows), self.mesh, self.axis, seq, seq + 2, n)
+        out = gb.reshape(moved, shape)
+        self.striped[x], self.striped[out] = out, x
+        return out
+
+    # -- a striped step's key block --------------------------------------------
+    def rank_at_least(self, t: int) -> ir.Value:
+        """An i1 scalar: this rank's coordinate on the axis is at least `t`."""
+        i32 = ir.IntegerType.get_signless(32)
+        coords = gb.iota([self.n], 0, i32)
+        mine = gb.axis_slice(coords, self.mesh, self.axis, 0, self.n)
+        return gb.compare("ge", mine, gb.fill([1], i32, float(t)))
+
+    @staticmethod
+    def keyed(x: ir.Value, dim: int, flag: ir.Value, pad: float) -> ir.Value:
+        """`x` (a key-side block of L rows along `dim`) as the L + 1 rows a
+        striped step attends over: one masked row in front where `flag`
+        (its block comes from a rank at or before this one), else two in
+        front and its last row dropped."""
+        shape = gb.shape_of(x)
+        one = list(shape)
+        one[dim] = 1
+        row = gb.fill(one, gb.element_of(x), pad)
+        head = list(shape)
+        head[dim] -= 1
+        before = gb.concat([row, x], dim)
+        after = gb.concat([row, row, gb.slice_(x, [0] * len(shape), head)], dim)
+        wide = gb.shape_of(before)
+        cond = gb.broadcast(gb.reshape(flag, [1] * len(wide)), wide)
+        return gb.select(cond, before, after)
+
+    @staticmethod
+    def unkeyed(g: ir.Value, dim: int, flag: ir.Value) -> ir.Value:
+        """The gradient of `keyed`: L + 1 rows back to the block's L."""
+        shape = gb.shape_of(g)
+        rows = list(shape)
+        rows[dim] -= 1
+        start = [0] * len(shape)
+        start[dim] = 1
+        before = gb.slice_(g, start, rows)
+        start[dim] = 2
+        rows[dim] -= 1
+        tail = gb.slice_(g, start, rows)
+        rows[dim] = 1
+        after = gb.concat([tail, gb.fill(rows, gb.element_of(g), 0.0)], dim)
+        out = gb.shape_of(before)
+        cond = gb.broadcast(gb.reshape(flag, [1] * len(out)), out)
+        return gb.select(cond, before, after)
+
+
+def _spec(spec: gb.AttentionSpec, causal: bool, segments) -> gb.AttentionSpec:
+    return gb.AttentionSpec(spec.scale, causal, spec.seq_dim, None, None, segments, spec.softcap)
+
+
+def _segments(spec: gb.AttentionSpec, q: ir.Value, seq: int):
+    """(q ids, k/v ids): the op's, else zeros (one document) shaped [1..., L, 1]."""
+    if spec.segments is not None:
+        return spec.segments
+    rank = len(gb.shape_of(q))
+    shape = [1] * (rank - 2) + [gb.shape_of(q)[seq], 1]
+    zeros = gb.fill(shape, ir.IntegerType.get_signless(32), 0.0)
+    return zeros, zeros
+
+
+def _merge(acc, step):
+    """(out, lse) of two partial attentions over disjoint key sets (out in
+    the statistic type). A row masked in both gives out 0, lse -inf."""
+    (o1, l1), (o2, l2) = acc, step
+    big = gb.binary("max", l1, l2)
+    finite = gb.compare("eq", big, gb.full_like(big, float("-inf")))
+    big = gb.select(finite, gb.zeros_like(big), big)
+    w1 = gb.unary("exp", gb.binary("sub", l1, big))
+    w2 = gb.unary("exp", gb.binary("sub", l2, big))
+    total = gb.binary("add", w1, w2)
+    lse = gb.binary("add", big, gb.unary("log", total))
+    empty = gb.compare("eq", total, gb.zeros_like(total))
+    total = gb.select(empty, gb.full_like(total, 1.0), total)
+    shape = gb.shape_of(o1)
+    out = gb.binary("div", gb.binary("add", gb.binary("mul", o1, gb.broadcast(w1, shape)),
+                                      gb.binary("mul", o2, gb.broadcast(w2, shape))),
+                    gb.broadcast(total, shape))
+    return out, lse
+
+
+def _mark(op_value: ir.Value, step: int, axis: str) -> None:
+    op = op_value.owner
+    op = getattr(op, "operation", op)
+    if step == 0:
+        op.attributes[RING_AXES] = ir.ArrayAttr.get([ir.StringAttr.get(axis)])
+    else:
+        op.attributes[RING_STEP] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), step)
+
+
+def expand_forward(op: ir.Operation, ring: Ring) -> None:
+    spec = gb.AttentionSpec.of(op)
+    seq = gb.seq_dim_of(op)
+    q, k, v = list(op.operands)[:3]
+    stat = gb.element_of(op.results[1])
+    striped = spec.causal
+    qs, ks = spec.segments or (None, None)
+    if striped:
+        q, k, v = (ring.stripe(x, seq) for x in (q, k, v))
+        qs, ks = _segments(spec, q, seq) if spec.segments is None else \
+            (ring.stripe(qs, len(gb.shape_of(qs)) - 2), ring.stripe(ks, len(gb.shape_of(ks)) - 2))
+    out, lse = gb.attention(q, k, v, _spec(spec, spec.causal, (qs, ks) if spec.segments else None))
+    _mark(out, 0, ring.axis)
+    acc = (gb.cast(out, stat), lse)
+    # (Segment ids travel with their block; made-up zeros are the same everywhere.)
+    blocks = [k, v] + ([ks] if spec.segments is not None else [])
+    for t in range(1, ring.n):
+        blocks = ring.shift_all(blocks)
+        bk, bv = blocks[:2]
+        bs = blocks[2] if spec.segments is not None else ks
+        if striped:
+            flag = ring.rank_at_least(t)
+            seg_dim = len(gb.shape_of(bs)) - 2
+            bk = Ring.keyed(bk, seq, flag, 0.0)
+            bv = bk if blocks[1] == blocks[0] else Ring.keyed(bv, seq, flag, 0.0)
+            bs = Ring.keyed(bs, seg_dim, flag, float(PAD_SEGMENT))
+        o_t, l_t = gb.attention(q, bk, bv, _spec(spec, spec.causal,
+                                                  (qs, bs) if bs is not None else None))
+        _mark(o_t, t, ring.axis)
+        acc = _merge(acc, (gb.cast(o_t, stat), l_t))
+    out, lse = gb.cast(acc[0], gb.element_of(op.results[0])), acc[1]
+    if striped:
+        out, lse = ring.unstripe(out, seq), ring.unstripe(lse, seq)
+    op.results[0].replace_all_uses_with(out)
+    op.results[1].replace_all_uses_with(lse)
+
+
+def expand_backward(op: ir.Operation, ring: Ring) -> None:
+    spec = gb.AttentionSpec.of(op)
+    seq = gb.seq_dim_of(op)
+    q, k, v, dout, lse, delta = list(op.operands)[:6]
+    striped = spec.causal
+    qs, ks = spec.segments or (None, None)
+    if striped:
+        q, k, v, dout, lse, delta = (ring.stripe(x, seq) for x in (q, k, v, dout, lse, delta))
+        qs, ks = _segments(spec, q, seq) if spec.segments is None else \
+            (ring.stripe(qs, len(gb.shape_of(qs)) - 2), ring.stripe(ks, len(gb.shape_of(ks)) - 2))
+    dq, dk, dv = gb.attention_grad(q, k, v, dout, lse, delta,
+                                   _spec(spec, spec.causal, (qs, ks) if spec.segments else None))
+    _mark(dq, 0, ring.axis)
+    blocks = [k, v] + ([ks] if spec.segments is not None else [])
+    for t in range(1, ring.n):
+        blocks = ring.shift_all(blocks)
+        dk, dv = ring.shift(dk), ring.shift(dv)
+        bk, bv = blocks[:2]
+        bs = blocks[2] if spec.segments is not None else ks
+        if striped:
+            flag = ring.rank_at_least(t)
+            seg_dim = len(gb.shape_of(bs)) - 2
+            bk = Ring.keyed(bk, seq, flag, 0.0)
+            bv = bk if blocks[1] == blocks[0] else Ring.keyed(bv, seq, flag, 0.0)
+            bs = Ring.keyed(bs, seg_dim, flag, float(PAD_SEGMENT))
+        g = gb.attention_grad(q, bk, bv, dout, lse, delta,
+                              _spec(spec, spec.causal, (qs, bs) if bs is not None else None))
+        _mark(g[0], t, ring.axis)
+        gk, gv = g[1:]
+        if striped:
+            gk, gv = Ring.unkeyed(gk, seq, flag), Ring.unkeyed(gv, seq, flag)
+        dq, dk, dv = gb.binary("add", dq, g[0]), gb.binary("add", dk, gk), gb.binary("add", dv, gv)
+    if ring.n > 1:
+        dk, dv = ring.shift(dk), ring.shift(dv)
+    if striped:
+        dq, dk, dv = (ring.unstripe(x, seq) for x in (dq, dk, dv))
+    for r, value in zip(op.results, (dq, dk, dv)):
+        r.replace_all_uses_with(value)
+
+
+def _axis_of(op: ir.Operation) -> str:
+    axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[RING_AXES])]
+    if len(axes) != 1:
+        raise PassError(f"ring attention runs over one mesh axis, got ring_axes {axes}",
+                        op.location)
+    return axes[0]
+
+
+def _mesh_of(op: ir.Operation, meshes: dict):
+    shardings = op.attributes["tgraph.sharding"] if "tgraph.sharding" in op.attributes else None
+    if shardings is None:
+        raise PassError("an op marked ring_axes has no tgraph.sharding (run tessera-partition "
+                        "first)", op.location)
+    if isinstance(shardings, ir.ArrayAttr):
+        shardings = shardings[0]
+    name = Sharding.from_attr(shardings).mesh
+    if name not in meshes:
+        raise PassError(f"no mesh @{name}", op.location)
+    return meshes[name]
+
+
+def expand_function(f: ir.Operation, meshes: dict) -> None:
+    rings: dict = {}
+    for op in ops_of(f):
+        if op.name not in gb.ATTENTION_OPS or RING_AXES not in op.attributes or \
+                RING_STEP in op.attributes:
+            continue
+        axis = _axis_of(op)
+        mesh = _mesh_of(op, meshes)
+        if axis not in mesh.axes:
+            raise PassError(f"ring_axes names '{axis}', not an axis of mesh @{mesh.name}",
+                            op.location)
+        spec = gb.AttentionSpec.of(op)
+        if spec.mask is not None or spec.window is not None or spec.dropout_p is not None:
+            raise PassError("ring attention takes no mask, window or dropout (tessera-partition "
+                            "uses all-to-all or a gather for those)", op.location)
+        n = mesh.axis_size(axis)
+        seq = gb.seq_dim_of(op)
+        q, k = gb.shape_of(op.operands[0]), gb.shape_of(op.operands[1])
+        if q[seq] != k[seq]:
+            raise PassError(f"ring attention needs equal query and key blocks, got {q[seq]} "
+                            f"and {k[seq]}", op.location)
+        if spec.causal and q[seq] % n:
+            raise PassError(f"causal ring attention stripes its block of {q[seq]} positions "
+                            f"over {n} ranks, which does not divide it", op.location)
+        ring = rings.setdefault((mesh.name, axis), Ring(mesh.name, axis, n))
+        with ir.InsertionPoint(op), op.location:
+            if op.name == "tgraph.attention":
+                expand_forward(op, ring)
+            else:
+                expand_backward(op, ring)
+        op.erase()
+
+
+def run(op, pass_, options: TargetOptions):
+    def body():
+        meshes = meshes_of(op)
+        for f in list(functions(op)):
+            expand_function(f, meshes)
+    run_reporting(op, pass_, body)
