@@ -182,38 +182,55 @@ def _mark(op_value: ir.Value, step: int, axis: str) -> None:
         op.attributes[RING_STEP] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), step)
 
 
+def _striped_inputs(ring: Ring, spec: gb.AttentionSpec, seq: int, values: list):
+    """`values` (q first) striped where the attention is causal, and the
+    (q, k/v) segment ids: the op's (striped with them), else for a striped
+    ring zeros (one document: its masked keys need ids), else None."""
+    qs, ks = spec.segments or (None, None)
+    if not spec.causal:
+        return list(values), qs, ks
+    values = [ring.stripe(x, seq) for x in values]
+    if spec.segments is None:
+        qs, ks = _segments(spec, values[0], seq)
+    else:
+        qs, ks = (ring.stripe(ids, len(gb.shape_of(ids)) - 2) for ids in (qs, ks))
+    return values, qs, ks
+
+
+def _next_blocks(ring: Ring, spec: gb.AttentionSpec, seq: int, blocks: list, t: int, ks):
+    """Step t's blocks, shifted on from step t - 1's `blocks` ([k, v] and
+    the op's k/v segment ids, which travel with them; made-up zeros are the
+    same everywhere): (blocks, k, v, ids, flag), k, v and ids as a striped
+    step attends over them (`Ring.keyed`, `flag` its select; else None)."""
+    blocks = ring.shift_all(blocks)
+    bk, bv = blocks[:2]
+    bs = blocks[2] if spec.segments is not None else ks
+    flag = None
+    if spec.causal:
+        flag = ring.rank_at_least(t)
+        bk = Ring.keyed(bk, seq, flag, 0.0)
+        bv = bk if blocks[1] == blocks[0] else Ring.keyed(bv, seq, flag, 0.0)
+        bs = Ring.keyed(bs, len(gb.shape_of(bs)) - 2, flag, float(PAD_SEGMENT))
+    return blocks, bk, bv, bs, flag
+
+
 def expand_forward(op: ir.Operation, ring: Ring) -> None:
     spec = gb.AttentionSpec.of(op)
     seq = gb.seq_dim_of(op)
-    q, k, v = list(op.operands)[:3]
     stat = gb.element_of(op.results[1])
-    striped = spec.causal
-    qs, ks = spec.segments or (None, None)
-    if striped:
-        q, k, v = (ring.stripe(x, seq) for x in (q, k, v))
-        qs, ks = _segments(spec, q, seq) if spec.segments is None else \
-            (ring.stripe(qs, len(gb.shape_of(qs)) - 2), ring.stripe(ks, len(gb.shape_of(ks)) - 2))
+    (q, k, v), qs, ks = _striped_inputs(ring, spec, seq, list(op.operands)[:3])
     out, lse = gb.attention(q, k, v, _spec(spec, spec.causal, (qs, ks) if spec.segments else None))
     _mark(out, 0, ring.axis)
     acc = (gb.cast(out, stat), lse)
-    # (Segment ids travel with their block; made-up zeros are the same everywhere.)
     blocks = [k, v] + ([ks] if spec.segments is not None else [])
     for t in range(1, ring.n):
-        blocks = ring.shift_all(blocks)
-        bk, bv = blocks[:2]
-        bs = blocks[2] if spec.segments is not None else ks
-        if striped:
-            flag = ring.rank_at_least(t)
-            seg_dim = len(gb.shape_of(bs)) - 2
-            bk = Ring.keyed(bk, seq, flag, 0.0)
-            bv = bk if blocks[1] == blocks[0] else Ring.keyed(bv, seq, flag, 0.0)
-            bs = Ring.keyed(bs, seg_dim, flag, float(PAD_SEGMENT))
+        blocks, bk, bv, bs, _ = _next_blocks(ring, spec, seq, blocks, t, ks)
         o_t, l_t = gb.attention(q, bk, bv, _spec(spec, spec.causal,
                                                   (qs, bs) if bs is not None else None))
         _mark(o_t, t, ring.axis)
         acc = _merge(acc, (gb.cast(o_t, stat), l_t))
     out, lse = gb.cast(acc[0], gb.element_of(op.results[0])), acc[1]
-    if striped:
+    if spec.causal:
         out, lse = ring.unstripe(out, seq), ring.unstripe(lse, seq)
     op.results[0].replace_all_uses_with(out)
     op.results[1].replace_all_uses_with(lse)
@@ -222,38 +239,25 @@ def expand_forward(op: ir.Operation, ring: Ring) -> None:
 def expand_backward(op: ir.Operation, ring: Ring) -> None:
     spec = gb.AttentionSpec.of(op)
     seq = gb.seq_dim_of(op)
-    q, k, v, dout, lse, delta = list(op.operands)[:6]
-    striped = spec.causal
-    qs, ks = spec.segments or (None, None)
-    if striped:
-        q, k, v, dout, lse, delta = (ring.stripe(x, seq) for x in (q, k, v, dout, lse, delta))
-        qs, ks = _segments(spec, q, seq) if spec.segments is None else \
-            (ring.stripe(qs, len(gb.shape_of(qs)) - 2), ring.stripe(ks, len(gb.shape_of(ks)) - 2))
+    (q, k, v, dout, lse, delta), qs, ks = _striped_inputs(ring, spec, seq,
+                                                          list(op.operands)[:6])
     dq, dk, dv = gb.attention_grad(q, k, v, dout, lse, delta,
                                    _spec(spec, spec.causal, (qs, ks) if spec.segments else None))
     _mark(dq, 0, ring.axis)
     blocks = [k, v] + ([ks] if spec.segments is not None else [])
     for t in range(1, ring.n):
-        blocks = ring.shift_all(blocks)
+        blocks, bk, bv, bs, flag = _next_blocks(ring, spec, seq, blocks, t, ks)
         dk, dv = ring.shift(dk), ring.shift(dv)
-        bk, bv = blocks[:2]
-        bs = blocks[2] if spec.segments is not None else ks
-        if striped:
-            flag = ring.rank_at_least(t)
-            seg_dim = len(gb.shape_of(bs)) - 2
-            bk = Ring.keyed(bk, seq, flag, 0.0)
-            bv = bk if blocks[1] == blocks[0] else Ring.keyed(bv, seq, flag, 0.0)
-            bs = Ring.keyed(bs, seg_dim, flag, float(PAD_SEGMENT))
         g = gb.attention_grad(q, bk, bv, dout, lse, delta,
                               _spec(spec, spec.causal, (qs, bs) if bs is not None else None))
         _mark(g[0], t, ring.axis)
         gk, gv = g[1:]
-        if striped:
+        if spec.causal:
             gk, gv = Ring.unkeyed(gk, seq, flag), Ring.unkeyed(gv, seq, flag)
         dq, dk, dv = gb.binary("add", dq, g[0]), gb.binary("add", dk, gk), gb.binary("add", dv, gv)
     if ring.n > 1:
         dk, dv = ring.shift(dk), ring.shift(dv)
-    if striped:
+    if spec.causal:
         dq, dk, dv = (ring.unstripe(x, seq) for x in (dq, dk, dv))
     for r, value in zip(op.results, (dq, dk, dv)):
         r.replace_all_uses_with(value)
