@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 import tessera as ts
-from tessera import dist, models, op, pipeline
+from tessera import dist, models, op, pipeline, simulation
 from tessera.pretrained import LlamaConfig, Pretrained
 
 BYTES = 256                     # the tokens: byte values
@@ -92,16 +92,13 @@ def windows(data: np.ndarray, starts: np.ndarray, seq: int) -> dict:
 
 # -- model -----------------------------------------------------------------------
 
-def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: int,
-                   seq: int, seed: int, experts: int = 0, top_k: int = 2) -> Path:
-    """A Llama checkpoint folder with random weights (normal(0, 0.02)
-    matrices, unit norms, as transformers initialises them): config.json
-    and model.safetensors under HF's names. With `experts`, a Mixtral: each
-    MLP `experts` SwiGLU experts of half the model width, `top_k`
-    per token."""
-    from safetensors.numpy import save_file
+def llama_config(width: int, depth: int, heads: int, kv_heads: int, seq: int,
+                 experts: int = 0, top_k: int = 2, ffn: int | None = None) -> dict:
+    """A Llama's config.json, its MLP `ffn` wide (default 8/3 of the width;
+    a Mixtral's with `experts`: each MLP `experts` SwiGLU experts of half
+    the model width, `top_k` per token)."""
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "vocab_size": BYTES, "hidden_size": width, "intermediate_size": width * 8 // 3,
+              "vocab_size": BYTES, "hidden_size": width, "intermediate_size": ffn or width * 8 // 3,
               "num_hidden_layers": depth, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "max_position_embeddings": seq,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
@@ -113,6 +110,17 @@ def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: i
                       intermediate_size=width // 2, num_local_experts=experts,
                       num_experts_per_tok=top_k, sliding_window=None,
                       output_router_logits=False, router_jitter_noise=0.0)
+    return config
+
+
+def new_checkpoint(folder: Path, width: int, depth: int, heads: int, kv_heads: int,
+                   seq: int, seed: int, experts: int = 0, top_k: int = 2,
+                   ffn: int = 0) -> Path:
+    """A Llama checkpoint folder with random weights (normal(0, 0.02)
+    matrices, unit norms, as transformers initialises them): config.json
+    and model.safetensors under HF's names (`llama_config`)."""
+    from safetensors.numpy import save_file
+    config = llama_config(width, depth, heads, kv_heads, seq, experts, top_k, ffn)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     parsed = LlamaConfig.from_json(config, str(folder))
@@ -207,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads (grouped query)")
+    ap.add_argument("--ffn", type=int, default=0,
+                    help="MLP width (default 8/3 of --width; Llama 3 8B: --width 4096 --ffn 14336)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--from-pretrained", default=None, metavar="DIR",
@@ -274,10 +284,18 @@ def main(argv=None) -> int:
     say(f"data: {files} standard-library files, {len(train_bytes) / 2**20:.1f} MiB to train "
         f"on, {len(valid_bytes) / 2**20:.1f} MiB held out")
     with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(args.from_pretrained) if args.from_pretrained else new_checkpoint(
-            Path(scratch) / "init", args.width, args.depth, args.heads, args.kv_heads,
-            args.seq, args.seed, args.experts, args.top_k)
-        model = models.from_pretrained(folder)
+        if simulation.active() is not None and not args.from_pretrained:
+            # `tessera simulate`: the parameters are placeholders (shapes only)
+            config = LlamaConfig.from_json(llama_config(
+                args.width, args.depth, args.heads, args.kv_heads, args.seq, args.experts,
+                args.top_k, args.ffn), scratch)
+            model = Pretrained(config, {name: simulation.placeholder(shape) for name, shape
+                                        in config.parameter_shapes().items()}, Path(scratch))
+        else:
+            folder = Path(args.from_pretrained) if args.from_pretrained else new_checkpoint(
+                Path(scratch) / "init", args.width, args.depth, args.heads, args.kv_heads,
+                args.seq, args.seed, args.experts, args.top_k, args.ffn)
+            model = models.from_pretrained(folder)
         if args.ep > 1 and not getattr(model.config, "experts", 0):
             ap.error("--ep splits experts: pass --experts E (or a Mixtral --from-pretrained)")
         if model.config.vocab_size < BYTES:

@@ -49,6 +49,10 @@ from .profiling import perfetto_trace
 __all__ = ["Simulation", "SimulationDone", "active", "placeholder", "parse_mesh"]
 
 
+#: how the report names a communication kind
+COMM_NAMES = {"shift": "ring shift (ring attention)"}
+
+
 class SimulationDone(BaseException):
     """The script called a simulated function again: one step has been seen.
     (A BaseException, so that a script's `except Exception` lets it through.)"""
@@ -169,6 +173,16 @@ class Simulation:
         peak = max(range(self.size), key=lambda k: max(r.memory.ranks[k].peak
                                                        for r in self.records))
         peak_bytes = max(r.memory.ranks[peak].peak for r in self.records)
+        by_kind: dict = {}
+        for r in self.records:
+            for kind, (shown, hid) in r.cost.ranks[slow].comm_by_kind.items():
+                total = by_kind.setdefault(COMM_NAMES.get(kind, kind), [0.0, 0.0])
+                total[0] += shown
+                total[1] += hid
+        if by_kind:
+            lines.append("communication, exposed / hidden ms: " + ", ".join(
+                f"{kind} {shown * ms:.2f} / {hid * ms:.2f}"
+                for kind, (shown, hid) in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))))
         lines.append(f"step: {self.step(slow) * ms:.2f} ms predicted on rank {slow} (the "
                      f"slowest; fastest {min(map(self.step, range(self.size))) * ms:.2f} ms), "
                      f"of it {exposed * ms:.2f} ms exposed communication and {idle * ms:.2f} ms "

@@ -251,6 +251,9 @@ class Prediction:
     #: seconds blocked in collective waits (transfers finishing there and
     #: peers starting late): what the profiler's "collective:wait" measures
     waits_s: float = 0.0
+    #: communication by kind ("all_reduce", "shift": a ring's, "send", ...):
+    #: [exposed, hidden] seconds
+    comm_by_kind: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -366,6 +369,7 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
     issued: dict = {}          # (kind, axis, peer) -> transfers or collectives so far
     compute = exposed = hidden = waiting = in_waits = 0.0
     items, slices = [], []
+    by_kind: dict = {}         # communication kind -> [exposed, hidden] seconds
 
     def nbytes(value):
         shape, dtype = shapes[value]
@@ -433,6 +437,7 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
                 # buffer); its wait finds it done.
                 done = start + seconds
                 exposed += seconds
+                by_kind.setdefault(op, [0.0, 0.0])[0] += seconds
                 if not machine.async_launch:
                     host = done
                 slices.append((stream, what, "comm", start, done, args))
@@ -481,6 +486,9 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
                 hidden += seconds - own
                 token.append("waited")
                 stream, what, args = pending.pop(ins["token"])
+                kind = by_kind.setdefault(args["op"], [0.0, 0.0])
+                kind[0] += own
+                kind[1] += seconds - own
                 slices.append((stream, what, "comm", done - seconds, done, args))
                 if late:
                     slices.append((waiter, "waiting for peers", "wait", max(ready, start),
@@ -508,7 +516,7 @@ def _walk(program: dict, work: dict, machine: Machine, rank: int):
     parts = {"compute": compute, "comm_exposed": exposed, "comm_hidden": hidden,
              "runtime": runtime, "call": call, "waiting": waiting}
     slices.append(("host", "step", "run", 0.0, end, {"what": "one call, as predicted"}))
-    return Prediction(rank, end, parts, items, slices, in_waits)
+    return Prediction(rank, end, parts, items, slices, in_waits, by_kind)
 
 
 def predict(program: dict, work: dict, machine: Machine, rank: int = 0) -> Prediction:
@@ -653,6 +661,6 @@ def estimate(module: ir.Module, machine: Machine, ranks=None) -> Cost:
         if key not in roles:
             roles[key] = predict(program, work, machine, r)
         p = roles[key]
-        out.append(Prediction(r, p.step_s, p.parts, p.items, p.slices, p.waits_s))
+        out.append(Prediction(r, p.step_s, p.parts, p.items, p.slices, p.waits_s, p.comm_by_kind))
     return Cost(machine, out, len(roles))
 
