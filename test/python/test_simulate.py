@@ -67,6 +67,24 @@ def test_the_example_gpt_on_a_pipelined_dp_tp_pp_mesh(tmp_path, capsys):
     assert {e["args"]["axis"] for e in slices} >= {"tp", "pp"}
 
 
+def test_the_llama_example_with_ring_attention_over_dp_cp_tp(capsys):
+    """The Llama example over dp x cp x tp with ring attention, its
+    parameters placeholders (no checkpoint written): the report gives the
+    communication by kind, the ring's shifts named, and on H100 nodes
+    (collectives under compute) the shifts hidden behind the blocks."""
+    proc = _simulate(capsys, "--mesh", "dp=2,cp=4,tp=2", "--machine", "h100-node",
+                     "examples/train_llama.py", "--", "--width", 64, "--heads", 4, "--kv-heads", 2,
+                     "--seq", 256, "--batch", 2, "--val-batches", 1, "--cp-attention", "ring")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "dp=2 x cp=4 x tp=2 (16 ranks) on h100-node" in out, out
+    [kinds] = [line for line in out.splitlines() if line.startswith("communication, exposed")]
+    ring = kinds.split("ring shift (ring attention) ")[1].split(",")[0]
+    shown, hidden = (float(x) for x in ring.split(" / "))
+    assert hidden > 0 and shown <= 0.1 * hidden, kinds
+    assert "all_reduce" in kinds and "all_to_all" in kinds, kinds
+
+
 def test_a_1024_rank_mesh_compiles_once_and_all_reduces_hierarchically(tmp_path, capsys):
     """dp = 1024 H100s, 8 a node: the step is compiled once for one rank
     role, and its gradient all-reduce spans 128 nodes, so it runs as a
