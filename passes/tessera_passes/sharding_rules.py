@@ -539,12 +539,13 @@ def _ring_axis(op, ins, spec, seq, lead_dims, lead, q_shape, kv_shape, ctx: Cont
             q_shape[seq] != kv_shape[seq] or q_shape[seq] % n or \
             (spec.causal and (q_shape[seq] // n) % n):
         return None
+    if axis in {a for s in lead for a in s}:      # (another operand splits a head or
+        return None                               # batch dimension over it: gathered)
     if ctx.context_parallel == "ring":
         return axis
-    taken = {a for s in lead for a in s}
     ulysses = any(q_shape[d] % ctx.mesh.parts(s + (axis,)) == 0 and
                   (kv_shape[d] == 1 or kv_shape[d] % ctx.mesh.parts(s + (axis,)) == 0)
-                  for d, s in zip(lead_dims, lead)) and axis not in taken
+                  for d, s in zip(lead_dims, lead))
     if not ulysses:
         return axis
     return axis if ctx.overlapped and not spec.causal else None

@@ -1,4 +1,5 @@
 // RUN: tessera-opt %s --split-input-file --tessera-partition --verify-diagnostics | FileCheck %s
+// RUN: tessera-opt %s --split-input-file --pass-pipeline='builtin.module(tessera-partition{context-parallel=ring})' --verify-diagnostics | FileCheck %s --check-prefix=RING
 
 tgraph.mesh @mesh axes = ["tp"] shape = [2]
 // The tensor-parallel MLP: local shapes, no communication until the result,
@@ -492,4 +493,29 @@ func.func @dropout(%x: tensor<4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh
   %2 = tgraph.dropout %1[%key] {p = 0.5 : f64} : tensor<4x8xf32>, tensor<2xi64> -> tensor<4x8xf32>
   %3 = tgraph.exp %2 : tensor<4x8xf32>
   return %0, %3 : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// context-parallel=ring: a sequence split over cp stays split even where
+// heads could take it (RING); where another operand splits the batch over
+// the same axis (dout of a loss weighted per batch row), the ring cannot
+// take it too: the sequence split moves to the batch (all-to-all).
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+// RING-LABEL: func.func @ring_forced
+// RING: tgraph.attention %arg0, %arg1, %arg1 {ring_axes = ["cp"]
+// RING-LABEL: func.func @ring_axis_taken
+// RING-NOT: ring_axes
+// RING: tgraph.all_to_all %arg0 on @mesh["cp"] split_dim 0 concat_dim 1
+// RING-NOT: ring_axes
+func.func @ring_forced(%q: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
+                       %k: tensor<1x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>}) -> tensor<1x8x4x8xf32> {
+  %o:2 = tgraph.attention %q, %k, %k {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x8x4x8xf32>, tensor<1x8x4x8xf32>, tensor<1x8x4x8xf32> -> tensor<1x8x4x8xf32>, tensor<1x8x4x1xf32>
+  return %o#0 : tensor<1x8x4x8xf32>
+}
+func.func @ring_axis_taken(%q: tensor<2x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>},
+                           %do: tensor<2x8x4x8xf32> {tgraph.sharding = #tgraph.sharding<@mesh, [["cp"], [], [], []]>},
+                           %lse: tensor<2x8x4x1xf32>) -> tensor<2x8x4x8xf32> {
+  %g:3 = tgraph.attention_grad %q, %q, %q, %do, %lse, %lse {scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x4x1xf32>, tensor<2x8x4x1xf32> -> tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>
+  return %g#0 : tensor<2x8x4x8xf32>
 }

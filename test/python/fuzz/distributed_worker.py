@@ -10,6 +10,10 @@ every rank draws, shrinks and reports the same programs.
 Every other argument split along one dimension is built from each rank's
 block (`dist.from_local`), the others from the global value.
 
+Then a third as many programs around sequence-split attention
+(`programs.context_parallel_programs`: Ulysses or the ring, segment ids,
+grouped heads, causal, gradients).
+
 argv: 1d|2d EXAMPLES OUT_DIR. Rank 0 writes OUT_DIR/current.py (the
 program being run, as a script: a hang names it) and OUT_DIR/result.json."""
 
@@ -57,7 +61,8 @@ def check(p) -> str | None:
     filename = str(out / f"program_{count[0]}.py")
     try:
         def sharded(fn, *args):
-            return ts.jit(fn)(*[place(i, p.specs[v.name], a)
+            target = ts.TargetOptions(context_parallel=p.context_parallel)
+            return ts.jit(fn, target=target)(*[place(i, p.specs[v.name], a)
                                 for i, (v, a) in enumerate(zip(p.arguments(), args))])
         got = oracles.run(p, arrays, filename, call=sharded)
         one_device = oracles.run(p, arrays, filename)
@@ -85,15 +90,25 @@ def check(p) -> str | None:
     return None
 
 
-@settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
-@given(p=programs.sharded_programs(axes))
-def test_sharded(p):
+def one(p):
     count[0] += 1
     if comm.rank == 0:
         (out / "current.py").write_text(p.source(seed=2, mesh=mesh_text))
     oracles.agree(comm, check(p), f"the program, as a script (mpiexec -n {comm.size}) ---\n"
                   f"{p.source(seed=2, mesh=mesh_text)}")
+
+
+def fuzz(n: int, context_parallel: bool):
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck))(
+        given(p=programs.sharded_programs(axes, context_parallel))(one))
+
+
+def test_sharded():
+    """The random programs, then as many again over a third: attention with
+    its sequence split (context parallelism: all-to-all or ring)."""
+    fuzz(examples, False)()
+    fuzz(max(4, examples // 3), True)()
 
 
 oracles.run_and_report(test_sharded, comm, out, count)

@@ -67,6 +67,11 @@ class Program:
     specs: dict = field(default_factory=dict)       # argument -> (partition, mesh_axes, partial)
     #: (first step, end step, policy): those steps as a ts.remat region
     remat: tuple | None = None
+    #: argument -> the dimension a sharded run splits first, when it splits
+    #: one (attention's sequence: context parallelism)
+    prefer: dict = field(default_factory=dict)
+    #: `TargetOptions.context_parallel` a sharded run compiles with
+    context_parallel: str = "auto"
 
     @property
     def elementwise_exact(self) -> bool:
@@ -120,7 +125,9 @@ class Program:
             out.append(f"mesh = {mesh}")
             names = [f"dist.from_numpy({v.name}, {spec_text(*self.specs[v.name])}, mesh)"
                      if v.name in self.specs else v.name for v in inputs]
-        out.append(f"print(ts.jit(program)({', '.join(names)}))")
+        target = "" if self.context_parallel == "auto" else \
+            f"target=ts.TargetOptions(context_parallel={self.context_parallel!r})"
+        out.append(f"print(ts.jit(program{', ' + target if target else ''})({', '.join(names)}))")
         return "\n".join(out) + "\n"
 
     def arguments(self) -> list:
@@ -535,12 +542,14 @@ def _normalize(b: _Builder):
 
 
 def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
-                        mask=None, softcap=None, dropout=None) -> np.ndarray:
+                        mask=None, softcap=None, dropout=None, segments=None) -> np.ndarray:
     """softmax(q k^T / sqrt(D) [masks]) v with the sequence along `seq_dim`;
     k and v may have fewer heads (leading dimensions dividing q's) and
     another length (queries are the last positions); `mask` is boolean
     [lead..., Sq | 1, Sk]; `dropout` = (p, key) drops the probabilities by
-    op.dropout's mask of [lead..., Sq, Sk]. A row with no key gives 0."""
+    op.dropout's mask of [lead..., Sq, Sk]; `segments` document ids
+    [prefix of lead..., S] (a query sees keys of its own document). A row
+    with no key gives 0."""
     q, k, v = (np.moveaxis(np.asarray(t, np.float64), seq_dim, -2) for t in (q, k, v))
     for axis in range(q.ndim - 2):
         k, v = (np.repeat(t, q.shape[axis] // k.shape[axis], axis) for t in (k, v))
@@ -556,6 +565,10 @@ def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
         allowed &= pos - keys < window
     if mask is not None:
         allowed = allowed & mask
+    if segments is not None:
+        ids = np.asarray(segments)
+        ids = ids.reshape(ids.shape[:-1] + (1,) * (q.ndim - 1 - ids.ndim) + ids.shape[-1:])
+        allowed = allowed & (ids[..., :, None] == ids[..., None, :])
     s = np.where(allowed, s, -np.inf)
     m = s.max(-1, keepdims=True)
     p = np.exp(s - np.where(np.isneginf(m), 0, m))
@@ -569,8 +582,10 @@ def attention_reference(q, k, v, seq_dim: int, causal: bool, window=None,
 
 def _attention(b: _Builder):
     """Grouped key/value heads (leading dimensions dividing q's), another
-    key length, a sliding window, a soft cap and a boolean mask, each at
-    times."""
+    key length, a sliding window, a soft cap, a boolean mask and packed
+    documents (segment ids, where q and k have one length), each at times.
+    A sharded run splits q's and k's sequence first where it splits them
+    (context parallelism: all-to-all or ring attention)."""
     q = b.pick(lambda v: v.dtype == "f32" and len(v.shape) >= 2 and 0 not in v.shape)
     rank = len(q.shape)
     seq_dim = b.draw(st.integers(0, rank - 2))
@@ -602,12 +617,19 @@ def _attention(b: _Builder):
     if b.draw(st.integers(0, 3)) == 0:
         dropout = (b.draw(st.sampled_from([0.25, 0.5])), (b.draw(st.integers(0, 2**40)), 1))
         extra += f", dropout_p={dropout[0]}, dropout_key={dropout[1]}"
+    segments = None
+    if kv_shape[seq_dim] == q.shape[seq_dim] and b.draw(st.booleans()):
+        segments = b.new_input((q.shape[seq_dim],), "i32", bound=-3)     # 3 documents
+        extra += f", segment_ids={segments.name}"
+    for x in (q, k, v):
+        b.program.prefer.setdefault(x.name, seq_dim)
     out_shape = q.shape[:-1] + (v.shape[-1],)
     b.step(f"op.attention({q.name}, {k.name}, {v.name}, causal={causal}, seq_dim={spelled}"
            f"{extra})",
-           lambda env, n=(q.name, k.name, v.name), mk=mask_name: attention_reference(
+           lambda env, n=(q.name, k.name, v.name), mk=mask_name, sg=segments: attention_reference(
                *(env[x] for x in n), seq_dim, causal, window,
-               None if mk is None else env[mk] > 0, softcap, dropout), out_shape, "f32",
+               None if mk is None else env[mk] > 0, softcap, dropout,
+               None if sg is None else env[sg.name]), out_shape, "f32",
            v.bound * (2 if dropout else 1))
 
 
@@ -908,18 +930,75 @@ def finite_difference(p: Program, arrays: dict, wrt: Value) -> tuple[np.ndarray,
 
 
 @st.composite
-def sharded_programs(draw, axes: dict):
+def context_parallel_programs(draw, axes: dict):
+    """Attention whose q, k and v are split along the sequence over one axis
+    of `axes` (context parallelism: all-to-all or ring attention), laid out
+    [B, S, H, D] or [B, H, S, D]: grouped key/value heads, causal and packed
+    documents (segment ids [B, S]) each at times, sequences the axis divides
+    once or twice (a causal ring stripes only the latter), then a few random
+    steps; a gradient program by q, k and v half the time; compiled with
+    `context_parallel="ring"` half the time (auto takes Ulysses wherever a
+    head or batch dimension divides). The other arguments get
+    `sharded_programs`' random ShardSpecs."""
+    axis, n = draw(st.sampled_from(sorted(axes.items())))
+    b = _Builder(draw, allow_bf16=False, allow_int=True)
+    seq_dim = draw(st.sampled_from([1, 2]))
+    B, H, D = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 3))
+    S = n * draw(st.sampled_from([1, 2, n, 2 * n]))
+    heads = draw(st.sampled_from([h for h in (1, 2, 4) if H % h == 0]))
+
+    def shape(h):
+        return (B, S, h, D) if seq_dim == 1 else (B, h, S, D)
+    q, k, v = b.new_input(shape(H)), b.new_input(shape(heads)), b.new_input(shape(heads))
+    causal = draw(st.booleans())
+    segments = b.new_input((B, S), "i32", bound=-3) if draw(st.booleans()) else None
+    extra = f", segment_ids={segments.name}" if segments is not None else ""
+    out = b.step(f"op.attention({q.name}, {k.name}, {v.name}, causal={causal}, seq_dim={seq_dim}"
+                 f"{extra})",
+                 lambda env, sg=segments: attention_reference(
+                     env[q.name], env[k.name], env[v.name], seq_dim, causal,
+                     segments=None if sg is None else env[sg.name]),
+                 shape(H), "f32", 3.0)
+    for _ in range(draw(st.integers(0, 2))):
+        try:
+            draw(st.sampled_from([_unary, _binary, _reduction]))(b)
+        except _Skip:
+            pass
+    p = b.program
+    p.results = [p.steps[-1].out if p.steps else out]
+    if draw(st.booleans()):
+        p.wrt = draw(st.lists(st.sampled_from([q, k, v]), min_size=1, max_size=3, unique=True))
+    p.context_parallel = draw(st.sampled_from(["ring", "auto"]))
+    for x in (q, k, v):
+        p.specs[x.name] = ((seq_dim,), (axis,), ())
+        head = 3 - seq_dim
+        others = [(a, m) for a, m in axes.items() if a != axis]
+        if others and draw(st.booleans()) and H % others[0][1] == 0 and heads % others[0][1] == 0:
+            p.specs[x.name] = ((seq_dim, head), (axis, others[0][0]), ())
+    return p
+
+
+@st.composite
+def sharded_programs(draw, axes: dict, context_parallel: bool = False):
     """A program (a third of them gradient programs) and a ShardSpec for
     each argument over a mesh with `axes` (name -> size): each axis splits
     at most one dimension it divides, or none (replicated); an axis that
-    splits nothing may hold a float argument as a partial sum."""
-    p = draw(gradient_programs() if draw(st.integers(0, 2)) == 0 else programs())
+    splits nothing may hold a float argument as a partial sum. With
+    `context_parallel`, a `context_parallel_programs` program (its q, k and
+    v already placed)."""
+    p = draw(context_parallel_programs(axes) if context_parallel else
+             gradient_programs() if draw(st.integers(0, 2)) == 0 else programs())
     for v in p.arguments():
+        if v.name in p.specs:
+            continue
         parts = [1] * len(v.shape)
         partition, mesh_axes = [], []
+        preferred = p.prefer.get(v.name)
         for axis, size in axes.items():
             fits = [d for d, n in enumerate(v.shape) if n % (parts[d] * size) == 0]
-            d = draw(st.sampled_from([None] + fits))
+            # (an attention operand's sequence half the time it can be split)
+            d = draw(st.sampled_from([None] + fits + [preferred] * len(fits)
+                                     if preferred in fits else [None] + fits))
             if d is not None:
                 parts[d] *= size
                 partition.append(d)
