@@ -23,10 +23,12 @@ r + 2n, ...` in order; then every step's block is half of a square (a
 contiguous split would give the last rank n times the first's work and
 leave whole blocks masked). Query `m` of rank `r` sees key `m'` of rank
 `s` when `m' < m`, or `m' = m` and `s <= r`: at step 0 plain causal; at
-step t >= 1 causal over the block with one masked key in front (`s <= r`,
-which is `t <= r`) or two masked keys in front and its last key dropped
-(`s > r`), selected by the rank (so every rank runs the same program). The
-masked keys carry the document id `PAD_SEGMENT`. Results and gradients are
+step t >= 1 causal over the block with P masked keys in front (`s <= r`,
+which is `t <= r`) or P + 1 in front and its last key dropped (`s > r`),
+selected by the rank (so every rank runs the same program); P is the
+largest divisor of the block up to the kernels' block size, so that their
+blocks stay whole (`Ring.front`). The masked keys carry the document id
+`PAD_SEGMENT`. Results and gradients are
 exchanged back to the contiguous blocks.
 
 The first step's op keeps `ring_axes` (what `dist.inspect` reports); the
@@ -44,6 +46,9 @@ from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.options import TargetOptions
 from tessera_compiler.ir.sharding import Sharding, meshes_of
 from tessera_compiler.ir.support import PassError, functions, ops_of, run_reporting
+from tessera_compiler.ir.tile_builder import largest_divisor
+
+from .tile.flash_attention import CPU_BLOCK
 
 RING_AXES = "ring_axes"
 RING_STEP = "ring_step"
@@ -103,34 +108,46 @@ class Ring:
         return gb.compare("ge", mine, gb.fill([1], i32, float(t)))
 
     @staticmethod
+    def front(rows: int) -> int:
+        """How many masked keys a striped step puts in front of a block of
+        `rows`: one at least, and as many as keep the attention kernels'
+        blocks whole (they divide both lengths; 1 in front of 1024 keys would
+        make the backward's blocks 1 row, gcd(1024, 1025))."""
+        return largest_divisor(rows, CPU_BLOCK)
+
+    @staticmethod
     def keyed(x: ir.Value, dim: int, flag: ir.Value, pad: float) -> ir.Value:
-        """`x` (a key-side block of L rows along `dim`) as the L + 1 rows a
-        striped step attends over: one masked row in front where `flag`
-        (its block comes from a rank at or before this one), else two in
-        front and its last row dropped."""
+        """`x` (a key-side block of L rows along `dim`) as the L + P rows a
+        striped step attends over (P = `front(L)`; query row i sits at key
+        row i + P): P masked rows in front where `flag` (its block comes from
+        a rank at or before this one: keys up to the query's own index),
+        else P + 1 in front and its last row dropped (keys before it)."""
         shape = gb.shape_of(x)
-        one = list(shape)
-        one[dim] = 1
-        row = gb.fill(one, gb.element_of(x), pad)
+        p = Ring.front(shape[dim])
+        pads = list(shape)
+        pads[dim] = p
+        before = gb.concat([gb.fill(pads, gb.element_of(x), pad), x], dim)
+        pads[dim] = p + 1
         head = list(shape)
         head[dim] -= 1
-        before = gb.concat([row, x], dim)
-        after = gb.concat([row, row, gb.slice_(x, [0] * len(shape), head)], dim)
+        after = gb.concat([gb.fill(pads, gb.element_of(x), pad),
+                           gb.slice_(x, [0] * len(shape), head)], dim)
         wide = gb.shape_of(before)
         cond = gb.broadcast(gb.reshape(flag, [1] * len(wide)), wide)
         return gb.select(cond, before, after)
 
     @staticmethod
-    def unkeyed(g: ir.Value, dim: int, flag: ir.Value) -> ir.Value:
-        """The gradient of `keyed`: L + 1 rows back to the block's L."""
+    def unkeyed(g: ir.Value, dim: int, flag: ir.Value, block: int) -> ir.Value:
+        """The gradient of `keyed`: L + P rows back to the block's L (`block`)."""
         shape = gb.shape_of(g)
         rows = list(shape)
-        rows[dim] -= 1
+        p = shape[dim] - block
+        rows[dim] = block
         start = [0] * len(shape)
-        start[dim] = 1
+        start[dim] = p
         before = gb.slice_(g, start, rows)
-        start[dim] = 2
-        rows[dim] -= 1
+        start[dim] = p + 1
+        rows[dim] = block - 1
         tail = gb.slice_(g, start, rows)
         rows[dim] = 1
         after = gb.concat([tail, gb.fill(rows, gb.element_of(g), 0.0)], dim)
@@ -253,7 +270,8 @@ def expand_backward(op: ir.Operation, ring: Ring) -> None:
         _mark(g[0], t, ring.axis)
         gk, gv = g[1:]
         if spec.causal:
-            gk, gv = Ring.unkeyed(gk, seq, flag), Ring.unkeyed(gv, seq, flag)
+            rows = gb.shape_of(k)[seq]
+            gk, gv = Ring.unkeyed(gk, seq, flag, rows), Ring.unkeyed(gv, seq, flag, rows)
         dq, dk, dv = gb.binary("add", dq, g[0]), gb.binary("add", dk, gk), gb.binary("add", dv, gv)
     if ring.n > 1:
         dk, dv = ring.shift(dk), ring.shift(dv)

@@ -23,10 +23,10 @@ func.func @ring(%q: tensor<1x4x4x8xf32>, %k: tensor<1x4x2x8xf32>) -> tensor<1x4x
 
 // Causal attention is striped first (rank r holds positions r, r + 2, ...:
 // one all_to_all per operand), so both ranks do the same work. Step 1's
-// block gets masked keys in front (document id -2^31): one where the block
-// comes from a rank at or before this one (rank >= 1), else two and its
-// last key dropped, selected by the rank. The result goes back to the
-// contiguous blocks.
+// block of 4 keys gets masked keys in front (document id -2^31): 4 (the
+// kernels' blocks stay whole) where the block comes from a rank at or
+// before this one (rank >= 1), else 5 and its last key dropped, selected by
+// the rank. The result goes back to the contiguous blocks.
 tgraph.mesh @mesh axes = ["cp"] shape = [2]
 // CHECK-LABEL: func.func @striped
 // CHECK: %[[Q:.*]] = tgraph.all_to_all %{{.*}} on @mesh["cp"] split_dim 2 concat_dim 1 : tensor<1x2x2x4x8xf32> -> tensor<1x4x1x4x8xf32>
@@ -36,12 +36,12 @@ tgraph.mesh @mesh axes = ["cp"] shape = [2]
 // CHECK: %[[C:.*]] = tgraph.iota
 // CHECK: %[[R:.*]] = tgraph.axis_slice %[[C]] on @mesh["cp"] dim 0 : tensor<2xi32> -> tensor<1xi32>
 // CHECK: %[[F:.*]] = tgraph.compare <ge> %[[R]]
-// CHECK: %[[IN:.*]] = tgraph.concat %{{.*}}, %[[K1]] dim 1 : tensor<1x1x4x8xf32>, tensor<1x4x4x8xf32> -> tensor<1x5x4x8xf32>
+// CHECK: %[[IN:.*]] = tgraph.concat %{{.*}}, %[[K1]] dim 1 : tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32> -> tensor<1x8x4x8xf32>
 // CHECK: %[[HEAD:.*]] = tgraph.slice %[[K1]] offsets [0, 0, 0, 0] : tensor<1x4x4x8xf32> -> tensor<1x3x4x8xf32>
-// CHECK: %[[OUT:.*]] = tgraph.concat %{{.*}}, %{{.*}}, %[[HEAD]] dim 1
-// CHECK: %[[KS:.*]] = tgraph.select %{{.*}}, %[[IN]], %[[OUT]] : tensor<1x5x4x8xi1>, tensor<1x5x4x8xf32>
-// CHECK: tgraph.fill 0xC1E0000000000000 : tensor<1x1x1x1xi32>
-// CHECK: tgraph.attention %{{.*}}, %[[KS]], %[[KS]] segments({{.*}} : tensor<1x1x4x1xi32>, tensor<1x1x5x1xi32>) {causal, ring_step = 1
+// CHECK: %[[OUT:.*]] = tgraph.concat %{{.*}}, %[[HEAD]] dim 1 : tensor<1x5x4x8xf32>, tensor<1x3x4x8xf32> -> tensor<1x8x4x8xf32>
+// CHECK: %[[KS:.*]] = tgraph.select %{{.*}}, %[[IN]], %[[OUT]] : tensor<1x8x4x8xi1>, tensor<1x8x4x8xf32>
+// CHECK: tgraph.fill 0xC1E0000000000000 : tensor<1x1x4x1xi32>
+// CHECK: tgraph.attention %{{.*}}, %[[KS]], %[[KS]] segments({{.*}} : tensor<1x1x4x1xi32>, tensor<1x1x8x1xi32>) {causal, ring_step = 1
 // CHECK: tgraph.all_to_all {{.*}} split_dim 1 concat_dim 3 : tensor<1x2x2x1x4x8xf32> -> tensor<1x1x2x2x4x8xf32>
 func.func @striped(%q: tensor<1x4x4x8xf32>, %k: tensor<1x4x4x8xf32>) -> tensor<1x4x4x8xf32> attributes {tgraph.partitioned} {
   %o:2 = tgraph.attention %q, %k, %k {causal, ring_axes = ["cp"], scale = 0.25 : f64, seq_dim = 1 : i64, tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>} : tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32> -> tensor<1x4x4x8xf32>, tensor<1x4x4x1xf32>
