@@ -41,6 +41,7 @@ causal attention a local length the axis size divides.
 from __future__ import annotations
 
 from tessera_mlir import ir
+from tessera_mlir.dialects import tgraph
 
 from tessera_compiler.ir import graph_builder as gb
 from tessera_compiler.ir.options import TargetOptions
@@ -282,7 +283,10 @@ def expand_backward(op: ir.Operation, ring: Ring) -> None:
 
 
 def _axis_of(op: ir.Operation) -> str:
-    axes = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[RING_AXES])]
+    attr = op.attributes[RING_AXES]
+    if not isinstance(attr, ir.ArrayAttr) or not all(isinstance(a, ir.StringAttr) for a in attr):
+        raise PassError(f"ring_axes must be an array of axis names, got {attr}", op.location)
+    axes = [a.value for a in attr]
     if len(axes) != 1:
         raise PassError(f"ring attention runs over one mesh axis, got ring_axes {axes}",
                         op.location)
@@ -294,8 +298,11 @@ def _mesh_of(op: ir.Operation, meshes: dict):
     if shardings is None:
         raise PassError("an op marked ring_axes has no tgraph.sharding (run tessera-partition "
                         "first)", op.location)
-    if isinstance(shardings, ir.ArrayAttr):
+    if isinstance(shardings, ir.ArrayAttr) and len(shardings):
         shardings = shardings[0]
+    if not tgraph.ShardingAttr.isinstance(shardings):
+        raise PassError(f"tgraph.sharding must be a #tgraph.sharding, got {shardings}",
+                        op.location)
     name = Sharding.from_attr(shardings).mesh
     if name not in meshes:
         raise PassError(f"no mesh @{name}", op.location)

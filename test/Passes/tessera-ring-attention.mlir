@@ -95,3 +95,21 @@ func.func @ring_over_two_axes(%q: tensor<1x4x4x8xf32>) -> tensor<1x4x4x8xf32> at
   %o:2 = tgraph.attention %q, %q, %q {ring_axes = ["cp", "tp"], scale = 0.25 : f64, seq_dim = 1 : i64, tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>} : tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32> -> tensor<1x4x4x8xf32>, tensor<1x4x4x1xf32>
   return %o#0 : tensor<1x4x4x8xf32>
 }
+
+// -----
+
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+func.func @ring_axes_not_names(%q: tensor<1x4x4x8xf32>) -> tensor<1x4x4x8xf32> attributes {tgraph.partitioned} {
+  // expected-error @+1 {{ring_axes must be an array of axis names, got [1]}}
+  %o:2 = tgraph.attention %q, %q, %q {ring_axes = [1], scale = 0.25 : f64, seq_dim = 1 : i64, tgraph.sharding = #tgraph.sharding<@mesh, [[], ["cp"], [], []]>} : tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32> -> tensor<1x4x4x8xf32>, tensor<1x4x4x1xf32>
+  return %o#0 : tensor<1x4x4x8xf32>
+}
+
+// -----
+
+tgraph.mesh @mesh axes = ["cp"] shape = [2]
+func.func @not_partitioned(%q: tensor<1x4x4x8xf32>) -> tensor<1x4x4x8xf32> {
+  // expected-error @+1 {{an op marked ring_axes has no tgraph.sharding (run tessera-partition first)}}
+  %o:2 = tgraph.attention %q, %q, %q {ring_axes = ["cp"], scale = 0.25 : f64, seq_dim = 1 : i64} : tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32>, tensor<1x4x4x8xf32> -> tensor<1x4x4x8xf32>, tensor<1x4x4x1xf32>
+  return %o#0 : tensor<1x4x4x8xf32>
+}
