@@ -20,7 +20,8 @@ OTHER = {"target": "gpu", "target_blocks": 7, "grouped_tile_order": False,
          "attention_backward_blocks": ((64, (32, 32)),),
          "nvshmem_auto_max_bytes": 1 << 20, "register_budget": 128, "wait_watchdog_s": 5.0,
          "ranks_per_node": 8, "hierarchical_collectives": False,
-         "elementwise_tile_elements": 1024, "bucket_elements": 1 << 16}
+         "elementwise_tile_elements": 1024, "bucket_elements": 1 << 16,
+         "context_parallel": "ring"}
 
 
 def test_every_field_changes_the_digest():
