@@ -20,8 +20,10 @@ large, it fails with the smallest peak it reached and what holds it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tessera_mlir import ir
@@ -34,6 +36,11 @@ from .lowering import CompileError, Levels, lower
 
 #: the policies in the order they cost recomputed FLOPs
 LEVELS = ("none", "selective", "dots_saveable", "nothing_saveable")
+#: planned peaks of recent configurations, by (program text, options): a
+#: program searched again (another budget, another function of the same
+#: step) plans each configuration once per process
+_PEAKS: OrderedDict = OrderedDict()
+_PEAKS_KEPT = 32
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -126,8 +133,18 @@ def choose(module: ir.Module, options: TargetOptions, budget: int, progress=None
     def peak_of(policies: dict) -> tuple[int, Levels]:
         nonlocal compiles
         compiles += 1
-        levels = lower(_with_policies(module, policies), options, plan_only=True)
-        peak = max((p.peak for p in levels.memory.values()), default=0)
+        copy = _with_policies(module, policies)
+        key = (hashlib.sha256(copy.operation.get_asm(enable_debug_info=True).encode())
+               .hexdigest(), options)
+        if key in _PEAKS:
+            _PEAKS.move_to_end(key)
+            peak, levels = _PEAKS[key]
+        else:
+            levels = lower(copy, options, plan_only=True)
+            peak = max((p.peak for p in levels.memory.values()), default=0)
+            _PEAKS[key] = (peak, levels)
+            while len(_PEAKS) > _PEAKS_KEPT:
+                _PEAKS.popitem(last=False)
         if progress is not None:
             progress(f"memory budget: plan {compiles}: peak {peak:,} B "
                      f"({', '.join(sorted(set(policies.values()))) or 'none'})")
