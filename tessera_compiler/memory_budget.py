@@ -36,7 +36,8 @@ from .lowering import CompileError, Levels, lower
 
 #: the policies in the order they cost recomputed FLOPs
 LEVELS = ("none", "selective", "dots_saveable", "nothing_saveable")
-#: planned peaks of recent configurations, by (program text, options): a
+#: planned peaks of recent configurations, by (program text, the regions'
+#: policies, options): a
 #: program searched again (another budget, another function of the same
 #: step) plans each configuration once per process
 _PEAKS: OrderedDict = OrderedDict()
@@ -129,18 +130,18 @@ def choose(module: ir.Module, options: TargetOptions, budget: int, progress=None
     regions = candidates(module)
     order = sorted(regions)
     compiles = 0
+    program = hashlib.sha256(
+        module.operation.get_asm(enable_debug_info=True).encode()).hexdigest()
 
     def peak_of(policies: dict) -> tuple[int, Levels]:
         nonlocal compiles
         compiles += 1
-        copy = _with_policies(module, policies)
-        key = (hashlib.sha256(copy.operation.get_asm(enable_debug_info=True).encode())
-               .hexdigest(), options)
+        key = (program, tuple(sorted(policies.items())), options)
         if key in _PEAKS:
             _PEAKS.move_to_end(key)
             peak, levels = _PEAKS[key]
         else:
-            levels = lower(copy, options, plan_only=True)
+            levels = lower(_with_policies(module, policies), options, plan_only=True)
             peak = max((p.peak for p in levels.memory.values()), default=0)
             _PEAKS[key] = (peak, levels)
             while len(_PEAKS) > _PEAKS_KEPT:

@@ -71,32 +71,35 @@ class Ring:
     def shift_all(self, values: list) -> list:
         """Each value shifted once (k and v may be one value)."""
         moved: dict = {}
-        return [moved.setdefault(v, self.shift(v)) if v not in moved else moved[v]
-                for v in values]
+        for v in values:
+            if v not in moved:
+                moved[v] = self.shift(v)
+        return [moved[v] for v in values]
 
     def stripe(self, x: ir.Value, seq: int) -> ir.Value:
         """Rank r's contiguous block of `x` along `seq` -> positions r, r + n,
         ... of the whole sequence, in order: the block's rows as [L/n, n],
         the n-column exchanged over the axis (one all_to_all)."""
-        if x in self.striped:
-            return self.striped[x]
-        shape, n = gb.shape_of(x), self.n
-        rows = shape[:seq] + [shape[seq] // n, n] + shape[seq + 1:]
-        moved = gb.all_to_all(gb.reshape(x, rows), self.mesh, self.axis, seq + 1, seq, n)
-        out = gb.reshape(moved, shape)
-        self.striped[x], self.striped[out] = out, x
-        return out
+        n = self.n
+        return self._exchange(x, seq, [gb.shape_of(x)[seq] // n, n], seq + 1, seq)
 
     def unstripe(self, x: ir.Value, seq: int) -> ir.Value:
-        """The inverse of `stripe`: back to rank r's contiguous block."""
+        """The inverse of `stripe`: back to rank r's contiguous block. (Rank
+        j's m-th row is position m n + j: the rows of destination i, m in
+        [i L/n, (i+1) L/n), arrive from every j, interleaved by j.)"""
+        n = self.n
+        return self._exchange(x, seq, [n, gb.shape_of(x)[seq] // n, 1], seq, seq + 2)
+
+    def _exchange(self, x: ir.Value, seq: int, rows: list, split: int, concat: int) -> ir.Value:
+        """`x` with its `seq` dimension viewed as `rows`, exchanged over the
+        axis (`split` -> `concat`) and viewed back; each value and its
+        exchanged twin remembered, so the backward reuses the forward's."""
         if x in self.striped:
             return self.striped[x]
-        shape, n = gb.shape_of(x), self.n
-        # Rank j's m-th row is position m n + j: the rows of destination i
-        # (m in [i L/n, (i+1) L/n)) arrive from every j, interleaved by j.
-        rows = shape[:seq] + [n, shape[seq] // n, 1] + shape[seq + 1:]
-        moved = gb.all_to_all(gb.reshape(x, rows), self.mesh, self.axis, seq, seq + 2, n)
-        out = gb.reshape(moved, shape)
+        shape = gb.shape_of(x)
+        viewed = gb.reshape(x, shape[:seq] + rows + shape[seq + 1:])
+        out = gb.reshape(gb.all_to_all(viewed, self.mesh, self.axis, split, concat, self.n),
+                         shape)
         self.striped[x], self.striped[out] = out, x
         return out
 
@@ -133,9 +136,7 @@ class Ring:
         head[dim] -= 1
         after = gb.concat([gb.fill(pads, gb.element_of(x), pad),
                            gb.slice_(x, [0] * len(shape), head)], dim)
-        wide = gb.shape_of(before)
-        cond = gb.broadcast(gb.reshape(flag, [1] * len(wide)), wide)
-        return gb.select(cond, before, after)
+        return _by_rank(flag, before, after)
 
     @staticmethod
     def unkeyed(g: ir.Value, dim: int, flag: ir.Value, block: int) -> ir.Value:
@@ -152,9 +153,13 @@ class Ring:
         tail = gb.slice_(g, start, rows)
         rows[dim] = 1
         after = gb.concat([tail, gb.fill(rows, gb.element_of(g), 0.0)], dim)
-        out = gb.shape_of(before)
-        cond = gb.broadcast(gb.reshape(flag, [1] * len(out)), out)
-        return gb.select(cond, before, after)
+        return _by_rank(flag, before, after)
+
+
+def _by_rank(flag: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """`a` on the ranks whose i1 `flag` ([1]) is set, else `b`."""
+    shape = gb.shape_of(a)
+    return gb.select(gb.broadcast(gb.reshape(flag, [1] * len(shape)), shape), a, b)
 
 
 def _spec(spec: gb.AttentionSpec, causal: bool, segments) -> gb.AttentionSpec:
@@ -176,8 +181,8 @@ def _merge(acc, step):
     the statistic type). A row masked in both gives out 0, lse -inf."""
     (o1, l1), (o2, l2) = acc, step
     big = gb.binary("max", l1, l2)
-    finite = gb.compare("eq", big, gb.full_like(big, float("-inf")))
-    big = gb.select(finite, gb.zeros_like(big), big)
+    neither = gb.compare("eq", big, gb.full_like(big, float("-inf")))
+    big = gb.select(neither, gb.zeros_like(big), big)
     w1 = gb.unary("exp", gb.binary("sub", l1, big))
     w2 = gb.unary("exp", gb.binary("sub", l2, big))
     total = gb.binary("add", w1, w2)

@@ -461,36 +461,30 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
         taken = {a for split in lead for a in split}
         if axis in taken or axis not in ins[1].dims[seq]:
             continue
-        fits = [i for i in reversed(range(len(lead_dims)))
-                if q_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0]
-        kv_too = [i for i in fits
-                  if kv_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0
-                  and kv_shape[lead_dims[i]] > 1]
-        one_kv_head = [i for i in fits if kv_shape[lead_dims[i]] == 1]
-        for i in (kv_too or one_kv_head)[:1]:
+        i = _ulysses_lead(axis, lead_dims, lead, q_shape, kv_shape, ctx)
+        if i is not None:
             lead[i] += (axis,)
             exchanged.append((axis, i))
 
-    def placed(extent: list[int], trailing: int) -> Sharding:
-        """A [lead..., trailing dims] operand: q's lead split where the
-        dimension is q's, whole where it is 1."""
+    # (a ring keeps the sequence split: rows, and segment ids' [.., S, 1])
+    along = (ring,) if ring is not None else ()
+
+    def placed(extent: list[int]) -> Sharding:
+        """A side operand [lead..., two trailing dims] (a mask, segment ids,
+        dropout seeds): q's lead split where the dimension is q's, whole
+        where it is 1; a ring's segment ids [.., S, 1] split along S."""
         dims = [split if n > 1 else () for split, n in zip(lead, extent)]
-        return Sharding(ins[0].mesh, tuple(dims) + ((),) * trailing)
+        return Sharding(ins[0].mesh, tuple(dims) + (along, ()))
 
     def rows_of(shape: list[int]) -> Sharding:
         dims = [()] * rank
         for d, split in zip(lead_dims, lead):
             dims[d] = split if shape[d] > 1 else ()
+        dims[seq] = along
         return Sharding(ins[0].mesh, tuple(dims))
     q_s, kv_s = rows_of(q_shape), rows_of(kv_shape)
-    if ring is not None:
-        q_s = q_s.with_dims(tuple((ring,) if d == seq else s for d, s in enumerate(q_s.dims)))
-        kv_s = kv_s.with_dims(tuple((ring,) if d == seq else s for d, s in enumerate(kv_s.dims)))
     required = [q_s if i in q_like else kv_s for i in range(rows)]
-    required += [placed(ctx.shape(v)[:len(lead)], 2) for v in spec.sides]
-    if ring is not None:           # (segment ids [L..., S, 1] split along S with their rows)
-        required = required[:rows] + [s.with_dims(s.dims[:-2] + ((ring,), ()))
-                                      for s in required[rows:]]
+    required += [placed(ctx.shape(v)[:len(lead)]) for v in spec.sides]
     # dk and dv of a key/value dimension of 1 that q's split (multi-query
     # heads; one shared by the batch) are each rank's share of a sum over
     # the ranks' queries: pending partial sums over those axes.
@@ -518,6 +512,18 @@ def attention_rule(op, ins: list[Sharding], ctx: Context) -> Rule:
                 attrs={"ulysses_axes": [axis for axis, _ in exchanged]})
 
 
+def _ulysses_lead(axis: str, lead_dims, lead, q_shape, kv_shape, ctx: Context) -> int | None:
+    """The index (in `lead_dims`) of the leading dimension all-to-all
+    attention moves `axis` to: the innermost one it divides on q and on
+    k/v, else on q where k/v have extent 1 (multi-query heads); None."""
+    fits = [i for i in reversed(range(len(lead_dims)))
+            if q_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0]
+    kv_too = [i for i in fits if kv_shape[lead_dims[i]] > 1 and
+              kv_shape[lead_dims[i]] % ctx.mesh.parts(lead[i] + (axis,)) == 0]
+    one_kv_head = [i for i in fits if kv_shape[lead_dims[i]] == 1]
+    return (kv_too or one_kv_head or [None])[0]
+
+
 def _ring_axis(op, ins, spec, seq, lead_dims, lead, q_shape, kv_shape, ctx: Context):
     """The axis attention runs over as a ring (tessera-ring-attention), or
     None. The ring takes a sequence split over one axis, of q and k alike,
@@ -543,10 +549,7 @@ def _ring_axis(op, ins, spec, seq, lead_dims, lead, q_shape, kv_shape, ctx: Cont
         return None                               # batch dimension over it: gathered)
     if ctx.context_parallel == "ring":
         return axis
-    ulysses = any(q_shape[d] % ctx.mesh.parts(s + (axis,)) == 0 and
-                  (kv_shape[d] == 1 or kv_shape[d] % ctx.mesh.parts(s + (axis,)) == 0)
-                  for d, s in zip(lead_dims, lead))
-    if not ulysses:
+    if _ulysses_lead(axis, lead_dims, lead, q_shape, kv_shape, ctx) is None:
         return axis
     return axis if ctx.overlapped and not spec.causal else None
 
